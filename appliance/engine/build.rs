@@ -1,0 +1,26 @@
+//! Embeds the demo collection (`assets/demo/*.md`) so `care demo` works from the binary alone.
+use std::fmt::Write as _;
+use std::path::Path;
+
+fn main() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
+    println!("cargo:rerun-if-changed={}", dir.display());
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".md") && n != "README.md")
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    let mut out = String::from("/// (file name, content) of every demo article.\npub static DEMO_ARTICLES: &[(&str, &str)] = &[\n");
+    for n in &names {
+        let p = dir.join(n);
+        println!("cargo:rerun-if-changed={}", p.display());
+        let _ = writeln!(out, "    ({n:?}, include_str!({:?})),", p.display().to_string());
+    }
+    out.push_str("];\n");
+    let dest = Path::new(&std::env::var("OUT_DIR").expect("OUT_DIR")).join("demo_articles.rs");
+    std::fs::write(dest, out).expect("write demo_articles.rs");
+}

@@ -1,0 +1,97 @@
+//! The data directory (default `/var/lib/care`) and its layout version.
+//!
+//! ```text
+//! VERSION            layout version (this file)
+//! care.sqlite        metadata, the source of truth
+//! lexical/v1/        tantivy index (derived; rebuilt from SQLite when its format or dictionary changes)
+//! dense/             LanceDB tables per collection and document-encoder version
+//! models/            model packages
+//! uploads/           files waiting to be ingested
+//! tls/               self-signed certificate made on first start
+//! user_dict.txt      the admin's additions to the medical dictionary
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+pub const LAYOUT_VERSION: u32 = 1;
+
+#[derive(Debug, Clone)]
+pub struct DataDir {
+    root: PathBuf,
+}
+
+impl DataDir {
+    /// Opens an existing data directory, or creates it when `create` is set.
+    pub fn open(root: &Path, create: bool) -> Result<Self> {
+        let version_file = root.join("VERSION");
+        if !version_file.exists() {
+            if !create {
+                return Err(Error::NotFound {
+                    what: format!("data directory {} (run `care init` first)", root.display()),
+                });
+            }
+            std::fs::create_dir_all(root).map_err(|e| Error::io(root, e))?;
+            let tmp = root.join(".VERSION.tmp");
+            std::fs::write(&tmp, format!("{LAYOUT_VERSION}\n")).map_err(|e| Error::io(&tmp, e))?;
+            std::fs::rename(&tmp, &version_file).map_err(|e| Error::io(&version_file, e))?;
+        }
+        let text = std::fs::read_to_string(&version_file).map_err(|e| Error::io(&version_file, e))?;
+        let found: u32 = text.trim().parse().map_err(|_| {
+            Error::InvalidInput(format!("{} does not hold a layout version number: {text:?}", version_file.display()))
+        })?;
+        if found > LAYOUT_VERSION {
+            return Err(Error::TooNew {
+                what: format!("data directory {}", root.display()),
+                found,
+                supported: LAYOUT_VERSION,
+            });
+        }
+        let dir = DataDir { root: root.to_path_buf() };
+        for sub in ["lexical", "dense", "models", "uploads", "tls"] {
+            let p = dir.root.join(sub);
+            std::fs::create_dir_all(&p).map_err(|e| Error::io(&p, e))?;
+        }
+        Ok(dir)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    pub fn sqlite(&self) -> PathBuf {
+        self.root.join("care.sqlite")
+    }
+    pub fn lexical(&self) -> PathBuf {
+        self.root.join("lexical")
+    }
+    pub fn dense(&self) -> PathBuf {
+        self.root.join("dense")
+    }
+    pub fn models(&self) -> PathBuf {
+        self.root.join("models")
+    }
+    pub fn tls(&self) -> PathBuf {
+        self.root.join("tls")
+    }
+    pub fn user_dict(&self) -> PathBuf {
+        self.root.join("user_dict.txt")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn creates_layout_and_refuses_newer() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("data");
+        assert!(matches!(DataDir::open(&root, false), Err(Error::NotFound { .. })));
+        let d = DataDir::open(&root, true).unwrap();
+        assert!(d.lexical().is_dir() && d.models().is_dir());
+        std::fs::write(root.join("VERSION"), "99\n").unwrap();
+        let err = DataDir::open(&root, false).unwrap_err();
+        assert!(err.to_string().contains("version 99"), "{err}");
+    }
+}

@@ -1,0 +1,537 @@
+//! The engine: one data directory, its SQLite store and its indexes, kept in agreement.
+//!
+//! Write protocol (what makes `kill -9` safe): for each batch, documents and chunks are first committed to SQLite
+//! with state `pending`; then the lexical index replaces those documents' chunks and commits; then the rows are
+//! marked `indexed`. Deletions mark rows `deleting`, remove them from the index, then delete the rows. On open,
+//! [`Engine::recover`] replays whatever a crash interrupted (re-indexing pending documents and finishing
+//! deletions are both idempotent), and if the index's chunk count still disagrees with SQLite it rebuilds the
+//! index from SQLite, which is the source of truth.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use rusqlite::{OptionalExtension, params};
+use serde::Serialize;
+
+use crate::config::EngineConfig;
+use crate::datadir::DataDir;
+use crate::error::{Error, Result};
+use crate::ingest::{ParsedDocument, parse_file};
+use crate::lexical::LexicalIndex;
+use crate::store::{Collection, CollectionStats, Store, now};
+use crate::text::chunk;
+
+pub struct Engine {
+    cfg: EngineConfig,
+    dir: DataDir,
+    store: Store,
+    lexical: LexicalIndex,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("data_dir", &self.dir.root()).finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// The data directory must exist (created by `care init`).
+    Existing,
+    /// Create the data directory if missing.
+    Create,
+}
+
+/// What happened to one input file.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileReport {
+    pub path: PathBuf,
+    pub added: usize,
+    pub replaced: usize,
+    pub unchanged: usize,
+    pub skipped_empty: usize,
+    pub chunks: usize,
+    /// Set when the file was rejected; nothing from it was stored.
+    pub error: Option<String>,
+    pub error_code: Option<&'static str>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct IngestReport {
+    pub files: Vec<FileReport>,
+}
+
+impl IngestReport {
+    pub fn failed(&self) -> usize {
+        self.files.iter().filter(|f| f.error.is_some()).count()
+    }
+    pub fn documents_written(&self) -> usize {
+        self.files.iter().map(|f| f.added + f.replaced).sum()
+    }
+}
+
+/// Progress of an ingest, reported after every batch.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct IngestProgress {
+    pub files_done: usize,
+    pub files_total: usize,
+    pub documents_done: usize,
+    pub documents_in_file: usize,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RecoveryReport {
+    pub reindexed_documents: usize,
+    pub finished_deletions: usize,
+    pub rebuilt: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ConsistencyReport {
+    pub consistent: bool,
+    pub sqlite_chunks: usize,
+    pub index_chunks: usize,
+    pub missing_from_index: usize,
+    pub extra_in_index: usize,
+    pub duplicates_in_index: usize,
+    pub pending_documents: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Stats {
+    pub schema_version: u32,
+    pub documents: u64,
+    pub chunks: u64,
+    pub pending_documents: u64,
+    pub lexical_docs: u64,
+    pub collections: Vec<CollectionStats>,
+}
+
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct SearchRequest {
+    pub query: String,
+    /// Restrict to these collections; `None` searches all of them.
+    #[serde(default)]
+    pub collections: Option<Vec<String>>,
+    #[serde(default)]
+    pub limit: Option<usize>,
+    #[serde(default)]
+    pub offset: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SearchHit {
+    pub rank: usize,
+    pub score: f32,
+    pub chunk_id: i64,
+    pub document_id: i64,
+    pub external_id: String,
+    pub collection: String,
+    pub title: String,
+    pub heading: String,
+    pub source: String,
+    /// A fragment of the chunk around the best match.
+    pub snippet: String,
+    /// Byte ranges of matched terms inside `snippet`.
+    pub highlights: Vec<(usize, usize)>,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SearchResults {
+    pub query: String,
+    pub hits: Vec<SearchHit>,
+    pub took_ms: f64,
+}
+
+impl Engine {
+    pub fn open(cfg: EngineConfig, mode: OpenMode) -> Result<Self> {
+        let dir = DataDir::open(&cfg.storage.data_dir, mode == OpenMode::Create)?;
+        let store = Store::open(&dir.sqlite())?;
+        let lexical = LexicalIndex::open(&dir.lexical(), Some(&dir.user_dict()))?;
+        let engine = Engine { cfg, dir, store, lexical };
+        let report = engine.recover()?;
+        if report.reindexed_documents > 0 || report.finished_deletions > 0 || report.rebuilt {
+            tracing::warn!(?report, "recovered from an interrupted write");
+        }
+        Ok(engine)
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+    pub fn data_dir(&self) -> &DataDir {
+        &self.dir
+    }
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+    pub fn lexical(&self) -> &LexicalIndex {
+        &self.lexical
+    }
+
+    /// Brings the lexical index into agreement with SQLite after a crash, a format change or a dictionary edit.
+    pub fn recover(&self) -> Result<RecoveryReport> {
+        let mut report = RecoveryReport::default();
+        if self.lexical.needs_rebuild && self.store.live_chunk_count()? > 0 {
+            self.rebuild_lexical()?;
+            report.rebuilt = true;
+        }
+        let deleting = self.store.documents_in_state("deleting")?;
+        if !deleting.is_empty() {
+            self.lexical.delete_documents(&deleting)?;
+            self.lexical.commit()?;
+            self.store.delete_documents(&deleting)?;
+            report.finished_deletions = deleting.len();
+        }
+        let pending = self.store.documents_in_state("pending")?;
+        for batch in pending.chunks(self.cfg.ingest.batch_documents.max(1)) {
+            let chunks = self.store.chunks_of_documents(batch)?;
+            self.lexical.replace_documents(batch, &chunks)?;
+            self.lexical.commit()?;
+            self.store.set_documents_state(batch, "indexed")?;
+        }
+        report.reindexed_documents = pending.len();
+        // Power loss can roll SQLite back past a tantivy commit; counts reveal it and a rebuild repairs it.
+        if !report.rebuilt && self.lexical.num_docs() != self.store.live_chunk_count()? {
+            self.rebuild_lexical()?;
+            report.rebuilt = true;
+        }
+        Ok(report)
+    }
+
+    /// Compares the chunk ids in SQLite with those in the lexical index, exactly.
+    pub fn check(&self) -> Result<ConsistencyReport> {
+        self.lexical.reload()?;
+        let mut sqlite_ids = Vec::new();
+        self.store.for_each_live_chunk(|row| {
+            sqlite_ids.push(row.chunk_id);
+            Ok(())
+        })?;
+        let mut index_ids: Vec<i64> = self.lexical.all_ids()?.into_iter().map(|(c, _)| c).collect();
+        index_ids.sort_unstable();
+        let duplicates = index_ids.windows(2).filter(|w| w[0] == w[1]).count();
+        index_ids.dedup();
+        let sq: std::collections::HashSet<i64> = sqlite_ids.iter().copied().collect();
+        let ix: std::collections::HashSet<i64> = index_ids.iter().copied().collect();
+        let missing_from_index = sq.difference(&ix).count();
+        let extra_in_index = ix.difference(&sq).count();
+        let pending_documents = self.store.documents_in_state("pending")?.len() + self.store.documents_in_state("deleting")?.len();
+        Ok(ConsistencyReport {
+            consistent: missing_from_index == 0 && extra_in_index == 0 && duplicates == 0 && pending_documents == 0,
+            sqlite_chunks: sqlite_ids.len(),
+            index_chunks: index_ids.len() + duplicates,
+            missing_from_index,
+            extra_in_index,
+            duplicates_in_index: duplicates,
+            pending_documents,
+        })
+    }
+
+    /// Re-creates the lexical index content from SQLite.
+    pub fn rebuild_lexical(&self) -> Result<()> {
+        self.lexical.delete_all()?;
+        let mut batch = Vec::with_capacity(4096);
+        self.store.for_each_live_chunk(|row| {
+            batch.push(row);
+            if batch.len() == 4096 {
+                self.lexical.replace_documents(&[], &batch)?;
+                batch.clear();
+            }
+            Ok(())
+        })?;
+        self.lexical.replace_documents(&[], &batch)?;
+        self.lexical.commit()?;
+        let pending = self.store.documents_in_state("pending")?;
+        self.store.set_documents_state(&pending, "indexed")?;
+        Ok(())
+    }
+
+    pub fn create_collection(&self, name: &str, description: &str, owner: &str) -> Result<Collection> {
+        self.store.create_collection(name, description, owner)
+    }
+
+    pub fn collection(&self, name: &str) -> Result<Collection> {
+        self.store.collection(name)
+    }
+
+    pub fn collections(&self) -> Result<Vec<CollectionStats>> {
+        self.store.collections()
+    }
+
+    /// Ingests files into an existing collection. A file that cannot be read or parsed is reported with its error
+    /// and nothing from it is stored; the other files proceed. An unknown collection fails the whole call.
+    pub fn ingest_files(
+        &self,
+        collection: &str,
+        files: &[PathBuf],
+        progress: &mut dyn FnMut(IngestProgress),
+    ) -> Result<IngestReport> {
+        let col = self.store.collection(collection)?;
+        let mut report = IngestReport::default();
+        for (i, path) in files.iter().enumerate() {
+            let mut fr = FileReport {
+                path: path.clone(),
+                added: 0,
+                replaced: 0,
+                unchanged: 0,
+                skipped_empty: 0,
+                chunks: 0,
+                error: None,
+                error_code: None,
+            };
+            match parse_file(path) {
+                Err(e) => {
+                    fr.error_code = Some(e.code().as_str());
+                    fr.error = Some(e.to_string());
+                }
+                Ok(parsed) => {
+                    fr.skipped_empty = parsed.skipped_empty;
+                    let total = parsed.documents.len();
+                    for (b, batch) in parsed.documents.chunks(self.cfg.ingest.batch_documents.max(1)).enumerate() {
+                        self.write_batch(&col, batch, &mut fr)?;
+                        progress(IngestProgress {
+                            files_done: i,
+                            files_total: files.len(),
+                            documents_done: (b * self.cfg.ingest.batch_documents + batch.len()).min(total),
+                            documents_in_file: total,
+                        });
+                    }
+                }
+            }
+            progress(IngestProgress {
+                files_done: i + 1,
+                files_total: files.len(),
+                documents_done: 0,
+                documents_in_file: 0,
+            });
+            report.files.push(fr);
+        }
+        Ok(report)
+    }
+
+    /// Ingests already-parsed documents (used by the demo loader and by tests).
+    pub fn ingest_documents(&self, collection: &str, docs: &[ParsedDocument]) -> Result<FileReport> {
+        let col = self.store.collection(collection)?;
+        let mut fr = FileReport {
+            path: PathBuf::new(),
+            added: 0,
+            replaced: 0,
+            unchanged: 0,
+            skipped_empty: 0,
+            chunks: 0,
+            error: None,
+            error_code: None,
+        };
+        for batch in docs.chunks(self.cfg.ingest.batch_documents.max(1)) {
+            self.write_batch(&col, batch, &mut fr)?;
+        }
+        Ok(fr)
+    }
+
+    fn write_batch(&self, col: &Collection, docs: &[ParsedDocument], fr: &mut FileReport) -> Result<()> {
+        // 1. SQLite: new and changed documents with their chunks, state 'pending'.
+        let mut touched: Vec<i64> = Vec::new();
+        {
+            let mut conn = self.store.conn();
+            let tx = conn.transaction()?;
+            {
+                let mut find =
+                    tx.prepare_cached("SELECT id, content_hash FROM documents WHERE collection_id = ?1 AND external_id = ?2")?;
+                let mut insert_doc = tx.prepare_cached(
+                    "INSERT INTO documents (collection_id, external_id, title, source, content_hash, state, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6)",
+                )?;
+                let mut update_doc = tx.prepare_cached(
+                    "UPDATE documents SET title = ?2, source = ?3, content_hash = ?4, state = 'pending' WHERE id = ?1",
+                )?;
+                let mut delete_chunks = tx.prepare_cached("DELETE FROM chunks WHERE document_id = ?1")?;
+                let mut insert_chunk = tx.prepare_cached(
+                    "INSERT INTO chunks (document_id, ordinal, heading, text, char_start, char_end) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )?;
+                let ts = now();
+                let mut in_batch: HashMap<&str, ()> = HashMap::new();
+                for d in docs {
+                    if in_batch.insert(d.external_id.as_str(), ()).is_some() {
+                        continue;
+                    }
+                    let hash = d.content_hash();
+                    let existing: Option<(i64, String)> = find
+                        .query_row(params![col.id, d.external_id], |r| Ok((r.get(0)?, r.get(1)?)))
+                        .optional()?;
+                    let doc_id = match existing {
+                        Some((_, h)) if h == hash => {
+                            fr.unchanged += 1;
+                            continue;
+                        }
+                        Some((id, _)) => {
+                            update_doc.execute(params![id, d.title, d.source, hash])?;
+                            delete_chunks.execute([id])?;
+                            fr.replaced += 1;
+                            id
+                        }
+                        None => {
+                            insert_doc.execute(params![col.id, d.external_id, d.title, d.source, hash, ts])?;
+                            fr.added += 1;
+                            tx.last_insert_rowid()
+                        }
+                    };
+                    for (ordinal, c) in chunk(&d.text, &self.cfg.ingest.chunk).iter().enumerate() {
+                        insert_chunk.execute(params![
+                            doc_id,
+                            ordinal as i64,
+                            c.heading,
+                            c.text,
+                            c.char_start as i64,
+                            c.char_end as i64
+                        ])?;
+                        fr.chunks += 1;
+                    }
+                    touched.push(doc_id);
+                }
+            }
+            tx.commit()?;
+        }
+        if touched.is_empty() {
+            return Ok(());
+        }
+        // 2. Lexical index: replace those documents' chunks, commit atomically.
+        let rows = self.store.chunks_of_documents(&touched)?;
+        self.lexical.replace_documents(&touched, &rows)?;
+        self.lexical.commit()?;
+        // 3. Confirm.
+        self.store.set_documents_state(&touched, "indexed")?;
+        Ok(())
+    }
+
+    /// Deletes documents of a collection by external id everywhere. Unknown ids are reported as not found.
+    pub fn delete_documents(&self, collection: &str, external_ids: &[String]) -> Result<usize> {
+        let col = self.store.collection(collection)?;
+        let mut ids = Vec::new();
+        {
+            let conn = self.store.conn();
+            let mut find = conn.prepare_cached("SELECT id FROM documents WHERE collection_id = ?1 AND external_id = ?2")?;
+            for e in external_ids {
+                let id: Option<i64> = find.query_row(params![col.id, e], |r| r.get(0)).optional()?;
+                ids.push(id.ok_or_else(|| Error::NotFound { what: format!("document {e:?} in collection '{collection}'") })?);
+            }
+        }
+        self.store.set_documents_state(&ids, "deleting")?;
+        self.lexical.delete_documents(&ids)?;
+        self.lexical.commit()?;
+        self.store.delete_documents(&ids)?;
+        Ok(ids.len())
+    }
+
+    pub fn stats(&self) -> Result<Stats> {
+        let conn = self.store.conn();
+        let documents: i64 = conn.query_row("SELECT COUNT(*) FROM documents", [], |r| r.get(0))?;
+        let chunks: i64 = conn.query_row("SELECT COUNT(*) FROM chunks", [], |r| r.get(0))?;
+        let pending: i64 = conn.query_row("SELECT COUNT(*) FROM documents WHERE state != 'indexed'", [], |r| r.get(0))?;
+        drop(conn);
+        self.lexical.reload()?;
+        Ok(Stats {
+            schema_version: self.store.schema_version()?,
+            documents: documents as u64,
+            chunks: chunks as u64,
+            pending_documents: pending as u64,
+            lexical_docs: self.lexical.num_docs(),
+            collections: self.store.collections()?,
+        })
+    }
+
+    /// BM25 search with snippets.
+    pub fn search(&self, req: &SearchRequest) -> Result<SearchResults> {
+        let started = Instant::now();
+        let query = req.query.trim();
+        if query.is_empty() {
+            return Err(Error::InvalidInput("the query is empty; type a few words to search for".into()));
+        }
+        if let Some(cols) = &req.collections {
+            for c in cols {
+                self.store.collection(c)?;
+            }
+        }
+        let limit = req.limit.unwrap_or(self.cfg.search.default_limit).clamp(1, self.cfg.search.max_limit);
+        let hits = self.lexical.search(
+            query,
+            req.collections.as_deref(),
+            req.offset + limit,
+            self.cfg.search.title_boost,
+        )?;
+        let page: Vec<_> = hits.into_iter().skip(req.offset).collect();
+        let ids: Vec<i64> = page.iter().map(|h| h.chunk_id).collect();
+        let views = self.store.chunk_views(&ids)?;
+        let by_id: HashMap<i64, _> = views.into_iter().map(|v| (v.chunk_id, v)).collect();
+        let mut out = Vec::with_capacity(page.len());
+        for (i, h) in page.iter().enumerate() {
+            let Some(v) = by_id.get(&h.chunk_id) else { continue };
+            let (snippet, highlights) = self.lexical.snippet(query, &v.text, self.cfg.search.snippet_bytes)?;
+            out.push(SearchHit {
+                rank: req.offset + i + 1,
+                score: h.score,
+                chunk_id: v.chunk_id,
+                document_id: v.document_id,
+                external_id: v.external_id.clone(),
+                collection: v.collection.clone(),
+                title: v.title.clone(),
+                heading: v.heading.clone(),
+                source: v.source.clone(),
+                snippet,
+                highlights,
+                text: v.text.clone(),
+            });
+        }
+        Ok(SearchResults { query: query.to_string(), hits: out, took_ms: started.elapsed().as_secs_f64() * 1e3 })
+    }
+
+    /// Lexical-only ranking of external ids, for evaluation.
+    pub fn rank_bm25(&self, query: &str, collection: &str, k: usize) -> Result<Vec<(String, f32)>> {
+        let cols = [collection.to_string()];
+        let hits = self.lexical.search(query, Some(&cols), k, self.cfg.search.title_boost)?;
+        let ids: Vec<i64> = hits.iter().map(|h| h.document_id).collect();
+        let names = self.document_external_ids(&ids)?;
+        // A document may own several chunks; keep its best-ranked chunk.
+        let mut seen = std::collections::HashSet::new();
+        Ok(hits
+            .iter()
+            .filter_map(|h| names.get(&h.document_id).map(|n| (n.clone(), h.score)))
+            .filter(|(n, _)| seen.insert(n.clone()))
+            .collect())
+    }
+
+    fn document_external_ids(&self, ids: &[i64]) -> Result<HashMap<i64, String>> {
+        let conn = self.store.conn();
+        let mut stmt = conn.prepare_cached("SELECT external_id FROM documents WHERE id = ?1")?;
+        let mut out = HashMap::new();
+        for id in ids {
+            if let Some(name) = stmt.query_row([id], |r| r.get::<_, String>(0)).optional()? {
+                out.insert(*id, name);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Adds words to the admin's dictionary and rebuilds the lexical index with it.
+    pub fn add_dictionary_words(cfg: &EngineConfig, words: &[String]) -> Result<()> {
+        let dir = DataDir::open(&cfg.storage.data_dir, false)?;
+        let path = dir.user_dict();
+        let mut text = std::fs::read_to_string(&path).unwrap_or_default();
+        for w in words {
+            let w = w.trim();
+            if w.is_empty() || w.contains(char::is_whitespace) {
+                return Err(Error::InvalidInput(format!("dictionary word {w:?} must be one word without spaces")));
+            }
+            if !text.ends_with('\n') && !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(&format!("{w} 20000\n"));
+        }
+        let tmp = path.with_extension("txt.tmp");
+        std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+        // Opening the engine notices the new dictionary hash and rebuilds the index.
+        Engine::open(cfg.clone(), OpenMode::Existing).map(|_| ())
+    }
+}

@@ -1,0 +1,490 @@
+//! The lexical (BM25) index: tantivy with a jieba tokenizer in search mode and a medical user dictionary.
+//!
+//! The index lives in `lexical/v1/` and is derived from SQLite: it stores only ids (chunk, document) and the
+//! collection name; texts come back from SQLite. `index.json` beside the segments records the index format and
+//! the hash of the dictionary that built it. When either differs from what this build would produce, the index
+//! is rebuilt from SQLite instead of being queried with a tokenizer that disagrees with its terms.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use jieba_rs::{Jieba, TokenizeMode};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tantivy::collector::TopDocs;
+use tantivy::query::{BooleanQuery, ConstScoreQuery, Occur, Query, TermQuery};
+use tantivy::schema::{
+    Field, INDEXED, IndexRecordOption, STRING, Schema, TextFieldIndexing, TextOptions, FAST, STORED,
+};
+use tantivy::snippet::SnippetGenerator;
+use tantivy::tokenizer::{Token, TokenStream, Tokenizer};
+use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, Term};
+
+use crate::error::{Error, Result};
+use crate::store::ChunkRow;
+
+pub const LEXICAL_FORMAT: u32 = 1;
+/// Bumped when what goes into the index changes without a format change; a mismatch triggers a rebuild.
+const CONTENT_REVISION: &str = "jieba_search+heading-context";
+const TOKENIZER_NAME: &str = "jieba_search";
+/// The medical dictionary shipped with the appliance; admins extend it with `user_dict.txt`.
+pub const MEDICAL_DICT: &str = include_str!("../assets/medical_dict.txt");
+
+/// Jieba in search mode: words plus their shorter in-vocabulary parts (禁忌症 → 禁忌, 禁忌症), so a query for either
+/// form matches. Punctuation and whitespace are dropped; ASCII is lower-cased.
+#[derive(Clone)]
+pub struct JiebaTokenizer {
+    jieba: Arc<Jieba>,
+}
+
+impl JiebaTokenizer {
+    pub fn new(jieba: Arc<Jieba>) -> Self {
+        JiebaTokenizer { jieba }
+    }
+}
+
+pub struct JiebaTokenStream {
+    tokens: Vec<Token>,
+    index: usize,
+}
+
+fn is_indexable(word: &str) -> bool {
+    word.chars().any(|c| c.is_alphanumeric())
+}
+
+/// The tokens of `text` as (byte_start, byte_end, lower-cased word), in the order jieba yields them.
+pub fn tokenize(jieba: &Jieba, text: &str) -> Vec<(usize, usize, String)> {
+    jieba
+        .tokenize(text, TokenizeMode::Search, true)
+        .into_iter()
+        .filter(|t| is_indexable(t.word))
+        .map(|t| (t.byte_start, t.byte_end, t.word.to_lowercase()))
+        .collect()
+}
+
+impl Tokenizer for JiebaTokenizer {
+    type TokenStream<'a> = JiebaTokenStream;
+
+    fn token_stream<'a>(&'a mut self, text: &'a str) -> JiebaTokenStream {
+        let tokens = tokenize(&self.jieba, text)
+            .into_iter()
+            .enumerate()
+            .map(|(position, (from, to, word))| Token {
+                offset_from: from,
+                offset_to: to,
+                position,
+                text: word,
+                position_length: 1,
+            })
+            .collect();
+        JiebaTokenStream { tokens, index: 0 }
+    }
+}
+
+impl TokenStream for JiebaTokenStream {
+    fn advance(&mut self) -> bool {
+        self.index += 1;
+        self.index <= self.tokens.len()
+    }
+    fn token(&self) -> &Token {
+        &self.tokens[self.index - 1]
+    }
+    fn token_mut(&mut self) -> &mut Token {
+        &mut self.tokens[self.index - 1]
+    }
+}
+
+/// Function words that carry no meaning in a highlight (they still count, with their low IDF, in BM25).
+const STOPWORDS: &[&str] = &[
+    "的", "了", "是", "在", "和", "与", "及", "或", "有", "吗", "呢", "吧", "啊", "什么", "怎么", "怎么办", "如何", "为什么",
+    "哪些", "多少", "能", "会", "要", "可以", "一个", "这", "那", "就", "都", "也", "还", "得", "地", "着", "过", "对",
+];
+
+pub fn is_stopword(word: &str) -> bool {
+    STOPWORDS.contains(&word)
+}
+
+/// Builds the segmenter: jieba's dictionary + the shipped medical dictionary + the admin's additions.
+/// Returns the segmenter and a hash identifying the dictionaries (stored in the index metadata).
+pub fn build_jieba(user_dict: Option<&Path>) -> Result<(Jieba, String)> {
+    let mut jieba = Jieba::new();
+    let mut hasher = Sha256::new();
+    hasher.update(MEDICAL_DICT.as_bytes());
+    jieba
+        .load_dict(&mut std::io::Cursor::new(MEDICAL_DICT))
+        .map_err(|e| Error::Internal(format!("shipped medical dictionary: {e}")))?;
+    if let Some(p) = user_dict.filter(|p| p.exists()) {
+        let text = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
+        let normalized = normalize_dict(&text, p)?;
+        hasher.update(b"\0user\0");
+        hasher.update(normalized.as_bytes());
+        jieba
+            .load_dict(&mut std::io::Cursor::new(normalized))
+            .map_err(|e| Error::InvalidInput(format!("{}: {e}", p.display())))?;
+    }
+    Ok((jieba, hex::encode(hasher.finalize())))
+}
+
+/// Accepts `word`, `word freq` or `word freq tag` per line; blank lines and `#` comments are ignored.
+fn normalize_dict(text: &str, path: &Path) -> Result<String> {
+    let mut out = String::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        if parts.len() > 3 || (parts.len() >= 2 && parts[1].parse::<usize>().is_err()) {
+            return Err(Error::MalformedRecord {
+                path: path.to_path_buf(),
+                line: i + 1,
+                message: format!("expected `word [frequency [tag]]`, found {line:?}"),
+            });
+        }
+        let freq = parts.get(1).copied().unwrap_or("20000");
+        match parts.get(2) {
+            Some(tag) => out.push_str(&format!("{} {freq} {tag}\n", parts[0])),
+            None => out.push_str(&format!("{} {freq}\n", parts[0])),
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+struct IndexMeta {
+    format: u32,
+    tokenizer: String,
+    dictionary_sha256: String,
+}
+
+#[derive(Clone, Copy)]
+struct Fields {
+    chunk_id: Field,
+    document_id: Field,
+    collection: Field,
+    title: Field,
+    body: Field,
+}
+
+pub struct LexicalIndex {
+    dir: PathBuf,
+    index: Index,
+    reader: IndexReader,
+    writer: Mutex<Option<IndexWriter<TantivyDocument>>>,
+    fields: Fields,
+    jieba: Arc<Jieba>,
+    /// True when the index was (re)created empty because its format or dictionary changed.
+    pub needs_rebuild: bool,
+}
+
+impl std::fmt::Debug for LexicalIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LexicalIndex").field("dir", &self.dir).finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LexicalHit {
+    pub chunk_id: i64,
+    pub document_id: i64,
+    pub score: f32,
+}
+
+fn schema() -> (Schema, Fields) {
+    let mut b = Schema::builder();
+    let text = TextOptions::default().set_indexing_options(
+        TextFieldIndexing::default()
+            .set_tokenizer(TOKENIZER_NAME)
+            .set_index_option(IndexRecordOption::WithFreqsAndPositions),
+    );
+    let fields = Fields {
+        chunk_id: b.add_u64_field("chunk_id", INDEXED | FAST | STORED),
+        document_id: b.add_u64_field("document_id", INDEXED | FAST),
+        collection: b.add_text_field("collection", STRING | FAST),
+        title: b.add_text_field("title", text.clone()),
+        body: b.add_text_field("body", text),
+    };
+    (b.build(), fields)
+}
+
+impl LexicalIndex {
+    /// Opens `root/v1`, recreating it empty (and flagging `needs_rebuild`) when it is missing, of another
+    /// format, or built with other dictionaries.
+    pub fn open(root: &Path, user_dict: Option<&Path>) -> Result<Self> {
+        let (jieba, dict_hash) = build_jieba(user_dict)?;
+        let jieba = Arc::new(jieba);
+        let dir = root.join(format!("v{LEXICAL_FORMAT}"));
+        let meta_path = dir.join("index.json");
+        let want = IndexMeta {
+            format: LEXICAL_FORMAT,
+            tokenizer: CONTENT_REVISION.into(),
+            dictionary_sha256: dict_hash,
+        };
+        let have: Option<IndexMeta> =
+            std::fs::read(&meta_path).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        if let Some(h) = &have {
+            if h.format > LEXICAL_FORMAT {
+                return Err(Error::TooNew {
+                    what: format!("lexical index {}", dir.display()),
+                    found: h.format,
+                    supported: LEXICAL_FORMAT,
+                });
+            }
+        }
+        let (schema, fields) = schema();
+        let (index, needs_rebuild) = if have.as_ref() == Some(&want) && dir.join("meta.json").exists() {
+            (Index::open_in_dir(&dir)?, false)
+        } else {
+            if dir.exists() {
+                tracing::warn!(dir = %dir.display(), "lexical index is stale (format or dictionary changed); rebuilding");
+                std::fs::remove_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+            }
+            std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+            let index = Index::create_in_dir(&dir, schema)?;
+            let tmp = dir.join(".index.json.tmp");
+            let bytes = serde_json::to_vec_pretty(&want).map_err(|e| Error::Internal(e.to_string()))?;
+            std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
+            std::fs::rename(&tmp, &meta_path).map_err(|e| Error::io(&meta_path, e))?;
+            (index, true)
+        };
+        index.tokenizers().register(TOKENIZER_NAME, JiebaTokenizer::new(jieba.clone()));
+        let reader = index.reader_builder().reload_policy(ReloadPolicy::Manual).try_into()?;
+        Ok(LexicalIndex { dir, index, reader, writer: Mutex::new(None), fields, jieba, needs_rebuild })
+    }
+
+    pub fn jieba(&self) -> &Jieba {
+        &self.jieba
+    }
+
+    /// The writer is opened on first use so read-only commands never take tantivy's writer lock.
+    fn writer(&self) -> Result<MutexGuard<'_, Option<IndexWriter<TantivyDocument>>>> {
+        let mut guard = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            *guard = Some(self.index.writer_with_num_threads(1, 64 * 1024 * 1024)?);
+        }
+        Ok(guard)
+    }
+
+    /// Replaces the chunks of the given documents: deletes every chunk of each document, then adds `chunks`.
+    /// Nothing is visible until [`LexicalIndex::commit`].
+    pub fn replace_documents(&self, doc_ids: &[i64], chunks: &[ChunkRow]) -> Result<()> {
+        let guard = self.writer()?;
+        let w = guard.as_ref().ok_or_else(|| Error::Internal("writer missing".into()))?;
+        for id in doc_ids {
+            w.delete_term(Term::from_field_u64(self.fields.document_id, *id as u64));
+        }
+        for c in chunks {
+            let mut doc = TantivyDocument::default();
+            doc.add_u64(self.fields.chunk_id, c.chunk_id as u64);
+            doc.add_u64(self.fields.document_id, c.document_id as u64);
+            doc.add_text(self.fields.collection, &c.collection);
+            // The heading path usually starts with the document title (its H1); index the title once.
+            let title = if c.heading.is_empty() {
+                c.title.clone()
+            } else if c.heading.starts_with(c.title.as_str()) {
+                c.heading.clone()
+            } else {
+                format!("{} > {}", c.title, c.heading)
+            };
+            doc.add_text(self.fields.title, &title);
+            // The heading path is the chunk's context ("二甲双胍 > 禁忌症"): a chunk under 禁忌症 rarely repeats the
+            // word itself, yet is exactly what a query for it wants.
+            if c.heading.is_empty() {
+                doc.add_text(self.fields.body, &c.text);
+            } else {
+                doc.add_text(self.fields.body, format!("{}\n{}", c.heading, c.text));
+            }
+            w.add_document(doc)?;
+        }
+        Ok(())
+    }
+
+    pub fn delete_documents(&self, doc_ids: &[i64]) -> Result<()> {
+        self.replace_documents(doc_ids, &[])
+    }
+
+    pub fn delete_all(&self) -> Result<()> {
+        let guard = self.writer()?;
+        let w = guard.as_ref().ok_or_else(|| Error::Internal("writer missing".into()))?;
+        w.delete_all_documents()?;
+        Ok(())
+    }
+
+    /// Makes everything added or deleted so far durable and visible, atomically.
+    pub fn commit(&self) -> Result<()> {
+        let mut guard = self.writer()?;
+        if let Some(w) = guard.as_mut() {
+            w.commit()?;
+        }
+        drop(guard);
+        self.reader.reload()?;
+        Ok(())
+    }
+
+    pub fn reload(&self) -> Result<()> {
+        Ok(self.reader.reload()?)
+    }
+
+    pub fn num_docs(&self) -> u64 {
+        self.reader.searcher().num_docs()
+    }
+
+    /// Every (chunk_id, document_id) in the index, for consistency checks.
+    pub fn all_ids(&self) -> Result<Vec<(i64, i64)>> {
+        let searcher = self.reader.searcher();
+        let mut out = Vec::new();
+        for seg in searcher.segment_readers() {
+            let chunk = seg.fast_fields().u64("chunk_id")?;
+            let doc = seg.fast_fields().u64("document_id")?;
+            for d in seg.doc_ids_alive() {
+                if let (Some(c), Some(p)) = (chunk.first(d), doc.first(d)) {
+                    out.push((c as i64, p as i64));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn build_query(&self, text: &str, collections: Option<&[String]>, title_boost: f32) -> Option<Box<dyn Query>> {
+        let tokens = tokenize(&self.jieba, text);
+        if tokens.is_empty() {
+            return None;
+        }
+        let mut should: Vec<(Occur, Box<dyn Query>)> = Vec::new();
+        for (_, _, word) in &tokens {
+            should.push((
+                Occur::Should,
+                Box::new(TermQuery::new(Term::from_field_text(self.fields.body, word), IndexRecordOption::WithFreqs)),
+            ));
+            if title_boost > 0.0 {
+                let q = TermQuery::new(Term::from_field_text(self.fields.title, word), IndexRecordOption::WithFreqs);
+                should.push((Occur::Should, Box::new(tantivy::query::BoostQuery::new(Box::new(q), title_boost))));
+            }
+        }
+        let terms: Box<dyn Query> = Box::new(BooleanQuery::new(should));
+        match collections {
+            None => Some(terms),
+            Some(cols) => {
+                let filter: Vec<(Occur, Box<dyn Query>)> = cols
+                    .iter()
+                    .map(|c| {
+                        let q: Box<dyn Query> = Box::new(TermQuery::new(
+                            Term::from_field_text(self.fields.collection, c),
+                            IndexRecordOption::Basic,
+                        ));
+                        (Occur::Should, q)
+                    })
+                    .collect();
+                let filter: Box<dyn Query> = Box::new(ConstScoreQuery::new(Box::new(BooleanQuery::new(filter)), 0.0));
+                Some(Box::new(BooleanQuery::new(vec![(Occur::Must, terms), (Occur::Must, filter)])))
+            }
+        }
+    }
+
+    /// BM25 top `limit` chunks for `text`, optionally restricted to `collections`.
+    pub fn search(
+        &self,
+        text: &str,
+        collections: Option<&[String]>,
+        limit: usize,
+        title_boost: f32,
+    ) -> Result<Vec<LexicalHit>> {
+        let Some(query) = self.build_query(text, collections, title_boost) else {
+            return Ok(Vec::new());
+        };
+        let searcher = self.reader.searcher();
+        let top = searcher.search(&query, &TopDocs::with_limit(limit.max(1)).order_by_score())?;
+        let mut out = Vec::with_capacity(top.len());
+        let mut columns: Vec<Option<(tantivy::columnar::Column<u64>, tantivy::columnar::Column<u64>)>> =
+            vec![None; searcher.segment_readers().len()];
+        for (score, addr) in top {
+            let slot = &mut columns[addr.segment_ord as usize];
+            if slot.is_none() {
+                let ff = searcher.segment_reader(addr.segment_ord).fast_fields();
+                *slot = Some((ff.u64("chunk_id")?, ff.u64("document_id")?));
+            }
+            if let Some((c, d)) = slot.as_ref() {
+                if let (Some(chunk_id), Some(document_id)) = (c.first(addr.doc_id), d.first(addr.doc_id)) {
+                    out.push(LexicalHit { chunk_id: chunk_id as i64, document_id: document_id as i64, score });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Highlights the query's terms in `text`: tantivy picks the best fragment (at most `max_bytes`), then every
+    /// query word found in it is marked, overlapping and adjacent matches merged (search mode yields both
+    /// 二甲 and 二甲双胍; the reader should see one mark over 二甲双胍). Function words are not marked.
+    pub fn snippet(&self, query: &str, text: &str, max_bytes: usize) -> Result<(String, Vec<(usize, usize)>)> {
+        let fragment = match self.build_query(query, None, 0.0) {
+            Some(q) => {
+                let searcher = self.reader.searcher();
+                let mut g = SnippetGenerator::create(&searcher, q.as_ref(), self.fields.body)?;
+                g.set_max_num_chars(max_bytes);
+                g.snippet(text).fragment().to_string()
+            }
+            None => String::new(),
+        };
+        let fragment = if fragment.is_empty() {
+            // No query word occurs in this chunk (it matched on its title): show its beginning.
+            let mut end = max_bytes.min(text.len());
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text[..end].to_string()
+        } else {
+            fragment
+        };
+        let words: std::collections::HashSet<String> =
+            tokenize(&self.jieba, query).into_iter().map(|t| t.2).filter(|w| !is_stopword(w)).collect();
+        let mut ranges: Vec<(usize, usize)> = tokenize(&self.jieba, &fragment)
+            .into_iter()
+            .filter(|(_, _, w)| words.contains(w))
+            .map(|(s, e, _)| (s, e))
+            .collect();
+        ranges.sort_unstable();
+        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
+        for (s, e) in ranges {
+            match merged.last_mut() {
+                Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                _ => merged.push((s, e)),
+            }
+        }
+        Ok((fragment, merged))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medical_dictionary_keeps_drug_names_whole() {
+        let (jieba, _) = build_jieba(None).unwrap();
+        let words: Vec<String> = tokenize(&jieba, "二甲双胍的禁忌症，ＣＴ").into_iter().map(|t| t.2).collect();
+        assert!(words.contains(&"二甲双胍".to_string()), "{words:?}");
+        assert!(words.contains(&"禁忌症".to_string()), "{words:?}");
+        assert!(!words.iter().any(|w| w == "，"), "punctuation must be dropped: {words:?}");
+    }
+
+    #[test]
+    fn user_dictionary_changes_segmentation_and_hash() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("user_dict.txt");
+        let (j0, h0) = build_jieba(Some(&p)).unwrap();
+        let before: Vec<String> = tokenize(&j0, "替尔泊肽注射液").into_iter().map(|t| t.2).collect();
+        std::fs::write(&p, "# 新药\n替尔泊肽 50000 nz\n").unwrap();
+        let (j1, h1) = build_jieba(Some(&p)).unwrap();
+        let after: Vec<String> = tokenize(&j1, "替尔泊肽注射液").into_iter().map(|t| t.2).collect();
+        assert!(!before.contains(&"替尔泊肽".to_string()));
+        assert!(after.contains(&"替尔泊肽".to_string()), "{after:?}");
+        assert_ne!(h0, h1);
+        std::fs::write(&p, "坏 行 有 四列\n").unwrap();
+        let err = build_jieba(Some(&p)).unwrap_err();
+        assert!(err.to_string().contains("user_dict.txt:1"), "{err}");
+    }
+}

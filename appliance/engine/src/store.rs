@@ -1,0 +1,338 @@
+//! SQLite metadata: migrations and the queries the engine needs.
+//!
+//! Migrations are the numbered files in the repository's `migrations/` folder, embedded at build time and applied
+//! in order; `PRAGMA user_version` records the last one. A database written by a newer build (higher
+//! user_version) is refused rather than silently misread.
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// (version, SQL). Append only; never edit a released migration.
+pub const MIGRATIONS: &[(u32, &str)] = &[(1, include_str!("../../../migrations/0001_init.sql"))];
+
+pub fn latest_schema() -> u32 {
+    MIGRATIONS.last().map(|m| m.0).unwrap_or(0)
+}
+
+#[derive(Debug)]
+pub struct Store {
+    conn: Mutex<Connection>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Collection {
+    pub id: i64,
+    pub name: String,
+    pub description: String,
+    pub owner: String,
+    pub approved_for_training: bool,
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CollectionStats {
+    #[serde(flatten)]
+    pub collection: Collection,
+    pub documents: u64,
+    pub chunks: u64,
+}
+
+/// A chunk as the lexical index needs it.
+#[derive(Debug, Clone)]
+pub struct ChunkRow {
+    pub chunk_id: i64,
+    pub document_id: i64,
+    pub collection: String,
+    pub title: String,
+    pub heading: String,
+    pub text: String,
+}
+
+/// A chunk as search results show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChunkView {
+    pub chunk_id: i64,
+    pub document_id: i64,
+    pub external_id: String,
+    pub collection: String,
+    pub title: String,
+    pub source: String,
+    pub heading: String,
+    pub text: String,
+    pub ordinal: i64,
+}
+
+pub fn now() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".into())
+}
+
+impl Store {
+    pub fn open(path: &Path) -> Result<Self> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        // WAL keeps readers (search) unblocked by the ingest writer; NORMAL sync is crash-safe for a killed
+        // process, and the index recovery on open repairs anything a power loss drops.
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        let store = Store { conn: Mutex::new(conn) };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    pub fn conn(&self) -> MutexGuard<'_, Connection> {
+        // A poisoned lock only means another thread panicked mid-call; SQLite's own transaction state is intact.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn schema_version(&self) -> Result<u32> {
+        Ok(self.conn().pragma_query_value(None, "user_version", |r| r.get(0))?)
+    }
+
+    fn migrate(&self) -> Result<()> {
+        let mut conn = self.conn();
+        let current: u32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        let latest = latest_schema();
+        if current > latest {
+            return Err(Error::TooNew { what: "the metadata database".into(), found: current, supported: latest });
+        }
+        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
+            let tx = conn.transaction()?;
+            tx.execute_batch(sql)?;
+            tx.pragma_update(None, "user_version", version)?;
+            tx.commit()?;
+            tracing::info!(version, "applied metadata migration");
+        }
+        Ok(())
+    }
+
+    pub fn create_collection(&self, name: &str, description: &str, owner: &str) -> Result<Collection> {
+        validate_collection_name(name)?;
+        let conn = self.conn();
+        let res = conn.execute(
+            "INSERT INTO collections (name, description, owner, created_at) VALUES (?1, ?2, ?3, ?4)",
+            params![name, description, owner, now()],
+        );
+        match res {
+            Ok(_) => {}
+            Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::ConstraintViolation => {
+                return Err(Error::CollectionExists(name.into()));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        drop(conn);
+        self.collection(name)
+    }
+
+    pub fn collection(&self, name: &str) -> Result<Collection> {
+        self.conn()
+            .query_row(
+                "SELECT id, name, description, owner, approved_for_training, created_at FROM collections WHERE name = ?1",
+                [name],
+                row_to_collection,
+            )
+            .optional()?
+            .ok_or_else(|| Error::UnknownCollection(name.into()))
+    }
+
+    pub fn collections(&self) -> Result<Vec<CollectionStats>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT c.id, c.name, c.description, c.owner, c.approved_for_training, c.created_at,
+                    (SELECT COUNT(*) FROM documents d WHERE d.collection_id = c.id),
+                    (SELECT COUNT(*) FROM chunks k JOIN documents d ON d.id = k.document_id WHERE d.collection_id = c.id)
+             FROM collections c ORDER BY c.name",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok(CollectionStats {
+                collection: row_to_collection(r)?,
+                documents: r.get::<_, i64>(6)? as u64,
+                chunks: r.get::<_, i64>(7)? as u64,
+            })
+        })?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    /// Chunks of the given documents, for (re)indexing.
+    pub fn chunks_of_documents(&self, doc_ids: &[i64]) -> Result<Vec<ChunkRow>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT k.id, k.document_id, c.name, d.title, k.heading, k.text
+             FROM chunks k JOIN documents d ON d.id = k.document_id JOIN collections c ON c.id = d.collection_id
+             WHERE k.document_id = ?1 ORDER BY k.ordinal",
+        )?;
+        let mut out = Vec::new();
+        for id in doc_ids {
+            let rows = stmt.query_map([id], row_to_chunk)?;
+            for r in rows {
+                out.push(r?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every chunk of every indexed or pending document, streamed to `f` (for a full lexical rebuild).
+    pub fn for_each_live_chunk(&self, mut f: impl FnMut(ChunkRow) -> Result<()>) -> Result<()> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT k.id, k.document_id, c.name, d.title, k.heading, k.text
+             FROM chunks k JOIN documents d ON d.id = k.document_id JOIN collections c ON c.id = d.collection_id
+             WHERE d.state != 'deleting' ORDER BY k.id",
+        )?;
+        let rows = stmt.query_map([], row_to_chunk)?;
+        for r in rows {
+            f(r?)?;
+        }
+        Ok(())
+    }
+
+    pub fn documents_in_state(&self, state: &str) -> Result<Vec<i64>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT id FROM documents WHERE state = ?1 ORDER BY id")?;
+        let rows = stmt.query_map([state], |r| r.get(0))?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    pub fn set_documents_state(&self, doc_ids: &[i64], state: &str) -> Result<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        {
+            let mut stmt = tx.prepare_cached("UPDATE documents SET state = ?1 WHERE id = ?2")?;
+            for id in doc_ids {
+                stmt.execute(params![state, id])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub fn delete_documents(&self, doc_ids: &[i64]) -> Result<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        {
+            let mut stmt = tx.prepare_cached("DELETE FROM documents WHERE id = ?1")?;
+            for id in doc_ids {
+                stmt.execute([id])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Number of chunks whose documents the lexical index should hold.
+    pub fn live_chunk_count(&self) -> Result<u64> {
+        let n: i64 = self.conn().query_row(
+            "SELECT COUNT(*) FROM chunks k JOIN documents d ON d.id = k.document_id WHERE d.state != 'deleting'",
+            [],
+            |r| r.get(0),
+        )?;
+        Ok(n as u64)
+    }
+
+    pub fn chunk_views(&self, chunk_ids: &[i64]) -> Result<Vec<ChunkView>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT k.id, k.document_id, d.external_id, c.name, d.title, d.source, k.heading, k.text, k.ordinal
+             FROM chunks k JOIN documents d ON d.id = k.document_id JOIN collections c ON c.id = d.collection_id
+             WHERE k.id = ?1",
+        )?;
+        let mut out = Vec::with_capacity(chunk_ids.len());
+        for id in chunk_ids {
+            if let Some(v) = stmt
+                .query_row([id], |r| {
+                    Ok(ChunkView {
+                        chunk_id: r.get(0)?,
+                        document_id: r.get(1)?,
+                        external_id: r.get(2)?,
+                        collection: r.get(3)?,
+                        title: r.get(4)?,
+                        source: r.get(5)?,
+                        heading: r.get(6)?,
+                        text: r.get(7)?,
+                        ordinal: r.get(8)?,
+                    })
+                })
+                .optional()?
+            {
+                out.push(v);
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn row_to_collection(r: &rusqlite::Row<'_>) -> rusqlite::Result<Collection> {
+    Ok(Collection {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        description: r.get(2)?,
+        owner: r.get(3)?,
+        approved_for_training: r.get::<_, i64>(4)? != 0,
+        created_at: r.get(5)?,
+    })
+}
+
+fn row_to_chunk(r: &rusqlite::Row<'_>) -> rusqlite::Result<ChunkRow> {
+    Ok(ChunkRow {
+        chunk_id: r.get(0)?,
+        document_id: r.get(1)?,
+        collection: r.get(2)?,
+        title: r.get(3)?,
+        heading: r.get(4)?,
+        text: r.get(5)?,
+    })
+}
+
+/// Collection names appear in URLs, CLI arguments and index terms; keep them simple and unambiguous.
+pub fn validate_collection_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.chars().count() <= 64
+        && name.chars().all(|c| c.is_alphanumeric() || c == '-' || c == '_')
+        && !name.starts_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidInput(format!(
+            "collection name {name:?} is not allowed: use 1-64 letters, digits, '-' or '_' (not starting with '-')"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrates_and_refuses_newer_schema() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("care.sqlite");
+        let s = Store::open(&p).unwrap();
+        assert_eq!(s.schema_version().unwrap(), latest_schema());
+        s.create_collection("demo", "", "admin").unwrap();
+        assert!(matches!(s.create_collection("demo", "", ""), Err(Error::CollectionExists(_))));
+        drop(s);
+        // Reopening is a no-op and keeps data.
+        let s = Store::open(&p).unwrap();
+        assert_eq!(s.collections().unwrap().len(), 1);
+        s.conn().pragma_update(None, "user_version", latest_schema() + 1).unwrap();
+        drop(s);
+        let err = Store::open(&p).unwrap_err();
+        assert!(matches!(err, Error::TooNew { .. }), "{err}");
+    }
+
+    #[test]
+    fn collection_names_are_validated() {
+        assert!(validate_collection_name("kuake_qtr").is_ok());
+        assert!(validate_collection_name("内科-指南").is_ok());
+        assert!(validate_collection_name("../etc").is_err());
+        assert!(validate_collection_name("").is_err());
+        assert!(validate_collection_name("a b").is_err());
+    }
+}

@@ -1,0 +1,196 @@
+//! Engine integration tests: real SQLite and tantivy in temporary data directories, real shared data.
+
+use std::path::{Path, PathBuf};
+
+use care_engine::engine::OpenMode;
+use care_engine::eval::{self, BeirSet};
+use care_engine::{Engine, EngineConfig, Error, SearchRequest};
+
+fn shared() -> PathBuf {
+    std::env::var_os("CARE_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+}
+
+fn engine_in(dir: &Path) -> Engine {
+    let mut cfg = EngineConfig::default();
+    cfg.storage.data_dir = dir.to_path_buf();
+    Engine::open(cfg, OpenMode::Create).unwrap()
+}
+
+fn search(e: &Engine, q: &str) -> Vec<String> {
+    e.search(&SearchRequest { query: q.into(), collections: None, limit: Some(10), offset: 0 })
+        .unwrap()
+        .hits
+        .into_iter()
+        .map(|h| h.external_id)
+        .collect()
+}
+
+#[test]
+fn kuake_qtr_bm25_dev_ndcg() {
+    let set_dir = shared().join("data/retrieval/kuake_qtr");
+    assert!(set_dir.exists(), "shared data missing at {} (set CARE_SHARED)", set_dir.display());
+    let t = tempfile::tempdir().unwrap();
+    let e = engine_in(t.path());
+    e.create_collection("kuake", "", "test").unwrap();
+    let set = BeirSet::load(&set_dir, "dev").unwrap();
+    assert_eq!(set.queries.len(), 500);
+    let r = e.ingest_files("kuake", &[set.corpus_path()], &mut |_| {}).unwrap();
+    assert_eq!(r.failed(), 0, "{:?}", r.files);
+    let docs = r.files[0].added + r.files[0].skipped_empty;
+    assert_eq!(docs, 32_171);
+    let mut runs = std::collections::BTreeMap::new();
+    for (qid, text) in &set.queries {
+        let ranked = e.rank_bm25(text, "kuake", 100).unwrap();
+        runs.insert(qid.clone(), ranked.into_iter().map(|(d, _)| d).collect());
+    }
+    let m = eval::score(&set, &runs);
+    eprintln!("kuake_qtr dev BM25: {m:?}");
+    assert!(m.ndcg_at_10 >= 0.78, "nDCG@10 {} < 0.78", m.ndcg_at_10);
+    assert!(m.recall_at_100 > 0.9, "Recall@100 {}", m.recall_at_100);
+}
+
+#[test]
+fn bad_inputs_are_rejected_per_file_and_nothing_stored_is_lost() {
+    let t = tempfile::tempdir().unwrap();
+    let e = engine_in(&t.path().join("data"));
+    e.create_collection("guide", "", "test").unwrap();
+    let good = t.path().join("metformin.md");
+    std::fs::write(&good, "# 二甲双胍\n## 禁忌症\n严重肾功能不全（eGFR低于30）者禁用二甲双胍。").unwrap();
+    let r = e.ingest_files("guide", &[good.clone()], &mut |_| {}).unwrap();
+    assert_eq!(r.failed(), 0);
+    let before = e.check().unwrap();
+    assert!(before.consistent);
+
+    let gbk = t.path().join("gbk.txt");
+    std::fs::write(&gbk, b"\xcc\xc7\xc4\xf2\xb2\xa1\xca\xc7").unwrap(); // GBK bytes, not UTF-8
+    let empty = t.path().join("empty.txt");
+    std::fs::write(&empty, b"").unwrap();
+    let broken = t.path().join("bank.jsonl");
+    std::fs::write(&broken, "{\"id\":\"q1\",\"text\":\"阿司匹林的不良反应\"}\n{\"id\":\"q2\",\"text\":\"胃出血\"\n").unwrap();
+    let other = t.path().join("aspirin.txt");
+    std::fs::write(&other, "阿司匹林可引起胃肠道出血。").unwrap();
+    let r = e.ingest_files("guide", &[gbk.clone(), empty.clone(), broken.clone(), other], &mut |_| {}).unwrap();
+    let errors: Vec<(String, Option<&str>)> =
+        r.files.iter().map(|f| (f.error.clone().unwrap_or_default(), f.error_code)).collect();
+    assert!(errors[0].0.contains("gbk.txt") && errors[0].0.contains("not valid UTF-8"), "{errors:?}");
+    assert_eq!(errors[0].1, Some("bad_encoding"));
+    assert!(errors[1].0.contains("empty.txt") && errors[1].0.contains("empty"), "{errors:?}");
+    assert!(errors[2].0.contains("bank.jsonl:2:"), "{errors:?}");
+    assert_eq!(errors[2].1, Some("malformed_record"));
+    assert!(r.files[3].error.is_none() && r.files[3].added == 1, "the good file in the same batch is indexed");
+    // Nothing from the broken JSONL was stored (its valid first line included).
+    assert!(search(&e, "阿司匹林的不良反应").iter().all(|id| !id.starts_with("q")));
+    assert_eq!(search(&e, "二甲双胍 禁忌症").first().map(String::as_str), Some("metformin.md"));
+
+    let err = e.ingest_files("nosuch", &[good], &mut |_| {}).unwrap_err();
+    assert!(matches!(err, Error::UnknownCollection(_)));
+    assert!(err.to_string().contains("collection 'nosuch' does not exist"), "{err}");
+    let err = e
+        .search(&SearchRequest { query: "x".into(), collections: Some(vec!["nosuch".into()]), limit: None, offset: 0 })
+        .unwrap_err();
+    assert!(matches!(err, Error::UnknownCollection(_)));
+    assert!(e.check().unwrap().consistent);
+    assert_eq!(e.stats().unwrap().documents, 2);
+}
+
+#[test]
+fn reingest_is_idempotent_edits_replace_and_deletes_remove_everywhere() {
+    let t = tempfile::tempdir().unwrap();
+    let e = engine_in(&t.path().join("data"));
+    e.create_collection("c", "", "test").unwrap();
+    let f = t.path().join("doc.txt");
+    std::fs::write(&f, "高血压患者应限制钠盐摄入。").unwrap();
+    let r1 = e.ingest_files("c", &[f.clone()], &mut |_| {}).unwrap();
+    assert_eq!(r1.files[0].added, 1);
+    let r2 = e.ingest_files("c", &[f.clone()], &mut |_| {}).unwrap();
+    assert_eq!((r2.files[0].added, r2.files[0].unchanged), (0, 1));
+    std::fs::write(&f, "痛风患者应避免高嘌呤饮食。").unwrap();
+    let r3 = e.ingest_files("c", &[f.clone()], &mut |_| {}).unwrap();
+    assert_eq!(r3.files[0].replaced, 1);
+    assert!(search(&e, "钠盐").is_empty(), "old text must be gone from the index");
+    assert_eq!(search(&e, "高嘌呤饮食"), vec!["doc.txt".to_string()]);
+    let s = e.stats().unwrap();
+    assert_eq!((s.documents, s.chunks, s.lexical_docs), (1, 1, 1));
+    assert_eq!(e.delete_documents("c", &["doc.txt".into()]).unwrap(), 1);
+    assert!(search(&e, "高嘌呤饮食").is_empty());
+    assert!(e.check().unwrap().consistent);
+    assert!(e.delete_documents("c", &["doc.txt".into()]).is_err());
+}
+
+#[test]
+fn interrupted_writes_are_repaired_on_open() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("data");
+    {
+        let e = engine_in(&dir);
+        e.create_collection("c", "", "test").unwrap();
+        let f = t.path().join("a.jsonl");
+        std::fs::write(&f, "{\"id\":\"1\",\"text\":\"冠心病的二级预防\"}\n{\"id\":\"2\",\"text\":\"心房颤动的抗凝治疗\"}\n").unwrap();
+        e.ingest_files("c", &[f], &mut |_| {}).unwrap();
+        // Simulate a crash between the SQLite commit and the index commit: a pending document the index lacks,
+        // and a deletion that stopped after marking its row.
+        let conn = e.store().conn();
+        conn.execute("INSERT INTO documents (collection_id, external_id, title, source, content_hash, state, created_at) VALUES (1, '3', '', 'x', 'h', 'pending', 'now')", []).unwrap();
+        let id = conn.last_insert_rowid();
+        conn.execute("INSERT INTO chunks (document_id, ordinal, heading, text, char_start, char_end) VALUES (?1, 0, '', '慢性肾脏病的分期', 0, 8)", [id]).unwrap();
+        conn.execute("UPDATE documents SET state = 'deleting' WHERE external_id = '1'", []).unwrap();
+    }
+    let e = engine_in(&dir);
+    let c = e.check().unwrap();
+    assert!(c.consistent, "{c:?}");
+    assert_eq!(c.sqlite_chunks, 2);
+    assert_eq!(search(&e, "慢性肾脏病"), vec!["3".to_string()]);
+    assert!(search(&e, "冠心病").is_empty());
+}
+
+#[test]
+fn stale_or_missing_index_is_rebuilt_from_sqlite() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("data");
+    {
+        let e = engine_in(&dir);
+        e.create_collection("c", "", "test").unwrap();
+        let f = t.path().join("a.txt");
+        std::fs::write(&f, "替尔泊肽注射液用于2型糖尿病。").unwrap();
+        e.ingest_files("c", &[f], &mut |_| {}).unwrap();
+    }
+    std::fs::remove_dir_all(dir.join("lexical")).unwrap();
+    let e = engine_in(&dir);
+    assert_eq!(search(&e, "糖尿病"), vec!["a.txt".to_string()]);
+    drop(e);
+    // A dictionary word changes segmentation; the index is rebuilt so the new word is searchable as a whole.
+    let mut cfg = EngineConfig::default();
+    cfg.storage.data_dir = dir.clone();
+    Engine::add_dictionary_words(&cfg, &["替尔泊肽".into()]).unwrap();
+    let e = Engine::open(cfg, OpenMode::Existing).unwrap();
+    assert_eq!(search(&e, "替尔泊肽"), vec!["a.txt".to_string()]);
+    assert!(e.check().unwrap().consistent);
+}
+
+#[test]
+fn demo_collection_answers_the_example_query() {
+    let t = tempfile::tempdir().unwrap();
+    let e = engine_in(t.path());
+    let r = care_engine::demo::load_demo(&e).unwrap();
+    assert!(r.added >= 40, "{r:?}");
+    let res = e
+        .search(&SearchRequest { query: "二甲双胍的禁忌症".into(), collections: None, limit: Some(5), offset: 0 })
+        .unwrap();
+    let top = &res.hits[0];
+    assert!(top.title.contains("二甲双胍"), "{:?}", top.title);
+    assert!(top.heading.contains("禁忌"), "{:?}", top.heading);
+    // The top chunk is the 禁忌症 section (it matched through its heading); chunks that contain the words
+    // themselves carry highlights that point at them.
+    let with_marks: Vec<_> = res.hits.iter().filter(|h| !h.highlights.is_empty()).collect();
+    assert!(!with_marks.is_empty());
+    for h in with_marks {
+        for &(s, e) in &h.highlights {
+            let word = &h.snippet[s..e];
+            assert!(["二甲双胍", "禁忌症", "禁忌"].contains(&word), "unexpected highlight {word:?} in {:?}", h.snippet);
+        }
+    }
+    let again = care_engine::demo::load_demo(&e).unwrap();
+    assert_eq!((again.added, again.unchanged), (0, r.added));
+}

@@ -1,0 +1,112 @@
+//! Helpers for the end-to-end tests: run the real `care` binary against a temporary data directory.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+/// The `care` binary cargo built next to this test binary (target/<profile>/care).
+pub fn care_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join("care");
+    assert!(bin.exists(), "{} not built; run the tests with `cargo test --workspace`", bin.display());
+    bin
+}
+
+pub fn shared() -> PathBuf {
+    std::env::var_os("CARE_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"))
+}
+
+/// A `care` invocation bound to one data directory, with no /etc/care config leaking in.
+pub struct Care {
+    pub data_dir: PathBuf,
+    pub env: Vec<(String, String)>,
+}
+
+impl Care {
+    pub fn new(data_dir: &Path) -> Self {
+        Care { data_dir: data_dir.to_path_buf(), env: Vec::new() }
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(care_bin());
+        c.arg("--data-dir").arg(&self.data_dir).arg("--config").arg(empty_config());
+        c.args(args);
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        c.env("CARE_LOG", "warn");
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("run care")
+    }
+
+    /// Runs and asserts success, returning stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "care {args:?} failed with {:?}\nstdout: {}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        serde_json::from_str(&self.ok(args)).expect("JSON output")
+    }
+
+    /// Starts `care serve` on a free loopback port and returns the child and its base URL.
+    pub fn serve(&self) -> (KillOnDrop, String) {
+        let mut child = self
+            .command(&["serve", "--bind", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn care serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("listening on ") {
+                    let _ = tx.send(url.to_string());
+                }
+            }
+        });
+        let url = rx.recv_timeout(Duration::from_secs(60)).expect("server did not report its address");
+        (KillOnDrop(child), url)
+    }
+}
+
+fn empty_config() -> PathBuf {
+    let p = std::env::temp_dir().join("care-e2e-empty.toml");
+    if !p.exists() {
+        std::fs::write(&p, "# empty: compiled defaults only\n").expect("write empty config");
+    }
+    p
+}
+
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// An HTTPS client that trusts the server's self-signed certificate (and nothing is sent off this machine).
+pub fn https_client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+}
