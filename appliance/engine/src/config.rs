@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::encoders::ModelConfig;
 use crate::text::ChunkConfig;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -14,6 +15,7 @@ pub struct EngineConfig {
     pub storage: StorageConfig,
     pub ingest: IngestConfig,
     pub search: SearchConfig,
+    pub model: ModelConfig,
 }
 
 impl Default for EngineConfig {
@@ -22,6 +24,7 @@ impl Default for EngineConfig {
             storage: StorageConfig::default(),
             ingest: IngestConfig::default(),
             search: SearchConfig::default(),
+            model: ModelConfig::default(),
         }
     }
 }
@@ -62,10 +65,29 @@ pub struct SearchConfig {
     pub title_boost: f32,
     /// Snippet length in bytes (about a third as many Chinese characters).
     pub snippet_bytes: usize,
+    /// Candidates taken from each of BM25 and dense retrieval before fusion.
+    pub candidates: usize,
+    /// Dense weight of weighted fusion for collections that have not been tuned (`care tune-fusion`).
+    pub default_dense_weight: f32,
+    /// Tables with more vectors than this get an IVF-PQ index; smaller ones are searched exactly.
+    pub ann_threshold: usize,
+    /// IVF partitions probed and the refine factor (shortlist re-ranked with full vectors) for ANN search.
+    pub ann_nprobes: usize,
+    pub ann_refine: u32,
 }
 
 impl Default for SearchConfig {
     fn default() -> Self {
-        SearchConfig { default_limit: 10, max_limit: 100, title_boost: 1.0, snippet_bytes: 240 }
+        SearchConfig {
+            default_limit: 10,
+            max_limit: 100,
+            title_boost: 1.0,
+            snippet_bytes: 240,
+            candidates: 100,
+            default_dense_weight: 0.7,
+            ann_threshold: 200_000,
+            ann_nprobes: 32,
+            ann_refine: 10,
+        }
     }
 }

@@ -16,6 +16,7 @@ use serde::Serialize;
 
 use crate::config::EngineConfig;
 use crate::datadir::DataDir;
+use crate::dense::DenseStore;
 use crate::error::{Error, Result};
 use crate::ingest::{ParsedDocument, parse_file};
 use crate::lexical::LexicalIndex;
@@ -23,10 +24,13 @@ use crate::store::{Collection, CollectionStats, Store, now};
 use crate::text::chunk;
 
 pub struct Engine {
-    cfg: EngineConfig,
-    dir: DataDir,
-    store: Store,
-    lexical: LexicalIndex,
+    pub(crate) cfg: EngineConfig,
+    pub(crate) dir: DataDir,
+    pub(crate) store: Store,
+    pub(crate) lexical: LexicalIndex,
+    pub(crate) dense: DenseStore,
+    /// Loaded encoders by model id (a "both" model serves queries and documents from one session).
+    pub(crate) encoders: std::sync::Mutex<HashMap<i64, std::sync::Arc<crate::encoders::OrtEncoder>>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -85,6 +89,8 @@ pub struct RecoveryReport {
     pub reindexed_documents: usize,
     pub finished_deletions: usize,
     pub rebuilt: bool,
+    /// Chunks embedded or removed to bring dense indexes back in line with SQLite.
+    pub dense_repaired: usize,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -108,7 +114,7 @@ pub struct Stats {
     pub collections: Vec<CollectionStats>,
 }
 
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
 pub struct SearchRequest {
     pub query: String,
     /// Restrict to these collections; `None` searches all of them.
@@ -118,6 +124,11 @@ pub struct SearchRequest {
     pub limit: Option<usize>,
     #[serde(default)]
     pub offset: usize,
+    /// Force a retrieval method (bm25, dense, rrf, weighted) instead of the collection's tuned one.
+    #[serde(default)]
+    pub method: Option<crate::fusion::Method>,
+    #[serde(default)]
+    pub dense_weight: Option<f32>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -136,12 +147,30 @@ pub struct SearchHit {
     /// Byte ranges of matched terms inside `snippet`.
     pub highlights: Vec<(usize, usize)>,
     pub text: String,
+    /// How the score came about: raw, rank and normalised parts of BM25 and dense retrieval.
+    pub parts: ScoreParts,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ScoreParts {
+    pub bm25: Option<f32>,
+    pub bm25_rank: Option<usize>,
+    pub bm25_norm: f32,
+    pub dense: Option<f32>,
+    pub dense_rank: Option<usize>,
+    pub dense_norm: f32,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct SearchResults {
     pub query: String,
+    /// The method actually used: "bm25" when no encoder is active or no dense index covers the collections.
+    pub method: &'static str,
+    pub dense_weight: f32,
+    pub total_candidates: usize,
     pub hits: Vec<SearchHit>,
+    pub encode_ms: f64,
+    pub retrieve_ms: f64,
     pub took_ms: f64,
 }
 
@@ -150,9 +179,10 @@ impl Engine {
         let dir = DataDir::open(&cfg.storage.data_dir, mode == OpenMode::Create)?;
         let store = Store::open(&dir.sqlite())?;
         let lexical = LexicalIndex::open(&dir.lexical(), Some(&dir.user_dict()))?;
-        let engine = Engine { cfg, dir, store, lexical };
+        let dense = DenseStore::open(&dir.dense())?;
+        let engine = Engine { cfg, dir, store, lexical, dense, encoders: Default::default() };
         let report = engine.recover()?;
-        if report.reindexed_documents > 0 || report.finished_deletions > 0 || report.rebuilt {
+        if report.reindexed_documents > 0 || report.finished_deletions > 0 || report.rebuilt || report.dense_repaired > 0 {
             tracing::warn!(?report, "recovered from an interrupted write");
         }
         Ok(engine)
@@ -183,6 +213,7 @@ impl Engine {
             self.lexical.delete_documents(&deleting)?;
             self.lexical.commit()?;
             self.store.delete_documents(&deleting)?;
+            // Their vectors are removed by the dense sync below (rows no longer in SQLite).
             report.finished_deletions = deleting.len();
         }
         let pending = self.store.documents_in_state("pending")?;
@@ -198,6 +229,7 @@ impl Engine {
             self.rebuild_lexical()?;
             report.rebuilt = true;
         }
+        report.dense_repaired = self.sync_dense_indexes(&mut |_| {})?;
         Ok(report)
     }
 
@@ -400,7 +432,9 @@ impl Engine {
         let rows = self.store.chunks_of_documents(&touched)?;
         self.lexical.replace_documents(&touched, &rows)?;
         self.lexical.commit()?;
-        // 3. Confirm.
+        // 3. Dense vectors, when a document encoder is active (a crash here is repaired by the sync on open).
+        self.embed_documents(col, &touched, &rows)?;
+        // 4. Confirm.
         self.store.set_documents_state(&touched, "indexed")?;
         Ok(())
     }
@@ -420,6 +454,7 @@ impl Engine {
         self.store.set_documents_state(&ids, "deleting")?;
         self.lexical.delete_documents(&ids)?;
         self.lexical.commit()?;
+        self.delete_dense_documents(col.id, &ids)?;
         self.store.delete_documents(&ids)?;
         Ok(ids.len())
     }
@@ -441,26 +476,33 @@ impl Engine {
         })
     }
 
-    /// BM25 search with snippets.
+    /// Hybrid search with snippets: BM25 and dense candidates fused per the collection's setting (or the
+    /// request's), paged, with each hit's score parts.
     pub fn search(&self, req: &SearchRequest) -> Result<SearchResults> {
         let started = Instant::now();
         let query = req.query.trim();
         if query.is_empty() {
             return Err(Error::InvalidInput("the query is empty; type a few words to search for".into()));
         }
-        if let Some(cols) = &req.collections {
-            for c in cols {
-                self.store.collection(c)?;
-            }
+        if query.chars().count() > 1000 {
+            return Err(Error::InvalidInput("the query is longer than 1000 characters; shorten it".into()));
         }
+        let cols: Vec<Collection> = match &req.collections {
+            Some(names) => names.iter().map(|c| self.store.collection(c)).collect::<Result<_>>()?,
+            None => self.store.collections()?.into_iter().map(|c| c.collection).collect(),
+        };
         let limit = req.limit.unwrap_or(self.cfg.search.default_limit).clamp(1, self.cfg.search.max_limit);
-        let hits = self.lexical.search(
-            query,
-            req.collections.as_deref(),
-            req.offset + limit,
-            self.cfg.search.title_boost,
-        )?;
-        let page: Vec<_> = hits.into_iter().skip(req.offset).collect();
+        let depth = self.cfg.search.candidates.max(req.offset + limit);
+        let t0 = Instant::now();
+        let wants_dense = req.method != Some(crate::fusion::Method::Bm25);
+        let encoded = if wants_dense { self.encode_queries(&[query])? } else { None };
+        let encode_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let qvec = encoded.as_ref().and_then(|(v, m)| v.first().map(|v| (v.as_slice(), m)));
+        let t1 = Instant::now();
+        let (fused, method, weight) = self.retrieve(query, qvec, &cols, req.method, req.dense_weight, depth)?;
+        let retrieve_ms = t1.elapsed().as_secs_f64() * 1e3;
+        let total = fused.len();
+        let page: Vec<_> = fused.into_iter().skip(req.offset).take(limit).collect();
         let ids: Vec<i64> = page.iter().map(|h| h.chunk_id).collect();
         let views = self.store.chunk_views(&ids)?;
         let by_id: HashMap<i64, _> = views.into_iter().map(|v| (v.chunk_id, v)).collect();
@@ -481,12 +523,51 @@ impl Engine {
                 snippet,
                 highlights,
                 text: v.text.clone(),
+                parts: ScoreParts {
+                    bm25: h.bm25,
+                    bm25_rank: h.bm25_rank,
+                    bm25_norm: h.bm25_norm,
+                    dense: h.dense,
+                    dense_rank: h.dense_rank,
+                    dense_norm: h.dense_norm,
+                },
             });
         }
-        Ok(SearchResults { query: query.to_string(), hits: out, took_ms: started.elapsed().as_secs_f64() * 1e3 })
+        Ok(SearchResults {
+            query: query.to_string(),
+            method: method.as_str(),
+            dense_weight: weight,
+            total_candidates: total,
+            hits: out,
+            encode_ms,
+            retrieve_ms,
+            took_ms: started.elapsed().as_secs_f64() * 1e3,
+        })
     }
 
-    /// Lexical-only ranking of external ids, for evaluation.
+    /// Document-level ranking for evaluation: the fused chunk list reduced to each document's best chunk.
+    pub fn rank_documents(
+        &self,
+        query: &str,
+        qvec: Option<(&[f32], &crate::models::ModelRecord)>,
+        collection: &str,
+        method: crate::fusion::Method,
+        dense_weight: f32,
+        k: usize,
+    ) -> Result<Vec<String>> {
+        let col = self.store.collection(collection)?;
+        let (fused, _, _) = self.retrieve(query, qvec, &[col], Some(method), Some(dense_weight), k)?;
+        let ids: Vec<i64> = fused.iter().map(|h| h.document_id).collect();
+        let names = self.document_external_ids(&ids)?;
+        let mut seen = std::collections::HashSet::new();
+        Ok(fused
+            .iter()
+            .filter_map(|h| names.get(&h.document_id).cloned())
+            .filter(|n| seen.insert(n.clone()))
+            .collect())
+    }
+
+    /// BM25-only ranking of external ids (kept for lexical-only callers).
     pub fn rank_bm25(&self, query: &str, collection: &str, k: usize) -> Result<Vec<(String, f32)>> {
         let cols = [collection.to_string()];
         let hits = self.lexical.search(query, Some(&cols), k, self.cfg.search.title_boost)?;

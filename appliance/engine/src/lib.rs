@@ -6,7 +6,12 @@
 //!   ├ ingest    files → ParsedDocument (txt, md, jsonl); errors name file and line
 //!   ├ text      normalisation (full/half width, controls) and sentence/heading-aware chunking
 //!   ├ lexical   tantivy BM25 with jieba search-mode tokens + medical dictionary; derived from SQLite
-//!   ├ eval      BEIR sets and ranking metrics (nDCG, MAP, MRR, Recall)
+//!   ├ encoders  ONNX Runtime encoders for model packages (pooling, Matryoshka width, prompts, batching)
+//!   ├ models    model registry, active (query, document) pair and the pairing rule
+//!   ├ dense     LanceDB tables per (collection, document model); exact scan or IVF-PQ
+//!   ├ fusion    BM25 ∥ dense → RRF or weighted min-max, with per-hit score parts
+//!   ├ hybrid    dense sync with SQLite, query encoding, retrieval (engine methods)
+//!   ├ eval      BEIR/STS sets and ranking metrics (nDCG, MAP, MRR, Recall), fusion tuning
 //!   └ demo      the embedded demo collection
 //! ```
 //!
@@ -16,11 +21,16 @@
 pub mod config;
 pub mod datadir;
 pub mod demo;
+pub mod dense;
+pub mod encoders;
 pub mod engine;
 pub mod error;
 pub mod eval;
+pub mod fusion;
+pub mod hybrid;
 pub mod ingest;
 pub mod lexical;
+pub mod models;
 pub mod store;
 pub mod text;
 

@@ -13,7 +13,10 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 
 /// (version, SQL). Append only; never edit a released migration.
-pub const MIGRATIONS: &[(u32, &str)] = &[(1, include_str!("../../../migrations/0001_init.sql"))];
+pub const MIGRATIONS: &[(u32, &str)] = &[
+    (1, include_str!("../../../migrations/0001_init.sql")),
+    (2, include_str!("../../../migrations/0002_models_dense.sql")),
+];
 
 pub fn latest_schema() -> u32 {
     MIGRATIONS.last().map(|m| m.0).unwrap_or(0)

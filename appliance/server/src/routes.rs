@@ -25,6 +25,8 @@ pub struct SearchParams {
     limit: Option<usize>,
     #[serde(default)]
     offset: Option<usize>,
+    #[serde(default)]
+    method: Option<care_engine::fusion::Method>,
 }
 
 impl SearchParams {
@@ -34,6 +36,8 @@ impl SearchParams {
             collections: self.collection.as_ref().filter(|c| !c.is_empty()).map(|c| vec![c.clone()]),
             limit: self.limit,
             offset: self.offset.unwrap_or(0),
+            method: self.method,
+            dense_weight: None,
         }
     }
 }
@@ -47,6 +51,8 @@ pub struct HitView {
     pub collection: String,
     pub source: String,
     pub score: String,
+    /// "关键词 #3 · 语义 #1": where each retriever ranked this passage.
+    pub why: String,
     pub parts: Vec<(bool, String)>,
 }
 
@@ -74,6 +80,14 @@ impl HitView {
             collection: h.collection.clone(),
             source: h.source.clone(),
             score: format!("{:.3}", h.score),
+            why: [
+                h.parts.bm25_rank.map(|r| format!("关键词 #{r}")),
+                h.parts.dense_rank.map(|r| format!("语义 #{r}")),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(" · "),
             parts,
         }
     }
@@ -87,6 +101,7 @@ pub struct SearchPage {
     pub collections: Vec<String>,
     pub hits: Vec<HitView>,
     pub took_ms: String,
+    pub method: String,
     pub error: Option<String>,
 }
 
@@ -122,6 +137,7 @@ async fn search_page(state: web::Data<AppState>, params: web::Query<SearchParams
         collections: collections?,
         hits: Vec::new(),
         took_ms: String::new(),
+        method: String::new(),
         error: None,
     };
     match result {
@@ -129,6 +145,13 @@ async fn search_page(state: web::Data<AppState>, params: web::Query<SearchParams
         Some(Ok(r)) => {
             page.hits = r.hits.iter().map(HitView::from_hit).collect();
             page.took_ms = format!("{:.1}", r.took_ms);
+            page.method = match r.method {
+                "weighted" => "混合（加权融合）",
+                "rrf" => "混合（RRF）",
+                "dense" => "语义",
+                _ => "关键词（BM25）",
+            }
+            .to_string();
         }
         Some(Err(e)) if !crate::errors::status_of(e.code()).is_server_error() => page.error = Some(e.to_string()),
         Some(Err(e)) => return Err(e.into()),

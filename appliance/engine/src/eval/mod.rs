@@ -1,6 +1,7 @@
 //! Evaluation: BEIR-layout retrieval sets and ranking metrics.
 
 pub mod metrics;
+pub mod sts;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::BufRead;
@@ -121,4 +122,105 @@ pub fn score(set: &BeirSet, runs: &BTreeMap<String, Vec<String>>) -> MetricSumma
     s.mrr_at_10 /= n;
     s.recall_at_100 /= n;
     s
+}
+
+/// Per-query candidate lists, computed once and fused many times (evaluation and weight tuning).
+pub struct Candidates {
+    pub qid: String,
+    pub bm25: Vec<crate::fusion::Ranked>,
+    pub dense: Vec<crate::fusion::Ranked>,
+}
+
+/// Retrieves BM25 and (when a model is active) dense candidates for every query of the set.
+pub fn candidates(
+    engine: &crate::Engine,
+    set: &BeirSet,
+    collection: &str,
+    depth: usize,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Candidates2> {
+    let col = engine.collection(collection)?;
+    let names = [collection.to_string()];
+    let texts: Vec<&str> = set.queries.iter().map(|(_, t)| t.as_str()).collect();
+    let mut out = Vec::with_capacity(texts.len());
+    let mut vectors: Option<(Vec<Vec<f32>>, crate::models::ModelRecord)> = None;
+    if engine.active_models()?.is_some() {
+        let mut all = Vec::with_capacity(texts.len());
+        let mut model = None;
+        for batch in texts.chunks(64) {
+            if let Some((v, m)) = engine.encode_queries(batch)? {
+                all.extend(v);
+                model = Some(m);
+            }
+        }
+        vectors = model.map(|m| (all, m));
+    }
+    for (i, (qid, text)) in set.queries.iter().enumerate() {
+        let bm25 = engine
+            .lexical()
+            .search(text, Some(&names), depth, engine.config().search.title_boost)?
+            .into_iter()
+            .map(|h| (h.chunk_id, h.document_id, h.score))
+            .collect();
+        let dense = match &vectors {
+            Some((v, m)) => engine
+                .dense_search(&v[i], m, std::slice::from_ref(&col), depth)?
+                .into_iter()
+                .map(|h| (h.chunk_id, h.document_id, h.score))
+                .collect(),
+            None => Vec::new(),
+        };
+        out.push(Candidates { qid: qid.clone(), bm25, dense });
+        progress(i + 1, set.queries.len());
+    }
+    let doc_names = document_names(engine, col.id)?;
+    Ok(Candidates2 { lists: out, doc_names, has_dense: vectors.is_some() })
+}
+
+/// Candidate lists plus the document id → external id map needed to score them.
+pub struct Candidates2 {
+    pub lists: Vec<Candidates>,
+    pub doc_names: HashMap<i64, String>,
+    pub has_dense: bool,
+}
+
+fn document_names(engine: &crate::Engine, collection_id: i64) -> Result<HashMap<i64, String>> {
+    let conn = engine.store().conn();
+    let mut stmt = conn.prepare("SELECT id, external_id FROM documents WHERE collection_id = ?1")?;
+    let rows = stmt.query_map([collection_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<Result<HashMap<_, _>, _>>()?)
+}
+
+impl Candidates2 {
+    /// Scores one fusion configuration: chunk lists fused, reduced to each document's best chunk.
+    pub fn score(&self, set: &BeirSet, method: crate::fusion::Method, dense_weight: f32) -> MetricSummary {
+        let mut runs = BTreeMap::new();
+        for c in &self.lists {
+            let fused = crate::fusion::fuse(&c.bm25, &c.dense, method, dense_weight);
+            let mut seen = std::collections::HashSet::new();
+            let ranked: Vec<String> = fused
+                .iter()
+                .filter_map(|h| self.doc_names.get(&h.document_id).cloned())
+                .filter(|n| seen.insert(n.clone()))
+                .collect();
+            runs.insert(c.qid.clone(), ranked);
+        }
+        score(set, &runs)
+    }
+
+    /// Grid search of the dense weight (0.00..=1.00 step 0.05) maximising nDCG@10. Returns (best weight, curve).
+    pub fn tune(&self, set: &BeirSet) -> (f32, Vec<(f32, f64)>) {
+        let mut curve = Vec::new();
+        let mut best = (0.0f32, f64::MIN);
+        for i in 0..=20 {
+            let w = i as f32 * 0.05;
+            let m = self.score(set, crate::fusion::Method::Weighted, w).ndcg_at_10;
+            curve.push((w, m));
+            // Prefer the weight nearer 0.5 on ties: it degrades more gracefully on unseen queries.
+            if m > best.1 + 1e-12 || ((m - best.1).abs() <= 1e-12 && (w - 0.5).abs() < (best.0 - 0.5).abs()) {
+                best = (w, m);
+            }
+        }
+        (best.0, curve)
+    }
 }

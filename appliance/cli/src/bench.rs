@@ -1,0 +1,184 @@
+//! `care bench`: per-query latency of each search stage and of the whole search (in process and over HTTPS),
+//! plus ingest and embedding throughput, on a BEIR-layout set. Writes JSON; medians and p99 are what to compare.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use care_engine::engine::OpenMode;
+use care_engine::eval::BeirSet;
+use care_engine::fusion::{self, Method};
+use care_engine::{Engine, EngineConfig, SearchRequest};
+use serde::Serialize;
+
+#[derive(Debug, Serialize, Default)]
+pub struct Latency {
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub mean_ms: f64,
+    pub n: usize,
+}
+
+impl Latency {
+    fn from(mut xs: Vec<f64>) -> Self {
+        if xs.is_empty() {
+            return Latency::default();
+        }
+        xs.sort_by(f64::total_cmp);
+        let q = |p: f64| xs[((xs.len() as f64 - 1.0) * p).round() as usize];
+        Latency { p50_ms: q(0.5), p90_ms: q(0.9), p99_ms: q(0.99), mean_ms: xs.iter().sum::<f64>() / xs.len() as f64, n: xs.len() }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct BenchReport {
+    pub set: String,
+    pub queries: usize,
+    pub corpus_documents: usize,
+    pub model: Option<String>,
+    pub model_threads: usize,
+    pub ingest_seconds: f64,
+    pub ingest_docs_per_second: f64,
+    pub embed_seconds: f64,
+    pub embed_chunks_per_second: f64,
+    pub encode_query: Latency,
+    pub bm25: Latency,
+    pub dense: Latency,
+    pub fuse: Latency,
+    pub hybrid_in_process: Latency,
+    pub hybrid_http: Option<Latency>,
+}
+
+pub struct BenchOptions {
+    pub set: PathBuf,
+    pub queries: usize,
+    pub e5s1: Option<PathBuf>,
+    pub threads: usize,
+    pub http: bool,
+    pub int8: bool,
+}
+
+pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
+    let set = BeirSet::load(&opts.set, "dev")?;
+    let dir = std::env::temp_dir().join(format!("care-bench-{}", std::process::id()));
+    let mut cfg = base.clone();
+    cfg.storage.data_dir = dir.clone();
+    cfg.model.threads = opts.threads;
+    let e = Arc::new(Engine::open(cfg, OpenMode::Create)?);
+    e.create_collection("bench", "benchmark corpus", "bench")?;
+    let t = Instant::now();
+    let r = e.ingest_files("bench", &[set.corpus_path()], &mut |_| {})?;
+    if let Some(err) = r.files.iter().find_map(|f| f.error.clone()) {
+        bail!("ingest failed: {err}");
+    }
+    let ingest_seconds = t.elapsed().as_secs_f64();
+    let docs = r.files.iter().map(|f| f.added).sum::<usize>();
+    let chunks = r.files.iter().map(|f| f.chunks).sum::<usize>();
+    let mut embed_seconds = 0.0;
+    if let Some(bin) = &opts.e5s1 {
+        e.import_e5s1(bin, "1", None, opts.int8)?;
+        let t = Instant::now();
+        e.sync_dense_indexes(&mut |_| {})?;
+        embed_seconds = t.elapsed().as_secs_f64();
+    }
+    let col = e.collection("bench")?;
+    let cols = vec![col.clone()];
+    let names = vec!["bench".to_string()];
+    let queries: Vec<&str> = set.queries.iter().take(opts.queries).map(|(_, q)| q.as_str()).collect();
+    let title_boost = e.config().search.title_boost;
+    // Warm-up: load the flat vectors, the ONNX session, tantivy's caches.
+    for q in queries.iter().take(10) {
+        e.search(&SearchRequest { query: (*q).into(), ..Default::default() })?;
+    }
+    let (mut enc, mut bm, mut de, mut fu, mut all) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for q in &queries {
+        let t = Instant::now();
+        let v = e.encode_queries(&[q])?;
+        enc.push(ms(t));
+        let t = Instant::now();
+        let b: Vec<fusion::Ranked> = e
+            .lexical()
+            .search(q, Some(&names), 100, title_boost)?
+            .into_iter()
+            .map(|h| (h.chunk_id, h.document_id, h.score))
+            .collect();
+        bm.push(ms(t));
+        let d: Vec<fusion::Ranked> = match &v {
+            Some((vecs, m)) => {
+                let t = Instant::now();
+                let hits = e.dense_search(&vecs[0], m, &cols, 100)?;
+                de.push(ms(t));
+                hits.into_iter().map(|h| (h.chunk_id, h.document_id, h.score)).collect()
+            }
+            None => Vec::new(),
+        };
+        let t = Instant::now();
+        let fused = fusion::fuse(&b, &d, Method::Weighted, 0.7);
+        fu.push(ms(t));
+        std::hint::black_box(fused);
+        let t = Instant::now();
+        std::hint::black_box(e.search(&SearchRequest { query: (*q).into(), ..Default::default() })?);
+        all.push(ms(t));
+    }
+    let hybrid_http = if opts.http { Some(http_latency(e.clone(), &queries)?) } else { None };
+    let model = e.active_models()?.map(|p| format!("{}@{}", p.query.name, p.query.version));
+    let report = BenchReport {
+        set: set.name.clone(),
+        queries: queries.len(),
+        corpus_documents: docs,
+        model,
+        model_threads: opts.threads,
+        ingest_seconds,
+        ingest_docs_per_second: docs as f64 / ingest_seconds.max(1e-9),
+        embed_seconds,
+        embed_chunks_per_second: if embed_seconds > 0.0 { chunks as f64 / embed_seconds } else { 0.0 },
+        encode_query: Latency::from(enc),
+        bm25: Latency::from(bm),
+        dense: Latency::from(de),
+        fuse: Latency::from(fu),
+        hybrid_in_process: Latency::from(all),
+        hybrid_http,
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(report)
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// Serves the engine on a loopback port in this process and times `GET /api/v1/search` over HTTPS.
+fn http_latency(engine: Arc<Engine>, queries: &[&str]) -> Result<Latency> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server_cfg = care_server::ServerConfig { bind: "127.0.0.1:0".into(), workers: 1, ..Default::default() };
+    std::thread::spawn(move || {
+        let _ = actix_web::rt::System::new().block_on(care_server::serve(engine, server_cfg, move |addr| {
+            let _ = tx.send(addr);
+        }));
+    });
+    let addr = rx.recv_timeout(std::time::Duration::from_secs(30)).context("bench server did not start")?;
+    let client = reqwest::blocking::Client::builder().danger_accept_invalid_certs(true).build()?;
+    let url = format!("https://{addr}/api/v1/search");
+    for q in queries.iter().take(10) {
+        client.get(&url).query(&[("q", q)]).send()?.error_for_status()?;
+    }
+    let mut xs = Vec::new();
+    for q in queries {
+        let t = Instant::now();
+        let r = client.get(&url).query(&[("q", q)]).send()?.error_for_status()?;
+        std::hint::black_box(r.bytes()?);
+        xs.push(ms(t));
+    }
+    Ok(Latency::from(xs))
+}
+
+pub fn write(report: &BenchReport, out: Option<&Path>) -> Result<()> {
+    let text = serde_json::to_string_pretty(report)?;
+    if let Some(p) = out {
+        std::fs::write(p, &text).with_context(|| format!("writing {}", p.display()))?;
+    }
+    println!("{text}");
+    Ok(())
+}

@@ -1,0 +1,333 @@
+//! Dense vectors in LanceDB: one table per (collection, document model), named by the caller.
+//!
+//! LanceDB is the durable store. Search is exact for tables below `ann_threshold` rows, done on an in-memory copy of
+//! the vectors (a flat scan of normalised vectors is a few milliseconds for tens of thousands of chunks and has
+//! perfect recall); above the threshold an IVF-PQ index is built and queried with refinement (re-ranking the
+//! shortlist with full vectors), and its recall against the exact scan is what `recall_at` measures.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, RwLock};
+
+use arrow_array::types::Float32Type;
+use arrow_array::{Array, FixedSizeListArray, Float32Array, Int64Array, RecordBatch};
+use arrow_schema::{DataType, Field, Schema};
+use futures::TryStreamExt;
+use lancedb::query::{ExecutableQuery, QueryBase, Select};
+
+use crate::error::{Error, Result};
+
+fn dense_err(e: impl std::fmt::Display) -> Error {
+    Error::Internal(format!("dense index: {e}"))
+}
+
+pub struct DenseStore {
+    rt: tokio::runtime::Runtime,
+    db: lancedb::Connection,
+    tables: Mutex<HashMap<String, Arc<DenseTable>>>,
+}
+
+impl std::fmt::Debug for DenseStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DenseStore").finish()
+    }
+}
+
+/// A scored chunk from a dense search.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DenseHit {
+    pub chunk_id: i64,
+    pub document_id: i64,
+    pub score: f32,
+}
+
+struct Flat {
+    chunk_ids: Vec<i64>,
+    doc_ids: Vec<i64>,
+    vectors: Vec<f32>,
+}
+
+pub struct DenseTable {
+    name: String,
+    width: usize,
+    table: lancedb::Table,
+    flat: RwLock<Option<Arc<Flat>>>,
+    has_ann: RwLock<bool>,
+}
+
+impl DenseStore {
+    pub fn open(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        // LanceDB is async; the engine is synchronous, so it owns a small runtime and blocks on it.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("care-lancedb")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io(dir, e))?;
+        let uri = dir.to_str().ok_or_else(|| Error::InvalidInput(format!("{} is not UTF-8", dir.display())))?;
+        let db = rt.block_on(lancedb::connect(uri).execute()).map_err(dense_err)?;
+        Ok(DenseStore { rt, db, tables: Mutex::new(HashMap::new()) })
+    }
+
+    fn schema(width: usize) -> Arc<Schema> {
+        Arc::new(Schema::new(vec![
+            Field::new("chunk_id", DataType::Int64, false),
+            Field::new("document_id", DataType::Int64, false),
+            Field::new(
+                "vector",
+                DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float32, true)), width as i32),
+                false,
+            ),
+        ]))
+    }
+
+    /// Opens (creating if needed) a table of vectors of `width`.
+    pub fn table(&self, name: &str, width: usize) -> Result<Arc<DenseTable>> {
+        let mut tables = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = tables.get(name) {
+            return Ok(t.clone());
+        }
+        let names = self.rt.block_on(self.db.table_names().execute()).map_err(dense_err)?;
+        let table = if names.iter().any(|n| n == name) {
+            self.rt.block_on(self.db.open_table(name).execute()).map_err(dense_err)?
+        } else {
+            self.rt
+                .block_on(self.db.create_empty_table(name, Self::schema(width)).execute())
+                .map_err(dense_err)?
+        };
+        let has_ann = self
+            .rt
+            .block_on(table.list_indices())
+            .map_err(dense_err)?
+            .iter()
+            .any(|i| i.columns.iter().any(|c| c == "vector"));
+        let t = Arc::new(DenseTable {
+            name: name.to_string(),
+            width,
+            table,
+            flat: RwLock::new(None),
+            has_ann: RwLock::new(has_ann),
+        });
+        tables.insert(name.to_string(), t.clone());
+        Ok(t)
+    }
+
+    pub fn drop_table(&self, name: &str) -> Result<()> {
+        self.tables.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
+        let names = self.rt.block_on(self.db.table_names().execute()).map_err(dense_err)?;
+        if names.iter().any(|n| n == name) {
+            self.rt.block_on(self.db.drop_table(name, &[])).map_err(dense_err)?;
+        }
+        Ok(())
+    }
+
+    /// Replaces all vectors of the given documents with `rows` (chunk_id, document_id, vector).
+    pub fn replace_documents(&self, t: &DenseTable, doc_ids: &[i64], rows: &[(i64, i64, Vec<f32>)]) -> Result<()> {
+        for ids in doc_ids.chunks(500) {
+            let list = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+            self.rt.block_on(t.table.delete(format!("document_id IN ({list})").as_str())).map_err(dense_err)?;
+        }
+        if !rows.is_empty() {
+            for r in rows {
+                if r.2.len() != t.width {
+                    return Err(dense_err(format!("vector of width {} for table {} of width {}", r.2.len(), t.name, t.width)));
+                }
+            }
+            let batch = RecordBatch::try_new(
+                Self::schema(t.width),
+                vec![
+                    Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+                    Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+                    Arc::new(FixedSizeListArray::from_iter_primitive::<Float32Type, _, _>(
+                        rows.iter().map(|r| Some(r.2.iter().map(|x| Some(*x)).collect::<Vec<_>>())),
+                        t.width as i32,
+                    )),
+                ],
+            )
+            .map_err(dense_err)?;
+            self.rt.block_on(t.table.add(batch).execute()).map_err(dense_err)?;
+        }
+        *t.flat.write().unwrap_or_else(|p| p.into_inner()) = None;
+        Ok(())
+    }
+
+    pub fn count(&self, t: &DenseTable) -> Result<usize> {
+        self.rt.block_on(t.table.count_rows(None)).map_err(dense_err)
+    }
+
+    /// Every (chunk_id, document_id) stored, for consistency checks.
+    pub fn all_ids(&self, t: &DenseTable) -> Result<Vec<(i64, i64)>> {
+        let batches: Vec<RecordBatch> = self
+            .rt
+            .block_on(async {
+                t.table
+                    .query()
+                    .select(Select::columns(&["chunk_id", "document_id"]))
+                    .execute()
+                    .await?
+                    .try_collect::<Vec<_>>()
+                    .await
+            })
+            .map_err(dense_err)?;
+        let mut out = Vec::new();
+        for b in batches {
+            let c = column_i64(&b, "chunk_id")?;
+            let d = column_i64(&b, "document_id")?;
+            out.extend(c.values().iter().copied().zip(d.values().iter().copied()));
+        }
+        Ok(out)
+    }
+
+    fn load_flat(&self, t: &DenseTable) -> Result<Arc<Flat>> {
+        if let Some(f) = t.flat.read().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            return Ok(f.clone());
+        }
+        let batches: Vec<RecordBatch> = self
+            .rt
+            .block_on(async { t.table.query().execute().await?.try_collect::<Vec<_>>().await })
+            .map_err(dense_err)?;
+        let mut flat = Flat { chunk_ids: Vec::new(), doc_ids: Vec::new(), vectors: Vec::new() };
+        for b in batches {
+            flat.chunk_ids.extend_from_slice(column_i64(&b, "chunk_id")?.values());
+            flat.doc_ids.extend_from_slice(column_i64(&b, "document_id")?.values());
+            let v = b
+                .column_by_name("vector")
+                .and_then(|c| c.as_any().downcast_ref::<FixedSizeListArray>())
+                .ok_or_else(|| dense_err("vector column missing"))?;
+            let values = v.values().as_any().downcast_ref::<Float32Array>().ok_or_else(|| dense_err("vector type"))?;
+            let start = v.offset() * t.width;
+            flat.vectors.extend_from_slice(&values.values()[start..start + v.len() * t.width]);
+        }
+        let flat = Arc::new(flat);
+        *t.flat.write().unwrap_or_else(|p| p.into_inner()) = Some(flat.clone());
+        Ok(flat)
+    }
+
+    /// Exact top-k by inner product (vectors are normalised, so this is cosine similarity).
+    pub fn search_exact(&self, t: &DenseTable, q: &[f32], k: usize) -> Result<Vec<DenseHit>> {
+        let flat = self.load_flat(t)?;
+        let w = t.width;
+        if q.len() != w {
+            return Err(dense_err(format!("query vector width {} but table {} has width {w}", q.len(), t.name)));
+        }
+        let scores = flat_top_k(&flat.vectors, w, q, k);
+        Ok(scores
+            .into_iter()
+            .map(|(s, i)| DenseHit { chunk_id: flat.chunk_ids[i], document_id: flat.doc_ids[i], score: s })
+            .collect())
+    }
+
+    /// Approximate top-k through the table's IVF-PQ index, re-ranked with full vectors.
+    pub fn search_ann(&self, t: &DenseTable, q: &[f32], k: usize, nprobes: usize, refine: u32) -> Result<Vec<DenseHit>> {
+        let batches: Vec<RecordBatch> = self
+            .rt
+            .block_on(async {
+                t.table
+                    .vector_search(q.to_vec())?
+                    .column("vector")
+                    .distance_type(lancedb::DistanceType::Dot)
+                    .nprobes(nprobes)?
+                    .refine_factor(refine)
+                    .select(Select::columns(&["chunk_id", "document_id"]))
+                    .limit(k)
+                    .execute()
+                    .await?
+                    .try_collect::<Vec<_>>()
+                    .await
+            })
+            .map_err(dense_err)?;
+        let mut out = Vec::new();
+        for b in batches {
+            let c = column_i64(&b, "chunk_id")?;
+            let d = column_i64(&b, "document_id")?;
+            let dist = b
+                .column_by_name("_distance")
+                .and_then(|c| c.as_any().downcast_ref::<Float32Array>())
+                .ok_or_else(|| dense_err("_distance column missing"))?;
+            for i in 0..b.num_rows() {
+                // LanceDB's dot "distance" is 1 - <q, v>.
+                out.push(DenseHit { chunk_id: c.value(i), document_id: d.value(i), score: 1.0 - dist.value(i) });
+            }
+        }
+        out.sort_by(|a, b| b.score.total_cmp(&a.score));
+        Ok(out)
+    }
+
+    pub fn has_ann(&self, t: &DenseTable) -> bool {
+        *t.has_ann.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Builds (or rebuilds) the IVF-PQ index over the vectors.
+    pub fn build_ann(&self, t: &DenseTable) -> Result<()> {
+        let n = self.count(t)?;
+        let partitions = ((n as f64).sqrt() as u32).clamp(1, 4096);
+        let sub_vectors = (t.width / 8).max(1) as u32;
+        let index = lancedb::index::Index::IvfPq(
+            lancedb::index::vector::IvfPqIndexBuilder::default()
+                .distance_type(lancedb::DistanceType::Dot)
+                .num_partitions(partitions)
+                .num_sub_vectors(sub_vectors),
+        );
+        self.rt.block_on(t.table.create_index(&["vector"], index).replace(true).execute()).map_err(dense_err)?;
+        *t.has_ann.write().unwrap_or_else(|p| p.into_inner()) = true;
+        Ok(())
+    }
+
+    /// Mean recall@k of the ANN search against the exact scan, over `queries`.
+    pub fn recall_at(&self, t: &DenseTable, queries: &[Vec<f32>], k: usize, nprobes: usize, refine: u32) -> Result<f64> {
+        let mut total = 0.0;
+        for q in queries {
+            let exact: std::collections::HashSet<i64> = self.search_exact(t, q, k)?.iter().map(|h| h.chunk_id).collect();
+            let ann = self.search_ann(t, q, k, nprobes, refine)?;
+            let found = ann.iter().filter(|h| exact.contains(&h.chunk_id)).count();
+            total += found as f64 / exact.len().max(1) as f64;
+        }
+        Ok(total / queries.len().max(1) as f64)
+    }
+}
+
+impl DenseTable {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn width(&self) -> usize {
+        self.width
+    }
+}
+
+/// Exact top-k rows of a row-major matrix by inner product with `q`: (score, row), best first.
+pub fn flat_top_k(vectors: &[f32], width: usize, q: &[f32], k: usize) -> Vec<(f32, usize)> {
+    let n = vectors.len() / width.max(1);
+    let k = k.min(n);
+    if k == 0 {
+        return Vec::new();
+    }
+    let mut scores: Vec<(f32, usize)> =
+        vectors.chunks_exact(width).enumerate().map(|(i, row)| (crate::encoders::dot(row, q), i)).collect();
+    scores.select_nth_unstable_by(k - 1, |a, b| b.0.total_cmp(&a.0));
+    scores.truncate(k);
+    scores.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    scores
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flat_top_k_orders_by_inner_product() {
+        let v = [1.0, 0.0, 0.0, 1.0, 0.7, 0.7, -1.0, 0.0];
+        let got = flat_top_k(&v, 2, &[1.0, 0.0], 3);
+        assert_eq!(got.iter().map(|x| x.1).collect::<Vec<_>>(), vec![0, 2, 1]);
+        assert!((got[1].0 - 0.7).abs() < 1e-6);
+        assert_eq!(flat_top_k(&v, 2, &[1.0, 0.0], 10).len(), 4);
+        assert!(flat_top_k(&[], 2, &[1.0, 0.0], 3).is_empty());
+    }
+}
+
+fn column_i64<'a>(b: &'a RecordBatch, name: &str) -> Result<&'a Int64Array> {
+    b.column_by_name(name)
+        .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
+        .ok_or_else(|| dense_err(format!("column {name} missing")))
+}

@@ -1,0 +1,328 @@
+//! Text encoders on ONNX Runtime (`ort`, loaded dynamically from the library shipped with the appliance).
+//!
+//! An [`OrtEncoder`] serves one model package: `tokenizer.json` (Hugging Face `tokenizers`), `model.onnx`, and the
+//! manifest that says how to turn hidden states into a vector (pooling, width, prompt templates). Inputs are
+//! sorted by length and cut into batches of at most `batch_tokens` padded tokens, so one long document does not
+//! pad a whole batch. CUDA is used when the runtime library has it and the config allows it, CPU otherwise.
+//! Calls are synchronous; the HTTP layer runs them on its blocking pool, never on the async workers.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use care_formats::{ModelManifest, Pooling};
+use ndarray::Array2;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct ModelConfig {
+    /// The ONNX Runtime shared library. Unset: `ORT_DYLIB_PATH`, then the packaged location.
+    pub ort_library: Option<PathBuf>,
+    /// "auto" (CUDA when available), "cpu" or "cuda" (fail if CUDA is unavailable).
+    pub device: String,
+    /// Threads per inference call; 0 lets ONNX Runtime decide.
+    pub threads: usize,
+    /// Upper bound on padded tokens per batch when embedding documents.
+    pub batch_tokens: usize,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig { ort_library: None, device: "auto".into(), threads: 0, batch_tokens: 8192 }
+    }
+}
+
+/// Where the .deb installs the library.
+pub const PACKAGED_ORT: &str = "/usr/lib/care/libonnxruntime.so.1.31.1";
+
+static ORT: OnceLock<std::result::Result<(PathBuf, ort::environment::Environment), String>> = OnceLock::new();
+
+/// Loads ONNX Runtime once per process; returns the library path and the shared environment.
+pub fn init_runtime(cfg: &ModelConfig) -> Result<(PathBuf, ort::environment::Environment)> {
+    ORT.get_or_init(|| {
+        let candidates: Vec<PathBuf> = cfg
+            .ort_library
+            .clone()
+            .into_iter()
+            .chain(std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from))
+            .chain(std::iter::once(PathBuf::from(PACKAGED_ORT)))
+            .collect();
+        let Some(path) = candidates.iter().find(|p| p.exists()).cloned() else {
+            return Err(format!(
+                "ONNX Runtime library not found (looked at {}); set model.ort_library or ORT_DYLIB_PATH \
+                 (`packaging/dev.sh setup` installs it from the onnxruntime PyPI wheel)",
+                candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            ));
+        };
+        let builder = ort::init_from(&path).map_err(|e| format!("loading {}: {e}", path.display()))?;
+        let env = builder.with_name("care").build().map_err(|e| format!("starting ONNX Runtime: {e}"))?;
+        Ok((path, env))
+    })
+    .clone()
+    .map_err(Error::Model)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextKind {
+    Query,
+    Document,
+}
+
+pub struct OrtEncoder {
+    dir: PathBuf,
+    manifest: ModelManifest,
+    tokenizer: tokenizers::Tokenizer,
+    session: Mutex<ort::session::Session>,
+    pad_id: u32,
+    input_names: Vec<String>,
+    output_name: String,
+    batch_tokens: usize,
+    pub device: &'static str,
+}
+
+impl std::fmt::Debug for OrtEncoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OrtEncoder").field("dir", &self.dir).field("device", &self.device).finish()
+    }
+}
+
+fn model_err(dir: &Path, what: impl std::fmt::Display) -> Error {
+    Error::Model(format!("model package {}: {what}", dir.display()))
+}
+
+impl OrtEncoder {
+    /// Loads a package folder, verifying its files against the manifest hashes.
+    pub fn load(dir: &Path, cfg: &ModelConfig) -> Result<Self> {
+        let manifest = ModelManifest::load(dir).map_err(|e| Error::Model(e.to_string()))?;
+        manifest.verify_files(dir).map_err(|e| Error::Model(e.to_string()))?;
+        Self::load_with_manifest(dir, manifest, cfg)
+    }
+
+    pub fn load_with_manifest(dir: &Path, manifest: ModelManifest, cfg: &ModelConfig) -> Result<Self> {
+        let (_, env) = init_runtime(cfg)?;
+        let mut tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
+            .map_err(|e| model_err(dir, format!("tokenizer.json: {e}")))?;
+        tokenizer
+            .with_truncation(Some(tokenizers::TruncationParams {
+                max_length: manifest.max_length,
+                ..Default::default()
+            }))
+            .map_err(|e| model_err(dir, e))?;
+        tokenizer.with_padding(None);
+        let pad_id = ["<pad>", "[PAD]", "<|endoftext|>"]
+            .iter()
+            .find_map(|t| tokenizer.token_to_id(t))
+            .unwrap_or(0);
+
+        let want_cuda = match cfg.device.as_str() {
+            "cpu" => false,
+            "cuda" | "auto" => true,
+            other => return Err(Error::InvalidInput(format!("model.device must be auto, cpu or cuda, not {other:?}"))),
+        };
+        let cuda_available = want_cuda
+            && <ort::ep::CUDA as ort::ep::ExecutionProvider>::is_available().unwrap_or(false);
+        if cfg.device == "cuda" && !cuda_available {
+            return Err(Error::Model(
+                "model.device = \"cuda\" but this ONNX Runtime has no CUDA provider (install onnxruntime-gpu) or no GPU is visible"
+                    .into(),
+            ));
+        }
+        let mut builder = ort::session::Session::builder(&env)
+            .map_err(|e| model_err(dir, e))?
+            .with_optimization_level(ort::session::builder::GraphOptimizationLevel::Level3)
+            .map_err(|e| model_err(dir, e))?;
+        if cfg.threads > 0 {
+            builder = builder.with_intra_threads(cfg.threads).map_err(|e| model_err(dir, e))?;
+        }
+        let device = if cuda_available {
+            builder = builder
+                .with_execution_providers([ort::ep::CUDA::default().build()])
+                .map_err(|e| model_err(dir, e))?;
+            "cuda"
+        } else {
+            "cpu"
+        };
+        let session = builder.commit_from_file(dir.join("model.onnx")).map_err(|e| model_err(dir, format!("model.onnx: {e}")))?;
+        let input_names: Vec<String> = session.inputs().iter().map(|i| i.name().to_string()).collect();
+        for n in &input_names {
+            if !matches!(n.as_str(), "input_ids" | "attention_mask" | "token_type_ids" | "position_ids") {
+                return Err(model_err(dir, format!("model.onnx has an unexpected input {n:?}")));
+            }
+        }
+        let output_name = session
+            .outputs()
+            .first()
+            .map(|o| o.name().to_string())
+            .ok_or_else(|| model_err(dir, "model.onnx has no output"))?;
+        Ok(OrtEncoder {
+            dir: dir.to_path_buf(),
+            manifest,
+            tokenizer,
+            session: Mutex::new(session),
+            pad_id,
+            input_names,
+            output_name,
+            batch_tokens: cfg.batch_tokens.max(512),
+            device,
+        })
+    }
+
+    pub fn manifest(&self) -> &ModelManifest {
+        &self.manifest
+    }
+    pub fn width(&self) -> usize {
+        self.manifest.width
+    }
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Token ids as the model sees them (prompt applied, special tokens added, truncated).
+    pub fn token_ids(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self.tokenizer.encode(text, true).map_err(|e| model_err(&self.dir, e))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    pub fn encode(&self, texts: &[&str], kind: TextKind) -> Result<Vec<Vec<f32>>> {
+        let rendered: Vec<String> = texts
+            .iter()
+            .map(|t| match kind {
+                TextKind::Query => self.manifest.render_query(t),
+                TextKind::Document => self.manifest.render_document(t),
+            })
+            .collect();
+        self.encode_rendered(&rendered)
+    }
+
+    /// Encodes texts exactly as given (no prompt template).
+    pub fn encode_rendered(&self, texts: &[String]) -> Result<Vec<Vec<f32>>> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let encs = self
+            .tokenizer
+            .encode_batch(texts.iter().map(|s| s.as_str()).collect::<Vec<_>>(), true)
+            .map_err(|e| model_err(&self.dir, e))?;
+        let ids: Vec<&[u32]> = encs.iter().map(|e| e.get_ids()).collect();
+        let mut order: Vec<usize> = (0..ids.len()).collect();
+        order.sort_by_key(|&i| ids[i].len());
+        let mut out: Vec<Vec<f32>> = vec![Vec::new(); ids.len()];
+        let mut start = 0;
+        while start < order.len() {
+            // Sorted ascending, so the batch's longest sequence is its last; grow while padded size fits.
+            let mut end = start + 1;
+            while end < order.len() && ids[order[end]].len() * (end + 1 - start) <= self.batch_tokens {
+                end += 1;
+            }
+            let batch: Vec<&[u32]> = order[start..end].iter().map(|&i| ids[i]).collect();
+            let vecs = self.run_batch(&batch)?;
+            for (k, v) in vecs.into_iter().enumerate() {
+                out[order[start + k]] = v;
+            }
+            start = end;
+        }
+        Ok(out)
+    }
+
+    fn run_batch(&self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
+        let n = batch.len();
+        let seq = batch.iter().map(|b| b.len()).max().unwrap_or(1).max(1);
+        let left = self.manifest.pooling == Pooling::LastToken;
+        let mut input_ids = Array2::<i64>::from_elem((n, seq), self.pad_id as i64);
+        let mut mask = Array2::<i64>::zeros((n, seq));
+        for (r, ids) in batch.iter().enumerate() {
+            let off = if left { seq - ids.len() } else { 0 };
+            for (c, &id) in ids.iter().enumerate() {
+                input_ids[[r, off + c]] = id as i64;
+                mask[[r, off + c]] = 1;
+            }
+        }
+        let zeros = Array2::<i64>::zeros((n, seq));
+        let positions = Array2::from_shape_fn((n, seq), |(_, c)| c as i64);
+        let mut inputs: Vec<(std::borrow::Cow<'_, str>, ort::session::SessionInputValue<'_>)> = Vec::new();
+        for name in &self.input_names {
+            let arr = match name.as_str() {
+                "input_ids" => &input_ids,
+                "attention_mask" => &mask,
+                "position_ids" => &positions,
+                _ => &zeros,
+            };
+            let t = ort::value::TensorRef::from_array_view(arr.view()).map_err(|e| model_err(&self.dir, e))?;
+            inputs.push((name.clone().into(), t.into()));
+        }
+        let mut session = self.session.lock().unwrap_or_else(|p| p.into_inner());
+        let outputs = session.run(inputs).map_err(|e| model_err(&self.dir, e))?;
+        let out = outputs[self.output_name.as_str()]
+            .try_extract_array::<f32>()
+            .map_err(|e| model_err(&self.dir, e))?;
+        let shape = out.shape().to_vec();
+        let hidden = *shape.last().unwrap_or(&0);
+        if hidden < self.manifest.width {
+            return Err(model_err(&self.dir, format!("output width {hidden} < manifest width {}", self.manifest.width)));
+        }
+        let mut vecs = Vec::with_capacity(n);
+        for r in 0..n {
+            let mut v = vec![0f32; hidden];
+            if shape.len() == 2 {
+                for (h, x) in v.iter_mut().enumerate() {
+                    *x = out[[r, h]];
+                }
+            } else {
+                match self.manifest.pooling {
+                    Pooling::Cls => {
+                        for (h, x) in v.iter_mut().enumerate() {
+                            *x = out[[r, 0, h]];
+                        }
+                    }
+                    Pooling::LastToken => {
+                        for (h, x) in v.iter_mut().enumerate() {
+                            *x = out[[r, seq - 1, h]];
+                        }
+                    }
+                    Pooling::Mean => {
+                        let mut count = 0f32;
+                        for c in 0..seq {
+                            if mask[[r, c]] == 1 {
+                                count += 1.0;
+                                for (h, x) in v.iter_mut().enumerate() {
+                                    *x += out[[r, c, h]];
+                                }
+                            }
+                        }
+                        v.iter_mut().for_each(|x| *x /= count.max(1.0));
+                    }
+                }
+            }
+            // Matryoshka: keep the leading dimensions, then renormalise.
+            v.truncate(self.manifest.width);
+            if self.manifest.normalize {
+                l2_normalize(&mut v);
+            }
+            vecs.push(v);
+        }
+        Ok(vecs)
+    }
+}
+
+pub fn l2_normalize(v: &mut [f32]) {
+    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if n > 0.0 {
+        v.iter_mut().for_each(|x| *x /= n);
+    }
+}
+
+/// Inner product with 8 independent accumulators, so the compiler can vectorise it without `-ffast-math`.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
+    acc.iter().sum::<f32>() + tail
+}

