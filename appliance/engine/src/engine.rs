@@ -102,6 +102,12 @@ pub struct ConsistencyReport {
     pub extra_in_index: usize,
     pub duplicates_in_index: usize,
     pub pending_documents: usize,
+    /// Vectors in the active document model's dense tables, and how they differ from SQLite's chunks
+    /// (all zero when no model is active).
+    pub dense_vectors: usize,
+    pub dense_missing: usize,
+    pub dense_extra: usize,
+    pub dense_duplicates: usize,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -250,8 +256,19 @@ impl Engine {
         let missing_from_index = sq.difference(&ix).count();
         let extra_in_index = ix.difference(&sq).count();
         let pending_documents = self.store.documents_in_state("pending")?.len() + self.store.documents_in_state("deleting")?.len();
+        let (dense_vectors, dense_missing, dense_extra, dense_duplicates) = self.check_dense(&sq)?;
         Ok(ConsistencyReport {
-            consistent: missing_from_index == 0 && extra_in_index == 0 && duplicates == 0 && pending_documents == 0,
+            consistent: missing_from_index == 0
+                && extra_in_index == 0
+                && duplicates == 0
+                && pending_documents == 0
+                && dense_missing == 0
+                && dense_extra == 0
+                && dense_duplicates == 0,
+            dense_vectors,
+            dense_missing,
+            dense_extra,
+            dense_duplicates,
             sqlite_chunks: sqlite_ids.len(),
             index_chunks: index_ids.len() + duplicates,
             missing_from_index,

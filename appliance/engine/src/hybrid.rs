@@ -237,6 +237,24 @@ impl Engine {
         Ok(changed)
     }
 
+    /// Compares the active document model's dense tables with SQLite's live chunk ids:
+    /// (vectors, missing, extra, duplicates).
+    pub(crate) fn check_dense(&self, live: &HashSet<i64>) -> Result<(usize, usize, usize, usize)> {
+        let Some(pair) = models::active(&self.store)? else { return Ok((0, 0, 0, 0)) };
+        let mut ids: Vec<i64> = Vec::new();
+        for col in self.store.collections()? {
+            if let Some((_, table)) = self.dense_table(col.collection.id, &pair.document, false)? {
+                ids.extend(self.dense.all_ids(&table)?.into_iter().map(|p| p.0));
+            }
+        }
+        let total = ids.len();
+        let set: HashSet<i64> = ids.into_iter().collect();
+        let duplicates = total - set.len();
+        let missing = live.difference(&set).count();
+        let extra = set.difference(live).count();
+        Ok((total, missing, extra, duplicates))
+    }
+
     /// Fusion method and dense weight for a collection (tuned, or the configured default).
     pub fn fusion_for(&self, collection_id: i64) -> Result<FusionSetting> {
         let row: Option<(String, f64, String)> = self

@@ -208,6 +208,42 @@ impl Candidates2 {
         score(set, &runs)
     }
 
+    /// The same candidates restricted to the queries `keep` selects (by position), with the matching set.
+    pub fn subset(&self, set: &BeirSet, keep: impl Fn(usize) -> bool) -> (Candidates2, BeirSet) {
+        let mut sub_set = set.clone();
+        sub_set.queries = set.queries.iter().enumerate().filter(|(i, _)| keep(*i)).map(|(_, q)| q.clone()).collect();
+        let ids: std::collections::HashSet<&str> = sub_set.queries.iter().map(|q| q.0.as_str()).collect();
+        let lists = self
+            .lists
+            .iter()
+            .filter(|c| ids.contains(c.qid.as_str()))
+            .map(|c| Candidates { qid: c.qid.clone(), bm25: c.bm25.clone(), dense: c.dense.clone() })
+            .collect();
+        (Candidates2 { lists, doc_names: self.doc_names.clone(), has_dense: self.has_dense }, sub_set)
+    }
+
+    /// Two-fold cross-fitting for sets without a separate training split: the weight used on each half is fitted
+    /// on the other half, so no query is scored with a weight tuned on itself. Returns the pooled metrics and the
+    /// two weights.
+    pub fn cross_fit(&self, set: &BeirSet) -> (MetricSummary, [f32; 2]) {
+        let (a, sa) = self.subset(set, |i| i % 2 == 0);
+        let (b, sb) = self.subset(set, |i| i % 2 == 1);
+        let (wa, _) = a.tune(&sa);
+        let (wb, _) = b.tune(&sb);
+        let ma = b.score(&sb, crate::fusion::Method::Weighted, wa);
+        let mb = a.score(&sa, crate::fusion::Method::Weighted, wb);
+        let (na, nb) = (mb.queries as f64, ma.queries as f64);
+        let mix = |x: f64, y: f64| (x * nb + y * na) / (na + nb).max(1.0);
+        let pooled = MetricSummary {
+            ndcg_at_10: mix(ma.ndcg_at_10, mb.ndcg_at_10),
+            map_at_10: mix(ma.map_at_10, mb.map_at_10),
+            mrr_at_10: mix(ma.mrr_at_10, mb.mrr_at_10),
+            recall_at_100: mix(ma.recall_at_100, mb.recall_at_100),
+            queries: ma.queries + mb.queries,
+        };
+        (pooled, [wa, wb])
+    }
+
     /// Grid search of the dense weight (0.00..=1.00 step 0.05) maximising nDCG@10. Returns (best weight, curve).
     pub fn tune(&self, set: &BeirSet) -> (f32, Vec<(f32, f64)>) {
         let mut curve = Vec::new();
