@@ -86,7 +86,7 @@ impl Default for SearchConfig {
             candidates: 100,
             default_dense_weight: 0.7,
             ann_threshold: 200_000,
-            ann_nprobes: 32,
+            ann_nprobes: 64,
             ann_refine: 10,
         }
     }

@@ -262,7 +262,8 @@ impl DenseStore {
     pub fn build_ann(&self, t: &DenseTable) -> Result<()> {
         let n = self.count(t)?;
         let partitions = ((n as f64).sqrt() as u32).clamp(1, 4096);
-        let sub_vectors = (t.width / 8).max(1) as u32;
+        // 4 dimensions per PQ code keeps quantisation error low enough for the refine step to recover recall.
+        let sub_vectors = (t.width / 4).max(1) as u32;
         let index = lancedb::index::Index::IvfPq(
             lancedb::index::vector::IvfPqIndexBuilder::default()
                 .distance_type(lancedb::DistanceType::Dot)

@@ -255,6 +255,18 @@ impl Engine {
         Ok((total, missing, extra, duplicates))
     }
 
+    /// Builds the IVF-PQ index on a collection's dense table (active document model) and returns its recall@k
+    /// against the exact scan for the given query vectors. From then on the table is searched through the index.
+    pub fn build_ann_and_measure(&self, collection: &str, queries: &[Vec<f32>], k: usize) -> Result<f64> {
+        let col = self.store.collection(collection)?;
+        let pair = models::active(&self.store)?.ok_or_else(|| Error::Model("no active model".into()))?;
+        let (_, table) = self
+            .dense_table(col.id, &pair.document, false)?
+            .ok_or_else(|| Error::NotFound { what: format!("dense index of collection '{collection}'") })?;
+        self.dense.build_ann(&table)?;
+        self.dense.recall_at(&table, queries, k, self.cfg.search.ann_nprobes, self.cfg.search.ann_refine)
+    }
+
     /// Fusion method and dense weight for a collection (tuned, or the configured default).
     pub fn fusion_for(&self, collection_id: i64) -> Result<FusionSetting> {
         let row: Option<(String, f64, String)> = self
