@@ -20,6 +20,7 @@ use crate::dense::DenseStore;
 use crate::error::{Error, Result};
 use crate::ingest::{ParsedDocument, parse_file};
 use crate::lexical::LexicalIndex;
+use crate::fusion::Explained;
 use crate::store::{Collection, CollectionStats, Store, now};
 use crate::text::chunk;
 
@@ -48,7 +49,7 @@ pub enum OpenMode {
 }
 
 /// What happened to one input file.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct FileReport {
     pub path: PathBuf,
     pub added: usize,
@@ -320,16 +321,7 @@ impl Engine {
         let col = self.store.collection(collection)?;
         let mut report = IngestReport::default();
         for (i, path) in files.iter().enumerate() {
-            let mut fr = FileReport {
-                path: path.clone(),
-                added: 0,
-                replaced: 0,
-                unchanged: 0,
-                skipped_empty: 0,
-                chunks: 0,
-                error: None,
-                error_code: None,
-            };
+            let mut fr = FileReport { path: path.clone(), ..Default::default() };
             match parse_file(path) {
                 Err(e) => {
                     fr.error_code = Some(e.code().as_str());
@@ -363,16 +355,7 @@ impl Engine {
     /// Ingests already-parsed documents (used by the demo loader and by tests).
     pub fn ingest_documents(&self, collection: &str, docs: &[ParsedDocument]) -> Result<FileReport> {
         let col = self.store.collection(collection)?;
-        let mut fr = FileReport {
-            path: PathBuf::new(),
-            added: 0,
-            replaced: 0,
-            unchanged: 0,
-            skipped_empty: 0,
-            chunks: 0,
-            error: None,
-            error_code: None,
-        };
+        let mut fr = FileReport::default();
         for batch in docs.chunks(self.cfg.ingest.batch_documents.max(1)) {
             self.write_batch(&col, batch, &mut fr)?;
         }
@@ -523,10 +506,12 @@ impl Engine {
         let ids: Vec<i64> = page.iter().map(|h| h.chunk_id).collect();
         let views = self.store.chunk_views(&ids)?;
         let by_id: HashMap<i64, _> = views.into_iter().map(|v| (v.chunk_id, v)).collect();
-        let mut out = Vec::with_capacity(page.len());
-        for (i, h) in page.iter().enumerate() {
-            let Some(v) = by_id.get(&h.chunk_id) else { continue };
-            let (snippet, highlights) = self.lexical.snippet(query, &v.text, self.cfg.search.snippet_bytes)?;
+        let shown: Vec<(&Explained, &crate::store::ChunkView)> =
+            page.iter().filter_map(|h| by_id.get(&h.chunk_id).map(|v| (h, v))).collect();
+        let texts: Vec<&str> = shown.iter().map(|(_, v)| v.text.as_str()).collect();
+        let snippets = self.lexical.snippets(query, &texts, self.cfg.search.snippet_bytes)?;
+        let mut out = Vec::with_capacity(shown.len());
+        for (i, ((h, v), (snippet, highlights))) in shown.into_iter().zip(snippets).enumerate() {
             out.push(SearchHit {
                 rank: req.offset + i + 1,
                 score: h.score,

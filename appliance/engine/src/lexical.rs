@@ -412,45 +412,51 @@ impl LexicalIndex {
         Ok(out)
     }
 
-    /// Highlights the query's terms in `text`: tantivy picks the best fragment (at most `max_bytes`), then every
+    /// Highlights the query's terms in each text: tantivy picks the best fragment (at most `max_bytes`), then every
     /// query word found in it is marked, overlapping and adjacent matches merged (search mode yields both
-    /// 二甲 and 二甲双胍; the reader should see one mark over 二甲双胍). Function words are not marked.
-    pub fn snippet(&self, query: &str, text: &str, max_bytes: usize) -> Result<(String, Vec<(usize, usize)>)> {
-        let fragment = match self.build_query(query, None, 0.0) {
+    /// 二甲 and 二甲双胍; the reader should see one mark over 二甲双胍). Function words are not marked. The query is
+    /// analysed once for all texts of a result page.
+    pub fn snippets(&self, query: &str, texts: &[&str], max_bytes: usize) -> Result<Vec<(String, Vec<(usize, usize)>)>> {
+        let generator = match self.build_query(query, None, 0.0) {
             Some(q) => {
                 let searcher = self.reader.searcher();
                 let mut g = SnippetGenerator::create(&searcher, q.as_ref(), self.fields.body)?;
                 g.set_max_num_chars(max_bytes);
-                g.snippet(text).fragment().to_string()
+                Some(g)
             }
-            None => String::new(),
-        };
-        let fragment = if fragment.is_empty() {
-            // No query word occurs in this chunk (it matched on its title): show its beginning.
-            let mut end = max_bytes.min(text.len());
-            while !text.is_char_boundary(end) {
-                end -= 1;
-            }
-            text[..end].to_string()
-        } else {
-            fragment
+            None => None,
         };
         let words: std::collections::HashSet<String> =
             tokenize(&self.jieba, query).into_iter().map(|t| t.2).filter(|w| !is_stopword(w)).collect();
-        let mut ranges: Vec<(usize, usize)> = tokenize(&self.jieba, &fragment)
-            .into_iter()
-            .filter(|(_, _, w)| words.contains(w))
-            .map(|(s, e, _)| (s, e))
-            .collect();
-        ranges.sort_unstable();
-        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
-        for (s, e) in ranges {
-            match merged.last_mut() {
-                Some(last) if s <= last.1 => last.1 = last.1.max(e),
-                _ => merged.push((s, e)),
+        let mut out = Vec::with_capacity(texts.len());
+        for text in texts {
+            let fragment = generator.as_ref().map(|g| g.snippet(text).fragment().to_string()).unwrap_or_default();
+            let fragment = if fragment.is_empty() {
+                // No query word occurs in this chunk (it matched on its title or by meaning): show its beginning.
+                let mut end = max_bytes.min(text.len());
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                text[..end].to_string()
+            } else {
+                fragment
+            };
+            let mut ranges: Vec<(usize, usize)> = tokenize(&self.jieba, &fragment)
+                .into_iter()
+                .filter(|(_, _, w)| words.contains(w))
+                .map(|(s, e, _)| (s, e))
+                .collect();
+            ranges.sort_unstable();
+            let mut merged: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
+            for (s, e) in ranges {
+                match merged.last_mut() {
+                    Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                    _ => merged.push((s, e)),
+                }
             }
+            out.push((fragment, merged));
         }
-        Ok((fragment, merged))
+        Ok(out)
     }
 
     pub fn dir(&self) -> &Path {
