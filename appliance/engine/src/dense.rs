@@ -45,9 +45,6 @@ struct Flat {
     chunk_ids: Vec<i64>,
     doc_ids: Vec<i64>,
     vectors: Vec<f32>,
-    /// int8 copy of `vectors` (one scale per row): the scan reads a quarter of the bytes, then the shortlist is
-    /// re-scored exactly with the f32 rows.
-    quantized: QuantizedRows,
 }
 
 pub struct DenseTable {
@@ -190,8 +187,7 @@ impl DenseStore {
             .rt
             .block_on(async { t.table.query().execute().await?.try_collect::<Vec<_>>().await })
             .map_err(dense_err)?;
-        let mut flat =
-            Flat { chunk_ids: Vec::new(), doc_ids: Vec::new(), vectors: Vec::new(), quantized: QuantizedRows::default() };
+        let mut flat = Flat { chunk_ids: Vec::new(), doc_ids: Vec::new(), vectors: Vec::new() };
         for b in batches {
             flat.chunk_ids.extend_from_slice(column_i64(&b, "chunk_id")?.values());
             flat.doc_ids.extend_from_slice(column_i64(&b, "document_id")?.values());
@@ -203,7 +199,6 @@ impl DenseStore {
             let start = v.offset() * t.width;
             flat.vectors.extend_from_slice(&values.values()[start..start + v.len() * t.width]);
         }
-        flat.quantized = QuantizedRows::new(&flat.vectors, t.width);
         let flat = Arc::new(flat);
         *t.flat.write().unwrap_or_else(|p| p.into_inner()) = Some(flat.clone());
         Ok(flat)
@@ -216,7 +211,9 @@ impl DenseStore {
         if q.len() != w {
             return Err(dense_err(format!("query vector width {} but table {} has width {w}", q.len(), t.name)));
         }
-        let scores = flat.quantized.top_k_rescored(&flat.vectors, q, k);
+        // A plain f32 scan: measured on kuake_qtr (32k × 384) at about 1 ms on one core, faster here than an int8
+        // scan with re-scoring (1.5 ms), so the simpler exact path stays.
+        let scores = flat_top_k(&flat.vectors, w, q, k);
         Ok(scores
             .into_iter()
             .map(|(s, i)| DenseHit { chunk_id: flat.chunk_ids[i], document_id: flat.doc_ids[i], score: s })
@@ -317,97 +314,9 @@ pub fn flat_top_k(vectors: &[f32], width: usize, q: &[f32], k: usize) -> Vec<(f3
     scores
 }
 
-/// Rows quantised to int8 with one symmetric scale per row.
-#[derive(Default)]
-pub struct QuantizedRows {
-    width: usize,
-    codes: Vec<i8>,
-    scales: Vec<f32>,
-}
-
-fn quantize(row: &[f32], out: &mut Vec<i8>) -> f32 {
-    let max = row.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let scale = if max > 0.0 { max / 127.0 } else { 1.0 };
-    out.extend(row.iter().map(|x| (x / scale).round().clamp(-127.0, 127.0) as i8));
-    scale
-}
-
-fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
-    let mut acc = [0i32; 16];
-    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
-    let tail: i32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| *x as i32 * *y as i32).sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..16 {
-            acc[i] += x[i] as i32 * y[i] as i32;
-        }
-    }
-    acc.iter().sum::<i32>() + tail
-}
-
-impl QuantizedRows {
-    pub fn new(vectors: &[f32], width: usize) -> Self {
-        let mut codes = Vec::with_capacity(vectors.len());
-        let scales = vectors.chunks_exact(width.max(1)).map(|r| quantize(r, &mut codes)).collect();
-        QuantizedRows { width, codes, scales }
-    }
-
-    /// Top-k by inner product: an int8 scan keeps a shortlist (4·k, at least 64), which is re-scored with the
-    /// exact f32 rows. Returns (exact score, row), best first.
-    pub fn top_k_rescored(&self, vectors: &[f32], q: &[f32], k: usize) -> Vec<(f32, usize)> {
-        let w = self.width;
-        let n = self.scales.len();
-        let short = (k * 4).max(64).min(n);
-        if k == 0 || n == 0 {
-            return Vec::new();
-        }
-        let mut qc = Vec::with_capacity(w);
-        let qs = quantize(q, &mut qc);
-        let mut approx: Vec<(f32, usize)> = self
-            .codes
-            .chunks_exact(w)
-            .zip(&self.scales)
-            .enumerate()
-            .map(|(i, (row, s))| (dot_i8(row, &qc) as f32 * s * qs, i))
-            .collect();
-        approx.select_nth_unstable_by(short - 1, |a, b| b.0.total_cmp(&a.0));
-        approx.truncate(short);
-        let mut exact: Vec<(f32, usize)> =
-            approx.into_iter().map(|(_, i)| (crate::encoders::dot(&vectors[i * w..(i + 1) * w], q), i)).collect();
-        exact.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        exact.truncate(k.min(n));
-        exact
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn int8_scan_with_rescoring_matches_the_exact_scan() {
-        let (n, w) = (5000, 64);
-        let mut seed = 42u64;
-        let mut rnd = || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        };
-        let mut v: Vec<f32> = (0..n * w).map(|_| rnd()).collect();
-        for row in v.chunks_exact_mut(w) {
-            crate::encoders::l2_normalize(row);
-        }
-        let qr = QuantizedRows::new(&v, w);
-        let mut agree = 0;
-        for _ in 0..20 {
-            let mut q: Vec<f32> = (0..w).map(|_| rnd()).collect();
-            crate::encoders::l2_normalize(&mut q);
-            let exact = flat_top_k(&v, w, &q, 10);
-            let fast = qr.top_k_rescored(&v, &q, 10);
-            agree += fast.iter().filter(|f| exact.iter().any(|e| e.1 == f.1)).count();
-            // Scores are exact for whatever is returned.
-            assert!((fast[0].0 - crate::encoders::dot(&v[fast[0].1 * w..(fast[0].1 + 1) * w], &q)).abs() < 1e-6);
-        }
-        assert!(agree >= 198, "top-10 agreement {agree}/200");
-    }
 
     #[test]
     fn flat_top_k_orders_by_inner_product() {

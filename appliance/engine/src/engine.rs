@@ -32,6 +32,8 @@ pub struct Engine {
     pub(crate) dense: DenseStore,
     /// Loaded encoders by model id (a "both" model serves queries and documents from one session).
     pub(crate) encoders: std::sync::Mutex<HashMap<i64, std::sync::Arc<crate::encoders::OrtEncoder>>>,
+    /// See [`Engine::active_pair_cached`].
+    pub(crate) active_cache: std::sync::Mutex<Option<(Instant, Option<crate::models::ActivePair>)>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -187,7 +189,7 @@ impl Engine {
         let store = Store::open(&dir.sqlite())?;
         let lexical = LexicalIndex::open(&dir.lexical(), Some(&dir.user_dict()))?;
         let dense = DenseStore::open(&dir.dense())?;
-        let engine = Engine { cfg, dir, store, lexical, dense, encoders: Default::default() };
+        let engine = Engine { cfg, dir, store, lexical, dense, encoders: Default::default(), active_cache: Default::default() };
         let report = engine.recover()?;
         if report.reindexed_documents > 0 || report.finished_deletions > 0 || report.rebuilt || report.dense_repaired > 0 {
             tracing::warn!(?report, "recovered from an interrupted write");
@@ -489,7 +491,7 @@ impl Engine {
         }
         let cols: Vec<Collection> = match &req.collections {
             Some(names) => names.iter().map(|c| self.store.collection(c)).collect::<Result<_>>()?,
-            None => self.store.collections()?.into_iter().map(|c| c.collection).collect(),
+            None => self.store.collection_list()?,
         };
         let limit = req.limit.unwrap_or(self.cfg.search.default_limit).clamp(1, self.cfg.search.max_limit);
         let depth = self.cfg.search.candidates.max(req.offset + limit);

@@ -84,8 +84,23 @@ impl Engine {
         let rec = models::register(&self.store, &final_dir)?;
         if models::active(&self.store)?.is_none() {
             models::set_active(&self.store, &rec, &rec)?;
+            *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
         Ok(rec)
+    }
+
+    /// The active pair, read from SQLite at most once a second: the query path asks for it several times per
+    /// search, and a pair switched by another process (CLI while the server runs) shows up within that second.
+    pub(crate) fn active_pair_cached(&self) -> Result<Option<ActivePair>> {
+        let mut cache = self.active_cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, pair)) = cache.as_ref() {
+            if at.elapsed() < std::time::Duration::from_secs(1) {
+                return Ok(pair.clone());
+            }
+        }
+        let pair = models::active(&self.store)?;
+        *cache = Some((std::time::Instant::now(), pair.clone()));
+        Ok(pair)
     }
 
     pub fn models(&self) -> Result<Vec<ModelRecord>> {
@@ -107,10 +122,11 @@ impl Engine {
         let q = models::find(&self.store, query)?;
         let d = models::find(&self.store, document)?;
         models::check_pair(&q, &d)?;
-        for col in self.store.collections()? {
-            self.sync_collection(&col.collection, &d, progress)?;
+        for col in self.store.collection_list()? {
+            self.sync_collection(&col, &d, progress)?;
         }
         models::set_active(&self.store, &q, &d)?;
+        *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
         Ok(ActivePair { query: q, document: d })
     }
 
@@ -184,8 +200,8 @@ impl Engine {
     pub fn sync_dense_indexes(&self, progress: &mut dyn FnMut(DenseProgress)) -> Result<usize> {
         let Some(pair) = models::active(&self.store)? else { return Ok(0) };
         let mut n = 0;
-        for col in self.store.collections()? {
-            n += self.sync_collection(&col.collection, &pair.document, progress)?;
+        for col in self.store.collection_list()? {
+            n += self.sync_collection(&col, &pair.document, progress)?;
         }
         Ok(n)
     }
@@ -242,8 +258,8 @@ impl Engine {
     pub(crate) fn check_dense(&self, live: &HashSet<i64>) -> Result<(usize, usize, usize, usize)> {
         let Some(pair) = models::active(&self.store)? else { return Ok((0, 0, 0, 0)) };
         let mut ids: Vec<i64> = Vec::new();
-        for col in self.store.collections()? {
-            if let Some((_, table)) = self.dense_table(col.collection.id, &pair.document, false)? {
+        for col in self.store.collection_list()? {
+            if let Some((_, table)) = self.dense_table(col.id, &pair.document, false)? {
                 ids.extend(self.dense.all_ids(&table)?.into_iter().map(|p| p.0));
             }
         }
@@ -308,7 +324,7 @@ impl Engine {
 
     /// Encodes a query with the active query model; `None` when no model is active.
     pub fn encode_queries(&self, texts: &[&str]) -> Result<Option<(Vec<Vec<f32>>, ModelRecord)>> {
-        let Some(pair) = models::active(&self.store)? else { return Ok(None) };
+        let Some(pair) = self.active_pair_cached()? else { return Ok(None) };
         let enc = self.encoder(&pair.query)?;
         Ok(Some((enc.encode(texts, TextKind::Query)?, pair.query)))
     }
@@ -316,7 +332,7 @@ impl Engine {
     /// Dense top-`depth` over the collections' tables for the active document model. Refuses a query model
     /// whose pairing differs from the one a table was built with.
     pub fn dense_search(&self, qvec: &[f32], query_model: &ModelRecord, cols: &[Collection], depth: usize) -> Result<Vec<DenseHit>> {
-        let Some(pair) = models::active(&self.store)? else { return Ok(Vec::new()) };
+        let Some(pair) = self.active_pair_cached()? else { return Ok(Vec::new()) };
         let mut hits = Vec::new();
         for col in cols {
             let Some((pairing, table)) = self.dense_table(col.id, &pair.document, false)? else { continue };

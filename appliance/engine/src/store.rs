@@ -145,6 +145,16 @@ impl Store {
             .ok_or_else(|| Error::UnknownCollection(name.into()))
     }
 
+    /// All collections without counts (cheap; the query path uses this).
+    pub fn collection_list(&self) -> Result<Vec<Collection>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT id, name, description, owner, approved_for_training, created_at FROM collections ORDER BY name",
+        )?;
+        let rows = stmt.query_map([], row_to_collection)?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
     pub fn collections(&self) -> Result<Vec<CollectionStats>> {
         let conn = self.conn();
         let mut stmt = conn.prepare(
