@@ -125,7 +125,7 @@ async fn search_page(state: web::Data<AppState>, params: web::Query<SearchParams
     let params = params.into_inner();
     let req = params.request();
     let (collections, result) = web::block(move || {
-        let cols = engine.collections().map(|c| c.into_iter().map(|c| c.collection.name).collect::<Vec<_>>());
+        let cols = engine.store().collection_list().map(|c| c.into_iter().map(|c| c.name).collect::<Vec<_>>());
         let res = if req.query.trim().is_empty() { None } else { Some(engine.search(&req)) };
         (cols, res)
     })
