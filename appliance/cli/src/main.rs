@@ -135,6 +135,9 @@ enum Command {
         /// Score at most this many queries (a deterministic prefix).
         #[arg(long)]
         max_queries: Option<usize>,
+        /// With --e5s1: serve queries from the int8 graph while documents are embedded in fp32 (same pairing).
+        #[arg(long)]
+        int8_queries: bool,
     },
     /// Print the effective configuration (secrets masked).
     Config,
@@ -422,8 +425,8 @@ fn run(cli: Cli) -> Result<i32> {
                 serve(e, cfg.server.clone())?;
             }
         }
-        Command::Eval { set, split, out, tune_on, e5s1, max_queries } => {
-            let opts = EvalOptions { tune_on, e5s1, max_queries };
+        Command::Eval { set, split, out, tune_on, e5s1, max_queries, int8_queries } => {
+            let opts = EvalOptions { tune_on, e5s1, max_queries, int8_queries };
             let report = evaluate(&cfg.engine, &set, &split, cli.data_dir.is_some(), &opts)?;
             let text = serde_json::to_string_pretty(&report)?;
             if let Some(out) = out {
@@ -535,6 +538,7 @@ struct EvalReport {
 }
 
 struct EvalOptions {
+    int8_queries: bool,
     tune_on: Option<String>,
     e5s1: Option<PathBuf>,
     max_queries: Option<usize>,
@@ -588,7 +592,11 @@ fn evaluate(base: &EngineConfig, set_dir: &std::path::Path, split: &str, keep_di
     let e = Engine::open(cfg.clone(), OpenMode::Create)?;
     if let Some(bin) = &opts.e5s1 {
         if e.active_models()?.is_none() {
-            e.import_e5s1(bin, "1", None, false)?;
+            let fp32 = e.import_e5s1(bin, "1", None, false)?;
+            if opts.int8_queries {
+                e.import_e5s1(bin, "1-int8", Some(&fp32.pairing_id), true)?;
+                e.activate_models("e5-small@1-int8", "e5-small@1", &mut |_| {})?;
+            }
         }
     }
     let col = format!("eval-{}", set.name);
