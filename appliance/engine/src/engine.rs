@@ -549,55 +549,6 @@ impl Engine {
         })
     }
 
-    /// Document-level ranking for evaluation: the fused chunk list reduced to each document's best chunk.
-    pub fn rank_documents(
-        &self,
-        query: &str,
-        qvec: Option<(&[f32], &crate::models::ModelRecord)>,
-        collection: &str,
-        method: crate::fusion::Method,
-        dense_weight: f32,
-        k: usize,
-    ) -> Result<Vec<String>> {
-        let col = self.store.collection(collection)?;
-        let (fused, _, _) = self.retrieve(query, qvec, &[col], Some(method), Some(dense_weight), k)?;
-        let ids: Vec<i64> = fused.iter().map(|h| h.document_id).collect();
-        let names = self.document_external_ids(&ids)?;
-        let mut seen = std::collections::HashSet::new();
-        Ok(fused
-            .iter()
-            .filter_map(|h| names.get(&h.document_id).cloned())
-            .filter(|n| seen.insert(n.clone()))
-            .collect())
-    }
-
-    /// BM25-only ranking of external ids (kept for lexical-only callers).
-    pub fn rank_bm25(&self, query: &str, collection: &str, k: usize) -> Result<Vec<(String, f32)>> {
-        let cols = [collection.to_string()];
-        let hits = self.lexical.search(query, Some(&cols), k, self.cfg.search.title_boost)?;
-        let ids: Vec<i64> = hits.iter().map(|h| h.document_id).collect();
-        let names = self.document_external_ids(&ids)?;
-        // A document may own several chunks; keep its best-ranked chunk.
-        let mut seen = std::collections::HashSet::new();
-        Ok(hits
-            .iter()
-            .filter_map(|h| names.get(&h.document_id).map(|n| (n.clone(), h.score)))
-            .filter(|(n, _)| seen.insert(n.clone()))
-            .collect())
-    }
-
-    fn document_external_ids(&self, ids: &[i64]) -> Result<HashMap<i64, String>> {
-        let conn = self.store.conn();
-        let mut stmt = conn.prepare_cached("SELECT external_id FROM documents WHERE id = ?1")?;
-        let mut out = HashMap::new();
-        for id in ids {
-            if let Some(name) = stmt.query_row([id], |r| r.get::<_, String>(0)).optional()? {
-                out.insert(*id, name);
-            }
-        }
-        Ok(out)
-    }
-
     /// Adds words to the admin's dictionary and rebuilds the lexical index with it.
     pub fn add_dictionary_words(cfg: &EngineConfig, words: &[String]) -> Result<()> {
         let dir = DataDir::open(&cfg.storage.data_dir, false)?;

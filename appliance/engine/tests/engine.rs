@@ -40,12 +40,10 @@ fn kuake_qtr_bm25_dev_ndcg() {
     assert_eq!(r.failed(), 0, "{:?}", r.files);
     let docs = r.files[0].added + r.files[0].skipped_empty;
     assert_eq!(docs, 32_171);
-    let mut runs = std::collections::BTreeMap::new();
-    for (qid, text) in &set.queries {
-        let ranked = e.rank_bm25(text, "kuake", 100).unwrap();
-        runs.insert(qid.clone(), ranked.into_iter().map(|(d, _)| d).collect());
-    }
-    let m = eval::score(&set, &runs);
+    // The same candidate path `care eval` uses; with no model active it holds BM25 lists only.
+    let cands = eval::candidates(&e, &set, "kuake", 100, &mut |_, _| {}).unwrap();
+    assert!(!cands.has_dense);
+    let m = cands.score(&set, care_engine::fusion::Method::Bm25, 0.0);
     eprintln!("kuake_qtr dev BM25: {m:?}");
     assert!(m.ndcg_at_10 >= 0.78, "nDCG@10 {} < 0.78", m.ndcg_at_10);
     assert!(m.recall_at_100 > 0.9, "Recall@100 {}", m.recall_at_100);
