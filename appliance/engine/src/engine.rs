@@ -20,7 +20,7 @@ use crate::dense::DenseStore;
 use crate::error::{Error, Result};
 use crate::ingest::{ParsedDocument, parse_file};
 use crate::lexical::LexicalIndex;
-use crate::fusion::Explained;
+use crate::fusion::{Explained, ScoreParts};
 use crate::store::{Collection, CollectionStats, Store, now};
 use crate::text::chunk;
 
@@ -158,16 +158,6 @@ pub struct SearchHit {
     pub text: String,
     /// How the score came about: raw, rank and normalised parts of BM25 and dense retrieval.
     pub parts: ScoreParts,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ScoreParts {
-    pub bm25: Option<f32>,
-    pub bm25_rank: Option<usize>,
-    pub bm25_norm: f32,
-    pub dense: Option<f32>,
-    pub dense_rank: Option<usize>,
-    pub dense_norm: f32,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -527,14 +517,7 @@ impl Engine {
                 snippet,
                 highlights,
                 text: v.text.clone(),
-                parts: ScoreParts {
-                    bm25: h.bm25,
-                    bm25_rank: h.bm25_rank,
-                    bm25_norm: h.bm25_norm,
-                    dense: h.dense,
-                    dense_rank: h.dense_rank,
-                    dense_norm: h.dense_norm,
-                },
+                parts: h.parts,
             });
         }
         Ok(SearchResults {

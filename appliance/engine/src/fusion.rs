@@ -43,17 +43,23 @@ pub const RRF_K: f32 = 60.0;
 /// One ranked list entry: (chunk_id, document_id, raw score), best first.
 pub type Ranked = (i64, i64, f32);
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Explained {
-    pub chunk_id: i64,
-    pub document_id: i64,
-    pub score: f32,
+/// How a fused score came about: each retriever's raw score, rank (1-based) and min-max normalised value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ScoreParts {
     pub bm25: Option<f32>,
     pub bm25_rank: Option<usize>,
     pub bm25_norm: f32,
     pub dense: Option<f32>,
     pub dense_rank: Option<usize>,
     pub dense_norm: f32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Explained {
+    pub chunk_id: i64,
+    pub document_id: i64,
+    pub score: f32,
+    pub parts: ScoreParts,
 }
 
 fn min_max(list: &[Ranked]) -> impl Fn(f32) -> f32 + use<> {
@@ -67,43 +73,34 @@ pub fn fuse(bm25: &[Ranked], dense: &[Ranked], method: Method, dense_weight: f32
     let nb = min_max(bm25);
     let nd = min_max(dense);
     let mut by_chunk: HashMap<i64, Explained> = HashMap::with_capacity(bm25.len() + dense.len());
-    let blank = |c: i64, d: i64| Explained {
-        chunk_id: c,
-        document_id: d,
-        score: 0.0,
-        bm25: None,
-        bm25_rank: None,
-        bm25_norm: 0.0,
-        dense: None,
-        dense_rank: None,
-        dense_norm: 0.0,
-    };
+    let blank = |c: i64, d: i64| Explained { chunk_id: c, document_id: d, score: 0.0, parts: ScoreParts::default() };
     for (rank, &(c, d, s)) in bm25.iter().enumerate() {
         let e = by_chunk.entry(c).or_insert_with(|| blank(c, d));
-        e.bm25 = Some(s);
-        e.bm25_rank = Some(rank + 1);
-        e.bm25_norm = nb(s);
+        e.parts.bm25 = Some(s);
+        e.parts.bm25_rank = Some(rank + 1);
+        e.parts.bm25_norm = nb(s);
     }
     for (rank, &(c, d, s)) in dense.iter().enumerate() {
         let e = by_chunk.entry(c).or_insert_with(|| blank(c, d));
-        e.dense = Some(s);
-        e.dense_rank = Some(rank + 1);
-        e.dense_norm = nd(s);
+        e.parts.dense = Some(s);
+        e.parts.dense_rank = Some(rank + 1);
+        e.parts.dense_norm = nd(s);
     }
     let mut out: Vec<Explained> = by_chunk
         .into_values()
         .filter(|e| match method {
-            Method::Bm25 => e.bm25.is_some(),
-            Method::Dense => e.dense.is_some(),
+            Method::Bm25 => e.parts.bm25.is_some(),
+            Method::Dense => e.parts.dense.is_some(),
             Method::Rrf | Method::Weighted => true,
         })
         .map(|mut e| {
             let rrf = |r: Option<usize>| r.map_or(0.0, |r| 1.0 / (RRF_K + r as f32));
+            let p = &e.parts;
             e.score = match method {
-                Method::Bm25 => e.bm25.unwrap_or(0.0),
-                Method::Dense => e.dense.unwrap_or(0.0),
-                Method::Rrf => rrf(e.bm25_rank) + rrf(e.dense_rank),
-                Method::Weighted => dense_weight * e.dense_norm + (1.0 - dense_weight) * e.bm25_norm,
+                Method::Bm25 => p.bm25.unwrap_or(0.0),
+                Method::Dense => p.dense.unwrap_or(0.0),
+                Method::Rrf => rrf(p.bm25_rank) + rrf(p.dense_rank),
+                Method::Weighted => dense_weight * p.dense_norm + (1.0 - dense_weight) * p.bm25_norm,
             };
             e
         })
@@ -131,8 +128,8 @@ mod tests {
         assert_eq!(got[1].0, 1);
         assert!((got[1].1 - 0.3).abs() < 1e-6);
         assert!((got[2].1 - 0.15).abs() < 1e-6);
-        assert_eq!(f[0].dense_rank, Some(1));
-        assert_eq!(f[0].bm25_rank, Some(3));
+        assert_eq!(f[0].parts.dense_rank, Some(1));
+        assert_eq!(f[0].parts.bm25_rank, Some(3));
     }
 
     #[test]
@@ -156,7 +153,7 @@ mod tests {
     #[test]
     fn equal_scores_normalise_to_one() {
         let f = fuse(&[(1, 1, 5.0)], &[], Method::Weighted, 0.5);
-        assert!((f[0].bm25_norm - 1.0).abs() < 1e-7);
+        assert!((f[0].parts.bm25_norm - 1.0).abs() < 1e-7);
         assert!((f[0].score - 0.5).abs() < 1e-7);
     }
 }
