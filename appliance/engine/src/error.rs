@@ -26,10 +26,18 @@ pub enum ErrorCode {
     Model,
     Io,
     Internal,
+    TooLarge,
+    UnsafeArchive,
+    Cancelled,
+    Unauthenticated,
+    Forbidden,
+    CsrfRejected,
+    AccountLocked,
+    AuditTampered,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 15] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::NotFound,
         ErrorCode::AlreadyExists,
         ErrorCode::InvalidInput,
@@ -45,6 +53,14 @@ impl ErrorCode {
         ErrorCode::Model,
         ErrorCode::Io,
         ErrorCode::Internal,
+        ErrorCode::TooLarge,
+        ErrorCode::UnsafeArchive,
+        ErrorCode::Cancelled,
+        ErrorCode::Unauthenticated,
+        ErrorCode::Forbidden,
+        ErrorCode::CsrfRejected,
+        ErrorCode::AccountLocked,
+        ErrorCode::AuditTampered,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -64,6 +80,14 @@ impl ErrorCode {
             ErrorCode::Model => "model",
             ErrorCode::Io => "io",
             ErrorCode::Internal => "internal",
+            ErrorCode::TooLarge => "too_large",
+            ErrorCode::UnsafeArchive => "unsafe_archive",
+            ErrorCode::Cancelled => "cancelled",
+            ErrorCode::Unauthenticated => "unauthenticated",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::CsrfRejected => "csrf_rejected",
+            ErrorCode::AccountLocked => "account_locked",
+            ErrorCode::AuditTampered => "audit_tampered",
         }
     }
 }
@@ -104,6 +128,22 @@ pub enum Error {
     Io { path: PathBuf, source: std::io::Error },
     #[error("internal error: {0}")]
     Internal(String),
+    #[error("{what} is {size} bytes, over the limit of {limit} bytes; {hint}")]
+    TooLarge { what: String, size: u64, limit: u64, hint: String },
+    #[error("{path}: unsafe archive: {reason}")]
+    UnsafeArchive { path: PathBuf, reason: String },
+    #[error("{0} was cancelled")]
+    Cancelled(String),
+    #[error("{0}")]
+    Unauthenticated(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("the form's CSRF token is missing or invalid; reload the page and submit again")]
+    CsrfRejected,
+    #[error("account '{user}' is locked after repeated failed logins until {until}; ask an administrator to unlock it")]
+    AccountLocked { user: String, until: String },
+    #[error("audit log record {id}: {reason}")]
+    AuditTampered { id: i64, reason: String },
 }
 
 impl From<tantivy::TantivyError> for Error {
@@ -140,6 +180,14 @@ impl Error {
             Error::Tantivy(_) => ErrorCode::Index,
             Error::Io { .. } => ErrorCode::Io,
             Error::Internal(_) => ErrorCode::Internal,
+            Error::TooLarge { .. } => ErrorCode::TooLarge,
+            Error::UnsafeArchive { .. } => ErrorCode::UnsafeArchive,
+            Error::Cancelled(_) => ErrorCode::Cancelled,
+            Error::Unauthenticated(_) => ErrorCode::Unauthenticated,
+            Error::Forbidden(_) => ErrorCode::Forbidden,
+            Error::CsrfRejected => ErrorCode::CsrfRejected,
+            Error::AccountLocked { .. } => ErrorCode::AccountLocked,
+            Error::AuditTampered { .. } => ErrorCode::AuditTampered,
         }
     }
 }

@@ -3,6 +3,7 @@
 //! ```text
 //!  Engine (engine.rs) ── one data directory (datadir.rs), kept consistent across crashes
 //!   ├ store     SQLite metadata, embedded migrations from /migrations; the source of truth
+//!   ├ audit     append-only, hash-chained audit records written in the same transaction as the change
 //!   ├ ingest    files → ParsedDocument (txt, md, jsonl); errors name file and line
 //!   ├ text      normalisation (full/half width, controls) and sentence/heading-aware chunking
 //!   ├ lexical   tantivy BM25 with jieba search-mode tokens + medical dictionary; derived from SQLite
@@ -18,6 +19,7 @@
 //! Callers (the `care` CLI and the HTTP server) use [`Engine`] and [`error::Error`]; error codes
 //! ([`error::ErrorCode`]) are stable and mapped to HTTP statuses by the server alone.
 
+pub mod audit;
 pub mod config;
 pub mod datadir;
 pub mod demo;

@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 pub const MIGRATIONS: &[(u32, &str)] = &[
     (1, include_str!("../../../migrations/0001_init.sql")),
     (2, include_str!("../../../migrations/0002_models_dense.sql")),
+    (3, include_str!("../../../migrations/0003_audit_head.sql")),
 ];
 
 pub fn latest_schema() -> u32 {

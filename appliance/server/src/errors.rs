@@ -23,6 +23,14 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         ErrorCode::Model => StatusCode::INTERNAL_SERVER_ERROR,
         ErrorCode::Io => StatusCode::INTERNAL_SERVER_ERROR,
         ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorCode::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorCode::UnsafeArchive => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorCode::Cancelled => StatusCode::CONFLICT,
+        ErrorCode::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorCode::Forbidden => StatusCode::FORBIDDEN,
+        ErrorCode::CsrfRejected => StatusCode::FORBIDDEN,
+        ErrorCode::AccountLocked => StatusCode::LOCKED,
+        ErrorCode::AuditTampered => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -78,6 +86,13 @@ mod tests {
                     | ErrorCode::MalformedRecord
                     | ErrorCode::IncompatibleVersion
                     | ErrorCode::ModelMismatch
+                    | ErrorCode::TooLarge
+                    | ErrorCode::UnsafeArchive
+                    | ErrorCode::Cancelled
+                    | ErrorCode::Unauthenticated
+                    | ErrorCode::Forbidden
+                    | ErrorCode::CsrfRejected
+                    | ErrorCode::AccountLocked
             );
             assert_eq!(s.is_client_error(), client, "{code:?} → {s}");
         }
