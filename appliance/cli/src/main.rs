@@ -3,6 +3,7 @@
 mod bench;
 mod chart;
 mod config;
+mod doctor;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -141,6 +142,15 @@ enum Command {
     },
     /// Print the effective configuration (secrets masked).
     Config,
+    /// Check the installation (config, permissions, data directory, disk, port, TLS, ONNX Runtime, GPU, models
+    /// and indexes) and print what to fix. Changes nothing. Exit 1 when a check fails.
+    Doctor {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the man pages (care.1 and one per subcommand) into a folder; used when building the .deb.
+    #[command(hide = true)]
+    Manpages { out: PathBuf },
     /// Score the active query encoder on an STS file (sentence1, sentence2, label): Pearson and Spearman.
     EvalSts {
         file: PathBuf,
@@ -288,6 +298,24 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Config => {
             print!("{}", config::redacted_toml(&cfg)?);
         }
+        Command::Doctor { json } => {
+            let file = cli.config.clone().or_else(|| {
+                let p = PathBuf::from(config::DEFAULT_CONFIG);
+                p.exists().then_some(p)
+            });
+            let checks = doctor::run(&cfg, file.as_deref());
+            if json {
+                println!("{}", serde_json::to_string_pretty(&checks)?);
+            } else {
+                doctor::print(&checks);
+            }
+            return Ok(doctor::exit_code(&checks));
+        }
+        Command::Manpages { out } => {
+            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+            clap_mangen::generate_to(<Cli as clap::CommandFactory>::command(), &out)
+                .with_context(|| format!("writing man pages to {}", out.display()))?;
+        }
         Command::Init => {
             let e = open(OpenMode::Create)?;
             println!("initialised {}", e.data_dir().root().display());
@@ -408,6 +436,11 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Command::Serve { .. } => {
             let e = open(OpenMode::Existing)?;
+            let default_model = &cfg.engine.model.default_model;
+            if e.models()?.is_empty() && default_model.exists() {
+                let rec = e.import_e5s1(default_model, "1", None, false)?;
+                tracing::info!(model = %format!("{}@{}", rec.name, rec.version), "imported the default model");
+            }
             serve(e, cfg.server.clone())?;
         }
         Command::Demo { no_serve, e5s1, .. } => {

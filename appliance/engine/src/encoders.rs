@@ -26,11 +26,23 @@ pub struct ModelConfig {
     pub threads: usize,
     /// Upper bound on padded tokens per batch when embedding documents.
     pub batch_tokens: usize,
+    /// The default model file (E5S1, shipped by the .deb), imported and activated by `care serve` when the data
+    /// directory has no model yet. A missing file is not an error: search then runs BM25 only.
+    pub default_model: PathBuf,
 }
+
+/// Where the .deb installs the default model.
+pub const PACKAGED_DEFAULT_MODEL: &str = "/usr/share/care/models/e5-small-q4.bin";
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        ModelConfig { ort_library: None, device: "auto".into(), threads: 0, batch_tokens: 8192 }
+        ModelConfig {
+            ort_library: None,
+            device: "auto".into(),
+            threads: 0,
+            batch_tokens: 8192,
+            default_model: PathBuf::from(PACKAGED_DEFAULT_MODEL),
+        }
     }
 }
 
@@ -62,6 +74,11 @@ pub fn init_runtime(cfg: &ModelConfig) -> Result<(PathBuf, ort::environment::Env
     })
     .clone()
     .map_err(Error::Model)
+}
+
+/// Whether the loaded ONNX Runtime has a usable CUDA provider (call after [`init_runtime`]).
+pub fn cuda_available() -> bool {
+    <ort::ep::CUDA as ort::ep::ExecutionProvider>::is_available().unwrap_or(false)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

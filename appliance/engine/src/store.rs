@@ -23,6 +23,12 @@ pub fn latest_schema() -> u32 {
     MIGRATIONS.last().map(|m| m.0).unwrap_or(0)
 }
 
+/// The schema version of a database file, read without migrating or writing anything (`care doctor`).
+pub fn peek_schema_version(path: &Path) -> Result<u32> {
+    let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    Ok(conn.pragma_query_value(None, "user_version", |r| r.get(0))?)
+}
+
 #[derive(Debug)]
 pub struct Store {
     conn: Mutex<Connection>,

@@ -36,6 +36,48 @@ pub fn server_config(cfg: &ServerConfig, tls_dir: &Path) -> Result<rustls::Serve
         .map_err(|e| ServeError::Tls(format!("{} / {}: {e}", cert_path.display(), key_path.display())))
 }
 
+/// What `care doctor` reports about the certificate.
+#[derive(Debug, Clone)]
+pub struct CertInfo {
+    pub path: std::path::PathBuf,
+    pub days_left: i64,
+    pub self_signed: bool,
+}
+
+/// Loads the configured (or previously generated) certificate and key exactly as [`server_config`] would, without
+/// generating anything. `Ok(None)`: nothing configured and nothing generated yet.
+pub fn inspect(cfg: &ServerConfig, tls_dir: &Path) -> Result<Option<CertInfo>, ServeError> {
+    let (cert_path, key_path) = match (&cfg.tls_cert, &cfg.tls_key) {
+        (Some(c), Some(k)) => (c.clone(), k.clone()),
+        (None, None) => {
+            let (c, k) = (tls_dir.join("cert.pem"), tls_dir.join("key.pem"));
+            if !c.exists() {
+                return Ok(None);
+            }
+            (c, k)
+        }
+        _ => return Err(ServeError::Tls("set both server.tls_cert and server.tls_key, or neither".into())),
+    };
+    let certs = read_certs(&cert_path)?;
+    let key = read_key(&key_path)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ServeError::Tls(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(certs.clone(), key)
+        .map_err(|e| ServeError::Tls(format!("{} / {}: {e}", cert_path.display(), key_path.display())))?;
+    let (_, leaf) = x509_parser::parse_x509_certificate(&certs[0])
+        .map_err(|e| ServeError::Tls(format!("{}: {e}", cert_path.display())))?;
+    let not_after = leaf.validity().not_after.timestamp();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    Ok(Some(CertInfo {
+        path: cert_path,
+        days_left: (not_after - now).div_euclid(86_400),
+        self_signed: leaf.issuer() == leaf.subject(),
+    }))
+}
+
 fn generate_self_signed(cert: &Path, key: &Path, extra: &[String]) -> Result<(), ServeError> {
     let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
     names.extend(extra.iter().cloned());
