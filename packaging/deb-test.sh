@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The package test CI runs (as root, on a throwaway machine: it installs and purges care-appliance here).
+#
+#   packaging/deb-test.sh NEW.deb OLD.deb
+#
+# 1. inspects NEW: file list, modes, conffiles, maintainer scripts, lintian, the unit's systemd security score;
+# 2. installs OLD (the previous release), loads the demo collection with the default model, searches;
+# 3. upgrades to NEW: the data is migrated forward and the same search gives the same results;
+# 4. starts `care serve` as the service user and smoke-tests it over HTTPS;
+# 5. refuses a downgrade to OLD, keeping the data; remove keeps data, purge deletes it.
+set -euo pipefail
+NEW=$(realpath "$1")
+OLD=$(realpath "$2")
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PORT=${CARE_DEB_TEST_PORT:-18443}
+log() { printf '[deb-test] %s\n' "$*" >&2; }
+die() { log "FAIL: $*"; exit 1; }
+[ "$(id -u)" -eq 0 ] || die "run as root (it installs the package on this machine)"
+as_care() { runuser -u care -- "$@"; }
+care() { as_care /usr/bin/care --config /etc/care/care.toml "$@"; }
+
+if ! command -v lintian >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends lintian >/dev/null
+fi
+
+log "1. contents of $(basename "$NEW")"
+listing=$(dpkg-deb -c "$NEW")
+for path in ./usr/bin/care ./usr/lib/care/libonnxruntime.so.1.31.1 ./usr/share/care/models/e5-small-q4.bin \
+    ./etc/care/care.toml ./usr/lib/systemd/system/care.service ./usr/lib/sysusers.d/care.conf \
+    ./usr/lib/tmpfiles.d/care.conf ./usr/share/man/man1/care.1.gz ./usr/share/doc/care-appliance/copyright; do
+    grep -q " $path\$" <<<"$listing" || die "$path missing from the package"
+done
+grep -q '^-rw-r----- .* ./etc/care/care.toml$' <<<"$listing" || die "/etc/care/care.toml must be mode 0640"
+dpkg-deb -f "$NEW" Package | grep -qx care-appliance || die "package name"
+ctrl=$(mktemp -d)
+dpkg-deb -e "$NEW" "$ctrl"
+grep -qx /etc/care/care.toml "$ctrl/conffiles" || die "care.toml is not a conffile"
+for s in preinst postinst prerm postrm; do
+    [ -x "$ctrl/$s" ] || die "maintainer script $s missing"
+    sh -n "$ctrl/$s" || die "$s has a syntax error"
+done
+grep -q "refusing to downgrade" "$ctrl/preinst" || die "preinst lacks the downgrade guard"
+
+log "   lintian (each remaining tag is justified in packaging/deb/lintian-overrides)"
+lintian --fail-on error,warning --suppress-tags-from-file "$ROOT/packaging/deb/lintian-overrides" "$NEW" \
+    || die "lintian reported errors or unjustified warnings"
+
+log "   systemd-analyze security"
+score=$(systemd-analyze security --offline=true --no-pager "$ROOT/packaging/deb/care.service" 2>/dev/null \
+    | sed -n 's/.*Overall exposure level for care.service: \([0-9.]*\).*/\1/p')
+log "   exposure score: $score (0 = fully locked down, 10 = unprotected)"
+awk -v s="$score" 'BEGIN { exit !(s != "" && s <= 2.0) }' || die "unit exposure score $score is above 2.0"
+
+dpkg -P care-appliance >/dev/null 2>&1 || true
+rm -rf /var/lib/care /etc/care
+
+log "2. install the previous release $(basename "$OLD")"
+dpkg -i --force-confdef --force-confold "$OLD"
+getent passwd care >/dev/null || die "the care user was not created"
+[ "$(stat -c %U /var/lib/care)" = care ] || die "/var/lib/care is not owned by care"
+care demo --no-serve --e5s1 /usr/share/care/models/e5-small-q4.bin
+search_ids() { care search --json -n 5 "$1" | python3 -c 'import json,sys; print(" ".join(h["external_id"] for h in json.load(sys.stdin)["hits"]))'; }
+before=$(search_ids 二甲双胍的禁忌症)
+[ -n "$before" ] || die "the old release found nothing"
+log "   old release: $before"
+old_schema=$(python3 -c 'import sqlite3; print(sqlite3.connect("file:/var/lib/care/care.sqlite?mode=ro", uri=True).execute("pragma user_version").fetchone()[0])')
+
+log "3. upgrade to $(basename "$NEW")"
+dpkg -i --force-confdef --force-confold "$NEW"
+new_schema=$(python3 -c 'import sqlite3; print(sqlite3.connect("file:/var/lib/care/care.sqlite?mode=ro", uri=True).execute("pragma user_version").fetchone()[0])')
+log "   metadata schema $old_schema -> $new_schema"
+[ "$new_schema" -gt "$old_schema" ] || die "the upgrade did not migrate the schema"
+after=$(search_ids 二甲双胍的禁忌症)
+log "   new release: $after"
+[ "$before" = "$after" ] || die "search results changed across the upgrade: '$before' vs '$after'"
+care check >/dev/null || die "care check reports inconsistent indexes after the upgrade"
+care doctor || log "   (doctor reported failures above; the port and TLS checks are expected to warn here)"
+
+log "4. serve as the service user over HTTPS on 127.0.0.1:$PORT"
+as_care env CARE__SERVER__BIND=127.0.0.1:$PORT /usr/bin/care --config /etc/care/care.toml serve >/tmp/care-serve.log 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null || true' EXIT
+for _ in $(seq 1 120); do
+    curl -skf "https://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
+    kill -0 $server 2>/dev/null || { cat /tmp/care-serve.log; die "care serve exited"; }
+    sleep 1
+done
+curl -skf "https://127.0.0.1:$PORT/healthz" >/dev/null || { cat /tmp/care-serve.log; die "no /healthz after 120 s"; }
+[ -f /var/lib/care/tls/cert.pem ] || die "no self-signed certificate was generated"
+"$ROOT/packaging/smoke.sh" "https://127.0.0.1:$PORT" || { cat /tmp/care-serve.log; die "HTTPS smoke test failed"; }
+kill $server; wait $server 2>/dev/null || true
+trap - EXIT
+
+log "5. downgrade is refused, data kept"
+if dpkg -i --force-confdef --force-confold "$OLD" >/tmp/care-downgrade.log 2>&1; then
+    die "a downgrade to $(basename "$OLD") was accepted"
+fi
+grep -q "refusing to downgrade" /tmp/care-downgrade.log || { cat /tmp/care-downgrade.log; die "the downgrade error is not explained"; }
+[ "$(dpkg-query -W -f '${Version}' care-appliance)" = "$(dpkg-deb -f "$NEW" Version)" ] || die "the installed version changed"
+[ "$(search_ids 二甲双胍的禁忌症)" = "$after" ] || die "data changed after the refused downgrade"
+
+log "   remove keeps data and config; purge deletes them"
+dpkg -r care-appliance >/dev/null
+[ -f /var/lib/care/care.sqlite ] || die "remove deleted /var/lib/care"
+[ -f /etc/care/care.toml ] || die "remove deleted the config"
+dpkg -P care-appliance >/dev/null
+[ ! -e /var/lib/care ] || die "purge kept /var/lib/care"
+[ ! -e /etc/care/care.toml ] || die "purge kept /etc/care/care.toml"
+! getent passwd care >/dev/null || die "purge kept the care user"
+log "all package checks passed"
