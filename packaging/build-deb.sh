@@ -3,7 +3,8 @@
 #
 #   packaging/build-deb.sh                      release build (≈60 min from clean on 2 cores; what ships)
 #   packaging/build-deb.sh --profile dev        the debug build the tests use (what CI installs and smoke-tests)
-#   packaging/build-deb.sh --binary PATH --version V   package an existing `care` binary as version V
+#   packaging/build-deb.sh --binary PATH --version V   package an existing `care` binary as version V-1
+#   --fast                                      quicker, larger compression (CI)
 #                                               (the upgrade test packages the previous release this way)
 #
 # Needs cargo-deb (`cargo install cargo-deb --locked`) and what `packaging/dev.sh setup` fetches (the ONNX Runtime
@@ -15,12 +16,14 @@ PROFILE=release
 BINARY=""
 VERSION=""
 OUT="$ROOT/dist"
+FAST=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --profile) PROFILE=$2; shift 2 ;;
         --binary) BINARY=$2; shift 2 ;;
         --version) VERSION=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
+        --fast) FAST=--fast; shift ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -40,7 +43,7 @@ mkdir -p "$GEN/bin" "$GEN/man" "$GEN/maintainer" "$OUT"
 log "staging $BINARY (stripped) as version $VERSION"
 strip --strip-unneeded -o "$GEN/bin/care" "$BINARY"
 for f in packaging/deb/maintainer/*; do
-    sed "s/#DEB_VERSION#/$VERSION/g" "$f" > "$GEN/maintainer/$(basename "$f")"
+    sed "s/#DEB_VERSION#/$VERSION-1/g" "$f" > "$GEN/maintainer/$(basename "$f")"
     chmod 755 "$GEN/maintainer/$(basename "$f")"
 done
 # Man pages come from the binary's own clap definitions, so they cannot drift from `--help`. A binary from before
@@ -49,5 +52,7 @@ if ! "$GEN/bin/care" manpages "$GEN/man" 2>/dev/null; then
     printf '.TH CARE 1\n.SH NAME\ncare \\- CARE hospital search appliance\n.SH DESCRIPTION\nRun \\fBcare --help\\fR.\n' > "$GEN/man/care.1"
 fi
 gzip -9n "$GEN"/man/*.1
-cargo deb -p care --no-build --no-strip --deb-version "$VERSION" -o "$OUT/care-appliance_${VERSION}_amd64.deb"
-log "wrote $OUT/care-appliance_${VERSION}_amd64.deb"
+# Debian revision 1: the upstream version is the workspace version.
+DEB="$OUT/care-appliance_${VERSION}-1_amd64.deb"
+cargo deb -p care --no-build --no-strip $FAST --deb-version "${VERSION}-1" -o "$DEB"
+log "wrote $DEB"
