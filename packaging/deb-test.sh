@@ -58,7 +58,7 @@ dpkg -i --force-confdef --force-confold "$OLD"
 getent passwd care >/dev/null || die "the care user was not created"
 [ "$(stat -c %U /var/lib/care)" = care ] || die "/var/lib/care is not owned by care"
 care demo --no-serve --e5s1 /usr/share/care/models/e5-small-q4.bin
-search_ids() { care search --json -n 5 "$1" | python3 -c 'import json,sys; print(" ".join(h["external_id"] for h in json.load(sys.stdin)["hits"]))'; }
+search_ids() { care search --json -n 5 "$1" | python3 -c 'import json,sys; print(" ".join(h["external_id"] + "#" + str(h["chunk_id"]) for h in json.load(sys.stdin)["hits"]))'; }
 before=$(search_ids 二甲双胍的禁忌症)
 [ -n "$before" ] || die "the old release found nothing"
 log "   old release: $before"
