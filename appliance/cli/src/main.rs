@@ -183,11 +183,13 @@ enum Command {
 
 #[derive(Subcommand, Debug)]
 enum CollectionCommand {
+    /// Create an empty collection.
     Create {
         name: String,
         #[arg(long, default_value = "")]
         description: String,
     },
+    /// List collections with their document and chunk counts.
     List,
 }
 
@@ -206,6 +208,7 @@ enum ModelCommand {
         #[arg(long)]
         int8: bool,
     },
+    /// List registered model packages and the active pair.
     List,
     /// Activate a (query, document) pair: `name` or `name@version`. Embeds collections with the document model
     /// first when it changes.
@@ -223,6 +226,7 @@ fn parse_method(s: &str) -> Result<Method, String> {
 
 #[derive(Subcommand, Debug)]
 enum DictCommand {
+    /// Add words to the medical user dictionary.
     Add {
         #[arg(required = true)]
         words: Vec<String>,
@@ -700,4 +704,26 @@ fn tempfile_dir() -> Result<PathBuf> {
     let base = std::env::temp_dir().join(format!("care-eval-{}", std::process::id()));
     std::fs::create_dir_all(&base)?;
     Ok(base)
+}
+
+#[cfg(test)]
+mod cli_tests {
+    use super::*;
+
+    /// Every command needs a one-line description: it becomes the NAME line of its man page (lintian checks it).
+    #[test]
+    fn every_subcommand_is_described() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for sub in cmd.get_subcommands() {
+                let name = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() && sub.get_name() != "help" {
+                    missing.push(name.clone());
+                }
+                walk(sub, &name, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&<Cli as clap::CommandFactory>::command(), "care", &mut missing);
+        assert!(missing.is_empty(), "subcommands without a doc comment: {missing:?}");
+    }
 }
