@@ -52,11 +52,28 @@ PY
     export CARE_E5S1="$bin"
 }
 
+# libtorch for the trainer (tch 0.26 wants torch 2.13.0), from the PyPI wheel: no vendor CDN. The wheel is a
+# CUDA build; the trainer links only libtorch_cpu/libc10, which need the CUDA runtime and CUPTI libraries.
+TORCH_VERSION=2.13.0
+install_torch() {
+    local prefix="$DEV/torch"
+    if [ ! -f "$prefix/torch/lib/libtorch_cpu.so" ] || [ ! -d "$prefix/torch-$TORCH_VERSION.dist-info" ]; then
+        log "installing torch==$TORCH_VERSION (libtorch for the trainer, ~1.3 GB) from PyPI"
+        rm -rf "$prefix"
+        python3 -m pip install -q --no-deps --target "$prefix" "torch==$TORCH_VERSION" nvidia-cuda-runtime nvidia-cuda-cupti
+    fi
+    export LIBTORCH="$prefix/torch" LIBTORCH_CXX11_ABI=1
+    local cuda_libs
+    cuda_libs=$(find "$prefix/nvidia" -maxdepth 3 -type d -name lib | tr '\n' ':')
+    export LD_LIBRARY_PATH="$prefix/torch/lib:${cuda_libs}${LD_LIBRARY_PATH:-}"
+}
+
 setup() {
     command -v cargo >/dev/null || { log "cargo not found: install the Rust toolchain (rustup) first"; exit 1; }
     apt_install protobuf-compiler pkg-config unzip
     install_ort
     install_e5
+    install_torch
 }
 
 case "${1:-}" in
@@ -73,6 +90,8 @@ case "${1:-}" in
         export CARE_SHARED=${CARE_SHARED:-$ROOT/../shared}
         cargo build --tests --all-targets
         cargo test --no-fail-fast 2>&1
+        # The trainer is not a default member (it links libtorch): built and tested on its own.
+        cargo test -p care-trainer --no-fail-fast 2>&1
         ;;
     *)
         sed -n '2,6p' "$0"
