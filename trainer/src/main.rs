@@ -396,8 +396,8 @@ fn run(cli: Cli) -> Result<()> {
     let dev = device(&cli.device)?;
     match cli.command {
         Command::ImportE5s1 { e5s1, out } => {
-            let r = care_modelio::import_e5s1(&e5s1, &out).with_context(|| format!("importing {}", e5s1.display()))?;
-            println!("imported {} layers, hidden {}, into {}", r.num_layers, r.hidden_size, out.display());
+            care_trainer::export::e5s1_to_folder(&e5s1, &out).with_context(|| format!("importing {}", e5s1.display()))?;
+            println!("imported {} into {}", e5s1.display(), out.display());
         }
         Command::Prune { from, layers, out } => {
             let cfg = care_trainer::export::prune_layers(&from, layers, &out)?;

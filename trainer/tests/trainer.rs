@@ -515,3 +515,32 @@ fn embed_corpus_writes_shards_the_appliance_reads() {
     let norm: f32 = data[..16].iter().map(|x| x * x).sum::<f32>().sqrt();
     assert!((norm - 1.0).abs() < 1e-5, "vectors are normalised at the truncated width");
 }
+
+/// Real weights: the trainer's XLM-R forward + tokenizer on the imported 4-bit e5-small reproduce the reference
+/// vectors of `/work/shared/models` (made with the HF tokenizer and a PyTorch export) at cosine ≥ 0.9999.
+#[test]
+fn e5_small_forward_reproduces_the_reference_vectors() {
+    let _guard = serial();
+    let (Some(bin), Some(shared)) = (std::env::var_os("CARE_E5S1"), std::env::var_os("CARE_SHARED")) else {
+        eprintln!("CARE_E5S1 / CARE_SHARED not set (packaging/dev.sh test sets them); skipping");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    care_trainer::export::e5s1_to_folder(Path::new(&bin), dir.path()).unwrap();
+    let enc = Encoder::load(dir.path(), Device::Cpu, Kind::Float).unwrap();
+    let refs = std::fs::read_to_string(Path::new(&shared).join("models/e5-small-embedding-vectors.jsonl")).unwrap();
+    let mut worst: f64 = 1.0;
+    let mut n = 0;
+    let lines: Vec<serde_json::Value> = refs.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let texts: Vec<String> = lines.iter().map(|v| v["text"].as_str().unwrap().to_string()).collect();
+    let got = enc.embed_all(&texts, 8, &mut |_| {}).unwrap();
+    for (i, v) in lines.iter().enumerate() {
+        let want: Vec<f32> = v["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+        let want = care_trainer::pooling::normalize(&Tensor::from_slice(&want));
+        let cos = (got.get(i as i64) * want).sum(Kind::Float).double_value(&[]);
+        worst = worst.min(cos);
+        n += 1;
+    }
+    assert_eq!(n, 30);
+    assert!(worst >= 0.9999, "worst cosine {worst}");
+}
