@@ -3,6 +3,7 @@
 #   packaging/dev.sh setup   install prerequisites (idempotent; package registries only)
 #   packaging/dev.sh demo    build and start the appliance on https://127.0.0.1:8443 with the demo data
 #   packaging/dev.sh test    build and run the whole test suite
+#   packaging/dev.sh env     print the environment for building/running the trainer: eval "$(packaging/dev.sh env)"
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEV="$ROOT/.care-dev"
@@ -65,7 +66,8 @@ install_torch() {
     export LIBTORCH="$prefix/torch" LIBTORCH_CXX11_ABI=1
     local cuda_libs
     cuda_libs=$(find "$prefix/nvidia" -maxdepth 3 -type d -name lib | tr '\n' ':')
-    export LD_LIBRARY_PATH="$prefix/torch/lib:${cuda_libs}${LD_LIBRARY_PATH:-}"
+    cuda_libs=${cuda_libs%:}
+    export LD_LIBRARY_PATH="$prefix/torch/lib:${cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }
 
 # A query package written by the trainer (tch → ONNX) for the engine test trainer_exported_query_package_matches_tch_vectors.
@@ -105,8 +107,13 @@ case "${1:-}" in
         trainer_export
         cargo test --no-fail-fast 2>&1
         ;;
+    env)
+        setup >&2
+        printf 'export LIBTORCH=%q LIBTORCH_CXX11_ABI=1 LD_LIBRARY_PATH=%q ORT_DYLIB_PATH=%q CARE_E5S1=%q\n' \
+            "$LIBTORCH" "$LD_LIBRARY_PATH" "$ORT_DYLIB_PATH" "$CARE_E5S1"
+        ;;
     *)
-        sed -n '2,6p' "$0"
+        sed -n '2,7p' "$0"
         exit 2
         ;;
 esac

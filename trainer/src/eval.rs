@@ -46,7 +46,7 @@ pub fn corpus_vectors(doc: &Encoder, set: &Path, template: &str, batch: usize, c
         return Ok((ids, v));
     }
     let texts: Vec<String> = docs.iter().map(|d| template.replace("{text}", &d.text)).collect();
-    let pb = crate::train::progress_bar(texts.len() as u64, "embedding corpus");
+    let mut pb = crate::train::progress_bar(texts.len() as u64, "embedding corpus");
     let v = doc.embed_all(&texts, batch, &mut |n| pb.set_position(n as u64))?;
     pb.finish_and_clear();
     if let Some(c) = cache {

@@ -110,7 +110,7 @@ pub fn embed_corpus(
         shards: vec![],
     };
     let mut w = ShardWriter::create(out, index, rows_per_shard).map_err(|e| Error::Export(e.to_string()))?;
-    let pb = crate::train::progress_bar(docs.len() as u64, "embed-corpus");
+    let mut pb = crate::train::progress_bar(docs.len() as u64, "embed-corpus");
     // Shard-sized slices keep memory flat on million-document corpora; each slice is length-sorted inside.
     for (k, chunk) in docs.chunks(rows_per_shard.max(1)).enumerate() {
         let texts: Vec<String> = chunk.iter().map(|d| template.replace("{text}", &d.text)).collect();

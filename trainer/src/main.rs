@@ -127,6 +127,9 @@ enum Command {
         /// Use at most this many texts (a seeded sample).
         #[arg(long, default_value_t = 20000)]
         max_texts: usize,
+        /// Use only texts of these corpus kinds (e.g. question,answer); default: all.
+        #[arg(long, value_delimiter = ',')]
+        kinds: Vec<String>,
         /// Corpus kinds rendered with the query template (the others with the document template).
         #[arg(long, value_delimiter = ',', default_value = "question,query")]
         query_kinds: Vec<String>,
@@ -164,6 +167,13 @@ enum Command {
         mine_corpus: Option<PathBuf>,
         #[arg(long, default_value_t = 20000)]
         mine_corpus_max: usize,
+        /// A corpus (BEIR corpus.jsonl layout) whose every document joins the frozen pool, e.g. the index the
+        /// appliance serves; mining then draws negatives from it. Its vectors are cached at --pool-cache (the
+        /// same file `care-train eval --cache` writes, so one pass serves both).
+        #[arg(long)]
+        pool_corpus: Option<PathBuf>,
+        #[arg(long)]
+        pool_cache: Option<PathBuf>,
         /// Do not train the document encoder (its vectors are computed once).
         #[arg(long)]
         freeze_document: bool,
@@ -419,10 +429,13 @@ fn run(cli: Cli) -> Result<()> {
             let mut enc = enc;
             enc.save(&common.out.join("query"), true)?;
         }
-        Command::Stage1 { query, document, corpus, max_texts, query_kinds, temperature, mse_weight, common } => {
+        Command::Stage1 { query, document, corpus, max_texts, kinds, query_kinds, temperature, mse_weight, common } => {
             let q = load_encoder(&query, dev, Kind::Float, Some(common.document_max_length))?;
             let d = load_encoder(&document, dev, kind(&common.precision, dev)?, Some(common.document_max_length))?;
-            let docs = data::read_corpus(&corpus)?;
+            let mut docs = data::read_corpus(&corpus)?;
+            if !kinds.is_empty() {
+                docs.retain(|doc| doc.kind.as_ref().is_some_and(|k| kinds.contains(k)));
+            }
             let docs = sample(&docs, max_texts, common.seed);
             let texts: Vec<String> = docs
                 .iter()
@@ -455,6 +468,8 @@ fn run(cli: Cli) -> Result<()> {
             mine,
             mine_corpus,
             mine_corpus_max,
+            pool_corpus,
+            pool_cache,
             freeze_document,
             lora_rank,
             lora_alpha,
@@ -487,12 +502,30 @@ fn run(cli: Cli) -> Result<()> {
             }
             std::fs::create_dir_all(&common.out)?;
             // Pool vectors from the current document encoder: mining uses them, a frozen document side reuses them.
-            let side = frozen_doc_side(&d, pool.clone(), common.infer_batch, Some(&common.out.join("doc_vectors.safetensors")))?;
+            let side = match &pool_corpus {
+                None => frozen_doc_side(&d, pool.clone(), common.infer_batch, Some(&common.out.join("doc_vectors.safetensors")))?,
+                Some(pc) => {
+                    let dir = pc.parent().unwrap_or(Path::new("."));
+                    let (_, base) = care_trainer::eval::corpus_vectors(&d, dir, &common.document_template, common.infer_batch, pool_cache.as_deref())?;
+                    let base_texts: Vec<String> =
+                        data::read_corpus(pc)?.iter().map(|doc| render(&common.document_template, &doc.text)).collect();
+                    let seen: std::collections::HashSet<&String> = base_texts.iter().collect();
+                    let extra: Vec<String> = pool.iter().filter(|t| !seen.contains(t)).cloned().collect();
+                    eprintln!("pool: {} corpus documents + {} other texts of the training data", base_texts.len(), extra.len());
+                    let extra_vecs = d.embed_all(&extra, common.infer_batch, &mut |_| {})?;
+                    let vectors = tch::Tensor::cat(&[base, extra_vecs], 0).to_device(d.device);
+                    let mut all = base_texts;
+                    all.extend(extra);
+                    let index = all.iter().enumerate().map(|(i, t)| (t.clone(), i as i64)).collect();
+                    pool = all;
+                    DocSide::Frozen { vectors, index }
+                }
+            };
             let mut dropped = 0;
             if mine {
                 let DocSide::Frozen { vectors, index } = &side else { unreachable!() };
                 let qtexts: Vec<String> = ex.iter().map(|e| e.query.clone()).collect();
-                let pb = care_trainer::train::progress_bar(qtexts.len() as u64, "mining: encoding queries");
+                let mut pb = care_trainer::train::progress_bar(qtexts.len() as u64, "mining: encoding queries");
                 let qv = q.embed_all(&qtexts, common.infer_batch, &mut |n| pb.set_position(n as u64))?;
                 pb.finish_and_clear();
                 let w = qv.size()[1];

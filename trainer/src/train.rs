@@ -125,7 +125,7 @@ pub fn frozen_doc_side(enc: &Encoder, texts: Vec<String>, batch: usize, cache: O
     let vectors = match cached {
         Some(v) => v,
         None => {
-            let pb = progress_bar(texts.len() as u64, "embedding document pool (frozen)");
+            let mut pb = progress_bar(texts.len() as u64, "embedding document pool (frozen)");
             let v = enc.embed_all(&texts, batch, &mut |d| pb.set_position(d as u64))?;
             pb.finish_and_clear();
             if let Some(p) = cache {
@@ -139,17 +139,50 @@ pub fn frozen_doc_side(enc: &Encoder, texts: Vec<String>, batch: usize, cache: O
     Ok(DocSide::Frozen { vectors: vectors.to_device(enc.device), index })
 }
 
-pub fn progress_bar(len: u64, msg: &str) -> indicatif::ProgressBar {
+/// A progress bar on a terminal; without one (logs, CI) a plain line every 5 % of the way, so long CPU jobs
+/// stay observable.
+pub fn progress_bar(len: u64, msg: &str) -> Progress {
+    use std::io::IsTerminal;
     let pb = indicatif::ProgressBar::new(len);
     pb.set_style(
         indicatif::ProgressStyle::with_template("{spinner} {msg} {bar:30} {pos}/{len} [{elapsed_precise}, eta {eta}]")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     pb.set_message(msg.to_string());
-    if std::env::var_os("CARE_NO_PROGRESS").is_some() {
+    let tty = std::io::stderr().is_terminal() && std::env::var_os("CARE_NO_PROGRESS").is_none();
+    if !tty {
         pb.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    pb
+    Progress { pb, tty, label: msg.to_string(), len, next_line: 0, started: Instant::now() }
+}
+
+#[derive(Debug)]
+pub struct Progress {
+    pb: indicatif::ProgressBar,
+    tty: bool,
+    label: String,
+    len: u64,
+    next_line: u64,
+    started: Instant,
+}
+
+impl Progress {
+    pub fn set_position(&mut self, pos: u64) {
+        self.pb.set_position(pos);
+        if !self.tty && pos >= self.next_line {
+            eprintln!("[{:>7.1}s] {} {pos}/{}", self.started.elapsed().as_secs_f64(), self.label, self.len);
+            self.next_line = pos + (self.len / 20).max(1);
+        }
+    }
+    pub fn set_message(&self, msg: String) {
+        self.pb.set_message(msg);
+    }
+    pub fn finish_and_clear(&self) {
+        self.pb.finish_and_clear();
+        if !self.tty {
+            eprintln!("[{:>7.1}s] {} done", self.started.elapsed().as_secs_f64(), self.label);
+        }
+    }
 }
 
 /// The trainer: encoders, data, optimiser, output folder.
@@ -318,7 +351,7 @@ impl<'a> Trainer<'a> {
     /// early after `stop_after` steps (tests use it to simulate an interruption).
     pub fn run(&mut self, stop_after: Option<u64>) -> Result<Vec<StepMetrics>> {
         let sched = self.schedule();
-        let pb = progress_bar(self.cfg.steps, "training");
+        let mut pb = progress_bar(self.cfg.steps, "training");
         pb.set_position(self.opt.step);
         let mut log = std::fs::OpenOptions::new()
             .create(true)
