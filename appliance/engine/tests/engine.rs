@@ -329,3 +329,29 @@ fn kuake_qtr_hybrid_dev_quality() {
     let r = e.search(&SearchRequest { query: set.queries[0].1.clone(), ..Default::default() }).unwrap();
     assert!(r.hits[0].parts.dense_rank.is_some());
 }
+
+/// Export parity of the trainer: a query encoder package written by `care-train export` (tch weights → ONNX via
+/// care-modelio) serves, through the appliance's own OrtEncoder, the vectors the trainer computed with tch.
+/// The package is produced by `packaging/dev.sh test` (pruned real e5-small weights) and named by
+/// CARE_TRAINER_EXPORT; the trainer needs libtorch, which this crate must not link, hence the hand-over.
+#[test]
+fn trainer_exported_query_package_matches_tch_vectors() {
+    let Some(dir) = std::env::var_os("CARE_TRAINER_EXPORT").map(PathBuf::from) else {
+        eprintln!("CARE_TRAINER_EXPORT not set (packaging/dev.sh test exports a package first); skipping");
+        return;
+    };
+    let cfg = care_engine::encoders::ModelConfig::default();
+    let enc = care_engine::encoders::OrtEncoder::load(&dir, &cfg).unwrap();
+    assert_eq!(enc.manifest().role, care_formats::ModelRole::Query);
+    let parity: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("parity.json")).unwrap()).unwrap();
+    let texts: Vec<&str> = parity["texts"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    let got = enc.encode(&texts, care_engine::encoders::TextKind::Query).unwrap();
+    let mut worst = 1.0f64;
+    for (i, want) in parity["embeddings"].as_array().unwrap().iter().enumerate() {
+        let want: Vec<f32> = want.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+        worst = worst.min(cosine(&got[i], &want));
+    }
+    eprintln!("trainer export parity over {} texts: min cosine {worst:.7}", texts.len());
+    assert!(texts.len() >= 8);
+    assert!(worst >= 0.9999, "ONNX vs tch min cosine {worst}");
+}

@@ -6,8 +6,10 @@
 //! - [`manifest`]: the model package manifest (`manifest.toml`), the contract between whoever produced a model
 //!   (importer, trainer) and the serving engine, including the pairing id that ties a query encoder to the
 //!   document encoder whose vectors it was trained against.
-//! - [`training`]: the CARE training-data JSONL layout (`query`, `pos`, `neg`, `prompt`).
+//! - [`training`]: the CARE training-data JSONL layout (`query`, `pos`, `neg`, `prompt`) and `train_pairs.jsonl`.
+//! - [`embeddings`]: document-vector shards written offline (trainer `embed-corpus`) for the appliance to load.
 
+pub mod embeddings;
 pub mod manifest;
 pub mod training;
 

@@ -45,6 +45,43 @@ pub fn read_examples(reader: impl BufRead) -> Result<Vec<TrainingExample>, Train
     Ok(out)
 }
 
+/// One line of `train_pairs.jsonl` (the shared training set): a query, one positive, judged negatives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainPair {
+    pub query: String,
+    pub positive: String,
+    #[serde(default)]
+    pub negatives: Vec<String>,
+    #[serde(default)]
+    pub grade: Option<u32>,
+    #[serde(default)]
+    pub source: Option<String>,
+}
+
+impl From<TrainPair> for TrainingExample {
+    fn from(p: TrainPair) -> Self {
+        TrainingExample { query: p.query, pos: vec![p.positive], neg: p.negatives, prompt: None, kind: p.source }
+    }
+}
+
+/// Reads `train_pairs.jsonl` records as [`TrainingExample`]s (`kind` = the pair's `source`).
+pub fn read_pairs(reader: impl BufRead) -> Result<Vec<TrainingExample>, TrainingDataError> {
+    let mut out = Vec::new();
+    for (i, line) in reader.lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let p: TrainPair = serde_json::from_str(&line)
+            .map_err(|e| TrainingDataError::Line { line: i + 1, message: e.to_string() })?;
+        if p.positive.trim().is_empty() {
+            return Err(TrainingDataError::Line { line: i + 1, message: "`positive` is empty".into() });
+        }
+        out.push(p.into());
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,6 +95,17 @@ mod tests {
         let bad = "{\"query\":\"q\",\"pos\":[\"q\"]}\n{\"query\":\"x\",\"pos\":[]}\n";
         let err = read_examples(bad.as_bytes()).unwrap_err();
         assert_eq!(err.to_string(), "line 2: `pos` is empty");
+    }
+
+    #[test]
+    fn reads_train_pairs_and_names_bad_line() {
+        let ok = "{\"query\":\"q\",\"positive\":\"p\",\"negatives\":[\"n1\",\"n2\"],\"grade\":3,\"source\":\"kuake_qtr:train\"}\n";
+        let ex = read_pairs(ok.as_bytes()).unwrap();
+        assert_eq!(ex[0].pos, vec!["p".to_string()]);
+        assert_eq!(ex[0].neg.len(), 2);
+        assert_eq!(ex[0].kind.as_deref(), Some("kuake_qtr:train"));
+        let bad = "{\"query\":\"q\",\"positive\":\"p\"}\n{\"query\":\"q\",\"positive\":\" \"}\n";
+        assert_eq!(read_pairs(bad.as_bytes()).unwrap_err().to_string(), "line 2: `positive` is empty");
     }
 
     #[test]

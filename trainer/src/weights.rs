@@ -1,0 +1,131 @@
+//! Named parameter tensors, loaded from and saved to `model.safetensors` under Hugging Face names.
+//!
+//! Why not `tch::nn::VarStore`: its variables live in a `HashMap`, so iteration order (and with it optimizer
+//! state layout and checkpoint files) would not be deterministic, and its loader refuses the `model.` /
+//! `roberta.` prefixes that Hugging Face writes for task heads. A sorted map of tensors is all training needs.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use tch::{Device, Kind, Tensor};
+
+use crate::{Error, Result};
+
+/// Prefixes Hugging Face adds when a base model is saved inside a task model (`Qwen3ForCausalLM` → `model.`).
+const STRIP_PREFIXES: &[&str] = &["model.", "roberta.", "bert.", "encoder_model."];
+
+#[derive(Debug, Default)]
+pub struct Weights {
+    map: BTreeMap<String, Tensor>,
+}
+
+impl Weights {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Loads every tensor of a safetensors file onto `device` as `kind` (bf16 checkpoints become f32 on CPU).
+    pub fn load(path: &Path, device: Device, kind: Kind) -> Result<Self> {
+        let tensors = Tensor::read_safetensors(path).map_err(|e| Error::Weights(format!("{}: {e}", path.display())))?;
+        let mut map = BTreeMap::new();
+        let strip = tensors.iter().all(|(n, _)| STRIP_PREFIXES.iter().any(|p| n.starts_with(p)));
+        for (name, t) in tensors {
+            let name = if strip {
+                STRIP_PREFIXES.iter().find_map(|p| name.strip_prefix(p)).map_or(name.clone(), str::to_string)
+            } else {
+                name
+            };
+            let t = if t.is_floating_point() { t.to_kind(kind) } else { t };
+            map.insert(name, t.to_device(device));
+        }
+        Ok(Self { map })
+    }
+
+    pub fn insert(&mut self, name: impl Into<String>, t: Tensor) {
+        self.map.insert(name.into(), t);
+    }
+
+    pub fn remove(&mut self, name: &str) -> Option<Tensor> {
+        self.map.remove(name)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.map.contains_key(name)
+    }
+
+    /// A shallow clone (same storage) of the tensor `name`, whose shape must be `shape`.
+    pub fn get(&self, name: &str, shape: &[i64]) -> Result<Tensor> {
+        let t = self.map.get(name).ok_or_else(|| {
+            Error::Weights(format!("tensor {name:?} is missing from the checkpoint (is config.json for this model?)"))
+        })?;
+        if t.size() != shape {
+            return Err(Error::Weights(format!("tensor {name:?} has shape {:?}, config.json implies {shape:?}", t.size())));
+        }
+        Ok(t.shallow_clone())
+    }
+
+    /// Random normal(0, std) tensor registered under `name` (biases and norms use `zeros` / `ones`).
+    pub fn randn(&mut self, name: &str, shape: &[i64], std: f64, device: Device) {
+        let t = Tensor::randn(shape, (Kind::Float, device)) * std;
+        self.map.insert(name.to_string(), t);
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Tensor)> {
+        self.map.iter()
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.map.keys().cloned().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Writes all tensors (as f32, on CPU) to a safetensors file, atomically.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        save_tensors(self.map.iter().map(|(n, t)| (n.clone(), t.shallow_clone())), path)
+    }
+
+    /// The tensors as `care_modelio` f32 tensors (for the ONNX exporter).
+    pub fn to_modelio(&self) -> Result<care_modelio::TensorMap> {
+        let mut out = care_modelio::TensorMap::new();
+        for (n, t) in &self.map {
+            out.insert(n.clone(), to_modelio_tensor(t)?);
+        }
+        Ok(out)
+    }
+}
+
+pub fn to_modelio_tensor(t: &Tensor) -> Result<care_modelio::Tensor> {
+    let t = t.detach().to_device(Device::Cpu).to_kind(Kind::Float).contiguous();
+    let shape: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
+    let data = Vec::<f32>::try_from(t.view(-1)).map_err(|e| Error::Weights(e.to_string()))?;
+    care_modelio::Tensor::new(shape, data).ok_or_else(|| Error::Weights("tensor shape/data mismatch".into()))
+}
+
+/// Writes named tensors to `path` via a temporary sibling and a rename, so a crash never leaves a torn file.
+pub fn save_tensors(tensors: impl Iterator<Item = (String, Tensor)>, path: &Path) -> Result<()> {
+    let list: Vec<(String, Tensor)> = tensors
+        .map(|(n, t)| {
+            let t = t.detach().to_device(Device::Cpu);
+            let t = if t.is_floating_point() { t.to_kind(Kind::Float) } else { t };
+            (n, t.contiguous())
+        })
+        .collect();
+    let tmp = path.with_extension("safetensors.tmp");
+    Tensor::write_safetensors(&list, &tmp).map_err(|e| Error::Weights(format!("{}: {e}", tmp.display())))?;
+    std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+    Ok(())
+}
+
+/// Reads named tensors (no prefix stripping, no conversion).
+pub fn load_tensors(path: &Path) -> Result<BTreeMap<String, Tensor>> {
+    let tensors = Tensor::read_safetensors(path).map_err(|e| Error::Weights(format!("{}: {e}", path.display())))?;
+    Ok(tensors.into_iter().collect())
+}
