@@ -85,7 +85,6 @@ setup() {
     apt_install protobuf-compiler pkg-config unzip
     install_ort
     install_e5
-    install_torch
 }
 
 case "${1:-}" in
@@ -99,6 +98,7 @@ case "${1:-}" in
         ;;
     test)
         setup
+        install_torch
         export CARE_SHARED=${CARE_SHARED:-$ROOT/../shared}
         cargo build --tests --all-targets
         # The trainer is not a default member (it links libtorch): built and tested on its own, then it exports a
@@ -108,7 +108,7 @@ case "${1:-}" in
         cargo test --no-fail-fast 2>&1
         ;;
     env)
-        setup >&2
+        { setup; install_torch; } >&2
         printf 'export LIBTORCH=%q LIBTORCH_CXX11_ABI=1 LD_LIBRARY_PATH=%q ORT_DYLIB_PATH=%q CARE_E5S1=%q\n' \
             "$LIBTORCH" "$LD_LIBRARY_PATH" "$ORT_DYLIB_PATH" "$CARE_E5S1"
         ;;

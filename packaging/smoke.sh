@@ -5,7 +5,7 @@ BASE=$1
 fail() { echo "[smoke] FAIL: $*" >&2; exit 1; }
 code=$(curl -sk -o /dev/null -w '%{http_code}' "$BASE/healthz")
 [ "$code" = 200 ] || fail "/healthz answered $code"
-page=$(curl -sk "$BASE/")
+page=$(curl -skL "$BASE/")
 grep -q "<html" <<<"$page" || fail "/ is not an HTML page"
 json=$(curl -sk -G --data-urlencode "q=二甲双胍的禁忌症" "$BASE/api/v1/search")
 python3 - "$json" <<'PY' || fail "search API: $json"
