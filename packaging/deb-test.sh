@@ -50,6 +50,8 @@ score=$(systemd-analyze security --offline=true --no-pager "$ROOT/packaging/deb/
 log "   exposure score: $score (0 = fully locked down, 10 = unprotected)"
 awk -v s="$score" 'BEGIN { exit !(s != "" && s <= 2.0) }' || die "unit exposure score $score is above 2.0"
 
+stop_server() { pkill -TERM -u care -f '/usr/bin/care --config /etc/care/care.toml serve' 2>/dev/null || true; sleep 1; }
+getent passwd care >/dev/null && stop_server
 dpkg -P care-appliance >/dev/null 2>&1 || true
 rm -rf /var/lib/care /etc/care
 
@@ -78,7 +80,7 @@ care doctor || log "   (doctor reported failures above; the port and TLS checks 
 log "4. serve as the service user over HTTPS on 127.0.0.1:$PORT"
 as_care env CARE__SERVER__BIND=127.0.0.1:$PORT /usr/bin/care --config /etc/care/care.toml serve >/tmp/care-serve.log 2>&1 &
 server=$!
-trap 'kill $server 2>/dev/null || true' EXIT
+trap stop_server EXIT
 for _ in $(seq 1 120); do
     curl -skf "https://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
     kill -0 $server 2>/dev/null || { cat /tmp/care-serve.log; die "care serve exited"; }
@@ -87,7 +89,8 @@ done
 curl -skf "https://127.0.0.1:$PORT/healthz" >/dev/null || { cat /tmp/care-serve.log; die "no /healthz after 120 s"; }
 [ -f /var/lib/care/tls/cert.pem ] || die "no self-signed certificate was generated"
 "$ROOT/packaging/smoke.sh" "https://127.0.0.1:$PORT" || { cat /tmp/care-serve.log; die "HTTPS smoke test failed"; }
-kill $server; wait $server 2>/dev/null || true
+stop_server
+wait $server 2>/dev/null || true
 trap - EXIT
 
 log "5. downgrade is refused, data kept"
