@@ -88,7 +88,10 @@ for _ in $(seq 1 120); do
 done
 curl -skf "https://127.0.0.1:$PORT/healthz" >/dev/null || { cat /tmp/care-serve.log; die "no /healthz after 120 s"; }
 [ -f /var/lib/care/tls/cert.pem ] || die "no self-signed certificate was generated"
-"$ROOT/packaging/smoke.sh" "https://127.0.0.1:$PORT" || { cat /tmp/care-serve.log; die "HTTPS smoke test failed"; }
+pwfile=/var/lib/care/bootstrap-admin-password
+[ "$(stat -c '%a %U' "$pwfile")" = "600 care" ] || die "the bootstrap admin password file is missing or not 0600 care"
+token=$(care user token admin --name deb-test | tail -n 1)
+CARE_TOKEN=$token "$ROOT/packaging/smoke.sh" "https://127.0.0.1:$PORT" || { cat /tmp/care-serve.log; die "HTTPS smoke test failed"; }
 stop_server
 wait $server 2>/dev/null || true
 trap - EXIT

@@ -83,6 +83,8 @@ trainer_export() {
 setup() {
     command -v cargo >/dev/null || { log "cargo not found: install the Rust toolchain (rustup) first"; exit 1; }
     apt_install protobuf-compiler pkg-config unzip
+    # Headless browser tests of the web appliance (tests/tests/web.rs); CJK fonts so screenshots show Chinese.
+    apt_install chromium chromium-driver fonts-noto-cjk
     install_ort
     install_e5
 }
@@ -94,7 +96,7 @@ case "${1:-}" in
     demo)
         setup
         cargo build -p care
-        exec "${CARGO_TARGET_DIR:-$ROOT/target}/debug/care" --data-dir "$DEV/data" demo --bind "${CARE_BIND:-127.0.0.1:8443}"
+        exec "${CARGO_TARGET_DIR:-$ROOT/target}/debug/care" --data-dir "$DEV/data" demo --bind "${CARE_BIND:-127.0.0.1:8443}" --http-bind "${CARE_HTTP_BIND:-127.0.0.1:8080}"
         ;;
     test)
         setup

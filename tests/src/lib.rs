@@ -1,5 +1,7 @@
 //! Helpers for the end-to-end tests: run the real `care` binary against a temporary data directory.
 
+pub mod webdriver;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -74,8 +76,14 @@ impl Care {
 
     /// Starts `care serve` on a free loopback port and returns the child and its base URL.
     pub fn serve(&self) -> (KillOnDrop, String) {
+        let s = self.serve_full();
+        (s.child, s.https)
+    }
+
+    /// Starts `care serve` with HTTPS and the plain-HTTP redirector on free loopback ports.
+    pub fn serve_full(&self) -> Served {
         let mut child = self
-            .command(&["serve", "--bind", "127.0.0.1:0"])
+            .command(&["serve", "--bind", "127.0.0.1:0", "--http-bind", "127.0.0.1:0"])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -83,14 +91,22 @@ impl Care {
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
+            let mut redirect = None;
+            let mut admin_password = None;
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("redirecting ") {
+                    redirect = Some(url.to_string());
+                }
+                if let Some(pw) = line.split_once("with password: ").map(|(_, p)| p.trim().to_string()) {
+                    admin_password = Some(pw);
+                }
                 if let Some(url) = line.strip_prefix("listening on ") {
-                    let _ = tx.send(url.to_string());
+                    let _ = tx.send((url.to_string(), redirect.clone(), admin_password.clone()));
                 }
             }
         });
-        let url = rx.recv_timeout(Duration::from_secs(60)).expect("server did not report its address");
-        (KillOnDrop(child), url)
+        let (https, http, admin_password) = rx.recv_timeout(Duration::from_secs(60)).expect("server did not report its address");
+        Served { child: KillOnDrop(child), https, http, admin_password }
     }
 }
 
@@ -100,6 +116,16 @@ fn empty_config() -> PathBuf {
         std::fs::write(&p, "# empty: compiled defaults only\n").expect("write empty config");
     }
     p
+}
+
+pub struct Served {
+    pub child: KillOnDrop,
+    /// https://127.0.0.1:PORT
+    pub https: String,
+    /// http://127.0.0.1:PORT of the redirect-only listener.
+    pub http: Option<String>,
+    /// The first administrator's generated password, when this start created it.
+    pub admin_password: Option<String>,
 }
 
 pub struct KillOnDrop(pub Child);

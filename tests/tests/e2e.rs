@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use care_e2e::{Care, https_client};
+use care_e2e::Care;
 
 /// Deterministic pseudo-random numbers (no extra dependency; the seed is printed for reproduction).
 struct Lcg(u64);
@@ -118,9 +118,21 @@ fn https_search_api_and_page_on_the_demo() {
     let care = Care::new(&t.path().join("data"));
     let out = care.run(&["demo", "--no-serve"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The API needs a caller: an administrator's API token, as a machine client would use.
+    let pw = t.path().join("admin.pw");
+    std::fs::write(&pw, "demo-admin-passphrase").unwrap();
+    care.ok(&["user", "add", "admin", "--role", "admin", "--password-file", pw.to_str().unwrap()]);
+    let token = care.ok(&["user", "token", "admin", "--name", "e2e"]).trim().to_string();
     let (_server, base) = care.serve();
     assert!(base.starts_with("https://127.0.0.1:"), "{base}");
-    let client = https_client();
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {token}").parse().unwrap());
+    let client = reqwest::blocking::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .default_headers(headers)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
 
     let r = client.get(format!("{base}/api/v1/search")).query(&[("q", "二甲双胍的禁忌症")]).send().unwrap();
     assert_eq!(r.status(), 200);

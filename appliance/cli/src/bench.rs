@@ -163,14 +163,22 @@ fn ms(t: Instant) -> f64 {
 /// Serves the engine on a loopback port in this process and times `GET /api/v1/search` over HTTPS.
 fn http_latency(engine: Arc<Engine>, queries: &[&str]) -> Result<Latency> {
     let (tx, rx) = std::sync::mpsc::channel();
-    let server_cfg = care_server::ServerConfig { bind: "127.0.0.1:0".into(), workers: 1, ..Default::default() };
+    // The API needs a caller: an administrator (reads every collection) with an API token, as a machine client has.
+    care_engine::accounts::bootstrap_admin(engine.store(), "bench", None)?;
+    let (_, token) = care_engine::accounts::create_token(engine.store(), "bench", "bench", "care bench")?;
+    let settings = care_server::Settings {
+        server: care_server::ServerConfig { bind: "127.0.0.1:0".into(), http_redirect_bind: String::new(), workers: 1, ..Default::default() },
+        ..Default::default()
+    };
     std::thread::spawn(move || {
-        let _ = actix_web::rt::System::new().block_on(care_server::serve(engine, server_cfg, move |addr| {
+        let _ = actix_web::rt::System::new().block_on(care_server::serve(engine, settings, move |addr, _| {
             let _ = tx.send(addr);
         }));
     });
     let addr = rx.recv_timeout(std::time::Duration::from_secs(30)).context("bench server did not start")?;
-    let client = reqwest::blocking::Client::builder().danger_accept_invalid_certs(true).build()?;
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {token}").parse()?);
+    let client = reqwest::blocking::Client::builder().danger_accept_invalid_certs(true).default_headers(headers).build()?;
     let url = format!("https://{addr}/api/v1/search");
     for q in queries.iter().take(10) {
         client.get(&url).query(&[("q", q)]).send()?.error_for_status()?;

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
 use care_engine::EngineConfig;
-use care_server::ServerConfig;
+use care_server::{AuditConfig, AuthConfig, ServerConfig};
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
@@ -18,6 +18,8 @@ pub struct AppConfig {
     #[serde(flatten)]
     pub engine: EngineConfig,
     pub server: ServerConfig,
+    pub auth: AuthConfig,
+    pub audit: AuditConfig,
 }
 
 /// Flags that override every other layer when given.
@@ -27,6 +29,8 @@ pub struct CliOverrides {
     pub data_dir: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bind: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_bind: Option<String>,
 }
 
 pub fn load(explicit: Option<&Path>, overrides: &CliOverrides) -> Result<AppConfig> {
@@ -50,6 +54,9 @@ pub fn load(explicit: Option<&Path>, overrides: &CliOverrides) -> Result<AppConf
     }
     if let Some(b) = &overrides.bind {
         fig = fig.merge(Serialized::default("server.bind", b));
+    }
+    if let Some(b) = &overrides.http_bind {
+        fig = fig.merge(Serialized::default("server.http_redirect_bind", b));
     }
     fig.extract().map_err(|err| {
         let problems: Vec<String> = err
@@ -105,7 +112,7 @@ mod tests {
             let c = load(Some(&p), &CliOverrides::default()).unwrap();
             assert_eq!(c.engine.storage.data_dir, PathBuf::from("/from/env"));
             assert_eq!(c.server.bind, "127.0.0.1:2");
-            let o = CliOverrides { data_dir: Some("/from/cli".into()), bind: None };
+            let o = CliOverrides { data_dir: Some("/from/cli".into()), bind: None, http_bind: None };
             let c = load(Some(&p), &o).unwrap();
             assert_eq!(c.engine.storage.data_dir, PathBuf::from("/from/cli"));
             assert!(load(Some(Path::new("/nonexistent/care.toml")), &o).is_err());

@@ -1,5 +1,6 @@
 //! `care`: the appliance's command line (init, ingest, search, serve, demo, eval).
 
+mod admin_cmds;
 mod bench;
 mod chart;
 mod config;
@@ -99,15 +100,30 @@ enum Command {
         #[command(subcommand)]
         command: DictCommand,
     },
-    /// Serve the HTTPS search page and API.
+    /// Serve the HTTPS search page and API (and redirect plain HTTP to it).
     Serve {
         #[arg(long)]
         bind: Option<String>,
+        /// Plain-HTTP redirect listener; overrides server.http_redirect_bind ("" turns it off).
+        #[arg(long)]
+        http_bind: Option<String>,
+    },
+    /// Users, roles, collection grants and API tokens.
+    User {
+        #[command(subcommand)]
+        command: admin_cmds::UserCommand,
+    },
+    /// The hash-chained audit log: verify, list, export, purge.
+    Audit {
+        #[command(subcommand)]
+        command: admin_cmds::AuditCommand,
     },
     /// Initialise if needed, load the embedded demo collection, and serve.
     Demo {
         #[arg(long)]
         bind: Option<String>,
+        #[arg(long)]
+        http_bind: Option<String>,
         /// Load the demo data and exit without serving.
         #[arg(long)]
         no_serve: bool,
@@ -252,11 +268,11 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<i32> {
-    let bind = match &cli.command {
-        Command::Serve { bind } | Command::Demo { bind, .. } => bind.clone(),
-        _ => None,
+    let (bind, http_bind) = match &cli.command {
+        Command::Serve { bind, http_bind } | Command::Demo { bind, http_bind, .. } => (bind.clone(), http_bind.clone()),
+        _ => (None, None),
     };
-    let overrides = config::CliOverrides { data_dir: cli.data_dir.clone(), bind };
+    let overrides = config::CliOverrides { data_dir: cli.data_dir.clone(), bind, http_bind };
     let cfg = config::load(cli.config.as_deref(), &overrides)?;
     let open = |mode| Engine::open(cfg.engine.clone(), mode).map_err(anyhow::Error::from);
     match cli.command {
@@ -445,7 +461,15 @@ fn run(cli: Cli) -> Result<i32> {
                 let rec = e.import_e5s1(default_model, "1", None, false)?;
                 tracing::info!(model = %format!("{}@{}", rec.name, rec.version), "imported the default model");
             }
-            serve(e, cfg.server.clone())?;
+            serve(e, &cfg)?;
+        }
+        Command::User { command } => {
+            let e = open(OpenMode::Existing)?;
+            return admin_cmds::run_user(&e, command);
+        }
+        Command::Audit { command } => {
+            let e = open(OpenMode::Existing)?;
+            return admin_cmds::run_audit(&e, command);
         }
         Command::Demo { no_serve, e5s1, .. } => {
             let e = open(OpenMode::Create)?;
@@ -459,7 +483,7 @@ fn run(cli: Cli) -> Result<i32> {
                 r.added, r.replaced, r.unchanged, r.chunks
             );
             if !no_serve {
-                serve(e, cfg.server.clone())?;
+                serve(e, &cfg)?;
             }
         }
         Command::Eval { set, split, out, tune_on, e5s1, max_queries, int8_queries } => {
@@ -550,11 +574,34 @@ fn print_results(res: &care_engine::SearchResults) {
     println!("({} results in {:.1} ms)", res.hits.len(), res.took_ms);
 }
 
-fn serve(engine: Engine, server: care_server::ServerConfig) -> Result<()> {
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+fn serve(engine: Engine, cfg: &config::AppConfig) -> Result<()> {
+    let settings = care_server::Settings { server: cfg.server.clone(), auth: cfg.auth.clone(), audit: cfg.audit.clone() };
+    if let Some(pw) = care_server::bootstrap(&engine, &settings.auth)? {
+        // Shown once: only its argon2 hash is stored. A service's stdout goes to the journal, so the password is
+        // also left for the operator in a root/care-only file, which they delete after the first sign-in.
+        let file = engine.data_dir().root().join("bootstrap-admin-password");
+        write_private(&file, format!("{pw}\n").as_bytes()).with_context(|| format!("writing {}", file.display()))?;
+        println!("created the first administrator '{}' with password: {pw}", settings.auth.bootstrap_admin);
+        println!("(also in {} (mode 0600); change it after signing in, then delete that file)", file.display());
+    }
+    let interrupted = care_server::uploads::fail_interrupted(&engine)?;
+    if interrupted > 0 {
+        tracing::warn!(jobs = interrupted, "marked ingest jobs interrupted by the last shutdown as failed");
+    }
     let engine = Arc::new(engine);
-    tracing::info!(bind = %server.bind, "starting HTTPS server");
-    actix_web::rt::System::new().block_on(care_server::serve(engine, server, |addr| {
-        // Tests and scripts read this line to learn the port.
+    tracing::info!(bind = %settings.server.bind, "starting HTTPS server");
+    actix_web::rt::System::new().block_on(care_server::serve(engine, settings, |addr, redirect| {
+        if let Some(r) = redirect {
+            println!("redirecting http://{r}");
+        }
+        // Tests and scripts read this line to learn the port (printed last).
         println!("listening on https://{addr}");
         let _ = std::io::stdout().flush();
     }))?;

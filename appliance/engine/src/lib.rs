@@ -4,6 +4,8 @@
 //!  Engine (engine.rs) ── one data directory (datadir.rs), kept consistent across crashes
 //!   ├ store     SQLite metadata, embedded migrations from /migrations; the source of truth
 //!   ├ audit     append-only, hash-chained audit records written in the same transaction as the change
+//!   ├ accounts  users and roles (argon2), lockout, sessions, API tokens, per-collection read grants
+//!   ├ feedback  the document view behind a hit and relevance feedback kept for training
 //!   ├ ingest    files → ParsedDocument (txt, md, jsonl); errors name file and line
 //!   ├ text      normalisation (full/half width, controls) and sentence/heading-aware chunking
 //!   ├ lexical   tantivy BM25 with jieba search-mode tokens + medical dictionary; derived from SQLite
@@ -19,6 +21,7 @@
 //! Callers (the `care` CLI and the HTTP server) use [`Engine`] and [`error::Error`]; error codes
 //! ([`error::ErrorCode`]) are stable and mapped to HTTP statuses by the server alone.
 
+pub mod accounts;
 pub mod audit;
 pub mod config;
 pub mod datadir;
@@ -28,6 +31,7 @@ pub mod encoders;
 pub mod engine;
 pub mod error;
 pub mod eval;
+pub mod feedback;
 pub mod fusion;
 pub mod hybrid;
 pub mod ingest;

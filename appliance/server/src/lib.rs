@@ -2,17 +2,33 @@
 //!
 //! ```text
 //!  serve() ── rustls (self-signed on first start unless configured) ── actix-web
-//!    ├ errors   the one ErrorCode → HTTP status table (exhaustive match) and JSON/HTML error bodies
-//!    ├ tls      certificate loading and first-start generation
-//!    └ routes   pages (askama templates in /templates, assets from /web) and the JSON API under /api/v1
+//!    │         └ plain-HTTP listener that only redirects to https (redirect.rs)
+//!    ├ guard    one middleware for every request: request id, identity (session cookie or bearer token),
+//!    │          the access table (table.rs), CSRF, security headers, latency metrics, error pages
+//!    ├ table    ROUTES: every route with its access level; the authorisation matrix test enumerates it
+//!    ├ errors   the one ErrorCode → HTTP status / message table, rendered as JSON (API) or HTML (pages)
+//!    ├ pages    clinician pages: login, search, document, feedback, account, embeddable widget
+//!    ├ admin    admin console: collections + uploads, jobs, users + grants + tokens, models, audit
+//!    ├ api      the JSON API under /api/v1 (OpenAPI document at /api/v1/openapi.json)
+//!    ├ metrics  Prometheus exposition at /metrics
+//!    └ tls      certificate loading and first-start generation
 //! ```
 //!
-//! The engine is synchronous (SQLite, tantivy); handlers call it through `web::block` so a slow query never
+//! The engine is synchronous (SQLite, tantivy, ONNX); handlers call it through `web::block` so a slow query never
 //! stalls the async workers.
 
+pub mod admin;
+pub mod api;
 pub mod errors;
+pub mod guard;
+pub mod metrics;
+pub mod openapi;
+pub mod pages;
+pub mod redirect;
 pub mod routes;
+pub mod table;
 pub mod tls;
+pub mod uploads;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -27,6 +43,8 @@ use serde::{Deserialize, Serialize};
 pub struct ServerConfig {
     /// Address of the HTTPS listener.
     pub bind: String,
+    /// Plain-HTTP listener that answers every request with a redirect to HTTPS (and nothing else). Empty: off.
+    pub http_redirect_bind: String,
     /// PEM certificate chain and private key. When unset, a self-signed pair is generated on first start in
     /// `<data_dir>/tls/`.
     pub tls_cert: Option<PathBuf>,
@@ -34,18 +52,92 @@ pub struct ServerConfig {
     /// Extra names (host names, IPs) put into the generated certificate besides localhost.
     pub tls_names: Vec<String>,
     pub workers: usize,
+    /// Origins allowed to frame the embeddable search widget at /embed (CSP frame-ancestors), e.g.
+    /// "https://his.hospital.local". Every other page refuses to be framed.
+    pub embed_origins: Vec<String>,
+    /// Largest upload accepted in one request, in MiB.
+    pub max_upload_mib: u64,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             bind: "0.0.0.0:8443".into(),
+            http_redirect_bind: "0.0.0.0:8080".into(),
             tls_cert: None,
             tls_key: None,
             tls_names: Vec::new(),
             workers: 2,
+            embed_origins: Vec::new(),
+            max_upload_mib: 512,
         }
     }
+}
+
+/// `[auth]`: accounts and sessions.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct AuthConfig {
+    /// Name of the administrator created on first start when there are no users.
+    pub bootstrap_admin: String,
+    /// File holding the first administrator's password. Unset: a random password is generated and printed once.
+    pub bootstrap_password_file: Option<PathBuf>,
+    /// Minutes without a request after which a session ends.
+    pub session_idle_minutes: u32,
+    /// Hours after which a session ends regardless of activity.
+    pub session_max_hours: u32,
+    /// Consecutive failed logins that lock an account, and for how long.
+    pub lock_after_failures: u32,
+    pub lock_minutes: u32,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            bootstrap_admin: "admin".into(),
+            bootstrap_password_file: None,
+            session_idle_minutes: 30,
+            session_max_hours: 12,
+            lock_after_failures: 5,
+            lock_minutes: 15,
+        }
+    }
+}
+
+impl AuthConfig {
+    pub fn policy(&self) -> care_engine::accounts::LoginPolicy {
+        care_engine::accounts::LoginPolicy { max_failed: self.lock_after_failures, lock_seconds: i64::from(self.lock_minutes) * 60 }
+    }
+    pub fn idle_seconds(&self) -> i64 {
+        i64::from(self.session_idle_minutes.max(1)) * 60
+    }
+    pub fn max_seconds(&self) -> i64 {
+        i64::from(self.session_max_hours.max(1)) * 3600
+    }
+}
+
+/// `[audit]`: the hash-chained audit log.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct AuditConfig {
+    /// Days audit records are kept; older ones are purged daily (the chain stays verifiable). 0 keeps everything.
+    pub retention_days: u32,
+    /// Record the text of every search query (who searched what is part of the audit trail).
+    pub log_queries: bool,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        AuditConfig { retention_days: 365, log_queries: true }
+    }
+}
+
+/// Everything the HTTP layer is configured with.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    pub server: ServerConfig,
+    pub auth: AuthConfig,
+    pub audit: AuditConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -56,28 +148,95 @@ pub enum ServeError {
     Bind { addr: String, source: std::io::Error },
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
+    #[error("creating the first administrator: {0}")]
+    Bootstrap(String),
 }
 
 pub struct AppState {
     pub engine: Arc<Engine>,
+    pub settings: Settings,
+    pub metrics: metrics::Metrics,
 }
 
-/// Runs the HTTPS server until it is stopped (Ctrl-C / SIGTERM). `on_ready` gets the bound address, which
-/// matters when `bind` asks for port 0.
+/// Creates the first administrator if there is no user yet. Returns the generated password (to print once).
+pub fn bootstrap(engine: &Engine, auth: &AuthConfig) -> Result<Option<String>, ServeError> {
+    let pw = match &auth.bootstrap_password_file {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .map_err(|e| ServeError::Bootstrap(format!("{}: {e}", p.display())))?
+                .trim_end_matches(['\n', '\r'])
+                .to_string(),
+        ),
+        None => None,
+    };
+    care_engine::accounts::bootstrap_admin(engine.store(), &auth.bootstrap_admin, pw.as_deref())
+        .map_err(|e| ServeError::Bootstrap(e.to_string()))
+}
+
+/// Retention and session clean-up, once at start and then daily, off the async workers.
+fn start_housekeeping(engine: Arc<Engine>, settings: Settings) {
+    std::thread::Builder::new()
+        .name("care-housekeeping".into())
+        .spawn(move || loop {
+            if settings.audit.retention_days > 0 {
+                let cutoff = time::OffsetDateTime::now_utc() - time::Duration::days(i64::from(settings.audit.retention_days));
+                let cutoff = cutoff.format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
+                match care_engine::audit::purge_before(&mut engine.store().conn(), "system", &cutoff, settings.audit.retention_days) {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(removed = n, "purged audit records past retention"),
+                    Err(e) => tracing::error!(error = %e, "audit retention purge failed"),
+                }
+            }
+            if let Err(e) = care_engine::accounts::purge_sessions(engine.store(), settings.auth.idle_seconds(), settings.auth.max_seconds()) {
+                tracing::error!(error = %e, "session clean-up failed");
+            }
+            std::thread::sleep(std::time::Duration::from_secs(6 * 3600));
+        })
+        .ok();
+}
+
+/// Runs the HTTPS server (and the plain-HTTP redirector) until stopped (Ctrl-C / SIGTERM). `on_ready` gets the
+/// bound HTTPS address and the redirector's, which matters when the binds ask for port 0.
 pub async fn serve(
     engine: Arc<Engine>,
-    cfg: ServerConfig,
-    on_ready: impl FnOnce(SocketAddr),
+    settings: Settings,
+    on_ready: impl FnOnce(SocketAddr, Option<SocketAddr>),
 ) -> Result<(), ServeError> {
+    let cfg = settings.server.clone();
     let tls = tls::server_config(&cfg, &engine.data_dir().tls())?;
-    let state = web::Data::new(AppState { engine });
-    let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(routes::configure))
-        .workers(cfg.workers.max(1))
-        .bind_rustls_0_23(&cfg.bind, tls)
-        .map_err(|source| ServeError::Bind { addr: cfg.bind.clone(), source })?;
-    if let Some(addr) = server.addrs().first() {
-        on_ready(*addr);
+    start_housekeeping(engine.clone(), settings.clone());
+    let state = web::Data::new(AppState { engine, settings, metrics: metrics::Metrics::default() });
+    let upload_limit = (cfg.max_upload_mib as usize).saturating_mul(1 << 20);
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .app_data(web::PayloadConfig::new(upload_limit))
+            .app_data(web::FormConfig::default().limit(256 * 1024))
+            .app_data(web::JsonConfig::default().limit(1 << 20))
+            .wrap(actix_web::middleware::from_fn(guard::guard))
+            .configure(routes::configure)
+            .default_service(web::to(routes::not_found))
+    })
+    .workers(cfg.workers.max(1))
+    .bind_rustls_0_23(&cfg.bind, tls)
+    .map_err(|source| ServeError::Bind { addr: cfg.bind.clone(), source })?;
+    let https_addr = server.addrs().first().copied();
+    let redirect = if cfg.http_redirect_bind.is_empty() {
+        None
+    } else {
+        let port = https_addr.map_or(443, |a| a.port());
+        Some(redirect::server(&cfg.http_redirect_bind, port)?)
+    };
+    if let Some(addr) = https_addr {
+        on_ready(addr, redirect.as_ref().map(|r| r.0));
     }
-    server.run().await?;
+    match redirect {
+        Some((_, r)) => {
+            let (a, b) = futures::future::join(server.run(), r).await;
+            a?;
+            b?;
+        }
+        None => server.run().await?,
+    }
     Ok(())
 }

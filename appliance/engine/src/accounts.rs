@@ -1,0 +1,659 @@
+//! Accounts: users and roles, password logins with lockout, browser sessions, API tokens and per-collection read
+//! grants.
+//!
+//! Secrets never reach SQLite in the clear: passwords are argon2id PHC strings; session ids and API tokens are
+//! 256-bit random values stored as sha256 hex (they are high-entropy, so a fast hash is enough and lookups stay
+//! indexed). Argon2 runs without the store's connection lock held, so a login never stalls searches.
+//! Every change to an account, role, token or grant is audited in the same transaction.
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::audit;
+use crate::error::{Error, Result};
+use crate::store::{Store, now};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Admin,
+    Clinician,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Clinician => "clinician",
+        }
+    }
+    pub fn parse(s: &str) -> Result<Role> {
+        match s {
+            "admin" => Ok(Role::Admin),
+            "clinician" => Ok(Role::Clinician),
+            _ => Err(Error::InvalidInput(format!("unknown role {s:?}; use admin or clinician"))),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct User {
+    pub id: i64,
+    pub username: String,
+    pub role: Role,
+    pub created_at: String,
+    pub failed_logins: i64,
+    /// Unix seconds until which logins are refused.
+    pub locked_until: Option<i64>,
+    pub disabled: bool,
+}
+
+impl User {
+    pub fn is_admin(&self) -> bool {
+        self.role == Role::Admin
+    }
+    pub fn is_locked(&self, now: i64) -> bool {
+        self.locked_until.is_some_and(|t| t > now)
+    }
+}
+
+/// Lockout policy: after `max_failed` consecutive failures the account is locked for `lock_seconds`.
+#[derive(Debug, Clone, Copy)]
+pub struct LoginPolicy {
+    pub max_failed: u32,
+    pub lock_seconds: i64,
+}
+
+pub const MIN_PASSWORD_CHARS: usize = 10;
+
+pub fn unix_now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+fn rfc3339(ts: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(ts)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_else(|| ts.to_string())
+}
+
+/// 32 random bytes from the OS, hex encoded.
+pub fn random_token() -> Result<String> {
+    let mut b = [0u8; 32];
+    getrandom::fill(&mut b).map_err(|e| Error::Internal(format!("OS random source: {e}")))?;
+    Ok(hex::encode(b))
+}
+
+pub fn sha256_hex(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+pub fn hash_password(password: &str) -> Result<String> {
+    use argon2::password_hash::{PasswordHasher, SaltString};
+    let mut salt = [0u8; 16];
+    getrandom::fill(&mut salt).map_err(|e| Error::Internal(format!("OS random source: {e}")))?;
+    let salt = SaltString::encode_b64(&salt).map_err(|e| Error::Internal(e.to_string()))?;
+    Ok(argon2::Argon2::default()
+        .hash_password(password.as_bytes(), &salt)
+        .map_err(|e| Error::Internal(format!("argon2: {e}")))?
+        .to_string())
+}
+
+fn password_matches(password: &str, phc: &str) -> bool {
+    use argon2::password_hash::{PasswordHash, PasswordVerifier};
+    PasswordHash::new(phc).is_ok_and(|h| argon2::Argon2::default().verify_password(password.as_bytes(), &h).is_ok())
+}
+
+fn check_password_strength(username: &str, password: &str) -> Result<()> {
+    if password.chars().count() < MIN_PASSWORD_CHARS {
+        return Err(Error::InvalidInput(format!("the password must have at least {MIN_PASSWORD_CHARS} characters")));
+    }
+    if password.eq_ignore_ascii_case(username) {
+        return Err(Error::InvalidInput("the password must differ from the user name".into()));
+    }
+    Ok(())
+}
+
+fn validate_username(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.chars().count() <= 64
+        && name.chars().all(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidInput(format!("user name {name:?} is not allowed: use 1-64 letters, digits, '-', '_', '.' or '@'")))
+    }
+}
+
+const USER_COLS: &str = "id, username, role, created_at, failed_logins, locked_until, disabled";
+
+fn row_to_user(r: &rusqlite::Row<'_>) -> rusqlite::Result<User> {
+    let role: String = r.get(2)?;
+    Ok(User {
+        id: r.get(0)?,
+        username: r.get(1)?,
+        role: if role == "admin" { Role::Admin } else { Role::Clinician },
+        created_at: r.get(3)?,
+        failed_logins: r.get(4)?,
+        locked_until: r.get(5)?,
+        disabled: r.get::<_, i64>(6)? != 0,
+    })
+}
+
+pub fn user_count(store: &Store) -> Result<i64> {
+    Ok(store.conn().query_row("SELECT COUNT(*) FROM users", [], |r| r.get(0))?)
+}
+
+pub fn list_users(store: &Store) -> Result<Vec<User>> {
+    let conn = store.conn();
+    let mut stmt = conn.prepare(&format!("SELECT {USER_COLS} FROM users ORDER BY username"))?;
+    let rows = stmt.query_map([], row_to_user)?;
+    Ok(rows.collect::<Result<Vec<_>, _>>()?)
+}
+
+fn user_by(conn: &Connection, username: &str) -> Result<User> {
+    conn.query_row(&format!("SELECT {USER_COLS} FROM users WHERE username = ?1"), [username], row_to_user)
+        .optional()?
+        .ok_or_else(|| Error::NotFound { what: format!("user '{username}'") })
+}
+
+pub fn user(store: &Store, username: &str) -> Result<User> {
+    user_by(&store.conn(), username)
+}
+
+pub fn user_by_id(store: &Store, id: i64) -> Result<User> {
+    store
+        .conn()
+        .query_row(&format!("SELECT {USER_COLS} FROM users WHERE id = ?1"), [id], row_to_user)
+        .optional()?
+        .ok_or_else(|| Error::NotFound { what: format!("user #{id}") })
+}
+
+pub fn create_user(store: &Store, actor: &str, username: &str, password: &str, role: Role) -> Result<User> {
+    validate_username(username)?;
+    check_password_strength(username, password)?;
+    let phc = hash_password(password)?;
+    let mut conn = store.conn();
+    let tx = conn.transaction()?;
+    let res = tx.execute(
+        "INSERT INTO users (username, password_hash, role, created_at, password_changed_at) VALUES (?1, ?2, ?3, ?4, ?4)",
+        params![username, phc, role.as_str(), now()],
+    );
+    match res {
+        Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::ConstraintViolation => {
+            return Err(Error::InvalidInput(format!("user '{username}' already exists")));
+        }
+        r => r?,
+    };
+    audit::append(&tx, actor, "user.create", &serde_json::json!({"user": username, "role": role.as_str()}))?;
+    let u = user_by(&tx, username)?;
+    tx.commit()?;
+    Ok(u)
+}
+
+/// Checks a password login. Failures count towards the lockout; every attempt is audited (never the password).
+pub fn authenticate(store: &Store, username: &str, password: &str, policy: LoginPolicy, client: &str) -> Result<User> {
+    let now_ts = unix_now();
+    let found: Option<(User, String)> = {
+        let conn = store.conn();
+        conn.query_row(
+            &format!("SELECT {USER_COLS}, password_hash FROM users WHERE username = ?1"),
+            [username],
+            |r| Ok((row_to_user(r)?, r.get::<_, String>(7)?)),
+        )
+        .optional()?
+    };
+    let generic = || Error::Unauthenticated("wrong user name or password".into());
+    let Some((user, phc)) = found else {
+        // Spend the same time as a real check, so response time does not reveal which names exist.
+        static DUMMY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let dummy = DUMMY.get_or_init(|| hash_password("not a real password").unwrap_or_default());
+        let _ = password_matches(password, dummy);
+        let conn = store.conn();
+        audit::append(&conn, username, "auth.login_failed", &serde_json::json!({"reason": "unknown user", "client": client}))?;
+        return Err(generic());
+    };
+    if user.disabled {
+        let conn = store.conn();
+        audit::append(&conn, username, "auth.login_failed", &serde_json::json!({"reason": "disabled", "client": client}))?;
+        return Err(Error::Forbidden(format!("account '{username}' is disabled; ask an administrator")));
+    }
+    if user.is_locked(now_ts) {
+        let conn = store.conn();
+        audit::append(&conn, username, "auth.login_failed", &serde_json::json!({"reason": "locked", "client": client}))?;
+        return Err(Error::AccountLocked { user: username.into(), until: rfc3339(user.locked_until.unwrap_or(now_ts)) });
+    }
+    let ok = password_matches(password, &phc);
+    let mut conn = store.conn();
+    let tx = conn.transaction()?;
+    if ok {
+        tx.execute("UPDATE users SET failed_logins = 0, locked_until = NULL WHERE id = ?1", [user.id])?;
+        audit::append(&tx, username, "auth.login", &serde_json::json!({"client": client}))?;
+        tx.commit()?;
+        return Ok(User { failed_logins: 0, locked_until: None, ..user });
+    }
+    let failed = user.failed_logins + 1;
+    let lock = failed >= i64::from(policy.max_failed.max(1));
+    let until = lock.then_some(now_ts + policy.lock_seconds);
+    tx.execute(
+        "UPDATE users SET failed_logins = ?2, locked_until = ?3 WHERE id = ?1",
+        params![user.id, if lock { 0 } else { failed }, until],
+    )?;
+    audit::append(&tx, username, "auth.login_failed", &serde_json::json!({"reason": "wrong password", "client": client, "failures": failed}))?;
+    if let Some(t) = until {
+        audit::append(&tx, "system", "auth.account_locked", &serde_json::json!({"user": username, "until": rfc3339(t)}))?;
+    }
+    tx.commit()?;
+    match until {
+        Some(t) => Err(Error::AccountLocked { user: username.into(), until: rfc3339(t) }),
+        None => Err(generic()),
+    }
+}
+
+/// Changes a password. `current` is required when users change their own password; an admin resetting someone
+/// else's passes `None`. All of the user's sessions and the lockout are cleared.
+pub fn set_password(store: &Store, actor: &str, username: &str, current: Option<&str>, new: &str) -> Result<()> {
+    check_password_strength(username, new)?;
+    if let Some(cur) = current {
+        let phc: String = store
+            .conn()
+            .query_row("SELECT password_hash FROM users WHERE username = ?1", [username], |r| r.get(0))
+            .optional()?
+            .ok_or_else(|| Error::NotFound { what: format!("user '{username}'") })?;
+        if !password_matches(cur, &phc) {
+            return Err(Error::InvalidInput("the current password is wrong".into()));
+        }
+    }
+    let phc = hash_password(new)?;
+    let mut conn = store.conn();
+    let tx = conn.transaction()?;
+    let n = tx.execute(
+        "UPDATE users SET password_hash = ?2, password_changed_at = ?3, failed_logins = 0, locked_until = NULL WHERE username = ?1",
+        params![username, phc, now()],
+    )?;
+    if n == 0 {
+        return Err(Error::NotFound { what: format!("user '{username}'") });
+    }
+    tx.execute("DELETE FROM sessions WHERE user_id = (SELECT id FROM users WHERE username = ?1)", [username])?;
+    audit::append(&tx, actor, "user.password_change", &serde_json::json!({"user": username, "reset_by_admin": current.is_none()}))?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// Changes the role, the disabled flag or clears a lock; refuses to leave the appliance without an enabled admin.
+pub fn update_user(store: &Store, actor: &str, username: &str, role: Option<Role>, disabled: Option<bool>, unlock: bool) -> Result<User> {
+    let mut conn = store.conn();
+    let tx = conn.transaction()?;
+    let before = user_by(&tx, username)?;
+    if let Some(r) = role {
+        tx.execute("UPDATE users SET role = ?2 WHERE id = ?1", params![before.id, r.as_str()])?;
+    }
+    if let Some(d) = disabled {
+        tx.execute("UPDATE users SET disabled = ?2 WHERE id = ?1", params![before.id, d as i64])?;
+        if d {
+            tx.execute("DELETE FROM sessions WHERE user_id = ?1", [before.id])?;
+        }
+    }
+    if unlock {
+        tx.execute("UPDATE users SET failed_logins = 0, locked_until = NULL WHERE id = ?1", [before.id])?;
+    }
+    let admins: i64 = tx.query_row("SELECT COUNT(*) FROM users WHERE role = 'admin' AND disabled = 0", [], |r| r.get(0))?;
+    if admins == 0 {
+        return Err(Error::InvalidInput("this change would leave no enabled administrator".into()));
+    }
+    audit::append(
+        &tx,
+        actor,
+        "user.update",
+        &serde_json::json!({"user": username, "role": role.map(Role::as_str), "disabled": disabled, "unlock": unlock}),
+    )?;
+    let after = user_by(&tx, username)?;
+    tx.commit()?;
+    Ok(after)
+}
+
+pub fn delete_user(store: &Store, actor: &str, username: &str) -> Result<()> {
+    let mut conn = store.conn();
+    let tx = conn.transaction()?;
+    let u = user_by(&tx, username)?;
+    tx.execute("DELETE FROM users WHERE id = ?1", [u.id])?;
+    let admins: i64 = tx.query_row("SELECT COUNT(*) FROM users WHERE role = 'admin' AND disabled = 0", [], |r| r.get(0))?;
+    if admins == 0 {
+        return Err(Error::InvalidInput("deleting this user would leave no enabled administrator".into()));
+    }
+    audit::append(&tx, actor, "user.delete", &serde_json::json!({"user": username}))?;
+    tx.commit()?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Sessions
+
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub user: User,
+    pub csrf_token: String,
+    pub created_at: i64,
+    pub last_seen: i64,
+}
+
+/// Creates a session; returns the cookie value (shown once, stored only as its hash) and the CSRF token.
+pub fn create_session(store: &Store, user: &User) -> Result<(String, String)> {
+    let id = random_token()?;
+    let csrf = random_token()?;
+    let t = unix_now();
+    store.conn().execute(
+        "INSERT INTO sessions (id_hash, user_id, csrf_token, created_at, last_seen) VALUES (?1, ?2, ?3, ?4, ?4)",
+        params![sha256_hex(&id), user.id, csrf, t],
+    )?;
+    Ok((id, csrf))
+}
+
+/// The live session for a cookie value, or `None` when unknown, idle longer than `idle_seconds`, older than
+/// `max_seconds`, or its user is disabled. Expired sessions are removed. `last_seen` is refreshed at most once a
+/// minute to keep writes off the hot path.
+pub fn session(store: &Store, cookie: &str, idle_seconds: i64, max_seconds: i64) -> Result<Option<Session>> {
+    let h = sha256_hex(cookie);
+    let conn = store.conn();
+    let row = conn
+        .query_row(
+            &format!(
+                "SELECT s.csrf_token, s.created_at, s.last_seen, {} FROM sessions s JOIN users u ON u.id = s.user_id WHERE s.id_hash = ?1",
+                USER_COLS.split(", ").map(|c| format!("u.{c}")).collect::<Vec<_>>().join(", ")
+            ),
+            [&h],
+            |r| {
+                let csrf: String = r.get(0)?;
+                let created: i64 = r.get(1)?;
+                let seen: i64 = r.get(2)?;
+                let role: String = r.get(5)?;
+                let user = User {
+                    id: r.get(3)?,
+                    username: r.get(4)?,
+                    role: if role == "admin" { Role::Admin } else { Role::Clinician },
+                    created_at: r.get(6)?,
+                    failed_logins: r.get(7)?,
+                    locked_until: r.get(8)?,
+                    disabled: r.get::<_, i64>(9)? != 0,
+                };
+                Ok(Session { user, csrf_token: csrf, created_at: created, last_seen: seen })
+            },
+        )
+        .optional()?;
+    let Some(s) = row else { return Ok(None) };
+    let t = unix_now();
+    if s.user.disabled || t - s.last_seen > idle_seconds || t - s.created_at > max_seconds {
+        conn.execute("DELETE FROM sessions WHERE id_hash = ?1", [&h])?;
+        return Ok(None);
+    }
+    if t - s.last_seen >= 60 {
+        conn.execute("UPDATE sessions SET last_seen = ?2 WHERE id_hash = ?1", params![h, t])?;
+    }
+    Ok(Some(s))
+}
+
+pub fn end_session(store: &Store, cookie: &str, actor: &str) -> Result<()> {
+    let mut conn = store.conn();
+    let tx = conn.transaction()?;
+    let n = tx.execute("DELETE FROM sessions WHERE id_hash = ?1", [sha256_hex(cookie)])?;
+    if n > 0 {
+        audit::append(&tx, actor, "auth.logout", &serde_json::json!({}))?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// Removes sessions idle past the timeout (run periodically; lookups also refuse them).
+pub fn purge_sessions(store: &Store, idle_seconds: i64, max_seconds: i64) -> Result<usize> {
+    let t = unix_now();
+    Ok(store
+        .conn()
+        .execute("DELETE FROM sessions WHERE last_seen < ?1 OR created_at < ?2", params![t - idle_seconds, t - max_seconds])?)
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// API tokens
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ApiToken {
+    pub id: i64,
+    pub username: String,
+    pub name: String,
+    pub prefix: String,
+    pub created_at: String,
+    pub last_used: Option<String>,
+    pub revoked: bool,
+}
+
+/// Issues a token for `username`; the returned secret (`care_<hex>`) is shown once and only its hash is kept.
+pub fn create_token(store: &Store, actor: &str, username: &str, name: &str) -> Result<(ApiToken, String)> {
+    if name.trim().is_empty() || name.chars().count() > 100 {
+        return Err(Error::InvalidInput("a token needs a name of 1-100 characters (what uses it)".into()));
+    }
+    let secret = format!("care_{}", random_token()?);
+    let mut conn = store.conn();
+    let tx = conn.transaction()?;
+    let u = user_by(&tx, username)?;
+    tx.execute(
+        "INSERT INTO api_tokens (user_id, name, token_hash, prefix, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![u.id, name.trim(), sha256_hex(&secret), &secret[..13], now()],
+    )?;
+    let id = tx.last_insert_rowid();
+    audit::append(&tx, actor, "token.create", &serde_json::json!({"user": username, "token_id": id, "name": name.trim()}))?;
+    tx.commit()?;
+    drop(conn);
+    let t = list_tokens(store, None)?.into_iter().find(|t| t.id == id).ok_or_else(|| Error::Internal("token vanished".into()))?;
+    Ok((t, secret))
+}
+
+pub fn list_tokens(store: &Store, username: Option<&str>) -> Result<Vec<ApiToken>> {
+    let conn = store.conn();
+    let mut stmt = conn.prepare(
+        "SELECT t.id, u.username, t.name, t.prefix, t.created_at, t.last_used, t.revoked
+         FROM api_tokens t JOIN users u ON u.id = t.user_id WHERE (?1 IS NULL OR u.username = ?1) ORDER BY t.id",
+    )?;
+    let rows = stmt.query_map([username], |r| {
+        Ok(ApiToken {
+            id: r.get(0)?,
+            username: r.get(1)?,
+            name: r.get(2)?,
+            prefix: r.get(3)?,
+            created_at: r.get(4)?,
+            last_used: r.get(5)?,
+            revoked: r.get::<_, i64>(6)? != 0,
+        })
+    })?;
+    Ok(rows.collect::<Result<Vec<_>, _>>()?)
+}
+
+pub fn revoke_token(store: &Store, actor: &str, id: i64) -> Result<()> {
+    let mut conn = store.conn();
+    let tx = conn.transaction()?;
+    let n = tx.execute("UPDATE api_tokens SET revoked = 1 WHERE id = ?1", [id])?;
+    if n == 0 {
+        return Err(Error::NotFound { what: format!("API token #{id}") });
+    }
+    audit::append(&tx, actor, "token.revoke", &serde_json::json!({"token_id": id}))?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// The user a bearer token belongs to, when the token is valid, not revoked and its user enabled.
+pub fn token_user(store: &Store, secret: &str) -> Result<Option<User>> {
+    let conn = store.conn();
+    let found: Option<(i64, User)> = conn
+        .query_row(
+            &format!(
+                "SELECT t.id, {} FROM api_tokens t JOIN users u ON u.id = t.user_id WHERE t.token_hash = ?1 AND t.revoked = 0",
+                USER_COLS.split(", ").map(|c| format!("u.{c}")).collect::<Vec<_>>().join(", ")
+            ),
+            [sha256_hex(secret)],
+            |r| {
+                let role: String = r.get(3)?;
+                Ok((
+                    r.get(0)?,
+                    User {
+                        id: r.get(1)?,
+                        username: r.get(2)?,
+                        role: if role == "admin" { Role::Admin } else { Role::Clinician },
+                        created_at: r.get(4)?,
+                        failed_logins: r.get(5)?,
+                        locked_until: r.get(6)?,
+                        disabled: r.get::<_, i64>(7)? != 0,
+                    },
+                ))
+            },
+        )
+        .optional()?;
+    match found {
+        Some((id, u)) if !u.disabled => {
+            conn.execute("UPDATE api_tokens SET last_used = ?2 WHERE id = ?1", params![id, now()])?;
+            Ok(Some(u))
+        }
+        _ => Ok(None),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Grants
+
+pub fn grant(store: &Store, actor: &str, username: &str, collection: &str) -> Result<()> {
+    let mut conn = store.conn();
+    let tx = conn.transaction()?;
+    let u = user_by(&tx, username)?;
+    let cid: i64 = tx
+        .query_row("SELECT id FROM collections WHERE name = ?1", [collection], |r| r.get(0))
+        .optional()?
+        .ok_or_else(|| Error::UnknownCollection(collection.into()))?;
+    tx.execute(
+        "INSERT OR IGNORE INTO grants (user_id, collection_id, granted_by, created_at) VALUES (?1, ?2, ?3, ?4)",
+        params![u.id, cid, actor, now()],
+    )?;
+    audit::append(&tx, actor, "permission.grant", &serde_json::json!({"user": username, "collection": collection}))?;
+    tx.commit()?;
+    Ok(())
+}
+
+pub fn revoke(store: &Store, actor: &str, username: &str, collection: &str) -> Result<()> {
+    let mut conn = store.conn();
+    let tx = conn.transaction()?;
+    let n = tx.execute(
+        "DELETE FROM grants WHERE user_id = (SELECT id FROM users WHERE username = ?1)
+           AND collection_id = (SELECT id FROM collections WHERE name = ?2)",
+        params![username, collection],
+    )?;
+    if n == 0 {
+        return Err(Error::NotFound { what: format!("a grant of collection '{collection}' to '{username}'") });
+    }
+    audit::append(&tx, actor, "permission.revoke", &serde_json::json!({"user": username, "collection": collection}))?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// Collections a clinician may read (names, sorted).
+pub fn granted_collections(store: &Store, user_id: i64) -> Result<Vec<String>> {
+    let conn = store.conn();
+    let mut stmt = conn.prepare_cached(
+        "SELECT c.name FROM grants g JOIN collections c ON c.id = g.collection_id WHERE g.user_id = ?1 ORDER BY c.name",
+    )?;
+    let rows = stmt.query_map([user_id], |r| r.get(0))?;
+    Ok(rows.collect::<Result<Vec<_>, _>>()?)
+}
+
+/// What `user` may read: every collection for an admin, the granted ones for a clinician.
+pub fn readable_collections(store: &Store, user: &User) -> Result<Vec<String>> {
+    if user.is_admin() {
+        Ok(store.collection_list()?.into_iter().map(|c| c.name).collect())
+    } else {
+        granted_collections(store, user.id)
+    }
+}
+
+/// Creates the first administrator when no user exists. Returns the generated password when none was given, so
+/// the caller can show it once.
+pub fn bootstrap_admin(store: &Store, username: &str, password: Option<&str>) -> Result<Option<String>> {
+    if user_count(store)? > 0 {
+        return Ok(None);
+    }
+    let generated = match password {
+        Some(_) => None,
+        None => Some(random_token()?[..20].to_string()),
+    };
+    let pw = password.or(generated.as_deref()).unwrap_or_default();
+    create_user(store, "system", username, pw, Role::Admin)?;
+    Ok(generated)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("care.sqlite")).unwrap();
+        (dir, s)
+    }
+
+    #[test]
+    fn login_lockout_sessions_tokens_and_grants() {
+        let (_d, s) = store();
+        let pw = bootstrap_admin(&s, "admin", None).unwrap().unwrap();
+        assert!(bootstrap_admin(&s, "admin", None).unwrap().is_none(), "bootstrap runs once");
+        let policy = LoginPolicy { max_failed: 3, lock_seconds: 600 };
+        let admin = authenticate(&s, "admin", &pw, policy, "t").unwrap();
+        assert!(admin.is_admin());
+        assert!(matches!(create_user(&s, "admin", "dr.li", "short", Role::Clinician), Err(Error::InvalidInput(_))));
+        create_user(&s, "admin", "dr.li", "correct horse battery", Role::Clinician).unwrap();
+        // Two failures, then success resets the counter.
+        for _ in 0..2 {
+            assert!(matches!(authenticate(&s, "dr.li", "wrong password", policy, "t"), Err(Error::Unauthenticated(_))));
+        }
+        authenticate(&s, "dr.li", "correct horse battery", policy, "t").unwrap();
+        for _ in 0..2 {
+            let _ = authenticate(&s, "dr.li", "wrong password", policy, "t");
+        }
+        assert!(matches!(authenticate(&s, "dr.li", "wrong password", policy, "t"), Err(Error::AccountLocked { .. })));
+        // Locked: even the right password is refused until an admin unlocks.
+        assert!(matches!(authenticate(&s, "dr.li", "correct horse battery", policy, "t"), Err(Error::AccountLocked { .. })));
+        update_user(&s, "admin", "dr.li", None, None, true).unwrap();
+        let li = authenticate(&s, "dr.li", "correct horse battery", policy, "t").unwrap();
+
+        let (cookie, csrf) = create_session(&s, &li).unwrap();
+        let sess = session(&s, &cookie, 1800, 43200).unwrap().unwrap();
+        assert_eq!(sess.user.username, "dr.li");
+        assert_eq!(sess.csrf_token, csrf);
+        assert!(session(&s, "forged", 1800, 43200).unwrap().is_none());
+        // Idle timeout: pretend the session was last seen an hour ago.
+        s.conn().execute("UPDATE sessions SET last_seen = last_seen - 3600", []).unwrap();
+        assert!(session(&s, &cookie, 1800, 43200).unwrap().is_none());
+        // The cookie value itself is not stored.
+        let stored: i64 = s.conn().query_row("SELECT COUNT(*) FROM sessions WHERE id_hash = ?1", [&cookie], |r| r.get(0)).unwrap();
+        assert_eq!(stored, 0);
+
+        let (tok, secret) = create_token(&s, "admin", "dr.li", "HIS integration").unwrap();
+        assert_eq!(token_user(&s, &secret).unwrap().unwrap().username, "dr.li");
+        revoke_token(&s, "admin", tok.id).unwrap();
+        assert!(token_user(&s, &secret).unwrap().is_none());
+
+        s.create_collection("guidelines", "", "admin").unwrap();
+        s.create_collection("private", "", "admin").unwrap();
+        assert!(readable_collections(&s, &li).unwrap().is_empty());
+        grant(&s, "admin", "dr.li", "guidelines").unwrap();
+        assert_eq!(readable_collections(&s, &li).unwrap(), vec!["guidelines"]);
+        assert_eq!(readable_collections(&s, &admin).unwrap().len(), 2);
+        revoke(&s, "admin", "dr.li", "guidelines").unwrap();
+        assert!(granted_collections(&s, li.id).unwrap().is_empty());
+
+        // The last admin cannot be demoted.
+        assert!(update_user(&s, "admin", "admin", Some(Role::Clinician), None, false).is_err());
+        set_password(&s, "dr.li", "dr.li", Some("correct horse battery"), "a new long passphrase").unwrap();
+        assert!(set_password(&s, "dr.li", "dr.li", Some("wrong"), "another long passphrase").is_err());
+        let c = s.conn();
+        assert!(audit::verify(&c).unwrap() > 10);
+        let actions: Vec<String> = audit::list(&c, None, None, 100).unwrap().into_iter().map(|r| r.action).collect();
+        for a in ["auth.login", "auth.login_failed", "auth.account_locked", "permission.grant", "token.create", "user.password_change"] {
+            assert!(actions.iter().any(|x| x == a), "{a} not audited: {actions:?}");
+        }
+    }
+}

@@ -1,0 +1,456 @@
+//! The admin console: collections (create, upload, approve for training, delete), jobs (live progress, errors per
+//! file, cancel), users (roles, lock, password reset, grants, API tokens), models (versions, active pair,
+//! metrics) and the audit log (filter, verify, CSV export). Each form posts to a handler that calls the same
+//! service function as its JSON twin in `api`.
+
+use actix_web::http::header;
+use actix_web::{HttpResponse, get, post, web};
+use askama::Template;
+use care_engine::accounts;
+use care_engine::audit::AuditRecord;
+use serde::Deserialize;
+
+use crate::AppState;
+use crate::api::{self, AuditQuery, NewCollection, UserUpdate, blocking};
+use crate::errors::{ApiError, status_of};
+use crate::guard::{Caller, percent_encode};
+use crate::pages::{Nav, render, see_other};
+use crate::uploads;
+
+#[derive(Debug, Default, Deserialize)]
+pub struct Flash {
+    #[serde(default)]
+    flash: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+fn back_with(path: &str, flash: &str) -> HttpResponse {
+    see_other(&format!("{path}?flash={}", percent_encode(flash)))
+}
+
+/// A failed admin action returns to its page with the message shown; server errors still get the error page.
+fn back_with_error(path: &str, e: ApiError) -> Result<HttpResponse, ApiError> {
+    if status_of(e.0.code()).is_server_error() {
+        return Err(e);
+    }
+    Ok(see_other(&format!("{path}?error={}", percent_encode(&e.public_message()))))
+}
+
+#[get("/admin")]
+pub async fn admin_home() -> HttpResponse {
+    HttpResponse::Found().insert_header((header::LOCATION, "/admin/collections")).finish()
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Collections
+
+#[derive(Template)]
+#[template(path = "admin_collections.html")]
+struct CollectionsPage {
+    nav: Option<Nav>,
+    flash: Option<String>,
+    error: Option<String>,
+    csrf: String,
+    collections: Vec<care_engine::store::CollectionStats>,
+    max_upload_mib: u64,
+}
+
+#[get("/admin/collections")]
+pub async fn collections_page(state: web::Data<AppState>, caller: Caller, f: web::Query<Flash>) -> Result<HttpResponse, ApiError> {
+    let engine = state.engine.clone();
+    let collections = blocking(move || engine.collections()).await?;
+    let f = f.into_inner();
+    render(&CollectionsPage {
+        nav: Nav::of(&caller),
+        flash: f.flash,
+        error: f.error,
+        csrf: caller.csrf().to_string(),
+        collections,
+        max_upload_mib: state.settings.server.max_upload_mib,
+    })
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CreateForm {
+    name: String,
+    #[serde(default)]
+    description: String,
+}
+
+#[post("/admin/collections")]
+pub async fn create_collection(state: web::Data<AppState>, caller: Caller, f: web::Form<CreateForm>) -> Result<HttpResponse, ApiError> {
+    let f = f.into_inner();
+    match api::create_collection_as(&state, &caller, NewCollection { name: f.name.trim().to_string(), description: f.description }).await {
+        Ok(c) => Ok(back_with("/admin/collections", &format!("已创建资料库 {}", c.name))),
+        Err(e) => back_with_error("/admin/collections", e),
+    }
+}
+
+#[post("/admin/collections/{name}/upload")]
+pub async fn upload_files(state: web::Data<AppState>, caller: Caller, name: web::Path<String>, payload: actix_multipart::Multipart) -> Result<HttpResponse, ApiError> {
+    match uploads::upload(&state, &caller, &name, payload).await {
+        Ok(job) => Ok(see_other(&format!("/admin/jobs?flash={}#job-{job}", percent_encode(&format!("已上传，入库任务 #{job} 已开始"))))),
+        Err(e) => back_with_error("/admin/collections", e),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ApproveForm {
+    approved: u8,
+}
+
+#[post("/admin/collections/{name}/approve")]
+pub async fn approve_collection(state: web::Data<AppState>, caller: Caller, name: web::Path<String>, f: web::Form<ApproveForm>) -> Result<HttpResponse, ApiError> {
+    let approved = f.approved != 0;
+    match uploads::approve(&state, &caller, &name, approved).await {
+        Ok(()) => Ok(back_with("/admin/collections", &format!("资料库 {} {}", name, if approved { "已批准用于训练" } else { "已撤销训练批准" }))),
+        Err(e) => back_with_error("/admin/collections", e),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct DeleteForm {
+    /// The collection name typed again, so a mis-click cannot delete a collection.
+    confirm: String,
+}
+
+#[post("/admin/collections/{name}/delete")]
+pub async fn delete_collection(state: web::Data<AppState>, caller: Caller, name: web::Path<String>, f: web::Form<DeleteForm>) -> Result<HttpResponse, ApiError> {
+    if f.confirm.trim() != name.as_str() {
+        return back_with_error("/admin/collections", ApiError::invalid(format!("请输入资料库名称 {name} 以确认删除")));
+    }
+    match uploads::delete_collection(&state, &caller, &name).await {
+        Ok(()) => Ok(back_with("/admin/collections", &format!("已删除资料库 {name}"))),
+        Err(e) => back_with_error("/admin/collections", e),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Jobs
+
+#[derive(Template)]
+#[template(path = "admin_jobs.html")]
+struct JobsPage {
+    nav: Option<Nav>,
+    flash: Option<String>,
+    error: Option<String>,
+    csrf: String,
+    jobs: Vec<uploads::Job>,
+}
+
+#[get("/admin/jobs")]
+pub async fn jobs_page(state: web::Data<AppState>, caller: Caller, f: web::Query<Flash>) -> Result<HttpResponse, ApiError> {
+    let jobs = uploads::jobs(&state, 50).await?;
+    let f = f.into_inner();
+    render(&JobsPage { nav: Nav::of(&caller), flash: f.flash, error: f.error, csrf: caller.csrf().to_string(), jobs })
+}
+
+#[post("/admin/jobs/{id}/cancel")]
+pub async fn cancel_job(state: web::Data<AppState>, caller: Caller, id: web::Path<i64>) -> Result<HttpResponse, ApiError> {
+    let id = id.into_inner();
+    match uploads::cancel(&state, &caller, id).await {
+        Ok(()) => Ok(back_with("/admin/jobs", &format!("任务 #{id} 将在当前文件完成后取消"))),
+        Err(e) => back_with_error("/admin/jobs", e),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Users
+
+#[derive(Template)]
+#[template(path = "admin_users.html")]
+struct UsersPage {
+    nav: Option<Nav>,
+    flash: Option<String>,
+    error: Option<String>,
+    csrf: String,
+    users: Vec<api::UserInfo>,
+    collections: Vec<String>,
+    tokens: Vec<accounts::ApiToken>,
+    new_token: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct UsersQuery {
+    #[serde(default)]
+    flash: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+async fn users_page(state: &web::Data<AppState>, caller: &Caller, flash: Option<String>, error: Option<String>, new_token: Option<String>) -> Result<HttpResponse, ApiError> {
+    let users = api::users_info(state).await?;
+    let engine = state.engine.clone();
+    let (collections, tokens) = blocking(move || {
+        Ok((engine.store().collection_list()?.into_iter().map(|c| c.name).collect(), accounts::list_tokens(engine.store(), None)?))
+    })
+    .await?;
+    render(&UsersPage { nav: Nav::of(caller), flash, error, csrf: caller.csrf().to_string(), users, collections, tokens, new_token })
+}
+
+#[get("/admin/users")]
+pub async fn users_index(state: web::Data<AppState>, caller: Caller, q: web::Query<UsersQuery>) -> Result<HttpResponse, ApiError> {
+    let q = q.into_inner();
+    users_page(&state, &caller, q.flash, q.error, None).await
+}
+
+#[derive(Debug, Deserialize)]
+pub struct NewUserForm {
+    username: String,
+    password: String,
+    role: String,
+}
+
+#[post("/admin/users")]
+pub async fn create_user(state: web::Data<AppState>, caller: Caller, f: web::Form<NewUserForm>) -> Result<HttpResponse, ApiError> {
+    let f = f.into_inner();
+    let engine = state.engine.clone();
+    let actor = caller.name().to_string();
+    let name = f.username.trim().to_string();
+    let r = blocking(move || accounts::create_user(engine.store(), &actor, &name, &f.password, accounts::Role::parse(&f.role)?)).await;
+    match r {
+        Ok(u) => Ok(back_with("/admin/users", &format!("已创建用户 {}", u.username))),
+        Err(e) => back_with_error("/admin/users", e),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct UserForm {
+    /// set_role, disable, enable, unlock, reset_password, delete
+    action: String,
+    #[serde(default)]
+    role: String,
+    #[serde(default)]
+    password: String,
+}
+
+#[post("/admin/users/{name}")]
+pub async fn update_user(state: web::Data<AppState>, caller: Caller, name: web::Path<String>, f: web::Form<UserForm>) -> Result<HttpResponse, ApiError> {
+    let name = name.into_inner();
+    let f = f.into_inner();
+    let mut u = UserUpdate::default();
+    match f.action.as_str() {
+        "set_role" => u.role = Some(f.role),
+        "disable" => u.disabled = Some(true),
+        "enable" => u.disabled = Some(false),
+        "unlock" => u.unlock = true,
+        "reset_password" => u.password = Some(f.password),
+        "delete" => {
+            let engine = state.engine.clone();
+            let actor = caller.name().to_string();
+            let n = name.clone();
+            return match blocking(move || accounts::delete_user(engine.store(), &actor, &n)).await {
+                Ok(()) => Ok(back_with("/admin/users", &format!("已删除用户 {name}"))),
+                Err(e) => back_with_error("/admin/users", e),
+            };
+        }
+        other => return back_with_error("/admin/users", ApiError::invalid(format!("unknown action {other:?}"))),
+    }
+    match api::update_user_as(&state, &caller, name.clone(), u).await {
+        Ok(()) => Ok(back_with("/admin/users", &format!("已更新用户 {name}"))),
+        Err(e) => back_with_error("/admin/users", e),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct GrantForm {
+    collection: String,
+    /// grant or revoke
+    action: String,
+}
+
+#[post("/admin/users/{name}/grants")]
+pub async fn grants_form(state: web::Data<AppState>, caller: Caller, name: web::Path<String>, f: web::Form<GrantForm>) -> Result<HttpResponse, ApiError> {
+    let engine = state.engine.clone();
+    let actor = caller.name().to_string();
+    let f = f.into_inner();
+    let (n, c, grant) = (name.to_string(), f.collection.clone(), f.action == "grant");
+    let r = blocking(move || if grant { accounts::grant(engine.store(), &actor, &n, &c) } else { accounts::revoke(engine.store(), &actor, &n, &c) }).await;
+    match r {
+        Ok(()) => Ok(back_with("/admin/users", &format!("{} {} 对资料库 {} 的访问权限", if grant { "已授予" } else { "已撤销" }, name, f.collection))),
+        Err(e) => back_with_error("/admin/users", e),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TokenForm {
+    name: String,
+}
+
+/// Creates an API token and shows its secret once, on the page itself (never in a redirect URL).
+#[post("/admin/users/{name}/tokens")]
+pub async fn create_token(state: web::Data<AppState>, caller: Caller, name: web::Path<String>, f: web::Form<TokenForm>) -> Result<HttpResponse, ApiError> {
+    let engine = state.engine.clone();
+    let actor = caller.name().to_string();
+    let (n, t) = (name.to_string(), f.into_inner().name);
+    match blocking(move || accounts::create_token(engine.store(), &actor, &n, &t)).await {
+        Ok((_, secret)) => users_page(&state, &caller, Some(format!("已为 {name} 创建 API 令牌，请立即复制，它只显示这一次。")), None, Some(secret)).await,
+        Err(e) => back_with_error("/admin/users", e),
+    }
+}
+
+#[post("/admin/tokens/{id}/revoke")]
+pub async fn revoke_token(state: web::Data<AppState>, caller: Caller, id: web::Path<i64>) -> Result<HttpResponse, ApiError> {
+    let engine = state.engine.clone();
+    let actor = caller.name().to_string();
+    let id = id.into_inner();
+    match blocking(move || accounts::revoke_token(engine.store(), &actor, id)).await {
+        Ok(()) => Ok(back_with("/admin/users", &format!("已吊销令牌 #{id}"))),
+        Err(e) => back_with_error("/admin/users", e),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Models
+
+pub struct ModelRow {
+    pub spec: String,
+    pub role: String,
+    pub architecture: String,
+    pub width: usize,
+    pub pairing_id: String,
+    pub created_at: String,
+    pub metrics: String,
+    pub active: String,
+}
+
+#[derive(Template)]
+#[template(path = "admin_models.html")]
+struct ModelsPage {
+    nav: Option<Nav>,
+    flash: Option<String>,
+    error: Option<String>,
+    csrf: String,
+    models: Vec<ModelRow>,
+    active_query: String,
+    active_document: String,
+}
+
+#[get("/admin/models")]
+pub async fn models_page(state: web::Data<AppState>, caller: Caller, f: web::Query<Flash>) -> Result<HttpResponse, ApiError> {
+    let engine = state.engine.clone();
+    let (models, active) = blocking(move || Ok((engine.models()?, engine.active_models()?))).await?;
+    let spec = |m: &care_engine::models::ModelRecord| format!("{}@{}", m.name, m.version);
+    let rows = models
+        .iter()
+        .map(|m| {
+            let mut tags = Vec::new();
+            if let Some(a) = &active {
+                if a.query.id == m.id {
+                    tags.push("查询编码器");
+                }
+                if a.document.id == m.id {
+                    tags.push("文档编码器");
+                }
+            }
+            ModelRow {
+                spec: spec(m),
+                role: m.role.clone(),
+                architecture: m.architecture.clone(),
+                width: m.width,
+                pairing_id: m.pairing_id.clone(),
+                created_at: m.created_at.clone(),
+                metrics: if m.metrics.as_object().is_none_or(|o| o.is_empty()) { String::new() } else { m.metrics.to_string() },
+                active: tags.join("、"),
+            }
+        })
+        .collect();
+    let f = f.into_inner();
+    render(&ModelsPage {
+        nav: Nav::of(&caller),
+        flash: f.flash,
+        error: f.error,
+        csrf: caller.csrf().to_string(),
+        models: rows,
+        active_query: active.as_ref().map(|a| spec(&a.query)).unwrap_or_default(),
+        active_document: active.as_ref().map(|a| spec(&a.document)).unwrap_or_default(),
+    })
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ActivateForm {
+    query: String,
+    document: String,
+}
+
+#[post("/admin/models/activate")]
+pub async fn activate(state: web::Data<AppState>, caller: Caller, f: web::Form<ActivateForm>) -> Result<HttpResponse, ApiError> {
+    let f = f.into_inner();
+    match api::activate_as(&state, &caller, api::Activate { query: f.query, document: f.document }).await {
+        Ok(p) => Ok(back_with("/admin/models", &format!("已启用 {}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version))),
+        Err(e) => back_with_error("/admin/models", e),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Audit
+
+pub struct AuditRow {
+    pub id: i64,
+    pub at: String,
+    pub actor: String,
+    pub action: String,
+    pub detail: String,
+}
+
+#[derive(Template)]
+#[template(path = "admin_audit.html")]
+struct AuditPage {
+    nav: Option<Nav>,
+    flash: Option<String>,
+    q: AuditQuery,
+    rows: Vec<AuditRow>,
+    verified: Result<u64, String>,
+    csv_url: String,
+    next_url: Option<String>,
+}
+
+fn audit_query_string(q: &AuditQuery) -> String {
+    let mut parts = Vec::new();
+    for (k, v) in [("actor", &q.actor), ("action", &q.action), ("since", &q.since), ("until", &q.until), ("text", &q.text)] {
+        if let Some(v) = v.as_deref().filter(|v| !v.is_empty()) {
+            parts.push(format!("{k}={}", percent_encode(v)));
+        }
+    }
+    parts.join("&")
+}
+
+#[get("/admin/audit")]
+pub async fn audit_page(state: web::Data<AppState>, caller: Caller, q: web::Query<AuditQuery>) -> Result<HttpResponse, ApiError> {
+    let q = q.into_inner();
+    let limit = q.limit.unwrap_or(100).min(500);
+    let records: Vec<AuditRecord> = api::audit_records(&state, &AuditQuery { limit: Some(limit), ..q.clone() }, 500).await?;
+    let engine = state.engine.clone();
+    let verified = blocking(move || Ok(care_engine::audit::verify(&engine.store().conn()).map_err(|e| e.to_string()))).await?;
+    let qs = audit_query_string(&q);
+    let next_url = (records.len() == limit).then(|| format!("/admin/audit?{qs}&offset={}", q.offset.unwrap_or(0) + limit));
+    render(&AuditPage {
+        nav: Nav::of(&caller),
+        flash: None,
+        rows: records
+            .into_iter()
+            .map(|r| AuditRow { id: r.id, at: r.at, actor: r.actor, action: r.action, detail: r.detail.to_string() })
+            .collect(),
+        verified,
+        csv_url: format!("/admin/audit.csv?{qs}"),
+        next_url,
+        q,
+    })
+}
+
+#[get("/admin/audit.csv")]
+pub async fn audit_csv(state: web::Data<AppState>, caller: Caller, q: web::Query<AuditQuery>) -> Result<HttpResponse, ApiError> {
+    let q = AuditQuery { limit: Some(q.limit.unwrap_or(1_000_000)), ..q.into_inner() };
+    let records = api::audit_records(&state, &q, 1_000_000).await?;
+    let engine = state.engine.clone();
+    let actor = caller.name().to_string();
+    let n = records.len();
+    let filter = audit_query_string(&q);
+    blocking(move || care_engine::audit::append(&engine.store().conn(), &actor, "audit.export", &serde_json::json!({"records": n, "filter": filter})))
+        .await?;
+    Ok(HttpResponse::Ok()
+        .content_type("text/csv; charset=utf-8")
+        .insert_header((header::CONTENT_DISPOSITION, "attachment; filename=\"care-audit.csv\""))
+        .body(care_engine::audit::to_csv(&records)))
+}

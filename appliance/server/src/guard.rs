@@ -1,0 +1,363 @@
+//! The one middleware every request passes: request id, identity, the access table, CSRF, security headers,
+//! latency metrics and error rendering.
+//!
+//! Identity comes from a bearer API token (`Authorization: Bearer care_…`, for machine clients) or the session
+//! cookie `__Host-care_session` (Secure, HttpOnly, SameSite=Strict, Path=/; the `__Host-` prefix makes browsers
+//! refuse it from plain HTTP or with a Domain). CSRF: a state-changing request that rides on the session cookie
+//! must carry the session's synchronizer token (`X-CSRF-Token` header, or the `csrf` form field; multipart
+//! uploads put it in the query string). Bearer requests carry no ambient credential, so they need none. The login
+//! form, which has no session yet, uses a double-submit cookie.
+
+use std::future::{Ready, ready};
+use std::time::Instant;
+
+use actix_web::body::{BoxBody, MessageBody};
+use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
+use actix_web::http::{Method, StatusCode, header};
+use actix_web::middleware::Next;
+use actix_web::web::{self, Bytes};
+use actix_web::{FromRequest, HttpMessage, HttpRequest, HttpResponse};
+use care_engine::ErrorCode;
+use care_engine::accounts::{self, User};
+
+use crate::AppState;
+use crate::errors::{self, ApiError};
+use crate::table::{self, Access, Kind};
+
+pub const SESSION_COOKIE: &str = "__Host-care_session";
+pub const LOGIN_CSRF_COOKIE: &str = "__Host-care_login_csrf";
+
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+#[derive(Debug, Clone)]
+pub enum Via {
+    Session { cookie: String, csrf: String },
+    Token,
+}
+
+/// The signed-in user of a request (set by the guard; extract it in handlers).
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub user: User,
+    pub via: Via,
+}
+
+impl Caller {
+    pub fn name(&self) -> &str {
+        &self.user.username
+    }
+    /// The session's CSRF token, for forms rendered for this caller (empty for token callers).
+    pub fn csrf(&self) -> &str {
+        match &self.via {
+            Via::Session { csrf, .. } => csrf,
+            Via::Token => "",
+        }
+    }
+}
+
+impl FromRequest for Caller {
+    type Error = ApiError;
+    type Future = Ready<Result<Self, Self::Error>>;
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        ready(
+            req.extensions()
+                .get::<Caller>()
+                .cloned()
+                .ok_or_else(|| ApiError(care_engine::Error::Unauthenticated("sign in first".into()))),
+        )
+    }
+}
+
+/// `Option<Caller>` for public routes that behave differently when signed in.
+#[derive(Debug, Clone)]
+pub struct MaybeCaller(pub Option<Caller>);
+
+impl FromRequest for MaybeCaller {
+    type Error = ApiError;
+    type Future = Ready<Result<Self, Self::Error>>;
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        ready(Ok(MaybeCaller(req.extensions().get::<Caller>().cloned())))
+    }
+}
+
+pub fn cookie(req: &HttpRequest, name: &str) -> Option<String> {
+    req.headers().get_all(header::COOKIE).filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';')).find_map(|kv| {
+        let (k, v) = kv.trim().split_once('=')?;
+        (k == name && !v.is_empty()).then(|| v.to_string())
+    })
+}
+
+/// `Set-Cookie` for a secure, script-invisible, same-site-only cookie; `max_age` 0 deletes it.
+pub fn set_cookie(name: &str, value: &str, max_age: i64) -> (header::HeaderName, String) {
+    (header::SET_COOKIE, format!("{name}={value}; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age={max_age}"))
+}
+
+pub fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'/') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16) {
+                    Ok(v) => {
+                        out.push(v);
+                        i += 2;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The value of `key` in an `application/x-www-form-urlencoded` string.
+pub fn form_field(body: &str, key: &str) -> Option<String> {
+    body.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        (percent_decode(k) == key).then(|| percent_decode(v))
+    })
+}
+
+/// Constant-time comparison for tokens.
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn request_id() -> String {
+    accounts::random_token().map(|t| t[..16].to_string()).unwrap_or_else(|_| "0000000000000000".into())
+}
+
+async fn identify(req: &ServiceRequest, state: &web::Data<AppState>) -> Result<Option<Caller>, ApiError> {
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|s| s.trim().to_string());
+    let session = cookie(req.request(), SESSION_COOKIE);
+    if bearer.is_none() && session.is_none() {
+        return Ok(None);
+    }
+    let engine = state.engine.clone();
+    let (idle, max) = (state.settings.auth.idle_seconds(), state.settings.auth.max_seconds());
+    web::block(move || -> care_engine::Result<Option<Caller>> {
+        if let Some(t) = bearer {
+            return Ok(accounts::token_user(engine.store(), &t)?.map(|user| Caller { user, via: Via::Token }));
+        }
+        let cookie = session.unwrap_or_default();
+        Ok(accounts::session(engine.store(), &cookie, idle, max)?
+            .map(|s| Caller { user: s.user, via: Via::Session { cookie, csrf: s.csrf_token } }))
+    })
+    .await
+    .map_err(ApiError::internal)?
+    .map_err(ApiError)
+}
+
+/// Pulls the body of a form post so its `csrf` field can be checked, then puts it back for the handler.
+async fn take_form_body(req: &mut ServiceRequest) -> Result<Bytes, ApiError> {
+    let bytes = req
+        .extract::<Bytes>()
+        .await
+        .map_err(|e| ApiError::invalid(format!("reading the form: {e}")))?;
+    let replay = bytes.clone();
+    let stream: std::pin::Pin<Box<dyn futures::Stream<Item = Result<Bytes, actix_web::error::PayloadError>>>> =
+        Box::pin(futures::stream::once(async move { Ok(replay) }));
+    req.set_payload(Payload::from(stream));
+    Ok(bytes)
+}
+
+async fn check_csrf(req: &mut ServiceRequest, caller: Option<&Caller>) -> Result<(), ApiError> {
+    let expected = match caller.map(|c| &c.via) {
+        Some(Via::Token) => return Ok(()),
+        Some(Via::Session { csrf, .. }) => csrf.clone(),
+        // Anonymous posts (the login form): double-submit cookie.
+        None => cookie(req.request(), LOGIN_CSRF_COOKIE).ok_or(ApiError(care_engine::Error::CsrfRejected))?,
+    };
+    let header = req.headers().get("x-csrf-token").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let given = match header {
+        Some(h) => Some(h),
+        None => {
+            let ct = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+            if ct.starts_with("application/x-www-form-urlencoded") {
+                let body = take_form_body(req).await?;
+                form_field(&String::from_utf8_lossy(&body), "csrf")
+            } else if ct.starts_with("multipart/form-data") {
+                form_field(req.query_string(), "csrf")
+            } else {
+                None
+            }
+        }
+    };
+    match given {
+        Some(g) if !expected.is_empty() && same(&g, &expected) => Ok(()),
+        _ => Err(ApiError(care_engine::Error::CsrfRejected)),
+    }
+}
+
+fn security_headers(res: &mut HttpResponse, state: &AppState, embed: bool, cacheable: bool, rid: &str) {
+    let h = res.headers_mut();
+    let frame_ancestors = if embed {
+        let mut a = vec!["'self'".to_string()];
+        a.extend(state.settings.server.embed_origins.iter().cloned());
+        a.join(" ")
+    } else {
+        "'none'".to_string()
+    };
+    let csp = format!(
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; object-src 'none'; \
+         base-uri 'none'; form-action 'self'; frame-ancestors {frame_ancestors}"
+    );
+    let pairs: [(&str, String); 6] = [
+        ("content-security-policy", csp),
+        ("strict-transport-security", "max-age=31536000".into()),
+        ("x-content-type-options", "nosniff".into()),
+        ("referrer-policy", "same-origin".into()),
+        ("cross-origin-opener-policy", "same-origin".into()),
+        ("x-request-id", rid.to_string()),
+    ];
+    for (k, v) in pairs {
+        if let (Ok(k), Ok(v)) = (header::HeaderName::try_from(k), header::HeaderValue::try_from(v)) {
+            h.insert(k, v);
+        }
+    }
+    if !embed {
+        h.insert(header::X_FRAME_OPTIONS, header::HeaderValue::from_static("DENY"));
+    }
+    if !cacheable {
+        h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
+    }
+}
+
+fn is_page_path(path: &str) -> bool {
+    !(path.starts_with("/api/") || path == "/metrics" || path == "/healthz" || path.ends_with(".csv"))
+}
+
+pub async fn guard(
+    mut req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    let started = Instant::now();
+    let state = req.app_data::<web::Data<AppState>>().cloned().expect("AppState is registered");
+    let rid = request_id();
+    req.extensions_mut().insert(RequestId(rid.clone()));
+    let path = req.path().to_string();
+    let method = req.method().clone();
+    let pattern = req.match_pattern();
+    let route = match &pattern {
+        Some(p) => match table::lookup(method.as_str(), p) {
+            Ok(r) => Some(r),
+            Err(true) => {
+                let mut res = HttpResponse::MethodNotAllowed().finish();
+                security_headers(&mut res, &state, false, false, &rid);
+                return Ok(req.into_response(res));
+            }
+            Err(false) => {
+                tracing::error!(pattern = %p, method = %method, "route is not in the access table; refusing it");
+                let e = ApiError::internal(format!("route {p} is missing from the access table"));
+                let res = errors::render(ErrorCode::Internal, &e.public_message(), &rid, is_page_path(&path));
+                return Ok(req.into_response(res));
+            }
+        },
+        None => None,
+    };
+    let page = route.map_or(is_page_path(&path), |r| r.kind == Kind::Page);
+    let denied = |code: ErrorCode, msg: &str| errors::render(code, msg, &rid, page);
+
+    let caller = match identify(&req, &state).await {
+        Ok(c) => c,
+        Err(e) => return Ok(req.into_response(denied(e.0.code(), &e.public_message()))),
+    };
+    if let Some(c) = &caller {
+        req.extensions_mut().insert(c.clone());
+    }
+    if let Some(r) = route {
+        let allowed = match (r.access, &caller) {
+            (Access::Public, _) => Ok(()),
+            (_, None) => Err(None),
+            (Access::Admin, Some(c)) if !c.user.is_admin() => Err(Some(c.user.username.clone())),
+            _ => Ok(()),
+        };
+        match allowed {
+            Ok(()) => {}
+            Err(None) if page => {
+                let next = match req.query_string() {
+                    "" => path.clone(),
+                    q => format!("{path}?{q}"),
+                };
+                let res = HttpResponse::Found()
+                    .insert_header((header::LOCATION, format!("/login?next={}", percent_encode(&next))))
+                    .finish();
+                return Ok(finish(req.into_response(res), &state, route, started, &rid));
+            }
+            Err(None) => {
+                let res = denied(ErrorCode::Unauthenticated, "sign in first: send `Authorization: Bearer <API token>` or a session cookie");
+                return Ok(finish(req.into_response(res), &state, route, started, &rid));
+            }
+            Err(Some(user)) => {
+                let res = denied(ErrorCode::Forbidden, &format!("user '{user}' is not an administrator"));
+                return Ok(finish(req.into_response(res), &state, route, started, &rid));
+            }
+        }
+    }
+    if !matches!(method, Method::GET | Method::HEAD | Method::OPTIONS) && route.is_some() {
+        if let Err(e) = check_csrf(&mut req, caller.as_ref()).await {
+            let res = denied(e.0.code(), &e.public_message());
+            return Ok(finish(req.into_response(res), &state, route, started, &rid));
+        }
+    }
+    let res = next.call(req).await?.map_into_boxed_body();
+    // Errors from handlers (and from actix's own extractors) are rendered here, with the request id.
+    let res = if res.status().is_client_error() || res.status().is_server_error() {
+        let (code, message) = match res.response().error() {
+            Some(err) => match err.as_error::<ApiError>() {
+                Some(api) => (api.0.code(), api.public_message()),
+                None if res.status() == StatusCode::PAYLOAD_TOO_LARGE => (ErrorCode::TooLarge, err.to_string()),
+                None if res.status().is_client_error() => (ErrorCode::InvalidInput, err.to_string()),
+                None => (ErrorCode::Internal, "internal error".to_string()),
+            },
+            None => (ErrorCode::Internal, String::new()),
+        };
+        if res.response().error().is_some() {
+            let (req, _) = res.into_parts();
+            ServiceResponse::new(req, errors::render(code, &message, &rid, page))
+        } else {
+            res
+        }
+    } else {
+        res
+    };
+    Ok(finish(res, &state, route, started, &rid))
+}
+
+fn finish(
+    mut res: ServiceResponse<BoxBody>,
+    state: &AppState,
+    route: Option<&table::Route>,
+    started: Instant,
+    rid: &str,
+) -> ServiceResponse<BoxBody> {
+    let pattern = route.map_or("(unmatched)", |r| r.pattern);
+    let embed = pattern == "/embed";
+    let cacheable = pattern == "/assets/{file}";
+    security_headers(res.response_mut(), state, embed, cacheable, rid);
+    state.metrics.observe(res.request().method().as_str(), pattern, res.status().as_u16(), started.elapsed().as_secs_f64());
+    res
+}

@@ -1,0 +1,449 @@
+//! Clinician pages: login, search (filters, pagination, feedback), document view, account, the embeddable widget.
+//! Templates escape everything; highlighted snippets are split into parts so no `|safe` is needed. No inline
+//! scripts: the pages work without JavaScript, and /assets/app.js only enhances them.
+
+use actix_web::http::header;
+use actix_web::{HttpRequest, HttpResponse, get, post, web};
+use askama::Template;
+use care_engine::SearchHit;
+use care_engine::accounts;
+use serde::Deserialize;
+
+use crate::AppState;
+use crate::api::{self, SearchParams, blocking};
+use crate::errors::{ApiError, status_of};
+use crate::guard::{self, Caller, MaybeCaller, percent_encode};
+
+/// What the page header needs about the signed-in user.
+pub struct Nav {
+    pub username: String,
+    pub is_admin: bool,
+    pub csrf: String,
+}
+
+impl Nav {
+    pub fn of(c: &Caller) -> Option<Nav> {
+        Some(Nav { username: c.user.username.clone(), is_admin: c.user.is_admin(), csrf: c.csrf().to_string() })
+    }
+}
+
+pub fn html(body: String) -> HttpResponse {
+    HttpResponse::Ok().content_type("text/html; charset=utf-8").body(body)
+}
+
+pub fn render(t: &impl Template) -> Result<HttpResponse, ApiError> {
+    Ok(html(t.render().map_err(ApiError::internal)?))
+}
+
+pub fn see_other(to: &str) -> HttpResponse {
+    HttpResponse::SeeOther().insert_header((header::LOCATION, to.to_string())).finish()
+}
+
+/// A redirect target from a form must stay on this site.
+pub fn local_path(p: &str, fallback: &str) -> String {
+    if p.starts_with('/') && !p.starts_with("//") && !p.starts_with("/\\") && !p.contains(['\r', '\n']) {
+        p.to_string()
+    } else {
+        fallback.to_string()
+    }
+}
+
+/// A hit prepared for the template: the snippet split into plain and highlighted parts.
+pub struct HitView {
+    pub rank: usize,
+    pub chunk_id: i64,
+    pub document_id: i64,
+    pub title: String,
+    pub heading: String,
+    pub collection: String,
+    pub source: String,
+    pub score: String,
+    /// "关键词 #3 · 语义 #1": where each retriever ranked this passage.
+    pub why: String,
+    pub parts: Vec<(bool, String)>,
+    /// Feedback on this hit was just recorded.
+    pub judged: bool,
+}
+
+impl HitView {
+    pub fn from_hit(h: &SearchHit) -> Self {
+        let mut parts = Vec::new();
+        let mut pos = 0;
+        for &(s, e) in &h.highlights {
+            if s < pos || e > h.snippet.len() || !h.snippet.is_char_boundary(s) || !h.snippet.is_char_boundary(e) {
+                continue;
+            }
+            if s > pos {
+                parts.push((false, h.snippet[pos..s].to_string()));
+            }
+            parts.push((true, h.snippet[s..e].to_string()));
+            pos = e;
+        }
+        if pos < h.snippet.len() {
+            parts.push((false, h.snippet[pos..].to_string()));
+        }
+        HitView {
+            rank: h.rank,
+            chunk_id: h.chunk_id,
+            document_id: h.document_id,
+            title: if h.title.is_empty() { h.external_id.clone() } else { h.title.clone() },
+            heading: h.heading.clone(),
+            collection: h.collection.clone(),
+            source: h.source.clone(),
+            score: format!("{:.3}", h.score),
+            why: [h.parts.bm25_rank.map(|r| format!("关键词 #{r}")), h.parts.dense_rank.map(|r| format!("语义 #{r}"))]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(" · "),
+            parts,
+            judged: false,
+        }
+    }
+}
+
+#[get("/")]
+pub async fn index() -> HttpResponse {
+    HttpResponse::Found().insert_header((header::LOCATION, "/search")).finish()
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Login / logout
+
+#[derive(Template)]
+#[template(path = "login.html")]
+struct LoginPage {
+    nav: Option<Nav>,
+    flash: Option<String>,
+    error: Option<String>,
+    csrf: String,
+    next: String,
+    username: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct NextParam {
+    #[serde(default)]
+    next: Option<String>,
+}
+
+fn login_page(req: &HttpRequest, error: Option<String>, next: &str, username: &str, status: actix_web::http::StatusCode) -> Result<HttpResponse, ApiError> {
+    // Double-submit token for the login form (there is no session to bind it to yet).
+    let token = match guard::cookie(req, guard::LOGIN_CSRF_COOKIE) {
+        Some(t) => t,
+        None => accounts::random_token().map_err(ApiError)?,
+    };
+    let page = LoginPage { nav: None, flash: None, error, csrf: token.clone(), next: next.to_string(), username: username.to_string() };
+    Ok(HttpResponse::build(status)
+        .content_type("text/html; charset=utf-8")
+        .insert_header(guard::set_cookie(guard::LOGIN_CSRF_COOKIE, &token, 3600))
+        .body(page.render().map_err(ApiError::internal)?))
+}
+
+#[get("/login")]
+pub async fn login_form(req: HttpRequest, q: web::Query<NextParam>, who: MaybeCaller) -> Result<HttpResponse, ApiError> {
+    let next = local_path(q.next.as_deref().unwrap_or("/search"), "/search");
+    if who.0.is_some() {
+        return Ok(see_other(&next));
+    }
+    login_page(&req, None, &next, "", actix_web::http::StatusCode::OK)
+}
+
+#[derive(Debug, Deserialize)]
+pub struct LoginForm {
+    username: String,
+    password: String,
+    #[serde(default)]
+    next: String,
+}
+
+#[post("/login")]
+pub async fn login(req: HttpRequest, state: web::Data<AppState>, form: web::Form<LoginForm>) -> Result<HttpResponse, ApiError> {
+    let f = form.into_inner();
+    let next = local_path(&f.next, "/search");
+    let engine = state.engine.clone();
+    let policy = state.settings.auth.policy();
+    let client = req.peer_addr().map(|a| a.ip().to_string()).unwrap_or_default();
+    let (user, pw) = (f.username.trim().to_string(), f.password);
+    let res = blocking(move || {
+        let u = accounts::authenticate(engine.store(), &user, &pw, policy, &client)?;
+        accounts::create_session(engine.store(), &u)
+    })
+    .await;
+    match res {
+        Ok((cookie, _csrf)) => Ok(HttpResponse::SeeOther()
+            .insert_header((header::LOCATION, next))
+            .insert_header(guard::set_cookie(guard::SESSION_COOKIE, &cookie, state.settings.auth.max_seconds()))
+            .append_header(guard::set_cookie(guard::LOGIN_CSRF_COOKIE, "", 0))
+            .finish()),
+        Err(e) if !status_of(e.0.code()).is_server_error() => {
+            let msg = match e.0.code() {
+                care_engine::ErrorCode::AccountLocked => format!("账户已锁定：{}", e.0),
+                care_engine::ErrorCode::Forbidden => "账户已停用，请联系管理员。".to_string(),
+                _ => "用户名或密码错误。".to_string(),
+            };
+            login_page(&req, Some(msg), &next, f.username.trim(), status_of(e.0.code()))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+#[post("/logout")]
+pub async fn logout(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
+    if let guard::Via::Session { cookie, .. } = &caller.via {
+        let engine = state.engine.clone();
+        let (cookie, name) = (cookie.clone(), caller.name().to_string());
+        blocking(move || accounts::end_session(engine.store(), &cookie, &name)).await?;
+    }
+    Ok(HttpResponse::SeeOther()
+        .insert_header((header::LOCATION, "/login"))
+        .insert_header(guard::set_cookie(guard::SESSION_COOKIE, "", 0))
+        .finish())
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Search
+
+const PAGE_SIZE: usize = 10;
+
+#[derive(Debug, Deserialize)]
+pub struct PageParams {
+    #[serde(default)]
+    q: String,
+    #[serde(default)]
+    collection: String,
+    #[serde(default)]
+    page: Option<usize>,
+    /// Set after a feedback post: the chunk just judged.
+    #[serde(default)]
+    judged: Option<i64>,
+}
+
+#[derive(Template)]
+#[template(path = "search.html")]
+struct SearchPage {
+    nav: Option<Nav>,
+    flash: Option<String>,
+    action: &'static str,
+    embed: bool,
+    csrf: String,
+    query: String,
+    collection: String,
+    collections: Vec<String>,
+    hits: Vec<HitView>,
+    took_ms: String,
+    method: String,
+    error: Option<String>,
+    page: usize,
+    first_rank: usize,
+    prev_url: Option<String>,
+    next_url: Option<String>,
+    back: String,
+}
+
+fn search_url(q: &str, collection: &str, page: usize) -> String {
+    let mut u = format!("/search?q={}", percent_encode(q));
+    if !collection.is_empty() {
+        u.push_str(&format!("&collection={}", percent_encode(collection)));
+    }
+    if page > 1 {
+        u.push_str(&format!("&page={page}"));
+    }
+    u
+}
+
+fn method_zh(m: &str) -> &'static str {
+    match m {
+        "weighted" => "混合（加权融合）",
+        "rrf" => "混合（RRF）",
+        "dense" => "语义",
+        _ => "关键词（BM25）",
+    }
+}
+
+#[get("/search")]
+pub async fn search_page(state: web::Data<AppState>, caller: Caller, p: web::Query<PageParams>) -> Result<HttpResponse, ApiError> {
+    let p = p.into_inner();
+    let engine = state.engine.clone();
+    let user = caller.user.clone();
+    let collections = blocking(move || accounts::readable_collections(engine.store(), &user)).await?;
+    let page_no = p.page.unwrap_or(1).clamp(1, 50);
+    let mut page = SearchPage {
+        nav: Nav::of(&caller),
+        flash: None,
+        action: "/search",
+        embed: false,
+        csrf: caller.csrf().to_string(),
+        query: p.q.clone(),
+        collection: p.collection.clone(),
+        collections,
+        hits: Vec::new(),
+        took_ms: String::new(),
+        method: String::new(),
+        error: None,
+        page: page_no,
+        first_rank: (page_no - 1) * PAGE_SIZE + 1,
+        prev_url: None,
+        next_url: None,
+        back: search_url(&p.q, &p.collection, page_no),
+    };
+    if !p.q.trim().is_empty() {
+        let params = SearchParams {
+            q: p.q.clone(),
+            collection: Some(p.collection.clone()).filter(|c| !c.is_empty()),
+            limit: Some(PAGE_SIZE),
+            offset: Some((page_no - 1) * PAGE_SIZE),
+            method: None,
+        };
+        match api::search_as(&state, &caller, &params).await {
+            Ok(r) => {
+                page.hits = r.hits.iter().map(HitView::from_hit).collect();
+                for h in &mut page.hits {
+                    h.judged = p.judged == Some(h.chunk_id);
+                }
+                page.took_ms = format!("{:.1}", r.took_ms);
+                page.method = method_zh(r.method).to_string();
+                if page_no > 1 {
+                    page.prev_url = Some(search_url(&p.q, &p.collection, page_no - 1));
+                }
+                if r.total_candidates > page_no * PAGE_SIZE && page_no < 50 {
+                    page.next_url = Some(search_url(&p.q, &p.collection, page_no + 1));
+                }
+            }
+            Err(e) if !status_of(e.0.code()).is_server_error() => page.error = Some(e.public_message()),
+            Err(e) => return Err(e),
+        }
+    }
+    render(&page)
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FeedbackForm {
+    q: String,
+    chunk: i64,
+    helpful: u8,
+    #[serde(default)]
+    back: String,
+}
+
+#[post("/feedback")]
+pub async fn feedback(state: web::Data<AppState>, caller: Caller, f: web::Form<FeedbackForm>) -> Result<HttpResponse, ApiError> {
+    let f = f.into_inner();
+    api::feedback_as(&state, &caller, f.q, f.chunk, f.helpful != 0).await?;
+    let back = local_path(&f.back, "/search");
+    let sep = if back.contains('?') { '&' } else { '?' };
+    Ok(see_other(&format!("{back}{sep}judged={}#hit-{}", f.chunk, f.chunk)))
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Documents and account
+
+#[derive(Template)]
+#[template(path = "document.html")]
+struct DocumentPage {
+    nav: Option<Nav>,
+    flash: Option<String>,
+    doc: care_engine::feedback::DocumentView,
+}
+
+#[get("/doc/{id}")]
+pub async fn document(state: web::Data<AppState>, caller: Caller, id: web::Path<i64>) -> Result<HttpResponse, ApiError> {
+    let doc = api::document_as(&state, &caller, id.into_inner()).await?;
+    render(&DocumentPage { nav: Nav::of(&caller), flash: None, doc })
+}
+
+#[derive(Template)]
+#[template(path = "account.html")]
+struct AccountPage {
+    nav: Option<Nav>,
+    flash: Option<String>,
+    error: Option<String>,
+    csrf: String,
+    username: String,
+    role: &'static str,
+    collections: Vec<String>,
+}
+
+async fn account_page(state: &web::Data<AppState>, caller: &Caller, flash: Option<String>, error: Option<String>) -> Result<HttpResponse, ApiError> {
+    let engine = state.engine.clone();
+    let user = caller.user.clone();
+    let collections = blocking(move || accounts::readable_collections(engine.store(), &user)).await?;
+    render(&AccountPage {
+        nav: Nav::of(caller),
+        flash,
+        error,
+        csrf: caller.csrf().to_string(),
+        username: caller.user.username.clone(),
+        role: if caller.user.is_admin() { "管理员" } else { "临床用户" },
+        collections,
+    })
+}
+
+#[get("/account")]
+pub async fn account(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
+    account_page(&state, &caller, None, None).await
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PasswordForm {
+    current: String,
+    new: String,
+}
+
+#[post("/account/password")]
+pub async fn change_password(state: web::Data<AppState>, caller: Caller, f: web::Form<PasswordForm>) -> Result<HttpResponse, ApiError> {
+    let f = f.into_inner();
+    let engine = state.engine.clone();
+    let name = caller.name().to_string();
+    match blocking(move || accounts::set_password(engine.store(), &name, &name, Some(&f.current), &f.new)).await {
+        // Changing the password ends every session, this one included: sign in again.
+        Ok(()) => Ok(HttpResponse::SeeOther()
+            .insert_header((header::LOCATION, "/login"))
+            .insert_header(guard::set_cookie(guard::SESSION_COOKIE, "", 0))
+            .finish()),
+        Err(e) if e.0.code() == care_engine::ErrorCode::InvalidInput => account_page(&state, &caller, None, Some(e.public_message())).await,
+        Err(e) => Err(e),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The embeddable widget
+
+#[derive(Template)]
+#[template(path = "embed.html")]
+struct EmbedPage {
+    signed_in: bool,
+    query: String,
+    hits: Vec<HitView>,
+    error: Option<String>,
+}
+
+/// A compact search for other hospital systems to frame (allowed origins: `server.embed_origins`). It uses the
+/// user's CARE session; the session cookie is SameSite=Strict, which browsers send to a frame whose embedding page
+/// is on the same site (e.g. his.hospital.local framing care.hospital.local).
+#[get("/embed")]
+pub async fn embed(state: web::Data<AppState>, who: MaybeCaller, p: web::Query<PageParams>) -> Result<HttpResponse, ApiError> {
+    let mut page = EmbedPage { signed_in: who.0.is_some(), query: p.q.clone(), hits: Vec::new(), error: None };
+    if let (Some(c), false) = (&who.0, p.q.trim().is_empty()) {
+        let params = SearchParams { q: p.q.clone(), collection: None, limit: Some(5), offset: None, method: None };
+        match api::search_as(&state, c, &params).await {
+            Ok(r) => page.hits = r.hits.iter().map(HitView::from_hit).collect(),
+            Err(e) if !status_of(e.0.code()).is_server_error() => page.error = Some(e.public_message()),
+            Err(e) => return Err(e),
+        }
+    }
+    render(&page)
+}
+
+const STYLE: &str = include_str!("../../../web/style.css");
+const APP_JS: &str = include_str!("../../../web/app.js");
+
+#[get("/assets/{file}")]
+pub async fn asset(file: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    let (body, ct) = match file.as_str() {
+        "style.css" => (STYLE, "text/css; charset=utf-8"),
+        "app.js" => (APP_JS, "text/javascript; charset=utf-8"),
+        other => return Err(ApiError(care_engine::Error::NotFound { what: format!("asset {other:?}") })),
+    };
+    Ok(HttpResponse::Ok().content_type(ct).insert_header((header::CACHE_CONTROL, "public, max-age=3600")).body(body))
+}

@@ -1,0 +1,618 @@
+//! End-to-end tests of the web appliance: the real `care serve` on loopback ports with TLS, driven over HTTPS by a
+//! plain client and by headless Chromium (WebDriver).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use care_e2e::webdriver::Browser;
+use care_e2e::{Care, Served};
+use care_server::table::{Access, Kind, ROUTES};
+use reqwest::blocking::{Client, RequestBuilder, Response};
+use reqwest::header::{HeaderMap, SET_COOKIE};
+
+const ADMIN_PW: &str = "admin-passphrase-1";
+const CLIN_PW: &str = "clinician-passphrase-1";
+
+/// An HTTPS client that follows no redirects, so 302/303 are visible.
+fn client() -> Client {
+    Client::builder()
+        .danger_accept_invalid_certs(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+fn write(p: &Path, s: &str) -> PathBuf {
+    std::fs::write(p, s).unwrap();
+    p.to_path_buf()
+}
+
+const METFORMIN_MD: &str = "# 二甲双胍用药指南\n\n## 适应症\n\n二甲双胍是2型糖尿病患者控制血糖的一线用药，可单用或与胰岛素联用。\n\n\
+## 禁忌症\n\n严重肾功能不全（eGFR低于30）的患者禁用二甲双胍；急性代谢性酸中毒、严重感染和缺氧状态者亦应停用。\n\n\
+## 不良反应\n\n常见胃肠道反应，如腹泻、恶心，多在用药初期出现，小剂量起始可减轻。\n";
+
+/// Chinese medical text for two collections that share terms, so a leak between them would show.
+fn two_collections(care: &Care, dir: &Path) {
+    let a = write(&dir.join("aspirin.md"), "# 阿司匹林指南\n\n## 用法\n\n阿司匹林用于冠心病二级预防，每日剂量75到100毫克。\n");
+    let b = write(&dir.join("secret.md"), "# 机密病例讨论\n\n## 记录\n\n阿司匹林过敏患者的会诊记录，仅限心内科查阅。\n");
+    care.ok(&["collection", "create", "granted"]);
+    care.ok(&["ingest", "granted", a.to_str().unwrap()]);
+    care.ok(&["collection", "create", "secret"]);
+    care.ok(&["ingest", "secret", b.to_str().unwrap()]);
+}
+
+fn add_user(care: &Care, dir: &Path, name: &str, role: &str, pw: &str) {
+    let f = write(&dir.join(format!("{name}.pw")), pw);
+    care.ok(&["user", "add", name, "--role", role, "--password-file", f.to_str().unwrap()]);
+}
+
+fn token(care: &Care, user: &str, name: &str) -> String {
+    care.ok(&["user", "token", user, "--name", name]).trim().to_string()
+}
+
+fn multipart(name: &str, content: &str) -> (String, Vec<u8>) {
+    let boundary = "----care-test-boundary-7d1f";
+    let body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: text/markdown\r\n\r\n{content}\r\n--{boundary}--\r\n"
+    );
+    (format!("multipart/form-data; boundary={boundary}"), body.into_bytes())
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Body {
+    Empty,
+    Form(&'static str),
+    Json(&'static str),
+    Upload,
+}
+
+/// One row of the authorisation matrix: the concrete request and the status each caller must get.
+struct Case {
+    path: String,
+    body: Body,
+    anon: u16,
+    clinician: u16,
+    /// Any of these for the administrator (one value almost everywhere).
+    admin: &'static [u16],
+}
+
+fn case(path: impl Into<String>, body: Body, anon: u16, clinician: u16, admin: &'static [u16]) -> Case {
+    Case { path: path.into(), body, anon, clinician, admin }
+}
+
+fn send(c: &Client, method: &str, url: &str, body: Body, auth: Option<&str>) -> Response {
+    let mut rb: RequestBuilder = match method {
+        "GET" => c.get(url),
+        "POST" => c.post(url),
+        "PUT" => c.put(url),
+        "PATCH" => c.patch(url),
+        "DELETE" => c.delete(url),
+        m => panic!("method {m}"),
+    };
+    if let Some(t) = auth {
+        rb = rb.bearer_auth(t);
+    }
+    rb = match body {
+        Body::Empty => rb,
+        Body::Form(f) => rb.header("content-type", "application/x-www-form-urlencoded").body(f),
+        Body::Json(j) => rb.header("content-type", "application/json").body(j),
+        Body::Upload => {
+            let (ct, bytes) = multipart("extra.md", "# 补充资料\n\n阿司匹林与氯吡格雷双联抗血小板治疗。\n");
+            rb.header("content-type", ct).body(bytes)
+        }
+    };
+    rb.send().unwrap_or_else(|e| panic!("{method} {url}: {e}"))
+}
+
+/// Every route in the server's access table × anonymous / clinician / admin. A route added to the server without
+/// a row here fails this test; so does a row for a route the server no longer has.
+#[test]
+fn authorisation_matrix_and_collection_isolation() {
+    let t = tempfile::tempdir().unwrap();
+    let care = Care::new(&t.path().join("data"));
+    care.ok(&["init"]);
+    two_collections(&care, t.path());
+    care.ok(&["collection", "create", "scratch1"]);
+    care.ok(&["collection", "create", "scratch2"]);
+    add_user(&care, t.path(), "admin", "admin", ADMIN_PW);
+    add_user(&care, t.path(), "drwang", "clinician", CLIN_PW);
+    add_user(&care, t.path(), "doomed", "clinician", "doomed-passphrase-1");
+    care.ok(&["user", "grant", "drwang", "granted"]);
+    let admin = token(&care, "admin", "matrix admin"); // token 1
+    let clin = token(&care, "drwang", "matrix clinician"); // token 2
+    token(&care, "drwang", "spare 3"); // token 3
+    token(&care, "drwang", "spare 4"); // token 4
+    let found = care.json(&["search", "--json", "-c", "granted", "阿司匹林"]);
+    let doc = found["hits"][0]["document_id"].as_i64().unwrap();
+    let chunk = found["hits"][0]["chunk_id"].as_i64().unwrap();
+    let secret = care.json(&["search", "--json", "-c", "secret", "阿司匹林"]);
+    let secret_doc = secret["hits"][0]["document_id"].as_i64().unwrap();
+    let secret_chunk = secret["hits"][0]["chunk_id"].as_i64().unwrap();
+
+    let Served { child: _server, https: base, .. } = care.serve_full();
+    let c = client();
+
+    let feedback_form: &'static str = Box::leak(format!("q=%E9%98%BF%E5%8F%B8%E5%8C%B9%E6%9E%97&chunk={chunk}&helpful=1&back=%2Fsearch").into_boxed_str());
+    let feedback_json: &'static str = Box::leak(format!("{{\"query\":\"阿司匹林\",\"chunk_id\":{chunk},\"helpful\":true}}").into_boxed_str());
+    let q = "q=%E9%98%BF%E5%8F%B8%E5%8C%B9%E6%9E%97";
+    let mut m: BTreeMap<(&str, &str), Case> = BTreeMap::new();
+    use Body::*;
+    // Public
+    m.insert(("GET", "/"), case("/", Empty, 302, 302, &[302]));
+    m.insert(("GET", "/healthz"), case("/healthz", Empty, 200, 200, &[200]));
+    m.insert(("GET", "/assets/{file}"), case("/assets/style.css", Empty, 200, 200, &[200]));
+    m.insert(("GET", "/login"), case("/login", Empty, 200, 303, &[303]));
+    // A login post without the double-submit cookie is refused as CSRF; bearer callers reach the password check.
+    m.insert(("POST", "/login"), case("/login", Form("username=nobody&password=wrong-password"), 403, 401, &[401]));
+    m.insert(("GET", "/embed"), case(format!("/embed?{q}"), Empty, 200, 200, &[200]));
+    m.insert(("GET", "/api/v1/openapi.json"), case("/api/v1/openapi.json", Empty, 200, 200, &[200]));
+    // Signed-in users
+    m.insert(("GET", "/search"), case(format!("/search?{q}"), Empty, 302, 200, &[200]));
+    m.insert(("GET", "/doc/{id}"), case(format!("/doc/{doc}"), Empty, 302, 200, &[200]));
+    m.insert(("POST", "/feedback"), case("/feedback", Form(feedback_form), 302, 303, &[303]));
+    m.insert(("POST", "/logout"), case("/logout", Empty, 302, 303, &[303]));
+    m.insert(("GET", "/account"), case("/account", Empty, 302, 200, &[200]));
+    m.insert(("POST", "/account/password"), case("/account/password", Form("current=wrong-current-pw&new=another-long-pw"), 302, 200, &[200]));
+    m.insert(("GET", "/api/v1/me"), case("/api/v1/me", Empty, 401, 200, &[200]));
+    m.insert(("POST", "/api/v1/me/password"), case("/api/v1/me/password", Json(r#"{"current":"wrong-current-pw","new":"another-long-pw"}"#), 401, 400, &[400]));
+    m.insert(("GET", "/api/v1/search"), case(format!("/api/v1/search?{q}"), Empty, 401, 200, &[200]));
+    m.insert(("GET", "/api/v1/collections"), case("/api/v1/collections", Empty, 401, 200, &[200]));
+    m.insert(("GET", "/api/v1/documents/{id}"), case(format!("/api/v1/documents/{doc}"), Empty, 401, 200, &[200]));
+    m.insert(("POST", "/api/v1/feedback"), case("/api/v1/feedback", Json(feedback_json), 401, 201, &[201]));
+    // Admin console
+    m.insert(("GET", "/admin"), case("/admin", Empty, 302, 403, &[302]));
+    m.insert(("GET", "/admin/collections"), case("/admin/collections", Empty, 302, 403, &[200]));
+    m.insert(("POST", "/admin/collections"), case("/admin/collections", Form("name=fresh&description=x"), 302, 403, &[303]));
+    m.insert(("POST", "/admin/collections/{name}/upload"), case("/admin/collections/granted/upload", Upload, 302, 403, &[303]));
+    m.insert(("POST", "/admin/collections/{name}/approve"), case("/admin/collections/granted/approve", Form("approved=1"), 302, 403, &[303]));
+    m.insert(("POST", "/admin/collections/{name}/delete"), case("/admin/collections/scratch2/delete", Form("confirm=scratch2"), 302, 403, &[303]));
+    m.insert(("GET", "/admin/jobs"), case("/admin/jobs", Empty, 302, 403, &[200]));
+    m.insert(("POST", "/admin/jobs/{id}/cancel"), case("/admin/jobs/1/cancel", Empty, 302, 403, &[303]));
+    m.insert(("GET", "/admin/users"), case("/admin/users", Empty, 302, 403, &[200]));
+    m.insert(("POST", "/admin/users"), case("/admin/users", Form("username=newbie&password=newbie-passphrase&role=clinician"), 302, 403, &[303]));
+    m.insert(("POST", "/admin/users/{name}"), case("/admin/users/newbie", Form("action=unlock"), 302, 403, &[303]));
+    m.insert(("POST", "/admin/users/{name}/grants"), case("/admin/users/newbie/grants", Form("collection=granted&action=grant"), 302, 403, &[303]));
+    m.insert(("POST", "/admin/users/{name}/tokens"), case("/admin/users/newbie/tokens", Form("name=page"), 302, 403, &[200]));
+    m.insert(("POST", "/admin/tokens/{id}/revoke"), case("/admin/tokens/3/revoke", Empty, 302, 403, &[303]));
+    m.insert(("GET", "/admin/models"), case("/admin/models", Empty, 302, 403, &[200]));
+    m.insert(("POST", "/admin/models/activate"), case("/admin/models/activate", Form("query=nope&document=nope"), 302, 403, &[303]));
+    m.insert(("GET", "/admin/audit"), case("/admin/audit?action=search", Empty, 302, 403, &[200]));
+    m.insert(("GET", "/admin/audit.csv"), case("/admin/audit.csv", Empty, 401, 403, &[200]));
+    m.insert(("GET", "/metrics"), case("/metrics", Empty, 401, 403, &[200]));
+    // Admin API
+    m.insert(("GET", "/api/v1/admin/collections"), case("/api/v1/admin/collections", Empty, 401, 403, &[200]));
+    m.insert(("POST", "/api/v1/admin/collections"), case("/api/v1/admin/collections", Json(r#"{"name":"fresh2"}"#), 401, 403, &[201]));
+    m.insert(("DELETE", "/api/v1/admin/collections/{name}"), case("/api/v1/admin/collections/scratch1", Empty, 401, 403, &[204]));
+    m.insert(("POST", "/api/v1/admin/collections/{name}/files"), case("/api/v1/admin/collections/granted/files", Upload, 401, 403, &[202]));
+    m.insert(("PUT", "/api/v1/admin/collections/{name}/approval"), case("/api/v1/admin/collections/granted/approval", Json(r#"{"approved":false}"#), 401, 403, &[204]));
+    m.insert(("GET", "/api/v1/admin/jobs"), case("/api/v1/admin/jobs", Empty, 401, 403, &[200]));
+    m.insert(("GET", "/api/v1/admin/jobs/{id}"), case("/api/v1/admin/jobs/1", Empty, 401, 403, &[200]));
+    // The job may already have finished (400: nothing to cancel) or still run (204).
+    m.insert(("POST", "/api/v1/admin/jobs/{id}/cancel"), case("/api/v1/admin/jobs/2/cancel", Empty, 401, 403, &[204, 400]));
+    m.insert(("GET", "/api/v1/admin/users"), case("/api/v1/admin/users", Empty, 401, 403, &[200]));
+    m.insert(("POST", "/api/v1/admin/users"), case("/api/v1/admin/users", Json(r#"{"username":"apiuser","password":"apiuser-passphrase","role":"clinician"}"#), 401, 403, &[201]));
+    m.insert(("PATCH", "/api/v1/admin/users/{name}"), case("/api/v1/admin/users/apiuser", Json(r#"{"unlock":true}"#), 401, 403, &[204]));
+    m.insert(("DELETE", "/api/v1/admin/users/{name}"), case("/api/v1/admin/users/doomed", Empty, 401, 403, &[204]));
+    m.insert(("PUT", "/api/v1/admin/users/{name}/grants/{collection}"), case("/api/v1/admin/users/apiuser/grants/granted", Empty, 401, 403, &[204]));
+    m.insert(("DELETE", "/api/v1/admin/users/{name}/grants/{collection}"), case("/api/v1/admin/users/apiuser/grants/granted", Empty, 401, 403, &[204]));
+    m.insert(("POST", "/api/v1/admin/users/{name}/tokens"), case("/api/v1/admin/users/apiuser/tokens", Json(r#"{"name":"api"}"#), 401, 403, &[201]));
+    m.insert(("DELETE", "/api/v1/admin/tokens/{id}"), case("/api/v1/admin/tokens/4", Empty, 401, 403, &[204]));
+    m.insert(("GET", "/api/v1/admin/models"), case("/api/v1/admin/models", Empty, 401, 403, &[200]));
+    m.insert(("POST", "/api/v1/admin/models/activate"), case("/api/v1/admin/models/activate", Json(r#"{"query":"nope","document":"nope"}"#), 401, 403, &[404]));
+    m.insert(("GET", "/api/v1/admin/audit"), case("/api/v1/admin/audit?action=search", Empty, 401, 403, &[200]));
+    m.insert(("GET", "/api/v1/admin/audit/verify"), case("/api/v1/admin/audit/verify", Empty, 401, 403, &[200]));
+    m.insert(("GET", "/api/v1/admin/feedback"), case("/api/v1/admin/feedback", Empty, 401, 403, &[200]));
+
+    let table: Vec<(&str, &str)> = ROUTES.iter().map(|r| (r.method, r.pattern)).collect();
+    for key in &table {
+        assert!(m.contains_key(key), "route {key:?} of the server's access table has no row in the authorisation matrix");
+    }
+    for key in m.keys() {
+        assert!(table.contains(key), "matrix row {key:?} names a route the server does not have");
+    }
+
+    let mut checked = 0;
+    for r in ROUTES {
+        let cs = &m[&(r.method, r.pattern)];
+        let url = format!("{base}{}", cs.path);
+        // Anonymous
+        let res = send(&c, r.method, &url, cs.body, None);
+        assert_eq!(res.status().as_u16(), cs.anon, "anonymous {} {}", r.method, cs.path);
+        if cs.anon == 302 && r.access != Access::Public {
+            let loc = res.headers()["location"].to_str().unwrap();
+            assert!(loc.starts_with("/login?next="), "{} {} → {loc}", r.method, cs.path);
+        }
+        if cs.anon == 401 {
+            assert_eq!(r.kind, Kind::Api);
+            let body: serde_json::Value = res.json().unwrap();
+            assert_eq!(body["code"], "unauthenticated", "{body}");
+            assert!(body["request_id"].as_str().is_some_and(|s| s.len() == 16), "{body}");
+        }
+        // Clinician
+        let res = send(&c, r.method, &url, cs.body, Some(&clin));
+        assert_eq!(res.status().as_u16(), cs.clinician, "clinician {} {}: {}", r.method, cs.path, res.text().unwrap_or_default());
+        if r.access == Access::Admin {
+            assert_eq!(cs.clinician, 403, "{} {}", r.method, cs.path);
+        }
+        // Administrator
+        let res = send(&c, r.method, &url, cs.body, Some(&admin));
+        let st = res.status().as_u16();
+        assert!(cs.admin.contains(&st), "admin {} {} → {st} (expected {:?}): {}", r.method, cs.path, cs.admin, res.text().unwrap_or_default());
+        checked += 1;
+    }
+    assert_eq!(checked, ROUTES.len());
+
+    // Isolation: the clinician searches only what was granted, whatever the request asks for.
+    let get = |path: &str, tok: &str| send(&c, "GET", &format!("{base}{path}"), Body::Empty, Some(tok));
+    let r: serde_json::Value = get(&format!("/api/v1/search?{q}&limit=50"), &clin).json().unwrap();
+    let cols: Vec<&str> = r["hits"].as_array().unwrap().iter().map(|h| h["collection"].as_str().unwrap()).collect();
+    assert!(!cols.is_empty(), "{r}");
+    assert!(cols.iter().all(|c| *c == "granted"), "clinician saw {cols:?}");
+    let r: serde_json::Value = get(&format!("/api/v1/search?{q}&limit=50"), &admin).json().unwrap();
+    assert!(r["hits"].as_array().unwrap().iter().any(|h| h["collection"] == "secret"), "the admin sees every collection: {r}");
+    let res = get(&format!("/api/v1/search?{q}&collection=secret"), &clin);
+    assert_eq!(res.status(), 403);
+    let html = get(&format!("/search?{q}&collection=secret"), &clin).text().unwrap();
+    assert!(!html.contains("机密病例") && html.contains("no access"), "{html}");
+    let html = get(&format!("/search?{q}"), &clin).text().unwrap();
+    assert!(html.contains("阿司匹林指南") && !html.contains("机密病例"), "{html}");
+    assert_eq!(get(&format!("/api/v1/documents/{secret_doc}"), &clin).status(), 404);
+    assert_eq!(get(&format!("/doc/{secret_doc}"), &clin).status(), 404);
+    let fb = format!("{{\"query\":\"阿司匹林\",\"chunk_id\":{secret_chunk},\"helpful\":true}}");
+    let res = c.post(format!("{base}/api/v1/feedback")).bearer_auth(&clin).header("content-type", "application/json").body(fb).send().unwrap();
+    assert_eq!(res.status(), 404);
+    let r: serde_json::Value = get("/api/v1/collections", &clin).json().unwrap();
+    let names: Vec<&str> = r.as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, vec!["granted"]);
+    // The embed widget applies the same grants.
+    let html = get(&format!("/embed?{q}"), &clin).text().unwrap();
+    assert!(html.contains("阿司匹林指南") && !html.contains("机密病例"), "{html}");
+    // Unknown paths answer 404 with the error code (JSON for the API, an HTML page otherwise).
+    let res = get("/api/v1/nope", &clin);
+    assert_eq!(res.status(), 404);
+    let res = get("/nope", &clin);
+    assert_eq!(res.status(), 404);
+    assert!(res.text().unwrap().contains("请求编号"));
+    // Metrics count what happened above.
+    let text = get("/metrics", &admin).text().unwrap();
+    assert!(text.contains("care_http_request_duration_seconds_bucket{method=\"GET\",route=\"/api/v1/search\",status=\"2xx\",le=\"0.5\"}"), "{text}");
+    assert!(text.contains("care_searches_total{method=\"bm25\"}"), "{text}");
+    assert!(text.contains("care_jobs{state="), "{text}");
+    // The OpenAPI document lists the search path.
+    let doc: serde_json::Value = c.get(format!("{base}/api/v1/openapi.json")).send().unwrap().json().unwrap();
+    assert!(doc["paths"]["/api/v1/search"]["get"].is_object());
+}
+
+fn set_cookies(h: &HeaderMap) -> Vec<String> {
+    h.get_all(SET_COOKIE).iter().map(|v| v.to_str().unwrap().to_string()).collect()
+}
+
+fn cookie_value(set_cookie: &[String], name: &str) -> Option<String> {
+    set_cookie.iter().find_map(|c| c.strip_prefix(&format!("{name}=")).map(|v| v.split(';').next().unwrap_or("").to_string()))
+}
+
+fn hidden(html: &str, name: &str) -> String {
+    let key = format!("name=\"{name}\" value=\"");
+    let i = html.find(&key).unwrap_or_else(|| panic!("no hidden {name} in {html}")) + key.len();
+    html[i..].split('"').next().unwrap().to_string()
+}
+
+fn meta_csrf(html: &str) -> String {
+    let key = "<meta name=\"csrf-token\" content=\"";
+    let i = html.find(key).expect("csrf meta") + key.len();
+    html[i..].split('"').next().unwrap().to_string()
+}
+
+#[test]
+fn sessions_csrf_cookies_redirects_headers_and_lockout() {
+    let t = tempfile::tempdir().unwrap();
+    let care = Care::new(&t.path().join("data"));
+    care.ok(&["init"]);
+    let served = care.serve_full();
+    let base = served.https.clone();
+    // First start with no users: the administrator is created and its generated password printed once.
+    let pw = served.admin_password.clone().expect("bootstrap password printed");
+    let c = client();
+
+    // The login form: a double-submit cookie and the same token in the form.
+    let res = c.get(format!("{base}/login")).send().unwrap();
+    assert_eq!(res.status(), 200);
+    let sc = set_cookies(res.headers());
+    let login_cookie = cookie_value(&sc, "__Host-care_login_csrf").expect("login csrf cookie");
+    assert!(sc[0].contains("Secure") && sc[0].contains("HttpOnly") && sc[0].contains("SameSite=Strict"), "{sc:?}");
+    let html = res.text().unwrap();
+    let form_token = hidden(&html, "csrf");
+    assert_eq!(form_token, login_cookie);
+    let login = |body: String, cookie: Option<&str>| {
+        let mut rb = c.post(format!("{base}/login")).header("content-type", "application/x-www-form-urlencoded").body(body);
+        if let Some(ck) = cookie {
+            rb = rb.header("cookie", format!("__Host-care_login_csrf={ck}"));
+        }
+        rb.send().unwrap()
+    };
+    // Without the form token: refused, with an HTML error page carrying the request id.
+    let res = login(format!("username=admin&password={pw}"), Some(&login_cookie));
+    assert_eq!(res.status(), 403);
+    let rid = res.headers()["x-request-id"].to_str().unwrap().to_string();
+    let body = res.text().unwrap();
+    assert!(body.contains("表单已失效") && body.contains(&rid) && body.contains("csrf_rejected"), "{body}");
+    // A token that does not match the cookie (a cross-site post cannot read or set the cookie): refused.
+    let res = login(format!("username=admin&password={pw}&csrf=forged"), Some(&login_cookie));
+    assert_eq!(res.status(), 403);
+    let res = login(format!("username=admin&password={pw}&csrf={form_token}"), None);
+    assert_eq!(res.status(), 403);
+    // Correct: a session cookie that is Secure, HttpOnly and SameSite=Strict.
+    let res = login(format!("username=admin&password={pw}&csrf={form_token}&next=%2Fadmin%2Fusers"), Some(&login_cookie));
+    assert_eq!(res.status(), 303);
+    assert_eq!(res.headers()["location"], "/admin/users");
+    let sc = set_cookies(res.headers());
+    let session_header = sc.iter().find(|c| c.starts_with("__Host-care_session=")).expect("session cookie").clone();
+    for flag in ["Secure", "HttpOnly", "SameSite=Strict", "Path=/"] {
+        assert!(session_header.contains(flag), "{session_header} lacks {flag}");
+    }
+    let session = cookie_value(&sc, "__Host-care_session").unwrap();
+    let ck = format!("__Host-care_session={session}");
+
+    let res = c.get(format!("{base}/search")).header("cookie", &ck).send().unwrap();
+    assert_eq!(res.status(), 200);
+    // Security headers: CSP without inline script, HSTS, framing denied.
+    let h = res.headers().clone();
+    let csp = h["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("script-src 'self'") && !csp.contains("unsafe-inline") && csp.contains("frame-ancestors 'none'"), "{csp}");
+    assert_eq!(h["x-frame-options"], "DENY");
+    assert!(h["strict-transport-security"].to_str().unwrap().contains("max-age="));
+    assert_eq!(h["x-content-type-options"], "nosniff");
+    assert_eq!(h["cache-control"], "no-store");
+    let csrf = meta_csrf(&res.text().unwrap());
+    // The embed page is the one page other systems may frame.
+    let res = c.get(format!("{base}/embed")).header("cookie", &ck).send().unwrap();
+    let csp = res.headers()["content-security-policy"].to_str().unwrap().to_string();
+    assert!(csp.contains("frame-ancestors 'self'"), "{csp}");
+    assert!(res.headers().get("x-frame-options").is_none());
+
+    // Form posts riding on the session need the session's token.
+    let post = |path: &str, body: &str, header: Option<&str>| {
+        let mut rb = c.post(format!("{base}{path}")).header("cookie", &ck).header("content-type", "application/x-www-form-urlencoded").body(body.to_string());
+        if let Some(hv) = header {
+            rb = rb.header("x-csrf-token", hv);
+        }
+        rb.send().unwrap()
+    };
+    assert_eq!(post("/admin/collections", "name=viaform", None).status(), 403);
+    assert_eq!(post("/admin/collections", "name=viaform&csrf=0000", None).status(), 403);
+    let res = post("/admin/collections", &format!("name=viaform&csrf={csrf}"), None);
+    assert_eq!(res.status(), 303, "{}", res.text().unwrap());
+    // JSON calls from the pages' script send the token as a header.
+    let api = |hdr: Option<&str>| {
+        let mut rb = c.post(format!("{base}/api/v1/admin/collections")).header("cookie", &ck).header("content-type", "application/json").body(r#"{"name":"viaapi"}"#);
+        if let Some(hv) = hdr {
+            rb = rb.header("x-csrf-token", hv);
+        }
+        rb.send().unwrap()
+    };
+    let res = api(None);
+    assert_eq!(res.status(), 403);
+    assert_eq!(res.json::<serde_json::Value>().unwrap()["code"], "csrf_rejected");
+    assert_eq!(api(Some(&csrf)).status(), 201);
+    let cols: serde_json::Value = c.get(format!("{base}/api/v1/admin/collections")).header("cookie", &ck).send().unwrap().json().unwrap();
+    let names: Vec<&str> = cols.as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, vec!["viaapi", "viaform"]);
+
+    // Plain HTTP only redirects: no page, no cookie, even when a cookie is offered.
+    let http = served.http.clone().expect("redirect listener");
+    let port = base.rsplit(':').next().unwrap();
+    for method in ["GET", "POST"] {
+        let res = send(&c, method, &format!("{http}/search?q=x"), Body::Empty, None);
+        assert_eq!(res.status(), 308);
+        assert_eq!(res.headers()["location"], format!("https://127.0.0.1:{port}/search?q=x"));
+        assert!(res.headers().get(SET_COOKIE).is_none());
+        assert!(res.text().unwrap().is_empty());
+    }
+    let res = c.get(format!("{http}/admin/users")).header("cookie", &ck).send().unwrap();
+    assert_eq!(res.status(), 308);
+    // The HTTPS port does not speak plain HTTP at all.
+    let plain = base.replace("https://", "http://");
+    let r = Client::new().get(format!("{plain}/healthz")).timeout(Duration::from_secs(5)).send();
+    assert!(r.map(|r| !r.status().is_success()).unwrap_or(true));
+
+    // Logout ends the session on the server, not only in the browser.
+    let res = post("/logout", &format!("csrf={csrf}"), None);
+    assert_eq!(res.status(), 303);
+    assert!(set_cookies(res.headers()).iter().any(|c| c.starts_with("__Host-care_session=;") && c.contains("Max-Age=0")));
+    let res = c.get(format!("{base}/search")).header("cookie", &ck).send().unwrap();
+    assert_eq!(res.status(), 302);
+
+    // Lockout: five wrong passwords lock the account; then even the right one is refused (423).
+    for i in 1..=5 {
+        let res = login(format!("username=admin&password=wrong-{i}&csrf={form_token}"), Some(&login_cookie));
+        let want = if i < 5 { 401 } else { 423 };
+        assert_eq!(res.status(), want, "attempt {i}");
+    }
+    let res = login(format!("username=admin&password={pw}&csrf={form_token}"), Some(&login_cookie));
+    assert_eq!(res.status(), 423);
+    assert!(res.text().unwrap().contains("账户已锁定"));
+    drop(served);
+    // `care user set --unlock` (the console's recovery path) lets the administrator in again; verified via audit.
+    care.ok(&["user", "set", "admin", "--unlock"]);
+    let list = care.json(&["audit", "list", "--json", "-n", "500"]);
+    let actions: Vec<&str> = list.as_array().unwrap().iter().map(|r| r["action"].as_str().unwrap()).collect();
+    for a in ["auth.login", "auth.login_failed", "auth.account_locked", "auth.logout", "collection.create", "user.update"] {
+        assert!(actions.contains(&a), "{a} missing from {actions:?}");
+    }
+    let out = care.run(&["audit", "verify"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn audit_verify_detects_altered_and_removed_records() {
+    let t = tempfile::tempdir().unwrap();
+    let care = Care::new(&t.path().join("data"));
+    care.ok(&["init"]);
+    // A fresh log verifies (zero records).
+    assert!(care.ok(&["audit", "verify"]).contains("0 records"));
+    two_collections(&care, t.path());
+    add_user(&care, t.path(), "admin", "admin", ADMIN_PW);
+    add_user(&care, t.path(), "drwang", "clinician", CLIN_PW);
+    care.ok(&["user", "grant", "drwang", "granted"]);
+    care.ok(&["user", "grant", "drwang", "secret"]);
+    care.ok(&["user", "revoke", "drwang", "secret"]);
+    let out = care.ok(&["audit", "verify"]);
+    assert!(out.contains("intact: 5 records"), "{out}");
+    let csv = t.path().join("audit.csv");
+    care.ok(&["audit", "export", "--out", csv.to_str().unwrap()]);
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(text.lines().count(), 6, "header + 5 records: {text}");
+    assert!(text.contains("permission.grant"));
+
+    let db = rusqlite::Connection::open(t.path().join("data/care.sqlite")).unwrap();
+    let verify = || care.run(&["audit", "verify"]);
+    // Alter one field of a record directly in SQLite.
+    let original: String = db.query_row("SELECT detail FROM audit WHERE id = 3", [], |r| r.get(0)).unwrap();
+    db.execute("UPDATE audit SET detail = ?1 WHERE id = 3", [original.replace("granted", "secret")]).unwrap();
+    let out = verify();
+    assert_eq!(out.status.code(), Some(4));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("TAMPERED") && err.contains("record 3") && err.contains("changed"), "{err}");
+    db.execute("UPDATE audit SET detail = ?1 WHERE id = 3", [&original]).unwrap();
+    assert!(verify().status.success(), "restoring the record restores the chain");
+    // Change the actor instead.
+    db.execute("UPDATE audit SET actor = 'someone-else' WHERE id = 2", []).unwrap();
+    assert_eq!(verify().status.code(), Some(4));
+    let t2 = tempfile::tempdir().unwrap();
+    // Remove a record in the middle, the first one, or the newest one: each is caught.
+    for (victim, needle) in [("id = 3", "missing"), ("id = 1", "removed"), ("id = (SELECT MAX(id) FROM audit)", "removed")] {
+        let care2 = Care::new(&t2.path().join(victim.replace(['=', ' ', '(', ')', '*'], "_")));
+        care2.ok(&["init"]);
+        add_user(&care2, t2.path(), "a1", "admin", ADMIN_PW);
+        add_user(&care2, t2.path(), "a2", "clinician", CLIN_PW);
+        add_user(&care2, t2.path(), "a3", "clinician", CLIN_PW);
+        add_user(&care2, t2.path(), "a4", "clinician", CLIN_PW);
+        assert!(care2.run(&["audit", "verify"]).status.success());
+        let db2 = rusqlite::Connection::open(care2.data_dir.join("care.sqlite")).unwrap();
+        db2.execute(&format!("DELETE FROM audit WHERE {victim}"), []).unwrap();
+        let out = care2.run(&["audit", "verify"]);
+        assert_eq!(out.status.code(), Some(4), "deleting {victim}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "deleting {victim}: {err}");
+    }
+}
+
+fn screenshot_dir() -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("screenshots");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn keep_screenshot(b: &Browser, name: &str) -> PathBuf {
+    let p = screenshot_dir().join(name);
+    b.screenshot(&p);
+    if let Some(a) = std::env::var_os("CARE_ARTIFACTS") {
+        let a = PathBuf::from(a);
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::copy(&p, a.join(name)).unwrap();
+    }
+    eprintln!("screenshot: {}", p.display());
+    p
+}
+
+/// The main flows in headless Chromium: log in, create a collection, upload files, watch the job finish (with a
+/// per-file error), search with the keyboard, open a document, give feedback, log out. Screenshots of the search
+/// page and the jobs page are kept in target/tmp/screenshots (and $CARE_ARTIFACTS when set).
+#[test]
+fn browser_login_upload_search_document_feedback_logout() {
+    assert!(
+        care_e2e::webdriver::available(),
+        "chromium and chromedriver are needed (Debian packages chromium, chromium-driver; `packaging/dev.sh setup` installs them)"
+    );
+    let t = tempfile::tempdir().unwrap();
+    let mut care = Care::new(&t.path().join("data"));
+    let pwf = write(&t.path().join("admin.pw"), &format!("{ADMIN_PW}\n"));
+    care.env.push(("CARE__AUTH__BOOTSTRAP_PASSWORD_FILE".into(), pwf.display().to_string()));
+    care.ok(&["init"]);
+    let served = care.serve_full();
+    assert!(served.admin_password.is_none(), "a password from the file is not printed");
+    let base = served.https.clone();
+    let md = write(&t.path().join("二甲双胍指南.md"), METFORMIN_MD);
+    let bad = write(&t.path().join("broken.jsonl"), "{\"id\":\"1\",\"text\":\"阿司匹林\"}\nnot json\n");
+
+    let b = Browser::start(1280, 900);
+    b.goto(&format!("{base}/search"));
+    assert!(b.url().contains("/login?next=%2Fsearch"), "{}", b.url());
+    b.type_into("#username", "admin");
+    b.type_into("#password", ADMIN_PW);
+    b.click("form[action='/login'] button[type=submit]");
+    b.wait_for("the search page", Duration::from_secs(20), |s| s.contains("id=\"q\""));
+    assert!(b.url().ends_with("/search"), "{}", b.url());
+
+    // Admin: create a collection and upload two files (one is broken).
+    b.goto(&format!("{base}/admin/collections"));
+    b.type_into("#name", "guidelines");
+    b.type_into("#description", "临床用药指南");
+    b.click("form[action='/admin/collections'] button[type=submit]");
+    b.wait_for("the new collection", Duration::from_secs(20), |s| s.contains("id=\"col-guidelines\""));
+    let input = b.find("#col-guidelines input[type=file]");
+    b.send_keys(&input, &format!("{}\n{}", md.display(), bad.display()));
+    b.click("#col-guidelines form[data-upload] button[type=submit]");
+    // app.js uploads with progress, then follows the redirect to the jobs page, which polls the jobs API.
+    let src = b.wait_for("the job to finish", Duration::from_secs(60), |s| {
+        s.contains("data-state=\"done\"") && s.contains("1 篇文档")
+    });
+    assert!(b.url().contains("/admin/jobs"), "{}", b.url());
+    assert!(src.contains("broken.jsonl") && src.contains("malformed_record"), "per-file error shown: {src}");
+    let jobs_png = keep_screenshot(&b, "admin-jobs.png");
+
+    // Clinician view of search: keyboard only (type, Enter).
+    b.goto(&format!("{base}/search"));
+    b.type_into("#q", "二甲双胍的禁忌症\u{E007}");
+    let src = b.wait_for("results", Duration::from_secs(30), |s| s.contains("class=\"results\""));
+    assert!(src.contains("<mark>") && src.contains("二甲双胍用药指南") && src.contains("禁忌症"), "{src}");
+    assert!(src.contains("资料库：guidelines"));
+    let search_png = keep_screenshot(&b, "search.png");
+
+    // Open the document from the first result.
+    b.click("li.hit h2 a");
+    let src = b.wait_for("the document", Duration::from_secs(20), |s| s.contains("class=\"document\""));
+    assert!(src.contains("eGFR低于30") && src.contains("不良反应"), "{src}");
+    assert!(b.url().contains("/doc/"), "{}", b.url());
+
+    // Feedback on the first result.
+    b.goto(&format!("{base}/search?q=%E4%BA%8C%E7%94%B2%E5%8F%8C%E8%83%8D%E7%9A%84%E7%A6%81%E5%BF%8C%E7%97%87"));
+    b.click("li.hit form.feedback button[value='1']");
+    b.wait_for("the feedback acknowledgement", Duration::from_secs(20), |s| s.contains("已记录，谢谢"));
+    // Narrow screen (a phone on the ward network).
+    b.set_window(390, 844);
+    let narrow_png = keep_screenshot(&b, "search-narrow.png");
+    b.set_window(1280, 900);
+
+    // Log out; the search page then asks for a login again.
+    b.click("form[action='/logout'] button[type=submit]");
+    b.wait_for("the login page", Duration::from_secs(20), |s| s.contains("id=\"username\""));
+    b.goto(&format!("{base}/search"));
+    assert!(b.url().contains("/login"), "{}", b.url());
+    drop(b);
+    drop(served);
+
+    for p in [&jobs_png, &search_png, &narrow_png] {
+        let bytes = std::fs::read(p).unwrap();
+        assert!(bytes.starts_with(b"\x89PNG") && bytes.len() > 10_000, "{} is not a real screenshot", p.display());
+    }
+    // What the browser did is in the audit log, and the chain verifies.
+    let list = care.json(&["audit", "list", "--json", "-n", "500"]);
+    let recs = list.as_array().unwrap();
+    let search = recs.iter().find(|r| r["action"] == "search").expect("search audited");
+    assert_eq!(search["actor"], "admin");
+    assert_eq!(search["detail"]["query"], "二甲双胍的禁忌症");
+    assert!(search["detail"]["results"].as_u64().unwrap() >= 1, "{search}");
+    for a in ["auth.login", "auth.logout", "collection.create", "collection.upload", "job.finish"] {
+        assert!(recs.iter().any(|r| r["action"] == a), "{a} not audited");
+    }
+    let out = care.ok(&["audit", "verify"]);
+    assert!(out.contains("intact"), "{out}");
+    let db = rusqlite::Connection::open(t.path().join("data/care.sqlite")).unwrap();
+    let (n, helpful, passage): (i64, i64, String) =
+        db.query_row("SELECT COUNT(*), MAX(helpful), MAX(passage) FROM feedback", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap();
+    assert_eq!((n, helpful), (1, 1));
+    assert!(passage.contains("二甲双胍"), "{passage}");
+}

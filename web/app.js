@@ -1,0 +1,97 @@
+// CARE: progressive enhancement only (every page works without it). No inline scripts anywhere: CSP forbids them.
+"use strict";
+
+function csrfToken() {
+  const m = document.querySelector('meta[name="csrf-token"]');
+  return m ? m.content : "";
+}
+
+// Uploads: send with XMLHttpRequest to show upload progress, then follow the server's redirect to the jobs page.
+function enhanceUploads() {
+  document.querySelectorAll("form[data-upload]").forEach(function (form) {
+    form.addEventListener("submit", function (ev) {
+      ev.preventDefault();
+      const bar = form.querySelector("progress");
+      const status = form.querySelector(".upload-status");
+      const xhr = new XMLHttpRequest();
+      xhr.open("POST", form.action);
+      xhr.setRequestHeader("X-CSRF-Token", csrfToken());
+      xhr.upload.addEventListener("progress", function (e) {
+        if (e.lengthComputable) {
+          bar.hidden = false;
+          bar.value = Math.round((e.loaded / e.total) * 100);
+          status.textContent = "上传中 " + bar.value + "%";
+        }
+      });
+      xhr.addEventListener("load", function () {
+        if (xhr.responseURL) {
+          window.location.assign(xhr.responseURL);
+        } else {
+          status.textContent = "上传完成";
+        }
+      });
+      xhr.addEventListener("error", function () {
+        status.textContent = "上传失败，请重试";
+      });
+      xhr.send(new FormData(form));
+    });
+  });
+}
+
+// Jobs page: poll the JSON API and update progress, state and per-file errors in place.
+function pollJobs() {
+  const table = document.querySelector("table[data-poll]");
+  if (!table) return;
+  const url = table.getAttribute("data-poll");
+  function tick() {
+    fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (r) { return r.ok ? r.json() : Promise.reject(r.status); })
+      .then(function (jobs) {
+        let active = false;
+        jobs.forEach(function (j) {
+          const row = table.querySelector('tr[data-job="' + j.id + '"]');
+          if (!row) {
+            if (j.state === "queued" || j.state === "running") window.location.reload();
+            return;
+          }
+          row.setAttribute("data-state", j.state);
+          const st = row.querySelector(".state");
+          st.textContent = j.state;
+          st.className = "state state-" + j.state;
+          const bar = row.querySelector("progress");
+          bar.max = j.progress_total;
+          bar.value = j.progress_done;
+          row.querySelector(".count").textContent =
+            j.progress_done + "/" + j.progress_total + " 个文件 · " + j.documents + " 篇文档";
+          const errs = row.querySelector(".errors");
+          if (j.errors.length === 0) {
+            errs.textContent = "—";
+          } else {
+            const ul = document.createElement("ul");
+            j.errors.forEach(function (e) {
+              const li = document.createElement("li");
+              const b = document.createElement("strong");
+              b.textContent = e.file;
+              li.appendChild(b);
+              li.appendChild(document.createTextNode("（" + e.code + "）：" + e.message));
+              ul.appendChild(li);
+            });
+            errs.replaceChildren(ul);
+          }
+          if (j.state === "queued" || j.state === "running") active = true;
+          else {
+            const f = row.querySelector("form");
+            if (f) f.remove();
+          }
+        });
+        setTimeout(tick, active ? 1000 : 2000);
+      })
+      .catch(function () { setTimeout(tick, 5000); });
+  }
+  tick();
+}
+
+document.addEventListener("DOMContentLoaded", function () {
+  enhanceUploads();
+  pollJobs();
+});
