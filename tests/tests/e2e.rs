@@ -19,75 +19,197 @@ const WORDS: &[&str] = &[
     "血压", "治疗", "患者", "剂量", "不良反应", "禁忌症", "检查", "随访", "饮食", "运动",
 ];
 
-fn write_corpus(dir: &std::path::Path, files: usize, docs_per_file: usize, seed: u64) -> Vec<std::path::PathBuf> {
-    let mut rng = Lcg(seed);
-    (0..files)
-        .map(|f| {
-            let p = dir.join(format!("part-{f:03}.jsonl"));
-            let mut out = std::io::BufWriter::new(std::fs::File::create(&p).unwrap());
-            for d in 0..docs_per_file {
-                let n = 8 + rng.next() % 20;
-                let text: Vec<&str> = (0..n).map(|_| WORDS[(rng.next() % WORDS.len() as u64) as usize]).collect();
-                writeln!(out, "{{\"id\":\"f{f}-d{d}\",\"text\":\"{}。\"}}", text.join("")).unwrap();
-            }
-            p
-        })
-        .collect()
+/// One round's upload of exactly 1,000 documents in 10 files of three formats: 8 JSONL files of 100 records, a CSV
+/// of 100 rows and a ZIP of 100 Markdown files. Every round edits a different fifth of the documents (their text
+/// carries `roundmarker<r>`), so each job has real work (replacements re-embedded) besides unchanged documents.
+fn write_round(dir: &std::path::Path, round: u64) -> Vec<std::path::PathBuf> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    let text = |doc: u64| -> String {
+        let mut rng = Lcg(doc * 7919 + 1);
+        let n = 8 + rng.next() % 20;
+        let words: Vec<&str> = (0..n).map(|_| WORDS[(rng.next() % WORDS.len() as u64) as usize]).collect();
+        // The last round that edited this document decides its text.
+        let edited = (1..=round).rev().find(|r| doc % 5 == r % 5);
+        match edited {
+            Some(r) => format!("{}。roundmarker{r} 第{r}轮修订。", words.join("")),
+            None => format!("{}。", words.join("")),
+        }
+    };
+    let mut files = Vec::new();
+    for f in 0..8u64 {
+        let p = dir.join(format!("part-{f}.jsonl"));
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&p).unwrap());
+        for d in 0..100 {
+            let doc = f * 100 + d;
+            writeln!(out, "{{\"id\":\"d{doc}\",\"text\":\"{}\"}}", text(doc)).unwrap();
+        }
+        files.push(p);
+    }
+    let csv = dir.join("bank.csv");
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&csv).unwrap());
+    writeln!(out, "id,title,text").unwrap();
+    for doc in 800..900 {
+        writeln!(out, "d{doc},问答{doc},{}", text(doc)).unwrap();
+    }
+    drop(out);
+    files.push(csv);
+    let mut w = ZipOut { path: dir.join("guides.zip"), data: Vec::new(), central: Vec::new(), count: 0 };
+    for doc in 900..1000u64 {
+        w.add(&format!("指南/d{doc}.md"), format!("# 指南{doc}\n## 要点\n{}", text(doc)).as_bytes());
+    }
+    files.push(w.finish());
+    files
 }
 
+/// A tiny ZIP writer (stored, no compression, UTF-8 names) so the test crate needs no zip dependency.
+struct ZipOut {
+    path: std::path::PathBuf,
+    data: Vec<u8>,
+    central: Vec<u8>,
+    count: u16,
+}
+
+impl ZipOut {
+    fn add(&mut self, name: &str, body: &[u8]) {
+        let crc = crc32(body);
+        let offset = self.data.len() as u32;
+        let n = name.as_bytes();
+        let size = (body.len() as u32).to_le_bytes();
+        self.data.extend_from_slice(&0x04034b50u32.to_le_bytes());
+        self.data.extend_from_slice(&[20, 0, 0, 0x08, 0, 0, 0, 0, 0, 0]); // version, flags (UTF-8), stored, time, date
+        self.data.extend_from_slice(&crc.to_le_bytes());
+        self.data.extend_from_slice(&size);
+        self.data.extend_from_slice(&size);
+        self.data.extend_from_slice(&(n.len() as u16).to_le_bytes());
+        self.data.extend_from_slice(&0u16.to_le_bytes());
+        self.data.extend_from_slice(n);
+        self.data.extend_from_slice(body);
+        self.central.extend_from_slice(&0x02014b50u32.to_le_bytes());
+        self.central.extend_from_slice(&[20, 0, 20, 0, 0, 0x08, 0, 0, 0, 0, 0, 0]);
+        self.central.extend_from_slice(&crc.to_le_bytes());
+        self.central.extend_from_slice(&size);
+        self.central.extend_from_slice(&size);
+        self.central.extend_from_slice(&(n.len() as u16).to_le_bytes());
+        self.central.extend_from_slice(&[0; 8]); // extra, comment, disk, internal attributes
+        self.central.extend_from_slice(&0u32.to_le_bytes()); // external attributes
+        self.central.extend_from_slice(&offset.to_le_bytes());
+        self.central.extend_from_slice(n);
+        self.count += 1;
+    }
+
+    fn finish(mut self) -> std::path::PathBuf {
+        let (cd_offset, cd_len) = (self.data.len() as u32, self.central.len() as u32);
+        let central = std::mem::take(&mut self.central);
+        self.data.extend_from_slice(&central);
+        self.data.extend_from_slice(&0x06054b50u32.to_le_bytes());
+        self.data.extend_from_slice(&[0, 0, 0, 0]);
+        self.data.extend_from_slice(&self.count.to_le_bytes());
+        self.data.extend_from_slice(&self.count.to_le_bytes());
+        self.data.extend_from_slice(&cd_len.to_le_bytes());
+        self.data.extend_from_slice(&cd_offset.to_le_bytes());
+        self.data.extend_from_slice(&0u16.to_le_bytes());
+        std::fs::write(&self.path, &self.data).unwrap();
+        self.path
+    }
+}
+
+fn crc32(data: &[u8]) -> u32 {
+    let mut crc = 0xFFFF_FFFFu32;
+    for &b in data {
+        crc ^= b as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
+        }
+    }
+    !crc
+}
+
+/// The crash test: 20 rounds of a 1,000-document ingest job, each `care ingest` killed (SIGKILL) at a random
+/// point, then restarted with `care jobs run`. After every restart the job has completed and SQLite, tantivy and
+/// LanceDB hold exactly the same chunks: 1,000 documents, no duplicates, the round's edits in place.
 #[test]
-fn kill_9_during_ingest_leaves_sqlite_and_index_in_agreement() {
+fn kill_9_during_ingest_jobs_resumes_without_duplicates() {
     let t = tempfile::tempdir().unwrap();
     let mut care = Care::new(&t.path().join("data"));
-    // Small batches: many commits, so a kill lands between the SQLite and index commits often.
-    care.env.push(("CARE__INGEST__BATCH_DOCUMENTS".into(), "50".into()));
+    // Small batches: many commit points for a kill to land between (SQLite, tantivy, LanceDB, confirmation).
+    care.env.push(("CARE__INGEST__BATCH_DOCUMENTS".into(), "25".into()));
     care.ok(&["init"]);
     care.ok(&["collection", "create", "bulk"]);
     // With the default model active, every batch is also embedded into LanceDB: three stores to keep in step.
     let e5 = care_e2e::e5s1();
     care.ok(&["model", "import-e5s1", e5.to_str().unwrap()]);
-    let corpus = t.path().join("corpus");
-    std::fs::create_dir_all(&corpus).unwrap();
-    let files = write_corpus(&corpus, 20, 100, 7);
-    let mut args = vec!["ingest".to_string(), "bulk".to_string()];
-    args.extend(files.iter().map(|p| p.display().to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let upload = t.path().join("upload");
 
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
     eprintln!("kill schedule seed {seed}");
     let mut rng = Lcg(seed);
-    let mut killed_mid_way = 0;
-    for round in 0..4 {
+    let (mut killed_running, mut interrupted_jobs) = (0, 0);
+    let started = Instant::now();
+    for round in 0..20u64 {
+        let files = write_round(&upload, round);
+        let mut args = vec!["ingest".to_string(), "bulk".to_string()];
+        args.extend(files.iter().map(|p| p.display().to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut child = care.command(&args).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
-        let delay = Duration::from_millis(300 + rng.next() % 4000);
-        let started = Instant::now();
-        while started.elapsed() < delay {
-            if child.try_wait().unwrap().is_some() {
-                break;
-            }
+        // Round 0 embeds all 1,000 documents; later rounds re-embed the 200 edited ones.
+        let window = if round == 0 { 6000 } else { 2500 };
+        let delay = Duration::from_millis(150 + rng.next() % window);
+        let t0 = Instant::now();
+        while t0.elapsed() < delay && child.try_wait().unwrap().is_none() {
             std::thread::sleep(Duration::from_millis(5));
         }
         if child.try_wait().unwrap().is_none() {
             child.kill().unwrap(); // SIGKILL
-            killed_mid_way += 1;
+            killed_running += 1;
         }
         child.wait().unwrap();
-        // Opening the data directory repairs whatever the kill interrupted; `check` compares ids exactly.
+        let job_id = (round + 1).to_string();
+        let listed = care.ok(&["jobs", "list", "-n", "100"]);
+        if listed.lines().count() < round as usize + 1 {
+            // Killed before the job was even queued: submit it again, this time to the end.
+            care.run(&args);
+        } else if !listed.lines().next().unwrap_or("").contains("\tdone\t") {
+            interrupted_jobs += 1;
+        }
+        // The restart: run whatever is queued, resuming the interrupted job.
+        care.ok(&["jobs", "run"]);
+        let shown = care.json(&["jobs", "show", &job_id]);
+        assert_eq!(shown["job"]["state"], "done", "round {round}: {shown}");
+        assert_eq!(shown["job"]["progress_done"], 10, "round {round}: {shown}");
+        assert_eq!(shown["job"]["errors"].as_array().unwrap().len(), 0, "round {round}: {shown}");
         let report = care.json(&["check"]);
-        eprintln!("round {round} after {delay:?}: {report}");
-        assert_eq!(report["consistent"], true, "{report}");
+        assert_eq!(report["consistent"], true, "round {round}: {report}");
+        let stats = care.json(&["stats"]);
+        assert_eq!(stats["documents"], 1000, "round {round}: {stats}");
+        assert_eq!(stats["chunks"], stats["lexical_docs"], "round {round}: {stats}");
+        assert_eq!(report["dense_vectors"], stats["chunks"], "round {round}: {report}");
+        assert_eq!(report["duplicates_in_index"], 0);
+        assert_eq!(report["dense_duplicates"], 0);
+        assert_eq!(stats["pending_documents"], 0);
+        if round > 0 {
+            // The round's edits are what is indexed: its marker finds edited documents only.
+            let hits = care.json(&["search", "--json", "-n", "100", "--method", "bm25", &format!("roundmarker{round}")]);
+            let ids: Vec<u64> = hits["hits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|h| {
+                    let id = h["external_id"].as_str().unwrap();
+                    let d = id.rsplit('/').next().unwrap().trim_start_matches('d').trim_end_matches(".md");
+                    d.parse().unwrap()
+                })
+                .collect();
+            assert!(!ids.is_empty() && ids.iter().all(|d| d % 5 == round % 5), "round {round}: {ids:?}");
+        }
+        eprintln!("round {round}: kill after {delay:?}; consistent ({:.0} s so far)", started.elapsed().as_secs_f64());
     }
-    assert!(killed_mid_way > 0, "no round was killed mid-ingest; the test proved nothing");
-    // Finishing the ingest yields every document exactly once.
-    let out = care.run(&args);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let report = care.json(&["check"]);
-    assert_eq!(report["consistent"], true, "{report}");
-    let stats = care.json(&["stats"]);
-    assert_eq!(stats["documents"], 2000, "{stats}");
-    assert_eq!(stats["chunks"], stats["lexical_docs"], "{stats}");
-    assert_eq!(stats["pending_documents"], 0);
-    assert_eq!(report["dense_vectors"], stats["chunks"], "{report}");
+    eprintln!(
+        "20 rounds in {:.1} s; {killed_running} kills hit a running process, {interrupted_jobs} interrupted a job",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(killed_running >= 10, "only {killed_running} of 20 kills hit a running ingest; the test proved little");
+    assert!(interrupted_jobs >= 5, "only {interrupted_jobs} kills interrupted a job mid-way");
 }
 
 #[test]

@@ -16,7 +16,7 @@ use care_engine::engine::OpenMode;
 use care_engine::eval::{self, BeirSet};
 use care_engine::fusion::Method;
 use care_engine::hybrid::{DenseProgress, FusionSetting};
-use care_engine::{Engine, EngineConfig, SearchRequest};
+use care_engine::{Engine, EngineConfig, IngestOptions, JobState, SearchRequest, Worker};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -42,7 +42,8 @@ enum Command {
         #[command(subcommand)]
         command: CollectionCommand,
     },
-    /// Ingest .txt, .md and .jsonl files into a collection.
+    /// Ingest files (.pdf .docx .html .md .txt .csv .tsv .jsonl .zip) into a collection as a job, with a progress
+    /// bar; exits 2 when some files were rejected (the others are indexed).
     Ingest {
         collection: String,
         #[arg(required = true)]
@@ -50,9 +51,29 @@ enum Command {
         /// Create the collection if it does not exist.
         #[arg(long)]
         create: bool,
-        /// Print the per-file report as JSON.
+        /// Print the job and its per-file report as JSON.
         #[arg(long)]
         json: bool,
+        /// Text encoding of the files (gb18030, gbk, big5, utf-16le, utf-8); default: detected per file.
+        #[arg(long)]
+        encoding: Option<String>,
+        /// CSV/TSV column holding the text (default: text, content, 正文, 内容, answer, 答案, question or 问题).
+        #[arg(long)]
+        csv_text_column: Option<String>,
+        /// CSV/TSV column holding the title.
+        #[arg(long)]
+        csv_title_column: Option<String>,
+        /// CSV/TSV column holding a stable document id (default: id, else file:line).
+        #[arg(long)]
+        csv_id_column: Option<String>,
+        /// Only queue the job (a running `care serve`, or `care jobs run`, executes it).
+        #[arg(long)]
+        detach: bool,
+    },
+    /// Ingestion jobs: list, show, cancel, or run the queued ones (resuming any a crash interrupted).
+    Jobs {
+        #[command(subcommand)]
+        command: JobsCommand,
     },
     /// Delete documents (by id) from a collection.
     Delete { collection: String, #[arg(required = true)] ids: Vec<String> },
@@ -207,6 +228,33 @@ enum CollectionCommand {
     },
     /// List collections with their document and chunk counts.
     List,
+    /// Approve a collection for training the encoders (or withdraw the approval with --revoke).
+    Approve {
+        name: String,
+        #[arg(long)]
+        revoke: bool,
+    },
+    /// Delete a collection and all its documents everywhere.
+    Delete { name: String },
+}
+
+#[derive(Subcommand, Debug)]
+enum JobsCommand {
+    /// The newest jobs.
+    List {
+        #[arg(long, short = 'n', default_value_t = 20)]
+        limit: usize,
+    },
+    /// One job with its files, as JSON.
+    Show { id: i64 },
+    Cancel { id: i64 },
+    /// Run queued jobs (and resume interrupted ones) until none is left.
+    Run,
+}
+
+/// Who the audit log names for commands run from the shell.
+fn cli_actor() -> String {
+    format!("cli:{}", std::env::var("USER").or_else(|_| std::env::var("LOGNAME")).unwrap_or_else(|_| "unknown".into()))
 }
 
 #[derive(Subcommand, Debug)]
@@ -344,8 +392,16 @@ fn run(cli: Cli) -> Result<i32> {
             let e = open(OpenMode::Existing)?;
             match command {
                 CollectionCommand::Create { name, description } => {
-                    let c = e.create_collection(&name, &description, "cli")?;
+                    let c = e.create_collection(&name, &description, &cli_actor())?;
                     println!("created collection '{}'", c.name);
+                }
+                CollectionCommand::Approve { name, revoke } => {
+                    let c = e.set_approved_for_training(&name, !revoke, &cli_actor())?;
+                    println!("collection '{}': approved for training = {}", c.name, c.approved_for_training);
+                }
+                CollectionCommand::Delete { name } => {
+                    let n = e.delete_collection(&name, &cli_actor())?;
+                    println!("deleted collection '{name}' and its {n} documents");
                 }
                 CollectionCommand::List => {
                     for c in e.collections()? {
@@ -354,19 +410,75 @@ fn run(cli: Cli) -> Result<i32> {
                 }
             }
         }
-        Command::Ingest { collection, files, create, json } => {
-            let e = open(OpenMode::Existing)?;
+        Command::Ingest {
+            collection,
+            files,
+            create,
+            json,
+            encoding,
+            csv_text_column,
+            csv_title_column,
+            csv_id_column,
+            detach,
+        } => {
+            let e = Arc::new(open(OpenMode::Existing)?);
             if create {
-                match e.create_collection(&collection, "", "cli") {
+                match e.create_collection(&collection, "", &cli_actor()) {
                     Ok(_) | Err(care_engine::Error::CollectionExists(_)) => {}
                     Err(err) => return Err(err.into()),
                 }
             }
-            return ingest(&e, &collection, &files, json);
+            let opts = IngestOptions { encoding, csv_text_column, csv_title_column, csv_id_column };
+            let id = e.submit_ingest_in_place(&collection, files, opts, &cli_actor())?;
+            if detach {
+                println!("queued job {id}");
+                return Ok(0);
+            }
+            return run_ingest_job(&e, id, json, cfg.engine.ingest.workers);
+        }
+        Command::Jobs { command } => {
+            let e = Arc::new(open(OpenMode::Existing)?);
+            match command {
+                JobsCommand::List { limit } => {
+                    for j in e.jobs(limit)? {
+                        println!(
+                            "{}\t{}\t{}\t{}/{} files\t{} documents\t{} errors\t{}",
+                            j.id,
+                            j.state.as_str(),
+                            j.collection,
+                            j.progress_done,
+                            j.progress_total,
+                            j.documents_done,
+                            j.errors.len(),
+                            j.created_at
+                        );
+                    }
+                }
+                JobsCommand::Show { id } => {
+                    let out = serde_json::json!({"job": e.job(id)?, "files": e.job_files(id)?});
+                    println!("{}", serde_json::to_string_pretty(&out)?);
+                }
+                JobsCommand::Cancel { id } => {
+                    e.cancel_job(id, &cli_actor())?;
+                    println!("cancellation of job {id} requested");
+                }
+                JobsCommand::Run => {
+                    let worker = Worker::start(e.clone(), cfg.engine.ingest.workers);
+                    loop {
+                        let active = e.jobs(1000)?.into_iter().filter(|j| !j.state.is_finished()).count();
+                        if active == 0 {
+                            break;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(100));
+                    }
+                    worker.shutdown();
+                    println!("no queued jobs left");
+                }
+            }
         }
         Command::Delete { collection, ids } => {
             let e = open(OpenMode::Existing)?;
-            let n = e.delete_documents(&collection, &ids)?;
+            let n = e.delete_documents(&collection, &ids, &cli_actor())?;
             println!("deleted {n} documents from '{collection}'");
         }
         Command::Search { query, collections, limit, method, json } => {
@@ -512,41 +624,58 @@ fn run(cli: Cli) -> Result<i32> {
     Ok(0)
 }
 
-fn ingest(e: &Engine, collection: &str, files: &[PathBuf], json: bool) -> Result<i32> {
-    let bar = ProgressBar::new(files.len() as u64);
+/// Runs the worker in this process until job `id` ends (or waits for the process that holds the jobs lock, e.g.
+/// `care serve`, to run it), drawing a progress bar; prints the per-file report.
+fn run_ingest_job(e: &Arc<Engine>, id: i64, json: bool, workers: usize) -> Result<i32> {
+    let worker = Worker::start(e.clone(), workers);
+    let job = e.job(id)?;
+    let bar = ProgressBar::new(job.progress_total);
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} files {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let report = e.ingest_files(collection, files, &mut |p| {
-        bar.set_position(p.files_done as u64);
-        if p.documents_in_file > 0 {
-            bar.set_message(format!("{}/{} documents in current file", p.documents_done, p.documents_in_file));
+    let started = std::time::Instant::now();
+    let job = loop {
+        let j = e.job(id)?;
+        bar.set_position(j.progress_done);
+        let mut msg = format!("{} documents", j.documents_done);
+        if !j.errors.is_empty() {
+            msg.push_str(&format!(", {} rejected", j.errors.len()));
         }
-    })?;
+        if !worker.runs_jobs() && started.elapsed() > std::time::Duration::from_secs(2) {
+            msg.push_str(" (queued for the care process that runs jobs, e.g. care serve)");
+        }
+        bar.set_message(msg);
+        if j.state.is_finished() {
+            break j;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
     bar.finish_and_clear();
+    worker.shutdown();
+    let files = e.job_files(id)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"job": job, "files": files}))?);
     }
     let mut err = std::io::stderr().lock();
-    for f in &report.files {
-        match &f.error {
-            Some(msg) => writeln!(err, "FAILED {}: {msg}", f.path.display())?,
-            None if !json => writeln!(
+    for f in &files {
+        for fe in &f.errors {
+            writeln!(err, "FAILED {} [{}]: {}", fe.file, fe.code, fe.message)?;
+        }
+        if f.state == "done" && !json {
+            writeln!(
                 err,
-                "ok {}: {} added, {} replaced, {} unchanged, {} empty skipped, {} chunks",
-                f.path.display(),
-                f.added,
-                f.replaced,
-                f.unchanged,
-                f.skipped_empty,
-                f.chunks
-            )?,
-            None => {}
+                "ok {}: {} added, {} replaced, {} unchanged, {} chunks",
+                f.file, f.added, f.replaced, f.unchanged, f.chunks
+            )?;
         }
     }
+    if job.state == JobState::Cancelled {
+        writeln!(err, "job {id} was cancelled")?;
+        return Ok(1);
+    }
     // Exit 2 tells scripts that some files were rejected while the others were ingested.
-    Ok(if report.failed() > 0 { 2 } else { 0 })
+    Ok(if job.errors.is_empty() { 0 } else { 2 })
 }
 
 fn print_results(res: &care_engine::SearchResults) {
@@ -591,20 +720,20 @@ fn serve(engine: Engine, cfg: &config::AppConfig) -> Result<()> {
         println!("created the first administrator '{}' with password: {pw}", settings.auth.bootstrap_admin);
         println!("(also in {} (mode 0600); change it after signing in, then delete that file)", file.display());
     }
-    let interrupted = care_server::uploads::fail_interrupted(&engine)?;
-    if interrupted > 0 {
-        tracing::warn!(jobs = interrupted, "marked ingest jobs interrupted by the last shutdown as failed");
-    }
     let engine = Arc::new(engine);
+    // Uploaded files are ingested by background jobs in this process.
+    let worker = Worker::start(engine.clone(), engine.config().ingest.workers);
     tracing::info!(bind = %settings.server.bind, "starting HTTPS server");
-    actix_web::rt::System::new().block_on(care_server::serve(engine, settings, |addr, redirect| {
+    let served = actix_web::rt::System::new().block_on(care_server::serve(engine, settings, |addr, redirect| {
         if let Some(r) = redirect {
             println!("redirecting http://{r}");
         }
         // Tests and scripts read this line to learn the port (printed last).
         println!("listening on https://{addr}");
         let _ = std::io::stdout().flush();
-    }))?;
+    }));
+    worker.shutdown();
+    served?;
     Ok(())
 }
 

@@ -48,11 +48,21 @@ pub struct IngestConfig {
     pub chunk: ChunkConfig,
     /// Documents written per SQLite transaction and tantivy commit.
     pub batch_documents: usize,
+    /// Size, archive and expansion limits applied to every uploaded file.
+    pub limits: crate::ingest::IngestLimits,
+    /// Files of ingestion jobs processed at once by the background worker (parsing runs in parallel; writes to
+    /// the stores are serialised).
+    pub workers: usize,
 }
 
 impl Default for IngestConfig {
     fn default() -> Self {
-        IngestConfig { chunk: ChunkConfig::default(), batch_documents: 2000 }
+        IngestConfig {
+            chunk: ChunkConfig::default(),
+            batch_documents: 2000,
+            limits: crate::ingest::IngestLimits::default(),
+            workers: 2,
+        }
     }
 }
 

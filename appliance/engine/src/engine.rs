@@ -18,11 +18,11 @@ use crate::config::EngineConfig;
 use crate::datadir::DataDir;
 use crate::dense::DenseStore;
 use crate::error::{Error, Result};
-use crate::ingest::{ParsedDocument, parse_file};
+use crate::ingest::{IngestOptions, ParsedDocument, read_units};
 use crate::lexical::LexicalIndex;
 use crate::fusion::{Explained, ScoreParts};
 use crate::store::{Collection, CollectionStats, Store, now};
-use crate::text::chunk;
+use crate::text::{Chunk, Chars, Tokens, chunk_measured};
 
 pub struct Engine {
     pub(crate) cfg: EngineConfig,
@@ -34,6 +34,44 @@ pub struct Engine {
     pub(crate) encoders: std::sync::Mutex<HashMap<i64, std::sync::Arc<crate::encoders::OrtEncoder>>>,
     /// See [`Engine::active_pair_cached`].
     pub(crate) active_cache: std::sync::Mutex<Option<(Instant, Option<crate::models::ActivePair>)>>,
+    /// Serialises writes to the stores (ingest batches, deletions): the write protocol assumes one writer, while
+    /// job workers parse files in parallel.
+    pub(crate) write_lock: std::sync::Mutex<()>,
+    /// Tokenizers of query models (by model id) used to measure chunks; loaded without the ONNX session.
+    pub(crate) tokenizers: std::sync::Mutex<HashMap<i64, std::sync::Arc<tokenizers::Tokenizer>>>,
+}
+
+/// How documents are cut into chunks right now: by the active query encoder's tokens, or by characters.
+#[derive(Clone)]
+pub struct Chunker {
+    /// Recorded with every document ("chars:400/80", "tokens:e5-small@1:300/60").
+    pub id: String,
+    tokenizer: Option<std::sync::Arc<tokenizers::Tokenizer>>,
+    max: usize,
+    overlap: usize,
+}
+
+impl std::fmt::Debug for Chunker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Chunker").field("id", &self.id).finish()
+    }
+}
+
+impl Chunker {
+    pub fn chunk(&self, text: &str) -> Vec<Chunk> {
+        match &self.tokenizer {
+            Some(t) => chunk_measured(text, self.max, self.overlap, &Tokens(t)),
+            None => chunk_measured(text, self.max.max(16), self.overlap, &Chars),
+        }
+    }
+    /// The length of `text` in this chunker's units.
+    pub fn measure(&self, text: &str) -> usize {
+        use crate::text::Measure;
+        match &self.tokenizer {
+            Some(t) => Tokens(t).len(text),
+            None => text.chars().count(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Engine {
@@ -179,11 +217,22 @@ impl Engine {
         let store = Store::open(&dir.sqlite())?;
         let lexical = LexicalIndex::open(&dir.lexical(), Some(&dir.user_dict()))?;
         let dense = DenseStore::open(&dir.dense())?;
-        let engine = Engine { cfg, dir, store, lexical, dense, encoders: Default::default(), active_cache: Default::default() };
+        let engine = Engine {
+            cfg,
+            dir,
+            store,
+            lexical,
+            dense,
+            encoders: Default::default(),
+            active_cache: Default::default(),
+            write_lock: Default::default(),
+            tokenizers: Default::default(),
+        };
         let report = engine.recover()?;
         if report.reindexed_documents > 0 || report.finished_deletions > 0 || report.rebuilt || report.dense_repaired > 0 {
             tracing::warn!(?report, "recovered from an interrupted write");
         }
+        engine.recover_jobs()?;
         Ok(engine)
     }
 
@@ -290,8 +339,89 @@ impl Engine {
         Ok(())
     }
 
+    /// Creates a collection owned by `owner`, recorded in the audit log with `owner` as the actor.
     pub fn create_collection(&self, name: &str, description: &str, owner: &str) -> Result<Collection> {
-        self.store.create_collection(name, description, owner)
+        crate::store::validate_collection_name(name)?;
+        {
+            let mut conn = self.store.conn();
+            let tx = conn.transaction()?;
+            let res = tx.execute(
+                "INSERT INTO collections (name, description, owner, created_at) VALUES (?1, ?2, ?3, ?4)",
+                params![name, description, owner, now()],
+            );
+            match res {
+                Ok(_) => {}
+                Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::ConstraintViolation => {
+                    return Err(Error::CollectionExists(name.into()));
+                }
+                Err(e) => return Err(e.into()),
+            }
+            crate::audit::append(
+                &tx,
+                owner,
+                "collection.create",
+                &serde_json::json!({"collection": name, "description": description, "owner": owner}),
+            )?;
+            tx.commit()?;
+        }
+        self.store.collection(name)
+    }
+
+    /// Marks a collection as approved (or no longer approved) for training the encoders.
+    pub fn set_approved_for_training(&self, collection: &str, approved: bool, actor: &str) -> Result<Collection> {
+        {
+            let mut conn = self.store.conn();
+            let tx = conn.transaction()?;
+            let n = tx.execute(
+                "UPDATE collections SET approved_for_training = ?2 WHERE name = ?1",
+                params![collection, approved as i64],
+            )?;
+            if n == 0 {
+                return Err(Error::UnknownCollection(collection.into()));
+            }
+            crate::audit::append(&tx, actor, "collection.approve", &serde_json::json!({"collection": collection, "approved": approved}))?;
+            tx.commit()?;
+        }
+        self.store.collection(collection)
+    }
+
+    /// Deletes a collection everywhere: its documents from the lexical index, its dense tables, then its rows.
+    /// A crash part-way is finished by recovery (documents are marked `deleting` first); the collection row itself
+    /// goes last, with its audit record.
+    pub fn delete_collection(&self, name: &str, actor: &str) -> Result<usize> {
+        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let col = self.store.collection(name)?;
+        let ids: Vec<i64> = {
+            let conn = self.store.conn();
+            let mut stmt = conn.prepare("SELECT id FROM documents WHERE collection_id = ?1")?;
+            let rows = stmt.query_map([col.id], |r| r.get(0))?;
+            rows.collect::<Result<Vec<_>, _>>()?
+        };
+        self.store.set_documents_state(&ids, "deleting")?;
+        self.lexical.delete_documents(&ids)?;
+        self.lexical.commit()?;
+        let tables: Vec<String> = {
+            let conn = self.store.conn();
+            let mut stmt = conn.prepare("SELECT table_name FROM dense_indexes WHERE collection_id = ?1")?;
+            let rows = stmt.query_map([col.id], |r| r.get(0))?;
+            rows.collect::<Result<Vec<_>, _>>()?
+        };
+        for t in &tables {
+            self.dense.drop_table(t)?;
+        }
+        {
+            let mut conn = self.store.conn();
+            let tx = conn.transaction()?;
+            tx.execute("DELETE FROM collections WHERE id = ?1", [col.id])?;
+            crate::audit::append(
+                &tx,
+                actor,
+                "collection.delete",
+                &serde_json::json!({"collection": name, "documents": ids.len(), "dense_tables": tables}),
+            )?;
+            tx.commit()?;
+        }
+        Ok(ids.len())
     }
 
     pub fn collection(&self, name: &str) -> Result<Collection> {
@@ -302,19 +432,115 @@ impl Engine {
         self.store.collections()
     }
 
-    /// Ingests files into an existing collection. A file that cannot be read or parsed is reported with its error
-    /// and nothing from it is stored; the other files proceed. An unknown collection fails the whole call.
+    /// The chunker in force: tokens of the active query encoder's tokenizer when a model is active, else
+    /// characters.
+    pub fn chunker(&self) -> Result<Chunker> {
+        let cfg = &self.cfg.ingest.chunk;
+        let Some(pair) = crate::models::active(&self.store)? else {
+            return Ok(Chunker {
+                id: format!("chars:{}/{}", cfg.max_chars, cfg.overlap_chars),
+                tokenizer: None,
+                max: cfg.max_chars,
+                overlap: cfg.overlap_chars,
+            });
+        };
+        let q = &pair.query;
+        let tok = {
+            let mut cache = self.tokenizers.lock().unwrap_or_else(|p| p.into_inner());
+            match cache.get(&q.id) {
+                Some(t) => t.clone(),
+                None => {
+                    let path = q.dir.join("tokenizer.json");
+                    let mut t = tokenizers::Tokenizer::from_file(&path)
+                        .map_err(|e| Error::Model(format!("{}: {e}", path.display())))?;
+                    // Whole sentences are measured: no truncation, no padding.
+                    t.with_truncation(None).map_err(|e| Error::Model(e.to_string()))?;
+                    t.with_padding(None);
+                    let t = std::sync::Arc::new(t);
+                    cache.insert(q.id, t.clone());
+                    t
+                }
+            }
+        };
+        Ok(Chunker {
+            id: format!("tokens:{}@{}:{}/{}", q.name, q.version, cfg.max_tokens, cfg.overlap_tokens),
+            tokenizer: Some(tok),
+            max: cfg.max_tokens,
+            overlap: cfg.overlap_tokens,
+        })
+    }
+
+    /// Ingests files into an existing collection, synchronously (jobs use the same path file by file). A file that
+    /// cannot be read or parsed is reported with its error and nothing from it is stored; the other files proceed.
+    /// An archive reports each member on its own. An unknown collection fails the whole call.
     pub fn ingest_files(
         &self,
         collection: &str,
         files: &[PathBuf],
         progress: &mut dyn FnMut(IngestProgress),
     ) -> Result<IngestReport> {
+        self.ingest_files_with(collection, files, &IngestOptions::default(), progress)
+    }
+
+    pub fn ingest_files_with(
+        &self,
+        collection: &str,
+        files: &[PathBuf],
+        opts: &IngestOptions,
+        progress: &mut dyn FnMut(IngestProgress),
+    ) -> Result<IngestReport> {
         let col = self.store.collection(collection)?;
         let mut report = IngestReport::default();
         for (i, path) in files.iter().enumerate() {
-            let mut fr = FileReport { path: path.clone(), ..Default::default() };
-            match parse_file(path) {
+            let reports = self.ingest_one_file(&col, path, opts, &mut |done, total| {
+                progress(IngestProgress { files_done: i, files_total: files.len(), documents_done: done, documents_in_file: total })
+            })?;
+            progress(IngestProgress { files_done: i + 1, files_total: files.len(), documents_done: 0, documents_in_file: 0 });
+            report.files.extend(reports);
+        }
+        Ok(report)
+    }
+
+    /// Reads, parses and writes one uploaded file (one report per unit: the file, or each archive member).
+    /// Errors of the file are in the reports; an `Err` is a failure of the stores, which stops the caller.
+    pub(crate) fn ingest_one_file(
+        &self,
+        col: &Collection,
+        path: &std::path::Path,
+        opts: &IngestOptions,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Vec<FileReport>> {
+        self.ingest_one_file_stoppable(col, path, opts, &mut |d, t| {
+            progress(d, t);
+            true
+        })
+    }
+
+    /// Like `ingest_one_file`; `progress(done, total)` runs after every batch and returning `false` stops the file
+    /// there with [`Error::Cancelled`] (batches written so far stay, and are recognised when the file is re-read).
+    pub(crate) fn ingest_one_file_stoppable(
+        &self,
+        col: &Collection,
+        path: &std::path::Path,
+        opts: &IngestOptions,
+        progress: &mut dyn FnMut(usize, usize) -> bool,
+    ) -> Result<Vec<FileReport>> {
+        let units = match read_units(path, opts, &self.cfg.ingest.limits) {
+            Ok(u) => u,
+            Err(e) => {
+                return Ok(vec![FileReport {
+                    path: path.to_path_buf(),
+                    error_code: Some(e.code().as_str()),
+                    error: Some(e.to_string()),
+                    ..Default::default()
+                }]);
+            }
+        };
+        let chunker = self.chunker()?;
+        let mut out = Vec::with_capacity(units.len());
+        for unit in units {
+            let mut fr = FileReport { path: PathBuf::from(&unit.name), ..Default::default() };
+            match unit.result {
                 Err(e) => {
                     fr.error_code = Some(e.code().as_str());
                     fr.error = Some(e.to_string());
@@ -322,39 +548,35 @@ impl Engine {
                 Ok(parsed) => {
                     fr.skipped_empty = parsed.skipped_empty;
                     let total = parsed.documents.len();
-                    for (b, batch) in parsed.documents.chunks(self.cfg.ingest.batch_documents.max(1)).enumerate() {
-                        self.write_batch(&col, batch, &mut fr)?;
-                        progress(IngestProgress {
-                            files_done: i,
-                            files_total: files.len(),
-                            documents_done: (b * self.cfg.ingest.batch_documents + batch.len()).min(total),
-                            documents_in_file: total,
-                        });
+                    let bs = self.cfg.ingest.batch_documents.max(1);
+                    for (b, batch) in parsed.documents.chunks(bs).enumerate() {
+                        self.write_batch(col, batch, &mut fr, &chunker)?;
+                        if !progress((b * bs + batch.len()).min(total), total) {
+                            return Err(Error::Cancelled(format!("ingestion of {}", path.display())));
+                        }
                     }
                 }
             }
-            progress(IngestProgress {
-                files_done: i + 1,
-                files_total: files.len(),
-                documents_done: 0,
-                documents_in_file: 0,
-            });
-            report.files.push(fr);
+            out.push(fr);
         }
-        Ok(report)
+        Ok(out)
     }
 
     /// Ingests already-parsed documents (used by the demo loader and by tests).
     pub fn ingest_documents(&self, collection: &str, docs: &[ParsedDocument]) -> Result<FileReport> {
         let col = self.store.collection(collection)?;
+        let chunker = self.chunker()?;
         let mut fr = FileReport::default();
         for batch in docs.chunks(self.cfg.ingest.batch_documents.max(1)) {
-            self.write_batch(&col, batch, &mut fr)?;
+            self.write_batch(&col, batch, &mut fr, &chunker)?;
         }
         Ok(fr)
     }
 
-    fn write_batch(&self, col: &Collection, docs: &[ParsedDocument], fr: &mut FileReport) -> Result<()> {
+    fn write_batch(&self, col: &Collection, docs: &[ParsedDocument], fr: &mut FileReport, chunker: &Chunker) -> Result<()> {
+        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+        // Chunking happens outside the SQLite transaction (it may tokenize), but under the write lock so that two
+        // workers never interleave batches of the same document.
         // 1. SQLite: new and changed documents with their chunks, state 'pending'.
         let mut touched: Vec<i64> = Vec::new();
         {
@@ -362,13 +584,13 @@ impl Engine {
             let tx = conn.transaction()?;
             {
                 let mut find =
-                    tx.prepare_cached("SELECT id, content_hash FROM documents WHERE collection_id = ?1 AND external_id = ?2")?;
+                    tx.prepare_cached("SELECT id, content_hash, chunker FROM documents WHERE collection_id = ?1 AND external_id = ?2")?;
                 let mut insert_doc = tx.prepare_cached(
-                    "INSERT INTO documents (collection_id, external_id, title, source, content_hash, state, created_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6)",
+                    "INSERT INTO documents (collection_id, external_id, title, source, content_hash, state, created_at, chunker)
+                     VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7)",
                 )?;
                 let mut update_doc = tx.prepare_cached(
-                    "UPDATE documents SET title = ?2, source = ?3, content_hash = ?4, state = 'pending' WHERE id = ?1",
+                    "UPDATE documents SET title = ?2, source = ?3, content_hash = ?4, state = 'pending', chunker = ?5 WHERE id = ?1",
                 )?;
                 let mut delete_chunks = tx.prepare_cached("DELETE FROM chunks WHERE document_id = ?1")?;
                 let mut insert_chunk = tx.prepare_cached(
@@ -381,27 +603,27 @@ impl Engine {
                         continue;
                     }
                     let hash = d.content_hash();
-                    let existing: Option<(i64, String)> = find
-                        .query_row(params![col.id, d.external_id], |r| Ok((r.get(0)?, r.get(1)?)))
+                    let existing: Option<(i64, String, String)> = find
+                        .query_row(params![col.id, d.external_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
                         .optional()?;
                     let doc_id = match existing {
-                        Some((_, h)) if h == hash => {
+                        Some((_, h, c)) if h == hash && c == chunker.id => {
                             fr.unchanged += 1;
                             continue;
                         }
-                        Some((id, _)) => {
-                            update_doc.execute(params![id, d.title, d.source, hash])?;
+                        Some((id, _, _)) => {
+                            update_doc.execute(params![id, d.title, d.source, hash, chunker.id])?;
                             delete_chunks.execute([id])?;
                             fr.replaced += 1;
                             id
                         }
                         None => {
-                            insert_doc.execute(params![col.id, d.external_id, d.title, d.source, hash, ts])?;
+                            insert_doc.execute(params![col.id, d.external_id, d.title, d.source, hash, ts, chunker.id])?;
                             fr.added += 1;
                             tx.last_insert_rowid()
                         }
                     };
-                    for (ordinal, c) in chunk(&d.text, &self.cfg.ingest.chunk).iter().enumerate() {
+                    for (ordinal, c) in chunker.chunk(&d.text).iter().enumerate() {
                         insert_chunk.execute(params![
                             doc_id,
                             ordinal as i64,
@@ -431,8 +653,10 @@ impl Engine {
         Ok(())
     }
 
-    /// Deletes documents of a collection by external id everywhere. Unknown ids are reported as not found.
-    pub fn delete_documents(&self, collection: &str, external_ids: &[String]) -> Result<usize> {
+    /// Deletes documents of a collection by external id everywhere (SQLite, the lexical index, every dense table),
+    /// recorded in the audit log. Unknown ids are reported as not found and nothing is deleted.
+    pub fn delete_documents(&self, collection: &str, external_ids: &[String], actor: &str) -> Result<usize> {
+        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         let col = self.store.collection(collection)?;
         let mut ids = Vec::new();
         {
@@ -447,7 +671,23 @@ impl Engine {
         self.lexical.delete_documents(&ids)?;
         self.lexical.commit()?;
         self.delete_dense_documents(col.id, &ids)?;
-        self.store.delete_documents(&ids)?;
+        {
+            let mut conn = self.store.conn();
+            let tx = conn.transaction()?;
+            {
+                let mut stmt = tx.prepare_cached("DELETE FROM documents WHERE id = ?1")?;
+                for id in &ids {
+                    stmt.execute([id])?;
+                }
+            }
+            crate::audit::append(
+                &tx,
+                actor,
+                "document.delete",
+                &serde_json::json!({"collection": collection, "documents": external_ids}),
+            )?;
+            tx.commit()?;
+        }
         Ok(ids.len())
     }
 

@@ -102,7 +102,9 @@ pub enum Error {
     NotFound { what: String },
     #[error("{0}")]
     InvalidInput(String),
-    #[error("{path}: unsupported file type '{ext}'; supported here: .txt, .md, .markdown, .jsonl")]
+    #[error(
+        "{path}: unsupported file type '{ext}'; supported: .pdf, .docx, .html, .htm, .md, .txt, .csv, .tsv, .jsonl, .zip"
+    )]
     UnsupportedFormat { path: PathBuf, ext: String },
     #[error(
         "{path}: not valid UTF-8 (first bad byte at offset {offset}); convert it to UTF-8, e.g. `iconv -f GB18030 -t UTF-8 in > out`"
@@ -110,6 +112,15 @@ pub enum Error {
     NotUtf8 { path: PathBuf, offset: usize },
     #[error("{path}: the file is empty; nothing to ingest")]
     EmptyFile { path: PathBuf },
+    /// Text in an encoding that could not be detected or that does not decode cleanly.
+    #[error("{path}: {message}")]
+    Encoding { path: PathBuf, message: String },
+    /// A file whose container or syntax is broken (truncated PDF, DOCX that is not a zip, CSV without the column).
+    #[error("{path}: not a valid {format} file: {message}")]
+    MalformedFile { path: PathBuf, format: &'static str, message: String },
+    /// A well-formed file with no extractable text (e.g. a scanned PDF without a text layer).
+    #[error("{path}: {message}")]
+    NoText { path: PathBuf, message: String },
     #[error("{path}:{line}: {message}")]
     MalformedRecord { path: PathBuf, line: usize, message: String },
     #[error("{what} has format version {found}, newer than this build supports ({supported}); upgrade the appliance")]
@@ -170,7 +181,9 @@ impl Error {
             Error::InvalidInput(_) => ErrorCode::InvalidInput,
             Error::UnsupportedFormat { .. } => ErrorCode::UnsupportedFormat,
             Error::NotUtf8 { .. } => ErrorCode::BadEncoding,
-            Error::EmptyFile { .. } => ErrorCode::EmptyInput,
+            Error::EmptyFile { .. } | Error::NoText { .. } => ErrorCode::EmptyInput,
+            Error::Encoding { .. } => ErrorCode::BadEncoding,
+            Error::MalformedFile { .. } => ErrorCode::MalformedRecord,
             Error::MalformedRecord { .. } => ErrorCode::MalformedRecord,
             Error::TooNew { .. } => ErrorCode::IncompatibleVersion,
             Error::ModelMismatch(_) => ErrorCode::ModelMismatch,

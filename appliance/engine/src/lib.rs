@@ -6,7 +6,8 @@
 //!   ├ audit     append-only, hash-chained audit records written in the same transaction as the change
 //!   ├ accounts  users and roles (argon2), lockout, sessions, API tokens, per-collection read grants
 //!   ├ feedback  the document view behind a hit and relevance feedback kept for training
-//!   ├ ingest    files → ParsedDocument (txt, md, jsonl); errors name file and line
+//!   ├ ingest    files → ParsedDocument (pdf, docx, html, md, txt, csv, jsonl, zip; encodings; limits)
+//!   ├ jobs      durable ingestion jobs in SQLite and the background worker that runs and resumes them
 //!   ├ text      normalisation (full/half width, controls) and sentence/heading-aware chunking
 //!   ├ lexical   tantivy BM25 with jieba search-mode tokens + medical dictionary; derived from SQLite
 //!   ├ encoders  ONNX Runtime encoders for model packages (pooling, Matryoshka width, prompts, batching)
@@ -35,6 +36,7 @@ pub mod feedback;
 pub mod fusion;
 pub mod hybrid;
 pub mod ingest;
+pub mod jobs;
 pub mod lexical;
 pub mod models;
 pub mod store;
@@ -43,3 +45,5 @@ pub mod text;
 pub use config::EngineConfig;
 pub use engine::{Engine, IngestProgress, IngestReport, OpenMode, SearchHit, SearchRequest, SearchResults};
 pub use error::{Error, ErrorCode, Result};
+pub use ingest::{IngestLimits, IngestOptions};
+pub use jobs::{FileError, Job, JobState, Worker, WorkerHandle};

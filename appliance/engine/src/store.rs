@@ -17,6 +17,7 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (1, include_str!("../../../migrations/0001_init.sql")),
     (2, include_str!("../../../migrations/0002_models_dense.sql")),
     (3, include_str!("../../../migrations/0003_audit_head.sql")),
+    (4, include_str!("../../../migrations/0004_ingest_jobs.sql")),
     (5, include_str!("../../../migrations/0005_auth.sql")),
 ];
 

@@ -61,8 +61,8 @@ fn bad_inputs_are_rejected_per_file_and_nothing_stored_is_lost() {
     let before = e.check().unwrap();
     assert!(before.consistent);
 
-    let gbk = t.path().join("gbk.txt");
-    std::fs::write(&gbk, b"\xcc\xc7\xc4\xf2\xb2\xa1\xca\xc7").unwrap(); // GBK bytes, not UTF-8
+    let gbk = t.path().join("junk.txt");
+    std::fs::write(&gbk, b"\x7fELF\x02\x01\x01\x00\x00\x00binary").unwrap(); // binary, not text
     let empty = t.path().join("empty.txt");
     std::fs::write(&empty, b"").unwrap();
     let broken = t.path().join("bank.jsonl");
@@ -72,7 +72,7 @@ fn bad_inputs_are_rejected_per_file_and_nothing_stored_is_lost() {
     let r = e.ingest_files("guide", &[gbk.clone(), empty.clone(), broken.clone(), other], &mut |_| {}).unwrap();
     let errors: Vec<(String, Option<&str>)> =
         r.files.iter().map(|f| (f.error.clone().unwrap_or_default(), f.error_code)).collect();
-    assert!(errors[0].0.contains("gbk.txt") && errors[0].0.contains("not valid UTF-8"), "{errors:?}");
+    assert!(errors[0].0.contains("junk.txt") && errors[0].0.contains("binary data"), "{errors:?}");
     assert_eq!(errors[0].1, Some("bad_encoding"));
     assert!(errors[1].0.contains("empty.txt") && errors[1].0.contains("empty"), "{errors:?}");
     assert!(errors[2].0.contains("bank.jsonl:2:"), "{errors:?}");
@@ -111,10 +111,10 @@ fn reingest_is_idempotent_edits_replace_and_deletes_remove_everywhere() {
     assert_eq!(search(&e, "高嘌呤饮食"), vec!["doc.txt".to_string()]);
     let s = e.stats().unwrap();
     assert_eq!((s.documents, s.chunks, s.lexical_docs), (1, 1, 1));
-    assert_eq!(e.delete_documents("c", &["doc.txt".into()]).unwrap(), 1);
+    assert_eq!(e.delete_documents("c", &["doc.txt".into()], "test").unwrap(), 1);
     assert!(search(&e, "高嘌呤饮食").is_empty());
     assert!(e.check().unwrap().consistent);
-    assert!(e.delete_documents("c", &["doc.txt".into()]).is_err());
+    assert!(e.delete_documents("c", &["doc.txt".into()], "test").is_err());
 }
 
 #[test]
@@ -354,4 +354,254 @@ fn trainer_exported_query_package_matches_tch_vectors() {
     eprintln!("trainer export parity over {} texts: min cosine {worst:.7}", texts.len());
     assert!(texts.len() >= 8);
     assert!(worst >= 0.9999, "ONNX vs tch min cosine {worst}");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Ingestion jobs: every format, malformed inputs, resumable jobs (fixtures are written by the test itself).
+
+mod jobs {
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use care_engine::engine::OpenMode;
+    use care_engine::ingest::fixtures::{docx_bytes, pdf_bytes, zip_bytes};
+    use care_engine::{Engine, EngineConfig, IngestOptions, Job, JobState, Worker};
+
+    fn engine(dir: &Path, max_chars: usize) -> Arc<Engine> {
+        let mut cfg = EngineConfig::default();
+        cfg.storage.data_dir = dir.to_path_buf();
+        cfg.ingest.chunk.max_chars = max_chars;
+        cfg.ingest.chunk.overlap_chars = 0;
+        Arc::new(Engine::open(cfg, OpenMode::Create).unwrap())
+    }
+
+    fn wait(e: &Engine, id: i64) -> Job {
+        let started = Instant::now();
+        loop {
+            let j = e.job(id).unwrap();
+            if j.state.is_finished() {
+                return j;
+            }
+            assert!(started.elapsed() < Duration::from_secs(120), "job {id} did not finish: {j:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// (heading, text) of a document's chunks in order.
+    fn chunks_of(e: &Engine, external_id: &str) -> Vec<(String, String)> {
+        let conn = e.store().conn();
+        let mut stmt = conn
+            .prepare("SELECT k.heading, k.text FROM chunks k JOIN documents d ON d.id = k.document_id WHERE d.external_id = ?1 ORDER BY k.ordinal")
+            .unwrap();
+        stmt.query_map([external_id], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect()
+    }
+
+    fn snapshot(e: &Engine) -> Vec<(String, String, String)> {
+        let conn = e.store().conn();
+        let mut stmt = conn
+            .prepare("SELECT d.external_id, d.content_hash, group_concat(k.text, '|') FROM documents d JOIN chunks k ON k.document_id = d.id GROUP BY d.id ORDER BY d.external_id")
+            .unwrap();
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap().map(Result::unwrap).collect()
+    }
+
+    fn put(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    #[test]
+    fn every_format_ingests_and_each_bad_file_gets_its_own_error() {
+        let t = tempfile::tempdir().unwrap();
+        let e = engine(&t.path().join("data"), 30);
+        e.create_collection("guide", "临床指南", "alice").unwrap();
+        // Stored before: must come out of the bad upload unchanged.
+        let prior = t.path().join("prior.md");
+        std::fs::write(&prior, "# 阿司匹林\n## 不良反应\n可引起胃肠道出血。").unwrap();
+        assert_eq!(e.ingest_files("guide", &[prior], &mut |_| {}).unwrap().failed(), 0);
+        let before = snapshot(&e);
+
+        let up = e.new_upload_dir().unwrap();
+        let pdf = pdf_bytes(&[
+            vec!["二甲双胍用药指南", "严重肾功能不全者禁用二甲双胍。", "用药期间应定期监测肾功能。"],
+            vec!["碘造影检查前48小时停用二甲双胍。"],
+        ]);
+        let docx = docx_bytes(
+            &[
+                (Some("1"), "碘造影剂使用规范"),
+                (Some("2"), "适应症"),
+                (None, "增强CT检查。"),
+                (Some("Heading2"), "禁忌症"),
+                (None, "对碘过敏者禁用。甲亢未控制者慎用。"),
+            ],
+            None,
+        );
+        let (bank, _, _) = encoding_rs::GB18030.encode("编号,问题,答案\nq1,发热怎么办？,多饮水，必要时服用对乙酰氨基酚。\nq2,咳嗽几天要就医？,咳嗽超过三周应就医。\n");
+        let (html, _, _) = encoding_rs::GBK.encode(
+            "<html><head><meta charset=\"gbk\"><title>痛风饮食</title><script>var a='跟踪代码';</script></head>\
+             <body><nav>首页</nav><h1>痛风</h1><p>避免高嘌呤饮食。</p></body></html>",
+        );
+        let files = vec![
+            put(&up, "guide.pdf", &pdf),
+            put(&up, "contrast.docx", &docx),
+            put(&up, "bank.csv", &bank),
+            put(&up, "gout.html", &html),
+            put(&up, "notes.md", "# 哮喘\n## 治疗\n吸入糖皮质激素是长期控制的首选。".as_bytes()),
+            put(&up, "bundle.zip", &zip_bytes(&[
+                ("科室/发热.txt", "发热伴皮疹需警惕麻疹。".as_bytes()),
+                ("科室/qa.jsonl", "{\"id\":\"z1\",\"text\":\"心悸伴胸痛应立即就医。\"}\n".as_bytes()),
+            ])),
+            // Malformed inputs.
+            put(&up, "truncated.pdf", &pdf[..pdf.len() * 2 / 3]),
+            put(&up, "fake.docx", "这只是一个文本文件".as_bytes()),
+            put(&up, "bomb.zip", &zip_bytes(&[("zeros.txt", &vec![0u8; 8 << 20])])),
+            put(&up, "junk.txt", &(0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 11) as u8).collect::<Vec<_>>()),
+            put(&up, "short.csv", "id,问题\n1,头痛？\n".as_bytes()),
+            put(&up, "escape.zip", &zip_bytes(&[("ok.txt", "正常。".as_bytes()), ("../../etc/cron.d/x.txt", "恶意".as_bytes())])),
+        ];
+        let huge = up.join("huge.txt");
+        std::fs::File::create(&huge).unwrap().set_len((2u64 << 30) + 1).unwrap(); // sparse: instant, no disk
+        let mut files = files;
+        files.push(huge);
+        let opts = IngestOptions {
+            csv_text_column: Some("答案".into()),
+            csv_title_column: Some("问题".into()),
+            csv_id_column: Some("编号".into()),
+            ..Default::default()
+        };
+        let id = e.submit_ingest("guide", files.clone(), opts.clone(), "alice").unwrap();
+        let queued = e.job(id).unwrap();
+        assert_eq!((queued.state, queued.progress_total, queued.actor.as_str()), (JobState::Queued, 13, "alice"));
+        let worker = Worker::start(e.clone(), 2);
+        let job = wait(&e, id);
+        worker.shutdown();
+
+        assert_eq!(job.state, JobState::Done, "{job:?}");
+        assert_eq!(job.progress_done, 13);
+        let mut errors: Vec<(String, String)> = job.errors.iter().map(|f| (f.file.clone(), f.code.clone())).collect();
+        errors.sort();
+        assert_eq!(
+            errors,
+            vec![
+                ("bomb.zip".to_string(), "unsafe_archive".to_string()),
+                ("escape.zip".into(), "unsafe_archive".into()),
+                ("fake.docx".into(), "malformed_record".into()),
+                ("huge.txt".into(), "too_large".into()),
+                ("junk.txt".into(), "bad_encoding".into()),
+                ("short.csv".into(), "malformed_record".into()),
+                ("truncated.pdf".into(), "malformed_record".into()),
+            ],
+            "{:#?}",
+            job.errors
+        );
+        let msg = |f: &str| job.errors.iter().find(|x| x.file == f).unwrap().message.clone();
+        assert!(msg("bomb.zip").contains("zip bomb"), "{}", msg("bomb.zip"));
+        assert!(msg("escape.zip").contains("path traversal"), "{}", msg("escape.zip"));
+        assert!(msg("fake.docx").contains("not a zip archive"), "{}", msg("fake.docx"));
+        assert!(msg("huge.txt").contains("2147483649 bytes, over the limit of 1073741824"), "{}", msg("huge.txt"));
+        assert!(msg("junk.txt").contains("binary data"), "{}", msg("junk.txt"));
+        assert!(msg("short.csv").contains("\"答案\" is not in the header"), "{}", msg("short.csv"));
+        assert!(msg("truncated.pdf").contains("truncated"), "{}", msg("truncated.pdf"));
+
+        // Extracted text and chunk boundaries (max 30 characters, no overlap).
+        let h = |s: &str| s.to_string();
+        assert_eq!(
+            chunks_of(&e, "guide.pdf"),
+            vec![
+                (h(""), h("二甲双胍用药指南\n严重肾功能不全者禁用二甲双胍。")),
+                (h(""), h("用药期间应定期监测肾功能。")),
+                (h(""), h("碘造影检查前48小时停用二甲双胍。")),
+            ]
+        );
+        assert_eq!(
+            chunks_of(&e, "contrast.docx"),
+            vec![
+                (h("碘造影剂使用规范 > 适应症"), h("增强CT检查。")),
+                (h("碘造影剂使用规范 > 禁忌症"), h("对碘过敏者禁用。甲亢未控制者慎用。")),
+            ]
+        );
+        assert_eq!(chunks_of(&e, "q2"), vec![(h(""), h("咳嗽超过三周应就医。"))]);
+        assert_eq!(chunks_of(&e, "gout.html"), vec![(h("痛风"), h("避免高嘌呤饮食。"))]);
+        assert_eq!(chunks_of(&e, "bundle.zip/科室/发热.txt"), vec![(h(""), h("发热伴皮疹需警惕麻疹。"))]);
+        assert_eq!(chunks_of(&e, "z1"), vec![(h(""), h("心悸伴胸痛应立即就医。"))]);
+        let titles: Vec<(String, String)> = {
+            let conn = e.store().conn();
+            let mut stmt = conn.prepare("SELECT external_id, title FROM documents ORDER BY external_id").unwrap();
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect()
+        };
+        assert!(titles.contains(&(h("guide.pdf"), h("二甲双胍用药指南"))), "{titles:?}");
+        assert!(titles.contains(&(h("q1"), h("发热怎么办？"))), "{titles:?}");
+        assert!(titles.contains(&(h("gout.html"), h("痛风饮食"))), "{titles:?}");
+        let s = e.stats().unwrap();
+        // prior.md + pdf, docx, 2 csv rows, html, md, 2 zip members.
+        assert_eq!(s.documents, 9, "{s:?}");
+        assert!(e.check().unwrap().consistent);
+
+        // Nothing stored before changed; the uploaded files are gone with their folder.
+        let after = snapshot(&e);
+        for row in &before {
+            assert!(after.contains(row), "{row:?} changed");
+        }
+        assert!(!up.exists(), "the job removes its upload folder");
+        let files_report = e.job_files(id).unwrap();
+        assert_eq!(files_report.iter().filter(|f| f.state == "done").count(), 6);
+        assert_eq!(files_report.iter().filter(|f| f.state == "failed").count(), 7);
+
+        // Audit: submit and done, by the uploader, in an intact chain.
+        let conn = e.store().conn();
+        let recs = care_engine::audit::list(&conn, Some("alice"), Some("ingest."), 10).unwrap();
+        let actions: Vec<&str> = recs.iter().map(|r| r.action.as_str()).collect();
+        assert_eq!(actions, vec!["ingest.done", "ingest.submit"]);
+        assert_eq!(recs[0].detail["files_failed"], 7);
+        care_engine::audit::verify(&conn).unwrap();
+    }
+
+    #[test]
+    fn reupload_is_a_noop_edits_replace_cancel_and_collection_delete() {
+        let t = tempfile::tempdir().unwrap();
+        let e = engine(&t.path().join("data"), 400);
+        e.create_collection("c", "", "bob").unwrap();
+        let run = |name: &str, body: &str| {
+            let up = e.new_upload_dir().unwrap();
+            let id = e.submit_ingest("c", vec![put(&up, name, body.as_bytes())], IngestOptions::default(), "bob").unwrap();
+            let w = Worker::start(e.clone(), 1);
+            let j = wait(&e, id);
+            w.shutdown();
+            (j, e.job_files(id).unwrap().remove(0))
+        };
+        let (j, f) = run("htn.md", "# 高血压\n限制钠盐摄入。");
+        assert_eq!((j.state, f.added, f.chunks), (JobState::Done, 1, 1));
+        let (_, f) = run("htn.md", "# 高血压\n限制钠盐摄入。");
+        assert_eq!((f.added, f.replaced, f.unchanged), (0, 0, 1), "same content: a no-op");
+        let (_, f) = run("htn.md", "# 高血压\n每日食盐不超过5克。");
+        assert_eq!((f.added, f.replaced), (0, 1));
+        assert_eq!(chunks_of(&e, "htn.md"), vec![("高血压".to_string(), "每日食盐不超过5克。".to_string())]);
+        assert!(e.check().unwrap().consistent);
+
+        // A queued job cancelled before it runs: files skipped and removed, nothing ingested.
+        let up = e.new_upload_dir().unwrap();
+        let id = e.submit_ingest("c", vec![put(&up, "x.txt", "不会被索引。".as_bytes())], IngestOptions::default(), "bob").unwrap();
+        e.cancel_job(id, "carol").unwrap();
+        let j = e.job(id).unwrap();
+        assert_eq!(j.state, JobState::Cancelled);
+        assert!(!up.exists());
+        assert!(e.cancel_job(id, "carol").is_err(), "an ended job cannot be cancelled again");
+        assert_eq!(e.stats().unwrap().documents, 1);
+        // Files outside the uploads folder are refused for owned jobs.
+        let outside = t.path().join("o.txt");
+        std::fs::write(&outside, "外部").unwrap();
+        assert!(e.submit_ingest("c", vec![outside], IngestOptions::default(), "bob").is_err());
+
+        let c = e.set_approved_for_training("c", true, "carol").unwrap();
+        assert!(c.approved_for_training);
+        assert_eq!(e.delete_collection("c", "carol").unwrap(), 1);
+        assert!(e.collection("c").is_err());
+        let s = e.stats().unwrap();
+        assert_eq!((s.documents, s.chunks, s.lexical_docs), (0, 0, 0));
+        let conn = e.store().conn();
+        let actions: Vec<String> =
+            care_engine::audit::list(&conn, Some("carol"), None, 10).unwrap().into_iter().map(|r| r.action).collect();
+        assert_eq!(actions, vec!["collection.delete", "collection.approve", "job.cancel"]);
+    }
 }

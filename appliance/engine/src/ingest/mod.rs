@@ -1,11 +1,28 @@
-//! Reading files into documents.
+//! Reading files into documents: PDF (text layer), DOCX, HTML, Markdown, TXT, CSV/TSV, JSONL, and ZIP archives of
+//! these.
 //!
-//! A file is read and validated completely before anything is written: a malformed file is rejected whole with
-//! an error naming the file (and line), so it can never leave half of itself in a collection.
+//! A file is read and validated completely before anything is written: a malformed file is rejected whole with an
+//! error naming the file (and line), so it can never leave half of itself in a collection. Size is checked from
+//! metadata before a byte is read; archives are checked for path traversal, entry counts and expansion (zip bombs)
+//! before any member is parsed. Third-party parsers run under `catch_unwind`, so a parser bug on a hostile file is
+//! reported as a malformed file instead of taking the worker down.
+//!
+//! Every format ends as normalised text (see [`crate::text::normalize`]) in which headings are Markdown `#` lines,
+//! so the chunker sees one structure whatever the source was.
 
-use std::path::Path;
+mod archive;
+mod csv;
+mod docx;
+pub mod encoding;
+pub mod fixtures;
+#[cfg(test)]
+mod fuzz;
+mod html;
+mod pdf;
 
-use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
@@ -14,7 +31,8 @@ use crate::text::normalize;
 /// A document ready to be chunked and stored.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParsedDocument {
-    /// Identity inside the collection: the JSONL `id`, or the file name. Re-ingesting the same id replaces it.
+    /// Identity inside the collection: the JSONL/CSV `id`, or the file name (for an archive member, its path
+    /// inside the archive after the archive's name). Re-ingesting the same id replaces it.
     pub external_id: String,
     pub title: String,
     /// Normalised text (see [`crate::text::normalize`]).
@@ -39,11 +57,61 @@ pub struct ParsedFile {
     pub skipped_empty: usize,
 }
 
+/// Per-upload options (the admin page's upload form, `care ingest` flags).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct IngestOptions {
+    /// Text encoding of every text-like file in the upload (`gb18030`, `gbk`, `big5`, `utf-16le`, …); `None`
+    /// detects it per file.
+    pub encoding: Option<String>,
+    /// CSV/TSV: the column holding the text (default: the first of text, content, body, 正文, 内容, answer, 答案,
+    /// question, 问题).
+    pub csv_text_column: Option<String>,
+    /// CSV/TSV: the column holding the title (default: title or 标题 when present, else none).
+    pub csv_title_column: Option<String>,
+    /// CSV/TSV: the column holding a stable id (default: id or _id when present, else `<file>:<line>`).
+    pub csv_id_column: Option<String>,
+}
+
+/// Bounds on what one upload may make the appliance read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct IngestLimits {
+    /// Largest file accepted, in bytes (checked from metadata before reading).
+    pub max_file_bytes: u64,
+    /// Most members one archive (including nested archives) may have.
+    pub max_archive_entries: usize,
+    /// Most bytes one archive may expand to in total.
+    pub max_expanded_bytes: u64,
+    /// Largest uncompressed:compressed ratio of an archive member (larger is treated as a zip bomb).
+    pub max_expansion_ratio: u64,
+    /// How deep archives may nest inside archives.
+    pub max_archive_depth: usize,
+}
+
+impl Default for IngestLimits {
+    fn default() -> Self {
+        IngestLimits {
+            max_file_bytes: 1 << 30,
+            max_archive_entries: 10_000,
+            max_expanded_bytes: 2 << 30,
+            max_expansion_ratio: 100,
+            max_archive_depth: 3,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileKind {
     Text,
     Markdown,
     Jsonl,
+    Csv,
+    Tsv,
+    Html,
+    Docx,
+    Pdf,
+    Zip,
 }
 
 impl FileKind {
@@ -53,48 +121,199 @@ impl FileKind {
             "txt" | "text" => Ok(FileKind::Text),
             "md" | "markdown" => Ok(FileKind::Markdown),
             "jsonl" | "ndjson" => Ok(FileKind::Jsonl),
+            "csv" => Ok(FileKind::Csv),
+            "tsv" => Ok(FileKind::Tsv),
+            "html" | "htm" | "xhtml" => Ok(FileKind::Html),
+            "docx" => Ok(FileKind::Docx),
+            "pdf" => Ok(FileKind::Pdf),
+            "zip" => Ok(FileKind::Zip),
             _ => Err(Error::UnsupportedFormat { path: path.to_path_buf(), ext }),
         }
     }
-}
 
-/// Reads and parses one file. Every error names the file.
-pub fn parse_file(path: &Path) -> Result<ParsedFile> {
-    let kind = FileKind::of(path)?;
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    parse_bytes(path, kind, &bytes)
-}
-
-pub fn parse_bytes(path: &Path, kind: FileKind, bytes: &[u8]) -> Result<ParsedFile> {
-    if bytes.iter().all(|b| b.is_ascii_whitespace()) {
-        return Err(Error::EmptyFile { path: path.to_path_buf() });
+    pub fn name(self) -> &'static str {
+        match self {
+            FileKind::Text => "text",
+            FileKind::Markdown => "Markdown",
+            FileKind::Jsonl => "JSONL",
+            FileKind::Csv => "CSV",
+            FileKind::Tsv => "TSV",
+            FileKind::Html => "HTML",
+            FileKind::Docx => "DOCX",
+            FileKind::Pdf => "PDF",
+            FileKind::Zip => "ZIP",
+        }
     }
-    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
-    let text = std::str::from_utf8(bytes)
-        .map_err(|e| Error::NotUtf8 { path: path.to_path_buf(), offset: e.valid_up_to() })?;
-    let file_name = path.file_name().and_then(|n| n.to_str()).unwrap_or("document").to_string();
-    let stem = path.file_stem().and_then(|n| n.to_str()).unwrap_or("document").to_string();
-    let source = path.display().to_string();
-    match kind {
-        FileKind::Text | FileKind::Markdown => {
-            let text = normalize(text);
-            let title = match kind {
-                FileKind::Markdown => text
-                    .lines()
-                    .find_map(|l| l.strip_prefix("# ").map(|t| t.trim().to_string()))
-                    .unwrap_or_else(|| stem.clone()),
-                _ => stem.clone(),
-            };
-            if text.is_empty() {
-                return Err(Error::EmptyFile { path: path.to_path_buf() });
-            }
-            Ok(ParsedFile {
-                documents: vec![ParsedDocument { external_id: file_name, title, text, source }],
-                skipped_empty: 0,
+}
+
+/// One unit of an upload: a plain file, or a member of an archive, with what came of parsing it.
+#[derive(Debug)]
+pub struct Unit {
+    /// How the unit is named in reports: the file's path, or `archive.zip/folder/member.pdf`.
+    pub name: String,
+    pub result: Result<ParsedFile>,
+}
+
+/// Where a byte buffer came from: `path` names it in messages and `source`, `ident` is the identity base for
+/// documents made from it (the file name for a plain file, `archive.zip/dir/member` for an archive member).
+#[derive(Debug, Clone)]
+pub struct Origin {
+    pub path: PathBuf,
+    pub ident: String,
+}
+
+impl Origin {
+    pub fn of_file(path: &Path) -> Self {
+        Origin {
+            path: path.to_path_buf(),
+            ident: path.file_name().and_then(|n| n.to_str()).unwrap_or("document").to_string(),
+        }
+    }
+    fn stem(&self) -> String {
+        Path::new(&self.ident).file_stem().and_then(|n| n.to_str()).unwrap_or("document").to_string()
+    }
+}
+
+/// Reads one uploaded file into units: one for a plain file, one per member for an archive. An `Err` rejects the
+/// whole file (too large, unreadable, an unsafe archive); a unit's own `Err` rejects only that unit.
+pub fn read_units(path: &Path, opts: &IngestOptions, limits: &IngestLimits) -> Result<Vec<Unit>> {
+    let kind = FileKind::of(path)?;
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(Error::InvalidInput(format!("{}: not a regular file", path.display())));
+    }
+    if meta.len() > limits.max_file_bytes {
+        return Err(Error::TooLarge {
+            what: path.display().to_string(),
+            size: meta.len(),
+            limit: limits.max_file_bytes,
+            hint: "split it into smaller files, or raise ingest.limits.max_file_bytes".into(),
+        });
+    }
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let origin = Origin::of_file(path);
+    if kind == FileKind::Zip {
+        return archive::expand(&origin, &bytes, opts, limits);
+    }
+    Ok(vec![Unit { name: path.display().to_string(), result: parse_origin(&origin, kind, &bytes, opts, limits) }])
+}
+
+/// Reads and parses one non-archive file with default options (archives: use [`read_units`]).
+pub fn parse_file(path: &Path) -> Result<ParsedFile> {
+    let mut units = read_units(path, &IngestOptions::default(), &IngestLimits::default())?;
+    match units.len() {
+        1 => units.remove(0).result,
+        _ => Err(Error::InvalidInput(format!("{}: an archive holds several files; use read_units", path.display()))),
+    }
+}
+
+/// Parses bytes of a known kind with default options; documents are named after `path`'s file name.
+pub fn parse_bytes(path: &Path, kind: FileKind, bytes: &[u8]) -> Result<ParsedFile> {
+    parse_origin(&Origin::of_file(path), kind, bytes, &IngestOptions::default(), &IngestLimits::default())
+}
+
+// Set by the fuzz targets: parsers then run without `catch_unwind`, so a panic is seen instead of reported.
+#[cfg(test)]
+thread_local! {
+    static UNGUARDED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Parses bytes of a known kind. A panic inside a parser becomes a malformed-file error.
+pub fn parse_origin(
+    origin: &Origin,
+    kind: FileKind,
+    bytes: &[u8],
+    opts: &IngestOptions,
+    limits: &IngestLimits,
+) -> Result<ParsedFile> {
+    #[cfg(test)]
+    if UNGUARDED.with(|u| u.get()) {
+        return parse_inner(origin, kind, bytes, opts, limits);
+    }
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parse_inner(origin, kind, bytes, opts, limits))) {
+        Ok(r) => r,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(Error::MalformedFile {
+                path: origin.path.clone(),
+                format: kind.name(),
+                message: format!("the {} reader gave up on this file ({what}); re-save or re-export it", kind.name()),
             })
         }
-        FileKind::Jsonl => parse_jsonl(path, text, &file_name, &source),
     }
+}
+
+fn parse_inner(origin: &Origin, kind: FileKind, bytes: &[u8], opts: &IngestOptions, limits: &IngestLimits) -> Result<ParsedFile> {
+    let path = &origin.path;
+    if bytes.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(Error::EmptyFile { path: path.clone() });
+    }
+    let source = path.display().to_string();
+    let single = |title: String, text: String| -> Result<ParsedFile> {
+        if text.is_empty() {
+            return Err(Error::EmptyFile { path: path.clone() });
+        }
+        let title = if title.is_empty() { origin.stem() } else { title };
+        Ok(ParsedFile {
+            documents: vec![ParsedDocument { external_id: origin.ident.clone(), title, text, source: source.clone() }],
+            skipped_empty: 0,
+        })
+    };
+    match kind {
+        FileKind::Text | FileKind::Markdown => {
+            let text = normalize(&encoding::decode(path, bytes, opts.encoding.as_deref())?);
+            let title = match kind {
+                FileKind::Markdown => markdown_title(&text).unwrap_or_default(),
+                _ => String::new(),
+            };
+            single(title, text)
+        }
+        FileKind::Html => {
+            // The page's own <meta charset> is believed unless the bytes are UTF-8 anyway (re-saved pages).
+            let declared = match opts.encoding.as_deref() {
+                Some(e) => Some(e),
+                None if std::str::from_utf8(bytes).is_err() && encoding_rs::Encoding::for_bom(bytes).is_none() => {
+                    html::declared_charset(bytes)
+                }
+                None => None,
+            };
+            let raw = encoding::decode(path, bytes, declared)?;
+            let (title, text) = html::extract(&raw);
+            let text = normalize(&text);
+            let title = normalize(&title);
+            let title = if title.is_empty() { markdown_title(&text).unwrap_or_default() } else { title };
+            single(title, text)
+        }
+        FileKind::Docx => {
+            let (title, text) = docx::extract(path, bytes, limits)?;
+            let text = normalize(&text);
+            let title = normalize(&title);
+            let title = if title.is_empty() { markdown_title(&text).unwrap_or_default() } else { title };
+            single(title, text)
+        }
+        FileKind::Pdf => {
+            let text = normalize(&pdf::extract(path, bytes, limits)?);
+            let title = text.lines().next().filter(|l| l.chars().count() <= 60).unwrap_or("").to_string();
+            single(title, text)
+        }
+        FileKind::Jsonl => {
+            let text = encoding::decode(path, bytes, opts.encoding.as_deref())?;
+            parse_jsonl(path, &text, &origin.ident, &source)
+        }
+        FileKind::Csv | FileKind::Tsv => {
+            let text = encoding::decode(path, bytes, opts.encoding.as_deref())?;
+            csv::parse(path, &text, kind == FileKind::Tsv, &origin.ident, &source, opts)
+        }
+        FileKind::Zip => Err(Error::InvalidInput(format!("{}: archives are expanded by read_units", path.display()))),
+    }
+}
+
+fn markdown_title(text: &str) -> Option<String> {
+    text.lines().find_map(|l| l.strip_prefix("# ").map(|t| t.trim().to_string())).filter(|t| !t.is_empty())
 }
 
 #[derive(Deserialize)]
@@ -173,12 +392,14 @@ mod tests {
     }
 
     #[test]
-    fn rejects_non_utf8_and_empty() {
+    fn decodes_gbk_rejects_binary_and_empty() {
         let p = Path::new("gbk.txt");
-        // "糖尿病" in GBK.
-        let err = parse_bytes(p, FileKind::Text, b"ok \xcc\xc7\xc4\xf2\xb2\xa1").unwrap_err();
-        assert!(matches!(err, Error::NotUtf8 { offset: 3, .. }), "{err}");
-        assert!(err.to_string().contains("iconv"));
+        // GBK is detected and decoded.
+        let (gbk, _, _) = encoding_rs::GBK.encode("糖尿病患者应控制饮食，定期监测血糖。");
+        let f = parse_bytes(p, FileKind::Text, &gbk).unwrap();
+        assert_eq!(f.documents[0].text, "糖尿病患者应控制饮食，定期监测血糖。");
+        let err = parse_bytes(p, FileKind::Text, b"ok\x00\x01\x02\x03binary").unwrap_err();
+        assert_eq!(err.code().as_str(), "bad_encoding", "{err}");
         assert!(matches!(parse_bytes(p, FileKind::Text, b" \n\t"), Err(Error::EmptyFile { .. })));
         assert!(matches!(FileKind::of(Path::new("a.exe")), Err(Error::UnsupportedFormat { .. })));
     }

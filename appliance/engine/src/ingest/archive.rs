@@ -1,0 +1,302 @@
+//! ZIP archives of documents (folders zipped on Windows, often with GBK-encoded names).
+//!
+//! The whole central directory is vetted before any member is decompressed: an entry whose name would escape the
+//! archive's folder (`..`, absolute paths, drive letters, NUL), a symbolic link, more entries than allowed, a
+//! member whose declared compression ratio or the archive's declared total exceeds the limits — each rejects the
+//! whole archive as unsafe, since such an archive was made on purpose. Reads are then bounded by the declared sizes,
+//! so an archive that lies in its headers cannot expand past them. Members are parsed like uploaded files; a
+//! malformed member is reported on its own (`bundle.zip/dir/member.pdf`) while the others are ingested. Nested
+//! archives are expanded up to `max_archive_depth` within the same budgets. Metadata junk (`__MACOSX/`, dot files,
+//! Thumbs.db) is skipped.
+
+use std::io::{Cursor, Read};
+use std::path::Path;
+
+use zip::ZipArchive;
+
+use super::{FileKind, IngestLimits, IngestOptions, Origin, Unit, parse_origin};
+use crate::error::{Error, Result};
+
+struct Budget {
+    entries: usize,
+    expanded: u64,
+}
+
+pub(super) fn expand(origin: &Origin, bytes: &[u8], opts: &IngestOptions, limits: &IngestLimits) -> Result<Vec<Unit>> {
+    let mut out = Vec::new();
+    let mut budget = Budget { entries: 0, expanded: 0 };
+    expand_into(origin, bytes, opts, limits, 1, &mut budget, &mut out)?;
+    if out.is_empty() {
+        return Err(Error::EmptyFile { path: origin.path.clone() });
+    }
+    Ok(out)
+}
+
+pub(super) fn open(path: &Path, bytes: &[u8], format: &'static str) -> Result<ZipArchive<Cursor<Vec<u8>>>> {
+    ZipArchive::new(Cursor::new(bytes.to_vec())).map_err(|e| Error::MalformedFile {
+        path: path.to_path_buf(),
+        format,
+        message: format!("not a readable zip archive ({e}){}", if format == "DOCX" { "; save it again as .docx from Word or WPS" } else { "" }),
+    })
+}
+
+fn unsafe_archive(path: &Path, reason: String) -> Error {
+    Error::UnsafeArchive { path: path.to_path_buf(), reason }
+}
+
+/// The member name as text: UTF-8 when it is, else GB18030 (Windows zips in China), with `\` as `/`.
+fn member_name(raw: &[u8]) -> String {
+    let s = match std::str::from_utf8(raw) {
+        Ok(s) => s.to_string(),
+        Err(_) => encoding_rs::GB18030.decode_without_bom_handling(raw).0.into_owned(),
+    };
+    s.replace('\\', "/")
+}
+
+fn unsafe_name(name: &str) -> Option<&'static str> {
+    if name.contains('\0') {
+        return Some("contains a NUL character");
+    }
+    if name.starts_with('/') {
+        return Some("is an absolute path");
+    }
+    let b = name.as_bytes();
+    if b.len() >= 2 && b[0].is_ascii_alphabetic() && b[1] == b':' {
+        return Some("starts with a drive letter");
+    }
+    if name.split('/').any(|c| c == "..") {
+        return Some("climbs out of the archive folder with '..' (path traversal)");
+    }
+    None
+}
+
+fn is_junk(name: &str) -> bool {
+    name.split('/').any(|c| c.starts_with('.') || c == "__MACOSX")
+        || matches!(name.rsplit('/').next(), Some("Thumbs.db" | "desktop.ini"))
+}
+
+/// Checks the central directory of an archive against the limits without decompressing anything.
+fn vet(path: &Path, zip: &mut ZipArchive<Cursor<Vec<u8>>>, limits: &IngestLimits, budget: &mut Budget) -> Result<()> {
+    budget.entries += zip.len();
+    if budget.entries > limits.max_archive_entries {
+        return Err(unsafe_archive(
+            path,
+            format!("it holds more than {} entries (ingest.limits.max_archive_entries)", limits.max_archive_entries),
+        ));
+    }
+    let mut declared = 0u64;
+    for i in 0..zip.len() {
+        let f = zip.by_index_raw(i).map_err(|e| Error::MalformedFile {
+            path: path.to_path_buf(),
+            format: "ZIP",
+            message: format!("entry {i}: {e}"),
+        })?;
+        let name = member_name(f.name_raw());
+        if let Some(why) = unsafe_name(&name) {
+            return Err(unsafe_archive(path, format!("entry {name:?} {why}; the archive was rejected, nothing in it was read")));
+        }
+        if f.is_symlink() {
+            return Err(unsafe_archive(path, format!("entry {name:?} is a symbolic link; the archive was rejected")));
+        }
+        if f.is_dir() {
+            continue;
+        }
+        let (size, packed) = (f.size(), f.compressed_size());
+        if size > 1 << 20 && size / packed.max(1) > limits.max_expansion_ratio {
+            return Err(unsafe_archive(
+                path,
+                format!(
+                    "entry {name:?} expands {packed} bytes to {size} bytes (ratio {}:1, over the limit of {}:1); \
+                     this looks like a zip bomb and was not decompressed",
+                    size / packed.max(1),
+                    limits.max_expansion_ratio
+                ),
+            ));
+        }
+        declared = declared.saturating_add(size);
+    }
+    budget.expanded = budget.expanded.saturating_add(declared);
+    if budget.expanded > limits.max_expanded_bytes {
+        return Err(unsafe_archive(
+            path,
+            format!(
+                "it would expand to more than {} bytes (ingest.limits.max_expanded_bytes); split the archive",
+                limits.max_expanded_bytes
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Reads member `i`, never more than its declared size (a member whose data exceeds its header is refused).
+fn read_member(path: &Path, zip: &mut ZipArchive<Cursor<Vec<u8>>>, i: usize, name: &str) -> Result<Vec<u8>> {
+    let member_path = path.join(name);
+    let malformed = |m: String| Error::MalformedFile { path: member_path.clone(), format: "ZIP member", message: m };
+    let f = zip.by_index(i).map_err(|e| malformed(e.to_string()))?;
+    let declared = f.size();
+    let mut buf = Vec::with_capacity(declared.min(64 << 20) as usize);
+    f.take(declared + 1).read_to_end(&mut buf).map_err(|e| malformed(format!("cannot decompress: {e}")))?;
+    if buf.len() as u64 > declared {
+        return Err(unsafe_archive(path, format!("entry {name:?} holds more data than its header declares")));
+    }
+    Ok(buf)
+}
+
+/// Reads a named member (for DOCX parts), within the same ratio and size limits.
+pub(super) fn read_named(
+    path: &Path,
+    zip: &mut ZipArchive<Cursor<Vec<u8>>>,
+    name: &str,
+    limits: &IngestLimits,
+    format: &'static str,
+) -> Result<Option<Vec<u8>>> {
+    let Some(i) = zip.index_for_name(name) else { return Ok(None) };
+    let (size, packed) = {
+        let f = zip.by_index_raw(i).map_err(|e| Error::MalformedFile { path: path.to_path_buf(), format, message: e.to_string() })?;
+        (f.size(), f.compressed_size())
+    };
+    if size > limits.max_file_bytes || (size > 1 << 20 && size / packed.max(1) > limits.max_expansion_ratio) {
+        return Err(unsafe_archive(
+            path,
+            format!("part {name:?} expands {packed} bytes to {size} bytes, over the limits; this looks like a zip bomb"),
+        ));
+    }
+    read_member(path, zip, i, name).map(Some).map_err(|e| match e {
+        Error::MalformedFile { message, .. } => Error::MalformedFile { path: path.to_path_buf(), format, message },
+        other => other,
+    })
+}
+
+fn expand_into(
+    origin: &Origin,
+    bytes: &[u8],
+    opts: &IngestOptions,
+    limits: &IngestLimits,
+    depth: usize,
+    budget: &mut Budget,
+    out: &mut Vec<Unit>,
+) -> Result<()> {
+    let path = &origin.path;
+    let mut zip = open(path, bytes, "ZIP")?;
+    vet(path, &mut zip, limits, budget)?;
+    let mut members: Vec<(usize, String)> = Vec::new();
+    for i in 0..zip.len() {
+        let f = zip.by_index_raw(i).map_err(|e| Error::MalformedFile { path: path.clone(), format: "ZIP", message: e.to_string() })?;
+        let name = member_name(f.name_raw());
+        if f.is_dir() || is_junk(&name) {
+            continue;
+        }
+        members.push((i, name));
+    }
+    for (i, name) in members {
+        let member = Origin { path: path.join(&name), ident: format!("{}/{}", origin.ident, name) };
+        let unit_name = member.path.display().to_string();
+        let kind = match FileKind::of(Path::new(&name)) {
+            Ok(k) => k,
+            Err(_) => {
+                let ext = Path::new(&name).extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+                out.push(Unit { name: unit_name, result: Err(Error::UnsupportedFormat { path: member.path, ext }) });
+                continue;
+            }
+        };
+        let data = match read_member(path, &mut zip, i, &name) {
+            Ok(d) => d,
+            Err(e @ Error::UnsafeArchive { .. }) => return Err(e),
+            Err(e) => {
+                out.push(Unit { name: unit_name, result: Err(e) });
+                continue;
+            }
+        };
+        if data.len() as u64 > limits.max_file_bytes {
+            out.push(Unit {
+                name: unit_name.clone(),
+                result: Err(Error::TooLarge {
+                    what: unit_name,
+                    size: data.len() as u64,
+                    limit: limits.max_file_bytes,
+                    hint: "split it into smaller files".into(),
+                }),
+            });
+            continue;
+        }
+        if kind == FileKind::Zip {
+            if depth >= limits.max_archive_depth {
+                return Err(unsafe_archive(
+                    path,
+                    format!("archives nest deeper than {} levels (at {name:?})", limits.max_archive_depth),
+                ));
+            }
+            match expand_into(&member, &data, opts, limits, depth + 1, budget, out) {
+                Ok(()) => {}
+                Err(e @ Error::UnsafeArchive { .. }) => return Err(e),
+                Err(e) => out.push(Unit { name: unit_name, result: Err(e) }),
+            }
+            continue;
+        }
+        out.push(Unit { name: unit_name, result: parse_origin(&member, kind, &data, opts, limits) });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ingest::fixtures::zip_bytes;
+
+    fn units(bytes: &[u8], limits: &IngestLimits) -> Result<Vec<Unit>> {
+        expand(&Origin::of_file(Path::new("up/bundle.zip")), bytes, &IngestOptions::default(), limits)
+    }
+
+    #[test]
+    fn members_are_parsed_and_reported_one_by_one() {
+        let (gb, _, _) = encoding_rs::GB18030.encode("编号,问题\n1,发热怎么办？\n");
+        let inner = zip_bytes(&[("deep/c.md", "# 哮喘\n吸入激素。".as_bytes())]);
+        let z = zip_bytes(&[
+            ("指南/a.txt", "高血压患者应限盐。".as_bytes()),
+            ("指南/bank.csv", &gb),
+            ("指南/broken.jsonl", b"{not json"),
+            ("img/x.png", b"\x89PNG"),
+            ("__MACOSX/._a.txt", b"junk"),
+            ("nested.zip", &inner),
+        ]);
+        let u = units(&z, &IngestLimits::default()).unwrap();
+        let names: Vec<&str> = u.iter().map(|u| u.name.as_str()).collect();
+        assert_eq!(
+            names,
+            vec![
+                "up/bundle.zip/指南/a.txt",
+                "up/bundle.zip/指南/bank.csv",
+                "up/bundle.zip/指南/broken.jsonl",
+                "up/bundle.zip/img/x.png",
+                "up/bundle.zip/nested.zip/deep/c.md"
+            ]
+        );
+        let a = u[0].result.as_ref().unwrap();
+        assert_eq!(a.documents[0].external_id, "bundle.zip/指南/a.txt");
+        assert_eq!(u[1].result.as_ref().unwrap().documents[0].text, "发热怎么办？");
+        assert_eq!(u[2].result.as_ref().unwrap_err().code().as_str(), "malformed_record");
+        assert_eq!(u[3].result.as_ref().unwrap_err().code().as_str(), "unsupported_format");
+        assert_eq!(u[4].result.as_ref().unwrap().documents[0].external_id, "bundle.zip/nested.zip/deep/c.md");
+    }
+
+    #[test]
+    fn traversal_bombs_and_entry_counts_are_refused_whole() {
+        for bad in ["../etc/passwd.txt", "/abs.txt", "C:/win.txt", "a/../../b.txt", "..\\x.txt"] {
+            let z = zip_bytes(&[("ok.txt", "好".as_bytes()), (bad, "坏".as_bytes())]);
+            let err = units(&z, &IngestLimits::default()).unwrap_err();
+            assert_eq!(err.code().as_str(), "unsafe_archive", "{bad}: {err}");
+        }
+        let zeros = vec![0u8; 8 << 20];
+        let z = zip_bytes(&[("bomb.txt", &zeros)]);
+        assert!(z.len() < 64 << 10);
+        let err = units(&z, &IngestLimits::default()).unwrap_err();
+        assert!(err.to_string().contains("zip bomb") && err.to_string().contains("over the limit of 100:1"), "{err}");
+        let many: Vec<(String, Vec<u8>)> = (0..20).map(|i| (format!("{i}.txt"), b"x".to_vec())).collect();
+        let refs: Vec<(&str, &[u8])> = many.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
+        let limits = IngestLimits { max_archive_entries: 10, ..Default::default() };
+        let err = units(&zip_bytes(&refs), &limits).unwrap_err();
+        assert!(err.to_string().contains("more than 10 entries"), "{err}");
+        let err = units(b"PK\x03\x04 truncated", &IngestLimits::default()).unwrap_err();
+        assert_eq!(err.code().as_str(), "malformed_record", "{err}");
+    }
+}

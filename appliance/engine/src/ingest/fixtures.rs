@@ -1,0 +1,140 @@
+//! Writers of small, real files in the formats ingestion reads: a PDF whose Chinese text is set in a CID font with a
+//! ToUnicode CMap (what Word/WPS "save as PDF" produces), a DOCX package, a ZIP. Tests, fuzz seeds and benchmarks
+//! build their fixtures with these instead of checking binary files into the repository.
+
+use std::collections::BTreeMap;
+use std::io::{Cursor, Write};
+
+use lopdf::content::{Content, Operation};
+use lopdf::{Document, Object, Stream, StringFormat, dictionary};
+
+/// A PDF with one page per entry, each page one text line per string. Text is shown with 2-byte CIDs of a Type0
+/// font; only the ToUnicode CMap says which character each code is, as in real exported PDFs.
+pub fn pdf_bytes(pages: &[Vec<&str>]) -> Vec<u8> {
+    let mut codes: BTreeMap<char, u16> = BTreeMap::new();
+    for line in pages.iter().flatten() {
+        for c in line.chars() {
+            let next = codes.len() as u16 + 1;
+            codes.entry(c).or_insert(next);
+        }
+    }
+    let mut cmap = String::from(
+        "/CIDInit /ProcSet findresource begin\n12 dict begin\nbegincmap\n/CIDSystemInfo << /Registry (Adobe) /Ordering (UCS) /Supplement 0 >> def\n\
+         /CMapName /Adobe-Identity-UCS def\n/CMapType 2 def\n1 begincodespacerange\n<0000> <FFFF>\nendcodespacerange\n",
+    );
+    let entries: Vec<(char, u16)> = codes.iter().map(|(c, n)| (*c, *n)).collect();
+    for block in entries.chunks(100) {
+        cmap.push_str(&format!("{} beginbfchar\n", block.len()));
+        for (c, n) in block {
+            let mut units = [0u16; 2];
+            let hex: String = c.encode_utf16(&mut units).iter().map(|u| format!("{u:04X}")).collect();
+            cmap.push_str(&format!("<{n:04X}> <{hex}>\n"));
+        }
+        cmap.push_str("endbfchar\n");
+    }
+    cmap.push_str("endcmap\nCMapName currentdict /CMap defineresource pop\nend\nend\n");
+
+    let mut doc = Document::with_version("1.5");
+    let pages_id = doc.new_object_id();
+    let to_unicode = doc.add_object(Stream::new(dictionary! {}, cmap.into_bytes()));
+    let descendant = doc.add_object(dictionary! {
+        "Type" => "Font",
+        "Subtype" => "CIDFontType2",
+        "BaseFont" => "SimSun",
+        "CIDSystemInfo" => dictionary! {
+            "Registry" => Object::string_literal("Adobe"),
+            "Ordering" => Object::string_literal("Identity"),
+            "Supplement" => 0,
+        },
+        "DW" => 1000,
+    });
+    let font = doc.add_object(dictionary! {
+        "Type" => "Font",
+        "Subtype" => "Type0",
+        "BaseFont" => "SimSun",
+        "Encoding" => "Identity-H",
+        "DescendantFonts" => vec![descendant.into()],
+        "ToUnicode" => to_unicode,
+    });
+    let resources = doc.add_object(dictionary! { "Font" => dictionary! { "F1" => font } });
+    let mut kids = Vec::new();
+    for lines in pages {
+        let mut ops = Vec::new();
+        for (i, line) in lines.iter().enumerate() {
+            let bytes: Vec<u8> = line.chars().flat_map(|c| codes[&c].to_be_bytes()).collect();
+            ops.push(Operation::new("BT", vec![]));
+            ops.push(Operation::new("Tf", vec!["F1".into(), 12.into()]));
+            ops.push(Operation::new("Td", vec![72.into(), (760 - 18 * i as i64).into()]));
+            ops.push(Operation::new("Tj", vec![Object::String(bytes, StringFormat::Hexadecimal)]));
+            ops.push(Operation::new("ET", vec![]));
+        }
+        let content = Content { operations: ops }.encode().expect("encode content");
+        let content_id = doc.add_object(Stream::new(dictionary! {}, content));
+        let page = doc.add_object(dictionary! {
+            "Type" => "Page",
+            "Parent" => pages_id,
+            "Contents" => content_id,
+            "Resources" => resources,
+            "MediaBox" => vec![0.into(), 0.into(), 595.into(), 842.into()],
+        });
+        kids.push(page.into());
+    }
+    let count = kids.len() as i64;
+    doc.objects.insert(pages_id, Object::Dictionary(dictionary! { "Type" => "Pages", "Kids" => kids, "Count" => count }));
+    let catalog = doc.add_object(dictionary! { "Type" => "Catalog", "Pages" => pages_id });
+    doc.trailer.set("Root", catalog);
+    doc.compress();
+    let mut out = Vec::new();
+    doc.save_to(&mut out).expect("write pdf");
+    out
+}
+
+/// A ZIP with the given (name, bytes) members, deflated. Names are written as given (tests use this to build
+/// hostile archives too).
+pub fn zip_bytes(members: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut w = zip::ZipWriter::new(Cursor::new(Vec::new()));
+    let o = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+    for (name, data) in members {
+        w.start_file(*name, o).expect("zip entry");
+        w.write_all(data).expect("zip data");
+    }
+    w.finish().expect("zip finish").into_inner()
+}
+
+/// A minimal but complete DOCX: `[Content_Types].xml`, the package relationship, `word/document.xml` with one
+/// paragraph per entry (optionally styled, e.g. `Heading1` or Chinese Word's `1`), and `docProps/core.xml` with the
+/// title when given.
+pub fn docx_bytes(paragraphs: &[(Option<&str>, &str)], title: Option<&str>) -> Vec<u8> {
+    let esc = |s: &str| quick_xml::escape::escape(s).into_owned();
+    let mut body = String::new();
+    for (style, text) in paragraphs {
+        body.push_str("<w:p>");
+        if let Some(s) = style {
+            body.push_str(&format!("<w:pPr><w:pStyle w:val=\"{}\"/></w:pPr>", esc(s)));
+        }
+        body.push_str(&format!("<w:r><w:t xml:space=\"preserve\">{}</w:t></w:r></w:p>", esc(text)));
+    }
+    let doc = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\" standalone=\"yes\"?>\
+         <w:document xmlns:w=\"http://schemas.openxmlformats.org/wordprocessingml/2006/main\"><w:body>{body}</w:body></w:document>"
+    );
+    let types = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Types xmlns=\"http://schemas.openxmlformats.org/package/2006/content-types\">\
+        <Default Extension=\"rels\" ContentType=\"application/vnd.openxmlformats-package.relationships+xml\"/>\
+        <Default Extension=\"xml\" ContentType=\"application/xml\"/>\
+        <Override PartName=\"/word/document.xml\" ContentType=\"application/vnd.openxmlformats-officedocument.wordprocessingml.document.main+xml\"/></Types>";
+    let rels = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Relationships xmlns=\"http://schemas.openxmlformats.org/package/2006/relationships\">\
+        <Relationship Id=\"rId1\" Type=\"http://schemas.openxmlformats.org/officeDocument/2006/relationships/officeDocument\" Target=\"word/document.xml\"/></Relationships>";
+    let core = title.map(|t| {
+        format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?><cp:coreProperties xmlns:cp=\"http://schemas.openxmlformats.org/package/2006/metadata/core-properties\" \
+             xmlns:dc=\"http://purl.org/dc/elements/1.1/\"><dc:title>{}</dc:title></cp:coreProperties>",
+            esc(t)
+        )
+    });
+    let mut members: Vec<(&str, &[u8])> =
+        vec![("[Content_Types].xml", types.as_bytes()), ("_rels/.rels", rels.as_bytes()), ("word/document.xml", doc.as_bytes())];
+    if let Some(c) = &core {
+        members.push(("docProps/core.xml", c.as_bytes()));
+    }
+    zip_bytes(&members)
+}

@@ -1,0 +1,808 @@
+//! Ingestion jobs: durable in SQLite, run by a background worker with bounded concurrency, resumable after a crash.
+//!
+//! A job is a row in `jobs` plus one row per file in `job_files`. The worker claims files one at a time (several in
+//! parallel: parsing is the slow part; writes to the stores are serialised by the engine), ingests each through the
+//! same crash-safe batch protocol as `Engine::ingest_files`, and confirms the file in one transaction that also
+//! updates the job's counters and error list. A crash leaves the interrupted file unconfirmed; on restart the job is
+//! re-queued and the file read again — documents it had already written are recognised by (collection, external id,
+//! content hash) and skipped, so nothing is duplicated. One bad file never stops the others: its error is recorded
+//! with a stable code and a message naming the file.
+//!
+//! States: `queued` → `running` → `done` (every file processed; `errors` lists files that were rejected while the
+//! others were indexed), `failed` (every file was rejected, nothing indexed), or `cancelled` (files not yet started
+//! are skipped; what was already indexed stays). Only one process runs jobs at a time: the worker holds an exclusive
+//! lock on `<data_dir>/jobs.lock`, so a `care ingest` next to a running `care serve` queues its job for the server.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rusqlite::{OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{Engine, FileReport};
+use crate::error::{Error, Result};
+use crate::ingest::IngestOptions;
+use crate::store::now;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Queued,
+    Running,
+    Done,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Done => "done",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "queued" => JobState::Queued,
+            "running" => JobState::Running,
+            "done" => JobState::Done,
+            "failed" => JobState::Failed,
+            "cancelled" => JobState::Cancelled,
+            _ => return None,
+        })
+    }
+    pub fn is_finished(self) -> bool {
+        matches!(self, JobState::Done | JobState::Failed | JobState::Cancelled)
+    }
+}
+
+/// A file (or archive member) that was rejected, with the stable error code and a message naming it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileError {
+    pub file: String,
+    pub code: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Job {
+    pub id: i64,
+    pub kind: String,
+    pub state: JobState,
+    pub collection: String,
+    pub actor: String,
+    /// Files processed so far, of `progress_total` files submitted.
+    pub progress_done: u64,
+    pub progress_total: u64,
+    /// Documents written or confirmed unchanged so far, over all files (progress inside a large file).
+    pub documents_done: u64,
+    pub errors: Vec<FileError>,
+    /// Set once cancellation was asked for and the running file has not yet stopped.
+    pub cancel_requested: bool,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// One file of a job and what came of it.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobFile {
+    pub ordinal: i64,
+    /// The name shown to people: the path as given (CLI), or the name inside the upload folder.
+    pub file: String,
+    pub state: String,
+    pub added: u64,
+    pub replaced: u64,
+    pub unchanged: u64,
+    pub chunks: u64,
+    pub errors: Vec<FileError>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct IngestParams {
+    options: IngestOptions,
+}
+
+const JOB_COLUMNS: &str = "id, kind, state, collection, actor, progress_done, progress_total, documents_done, errors, \
+                           cancel_requested, created_at, updated_at";
+
+fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
+    let state: String = r.get(2)?;
+    let errors: String = r.get(8)?;
+    Ok(Job {
+        id: r.get(0)?,
+        kind: r.get(1)?,
+        state: JobState::parse(&state).unwrap_or(JobState::Failed),
+        collection: r.get(3)?,
+        actor: r.get(4)?,
+        progress_done: r.get::<_, i64>(5)? as u64,
+        progress_total: r.get::<_, i64>(6)? as u64,
+        documents_done: r.get::<_, i64>(7)? as u64,
+        errors: serde_json::from_str(&errors).unwrap_or_default(),
+        cancel_requested: r.get::<_, i64>(9)? != 0,
+        created_at: r.get(10)?,
+        updated_at: r.get(11)?,
+    })
+}
+
+/// A name for an upload folder entry that cannot collide: time, process and a counter, hashed.
+fn upload_token() -> String {
+    use sha2::{Digest, Sha256};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = Sha256::new();
+    h.update(format!(
+        "{:?}/{}/{}",
+        std::time::SystemTime::now(),
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    hex::encode(&h.finalize()[..12])
+}
+
+impl Engine {
+    /// The folder where uploads wait for their job (`<data_dir>/uploads/`). An upload handler writes the files of
+    /// one upload into a fresh sub-folder ([`Engine::new_upload_dir`]) and passes them to [`Engine::submit_ingest`].
+    pub fn uploads_dir(&self) -> PathBuf {
+        self.dir.root().join("uploads")
+    }
+
+    /// Creates `<data_dir>/uploads/<token>/` for the files of one upload.
+    pub fn new_upload_dir(&self) -> Result<PathBuf> {
+        let p = self.uploads_dir().join(upload_token());
+        std::fs::create_dir_all(&p).map_err(|e| Error::io(&p, e))?;
+        Ok(p)
+    }
+
+    fn jobs_lock_path(&self) -> PathBuf {
+        self.dir.root().join("jobs.lock")
+    }
+
+    /// Queues an ingestion job for files already inside [`Engine::uploads_dir`]. The job owns them and deletes them
+    /// when it ends. Returns the job id.
+    pub fn submit_ingest(&self, collection: &str, files: Vec<PathBuf>, opts: IngestOptions, actor: &str) -> Result<i64> {
+        let root = std::fs::canonicalize(self.uploads_dir()).map_err(|e| Error::io(self.uploads_dir(), e))?;
+        let mut owned = Vec::with_capacity(files.len());
+        for f in files {
+            let c = std::fs::canonicalize(&f).map_err(|e| Error::io(&f, e))?;
+            if !c.starts_with(&root) || c == root {
+                return Err(Error::InvalidInput(format!(
+                    "{} is not inside the uploads folder {}; upload handlers must place files there",
+                    f.display(),
+                    root.display()
+                )));
+            }
+            owned.push(c);
+        }
+        self.submit(collection, owned, opts, actor, true)
+    }
+
+    /// Queues an ingestion job for files that stay where they are (the CLI); they are read, never deleted.
+    pub fn submit_ingest_in_place(&self, collection: &str, files: Vec<PathBuf>, opts: IngestOptions, actor: &str) -> Result<i64> {
+        let mut abs = Vec::with_capacity(files.len());
+        for f in files {
+            // A missing file is reported by the job like any other bad file; only make the path absolute.
+            abs.push(std::path::absolute(&f).map_err(|e| Error::io(&f, e))?);
+        }
+        self.submit(collection, abs, opts, actor, false)
+    }
+
+    fn submit(&self, collection: &str, files: Vec<PathBuf>, opts: IngestOptions, actor: &str, owned: bool) -> Result<i64> {
+        self.store.collection(collection)?;
+        if files.is_empty() {
+            return Err(Error::InvalidInput("an ingestion job needs at least one file".into()));
+        }
+        if let Some(e) = opts.encoding.as_deref().filter(|e| encoding_rs::Encoding::for_label(e.trim().as_bytes()).is_none()) {
+            return Err(Error::InvalidInput(format!("unknown encoding {e:?}; use utf-8, utf-16le, utf-16be, gb18030, gbk or big5")));
+        }
+        let params_json = serde_json::to_string(&IngestParams { options: opts.clone() })
+            .map_err(|e| Error::Internal(format!("job params: {e}")))?;
+        let mut conn = self.store.conn();
+        let tx = conn.transaction()?;
+        let ts = now();
+        tx.execute(
+            "INSERT INTO jobs (kind, state, params, progress_total, collection, actor, created_at, updated_at)
+             VALUES ('ingest', 'queued', ?1, ?2, ?3, ?4, ?5, ?5)",
+            params![params_json, files.len() as i64, collection, actor, ts],
+        )?;
+        let id = tx.last_insert_rowid();
+        {
+            let mut ins = tx.prepare("INSERT INTO job_files (job_id, ordinal, path, owned) VALUES (?1, ?2, ?3, ?4)")?;
+            for (i, f) in files.iter().enumerate() {
+                ins.execute(params![id, i as i64, f.to_string_lossy(), owned as i64])?;
+            }
+        }
+        let names: Vec<String> = files.iter().map(|f| self.display_name(f, owned)).collect();
+        crate::audit::append(
+            &tx,
+            actor,
+            "ingest.submit",
+            &serde_json::json!({"job": id, "collection": collection, "files": names, "options": opts}),
+        )?;
+        tx.commit()?;
+        Ok(id)
+    }
+
+    /// An uploaded file is shown by its name inside its upload folder, a CLI file by its path.
+    fn display_name(&self, path: &Path, owned: bool) -> String {
+        if owned {
+            let root = std::fs::canonicalize(self.uploads_dir()).unwrap_or_else(|_| self.uploads_dir());
+            if let Ok(rel) = path.strip_prefix(&root) {
+                let mut c = rel.components();
+                c.next(); // the upload's token folder
+                let rest = c.as_path();
+                if !rest.as_os_str().is_empty() {
+                    return rest.display().to_string();
+                }
+            }
+        }
+        path.display().to_string()
+    }
+
+    pub fn job(&self, id: i64) -> Result<Job> {
+        self.store
+            .conn()
+            .query_row(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"), [id], row_to_job)
+            .optional()?
+            .ok_or_else(|| Error::NotFound { what: format!("job {id}") })
+    }
+
+    /// The newest jobs first.
+    pub fn jobs(&self, limit: usize) -> Result<Vec<Job>> {
+        let conn = self.store.conn();
+        let mut stmt = conn.prepare(&format!("SELECT {JOB_COLUMNS} FROM jobs ORDER BY id DESC LIMIT ?1"))?;
+        let rows = stmt.query_map([limit as i64], row_to_job)?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    pub fn job_files(&self, id: i64) -> Result<Vec<JobFile>> {
+        self.job(id)?;
+        let rows: Vec<(i64, String, i64, String, i64, i64, i64, i64, String)> = {
+            let conn = self.store.conn();
+            let mut stmt = conn.prepare(
+                "SELECT ordinal, path, owned, state, added, replaced, unchanged, chunks, detail FROM job_files
+                 WHERE job_id = ?1 ORDER BY ordinal",
+            )?;
+            let rows = stmt.query_map([id], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?))
+            })?;
+            rows.collect::<Result<Vec<_>, _>>()?
+        };
+        Ok(rows
+            .into_iter()
+            .map(|(ordinal, path, owned, state, a, r, u, c, detail)| {
+                let detail: serde_json::Value = serde_json::from_str(&detail).unwrap_or_default();
+                JobFile {
+                    ordinal,
+                    file: self.display_name(Path::new(&path), owned != 0),
+                    state,
+                    added: a as u64,
+                    replaced: r as u64,
+                    unchanged: u as u64,
+                    chunks: c as u64,
+                    errors: serde_json::from_value(detail["errors"].clone()).unwrap_or_default(),
+                }
+            })
+            .collect())
+    }
+
+    /// Cancels a job: a queued job ends at once; a running job stops after the batch in progress and skips the
+    /// files it has not started. Documents already indexed stay (delete them if unwanted).
+    pub fn cancel_job(&self, id: i64, actor: &str) -> Result<()> {
+        let job = self.job(id)?;
+        if job.state.is_finished() {
+            return Err(Error::InvalidInput(format!("job {id} already ended ({}); nothing to cancel", job.state.as_str())));
+        }
+        let ended_now = {
+            let mut conn = self.store.conn();
+            let tx = conn.transaction()?;
+            let ended = tx.execute(
+                "UPDATE jobs SET state = 'cancelled', cancel_requested = 1, updated_at = ?2 WHERE id = ?1 AND state = 'queued'",
+                params![id, now()],
+            )? == 1;
+            if ended {
+                tx.execute("UPDATE job_files SET state = 'skipped' WHERE job_id = ?1 AND state = 'queued'", [id])?;
+            } else {
+                tx.execute("UPDATE jobs SET cancel_requested = 1, updated_at = ?2 WHERE id = ?1", params![id, now()])?;
+            }
+            crate::audit::append(&tx, actor, "job.cancel", &serde_json::json!({"job": id, "collection": job.collection}))?;
+            tx.commit()?;
+            ended
+        };
+        if ended_now {
+            self.remove_owned_files(id)?;
+        }
+        Ok(())
+    }
+
+    /// Run on open: when no other process runs jobs, jobs left `running` by a crash go back to `queued`, and files of
+    /// ended jobs that a crash kept from being deleted are removed.
+    pub(crate) fn recover_jobs(&self) -> Result<()> {
+        let Some(lock) = self.try_jobs_lock()? else { return Ok(()) };
+        self.requeue_running()?;
+        drop(lock);
+        Ok(())
+    }
+
+    fn try_jobs_lock(&self) -> Result<Option<std::fs::File>> {
+        let p = self.jobs_lock_path();
+        let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&p).map_err(|e| Error::io(&p, e))?;
+        match f.try_lock() {
+            Ok(()) => Ok(Some(f)),
+            Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+            Err(std::fs::TryLockError::Error(e)) => Err(Error::io(&p, e)),
+        }
+    }
+
+    fn requeue_running(&self) -> Result<()> {
+        let n = self
+            .store
+            .conn()
+            .execute("UPDATE jobs SET state = 'queued', updated_at = ?1 WHERE state = 'running'", [now()])?;
+        if n > 0 {
+            tracing::warn!(jobs = n, "re-queued ingestion jobs interrupted by a crash or restart");
+        }
+        let ended: Vec<i64> = {
+            let conn = self.store.conn();
+            let mut stmt = conn.prepare(
+                "SELECT DISTINCT f.job_id FROM job_files f JOIN jobs j ON j.id = f.job_id
+                 WHERE f.owned = 1 AND j.state IN ('done', 'failed', 'cancelled')",
+            )?;
+            let rows = stmt.query_map([], |r| r.get(0))?;
+            rows.collect::<Result<Vec<_>, _>>()?
+        };
+        for id in ended {
+            self.remove_owned_files(id)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the uploaded files of an ended job (and their upload folder once empty).
+    fn remove_owned_files(&self, id: i64) -> Result<()> {
+        let paths: Vec<String> = {
+            let conn = self.store.conn();
+            let mut stmt = conn.prepare("SELECT path FROM job_files WHERE job_id = ?1 AND owned = 1")?;
+            let rows = stmt.query_map([id], |r| r.get(0))?;
+            rows.collect::<Result<Vec<_>, _>>()?
+        };
+        let root = std::fs::canonicalize(self.uploads_dir()).unwrap_or_else(|_| self.uploads_dir());
+        for p in &paths {
+            let p = Path::new(p);
+            if !p.starts_with(&root) {
+                continue;
+            }
+            if let Err(e) = std::fs::remove_file(p) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(path = %p.display(), error = %e, "could not remove an uploaded file");
+                }
+            }
+            // Remove now-empty folders up to (not including) the uploads root.
+            let mut dir = p.parent();
+            while let Some(d) = dir {
+                if d == root || !d.starts_with(&root) || std::fs::remove_dir(d).is_err() {
+                    break;
+                }
+                dir = d.parent();
+            }
+        }
+        // The rows stay (they are the job's record); owned = 0 marks the files as gone.
+        self.store.conn().execute("UPDATE job_files SET owned = 0 WHERE job_id = ?1 AND owned = 1", [id])?;
+        Ok(())
+    }
+}
+
+/// A claimed unit of work: one file of one job.
+#[derive(Debug, Clone)]
+struct Claim {
+    job: i64,
+    ordinal: i64,
+    path: PathBuf,
+    collection: String,
+    options: IngestOptions,
+}
+
+/// Why a file stopped before its end.
+enum Stop {
+    Shutdown,
+    Cancelled,
+}
+
+struct Shared {
+    engine: Arc<Engine>,
+    stop: AtomicBool,
+    /// (job, ordinal) being processed in this process.
+    claimed: Mutex<HashSet<(i64, i64)>>,
+    /// The jobs lock, once this process holds it.
+    lock: Mutex<Option<std::fs::File>>,
+    /// Failed attempts per (job, ordinal) in this process, for errors of the stores or the model (not of the file).
+    attempts: Mutex<std::collections::HashMap<(i64, i64), u32>>,
+}
+
+/// A file whose processing failed this many times for reasons other than its content (model cannot load, disk
+/// full) is recorded as failed with that error, so one broken dependency cannot wedge the queue.
+const MAX_ATTEMPTS: u32 = 3;
+
+/// Runs queued ingestion jobs in background threads.
+#[derive(Debug)]
+pub struct Worker;
+
+pub struct WorkerHandle {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for WorkerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerHandle").field("threads", &self.threads.len()).finish()
+    }
+}
+
+impl Worker {
+    /// Starts `concurrency` threads (at least one) that process files of queued jobs. Jobs run only in the process
+    /// holding `<data_dir>/jobs.lock`; until this process gets it, the threads wait (and retry every second).
+    pub fn start(engine: Arc<Engine>, concurrency: usize) -> WorkerHandle {
+        let shared = Arc::new(Shared {
+            engine,
+            stop: AtomicBool::new(false),
+            claimed: Mutex::new(HashSet::new()),
+            lock: Mutex::new(None),
+            attempts: Mutex::new(Default::default()),
+        });
+        let threads = (0..concurrency.max(1))
+            .map(|i| {
+                let s = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("care-ingest-{i}"))
+                    .spawn(move || run_thread(&s))
+                    .expect("spawn ingest worker thread")
+            })
+            .collect();
+        WorkerHandle { shared, threads }
+    }
+}
+
+impl WorkerHandle {
+    /// True once this process holds the jobs lock (jobs submitted anywhere are run here).
+    pub fn runs_jobs(&self) -> bool {
+        self.shared.lock.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// Stops the threads after their current batch; interrupted files stay queued and resume on the next start.
+    pub fn shutdown(mut self) {
+        self.stop_and_join();
+    }
+
+    fn stop_and_join(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let mut lock = self.shared.lock.lock().unwrap_or_else(|p| p.into_inner());
+        if lock.is_some() {
+            if let Err(e) = self.shared.engine.requeue_running() {
+                tracing::warn!(error = %e, "could not re-queue running jobs at shutdown");
+            }
+        }
+        *lock = None;
+    }
+}
+
+impl Drop for WorkerHandle {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            self.stop_and_join();
+        }
+    }
+}
+
+fn sleep_unless_stopped(s: &Shared, d: Duration) {
+    let step = Duration::from_millis(25);
+    let mut left = d;
+    while !s.stop.load(Ordering::SeqCst) && !left.is_zero() {
+        std::thread::sleep(step.min(left));
+        left = left.saturating_sub(step);
+    }
+}
+
+fn run_thread(s: &Shared) {
+    while !s.stop.load(Ordering::SeqCst) {
+        if !ensure_lock(s) {
+            sleep_unless_stopped(s, Duration::from_secs(1));
+            continue;
+        }
+        match claim(s) {
+            Ok(Some(c)) => {
+                if let Err(e) = process(s, &c) {
+                    // Another process holding the index is waited out; other failures are retried a few times.
+                    let n = if matches!(e, Error::Locked { .. }) {
+                        0
+                    } else {
+                        let mut a = s.attempts.lock().unwrap_or_else(|p| p.into_inner());
+                        let n = a.entry((c.job, c.ordinal)).or_insert(0);
+                        *n += 1;
+                        *n
+                    };
+                    if n >= MAX_ATTEMPTS {
+                        tracing::error!(job = c.job, file = %c.path.display(), error = %e, "ingest failed {n} times; giving up on the file");
+                        let report = FileReport {
+                            path: c.path.clone(),
+                            error_code: Some(e.code().as_str()),
+                            error: Some(format!("{e} (failed {n} times; fix the cause and upload the file again)")),
+                            ..Default::default()
+                        };
+                        if let Err(e2) = record_file(&s.engine, &c, &[report]) {
+                            tracing::error!(error = %e2, "could not record the failed file");
+                        }
+                        release(s, &c);
+                    } else {
+                        tracing::error!(job = c.job, file = %c.path.display(), error = %e, "ingest worker error; will retry");
+                        release(s, &c);
+                        sleep_unless_stopped(s, Duration::from_secs(2));
+                    }
+                }
+            }
+            Ok(None) => sleep_unless_stopped(s, Duration::from_millis(100)),
+            Err(e) => {
+                tracing::error!(error = %e, "ingest worker could not read the job queue");
+                sleep_unless_stopped(s, Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// Takes the jobs lock if this process does not hold it yet; re-queues jobs a dead worker left running.
+fn ensure_lock(s: &Shared) -> bool {
+    let mut lock = s.lock.lock().unwrap_or_else(|p| p.into_inner());
+    if lock.is_some() {
+        return true;
+    }
+    match s.engine.try_jobs_lock() {
+        Ok(Some(f)) => {
+            if let Err(e) = s.engine.requeue_running() {
+                tracing::error!(error = %e, "could not re-queue interrupted jobs");
+                return false;
+            }
+            *lock = Some(f);
+            true
+        }
+        Ok(None) => false,
+        Err(e) => {
+            tracing::error!(error = %e, "jobs lock");
+            false
+        }
+    }
+}
+
+fn release(s: &Shared, c: &Claim) {
+    s.claimed.lock().unwrap_or_else(|p| p.into_inner()).remove(&(c.job, c.ordinal));
+}
+
+/// Claims the next queued file of the oldest active job, finishing jobs that have nothing left on the way.
+fn claim(s: &Shared) -> Result<Option<Claim>> {
+    let e = &s.engine;
+    let mut claimed = s.claimed.lock().unwrap_or_else(|p| p.into_inner());
+    let active: Vec<(i64, i64)> = {
+        let conn = e.store.conn();
+        let mut stmt = conn.prepare("SELECT id, cancel_requested FROM jobs WHERE state IN ('queued', 'running') ORDER BY id")?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect::<Result<Vec<_>, _>>()?
+    };
+    for (job, cancel) in active {
+        let busy = claimed.iter().any(|(j, _)| *j == job);
+        if cancel != 0 {
+            if !busy {
+                finish_job(e, job, true)?;
+            }
+            continue;
+        }
+        let next: Option<(i64, String, String, String)> = {
+            let conn = e.store.conn();
+            let mut stmt = conn.prepare(
+                "SELECT f.ordinal, f.path, j.collection, j.params FROM job_files f JOIN jobs j ON j.id = f.job_id
+                 WHERE f.job_id = ?1 AND f.state = 'queued' ORDER BY f.ordinal",
+            )?;
+            let mut rows = stmt.query([job])?;
+            let mut found = None;
+            while let Some(r) = rows.next()? {
+                let ordinal: i64 = r.get(0)?;
+                if !claimed.contains(&(job, ordinal)) {
+                    found = Some((ordinal, r.get(1)?, r.get(2)?, r.get(3)?));
+                    break;
+                }
+            }
+            found
+        };
+        match next {
+            Some((ordinal, path, collection, params_json)) => {
+                let p: IngestParams =
+                    serde_json::from_str(&params_json).unwrap_or(IngestParams { options: IngestOptions::default() });
+                e.store.conn().execute(
+                    "UPDATE jobs SET state = 'running', updated_at = ?2 WHERE id = ?1 AND state = 'queued'",
+                    params![job, now()],
+                )?;
+                claimed.insert((job, ordinal));
+                return Ok(Some(Claim { job, ordinal, path: PathBuf::from(path), collection, options: p.options }));
+            }
+            None if !busy => finish_job(e, job, false)?,
+            None => {}
+        }
+    }
+    Ok(None)
+}
+
+fn cancel_requested(e: &Engine, job: i64) -> bool {
+    e.store
+        .conn()
+        .query_row("SELECT cancel_requested FROM jobs WHERE id = ?1", [job], |r| r.get::<_, i64>(0))
+        .map(|v| v != 0)
+        .unwrap_or(false)
+}
+
+/// Ingests one claimed file and confirms it. `Err` only for store failures (the file stays queued).
+fn process(s: &Shared, c: &Claim) -> Result<()> {
+    let e = &s.engine;
+    let mut stopped: Option<Stop> = None;
+    let mut last_check = std::time::Instant::now();
+    let reports: Vec<FileReport> = match e.collection(&c.collection) {
+        Err(err) => vec![FileReport {
+            path: c.path.clone(),
+            error_code: Some(err.code().as_str()),
+            error: Some(format!("{err}; the collection was deleted after the upload")),
+            ..Default::default()
+        }],
+        Ok(col) => {
+            let mut docs_seen = 0usize;
+            let res = e.ingest_one_file_stoppable(&col, &c.path, &c.options, &mut |done, _total| {
+                let delta = done.saturating_sub(docs_seen);
+                docs_seen = done;
+                let _ = e.store.conn().execute(
+                    "UPDATE jobs SET documents_done = documents_done + ?2, updated_at = ?3 WHERE id = ?1",
+                    params![c.job, delta as i64, now()],
+                );
+                if s.stop.load(Ordering::SeqCst) {
+                    stopped = Some(Stop::Shutdown);
+                    return false;
+                }
+                if last_check.elapsed() > Duration::from_millis(200) {
+                    last_check = std::time::Instant::now();
+                    if cancel_requested(e, c.job) {
+                        stopped = Some(Stop::Cancelled);
+                        return false;
+                    }
+                }
+                true
+            });
+            match res {
+                Ok(r) => r,
+                Err(Error::Cancelled(_)) => Vec::new(),
+                Err(err) => return Err(err),
+            }
+        }
+    };
+    match stopped {
+        Some(Stop::Shutdown) => {
+            // Left queued: the next start reads the file again (what was written is recognised, not duplicated).
+            release(s, c);
+            return Ok(());
+        }
+        Some(Stop::Cancelled) => {
+            e.store.conn().execute(
+                "UPDATE job_files SET state = 'skipped' WHERE job_id = ?1 AND ordinal = ?2",
+                params![c.job, c.ordinal],
+            )?;
+            release(s, c);
+            return Ok(());
+        }
+        None => {}
+    }
+    record_file(e, c, &reports)?;
+    release(s, c);
+    Ok(())
+}
+
+/// Confirms a processed file: its state, counts and errors, and the job's counters, in one transaction.
+fn record_file(e: &Engine, c: &Claim, reports: &[FileReport]) -> Result<()> {
+    let owned: bool = e
+        .store
+        .conn()
+        .query_row("SELECT owned FROM job_files WHERE job_id = ?1 AND ordinal = ?2", params![c.job, c.ordinal], |r| {
+            r.get::<_, i64>(0)
+        })
+        .map(|v| v != 0)?;
+    let errors: Vec<FileError> = reports
+        .iter()
+        .filter_map(|r| {
+            r.error.as_ref().map(|m| FileError {
+                file: e.display_name(&r.path, owned),
+                code: r.error_code.unwrap_or("internal").to_string(),
+                message: m.clone(),
+            })
+        })
+        .collect();
+    let ok_units = reports.iter().filter(|r| r.error.is_none()).count();
+    let state = if ok_units == 0 && !errors.is_empty() { "failed" } else { "done" };
+    let sum = |f: fn(&FileReport) -> usize| reports.iter().map(f).sum::<usize>() as i64;
+    let detail = serde_json::json!({"errors": errors, "units": reports.len()});
+    let mut conn = e.store.conn();
+    let tx = conn.transaction()?;
+    let n = tx.execute(
+        "UPDATE job_files SET state = ?3, added = ?4, replaced = ?5, unchanged = ?6, chunks = ?7, detail = ?8
+         WHERE job_id = ?1 AND ordinal = ?2 AND state = 'queued'",
+        params![
+            c.job,
+            c.ordinal,
+            state,
+            sum(|r| r.added),
+            sum(|r| r.replaced),
+            sum(|r| r.unchanged),
+            sum(|r| r.chunks),
+            detail.to_string()
+        ],
+    )?;
+    if n == 1 {
+        let old: String = tx.query_row("SELECT errors FROM jobs WHERE id = ?1", [c.job], |r| r.get(0))?;
+        let mut all: Vec<FileError> = serde_json::from_str(&old).unwrap_or_default();
+        all.extend(errors);
+        tx.execute(
+            "UPDATE jobs SET progress_done = progress_done + 1, errors = ?2, updated_at = ?3 WHERE id = ?1",
+            params![c.job, serde_json::to_string(&all).unwrap_or_else(|_| "[]".into()), now()],
+        )?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// Ends a job whose files are all processed (or that was cancelled), with its audit record, then deletes its
+/// uploaded files.
+fn finish_job(e: &Engine, job: i64, cancelled: bool) -> Result<()> {
+    let ended = {
+        let mut conn = e.store.conn();
+        let tx = conn.transaction()?;
+        if cancelled {
+            tx.execute("UPDATE job_files SET state = 'skipped' WHERE job_id = ?1 AND state = 'queued'", [job])?;
+        }
+        let (ok, failed, skipped, added, replaced, unchanged, chunks): (i64, i64, i64, i64, i64, i64, i64) = tx.query_row(
+            "SELECT COALESCE(SUM(state = 'done'), 0), COALESCE(SUM(state = 'failed'), 0), COALESCE(SUM(state = 'skipped'), 0),
+                    COALESCE(SUM(added), 0), COALESCE(SUM(replaced), 0), COALESCE(SUM(unchanged), 0), COALESCE(SUM(chunks), 0)
+             FROM job_files WHERE job_id = ?1",
+            [job],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)),
+        )?;
+        let state = if cancelled {
+            JobState::Cancelled
+        } else if ok == 0 && failed > 0 {
+            JobState::Failed
+        } else {
+            JobState::Done
+        };
+        let n = tx.execute(
+            "UPDATE jobs SET state = ?2, updated_at = ?3 WHERE id = ?1 AND state IN ('queued', 'running')",
+            params![job, state.as_str(), now()],
+        )?;
+        if n == 1 {
+            let (actor, collection): (String, String) =
+                tx.query_row("SELECT actor, collection FROM jobs WHERE id = ?1", [job], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            crate::audit::append(
+                &tx,
+                &actor,
+                "ingest.done",
+                &serde_json::json!({
+                    "job": job, "collection": collection, "state": state.as_str(), "files_ok": ok, "files_failed": failed,
+                    "files_skipped": skipped, "documents_added": added, "documents_replaced": replaced,
+                    "documents_unchanged": unchanged, "chunks": chunks,
+                }),
+            )?;
+        }
+        tx.commit()?;
+        n == 1
+    };
+    if ended {
+        e.remove_owned_files(job)?;
+    }
+    Ok(())
+}
