@@ -133,13 +133,14 @@ pub fn prune_layers(src: &Path, k: i64, out: &Path) -> Result<BertConfig> {
     let w = Weights::load(&src.join("model.safetensors"), Device::Cpu, Kind::Float)?;
     let (cfg, w) = Bert::prune_layers(&cfg, w, k)?;
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
-    w.save(&out.join("model.safetensors"))?;
     write_json(&out.join("config.json"), &cfg.to_json())?;
     for f in ["tokenizer.json", crate::encoder::ENCODER_FILE] {
         if src.join(f).exists() {
             std::fs::copy(src.join(f), out.join(f)).map_err(|e| Error::io(&src.join(f), e))?;
         }
     }
+    // The weights last (atomically): their presence marks a complete folder.
+    w.save(&out.join("model.safetensors"))?;
     Ok(cfg)
 }
 
