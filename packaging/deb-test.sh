@@ -78,7 +78,7 @@ care check >/dev/null || die "care check reports inconsistent indexes after the 
 care doctor || log "   (doctor reported failures above; the port and TLS checks are expected to warn here)"
 
 log "4. serve as the service user over HTTPS on 127.0.0.1:$PORT"
-as_care env CARE__SERVER__BIND=127.0.0.1:$PORT /usr/bin/care --config /etc/care/care.toml serve >/tmp/care-serve.log 2>&1 &
+as_care env CARE__SERVER__BIND=127.0.0.1:$PORT CARE__SERVER__HTTP_REDIRECT_BIND=127.0.0.1:$((PORT + 1)) /usr/bin/care --config /etc/care/care.toml serve >/tmp/care-serve.log 2>&1 &
 server=$!
 trap stop_server EXIT
 for _ in $(seq 1 120); do
