@@ -24,6 +24,7 @@ pub enum UserCommand {
         #[arg(long)]
         password_file: Option<PathBuf>,
     },
+    /// List users with their role, lock state and grants.
     List,
     /// Set a new password (read like `add`); ends the user's sessions and clears a lock.
     Passwd {

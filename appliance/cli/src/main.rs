@@ -247,6 +247,7 @@ enum JobsCommand {
     },
     /// One job with its files, as JSON.
     Show { id: i64 },
+    /// Ask a queued or running job to stop after the file it is working on.
     Cancel { id: i64 },
     /// Run queued jobs (and resume interrupted ones) until none is left.
     Run,
