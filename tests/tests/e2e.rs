@@ -133,7 +133,7 @@ fn kill_9_during_ingest_jobs_resumes_without_duplicates() {
     let t = tempfile::tempdir().unwrap();
     let mut care = Care::new(&t.path().join("data"));
     // Small batches: many commit points for a kill to land between (SQLite, tantivy, LanceDB, confirmation).
-    care.env.push(("CARE__INGEST__BATCH_DOCUMENTS".into(), "25".into()));
+    care.env.push(("CARE__INGEST__BATCH_DOCUMENTS".into(), "100".into()));
     care.ok(&["init"]);
     care.ok(&["collection", "create", "bulk"]);
     // With the default model active, every batch is also embedded into LanceDB: three stores to keep in step.
