@@ -15,7 +15,10 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PORT=${CARE_DEB_TEST_PORT:-18443}
 log() { printf '[deb-test] %s\n' "$*" >&2; }
 die() { log "FAIL: $*"; exit 1; }
-[ "$(id -u)" -eq 0 ] || die "run as root (it installs the package on this machine)"
+if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || die "run as root (it installs the package on this machine)"
+    exec sudo -E "$0" "$@"
+fi
 as_care() { runuser -u care -- "$@"; }
 care() { as_care /usr/bin/care --config /etc/care/care.toml "$@"; }
 
