@@ -25,15 +25,22 @@ pub fn server_config(cfg: &ServerConfig, tls_dir: &Path) -> Result<rustls::Serve
             ));
         }
     };
-    let certs = read_certs(&cert_path)?;
-    let key = read_key(&key_path)?;
+    load(&cert_path, &key_path).map(|(config, _)| config)
+}
+
+/// Reads the PEM pair and builds the rustls config (which also checks that the key matches the certificate).
+/// Returns the certificate chain too, for [`inspect`].
+fn load(cert_path: &Path, key_path: &Path) -> Result<(rustls::ServerConfig, Vec<CertificateDer<'static>>), ServeError> {
+    let certs = read_certs(cert_path)?;
+    let key = read_key(key_path)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    rustls::ServerConfig::builder_with_provider(provider)
+    let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| ServeError::Tls(e.to_string()))?
         .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| ServeError::Tls(format!("{} / {}: {e}", cert_path.display(), key_path.display())))
+        .with_single_cert(certs.clone(), key)
+        .map_err(|e| ServeError::Tls(format!("{} / {}: {e}", cert_path.display(), key_path.display())))?;
+    Ok((config, certs))
 }
 
 /// What `care doctor` reports about the certificate.
@@ -58,15 +65,7 @@ pub fn inspect(cfg: &ServerConfig, tls_dir: &Path) -> Result<Option<CertInfo>, S
         }
         _ => return Err(ServeError::Tls("set both server.tls_cert and server.tls_key, or neither".into())),
     };
-    let certs = read_certs(&cert_path)?;
-    let key = read_key(&key_path)?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ServeError::Tls(e.to_string()))?
-        .with_no_client_auth()
-        .with_single_cert(certs.clone(), key)
-        .map_err(|e| ServeError::Tls(format!("{} / {}: {e}", cert_path.display(), key_path.display())))?;
+    let (_, certs) = load(&cert_path, &key_path)?;
     let (_, leaf) = x509_parser::parse_x509_certificate(&certs[0])
         .map_err(|e| ServeError::Tls(format!("{}: {e}", cert_path.display())))?;
     let not_after = leaf.validity().not_after.timestamp();

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use actix_web::web;
-use care_engine::{Engine, audit};
+use care_engine::{Engine, FileError, audit};
 use futures::StreamExt;
 use serde::Serialize;
 
@@ -16,13 +16,6 @@ use crate::AppState;
 use crate::api::blocking;
 use crate::errors::ApiError;
 use crate::guard::Caller;
-
-#[derive(Debug, Clone, Serialize)]
-pub struct FileError {
-    pub file: String,
-    pub code: String,
-    pub message: String,
-}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Job {
@@ -53,7 +46,7 @@ fn view(engine: &Engine, j: care_engine::Job) -> care_engine::Result<Job> {
         progress_done: j.progress_done as i64,
         progress_total: j.progress_total as i64,
         documents: j.documents_done as i64,
-        errors: j.errors.into_iter().map(|e| FileError { file: e.file, code: e.code, message: e.message }).collect(),
+        errors: j.errors,
         created_at: j.created_at,
         updated_at: j.updated_at,
     })
