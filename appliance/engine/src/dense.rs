@@ -129,27 +129,53 @@ impl DenseStore {
             self.rt.block_on(t.table.delete(format!("document_id IN ({list})").as_str())).map_err(dense_err)?;
         }
         if !rows.is_empty() {
-            for r in rows {
-                if r.2.len() != t.width {
-                    return Err(dense_err(format!("vector of width {} for table {} of width {}", r.2.len(), t.name, t.width)));
-                }
-            }
-            let batch = RecordBatch::try_new(
-                Self::schema(t.width),
-                vec![
-                    Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
-                    Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
-                    Arc::new(FixedSizeListArray::from_iter_primitive::<Float32Type, _, _>(
-                        rows.iter().map(|r| Some(r.2.iter().map(|x| Some(*x)).collect::<Vec<_>>())),
-                        t.width as i32,
-                    )),
-                ],
-            )
-            .map_err(dense_err)?;
+            let batch = Self::record_batch(t, rows)?;
             self.rt.block_on(t.table.add(batch).execute()).map_err(dense_err)?;
         }
         *t.flat.write().unwrap_or_else(|p| p.into_inner()) = None;
         Ok(())
+    }
+
+    /// Sets the vectors of the given chunks (inserting those the table lacks) in one LanceDB commit, so a crash
+    /// leaves either all of `rows` or none of them. Other chunks' vectors are untouched.
+    pub fn upsert_chunks(&self, t: &DenseTable, rows: &[(i64, i64, Vec<f32>)]) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let batch = Self::record_batch(t, rows)?;
+        let schema = batch.schema();
+        let reader = arrow_array::RecordBatchIterator::new(vec![Ok(batch)], schema);
+        let mut merge = t.table.merge_insert(&["chunk_id"]);
+        merge.when_matched_update_all(None).when_not_matched_insert_all();
+        self.rt.block_on(merge.execute(Box::new(reader))).map_err(dense_err)?;
+        *t.flat.write().unwrap_or_else(|p| p.into_inner()) = None;
+        Ok(())
+    }
+
+    fn record_batch(t: &DenseTable, rows: &[(i64, i64, Vec<f32>)]) -> Result<RecordBatch> {
+        for r in rows {
+            if r.2.len() != t.width {
+                return Err(dense_err(format!("vector of width {} for table {} of width {}", r.2.len(), t.name, t.width)));
+            }
+        }
+        RecordBatch::try_new(
+            Self::schema(t.width),
+            vec![
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+                Arc::new(FixedSizeListArray::from_iter_primitive::<Float32Type, _, _>(
+                    rows.iter().map(|r| Some(r.2.iter().map(|x| Some(*x)).collect::<Vec<_>>())),
+                    t.width as i32,
+                )),
+            ],
+        )
+        .map_err(dense_err)
+    }
+
+    /// Every stored vector by chunk id (for tests and consistency checks; loads the whole table).
+    pub fn vectors(&self, t: &DenseTable) -> Result<Vec<(i64, Vec<f32>)>> {
+        let flat = self.load_flat(t)?;
+        Ok(flat.chunk_ids.iter().zip(flat.vectors.chunks_exact(t.width.max(1))).map(|(c, v)| (*c, v.to_vec())).collect())
     }
 
     pub fn count(&self, t: &DenseTable) -> Result<usize> {

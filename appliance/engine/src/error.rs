@@ -34,10 +34,12 @@ pub enum ErrorCode {
     CsrfRejected,
     AccountLocked,
     AuditTampered,
+    CorruptShards,
+    UnknownChunks,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 25] = [
         ErrorCode::NotFound,
         ErrorCode::AlreadyExists,
         ErrorCode::InvalidInput,
@@ -61,6 +63,8 @@ impl ErrorCode {
         ErrorCode::CsrfRejected,
         ErrorCode::AccountLocked,
         ErrorCode::AuditTampered,
+        ErrorCode::CorruptShards,
+        ErrorCode::UnknownChunks,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -88,6 +92,8 @@ impl ErrorCode {
             ErrorCode::CsrfRejected => "csrf_rejected",
             ErrorCode::AccountLocked => "account_locked",
             ErrorCode::AuditTampered => "audit_tampered",
+            ErrorCode::CorruptShards => "corrupt_shards",
+            ErrorCode::UnknownChunks => "unknown_chunks",
         }
     }
 }
@@ -155,6 +161,16 @@ pub enum Error {
     AccountLocked { user: String, until: String },
     #[error("audit log record {id}: {reason}")]
     AuditTampered { id: i64, reason: String },
+    /// Embedding shards that fail verification (checksum, sizes, file names): damaged or incompletely copied.
+    #[error("{path}: {message}; copy the embeddings folder again or re-run `care-train embed-corpus`")]
+    CorruptShards { path: PathBuf, message: String },
+    /// Embedding shards naming chunks the collection does not have (any more): exported before a change.
+    #[error(
+        "{path}: {count} of {total} vector ids are not live chunks of collection '{collection}' (first: {first}); the \
+         collection changed since its chunks were exported. Re-export with `care collection export-chunks {collection} \
+         --out chunks.jsonl`, embed them again with `care-train embed-corpus`, and import the new folder"
+    )]
+    UnknownChunks { path: PathBuf, collection: String, count: usize, total: usize, first: String },
 }
 
 impl From<tantivy::TantivyError> for Error {
@@ -201,6 +217,8 @@ impl Error {
             Error::CsrfRejected => ErrorCode::CsrfRejected,
             Error::AccountLocked { .. } => ErrorCode::AccountLocked,
             Error::AuditTampered { .. } => ErrorCode::AuditTampered,
+            Error::CorruptShards { .. } => ErrorCode::CorruptShards,
+            Error::UnknownChunks { .. } => ErrorCode::UnknownChunks,
         }
     }
 }

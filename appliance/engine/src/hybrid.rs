@@ -142,7 +142,7 @@ impl Engine {
     }
 
     /// The dense table of (collection, document model), created on demand when `create` is set.
-    fn dense_table(&self, collection_id: i64, model: &ModelRecord, create: bool) -> Result<Option<(String, Arc<DenseTable>)>> {
+    pub(crate) fn dense_table(&self, collection_id: i64, model: &ModelRecord, create: bool) -> Result<Option<(String, Arc<DenseTable>)>> {
         let row: Option<(String, String)> = self
             .store
             .conn()

@@ -15,6 +15,7 @@
 //!   ├ dense     LanceDB tables per (collection, document model); exact scan or IVF-PQ
 //!   ├ fusion    BM25 ∥ dense → RRF or weighted min-max, with per-hit score parts
 //!   ├ hybrid    dense sync with SQLite, query encoding, retrieval (engine methods)
+//!   ├ vectors   document vectors computed offline: export chunks for the trainer, import its embedding shards
 //!   ├ eval      BEIR/STS sets and ranking metrics (nDCG, MAP, MRR, Recall), fusion tuning
 //!   └ demo      the embedded demo collection
 //! ```
@@ -41,6 +42,7 @@ pub mod lexical;
 pub mod models;
 pub mod store;
 pub mod text;
+pub mod vectors;
 
 pub use config::EngineConfig;
 pub use engine::{Engine, IngestProgress, IngestReport, OpenMode, SearchHit, SearchRequest, SearchResults};

@@ -19,6 +19,7 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (3, include_str!("../../../migrations/0003_audit_head.sql")),
     (4, include_str!("../../../migrations/0004_ingest_jobs.sql")),
     (5, include_str!("../../../migrations/0005_auth.sql")),
+    (6, include_str!("../../../migrations/0006_vector_imports.sql")),
 ];
 
 pub fn latest_schema() -> u32 {

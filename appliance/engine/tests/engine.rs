@@ -605,3 +605,304 @@ mod jobs {
         assert_eq!(actions, vec!["collection.delete", "collection.approve", "job.cancel"]);
     }
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Document vectors computed offline: export chunks → embedding shards (care_formats::ShardWriter, the trainer's
+// format) → import, with the real default model, SQLite, tantivy and LanceDB.
+
+mod offline_vectors {
+    use super::*;
+    use care_engine::encoders::{OrtEncoder, TextKind};
+    use care_engine::fusion::Method;
+    use care_engine::ingest::ParsedDocument;
+    use care_formats::embeddings::{EmbeddingsIndex, ShardWriter};
+
+    const DOCS: &[(&str, &str, &str)] = &[
+        ("metformin", "二甲双胍", "二甲双胍是2型糖尿病的一线用药。严重肾功能不全或代谢性酸中毒的患者禁用二甲双胍。"),
+        ("aspirin", "阿司匹林", "阿司匹林用于心血管疾病的二级预防，活动性消化道出血的患者禁用。"),
+        ("hypertension", "高血压", "高血压患者应限制钠盐摄入，常用药物包括钙通道阻滞剂和血管紧张素转换酶抑制剂。"),
+        ("asthma", "哮喘", "支气管哮喘急性发作时可吸入短效β2受体激动剂缓解症状，并评估是否需要全身糖皮质激素。"),
+        ("influenza", "流感", "流行性感冒由流感病毒引起，奥司他韦应在症状出现48小时内开始使用。"),
+        ("gout", "痛风", "痛风急性发作期可使用秋水仙碱或非甾体抗炎药，缓解期需要长期控制血尿酸水平。"),
+        ("hepatitis", "乙肝", "慢性乙型肝炎的抗病毒治疗首选恩替卡韦或替诺福韦。"),
+        ("fracture", "骨折", "骨折后应及时固定患肢，老年人髋部骨折需要尽早评估手术指征。"),
+    ];
+    const QUERIES: &[&str] = &["糖尿病用什么药", "消化道出血能吃阿司匹林吗", "哮喘发作怎么办", "流感怎么治疗", "血尿酸高"];
+
+    fn docs(edit: Option<(&str, &str)>) -> Vec<ParsedDocument> {
+        DOCS.iter()
+            .map(|(id, title, text)| ParsedDocument {
+                external_id: id.to_string(),
+                title: title.to_string(),
+                text: match edit {
+                    Some((eid, new)) if eid == *id => new.to_string(),
+                    _ => text.to_string(),
+                },
+                source: format!("{id}.txt"),
+            })
+            .collect()
+    }
+
+    /// A data directory with the default model active and collection "c" ingested (so embedded online).
+    fn setup() -> (tempfile::TempDir, Engine) {
+        let t = tempfile::tempdir().unwrap();
+        let e = engine_in(&t.path().join("data"));
+        e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+        e.create_collection("c", "", "test").unwrap();
+        e.ingest_documents("c", &docs(None)).unwrap();
+        (t, e)
+    }
+
+    fn dense(e: &Engine, q: &str) -> Vec<(i64, f32)> {
+        let req = SearchRequest {
+            query: q.into(),
+            collections: Some(vec!["c".into()]),
+            limit: Some(20),
+            method: Some(Method::Dense),
+            ..Default::default()
+        };
+        let r = e.search(&req).unwrap();
+        assert_eq!(r.method, "dense");
+        r.hits.iter().map(|h| (h.chunk_id, h.score)).collect()
+    }
+
+    type Snapshot = (Vec<Vec<(i64, f32)>>, Vec<(i64, Vec<f32>)>, i64);
+
+    /// Dense results of every query, the whole dense table, and the number of import audit records.
+    fn snapshot(e: &Engine) -> Snapshot {
+        let audits: i64 = e
+            .store()
+            .conn()
+            .query_row("SELECT COUNT(*) FROM audit WHERE action = 'collection.import_vectors'", [], |r| r.get(0))
+            .unwrap();
+        (QUERIES.iter().map(|q| dense(e, q)).collect(), e.dense_vectors("c").unwrap(), audits)
+    }
+
+    fn assert_same_results(a: &[Vec<(i64, f32)>], b: &[Vec<(i64, f32)>], tol: f32) {
+        for (q, (x, y)) in QUERIES.iter().zip(a.iter().zip(b)) {
+            let ids = |v: &Vec<(i64, f32)>| v.iter().map(|h| h.0).collect::<Vec<_>>();
+            assert_eq!(ids(x), ids(y), "ranking of {q:?} changed");
+            for (h, g) in x.iter().zip(y) {
+                assert!((h.1 - g.1).abs() <= tol, "score of chunk {} for {q:?}: {} vs {}", h.0, h.1, g.1);
+            }
+        }
+    }
+
+    /// Reads an export, checking the layout the trainer's read_corpus expects: exactly `id` and `text`.
+    fn read_export(path: &Path) -> Vec<(String, String)> {
+        read_jsonl(path)
+            .into_iter()
+            .map(|v| {
+                let o = v.as_object().unwrap();
+                assert_eq!(o.len(), 2, "{v}");
+                (o["id"].as_str().unwrap().to_string(), o["text"].as_str().unwrap().to_string())
+            })
+            .collect()
+    }
+
+    fn chunk_id(export_id: &str) -> i64 {
+        export_id.split(':').next().unwrap().parse().unwrap()
+    }
+
+    fn write_shards(dir: &Path, pairing: &str, width: usize, rows: &[(String, Vec<f32>)]) {
+        let index = EmbeddingsIndex {
+            format: 0,
+            model: "qwen3-doc-test@1".into(),
+            pairing_id: pairing.into(),
+            width,
+            document_template: "passage: {text}".into(),
+            rows: 0,
+            shards: vec![],
+        };
+        let mut w = ShardWriter::create(dir, index, 3).unwrap();
+        for (id, v) in rows {
+            w.push(id, v).unwrap();
+        }
+        w.finish().unwrap();
+    }
+
+    fn normalized(mut v: Vec<f32>) -> Vec<f32> {
+        let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        v.iter_mut().for_each(|x| *x /= n);
+        v
+    }
+
+    #[test]
+    fn imported_vectors_reproduce_search_and_every_refusal_changes_nothing() {
+        let (t, e) = setup();
+        let pair = e.active_models().unwrap().unwrap();
+        let before = snapshot(&e);
+        assert_eq!(before.1.len(), e.collections().unwrap()[0].chunks as usize);
+
+        // Export: every live chunk once, in the trainer's corpus layout, written atomically.
+        let out = t.path().join("chunks.jsonl");
+        let r = e.export_chunks("c", &out).unwrap();
+        let exported = read_export(&out);
+        assert_eq!((r.chunks, exported.len()), (before.1.len(), before.1.len()));
+        let names: Vec<String> =
+            std::fs::read_dir(t.path()).unwrap().map(|d| d.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        assert!(!names.iter().any(|n| n.contains(".tmp")), "{names:?}");
+
+        // Vectors for the exported texts from the active model's document side, as the trainer would compute them.
+        let enc = OrtEncoder::load(&pair.document.dir, &Default::default()).unwrap();
+        let texts: Vec<&str> = exported.iter().map(|(_, t)| t.as_str()).collect();
+        let vecs = enc.encode(&texts, TextKind::Document).unwrap();
+        // The exported text is exactly what the engine embedded: same vectors as the ones stored at ingest.
+        let stored: std::collections::HashMap<i64, &Vec<f32>> = before.1.iter().map(|(c, v)| (*c, v)).collect();
+        for ((id, _), v) in exported.iter().zip(&vecs) {
+            let s = stored[&chunk_id(id)];
+            let diff = s.iter().zip(v).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(diff < 1e-4, "chunk {id}: exported text embeds differently (max diff {diff})");
+        }
+        let rows: Vec<(String, Vec<f32>)> = exported.iter().map(|(id, _)| id.clone()).zip(vecs.iter().cloned()).collect();
+        // Refusal candidates carry vectors that differ from the stored ones (each chunk gets its neighbour's), so a
+        // partial write would show.
+        let rotated: Vec<(String, Vec<f32>)> =
+            rows.iter().enumerate().map(|(i, (id, _))| (id.clone(), rows[(i + 1) % rows.len()].1.clone())).collect();
+
+        let good = t.path().join("good");
+        write_shards(&good, &pair.document.pairing_id, pair.document.width, &rows);
+        let rep = e.import_vectors("c", &good, "test", &mut |_| {}).unwrap();
+        assert_eq!((rep.imported, rep.live_chunks, rep.not_covered), (rows.len(), rows.len(), 0));
+        assert_eq!(rep.shards, rows.len().div_ceil(3));
+        assert!(rep.online_document_encoder);
+        let after = snapshot(&e);
+        assert_same_results(&before.0, &after.0, 1e-5);
+        assert_eq!(after.2, before.2 + 1, "one audit record per import");
+        assert_eq!(
+            e.vector_sources("c").unwrap(),
+            care_engine::vectors::VectorSources { imported: vec![("qwen3-doc-test@1".into(), rows.len())], online: 0 }
+        );
+        {
+            let conn = e.store().conn();
+            care_engine::audit::verify(&conn).unwrap();
+        }
+
+        let refuse = |name: &str, prepare: &dyn Fn(&Path)| -> Error {
+            let dir = t.path().join(name);
+            prepare(&dir);
+            let err = e.import_vectors("c", &dir, "test", &mut |_| {}).unwrap_err();
+            let now = snapshot(&e);
+            assert_eq!(now.1, after.1, "{name}: the dense table changed");
+            assert_same_results(&after.0, &now.0, 0.0);
+            assert_eq!(now.2, after.2, "{name}: audited a refused import");
+            eprintln!("{name}: [{}] {err}", err.code().as_str());
+            err
+        };
+        let pairing = pair.document.pairing_id.clone();
+        let width = pair.document.width;
+
+        let err = refuse("wrong-pairing", &|d| write_shards(d, "someone-elses-pairing", width, &rotated));
+        assert!(matches!(err, Error::ModelMismatch(_)), "{err}");
+        assert!(err.to_string().contains("someone-elses-pairing") && err.to_string().contains("--pairing-id"), "{err}");
+
+        let err = refuse("wrong-width", &|d| {
+            let narrow: Vec<(String, Vec<f32>)> =
+                rotated.iter().map(|(id, v)| (id.clone(), normalized(v[..width - 1].to_vec()))).collect();
+            write_shards(d, &pairing, width - 1, &narrow)
+        });
+        assert!(matches!(err, Error::ModelMismatch(_)), "{err}");
+        assert!(err.to_string().contains(&format!("width {}", width - 1)), "{err}");
+
+        let err = refuse("corrupted", &|d| {
+            write_shards(d, &pairing, width, &rotated);
+            let f = d.join("shard-00001.f32");
+            let mut bytes = std::fs::read(&f).unwrap();
+            bytes[100] ^= 0x55;
+            std::fs::write(&f, bytes).unwrap();
+        });
+        assert!(matches!(err, Error::CorruptShards { .. }), "{err}");
+        assert_eq!(err.code(), care_engine::ErrorCode::CorruptShards);
+        assert!(err.to_string().contains("sha256") && err.to_string().contains("shard-00001.f32"), "{err}");
+
+        let err = refuse("unknown-ids", &|d| {
+            let mut v = rotated.clone();
+            // A chunk that does not exist, and a real chunk id whose text changed since the export.
+            v.push(("999999:0123456789abcdef".into(), rotated[0].1.clone()));
+            let (cid, _) = v[2].0.split_once(':').unwrap();
+            v[2].0 = format!("{cid}:ffffffffffffffff");
+            write_shards(d, &pairing, width, &v)
+        });
+        assert!(matches!(err, Error::UnknownChunks { count: 2, .. }), "{err}");
+        assert_eq!(err.code(), care_engine::ErrorCode::UnknownChunks);
+        let msg = err.to_string();
+        assert!(msg.contains("999999:0123456789abcdef") && msg.contains("care collection export-chunks c"), "{msg}");
+
+        let err = refuse("not-normalised", &|d| {
+            let mut v = rotated.clone();
+            v[4].1.iter_mut().for_each(|x| *x *= 2.0);
+            write_shards(d, &pairing, width, &v)
+        });
+        assert!(matches!(err, Error::MalformedRecord { .. }), "{err}");
+        assert!(err.to_string().contains("L2 norm"), "{err}");
+
+        let err = refuse("newer-format", &|d| {
+            write_shards(d, &pairing, width, &rotated);
+            let p = d.join("embeddings.json");
+            let text = std::fs::read_to_string(&p).unwrap().replace("\"format\": 1", "\"format\": 2");
+            std::fs::write(&p, text).unwrap();
+        });
+        assert!(matches!(err, Error::TooNew { found: 2, .. }), "{err}");
+
+        // After all that, the engine's own consistency check is clean.
+        assert!(e.check().unwrap().consistent);
+    }
+
+    #[test]
+    fn search_uses_the_imported_vectors_and_later_ingests_embed_online() {
+        let (t, e) = setup();
+        let q = "流感怎么治疗";
+        let before = dense(&e, q);
+        let out = t.path().join("chunks.jsonl");
+        e.export_chunks("c", &out).unwrap();
+        let exported = read_export(&out);
+        // The gout chunk: not what dense search ranks first for an influenza question.
+        let (target, _) = exported.iter().find(|(_, text)| text.contains("痛风")).unwrap().clone();
+        let target_chunk = chunk_id(&target);
+        assert_ne!(before[0].0, target_chunk);
+        let old_vectors = e.dense_vectors("c").unwrap();
+
+        // Shards covering only that chunk, whose vector is the query's own vector.
+        let (qv, _) = e.encode_queries(&[q]).unwrap().unwrap();
+        let pair = e.active_models().unwrap().unwrap();
+        let dir = t.path().join("one");
+        write_shards(&dir, &pair.document.pairing_id, pair.document.width, &[(target.clone(), qv[0].clone())]);
+        let rep = e.import_vectors("c", &dir, "test", &mut |_| {}).unwrap();
+        assert_eq!((rep.imported, rep.not_covered), (1, exported.len() - 1));
+
+        let after = dense(&e, q);
+        assert_eq!(after[0].0, target_chunk, "{after:?}");
+        assert!((after[0].1 - 1.0).abs() < 1e-5, "cosine of a vector with itself: {}", after[0].1);
+        // Uncovered chunks keep their vectors exactly.
+        let new_vectors = e.dense_vectors("c").unwrap();
+        assert_eq!(new_vectors.len(), old_vectors.len());
+        for ((c, old), (c2, new)) in old_vectors.iter().zip(&new_vectors) {
+            assert_eq!(c, c2);
+            if *c != target_chunk {
+                assert_eq!(old, new, "chunk {c} changed");
+            }
+        }
+        assert_eq!(
+            e.vector_sources("c").unwrap(),
+            care_engine::vectors::VectorSources { imported: vec![("qwen3-doc-test@1".into(), 1)], online: exported.len() - 1 }
+        );
+
+        // A later ingest that changes the gout document replaces its chunks: the new chunk is embedded online, the
+        // imported vector and its provenance go with the old chunk, and a new document is embedded online too.
+        let mut d = docs(Some(("gout", "痛风患者应低嘌呤饮食，急性期可用秋水仙碱。")));
+        d.push(ParsedDocument {
+            external_id: "stroke".into(),
+            title: "脑卒中".into(),
+            text: "急性缺血性脑卒中在发病4.5小时内可考虑静脉溶栓。".into(),
+            source: "stroke.txt".into(),
+        });
+        let fr = e.ingest_documents("c", &d).unwrap();
+        assert_eq!((fr.added, fr.replaced), (1, 1));
+        let c = e.check().unwrap();
+        assert!(c.consistent && c.dense_vectors == c.sqlite_chunks, "{c:?}");
+        assert_eq!(e.vector_sources("c").unwrap().imported, vec![]);
+        let again = dense(&e, q);
+        assert_ne!(again[0].0, target_chunk);
+        assert!(again[0].1 < 0.99, "no chunk carries the query's own vector any more: {again:?}");
+    }
+}

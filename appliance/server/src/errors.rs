@@ -33,6 +33,8 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         ErrorCode::CsrfRejected => StatusCode::FORBIDDEN,
         ErrorCode::AccountLocked => StatusCode::LOCKED,
         ErrorCode::AuditTampered => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorCode::CorruptShards => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorCode::UnknownChunks => StatusCode::CONFLICT,
     }
 }
 
@@ -62,6 +64,8 @@ pub fn title_zh(code: ErrorCode) -> &'static str {
         ErrorCode::CsrfRejected => "表单已失效，请刷新页面后重试",
         ErrorCode::AccountLocked => "账户已锁定",
         ErrorCode::AuditTampered => "审计日志校验失败",
+        ErrorCode::CorruptShards => "向量文件已损坏",
+        ErrorCode::UnknownChunks => "向量与当前文档不符",
     }
 }
 
@@ -178,6 +182,8 @@ mod tests {
                     | ErrorCode::Forbidden
                     | ErrorCode::CsrfRejected
                     | ErrorCode::AccountLocked
+                    | ErrorCode::CorruptShards
+                    | ErrorCode::UnknownChunks
             );
             assert_eq!(s.is_client_error(), client, "{code:?} → {s}");
         }
