@@ -236,6 +236,24 @@ enum CollectionCommand {
     },
     /// Delete a collection and all its documents everywhere.
     Delete { name: String },
+    /// Write every chunk of a collection as JSONL ({"id", "text"}) for `care-train embed-corpus` to embed offline
+    /// with the large document encoder.
+    ExportChunks {
+        collection: String,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Load document vectors computed offline (an `embed-corpus` output folder of embedding shards) into a
+    /// collection's dense index, after verifying checksums, width, pairing id and chunk ids.
+    ImportVectors {
+        collection: String,
+        /// The folder holding embeddings.json and its shards.
+        #[arg(long)]
+        from: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -408,6 +426,19 @@ fn run(cli: Cli) -> Result<i32> {
                     for c in e.collections()? {
                         println!("{}\t{} documents\t{} chunks", c.collection.name, c.documents, c.chunks);
                     }
+                }
+                CollectionCommand::ExportChunks { collection, out } => {
+                    let r = e.export_chunks(&collection, &out)?;
+                    println!("wrote {} chunks of '{}' to {}", r.chunks, r.collection, r.path.display());
+                    println!(
+                        "next: care-train embed-corpus --document <encoder> --corpus {} --out <dir> --pairing-id <pairing>, \
+                         then care collection import-vectors {} --from <dir>",
+                        r.path.display(),
+                        r.collection
+                    );
+                }
+                CollectionCommand::ImportVectors { collection, from, json } => {
+                    return import_vectors(&e, &collection, &from, json);
                 }
             }
         }
@@ -677,6 +708,41 @@ fn run_ingest_job(e: &Arc<Engine>, id: i64, json: bool, workers: usize) -> Resul
     }
     // Exit 2 tells scripts that some files were rejected while the others were ingested.
     Ok(if job.errors.is_empty() { 0 } else { 2 })
+}
+
+/// `care collection import-vectors`: verifies, then writes, with a progress bar for each phase.
+fn import_vectors(e: &Engine, collection: &str, from: &std::path::Path, json: bool) -> Result<i32> {
+    let pb = ProgressBar::new(0);
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} {msg} {bar:30} {pos}/{len} vectors [{elapsed_precise}, eta {eta}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let r = e.import_vectors(collection, from, &cli_actor(), &mut |p| {
+        pb.set_length(p.total as u64);
+        pb.set_position(p.done as u64);
+        pb.set_message(p.phase);
+    });
+    pb.finish_and_clear();
+    let r = r?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(0);
+    }
+    println!(
+        "imported {} vectors (width {}, pairing {}) computed by {} into the dense index of '{}' (document model {})",
+        r.imported, r.width, r.pairing_id, r.source_model, r.collection, r.document_model
+    );
+    println!("{} of {} live chunks covered; {} not covered keep their current vectors", r.imported, r.live_chunks, r.not_covered);
+    if r.online_document_encoder {
+        println!("chunks ingested from now on are embedded by {}'s own encoder; import again to replace them", r.document_model);
+    } else {
+        println!(
+            "{} has no online document encoder (no model.onnx in its package): the appliance cannot embed the uncovered \
+             chunks or chunks ingested later; export and import vectors for them",
+            r.document_model
+        );
+    }
+    Ok(0)
 }
 
 fn print_results(res: &care_engine::SearchResults) {

@@ -370,7 +370,7 @@ impl Engine {
                 "collection.import_vectors",
                 &serde_json::json!({
                     "collection": collection,
-                    "from": dir.display().to_string(),
+                    "from": dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf()).display().to_string(),
                     "source_model": source_model,
                     "pairing_id": idx.pairing_id,
                     "width": idx.width,
