@@ -179,14 +179,9 @@ impl Engine {
             Err(e) => return Err(Error::io(&index_path, e)),
         };
         let index_sha256 = hex::encode(Sha256::digest(&bytes));
-        if let Some(found) = serde_json::from_slice::<serde_json::Value>(&bytes).ok().and_then(|v| v["format"].as_u64()) {
-            if found > EMBEDDINGS_FORMAT as u64 {
-                return Err(Error::TooNew {
-                    what: index_path.display().to_string(),
-                    found: found as u32,
-                    supported: EMBEDDINGS_FORMAT,
-                });
-            }
+        let format = serde_json::from_slice::<serde_json::Value>(&bytes).ok().and_then(|v| v["format"].as_u64());
+        if let Some(found) = format.filter(|f| *f > EMBEDDINGS_FORMAT as u64) {
+            return Err(Error::TooNew { what: index_path.display().to_string(), found: found as u32, supported: EMBEDDINGS_FORMAT });
         }
         let idx: EmbeddingsIndex = embeddings::read_index(dir).map_err(|e| shard_err(dir, e))?;
         let corrupt = |message: String| Error::CorruptShards { path: index_path.clone(), message };
