@@ -70,7 +70,8 @@ install_torch() {
     export LD_LIBRARY_PATH="$prefix/torch/lib:${cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }
 
-# A query package written by the trainer (tch → ONNX) for the engine test trainer_exported_query_package_matches_tch_vectors.
+# A query package written by the trainer (tch → ONNX) for the engine test trainer_exported_query_package_matches_tch_vectors,
+# and the trainer binary + real e5-small folder for the offline document-vector loop test.
 trainer_export() {
     cargo build -q -p care-trainer
     local bin="${CARGO_TARGET_DIR:-$ROOT/target}/debug/care-train" e5="$DEV/trainer/e5-small" l4="$DEV/trainer/e5-small-l4"
@@ -78,6 +79,8 @@ trainer_export() {
     [ -f "$l4/model.safetensors" ] || "$bin" --device cpu prune --from "$e5" --layers 4 --out "$l4"
     "$bin" --device cpu export --query "$l4" --out "$DEV/trainer/export-l4" --name e5-small-l4 --pairing-id e5-small-q4@1 >/dev/null
     export CARE_TRAINER_EXPORT="$DEV/trainer/export-l4"
+    # For trainer_embedded_chunks_import_and_match_the_online_vectors: the engine's chunk export embedded by tch.
+    export CARE_TRAIN_BIN="$bin" CARE_TRAINER_E5="$e5"
 }
 
 setup() {

@@ -905,4 +905,58 @@ mod offline_vectors {
         assert_ne!(again[0].0, target_chunk);
         assert!(again[0].1 < 0.99, "no chunk carries the query's own vector any more: {again:?}");
     }
+
+    /// The whole offline loop across the two stacks: the engine's chunk export, embedded by the trainer's
+    /// `care-train embed-corpus` (tch, the real e5-small weights imported from the same 4-bit file), imported back,
+    /// serves what the appliance computed online with ONNX Runtime. The trainer links libtorch, which this crate must
+    /// not, so `packaging/dev.sh test` hands it over as CARE_TRAIN_BIN + CARE_TRAINER_E5.
+    #[test]
+    fn trainer_embedded_chunks_import_and_match_the_online_vectors() {
+        let (Some(bin), Some(model)) = (std::env::var_os("CARE_TRAIN_BIN"), std::env::var_os("CARE_TRAINER_E5")) else {
+            eprintln!("CARE_TRAIN_BIN / CARE_TRAINER_E5 not set (packaging/dev.sh test sets them); skipping");
+            return;
+        };
+        let (t, e) = setup();
+        let pair = e.active_models().unwrap().unwrap();
+        let before = snapshot(&e);
+        let chunks = t.path().join("chunks.jsonl");
+        e.export_chunks("c", &chunks).unwrap();
+        let vecs = t.path().join("vecs");
+        let out = std::process::Command::new(&bin)
+            .args(["--device", "cpu", "--threads", "1", "embed-corpus", "--document"])
+            .arg(&model)
+            .arg("--corpus")
+            .arg(&chunks)
+            .arg("--out")
+            .arg(&vecs)
+            .args(["--pairing-id", &pair.document.pairing_id])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "care-train embed-corpus failed: {}", String::from_utf8_lossy(&out.stderr));
+
+        let rep = e.import_vectors("c", &vecs, "test", &mut |_| {}).unwrap();
+        assert_eq!((rep.imported, rep.not_covered), (before.1.len(), 0));
+        let after = snapshot(&e);
+        let src = e.vector_sources("c").unwrap();
+        assert_eq!((src.online, src.imported.len(), src.imported[0].1), (0, 1, before.1.len()), "{src:?}");
+
+        // Same chunks, vectors from the other stack: tch fp32 vs ONNX Runtime on the same dequantised weights.
+        let online: std::collections::HashMap<i64, &Vec<f32>> = before.1.iter().map(|(c, v)| (*c, v)).collect();
+        assert_eq!(after.1.len(), online.len());
+        let worst = after.1.iter().map(|(c, v)| cosine(online[c], v)).fold(1.0f64, f64::min);
+        eprintln!("offline (tch) vs online (ORT) document vectors over {} chunks: min cosine {worst:.7}", after.1.len());
+        assert!(worst >= 0.9999, "min cosine {worst}");
+        // Search answers the same: every chunk scores as it did online, and the top hit is the same one wherever
+        // it was not a near tie.
+        for (q, (x, y)) in QUERIES.iter().zip(before.0.iter().zip(&after.0)) {
+            assert_eq!(x.len(), y.len(), "{q}");
+            let was: std::collections::HashMap<i64, f32> = x.iter().copied().collect();
+            for (c, s) in y {
+                assert!((was[c] - s).abs() < 2e-3, "{q}: chunk {c} scored {} online, {s} offline", was[c]);
+            }
+            if x.len() > 1 && x[0].1 - x[1].1 > 4e-3 {
+                assert_eq!(x[0].0, y[0].0, "{q}: top hit changed");
+            }
+        }
+    }
 }
