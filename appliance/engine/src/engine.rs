@@ -545,8 +545,11 @@ impl Engine {
                     fr.error_code = Some(e.code().as_str());
                     fr.error = Some(e.to_string());
                 }
-                Ok(parsed) => {
+                Ok(mut parsed) => {
                     fr.skipped_empty = parsed.skipped_empty;
+                    for d in &mut parsed.documents {
+                        d.source = self.without_upload_folder(path, std::mem::take(&mut d.source));
+                    }
                     let total = parsed.documents.len();
                     let bs = self.cfg.ingest.batch_documents.max(1);
                     for (b, batch) in parsed.documents.chunks(bs).enumerate() {

@@ -230,18 +230,31 @@ impl Engine {
 
     /// An uploaded file is shown by its name inside its upload folder, a CLI file by its path.
     fn display_name(&self, path: &Path, owned: bool) -> String {
-        if owned {
-            let root = std::fs::canonicalize(self.uploads_dir()).unwrap_or_else(|_| self.uploads_dir());
-            if let Ok(rel) = path.strip_prefix(&root) {
-                let mut c = rel.components();
-                c.next(); // the upload's token folder
-                let rest = c.as_path();
-                if !rest.as_os_str().is_empty() {
-                    return rest.display().to_string();
-                }
-            }
+        if owned
+            && let Some(folder) = self.upload_folder(path)
+            && let Ok(rest) = path.strip_prefix(&folder)
+            && !rest.as_os_str().is_empty()
+        {
+            return rest.display().to_string();
         }
         path.display().to_string()
+    }
+
+    /// `<data_dir>/uploads/<token>` when `path` lies in an upload's folder.
+    fn upload_folder(&self, path: &Path) -> Option<PathBuf> {
+        let root = std::fs::canonicalize(self.uploads_dir()).unwrap_or_else(|_| self.uploads_dir());
+        let rel = path.strip_prefix(&root).ok()?;
+        let token = rel.components().next()?;
+        Some(root.join(token))
+    }
+
+    /// Clinicians and admins see the name that was uploaded, not the folder the upload waits in: `text` (a source
+    /// or an error message about `path`) without that folder when `path` is an uploaded file.
+    pub(crate) fn without_upload_folder(&self, path: &Path, text: String) -> String {
+        match self.upload_folder(path) {
+            Some(folder) => text.replace(&format!("{}/", folder.display()), ""),
+            None => text,
+        }
     }
 
     pub fn job(&self, id: i64) -> Result<Job> {
@@ -720,7 +733,7 @@ fn record_file(e: &Engine, c: &Claim, reports: &[FileReport]) -> Result<()> {
             r.error.as_ref().map(|m| FileError {
                 file: e.display_name(&r.path, owned),
                 code: r.error_code.unwrap_or("internal").to_string(),
-                message: m.clone(),
+                message: if owned { e.without_upload_folder(&c.path, m.clone()) } else { m.clone() },
             })
         })
         .collect();

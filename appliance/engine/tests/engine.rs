@@ -503,6 +503,12 @@ mod jobs {
         assert!(msg("junk.txt").contains("binary data"), "{}", msg("junk.txt"));
         assert!(msg("short.csv").contains("\"答案\" is not in the header"), "{}", msg("short.csv"));
         assert!(msg("truncated.pdf").contains("truncated"), "{}", msg("truncated.pdf"));
+        // People see the names they uploaded, never the folder the upload waited in.
+        let token = up.file_name().unwrap().to_string_lossy().into_owned();
+        for f in &job.errors {
+            assert!(!f.message.contains(&token) && !f.message.contains("uploads/"), "{f:?}");
+        }
+        assert!(msg("junk.txt").starts_with("junk.txt"), "{}", msg("junk.txt"));
 
         // Extracted text and chunk boundaries (max 30 characters, no overlap).
         let h = |s: &str| s.to_string();
@@ -533,6 +539,14 @@ mod jobs {
         assert!(titles.contains(&(h("guide.pdf"), h("二甲双胍用药指南"))), "{titles:?}");
         assert!(titles.contains(&(h("q1"), h("发热怎么办？"))), "{titles:?}");
         assert!(titles.contains(&(h("gout.html"), h("痛风饮食"))), "{titles:?}");
+        let sources: Vec<(String, String)> = {
+            let conn = e.store().conn();
+            let mut stmt = conn.prepare("SELECT external_id, source FROM documents ORDER BY external_id").unwrap();
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect()
+        };
+        assert!(sources.contains(&(h("guide.pdf"), h("guide.pdf"))), "{sources:?}");
+        assert!(sources.contains(&(h("bundle.zip/科室/发热.txt"), h("bundle.zip/科室/发热.txt"))), "{sources:?}");
+        assert!(sources.iter().all(|(_, s)| !s.contains("uploads/")), "{sources:?}");
         let s = e.stats().unwrap();
         // prior.md + pdf, docx, 2 csv rows, html, md, 2 zip members.
         assert_eq!(s.documents, 9, "{s:?}");
