@@ -35,7 +35,8 @@ pub fn read_training_file(path: &Path) -> Result<Vec<TrainingExample>> {
 
 #[derive(Debug, Deserialize)]
 struct CorpusLine {
-    #[serde(default)]
+    /// `id` in our layouts, `_id` in standard BEIR corpora.
+    #[serde(default, alias = "_id")]
     id: String,
     #[serde(default)]
     title: String,

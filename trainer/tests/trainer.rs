@@ -544,3 +544,23 @@ fn e5_small_forward_reproduces_the_reference_vectors() {
     assert_eq!(n, 30);
     assert!(worst >= 0.9999, "worst cosine {worst}");
 }
+
+/// `embed-corpus` reads the appliance's chunk export (`id`, `text`), our corpora (`id`, `title`, `text`, `kind`) and
+/// standard BEIR corpora (`_id`), joining title and text.
+#[test]
+fn corpus_reader_takes_every_id_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("corpus.jsonl");
+    std::fs::write(
+        &p,
+        concat!(
+            "{\"id\": \"17:0a1b\", \"text\": \"二甲双胍\"}\n",
+            "{\"_id\": \"d2\", \"title\": \"痛风\", \"text\": \"避免高嘌呤饮食。\"}\n",
+            "{\"id\": \"mc-1\", \"text\": \"发热怎么办\", \"kind\": \"question\"}\n",
+        ),
+    )
+    .unwrap();
+    let docs = care_trainer::data::read_corpus(&p).unwrap();
+    let got: Vec<(&str, &str, Option<&str>)> = docs.iter().map(|d| (d.id.as_str(), d.text.as_str(), d.kind.as_deref())).collect();
+    assert_eq!(got, vec![("17:0a1b", "二甲双胍", None), ("d2", "痛风 避免高嘌呤饮食。", None), ("mc-1", "发热怎么办", Some("question"))]);
+}
