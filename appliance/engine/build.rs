@@ -14,7 +14,9 @@ fn main() {
         })
         .unwrap_or_default();
     names.sort();
-    let mut out = String::from("/// (file name, content) of every demo article.\npub static DEMO_ARTICLES: &[(&str, &str)] = &[\n");
+    let mut out = String::from(
+        "/// (file name, content) of every demo article.\npub static DEMO_ARTICLES: &[(&str, &str)] = &[\n",
+    );
     for n in &names {
         let p = dir.join(n);
         println!("cargo:rerun-if-changed={}", p.display());

@@ -105,7 +105,8 @@ impl Care {
                 }
             }
         });
-        let (https, http, admin_password) = rx.recv_timeout(Duration::from_secs(60)).expect("server did not report its address");
+        let (https, http, admin_password) =
+            rx.recv_timeout(Duration::from_secs(60)).expect("server did not report its address");
         Served { child: KillOnDrop(child), https, http, admin_password }
     }
 }

@@ -82,7 +82,11 @@ impl Browser {
     }
 
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> Value {
-        let url = if path == "/session" { format!("{}{path}", self.base) } else { format!("{}/session/{}{path}", self.base, self.session) };
+        let url = if path == "/session" {
+            format!("{}{path}", self.base)
+        } else {
+            format!("{}/session/{}{path}", self.base, self.session)
+        };
         let req = match method {
             "GET" => self.http.get(&url),
             "DELETE" => self.http.delete(&url),
@@ -114,7 +118,9 @@ impl Browser {
 
     pub fn find_all(&self, css: &str) -> Vec<Element> {
         let v = self.call("POST", "/elements", Some(json!({"using": "css selector", "value": css})));
-        v.as_array().map(|a| a.iter().filter_map(|e| e[ELEMENT].as_str().map(|s| Element(s.to_string()))).collect()).unwrap_or_default()
+        v.as_array()
+            .map(|a| a.iter().filter_map(|e| e[ELEMENT].as_str().map(|s| Element(s.to_string()))).collect())
+            .unwrap_or_default()
     }
 
     pub fn type_into(&self, css: &str, text: &str) {
@@ -157,7 +163,9 @@ impl Browser {
     /// Saves a PNG screenshot of the viewport.
     pub fn screenshot(&self, path: &Path) {
         let v = self.call("GET", "/screenshot", None);
-        let png = base64::engine::general_purpose::STANDARD.decode(v.as_str().unwrap_or_default()).expect("base64 screenshot");
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(v.as_str().unwrap_or_default())
+            .expect("base64 screenshot");
         std::fs::write(path, png).expect("write screenshot");
     }
 

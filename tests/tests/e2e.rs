@@ -15,8 +15,26 @@ impl Lcg {
 }
 
 const WORDS: &[&str] = &[
-    "糖尿病", "高血压", "二甲双胍", "胰岛素", "阿司匹林", "冠心病", "心力衰竭", "肾功能", "肝功能", "血糖",
-    "血压", "治疗", "患者", "剂量", "不良反应", "禁忌症", "检查", "随访", "饮食", "运动",
+    "糖尿病",
+    "高血压",
+    "二甲双胍",
+    "胰岛素",
+    "阿司匹林",
+    "冠心病",
+    "心力衰竭",
+    "肾功能",
+    "肝功能",
+    "血糖",
+    "血压",
+    "治疗",
+    "患者",
+    "剂量",
+    "不良反应",
+    "禁忌症",
+    "检查",
+    "随访",
+    "饮食",
+    "运动",
 ];
 
 /// One round's upload of exactly 1,000 documents in 10 files of three formats: 8 JSONL files of 100 records, a CSV
@@ -151,7 +169,12 @@ fn kill_9_during_ingest_jobs_resumes_without_duplicates() {
         let mut args = vec!["ingest".to_string(), "bulk".to_string()];
         args.extend(files.iter().map(|p| p.display().to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut child = care.command(&args).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
+        let mut child = care
+            .command(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
         // Round 0 embeds all 1,000 documents; later rounds re-embed the 200 edited ones.
         let window = if round == 0 { 6000 } else { 2500 };
         let delay = Duration::from_millis(150 + rng.next() % window);
@@ -189,7 +212,8 @@ fn kill_9_during_ingest_jobs_resumes_without_duplicates() {
         assert_eq!(stats["pending_documents"], 0);
         if round > 0 {
             // The round's edits are what is indexed: its marker finds edited documents only.
-            let hits = care.json(&["search", "--json", "-n", "100", "--method", "bm25", &format!("roundmarker{round}")]);
+            let hits =
+                care.json(&["search", "--json", "-n", "100", "--method", "bm25", &format!("roundmarker{round}")]);
             let ids: Vec<u64> = hits["hits"]
                 .as_array()
                 .unwrap()

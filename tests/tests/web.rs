@@ -35,8 +35,12 @@ const METFORMIN_MD: &str = "# 二甲双胍用药指南\n\n## 适应症\n\n二甲
 
 /// Chinese medical text for two collections that share terms, so a leak between them would show.
 fn two_collections(care: &Care, dir: &Path) {
-    let a = write(&dir.join("aspirin.md"), "# 阿司匹林指南\n\n## 用法\n\n阿司匹林用于冠心病二级预防，每日剂量75到100毫克。\n");
-    let b = write(&dir.join("secret.md"), "# 机密病例讨论\n\n## 记录\n\n阿司匹林过敏患者的会诊记录，仅限心内科查阅。\n");
+    let a = write(
+        &dir.join("aspirin.md"),
+        "# 阿司匹林指南\n\n## 用法\n\n阿司匹林用于冠心病二级预防，每日剂量75到100毫克。\n",
+    );
+    let b =
+        write(&dir.join("secret.md"), "# 机密病例讨论\n\n## 记录\n\n阿司匹林过敏患者的会诊记录，仅限心内科查阅。\n");
     care.ok(&["collection", "create", "granted"]);
     care.ok(&["ingest", "granted", a.to_str().unwrap()]);
     care.ok(&["collection", "create", "secret"]);
@@ -134,8 +138,11 @@ fn authorisation_matrix_and_collection_isolation() {
     let Served { child: _server, https: base, .. } = care.serve_full();
     let c = client();
 
-    let feedback_form: &'static str = Box::leak(format!("q=%E9%98%BF%E5%8F%B8%E5%8C%B9%E6%9E%97&chunk={chunk}&helpful=1&back=%2Fsearch").into_boxed_str());
-    let feedback_json: &'static str = Box::leak(format!("{{\"query\":\"阿司匹林\",\"chunk_id\":{chunk},\"helpful\":true}}").into_boxed_str());
+    let feedback_form: &'static str = Box::leak(
+        format!("q=%E9%98%BF%E5%8F%B8%E5%8C%B9%E6%9E%97&chunk={chunk}&helpful=1&back=%2Fsearch").into_boxed_str(),
+    );
+    let feedback_json: &'static str =
+        Box::leak(format!("{{\"query\":\"阿司匹林\",\"chunk_id\":{chunk},\"helpful\":true}}").into_boxed_str());
     let q = "q=%E9%98%BF%E5%8F%B8%E5%8C%B9%E6%9E%97";
     let mut m: BTreeMap<(&str, &str), Case> = BTreeMap::new();
     use Body::*;
@@ -154,9 +161,21 @@ fn authorisation_matrix_and_collection_isolation() {
     m.insert(("POST", "/feedback"), case("/feedback", Form(feedback_form), 302, 303, &[303]));
     m.insert(("POST", "/logout"), case("/logout", Empty, 302, 303, &[303]));
     m.insert(("GET", "/account"), case("/account", Empty, 302, 200, &[200]));
-    m.insert(("POST", "/account/password"), case("/account/password", Form("current=wrong-current-pw&new=another-long-pw"), 302, 200, &[200]));
+    m.insert(
+        ("POST", "/account/password"),
+        case("/account/password", Form("current=wrong-current-pw&new=another-long-pw"), 302, 200, &[200]),
+    );
     m.insert(("GET", "/api/v1/me"), case("/api/v1/me", Empty, 401, 200, &[200]));
-    m.insert(("POST", "/api/v1/me/password"), case("/api/v1/me/password", Json(r#"{"current":"wrong-current-pw","new":"another-long-pw"}"#), 401, 400, &[400]));
+    m.insert(
+        ("POST", "/api/v1/me/password"),
+        case(
+            "/api/v1/me/password",
+            Json(r#"{"current":"wrong-current-pw","new":"another-long-pw"}"#),
+            401,
+            400,
+            &[400],
+        ),
+    );
     m.insert(("GET", "/api/v1/search"), case(format!("/api/v1/search?{q}"), Empty, 401, 200, &[200]));
     m.insert(("GET", "/api/v1/collections"), case("/api/v1/collections", Empty, 401, 200, &[200]));
     m.insert(("GET", "/api/v1/documents/{id}"), case(format!("/api/v1/documents/{doc}"), Empty, 401, 200, &[200]));
@@ -164,50 +183,116 @@ fn authorisation_matrix_and_collection_isolation() {
     // Admin console
     m.insert(("GET", "/admin"), case("/admin", Empty, 302, 403, &[302]));
     m.insert(("GET", "/admin/collections"), case("/admin/collections", Empty, 302, 403, &[200]));
-    m.insert(("POST", "/admin/collections"), case("/admin/collections", Form("name=fresh&description=x"), 302, 403, &[303]));
-    m.insert(("POST", "/admin/collections/{name}/upload"), case("/admin/collections/granted/upload", Upload, 302, 403, &[303]));
-    m.insert(("POST", "/admin/collections/{name}/approve"), case("/admin/collections/granted/approve", Form("approved=1"), 302, 403, &[303]));
-    m.insert(("POST", "/admin/collections/{name}/delete"), case("/admin/collections/scratch2/delete", Form("confirm=scratch2"), 302, 403, &[303]));
+    m.insert(
+        ("POST", "/admin/collections"),
+        case("/admin/collections", Form("name=fresh&description=x"), 302, 403, &[303]),
+    );
+    m.insert(
+        ("POST", "/admin/collections/{name}/upload"),
+        case("/admin/collections/granted/upload", Upload, 302, 403, &[303]),
+    );
+    m.insert(
+        ("POST", "/admin/collections/{name}/approve"),
+        case("/admin/collections/granted/approve", Form("approved=1"), 302, 403, &[303]),
+    );
+    m.insert(
+        ("POST", "/admin/collections/{name}/delete"),
+        case("/admin/collections/scratch2/delete", Form("confirm=scratch2"), 302, 403, &[303]),
+    );
     m.insert(("GET", "/admin/jobs"), case("/admin/jobs", Empty, 302, 403, &[200]));
     m.insert(("POST", "/admin/jobs/{id}/cancel"), case("/admin/jobs/1/cancel", Empty, 302, 403, &[303]));
     m.insert(("GET", "/admin/users"), case("/admin/users", Empty, 302, 403, &[200]));
-    m.insert(("POST", "/admin/users"), case("/admin/users", Form("username=newbie&password=newbie-passphrase&role=clinician"), 302, 403, &[303]));
+    m.insert(
+        ("POST", "/admin/users"),
+        case("/admin/users", Form("username=newbie&password=newbie-passphrase&role=clinician"), 302, 403, &[303]),
+    );
     m.insert(("POST", "/admin/users/{name}"), case("/admin/users/newbie", Form("action=unlock"), 302, 403, &[303]));
-    m.insert(("POST", "/admin/users/{name}/grants"), case("/admin/users/newbie/grants", Form("collection=granted&action=grant"), 302, 403, &[303]));
-    m.insert(("POST", "/admin/users/{name}/tokens"), case("/admin/users/newbie/tokens", Form("name=page"), 302, 403, &[200]));
+    m.insert(
+        ("POST", "/admin/users/{name}/grants"),
+        case("/admin/users/newbie/grants", Form("collection=granted&action=grant"), 302, 403, &[303]),
+    );
+    m.insert(
+        ("POST", "/admin/users/{name}/tokens"),
+        case("/admin/users/newbie/tokens", Form("name=page"), 302, 403, &[200]),
+    );
     m.insert(("POST", "/admin/tokens/{id}/revoke"), case("/admin/tokens/3/revoke", Empty, 302, 403, &[303]));
     m.insert(("GET", "/admin/models"), case("/admin/models", Empty, 302, 403, &[200]));
-    m.insert(("POST", "/admin/models/activate"), case("/admin/models/activate", Form("query=nope&document=nope"), 302, 403, &[303]));
+    m.insert(
+        ("POST", "/admin/models/activate"),
+        case("/admin/models/activate", Form("query=nope&document=nope"), 302, 403, &[303]),
+    );
     m.insert(("GET", "/admin/audit"), case("/admin/audit?action=search", Empty, 302, 403, &[200]));
     m.insert(("GET", "/admin/audit.csv"), case("/admin/audit.csv", Empty, 401, 403, &[200]));
     m.insert(("GET", "/metrics"), case("/metrics", Empty, 401, 403, &[200]));
     // Admin API
     m.insert(("GET", "/api/v1/admin/collections"), case("/api/v1/admin/collections", Empty, 401, 403, &[200]));
-    m.insert(("POST", "/api/v1/admin/collections"), case("/api/v1/admin/collections", Json(r#"{"name":"fresh2"}"#), 401, 403, &[201]));
-    m.insert(("DELETE", "/api/v1/admin/collections/{name}"), case("/api/v1/admin/collections/scratch1", Empty, 401, 403, &[204]));
-    m.insert(("POST", "/api/v1/admin/collections/{name}/files"), case("/api/v1/admin/collections/granted/files", Upload, 401, 403, &[202]));
-    m.insert(("PUT", "/api/v1/admin/collections/{name}/approval"), case("/api/v1/admin/collections/granted/approval", Json(r#"{"approved":false}"#), 401, 403, &[204]));
+    m.insert(
+        ("POST", "/api/v1/admin/collections"),
+        case("/api/v1/admin/collections", Json(r#"{"name":"fresh2"}"#), 401, 403, &[201]),
+    );
+    m.insert(
+        ("DELETE", "/api/v1/admin/collections/{name}"),
+        case("/api/v1/admin/collections/scratch1", Empty, 401, 403, &[204]),
+    );
+    m.insert(
+        ("POST", "/api/v1/admin/collections/{name}/files"),
+        case("/api/v1/admin/collections/granted/files", Upload, 401, 403, &[202]),
+    );
+    m.insert(
+        ("PUT", "/api/v1/admin/collections/{name}/approval"),
+        case("/api/v1/admin/collections/granted/approval", Json(r#"{"approved":false}"#), 401, 403, &[204]),
+    );
     m.insert(("GET", "/api/v1/admin/jobs"), case("/api/v1/admin/jobs", Empty, 401, 403, &[200]));
     m.insert(("GET", "/api/v1/admin/jobs/{id}"), case("/api/v1/admin/jobs/1", Empty, 401, 403, &[200]));
     // The job may already have finished (400: nothing to cancel) or still run (204).
-    m.insert(("POST", "/api/v1/admin/jobs/{id}/cancel"), case("/api/v1/admin/jobs/2/cancel", Empty, 401, 403, &[204, 400]));
+    m.insert(
+        ("POST", "/api/v1/admin/jobs/{id}/cancel"),
+        case("/api/v1/admin/jobs/2/cancel", Empty, 401, 403, &[204, 400]),
+    );
     m.insert(("GET", "/api/v1/admin/users"), case("/api/v1/admin/users", Empty, 401, 403, &[200]));
-    m.insert(("POST", "/api/v1/admin/users"), case("/api/v1/admin/users", Json(r#"{"username":"apiuser","password":"apiuser-passphrase","role":"clinician"}"#), 401, 403, &[201]));
-    m.insert(("PATCH", "/api/v1/admin/users/{name}"), case("/api/v1/admin/users/apiuser", Json(r#"{"unlock":true}"#), 401, 403, &[204]));
+    m.insert(
+        ("POST", "/api/v1/admin/users"),
+        case(
+            "/api/v1/admin/users",
+            Json(r#"{"username":"apiuser","password":"apiuser-passphrase","role":"clinician"}"#),
+            401,
+            403,
+            &[201],
+        ),
+    );
+    m.insert(
+        ("PATCH", "/api/v1/admin/users/{name}"),
+        case("/api/v1/admin/users/apiuser", Json(r#"{"unlock":true}"#), 401, 403, &[204]),
+    );
     m.insert(("DELETE", "/api/v1/admin/users/{name}"), case("/api/v1/admin/users/doomed", Empty, 401, 403, &[204]));
-    m.insert(("PUT", "/api/v1/admin/users/{name}/grants/{collection}"), case("/api/v1/admin/users/apiuser/grants/granted", Empty, 401, 403, &[204]));
-    m.insert(("DELETE", "/api/v1/admin/users/{name}/grants/{collection}"), case("/api/v1/admin/users/apiuser/grants/granted", Empty, 401, 403, &[204]));
-    m.insert(("POST", "/api/v1/admin/users/{name}/tokens"), case("/api/v1/admin/users/apiuser/tokens", Json(r#"{"name":"api"}"#), 401, 403, &[201]));
+    m.insert(
+        ("PUT", "/api/v1/admin/users/{name}/grants/{collection}"),
+        case("/api/v1/admin/users/apiuser/grants/granted", Empty, 401, 403, &[204]),
+    );
+    m.insert(
+        ("DELETE", "/api/v1/admin/users/{name}/grants/{collection}"),
+        case("/api/v1/admin/users/apiuser/grants/granted", Empty, 401, 403, &[204]),
+    );
+    m.insert(
+        ("POST", "/api/v1/admin/users/{name}/tokens"),
+        case("/api/v1/admin/users/apiuser/tokens", Json(r#"{"name":"api"}"#), 401, 403, &[201]),
+    );
     m.insert(("DELETE", "/api/v1/admin/tokens/{id}"), case("/api/v1/admin/tokens/4", Empty, 401, 403, &[204]));
     m.insert(("GET", "/api/v1/admin/models"), case("/api/v1/admin/models", Empty, 401, 403, &[200]));
-    m.insert(("POST", "/api/v1/admin/models/activate"), case("/api/v1/admin/models/activate", Json(r#"{"query":"nope","document":"nope"}"#), 401, 403, &[404]));
+    m.insert(
+        ("POST", "/api/v1/admin/models/activate"),
+        case("/api/v1/admin/models/activate", Json(r#"{"query":"nope","document":"nope"}"#), 401, 403, &[404]),
+    );
     m.insert(("GET", "/api/v1/admin/audit"), case("/api/v1/admin/audit?action=search", Empty, 401, 403, &[200]));
     m.insert(("GET", "/api/v1/admin/audit/verify"), case("/api/v1/admin/audit/verify", Empty, 401, 403, &[200]));
     m.insert(("GET", "/api/v1/admin/feedback"), case("/api/v1/admin/feedback", Empty, 401, 403, &[200]));
 
     let table: Vec<(&str, &str)> = ROUTES.iter().map(|r| (r.method, r.pattern)).collect();
     for key in &table {
-        assert!(m.contains_key(key), "route {key:?} of the server's access table has no row in the authorisation matrix");
+        assert!(
+            m.contains_key(key),
+            "route {key:?} of the server's access table has no row in the authorisation matrix"
+        );
     }
     for key in m.keys() {
         assert!(table.contains(key), "matrix row {key:?} names a route the server does not have");
@@ -232,14 +317,28 @@ fn authorisation_matrix_and_collection_isolation() {
         }
         // Clinician
         let res = send(&c, r.method, &url, cs.body, Some(&clin));
-        assert_eq!(res.status().as_u16(), cs.clinician, "clinician {} {}: {}", r.method, cs.path, res.text().unwrap_or_default());
+        assert_eq!(
+            res.status().as_u16(),
+            cs.clinician,
+            "clinician {} {}: {}",
+            r.method,
+            cs.path,
+            res.text().unwrap_or_default()
+        );
         if r.access == Access::Admin {
             assert_eq!(cs.clinician, 403, "{} {}", r.method, cs.path);
         }
         // Administrator
         let res = send(&c, r.method, &url, cs.body, Some(&admin));
         let st = res.status().as_u16();
-        assert!(cs.admin.contains(&st), "admin {} {} → {st} (expected {:?}): {}", r.method, cs.path, cs.admin, res.text().unwrap_or_default());
+        assert!(
+            cs.admin.contains(&st),
+            "admin {} {} → {st} (expected {:?}): {}",
+            r.method,
+            cs.path,
+            cs.admin,
+            res.text().unwrap_or_default()
+        );
         checked += 1;
     }
     assert_eq!(checked, ROUTES.len());
@@ -251,7 +350,10 @@ fn authorisation_matrix_and_collection_isolation() {
     assert!(!cols.is_empty(), "{r}");
     assert!(cols.iter().all(|c| *c == "granted"), "clinician saw {cols:?}");
     let r: serde_json::Value = get(&format!("/api/v1/search?{q}&limit=50"), &admin).json().unwrap();
-    assert!(r["hits"].as_array().unwrap().iter().any(|h| h["collection"] == "secret"), "the admin sees every collection: {r}");
+    assert!(
+        r["hits"].as_array().unwrap().iter().any(|h| h["collection"] == "secret"),
+        "the admin sees every collection: {r}"
+    );
     let res = get(&format!("/api/v1/search?{q}&collection=secret"), &clin);
     assert_eq!(res.status(), 403);
     let html = get(&format!("/search?{q}&collection=secret"), &clin).text().unwrap();
@@ -261,7 +363,13 @@ fn authorisation_matrix_and_collection_isolation() {
     assert_eq!(get(&format!("/api/v1/documents/{secret_doc}"), &clin).status(), 404);
     assert_eq!(get(&format!("/doc/{secret_doc}"), &clin).status(), 404);
     let fb = format!("{{\"query\":\"阿司匹林\",\"chunk_id\":{secret_chunk},\"helpful\":true}}");
-    let res = c.post(format!("{base}/api/v1/feedback")).bearer_auth(&clin).header("content-type", "application/json").body(fb).send().unwrap();
+    let res = c
+        .post(format!("{base}/api/v1/feedback"))
+        .bearer_auth(&clin)
+        .header("content-type", "application/json")
+        .body(fb)
+        .send()
+        .unwrap();
     assert_eq!(res.status(), 404);
     let r: serde_json::Value = get("/api/v1/collections", &clin).json().unwrap();
     let names: Vec<&str> = r.as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
@@ -290,7 +398,9 @@ fn set_cookies(h: &HeaderMap) -> Vec<String> {
 }
 
 fn cookie_value(set_cookie: &[String], name: &str) -> Option<String> {
-    set_cookie.iter().find_map(|c| c.strip_prefix(&format!("{name}=")).map(|v| v.split(';').next().unwrap_or("").to_string()))
+    set_cookie
+        .iter()
+        .find_map(|c| c.strip_prefix(&format!("{name}=")).map(|v| v.split(';').next().unwrap_or("").to_string()))
 }
 
 fn hidden(html: &str, name: &str) -> String {
@@ -326,7 +436,8 @@ fn sessions_csrf_cookies_redirects_headers_and_lockout() {
     let form_token = hidden(&html, "csrf");
     assert_eq!(form_token, login_cookie);
     let login = |body: String, cookie: Option<&str>| {
-        let mut rb = c.post(format!("{base}/login")).header("content-type", "application/x-www-form-urlencoded").body(body);
+        let mut rb =
+            c.post(format!("{base}/login")).header("content-type", "application/x-www-form-urlencoded").body(body);
         if let Some(ck) = cookie {
             rb = rb.header("cookie", format!("__Host-care_login_csrf={ck}"));
         }
@@ -344,7 +455,8 @@ fn sessions_csrf_cookies_redirects_headers_and_lockout() {
     let res = login(format!("username=admin&password={pw}&csrf={form_token}"), None);
     assert_eq!(res.status(), 403);
     // Correct: a session cookie that is Secure, HttpOnly and SameSite=Strict.
-    let res = login(format!("username=admin&password={pw}&csrf={form_token}&next=%2Fadmin%2Fusers"), Some(&login_cookie));
+    let res =
+        login(format!("username=admin&password={pw}&csrf={form_token}&next=%2Fadmin%2Fusers"), Some(&login_cookie));
     assert_eq!(res.status(), 303);
     assert_eq!(res.headers()["location"], "/admin/users");
     let sc = set_cookies(res.headers());
@@ -360,7 +472,10 @@ fn sessions_csrf_cookies_redirects_headers_and_lockout() {
     // Security headers: CSP without inline script, HSTS, framing denied.
     let h = res.headers().clone();
     let csp = h["content-security-policy"].to_str().unwrap();
-    assert!(csp.contains("script-src 'self'") && !csp.contains("unsafe-inline") && csp.contains("frame-ancestors 'none'"), "{csp}");
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe-inline") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
     assert_eq!(h["x-frame-options"], "DENY");
     assert!(h["strict-transport-security"].to_str().unwrap().contains("max-age="));
     assert_eq!(h["x-content-type-options"], "nosniff");
@@ -374,7 +489,11 @@ fn sessions_csrf_cookies_redirects_headers_and_lockout() {
 
     // Form posts riding on the session need the session's token.
     let post = |path: &str, body: &str, header: Option<&str>| {
-        let mut rb = c.post(format!("{base}{path}")).header("cookie", &ck).header("content-type", "application/x-www-form-urlencoded").body(body.to_string());
+        let mut rb = c
+            .post(format!("{base}{path}"))
+            .header("cookie", &ck)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body.to_string());
         if let Some(hv) = header {
             rb = rb.header("x-csrf-token", hv);
         }
@@ -386,7 +505,11 @@ fn sessions_csrf_cookies_redirects_headers_and_lockout() {
     assert_eq!(res.status(), 303, "{}", res.text().unwrap());
     // JSON calls from the pages' script send the token as a header.
     let api = |hdr: Option<&str>| {
-        let mut rb = c.post(format!("{base}/api/v1/admin/collections")).header("cookie", &ck).header("content-type", "application/json").body(r#"{"name":"viaapi"}"#);
+        let mut rb = c
+            .post(format!("{base}/api/v1/admin/collections"))
+            .header("cookie", &ck)
+            .header("content-type", "application/json")
+            .body(r#"{"name":"viaapi"}"#);
         if let Some(hv) = hdr {
             rb = rb.header("x-csrf-token", hv);
         }
@@ -396,7 +519,8 @@ fn sessions_csrf_cookies_redirects_headers_and_lockout() {
     assert_eq!(res.status(), 403);
     assert_eq!(res.json::<serde_json::Value>().unwrap()["code"], "csrf_rejected");
     assert_eq!(api(Some(&csrf)).status(), 201);
-    let cols: serde_json::Value = c.get(format!("{base}/api/v1/admin/collections")).header("cookie", &ck).send().unwrap().json().unwrap();
+    let cols: serde_json::Value =
+        c.get(format!("{base}/api/v1/admin/collections")).header("cookie", &ck).send().unwrap().json().unwrap();
     let names: Vec<&str> = cols.as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
     assert_eq!(names, vec!["viaapi", "viaform"]);
 
@@ -420,7 +544,9 @@ fn sessions_csrf_cookies_redirects_headers_and_lockout() {
     // Logout ends the session on the server, not only in the browser.
     let res = post("/logout", &format!("csrf={csrf}"), None);
     assert_eq!(res.status(), 303);
-    assert!(set_cookies(res.headers()).iter().any(|c| c.starts_with("__Host-care_session=;") && c.contains("Max-Age=0")));
+    assert!(
+        set_cookies(res.headers()).iter().any(|c| c.starts_with("__Host-care_session=;") && c.contains("Max-Age=0"))
+    );
     let res = c.get(format!("{base}/search")).header("cookie", &ck).send().unwrap();
     assert_eq!(res.status(), 302);
 
@@ -438,7 +564,9 @@ fn sessions_csrf_cookies_redirects_headers_and_lockout() {
     care.ok(&["user", "set", "admin", "--unlock"]);
     let list = care.json(&["audit", "list", "--json", "-n", "500"]);
     let actions: Vec<&str> = list.as_array().unwrap().iter().map(|r| r["action"].as_str().unwrap()).collect();
-    for a in ["auth.login", "auth.login_failed", "auth.account_locked", "auth.logout", "collection.create", "user.update"] {
+    for a in
+        ["auth.login", "auth.login_failed", "auth.account_locked", "auth.logout", "collection.create", "user.update"]
+    {
         assert!(actions.contains(&a), "{a} missing from {actions:?}");
     }
     let out = care.run(&["audit", "verify"]);
@@ -477,13 +605,22 @@ fn audit_verify_detects_altered_and_removed_records() {
     let verify = || care.run(&["audit", "verify"]);
     // Alter one field of a record directly in SQLite.
     let (grant_id, original): (i64, String) = db
-        .query_row("SELECT id, detail FROM audit WHERE action = 'permission.grant' ORDER BY id LIMIT 1", [], |r| Ok((r.get(0)?, r.get(1)?)))
+        .query_row("SELECT id, detail FROM audit WHERE action = 'permission.grant' ORDER BY id LIMIT 1", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
         .unwrap();
-    db.execute("UPDATE audit SET detail = ?1 WHERE id = ?2", rusqlite::params![original.replace("granted", "secret"), grant_id]).unwrap();
+    db.execute(
+        "UPDATE audit SET detail = ?1 WHERE id = ?2",
+        rusqlite::params![original.replace("granted", "secret"), grant_id],
+    )
+    .unwrap();
     let out = verify();
     assert_eq!(out.status.code(), Some(4));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("TAMPERED") && err.contains(&format!("record {grant_id}")) && err.contains("changed"), "{err}");
+    assert!(
+        err.contains("TAMPERED") && err.contains(&format!("record {grant_id}")) && err.contains("changed"),
+        "{err}"
+    );
     db.execute("UPDATE audit SET detail = ?1 WHERE id = ?2", rusqlite::params![&original, grant_id]).unwrap();
     assert!(verify().status.success(), "restoring the record restores the chain");
     // Change the actor instead.
@@ -491,7 +628,9 @@ fn audit_verify_detects_altered_and_removed_records() {
     assert_eq!(verify().status.code(), Some(4));
     let t2 = tempfile::tempdir().unwrap();
     // Remove a record in the middle, the first one, or the newest one: each is caught.
-    for (victim, needle) in [("id = 3", "missing"), ("id = 1", "removed"), ("id = (SELECT MAX(id) FROM audit)", "removed")] {
+    for (victim, needle) in
+        [("id = 3", "missing"), ("id = 1", "removed"), ("id = (SELECT MAX(id) FROM audit)", "removed")]
+    {
         let care2 = Care::new(&t2.path().join(victim.replace(['=', ' ', '(', ')', '*'], "_")));
         care2.ok(&["init"]);
         add_user(&care2, t2.path(), "a1", "admin", ADMIN_PW);
@@ -620,8 +759,11 @@ fn browser_login_upload_search_document_feedback_logout() {
     let out = care.ok(&["audit", "verify"]);
     assert!(out.contains("intact"), "{out}");
     let db = rusqlite::Connection::open(t.path().join("data/care.sqlite")).unwrap();
-    let (n, helpful, passage): (i64, i64, String) =
-        db.query_row("SELECT COUNT(*), MAX(helpful), MAX(passage) FROM feedback", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap();
+    let (n, helpful, passage): (i64, i64, String) = db
+        .query_row("SELECT COUNT(*), MAX(helpful), MAX(passage) FROM feedback", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .unwrap();
     assert_eq!((n, helpful), (1, 1));
     assert!(passage.contains("二甲双胍"), "{passage}");
 }

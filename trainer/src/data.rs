@@ -86,9 +86,16 @@ pub fn read_beir_split(dir: &Path, split: &str) -> Result<BeirSplit> {
             continue;
         }
         if f.len() < 3 {
-            return Err(Error::Data(format!("{} line {}: expected query-id, corpus-id, score", qrels_path.display(), i + 1)));
+            return Err(Error::Data(format!(
+                "{} line {}: expected query-id, corpus-id, score",
+                qrels_path.display(),
+                i + 1
+            )));
         }
-        let grade: u32 = f[2].trim().parse().map_err(|_| Error::Data(format!("{} line {}: bad score {:?}", qrels_path.display(), i + 1, f[2])))?;
+        let grade: u32 = f[2]
+            .trim()
+            .parse()
+            .map_err(|_| Error::Data(format!("{} line {}: bad score {:?}", qrels_path.display(), i + 1, f[2])))?;
         qrels.entry(f[0].to_string()).or_default().insert(f[1].to_string(), grade);
     }
     #[derive(Deserialize)]
@@ -103,7 +110,8 @@ pub fn read_beir_split(dir: &Path, split: &str) -> Result<BeirSplit> {
         if line.trim().is_empty() {
             continue;
         }
-        let q: Q = serde_json::from_str(&line).map_err(|e| Error::Data(format!("{} line {}: {e}", qpath.display(), i + 1)))?;
+        let q: Q =
+            serde_json::from_str(&line).map_err(|e| Error::Data(format!("{} line {}: {e}", qpath.display(), i + 1)))?;
         if qrels.contains_key(&q.id) {
             queries.push((q.id, q.text));
         }
@@ -115,14 +123,17 @@ pub fn read_beir_split(dir: &Path, split: &str) -> Result<BeirSplit> {
 /// and its judged documents below as negatives.
 pub fn beir_train_examples(dir: &Path, split: &str, min_grade: u32) -> Result<Vec<TrainingExample>> {
     let s = read_beir_split(dir, split)?;
-    let corpus: HashMap<String, String> = read_corpus(&dir.join("corpus.jsonl"))?.into_iter().map(|d| (d.id, d.text)).collect();
+    let corpus: HashMap<String, String> =
+        read_corpus(&dir.join("corpus.jsonl"))?.into_iter().map(|d| (d.id, d.text)).collect();
     let mut out = Vec::new();
     for (id, text) in &s.queries {
         let judged = &s.qrels[id];
         let mut docs: Vec<(&String, &u32)> = judged.iter().collect();
         docs.sort();
-        let pos: Vec<String> = docs.iter().filter(|(_, g)| **g >= min_grade).filter_map(|(d, _)| corpus.get(*d).cloned()).collect();
-        let neg: Vec<String> = docs.iter().filter(|(_, g)| **g < min_grade).filter_map(|(d, _)| corpus.get(*d).cloned()).collect();
+        let pos: Vec<String> =
+            docs.iter().filter(|(_, g)| **g >= min_grade).filter_map(|(d, _)| corpus.get(*d).cloned()).collect();
+        let neg: Vec<String> =
+            docs.iter().filter(|(_, g)| **g < min_grade).filter_map(|(d, _)| corpus.get(*d).cloned()).collect();
         if !pos.is_empty() {
             out.push(TrainingExample { query: text.clone(), pos, neg, prompt: None, kind: Some("beir".into()) });
         }
@@ -134,7 +145,13 @@ pub fn beir_train_examples(dir: &Path, split: &str, min_grade: u32) -> Result<Ve
 pub fn self_pairs(texts: &[String], kind: &str) -> Vec<TrainingExample> {
     texts
         .iter()
-        .map(|t| TrainingExample { query: t.clone(), pos: vec![t.clone()], neg: vec![], prompt: None, kind: Some(kind.into()) })
+        .map(|t| TrainingExample {
+            query: t.clone(),
+            pos: vec![t.clone()],
+            neg: vec![],
+            prompt: None,
+            kind: Some(kind.into()),
+        })
         .collect()
 }
 

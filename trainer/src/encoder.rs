@@ -98,7 +98,8 @@ pub struct Encoder {
 fn model_type(dir: &Path) -> Result<String> {
     let p = dir.join("config.json");
     let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Config(format!("{}: {e}", p.display())))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| Error::Config(format!("{}: {e}", p.display())))?;
     Ok(v["model_type"].as_str().unwrap_or("bert").to_string())
 }
 
@@ -115,22 +116,37 @@ impl Encoder {
                 } else {
                     cfg.max_position_embeddings as usize
                 };
-                (Model::Bert(Bert::new(&cfg, w)?), EncoderSettings { pooling: Pooling::Mean, max_length: max.min(512), append_eos: None }, false)
+                (
+                    Model::Bert(Bert::new(&cfg, w)?),
+                    EncoderSettings { pooling: Pooling::Mean, max_length: max.min(512), append_eos: None },
+                    false,
+                )
             }
             "qwen3" => {
                 let cfg = Qwen3Config::load(dir)?;
                 let w = crate::weights::Weights::load(&dir.join("model.safetensors"), device, kind)?;
                 let eos = cfg.eos_token_id.map(|e| e as u32);
-                (Model::Qwen3(Qwen3::new(&cfg, w)?), EncoderSettings { pooling: Pooling::LastToken, max_length: 512, append_eos: eos }, true)
+                (
+                    Model::Qwen3(Qwen3::new(&cfg, w)?),
+                    EncoderSettings { pooling: Pooling::LastToken, max_length: 512, append_eos: eos },
+                    true,
+                )
             }
-            other => return Err(Error::Config(format!("{}: model_type {other:?} is not supported (bert, xlm-roberta, qwen3)", dir.display()))),
+            other => {
+                return Err(Error::Config(format!(
+                    "{}: model_type {other:?} is not supported (bert, xlm-roberta, qwen3)",
+                    dir.display()
+                )));
+            }
         };
         let settings = match std::fs::read_to_string(dir.join(ENCODER_FILE)) {
-            Ok(t) => serde_json::from_str(&t).map_err(|e| Error::Config(format!("{}: {e}", dir.join(ENCODER_FILE).display())))?,
+            Ok(t) => serde_json::from_str(&t)
+                .map_err(|e| Error::Config(format!("{}: {e}", dir.join(ENCODER_FILE).display())))?,
             Err(_) => default_settings,
         };
         let tp = dir.join("tokenizer.json");
-        let mut tokenizer = tokenizers::Tokenizer::from_file(&tp).map_err(|e| Error::Config(format!("{}: {e}", tp.display())))?;
+        let mut tokenizer =
+            tokenizers::Tokenizer::from_file(&tp).map_err(|e| Error::Config(format!("{}: {e}", tp.display())))?;
         tokenizer
             .with_truncation(Some(tokenizers::TruncationParams {
                 max_length: settings.max_length - usize::from(settings.append_eos.is_some()),
@@ -148,10 +164,8 @@ impl Encoder {
 
     /// Tokenises, truncates and pads a batch.
     pub fn tokenize(&self, texts: &[&str]) -> Result<Batch> {
-        let enc = self
-            .tokenizer
-            .encode_batch(texts.to_vec(), true)
-            .map_err(|e| Error::Data(format!("tokenising: {e}")))?;
+        let enc =
+            self.tokenizer.encode_batch(texts.to_vec(), true).map_err(|e| Error::Data(format!("tokenising: {e}")))?;
         let mut rows: Vec<Vec<i64>> = enc.iter().map(|e| e.get_ids().iter().map(|&i| i64::from(i)).collect()).collect();
         if let Some(eos) = self.settings.append_eos {
             for r in &mut rows {

@@ -35,7 +35,13 @@ pub fn ndcg_at(ranked: &[&str], judged: &HashMap<String, u32>, k: usize) -> f64 
 }
 
 /// Document vectors of a BEIR corpus: `(ids, vectors [n, hidden])`, cached at `cache` when given.
-pub fn corpus_vectors(doc: &Encoder, set: &Path, template: &str, batch: usize, cache: Option<&Path>) -> Result<(Vec<String>, Tensor)> {
+pub fn corpus_vectors(
+    doc: &Encoder,
+    set: &Path,
+    template: &str,
+    batch: usize,
+    cache: Option<&Path>,
+) -> Result<(Vec<String>, Tensor)> {
     let docs = read_corpus(&set.join("corpus.jsonl"))?;
     let ids: Vec<String> = docs.iter().map(|d| d.id.clone()).collect();
     if let Some(c) = cache
@@ -56,7 +62,14 @@ pub fn corpus_vectors(doc: &Encoder, set: &Path, template: &str, batch: usize, c
 }
 
 /// Scores `query` against normalised document vectors (truncated to the query width).
-pub fn evaluate(query: &Encoder, split: &BeirSplit, template: &str, doc_ids: &[String], doc_vecs: &Tensor, batch: usize) -> Result<RetrievalMetrics> {
+pub fn evaluate(
+    query: &Encoder,
+    split: &BeirSplit,
+    template: &str,
+    doc_ids: &[String],
+    doc_vecs: &Tensor,
+    batch: usize,
+) -> Result<RetrievalMetrics> {
     let texts: Vec<String> = split.queries.iter().map(|(_, t)| template.replace("{text}", t)).collect();
     let qv = query.embed_all(&texts, batch, &mut |_| {})?;
     let w = qv.size()[1];
@@ -71,7 +84,8 @@ pub fn evaluate(query: &Encoder, split: &BeirSplit, template: &str, doc_ids: &[S
         for r in 0..n {
             let (qid, _) = &split.queries[start + r];
             let judged = &split.qrels[qid];
-            let ranked: Vec<&str> = idx[r * k as usize..(r + 1) * k as usize].iter().map(|&i| doc_ids[i as usize].as_str()).collect();
+            let ranked: Vec<&str> =
+                idx[r * k as usize..(r + 1) * k as usize].iter().map(|&i| doc_ids[i as usize].as_str()).collect();
             ndcg += ndcg_at(&ranked, judged, 10);
             if let Some(p) = ranked.iter().take(10).position(|d| judged.get(*d).is_some_and(|&g| g >= 1)) {
                 mrr += 1.0 / (p + 1) as f64;
@@ -119,7 +133,12 @@ pub fn query_latency(encoders: &[(&str, &Encoder)], queries: &[String], warmup: 
         .map(|((name, _), mut t)| {
             t.sort_by(f64::total_cmp);
             let pick = |p: f64| t.get(((t.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(0.0);
-            Latency { name: (*name).to_string(), p50_ms: pick(0.5), p90_ms: pick(0.9), mean_ms: t.iter().sum::<f64>() / t.len().max(1) as f64 }
+            Latency {
+                name: (*name).to_string(),
+                p50_ms: pick(0.5),
+                p90_ms: pick(0.9),
+                mean_ms: t.iter().sum::<f64>() / t.len().max(1) as f64,
+            }
         })
         .collect())
 }

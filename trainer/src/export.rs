@@ -44,7 +44,12 @@ pub struct PackageInfo {
 }
 
 /// Writes the query encoder (LoRA merged) as an appliance model package in `out`.
-pub fn export_query_package(enc: &mut Encoder, out: &Path, info: &PackageInfo, parity_texts: &[String]) -> Result<ModelManifest> {
+pub fn export_query_package(
+    enc: &mut Encoder,
+    out: &Path,
+    info: &PackageInfo,
+    parity_texts: &[String],
+) -> Result<ModelManifest> {
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     enc.model.merge_lora();
     let Model::Bert(bert) = &enc.model else {
@@ -53,7 +58,8 @@ pub fn export_query_package(enc: &mut Encoder, out: &Path, info: &PackageInfo, p
     let cfg = bert.cfg.to_modelio();
     let tensors = bert.weights.to_modelio()?;
     care_modelio::export_bert(&cfg, &tensors, &out.join("model.onnx")).map_err(|e| Error::Export(e.to_string()))?;
-    care_modelio::safetensors::save(&tensors, &out.join("model.safetensors")).map_err(|e| Error::Export(e.to_string()))?;
+    care_modelio::safetensors::save(&tensors, &out.join("model.safetensors"))
+        .map_err(|e| Error::Export(e.to_string()))?;
     write_json(&out.join("config.json"), &bert.cfg.to_json())?;
     let src = enc.source.join("tokenizer.json");
     std::fs::copy(&src, out.join("tokenizer.json")).map_err(|e| Error::io(&src, e))?;
@@ -164,6 +170,7 @@ pub fn e5s1_to_folder(bin: &Path, out: &Path) -> Result<()> {
     write_json(&out.join("tokenizer.json"), &tj)?;
     write_json(&out.join("config.json"), &file.bert_config().to_hf_config_json())?;
     let weights = file.hf_tensors().map_err(|e| Error::Export(e.to_string()))?;
-    care_modelio::safetensors::save(&weights, &out.join("model.safetensors")).map_err(|e| Error::Export(e.to_string()))?;
+    care_modelio::safetensors::save(&weights, &out.join("model.safetensors"))
+        .map_err(|e| Error::Export(e.to_string()))?;
     Ok(())
 }

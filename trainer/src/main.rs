@@ -392,7 +392,8 @@ fn finish_training(
     summary["seconds"] = secs.into();
     summary["mean_step_seconds"] = mean_step.into();
     summary["first_loss"] = all.first().map_or(0.0, |m| m.loss).into();
-    summary["last_loss_mean_20"] = (all.iter().rev().take(20).map(|m| m.loss).sum::<f64>() / all.len().clamp(1, 20) as f64).into();
+    summary["last_loss_mean_20"] =
+        (all.iter().rev().take(20).map(|m| m.loss).sum::<f64>() / all.len().clamp(1, 20) as f64).into();
     summary["config"] = serde_json::to_value(&trainer.cfg)?;
     summary["device"] = format!("{:?}", trainer.query.device).into();
     summary["threads"] = tch::get_num_threads().into();
@@ -408,7 +409,8 @@ fn run(cli: Cli) -> Result<()> {
     let dev = device(&cli.device)?;
     match cli.command {
         Command::ImportE5s1 { e5s1, out } => {
-            care_trainer::export::e5s1_to_folder(&e5s1, &out).with_context(|| format!("importing {}", e5s1.display()))?;
+            care_trainer::export::e5s1_to_folder(&e5s1, &out)
+                .with_context(|| format!("importing {}", e5s1.display()))?;
             println!("imported {} into {}", e5s1.display(), out.display());
         }
         Command::Prune { from, layers, out } => {
@@ -422,8 +424,12 @@ fn run(cli: Cli) -> Result<()> {
                 ex.extend(data::read_training_file(t)?);
             }
             let ex: Vec<TrainingExample> = ex.into_iter().map(|e| render_example(e, &common)).collect();
-            let params = select_trainable(&enc, "query.", &|n| !(common.freeze_embeddings && n.starts_with("embeddings.word")));
-            let cfg = train_config(&common, LossConfig { temperature, group_size, mse_weight: 0.0, matryoshka: common.matryoshka.clone() });
+            let params =
+                select_trainable(&enc, "query.", &|n| !(common.freeze_embeddings && n.starts_with("embeddings.word")));
+            let cfg = train_config(
+                &common,
+                LossConfig { temperature, group_size, mse_weight: 0.0, matryoshka: common.matryoshka.clone() },
+            );
             let mut t = Trainer::new(&enc, DocSide::Same, &ex, cfg, params, &common.out)?;
             let summary = serde_json::json!({"stage": "init", "model": model, "examples": ex.len()});
             finish_training(&mut t, &common, "independent initialisation (symmetric)", summary)?;
@@ -449,9 +455,18 @@ fn run(cli: Cli) -> Result<()> {
             let n_query = docs.iter().filter(|doc| doc.kind.as_ref().is_some_and(|k| query_kinds.contains(k))).count();
             let ex = data::self_pairs(&texts, "stage1");
             std::fs::create_dir_all(&common.out)?;
-            let side = frozen_doc_side(&d, texts.clone(), common.infer_batch, Some(&common.out.join("doc_vectors.safetensors")))?;
-            let params = select_trainable(&q, "query.", &|n| !(common.freeze_embeddings && n.starts_with("embeddings.word")));
-            let cfg = train_config(&common, LossConfig { temperature, group_size: 1, mse_weight, matryoshka: common.matryoshka.clone() });
+            let side = frozen_doc_side(
+                &d,
+                texts.clone(),
+                common.infer_batch,
+                Some(&common.out.join("doc_vectors.safetensors")),
+            )?;
+            let params =
+                select_trainable(&q, "query.", &|n| !(common.freeze_embeddings && n.starts_with("embeddings.word")));
+            let cfg = train_config(
+                &common,
+                LossConfig { temperature, group_size: 1, mse_weight, matryoshka: common.matryoshka.clone() },
+            );
             let mut t = Trainer::new(&q, side, &ex, cfg, params, &common.out)?;
             let summary = serde_json::json!({"stage": "stage1", "query": query, "document": document, "texts": texts.len(), "query_side_texts": n_query, "document_side_texts": texts.len() - n_query});
             finish_training(&mut t, &common, "Stage I: query encoder aligned to the frozen document encoder", summary)?;
@@ -500,20 +515,40 @@ fn run(cli: Cli) -> Result<()> {
             if let Some(c) = &mine_corpus {
                 let extra = sample(&data::read_corpus(c)?, mine_corpus_max, common.seed);
                 let seen: std::collections::HashSet<String> = pool.iter().cloned().collect();
-                pool.extend(extra.into_iter().map(|doc| render(&common.document_template, &doc.text)).filter(|t| !seen.contains(t)));
+                pool.extend(
+                    extra
+                        .into_iter()
+                        .map(|doc| render(&common.document_template, &doc.text))
+                        .filter(|t| !seen.contains(t)),
+                );
             }
             std::fs::create_dir_all(&common.out)?;
             // Pool vectors from the current document encoder: mining uses them, a frozen document side reuses them.
             let side = match &pool_corpus {
-                None => frozen_doc_side(&d, pool.clone(), common.infer_batch, Some(&common.out.join("doc_vectors.safetensors")))?,
+                None => frozen_doc_side(
+                    &d,
+                    pool.clone(),
+                    common.infer_batch,
+                    Some(&common.out.join("doc_vectors.safetensors")),
+                )?,
                 Some(pc) => {
                     let dir = pc.parent().unwrap_or(Path::new("."));
-                    let (_, base) = care_trainer::eval::corpus_vectors(&d, dir, &common.document_template, common.infer_batch, pool_cache.as_deref())?;
+                    let (_, base) = care_trainer::eval::corpus_vectors(
+                        &d,
+                        dir,
+                        &common.document_template,
+                        common.infer_batch,
+                        pool_cache.as_deref(),
+                    )?;
                     let base_texts: Vec<String> =
                         data::read_corpus(pc)?.iter().map(|doc| render(&common.document_template, &doc.text)).collect();
                     let seen: std::collections::HashSet<&String> = base_texts.iter().collect();
                     let extra: Vec<String> = pool.iter().filter(|t| !seen.contains(t)).cloned().collect();
-                    eprintln!("pool: {} corpus documents + {} other texts of the training data", base_texts.len(), extra.len());
+                    eprintln!(
+                        "pool: {} corpus documents + {} other texts of the training data",
+                        base_texts.len(),
+                        extra.len()
+                    );
                     let extra_vecs = d.embed_all(&extra, common.infer_batch, &mut |_| {})?;
                     let vectors = tch::Tensor::cat(&[base, extra_vecs], 0).to_device(d.device);
                     let mut all = base_texts;
@@ -534,7 +569,11 @@ fn run(cli: Cli) -> Result<()> {
                 let pv = care_trainer::pooling::truncate(&vectors.to_device(Device::Cpu), w);
                 let pos_rows: Vec<i64> = ex.iter().map(|e| index[&e.pos[0]]).collect();
                 let pos_scores: Vec<f32> = Vec::<f32>::try_from(
-                    (&qv * pv.index_select(0, &tch::Tensor::from_slice(&pos_rows))).sum_dim_intlist(1, false, Kind::Float),
+                    (&qv * pv.index_select(0, &tch::Tensor::from_slice(&pos_rows))).sum_dim_intlist(
+                        1,
+                        false,
+                        Kind::Float,
+                    ),
                 )?;
                 let opts = MiningOptions { negatives: group_size - 1, ..Default::default() };
                 dropped = data::mine_hard_negatives(&mut ex, &qv, &pos_scores, &pool, &pv, opts)?;
@@ -546,8 +585,14 @@ fn run(cli: Cli) -> Result<()> {
                 drop(side);
                 let targets = if lora_targets.is_empty() {
                     match d.model {
-                        care_trainer::encoder::Model::Qwen3(_) => ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"].map(String::from).to_vec(),
-                        care_trainer::encoder::Model::Bert(_) => ["query", "key", "value", "dense"].map(String::from).to_vec(),
+                        care_trainer::encoder::Model::Qwen3(_) => {
+                            ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+                                .map(String::from)
+                                .to_vec()
+                        }
+                        care_trainer::encoder::Model::Bert(_) => {
+                            ["query", "key", "value", "dense"].map(String::from).to_vec()
+                        }
                     }
                 } else {
                     lora_targets.clone()
@@ -556,12 +601,16 @@ fn run(cli: Cli) -> Result<()> {
                 d.model.add_lora(&targets, lora_rank, lora_alpha, 0.0);
                 DocSide::Trainable(&d)
             };
-            let mut params = select_trainable(&q, "query.", &|n| !(common.freeze_embeddings && n.starts_with("embeddings.word")));
+            let mut params =
+                select_trainable(&q, "query.", &|n| !(common.freeze_embeddings && n.starts_with("embeddings.word")));
             if !freeze_document {
                 params.extend(select_trainable(&d, "document.", &|n| n.contains("lora_")));
             }
             let n_params: i64 = params.values().map(tch::Tensor::numel).map(|n| n as i64).sum();
-            let cfg = train_config(&common, LossConfig { temperature, group_size, mse_weight: 0.0, matryoshka: common.matryoshka.clone() });
+            let cfg = train_config(
+                &common,
+                LossConfig { temperature, group_size, mse_weight: 0.0, matryoshka: common.matryoshka.clone() },
+            );
             let mut t = Trainer::new(&q, side, &ex, cfg, params, &common.out)?;
             let summary = serde_json::json!({
                 "stage": "stage2", "query": query, "document": document, "examples": ex.len(),
@@ -570,7 +619,12 @@ fn run(cli: Cli) -> Result<()> {
                 "lora": if freeze_document { serde_json::Value::Null } else { serde_json::json!({"rank": lora_rank, "alpha": lora_alpha}) },
                 "trainable_parameters": n_params,
             });
-            finish_training(&mut t, &common, "Stage II: joint contrastive training (1 positive + hard negatives)", summary)?;
+            finish_training(
+                &mut t,
+                &common,
+                "Stage II: joint contrastive training (1 positive + hard negatives)",
+                summary,
+            )?;
             drop(t);
             let mut q = q;
             q.save(&common.out.join("query"), true)?;
@@ -581,11 +635,14 @@ fn run(cli: Cli) -> Result<()> {
         Command::Export { query, out, name, version, pairing_id, query_template, document_template, parity_texts } => {
             let mut q = load_encoder(&query, Device::Cpu, Kind::Float, None)?;
             let texts: Vec<String> = match parity_texts {
-                Some(p) => std::fs::read_to_string(&p)?.lines().filter(|l| !l.trim().is_empty()).map(String::from).collect(),
+                Some(p) => {
+                    std::fs::read_to_string(&p)?.lines().filter(|l| !l.trim().is_empty()).map(String::from).collect()
+                }
                 None => PARITY_TEXTS.iter().map(|s| (*s).to_string()).collect(),
             };
             let mut provenance = BTreeMap::new();
-            provenance.insert("trainer".into(), format!("care-train {} from {}", env!("CARGO_PKG_VERSION"), query.display()));
+            provenance
+                .insert("trainer".into(), format!("care-train {} from {}", env!("CARGO_PKG_VERSION"), query.display()));
             if let Ok(run) = std::fs::read_to_string(query.parent().unwrap_or(Path::new(".")).join("run.json")) {
                 provenance.insert("training_run".into(), run.chars().filter(|c| *c != '\n').collect());
             }
@@ -599,21 +656,68 @@ fn run(cli: Cli) -> Result<()> {
                 provenance,
             };
             let m = care_trainer::export::export_query_package(&mut q, &out, &info, &texts)?;
-            println!("wrote query package {}@{} ({}, pairing {}) to {}", m.name, m.version, m.architecture, m.pairing_id, out.display());
+            println!(
+                "wrote query package {}@{} ({}, pairing {}) to {}",
+                m.name,
+                m.version,
+                m.architecture,
+                m.pairing_id,
+                out.display()
+            );
         }
-        Command::EmbedCorpus { document, corpus, out, width, pairing_id, document_template, batch, rows_per_shard, max_length, precision } => {
+        Command::EmbedCorpus {
+            document,
+            corpus,
+            out,
+            width,
+            pairing_id,
+            document_template,
+            batch,
+            rows_per_shard,
+            max_length,
+            precision,
+        } => {
             let d = load_encoder(&document, dev, kind(&precision, dev)?, Some(max_length))?;
             let docs = data::read_corpus(&corpus)?;
             let width = width.unwrap_or(d.hidden_size());
             let started = Instant::now();
-            let idx = care_trainer::export::embed_corpus(&d, &docs, &out, &document_template, width, &pairing_id, batch, rows_per_shard)?;
+            let idx = care_trainer::export::embed_corpus(
+                &d,
+                &docs,
+                &out,
+                &document_template,
+                width,
+                &pairing_id,
+                batch,
+                rows_per_shard,
+            )?;
             let secs = started.elapsed().as_secs_f64();
-            println!("embedded {} documents (width {}) in {:.1} s ({:.1} docs/s) into {}", idx.rows, idx.width, secs, idx.rows as f64 / secs, out.display());
+            println!(
+                "embedded {} documents (width {}) in {:.1} s ({:.1} docs/s) into {}",
+                idx.rows,
+                idx.width,
+                secs,
+                idx.rows as f64 / secs,
+                out.display()
+            );
         }
-        Command::Eval { query, document, set, split, query_template, document_template, cache, document_max_length, batch, max_queries, out } => {
+        Command::Eval {
+            query,
+            document,
+            set,
+            split,
+            query_template,
+            document_template,
+            cache,
+            document_max_length,
+            batch,
+            max_queries,
+            out,
+        } => {
             let d = load_encoder(&document, dev, Kind::Float, Some(document_max_length))?;
             let started = Instant::now();
-            let (ids, vecs) = care_trainer::eval::corpus_vectors(&d, &set, &document_template, batch, cache.as_deref())?;
+            let (ids, vecs) =
+                care_trainer::eval::corpus_vectors(&d, &set, &document_template, batch, cache.as_deref())?;
             let doc_secs = started.elapsed().as_secs_f64();
             drop(d);
             let mut split_data = care_trainer::eval::load_split(&set, &split)?;
@@ -625,7 +729,10 @@ fn run(cli: Cli) -> Result<()> {
                 let (name, dir) = spec.split_once('=').map_or((spec.as_str(), spec.as_str()), |(n, d)| (n, d));
                 let q = load_encoder(Path::new(dir), dev, Kind::Float, Some(64))?;
                 let m = care_trainer::eval::evaluate(&q, &split_data, &query_template, &ids, &vecs, batch)?;
-                eprintln!("{name:<28} nDCG@10 {:.4}  MRR@10 {:.4}  Recall@100 {:.4}", m.ndcg_at_10, m.mrr_at_10, m.recall_at_100);
+                eprintln!(
+                    "{name:<28} nDCG@10 {:.4}  MRR@10 {:.4}  Recall@100 {:.4}",
+                    m.ndcg_at_10, m.mrr_at_10, m.recall_at_100
+                );
                 results.insert(name.to_string(), serde_json::json!({"dir": dir, "metrics": m}));
             }
             let report = serde_json::json!({

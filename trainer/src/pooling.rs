@@ -9,7 +9,8 @@ pub fn pool(hidden: &Tensor, mask: &Tensor, pooling: Pooling) -> Tensor {
         Pooling::Cls => hidden.select(1, 0),
         Pooling::Mean => {
             let m = mask.to_kind(hidden.kind()).unsqueeze(-1);
-            (hidden * &m).sum_dim_intlist(1, false, hidden.kind()) / m.sum_dim_intlist(1, false, hidden.kind()).clamp_min(1e-9)
+            (hidden * &m).sum_dim_intlist(1, false, hidden.kind())
+                / m.sum_dim_intlist(1, false, hidden.kind()).clamp_min(1e-9)
         }
         Pooling::LastToken => {
             // Index of the last 1 in each row: works for left padding (always l-1) and right padding.

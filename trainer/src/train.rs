@@ -107,7 +107,12 @@ pub fn select_trainable(enc: &Encoder, prefix: &str, train: &dyn Fn(&str) -> boo
 }
 
 /// Builds the frozen document side: normalised vectors for every distinct positive/negative text.
-pub fn frozen_doc_side(enc: &Encoder, texts: Vec<String>, batch: usize, cache: Option<&Path>) -> Result<DocSide<'static>> {
+pub fn frozen_doc_side(
+    enc: &Encoder,
+    texts: Vec<String>,
+    batch: usize,
+    cache: Option<&Path>,
+) -> Result<DocSide<'static>> {
     let key = {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -298,7 +303,12 @@ impl<'a> Trainer<'a> {
             let DocSide::Frozen { vectors, index } = &self.doc else { unreachable!() };
             let rows: Vec<i64> = ds
                 .iter()
-                .map(|t| index.get(t).copied().ok_or_else(|| Error::Data(format!("document not in the frozen pool: {t:.40}"))))
+                .map(|t| {
+                    index
+                        .get(t)
+                        .copied()
+                        .ok_or_else(|| Error::Data(format!("document not in the frozen pool: {t:.40}")))
+                })
                 .collect::<Result<_>>()?;
             Ok(vectors.index_select(0, &Tensor::from_slice(&rows).to_device(vectors.device())))
         };
@@ -383,7 +393,8 @@ impl<'a> Trainer<'a> {
                 grad_norm,
                 seconds: started.elapsed().as_secs_f64(),
             };
-            writeln!(log, "{}", serde_json::to_string(&met).unwrap_or_default()).map_err(|e| Error::io(&self.out, e))?;
+            writeln!(log, "{}", serde_json::to_string(&met).unwrap_or_default())
+                .map_err(|e| Error::io(&self.out, e))?;
             pb.set_position(self.opt.step);
             pb.set_message(format!("loss {l:.4}"));
             all.push(met);
@@ -406,7 +417,10 @@ impl<'a> Trainer<'a> {
         let tmp = dir.with_extension("tmp");
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        crate::weights::save_tensors(self.opt.params.iter().map(|(n, t)| (n.clone(), t.shallow_clone())), &tmp.join("params.safetensors"))?;
+        crate::weights::save_tensors(
+            self.opt.params.iter().map(|(n, t)| (n.clone(), t.shallow_clone())),
+            &tmp.join("params.safetensors"),
+        )?;
         let moments = self
             .opt
             .m
@@ -430,10 +444,9 @@ impl<'a> Trainer<'a> {
     /// Restores the newest checkpoint (if any); returns its step. The metrics log is cut back to that step.
     pub fn resume(&mut self) -> Result<Option<u64>> {
         let Some((step, dir)) = list_checkpoints(&self.out).pop() else { return Ok(None) };
-        let state: CheckpointState = serde_json::from_str(
-            &std::fs::read_to_string(dir.join("state.json")).map_err(|e| Error::io(&dir, e))?,
-        )
-        .map_err(|e| Error::Checkpoint(format!("{}: {e}", dir.display())))?;
+        let state: CheckpointState =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("state.json")).map_err(|e| Error::io(&dir, e))?)
+                .map_err(|e| Error::Checkpoint(format!("{}: {e}", dir.display())))?;
         if state.seed != self.cfg.seed || state.config.batch_size != self.cfg.batch_size {
             return Err(Error::Checkpoint(format!(
                 "{} was written with seed {} / batch {}, this run uses seed {} / batch {}; resume with the same settings",
@@ -448,7 +461,9 @@ impl<'a> Trainer<'a> {
         let moments = crate::weights::load_tensors(&dir.join("optim.safetensors"))?;
         tch::no_grad(|| -> Result<()> {
             for (name, p) in &self.opt.params {
-                let src = params.get(name).ok_or_else(|| Error::Checkpoint(format!("{} lacks parameter {name}", dir.display())))?;
+                let src = params
+                    .get(name)
+                    .ok_or_else(|| Error::Checkpoint(format!("{} lacks parameter {name}", dir.display())))?;
                 let mut p = p.shallow_clone();
                 p.copy_(src);
                 for (key, map) in [("m", &mut self.opt.m), ("v", &mut self.opt.v)] {
@@ -464,10 +479,8 @@ impl<'a> Trainer<'a> {
         self.opt.step = step;
         let path = self.out.join("metrics.jsonl");
         if let Ok(text) = std::fs::read_to_string(&path) {
-            let kept: Vec<&str> = text
-                .lines()
-                .filter(|l| serde_json::from_str::<StepMetrics>(l).is_ok_and(|m| m.step <= step))
-                .collect();
+            let kept: Vec<&str> =
+                text.lines().filter(|l| serde_json::from_str::<StepMetrics>(l).is_ok_and(|m| m.step <= step)).collect();
             let mut s = kept.join("\n");
             if !s.is_empty() {
                 s.push('\n');

@@ -59,7 +59,10 @@ impl Weights {
             Error::Weights(format!("tensor {name:?} is missing from the checkpoint (is config.json for this model?)"))
         })?;
         if t.size() != shape {
-            return Err(Error::Weights(format!("tensor {name:?} has shape {:?}, config.json implies {shape:?}", t.size())));
+            return Err(Error::Weights(format!(
+                "tensor {name:?} has shape {:?}, config.json implies {shape:?}",
+                t.size()
+            )));
         }
         Ok(t.shallow_clone())
     }

@@ -74,7 +74,8 @@ fn lora_merge_leaves_outputs_unchanged() {
     let (ids, mask) = (&io["input_ids"], &io["attention_mask"]);
     let mut q = Qwen3::load(&dir, Device::Cpu, Kind::Float).unwrap();
     let base = tch::no_grad(|| q.forward_t(ids, mask, false));
-    let targets: Vec<String> = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"].map(String::from).to_vec();
+    let targets: Vec<String> =
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"].map(String::from).to_vec();
     q.add_lora(&targets, 4, 8.0, 0.5);
     let adapted = tch::no_grad(|| q.forward_t(ids, mask, false));
     let moved = (&adapted - &base).abs().max().double_value(&[]);
@@ -112,7 +113,9 @@ fn check_grad(name: &str, x: &Tensor, f: &dyn Fn(&Tensor) -> Tensor) {
         let _ = plus.get(i).g_add_scalar_(eps);
         let minus = flat.copy();
         let _ = minus.get(i).g_add_scalar_(-eps);
-        let fd = (f(&plus.view(x.size().as_slice())).double_value(&[]) - f(&minus.view(x.size().as_slice())).double_value(&[])) / (2.0 * eps);
+        let fd = (f(&plus.view(x.size().as_slice())).double_value(&[])
+            - f(&minus.view(x.size().as_slice())).double_value(&[]))
+            / (2.0 * eps);
         let an = analytic.view(-1).double_value(&[i]);
         worst = worst.max((fd - an).abs() / (1.0 + fd.abs()));
     }
@@ -135,8 +138,12 @@ fn loss_gradients_match_finite_differences() {
     let d3 = Tensor::randn([3, 6], opts);
     check_grad("mse wrt q", &q, &|x| loss::mse_alignment(x, &d3));
     check_grad("mse wrt d", &d3, &|x| loss::mse_alignment(&q, x));
-    check_grad("matryoshka wrt q", &q, &|x| loss::matryoshka(x, &d, &[2, 4], |a, b| loss::asymmetric_info_nce(a, b, 0.1, 2)));
-    check_grad("matryoshka wrt d", &d, &|x| loss::matryoshka(&q, x, &[2, 4], |a, b| loss::asymmetric_info_nce(a, b, 0.1, 2)));
+    check_grad("matryoshka wrt q", &q, &|x| {
+        loss::matryoshka(x, &d, &[2, 4], |a, b| loss::asymmetric_info_nce(a, b, 0.1, 2))
+    });
+    check_grad("matryoshka wrt d", &d, &|x| {
+        loss::matryoshka(&q, x, &[2, 4], |a, b| loss::asymmetric_info_nce(a, b, 0.1, 2))
+    });
 }
 
 #[test]
@@ -145,12 +152,21 @@ fn losses_have_the_expected_values() {
     let opts = (Kind::Double, Device::Cpu);
     // Perfectly aligned, orthogonal pairs: contrastive loss = log(1 + (B·G − 1)·e^{−1/t}); MSE = 0.
     let q = Tensor::eye(2, opts);
-    let d = Tensor::cat(&[Tensor::eye(2, opts).get(0).unsqueeze(0), Tensor::zeros([1, 2], opts) + 0.0, Tensor::eye(2, opts).get(1).unsqueeze(0), Tensor::zeros([1, 2], opts)], 0);
+    let d = Tensor::cat(
+        &[
+            Tensor::eye(2, opts).get(0).unsqueeze(0),
+            Tensor::zeros([1, 2], opts) + 0.0,
+            Tensor::eye(2, opts).get(1).unsqueeze(0),
+            Tensor::zeros([1, 2], opts),
+        ],
+        0,
+    );
     let d = d + Tensor::from_slice(&[0.0f64, 0.0, 0.0, -1.0, 0.0, 0.0, -1.0, 0.0]).view([4, 2]);
     let l = loss::info_nce(&q, &d, 0.1, 2).double_value(&[]);
     // scores/t for row 0: [10, -10 (d1 = (0,-1) · (1,0) = 0!)] — compute exactly instead of by hand:
     let s = q.matmul(&care_trainer::pooling::normalize(&d).tr()) / 0.1;
-    let want = -s.log_softmax(1, Kind::Double).get(0).double_value(&[0]) / 2.0 - s.log_softmax(1, Kind::Double).get(1).double_value(&[2]) / 2.0;
+    let want = -s.log_softmax(1, Kind::Double).get(0).double_value(&[0]) / 2.0
+        - s.log_softmax(1, Kind::Double).get(1).double_value(&[2]) / 2.0;
     assert!((l - want).abs() < 1e-12);
     assert!(loss::mse_alignment(&q, &q).double_value(&[]).abs() < 1e-15);
     // Truncation: the document side is cut to the query width before scoring.
@@ -353,11 +369,13 @@ fn resumed_run_reproduces_the_uninterrupted_one_bit_for_bit() {
     let out_b = root.path().join("b");
     {
         let m = load_models(root.path());
-        let mut t = Trainer::new(&m.query, DocSide::Trainable(&m.doc), &ex, config(7, 0), trainable(&m), &out_b).unwrap();
+        let mut t =
+            Trainer::new(&m.query, DocSide::Trainable(&m.doc), &ex, config(7, 0), trainable(&m), &out_b).unwrap();
         t.run(Some(4)).unwrap();
     }
     let m2 = load_models(root.path());
-    let mut t2 = Trainer::new(&m2.query, DocSide::Trainable(&m2.doc), &ex, config(7, 0), trainable(&m2), &out_b).unwrap();
+    let mut t2 =
+        Trainer::new(&m2.query, DocSide::Trainable(&m2.doc), &ex, config(7, 0), trainable(&m2), &out_b).unwrap();
     assert_eq!(t2.resume().unwrap(), Some(3));
     t2.run(None).unwrap();
     let got = snapshot(&t2.opt.params);
@@ -367,7 +385,10 @@ fn resumed_run_reproduces_the_uninterrupted_one_bit_for_bit() {
     }
     let log_a = care_trainer::train::read_metrics(&out_a.join("metrics.jsonl")).unwrap();
     let log_b = care_trainer::train::read_metrics(&out_b.join("metrics.jsonl")).unwrap();
-    assert_eq!(log_a.iter().map(|m| (m.step, m.loss.to_bits())).collect::<Vec<_>>(), log_b.iter().map(|m| (m.step, m.loss.to_bits())).collect::<Vec<_>>());
+    assert_eq!(
+        log_a.iter().map(|m| (m.step, m.loss.to_bits())).collect::<Vec<_>>(),
+        log_b.iter().map(|m| (m.step, m.loss.to_bits())).collect::<Vec<_>>()
+    );
     // keep_checkpoints = 2: steps 3 and 6 remain.
     let kept: Vec<u64> = care_trainer::train::list_checkpoints(&out_b).iter().map(|c| c.0).collect();
     assert_eq!(kept, vec![3, 6]);
@@ -385,7 +406,15 @@ fn gradient_cache_sub_batches_give_the_full_batch_gradient() {
     let grads = |sub: usize| {
         let m = load_models(root.path());
         let p = trainable(&m);
-        let t = Trainer::new(&m.query, DocSide::Trainable(&m.doc), &ex, config(1, sub), p, &root.path().join(format!("g{sub}"))).unwrap();
+        let t = Trainer::new(
+            &m.query,
+            DocSide::Trainable(&m.doc),
+            &ex,
+            config(1, sub),
+            p,
+            &root.path().join(format!("g{sub}")),
+        )
+        .unwrap();
         let l = t.forward_backward(0).unwrap();
         let g: BTreeMap<String, Tensor> = t.opt.params.iter().map(|(n, p)| (n.clone(), p.grad().copy())).collect();
         (l, g)
@@ -448,7 +477,8 @@ fn mining_skips_positives_and_drops_likely_false_negatives() {
     let pv = Tensor::from_slice(&[1.0f32, 0.0, 0.99, 0.141, 0.8, 0.6, 0.7, 0.714, 0.5, 0.866, 0.2, 0.98]).view([6, 2]);
     let pv = care_trainer::pooling::normalize(&pv);
     let qv = Tensor::from_slice(&[1.0f32, 0.0]).view([1, 2]);
-    let mut ex = vec![TrainingExample { query: "q".into(), pos: vec!["d0".into()], neg: vec![], prompt: None, kind: None }];
+    let mut ex =
+        vec![TrainingExample { query: "q".into(), pos: vec!["d0".into()], neg: vec![], prompt: None, kind: None }];
     let opts = MiningOptions { negatives: 2, skip_top: 0, depth: 10, max_ratio_to_positive: 0.95 };
     let dropped = mine_hard_negatives(&mut ex, &qv, &[1.0], &pool, &pv, opts).unwrap();
     assert_eq!(dropped, 1);
@@ -476,7 +506,8 @@ fn query_package_export_writes_a_verified_manifest_and_parity_vectors() {
     let m = care_trainer::export::export_query_package(&mut q, &out, &info, &texts).unwrap();
     m.verify_files(&out).unwrap();
     assert_eq!(m.role, care_formats::ModelRole::Query);
-    let parity: care_trainer::export::ParityFile = serde_json::from_str(&std::fs::read_to_string(out.join("parity.json")).unwrap()).unwrap();
+    let parity: care_trainer::export::ParityFile =
+        serde_json::from_str(&std::fs::read_to_string(out.join("parity.json")).unwrap()).unwrap();
     assert_eq!(parity.embeddings.len(), 2);
     // The exported safetensors hold the merged weights: reloading gives the same vectors as the parity file.
     let back = Encoder::load(&out, Device::Cpu, Kind::Float).unwrap();
@@ -505,8 +536,9 @@ fn embed_corpus_writes_shards_the_appliance_reads() {
     let root = tempfile::tempdir().unwrap();
     write_tiny_qwen(&root.path().join("d"), 41);
     let d = Encoder::load(&root.path().join("d"), Device::Cpu, Kind::Float).unwrap();
-    let docs: Vec<care_trainer::data::Doc> =
-        (0..7).map(|i| care_trainer::data::Doc { id: format!("doc{i}"), text: format!("w{i} w{}", i + 1), kind: None }).collect();
+    let docs: Vec<care_trainer::data::Doc> = (0..7)
+        .map(|i| care_trainer::data::Doc { id: format!("doc{i}"), text: format!("w{i} w{}", i + 1), kind: None })
+        .collect();
     let out = root.path().join("emb");
     let idx = care_trainer::export::embed_corpus(&d, &docs, &out, "{text}", 16, "pair", 3, 4).unwrap();
     assert_eq!((idx.rows, idx.shards.len(), idx.width), (7, 2, 16));
@@ -561,6 +593,14 @@ fn corpus_reader_takes_every_id_layout() {
     )
     .unwrap();
     let docs = care_trainer::data::read_corpus(&p).unwrap();
-    let got: Vec<(&str, &str, Option<&str>)> = docs.iter().map(|d| (d.id.as_str(), d.text.as_str(), d.kind.as_deref())).collect();
-    assert_eq!(got, vec![("17:0a1b", "二甲双胍", None), ("d2", "痛风 避免高嘌呤饮食。", None), ("mc-1", "发热怎么办", Some("question"))]);
+    let got: Vec<(&str, &str, Option<&str>)> =
+        docs.iter().map(|d| (d.id.as_str(), d.text.as_str(), d.kind.as_deref())).collect();
+    assert_eq!(
+        got,
+        vec![
+            ("17:0a1b", "二甲双胍", None),
+            ("d2", "痛风 避免高嘌呤饮食。", None),
+            ("mc-1", "发热怎么办", Some("question"))
+        ]
+    );
 }

@@ -120,9 +120,21 @@ pub fn run_user(e: &Engine, cmd: UserCommand) -> Result<i32> {
         UserCommand::List => {
             let now = accounts::unix_now();
             for u in accounts::list_users(s)? {
-                let state = if u.disabled { "disabled" } else if u.is_locked(now) { "locked" } else { "active" };
+                let state = if u.disabled {
+                    "disabled"
+                } else if u.is_locked(now) {
+                    "locked"
+                } else {
+                    "active"
+                };
                 let cols = accounts::granted_collections(s, u.id)?;
-                println!("{}\t{}\t{}\t{}", u.username, u.role.as_str(), state, if u.is_admin() { "*".into() } else { cols.join(",") });
+                println!(
+                    "{}\t{}\t{}\t{}",
+                    u.username,
+                    u.role.as_str(),
+                    state,
+                    if u.is_admin() { "*".into() } else { cols.join(",") }
+                );
             }
         }
         UserCommand::Passwd { username, password_file } => {
@@ -132,7 +144,13 @@ pub fn run_user(e: &Engine, cmd: UserCommand) -> Result<i32> {
         }
         UserCommand::Set { username, role, unlock, disable, enable } => {
             let role = role.as_deref().map(Role::parse).transpose()?;
-            let disabled = if disable { Some(true) } else if enable { Some(false) } else { None };
+            let disabled = if disable {
+                Some(true)
+            } else if enable {
+                Some(false)
+            } else {
+                None
+            };
             let u = accounts::update_user(s, &who, &username, role, disabled, unlock)?;
             println!("{}: role {}, {}", u.username, u.role.as_str(), if u.disabled { "disabled" } else { "enabled" });
         }
@@ -181,7 +199,12 @@ pub fn run_audit(e: &Engine, cmd: AuditCommand) -> Result<i32> {
             let f = audit::Filter { since, until, ..Default::default() };
             let recs = audit::search(&e.store().conn(), &f, usize::MAX >> 1, 0)?;
             std::fs::write(&out, audit::to_csv(&recs)).with_context(|| format!("writing {}", out.display()))?;
-            audit::append(&e.store().conn(), &actor(), "audit.export", &serde_json::json!({"records": recs.len(), "file": out}))?;
+            audit::append(
+                &e.store().conn(),
+                &actor(),
+                "audit.export",
+                &serde_json::json!({"records": recs.len(), "file": out}),
+            )?;
             println!("wrote {} records to {}", recs.len(), out.display());
             Ok(0)
         }

@@ -28,7 +28,13 @@ impl Latency {
         }
         xs.sort_by(f64::total_cmp);
         let q = |p: f64| xs[((xs.len() as f64 - 1.0) * p).round() as usize];
-        Latency { p50_ms: q(0.5), p90_ms: q(0.9), p99_ms: q(0.99), mean_ms: xs.iter().sum::<f64>() / xs.len() as f64, n: xs.len() }
+        Latency {
+            p50_ms: q(0.5),
+            p90_ms: q(0.9),
+            p99_ms: q(0.99),
+            mean_ms: xs.iter().sum::<f64>() / xs.len() as f64,
+            n: xs.len(),
+        }
     }
 }
 
@@ -167,7 +173,12 @@ fn http_latency(engine: Arc<Engine>, queries: &[&str]) -> Result<Latency> {
     care_engine::accounts::bootstrap_admin(engine.store(), "bench", None)?;
     let (_, token) = care_engine::accounts::create_token(engine.store(), "bench", "bench", "care bench")?;
     let settings = care_server::Settings {
-        server: care_server::ServerConfig { bind: "127.0.0.1:0".into(), http_redirect_bind: String::new(), workers: 1, ..Default::default() },
+        server: care_server::ServerConfig {
+            bind: "127.0.0.1:0".into(),
+            http_redirect_bind: String::new(),
+            workers: 1,
+            ..Default::default()
+        },
         ..Default::default()
     };
     std::thread::spawn(move || {
@@ -178,7 +189,8 @@ fn http_latency(engine: Arc<Engine>, queries: &[&str]) -> Result<Latency> {
     let addr = rx.recv_timeout(std::time::Duration::from_secs(30)).context("bench server did not start")?;
     let mut headers = reqwest::header::HeaderMap::new();
     headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {token}").parse()?);
-    let client = reqwest::blocking::Client::builder().danger_accept_invalid_certs(true).default_headers(headers).build()?;
+    let client =
+        reqwest::blocking::Client::builder().danger_accept_invalid_certs(true).default_headers(headers).build()?;
     let url = format!("https://{addr}/api/v1/search");
     for q in queries.iter().take(10) {
         client.get(&url).query(&[("q", q)]).send()?.error_for_status()?;

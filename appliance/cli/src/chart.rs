@@ -28,7 +28,12 @@ pub fn grouped_bars(title: &str, unit: &str, series: &[&str], rows: &[(String, V
     }
     for (r, (label, values)) in rows.iter().enumerate() {
         let y0 = 60.0 + r as f64 * group_h;
-        svg += &format!("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n", left - 8.0, y0 + group_h / 2.0, esc(label));
+        svg += &format!(
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n",
+            left - 8.0,
+            y0 + group_h / 2.0,
+            esc(label)
+        );
         for (i, v) in values.iter().enumerate() {
             let w = plot_w * v / max;
             let y = y0 + i as f64 * bar_h;
@@ -52,7 +57,12 @@ mod tests {
 
     #[test]
     fn bars_scale_to_the_largest_value_and_escape_labels() {
-        let svg = grouped_bars("t<1>", " ms", &["p50", "p99"], &[("a&b".into(), vec![1.0, 2.0]), ("c".into(), vec![0.5, 0.0])]);
+        let svg = grouped_bars(
+            "t<1>",
+            " ms",
+            &["p50", "p99"],
+            &[("a&b".into(), vec![1.0, 2.0]), ("c".into(), vec![0.5, 0.0])],
+        );
         assert!(svg.starts_with("<svg"));
         assert!(svg.contains("t&lt;1&gt;") && svg.contains("a&amp;b"));
         // The largest value spans the whole plot width (720 - 150 - 80 = 490).

@@ -59,10 +59,7 @@ pub fn load(explicit: Option<&Path>, overrides: &CliOverrides) -> Result<AppConf
         fig = fig.merge(Serialized::default("server.http_redirect_bind", b));
     }
     fig.extract().map_err(|err| {
-        let problems: Vec<String> = err
-            .into_iter()
-            .map(|e| e.to_string())
-            .collect();
+        let problems: Vec<String> = err.into_iter().map(|e| e.to_string()).collect();
         anyhow::anyhow!("invalid configuration: {}", problems.join("; "))
     })
 }

@@ -95,14 +95,22 @@ fn data_dir_check(dir: &Path) -> (Check, Option<u32>) {
     const NAME: &str = "data directory";
     if !dir.exists() {
         return (
-            warn(NAME, format!("{} does not exist yet", dir.display()), "run `care init` as the service user (the package's postinst does this)"),
+            warn(
+                NAME,
+                format!("{} does not exist yet", dir.display()),
+                "run `care init` as the service user (the package's postinst does this)",
+            ),
             None,
         );
     }
     let probe = dir.join(format!(".doctor-{}", std::process::id()));
     if let Err(e) = std::fs::write(&probe, b"") {
         return (
-            fail(NAME, format!("{} is not writable by this user: {e}", dir.display()), format!("chown -R care:care {}", dir.display())),
+            fail(
+                NAME,
+                format!("{} is not writable by this user: {e}", dir.display()),
+                format!("chown -R care:care {}", dir.display()),
+            ),
             None,
         );
     }
@@ -112,7 +120,11 @@ fn data_dir_check(dir: &Path) -> (Check, Option<u32>) {
         && v > LAYOUT_VERSION
     {
         return (
-            fail(NAME, format!("layout version {v} is newer than this build supports ({LAYOUT_VERSION})"), "install the newer care-appliance package again"),
+            fail(
+                NAME,
+                format!("layout version {v} is newer than this build supports ({LAYOUT_VERSION})"),
+                "install the newer care-appliance package again",
+            ),
             None,
         );
     }
@@ -124,7 +136,10 @@ fn data_dir_check(dir: &Path) -> (Check, Option<u32>) {
         Ok(v) if v > latest_schema() => (
             fail(
                 NAME,
-                format!("metadata schema {v} was written by a newer appliance (this build reads up to {})", latest_schema()),
+                format!(
+                    "metadata schema {v} was written by a newer appliance (this build reads up to {})",
+                    latest_schema()
+                ),
                 "install the newer package again, or restore the backup taken before it was installed",
             ),
             Some(v),
@@ -175,7 +190,10 @@ fn port_check(bind: &str) -> Check {
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => warn(
             NAME,
             format!("{bind} is in use (by the running service, or by another program)"),
-            format!("`systemctl status care`; if it is not care, change server.bind (e.g. `ss -ltnp | grep {}`)", bind.rsplit(':').next().unwrap_or("")),
+            format!(
+                "`systemctl status care`; if it is not care, change server.bind (e.g. `ss -ltnp | grep {}`)",
+                bind.rsplit(':').next().unwrap_or("")
+            ),
         ),
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => fail(
             NAME,
@@ -197,18 +215,30 @@ fn tls_check(cfg: &AppConfig) -> Check {
         ),
         Ok(Some(info)) => {
             let days = info.days_left;
-            let detail = format!("{} (expires in {days} days{})", info.path.display(), if info.self_signed { ", self-signed" } else { "" });
+            let detail = format!(
+                "{} (expires in {days} days{})",
+                info.path.display(),
+                if info.self_signed { ", self-signed" } else { "" }
+            );
             if days < 0 {
                 fail(NAME, detail, "the certificate has expired: renew it and restart the service")
             } else if days < 30 {
                 warn(NAME, detail, "renew the certificate soon")
             } else if info.self_signed {
-                warn(NAME, detail, "browsers warn about self-signed certificates; set server.tls_cert/tls_key for production")
+                warn(
+                    NAME,
+                    detail,
+                    "browsers warn about self-signed certificates; set server.tls_cert/tls_key for production",
+                )
             } else {
                 ok(NAME, detail)
             }
         }
-        Err(e) => fail(NAME, e.to_string(), "fix server.tls_cert / server.tls_key (PEM files readable by the care user, key matching the certificate)"),
+        Err(e) => fail(
+            NAME,
+            e.to_string(),
+            "fix server.tls_cert / server.tls_key (PEM files readable by the care user, key matching the certificate)",
+        ),
     }
 }
 
@@ -217,7 +247,11 @@ fn runtime_checks(cfg: &AppConfig) -> Vec<Check> {
     match care_engine::encoders::init_runtime(&cfg.engine.model) {
         Ok((path, _)) => out.push(ok("ONNX Runtime", path.display().to_string())),
         Err(e) => {
-            out.push(fail("ONNX Runtime", e.to_string(), "install the care-appliance package again, or set model.ort_library"));
+            out.push(fail(
+                "ONNX Runtime",
+                e.to_string(),
+                "install the care-appliance package again, or set model.ort_library",
+            ));
             return out;
         }
     }
@@ -247,7 +281,11 @@ fn index_check(cfg: &AppConfig) -> Check {
     let e = match Engine::open(cfg.engine.clone(), OpenMode::Existing) {
         Ok(e) => e,
         Err(err) if err.code() == ErrorCode::Locked => {
-            return warn(NAME, "the running service holds the indexes; not checked", "stop the service to run the full check");
+            return warn(
+                NAME,
+                "the running service holds the indexes; not checked",
+                "stop the service to run the full check",
+            );
         }
         Err(err) if err.code() == ErrorCode::ModelMismatch => {
             return fail(NAME, err.to_string(), "activate a matching pair: `care model list`, `care model activate`");
@@ -255,12 +293,16 @@ fn index_check(cfg: &AppConfig) -> Check {
         Err(err) => return fail(NAME, err.to_string(), "see the message; `care check` gives details"),
     };
     let models = match e.active_models() {
-        Ok(Some(p)) => format!("active pair {}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version),
+        Ok(Some(p)) => {
+            format!("active pair {}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version)
+        }
         Ok(None) => "no model active (BM25 only)".into(),
         Err(err) => return fail(NAME, err.to_string(), "`care model list`; re-import the default model"),
     };
     match e.check() {
-        Ok(r) if r.consistent => ok(NAME, format!("{models}; {} chunks, SQLite, tantivy and LanceDB agree", r.sqlite_chunks)),
+        Ok(r) if r.consistent => {
+            ok(NAME, format!("{models}; {} chunks, SQLite, tantivy and LanceDB agree", r.sqlite_chunks))
+        }
         Ok(r) => fail(
             NAME,
             format!("{models}; indexes disagree with SQLite: {}", serde_json::to_string(&r).unwrap_or_default()),

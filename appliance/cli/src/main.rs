@@ -76,7 +76,11 @@ enum Command {
         command: JobsCommand,
     },
     /// Delete documents (by id) from a collection.
-    Delete { collection: String, #[arg(required = true)] ids: Vec<String> },
+    Delete {
+        collection: String,
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
     /// Search and print ranked passages.
     Search {
         query: String,
@@ -358,8 +362,14 @@ fn run(cli: Cli) -> Result<i32> {
                 if let Some(h) = &report.hybrid_http {
                     rows.push(("hybrid (HTTPS)".to_string(), h));
                 }
-                let rows: Vec<(String, Vec<f64>)> = rows.into_iter().map(|(l, x)| (l, vec![x.p50_ms, x.p99_ms])).collect();
-                let svg = chart::grouped_bars(&format!("care bench: {} ({} queries)", report.set, report.queries), " ms", &["p50", "p99"], &rows);
+                let rows: Vec<(String, Vec<f64>)> =
+                    rows.into_iter().map(|(l, x)| (l, vec![x.p50_ms, x.p99_ms])).collect();
+                let svg = chart::grouped_bars(
+                    &format!("care bench: {} ({} queries)", report.set, report.queries),
+                    " ms",
+                    &["p50", "p99"],
+                    &rows,
+                );
                 let svg_path = out.with_extension("svg");
                 std::fs::write(&svg_path, svg).with_context(|| format!("writing {}", svg_path.display()))?;
             }
@@ -539,7 +549,13 @@ fn run(cli: Cli) -> Result<i32> {
             match command {
                 ModelCommand::ImportE5s1 { file, version, pairing_id, int8 } => {
                     let rec = e.import_e5s1(&file, &version, pairing_id.as_deref(), int8)?;
-                    println!("imported {}@{} (pairing {}) into {}", rec.name, rec.version, rec.pairing_id, rec.dir.display());
+                    println!(
+                        "imported {}@{} (pairing {}) into {}",
+                        rec.name,
+                        rec.version,
+                        rec.pairing_id,
+                        rec.dir.display()
+                    );
                     let pb = dense_bar();
                     let n = e.sync_dense_indexes(&mut |p| dense_progress(&pb, &p))?;
                     pb.finish_and_clear();
@@ -559,14 +575,26 @@ fn run(cli: Cli) -> Result<i32> {
                                 tags.push("active document");
                             }
                         }
-                        println!("{}@{}	{}	{}	width {}	pairing {}	{}", m.name, m.version, m.role, m.architecture, m.width, m.pairing_id, tags.join(", "));
+                        println!(
+                            "{}@{}	{}	{}	width {}	pairing {}	{}",
+                            m.name,
+                            m.version,
+                            m.role,
+                            m.architecture,
+                            m.width,
+                            m.pairing_id,
+                            tags.join(", ")
+                        );
                     }
                 }
                 ModelCommand::Activate { query, document } => {
                     let pb = dense_bar();
                     let pair = e.activate_models(&query, &document, &mut |p| dense_progress(&pb, &p))?;
                     pb.finish_and_clear();
-                    println!("active: query {}@{}, document {}@{}", pair.query.name, pair.query.version, pair.document.name, pair.document.version);
+                    println!(
+                        "active: query {}@{}, document {}@{}",
+                        pair.query.name, pair.query.version, pair.document.name, pair.document.version
+                    );
                 }
             }
         }
@@ -582,9 +610,15 @@ fn run(cli: Cli) -> Result<i32> {
             let mut s = BeirSet::load(&set, &split)?;
             s.queries.truncate(max_queries);
             let (w, curve, report) = tune(&e, &s, &collection)?;
-            let setting = FusionSetting { method: Method::Weighted, dense_weight: w, fitted_on: format!("{}:{split}", s.name) };
+            let setting =
+                FusionSetting { method: Method::Weighted, dense_weight: w, fitted_on: format!("{}:{split}", s.name) };
             e.set_fusion(&collection, &setting, &report)?;
-            println!("{}", serde_json::to_string_pretty(&serde_json::json!({"collection": collection, "dense_weight": w, "curve": curve, "metrics": report}))?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(
+                    &serde_json::json!({"collection": collection, "dense_weight": w, "curve": curve, "metrics": report})
+                )?
+            );
         }
         Command::Check => {
             let e = open(OpenMode::Existing)?;
@@ -732,9 +766,15 @@ fn import_vectors(e: &Engine, collection: &str, from: &std::path::Path, json: bo
         "imported {} vectors (width {}, pairing {}) computed by {} into the dense index of '{}' (document model {})",
         r.imported, r.width, r.pairing_id, r.source_model, r.collection, r.document_model
     );
-    println!("{} of {} live chunks covered; {} not covered keep their current vectors", r.imported, r.live_chunks, r.not_covered);
+    println!(
+        "{} of {} live chunks covered; {} not covered keep their current vectors",
+        r.imported, r.live_chunks, r.not_covered
+    );
     if r.online_document_encoder {
-        println!("chunks ingested from now on are embedded by {}'s own encoder; import again to replace them", r.document_model);
+        println!(
+            "chunks ingested from now on are embedded by {}'s own encoder; import again to replace them",
+            r.document_model
+        );
     } else {
         println!(
             "{} has no online document encoder (no model.onnx in its package): the appliance cannot embed the uncovered \
@@ -763,8 +803,14 @@ fn print_results(res: &care_engine::SearchResults) {
             }
         }
         snippet.push_str(&h.snippet[pos..]);
-        println!("{:>2}. [{:.2}] {} ({}){}", h.rank, h.score, title, h.collection,
-            if h.heading.is_empty() { String::new() } else { format!(" › {}", h.heading) });
+        println!(
+            "{:>2}. [{:.2}] {} ({}){}",
+            h.rank,
+            h.score,
+            title,
+            h.collection,
+            if h.heading.is_empty() { String::new() } else { format!(" › {}", h.heading) }
+        );
         println!("    {}", snippet.replace('\n', " "));
     }
     println!("({} results in {:.1} ms)", res.hits.len(), res.took_ms);
@@ -778,7 +824,8 @@ fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 fn serve(engine: Engine, cfg: &config::AppConfig) -> Result<()> {
-    let settings = care_server::Settings { server: cfg.server.clone(), auth: cfg.auth.clone(), audit: cfg.audit.clone() };
+    let settings =
+        care_server::Settings { server: cfg.server.clone(), auth: cfg.auth.clone(), audit: cfg.audit.clone() };
     if let Some(pw) = care_server::bootstrap(&engine, &settings.auth)? {
         // Shown once: only its argon2 hash is stored. A service's stdout goes to the journal, so the password is
         // also left for the operator in a root/care-only file, which they delete after the first sign-in.
@@ -827,8 +874,10 @@ struct EvalOptions {
 fn dense_bar() -> ProgressBar {
     let pb = ProgressBar::new(0);
     pb.set_style(
-        ProgressStyle::with_template("{spinner} embedding {msg} {bar:30} {pos}/{len} documents [{elapsed_precise}, eta {eta}]")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(
+            "{spinner} embedding {msg} {bar:30} {pos}/{len} documents [{elapsed_precise}, eta {eta}]",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     pb
 }
@@ -859,7 +908,13 @@ fn tune(e: &Engine, set: &BeirSet, collection: &str) -> Result<(f32, Vec<(f32, f
 
 /// Ingests the set's corpus into its own collection (in a temporary data directory unless one was given) and
 /// scores each retrieval method on the split's queries.
-fn evaluate(base: &EngineConfig, set_dir: &std::path::Path, split: &str, keep_dir: bool, opts: &EvalOptions) -> Result<EvalReport> {
+fn evaluate(
+    base: &EngineConfig,
+    set_dir: &std::path::Path,
+    split: &str,
+    keep_dir: bool,
+    opts: &EvalOptions,
+) -> Result<EvalReport> {
     let started = std::time::Instant::now();
     let mut set = BeirSet::load(set_dir, split)?;
     if let Some(n) = opts.max_queries {
@@ -891,11 +946,8 @@ fn evaluate(base: &EngineConfig, set_dir: &std::path::Path, split: &str, keep_di
     let pb = dense_bar();
     e.sync_dense_indexes(&mut |p| dense_progress(&pb, &p))?;
     pb.finish_and_clear();
-    let corpus_documents = e
-        .collections()?
-        .into_iter()
-        .find(|c| c.collection.name == col)
-        .map_or(0, |c| c.documents as usize);
+    let corpus_documents =
+        e.collections()?.into_iter().find(|c| c.collection.name == col).map_or(0, |c| c.documents as usize);
     let mut weight = cfg.search.default_dense_weight;
     let cross_fit = opts.tune_on.as_deref() == Some(split);
     if let (Some(tune_split), false) = (&opts.tune_on, cross_fit) {

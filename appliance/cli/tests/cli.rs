@@ -14,7 +14,11 @@ fn env_and_flags_override_the_config_file() {
     let t = tempfile::tempdir().unwrap();
     let file = t.path().join("care.toml");
     std::fs::write(&file, "[storage]\ndata_dir = \"/from/file\"\n[search]\ndefault_limit = 5\n").unwrap();
-    let out = care().args(["--config", file.to_str().unwrap(), "config"]).env("CARE__SEARCH__DEFAULT_LIMIT", "9").output().unwrap();
+    let out = care()
+        .args(["--config", file.to_str().unwrap(), "config"])
+        .env("CARE__SEARCH__DEFAULT_LIMIT", "9")
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     let v: toml::Value = toml::from_str(&text).unwrap();
@@ -39,7 +43,8 @@ fn commands_on_a_missing_data_dir_say_how_to_fix_it() {
 
 #[test]
 fn bad_config_values_are_reported_with_their_key() {
-    let out = care().args(["--config", "/dev/null", "config"]).env("CARE__SEARCH__DEFAULT_LIMIT", "many").output().unwrap();
+    let out =
+        care().args(["--config", "/dev/null", "config"]).env("CARE__SEARCH__DEFAULT_LIMIT", "many").output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("invalid configuration") && err.contains("\"many\""), "{err}");

@@ -14,7 +14,9 @@ fn lcg(seed: &mut u64) -> f32 {
 
 fn benches(c: &mut Criterion) {
     let (jieba, _) = build_jieba(None).unwrap();
-    c.bench_function("jieba_search_tokenize_query", |b| b.iter(|| tokenize(&jieba, std::hint::black_box("二甲双胍的禁忌症有哪些"))));
+    c.bench_function("jieba_search_tokenize_query", |b| {
+        b.iter(|| tokenize(&jieba, std::hint::black_box("二甲双胍的禁忌症有哪些")))
+    });
 
     let (n, w) = (32_171usize, 384usize);
     let mut seed = 7u64;

@@ -122,7 +122,9 @@ fn validate_username(name: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::InvalidInput(format!("user name {name:?} is not allowed: use 1-64 letters, digits, '-', '_', '.' or '@'")))
+        Err(Error::InvalidInput(format!(
+            "user name {name:?} is not allowed: use 1-64 letters, digits, '-', '_', '.' or '@'"
+        )))
     }
 }
 
@@ -197,11 +199,9 @@ pub fn authenticate(store: &Store, username: &str, password: &str, policy: Login
     let now_ts = unix_now();
     let found: Option<(User, String)> = {
         let conn = store.conn();
-        conn.query_row(
-            &format!("SELECT {USER_COLS}, password_hash FROM users WHERE username = ?1"),
-            [username],
-            |r| Ok((row_to_user(r)?, r.get::<_, String>(7)?)),
-        )
+        conn.query_row(&format!("SELECT {USER_COLS}, password_hash FROM users WHERE username = ?1"), [username], |r| {
+            Ok((row_to_user(r)?, r.get::<_, String>(7)?))
+        })
         .optional()?
     };
     let generic = || Error::Unauthenticated("wrong user name or password".into());
@@ -211,18 +211,36 @@ pub fn authenticate(store: &Store, username: &str, password: &str, policy: Login
         let dummy = DUMMY.get_or_init(|| hash_password("not a real password").unwrap_or_default());
         let _ = password_matches(password, dummy);
         let conn = store.conn();
-        audit::append(&conn, username, "auth.login_failed", &serde_json::json!({"reason": "unknown user", "client": client}))?;
+        audit::append(
+            &conn,
+            username,
+            "auth.login_failed",
+            &serde_json::json!({"reason": "unknown user", "client": client}),
+        )?;
         return Err(generic());
     };
     if user.disabled {
         let conn = store.conn();
-        audit::append(&conn, username, "auth.login_failed", &serde_json::json!({"reason": "disabled", "client": client}))?;
+        audit::append(
+            &conn,
+            username,
+            "auth.login_failed",
+            &serde_json::json!({"reason": "disabled", "client": client}),
+        )?;
         return Err(Error::Forbidden(format!("account '{username}' is disabled; ask an administrator")));
     }
     if user.is_locked(now_ts) {
         let conn = store.conn();
-        audit::append(&conn, username, "auth.login_failed", &serde_json::json!({"reason": "locked", "client": client}))?;
-        return Err(Error::AccountLocked { user: username.into(), until: rfc3339(user.locked_until.unwrap_or(now_ts)) });
+        audit::append(
+            &conn,
+            username,
+            "auth.login_failed",
+            &serde_json::json!({"reason": "locked", "client": client}),
+        )?;
+        return Err(Error::AccountLocked {
+            user: username.into(),
+            until: rfc3339(user.locked_until.unwrap_or(now_ts)),
+        });
     }
     let ok = password_matches(password, &phc);
     let mut conn = store.conn();
@@ -240,9 +258,19 @@ pub fn authenticate(store: &Store, username: &str, password: &str, policy: Login
         "UPDATE users SET failed_logins = ?2, locked_until = ?3 WHERE id = ?1",
         params![user.id, if lock { 0 } else { failed }, until],
     )?;
-    audit::append(&tx, username, "auth.login_failed", &serde_json::json!({"reason": "wrong password", "client": client, "failures": failed}))?;
+    audit::append(
+        &tx,
+        username,
+        "auth.login_failed",
+        &serde_json::json!({"reason": "wrong password", "client": client, "failures": failed}),
+    )?;
     if let Some(t) = until {
-        audit::append(&tx, "system", "auth.account_locked", &serde_json::json!({"user": username, "until": rfc3339(t)}))?;
+        audit::append(
+            &tx,
+            "system",
+            "auth.account_locked",
+            &serde_json::json!({"user": username, "until": rfc3339(t)}),
+        )?;
     }
     tx.commit()?;
     match until {
@@ -276,13 +304,25 @@ pub fn set_password(store: &Store, actor: &str, username: &str, current: Option<
         return Err(Error::NotFound { what: format!("user '{username}'") });
     }
     tx.execute("DELETE FROM sessions WHERE user_id = (SELECT id FROM users WHERE username = ?1)", [username])?;
-    audit::append(&tx, actor, "user.password_change", &serde_json::json!({"user": username, "reset_by_admin": current.is_none()}))?;
+    audit::append(
+        &tx,
+        actor,
+        "user.password_change",
+        &serde_json::json!({"user": username, "reset_by_admin": current.is_none()}),
+    )?;
     tx.commit()?;
     Ok(())
 }
 
 /// Changes the role, the disabled flag or clears a lock; refuses to leave the appliance without an enabled admin.
-pub fn update_user(store: &Store, actor: &str, username: &str, role: Option<Role>, disabled: Option<bool>, unlock: bool) -> Result<User> {
+pub fn update_user(
+    store: &Store,
+    actor: &str,
+    username: &str,
+    role: Option<Role>,
+    disabled: Option<bool>,
+    unlock: bool,
+) -> Result<User> {
     let mut conn = store.conn();
     let tx = conn.transaction()?;
     let before = user_by(&tx, username)?;
@@ -298,7 +338,8 @@ pub fn update_user(store: &Store, actor: &str, username: &str, role: Option<Role
     if unlock {
         tx.execute("UPDATE users SET failed_logins = 0, locked_until = NULL WHERE id = ?1", [before.id])?;
     }
-    let admins: i64 = tx.query_row("SELECT COUNT(*) FROM users WHERE role = 'admin' AND disabled = 0", [], |r| r.get(0))?;
+    let admins: i64 =
+        tx.query_row("SELECT COUNT(*) FROM users WHERE role = 'admin' AND disabled = 0", [], |r| r.get(0))?;
     if admins == 0 {
         return Err(Error::InvalidInput("this change would leave no enabled administrator".into()));
     }
@@ -318,7 +359,8 @@ pub fn delete_user(store: &Store, actor: &str, username: &str) -> Result<()> {
     let tx = conn.transaction()?;
     let u = user_by(&tx, username)?;
     tx.execute("DELETE FROM users WHERE id = ?1", [u.id])?;
-    let admins: i64 = tx.query_row("SELECT COUNT(*) FROM users WHERE role = 'admin' AND disabled = 0", [], |r| r.get(0))?;
+    let admins: i64 =
+        tx.query_row("SELECT COUNT(*) FROM users WHERE role = 'admin' AND disabled = 0", [], |r| r.get(0))?;
     if admins == 0 {
         return Err(Error::InvalidInput("deleting this user would leave no enabled administrator".into()));
     }
@@ -407,9 +449,10 @@ pub fn end_session(store: &Store, cookie: &str, actor: &str) -> Result<()> {
 /// Removes sessions idle past the timeout (run periodically; lookups also refuse them).
 pub fn purge_sessions(store: &Store, idle_seconds: i64, max_seconds: i64) -> Result<usize> {
     let t = unix_now();
-    Ok(store
-        .conn()
-        .execute("DELETE FROM sessions WHERE last_seen < ?1 OR created_at < ?2", params![t - idle_seconds, t - max_seconds])?)
+    Ok(store.conn().execute(
+        "DELETE FROM sessions WHERE last_seen < ?1 OR created_at < ?2",
+        params![t - idle_seconds, t - max_seconds],
+    )?)
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -440,10 +483,18 @@ pub fn create_token(store: &Store, actor: &str, username: &str, name: &str) -> R
         params![u.id, name.trim(), sha256_hex(&secret), &secret[..13], now()],
     )?;
     let id = tx.last_insert_rowid();
-    audit::append(&tx, actor, "token.create", &serde_json::json!({"user": username, "token_id": id, "name": name.trim()}))?;
+    audit::append(
+        &tx,
+        actor,
+        "token.create",
+        &serde_json::json!({"user": username, "token_id": id, "name": name.trim()}),
+    )?;
     tx.commit()?;
     drop(conn);
-    let t = list_tokens(store, None)?.into_iter().find(|t| t.id == id).ok_or_else(|| Error::Internal("token vanished".into()))?;
+    let t = list_tokens(store, None)?
+        .into_iter()
+        .find(|t| t.id == id)
+        .ok_or_else(|| Error::Internal("token vanished".into()))?;
     Ok((t, secret))
 }
 
@@ -615,7 +666,10 @@ mod tests {
         }
         assert!(matches!(authenticate(&s, "dr.li", "wrong password", policy, "t"), Err(Error::AccountLocked { .. })));
         // Locked: even the right password is refused until an admin unlocks.
-        assert!(matches!(authenticate(&s, "dr.li", "correct horse battery", policy, "t"), Err(Error::AccountLocked { .. })));
+        assert!(matches!(
+            authenticate(&s, "dr.li", "correct horse battery", policy, "t"),
+            Err(Error::AccountLocked { .. })
+        ));
         update_user(&s, "admin", "dr.li", None, None, true).unwrap();
         let li = authenticate(&s, "dr.li", "correct horse battery", policy, "t").unwrap();
 
@@ -628,7 +682,8 @@ mod tests {
         s.conn().execute("UPDATE sessions SET last_seen = last_seen - 3600", []).unwrap();
         assert!(session(&s, &cookie, 1800, 43200).unwrap().is_none());
         // The cookie value itself is not stored.
-        let stored: i64 = s.conn().query_row("SELECT COUNT(*) FROM sessions WHERE id_hash = ?1", [&cookie], |r| r.get(0)).unwrap();
+        let stored: i64 =
+            s.conn().query_row("SELECT COUNT(*) FROM sessions WHERE id_hash = ?1", [&cookie], |r| r.get(0)).unwrap();
         assert_eq!(stored, 0);
 
         let (tok, secret) = create_token(&s, "admin", "dr.li", "HIS integration").unwrap();
@@ -652,7 +707,14 @@ mod tests {
         let c = s.conn();
         assert!(audit::verify(&c).unwrap() > 10);
         let actions: Vec<String> = audit::list(&c, None, None, 100).unwrap().into_iter().map(|r| r.action).collect();
-        for a in ["auth.login", "auth.login_failed", "auth.account_locked", "permission.grant", "token.create", "user.password_change"] {
+        for a in [
+            "auth.login",
+            "auth.login_failed",
+            "auth.account_locked",
+            "permission.grant",
+            "token.create",
+            "user.password_change",
+        ] {
             assert!(actions.iter().any(|x| x == a), "{a} not audited: {actions:?}");
         }
     }

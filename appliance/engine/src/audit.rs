@@ -36,7 +36,9 @@ fn record_hash(prev_hash: &str, id: i64, at: &str, actor: &str, action: &str, de
 /// `Connection`), so both commit or neither does.
 pub fn append(conn: &Connection, actor: &str, action: &str, detail: &serde_json::Value) -> Result<i64> {
     let (last_id, last_hash): (i64, String) =
-        conn.query_row("SELECT last_id, last_hash FROM audit_head WHERE singleton = 1", [], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        conn.query_row("SELECT last_id, last_hash FROM audit_head WHERE singleton = 1", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
     let id = last_id + 1;
     let at = now();
     let detail = serde_json::to_string(detail).map_err(|e| Error::Internal(format!("audit detail: {e}")))?;
@@ -57,7 +59,9 @@ pub fn append(conn: &Connection, actor: &str, action: &str, detail: &serde_json:
 /// oldest records nor moving the anchor by hand goes unnoticed.
 pub fn verify(conn: &Connection) -> Result<u64> {
     let (head_id, head_hash): (i64, String) =
-        conn.query_row("SELECT last_id, last_hash FROM audit_head WHERE singleton = 1", [], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        conn.query_row("SELECT last_id, last_hash FROM audit_head WHERE singleton = 1", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
     let (anchor_id, anchor_hash) = anchor(conn)?;
     let mut stmt = conn.prepare("SELECT id, at, actor, action, detail, prev_hash, hash FROM audit ORDER BY id")?;
     let mut rows = stmt.query([])?;
@@ -70,21 +74,33 @@ pub fn verify(conn: &Connection) -> Result<u64> {
         match &prev {
             Some((pid, phash)) => {
                 if id != pid + 1 {
-                    return Err(Error::AuditTampered { id, reason: format!("records {} to {} are missing", pid + 1, id - 1) });
+                    return Err(Error::AuditTampered {
+                        id,
+                        reason: format!("records {} to {} are missing", pid + 1, id - 1),
+                    });
                 }
                 if &prev_hash != phash {
-                    return Err(Error::AuditTampered { id, reason: "its link to the previous record is broken".into() });
+                    return Err(Error::AuditTampered {
+                        id,
+                        reason: "its link to the previous record is broken".into(),
+                    });
                 }
             }
             None => {
                 if id != anchor_id + 1 {
                     return Err(Error::AuditTampered {
                         id,
-                        reason: format!("the log should start at record {} but starts at {id}; older records were removed", anchor_id + 1),
+                        reason: format!(
+                            "the log should start at record {} but starts at {id}; older records were removed",
+                            anchor_id + 1
+                        ),
                     });
                 }
                 if prev_hash != anchor_hash {
-                    return Err(Error::AuditTampered { id, reason: "it does not follow the last purged record".into() });
+                    return Err(Error::AuditTampered {
+                        id,
+                        reason: "it does not follow the last purged record".into(),
+                    });
                 }
             }
         }
@@ -93,7 +109,8 @@ pub fn verify(conn: &Connection) -> Result<u64> {
         }
         if action == "audit.purge" && !anchor_confirmed {
             let d: serde_json::Value = serde_json::from_str(&detail).unwrap_or_default();
-            anchor_confirmed = d["through_id"].as_i64() == Some(anchor_id) && d["through_hash"].as_str() == Some(anchor_hash.as_str());
+            anchor_confirmed =
+                d["through_id"].as_i64() == Some(anchor_id) && d["through_hash"].as_str() == Some(anchor_hash.as_str());
         }
         prev = Some((id, hash));
         n += 1;
@@ -109,7 +126,9 @@ pub fn verify(conn: &Connection) -> Result<u64> {
         None if head_id == 0 => Ok(0),
         Some((id, _)) => Err(Error::AuditTampered {
             id: head_id,
-            reason: format!("the log ends at record {id} but the chain head says {head_id}; newer records were removed"),
+            reason: format!(
+                "the log ends at record {id} but the chain head says {head_id}; newer records were removed"
+            ),
         }),
         None => Err(Error::AuditTampered { id: head_id, reason: "all records were removed".into() }),
     }
@@ -203,7 +222,15 @@ pub fn to_csv(records: &[AuditRecord]) -> String {
     let mut out = String::from("id,at,actor,action,detail,prev_hash,hash\r\n");
     for r in records.iter().rev() {
         let detail = r.detail.to_string();
-        let cells = [r.id.to_string(), r.at.clone(), r.actor.clone(), r.action.clone(), detail, r.prev_hash.clone(), r.hash.clone()];
+        let cells = [
+            r.id.to_string(),
+            r.at.clone(),
+            r.actor.clone(),
+            r.action.clone(),
+            detail,
+            r.prev_hash.clone(),
+            r.hash.clone(),
+        ];
         out.push_str(&cells.iter().map(|c| cell(c)).collect::<Vec<_>>().join(","));
         out.push_str("\r\n");
     }
@@ -211,7 +238,12 @@ pub fn to_csv(records: &[AuditRecord]) -> String {
 }
 
 /// Newest first, optionally filtered by actor and action prefix.
-pub fn list(conn: &Connection, actor: Option<&str>, action_prefix: Option<&str>, limit: usize) -> Result<Vec<AuditRecord>> {
+pub fn list(
+    conn: &Connection,
+    actor: Option<&str>,
+    action_prefix: Option<&str>,
+    limit: usize,
+) -> Result<Vec<AuditRecord>> {
     let mut stmt = conn.prepare(
         "SELECT id, at, actor, action, detail, prev_hash, hash FROM audit
          WHERE (?1 IS NULL OR actor = ?1) AND (?2 IS NULL OR action LIKE ?2 || '%')
@@ -295,7 +327,10 @@ mod tests {
         let mut prev = String::new();
         let rows: Vec<(i64, String, String, String, String)> = {
             let mut st = c.prepare("SELECT id, at, actor, action, detail FROM audit ORDER BY id").unwrap();
-            st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))).unwrap().map(|r| r.unwrap()).collect()
+            st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+                .unwrap()
+                .map(|r| r.unwrap())
+                .collect()
         };
         for (id, at, actor, action, detail) in rows {
             let h = record_hash(&prev, id, &at, &actor, &action, &detail);

@@ -13,7 +13,8 @@ pub const DEMO_COLLECTION: &str = "demo";
 
 /// Creates the `demo` collection if needed and (re)loads the articles; unchanged articles are no-ops.
 pub fn load_demo(engine: &Engine) -> Result<FileReport> {
-    match engine.create_collection(DEMO_COLLECTION, "演示数据：常见疾病与常用药物（项目编写，非医疗建议）", "system") {
+    match engine.create_collection(DEMO_COLLECTION, "演示数据：常见疾病与常用药物（项目编写，非医疗建议）", "system")
+    {
         Ok(_) | Err(Error::CollectionExists(_)) => {}
         Err(e) => return Err(e),
     }

@@ -92,9 +92,7 @@ impl DenseStore {
         let table = if names.iter().any(|n| n == name) {
             self.rt.block_on(self.db.open_table(name).execute()).map_err(dense_err)?
         } else {
-            self.rt
-                .block_on(self.db.create_empty_table(name, Self::schema(width)).execute())
-                .map_err(dense_err)?
+            self.rt.block_on(self.db.create_empty_table(name, Self::schema(width)).execute()).map_err(dense_err)?
         };
         let has_ann = self
             .rt
@@ -155,7 +153,12 @@ impl DenseStore {
     fn record_batch(t: &DenseTable, rows: &[(i64, i64, Vec<f32>)]) -> Result<RecordBatch> {
         for r in rows {
             if r.2.len() != t.width {
-                return Err(dense_err(format!("vector of width {} for table {} of width {}", r.2.len(), t.name, t.width)));
+                return Err(dense_err(format!(
+                    "vector of width {} for table {} of width {}",
+                    r.2.len(),
+                    t.name,
+                    t.width
+                )));
             }
         }
         RecordBatch::try_new(
@@ -175,7 +178,12 @@ impl DenseStore {
     /// Every stored vector by chunk id (for tests and consistency checks; loads the whole table).
     pub fn vectors(&self, t: &DenseTable) -> Result<Vec<(i64, Vec<f32>)>> {
         let flat = self.load_flat(t)?;
-        Ok(flat.chunk_ids.iter().zip(flat.vectors.chunks_exact(t.width.max(1))).map(|(c, v)| (*c, v.to_vec())).collect())
+        Ok(flat
+            .chunk_ids
+            .iter()
+            .zip(flat.vectors.chunks_exact(t.width.max(1)))
+            .map(|(c, v)| (*c, v.to_vec()))
+            .collect())
     }
 
     pub fn count(&self, t: &DenseTable) -> Result<usize> {
@@ -247,7 +255,14 @@ impl DenseStore {
     }
 
     /// Approximate top-k through the table's IVF-PQ index, re-ranked with full vectors.
-    pub fn search_ann(&self, t: &DenseTable, q: &[f32], k: usize, nprobes: usize, refine: u32) -> Result<Vec<DenseHit>> {
+    pub fn search_ann(
+        &self,
+        t: &DenseTable,
+        q: &[f32],
+        k: usize,
+        nprobes: usize,
+        refine: u32,
+    ) -> Result<Vec<DenseHit>> {
         let batches: Vec<RecordBatch> = self
             .rt
             .block_on(async {
@@ -304,10 +319,18 @@ impl DenseStore {
     }
 
     /// Mean recall@k of the ANN search against the exact scan, over `queries`.
-    pub fn recall_at(&self, t: &DenseTable, queries: &[Vec<f32>], k: usize, nprobes: usize, refine: u32) -> Result<f64> {
+    pub fn recall_at(
+        &self,
+        t: &DenseTable,
+        queries: &[Vec<f32>],
+        k: usize,
+        nprobes: usize,
+        refine: u32,
+    ) -> Result<f64> {
         let mut total = 0.0;
         for q in queries {
-            let exact: std::collections::HashSet<i64> = self.search_exact(t, q, k)?.iter().map(|h| h.chunk_id).collect();
+            let exact: std::collections::HashSet<i64> =
+                self.search_exact(t, q, k)?.iter().map(|h| h.chunk_id).collect();
             let ann = self.search_ann(t, q, k, nprobes, refine)?;
             let found = ann.iter().filter(|h| exact.contains(&h.chunk_id)).count();
             total += found as f64 / exact.len().max(1) as f64;

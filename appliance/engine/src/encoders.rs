@@ -128,18 +128,15 @@ impl OrtEncoder {
             }))
             .map_err(|e| model_err(dir, e))?;
         tokenizer.with_padding(None);
-        let pad_id = ["<pad>", "[PAD]", "<|endoftext|>"]
-            .iter()
-            .find_map(|t| tokenizer.token_to_id(t))
-            .unwrap_or(0);
+        let pad_id = ["<pad>", "[PAD]", "<|endoftext|>"].iter().find_map(|t| tokenizer.token_to_id(t)).unwrap_or(0);
 
         let want_cuda = match cfg.device.as_str() {
             "cpu" => false,
             "cuda" | "auto" => true,
             other => return Err(Error::InvalidInput(format!("model.device must be auto, cpu or cuda, not {other:?}"))),
         };
-        let cuda_available = want_cuda
-            && <ort::ep::CUDA as ort::ep::ExecutionProvider>::is_available().unwrap_or(false);
+        let cuda_available =
+            want_cuda && <ort::ep::CUDA as ort::ep::ExecutionProvider>::is_available().unwrap_or(false);
         if cfg.device == "cuda" && !cuda_available {
             return Err(Error::Model(
                 "model.device = \"cuda\" but this ONNX Runtime has no CUDA provider (install onnxruntime-gpu) or no GPU is visible"
@@ -154,14 +151,14 @@ impl OrtEncoder {
             builder = builder.with_intra_threads(cfg.threads).map_err(|e| model_err(dir, e))?;
         }
         let device = if cuda_available {
-            builder = builder
-                .with_execution_providers([ort::ep::CUDA::default().build()])
-                .map_err(|e| model_err(dir, e))?;
+            builder =
+                builder.with_execution_providers([ort::ep::CUDA::default().build()]).map_err(|e| model_err(dir, e))?;
             "cuda"
         } else {
             "cpu"
         };
-        let session = builder.commit_from_file(dir.join("model.onnx")).map_err(|e| model_err(dir, format!("model.onnx: {e}")))?;
+        let session =
+            builder.commit_from_file(dir.join("model.onnx")).map_err(|e| model_err(dir, format!("model.onnx: {e}")))?;
         let input_names: Vec<String> = session.inputs().iter().map(|i| i.name().to_string()).collect();
         for n in &input_names {
             if !matches!(n.as_str(), "input_ids" | "attention_mask" | "token_type_ids" | "position_ids") {
@@ -271,13 +268,14 @@ impl OrtEncoder {
         }
         let mut session = self.session.lock().unwrap_or_else(|p| p.into_inner());
         let outputs = session.run(inputs).map_err(|e| model_err(&self.dir, e))?;
-        let out = outputs[self.output_name.as_str()]
-            .try_extract_array::<f32>()
-            .map_err(|e| model_err(&self.dir, e))?;
+        let out = outputs[self.output_name.as_str()].try_extract_array::<f32>().map_err(|e| model_err(&self.dir, e))?;
         let shape = out.shape().to_vec();
         let hidden = *shape.last().unwrap_or(&0);
         if hidden < self.manifest.width {
-            return Err(model_err(&self.dir, format!("output width {hidden} < manifest width {}", self.manifest.width)));
+            return Err(model_err(
+                &self.dir,
+                format!("output width {hidden} < manifest width {}", self.manifest.width),
+            ));
         }
         let mut vecs = Vec::with_capacity(n);
         for r in 0..n {

@@ -18,11 +18,11 @@ use crate::config::EngineConfig;
 use crate::datadir::DataDir;
 use crate::dense::DenseStore;
 use crate::error::{Error, Result};
+use crate::fusion::{Explained, ScoreParts};
 use crate::ingest::{IngestOptions, ParsedDocument, read_units};
 use crate::lexical::LexicalIndex;
-use crate::fusion::{Explained, ScoreParts};
 use crate::store::{Collection, CollectionStats, Store, now};
-use crate::text::{Chunk, Chars, Tokens, chunk_measured};
+use crate::text::{Chars, Chunk, Tokens, chunk_measured};
 
 pub struct Engine {
     pub(crate) cfg: EngineConfig,
@@ -229,7 +229,11 @@ impl Engine {
             tokenizers: Default::default(),
         };
         let report = engine.recover()?;
-        if report.reindexed_documents > 0 || report.finished_deletions > 0 || report.rebuilt || report.dense_repaired > 0 {
+        if report.reindexed_documents > 0
+            || report.finished_deletions > 0
+            || report.rebuilt
+            || report.dense_repaired > 0
+        {
             tracing::warn!(?report, "recovered from an interrupted write");
         }
         engine.recover_jobs()?;
@@ -297,7 +301,8 @@ impl Engine {
         let ix: std::collections::HashSet<i64> = index_ids.iter().copied().collect();
         let missing_from_index = sq.difference(&ix).count();
         let extra_in_index = ix.difference(&sq).count();
-        let pending_documents = self.store.documents_in_state("pending")?.len() + self.store.documents_in_state("deleting")?.len();
+        let pending_documents =
+            self.store.documents_in_state("pending")?.len() + self.store.documents_in_state("deleting")?.len();
         let (dense_vectors, dense_missing, dense_extra, dense_duplicates) = self.check_dense(&sq)?;
         Ok(ConsistencyReport {
             consistent: missing_from_index == 0
@@ -379,7 +384,12 @@ impl Engine {
             if n == 0 {
                 return Err(Error::UnknownCollection(collection.into()));
             }
-            crate::audit::append(&tx, actor, "collection.approve", &serde_json::json!({"collection": collection, "approved": approved}))?;
+            crate::audit::append(
+                &tx,
+                actor,
+                "collection.approve",
+                &serde_json::json!({"collection": collection, "approved": approved}),
+            )?;
             tx.commit()?;
         }
         self.store.collection(collection)
@@ -493,9 +503,19 @@ impl Engine {
         let mut report = IngestReport::default();
         for (i, path) in files.iter().enumerate() {
             let reports = self.ingest_one_file(&col, path, opts, &mut |done, total| {
-                progress(IngestProgress { files_done: i, files_total: files.len(), documents_done: done, documents_in_file: total })
+                progress(IngestProgress {
+                    files_done: i,
+                    files_total: files.len(),
+                    documents_done: done,
+                    documents_in_file: total,
+                })
             })?;
-            progress(IngestProgress { files_done: i + 1, files_total: files.len(), documents_done: 0, documents_in_file: 0 });
+            progress(IngestProgress {
+                files_done: i + 1,
+                files_total: files.len(),
+                documents_done: 0,
+                documents_in_file: 0,
+            });
             report.files.extend(reports);
         }
         Ok(report)
@@ -576,7 +596,13 @@ impl Engine {
         Ok(fr)
     }
 
-    fn write_batch(&self, col: &Collection, docs: &[ParsedDocument], fr: &mut FileReport, chunker: &Chunker) -> Result<()> {
+    fn write_batch(
+        &self,
+        col: &Collection,
+        docs: &[ParsedDocument],
+        fr: &mut FileReport,
+        chunker: &Chunker,
+    ) -> Result<()> {
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         // Chunking happens outside the SQLite transaction (it may tokenize), but under the write lock so that two
         // workers never interleave batches of the same document.
@@ -586,8 +612,9 @@ impl Engine {
             let mut conn = self.store.conn();
             let tx = conn.transaction()?;
             {
-                let mut find =
-                    tx.prepare_cached("SELECT id, content_hash, chunker FROM documents WHERE collection_id = ?1 AND external_id = ?2")?;
+                let mut find = tx.prepare_cached(
+                    "SELECT id, content_hash, chunker FROM documents WHERE collection_id = ?1 AND external_id = ?2",
+                )?;
                 let mut insert_doc = tx.prepare_cached(
                     "INSERT INTO documents (collection_id, external_id, title, source, content_hash, state, created_at, chunker)
                      VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7)",
@@ -621,7 +648,15 @@ impl Engine {
                             id
                         }
                         None => {
-                            insert_doc.execute(params![col.id, d.external_id, d.title, d.source, hash, ts, chunker.id])?;
+                            insert_doc.execute(params![
+                                col.id,
+                                d.external_id,
+                                d.title,
+                                d.source,
+                                hash,
+                                ts,
+                                chunker.id
+                            ])?;
                             fr.added += 1;
                             tx.last_insert_rowid()
                         }
@@ -664,10 +699,13 @@ impl Engine {
         let mut ids = Vec::new();
         {
             let conn = self.store.conn();
-            let mut find = conn.prepare_cached("SELECT id FROM documents WHERE collection_id = ?1 AND external_id = ?2")?;
+            let mut find =
+                conn.prepare_cached("SELECT id FROM documents WHERE collection_id = ?1 AND external_id = ?2")?;
             for e in external_ids {
                 let id: Option<i64> = find.query_row(params![col.id, e], |r| r.get(0)).optional()?;
-                ids.push(id.ok_or_else(|| Error::NotFound { what: format!("document {e:?} in collection '{collection}'") })?);
+                ids.push(
+                    id.ok_or_else(|| Error::NotFound { what: format!("document {e:?} in collection '{collection}'") })?,
+                );
             }
         }
         self.store.set_documents_state(&ids, "deleting")?;
@@ -698,7 +736,8 @@ impl Engine {
         let conn = self.store.conn();
         let documents: i64 = conn.query_row("SELECT COUNT(*) FROM documents", [], |r| r.get(0))?;
         let chunks: i64 = conn.query_row("SELECT COUNT(*) FROM chunks", [], |r| r.get(0))?;
-        let pending: i64 = conn.query_row("SELECT COUNT(*) FROM documents WHERE state != 'indexed'", [], |r| r.get(0))?;
+        let pending: i64 =
+            conn.query_row("SELECT COUNT(*) FROM documents WHERE state != 'indexed'", [], |r| r.get(0))?;
         drop(conn);
         self.lexical.reload()?;
         Ok(Stats {

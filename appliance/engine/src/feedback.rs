@@ -48,8 +48,11 @@ pub fn document(store: &Store, id: i64) -> Result<DocumentView> {
         )
         .optional()?;
     let mut doc = head.ok_or_else(|| Error::NotFound { what: format!("document #{id}") })?;
-    let mut stmt = conn.prepare_cached("SELECT id, ordinal, heading, text FROM chunks WHERE document_id = ?1 ORDER BY ordinal")?;
-    let rows = stmt.query_map([id], |r| Ok(DocumentChunk { chunk_id: r.get(0)?, ordinal: r.get(1)?, heading: r.get(2)?, text: r.get(3)? }))?;
+    let mut stmt =
+        conn.prepare_cached("SELECT id, ordinal, heading, text FROM chunks WHERE document_id = ?1 ORDER BY ordinal")?;
+    let rows = stmt.query_map([id], |r| {
+        Ok(DocumentChunk { chunk_id: r.get(0)?, ordinal: r.get(1)?, heading: r.get(2)?, text: r.get(3)? })
+    })?;
     doc.chunks = rows.collect::<Result<Vec<_>, _>>()?;
     Ok(doc)
 }

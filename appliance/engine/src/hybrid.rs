@@ -142,7 +142,12 @@ impl Engine {
     }
 
     /// The dense table of (collection, document model), created on demand when `create` is set.
-    pub(crate) fn dense_table(&self, collection_id: i64, model: &ModelRecord, create: bool) -> Result<Option<(String, Arc<DenseTable>)>> {
+    pub(crate) fn dense_table(
+        &self,
+        collection_id: i64,
+        model: &ModelRecord,
+        create: bool,
+    ) -> Result<Option<(String, Arc<DenseTable>)>> {
         let row: Option<(String, String)> = self
             .store
             .conn()
@@ -206,7 +211,12 @@ impl Engine {
         Ok(n)
     }
 
-    fn sync_collection(&self, col: &Collection, model: &ModelRecord, progress: &mut dyn FnMut(DenseProgress)) -> Result<usize> {
+    fn sync_collection(
+        &self,
+        col: &Collection,
+        model: &ModelRecord,
+        progress: &mut dyn FnMut(DenseProgress),
+    ) -> Result<usize> {
         let Some((_, table)) = self.dense_table(col.id, model, true)? else { return Ok(0) };
         let in_index: Vec<(i64, i64)> = self.dense.all_ids(&table)?;
         let indexed: HashSet<i64> = in_index.iter().map(|p| p.0).collect();
@@ -223,7 +233,8 @@ impl Engine {
         let stale_docs: HashSet<i64> =
             in_index.iter().filter(|(c, _)| !live_ids.contains(c)).map(|&(_, d)| d).collect();
         let dup = in_index.len() != indexed.len();
-        let mut todo_docs: HashSet<i64> = live.iter().filter(|r| !indexed.contains(&r.chunk_id)).map(|r| r.document_id).collect();
+        let mut todo_docs: HashSet<i64> =
+            live.iter().filter(|r| !indexed.contains(&r.chunk_id)).map(|r| r.document_id).collect();
         todo_docs.extend(stale_docs.iter().copied());
         if dup {
             todo_docs.extend(in_index.iter().map(|p| p.1));
@@ -242,7 +253,8 @@ impl Engine {
             let texts: Vec<String> = rows.iter().map(|r| embedding_text(r)).collect();
             let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
             let vecs = enc.encode(&refs, TextKind::Document)?;
-            let data: Vec<(i64, i64, Vec<f32>)> = rows.iter().zip(vecs).map(|(r, v)| (r.chunk_id, r.document_id, v)).collect();
+            let data: Vec<(i64, i64, Vec<f32>)> =
+                rows.iter().zip(vecs).map(|(r, v)| (r.chunk_id, r.document_id, v)).collect();
             changed += data.len().max(batch.len());
             self.dense.replace_documents(&table, batch, &data)?;
             progress(DenseProgress { collection: col.name.clone(), done: ((i + 1) * 256).min(total), total });
@@ -331,7 +343,13 @@ impl Engine {
 
     /// Dense top-`depth` over the collections' tables for the active document model. Refuses a query model
     /// whose pairing differs from the one a table was built with.
-    pub fn dense_search(&self, qvec: &[f32], query_model: &ModelRecord, cols: &[Collection], depth: usize) -> Result<Vec<DenseHit>> {
+    pub fn dense_search(
+        &self,
+        qvec: &[f32],
+        query_model: &ModelRecord,
+        cols: &[Collection],
+        depth: usize,
+    ) -> Result<Vec<DenseHit>> {
         let Some(pair) = self.active_pair_cached()? else { return Ok(Vec::new()) };
         let mut hits = Vec::new();
         for col in cols {
@@ -388,9 +406,11 @@ impl Engine {
         };
         let dense: Vec<Ranked> = match (method, qvec) {
             (Method::Bm25, _) | (_, None) => Vec::new(),
-            (_, Some((v, m))) => {
-                self.dense_search(v, m, cols, depth)?.into_iter().map(|h| (h.chunk_id, h.document_id, h.score)).collect()
-            }
+            (_, Some((v, m))) => self
+                .dense_search(v, m, cols, depth)?
+                .into_iter()
+                .map(|h| (h.chunk_id, h.document_id, h.score))
+                .collect(),
         };
         if qvec.is_none() && method != Method::Bm25 {
             method = Method::Bm25;

@@ -165,7 +165,13 @@ impl Engine {
 
     /// Queues an ingestion job for files already inside [`Engine::uploads_dir`]. The job owns them and deletes them
     /// when it ends. Returns the job id.
-    pub fn submit_ingest(&self, collection: &str, files: Vec<PathBuf>, opts: IngestOptions, actor: &str) -> Result<i64> {
+    pub fn submit_ingest(
+        &self,
+        collection: &str,
+        files: Vec<PathBuf>,
+        opts: IngestOptions,
+        actor: &str,
+    ) -> Result<i64> {
         let root = std::fs::canonicalize(self.uploads_dir()).map_err(|e| Error::io(self.uploads_dir(), e))?;
         let mut owned = Vec::with_capacity(files.len());
         for f in files {
@@ -183,7 +189,13 @@ impl Engine {
     }
 
     /// Queues an ingestion job for files that stay where they are (the CLI); they are read, never deleted.
-    pub fn submit_ingest_in_place(&self, collection: &str, files: Vec<PathBuf>, opts: IngestOptions, actor: &str) -> Result<i64> {
+    pub fn submit_ingest_in_place(
+        &self,
+        collection: &str,
+        files: Vec<PathBuf>,
+        opts: IngestOptions,
+        actor: &str,
+    ) -> Result<i64> {
         let mut abs = Vec::with_capacity(files.len());
         for f in files {
             // A missing file is reported by the job like any other bad file; only make the path absolute.
@@ -192,13 +204,24 @@ impl Engine {
         self.submit(collection, abs, opts, actor, false)
     }
 
-    fn submit(&self, collection: &str, files: Vec<PathBuf>, opts: IngestOptions, actor: &str, owned: bool) -> Result<i64> {
+    fn submit(
+        &self,
+        collection: &str,
+        files: Vec<PathBuf>,
+        opts: IngestOptions,
+        actor: &str,
+        owned: bool,
+    ) -> Result<i64> {
         self.store.collection(collection)?;
         if files.is_empty() {
             return Err(Error::InvalidInput("an ingestion job needs at least one file".into()));
         }
-        if let Some(e) = opts.encoding.as_deref().filter(|e| encoding_rs::Encoding::for_label(e.trim().as_bytes()).is_none()) {
-            return Err(Error::InvalidInput(format!("unknown encoding {e:?}; use utf-8, utf-16le, utf-16be, gb18030, gbk or big5")));
+        if let Some(e) =
+            opts.encoding.as_deref().filter(|e| encoding_rs::Encoding::for_label(e.trim().as_bytes()).is_none())
+        {
+            return Err(Error::InvalidInput(format!(
+                "unknown encoding {e:?}; use utf-8, utf-16le, utf-16be, gb18030, gbk or big5"
+            )));
         }
         let params_json = serde_json::to_string(&IngestParams { options: opts.clone() })
             .map_err(|e| Error::Internal(format!("job params: {e}")))?;
@@ -309,7 +332,10 @@ impl Engine {
     pub fn cancel_job(&self, id: i64, actor: &str) -> Result<()> {
         let job = self.job(id)?;
         if job.state.is_finished() {
-            return Err(Error::InvalidInput(format!("job {id} already ended ({}); nothing to cancel", job.state.as_str())));
+            return Err(Error::InvalidInput(format!(
+                "job {id} already ended ({}); nothing to cancel",
+                job.state.as_str()
+            )));
         }
         let ended_now = {
             let mut conn = self.store.conn();
@@ -323,7 +349,12 @@ impl Engine {
             } else {
                 tx.execute("UPDATE jobs SET cancel_requested = 1, updated_at = ?2 WHERE id = ?1", params![id, now()])?;
             }
-            crate::audit::append(&tx, actor, "job.cancel", &serde_json::json!({"job": id, "collection": job.collection}))?;
+            crate::audit::append(
+                &tx,
+                actor,
+                "job.cancel",
+                &serde_json::json!({"job": id, "collection": job.collection}),
+            )?;
             tx.commit()?;
             ended
         };
@@ -344,7 +375,12 @@ impl Engine {
 
     fn try_jobs_lock(&self) -> Result<Option<std::fs::File>> {
         let p = self.jobs_lock_path();
-        let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&p).map_err(|e| Error::io(&p, e))?;
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&p)
+            .map_err(|e| Error::io(&p, e))?;
         match f.try_lock() {
             Ok(()) => Ok(Some(f)),
             Err(std::fs::TryLockError::WouldBlock) => Ok(None),
@@ -601,7 +637,8 @@ fn claim(s: &Shared) -> Result<Option<Claim>> {
     let mut claimed = s.claimed.lock().unwrap_or_else(|p| p.into_inner());
     let active: Vec<(i64, i64)> = {
         let conn = e.store.conn();
-        let mut stmt = conn.prepare("SELECT id, cancel_requested FROM jobs WHERE state IN ('queued', 'running') ORDER BY id")?;
+        let mut stmt =
+            conn.prepare("SELECT id, cancel_requested FROM jobs WHERE state IN ('queued', 'running') ORDER BY id")?;
         let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
         rows.collect::<Result<Vec<_>, _>>()?
     };
@@ -799,7 +836,9 @@ fn finish_job(e: &Engine, job: i64, cancelled: bool) -> Result<()> {
         )?;
         if n == 1 {
             let (actor, collection): (String, String) =
-                tx.query_row("SELECT actor, collection FROM jobs WHERE id = ?1", [job], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                tx.query_row("SELECT actor, collection FROM jobs WHERE id = ?1", [job], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?;
             crate::audit::append(
                 &tx,
                 &actor,

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use tantivy::collector::TopDocs;
 use tantivy::query::{BooleanQuery, ConstScoreQuery, Occur, Query, TermQuery};
 use tantivy::schema::{
-    Field, INDEXED, IndexRecordOption, STRING, Schema, TextFieldIndexing, TextOptions, FAST, STORED,
+    FAST, Field, INDEXED, IndexRecordOption, STORED, STRING, Schema, TextFieldIndexing, TextOptions,
 };
 use tantivy::snippet::SnippetGenerator;
 use tantivy::tokenizer::{Token, TokenStream, Tokenizer};
@@ -96,8 +96,42 @@ impl TokenStream for JiebaTokenStream {
 
 /// Function words that carry no meaning in a highlight (they still count, with their low IDF, in BM25).
 const STOPWORDS: &[&str] = &[
-    "的", "了", "是", "在", "和", "与", "及", "或", "有", "吗", "呢", "吧", "啊", "什么", "怎么", "怎么办", "如何", "为什么",
-    "哪些", "多少", "能", "会", "要", "可以", "一个", "这", "那", "就", "都", "也", "还", "得", "地", "着", "过", "对",
+    "的",
+    "了",
+    "是",
+    "在",
+    "和",
+    "与",
+    "及",
+    "或",
+    "有",
+    "吗",
+    "呢",
+    "吧",
+    "啊",
+    "什么",
+    "怎么",
+    "怎么办",
+    "如何",
+    "为什么",
+    "哪些",
+    "多少",
+    "能",
+    "会",
+    "要",
+    "可以",
+    "一个",
+    "这",
+    "那",
+    "就",
+    "都",
+    "也",
+    "还",
+    "得",
+    "地",
+    "着",
+    "过",
+    "对",
 ];
 
 pub fn is_stopword(word: &str) -> bool {
@@ -215,13 +249,9 @@ impl LexicalIndex {
         let jieba = Arc::new(jieba);
         let dir = root.join(format!("v{LEXICAL_FORMAT}"));
         let meta_path = dir.join("index.json");
-        let want = IndexMeta {
-            format: LEXICAL_FORMAT,
-            tokenizer: CONTENT_REVISION.into(),
-            dictionary_sha256: dict_hash,
-        };
-        let have: Option<IndexMeta> =
-            std::fs::read(&meta_path).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        let want =
+            IndexMeta { format: LEXICAL_FORMAT, tokenizer: CONTENT_REVISION.into(), dictionary_sha256: dict_hash };
+        let have: Option<IndexMeta> = std::fs::read(&meta_path).ok().and_then(|b| serde_json::from_slice(&b).ok());
         if let Some(h) = &have {
             if h.format > LEXICAL_FORMAT {
                 return Err(Error::TooNew {
@@ -416,7 +446,12 @@ impl LexicalIndex {
     /// query word found in it is marked, overlapping and adjacent matches merged (search mode yields both
     /// 二甲 and 二甲双胍; the reader should see one mark over 二甲双胍). Function words are not marked. The query is
     /// analysed once for all texts of a result page.
-    pub fn snippets(&self, query: &str, texts: &[&str], max_bytes: usize) -> Result<Vec<(String, Vec<(usize, usize)>)>> {
+    pub fn snippets(
+        &self,
+        query: &str,
+        texts: &[&str],
+        max_bytes: usize,
+    ) -> Result<Vec<(String, Vec<(usize, usize)>)>> {
         let generator = match self.build_query(query, None, 0.0) {
             Some(q) => {
                 let searcher = self.reader.searcher();

@@ -133,7 +133,10 @@ pub fn active(store: &Store) -> Result<Option<ActivePair>> {
 /// Checks that `query` can serve alongside `document`: roles fit and pairing ids match.
 pub fn check_pair(query: &ModelRecord, document: &ModelRecord) -> Result<()> {
     if !matches!(query.role.as_str(), "query" | "both") {
-        return Err(Error::ModelMismatch(format!("model {}@{} is a {} encoder, not a query encoder", query.name, query.version, query.role)));
+        return Err(Error::ModelMismatch(format!(
+            "model {}@{} is a {} encoder, not a query encoder",
+            query.name, query.version, query.role
+        )));
     }
     if !matches!(document.role.as_str(), "document" | "both") {
         return Err(Error::ModelMismatch(format!(
@@ -145,7 +148,13 @@ pub fn check_pair(query: &ModelRecord, document: &ModelRecord) -> Result<()> {
         return Err(Error::ModelMismatch(format!(
             "query encoder {}@{} (pairing {:?}) was not trained with document encoder {}@{} (pairing {:?}); \
              its vectors would not be comparable. Activate a query encoder of pairing {:?}",
-            query.name, query.version, query.pairing_id, document.name, document.version, document.pairing_id, document.pairing_id
+            query.name,
+            query.version,
+            query.pairing_id,
+            document.name,
+            document.version,
+            document.pairing_id,
+            document.pairing_id
         )));
     }
     if query.width != document.width {

@@ -23,8 +23,10 @@ pub fn normalize(text: &str) -> String {
             }
             // Full-width ASCII symbols used in values and units (５％, ０．５ｍｇ, ＜＝, ／): folded like letters.
             // Sentence and clause punctuation (，。！？；：（）) is Chinese typography and stays as written.
-            '＂' | '＃' | '＄' | '％' | '＆' | '＇' | '＊' | '＋' | '－' | '．' | '／' | '＜' | '＝' | '＞' | '＠' | '［'
-            | '＼' | '］' | '＾' | '＿' | '｀' | '｛' | '｜' | '｝' | '～' => char::from_u32(c as u32 - 0xFEE0).unwrap_or(c),
+            '＂' | '＃' | '＄' | '％' | '＆' | '＇' | '＊' | '＋' | '－' | '．' | '／' | '＜' | '＝' | '＞' | '＠'
+            | '［' | '＼' | '］' | '＾' | '＿' | '｀' | '｛' | '｜' | '｝' | '～' => {
+                char::from_u32(c as u32 - 0xFEE0).unwrap_or(c)
+            }
             // Half-width forms of CJK punctuation (used by some legacy exports) to their full-width forms.
             '\u{FF61}' => '。',
             '\u{FF64}' => '、',
@@ -215,7 +217,12 @@ pub fn chunk_measured(text: &str, max: usize, overlap: usize, m: &dyn Measure) -
 
     // Size of sentences i..=j as one chunk: the exact character span, or the sum of the parts' tokens.
     let sizes: Vec<usize> = sentences.iter().map(|s| s.size).collect();
-    let prefix: Vec<usize> = std::iter::once(0).chain(sizes.iter().scan(0, |acc, &x| { *acc += x; Some(*acc) })).collect();
+    let prefix: Vec<usize> = std::iter::once(0)
+        .chain(sizes.iter().scan(0, |acc, &x| {
+            *acc += x;
+            Some(*acc)
+        }))
+        .collect();
     let size_of = |i: usize, j: usize| -> usize {
         if m.is_chars() { sentences[j].end - sentences[i].start } else { prefix[j + 1] - prefix[i] }
     };

@@ -115,7 +115,8 @@ impl Engine {
     pub fn export_chunks(&self, collection: &str, out: &Path) -> Result<ChunkExport> {
         self.store.collection(collection)?;
         let mut n = 0;
-        let name = out.file_name().ok_or_else(|| Error::InvalidInput(format!("{} is not a file path", out.display())))?;
+        let name =
+            out.file_name().ok_or_else(|| Error::InvalidInput(format!("{} is not a file path", out.display())))?;
         let tmp = out.with_file_name(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
         let res = (|| -> Result<()> {
             let f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
@@ -173,7 +174,10 @@ impl Engine {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(Error::NotFound {
-                    what: format!("{} (write the folder with `care-train embed-corpus --out DIR`)", index_path.display()),
+                    what: format!(
+                        "{} (write the folder with `care-train embed-corpus --out DIR`)",
+                        index_path.display()
+                    ),
                 });
             }
             Err(e) => return Err(Error::io(&index_path, e)),
@@ -181,12 +185,19 @@ impl Engine {
         let index_sha256 = hex::encode(Sha256::digest(&bytes));
         let format = serde_json::from_slice::<serde_json::Value>(&bytes).ok().and_then(|v| v["format"].as_u64());
         if let Some(found) = format.filter(|f| *f > EMBEDDINGS_FORMAT as u64) {
-            return Err(Error::TooNew { what: index_path.display().to_string(), found: found as u32, supported: EMBEDDINGS_FORMAT });
+            return Err(Error::TooNew {
+                what: index_path.display().to_string(),
+                found: found as u32,
+                supported: EMBEDDINGS_FORMAT,
+            });
         }
         let idx: EmbeddingsIndex = embeddings::read_index(dir).map_err(|e| shard_err(dir, e))?;
         let corrupt = |message: String| Error::CorruptShards { path: index_path.clone(), message };
         if idx.format != EMBEDDINGS_FORMAT {
-            return Err(corrupt(format!("format {} is not an embeddings format this build reads ({EMBEDDINGS_FORMAT})", idx.format)));
+            return Err(corrupt(format!(
+                "format {} is not an embeddings format this build reads ({EMBEDDINGS_FORMAT})",
+                idx.format
+            )));
         }
         if idx.pairing_id != doc.pairing_id {
             return Err(Error::ModelMismatch(format!(
@@ -409,7 +420,9 @@ impl Engine {
     pub fn vector_sources(&self, collection: &str) -> Result<VectorSources> {
         let col = self.store.collection(collection)?;
         let live = self.live_chunks_of(collection)?.len();
-        let Some(pair) = models::active(&self.store)? else { return Ok(VectorSources { imported: Vec::new(), online: live }) };
+        let Some(pair) = models::active(&self.store)? else {
+            return Ok(VectorSources { imported: Vec::new(), online: live });
+        };
         let conn = self.store.conn();
         let mut stmt = conn.prepare(
             "SELECT i.source_model, COUNT(*) FROM dense_vector_sources s
@@ -418,7 +431,9 @@ impl Engine {
              WHERE x.collection_id = ?1 AND x.model_id = ?2
              GROUP BY i.source_model ORDER BY i.source_model",
         )?;
-        let rows = stmt.query_map(params![col.id, pair.document.id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as usize)))?;
+        let rows = stmt.query_map(params![col.id, pair.document.id], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as usize))
+        })?;
         let imported: Vec<(String, usize)> = rows.collect::<Result<_, _>>()?;
         let n: usize = imported.iter().map(|p| p.1).sum();
         Ok(VectorSources { imported, online: live.saturating_sub(n) })

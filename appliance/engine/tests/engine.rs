@@ -66,7 +66,8 @@ fn bad_inputs_are_rejected_per_file_and_nothing_stored_is_lost() {
     let empty = t.path().join("empty.txt");
     std::fs::write(&empty, b"").unwrap();
     let broken = t.path().join("bank.jsonl");
-    std::fs::write(&broken, "{\"id\":\"q1\",\"text\":\"阿司匹林的不良反应\"}\n{\"id\":\"q2\",\"text\":\"胃出血\"\n").unwrap();
+    std::fs::write(&broken, "{\"id\":\"q1\",\"text\":\"阿司匹林的不良反应\"}\n{\"id\":\"q2\",\"text\":\"胃出血\"\n")
+        .unwrap();
     let other = t.path().join("aspirin.txt");
     std::fs::write(&other, "阿司匹林可引起胃肠道出血。").unwrap();
     let r = e.ingest_files("guide", &[gbk.clone(), empty.clone(), broken.clone(), other], &mut |_| {}).unwrap();
@@ -86,7 +87,13 @@ fn bad_inputs_are_rejected_per_file_and_nothing_stored_is_lost() {
     assert!(matches!(err, Error::UnknownCollection(_)));
     assert!(err.to_string().contains("collection 'nosuch' does not exist"), "{err}");
     let err = e
-        .search(&SearchRequest { query: "x".into(), collections: Some(vec!["nosuch".into()]), limit: None, offset: 0, ..Default::default() })
+        .search(&SearchRequest {
+            query: "x".into(),
+            collections: Some(vec!["nosuch".into()]),
+            limit: None,
+            offset: 0,
+            ..Default::default()
+        })
         .unwrap_err();
     assert!(matches!(err, Error::UnknownCollection(_)));
     assert!(e.check().unwrap().consistent);
@@ -125,7 +132,11 @@ fn interrupted_writes_are_repaired_on_open() {
         let e = engine_in(&dir);
         e.create_collection("c", "", "test").unwrap();
         let f = t.path().join("a.jsonl");
-        std::fs::write(&f, "{\"id\":\"1\",\"text\":\"冠心病的二级预防\"}\n{\"id\":\"2\",\"text\":\"心房颤动的抗凝治疗\"}\n").unwrap();
+        std::fs::write(
+            &f,
+            "{\"id\":\"1\",\"text\":\"冠心病的二级预防\"}\n{\"id\":\"2\",\"text\":\"心房颤动的抗凝治疗\"}\n",
+        )
+        .unwrap();
         e.ingest_files("c", &[f], &mut |_| {}).unwrap();
         // Simulate a crash between the SQLite commit and the index commit: a pending document the index lacks,
         // and a deletion that stopped after marking its row.
@@ -174,7 +185,13 @@ fn demo_collection_answers_the_example_query() {
     let r = care_engine::demo::load_demo(&e).unwrap();
     assert!(r.added >= 40, "{r:?}");
     let res = e
-        .search(&SearchRequest { query: "二甲双胍的禁忌症".into(), collections: None, limit: Some(5), offset: 0, ..Default::default() })
+        .search(&SearchRequest {
+            query: "二甲双胍的禁忌症".into(),
+            collections: None,
+            limit: Some(5),
+            offset: 0,
+            ..Default::default()
+        })
         .unwrap();
     let top = &res.hits[0];
     assert!(top.title.contains("二甲双胍"), "{:?}", top.title);
@@ -213,7 +230,12 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
 }
 
 fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path).unwrap().lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).unwrap()).collect()
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 #[test]
@@ -275,7 +297,8 @@ fn a_query_encoder_of_another_pairing_is_refused() {
     // A pair activated behind the engine's back (e.g. an edited database) is still refused at query time.
     {
         let conn = e.store().conn();
-        conn.execute("UPDATE settings SET value = ?1 WHERE key = 'active_query_model'", [other.id.to_string()]).unwrap();
+        conn.execute("UPDATE settings SET value = ?1 WHERE key = 'active_query_model'", [other.id.to_string()])
+            .unwrap();
     }
     let err = e.search(&SearchRequest { query: "二甲双胍".into(), ..Default::default() }).unwrap_err();
     assert!(matches!(err, Error::ModelMismatch(_)), "{err}");
@@ -312,7 +335,10 @@ fn kuake_qtr_hybrid_dev_quality() {
     let dense = dc.score(&set, Method::Dense, 1.0);
     let rrf = dc.score(&set, Method::Rrf, 0.0);
     let weighted = dc.score(&set, Method::Weighted, w);
-    eprintln!("kuake_qtr dev nDCG@10: bm25 {:.4} dense {:.4} rrf {:.4} weighted(w={w:.2}) {:.4}", bm25.ndcg_at_10, dense.ndcg_at_10, rrf.ndcg_at_10, weighted.ndcg_at_10);
+    eprintln!(
+        "kuake_qtr dev nDCG@10: bm25 {:.4} dense {:.4} rrf {:.4} weighted(w={w:.2}) {:.4}",
+        bm25.ndcg_at_10, dense.ndcg_at_10, rrf.ndcg_at_10, weighted.ndcg_at_10
+    );
     assert!(weighted.ndcg_at_10 >= 0.905, "weighted {}", weighted.ndcg_at_10);
     assert!(weighted.ndcg_at_10 >= bm25.ndcg_at_10.max(dense.ndcg_at_10) - 0.005);
     assert!(dense.ndcg_at_10 > bm25.ndcg_at_10, "zero-shot dense should beat BM25 here");
@@ -323,7 +349,11 @@ fn kuake_qtr_hybrid_dev_quality() {
     let (vecs, _) = e.encode_queries(&texts).unwrap().unwrap();
     let started = std::time::Instant::now();
     let recall = e.build_ann_and_measure("kuake", &vecs, 10).unwrap();
-    eprintln!("IVF-PQ recall@10 vs exact over {} queries: {recall:.4} ({:.1}s incl. index build)", vecs.len(), started.elapsed().as_secs_f64());
+    eprintln!(
+        "IVF-PQ recall@10 vs exact over {} queries: {recall:.4} ({:.1}s incl. index build)",
+        vecs.len(),
+        started.elapsed().as_secs_f64()
+    );
     assert!(recall >= 0.95, "ANN recall@10 {recall}");
     // Search now goes through the index and still finds what the exact scan found first.
     let r = e.search(&SearchRequest { query: set.queries[0].1.clone(), ..Default::default() }).unwrap();
@@ -343,7 +373,8 @@ fn trainer_exported_query_package_matches_tch_vectors() {
     let cfg = care_engine::encoders::ModelConfig::default();
     let enc = care_engine::encoders::OrtEncoder::load(&dir, &cfg).unwrap();
     assert_eq!(enc.manifest().role, care_formats::ModelRole::Query);
-    let parity: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("parity.json")).unwrap()).unwrap();
+    let parity: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("parity.json")).unwrap()).unwrap();
     let texts: Vec<&str> = parity["texts"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
     let got = enc.encode(&texts, care_engine::encoders::TextKind::Query).unwrap();
     let mut worst = 1.0f64;
@@ -448,17 +479,25 @@ mod jobs {
             put(&up, "bank.csv", &bank),
             put(&up, "gout.html", &html),
             put(&up, "notes.md", "# 哮喘\n## 治疗\n吸入糖皮质激素是长期控制的首选。".as_bytes()),
-            put(&up, "bundle.zip", &zip_bytes(&[
-                ("科室/发热.txt", "发热伴皮疹需警惕麻疹。".as_bytes()),
-                ("科室/qa.jsonl", "{\"id\":\"z1\",\"text\":\"心悸伴胸痛应立即就医。\"}\n".as_bytes()),
-            ])),
+            put(
+                &up,
+                "bundle.zip",
+                &zip_bytes(&[
+                    ("科室/发热.txt", "发热伴皮疹需警惕麻疹。".as_bytes()),
+                    ("科室/qa.jsonl", "{\"id\":\"z1\",\"text\":\"心悸伴胸痛应立即就医。\"}\n".as_bytes()),
+                ]),
+            ),
             // Malformed inputs.
             put(&up, "truncated.pdf", &pdf[..pdf.len() * 2 / 3]),
             put(&up, "fake.docx", "这只是一个文本文件".as_bytes()),
             put(&up, "bomb.zip", &zip_bytes(&[("zeros.txt", &vec![0u8; 8 << 20])])),
             put(&up, "junk.txt", &(0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 11) as u8).collect::<Vec<_>>()),
             put(&up, "short.csv", "id,问题\n1,头痛？\n".as_bytes()),
-            put(&up, "escape.zip", &zip_bytes(&[("ok.txt", "正常。".as_bytes()), ("../../etc/cron.d/x.txt", "恶意".as_bytes())])),
+            put(
+                &up,
+                "escape.zip",
+                &zip_bytes(&[("ok.txt", "正常。".as_bytes()), ("../../etc/cron.d/x.txt", "恶意".as_bytes())]),
+            ),
         ];
         let huge = up.join("huge.txt");
         std::fs::File::create(&huge).unwrap().set_len((2u64 << 30) + 1).unwrap(); // sparse: instant, no disk
@@ -578,7 +617,8 @@ mod jobs {
         e.create_collection("c", "", "bob").unwrap();
         let run = |name: &str, body: &str| {
             let up = e.new_upload_dir().unwrap();
-            let id = e.submit_ingest("c", vec![put(&up, name, body.as_bytes())], IngestOptions::default(), "bob").unwrap();
+            let id =
+                e.submit_ingest("c", vec![put(&up, name, body.as_bytes())], IngestOptions::default(), "bob").unwrap();
             let w = Worker::start(e.clone(), 1);
             let j = wait(&e, id);
             w.shutdown();
@@ -595,7 +635,9 @@ mod jobs {
 
         // A queued job cancelled before it runs: files skipped and removed, nothing ingested.
         let up = e.new_upload_dir().unwrap();
-        let id = e.submit_ingest("c", vec![put(&up, "x.txt", "不会被索引。".as_bytes())], IngestOptions::default(), "bob").unwrap();
+        let id = e
+            .submit_ingest("c", vec![put(&up, "x.txt", "不会被索引。".as_bytes())], IngestOptions::default(), "bob")
+            .unwrap();
         e.cancel_job(id, "carol").unwrap();
         let j = e.job(id).unwrap();
         assert_eq!(j.state, JobState::Cancelled);
@@ -641,7 +683,8 @@ mod offline_vectors {
         ("hepatitis", "乙肝", "慢性乙型肝炎的抗病毒治疗首选恩替卡韦或替诺福韦。"),
         ("fracture", "骨折", "骨折后应及时固定患肢，老年人髋部骨折需要尽早评估手术指征。"),
     ];
-    const QUERIES: &[&str] = &["糖尿病用什么药", "消化道出血能吃阿司匹林吗", "哮喘发作怎么办", "流感怎么治疗", "血尿酸高"];
+    const QUERIES: &[&str] =
+        &["糖尿病用什么药", "消化道出血能吃阿司匹林吗", "哮喘发作怎么办", "流感怎么治疗", "血尿酸高"];
 
     fn docs(edit: Option<(&str, &str)>) -> Vec<ParsedDocument> {
         DOCS.iter()
@@ -753,8 +796,10 @@ mod offline_vectors {
         let r = e.export_chunks("c", &out).unwrap();
         let exported = read_export(&out);
         assert_eq!((r.chunks, exported.len()), (before.1.len(), before.1.len()));
-        let names: Vec<String> =
-            std::fs::read_dir(t.path()).unwrap().map(|d| d.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        let names: Vec<String> = std::fs::read_dir(t.path())
+            .unwrap()
+            .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
         assert!(!names.iter().any(|n| n.contains(".tmp")), "{names:?}");
 
         // Vectors for the exported texts from the active model's document side, as the trainer would compute them.
@@ -768,7 +813,8 @@ mod offline_vectors {
             let diff = s.iter().zip(v).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             assert!(diff < 1e-4, "chunk {id}: exported text embeds differently (max diff {diff})");
         }
-        let rows: Vec<(String, Vec<f32>)> = exported.iter().map(|(id, _)| id.clone()).zip(vecs.iter().cloned()).collect();
+        let rows: Vec<(String, Vec<f32>)> =
+            exported.iter().map(|(id, _)| id.clone()).zip(vecs.iter().cloned()).collect();
         // Refusal candidates carry vectors that differ from the stored ones (each chunk gets its neighbour's), so a
         // partial write would show.
         let rotated: Vec<(String, Vec<f32>)> =
@@ -898,7 +944,10 @@ mod offline_vectors {
         }
         assert_eq!(
             e.vector_sources("c").unwrap(),
-            care_engine::vectors::VectorSources { imported: vec![("qwen3-doc-test@1".into(), 1)], online: exported.len() - 1 }
+            care_engine::vectors::VectorSources {
+                imported: vec![("qwen3-doc-test@1".into(), 1)],
+                online: exported.len() - 1
+            }
         );
 
         // A later ingest that changes the gout document replaces its chunks: the new chunk is embedded online, the
@@ -958,7 +1007,10 @@ mod offline_vectors {
         let online: std::collections::HashMap<i64, &Vec<f32>> = before.1.iter().map(|(c, v)| (*c, v)).collect();
         assert_eq!(after.1.len(), online.len());
         let worst = after.1.iter().map(|(c, v)| cosine(online[c], v)).fold(1.0f64, f64::min);
-        eprintln!("offline (tch) vs online (ORT) document vectors over {} chunks: min cosine {worst:.7}", after.1.len());
+        eprintln!(
+            "offline (tch) vs online (ORT) document vectors over {} chunks: min cosine {worst:.7}",
+            after.1.len()
+        );
         assert!(worst >= 0.9999, "min cosine {worst}");
         // Search answers the same: every chunk scores as it did online, and the top hit is the same one wherever
         // it was not a near tie.

@@ -65,7 +65,13 @@ impl ShardWriter {
         index.format = EMBEDDINGS_FORMAT;
         index.rows = 0;
         index.shards.clear();
-        Ok(Self { dir: dir.to_path_buf(), index, rows_per_shard: rows_per_shard.max(1), ids: Vec::new(), data: Vec::new() })
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            index,
+            rows_per_shard: rows_per_shard.max(1),
+            ids: Vec::new(),
+            data: Vec::new(),
+        })
     }
 
     /// Adds one vector (its length must be the index width).
@@ -77,7 +83,10 @@ impl ShardWriter {
             });
         }
         if id.contains('\n') {
-            return Err(EmbeddingsError::Invalid { path: self.dir.clone(), message: format!("id {id:?} contains a newline") });
+            return Err(EmbeddingsError::Invalid {
+                path: self.dir.clone(),
+                message: format!("id {id:?} contains a newline"),
+            });
         }
         self.ids.push(id.to_string());
         self.data.extend_from_slice(vector);
@@ -131,8 +140,8 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), EmbeddingsError> {
 pub fn read_index(dir: &Path) -> Result<EmbeddingsIndex, EmbeddingsError> {
     let p = dir.join(EMBEDDINGS_FILE);
     let text = std::fs::read(&p).map_err(io(&p))?;
-    let idx: EmbeddingsIndex =
-        serde_json::from_slice(&text).map_err(|e| EmbeddingsError::Invalid { path: p.clone(), message: e.to_string() })?;
+    let idx: EmbeddingsIndex = serde_json::from_slice(&text)
+        .map_err(|e| EmbeddingsError::Invalid { path: p.clone(), message: e.to_string() })?;
     if idx.format > EMBEDDINGS_FORMAT {
         return Err(EmbeddingsError::Invalid {
             path: p,
@@ -143,7 +152,11 @@ pub fn read_index(dir: &Path) -> Result<EmbeddingsIndex, EmbeddingsError> {
 }
 
 /// Reads one shard's ids and vectors, checking row count and sha256.
-pub fn read_shard(dir: &Path, idx: &EmbeddingsIndex, shard: &ShardInfo) -> Result<(Vec<String>, Vec<f32>), EmbeddingsError> {
+pub fn read_shard(
+    dir: &Path,
+    idx: &EmbeddingsIndex,
+    shard: &ShardInfo,
+) -> Result<(Vec<String>, Vec<f32>), EmbeddingsError> {
     let vp = dir.join(&shard.vectors);
     let mut bytes = Vec::new();
     std::fs::File::open(&vp).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(io(&vp))?;
@@ -152,7 +165,10 @@ pub fn read_shard(dir: &Path, idx: &EmbeddingsIndex, shard: &ShardInfo) -> Resul
         hex::encode(Sha256::digest(&bytes))
     };
     if sha != shard.sha256 {
-        return Err(EmbeddingsError::Invalid { path: vp, message: format!("sha256 {sha} differs from the index ({})", shard.sha256) });
+        return Err(EmbeddingsError::Invalid {
+            path: vp,
+            message: format!("sha256 {sha} differs from the index ({})", shard.sha256),
+        });
     }
     if bytes.len() != shard.rows * idx.width * 4 {
         return Err(EmbeddingsError::Invalid {
@@ -165,7 +181,10 @@ pub fn read_shard(dir: &Path, idx: &EmbeddingsIndex, shard: &ShardInfo) -> Resul
     let f = std::fs::File::open(&ip).map_err(io(&ip))?;
     let ids: Vec<String> = BufReader::new(f).lines().collect::<Result<_, _>>().map_err(io(&ip))?;
     if ids.len() != shard.rows {
-        return Err(EmbeddingsError::Invalid { path: ip, message: format!("{} ids, index says {}", ids.len(), shard.rows) });
+        return Err(EmbeddingsError::Invalid {
+            path: ip,
+            message: format!("{} ids, index says {}", ids.len(), shard.rows),
+        });
     }
     Ok((ids, data))
 }

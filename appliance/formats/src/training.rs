@@ -35,8 +35,8 @@ pub fn read_examples(reader: impl BufRead) -> Result<Vec<TrainingExample>, Train
         if line.trim().is_empty() {
             continue;
         }
-        let ex: TrainingExample = serde_json::from_str(&line)
-            .map_err(|e| TrainingDataError::Line { line: i + 1, message: e.to_string() })?;
+        let ex: TrainingExample =
+            serde_json::from_str(&line).map_err(|e| TrainingDataError::Line { line: i + 1, message: e.to_string() })?;
         if ex.pos.is_empty() {
             return Err(TrainingDataError::Line { line: i + 1, message: "`pos` is empty".into() });
         }
@@ -72,8 +72,8 @@ pub fn read_pairs(reader: impl BufRead) -> Result<Vec<TrainingExample>, Training
         if line.trim().is_empty() {
             continue;
         }
-        let p: TrainPair = serde_json::from_str(&line)
-            .map_err(|e| TrainingDataError::Line { line: i + 1, message: e.to_string() })?;
+        let p: TrainPair =
+            serde_json::from_str(&line).map_err(|e| TrainingDataError::Line { line: i + 1, message: e.to_string() })?;
         if p.positive.trim().is_empty() {
             return Err(TrainingDataError::Line { line: i + 1, message: "`positive` is empty".into() });
         }

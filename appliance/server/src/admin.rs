@@ -57,7 +57,11 @@ struct CollectionsPage {
 }
 
 #[get("/admin/collections")]
-pub async fn collections_page(state: web::Data<AppState>, caller: Caller, f: web::Query<Flash>) -> Result<HttpResponse, ApiError> {
+pub async fn collections_page(
+    state: web::Data<AppState>,
+    caller: Caller,
+    f: web::Query<Flash>,
+) -> Result<HttpResponse, ApiError> {
     let engine = state.engine.clone();
     let collections = blocking(move || engine.collections()).await?;
     let f = f.into_inner();
@@ -79,18 +83,36 @@ pub struct CreateForm {
 }
 
 #[post("/admin/collections")]
-pub async fn create_collection(state: web::Data<AppState>, caller: Caller, f: web::Form<CreateForm>) -> Result<HttpResponse, ApiError> {
+pub async fn create_collection(
+    state: web::Data<AppState>,
+    caller: Caller,
+    f: web::Form<CreateForm>,
+) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    match api::create_collection_as(&state, &caller, NewCollection { name: f.name.trim().to_string(), description: f.description }).await {
+    match api::create_collection_as(
+        &state,
+        &caller,
+        NewCollection { name: f.name.trim().to_string(), description: f.description },
+    )
+    .await
+    {
         Ok(c) => Ok(back_with("/admin/collections", &format!("已创建资料库 {}", c.name))),
         Err(e) => back_with_error("/admin/collections", e),
     }
 }
 
 #[post("/admin/collections/{name}/upload")]
-pub async fn upload_files(state: web::Data<AppState>, caller: Caller, name: web::Path<String>, payload: actix_multipart::Multipart) -> Result<HttpResponse, ApiError> {
+pub async fn upload_files(
+    state: web::Data<AppState>,
+    caller: Caller,
+    name: web::Path<String>,
+    payload: actix_multipart::Multipart,
+) -> Result<HttpResponse, ApiError> {
     match uploads::upload(&state, &caller, &name, payload).await {
-        Ok(job) => Ok(see_other(&format!("/admin/jobs?flash={}#job-{job}", percent_encode(&format!("已上传，入库任务 #{job} 已开始"))))),
+        Ok(job) => Ok(see_other(&format!(
+            "/admin/jobs?flash={}#job-{job}",
+            percent_encode(&format!("已上传，入库任务 #{job} 已开始"))
+        ))),
         Err(e) => back_with_error("/admin/collections", e),
     }
 }
@@ -101,10 +123,18 @@ pub struct ApproveForm {
 }
 
 #[post("/admin/collections/{name}/approve")]
-pub async fn approve_collection(state: web::Data<AppState>, caller: Caller, name: web::Path<String>, f: web::Form<ApproveForm>) -> Result<HttpResponse, ApiError> {
+pub async fn approve_collection(
+    state: web::Data<AppState>,
+    caller: Caller,
+    name: web::Path<String>,
+    f: web::Form<ApproveForm>,
+) -> Result<HttpResponse, ApiError> {
     let approved = f.approved != 0;
     match uploads::approve(&state, &caller, &name, approved).await {
-        Ok(()) => Ok(back_with("/admin/collections", &format!("资料库 {} {}", name, if approved { "已批准用于训练" } else { "已撤销训练批准" }))),
+        Ok(()) => Ok(back_with(
+            "/admin/collections",
+            &format!("资料库 {} {}", name, if approved { "已批准用于训练" } else { "已撤销训练批准" }),
+        )),
         Err(e) => back_with_error("/admin/collections", e),
     }
 }
@@ -116,7 +146,12 @@ pub struct DeleteForm {
 }
 
 #[post("/admin/collections/{name}/delete")]
-pub async fn delete_collection(state: web::Data<AppState>, caller: Caller, name: web::Path<String>, f: web::Form<DeleteForm>) -> Result<HttpResponse, ApiError> {
+pub async fn delete_collection(
+    state: web::Data<AppState>,
+    caller: Caller,
+    name: web::Path<String>,
+    f: web::Form<DeleteForm>,
+) -> Result<HttpResponse, ApiError> {
     if f.confirm.trim() != name.as_str() {
         return back_with_error("/admin/collections", ApiError::invalid(format!("请输入资料库名称 {name} 以确认删除")));
     }
@@ -140,14 +175,22 @@ struct JobsPage {
 }
 
 #[get("/admin/jobs")]
-pub async fn jobs_page(state: web::Data<AppState>, caller: Caller, f: web::Query<Flash>) -> Result<HttpResponse, ApiError> {
+pub async fn jobs_page(
+    state: web::Data<AppState>,
+    caller: Caller,
+    f: web::Query<Flash>,
+) -> Result<HttpResponse, ApiError> {
     let jobs = uploads::jobs(&state, 50).await?;
     let f = f.into_inner();
     render(&JobsPage { nav: Nav::of(&caller), flash: f.flash, error: f.error, csrf: caller.csrf().to_string(), jobs })
 }
 
 #[post("/admin/jobs/{id}/cancel")]
-pub async fn cancel_job(state: web::Data<AppState>, caller: Caller, id: web::Path<i64>) -> Result<HttpResponse, ApiError> {
+pub async fn cancel_job(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
     match uploads::cancel(&state, &caller, id).await {
         Ok(()) => Ok(back_with("/admin/jobs", &format!("任务 #{id} 将在当前文件完成后取消"))),
@@ -179,18 +222,40 @@ pub struct UsersQuery {
     error: Option<String>,
 }
 
-async fn users_page(state: &web::Data<AppState>, caller: &Caller, flash: Option<String>, error: Option<String>, new_token: Option<String>) -> Result<HttpResponse, ApiError> {
+async fn users_page(
+    state: &web::Data<AppState>,
+    caller: &Caller,
+    flash: Option<String>,
+    error: Option<String>,
+    new_token: Option<String>,
+) -> Result<HttpResponse, ApiError> {
     let users = api::users_info(state).await?;
     let engine = state.engine.clone();
     let (collections, tokens) = blocking(move || {
-        Ok((engine.store().collection_list()?.into_iter().map(|c| c.name).collect(), accounts::list_tokens(engine.store(), None)?))
+        Ok((
+            engine.store().collection_list()?.into_iter().map(|c| c.name).collect(),
+            accounts::list_tokens(engine.store(), None)?,
+        ))
     })
     .await?;
-    render(&UsersPage { nav: Nav::of(caller), flash, error, csrf: caller.csrf().to_string(), users, collections, tokens, new_token })
+    render(&UsersPage {
+        nav: Nav::of(caller),
+        flash,
+        error,
+        csrf: caller.csrf().to_string(),
+        users,
+        collections,
+        tokens,
+        new_token,
+    })
 }
 
 #[get("/admin/users")]
-pub async fn users_index(state: web::Data<AppState>, caller: Caller, q: web::Query<UsersQuery>) -> Result<HttpResponse, ApiError> {
+pub async fn users_index(
+    state: web::Data<AppState>,
+    caller: Caller,
+    q: web::Query<UsersQuery>,
+) -> Result<HttpResponse, ApiError> {
     let q = q.into_inner();
     users_page(&state, &caller, q.flash, q.error, None).await
 }
@@ -203,12 +268,19 @@ pub struct NewUserForm {
 }
 
 #[post("/admin/users")]
-pub async fn create_user(state: web::Data<AppState>, caller: Caller, f: web::Form<NewUserForm>) -> Result<HttpResponse, ApiError> {
+pub async fn create_user(
+    state: web::Data<AppState>,
+    caller: Caller,
+    f: web::Form<NewUserForm>,
+) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
     let engine = state.engine.clone();
     let actor = caller.name().to_string();
     let name = f.username.trim().to_string();
-    let r = blocking(move || accounts::create_user(engine.store(), &actor, &name, &f.password, accounts::Role::parse(&f.role)?)).await;
+    let r = blocking(move || {
+        accounts::create_user(engine.store(), &actor, &name, &f.password, accounts::Role::parse(&f.role)?)
+    })
+    .await;
     match r {
         Ok(u) => Ok(back_with("/admin/users", &format!("已创建用户 {}", u.username))),
         Err(e) => back_with_error("/admin/users", e),
@@ -226,7 +298,12 @@ pub struct UserForm {
 }
 
 #[post("/admin/users/{name}")]
-pub async fn update_user(state: web::Data<AppState>, caller: Caller, name: web::Path<String>, f: web::Form<UserForm>) -> Result<HttpResponse, ApiError> {
+pub async fn update_user(
+    state: web::Data<AppState>,
+    caller: Caller,
+    name: web::Path<String>,
+    f: web::Form<UserForm>,
+) -> Result<HttpResponse, ApiError> {
     let name = name.into_inner();
     let f = f.into_inner();
     let mut u = UserUpdate::default();
@@ -261,14 +338,29 @@ pub struct GrantForm {
 }
 
 #[post("/admin/users/{name}/grants")]
-pub async fn grants_form(state: web::Data<AppState>, caller: Caller, name: web::Path<String>, f: web::Form<GrantForm>) -> Result<HttpResponse, ApiError> {
+pub async fn grants_form(
+    state: web::Data<AppState>,
+    caller: Caller,
+    name: web::Path<String>,
+    f: web::Form<GrantForm>,
+) -> Result<HttpResponse, ApiError> {
     let engine = state.engine.clone();
     let actor = caller.name().to_string();
     let f = f.into_inner();
     let (n, c, grant) = (name.to_string(), f.collection.clone(), f.action == "grant");
-    let r = blocking(move || if grant { accounts::grant(engine.store(), &actor, &n, &c) } else { accounts::revoke(engine.store(), &actor, &n, &c) }).await;
+    let r = blocking(move || {
+        if grant {
+            accounts::grant(engine.store(), &actor, &n, &c)
+        } else {
+            accounts::revoke(engine.store(), &actor, &n, &c)
+        }
+    })
+    .await;
     match r {
-        Ok(()) => Ok(back_with("/admin/users", &format!("{} {} 对资料库 {} 的访问权限", if grant { "已授予" } else { "已撤销" }, name, f.collection))),
+        Ok(()) => Ok(back_with(
+            "/admin/users",
+            &format!("{} {} 对资料库 {} 的访问权限", if grant { "已授予" } else { "已撤销" }, name, f.collection),
+        )),
         Err(e) => back_with_error("/admin/users", e),
     }
 }
@@ -280,18 +372,36 @@ pub struct TokenForm {
 
 /// Creates an API token and shows its secret once, on the page itself (never in a redirect URL).
 #[post("/admin/users/{name}/tokens")]
-pub async fn create_token(state: web::Data<AppState>, caller: Caller, name: web::Path<String>, f: web::Form<TokenForm>) -> Result<HttpResponse, ApiError> {
+pub async fn create_token(
+    state: web::Data<AppState>,
+    caller: Caller,
+    name: web::Path<String>,
+    f: web::Form<TokenForm>,
+) -> Result<HttpResponse, ApiError> {
     let engine = state.engine.clone();
     let actor = caller.name().to_string();
     let (n, t) = (name.to_string(), f.into_inner().name);
     match blocking(move || accounts::create_token(engine.store(), &actor, &n, &t)).await {
-        Ok((_, secret)) => users_page(&state, &caller, Some(format!("已为 {name} 创建 API 令牌，请立即复制，它只显示这一次。")), None, Some(secret)).await,
+        Ok((_, secret)) => {
+            users_page(
+                &state,
+                &caller,
+                Some(format!("已为 {name} 创建 API 令牌，请立即复制，它只显示这一次。")),
+                None,
+                Some(secret),
+            )
+            .await
+        }
         Err(e) => back_with_error("/admin/users", e),
     }
 }
 
 #[post("/admin/tokens/{id}/revoke")]
-pub async fn revoke_token(state: web::Data<AppState>, caller: Caller, id: web::Path<i64>) -> Result<HttpResponse, ApiError> {
+pub async fn revoke_token(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
     let engine = state.engine.clone();
     let actor = caller.name().to_string();
     let id = id.into_inner();
@@ -328,7 +438,11 @@ struct ModelsPage {
 }
 
 #[get("/admin/models")]
-pub async fn models_page(state: web::Data<AppState>, caller: Caller, f: web::Query<Flash>) -> Result<HttpResponse, ApiError> {
+pub async fn models_page(
+    state: web::Data<AppState>,
+    caller: Caller,
+    f: web::Query<Flash>,
+) -> Result<HttpResponse, ApiError> {
     let engine = state.engine.clone();
     let (models, active) = blocking(move || Ok((engine.models()?, engine.active_models()?))).await?;
     let spec = |m: &care_engine::models::ModelRecord| format!("{}@{}", m.name, m.version);
@@ -351,7 +465,11 @@ pub async fn models_page(state: web::Data<AppState>, caller: Caller, f: web::Que
                 width: m.width,
                 pairing_id: m.pairing_id.clone(),
                 created_at: m.created_at.clone(),
-                metrics: if m.metrics.as_object().is_none_or(|o| o.is_empty()) { String::new() } else { m.metrics.to_string() },
+                metrics: if m.metrics.as_object().is_none_or(|o| o.is_empty()) {
+                    String::new()
+                } else {
+                    m.metrics.to_string()
+                },
                 active: tags.join("、"),
             }
         })
@@ -375,10 +493,17 @@ pub struct ActivateForm {
 }
 
 #[post("/admin/models/activate")]
-pub async fn activate(state: web::Data<AppState>, caller: Caller, f: web::Form<ActivateForm>) -> Result<HttpResponse, ApiError> {
+pub async fn activate(
+    state: web::Data<AppState>,
+    caller: Caller,
+    f: web::Form<ActivateForm>,
+) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
     match api::activate_as(&state, &caller, api::Activate { query: f.query, document: f.document }).await {
-        Ok(p) => Ok(back_with("/admin/models", &format!("已启用 {}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version))),
+        Ok(p) => Ok(back_with(
+            "/admin/models",
+            &format!("已启用 {}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version),
+        )),
         Err(e) => back_with_error("/admin/models", e),
     }
 }
@@ -408,7 +533,9 @@ struct AuditPage {
 
 fn audit_query_string(q: &AuditQuery) -> String {
     let mut parts = Vec::new();
-    for (k, v) in [("actor", &q.actor), ("action", &q.action), ("since", &q.since), ("until", &q.until), ("text", &q.text)] {
+    for (k, v) in
+        [("actor", &q.actor), ("action", &q.action), ("since", &q.since), ("until", &q.until), ("text", &q.text)]
+    {
         if let Some(v) = v.as_deref().filter(|v| !v.is_empty()) {
             parts.push(format!("{k}={}", percent_encode(v)));
         }
@@ -417,14 +544,21 @@ fn audit_query_string(q: &AuditQuery) -> String {
 }
 
 #[get("/admin/audit")]
-pub async fn audit_page(state: web::Data<AppState>, caller: Caller, q: web::Query<AuditQuery>) -> Result<HttpResponse, ApiError> {
+pub async fn audit_page(
+    state: web::Data<AppState>,
+    caller: Caller,
+    q: web::Query<AuditQuery>,
+) -> Result<HttpResponse, ApiError> {
     let q = q.into_inner();
     let limit = q.limit.unwrap_or(100).min(500);
-    let records: Vec<AuditRecord> = api::audit_records(&state, &AuditQuery { limit: Some(limit), ..q.clone() }, 500).await?;
+    let records: Vec<AuditRecord> =
+        api::audit_records(&state, &AuditQuery { limit: Some(limit), ..q.clone() }, 500).await?;
     let engine = state.engine.clone();
-    let verified = blocking(move || Ok(care_engine::audit::verify(&engine.store().conn()).map_err(|e| e.to_string()))).await?;
+    let verified =
+        blocking(move || Ok(care_engine::audit::verify(&engine.store().conn()).map_err(|e| e.to_string()))).await?;
     let qs = audit_query_string(&q);
-    let next_url = (records.len() == limit).then(|| format!("/admin/audit?{qs}&offset={}", q.offset.unwrap_or(0) + limit));
+    let next_url =
+        (records.len() == limit).then(|| format!("/admin/audit?{qs}&offset={}", q.offset.unwrap_or(0) + limit));
     render(&AuditPage {
         nav: Nav::of(&caller),
         flash: None,
@@ -440,15 +574,26 @@ pub async fn audit_page(state: web::Data<AppState>, caller: Caller, q: web::Quer
 }
 
 #[get("/admin/audit.csv")]
-pub async fn audit_csv(state: web::Data<AppState>, caller: Caller, q: web::Query<AuditQuery>) -> Result<HttpResponse, ApiError> {
+pub async fn audit_csv(
+    state: web::Data<AppState>,
+    caller: Caller,
+    q: web::Query<AuditQuery>,
+) -> Result<HttpResponse, ApiError> {
     let q = AuditQuery { limit: Some(q.limit.unwrap_or(1_000_000)), ..q.into_inner() };
     let records = api::audit_records(&state, &q, 1_000_000).await?;
     let engine = state.engine.clone();
     let actor = caller.name().to_string();
     let n = records.len();
     let filter = audit_query_string(&q);
-    blocking(move || care_engine::audit::append(&engine.store().conn(), &actor, "audit.export", &serde_json::json!({"records": n, "filter": filter})))
-        .await?;
+    blocking(move || {
+        care_engine::audit::append(
+            &engine.store().conn(),
+            &actor,
+            "audit.export",
+            &serde_json::json!({"records": n, "filter": filter}),
+        )
+    })
+    .await?;
     Ok(HttpResponse::Ok()
         .content_type("text/csv; charset=utf-8")
         .insert_header((header::CONTENT_DISPOSITION, "attachment; filename=\"care-audit.csv\""))

@@ -39,7 +39,11 @@ pub struct SearchParams {
 
 /// Search as `caller`: only collections the caller may read are searched; naming another one is refused
 /// (a clinician cannot learn whether it exists). Every search is audited (who, query, collections, result count).
-pub async fn search_as(state: &web::Data<AppState>, caller: &Caller, p: &SearchParams) -> Result<SearchResults, ApiError> {
+pub async fn search_as(
+    state: &web::Data<AppState>,
+    caller: &Caller,
+    p: &SearchParams,
+) -> Result<SearchResults, ApiError> {
     let engine = state.engine.clone();
     let user = caller.user.clone();
     let log_queries = state.settings.audit.log_queries;
@@ -56,12 +60,18 @@ pub async fn search_as(state: &web::Data<AppState>, caller: &Caller, p: &SearchP
         let readable = accounts::readable_collections(engine.store(), &user)?;
         let cols = match wanted {
             Some(c) if readable.contains(&c) || user.is_admin() => vec![c],
-            Some(c) => return Err(care_engine::Error::Forbidden(format!("you have no access to collection '{c}'; ask an administrator"))),
+            Some(c) => {
+                return Err(care_engine::Error::Forbidden(format!(
+                    "you have no access to collection '{c}'; ask an administrator"
+                )));
+            }
             None => readable,
         };
         let res = if cols.is_empty() {
             if req.query.trim().is_empty() {
-                return Err(care_engine::Error::InvalidInput("the query is empty; type a few words to search for".into()));
+                return Err(care_engine::Error::InvalidInput(
+                    "the query is empty; type a few words to search for".into(),
+                ));
             }
             SearchResults {
                 query: req.query.trim().to_string(),
@@ -94,7 +104,11 @@ pub async fn search_as(state: &web::Data<AppState>, caller: &Caller, p: &SearchP
 }
 
 /// A document, if the caller may read its collection (otherwise 404, not 403: ids must not reveal what exists).
-pub async fn document_as(state: &web::Data<AppState>, caller: &Caller, id: i64) -> Result<feedback::DocumentView, ApiError> {
+pub async fn document_as(
+    state: &web::Data<AppState>,
+    caller: &Caller,
+    id: i64,
+) -> Result<feedback::DocumentView, ApiError> {
     let engine = state.engine.clone();
     let user = caller.user.clone();
     blocking(move || {
@@ -107,7 +121,13 @@ pub async fn document_as(state: &web::Data<AppState>, caller: &Caller, id: i64) 
     .await
 }
 
-pub async fn feedback_as(state: &web::Data<AppState>, caller: &Caller, query: String, chunk_id: i64, helpful: bool) -> Result<i64, ApiError> {
+pub async fn feedback_as(
+    state: &web::Data<AppState>,
+    caller: &Caller,
+    query: String,
+    chunk_id: i64,
+    helpful: bool,
+) -> Result<i64, ApiError> {
     let engine = state.engine.clone();
     let user = caller.user.clone();
     blocking(move || {
@@ -134,7 +154,11 @@ pub async fn me(state: web::Data<AppState>, caller: Caller) -> Result<HttpRespon
     let engine = state.engine.clone();
     let user = caller.user.clone();
     let cols = blocking(move || accounts::readable_collections(engine.store(), &user)).await?;
-    Ok(HttpResponse::Ok().json(Me { username: caller.user.username.clone(), role: caller.user.role.as_str().into(), collections: cols }))
+    Ok(HttpResponse::Ok().json(Me {
+        username: caller.user.username.clone(),
+        role: caller.user.role.as_str().into(),
+        collections: cols,
+    }))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -146,7 +170,11 @@ pub struct PasswordChange {
 #[utoipa::path(post, path = "/api/v1/me/password", tag = "account", request_body = PasswordChange,
     responses((status = 204, description = "changed; all sessions of the user end")))]
 #[post("/api/v1/me/password")]
-pub async fn me_password(state: web::Data<AppState>, caller: Caller, body: web::Json<PasswordChange>) -> Result<HttpResponse, ApiError> {
+pub async fn me_password(
+    state: web::Data<AppState>,
+    caller: Caller,
+    body: web::Json<PasswordChange>,
+) -> Result<HttpResponse, ApiError> {
     let engine = state.engine.clone();
     let name = caller.user.username.clone();
     let b = body.into_inner();
@@ -158,7 +186,11 @@ pub async fn me_password(state: web::Data<AppState>, caller: Caller, body: web::
     responses((status = 200, description = "ranked passages with snippets, highlights and score parts", body = Object),
               (status = 403, description = "a collection the caller may not read")))]
 #[get("/api/v1/search")]
-pub async fn search(state: web::Data<AppState>, caller: Caller, p: web::Query<SearchParams>) -> Result<HttpResponse, ApiError> {
+pub async fn search(
+    state: web::Data<AppState>,
+    caller: Caller,
+    p: web::Query<SearchParams>,
+) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(search_as(&state, &caller, &p).await?))
 }
 
@@ -179,7 +211,11 @@ pub async fn collections(state: web::Data<AppState>, caller: Caller) -> Result<H
 #[utoipa::path(get, path = "/api/v1/documents/{id}", tag = "search", params(("id" = i64, Path)),
     responses((status = 200, description = "the document and its passages in order", body = Object), (status = 404)))]
 #[get("/api/v1/documents/{id}")]
-pub async fn document(state: web::Data<AppState>, caller: Caller, id: web::Path<i64>) -> Result<HttpResponse, ApiError> {
+pub async fn document(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(document_as(&state, &caller, id.into_inner()).await?))
 }
 
@@ -194,7 +230,11 @@ pub struct FeedbackBody {
 #[utoipa::path(post, path = "/api/v1/feedback", tag = "search", request_body = FeedbackBody,
     responses((status = 201, description = "stored for training", body = Object)))]
 #[post("/api/v1/feedback")]
-pub async fn post_feedback(state: web::Data<AppState>, caller: Caller, body: web::Json<FeedbackBody>) -> Result<HttpResponse, ApiError> {
+pub async fn post_feedback(
+    state: web::Data<AppState>,
+    caller: Caller,
+    body: web::Json<FeedbackBody>,
+) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
     let id = feedback_as(&state, &caller, b.query, b.chunk_id, b.helpful).await?;
     Ok(HttpResponse::Created().json(serde_json::json!({"id": id})))
@@ -217,12 +257,21 @@ pub struct NewCollection {
     pub description: String,
 }
 
-pub async fn create_collection_as(state: &web::Data<AppState>, caller: &Caller, c: NewCollection) -> Result<care_engine::store::Collection, ApiError> {
+pub async fn create_collection_as(
+    state: &web::Data<AppState>,
+    caller: &Caller,
+    c: NewCollection,
+) -> Result<care_engine::store::Collection, ApiError> {
     let engine = state.engine.clone();
     let actor = caller.name().to_string();
     blocking(move || {
         let col = engine.create_collection(&c.name, &c.description, &actor)?;
-        audit::append(&engine.store().conn(), &actor, "collection.create", &serde_json::json!({"collection": col.name}))?;
+        audit::append(
+            &engine.store().conn(),
+            &actor,
+            "collection.create",
+            &serde_json::json!({"collection": col.name}),
+        )?;
         Ok(col)
     })
     .await
@@ -231,14 +280,22 @@ pub async fn create_collection_as(state: &web::Data<AppState>, caller: &Caller, 
 #[utoipa::path(post, path = "/api/v1/admin/collections", tag = "admin", request_body = NewCollection,
     responses((status = 201, body = Object), (status = 409, description = "exists")))]
 #[post("/api/v1/admin/collections")]
-pub async fn admin_create_collection(state: web::Data<AppState>, caller: Caller, body: web::Json<NewCollection>) -> Result<HttpResponse, ApiError> {
+pub async fn admin_create_collection(
+    state: web::Data<AppState>,
+    caller: Caller,
+    body: web::Json<NewCollection>,
+) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Created().json(create_collection_as(&state, &caller, body.into_inner()).await?))
 }
 
 #[utoipa::path(delete, path = "/api/v1/admin/collections/{name}", tag = "admin", params(("name" = String, Path)),
     responses((status = 204, description = "deleted with its documents, indexes and grants")))]
 #[delete("/api/v1/admin/collections/{name}")]
-pub async fn admin_delete_collection(state: web::Data<AppState>, caller: Caller, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
+pub async fn admin_delete_collection(
+    state: web::Data<AppState>,
+    caller: Caller,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
     crate::uploads::delete_collection(&state, &caller, &name).await?;
     Ok(HttpResponse::NoContent().finish())
 }
@@ -265,7 +322,12 @@ pub struct Approval {
 #[utoipa::path(put, path = "/api/v1/admin/collections/{name}/approval", tag = "admin", params(("name" = String, Path)),
     request_body = Approval, responses((status = 204)))]
 #[put("/api/v1/admin/collections/{name}/approval")]
-pub async fn admin_approve(state: web::Data<AppState>, caller: Caller, name: web::Path<String>, body: web::Json<Approval>) -> Result<HttpResponse, ApiError> {
+pub async fn admin_approve(
+    state: web::Data<AppState>,
+    caller: Caller,
+    name: web::Path<String>,
+    body: web::Json<Approval>,
+) -> Result<HttpResponse, ApiError> {
     crate::uploads::approve(&state, &caller, &name, body.approved).await?;
     Ok(HttpResponse::NoContent().finish())
 }
@@ -291,7 +353,11 @@ pub async fn admin_job(state: web::Data<AppState>, id: web::Path<i64>) -> Result
 
 #[utoipa::path(post, path = "/api/v1/admin/jobs/{id}/cancel", tag = "admin", params(("id" = i64, Path)), responses((status = 204)))]
 #[post("/api/v1/admin/jobs/{id}/cancel")]
-pub async fn admin_cancel_job(state: web::Data<AppState>, caller: Caller, id: web::Path<i64>) -> Result<HttpResponse, ApiError> {
+pub async fn admin_cancel_job(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
     crate::uploads::cancel(&state, &caller, id.into_inner()).await?;
     Ok(HttpResponse::NoContent().finish())
 }
@@ -345,11 +411,18 @@ pub struct NewUser {
 
 #[utoipa::path(post, path = "/api/v1/admin/users", tag = "admin", request_body = NewUser, responses((status = 201)))]
 #[post("/api/v1/admin/users")]
-pub async fn admin_create_user(state: web::Data<AppState>, caller: Caller, body: web::Json<NewUser>) -> Result<HttpResponse, ApiError> {
+pub async fn admin_create_user(
+    state: web::Data<AppState>,
+    caller: Caller,
+    body: web::Json<NewUser>,
+) -> Result<HttpResponse, ApiError> {
     let engine = state.engine.clone();
     let actor = caller.name().to_string();
     let b = body.into_inner();
-    let u = blocking(move || accounts::create_user(engine.store(), &actor, &b.username, &b.password, Role::parse(&b.role)?)).await?;
+    let u = blocking(move || {
+        accounts::create_user(engine.store(), &actor, &b.username, &b.password, Role::parse(&b.role)?)
+    })
+    .await?;
     Ok(HttpResponse::Created().json(serde_json::json!({"username": u.username, "role": u.role})))
 }
 
@@ -363,7 +436,12 @@ pub struct UserUpdate {
     pub password: Option<String>,
 }
 
-pub async fn update_user_as(state: &web::Data<AppState>, caller: &Caller, name: String, u: UserUpdate) -> Result<(), ApiError> {
+pub async fn update_user_as(
+    state: &web::Data<AppState>,
+    caller: &Caller,
+    name: String,
+    u: UserUpdate,
+) -> Result<(), ApiError> {
     let engine = state.engine.clone();
     let actor = caller.name().to_string();
     blocking(move || {
@@ -380,14 +458,23 @@ pub async fn update_user_as(state: &web::Data<AppState>, caller: &Caller, name: 
 #[utoipa::path(patch, path = "/api/v1/admin/users/{name}", tag = "admin", params(("name" = String, Path)),
     request_body = UserUpdate, responses((status = 204)))]
 #[patch("/api/v1/admin/users/{name}")]
-pub async fn admin_update_user(state: web::Data<AppState>, caller: Caller, name: web::Path<String>, body: web::Json<UserUpdate>) -> Result<HttpResponse, ApiError> {
+pub async fn admin_update_user(
+    state: web::Data<AppState>,
+    caller: Caller,
+    name: web::Path<String>,
+    body: web::Json<UserUpdate>,
+) -> Result<HttpResponse, ApiError> {
     update_user_as(&state, &caller, name.into_inner(), body.into_inner()).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
 #[utoipa::path(delete, path = "/api/v1/admin/users/{name}", tag = "admin", params(("name" = String, Path)), responses((status = 204)))]
 #[delete("/api/v1/admin/users/{name}")]
-pub async fn admin_delete_user(state: web::Data<AppState>, caller: Caller, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
+pub async fn admin_delete_user(
+    state: web::Data<AppState>,
+    caller: Caller,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
     let engine = state.engine.clone();
     let actor = caller.name().to_string();
     blocking(move || accounts::delete_user(engine.store(), &actor, &name)).await?;
@@ -397,7 +484,11 @@ pub async fn admin_delete_user(state: web::Data<AppState>, caller: Caller, name:
 #[utoipa::path(put, path = "/api/v1/admin/users/{name}/grants/{collection}", tag = "admin",
     params(("name" = String, Path), ("collection" = String, Path)), responses((status = 204)))]
 #[put("/api/v1/admin/users/{name}/grants/{collection}")]
-pub async fn admin_grant(state: web::Data<AppState>, caller: Caller, path: web::Path<(String, String)>) -> Result<HttpResponse, ApiError> {
+pub async fn admin_grant(
+    state: web::Data<AppState>,
+    caller: Caller,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
     let engine = state.engine.clone();
     let actor = caller.name().to_string();
     let (name, col) = path.into_inner();
@@ -408,7 +499,11 @@ pub async fn admin_grant(state: web::Data<AppState>, caller: Caller, path: web::
 #[utoipa::path(delete, path = "/api/v1/admin/users/{name}/grants/{collection}", tag = "admin",
     params(("name" = String, Path), ("collection" = String, Path)), responses((status = 204)))]
 #[delete("/api/v1/admin/users/{name}/grants/{collection}")]
-pub async fn admin_revoke(state: web::Data<AppState>, caller: Caller, path: web::Path<(String, String)>) -> Result<HttpResponse, ApiError> {
+pub async fn admin_revoke(
+    state: web::Data<AppState>,
+    caller: Caller,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
     let engine = state.engine.clone();
     let actor = caller.name().to_string();
     let (name, col) = path.into_inner();
@@ -425,7 +520,12 @@ pub struct NewToken {
 #[utoipa::path(post, path = "/api/v1/admin/users/{name}/tokens", tag = "admin", params(("name" = String, Path)),
     request_body = NewToken, responses((status = 201, description = "the token secret, shown only in this response", body = Object)))]
 #[post("/api/v1/admin/users/{name}/tokens")]
-pub async fn admin_create_token(state: web::Data<AppState>, caller: Caller, name: web::Path<String>, body: web::Json<NewToken>) -> Result<HttpResponse, ApiError> {
+pub async fn admin_create_token(
+    state: web::Data<AppState>,
+    caller: Caller,
+    name: web::Path<String>,
+    body: web::Json<NewToken>,
+) -> Result<HttpResponse, ApiError> {
     let engine = state.engine.clone();
     let actor = caller.name().to_string();
     let tname = body.into_inner().name;
@@ -435,7 +535,11 @@ pub async fn admin_create_token(state: web::Data<AppState>, caller: Caller, name
 
 #[utoipa::path(delete, path = "/api/v1/admin/tokens/{id}", tag = "admin", params(("id" = i64, Path)), responses((status = 204)))]
 #[delete("/api/v1/admin/tokens/{id}")]
-pub async fn admin_revoke_token(state: web::Data<AppState>, caller: Caller, id: web::Path<i64>) -> Result<HttpResponse, ApiError> {
+pub async fn admin_revoke_token(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
     let engine = state.engine.clone();
     let actor = caller.name().to_string();
     let id = id.into_inner();
@@ -459,7 +563,11 @@ pub struct Activate {
     pub document: String,
 }
 
-pub async fn activate_as(state: &web::Data<AppState>, caller: &Caller, a: Activate) -> Result<care_engine::models::ActivePair, ApiError> {
+pub async fn activate_as(
+    state: &web::Data<AppState>,
+    caller: &Caller,
+    a: Activate,
+) -> Result<care_engine::models::ActivePair, ApiError> {
     let engine = state.engine.clone();
     let actor = caller.name().to_string();
     blocking(move || {
@@ -484,7 +592,11 @@ pub async fn activate_as(state: &web::Data<AppState>, caller: &Caller, a: Activa
 #[utoipa::path(post, path = "/api/v1/admin/models/activate", tag = "admin", request_body = Activate,
     responses((status = 200, body = Object), (status = 409, description = "pairing ids differ")))]
 #[post("/api/v1/admin/models/activate")]
-pub async fn admin_activate(state: web::Data<AppState>, caller: Caller, body: web::Json<Activate>) -> Result<HttpResponse, ApiError> {
+pub async fn admin_activate(
+    state: web::Data<AppState>,
+    caller: Caller,
+    body: web::Json<Activate>,
+) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(activate_as(&state, &caller, body.into_inner()).await?))
 }
 
@@ -514,11 +626,21 @@ pub struct AuditQuery {
 impl AuditQuery {
     pub fn filter(&self) -> audit::Filter {
         let nz = |s: &Option<String>| s.clone().filter(|s| !s.trim().is_empty());
-        audit::Filter { actor: nz(&self.actor), action_prefix: nz(&self.action), since: nz(&self.since), until: nz(&self.until), text: nz(&self.text) }
+        audit::Filter {
+            actor: nz(&self.actor),
+            action_prefix: nz(&self.action),
+            since: nz(&self.since),
+            until: nz(&self.until),
+            text: nz(&self.text),
+        }
     }
 }
 
-pub async fn audit_records(state: &web::Data<AppState>, q: &AuditQuery, max: usize) -> Result<Vec<audit::AuditRecord>, ApiError> {
+pub async fn audit_records(
+    state: &web::Data<AppState>,
+    q: &AuditQuery,
+    max: usize,
+) -> Result<Vec<audit::AuditRecord>, ApiError> {
     let engine = state.engine.clone();
     let f = q.filter();
     let limit = q.limit.unwrap_or(100).min(max);
@@ -553,7 +675,10 @@ pub struct FeedbackQuery {
 #[utoipa::path(get, path = "/api/v1/admin/feedback", tag = "admin", params(FeedbackQuery),
     responses((status = 200, description = "relevance judgements with the judged passage", body = Object)))]
 #[get("/api/v1/admin/feedback")]
-pub async fn admin_feedback(state: web::Data<AppState>, q: web::Query<FeedbackQuery>) -> Result<HttpResponse, ApiError> {
+pub async fn admin_feedback(
+    state: web::Data<AppState>,
+    q: web::Query<FeedbackQuery>,
+) -> Result<HttpResponse, ApiError> {
     let engine = state.engine.clone();
     let col = q.collection.clone();
     let limit = q.limit.unwrap_or(1000).min(100_000);

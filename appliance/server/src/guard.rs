@@ -173,10 +173,7 @@ async fn identify(req: &ServiceRequest, state: &web::Data<AppState>) -> Result<O
 
 /// Pulls the body of a form post so its `csrf` field can be checked, then puts it back for the handler.
 async fn take_form_body(req: &mut ServiceRequest) -> Result<Bytes, ApiError> {
-    let bytes = req
-        .extract::<Bytes>()
-        .await
-        .map_err(|e| ApiError::invalid(format!("reading the form: {e}")))?;
+    let bytes = req.extract::<Bytes>().await.map_err(|e| ApiError::invalid(format!("reading the form: {e}")))?;
     let replay = bytes.clone();
     let stream: std::pin::Pin<Box<dyn futures::Stream<Item = Result<Bytes, actix_web::error::PayloadError>>>> =
         Box::pin(futures::stream::once(async move { Ok(replay) }));
@@ -308,7 +305,10 @@ pub async fn guard(
                 return Ok(finish(req.into_response(res), &state, route, started, &rid));
             }
             Err(None) => {
-                let res = denied(ErrorCode::Unauthenticated, "sign in first: send `Authorization: Bearer <API token>` or a session cookie");
+                let res = denied(
+                    ErrorCode::Unauthenticated,
+                    "sign in first: send `Authorization: Bearer <API token>` or a session cookie",
+                );
                 return Ok(finish(req.into_response(res), &state, route, started, &rid));
             }
             Err(Some(user)) => {
@@ -358,6 +358,11 @@ fn finish(
     let embed = pattern == "/embed";
     let cacheable = pattern == "/assets/{file}";
     security_headers(res.response_mut(), state, embed, cacheable, rid);
-    state.metrics.observe(res.request().method().as_str(), pattern, res.status().as_u16(), started.elapsed().as_secs_f64());
+    state.metrics.observe(
+        res.request().method().as_str(),
+        pattern,
+        res.status().as_u16(),
+        started.elapsed().as_secs_f64(),
+    );
     res
 }

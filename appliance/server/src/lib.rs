@@ -106,7 +106,10 @@ impl Default for AuthConfig {
 
 impl AuthConfig {
     pub fn policy(&self) -> care_engine::accounts::LoginPolicy {
-        care_engine::accounts::LoginPolicy { max_failed: self.lock_after_failures, lock_seconds: i64::from(self.lock_minutes) * 60 }
+        care_engine::accounts::LoginPolicy {
+            max_failed: self.lock_after_failures,
+            lock_seconds: i64::from(self.lock_minutes) * 60,
+        }
     }
     pub fn idle_seconds(&self) -> i64 {
         i64::from(self.session_idle_minutes.max(1)) * 60
@@ -177,20 +180,32 @@ pub fn bootstrap(engine: &Engine, auth: &AuthConfig) -> Result<Option<String>, S
 fn start_housekeeping(engine: Arc<Engine>, settings: Settings) {
     std::thread::Builder::new()
         .name("care-housekeeping".into())
-        .spawn(move || loop {
-            if settings.audit.retention_days > 0 {
-                let cutoff = time::OffsetDateTime::now_utc() - time::Duration::days(i64::from(settings.audit.retention_days));
-                let cutoff = cutoff.format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
-                match care_engine::audit::purge_before(&mut engine.store().conn(), "system", &cutoff, settings.audit.retention_days) {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(removed = n, "purged audit records past retention"),
-                    Err(e) => tracing::error!(error = %e, "audit retention purge failed"),
+        .spawn(move || {
+            loop {
+                if settings.audit.retention_days > 0 {
+                    let cutoff = time::OffsetDateTime::now_utc()
+                        - time::Duration::days(i64::from(settings.audit.retention_days));
+                    let cutoff = cutoff.format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
+                    match care_engine::audit::purge_before(
+                        &mut engine.store().conn(),
+                        "system",
+                        &cutoff,
+                        settings.audit.retention_days,
+                    ) {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(removed = n, "purged audit records past retention"),
+                        Err(e) => tracing::error!(error = %e, "audit retention purge failed"),
+                    }
                 }
+                if let Err(e) = care_engine::accounts::purge_sessions(
+                    engine.store(),
+                    settings.auth.idle_seconds(),
+                    settings.auth.max_seconds(),
+                ) {
+                    tracing::error!(error = %e, "session clean-up failed");
+                }
+                std::thread::sleep(std::time::Duration::from_secs(6 * 3600));
             }
-            if let Err(e) = care_engine::accounts::purge_sessions(engine.store(), settings.auth.idle_seconds(), settings.auth.max_seconds()) {
-                tracing::error!(error = %e, "session clean-up failed");
-            }
-            std::thread::sleep(std::time::Duration::from_secs(6 * 3600));
         })
         .ok();
 }

@@ -51,9 +51,16 @@ impl Metrics {
         for (m, n) in self.searches.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             let _ = writeln!(out, "care_searches_total{{method=\"{}\"}} {n}", escape(m));
         }
-        out.push_str("# HELP care_search_duration_seconds Engine time per search (encode, retrieve, fuse, snippets).\n");
+        out.push_str(
+            "# HELP care_search_duration_seconds Engine time per search (encode, retrieve, fuse, snippets).\n",
+        );
         out.push_str("# TYPE care_search_duration_seconds histogram\n");
-        write_histogram(&mut out, "care_search_duration_seconds", "", &self.search_latency.lock().unwrap_or_else(|p| p.into_inner()));
+        write_histogram(
+            &mut out,
+            "care_search_duration_seconds",
+            "",
+            &self.search_latency.lock().unwrap_or_else(|p| p.into_inner()),
+        );
         out.push_str("# HELP care_jobs Jobs by state.\n# TYPE care_jobs gauge\n");
         for state in ["queued", "running", "done", "failed", "cancelled"] {
             let n = jobs.iter().find(|(s, _)| s == state).map_or(0, |(_, n)| *n);
@@ -101,7 +108,11 @@ mod tests {
         let text = m.render(&[("done".into(), 2)]);
         assert!(text.contains("care_http_request_duration_seconds_bucket{method=\"GET\",route=\"/search\",status=\"2xx\",le=\"0.005\"} 1"), "{text}");
         assert!(text.contains("care_http_request_duration_seconds_bucket{method=\"GET\",route=\"/search\",status=\"2xx\",le=\"0.5\"} 2"), "{text}");
-        assert!(text.contains("care_http_request_duration_seconds_count{method=\"GET\",route=\"/search\",status=\"2xx\"} 2"));
+        assert!(
+            text.contains(
+                "care_http_request_duration_seconds_count{method=\"GET\",route=\"/search\",status=\"2xx\"} 2"
+            )
+        );
         assert!(text.contains("care_searches_total{method=\"weighted\"} 1"));
         assert!(text.contains("care_jobs{state=\"done\"} 2"));
         assert!(text.contains("care_jobs{state=\"failed\"} 0"));

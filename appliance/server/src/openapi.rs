@@ -31,7 +31,10 @@ struct BearerAuth;
 impl utoipa::Modify for BearerAuth {
     fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
         let components = doc.components.get_or_insert_with(Default::default);
-        components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
     }
 }
 
@@ -52,7 +55,10 @@ mod tests {
     #[test]
     fn every_api_route_is_documented() {
         let doc: serde_json::Value = serde_json::from_str(&super::document().to_json().unwrap()).unwrap();
-        for r in ROUTES.iter().filter(|r| r.kind == Kind::Api && (r.pattern.starts_with("/api/v1/") || r.pattern == "/metrics" || r.pattern == "/healthz")) {
+        for r in ROUTES.iter().filter(|r| {
+            r.kind == Kind::Api
+                && (r.pattern.starts_with("/api/v1/") || r.pattern == "/metrics" || r.pattern == "/healthz")
+        }) {
             if r.pattern == "/api/v1/openapi.json" {
                 continue;
             }

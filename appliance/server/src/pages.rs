@@ -127,13 +127,26 @@ pub struct NextParam {
     next: Option<String>,
 }
 
-fn login_page(req: &HttpRequest, error: Option<String>, next: &str, username: &str, status: actix_web::http::StatusCode) -> Result<HttpResponse, ApiError> {
+fn login_page(
+    req: &HttpRequest,
+    error: Option<String>,
+    next: &str,
+    username: &str,
+    status: actix_web::http::StatusCode,
+) -> Result<HttpResponse, ApiError> {
     // Double-submit token for the login form (there is no session to bind it to yet).
     let token = match guard::cookie(req, guard::LOGIN_CSRF_COOKIE) {
         Some(t) => t,
         None => accounts::random_token().map_err(ApiError)?,
     };
-    let page = LoginPage { nav: None, flash: None, error, csrf: token.clone(), next: next.to_string(), username: username.to_string() };
+    let page = LoginPage {
+        nav: None,
+        flash: None,
+        error,
+        csrf: token.clone(),
+        next: next.to_string(),
+        username: username.to_string(),
+    };
     Ok(HttpResponse::build(status)
         .content_type("text/html; charset=utf-8")
         .insert_header(guard::set_cookie(guard::LOGIN_CSRF_COOKIE, &token, 3600))
@@ -141,7 +154,11 @@ fn login_page(req: &HttpRequest, error: Option<String>, next: &str, username: &s
 }
 
 #[get("/login")]
-pub async fn login_form(req: HttpRequest, q: web::Query<NextParam>, who: MaybeCaller) -> Result<HttpResponse, ApiError> {
+pub async fn login_form(
+    req: HttpRequest,
+    q: web::Query<NextParam>,
+    who: MaybeCaller,
+) -> Result<HttpResponse, ApiError> {
     let next = local_path(q.next.as_deref().unwrap_or("/search"), "/search");
     if who.0.is_some() {
         return Ok(see_other(&next));
@@ -158,7 +175,11 @@ pub struct LoginForm {
 }
 
 #[post("/login")]
-pub async fn login(req: HttpRequest, state: web::Data<AppState>, form: web::Form<LoginForm>) -> Result<HttpResponse, ApiError> {
+pub async fn login(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    form: web::Form<LoginForm>,
+) -> Result<HttpResponse, ApiError> {
     let f = form.into_inner();
     let next = local_path(&f.next, "/search");
     let engine = state.engine.clone();
@@ -262,7 +283,11 @@ fn method_zh(m: &str) -> &'static str {
 }
 
 #[get("/search")]
-pub async fn search_page(state: web::Data<AppState>, caller: Caller, p: web::Query<PageParams>) -> Result<HttpResponse, ApiError> {
+pub async fn search_page(
+    state: web::Data<AppState>,
+    caller: Caller,
+    p: web::Query<PageParams>,
+) -> Result<HttpResponse, ApiError> {
     let p = p.into_inner();
     let engine = state.engine.clone();
     let user = caller.user.clone();
@@ -327,7 +352,11 @@ pub struct FeedbackForm {
 }
 
 #[post("/feedback")]
-pub async fn feedback(state: web::Data<AppState>, caller: Caller, f: web::Form<FeedbackForm>) -> Result<HttpResponse, ApiError> {
+pub async fn feedback(
+    state: web::Data<AppState>,
+    caller: Caller,
+    f: web::Form<FeedbackForm>,
+) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
     api::feedback_as(&state, &caller, f.q, f.chunk, f.helpful != 0).await?;
     let back = local_path(&f.back, "/search");
@@ -347,7 +376,11 @@ struct DocumentPage {
 }
 
 #[get("/doc/{id}")]
-pub async fn document(state: web::Data<AppState>, caller: Caller, id: web::Path<i64>) -> Result<HttpResponse, ApiError> {
+pub async fn document(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
     let doc = api::document_as(&state, &caller, id.into_inner()).await?;
     render(&DocumentPage { nav: Nav::of(&caller), flash: None, doc })
 }
@@ -364,7 +397,12 @@ struct AccountPage {
     collections: Vec<String>,
 }
 
-async fn account_page(state: &web::Data<AppState>, caller: &Caller, flash: Option<String>, error: Option<String>) -> Result<HttpResponse, ApiError> {
+async fn account_page(
+    state: &web::Data<AppState>,
+    caller: &Caller,
+    flash: Option<String>,
+    error: Option<String>,
+) -> Result<HttpResponse, ApiError> {
     let engine = state.engine.clone();
     let user = caller.user.clone();
     let collections = blocking(move || accounts::readable_collections(engine.store(), &user)).await?;
@@ -391,7 +429,11 @@ pub struct PasswordForm {
 }
 
 #[post("/account/password")]
-pub async fn change_password(state: web::Data<AppState>, caller: Caller, f: web::Form<PasswordForm>) -> Result<HttpResponse, ApiError> {
+pub async fn change_password(
+    state: web::Data<AppState>,
+    caller: Caller,
+    f: web::Form<PasswordForm>,
+) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
     let engine = state.engine.clone();
     let name = caller.name().to_string();
@@ -401,7 +443,9 @@ pub async fn change_password(state: web::Data<AppState>, caller: Caller, f: web:
             .insert_header((header::LOCATION, "/login"))
             .insert_header(guard::set_cookie(guard::SESSION_COOKIE, "", 0))
             .finish()),
-        Err(e) if e.0.code() == care_engine::ErrorCode::InvalidInput => account_page(&state, &caller, None, Some(e.public_message())).await,
+        Err(e) if e.0.code() == care_engine::ErrorCode::InvalidInput => {
+            account_page(&state, &caller, None, Some(e.public_message())).await
+        }
         Err(e) => Err(e),
     }
 }
@@ -422,7 +466,11 @@ struct EmbedPage {
 /// user's CARE session; the session cookie is SameSite=Strict, which browsers send to a frame whose embedding page
 /// is on the same site (e.g. his.hospital.local framing care.hospital.local).
 #[get("/embed")]
-pub async fn embed(state: web::Data<AppState>, who: MaybeCaller, p: web::Query<PageParams>) -> Result<HttpResponse, ApiError> {
+pub async fn embed(
+    state: web::Data<AppState>,
+    who: MaybeCaller,
+    p: web::Query<PageParams>,
+) -> Result<HttpResponse, ApiError> {
     let mut page = EmbedPage { signed_in: who.0.is_some(), query: p.q.clone(), hits: Vec::new(), error: None };
     if let (Some(c), false) = (&who.0, p.q.trim().is_empty()) {
         let params = SearchParams { q: p.q.clone(), collection: None, limit: Some(5), offset: None, method: None };

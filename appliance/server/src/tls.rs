@@ -69,7 +69,8 @@ pub fn inspect(cfg: &ServerConfig, tls_dir: &Path) -> Result<Option<CertInfo>, S
     let (_, leaf) = x509_parser::parse_x509_certificate(&certs[0])
         .map_err(|e| ServeError::Tls(format!("{}: {e}", cert_path.display())))?;
     let not_after = leaf.validity().not_after.timestamp();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     Ok(Some(CertInfo {
         path: cert_path,
         days_left: (not_after - now).div_euclid(86_400),

@@ -96,13 +96,19 @@ pub async fn delete_collection(state: &web::Data<AppState>, caller: &Caller, nam
 /// Keeps the base name, replaces anything outside letters, digits, `.-_` and CJK with `_`.
 fn safe_name(raw: &str) -> String {
     let base = raw.rsplit(['/', '\\']).next().unwrap_or("");
-    let s: String = base.chars().map(|c| if c.is_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' }).collect();
+    let s: String =
+        base.chars().map(|c| if c.is_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' }).collect();
     let s = s.trim_start_matches('.').to_string();
     if s.is_empty() { "upload".into() } else { s.chars().take(120).collect() }
 }
 
 /// Streams the multipart `file` parts to disk and queues an ingest job. Returns the job id.
-pub async fn upload(state: &web::Data<AppState>, caller: &Caller, collection: &str, mut payload: actix_multipart::Multipart) -> Result<i64, ApiError> {
+pub async fn upload(
+    state: &web::Data<AppState>,
+    caller: &Caller,
+    collection: &str,
+    mut payload: actix_multipart::Multipart,
+) -> Result<i64, ApiError> {
     let engine = state.engine.clone();
     let col = collection.to_string();
     blocking({
@@ -130,7 +136,8 @@ pub async fn upload(state: &web::Data<AppState>, caller: &Caller, collection: &s
             continue;
         }
         // A browser sends an empty part for a file input left empty.
-        let Some(fname) = field.content_disposition().and_then(|cd| cd.get_filename()).filter(|f| !f.is_empty()).map(safe_name)
+        let Some(fname) =
+            field.content_disposition().and_then(|cd| cd.get_filename()).filter(|f| !f.is_empty()).map(safe_name)
         else {
             continue;
         };
@@ -172,9 +179,15 @@ pub async fn upload(state: &web::Data<AppState>, caller: &Caller, collection: &s
     let job_id = blocking({
         let engine = engine.clone();
         move || {
-            let names: Vec<String> = files.iter().filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
+            let names: Vec<String> =
+                files.iter().filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
             let id = engine.submit_ingest(&col, files, care_engine::IngestOptions::default(), &actor)?;
-            audit::append(&engine.store().conn(), &actor, "collection.upload", &serde_json::json!({"collection": col, "job": id, "files": names, "bytes": total}))?;
+            audit::append(
+                &engine.store().conn(),
+                &actor,
+                "collection.upload",
+                &serde_json::json!({"collection": col, "job": id, "files": names, "bytes": total}),
+            )?;
             Ok(id)
         }
     })

@@ -71,7 +71,11 @@ impl BertConfig {
             )));
         }
         if cfg.hidden_act != "gelu" {
-            return Err(Error::Config(format!("{}: hidden_act {:?} is not supported (gelu only)", p.display(), cfg.hidden_act)));
+            return Err(Error::Config(format!(
+                "{}: hidden_act {:?} is not supported (gelu only)",
+                p.display(),
+                cfg.hidden_act
+            )));
         }
         Ok(cfg)
     }
@@ -190,7 +194,8 @@ impl Bert {
         let x = Tensor::embedding(&self.word, ids, -1, false, false)
             + Tensor::embedding(&self.pos, &positions, -1, false, false)
             + self.ttype.get(0);
-        let mut x = layer_norm(&x, &self.eln_w, &self.eln_b, cfg.layer_norm_eps).dropout(cfg.hidden_dropout_prob, train);
+        let mut x =
+            layer_norm(&x, &self.eln_w, &self.eln_b, cfg.layer_norm_eps).dropout(cfg.hidden_dropout_prob, train);
         let kind = x.kind();
         let min = if kind == Kind::Float { f64::from(f32::MIN) } else { -65504.0 };
         let bias = (mask.to_kind(kind).neg() + 1.0).view([b, 1, 1, l]) * min;

@@ -74,7 +74,11 @@ impl Qwen3Config {
             )));
         }
         if cfg.hidden_act != "silu" {
-            return Err(Error::Config(format!("{}: hidden_act {:?} is not supported (silu only)", p.display(), cfg.hidden_act)));
+            return Err(Error::Config(format!(
+                "{}: hidden_act {:?} is not supported (silu only)",
+                p.display(),
+                cfg.hidden_act
+            )));
         }
         Ok(cfg)
     }
@@ -181,8 +185,10 @@ impl Qwen3 {
         let scale = 1.0 / (hd as f64).sqrt();
         for layer in &self.layers {
             let h = rms_norm(&x, &layer.in_norm, cfg.rms_norm_eps);
-            let q = rms_norm(&layer.q.forward(&h).view([b, l, nh, hd]), &layer.q_norm, cfg.rms_norm_eps).transpose(1, 2);
-            let k = rms_norm(&layer.k.forward(&h).view([b, l, nkv, hd]), &layer.k_norm, cfg.rms_norm_eps).transpose(1, 2);
+            let q =
+                rms_norm(&layer.q.forward(&h).view([b, l, nh, hd]), &layer.q_norm, cfg.rms_norm_eps).transpose(1, 2);
+            let k =
+                rms_norm(&layer.k.forward(&h).view([b, l, nkv, hd]), &layer.k_norm, cfg.rms_norm_eps).transpose(1, 2);
             let v = layer.v.forward(&h).view([b, l, nkv, hd]).transpose(1, 2);
             let q = &q * &cos + rotate_half(&q) * &sin;
             let k = &k * &cos + rotate_half(&k) * &sin;

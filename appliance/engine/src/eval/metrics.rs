@@ -27,11 +27,7 @@ fn is_rel(judged: &Judgements, d: &str, min_relevant: u32) -> bool {
 }
 
 pub fn mrr_at(ranked: &[String], judged: &Judgements, k: usize, min_relevant: u32) -> f64 {
-    ranked
-        .iter()
-        .take(k)
-        .position(|d| is_rel(judged, d, min_relevant))
-        .map_or(0.0, |p| 1.0 / (p + 1) as f64)
+    ranked.iter().take(k).position(|d| is_rel(judged, d, min_relevant)).map_or(0.0, |p| 1.0 / (p + 1) as f64)
 }
 
 pub fn recall_at(ranked: &[String], judged: &Judgements, k: usize, min_relevant: u32) -> f64 {

@@ -36,7 +36,10 @@ pub(super) fn open(path: &Path, bytes: &[u8], format: &'static str) -> Result<Zi
     ZipArchive::new(Cursor::new(bytes.to_vec())).map_err(|e| Error::MalformedFile {
         path: path.to_path_buf(),
         format,
-        message: format!("not a readable zip archive ({e}){}", if format == "DOCX" { "; save it again as .docx from Word or WPS" } else { "" }),
+        message: format!(
+            "not a readable zip archive ({e}){}",
+            if format == "DOCX" { "; save it again as .docx from Word or WPS" } else { "" }
+        ),
     })
 }
 
@@ -93,7 +96,10 @@ fn vet(path: &Path, zip: &mut ZipArchive<Cursor<Vec<u8>>>, limits: &IngestLimits
         })?;
         let name = member_name(f.name_raw());
         if let Some(why) = unsafe_name(&name) {
-            return Err(unsafe_archive(path, format!("entry {name:?} {why}; the archive was rejected, nothing in it was read")));
+            return Err(unsafe_archive(
+                path,
+                format!("entry {name:?} {why}; the archive was rejected, nothing in it was read"),
+            ));
         }
         if f.is_symlink() {
             return Err(unsafe_archive(path, format!("entry {name:?} is a symbolic link; the archive was rejected")));
@@ -152,13 +158,19 @@ pub(super) fn read_named(
 ) -> Result<Option<Vec<u8>>> {
     let Some(i) = zip.index_for_name(name) else { return Ok(None) };
     let (size, packed) = {
-        let f = zip.by_index_raw(i).map_err(|e| Error::MalformedFile { path: path.to_path_buf(), format, message: e.to_string() })?;
+        let f = zip.by_index_raw(i).map_err(|e| Error::MalformedFile {
+            path: path.to_path_buf(),
+            format,
+            message: e.to_string(),
+        })?;
         (f.size(), f.compressed_size())
     };
     if size > limits.max_file_bytes || (size > 1 << 20 && size / packed.max(1) > limits.max_expansion_ratio) {
         return Err(unsafe_archive(
             path,
-            format!("part {name:?} expands {packed} bytes to {size} bytes, over the limits; this looks like a zip bomb"),
+            format!(
+                "part {name:?} expands {packed} bytes to {size} bytes, over the limits; this looks like a zip bomb"
+            ),
         ));
     }
     read_member(path, zip, i, name).map(Some).map_err(|e| match e {
@@ -181,7 +193,11 @@ fn expand_into(
     vet(path, &mut zip, limits, budget)?;
     let mut members: Vec<(usize, String)> = Vec::new();
     for i in 0..zip.len() {
-        let f = zip.by_index_raw(i).map_err(|e| Error::MalformedFile { path: path.clone(), format: "ZIP", message: e.to_string() })?;
+        let f = zip.by_index_raw(i).map_err(|e| Error::MalformedFile {
+            path: path.clone(),
+            format: "ZIP",
+            message: e.to_string(),
+        })?;
         let name = member_name(f.name_raw());
         if f.is_dir() || is_junk(&name) {
             continue;

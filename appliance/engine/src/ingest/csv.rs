@@ -12,7 +12,14 @@ const TEXT_COLUMNS: &[&str] = &["text", "content", "body", "正文", "内容", "
 const TITLE_COLUMNS: &[&str] = &["title", "标题", "题目"];
 const ID_COLUMNS: &[&str] = &["id", "_id", "编号"];
 
-pub(super) fn parse(path: &Path, text: &str, tab: bool, ident: &str, source: &str, opts: &IngestOptions) -> Result<ParsedFile> {
+pub(super) fn parse(
+    path: &Path,
+    text: &str,
+    tab: bool,
+    ident: &str,
+    source: &str,
+    opts: &IngestOptions,
+) -> Result<ParsedFile> {
     let fmt = if tab { "TSV" } else { "CSV" };
     let mut rdr = ::csv::ReaderBuilder::new()
         .delimiter(if tab { b'\t' } else { b',' })
@@ -21,7 +28,11 @@ pub(super) fn parse(path: &Path, text: &str, tab: bool, ident: &str, source: &st
         .from_reader(text.as_bytes());
     let header: Vec<String> = rdr
         .headers()
-        .map_err(|e| Error::MalformedFile { path: path.to_path_buf(), format: fmt, message: format!("unreadable header: {e}") })?
+        .map_err(|e| Error::MalformedFile {
+            path: path.to_path_buf(),
+            format: fmt,
+            message: format!("unreadable header: {e}"),
+        })?
         .iter()
         .map(|h| h.trim().trim_start_matches('\u{feff}').to_string())
         .collect();
@@ -117,7 +128,8 @@ mod tests {
     #[test]
     fn picks_columns_and_reports_missing_ones() {
         let p = Path::new("bank.csv");
-        let csv = "编号,问题,答案\nq1,二甲双胍的禁忌症？,\"严重肾功能不全者禁用。\"\nq2,阿司匹林的副作用？,胃肠道出血。\n";
+        let csv =
+            "编号,问题,答案\nq1,二甲双胍的禁忌症？,\"严重肾功能不全者禁用。\"\nq2,阿司匹林的副作用？,胃肠道出血。\n";
         let f = parse(p, csv, false, "bank.csv", "bank.csv", &opts(Some("答案"), Some("问题"), Some("编号"))).unwrap();
         assert_eq!(f.documents.len(), 2);
         assert_eq!(f.documents[0].external_id, "q1");
@@ -126,7 +138,10 @@ mod tests {
         assert_eq!(f.documents[1].source, "bank.csv:3");
         let err = parse(p, csv, false, "bank.csv", "bank.csv", &opts(Some("正文"), None, None)).unwrap_err();
         assert_eq!(err.code().as_str(), "malformed_record");
-        assert!(err.to_string().contains("\"正文\" is not in the header; the header has: \"编号\", \"问题\", \"答案\""), "{err}");
+        assert!(
+            err.to_string().contains("\"正文\" is not in the header; the header has: \"编号\", \"问题\", \"答案\""),
+            "{err}"
+        );
         // Default columns: 答案 (text) and 编号 (id) are found without options; without an id column, ids are
         // file:line.
         let f = parse(p, csv, false, "bank.csv", "bank.csv", &IngestOptions::default()).unwrap();

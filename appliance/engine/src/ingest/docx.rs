@@ -135,7 +135,12 @@ mod tests {
     #[test]
     fn paragraphs_headings_and_title() {
         let d = docx_bytes(
-            &[(Some("1"), "二甲双胍"), (Some("Heading2"), "禁忌症"), (None, "严重肾功能不全 & 酸中毒者禁用。"), (None, "  ")],
+            &[
+                (Some("1"), "二甲双胍"),
+                (Some("Heading2"), "禁忌症"),
+                (None, "严重肾功能不全 & 酸中毒者禁用。"),
+                (None, "  "),
+            ],
             Some("二甲双胍用药规范"),
         );
         let (title, text) = extract(Path::new("p.docx"), &d, &IngestLimits::default()).unwrap();

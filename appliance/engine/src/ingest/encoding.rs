@@ -105,7 +105,8 @@ fn looks_binary(bytes: &[u8]) -> bool {
     if head.contains(&0) {
         return true;
     }
-    let controls = head.iter().filter(|&&b| b < 0x20 && !matches!(b, b'\t' | b'\n' | b'\r' | 0x0c | 0x1a | 0x1b)).count();
+    let controls =
+        head.iter().filter(|&&b| b < 0x20 && !matches!(b, b'\t' | b'\n' | b'\r' | 0x0c | 0x1a | 0x1b)).count();
     controls * 50 > head.len().max(1)
 }
 

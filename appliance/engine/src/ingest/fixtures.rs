@@ -80,7 +80,8 @@ pub fn pdf_bytes(pages: &[Vec<&str>]) -> Vec<u8> {
         kids.push(page.into());
     }
     let count = kids.len() as i64;
-    doc.objects.insert(pages_id, Object::Dictionary(dictionary! { "Type" => "Pages", "Kids" => kids, "Count" => count }));
+    doc.objects
+        .insert(pages_id, Object::Dictionary(dictionary! { "Type" => "Pages", "Kids" => kids, "Count" => count }));
     let catalog = doc.add_object(dictionary! { "Type" => "Catalog", "Pages" => pages_id });
     doc.trailer.set("Root", catalog);
     doc.compress();
@@ -131,8 +132,11 @@ pub fn docx_bytes(paragraphs: &[(Option<&str>, &str)], title: Option<&str>) -> V
             esc(t)
         )
     });
-    let mut members: Vec<(&str, &[u8])> =
-        vec![("[Content_Types].xml", types.as_bytes()), ("_rels/.rels", rels.as_bytes()), ("word/document.xml", doc.as_bytes())];
+    let mut members: Vec<(&str, &[u8])> = vec![
+        ("[Content_Types].xml", types.as_bytes()),
+        ("_rels/.rels", rels.as_bytes()),
+        ("word/document.xml", doc.as_bytes()),
+    ];
     if let Some(c) = &core {
         members.push(("docProps/core.xml", c.as_bytes()));
     }

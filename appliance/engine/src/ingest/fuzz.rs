@@ -153,7 +153,8 @@ fn fuzz_html() {
 
 #[test]
 fn fuzz_csv() {
-    let (gb, _, _) = encoding_rs::GB18030.encode("编号,问题,答案\nq1,发热？,\"多饮水，\"\"休息\"\"。\"\nq2,咳嗽？,就医。\n");
+    let (gb, _, _) =
+        encoding_rs::GB18030.encode("编号,问题,答案\nq1,发热？,\"多饮水，\"\"休息\"\"。\"\nq2,咳嗽？,就医。\n");
     let seeds = vec![gb.into_owned(), b"text\tid\nx\t1\n".to_vec()];
     fuzz("csv", inputs(seeds.clone()), |b| parse(FileKind::Csv, "f.csv", b));
     fuzz("tsv", inputs(seeds), |b| parse(FileKind::Tsv, "f.tsv", b));
@@ -162,7 +163,9 @@ fn fuzz_csv() {
 #[test]
 fn fuzz_jsonl() {
     let seeds = vec![
-        "{\"id\":\"a\",\"title\":\"t\",\"text\":\"糖尿病\"}\n{\"_id\":7,\"text\":\"\\u001a高血压\"}\n".as_bytes().to_vec(),
+        "{\"id\":\"a\",\"title\":\"t\",\"text\":\"糖尿病\"}\n{\"_id\":7,\"text\":\"\\u001a高血压\"}\n"
+            .as_bytes()
+            .to_vec(),
     ];
     fuzz("jsonl", inputs(seeds), |b| parse(FileKind::Jsonl, "f.jsonl", b));
 }

@@ -6,12 +6,34 @@
 use scraper::{ElementRef, Html, Node};
 
 const SKIP: &[&str] = &[
-    "script", "style", "noscript", "template", "nav", "header", "footer", "aside", "form", "button", "select",
-    "svg", "canvas", "iframe", "object", "embed", "head", "menu",
+    "script", "style", "noscript", "template", "nav", "header", "footer", "aside", "form", "button", "select", "svg",
+    "canvas", "iframe", "object", "embed", "head", "menu",
 ];
 const BLOCK: &[&str] = &[
-    "p", "div", "section", "article", "main", "li", "ul", "ol", "tr", "table", "thead", "tbody", "dl", "dt", "dd",
-    "blockquote", "pre", "figure", "figcaption", "address", "br", "hr", "caption", "body",
+    "p",
+    "div",
+    "section",
+    "article",
+    "main",
+    "li",
+    "ul",
+    "ol",
+    "tr",
+    "table",
+    "thead",
+    "tbody",
+    "dl",
+    "dt",
+    "dd",
+    "blockquote",
+    "pre",
+    "figure",
+    "figcaption",
+    "address",
+    "br",
+    "hr",
+    "caption",
+    "body",
 ];
 
 /// The charset an HTML file declares in its first bytes (`<meta charset=gbk>`), when it has none other (BOM).

@@ -247,7 +247,13 @@ pub fn parse_origin(
     }
 }
 
-fn parse_inner(origin: &Origin, kind: FileKind, bytes: &[u8], opts: &IngestOptions, limits: &IngestLimits) -> Result<ParsedFile> {
+fn parse_inner(
+    origin: &Origin,
+    kind: FileKind,
+    bytes: &[u8],
+    opts: &IngestOptions,
+    limits: &IngestLimits,
+) -> Result<ParsedFile> {
     let path = &origin.path;
     if bytes.iter().all(|b| b.is_ascii_whitespace()) {
         return Err(Error::EmptyFile { path: path.clone() });
@@ -383,9 +389,11 @@ mod tests {
     #[test]
     fn jsonl_errors_name_file_and_line() {
         let p = Path::new("/data/q.jsonl");
-        let err = parse_bytes(p, FileKind::Jsonl, b"{\"id\":\"a\",\"text\":\"x\"}\n{\"id\":\"b\",\"text\":\n").unwrap_err();
+        let err =
+            parse_bytes(p, FileKind::Jsonl, b"{\"id\":\"a\",\"text\":\"x\"}\n{\"id\":\"b\",\"text\":\n").unwrap_err();
         assert!(err.to_string().starts_with("/data/q.jsonl:2: "), "{err}");
-        let err = parse_bytes(p, FileKind::Jsonl, b"{\"id\":\"a\",\"text\":\"x\"}\n{\"id\":\"a\",\"text\":\"y\"}").unwrap_err();
+        let err = parse_bytes(p, FileKind::Jsonl, b"{\"id\":\"a\",\"text\":\"x\"}\n{\"id\":\"a\",\"text\":\"y\"}")
+            .unwrap_err();
         assert!(err.to_string().contains("duplicate id \"a\" (first used on line 1)"), "{err}");
         let err = parse_bytes(p, FileKind::Jsonl, b"{\"id\":\"a\"}\n").unwrap_err();
         assert!(err.to_string().contains("q.jsonl:1"), "{err}");
@@ -406,13 +414,15 @@ mod tests {
 
     #[test]
     fn markdown_title_and_beir_record() {
-        let md = parse_bytes(Path::new("x/metformin.md"), FileKind::Markdown, "\u{feff}# 二甲双胍\n正文。".as_bytes()).unwrap();
+        let md = parse_bytes(Path::new("x/metformin.md"), FileKind::Markdown, "\u{feff}# 二甲双胍\n正文。".as_bytes())
+            .unwrap();
         assert_eq!(md.documents[0].title, "二甲双胍");
         assert_eq!(md.documents[0].external_id, "metformin.md");
         let j = parse_bytes(
             Path::new("corpus.jsonl"),
             FileKind::Jsonl,
-            "{\"id\": \"d1\", \"title\": \"\", \"text\": \"\\u001a孕妇出血\"}\n{\"id\": 7, \"text\": \"\\u001a\"}\n".as_bytes(),
+            "{\"id\": \"d1\", \"title\": \"\", \"text\": \"\\u001a孕妇出血\"}\n{\"id\": 7, \"text\": \"\\u001a\"}\n"
+                .as_bytes(),
         )
         .unwrap();
         assert_eq!(j.documents.len(), 1);

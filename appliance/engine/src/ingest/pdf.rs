@@ -23,7 +23,10 @@ pub(super) fn extract(path: &Path, bytes: &[u8], limits: &IngestLimits) -> Resul
     if !tail.windows(5).any(|w| w == b"%%EOF") {
         return Err(malformed(
             path,
-            format!("the file is truncated ({} bytes, no %%EOF end marker); upload the complete file again", bytes.len()),
+            format!(
+                "the file is truncated ({} bytes, no %%EOF end marker); upload the complete file again",
+                bytes.len()
+            ),
         ));
     }
     let doc = lopdf::Document::load_mem(bytes).map_err(|e| malformed(path, format!("cannot parse it: {e}")))?;
@@ -78,7 +81,8 @@ mod tests {
 
     #[test]
     fn chinese_text_through_tounicode_and_truncation() {
-        let pdf = pdf_bytes(&[vec!["二甲双胍用药指南", "严重肾功能不全者禁用。"], vec!["第二页：ＣＴ检查前停药48小时。"]]);
+        let pdf =
+            pdf_bytes(&[vec!["二甲双胍用药指南", "严重肾功能不全者禁用。"], vec!["第二页：ＣＴ检查前停药48小时。"]]);
         let text = extract(Path::new("g.pdf"), &pdf, &IngestLimits::default()).unwrap();
         assert_eq!(
             crate::text::normalize(&text),
