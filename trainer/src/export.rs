@@ -96,6 +96,8 @@ pub fn export_query_package(
 }
 
 /// Encodes `docs` with the document encoder and writes embedding shards to `out`.
+// The arguments are the `embed-corpus` flags one to one.
+#[allow(clippy::too_many_arguments)]
 pub fn embed_corpus(
     enc: &Encoder,
     docs: &[Doc],

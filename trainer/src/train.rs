@@ -399,7 +399,7 @@ impl<'a> Trainer<'a> {
             pb.set_message(format!("loss {l:.4}"));
             all.push(met);
             done += 1;
-            if self.cfg.checkpoint_every > 0 && self.opt.step % self.cfg.checkpoint_every == 0 {
+            if self.cfg.checkpoint_every > 0 && self.opt.step.is_multiple_of(self.cfg.checkpoint_every) {
                 self.save_checkpoint()?;
             }
         }

@@ -168,7 +168,7 @@ fn disk_check(dir: &Path) -> Check {
     }
     match nix::sys::statvfs::statvfs(&at) {
         Ok(s) => {
-            let free = s.blocks_available() as u64 * s.fragment_size() as u64;
+            let free = s.blocks_available() * s.fragment_size();
             let gib = free as f64 / (1u64 << 30) as f64;
             let detail = format!("{gib:.1} GiB free on the file system of {}", at.display());
             if free < DISK_FAIL_BYTES {

@@ -889,7 +889,10 @@ fn dense_progress(pb: &ProgressBar, p: &DenseProgress) {
 }
 
 /// Fits the dense weight on `set` for `collection`; returns the weight, the nDCG curve and per-method metrics.
-fn tune(e: &Engine, set: &BeirSet, collection: &str) -> Result<(f32, Vec<(f32, f64)>, serde_json::Value)> {
+/// The fitted dense weight, the nDCG@10 curve over weights, and per-method metrics.
+type Tuned = (f32, Vec<(f32, f64)>, serde_json::Value);
+
+fn tune(e: &Engine, set: &BeirSet, collection: &str) -> Result<Tuned> {
     let pb = ProgressBar::new(set.queries.len() as u64);
     let cands = eval::candidates(e, set, collection, 100, &mut |d, _| pb.set_position(d as u64))?;
     pb.finish_and_clear();
@@ -925,13 +928,13 @@ fn evaluate(
         cfg.storage.data_dir = tempfile_dir()?;
     }
     let e = Engine::open(cfg.clone(), OpenMode::Create)?;
-    if let Some(bin) = &opts.e5s1 {
-        if e.active_models()?.is_none() {
-            let fp32 = e.import_e5s1(bin, "1", None, false)?;
-            if opts.int8_queries {
-                e.import_e5s1(bin, "1-int8", Some(&fp32.pairing_id), true)?;
-                e.activate_models("e5-small@1-int8", "e5-small@1", &mut |_| {})?;
-            }
+    if let Some(bin) = &opts.e5s1
+        && e.active_models()?.is_none()
+    {
+        let fp32 = e.import_e5s1(bin, "1", None, false)?;
+        if opts.int8_queries {
+            e.import_e5s1(bin, "1-int8", Some(&fp32.pairing_id), true)?;
+            e.activate_models("e5-small@1-int8", "e5-small@1", &mut |_| {})?;
         }
     }
     let col = format!("eval-{}", set.name);

@@ -9,24 +9,13 @@ use serde::{Deserialize, Serialize};
 pub use crate::encoders::ModelConfig;
 use crate::text::ChunkConfig;
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct EngineConfig {
     pub storage: StorageConfig,
     pub ingest: IngestConfig,
     pub search: SearchConfig,
     pub model: ModelConfig,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            storage: StorageConfig::default(),
-            ingest: IngestConfig::default(),
-            search: SearchConfig::default(),
-            model: ModelConfig::default(),
-        }
-    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

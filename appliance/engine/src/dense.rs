@@ -363,6 +363,12 @@ pub fn flat_top_k(vectors: &[f32], width: usize, q: &[f32], k: usize) -> Vec<(f3
     scores
 }
 
+fn column_i64<'a>(b: &'a RecordBatch, name: &str) -> Result<&'a Int64Array> {
+    b.column_by_name(name)
+        .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
+        .ok_or_else(|| dense_err(format!("column {name} missing")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -376,10 +382,4 @@ mod tests {
         assert_eq!(flat_top_k(&v, 2, &[1.0, 0.0], 10).len(), 4);
         assert!(flat_top_k(&[], 2, &[1.0, 0.0], 3).is_empty());
     }
-}
-
-fn column_i64<'a>(b: &'a RecordBatch, name: &str) -> Result<&'a Int64Array> {
-    b.column_by_name(name)
-        .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
-        .ok_or_else(|| dense_err(format!("column {name} missing")))
 }

@@ -93,10 +93,10 @@ impl Engine {
     /// search, and a pair switched by another process (CLI while the server runs) shows up within that second.
     pub(crate) fn active_pair_cached(&self) -> Result<Option<ActivePair>> {
         let mut cache = self.active_cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((at, pair)) = cache.as_ref() {
-            if at.elapsed() < std::time::Duration::from_secs(1) {
-                return Ok(pair.clone());
-            }
+        if let Some((at, pair)) = cache.as_ref()
+            && at.elapsed() < std::time::Duration::from_secs(1)
+        {
+            return Ok(pair.clone());
         }
         let pair = models::active(&self.store)?;
         *cache = Some((std::time::Instant::now(), pair.clone()));

@@ -297,8 +297,10 @@ impl Engine {
     }
 
     pub fn job_files(&self, id: i64) -> Result<Vec<JobFile>> {
+        /// ordinal, path, owned, state, added, replaced, unchanged, chunks, detail
+        type JobFileRow = (i64, String, i64, String, i64, i64, i64, i64, String);
         self.job(id)?;
-        let rows: Vec<(i64, String, i64, String, i64, i64, i64, i64, String)> = {
+        let rows: Vec<JobFileRow> = {
             let conn = self.store.conn();
             let mut stmt = conn.prepare(
                 "SELECT ordinal, path, owned, state, added, replaced, unchanged, chunks, detail FROM job_files
@@ -425,10 +427,10 @@ impl Engine {
             if !p.starts_with(&root) {
                 continue;
             }
-            if let Err(e) = std::fs::remove_file(p) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    tracing::warn!(path = %p.display(), error = %e, "could not remove an uploaded file");
-                }
+            if let Err(e) = std::fs::remove_file(p)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(path = %p.display(), error = %e, "could not remove an uploaded file");
             }
             // Remove now-empty folders up to (not including) the uploads root.
             let mut dir = p.parent();
@@ -532,10 +534,10 @@ impl WorkerHandle {
             let _ = t.join();
         }
         let mut lock = self.shared.lock.lock().unwrap_or_else(|p| p.into_inner());
-        if lock.is_some() {
-            if let Err(e) = self.shared.engine.requeue_running() {
-                tracing::warn!(error = %e, "could not re-queue running jobs at shutdown");
-            }
+        if lock.is_some()
+            && let Err(e) = self.shared.engine.requeue_running()
+        {
+            tracing::warn!(error = %e, "could not re-queue running jobs at shutdown");
         }
         *lock = None;
     }

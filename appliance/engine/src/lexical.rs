@@ -18,6 +18,9 @@ use tantivy::schema::{
 };
 use tantivy::snippet::SnippetGenerator;
 use tantivy::tokenizer::{Token, TokenStream, Tokenizer};
+
+/// A text fragment and the byte ranges in it to mark.
+pub type Highlighted = (String, Vec<(usize, usize)>);
 use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, Term};
 
 use crate::error::{Error, Result};
@@ -252,14 +255,14 @@ impl LexicalIndex {
         let want =
             IndexMeta { format: LEXICAL_FORMAT, tokenizer: CONTENT_REVISION.into(), dictionary_sha256: dict_hash };
         let have: Option<IndexMeta> = std::fs::read(&meta_path).ok().and_then(|b| serde_json::from_slice(&b).ok());
-        if let Some(h) = &have {
-            if h.format > LEXICAL_FORMAT {
-                return Err(Error::TooNew {
-                    what: format!("lexical index {}", dir.display()),
-                    found: h.format,
-                    supported: LEXICAL_FORMAT,
-                });
-            }
+        if let Some(h) = &have
+            && h.format > LEXICAL_FORMAT
+        {
+            return Err(Error::TooNew {
+                what: format!("lexical index {}", dir.display()),
+                found: h.format,
+                supported: LEXICAL_FORMAT,
+            });
         }
         let (schema, fields) = schema();
         let (index, needs_rebuild) = if have.as_ref() == Some(&want) && dir.join("meta.json").exists() {
@@ -433,10 +436,10 @@ impl LexicalIndex {
                 let ff = searcher.segment_reader(addr.segment_ord).fast_fields();
                 *slot = Some((ff.u64("chunk_id")?, ff.u64("document_id")?));
             }
-            if let Some((c, d)) = slot.as_ref() {
-                if let (Some(chunk_id), Some(document_id)) = (c.first(addr.doc_id), d.first(addr.doc_id)) {
-                    out.push(LexicalHit { chunk_id: chunk_id as i64, document_id: document_id as i64, score });
-                }
+            if let Some((c, d)) = slot.as_ref()
+                && let (Some(chunk_id), Some(document_id)) = (c.first(addr.doc_id), d.first(addr.doc_id))
+            {
+                out.push(LexicalHit { chunk_id: chunk_id as i64, document_id: document_id as i64, score });
             }
         }
         Ok(out)
@@ -446,12 +449,7 @@ impl LexicalIndex {
     /// query word found in it is marked, overlapping and adjacent matches merged (search mode yields both
     /// 二甲 and 二甲双胍; the reader should see one mark over 二甲双胍). Function words are not marked. The query is
     /// analysed once for all texts of a result page.
-    pub fn snippets(
-        &self,
-        query: &str,
-        texts: &[&str],
-        max_bytes: usize,
-    ) -> Result<Vec<(String, Vec<(usize, usize)>)>> {
+    pub fn snippets(&self, query: &str, texts: &[&str], max_bytes: usize) -> Result<Vec<Highlighted>> {
         let generator = match self.build_query(query, None, 0.0) {
             Some(q) => {
                 let searcher = self.reader.searcher();

@@ -56,7 +56,7 @@ fn bad_inputs_are_rejected_per_file_and_nothing_stored_is_lost() {
     e.create_collection("guide", "", "test").unwrap();
     let good = t.path().join("metformin.md");
     std::fs::write(&good, "# 二甲双胍\n## 禁忌症\n严重肾功能不全（eGFR低于30）者禁用二甲双胍。").unwrap();
-    let r = e.ingest_files("guide", &[good.clone()], &mut |_| {}).unwrap();
+    let r = e.ingest_files("guide", std::slice::from_ref(&good), &mut |_| {}).unwrap();
     assert_eq!(r.failed(), 0);
     let before = e.check().unwrap();
     assert!(before.consistent);
@@ -107,12 +107,12 @@ fn reingest_is_idempotent_edits_replace_and_deletes_remove_everywhere() {
     e.create_collection("c", "", "test").unwrap();
     let f = t.path().join("doc.txt");
     std::fs::write(&f, "高血压患者应限制钠盐摄入。").unwrap();
-    let r1 = e.ingest_files("c", &[f.clone()], &mut |_| {}).unwrap();
+    let r1 = e.ingest_files("c", std::slice::from_ref(&f), &mut |_| {}).unwrap();
     assert_eq!(r1.files[0].added, 1);
-    let r2 = e.ingest_files("c", &[f.clone()], &mut |_| {}).unwrap();
+    let r2 = e.ingest_files("c", std::slice::from_ref(&f), &mut |_| {}).unwrap();
     assert_eq!((r2.files[0].added, r2.files[0].unchanged), (0, 1));
     std::fs::write(&f, "痛风患者应避免高嘌呤饮食。").unwrap();
-    let r3 = e.ingest_files("c", &[f.clone()], &mut |_| {}).unwrap();
+    let r3 = e.ingest_files("c", std::slice::from_ref(&f), &mut |_| {}).unwrap();
     assert_eq!(r3.files[0].replaced, 1);
     assert!(search(&e, "钠盐").is_empty(), "old text must be gone from the index");
     assert_eq!(search(&e, "高嘌呤饮食"), vec!["doc.txt".to_string()]);

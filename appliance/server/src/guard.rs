@@ -317,11 +317,12 @@ pub async fn guard(
             }
         }
     }
-    if !matches!(method, Method::GET | Method::HEAD | Method::OPTIONS) && route.is_some() {
-        if let Err(e) = check_csrf(&mut req, caller.as_ref()).await {
-            let res = denied(e.0.code(), &e.public_message());
-            return Ok(finish(req.into_response(res), &state, route, started, &rid));
-        }
+    if !matches!(method, Method::GET | Method::HEAD | Method::OPTIONS)
+        && route.is_some()
+        && let Err(e) = check_csrf(&mut req, caller.as_ref()).await
+    {
+        let res = denied(e.0.code(), &e.public_message());
+        return Ok(finish(req.into_response(res), &state, route, started, &rid));
     }
     let res = next.call(req).await?.map_into_boxed_body();
     // Errors from handlers (and from actix's own extractors) are rendered here, with the request id.

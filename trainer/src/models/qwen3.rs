@@ -198,10 +198,10 @@ impl Qwen3 {
             let scores = q.matmul(&k.transpose(-1, -2)) * scale + &bias;
             let probs = scores.softmax(-1, Kind::Float).to_kind(kind).dropout(cfg.attention_dropout, train);
             let ctx = probs.matmul(&v).transpose(1, 2).contiguous().view([b, l, nh * hd]);
-            x = x + layer.o.forward(&ctx);
+            x += layer.o.forward(&ctx);
             let h = rms_norm(&x, &layer.post_norm, cfg.rms_norm_eps);
             let m = layer.down.forward(&(layer.gate.forward(&h).silu() * layer.up.forward(&h)));
-            x = x + m;
+            x += m;
         }
         rms_norm(&x, &self.norm, cfg.rms_norm_eps)
     }

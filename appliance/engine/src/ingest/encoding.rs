@@ -112,7 +112,7 @@ fn looks_binary(bytes: &[u8]) -> bool {
 
 /// UTF-16 text without a BOM has NUL in one byte of most ASCII characters (and CJK text decodes as valid pairs).
 fn utf16_without_bom(bytes: &[u8]) -> Option<&'static Encoding> {
-    if bytes.len() < 4 || bytes.len() % 2 != 0 {
+    if bytes.len() < 4 || !bytes.len().is_multiple_of(2) {
         return None;
     }
     let head = &bytes[..bytes.len().min(4096) & !1];
