@@ -169,6 +169,9 @@ impl Qwen3 {
     }
 
     /// `[batch, seq]` ids and 0/1 mask (left padding) → final-norm hidden states `[batch, seq, hidden]`.
+    // `x = x + …`, not `x += …`: on a tch Tensor `+=` is the in-place `add_`, which overwrites a value autograd
+    // saved for the backward pass.
+    #[allow(clippy::assign_op_pattern)]
     pub fn forward_t(&self, ids: &Tensor, mask: &Tensor, train: bool) -> Tensor {
         let cfg = &self.cfg;
         let (b, l) = (ids.size()[0], ids.size()[1]);
@@ -198,10 +201,10 @@ impl Qwen3 {
             let scores = q.matmul(&k.transpose(-1, -2)) * scale + &bias;
             let probs = scores.softmax(-1, Kind::Float).to_kind(kind).dropout(cfg.attention_dropout, train);
             let ctx = probs.matmul(&v).transpose(1, 2).contiguous().view([b, l, nh * hd]);
-            x += layer.o.forward(&ctx);
+            x = x + layer.o.forward(&ctx);
             let h = rms_norm(&x, &layer.post_norm, cfg.rms_norm_eps);
             let m = layer.down.forward(&(layer.gate.forward(&h).silu() * layer.up.forward(&h)));
-            x += m;
+            x = x + m;
         }
         rms_norm(&x, &self.norm, cfg.rms_norm_eps)
     }
