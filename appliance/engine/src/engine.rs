@@ -557,6 +557,7 @@ impl Engine {
             }
         };
         let chunker = self.chunker()?;
+        let prefix = self.upload_prefix(path);
         let mut out = Vec::with_capacity(units.len());
         for unit in units {
             let mut fr = FileReport { path: PathBuf::from(&unit.name), ..Default::default() };
@@ -567,8 +568,10 @@ impl Engine {
                 }
                 Ok(mut parsed) => {
                     fr.skipped_empty = parsed.skipped_empty;
-                    for d in &mut parsed.documents {
-                        d.source = self.without_upload_folder(path, std::mem::take(&mut d.source));
+                    if let Some(p) = &prefix {
+                        for d in &mut parsed.documents {
+                            d.source = d.source.replace(p.as_str(), "");
+                        }
                     }
                     let total = parsed.documents.len();
                     let bs = self.cfg.ingest.batch_documents.max(1);

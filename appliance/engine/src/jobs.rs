@@ -271,13 +271,10 @@ impl Engine {
         Some(root.join(token))
     }
 
-    /// Clinicians and admins see the name that was uploaded, not the folder the upload waits in: `text` (a source
-    /// or an error message about `path`) without that folder when `path` is an uploaded file.
-    pub(crate) fn without_upload_folder(&self, path: &Path, text: String) -> String {
-        match self.upload_folder(path) {
-            Some(folder) => text.replace(&format!("{}/", folder.display()), ""),
-            None => text,
-        }
+    /// Clinicians and admins see the name that was uploaded, not the folder the upload waits in: the
+    /// `<data_dir>/uploads/<token>/` prefix to strip from sources and messages about `path`, when it is an uploaded file.
+    pub(crate) fn upload_prefix(&self, path: &Path) -> Option<String> {
+        self.upload_folder(path).map(|folder| format!("{}/", folder.display()))
     }
 
     pub fn job(&self, id: i64) -> Result<Job> {
@@ -766,13 +763,14 @@ fn record_file(e: &Engine, c: &Claim, reports: &[FileReport]) -> Result<()> {
             r.get::<_, i64>(0)
         })
         .map(|v| v != 0)?;
+    let prefix = if owned { e.upload_prefix(&c.path) } else { None };
     let errors: Vec<FileError> = reports
         .iter()
         .filter_map(|r| {
             r.error.as_ref().map(|m| FileError {
                 file: e.display_name(&r.path, owned),
                 code: r.error_code.unwrap_or("internal").to_string(),
-                message: if owned { e.without_upload_folder(&c.path, m.clone()) } else { m.clone() },
+                message: prefix.as_ref().map_or_else(|| m.clone(), |p| m.replace(p.as_str(), "")),
             })
         })
         .collect();
