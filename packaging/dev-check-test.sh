@@ -47,7 +47,7 @@ expect "protoc without libprotobuf-dev" "google/protobuf/empty.proto" "sudo apt-
 # 4. An ONNX Runtime library that needs a library nobody has.
 printf 'int f(void) { return 0; }\n' >"$t/dep.c"
 cc -shared -fPIC -o "$t/libcaremissingdep.so" "$t/dep.c"
-cc -shared -fPIC -o "$t/libonnxruntime.so" "$t/dep.c" -L"$t" -lcaremissingdep
+cc -shared -fPIC -o "$t/libonnxruntime.so" "$t/dep.c" -Wl,--no-as-needed -L"$t" -lcaremissingdep
 rm "$t/libcaremissingdep.so"
 ENVS=(ORT_DYLIB_PATH="$t/libonnxruntime.so")
 expect "ONNX Runtime with an unresolved dependency" "libcaremissingdep.so not found" "packaging/dev.sh setup"
