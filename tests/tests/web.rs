@@ -467,6 +467,33 @@ fn sessions_csrf_cookies_redirects_headers_and_lockout() {
     let session = cookie_value(&sc, "__Host-care_session").unwrap();
     let ck = format!("__Host-care_session={session}");
 
+    // The generated password was printed once: until it is changed, every page leads to the account page and the
+    // API refuses everything but the password change.
+    let res = c.get(format!("{base}/admin/users")).header("cookie", &ck).send().unwrap();
+    assert_eq!(res.status(), 303);
+    assert_eq!(res.headers()["location"], "/account");
+    let res = c.get(format!("{base}/api/v1/admin/collections")).header("cookie", &ck).send().unwrap();
+    assert_eq!(res.status(), 403);
+    let res = c.get(format!("{base}/account")).header("cookie", &ck).send().unwrap();
+    assert_eq!(res.status(), 200);
+    let html = res.text().unwrap();
+    assert!(html.contains("请先修改初始密码"), "{html}");
+    let account_csrf = meta_csrf(&html);
+    let new_pw = "a-new-admin-passphrase-9";
+    let res = c
+        .post(format!("{base}/account/password"))
+        .header("cookie", &ck)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("current={pw}&new={new_pw}&csrf={account_csrf}"))
+        .send()
+        .unwrap();
+    assert_eq!(res.status(), 303, "{}", res.text().unwrap());
+    let pw = new_pw.to_string();
+    let res = login(format!("username=admin&password={pw}&csrf={form_token}"), Some(&login_cookie));
+    assert_eq!(res.status(), 303);
+    let session = cookie_value(&set_cookies(res.headers()), "__Host-care_session").unwrap();
+    let ck = format!("__Host-care_session={session}");
+
     let res = c.get(format!("{base}/search")).header("cookie", &ck).send().unwrap();
     assert_eq!(res.status(), 200);
     // Security headers: CSP without inline script, HSTS, framing denied.

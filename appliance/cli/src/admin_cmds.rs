@@ -9,9 +9,16 @@ use care_engine::accounts::{self, Role};
 use care_engine::{Engine, audit};
 use clap::Subcommand;
 
-/// Who the audit log names for CLI actions: the operating-system user running the command.
-fn actor() -> String {
-    format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "unknown".into()))
+/// Who the audit log names for CLI actions: the operating-system account running the command, from its real uid
+/// (`$USER` is whatever the caller's environment says, so it cannot name an actor in an audit trail).
+pub fn actor() -> String {
+    let uid = nix::unistd::getuid();
+    let name = nix::unistd::User::from_uid(uid).ok().flatten().map(|u| u.name);
+    match (name, std::env::var("SUDO_USER").ok().filter(|_| uid.is_root())) {
+        (Some(n), Some(via)) => format!("cli:{n} (sudo by {via})"),
+        (Some(n), None) => format!("cli:{n}"),
+        (None, _) => format!("cli:uid {uid}"),
+    }
 }
 
 #[derive(Subcommand, Debug)]

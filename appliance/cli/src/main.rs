@@ -277,7 +277,7 @@ enum JobsCommand {
 
 /// Who the audit log names for commands run from the shell.
 fn cli_actor() -> String {
-    format!("cli:{}", std::env::var("USER").or_else(|_| std::env::var("LOGNAME")).unwrap_or_else(|_| "unknown".into()))
+    admin_cmds::actor()
 }
 
 #[derive(Subcommand, Debug)]

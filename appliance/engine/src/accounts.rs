@@ -47,6 +47,8 @@ pub struct User {
     /// Unix seconds until which logins are refused.
     pub locked_until: Option<i64>,
     pub disabled: bool,
+    /// Set for the first administrator's generated password: every page leads to the password change until done.
+    pub must_change_password: bool,
 }
 
 impl User {
@@ -128,18 +130,25 @@ fn validate_username(name: &str) -> Result<()> {
     }
 }
 
-const USER_COLS: &str = "id, username, role, created_at, failed_logins, locked_until, disabled";
+const USER_COLS: &str = "id, username, role, created_at, failed_logins, locked_until, disabled, must_change_password";
+const USER_COL_COUNT: usize = 8;
 
 fn row_to_user(r: &rusqlite::Row<'_>) -> rusqlite::Result<User> {
-    let role: String = r.get(2)?;
+    row_to_user_at(r, 0)
+}
+
+/// A user from the `USER_COLS` columns starting at column `at` (joins put other columns first).
+fn row_to_user_at(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<User> {
+    let role: String = r.get(at + 2)?;
     Ok(User {
-        id: r.get(0)?,
-        username: r.get(1)?,
+        id: r.get(at)?,
+        username: r.get(at + 1)?,
         role: if role == "admin" { Role::Admin } else { Role::Clinician },
-        created_at: r.get(3)?,
-        failed_logins: r.get(4)?,
-        locked_until: r.get(5)?,
-        disabled: r.get::<_, i64>(6)? != 0,
+        created_at: r.get(at + 3)?,
+        failed_logins: r.get(at + 4)?,
+        locked_until: r.get(at + 5)?,
+        disabled: r.get::<_, i64>(at + 6)? != 0,
+        must_change_password: r.get::<_, i64>(at + 7)? != 0,
     })
 }
 
@@ -194,89 +203,172 @@ pub fn create_user(store: &Store, actor: &str, username: &str, password: &str, r
     Ok(u)
 }
 
-/// Checks a password login. Failures count towards the lockout; every attempt is audited (never the password).
+/// Failure state of a login name: the account's own counters, or the throttle row of a name that is no account.
+enum Subject {
+    Account(User, String),
+    Unknown(String),
+}
+
+/// How an attempted name appears in the audit log: a real account by name; anything else only as a short hash and
+/// its length, since people type passwords into the user-name field and names are attacker-chosen and unbounded.
+fn attempted_name(username: &str) -> (String, serde_json::Value) {
+    let h = sha256_hex(&username.to_lowercase());
+    ("anonymous".into(), serde_json::json!({"name_sha256": &h[..16], "name_chars": username.chars().count()}))
+}
+
+fn locked_error(username: &str, until: i64) -> Error {
+    Error::AccountLocked { user: username.chars().take(64).collect(), until: rfc3339(until) }
+}
+
+/// Checks a password login. Failures count towards the lockout, for names that are accounts and names that are not
+/// alike, so neither the answer nor its timing tells which names exist; a disabled account answers like a wrong
+/// password. The counters change with single SQL statements (never read-modify-write across the password check),
+/// so concurrent guesses cannot slip past the limit and a stale attempt cannot clear a lock. Every attempt is
+/// audited, never with the password.
 pub fn authenticate(store: &Store, username: &str, password: &str, policy: LoginPolicy, client: &str) -> Result<User> {
     let now_ts = unix_now();
-    let found: Option<(User, String)> = {
-        let conn = store.conn();
-        conn.query_row(&format!("SELECT {USER_COLS}, password_hash FROM users WHERE username = ?1"), [username], |r| {
-            Ok((row_to_user(r)?, r.get::<_, String>(7)?))
+    let subject = match lookup_login(store, username)? {
+        Some((user, phc)) => Subject::Account(user, phc),
+        None => Subject::Unknown(sha256_hex(&username.to_lowercase())),
+    };
+    if let Some(until) = locked_until(store, &subject, now_ts)? {
+        audit_failure(store, username, &subject, client, "locked", None)?;
+        return Err(locked_error(username, until));
+    }
+    let ok = match &subject {
+        Subject::Account(u, phc) => password_matches(password, phc) && !u.disabled,
+        Subject::Unknown(_) => {
+            // Spend the same time as a real check, so response time does not reveal which names exist.
+            static DUMMY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+            let dummy = DUMMY.get_or_init(|| hash_password("not a real password").unwrap_or_default());
+            let _ = password_matches(password, dummy);
+            false
+        }
+    };
+    if ok && let Subject::Account(user, _) = &subject {
+        return login_succeeded(store, user, username, client, now_ts);
+    }
+    let (failures, until) = count_failure(store, &subject, policy, now_ts)?;
+    let reason = match &subject {
+        Subject::Account(u, _) if u.disabled => "disabled",
+        Subject::Account(..) => "wrong password",
+        Subject::Unknown(_) => "unknown user",
+    };
+    audit_failure(store, username, &subject, client, reason, Some((failures, until)))?;
+    match until {
+        Some(t) => Err(locked_error(username, t)),
+        None => Err(Error::Unauthenticated("wrong user name or password".into())),
+    }
+}
+
+fn lookup_login(store: &Store, username: &str) -> Result<Option<(User, String)>> {
+    if validate_username(username).is_err() {
+        return Ok(None);
+    }
+    let conn = store.conn();
+    Ok(conn
+        .query_row(&format!("SELECT {USER_COLS}, password_hash FROM users WHERE username = ?1"), [username], |r| {
+            Ok((row_to_user(r)?, r.get::<_, String>(USER_COL_COUNT)?))
         })
-        .optional()?
+        .optional()?)
+}
+
+/// The lock in force now, read fresh (another attempt may have set it since the subject was loaded).
+fn locked_until(store: &Store, subject: &Subject, now_ts: i64) -> Result<Option<i64>> {
+    let conn = store.conn();
+    let until: Option<i64> = match subject {
+        Subject::Account(u, _) => {
+            conn.query_row("SELECT locked_until FROM users WHERE id = ?1", [u.id], |r| r.get(0)).optional()?.flatten()
+        }
+        Subject::Unknown(h) => conn
+            .query_row("SELECT locked_until FROM login_throttle WHERE name_hash = ?1", [h], |r| r.get(0))
+            .optional()?
+            .flatten(),
     };
-    let generic = || Error::Unauthenticated("wrong user name or password".into());
-    let Some((user, phc)) = found else {
-        // Spend the same time as a real check, so response time does not reveal which names exist.
-        static DUMMY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        let dummy = DUMMY.get_or_init(|| hash_password("not a real password").unwrap_or_default());
-        let _ = password_matches(password, dummy);
-        let conn = store.conn();
-        audit::append(
-            &conn,
-            username,
-            "auth.login_failed",
-            &serde_json::json!({"reason": "unknown user", "client": client}),
-        )?;
-        return Err(generic());
+    Ok(until.filter(|t| *t > now_ts))
+}
+
+/// Signs in unless a lock was set while the password was being checked; clears the counter only then.
+fn login_succeeded(store: &Store, user: &User, username: &str, client: &str, now_ts: i64) -> Result<User> {
+    let mut conn = store.conn();
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let n = tx.execute(
+        "UPDATE users SET failed_logins = 0, locked_until = NULL
+         WHERE id = ?1 AND (locked_until IS NULL OR locked_until <= ?2)",
+        params![user.id, now_ts],
+    )?;
+    if n == 0 {
+        let until: i64 = tx.query_row("SELECT locked_until FROM users WHERE id = ?1", [user.id], |r| r.get(0))?;
+        audit::append(&tx, username, "auth.login_failed", &serde_json::json!({"reason": "locked", "client": client}))?;
+        tx.commit()?;
+        return Err(locked_error(username, until));
+    }
+    audit::append(&tx, username, "auth.login", &serde_json::json!({"client": client}))?;
+    tx.commit()?;
+    Ok(User { failed_logins: 0, locked_until: None, ..user.clone() })
+}
+
+/// Adds one failure atomically; the failure that reaches the limit sets the lock and restarts the count.
+/// Returns (failures counted, lock set by this failure).
+fn count_failure(store: &Store, subject: &Subject, policy: LoginPolicy, now_ts: i64) -> Result<(i64, Option<i64>)> {
+    let max = i64::from(policy.max_failed.max(1));
+    let until = now_ts + policy.lock_seconds;
+    let conn = store.conn();
+    let (failed, locked): (i64, Option<i64>) = match subject {
+        Subject::Account(u, _) => conn.query_row(
+            "UPDATE users SET
+                 failed_logins = CASE WHEN failed_logins + 1 >= ?2 THEN 0 ELSE failed_logins + 1 END,
+                 locked_until = CASE WHEN failed_logins + 1 >= ?2 THEN max(coalesce(locked_until, 0), ?3) ELSE locked_until END
+             WHERE id = ?1 RETURNING failed_logins, locked_until",
+            params![u.id, max, until],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?,
+        Subject::Unknown(h) => conn.query_row(
+            "INSERT INTO login_throttle (name_hash, failed_logins, locked_until, updated_at) VALUES (?1, 1, NULL, ?4)
+             ON CONFLICT(name_hash) DO UPDATE SET
+                 failed_logins = CASE WHEN failed_logins + 1 >= ?2 THEN 0 ELSE failed_logins + 1 END,
+                 locked_until = CASE WHEN failed_logins + 1 >= ?2 THEN max(coalesce(locked_until, 0), ?3) ELSE locked_until END,
+                 updated_at = ?4
+             RETURNING failed_logins, locked_until",
+            params![h, max, until, now_ts],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?,
     };
-    if user.disabled {
-        let conn = store.conn();
-        audit::append(
-            &conn,
-            username,
-            "auth.login_failed",
-            &serde_json::json!({"reason": "disabled", "client": client}),
-        )?;
-        return Err(Error::Forbidden(format!("account '{username}' is disabled; ask an administrator")));
+    // The count restarts at 0 exactly when this failure reached the limit and set the lock.
+    let set_lock = failed == 0;
+    Ok((if set_lock { max } else { failed }, locked.filter(|_| set_lock)))
+}
+
+fn audit_failure(
+    store: &Store,
+    username: &str,
+    subject: &Subject,
+    client: &str,
+    reason: &str,
+    counted: Option<(i64, Option<i64>)>,
+) -> Result<()> {
+    let (actor, mut detail) = match subject {
+        Subject::Account(..) => (username.to_string(), serde_json::json!({})),
+        Subject::Unknown(_) => attempted_name(username),
+    };
+    detail["reason"] = reason.into();
+    detail["client"] = client.chars().take(64).collect::<String>().into();
+    if let Some((failures, _)) = counted {
+        detail["failures"] = failures.into();
     }
-    if user.is_locked(now_ts) {
-        let conn = store.conn();
-        audit::append(
-            &conn,
-            username,
-            "auth.login_failed",
-            &serde_json::json!({"reason": "locked", "client": client}),
-        )?;
-        return Err(Error::AccountLocked {
-            user: username.into(),
-            until: rfc3339(user.locked_until.unwrap_or(now_ts)),
-        });
-    }
-    let ok = password_matches(password, &phc);
     let mut conn = store.conn();
     let tx = conn.transaction()?;
-    if ok {
-        tx.execute("UPDATE users SET failed_logins = 0, locked_until = NULL WHERE id = ?1", [user.id])?;
-        audit::append(&tx, username, "auth.login", &serde_json::json!({"client": client}))?;
-        tx.commit()?;
-        return Ok(User { failed_logins: 0, locked_until: None, ..user });
-    }
-    let failed = user.failed_logins + 1;
-    let lock = failed >= i64::from(policy.max_failed.max(1));
-    let until = lock.then_some(now_ts + policy.lock_seconds);
-    tx.execute(
-        "UPDATE users SET failed_logins = ?2, locked_until = ?3 WHERE id = ?1",
-        params![user.id, if lock { 0 } else { failed }, until],
-    )?;
-    audit::append(
-        &tx,
-        username,
-        "auth.login_failed",
-        &serde_json::json!({"reason": "wrong password", "client": client, "failures": failed}),
-    )?;
-    if let Some(t) = until {
-        audit::append(
-            &tx,
-            "system",
-            "auth.account_locked",
-            &serde_json::json!({"user": username, "until": rfc3339(t)}),
-        )?;
+    audit::append(&tx, &actor, "auth.login_failed", &detail)?;
+    if let Some((_, Some(t))) = counted {
+        let who = if matches!(subject, Subject::Account(..)) {
+            serde_json::json!(username)
+        } else {
+            detail["name_sha256"].clone()
+        };
+        audit::append(&tx, "system", "auth.account_locked", &serde_json::json!({"user": who, "until": rfc3339(t)}))?;
     }
     tx.commit()?;
-    match until {
-        Some(t) => Err(Error::AccountLocked { user: username.into(), until: rfc3339(t) }),
-        None => Err(generic()),
-    }
+    Ok(())
 }
 
 /// Changes a password. `current` is required when users change their own password; an admin resetting someone
@@ -297,18 +389,24 @@ pub fn set_password(store: &Store, actor: &str, username: &str, current: Option<
     let mut conn = store.conn();
     let tx = conn.transaction()?;
     let n = tx.execute(
-        "UPDATE users SET password_hash = ?2, password_changed_at = ?3, failed_logins = 0, locked_until = NULL WHERE username = ?1",
+        "UPDATE users SET password_hash = ?2, password_changed_at = ?3, failed_logins = 0, locked_until = NULL,
+             must_change_password = 0 WHERE username = ?1",
         params![username, phc, now()],
     )?;
     if n == 0 {
         return Err(Error::NotFound { what: format!("user '{username}'") });
     }
     tx.execute("DELETE FROM sessions WHERE user_id = (SELECT id FROM users WHERE username = ?1)", [username])?;
+    // A new password is usually a response to a suspected leak: the user's API tokens end with the old password.
+    let tokens = tx.execute(
+        "UPDATE api_tokens SET revoked = 1 WHERE revoked = 0 AND user_id = (SELECT id FROM users WHERE username = ?1)",
+        [username],
+    )?;
     audit::append(
         &tx,
         actor,
         "user.password_change",
-        &serde_json::json!({"user": username, "reset_by_admin": current.is_none()}),
+        &serde_json::json!({"user": username, "reset_by_admin": current.is_none(), "tokens_revoked": tokens}),
     )?;
     tx.commit()?;
     Ok(())
@@ -409,16 +507,7 @@ pub fn session(store: &Store, cookie: &str, idle_seconds: i64, max_seconds: i64)
                 let csrf: String = r.get(0)?;
                 let created: i64 = r.get(1)?;
                 let seen: i64 = r.get(2)?;
-                let role: String = r.get(5)?;
-                let user = User {
-                    id: r.get(3)?,
-                    username: r.get(4)?,
-                    role: if role == "admin" { Role::Admin } else { Role::Clinician },
-                    created_at: r.get(6)?,
-                    failed_logins: r.get(7)?,
-                    locked_until: r.get(8)?,
-                    disabled: r.get::<_, i64>(9)? != 0,
-                };
+                let user = row_to_user_at(r, 3)?;
                 Ok(Session { user, csrf_token: csrf, created_at: created, last_seen: seen })
             },
         )
@@ -541,19 +630,7 @@ pub fn token_user(store: &Store, secret: &str) -> Result<Option<User>> {
             ),
             [sha256_hex(secret)],
             |r| {
-                let role: String = r.get(3)?;
-                Ok((
-                    r.get(0)?,
-                    User {
-                        id: r.get(1)?,
-                        username: r.get(2)?,
-                        role: if role == "admin" { Role::Admin } else { Role::Clinician },
-                        created_at: r.get(4)?,
-                        failed_logins: r.get(5)?,
-                        locked_until: r.get(6)?,
-                        disabled: r.get::<_, i64>(7)? != 0,
-                    },
-                ))
+                Ok((r.get(0)?, row_to_user_at(r, 1)?))
             },
         )
         .optional()?;
@@ -632,7 +709,11 @@ pub fn bootstrap_admin(store: &Store, username: &str, password: Option<&str>) ->
         None => Some(random_token()?[..20].to_string()),
     };
     let pw = password.or(generated.as_deref()).unwrap_or_default();
-    create_user(store, "system", username, pw, Role::Admin)?;
+    let u = create_user(store, "system", username, pw, Role::Admin)?;
+    if generated.is_some() {
+        // Printed once to a terminal or a journal: a password others may have seen, so it must be replaced.
+        store.conn().execute("UPDATE users SET must_change_password = 1 WHERE id = ?1", [u.id])?;
+    }
     Ok(generated)
 }
 
@@ -717,5 +798,97 @@ mod tests {
         ] {
             assert!(actions.iter().any(|x| x == a), "{a} not audited: {actions:?}");
         }
+    }
+
+    /// The finding: 25 concurrent wrong passwords left `failed_logins = 2` and no lock (each attempt read the count
+    /// before the others wrote it), and the right password then signed in.
+    #[test]
+    fn concurrent_wrong_passwords_lock_the_account() {
+        let (_d, s) = store();
+        create_user(&s, "admin", "dr.li", "correct horse battery", Role::Clinician).unwrap();
+        let policy = LoginPolicy { max_failed: 5, lock_seconds: 600 };
+        std::thread::scope(|sc| {
+            for _ in 0..25 {
+                sc.spawn(|| {
+                    let _ = authenticate(&s, "dr.li", "wrong password", policy, "t");
+                });
+            }
+        });
+        let u = user(&s, "dr.li").unwrap();
+        assert!(u.is_locked(unix_now()), "{u:?}");
+        assert!(matches!(
+            authenticate(&s, "dr.li", "correct horse battery", policy, "t"),
+            Err(Error::AccountLocked { .. })
+        ));
+        let failures = s
+            .conn()
+            .query_row("SELECT COUNT(*) FROM audit WHERE action = 'auth.login_failed'", [], |r| r.get::<_, i64>(0))
+            .unwrap();
+        assert_eq!(failures, 26, "every attempt is audited");
+    }
+
+    /// A stale failed attempt (its password check started before the lock) must not clear the lock, and a right
+    /// password checked while another attempt locked the account must not sign in.
+    #[test]
+    fn a_failure_or_success_racing_a_lock_does_not_undo_it() {
+        let (_d, s) = store();
+        let u = create_user(&s, "admin", "dr.li", "correct horse battery", Role::Clinician).unwrap();
+        let policy = LoginPolicy { max_failed: 5, lock_seconds: 600 };
+        let later = unix_now() + 600;
+        s.conn()
+            .execute("UPDATE users SET locked_until = ?1, failed_logins = 0 WHERE id = ?2", params![later, u.id])
+            .unwrap();
+        let subject = Subject::Account(u.clone(), String::new());
+        count_failure(&s, &subject, policy, unix_now()).unwrap();
+        assert!(user(&s, "dr.li").unwrap().is_locked(unix_now()), "a failure cleared the lock");
+        assert!(matches!(login_succeeded(&s, &u, "dr.li", "t", unix_now()), Err(Error::AccountLocked { .. })));
+        assert!(user(&s, "dr.li").unwrap().is_locked(unix_now()));
+    }
+
+    /// Names that are no account are throttled like accounts and not stored; a disabled account answers like a
+    /// wrong password: the answers do not tell which names exist.
+    #[test]
+    fn unknown_and_disabled_names_answer_like_wrong_passwords_and_are_throttled() {
+        let (_d, s) = store();
+        create_user(&s, "system", "admin", "an admin passphrase", Role::Admin).unwrap();
+        create_user(&s, "admin", "dr.li", "correct horse battery", Role::Clinician).unwrap();
+        update_user(&s, "admin", "dr.li", None, Some(true), false).unwrap();
+        let policy = LoginPolicy { max_failed: 3, lock_seconds: 600 };
+        let disabled = authenticate(&s, "dr.li", "correct horse battery", policy, "t").unwrap_err();
+        assert!(matches!(disabled, Error::Unauthenticated(_)), "{disabled:?}");
+        let typed = "my-Secret-passw0rd-typed-as-name";
+        for i in 1..=4 {
+            let e = authenticate(&s, typed, "x", policy, "t").unwrap_err();
+            let locked = matches!(e, Error::AccountLocked { .. });
+            assert_eq!(locked, i >= 3, "attempt {i}: {e:?}");
+        }
+        let n: i64 = s
+            .conn()
+            .query_row("SELECT COUNT(*) FROM audit WHERE instr(detail, ?1) > 0 OR instr(actor, ?1) > 0", [typed], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(n, 0, "the attempted name reached the audit log");
+        let long = "x".repeat(200_000);
+        assert!(authenticate(&s, &long, "x", policy, "t").is_err());
+        let longest: i64 =
+            s.conn().query_row("SELECT MAX(length(actor) + length(detail)) FROM audit", [], |r| r.get(0)).unwrap();
+        assert!(longest < 400, "an audit record of {longest} bytes");
+    }
+
+    /// API tokens end with the password they were created under; the bootstrap password must be changed.
+    #[test]
+    fn password_change_revokes_tokens_and_clears_the_forced_change() {
+        let (_d, s) = store();
+        let pw = bootstrap_admin(&s, "admin", None).unwrap().unwrap();
+        assert!(user(&s, "admin").unwrap().must_change_password);
+        let (_, secret) = create_token(&s, "admin", "admin", "his").unwrap();
+        assert!(token_user(&s, &secret).unwrap().is_some());
+        set_password(&s, "admin", "admin", Some(&pw), "a brand new passphrase").unwrap();
+        assert!(token_user(&s, &secret).unwrap().is_none(), "the token survived the password change");
+        assert!(!user(&s, "admin").unwrap().must_change_password);
+        let (_d2, s2) = store();
+        bootstrap_admin(&s2, "admin", Some("a configured passphrase")).unwrap();
+        assert!(!user(&s2, "admin").unwrap().must_change_password, "a configured password is not forced");
     }
 }

@@ -60,6 +60,9 @@ impl Default for IngestConfig {
 pub struct SearchConfig {
     pub default_limit: usize,
     pub max_limit: usize,
+    /// Deepest result offset a request may page to. Bounded because the lexical index preallocates
+    /// `offset + limit` slots: an unbounded offset from a URL would abort the process.
+    pub max_offset: usize,
     /// Weight of title and heading matches relative to body matches in BM25.
     pub title_boost: f32,
     /// Snippet length in bytes (about a third as many Chinese characters).
@@ -80,6 +83,7 @@ impl Default for SearchConfig {
         SearchConfig {
             default_limit: 10,
             max_limit: 100,
+            max_offset: 1000,
             title_boost: 1.0,
             snippet_bytes: 240,
             candidates: 100,

@@ -17,6 +17,19 @@ use crate::error::{Error, Result};
 
 pub const LAYOUT_VERSION: u32 = 1;
 
+/// Creates `dir` (and missing parents) readable by the appliance's own user only: it holds patient-adjacent
+/// queries, the audit log and keys.
+fn create_private_dir(dir: &Path) -> Result<()> {
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    }
+    let mut b = std::fs::DirBuilder::new();
+    b.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+    b.create(dir).map_err(|e| Error::io(dir, e))
+}
+
 #[derive(Debug, Clone)]
 pub struct DataDir {
     root: PathBuf,
@@ -32,7 +45,7 @@ impl DataDir {
                     what: format!("data directory {} (run `care init` first)", root.display()),
                 });
             }
-            std::fs::create_dir_all(root).map_err(|e| Error::io(root, e))?;
+            create_private_dir(root)?;
             let tmp = root.join(".VERSION.tmp");
             std::fs::write(&tmp, format!("{LAYOUT_VERSION}\n")).map_err(|e| Error::io(&tmp, e))?;
             std::fs::rename(&tmp, &version_file).map_err(|e| Error::io(&version_file, e))?;
@@ -51,7 +64,9 @@ impl DataDir {
         let dir = DataDir { root: root.to_path_buf() };
         for sub in ["lexical", "dense", "models", "uploads", "tls"] {
             let p = dir.root.join(sub);
-            std::fs::create_dir_all(&p).map_err(|e| Error::io(&p, e))?;
+            if !p.exists() {
+                create_private_dir(&p)?;
+            }
         }
         Ok(dir)
     }

@@ -161,6 +161,9 @@ pub struct Stats {
     pub collections: Vec<CollectionStats>,
 }
 
+/// Longest query accepted, in characters.
+pub const MAX_QUERY_CHARS: usize = 1000;
+
 #[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
 pub struct SearchRequest {
     pub query: String,
@@ -557,7 +560,11 @@ impl Engine {
             }
         };
         let chunker = self.chunker()?;
-        let prefix = self.upload_prefix(path);
+        // Clinicians see a document's source: the uploaded name or the file name, never a folder on the server.
+        let prefix = self.upload_prefix(path).or_else(|| {
+            let parent = path.parent().filter(|p| !p.as_os_str().is_empty())?;
+            Some(format!("{}/", parent.display()))
+        });
         let mut out = Vec::with_capacity(units.len());
         for unit in units {
             let mut fr = FileReport { path: PathBuf::from(&unit.name), ..Default::default() };
@@ -752,24 +759,40 @@ impl Engine {
             collections: self.store.collections()?,
         })
     }
+    /// Checks a search request's query text and paging before any work is done (also for callers that end up
+    /// searching nothing, so every caller gets the same limits). Returns the trimmed query.
+    pub fn validate_search<'a>(&self, req: &'a SearchRequest) -> Result<&'a str> {
+        let query = req.query.trim();
+        if query.is_empty() {
+            return Err(Error::InvalidInput("查询为空：请输入要搜索的词语 (the query is empty)".into()));
+        }
+        let n = query.chars().count();
+        if n > MAX_QUERY_CHARS {
+            return Err(Error::InvalidInput(format!(
+                "查询过长：{n} 个字符，最多 {MAX_QUERY_CHARS} 个；请缩短后重试 (query longer than {MAX_QUERY_CHARS} characters)"
+            )));
+        }
+        let max = self.cfg.search.max_offset;
+        if req.offset > max {
+            return Err(Error::InvalidInput(format!(
+                "翻页过深：offset 为 {}，最大 {max}（search.max_offset）；请细化查询 (offset beyond search.max_offset)",
+                req.offset
+            )));
+        }
+        Ok(query)
+    }
 
     /// Hybrid search with snippets: BM25 and dense candidates fused per the collection's setting (or the
     /// request's), paged, with each hit's score parts.
     pub fn search(&self, req: &SearchRequest) -> Result<SearchResults> {
         let started = Instant::now();
-        let query = req.query.trim();
-        if query.is_empty() {
-            return Err(Error::InvalidInput("the query is empty; type a few words to search for".into()));
-        }
-        if query.chars().count() > 1000 {
-            return Err(Error::InvalidInput("the query is longer than 1000 characters; shorten it".into()));
-        }
+        let query = self.validate_search(req)?;
         let cols: Vec<Collection> = match &req.collections {
             Some(names) => names.iter().map(|c| self.store.collection(c)).collect::<Result<_>>()?,
             None => self.store.collection_list()?,
         };
         let limit = req.limit.unwrap_or(self.cfg.search.default_limit).clamp(1, self.cfg.search.max_limit);
-        let depth = self.cfg.search.candidates.max(req.offset + limit);
+        let depth = self.cfg.search.candidates.max(req.offset.saturating_add(limit));
         let t0 = Instant::now();
         let wants_dense = req.method != Some(crate::fusion::Method::Bm25);
         let encoded = if wants_dense { self.encode_queries(&[query])? } else { None };

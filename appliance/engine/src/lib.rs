@@ -45,7 +45,9 @@ pub mod text;
 pub mod vectors;
 
 pub use config::EngineConfig;
-pub use engine::{Engine, IngestProgress, IngestReport, OpenMode, SearchHit, SearchRequest, SearchResults};
+pub use engine::{
+    Engine, IngestProgress, IngestReport, MAX_QUERY_CHARS, OpenMode, SearchHit, SearchRequest, SearchResults,
+};
 pub use error::{Error, ErrorCode, Result};
 pub use ingest::{IngestLimits, IngestOptions};
 pub use jobs::{FileError, Job, JobState, Worker, WorkerHandle};

@@ -20,7 +20,21 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (4, include_str!("../../../migrations/0004_ingest_jobs.sql")),
     (5, include_str!("../../../migrations/0005_auth.sql")),
     (6, include_str!("../../../migrations/0006_vector_imports.sql")),
+    (9, include_str!("../../../migrations/0009_login_hardening.sql")),
 ];
+
+/// The metadata file is the appliance's alone (SQLite gives its -wal and -shm files the same mode).
+fn restrict_to_owner(path: &Path) -> Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        if meta.permissions().mode() & 0o077 != 0 {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|e| Error::io(path, e))?;
+        }
+    }
+    Ok(())
+}
 
 pub fn latest_schema() -> u32 {
     MIGRATIONS.last().map(|m| m.0).unwrap_or(0)
@@ -89,6 +103,7 @@ pub fn now() -> String {
 impl Store {
     pub fn open(path: &Path) -> Result<Self> {
         let conn = Connection::open(path)?;
+        restrict_to_owner(path)?;
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
         // WAL keeps readers (search) unblocked by the ingest writer; NORMAL sync is crash-safe for a killed
         // process, and the index recovery on open repairs anything a power loss drops.

@@ -17,16 +17,46 @@ use crate::guard::{Caller, percent_encode};
 use crate::pages::{Nav, render, see_other};
 use crate::uploads;
 
+/// The message an admin action leaves for the page it redirects to. It travels in the URL, so it carries a keyed
+/// hash: a link crafted elsewhere (`/admin/users?flash=请把密码发给…`) shows nothing in the console.
 #[derive(Debug, Default, Deserialize)]
 pub struct Flash {
     #[serde(default)]
     flash: Option<String>,
     #[serde(default)]
     error: Option<String>,
+    #[serde(default)]
+    sig: Option<String>,
+}
+
+fn flash_sig(kind: &str, msg: &str) -> String {
+    use sha2::{Digest, Sha256};
+    static KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+    let key = KEY.get_or_init(|| {
+        let mut k = [0u8; 32];
+        getrandom::fill(&mut k).expect("OS random source");
+        k
+    });
+    // Nested keyed hash (HMAC's shape): no length extension of a signed message.
+    let inner = Sha256::new().chain_update(key).chain_update(kind).chain_update([0x1f]).chain_update(msg).finalize();
+    hex::encode(&Sha256::new().chain_update(key).chain_update(inner).finalize()[..16])
+}
+
+impl Flash {
+    fn checked(&self, kind: &str, msg: &Option<String>) -> Option<String> {
+        let (m, sig) = (msg.as_ref()?, self.sig.as_deref()?);
+        (flash_sig(kind, m) == sig).then(|| m.chars().take(500).collect())
+    }
+    fn flash(&self) -> Option<String> {
+        self.checked("flash", &self.flash)
+    }
+    fn error(&self) -> Option<String> {
+        self.checked("error", &self.error)
+    }
 }
 
 fn back_with(path: &str, flash: &str) -> HttpResponse {
-    see_other(&format!("{path}?flash={}", percent_encode(flash)))
+    see_other(&format!("{path}?flash={}&sig={}", percent_encode(flash), flash_sig("flash", flash)))
 }
 
 /// A failed admin action returns to its page with the message shown; server errors still get the error page.
@@ -34,7 +64,8 @@ fn back_with_error(path: &str, e: ApiError) -> Result<HttpResponse, ApiError> {
     if status_of(e.0.code()).is_server_error() {
         return Err(e);
     }
-    Ok(see_other(&format!("{path}?error={}", percent_encode(&e.public_message()))))
+    let m = e.public_message();
+    Ok(see_other(&format!("{path}?error={}&sig={}", percent_encode(&m), flash_sig("error", &m))))
 }
 
 #[get("/admin")]
@@ -67,8 +98,8 @@ pub async fn collections_page(
     let f = f.into_inner();
     render(&CollectionsPage {
         nav: Nav::of(&caller),
-        flash: f.flash,
-        error: f.error,
+        flash: f.flash(),
+        error: f.error(),
         csrf: caller.csrf().to_string(),
         collections,
         max_upload_mib: state.settings.server.max_upload_mib,
@@ -109,10 +140,10 @@ pub async fn upload_files(
     payload: actix_multipart::Multipart,
 ) -> Result<HttpResponse, ApiError> {
     match uploads::upload(&state, &caller, &name, payload).await {
-        Ok(job) => Ok(see_other(&format!(
-            "/admin/jobs?flash={}#job-{job}",
-            percent_encode(&format!("已上传，入库任务 #{job} 已开始"))
-        ))),
+        Ok(job) => {
+            let m = format!("已上传，入库任务 #{job} 已开始");
+            Ok(see_other(&format!("/admin/jobs?flash={}&sig={}#job-{job}", percent_encode(&m), flash_sig("flash", &m))))
+        }
         Err(e) => back_with_error("/admin/collections", e),
     }
 }
@@ -182,7 +213,13 @@ pub async fn jobs_page(
 ) -> Result<HttpResponse, ApiError> {
     let jobs = uploads::jobs(&state, 50).await?;
     let f = f.into_inner();
-    render(&JobsPage { nav: Nav::of(&caller), flash: f.flash, error: f.error, csrf: caller.csrf().to_string(), jobs })
+    render(&JobsPage {
+        nav: Nav::of(&caller),
+        flash: f.flash(),
+        error: f.error(),
+        csrf: caller.csrf().to_string(),
+        jobs,
+    })
 }
 
 #[post("/admin/jobs/{id}/cancel")]
@@ -212,14 +249,6 @@ struct UsersPage {
     collections: Vec<String>,
     tokens: Vec<accounts::ApiToken>,
     new_token: Option<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-pub struct UsersQuery {
-    #[serde(default)]
-    flash: Option<String>,
-    #[serde(default)]
-    error: Option<String>,
 }
 
 async fn users_page(
@@ -254,10 +283,9 @@ async fn users_page(
 pub async fn users_index(
     state: web::Data<AppState>,
     caller: Caller,
-    q: web::Query<UsersQuery>,
+    q: web::Query<Flash>,
 ) -> Result<HttpResponse, ApiError> {
-    let q = q.into_inner();
-    users_page(&state, &caller, q.flash, q.error, None).await
+    users_page(&state, &caller, q.flash(), q.error(), None).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -477,8 +505,8 @@ pub async fn models_page(
     let f = f.into_inner();
     render(&ModelsPage {
         nav: Nav::of(&caller),
-        flash: f.flash,
-        error: f.error,
+        flash: f.flash(),
+        error: f.error(),
         csrf: caller.csrf().to_string(),
         models: rows,
         active_query: active.as_ref().map(|a| spec(&a.query)).unwrap_or_default(),
@@ -557,8 +585,8 @@ pub async fn audit_page(
     let verified =
         blocking(move || Ok(care_engine::audit::verify(&engine.store().conn()).map_err(|e| e.to_string()))).await?;
     let qs = audit_query_string(&q);
-    let next_url =
-        (records.len() == limit).then(|| format!("/admin/audit?{qs}&offset={}", q.offset.unwrap_or(0) + limit));
+    let next_url = (records.len() == limit)
+        .then(|| format!("/admin/audit?{qs}&offset={}", q.offset.unwrap_or(0).saturating_add(limit)));
     render(&AuditPage {
         nav: Nav::of(&caller),
         flash: None,

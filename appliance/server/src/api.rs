@@ -37,8 +37,34 @@ pub struct SearchParams {
     pub method: Option<care_engine::fusion::Method>,
 }
 
+/// Appends one audit record on its own (for attempts that change nothing, such as a denied read): in a
+/// transaction of its own, because a record and the chain head it moves must commit together.
+pub fn audit_alone(
+    engine: &care_engine::Engine,
+    actor: &str,
+    action: &str,
+    detail: &serde_json::Value,
+) -> care_engine::Result<()> {
+    let mut conn = engine.store().conn();
+    let tx = conn.transaction()?;
+    audit::append(&tx, actor, action, detail)?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// A query as it may appear in the audit log: its text when the appliance logs queries, else only its length.
+fn logged_query(q: &str, log_queries: bool) -> serde_json::Value {
+    let q = q.trim();
+    if log_queries {
+        serde_json::Value::String(q.chars().take(care_engine::MAX_QUERY_CHARS).collect())
+    } else {
+        serde_json::json!({"chars": q.chars().count()})
+    }
+}
+
 /// Search as `caller`: only collections the caller may read are searched; naming another one is refused
-/// (a clinician cannot learn whether it exists). Every search is audited (who, query, collections, result count).
+/// (a clinician cannot learn whether it exists). Every search is audited (who, query, collections, result count),
+/// and so is every refused one (a non-granted collection, a query over the limits).
 pub async fn search_as(
     state: &web::Data<AppState>,
     caller: &Caller,
@@ -57,22 +83,29 @@ pub async fn search_as(
     };
     let wanted = p.collection.clone().filter(|c| !c.is_empty());
     let res = blocking(move || {
+        let refused = |action: &str, reason: &str, err: care_engine::Error| {
+            let detail = serde_json::json!({
+                "query": logged_query(&req.query, log_queries),
+                "collection": wanted,
+                "offset": req.offset,
+                "reason": reason,
+            });
+            audit_alone(&engine, &user.username, action, &detail)?;
+            Err(err)
+        };
+        if let Err(e) = engine.validate_search(&req) {
+            return refused("search.rejected", &e.to_string(), e);
+        }
         let readable = accounts::readable_collections(engine.store(), &user)?;
-        let cols = match wanted {
-            Some(c) if readable.contains(&c) || user.is_admin() => vec![c],
+        let cols = match &wanted {
+            Some(c) if readable.contains(c) || user.is_admin() => vec![c.clone()],
             Some(c) => {
-                return Err(care_engine::Error::Forbidden(format!(
-                    "you have no access to collection '{c}'; ask an administrator"
-                )));
+                let e = care_engine::Error::Forbidden(format!("你没有访问知识库「{c}」的权限；请联系管理员开通"));
+                return refused("search.denied", "collection not granted", e);
             }
             None => readable,
         };
         let res = if cols.is_empty() {
-            if req.query.trim().is_empty() {
-                return Err(care_engine::Error::InvalidInput(
-                    "the query is empty; type a few words to search for".into(),
-                ));
-            }
             SearchResults {
                 query: req.query.trim().to_string(),
                 method: "bm25",
@@ -88,14 +121,14 @@ pub async fn search_as(
             engine.search(&req)?
         };
         let detail = serde_json::json!({
-            "query": if log_queries { res.query.as_str() } else { "(not logged)" },
+            "query": if log_queries { serde_json::Value::from(res.query.as_str()) } else { "(not logged)".into() },
             "collections": cols,
             "results": res.hits.len(),
             "candidates": res.total_candidates,
             "offset": req.offset,
             "method": res.method,
         });
-        audit::append(&engine.store().conn(), &user.username, "search", &detail)?;
+        audit_alone(&engine, &user.username, "search", &detail)?;
         Ok(res)
     })
     .await?;
@@ -104,6 +137,7 @@ pub async fn search_as(
 }
 
 /// A document, if the caller may read its collection (otherwise 404, not 403: ids must not reveal what exists).
+/// A refused read is audited.
 pub async fn document_as(
     state: &web::Data<AppState>,
     caller: &Caller,
@@ -112,9 +146,25 @@ pub async fn document_as(
     let engine = state.engine.clone();
     let user = caller.user.clone();
     blocking(move || {
-        let doc = feedback::document(engine.store(), id)?;
+        let not_found = || care_engine::Error::NotFound { what: format!("document #{id}") };
+        let doc = match feedback::document(engine.store(), id) {
+            Ok(d) => d,
+            Err(care_engine::Error::NotFound { .. }) => {
+                audit_alone(
+                    &engine,
+                    &user.username,
+                    "document.denied",
+                    &serde_json::json!({"document": id, "reason": "no such document"}),
+                )?;
+                return Err(not_found());
+            }
+            Err(e) => return Err(e),
+        };
         if !user.is_admin() && !accounts::granted_collections(engine.store(), user.id)?.contains(&doc.collection) {
-            return Err(care_engine::Error::NotFound { what: format!("document #{id}") });
+            let detail =
+                serde_json::json!({"document": id, "collection": doc.collection, "reason": "collection not granted"});
+            audit_alone(&engine, &user.username, "document.denied", &detail)?;
+            return Err(not_found());
         }
         Ok(doc)
     })
@@ -130,10 +180,29 @@ pub async fn feedback_as(
 ) -> Result<i64, ApiError> {
     let engine = state.engine.clone();
     let user = caller.user.clone();
+    let log_queries = state.settings.audit.log_queries;
     blocking(move || {
-        let (collection, _, _) = feedback::chunk_collection(engine.store(), chunk_id)?;
+        let denied = |reason: &str| -> care_engine::Result<i64> {
+            let detail = serde_json::json!({"chunk": chunk_id, "query": logged_query(&query, log_queries), "reason": reason});
+            audit_alone(&engine, &user.username, "feedback.denied", &detail)?;
+            Err(care_engine::Error::NotFound { what: format!("passage #{chunk_id}") })
+        };
+        if query.trim().is_empty() || query.chars().count() > care_engine::MAX_QUERY_CHARS {
+            let detail = serde_json::json!({"chunk": chunk_id, "query_chars": query.chars().count(), "reason": "query empty or too long"});
+            audit_alone(&engine, &user.username, "feedback.rejected", &detail)?;
+            return Err(care_engine::Error::InvalidInput(format!(
+                "反馈所针对的查询须为 1 到 {} 个字符 (feedback query must be 1-{} characters)",
+                care_engine::MAX_QUERY_CHARS,
+                care_engine::MAX_QUERY_CHARS
+            )));
+        }
+        let collection = match feedback::chunk_collection(engine.store(), chunk_id) {
+            Ok((c, _, _)) => c,
+            Err(care_engine::Error::NotFound { .. }) => return denied("no such passage"),
+            Err(e) => return Err(e),
+        };
         if !user.is_admin() && !accounts::granted_collections(engine.store(), user.id)?.contains(&collection) {
-            return Err(care_engine::Error::NotFound { what: format!("passage #{chunk_id}") });
+            return denied("collection not granted");
         }
         feedback::record(engine.store(), &user.username, &query, chunk_id, helpful)
     })
@@ -264,17 +333,8 @@ pub async fn create_collection_as(
 ) -> Result<care_engine::store::Collection, ApiError> {
     let engine = state.engine.clone();
     let actor = caller.name().to_string();
-    blocking(move || {
-        let col = engine.create_collection(&c.name, &c.description, &actor)?;
-        audit::append(
-            &engine.store().conn(),
-            &actor,
-            "collection.create",
-            &serde_json::json!({"collection": col.name}),
-        )?;
-        Ok(col)
-    })
-    .await
+    // The engine audits the creation in its own transaction.
+    blocking(move || engine.create_collection(&c.name, &c.description, &actor)).await
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/collections", tag = "admin", request_body = NewCollection,
@@ -644,7 +704,8 @@ pub async fn audit_records(
     let engine = state.engine.clone();
     let f = q.filter();
     let limit = q.limit.unwrap_or(100).min(max);
-    let offset = q.offset.unwrap_or(0);
+    // SQLite takes the offset as i64; past the end is simply empty.
+    let offset = q.offset.unwrap_or(0).min(i64::MAX as usize);
     blocking(move || audit::search(&engine.store().conn(), &f, limit, offset)).await
 }
 

@@ -24,6 +24,10 @@ use crate::AppState;
 use crate::errors::{self, ApiError};
 use crate::table::{self, Access, Kind};
 
+/// What a user whose password must be changed (the first administrator's printed one) may still reach.
+const PASSWORD_CHANGE_ROUTES: &[&str] =
+    &["/account", "/account/password", "/logout", "/api/v1/me", "/api/v1/me/password", "/assets/{file}"];
+
 pub const SESSION_COOKIE: &str = "__Host-care_session";
 pub const LOGIN_CSRF_COOKIE: &str = "__Host-care_login_csrf";
 
@@ -171,9 +175,41 @@ async fn identify(req: &ServiceRequest, state: &web::Data<AppState>) -> Result<O
     .map_err(ApiError)
 }
 
-/// Pulls the body of a form post so its `csrf` field can be checked, then puts it back for the handler.
+/// Largest urlencoded form body read anywhere (the login form, admin forms). The CSRF check reads the body
+/// before the handler's own extractor, so it must enforce this itself: actix's payload limit is the upload size.
+pub const FORM_LIMIT: usize = 256 * 1024;
+
+fn form_too_large(size: u64) -> ApiError {
+    ApiError(care_engine::Error::TooLarge {
+        what: "表单 (the form body)".into(),
+        size,
+        limit: FORM_LIMIT as u64,
+        hint: "表单内容过大；请缩短后重新提交 (shorten the form)".into(),
+    })
+}
+
+/// Pulls the body of a form post (at most [`FORM_LIMIT`] bytes, refused by its declared length before reading)
+/// so its `csrf` field can be checked, then puts it back for the handler.
 async fn take_form_body(req: &mut ServiceRequest) -> Result<Bytes, ApiError> {
-    let bytes = req.extract::<Bytes>().await.map_err(|e| ApiError::invalid(format!("reading the form: {e}")))?;
+    use futures::StreamExt;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if let Some(n) = declared.filter(|n| *n > FORM_LIMIT as u64) {
+        return Err(form_too_large(n));
+    }
+    let mut payload = req.take_payload();
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ApiError::invalid(format!("reading the form: {e}")))?;
+        if body.len() + chunk.len() > FORM_LIMIT {
+            return Err(form_too_large((body.len() + chunk.len()) as u64));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    let bytes = body.freeze();
     let replay = bytes.clone();
     let stream: std::pin::Pin<Box<dyn futures::Stream<Item = Result<Bytes, actix_web::error::PayloadError>>>> =
         Box::pin(futures::stream::once(async move { Ok(replay) }));
@@ -316,6 +352,21 @@ pub async fn guard(
                 return Ok(finish(req.into_response(res), &state, route, started, &rid));
             }
         }
+    }
+    if let (Some(c), Some(r)) = (&caller, route)
+        && c.user.must_change_password
+        && !PASSWORD_CHANGE_ROUTES.contains(&r.pattern)
+        && r.access != Access::Public
+    {
+        let res = if page {
+            HttpResponse::SeeOther().insert_header((header::LOCATION, "/account")).finish()
+        } else {
+            denied(
+                ErrorCode::Forbidden,
+                "请先修改初始密码（「我的账户」页面或 POST /api/v1/me/password）(the initial password must be changed first)",
+            )
+        };
+        return Ok(finish(req.into_response(res), &state, route, started, &rid));
     }
     if !matches!(method, Method::GET | Method::HEAD | Method::OPTIONS)
         && route.is_some()

@@ -240,7 +240,7 @@ pub async fn serve(
         None
     } else {
         let port = https_addr.map_or(443, |a| a.port());
-        Some(redirect::server(&cfg.http_redirect_bind, port)?)
+        Some(redirect::server(&cfg.http_redirect_bind, port, &cfg.tls_names)?)
     };
     if let Some(addr) = https_addr {
         on_ready(addr, redirect.as_ref().map(|r| r.0));

@@ -41,11 +41,12 @@ pub fn see_other(to: &str) -> HttpResponse {
 
 /// A redirect target from a form must stay on this site.
 pub fn local_path(p: &str, fallback: &str) -> String {
-    if p.starts_with('/') && !p.starts_with("//") && !p.starts_with("/\\") && !p.contains(['\r', '\n']) {
-        p.to_string()
-    } else {
-        fallback.to_string()
-    }
+    // Whitelist, not blacklist: browsers drop TAB, CR and LF inside URLs and read `\` as `/`, so `/\t/evil.example`
+    // becomes `//evil.example`, a different host. Only visible ASCII without `\`, starting with one `/`, and short
+    // enough for a Location header.
+    let visible = p.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b'\\');
+    let one_slash = p.starts_with('/') && !p[1..].starts_with('/');
+    if visible && one_slash && p.len() <= 2048 { p.to_string() } else { fallback.to_string() }
 }
 
 /// A hit prepared for the template: the snippet split into plain and highlighted parts.
@@ -419,7 +420,11 @@ async fn account_page(
 
 #[get("/account")]
 pub async fn account(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
-    account_page(&state, &caller, None, None).await
+    let flash = caller
+        .user
+        .must_change_password
+        .then(|| "为了安全，请先修改初始密码（它曾显示在服务器的终端或日志中），然后重新登录。".to_string());
+    account_page(&state, &caller, flash, None).await
 }
 
 #[derive(Debug, Deserialize)]

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use actix_web::web;
-use care_engine::{Engine, FileError, audit};
+use care_engine::{Engine, FileError};
 use futures::StreamExt;
 use serde::Serialize;
 
@@ -93,6 +93,9 @@ pub async fn delete_collection(state: &web::Data<AppState>, caller: &Caller, nam
     blocking(move || engine.delete_collection(&name, &actor).map(|_| ())).await
 }
 
+/// Most files one upload may carry (a folder of guidelines is better sent as one ZIP).
+pub const MAX_UPLOAD_FILES: usize = 1000;
+
 /// Keeps the base name, replaces anything outside letters, digits, `.-_` and CJK with `_`.
 fn safe_name(raw: &str) -> String {
     let base = raw.rsplit(['/', '\\']).next().unwrap_or("");
@@ -126,6 +129,7 @@ pub async fn upload(
         let _ = std::fs::remove_dir_all(dir);
     };
     let mut files: Vec<PathBuf> = Vec::new();
+    let mut taken = std::collections::HashSet::new();
     let mut total: u64 = 0;
     while let Some(field) = payload.next().await {
         let mut field = field.map_err(|e| {
@@ -141,12 +145,20 @@ pub async fn upload(
         else {
             continue;
         };
-        let mut path = dir.join(&fname);
+        if files.len() >= MAX_UPLOAD_FILES {
+            cleanup(&dir);
+            return Err(ApiError::invalid(format!(
+                "一次最多上传 {MAX_UPLOAD_FILES} 个文件；请分批上传，或打包成 ZIP (more than {MAX_UPLOAD_FILES} files in one upload)"
+            )));
+        }
+        // Same-named parts get a numbered prefix; the names taken so far are kept in a set (no directory probing).
+        let mut name = fname.clone();
         let mut n = 1;
-        while path.exists() {
-            path = dir.join(format!("{n}-{fname}"));
+        while !taken.insert(name.clone()) {
+            name = format!("{n}-{fname}");
             n += 1;
         }
+        let path = dir.join(&name);
         let mut out = std::fs::File::create(&path).map_err(|e| ApiError(care_engine::Error::io(&path, e)))?;
         while let Some(chunk) = field.next().await {
             let chunk = chunk.map_err(|e| {
@@ -182,12 +194,8 @@ pub async fn upload(
             let names: Vec<String> =
                 files.iter().filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
             let id = engine.submit_ingest(&col, files, care_engine::IngestOptions::default(), &actor)?;
-            audit::append(
-                &engine.store().conn(),
-                &actor,
-                "collection.upload",
-                &serde_json::json!({"collection": col, "job": id, "files": names, "bytes": total}),
-            )?;
+            let detail = serde_json::json!({"collection": col, "job": id, "files": names, "bytes": total});
+            crate::api::audit_alone(&engine, &actor, "collection.upload", &detail)?;
             Ok(id)
         }
     })

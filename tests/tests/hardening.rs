@@ -1,0 +1,494 @@
+//! Hostile requests against the real `care serve` (issue "Hardening"): none may take the process down, answer 500
+//! or grow its memory past a stated bound, and refused attempts leave audit records. Every hostile input is
+//! generated here; nothing large is committed.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use care_e2e::{Care, Served};
+use care_server::table::ROUTES;
+use reqwest::blocking::{Body, Client, Response};
+
+const ADMIN_PW: &str = "admin-passphrase-1";
+const CLIN_PW: &str = "clinician-passphrase-1";
+
+fn client() -> Client {
+    Client::builder()
+        .danger_accept_invalid_certs(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
+}
+
+fn write(p: &Path, s: &str) -> PathBuf {
+    std::fs::write(p, s).unwrap();
+    p.to_path_buf()
+}
+
+fn add_user(care: &Care, dir: &Path, name: &str, role: &str, pw: &str) {
+    let f = write(&dir.join(format!("{name}.pw")), pw);
+    care.ok(&["user", "add", name, "--role", role, "--password-file", f.to_str().unwrap()]);
+}
+
+fn token(care: &Care, user: &str) -> String {
+    care.ok(&["user", "token", user, "--name", "hardening"]).trim().to_string()
+}
+
+/// Two collections sharing terms (a leak between them would show), an admin, a clinician granted one of them and a
+/// clinician granted none.
+struct Site {
+    _t: tempfile::TempDir,
+    dir: PathBuf,
+    care: Care,
+    admin: String,
+    clin: String,
+    nogrant: String,
+    secret_doc: i64,
+    secret_chunk: i64,
+}
+
+fn site(env: &[(&str, &str)]) -> Site {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().to_path_buf();
+    let mut care = Care::new(&dir.join("data"));
+    care.env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    care.ok(&["init"]);
+    let a = write(
+        &dir.join("aspirin.md"),
+        "# 阿司匹林指南\n\n## 用法\n\n阿司匹林用于冠心病二级预防，每日剂量75到100毫克。\n",
+    );
+    let b =
+        write(&dir.join("secret.md"), "# 机密病例讨论\n\n## 记录\n\n阿司匹林过敏患者的会诊记录，仅限心内科查阅。\n");
+    care.ok(&["collection", "create", "granted"]);
+    care.ok(&["ingest", "granted", a.to_str().unwrap()]);
+    care.ok(&["collection", "create", "secret"]);
+    care.ok(&["ingest", "secret", b.to_str().unwrap()]);
+    add_user(&care, &dir, "admin", "admin", ADMIN_PW);
+    add_user(&care, &dir, "drwang", "clinician", CLIN_PW);
+    add_user(&care, &dir, "drli", "clinician", CLIN_PW);
+    care.ok(&["user", "grant", "drwang", "granted"]);
+    let (admin, clin, nogrant) = (token(&care, "admin"), token(&care, "drwang"), token(&care, "drli"));
+    let secret = care.json(&["search", "--json", "-c", "secret", "阿司匹林"]);
+    let secret_doc = secret["hits"][0]["document_id"].as_i64().unwrap();
+    let secret_chunk = secret["hits"][0]["chunk_id"].as_i64().unwrap();
+    Site { _t: t, dir, care, admin, clin, nogrant, secret_doc, secret_chunk }
+}
+
+fn alive(served: &mut Served, c: &Client) {
+    assert!(served.child.0.try_wait().unwrap().is_none(), "care serve died");
+    let res = c.get(format!("{}/healthz", served.https)).send().expect("server answers");
+    assert_eq!(res.status(), 200);
+}
+
+fn get(c: &Client, url: &str, bearer: &str) -> Response {
+    c.get(url).bearer_auth(bearer).send().unwrap_or_else(|e| panic!("GET {url}: {e}"))
+}
+
+/// Integers at and past every boundary a handler could trip on (u64/i64/u32 limits, negatives, floats, NaN).
+const EXTREMES: &[&str] = &[
+    "-1",
+    "0",
+    "4294967296",
+    "100000000000",
+    "9223372036854775807",
+    "-9223372036854775808",
+    "18446744073709551615",
+    "18446744073709551616",
+    "1e400",
+    "NaN",
+];
+
+/// Every numeric name a route reads from its query string, form or JSON body.
+const NUMERIC: &[&str] = &["limit", "offset", "page", "judged", "chunk", "chunk_id", "id"];
+
+fn hostile_request(c: &Client, method: &str, url: &str, v: &str, bearer: &str) -> Result<Response, reqwest::Error> {
+    let form: String = NUMERIC.iter().map(|k| format!("{k}={v}&")).collect::<String>() + "q=x&helpful=1";
+    let json = format!(
+        "{{\"chunk_id\": {v}, \"limit\": {v}, \"offset\": {v}, \"query\": \"x\", \"helpful\": true, \"approved\": true}}"
+    );
+    let rb = match method {
+        "GET" => c.get(url),
+        "POST" => c.post(url),
+        "PUT" => c.put(url),
+        "PATCH" => c.patch(url),
+        "DELETE" => c.delete(url),
+        m => panic!("method {m}"),
+    };
+    let rb = rb.bearer_auth(bearer);
+    let rb = if url.contains("/api/") {
+        rb.header("content-type", "application/json").body(json)
+    } else {
+        rb.header("content-type", "application/x-www-form-urlencoded").body(form)
+    };
+    rb.send()
+}
+
+#[test]
+fn extreme_integers_in_every_numeric_parameter_never_kill_the_server_or_answer_500() {
+    let s = site(&[]);
+    let mut served = s.care.serve_full();
+    let c = client();
+    // The finding itself: an offset past any page aborted the process (tantivy preallocates offset + limit).
+    for off in ["100000000000", "18446744073709551615", "1001"] {
+        let res =
+            get(&c, &format!("{}/api/v1/search?q=%E9%AB%98%E8%A1%80%E5%8E%8B&offset={off}", served.https), &s.clin);
+        assert_eq!(res.status(), 400, "offset={off}");
+        let body: serde_json::Value = res.json().unwrap();
+        assert!(body["message"].as_str().unwrap().contains("max_offset"), "{body}");
+    }
+    alive(&mut served, &c);
+    let mut sent = 0;
+    for route in ROUTES {
+        for v in EXTREMES {
+            // Every path parameter gets the value too ({id}, {name}, {collection}, {file}).
+            let mut path = String::new();
+            let mut rest = route.pattern;
+            while let Some(i) = rest.find('{') {
+                let j = rest[i..].find('}').unwrap() + i;
+                path.push_str(&rest[..i]);
+                path.push_str(v);
+                rest = &rest[j + 1..];
+            }
+            path.push_str(rest);
+            let query: String = NUMERIC.iter().map(|k| format!("{k}={v}&")).collect::<String>() + "q=%E9%98%BF";
+            let url = format!("{}{path}?{query}", served.https);
+            for who in [&s.admin, &s.clin] {
+                let res = hostile_request(&c, route.method, &url, v, who)
+                    .unwrap_or_else(|e| panic!("{} {url}: no answer ({e})", route.method));
+                let status = res.status().as_u16();
+                assert!(status < 500, "{} {url} answered {status}: {}", route.method, res.text().unwrap_or_default());
+                sent += 1;
+            }
+        }
+    }
+    eprintln!("{sent} hostile requests over {} routes", ROUTES.len());
+    alive(&mut served, &c);
+}
+
+/// Peak resident memory of a process (VmHWM), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM");
+    kb * 1024
+}
+
+const MIB: u64 = 1 << 20;
+
+/// `prefix` then `n` bytes of `a`: a large body generated on the fly, sized (Content-Length) or chunked.
+fn big_body(prefix: &str, n: u64, sized: bool) -> Body {
+    let r = std::io::Cursor::new(prefix.as_bytes().to_vec()).chain(std::io::repeat(b'a').take(n));
+    if sized { Body::sized(r, prefix.len() as u64 + n) } else { Body::new(r) }
+}
+
+/// The login form's double-submit token (cookie and form field carry the same value).
+fn login_csrf(c: &Client, base: &str) -> String {
+    let res = c.get(format!("{base}/login")).send().unwrap();
+    let sc: Vec<String> = res.headers().get_all("set-cookie").iter().map(|v| v.to_str().unwrap().to_string()).collect();
+    sc.iter()
+        .find_map(|c| c.strip_prefix("__Host-care_login_csrf="))
+        .map(|v| v.split(';').next().unwrap().to_string())
+        .expect("login csrf cookie")
+}
+
+fn session(c: &Client, base: &str, user: &str, pw: &str) -> String {
+    let token = login_csrf(c, base);
+    let res = c
+        .post(format!("{base}/login"))
+        .header("cookie", format!("__Host-care_login_csrf={token}"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("username={user}&password={pw}&csrf={token}"))
+        .send()
+        .unwrap();
+    assert_eq!(res.status(), 303, "login of {user}");
+    let sc: Vec<String> = res.headers().get_all("set-cookie").iter().map(|v| v.to_str().unwrap().to_string()).collect();
+    let v = sc.iter().find_map(|c| c.strip_prefix("__Host-care_session=")).expect("session cookie");
+    format!("__Host-care_session={}", v.split(';').next().unwrap())
+}
+
+/// Memory bound: oversized bodies to every route class. The server's peak RSS may grow by less than
+/// `BOUND_MIB` over all of them together, where buffering any one body would add hundreds of MiB.
+#[test]
+fn oversized_bodies_to_every_route_class_leave_memory_bounded() {
+    const BOUND_MIB: u64 = 64;
+    let s = site(&[("CARE__SERVER__MAX_UPLOAD_MIB", "16")]);
+    let mut served = s.care.serve_full();
+    let base = served.https.clone();
+    let c = client();
+    let pid = served.child.0.id();
+    let ck = session(&c, &base, "admin", ADMIN_PW);
+    let login_token = login_csrf(&c, &base);
+    // Warm every route class once with a normal request, so the baseline includes the server's working set.
+    get(&c, &format!("{base}/api/v1/search?q=%E9%98%BF"), &s.admin);
+    let before = peak_rss(pid);
+    // (what, request, body size)
+    type Sender<'a> = Box<dyn Fn() -> Result<Response, reqwest::Error> + Sync + 'a>;
+    let login_cookie = format!("__Host-care_login_csrf={login_token}");
+    let cases: Vec<(&str, Sender)> = vec![
+        (
+            "anonymous form, 300 MiB declared",
+            Box::new(|| {
+                c.post(format!("{base}/login"))
+                    .header("cookie", &login_cookie)
+                    .header("content-type", "application/x-www-form-urlencoded")
+                    .body(big_body("username=x&password=", 300 * MIB, true))
+                    .send()
+            }),
+        ),
+        (
+            "anonymous form, 300 MiB chunked",
+            Box::new(|| {
+                c.post(format!("{base}/login"))
+                    .header("cookie", &login_cookie)
+                    .header("content-type", "application/x-www-form-urlencoded")
+                    .body(big_body("username=x&password=", 300 * MIB, false))
+                    .send()
+            }),
+        ),
+        (
+            "signed-in form, 300 MiB chunked",
+            Box::new(|| {
+                c.post(format!("{base}/admin/collections"))
+                    .header("cookie", &ck)
+                    .header("content-type", "application/x-www-form-urlencoded")
+                    .body(big_body("name=", 300 * MIB, false))
+                    .send()
+            }),
+        ),
+        (
+            "JSON, 300 MiB chunked",
+            Box::new(|| {
+                c.post(format!("{base}/api/v1/feedback"))
+                    .bearer_auth(&s.admin)
+                    .header("content-type", "application/json")
+                    .body(big_body("{\"query\": \"", 300 * MIB, false))
+                    .send()
+            }),
+        ),
+        (
+            "upload, 64 MiB over a 16 MiB limit",
+            Box::new(|| {
+                let head = "--b0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.txt\"\r\n\r\n";
+                c.post(format!("{base}/api/v1/admin/collections/granted/files"))
+                    .bearer_auth(&s.admin)
+                    .header("content-type", "multipart/form-data; boundary=b0undary")
+                    .body(big_body(head, 64 * MIB, false))
+                    .send()
+            }),
+        ),
+    ];
+    for (what, send) in &cases {
+        let t0 = Instant::now();
+        match send() {
+            Ok(res) => assert!(
+                matches!(res.status().as_u16(), 400 | 403 | 413),
+                "{what}: answered {}: {}",
+                res.status(),
+                res.text().unwrap_or_default()
+            ),
+            // The server may close the connection after refusing, while the client is still sending.
+            Err(e) => eprintln!("{what}: connection closed early ({e})"),
+        }
+        eprintln!("{what}: {:.1} s, peak RSS +{} MiB", t0.elapsed().as_secs_f64(), (peak_rss(pid) - before) / MIB);
+        alive(&mut served, &c);
+    }
+    // Three at once: the finding's 1 GB case.
+    std::thread::scope(|sc| {
+        for _ in 0..3 {
+            sc.spawn(|| {
+                let _ = cases[0].1();
+            });
+        }
+    });
+    let grew = peak_rss(pid).saturating_sub(before);
+    eprintln!("peak RSS grew by {} MiB over all oversized bodies (bound {BOUND_MIB} MiB)", grew / MIB);
+    assert!(grew < BOUND_MIB * MIB, "peak RSS grew by {} MiB", grew / MIB);
+    alive(&mut served, &c);
+}
+
+fn audit_actions(care: &Care, actor: &str) -> Vec<serde_json::Value> {
+    let list = care.json(&["audit", "list", "--json", "-n", "1000"]);
+    list.as_array().unwrap().iter().filter(|r| r["actor"] == actor).cloned().collect()
+}
+
+#[test]
+fn refused_attempts_are_audited_and_paths_redirects_and_messages_cannot_be_steered() {
+    let s = site(&[]);
+    let mut served = s.care.serve_full();
+    let base = served.https.clone();
+    let c = client();
+
+    // Denied and rejected attempts: a 403/404/400 to the caller, a record in the audit log.
+    let r = get(&c, &format!("{base}/api/v1/search?q=%E9%98%BF&collection=secret"), &s.clin);
+    assert_eq!(r.status(), 403);
+    let r = get(&c, &format!("{base}/api/v1/documents/{}", s.secret_doc), &s.clin);
+    assert_eq!(r.status(), 404);
+    let fb = format!("{{\"query\":\"阿司匹林\",\"chunk_id\":{},\"helpful\":true}}", s.secret_chunk);
+    let r = c.post(format!("{base}/api/v1/feedback")).bearer_auth(&s.clin).header("content-type", "application/json");
+    assert_eq!(r.body(fb).send().unwrap().status(), 404);
+    let long = "阿".repeat(1001);
+    let r = c.get(format!("{base}/api/v1/search")).bearer_auth(&s.clin).query(&[("q", long.as_str())]).send().unwrap();
+    assert_eq!(r.status(), 400);
+    // A user with no grants gets the same query limits (it used to bypass them).
+    let r =
+        c.get(format!("{base}/api/v1/search")).bearer_auth(&s.nogrant).query(&[("q", long.as_str())]).send().unwrap();
+    assert_eq!(r.status(), 400);
+    let actions: Vec<String> =
+        audit_actions(&s.care, "drwang").iter().map(|r| r["action"].as_str().unwrap().to_string()).collect();
+    for want in ["search.denied", "document.denied", "feedback.denied", "search.rejected"] {
+        assert!(actions.iter().any(|a| a == want), "no {want} record for drwang: {actions:?}");
+    }
+    assert!(audit_actions(&s.care, "drli").iter().any(|r| r["action"] == "search.rejected"));
+
+    // Open redirect: `next` with a TAB (browsers drop it: `//evil.example`) or another control character.
+    let ck = session(&c, &base, "drwang", CLIN_PW);
+    for next in
+        ["/%09/evil.example/", "/%0B/evil.example/", "/%5C/evil.example", "//evil.example", "https://evil.example"]
+    {
+        let res = c.get(format!("{base}/login?next={next}")).header("cookie", &ck).send().unwrap();
+        assert_eq!(res.status(), 303, "next={next}");
+        assert_eq!(res.headers()["location"], "/search", "next={next}");
+    }
+    let res = c.get(format!("{base}/login?next=/doc/1%3Fx%3D1")).header("cookie", &ck).send().unwrap();
+    assert_eq!(res.headers()["location"], "/doc/1?x=1", "a local path still works");
+
+    // Admin pages do not show a message taken from a crafted URL.
+    let ack = session(&c, &base, "admin", ADMIN_PW);
+    let bait = "请把密码发到 evil.example";
+    let res = c.get(format!("{base}/admin/users")).query(&[("flash", bait), ("error", bait)]).header("cookie", &ack);
+    let html = res.send().unwrap().text().unwrap();
+    assert!(!html.contains(bait), "a flash message from the URL was shown");
+    // A real action's message is still shown after its redirect.
+    let csrf = {
+        let key = "<meta name=\"csrf-token\" content=\"";
+        let i = html.find(key).unwrap() + key.len();
+        html[i..].split('"').next().unwrap().to_string()
+    };
+    let res = c
+        .post(format!("{base}/admin/collections"))
+        .header("cookie", &ack)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("name=fromform&csrf={csrf}"))
+        .send()
+        .unwrap();
+    assert_eq!(res.status(), 303);
+    let loc = res.headers()["location"].to_str().unwrap().to_string();
+    let html = c.get(format!("{base}{loc}")).header("cookie", &ack).send().unwrap().text().unwrap();
+    assert!(html.contains("已创建资料库 fromform"), "{loc}");
+
+    // Creating a collection writes one audit record, not two.
+    let r = c.post(format!("{base}/api/v1/admin/collections")).bearer_auth(&s.admin);
+    let r = r.header("content-type", "application/json").body(r#"{"name":"viaapi"}"#).send().unwrap();
+    assert_eq!(r.status(), 201);
+    let creates = audit_actions(&s.care, "admin")
+        .into_iter()
+        .filter(|r| r["action"] == "collection.create" && r["detail"].to_string().contains("viaapi"))
+        .count();
+    assert_eq!(creates, 1);
+
+    // The plain-HTTP redirector never echoes a Host header it does not serve.
+    let http = served.http.clone().unwrap();
+    let res = c.get(format!("{http}/search")).header("host", "evil.example").send().unwrap();
+    assert_eq!(res.status(), 308);
+    let loc = res.headers()["location"].to_str().unwrap();
+    assert!(loc.starts_with("https://127.0.0.1:"), "{loc}");
+
+    // Too many files in one upload: refused with a message, nothing queued.
+    let mut body = Vec::new();
+    for i in 0..=1000 {
+        body.extend_from_slice(
+            format!("--b0\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f.md\"\r\n\r\n# {i}\n\r\n")
+                .as_bytes(),
+        );
+    }
+    body.extend_from_slice(b"--b0--\r\n");
+    let r = c.post(format!("{base}/api/v1/admin/collections/granted/files")).bearer_auth(&s.admin);
+    let r = r.header("content-type", "multipart/form-data; boundary=b0").body(body).send().unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().unwrap().contains("1000"));
+
+    // A password typed into the user-name field is not written to the audit log; unknown names are throttled
+    // like accounts, and a disabled account answers like a wrong password.
+    let typed = "Correct-Horse-Battery-Staple-77";
+    for i in 1..=6 {
+        let token = login_csrf(&c, &base);
+        let res = c
+            .post(format!("{base}/login"))
+            .header("cookie", format!("__Host-care_login_csrf={token}"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("username={typed}&password=whatever-{i}&csrf={token}"))
+            .send()
+            .unwrap();
+        assert_eq!(res.status(), if i < 5 { 401 } else { 423 }, "attempt {i}");
+    }
+    let log = s.care.ok(&["audit", "list", "--json", "-n", "1000"]);
+    assert!(!log.contains(typed), "the attempted name reached the audit log");
+
+    // Sources shown to clinicians are file names, not folders on the server.
+    let hits = get(&c, &format!("{base}/api/v1/search?q=%E9%98%BF%E5%8F%B8%E5%8C%B9%E6%9E%97"), &s.clin);
+    let hits: serde_json::Value = hits.json().unwrap();
+    let source = hits["hits"][0]["source"].as_str().unwrap().to_string();
+    assert_eq!(source, "aspirin.md");
+    assert!(!hits.to_string().contains(s.dir.to_str().unwrap()));
+    alive(&mut served, &c);
+
+    // The CLI names the operating-system account, not whatever $USER says.
+    let mut cmd = s.care.command(&["collection", "create", "cli-made"]);
+    let out = cmd.env("USER", "forged-user").env("LOGNAME", "forged-user").output().unwrap();
+    assert!(out.status.success());
+    let log = s.care.ok(&["audit", "list", "--json", "-n", "5"]);
+    assert!(!log.contains("forged-user") && log.contains("\"cli:"), "{log}");
+
+    // The data directory and the metadata file are the appliance's alone.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&s.care.data_dir), 0o700);
+        assert_eq!(mode(&s.care.data_dir.join("care.sqlite")), 0o600);
+    }
+}
+
+/// The finding: 50,000 nested `<div>` overflowed the ingest worker's stack and killed `care serve`, again at every
+/// restart. Now such a file is refused with its own error while the rest of its upload is indexed, and the server
+/// stays up.
+#[test]
+fn deeply_nested_html_upload_does_not_kill_the_server() {
+    let s = site(&[]);
+    let mut served = s.care.serve_full();
+    let base = served.https.clone();
+    let c = client();
+    let n = 50_000;
+    let html = format!("<html><body>{}<p>深层嵌套</p>{}</body></html>", "<div>".repeat(n), "</div>".repeat(n));
+    let part = |name: &str, content: &str| {
+        format!("--b0\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\n\r\n{content}\r\n")
+    };
+    let body = part("nested.html", &html) + &part("ok.md", "# 胰岛素\n\n胰岛素注射部位应轮换。\n") + "--b0--\r\n";
+    let r = c.post(format!("{base}/api/v1/admin/collections/granted/files")).bearer_auth(&s.admin);
+    let r = r.header("content-type", "multipart/form-data; boundary=b0").body(body).send().unwrap();
+    assert_eq!(r.status(), 202);
+    let job = r.json::<serde_json::Value>().unwrap()["job_id"].as_i64().unwrap();
+    let t0 = Instant::now();
+    let state = loop {
+        let j: serde_json::Value = get(&c, &format!("{base}/api/v1/admin/jobs/{job}"), &s.admin).json().unwrap();
+        if j["state"] == "done" || j["state"] == "failed" {
+            break j;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "job did not end: {j}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(state["state"], "done", "{state}");
+    let errors = state["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{state}");
+    assert_eq!(errors[0]["code"], "malformed_record", "{state}");
+    assert!(errors[0]["file"].as_str().unwrap().contains("nested.html"), "{state}");
+    alive(&mut served, &c);
+    let hits: serde_json::Value =
+        get(&c, &format!("{base}/api/v1/search?q=%E8%83%B0%E5%B2%9B%E7%B4%A0&method=bm25"), &s.admin).json().unwrap();
+    assert!(hits.to_string().contains("ok.md"), "{hits}");
+}
