@@ -5,9 +5,9 @@
 //! same crash-safe batch protocol as `Engine::ingest_files`, and confirms the file in one transaction that also
 //! updates the job's counters and error list. A crash leaves the interrupted file unconfirmed; on restart the job is
 //! re-queued and the file read again — documents it had already written are recognised by (collection, external id,
-//! content hash) and skipped, so nothing is duplicated — unless the process died while reading that same file
-//! [`MAX_CRASHES`] times (counted in `job_files`), which is then recorded as failed. One bad file never stops the others: its error is recorded
-//! with a stable code and a message naming the file.
+//! content hash) and skipped, so nothing is duplicated. A file during which the process died [`MAX_CRASHES`] times
+//! (counted in `job_files`) is recorded as failed instead of read again. One bad file never stops the others: its
+//! error is recorded with a stable code and a message naming the file.
 //!
 //! States: `queued` → `running` → `done` (every file processed; `errors` lists files that were rejected while the
 //! others were indexed), `failed` (every file was rejected, nothing indexed), or `cancelled` (files not yet started

@@ -252,7 +252,8 @@ fn deep_html() {
             let pattern = prop::collection::vec(prop::sample::select(TAGS), 1..5);
             (pattern, any::<bool>(), 1..=DEEP).prop_map(|(tags, closed, n)| {
                 let open: String = tags.iter().map(|t| format!("<{t}>")).collect();
-                let close: String = if closed { tags.iter().rev().map(|t| format!("</{t}>")).collect() } else { String::new() };
+                let close: String =
+                    if closed { tags.iter().rev().map(|t| format!("</{t}>")).collect() } else { String::new() };
                 nest(open.as_bytes(), "深处的文字".as_bytes(), close.as_bytes(), n / tags.len().max(1))
             })
         },
@@ -324,7 +325,9 @@ fn raw_pdf(objects: &[Vec<u8>]) -> Vec<u8> {
     for o in offsets {
         out.extend(format!("{o:010} 00000 n \n").as_bytes());
     }
-    out.extend(format!("trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n", objects.len() + 1).as_bytes());
+    out.extend(
+        format!("trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n", objects.len() + 1).as_bytes(),
+    );
     out
 }
 
@@ -369,7 +372,11 @@ fn deep_pdf() {
         let mut objects = vec![b"<< /Type /Catalog /Pages 2 0 R >>".to_vec()];
         objects.extend((2..n + 2).map(|i| format!("<< /Type /Pages /Kids [{} 0 R] /Count 1 >>", i + 1).into_bytes()));
         objects.push(b"<< /Type /Page /MediaBox [0 0 595 842] >>".to_vec());
-        assert_text_or(outcome(FileKind::Pdf, "tree.pdf", &raw_pdf(&objects)), "", &["malformed_record", "empty_input"]);
+        assert_text_or(
+            outcome(FileKind::Pdf, "tree.pdf", &raw_pdf(&objects)),
+            "",
+            &["malformed_record", "empty_input"],
+        );
         let cycle = raw_pdf(&[
             b"<< /Type /Catalog /Pages 2 0 R >>".to_vec(),
             b"<< /Type /Pages /Kids [2 0 R] /Count 1 >>".to_vec(),
@@ -423,7 +430,8 @@ fn deep_zip_text_markdown_and_csv() {
         let md = nest("> - [(".as_bytes(), "深处的文字".as_bytes(), b")]", DEEP);
         assert_text_or(outcome(FileKind::Markdown, "deep.md", &md), "深处的文字", &[]);
         assert_text_or(outcome(FileKind::Text, "deep.txt", &md), "深处的文字", &[]);
-        let csv = [b"text\n\"".as_slice(), &nest(b"\"\"", "深处的文字".as_bytes(), b"\"\"", DEEP / 10), b"\"\n"].concat();
+        let csv =
+            [b"text\n\"".as_slice(), &nest(b"\"\"", "深处的文字".as_bytes(), b"\"\"", DEEP / 10), b"\"\n"].concat();
         assert_text_or(outcome(FileKind::Csv, "deep.csv", &csv), "深处的文字", &[]);
     });
 }

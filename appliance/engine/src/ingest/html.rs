@@ -67,9 +67,13 @@ const RAW_TEXT: &[&str] =
 
 /// (title, text with Markdown heading lines), or the byte offset where elements nest deeper than [`MAX_DEPTH`].
 pub(super) fn extract(html: &str) -> Result<(String, String), usize> {
-    if let Some(at) = too_deep(html) {
-        return Err(at);
+    match too_deep(html) {
+        Some(at) => Err(at),
+        None => Ok(extract_tree(html)),
     }
+}
+
+fn extract_tree(html: &str) -> (String, String) {
     let doc = Html::parse_document(html);
     let title = doc
         .select(&scraper::Selector::parse("title").expect("static selector"))
@@ -78,7 +82,7 @@ pub(super) fn extract(html: &str) -> Result<(String, String), usize> {
         .unwrap_or_default();
     let mut out = String::new();
     walk(doc.root_element(), &mut out);
-    Ok((title.split_whitespace().collect::<Vec<_>>().join(" "), out))
+    (title.split_whitespace().collect::<Vec<_>>().join(" "), out)
 }
 
 /// Where elements first nest deeper than [`MAX_DEPTH`], estimated from the tags alone in one linear pass, the way
@@ -145,7 +149,11 @@ fn find(b: &[u8], from: usize, needle: &[u8]) -> Option<usize> {
 fn raw_text_end(b: &[u8], from: usize, name: &str) -> usize {
     let n = name.len();
     (from..b.len())
-        .find(|&j| b[j] == b'<' && b.get(j + 1) == Some(&b'/') && b.get(j + 2..j + 2 + n).is_some_and(|t| t.eq_ignore_ascii_case(name.as_bytes())))
+        .find(|&j| {
+            b[j] == b'<'
+                && b.get(j + 1) == Some(&b'/')
+                && b.get(j + 2..j + 2 + n).is_some_and(|t| t.eq_ignore_ascii_case(name.as_bytes()))
+        })
         .unwrap_or(b.len())
 }
 
@@ -234,6 +242,16 @@ mod tests {
         let text = crate::text::normalize(&text);
         assert_eq!(text, "# 高血压\n血压≥140/90 mmHg\n可诊断。\n## 治疗\n限盐\n运动");
         assert_eq!(declared_charset(html.as_bytes()), Some("GBK"));
+    }
+
+    #[test]
+    fn the_walk_is_iterative() {
+        // Past the nesting bound, on a 2 MiB stack: a recursive walk overflows it (and aborts the test process).
+        let n = 5_000;
+        let page = format!("{}<h2>深</h2><script>x</script>文{}", "<div><span>".repeat(n), "</span></div>".repeat(n));
+        let run = move || extract_tree(&page);
+        let (_, text) = std::thread::Builder::new().stack_size(2 << 20).spawn(run).unwrap().join().unwrap();
+        assert_eq!(crate::text::normalize(&text), "## 深\n文");
     }
 
     #[test]
