@@ -5,8 +5,9 @@
 //! same crash-safe batch protocol as `Engine::ingest_files`, and confirms the file in one transaction that also
 //! updates the job's counters and error list. A crash leaves the interrupted file unconfirmed; on restart the job is
 //! re-queued and the file read again — documents it had already written are recognised by (collection, external id,
-//! content hash) and skipped, so nothing is duplicated. One bad file never stops the others: its error is recorded
-//! with a stable code and a message naming the file.
+//! content hash) and skipped, so nothing is duplicated. A file during which the process died [`MAX_CRASHES`] times
+//! (counted in `job_files`) is recorded as failed instead of read again. One bad file never stops the others: its
+//! error is recorded with a stable code and a message naming the file.
 //!
 //! States: `queued` → `running` → `done` (every file processed; `errors` lists files that were rejected while the
 //! others were indexed), `failed` (every file was rejected, nothing indexed), or `cancelled` (files not yet started
@@ -475,6 +476,17 @@ struct Shared {
 /// full) is recorded as failed with that error, so one broken dependency cannot wedge the queue.
 const MAX_ATTEMPTS: u32 = 3;
 
+/// A file whose reading was interrupted by the process dying this many times (counted in SQLite, since the process
+/// that would count in memory is the one that dies) is recorded as failed instead of read again: otherwise a file
+/// that crashes the appliance would crash it at every restart, forever. Three, not one: a single kill (power cut,
+/// an admin's restart, the OOM killer on a busy machine) says nothing about the file.
+pub const MAX_CRASHES: i64 = 3;
+
+/// Stack of the worker threads. The parsers are iterative, so this is defence in depth: a stack overflow aborts the
+/// whole process (not catchable like a panic), and a parser regression on a deep document should not take `care
+/// serve` down.
+const WORKER_STACK: usize = 16 << 20;
+
 /// Runs queued ingestion jobs in background threads.
 #[derive(Debug)]
 pub struct Worker;
@@ -506,6 +518,7 @@ impl Worker {
                 let s = shared.clone();
                 std::thread::Builder::new()
                     .name(format!("care-ingest-{i}"))
+                    .stack_size(WORKER_STACK)
                     .spawn(move || run_thread(&s))
                     .expect("spawn ingest worker thread")
             })
@@ -565,7 +578,11 @@ fn run_thread(s: &Shared) {
         }
         match claim(s) {
             Ok(Some(c)) => {
-                if let Err(e) = process(s, &c) {
+                let res = process(s, &c);
+                if let Err(e) = end_start(&s.engine, &c) {
+                    tracing::error!(job = c.job, error = %e, "could not record that reading the file ended");
+                }
+                if let Err(e) = res {
                     // Another process holding the index is waited out; other failures are retried a few times.
                     let n = if matches!(e, Error::Locked { .. }) {
                         0
@@ -649,39 +666,91 @@ fn claim(s: &Shared) -> Result<Option<Claim>> {
             }
             continue;
         }
-        let next: Option<(i64, String, String, String)> = {
-            let conn = e.store.conn();
-            let mut stmt = conn.prepare(
-                "SELECT f.ordinal, f.path, j.collection, j.params FROM job_files f JOIN jobs j ON j.id = f.job_id
-                 WHERE f.job_id = ?1 AND f.state = 'queued' ORDER BY f.ordinal",
-            )?;
-            let mut rows = stmt.query([job])?;
-            let mut found = None;
-            while let Some(r) = rows.next()? {
-                let ordinal: i64 = r.get(0)?;
-                if !claimed.contains(&(job, ordinal)) {
-                    found = Some((ordinal, r.get(1)?, r.get(2)?, r.get(3)?));
-                    break;
-                }
-            }
-            found
-        };
+        let next = next_file(e, job, &claimed)?;
         match next {
-            Some((ordinal, path, collection, params_json)) => {
-                let p: IngestParams =
-                    serde_json::from_str(&params_json).unwrap_or(IngestParams { options: IngestOptions::default() });
-                e.store.conn().execute(
-                    "UPDATE jobs SET state = 'running', updated_at = ?2 WHERE id = ?1 AND state = 'queued'",
-                    params![job, now()],
-                )?;
-                claimed.insert((job, ordinal));
-                return Ok(Some(Claim { job, ordinal, path: PathBuf::from(path), collection, options: p.options }));
+            Some(c) => {
+                start(e, &c)?;
+                claimed.insert((job, c.ordinal));
+                return Ok(Some(c));
             }
             None if !busy => finish_job(e, job, false)?,
             None => {}
         }
     }
     Ok(None)
+}
+
+/// The first queued file of `job` not being read in this process; files that crashed the process
+/// [`MAX_CRASHES`] times are recorded as failed on the way.
+fn next_file(e: &Engine, job: i64, claimed: &HashSet<(i64, i64)>) -> Result<Option<Claim>> {
+    loop {
+        let row: Option<(Claim, i64)> = {
+            let conn = e.store.conn();
+            let mut stmt = conn.prepare(
+                "SELECT f.ordinal, f.path, j.collection, j.params, f.unfinished_starts FROM job_files f
+                 JOIN jobs j ON j.id = f.job_id WHERE f.job_id = ?1 AND f.state = 'queued' ORDER BY f.ordinal",
+            )?;
+            let mut rows = stmt.query([job])?;
+            let mut found = None;
+            while let Some(r) = rows.next()? {
+                let ordinal: i64 = r.get(0)?;
+                if !claimed.contains(&(job, ordinal)) {
+                    let params_json: String = r.get(3)?;
+                    let p: IngestParams = serde_json::from_str(&params_json)
+                        .unwrap_or(IngestParams { options: IngestOptions::default() });
+                    let (path, collection) = (PathBuf::from(r.get::<_, String>(1)?), r.get(2)?);
+                    found = Some((Claim { job, ordinal, path, collection, options: p.options }, r.get(4)?));
+                    break;
+                }
+            }
+            found
+        };
+        match row {
+            Some((c, crashes)) if crashes >= MAX_CRASHES => skip_crashed(e, &c, crashes)?,
+            other => return Ok(other.map(|(c, _)| c)),
+        }
+    }
+}
+
+/// Records a file that kept killing the process as failed, so the job's other files go on.
+fn skip_crashed(e: &Engine, c: &Claim, crashes: i64) -> Result<()> {
+    tracing::error!(job = c.job, file = %c.path.display(), crashes, "the process died while reading this file; skipping it");
+    let report = FileReport {
+        path: c.path.clone(),
+        error_code: Some("malformed_record"),
+        error: Some(format!(
+            "{}：读取此文件时设备已意外停止 {MAX_CRASHES} 次，已跳过此文件，其他文件继续处理。\
+             请检查或修复此文件（例如用原软件重新保存或导出）后重新上传。",
+            c.path.display()
+        )),
+        ..Default::default()
+    };
+    record_file(e, c, &[report])
+}
+
+/// Marks the job running and counts a start of the file, committed before a byte of it is read.
+fn start(e: &Engine, c: &Claim) -> Result<()> {
+    let mut conn = e.store.conn();
+    let tx = conn.transaction()?;
+    tx.execute(
+        "UPDATE jobs SET state = 'running', updated_at = ?2 WHERE id = ?1 AND state = 'queued'",
+        params![c.job, now()],
+    )?;
+    tx.execute(
+        "UPDATE job_files SET unfinished_starts = unfinished_starts + 1 WHERE job_id = ?1 AND ordinal = ?2",
+        params![c.job, c.ordinal],
+    )?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// Undoes [`start`]'s count once reading ended without the process dying (whatever the outcome).
+fn end_start(e: &Engine, c: &Claim) -> Result<()> {
+    e.store.conn().execute(
+        "UPDATE job_files SET unfinished_starts = MAX(unfinished_starts - 1, 0) WHERE job_id = ?1 AND ordinal = ?2",
+        params![c.job, c.ordinal],
+    )?;
+    Ok(())
 }
 
 fn cancel_requested(e: &Engine, job: i64) -> bool {
@@ -857,4 +926,94 @@ fn finish_job(e: &Engine, job: i64, cancelled: bool) -> Result<()> {
         e.remove_owned_files(job)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::EngineConfig;
+    use crate::engine::OpenMode;
+
+    fn engine(dir: &Path) -> Arc<Engine> {
+        let mut cfg = EngineConfig::default();
+        cfg.storage.data_dir = dir.to_path_buf();
+        Arc::new(Engine::open(cfg, OpenMode::Create).unwrap())
+    }
+
+    fn starts(e: &Engine, job: i64, ordinal: i64) -> i64 {
+        e.store
+            .conn()
+            .query_row(
+                "SELECT unfinished_starts FROM job_files WHERE job_id = ?1 AND ordinal = ?2",
+                params![job, ordinal],
+                |r| r.get(0),
+            )
+            .unwrap()
+    }
+
+    /// Claims files the way a worker does, then "dies": the claims are never ended, as after a kill -9.
+    fn crash_after_claiming(e: &Arc<Engine>, n: usize) {
+        let s = Shared {
+            engine: e.clone(),
+            stop: AtomicBool::new(false),
+            claimed: Mutex::new(HashSet::new()),
+            lock: Mutex::new(None),
+            attempts: Mutex::new(Default::default()),
+        };
+        for _ in 0..n {
+            claim(&s).unwrap().expect("a queued file");
+        }
+    }
+
+    fn wait(e: &Engine, id: i64) -> Job {
+        let started = std::time::Instant::now();
+        loop {
+            let j = e.job(id).unwrap();
+            if j.state.is_finished() {
+                return j;
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "job {id} did not finish: {j:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    #[test]
+    fn a_file_that_crashed_the_process_three_times_is_skipped_and_the_job_goes_on() {
+        let t = tempfile::tempdir().unwrap();
+        let e = engine(&t.path().join("data"));
+        e.create_collection("c", "", "alice").unwrap();
+        let up = e.new_upload_dir().unwrap();
+        let files: Vec<PathBuf> = ["a.md", "poison.md", "c.md"]
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let p = up.join(n);
+                std::fs::write(&p, format!("# 文件{i}\n正文内容{i}。")).unwrap();
+                p
+            })
+            .collect();
+        let id = e.submit_ingest("c", files, IngestOptions::default(), "alice").unwrap();
+        // Two earlier crashes while reading poison.md, then a third: a.md and poison.md are read when it happens.
+        e.store.conn().execute("UPDATE job_files SET unfinished_starts = 2 WHERE ordinal = 1", []).unwrap();
+        crash_after_claiming(&e, 2);
+        assert_eq!((starts(&e, id, 0), starts(&e, id, 1), starts(&e, id, 2)), (1, 3, 0));
+
+        let w = Worker::start(e.clone(), 1);
+        let job = wait(&e, id);
+        w.shutdown();
+        assert_eq!(job.state, JobState::Done, "{job:?}");
+        assert_eq!(job.progress_done, 3);
+        let files = e.job_files(id).unwrap();
+        let states: Vec<&str> = files.iter().map(|f| f.state.as_str()).collect();
+        assert_eq!(states, vec!["done", "failed", "done"], "one crash (a.md) never fails a file");
+        assert_eq!((files[0].added, files[2].added), (1, 1));
+        let err = &job.errors[..];
+        assert_eq!(err.len(), 1, "{err:?}");
+        assert_eq!((err[0].file.as_str(), err[0].code.as_str()), ("poison.md", "malformed_record"));
+        assert!(err[0].message.starts_with("poison.md："), "{}", err[0].message);
+        assert!(err[0].message.contains("意外停止 3 次") && err[0].message.contains("重新上传"), "{}", err[0].message);
+        // Reading that ended (a.md, c.md) took back its own start; a.md keeps the one crash.
+        assert_eq!((starts(&e, id, 0), starts(&e, id, 2)), (1, 0));
+        assert_eq!(e.stats().unwrap().documents, 2);
+    }
 }

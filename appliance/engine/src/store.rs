@@ -20,6 +20,7 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (4, include_str!("../../../migrations/0004_ingest_jobs.sql")),
     (5, include_str!("../../../migrations/0005_auth.sql")),
     (6, include_str!("../../../migrations/0006_vector_imports.sql")),
+    (8, include_str!("../../../migrations/0008_job_file_starts.sql")),
     (9, include_str!("../../../migrations/0009_login_hardening.sql")),
 ];
 

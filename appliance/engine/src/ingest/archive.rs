@@ -32,8 +32,22 @@ pub(super) fn expand(origin: &Origin, bytes: &[u8], opts: &IngestOptions, limits
     Ok(out)
 }
 
-pub(super) fn open(path: &Path, bytes: &[u8], format: &'static str) -> Result<ZipArchive<Cursor<Vec<u8>>>> {
-    ZipArchive::new(Cursor::new(bytes.to_vec())).map_err(|e| Error::MalformedFile {
+/// An archive read in place from the upload's bytes (never copied: a 1 GiB upload must not cost 2 GiB).
+pub(super) type Zip<'a> = ZipArchive<Cursor<&'a [u8]>>;
+
+/// Below this expanded size a member (or a whole archive) is not held to the ratio limit: small real files can
+/// compress far better than 100:1 (a blank form, a page of table borders), and however many of them an archive holds,
+/// `max_archive_entries` × this stays within `max_expanded_bytes`. Above it, a ratio beyond the limit is refused:
+/// real documents compress 3–30:1, zip bombs ~1000:1.
+const RATIO_SLACK: u64 = 64 << 10;
+
+/// True when `packed` bytes declared to expand to `size` exceed the ratio limit (beyond the slack).
+fn over_ratio(size: u64, packed: u64, limits: &IngestLimits) -> bool {
+    size > RATIO_SLACK && size / packed.max(1) > limits.max_expansion_ratio
+}
+
+pub(super) fn open<'a>(path: &Path, bytes: &'a [u8], format: &'static str) -> Result<Zip<'a>> {
+    ZipArchive::new(Cursor::new(bytes)).map_err(|e| Error::MalformedFile {
         path: path.to_path_buf(),
         format,
         message: format!(
@@ -79,7 +93,7 @@ fn is_junk(name: &str) -> bool {
 }
 
 /// Checks the central directory of an archive against the limits without decompressing anything.
-fn vet(path: &Path, zip: &mut ZipArchive<Cursor<Vec<u8>>>, limits: &IngestLimits, budget: &mut Budget) -> Result<()> {
+fn vet(path: &Path, zip: &mut Zip<'_>, packed_total: u64, limits: &IngestLimits, budget: &mut Budget) -> Result<()> {
     budget.entries += zip.len();
     if budget.entries > limits.max_archive_entries {
         return Err(unsafe_archive(
@@ -108,7 +122,7 @@ fn vet(path: &Path, zip: &mut ZipArchive<Cursor<Vec<u8>>>, limits: &IngestLimits
             continue;
         }
         let (size, packed) = (f.size(), f.compressed_size());
-        if size > 1 << 20 && size / packed.max(1) > limits.max_expansion_ratio {
+        if over_ratio(size, packed, limits) {
             return Err(unsafe_archive(
                 path,
                 format!(
@@ -120,6 +134,19 @@ fn vet(path: &Path, zip: &mut ZipArchive<Cursor<Vec<u8>>>, limits: &IngestLimits
             ));
         }
         declared = declared.saturating_add(size);
+    }
+    // Many members each under the slack: the archive as a whole is held to the same ratio (its own size, headers
+    // included, is the denominator, which only errs towards accepting).
+    if over_ratio(declared, packed_total, limits) {
+        return Err(unsafe_archive(
+            path,
+            format!(
+                "its {packed_total} bytes expand to {declared} bytes (ratio {}:1, over the limit of {}:1); this looks \
+                 like a zip bomb and was not decompressed",
+                declared / packed_total.max(1),
+                limits.max_expansion_ratio
+            ),
+        ));
     }
     budget.expanded = budget.expanded.saturating_add(declared);
     if budget.expanded > limits.max_expanded_bytes {
@@ -135,7 +162,7 @@ fn vet(path: &Path, zip: &mut ZipArchive<Cursor<Vec<u8>>>, limits: &IngestLimits
 }
 
 /// Reads member `i`, never more than its declared size (a member whose data exceeds its header is refused).
-fn read_member(path: &Path, zip: &mut ZipArchive<Cursor<Vec<u8>>>, i: usize, name: &str) -> Result<Vec<u8>> {
+fn read_member(path: &Path, zip: &mut Zip<'_>, i: usize, name: &str) -> Result<Vec<u8>> {
     let member_path = path.join(name);
     let malformed = |m: String| Error::MalformedFile { path: member_path.clone(), format: "ZIP member", message: m };
     let f = zip.by_index(i).map_err(|e| malformed(e.to_string()))?;
@@ -151,7 +178,7 @@ fn read_member(path: &Path, zip: &mut ZipArchive<Cursor<Vec<u8>>>, i: usize, nam
 /// Reads a named member (for DOCX parts), within the same ratio and size limits.
 pub(super) fn read_named(
     path: &Path,
-    zip: &mut ZipArchive<Cursor<Vec<u8>>>,
+    zip: &mut Zip<'_>,
     name: &str,
     limits: &IngestLimits,
     format: &'static str,
@@ -165,7 +192,7 @@ pub(super) fn read_named(
         })?;
         (f.size(), f.compressed_size())
     };
-    if size > limits.max_file_bytes || (size > 1 << 20 && size / packed.max(1) > limits.max_expansion_ratio) {
+    if size > limits.max_file_bytes || over_ratio(size, packed, limits) {
         return Err(unsafe_archive(
             path,
             format!(
@@ -190,7 +217,7 @@ fn expand_into(
 ) -> Result<()> {
     let path = &origin.path;
     let mut zip = open(path, bytes, "ZIP")?;
-    vet(path, &mut zip, limits, budget)?;
+    vet(path, &mut zip, bytes.len() as u64, limits, budget)?;
     let mut members: Vec<(usize, String)> = Vec::new();
     for i in 0..zip.len() {
         let f = zip.by_index_raw(i).map_err(|e| Error::MalformedFile {
@@ -314,5 +341,29 @@ mod tests {
         assert!(err.to_string().contains("more than 10 entries"), "{err}");
         let err = units(b"PK\x03\x04 truncated", &IngestLimits::default()).unwrap_err();
         assert_eq!(err.code().as_str(), "malformed_record", "{err}");
+    }
+
+    #[test]
+    fn small_bombs_are_refused_small_compressible_files_are_not() {
+        // The review's case: a 2.3 KB archive of members under 1 MiB each, expanding ~1000:1 in all.
+        let filler = vec![b'a'; 750_000];
+        let z = zip_bytes(&[("a.txt", &filler), ("b.txt", &filler), ("c.txt", &filler)]);
+        assert!(z.len() < 4 << 10, "{} bytes", z.len());
+        let err = units(&z, &IngestLimits::default()).unwrap_err();
+        assert_eq!(err.code().as_str(), "unsafe_archive", "{err}");
+        assert!(err.to_string().contains("zip bomb"), "{err}");
+        // Each member under the slack, the archive as a whole ~1000:1.
+        let small = vec![b' '; 60 << 10];
+        let names: Vec<String> = (0..300).map(|i| format!("{i}.txt")).collect();
+        let many: Vec<(&str, &[u8])> = names.iter().map(|n| (n.as_str(), small.as_slice())).collect();
+        let err = units(&zip_bytes(&many), &IngestLimits::default()).unwrap_err();
+        assert_eq!(err.code().as_str(), "unsafe_archive", "{err}");
+        assert!(err.to_string().contains("over the limit of 100:1"), "{err}");
+        // A real small file that compresses past 100:1 (a form of blank lines and rules) is still read.
+        let form = format!("# 护理记录单\n{}", "——————————\n\n".repeat(1500));
+        let z = zip_bytes(&[("form.md", form.as_bytes())]);
+        assert!(form.len() as u64 / z.len() as u64 > 100, "{} -> {}", form.len(), z.len());
+        let u = units(&z, &IngestLimits::default()).unwrap();
+        assert_eq!(u[0].result.as_ref().unwrap().documents[0].title, "护理记录单");
     }
 }

@@ -93,8 +93,18 @@ pub fn pdf_bytes(pages: &[Vec<&str>]) -> Vec<u8> {
 /// A ZIP with the given (name, bytes) members, deflated. Names are written as given (tests use this to build
 /// hostile archives too).
 pub fn zip_bytes(members: &[(&str, &[u8])]) -> Vec<u8> {
+    zip_with(zip::CompressionMethod::Deflated, members)
+}
+
+/// A ZIP whose members are stored uncompressed (hostile but highly compressible content that must reach the parser
+/// rather than be refused as a zip bomb).
+pub fn zip_stored_bytes(members: &[(&str, &[u8])]) -> Vec<u8> {
+    zip_with(zip::CompressionMethod::Stored, members)
+}
+
+fn zip_with(method: zip::CompressionMethod, members: &[(&str, &[u8])]) -> Vec<u8> {
     let mut w = zip::ZipWriter::new(Cursor::new(Vec::new()));
-    let o = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+    let o = zip::write::SimpleFileOptions::default().compression_method(method);
     for (name, data) in members {
         w.start_file(*name, o).expect("zip entry");
         w.write_all(data).expect("zip data");

@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config, TestRunner};
 
-use super::fixtures::{docx_bytes, pdf_bytes, zip_bytes};
+use super::fixtures::{docx_bytes, pdf_bytes, zip_bytes, zip_stored_bytes};
 use super::{FileKind, IngestLimits, IngestOptions, Origin, UNGUARDED, parse_inner};
 
 #[derive(Debug, Clone)]
@@ -178,4 +178,260 @@ fn fuzz_text_and_markdown() {
     let seeds = vec![gb.into_owned(), utf16, "# 标题\n正文。".as_bytes().to_vec()];
     fuzz("text", inputs(seeds.clone()), |b| parse(FileKind::Text, "f.txt", b));
     fuzz("markdown", inputs(seeds), |b| parse(FileKind::Markdown, "f.md", b));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Nesting far beyond any real document. Each target runs on a thread with a 2 MiB stack (the default for spawned
+// threads; the ingest workers get more, as defence in depth): a parser that recurses on the input's structure
+// overflows it, which aborts the whole test process as it would abort `care serve`. Each input must give text or
+// one of the named errors.
+
+const SMALL_STACK: usize = 2 << 20;
+const DEEP: usize = 200_000;
+
+/// The text of every document, or the error code of the file or of the first failed unit.
+fn outcome(kind: FileKind, name: &str, bytes: &[u8]) -> std::result::Result<String, String> {
+    let origin = Origin::of_file(Path::new(name));
+    let (opts, limits) = (IngestOptions::default(), IngestLimits::default());
+    let code = |e: crate::Error| e.code().as_str().to_string();
+    let files = if kind == FileKind::Zip {
+        let units = super::archive::expand(&origin, bytes, &opts, &limits).map_err(code)?;
+        units.into_iter().map(|u| u.result).collect::<crate::Result<Vec<_>>>().map_err(code)?
+    } else {
+        vec![parse_inner(&origin, kind, bytes, &opts, &limits).map_err(code)?]
+    };
+    Ok(files.iter().flat_map(|f| &f.documents).map(|d| d.text.as_str()).collect::<Vec<_>>().join("\n"))
+}
+
+/// Runs `cases` generated inputs through `check` on a small stack, unguarded (a panic fails the target).
+fn deep<S: Strategy<Value = Vec<u8>>>(
+    name: &'static str,
+    cases: u32,
+    strategy: impl FnOnce() -> S + Send + 'static,
+    check: fn(&[u8]),
+) {
+    let run = move || {
+        UNGUARDED.with(|u| u.set(true));
+        let config = Config { cases, failure_persistence: None, max_shrink_iters: 8, ..Config::default() };
+        TestRunner::new(config)
+            .run(&strategy(), |bytes| {
+                check(&bytes);
+                Ok(())
+            })
+            .map_err(|e| e.to_string().chars().take(2000).collect::<String>())
+    };
+    let thread = std::thread::Builder::new().name(format!("deep-{name}")).stack_size(SMALL_STACK).spawn(run);
+    if let Err(e) = thread.expect("spawn").join().expect("the target thread panicked") {
+        panic!("deep target {name}: {e}");
+    }
+}
+
+fn assert_text_or(got: std::result::Result<String, String>, text: &str, codes: &[&str]) {
+    match got {
+        Ok(t) => assert!(t.contains(text), "text {:?}…", t.chars().take(200).collect::<String>()),
+        Err(code) => assert!(codes.contains(&code.as_str()), "error code {code}, expected one of {codes:?}"),
+    }
+}
+
+/// `open` × n, then `inner`, then `close` × n.
+fn nest(open: &[u8], inner: &[u8], close: &[u8], n: usize) -> Vec<u8> {
+    let mut b = Vec::with_capacity((open.len() + close.len()) * n + inner.len());
+    (0..n).for_each(|_| b.extend_from_slice(open));
+    b.extend_from_slice(inner);
+    (0..n).for_each(|_| b.extend_from_slice(close));
+    b
+}
+
+#[test]
+fn deep_html() {
+    const TAGS: &[&str] = &["div", "span", "b", "section", "li", "table", "td", "h2", "svg", "nav", "font", "a", "p"];
+    deep(
+        "html",
+        6,
+        || {
+            let pattern = prop::collection::vec(prop::sample::select(TAGS), 1..5);
+            (pattern, any::<bool>(), 1..=DEEP).prop_map(|(tags, closed, n)| {
+                let open: String = tags.iter().map(|t| format!("<{t}>")).collect();
+                let close: String =
+                    if closed { tags.iter().rev().map(|t| format!("</{t}>")).collect() } else { String::new() };
+                nest(open.as_bytes(), "深处的文字".as_bytes(), close.as_bytes(), n / tags.len().max(1))
+            })
+        },
+        |b| assert_text_or(outcome(FileKind::Html, "deep.html", b), "深处的文字", &["malformed_record", "empty_input"]),
+    );
+    // The page of the security review: 50,000 nested <div> (550 KB), and four times as deep.
+    on_small_stack(|| {
+        for n in [50_000, DEEP] {
+            let page = nest(b"<div>", "文字".as_bytes(), b"</div>", n);
+            let err = outcome(FileKind::Html, "deep.html", &page).unwrap_err();
+            assert_eq!(err, "malformed_record");
+        }
+        let page = nest(b"<div>", "文字".as_bytes(), b"</div>", super::html::MAX_DEPTH - 4);
+        assert_eq!(outcome(FileKind::Html, "ok.html", &page).unwrap(), "文字");
+    });
+}
+
+fn on_small_stack(f: impl FnOnce() + Send + 'static) {
+    std::thread::Builder::new().stack_size(SMALL_STACK).spawn(f).expect("spawn").join().expect("no panic");
+}
+
+/// A DOCX whose `word/document.xml` is `body` inside the usual root and body elements.
+fn docx_with_body(body: &[u8]) -> Vec<u8> {
+    let doc = [
+        b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><w:document xmlns:w=\"http://schemas.openxmlformats.org/wordprocessingml/2006/main\"><w:body>".as_slice(),
+        body,
+        b"</w:body></w:document>",
+    ]
+    .concat();
+    zip_stored_bytes(&[("word/document.xml", &doc)])
+}
+
+#[test]
+fn deep_docx() {
+    const TAGS: &[&str] = &["w:p", "w:r", "w:tbl", "w:tc", "w:sdt", "x", "w:t"];
+    deep(
+        "docx",
+        6,
+        || {
+            let pattern = prop::collection::vec(prop::sample::select(TAGS), 1..4);
+            (pattern, 1..=DEEP).prop_map(|(tags, n)| {
+                let open: String = tags.iter().map(|t| format!("<{t}>")).collect();
+                let close: String = tags.iter().rev().map(|t| format!("</{t}>")).collect();
+                let inner = "<w:p><w:r><w:t>深处的文字</w:t></w:r></w:p>";
+                docx_with_body(&nest(open.as_bytes(), inner.as_bytes(), close.as_bytes(), n / tags.len()))
+            })
+        },
+        |b| assert_text_or(outcome(FileKind::Docx, "deep.docx", b), "深处的文字", &["malformed_record"]),
+    );
+    on_small_stack(|| {
+        let body = nest(b"<x>", "<w:p><w:r><w:t>文字</w:t></w:r></w:p>".as_bytes(), b"</x>", DEEP);
+        assert_eq!(outcome(FileKind::Docx, "deep.docx", &docx_with_body(&body)).unwrap(), "文字");
+    });
+}
+
+/// A PDF written by hand (lopdf's own writer recurses, so deep objects are spliced in as text), objects numbered
+/// from 1 in order, with a correct cross-reference table.
+fn raw_pdf(objects: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = b"%PDF-1.4\n".to_vec();
+    let mut offsets = Vec::new();
+    for (i, o) in objects.iter().enumerate() {
+        offsets.push(out.len());
+        out.extend(format!("{} 0 obj\n", i + 1).as_bytes());
+        out.extend(o);
+        out.extend(b"\nendobj\n");
+    }
+    let xref = out.len();
+    out.extend(format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes());
+    for o in offsets {
+        out.extend(format!("{o:010} 00000 n \n").as_bytes());
+    }
+    out.extend(
+        format!("trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n", objects.len() + 1).as_bytes(),
+    );
+    out
+}
+
+/// One page showing "Hello deep", with `extra` as a value in the page dictionary and `prefix` before the text
+/// operators of its content stream.
+fn page_pdf(extra: &[u8], prefix: &[u8]) -> Vec<u8> {
+    let content = [prefix, b"\nBT /F1 12 Tf 72 720 Td (Hello deep) Tj ET\n"].concat();
+    let page = [
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 595 842] /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> /X "
+            .as_slice(),
+        extra,
+        b" >>",
+    ]
+    .concat();
+    raw_pdf(&[
+        b"<< /Type /Catalog /Pages 2 0 R >>".to_vec(),
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>".to_vec(),
+        page,
+        [format!("<< /Length {} >>\nstream\n", content.len()).as_bytes(), &content, b"\nendstream"].concat(),
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>".to_vec(),
+    ])
+}
+
+#[test]
+fn deep_pdf() {
+    const NESTS: &[(&str, &str)] = &[("[", "]"), ("<< /A ", " >>"), ("(", ")"), ("[ << /B [ ", " ] >> ]")];
+    deep(
+        "pdf",
+        8,
+        || {
+            (prop::sample::select(NESTS), any::<bool>(), 1..=DEEP).prop_map(|((open, close), in_content, n)| {
+                let deep = nest(open.as_bytes(), b"0", close.as_bytes(), n);
+                if in_content { page_pdf(b"0", &[deep.as_slice(), b" pop"].concat()) } else { page_pdf(&deep, b"") }
+            })
+        },
+        |b| assert_text_or(outcome(FileKind::Pdf, "deep.pdf", b), "Hello deep", &["malformed_record", "empty_input"]),
+    );
+    on_small_stack(|| {
+        assert_eq!(outcome(FileKind::Pdf, "flat.pdf", &page_pdf(b"0", b"")).unwrap(), "Hello deep");
+        // A page tree 100,000 levels deep, and one that contains itself.
+        let n = 100_000;
+        let mut objects = vec![b"<< /Type /Catalog /Pages 2 0 R >>".to_vec()];
+        objects.extend((2..n + 2).map(|i| format!("<< /Type /Pages /Kids [{} 0 R] /Count 1 >>", i + 1).into_bytes()));
+        objects.push(b"<< /Type /Page /MediaBox [0 0 595 842] >>".to_vec());
+        assert_text_or(
+            outcome(FileKind::Pdf, "tree.pdf", &raw_pdf(&objects)),
+            "",
+            &["malformed_record", "empty_input"],
+        );
+        let cycle = raw_pdf(&[
+            b"<< /Type /Catalog /Pages 2 0 R >>".to_vec(),
+            b"<< /Type /Pages /Kids [2 0 R] /Count 1 >>".to_vec(),
+        ]);
+        assert_text_or(outcome(FileKind::Pdf, "cycle.pdf", &cycle), "", &["malformed_record", "empty_input"]);
+    });
+}
+
+#[test]
+fn deep_jsonl() {
+    const NESTS: &[(&str, &str)] = &[("[", "]"), ("{\"a\":", "}"), ("[{\"b\":[", "]}]")];
+    deep(
+        "jsonl",
+        6,
+        || {
+            (prop::sample::select(NESTS), 0..3usize, 1..=DEEP).prop_map(|((open, close), field, n)| {
+                let deep = String::from_utf8(nest(open.as_bytes(), b"1", close.as_bytes(), n)).unwrap();
+                let line = match field {
+                    0 => format!("{{\"id\":{deep},\"text\":\"深处的文字\"}}"),
+                    1 => format!("{{\"text\":{deep}}}"),
+                    _ => format!("{{\"extra\":{deep},\"text\":\"深处的文字\"}}"),
+                };
+                format!("{{\"text\":\"第一行\"}}\n{line}\n").into_bytes()
+            })
+        },
+        |b| assert_text_or(outcome(FileKind::Jsonl, "deep.jsonl", b), "深处的文字", &["malformed_record"]),
+    );
+    on_small_stack(|| {
+        let deep = String::from_utf8(nest(b"[", b"1", b"]", DEEP)).unwrap();
+        let got = outcome(FileKind::Jsonl, "deep.jsonl", format!("{{\"id\":{deep},\"text\":\"x\"}}").as_bytes());
+        assert_eq!(got.unwrap_err(), "malformed_record", "serde_json stops at 128 levels");
+    });
+}
+
+#[test]
+fn deep_zip_text_markdown_and_csv() {
+    on_small_stack(|| {
+        UNGUARDED.with(|u| u.set(true));
+        // Zip in zip, 10 deep: refused at max_archive_depth (3), never expanded further.
+        let mut z = zip_bytes(&[("a.txt", "最里面。".as_bytes())]);
+        for i in 0..10 {
+            z = zip_bytes(&[(&format!("{i}.zip"), &z)]);
+        }
+        assert_eq!(outcome(FileKind::Zip, "deep.zip", &z).unwrap_err(), "unsafe_archive");
+        let mut z = zip_bytes(&[("a.txt", "最里面。".as_bytes())]);
+        for i in 0..2 {
+            z = zip_bytes(&[(&format!("{i}.zip"), &z)]);
+        }
+        assert_eq!(outcome(FileKind::Zip, "ok.zip", &z).unwrap(), "最里面。");
+        // Text formats have no nesting of their own; the normaliser and chunker must not find any either.
+        let md = nest("> - [(".as_bytes(), "深处的文字".as_bytes(), b")]", DEEP);
+        assert_text_or(outcome(FileKind::Markdown, "deep.md", &md), "深处的文字", &[]);
+        assert_text_or(outcome(FileKind::Text, "deep.txt", &md), "深处的文字", &[]);
+        let csv =
+            [b"text\n\"".as_slice(), &nest(b"\"\"", "深处的文字".as_bytes(), b"\"\"", DEEP / 10), b"\"\n"].concat();
+        assert_text_or(outcome(FileKind::Csv, "deep.csv", &csv), "深处的文字", &[]);
+    });
 }

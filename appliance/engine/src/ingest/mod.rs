@@ -288,7 +288,15 @@ fn parse_inner(
                 None => None,
             };
             let raw = encoding::decode(path, bytes, declared)?;
-            let (title, text) = html::extract(&raw);
+            let (title, text) = html::extract(&raw).map_err(|at| Error::MalformedFile {
+                path: path.clone(),
+                format: "HTML",
+                message: format!(
+                    "its elements nest more than {} levels deep (near byte {at}); no real page does — save or \
+                     export the page again",
+                    html::MAX_DEPTH
+                ),
+            })?;
             let text = normalize(&text);
             let title = normalize(&title);
             let title = if title.is_empty() { markdown_title(&text).unwrap_or_default() } else { title };
