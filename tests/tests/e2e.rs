@@ -164,7 +164,9 @@ fn kill_9_during_ingest_jobs_resumes_without_duplicates() {
     let mut rng = Lcg(seed);
     let (mut killed_running, mut interrupted_jobs) = (0, 0);
     let started = Instant::now();
-    for round in 0..20u64 {
+    // CI runs the short form (CI time is a budget); the full form is CARE_KILL_ROUNDS=20.
+    let rounds: u64 = std::env::var("CARE_KILL_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(8);
+    for round in 0..rounds {
         let files = write_round(&upload, round);
         let mut args = vec!["ingest".to_string(), "bulk".to_string()];
         args.extend(files.iter().map(|p| p.display().to_string()));
@@ -229,11 +231,14 @@ fn kill_9_during_ingest_jobs_resumes_without_duplicates() {
         eprintln!("round {round}: kill after {delay:?}; consistent ({:.0} s so far)", started.elapsed().as_secs_f64());
     }
     eprintln!(
-        "20 rounds in {:.1} s; {killed_running} kills hit a running process, {interrupted_jobs} interrupted a job",
+        "{rounds} rounds in {:.1} s; {killed_running} kills hit a running process, {interrupted_jobs} interrupted a job",
         started.elapsed().as_secs_f64()
     );
-    assert!(killed_running >= 10, "only {killed_running} of 20 kills hit a running ingest; the test proved little");
-    assert!(interrupted_jobs >= 5, "only {interrupted_jobs} kills interrupted a job mid-way");
+    assert!(
+        killed_running * 2 >= rounds,
+        "only {killed_running} of {rounds} kills hit a running ingest; the test proved little"
+    );
+    assert!(interrupted_jobs * 4 >= rounds, "only {interrupted_jobs} kills interrupted a job mid-way");
 }
 
 #[test]
