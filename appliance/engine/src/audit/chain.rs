@@ -62,7 +62,7 @@ impl Access<'_> {
     pub fn with<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         match self {
             Access::Paged(store) => f(&store.conn()),
-            Access::Held(conn) => f(*conn),
+            Access::Held(conn) => f(conn),
         }
     }
 }
