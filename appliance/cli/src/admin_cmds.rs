@@ -66,7 +66,8 @@ pub enum UserCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum AuditCommand {
-    /// Check the hash chain; exits 4 with the first broken record when the log was edited or records removed.
+    /// Check the whole keyed chain and audit.anchor, then move the anchor to the newest record; exits 4 with the
+    /// first broken record when the log was edited, re-chained or records removed.
     Verify,
     /// Print records, newest first.
     List {
@@ -179,17 +180,23 @@ pub fn run_user(e: &Engine, cmd: UserCommand) -> Result<i32> {
 
 pub fn run_audit(e: &Engine, cmd: AuditCommand) -> Result<i32> {
     match cmd {
-        AuditCommand::Verify => match audit::verify(&e.store().conn()) {
-            Ok(n) => {
-                println!("audit log intact: {n} records, hash chain verified");
-                Ok(0)
+        // The full walk proves the whole log; the checkpoint then moves audit.anchor to what was just proven.
+        AuditCommand::Verify => {
+            match audit::verify_full(e.store()).and_then(|r| audit::checkpoint(e.store()).map(|_| r)) {
+                Ok(r) => {
+                    println!(
+                        "audit log intact: {} records, keyed hash chain verified; anchor at record {}",
+                        r.records_checked, r.verified_through
+                    );
+                    Ok(0)
+                }
+                Err(err @ care_engine::Error::AuditTampered { .. }) => {
+                    eprintln!("AUDIT LOG TAMPERED: {err}");
+                    Ok(4)
+                }
+                Err(err) => Err(err.into()),
             }
-            Err(err @ care_engine::Error::AuditTampered { .. }) => {
-                eprintln!("AUDIT LOG TAMPERED: {err}");
-                Ok(4)
-            }
-            Err(err) => Err(err.into()),
-        },
+        }
         AuditCommand::List { actor, action, since, until, limit, json } => {
             let f = audit::Filter { actor, action_prefix: action, since, until, text: None };
             let recs = audit::search(&e.store().conn(), &f, limit, 0)?;

@@ -1,16 +1,35 @@
-//! The audit log: append-only records, each hash-chained to the previous one.
+//! The audit log: append-only records, each chained to the previous one with a keyed MAC.
 //!
-//! `hash = sha256(prev_hash ‖ id ‖ at ‖ actor ‖ action ‖ detail)` with unit separators between fields, so an edited
-//! field changes that record's hash and a removed record breaks the next record's `prev_hash` link. The newest
-//! record's id and hash are also kept in `audit_head`, updated in the same transaction, which catches a removed tail.
-//! Callers append inside the transaction that makes the change, so a change and its record commit together.
+//! `hash = HMAC-SHA256(key, prev_hash ‖ id ‖ at ‖ actor ‖ action ‖ detail)` with unit separators between fields,
+//! so an edited field changes that record's hash and a removed record breaks the next record's `prev_hash` link.
+//! The key lives in `audit.key` beside care.sqlite, not in it, so whoever can write the database still cannot
+//! recompute the chain after rewriting records. The newest record's id and hash are kept in `audit_head`, updated in
+//! the same transaction, which catches a removed tail; `audit.anchor` (see [`anchor`]) catches a removed tail whose
+//! head was moved back too. Callers append inside the transaction that makes the change, so a change and its
+//! record commit together.
+//!
+//! Records written before the key existed keep their plain SHA-256 hashes only if their chain was already broken
+//! when the key arrived (see [`chain::ensure_keyed`]); an intact old chain is re-chained with the key.
+
+mod anchor;
+mod chain;
+mod key;
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::store::now;
+use crate::store::{Store, now};
+
+pub use anchor::ANCHOR_FILE;
+pub(crate) use chain::ensure_keyed;
+use chain::{Access, Bounds, Walk};
+pub use key::KEY_FILE;
+pub(crate) use key::{load_or_create as load_or_create_key, register as register_key};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct AuditRecord {
@@ -23,17 +42,23 @@ pub struct AuditRecord {
     pub hash: String,
 }
 
-fn record_hash(prev_hash: &str, id: i64, at: &str, actor: &str, action: &str, detail: &str) -> String {
-    let mut h = Sha256::new();
+/// The bytes a record's hash covers. `chain::read_page` builds the same string in SQL; keep them in step.
+fn record_text(prev_hash: &str, id: i64, at: &str, actor: &str, action: &str, detail: &str) -> String {
+    let mut s = String::new();
     for part in [prev_hash, &id.to_string(), at, actor, action, detail] {
-        h.update(part.as_bytes());
-        h.update([0x1f]);
+        s.push_str(part);
+        s.push('\u{1f}');
     }
-    hex::encode(h.finalize())
+    s
+}
+
+/// The unkeyed hash records had before the audit key; still checked for a broken old log that was not re-chained.
+fn record_hash(prev_hash: &str, id: i64, at: &str, actor: &str, action: &str, detail: &str) -> String {
+    hex::encode(Sha256::digest(record_text(prev_hash, id, at, actor, action, detail)))
 }
 
 /// Appends one record. Pass the transaction that makes the audited change (a `Transaction` derefs to
-/// `Connection`), so both commit or neither does.
+/// `Connection`), so both commit or neither does. The connection must come from [`Store`], which registers the key.
 pub fn append(conn: &Connection, actor: &str, action: &str, detail: &serde_json::Value) -> Result<i64> {
     let (last_id, last_hash): (i64, String) =
         conn.query_row("SELECT last_id, last_hash FROM audit_head WHERE singleton = 1", [], |r| {
@@ -42,7 +67,7 @@ pub fn append(conn: &Connection, actor: &str, action: &str, detail: &serde_json:
     let id = last_id + 1;
     let at = now();
     let detail = serde_json::to_string(detail).map_err(|e| Error::Internal(format!("audit detail: {e}")))?;
-    let hash = record_hash(&last_hash, id, &at, actor, action, &detail);
+    let hash = key::mac(conn, &record_text(&last_hash, id, &at, actor, action, &detail))?;
     conn.execute(
         "INSERT INTO audit (id, at, actor, action, detail, prev_hash, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         params![id, at, actor, action, detail, last_hash, hash],
@@ -51,96 +76,121 @@ pub fn append(conn: &Connection, actor: &str, action: &str, detail: &serde_json:
     Ok(id)
 }
 
-/// Walks the whole chain; the first broken link is returned as [`Error::AuditTampered`].
-/// Returns the number of records checked.
-///
-/// The chain starts at the retention anchor: the first record must follow the last purged one (id and hash), and
-/// when anything was purged the anchor must match the `audit.purge` record that purged it, so neither removing the
-/// oldest records nor moving the anchor by hand goes unnoticed.
-pub fn verify(conn: &Connection) -> Result<u64> {
-    let (head_id, head_hash): (i64, String) =
-        conn.query_row("SELECT last_id, last_hash FROM audit_head WHERE singleton = 1", [], |r| {
-            Ok((r.get(0)?, r.get(1)?))
-        })?;
-    let (anchor_id, anchor_hash) = anchor(conn)?;
-    let mut stmt = conn.prepare("SELECT id, at, actor, action, detail, prev_hash, hash FROM audit ORDER BY id")?;
-    let mut rows = stmt.query([])?;
-    let mut prev: Option<(i64, String)> = None;
-    let mut anchor_confirmed = anchor_id == 0;
-    let mut n = 0u64;
-    while let Some(r) = rows.next()? {
-        let (id, at, actor, action, detail, prev_hash, hash): (i64, String, String, String, String, String, String) =
-            (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?);
-        match &prev {
-            Some((pid, phash)) => {
-                if id != pid + 1 {
-                    return Err(Error::AuditTampered {
-                        id,
-                        reason: format!("records {} to {} are missing", pid + 1, id - 1),
-                    });
-                }
-                if &prev_hash != phash {
-                    return Err(Error::AuditTampered {
-                        id,
-                        reason: "its link to the previous record is broken".into(),
-                    });
-                }
-            }
-            None => {
-                if id != anchor_id + 1 {
-                    return Err(Error::AuditTampered {
-                        id,
-                        reason: format!(
-                            "the log should start at record {} but starts at {id}; older records were removed",
-                            anchor_id + 1
-                        ),
-                    });
-                }
-                if prev_hash != anchor_hash {
-                    return Err(Error::AuditTampered {
-                        id,
-                        reason: "it does not follow the last purged record".into(),
-                    });
-                }
-            }
-        }
-        if record_hash(&prev_hash, id, &at, &actor, &action, &detail) != hash {
-            return Err(Error::AuditTampered { id, reason: "its contents were changed after it was written".into() });
-        }
-        if action == "audit.purge" && !anchor_confirmed {
-            let d: serde_json::Value = serde_json::from_str(&detail).unwrap_or_default();
-            anchor_confirmed =
-                d["through_id"].as_i64() == Some(anchor_id) && d["through_hash"].as_str() == Some(anchor_hash.as_str());
-        }
-        prev = Some((id, hash));
-        n += 1;
+/// What one verification checked.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct VerifyReport {
+    /// Whether the whole log was walked (`verify_full`) or only what followed the last checkpoint.
+    pub full: bool,
+    /// Records whose link and MAC were checked by this run.
+    pub records_checked: u64,
+    /// The newest record now known to be intact (0 for an empty log).
+    pub verified_through: i64,
+}
+
+/// The outcome of the latest verification in this process, for pages that must not walk the chain themselves.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct AuditStatus {
+    /// When the latest verification finished (RFC 3339); `None` before the first.
+    pub checked_at: Option<String>,
+    pub last: Option<VerifyReport>,
+    /// When a full walk last succeeded.
+    pub last_full_at: Option<String>,
+    /// The tampering (or failure) the latest verification found; `None` when it passed.
+    pub error: Option<String>,
+}
+
+/// Per-store verification state: one walk at a time, and the latest outcome.
+#[derive(Debug, Default)]
+pub struct Monitor {
+    walk: Mutex<()>,
+    status: Mutex<AuditStatus>,
+}
+
+impl Monitor {
+    fn walking(&self) -> MutexGuard<'_, ()> {
+        self.walk.lock().unwrap_or_else(|p| p.into_inner())
     }
-    if !anchor_confirmed {
-        return Err(Error::AuditTampered {
-            id: anchor_id,
-            reason: "the retention anchor does not match any purge record; it was moved by hand".into(),
-        });
-    }
-    match prev {
-        Some((id, hash)) if id == head_id && hash == head_hash => Ok(n),
-        None if head_id == 0 => Ok(0),
-        Some((id, _)) => Err(Error::AuditTampered {
-            id: head_id,
-            reason: format!(
-                "the log ends at record {id} but the chain head says {head_id}; newer records were removed"
-            ),
-        }),
-        None => Err(Error::AuditTampered { id: head_id, reason: "all records were removed".into() }),
+
+    fn record(&self, outcome: &Result<VerifyReport>) {
+        let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        s.checked_at = Some(now());
+        match outcome {
+            Ok(r) => {
+                if r.full {
+                    s.last_full_at = s.checked_at.clone();
+                }
+                s.last = Some(r.clone());
+                s.error = None;
+            }
+            Err(e) => s.error = Some(e.to_string()),
+        }
     }
 }
 
-fn anchor(conn: &Connection) -> Result<(i64, String)> {
-    Ok(conn
-        .query_row("SELECT purged_through_id, purged_through_hash FROM audit_anchor WHERE singleton = 1", [], |r| {
-            Ok((r.get(0)?, r.get(1)?))
-        })
-        .optional()?
-        .unwrap_or((0, String::new())))
+/// The latest verification's outcome; cheap, walks nothing.
+pub fn status(store: &Store) -> AuditStatus {
+    store.audit_monitor().status.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// Walks the whole log from the retention anchor to the head and checks it against `audit.anchor`. The first
+/// problem is returned as [`Error::AuditTampered`].
+///
+/// The chain starts at the retention anchor: the first record must follow the last purged one (id and hash), and
+/// when anything was purged the anchor must match the `audit.purge` record that purged it, so neither removing the
+/// oldest records nor moving the anchor by hand goes unnoticed. The head must be at or past the anchor file's
+/// record, with that record's hash unchanged, so cutting off the newest records is noticed even when `audit_head`
+/// was moved back with them.
+pub fn verify_full(store: &Store) -> Result<VerifyReport> {
+    let _one_walk = store.audit_monitor().walking();
+    let outcome = paged_then_confirmed(store, |access| full_walk(access, store.dir()));
+    store.audit_monitor().record(&outcome);
+    outcome
+}
+
+fn full_walk(access: &Access<'_>, dir: &Path) -> Result<VerifyReport> {
+    let (b, a) = access.with(|c| Ok((Bounds::read(c)?, anchor::load(c, dir)?)))?;
+    let through = b.head.0;
+    let n = Walk::from_retention(b, a)?.run(access)?;
+    Ok(VerifyReport { full: true, records_checked: n, verified_through: through })
+}
+
+/// Verifies what was appended since the last checkpoint (everything, the first time) and moves `audit.anchor` to
+/// the head. Also checks that the anchor's record is still there with its hash and the head has not moved back
+/// past it. The server runs this every minute; it reads only new records, so it stays cheap on a large log.
+pub fn checkpoint(store: &Store) -> Result<VerifyReport> {
+    let _one_walk = store.audit_monitor().walking();
+    let dir = store.dir();
+    let outcome = paged_then_confirmed(store, |access| incremental_walk(access, dir)).and_then(|(report, hash)| {
+        if report.verified_through > 0 {
+            anchor::store(&mut store.conn(), dir, report.verified_through, &hash)?;
+        }
+        Ok(report)
+    });
+    store.audit_monitor().record(&outcome);
+    outcome
+}
+
+fn incremental_walk(access: &Access<'_>, dir: &Path) -> Result<(VerifyReport, String)> {
+    let (walk, head) = access.with(|c| {
+        let b = Bounds::read(c)?;
+        let head = b.head.clone();
+        let walk = match anchor::load(c, dir)? {
+            Some(a) => Walk::from_anchor(c, b, a)?,
+            None => Walk::from_retention(b, None)?,
+        };
+        Ok((walk, head))
+    })?;
+    let n = walk.run(access)?;
+    Ok((VerifyReport { full: false, records_checked: n, verified_through: head.0 }, head.1))
+}
+
+/// Pages first, so requests interleave with the walk. A purge committed between two pages looks like removed
+/// records, so a reported break is confirmed by walking again under one lock before it is believed.
+fn paged_then_confirmed<T>(store: &Store, walk: impl Fn(&Access<'_>) -> Result<T>) -> Result<T> {
+    match walk(&Access::Paged(store)) {
+        Err(Error::AuditTampered { .. }) => walk(&Access::Held(&store.conn())),
+        other => other,
+    }
 }
 
 /// Retention: removes records written before `cutoff` (RFC 3339), never the newest one, moves the anchor to the
@@ -274,57 +324,33 @@ pub fn head(conn: &Connection) -> Result<Option<i64>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::MIGRATIONS;
 
-    fn store() -> (tempfile::TempDir, crate::store::Store) {
+    fn store() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
-        let s = crate::store::Store::open(&dir.path().join("care.sqlite")).unwrap();
+        let s = Store::open(&dir.path().join("care.sqlite")).unwrap();
         (dir, s)
     }
 
-    #[test]
-    fn chain_verifies_and_detects_edit_middle_and_tail_removal() {
-        let (_d, s) = store();
-        {
-            let c = s.conn();
-            assert_eq!(verify(&c).unwrap(), 0);
-            for i in 0..5 {
-                append(&c, "admin", "collection.create", &serde_json::json!({"name": format!("c{i}")})).unwrap();
-            }
-            assert_eq!(verify(&c).unwrap(), 5);
-            assert_eq!(list(&c, None, Some("collection."), 2).unwrap().len(), 2);
+    fn add(s: &Store, n: usize) {
+        let mut c = s.conn();
+        let tx = c.transaction().unwrap();
+        for i in 0..n {
+            append(&tx, "admin", "search", &serde_json::json!({"q": i})).unwrap();
         }
-        let c = s.conn();
-        c.execute("UPDATE audit SET detail = '{\"name\":\"evil\"}' WHERE id = 3", []).unwrap();
-        assert!(matches!(verify(&c), Err(Error::AuditTampered { id: 3, .. })));
-        // Restore, then remove a middle record.
-        let (_d2, s2) = store();
-        let c2 = s2.conn();
-        for _ in 0..4 {
-            append(&c2, "a", "x", &serde_json::json!({})).unwrap();
-        }
-        c2.execute("DELETE FROM audit WHERE id = 2", []).unwrap();
-        assert!(matches!(verify(&c2), Err(Error::AuditTampered { id: 3, .. })));
-        // Removing the tail is caught by the head.
-        let (_d3, s3) = store();
-        let c3 = s3.conn();
-        for _ in 0..3 {
-            append(&c3, "a", "x", &serde_json::json!({})).unwrap();
-        }
-        c3.execute("DELETE FROM audit WHERE id = 3", []).unwrap();
-        assert!(matches!(verify(&c3), Err(Error::AuditTampered { .. })));
+        tx.commit().unwrap();
     }
 
-    #[test]
-    fn purge_keeps_the_chain_verifiable_and_removing_the_oldest_record_is_caught() {
-        let (_d, s) = store();
-        let mut c = s.conn();
-        for i in 0..6 {
-            append(&c, "admin", "search", &serde_json::json!({"q": i})).unwrap();
+    /// The id and reason of a tampering report; panics on anything else.
+    fn tampering(r: Result<VerifyReport>) -> (i64, String) {
+        match r {
+            Err(Error::AuditTampered { id, reason }) => (id, reason),
+            other => panic!("expected tampering, got {other:?}"),
         }
-        // Backdate the first four records.
-        c.execute("UPDATE audit SET at = '2020-01-01T00:00:00Z' WHERE id <= 4", []).unwrap();
-        // (Backdating changed their contents: re-hash them so only the purge is under test.)
-        let mut prev = String::new();
+    }
+
+    /// What someone with write access to care.sqlite would do: recompute every hash and the head with `mac`.
+    fn rechain_with(c: &Connection, mac: impl Fn(&str) -> String) {
         let rows: Vec<(i64, String, String, String, String)> = {
             let mut st = c.prepare("SELECT id, at, actor, action, detail FROM audit ORDER BY id").unwrap();
             st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
@@ -332,50 +358,292 @@ mod tests {
                 .map(|r| r.unwrap())
                 .collect()
         };
+        let mut prev: String = c.query_row("SELECT purged_through_hash FROM audit_anchor", [], |r| r.get(0)).unwrap();
         for (id, at, actor, action, detail) in rows {
-            let h = record_hash(&prev, id, &at, &actor, &action, &detail);
+            let h = mac(&record_text(&prev, id, &at, &actor, &action, &detail));
             c.execute("UPDATE audit SET prev_hash = ?2, hash = ?3 WHERE id = ?1", params![id, prev, h]).unwrap();
             c.execute("UPDATE audit_head SET last_hash = ?1 WHERE last_id = ?2", params![h, id]).unwrap();
             prev = h;
         }
-        assert_eq!(verify(&c).unwrap(), 6);
-        let removed = purge_before(&mut c, "system", "2021-01-01", 180).unwrap();
+    }
+
+    fn sha256_hex(text: &str) -> String {
+        hex::encode(Sha256::digest(text))
+    }
+
+    #[test]
+    fn chain_verifies_and_detects_edit_middle_and_tail_removal() {
+        let (_d, s) = store();
+        assert_eq!(verify_full(&s).unwrap().records_checked, 0);
+        for i in 0..5 {
+            append(&s.conn(), "admin", "collection.create", &serde_json::json!({"name": format!("c{i}")})).unwrap();
+        }
+        assert_eq!(verify_full(&s).unwrap().records_checked, 5);
+        assert_eq!(list(&s.conn(), None, Some("collection."), 2).unwrap().len(), 2);
+        s.conn().execute("UPDATE audit SET detail = '{\"name\":\"evil\"}' WHERE id = 3", []).unwrap();
+        assert_eq!(tampering(verify_full(&s)).0, 3);
+        assert!(status(&s).error.is_some(), "the status shows the latest failure");
+
+        let (_d2, s2) = store();
+        add(&s2, 4);
+        s2.conn().execute("DELETE FROM audit WHERE id = 2", []).unwrap();
+        assert_eq!(tampering(verify_full(&s2)).0, 3);
+        // Removing the tail is caught by the head.
+        let (_d3, s3) = store();
+        add(&s3, 3);
+        s3.conn().execute("DELETE FROM audit WHERE id = 3", []).unwrap();
+        tampering(verify_full(&s3));
+    }
+
+    #[test]
+    fn purge_keeps_the_chain_verifiable_and_removing_the_oldest_record_is_caught() {
+        let (_d, s) = store();
+        add(&s, 6);
+        {
+            let c = s.conn();
+            // Backdate the first four records, then re-hash them with the key so only the purge is under test.
+            c.execute("UPDATE audit SET at = '2020-01-01T00:00:00Z' WHERE id <= 4", []).unwrap();
+            rechain_with(&c, |t| key::mac(&c, t).unwrap());
+        }
+        assert_eq!(verify_full(&s).unwrap().records_checked, 6);
+        assert_eq!(checkpoint(&s).unwrap().verified_through, 6);
+        let removed = purge_before(&mut s.conn(), "system", "2021-01-01", 180).unwrap();
         assert_eq!(removed, 4);
-        assert_eq!(verify(&c).unwrap(), 3, "records 5, 6 and the purge record");
-        assert_eq!(purge_before(&mut c, "system", "2021-01-01", 180).unwrap(), 0);
+        assert_eq!(verify_full(&s).unwrap().records_checked, 3, "records 5, 6 and the purge record");
+        assert_eq!(checkpoint(&s).unwrap().records_checked, 1, "only the purge record is new");
+        assert_eq!(purge_before(&mut s.conn(), "system", "2021-01-01", 180).unwrap(), 0);
         // Removing the oldest remaining record is caught by the anchor.
-        c.execute("DELETE FROM audit WHERE id = 5", []).unwrap();
-        assert!(matches!(verify(&c), Err(Error::AuditTampered { id: 6, .. })));
+        s.conn().execute("DELETE FROM audit WHERE id = 5", []).unwrap();
+        assert_eq!(tampering(verify_full(&s)).0, 6);
         // Moving the anchor to hide it is caught too.
+        let c = s.conn();
         let h5: String = c.query_row("SELECT prev_hash FROM audit WHERE id = 6", [], |r| r.get(0)).unwrap();
         c.execute("UPDATE audit_anchor SET purged_through_id = 5, purged_through_hash = ?1", [h5]).unwrap();
-        let err = verify(&c).unwrap_err();
-        assert!(err.to_string().contains("anchor"), "{err}");
-        let csv = to_csv(&search(&c, &Filter::default(), 10, 0).unwrap());
+        drop(c);
+        let (_, reason) = tampering(verify_full(&s));
+        assert!(reason.contains("anchor"), "{reason}");
+        let csv = to_csv(&search(&s.conn(), &Filter::default(), 10, 0).unwrap());
         assert!(csv.starts_with("id,at,actor,action,detail,prev_hash,hash\r\n6,"), "{csv}");
     }
 
     #[test]
     fn removing_the_first_record_is_caught() {
         let (_d, s) = store();
-        let c = s.conn();
-        for _ in 0..3 {
-            append(&c, "a", "x", &serde_json::json!({})).unwrap();
-        }
-        c.execute("DELETE FROM audit WHERE id = 1", []).unwrap();
-        assert!(matches!(verify(&c), Err(Error::AuditTampered { id: 2, .. })));
+        add(&s, 3);
+        s.conn().execute("DELETE FROM audit WHERE id = 1", []).unwrap();
+        assert_eq!(tampering(verify_full(&s)).0, 2);
     }
 
     #[test]
     fn append_rolls_back_with_its_transaction() {
         let (_d, s) = store();
-        let mut c = s.conn();
         {
+            let mut c = s.conn();
             let tx = c.transaction().unwrap();
             append(&tx, "a", "x", &serde_json::json!({})).unwrap();
             // dropped without commit
         }
-        assert_eq!(head(&c).unwrap(), None);
-        assert_eq!(verify(&c).unwrap(), 0);
+        assert_eq!(head(&s.conn()).unwrap(), None);
+        assert_eq!(verify_full(&s).unwrap().records_checked, 0);
+    }
+
+    #[test]
+    fn truncation_with_the_head_moved_back_is_caught() {
+        let (_d, s) = store();
+        add(&s, 5);
+        checkpoint(&s).unwrap();
+        {
+            let c = s.conn();
+            c.execute("DELETE FROM audit WHERE id >= 4", []).unwrap();
+            let h3: String = c.query_row("SELECT hash FROM audit WHERE id = 3", [], |r| r.get(0)).unwrap();
+            c.execute("UPDATE audit_head SET last_id = 3, last_hash = ?1", [h3]).unwrap();
+        }
+        for outcome in [verify_full(&s), checkpoint(&s)] {
+            let (id, reason) = tampering(outcome);
+            assert_eq!(id, 5);
+            assert!(reason.contains("truncated") && reason.contains("through 5"), "{reason}");
+        }
+        // The anchor did not move back with the head.
+        tampering(checkpoint(&s));
+    }
+
+    #[test]
+    fn rewriting_and_rechaining_without_the_key_is_caught() {
+        let mut other_key = [0u8; 32];
+        getrandom::fill(&mut other_key).unwrap();
+        let plain: &dyn Fn(&str) -> String = &sha256_hex;
+        let wrong_key: &dyn Fn(&str) -> String = &|t: &str| hex::encode(key::hmac_sha256(&other_key, t.as_bytes()));
+        for (name, mac) in [("plain SHA-256", plain), ("another key", wrong_key)] {
+            for with_anchor_file in [true, false] {
+                let (_d, s) = store();
+                add(&s, 5);
+                if with_anchor_file {
+                    checkpoint(&s).unwrap();
+                }
+                {
+                    let c = s.conn();
+                    c.execute("UPDATE audit SET detail = '{\"q\":\"evil\"}' WHERE id = 2", []).unwrap();
+                    rechain_with(&c, mac);
+                }
+                let (id, reason) = tampering(verify_full(&s));
+                assert_eq!(id, 1, "{name}: {reason}");
+                assert!(reason.contains("changed"), "{name}: {reason}");
+                tampering(checkpoint(&s));
+            }
+        }
+        // Moving the keying start so the whole log counts as pre-key records does not help either.
+        for keyed_from in [5, 100] {
+            let (_d, s) = store();
+            add(&s, 5);
+            let c = s.conn();
+            c.execute("UPDATE audit_key SET keyed_from_id = ?1", [keyed_from]).unwrap();
+            rechain_with(&c, sha256_hex);
+            drop(c);
+            let (_, reason) = tampering(verify_full(&s));
+            assert!(reason.contains("rekey") || reason.contains("keying start"), "{reason}");
+        }
+        // Resetting the keying, so the next start would re-chain the rewritten log with the key, is refused.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("care.sqlite");
+        let s = Store::open(&path).unwrap();
+        add(&s, 5);
+        checkpoint(&s).unwrap();
+        {
+            let c = s.conn();
+            c.execute("UPDATE audit SET detail = '{\"q\":\"evil\"}' WHERE id = 2", []).unwrap();
+            c.execute("UPDATE audit_key SET keyed_from_id = NULL", []).unwrap();
+            rechain_with(&c, sha256_hex);
+        }
+        drop(s);
+        let s = Store::open(&path).unwrap();
+        let (id, reason) = tampering(verify_full(&s));
+        assert!(id == 5 && reason.contains("rewritten"), "{reason}");
+    }
+
+    #[test]
+    fn reopening_the_store_keeps_verifying() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("care.sqlite");
+        let s = Store::open(&path).unwrap();
+        add(&s, 3);
+        checkpoint(&s).unwrap();
+        drop(s);
+        let key_file = std::fs::read(dir.path().join(KEY_FILE)).unwrap();
+        let s = Store::open(&path).unwrap();
+        assert_eq!(std::fs::read(dir.path().join(KEY_FILE)).unwrap(), key_file);
+        assert_eq!(verify_full(&s).unwrap().records_checked, 3);
+        add(&s, 2);
+        let r = checkpoint(&s).unwrap();
+        assert_eq!((r.records_checked, r.verified_through), (2, 5));
+        assert_eq!(status(&s).last, Some(r));
+        drop(s);
+        // A database restored without its key is named as such.
+        std::fs::remove_file(dir.path().join(KEY_FILE)).unwrap();
+        let s = Store::open(&path).unwrap();
+        let (_, reason) = tampering(verify_full(&s));
+        assert!(reason.contains("audit.key"), "{reason}");
+    }
+
+    /// A log as a build before the audit key wrote it: schema 6, plain SHA-256 hashes.
+    fn old_log(dir: &Path, n: i64) -> std::path::PathBuf {
+        let p = dir.join("care.sqlite");
+        let c = Connection::open(&p).unwrap();
+        for (v, sql) in MIGRATIONS.iter().filter(|(v, _)| *v <= 6) {
+            c.execute_batch(sql).unwrap();
+            c.pragma_update(None, "user_version", v).unwrap();
+        }
+        let mut prev = String::new();
+        for id in 1..=n {
+            let (at, detail) = (now(), format!("{{\"q\":{id}}}"));
+            let h = record_hash(&prev, id, &at, "admin", "search", &detail);
+            c.execute(
+                "INSERT INTO audit (id, at, actor, action, detail, prev_hash, hash) VALUES (?1, ?2, 'admin', 'search', ?3, ?4, ?5)",
+                params![id, at, detail, prev, h],
+            )
+            .unwrap();
+            prev = h;
+        }
+        c.execute("UPDATE audit_head SET last_id = ?1, last_hash = ?2", params![n, prev]).unwrap();
+        p
+    }
+
+    fn newest(s: &Store) -> AuditRecord {
+        search(&s.conn(), &Filter::default(), 1, 0).unwrap().remove(0)
+    }
+
+    #[test]
+    fn an_old_unkeyed_log_is_rekeyed_and_a_broken_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = old_log(dir.path(), 4);
+        let old_hash1: String =
+            Connection::open(&p).unwrap().query_row("SELECT hash FROM audit WHERE id = 1", [], |r| r.get(0)).unwrap();
+        let s = Store::open(&p).unwrap();
+        assert_eq!(verify_full(&s).unwrap().records_checked, 5);
+        let rekey = newest(&s);
+        assert_eq!((rekey.id, rekey.action.as_str()), (5, "audit.rekey"));
+        assert_eq!(rekey.detail["rechained"], 4);
+        let hash1: String = s.conn().query_row("SELECT hash FROM audit WHERE id = 1", [], |r| r.get(0)).unwrap();
+        assert_ne!(hash1, old_hash1, "record 1 now carries a keyed MAC");
+        drop(s);
+        let s = Store::open(&p).unwrap();
+        assert_eq!(newest(&s).id, 5, "re-keying happens once");
+
+        // An old log that was already tampered with keeps its old hashes, so verification still names the record.
+        let dir = tempfile::tempdir().unwrap();
+        let p = old_log(dir.path(), 4);
+        let c = Connection::open(&p).unwrap();
+        c.execute("UPDATE audit SET detail = '{\"q\":\"evil\"}' WHERE id = 2", []).unwrap();
+        let old_hash3: String = c.query_row("SELECT hash FROM audit WHERE id = 3", [], |r| r.get(0)).unwrap();
+        drop(c);
+        let s = Store::open(&p).unwrap();
+        let hash3: String = s.conn().query_row("SELECT hash FROM audit WHERE id = 3", [], |r| r.get(0)).unwrap();
+        assert_eq!(hash3, old_hash3, "not re-chained");
+        assert_eq!(newest(&s).detail["rechained"], 0);
+        add(&s, 2);
+        let (id, reason) = tampering(verify_full(&s));
+        assert_eq!(id, 2);
+        assert!(reason.contains("changed"), "{reason}");
+        tampering(checkpoint(&s));
+    }
+
+    #[test]
+    fn checkpoint_checks_only_new_records() {
+        let (_d, s) = store();
+        add(&s, 6_000);
+        assert_eq!(checkpoint(&s).unwrap().records_checked, 6_000, "the first checkpoint walks everything, in pages");
+        add(&s, 3);
+        let r = checkpoint(&s).unwrap();
+        assert_eq!((r.full, r.records_checked, r.verified_through), (false, 3, 6_003));
+        assert_eq!(checkpoint(&s).unwrap().records_checked, 0);
+        assert_eq!(verify_full(&s).unwrap().records_checked, 6_003);
+        // A record before the anchor is not re-read by a checkpoint, but the anchor's own record is.
+        s.conn().execute("UPDATE audit SET detail = '{}' WHERE id = 10", []).unwrap();
+        assert_eq!(checkpoint(&s).unwrap().records_checked, 0);
+        assert_eq!(tampering(verify_full(&s)).0, 10);
+        s.conn().execute("UPDATE audit SET hash = 'x' WHERE id = 6003", []).unwrap();
+        assert_eq!(tampering(checkpoint(&s)).0, 6_003);
+    }
+
+    #[test]
+    fn a_deleted_replaced_or_altered_anchor_file_is_caught() {
+        let (d, s) = store();
+        add(&s, 3);
+        checkpoint(&s).unwrap();
+        let path = d.path().join(ANCHOR_FILE);
+        let at3 = std::fs::read_to_string(&path).unwrap();
+        add(&s, 2);
+        checkpoint(&s).unwrap();
+        let at5 = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let (_, reason) = tampering(verify_full(&s));
+        assert!(reason.contains("deleted"), "{reason}");
+        std::fs::write(&path, &at3).unwrap();
+        let (_, reason) = tampering(checkpoint(&s));
+        assert!(reason.contains("older"), "{reason}");
+        std::fs::write(&path, at5.replace("\"id\":5", "\"id\":4")).unwrap();
+        let (_, reason) = tampering(verify_full(&s));
+        assert!(reason.contains("altered"), "{reason}");
+        std::fs::write(&path, &at5).unwrap();
+        assert_eq!(verify_full(&s).unwrap().records_checked, 5);
     }
 }

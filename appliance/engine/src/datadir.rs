@@ -3,6 +3,8 @@
 //! ```text
 //! VERSION            layout version (this file)
 //! care.sqlite        metadata, the source of truth
+//! audit.key          the audit log's MAC key (kept out of care.sqlite; back it up with it)
+//! audit.anchor       the newest verified audit record, MACed (catches a truncated log)
 //! lexical/v1/        tantivy index (derived; rebuilt from SQLite when its format or dictionary changes)
 //! dense/             LanceDB tables per collection and document-encoder version
 //! models/            model packages

@@ -4,7 +4,7 @@
 //! in order; `PRAGMA user_version` records the last one. A database written by a newer build (higher
 //! user_version) is refused rather than silently misread.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{Connection, OptionalExtension, params};
@@ -20,6 +20,7 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (4, include_str!("../../../migrations/0004_ingest_jobs.sql")),
     (5, include_str!("../../../migrations/0005_auth.sql")),
     (6, include_str!("../../../migrations/0006_vector_imports.sql")),
+    (7, include_str!("../../../migrations/0007_audit_key.sql")),
     (8, include_str!("../../../migrations/0008_job_file_starts.sql")),
     (9, include_str!("../../../migrations/0009_login_hardening.sql")),
 ];
@@ -50,6 +51,9 @@ pub fn peek_schema_version(path: &Path) -> Result<u32> {
 #[derive(Debug)]
 pub struct Store {
     conn: Mutex<Connection>,
+    /// The folder holding the database, `audit.key` and `audit.anchor`.
+    dir: PathBuf,
+    audit: crate::audit::Monitor,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -102,18 +106,32 @@ pub fn now() -> String {
 }
 
 impl Store {
+    /// Opens (creating if needed) the database and the audit key beside it, migrates, and re-chains an audit log
+    /// written before the key existed.
     pub fn open(path: &Path) -> Result<Self> {
+        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
+        let key = crate::audit::load_or_create_key(&dir)?;
         let conn = Connection::open(path)?;
         restrict_to_owner(path)?;
+        crate::audit::register_key(&conn, key)?;
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
         // WAL keeps readers (search) unblocked by the ingest writer; NORMAL sync is crash-safe for a killed
         // process, and the index recovery on open repairs anything a power loss drops.
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
-        let store = Store { conn: Mutex::new(conn) };
+        let store = Store { conn: Mutex::new(conn), dir, audit: Default::default() };
         store.migrate()?;
+        crate::audit::ensure_keyed(&mut store.conn(), &store.dir)?;
         Ok(store)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub(crate) fn audit_monitor(&self) -> &crate::audit::Monitor {
+        &self.audit
     }
 
     pub fn conn(&self) -> MutexGuard<'_, Connection> {

@@ -607,7 +607,8 @@ mod jobs {
         let actions: Vec<&str> = recs.iter().map(|r| r.action.as_str()).collect();
         assert_eq!(actions, vec!["ingest.done", "ingest.submit"]);
         assert_eq!(recs[0].detail["files_failed"], 7);
-        care_engine::audit::verify(&conn).unwrap();
+        drop(conn);
+        care_engine::audit::verify_full(e.store()).unwrap();
     }
 
     #[test]
@@ -833,10 +834,7 @@ mod offline_vectors {
             e.vector_sources("c").unwrap(),
             care_engine::vectors::VectorSources { imported: vec![("qwen3-doc-test@1".into(), rows.len())], online: 0 }
         );
-        {
-            let conn = e.store().conn();
-            care_engine::audit::verify(&conn).unwrap();
-        }
+        care_engine::audit::verify_full(e.store()).unwrap();
 
         let refuse = |name: &str, prepare: &dyn Fn(&Path)| -> Error {
             let dir = t.path().join(name);

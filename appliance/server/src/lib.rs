@@ -33,6 +33,7 @@ pub mod uploads;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use actix_web::{App, HttpServer, web};
 use care_engine::Engine;
@@ -176,38 +177,65 @@ pub fn bootstrap(engine: &Engine, auth: &AuthConfig) -> Result<Option<String>, S
         .map_err(|e| ServeError::Bootstrap(e.to_string()))
 }
 
-/// Retention and session clean-up, once at start and then daily, off the async workers.
+/// Audit checkpoints every minute, a full audit walk daily, retention and session clean-up every six hours; all
+/// at start too, off the async workers.
 fn start_housekeeping(engine: Arc<Engine>, settings: Settings) {
+    const TICK: Duration = Duration::from_secs(60);
     std::thread::Builder::new()
         .name("care-housekeeping".into())
         .spawn(move || {
+            let mut last_full: Option<Instant> = None;
+            let mut last_cleanup: Option<Instant> = None;
             loop {
-                if settings.audit.retention_days > 0 {
-                    let cutoff = time::OffsetDateTime::now_utc()
-                        - time::Duration::days(i64::from(settings.audit.retention_days));
-                    let cutoff = cutoff.format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
-                    match care_engine::audit::purge_before(
-                        &mut engine.store().conn(),
-                        "system",
-                        &cutoff,
-                        settings.audit.retention_days,
-                    ) {
-                        Ok(0) => {}
-                        Ok(n) => tracing::info!(removed = n, "purged audit records past retention"),
-                        Err(e) => tracing::error!(error = %e, "audit retention purge failed"),
-                    }
+                if due(last_cleanup, Duration::from_secs(6 * 3600)) {
+                    clean_up(&engine, &settings);
+                    last_cleanup = Some(Instant::now());
                 }
-                if let Err(e) = care_engine::accounts::purge_sessions(
-                    engine.store(),
-                    settings.auth.idle_seconds(),
-                    settings.auth.max_seconds(),
-                ) {
-                    tracing::error!(error = %e, "session clean-up failed");
+                if due(last_full, Duration::from_secs(24 * 3600)) {
+                    log_verification("full", care_engine::audit::verify_full(engine.store()));
+                    last_full = Some(Instant::now());
                 }
-                std::thread::sleep(std::time::Duration::from_secs(6 * 3600));
+                log_verification("checkpoint", care_engine::audit::checkpoint(engine.store()));
+                std::thread::sleep(TICK);
             }
         })
         .ok();
+}
+
+fn due(last: Option<Instant>, every: Duration) -> bool {
+    last.is_none_or(|t| t.elapsed() >= every)
+}
+
+/// Tampering is logged at error level every time it is seen, so it reaches the journal (and any log shipping)
+/// even if nobody opens the audit page.
+fn log_verification(kind: &str, outcome: care_engine::Result<care_engine::audit::VerifyReport>) {
+    match outcome {
+        Ok(r) if r.full => tracing::info!(checked = r.records_checked, "audit log verified in full"),
+        Ok(_) => {}
+        Err(e) => tracing::error!(kind, error = %e, "audit log verification failed"),
+    }
+}
+
+fn clean_up(engine: &Engine, settings: &Settings) {
+    if settings.audit.retention_days > 0 {
+        let cutoff = time::OffsetDateTime::now_utc() - time::Duration::days(i64::from(settings.audit.retention_days));
+        let cutoff = cutoff.format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
+        match care_engine::audit::purge_before(
+            &mut engine.store().conn(),
+            "system",
+            &cutoff,
+            settings.audit.retention_days,
+        ) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(removed = n, "purged audit records past retention"),
+            Err(e) => tracing::error!(error = %e, "audit retention purge failed"),
+        }
+    }
+    if let Err(e) =
+        care_engine::accounts::purge_sessions(engine.store(), settings.auth.idle_seconds(), settings.auth.max_seconds())
+    {
+        tracing::error!(error = %e, "session clean-up failed");
+    }
 }
 
 /// Runs the HTTPS server (and the plain-HTTP redirector) until stopped (Ctrl-C / SIGTERM). `on_ready` gets the
