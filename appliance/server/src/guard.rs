@@ -353,8 +353,11 @@ pub async fn guard(
             }
         }
     }
+    // Only sessions: they are what the printed password opens. An API token was made by an administrator whose
+    // password was changed, or by the operator on the machine (`care user token`).
     if let (Some(c), Some(r)) = (&caller, route)
         && c.user.must_change_password
+        && matches!(c.via, Via::Session { .. })
         && !PASSWORD_CHANGE_ROUTES.contains(&r.pattern)
         && r.access != Access::Public
     {
