@@ -357,7 +357,7 @@ fn authorisation_matrix_and_collection_isolation() {
     let res = get(&format!("/api/v1/search?{q}&collection=secret"), &clin);
     assert_eq!(res.status(), 403);
     let html = get(&format!("/search?{q}&collection=secret"), &clin).text().unwrap();
-    assert!(!html.contains("机密病例") && html.contains("no access"), "{html}");
+    assert!(!html.contains("机密病例") && html.contains("没有访问"), "{html}");
     let html = get(&format!("/search?{q}"), &clin).text().unwrap();
     assert!(html.contains("阿司匹林指南") && !html.contains("机密病例"), "{html}");
     assert_eq!(get(&format!("/api/v1/documents/{secret_doc}"), &clin).status(), 404);
