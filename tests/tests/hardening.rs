@@ -216,7 +216,9 @@ fn session(c: &Client, base: &str, user: &str, pw: &str) -> String {
 #[test]
 fn oversized_bodies_to_every_route_class_leave_memory_bounded() {
     const BOUND_MIB: u64 = 64;
-    let s = site(&[("CARE__SERVER__MAX_UPLOAD_MIB", "16")]);
+    // The upload limit stays above the form and JSON bodies sent: a payload limit must not be what saves them (before
+    // the fix, the CSRF check buffered a form up to the upload limit).
+    let s = site(&[("CARE__SERVER__MAX_UPLOAD_MIB", "400")]);
     let mut served = s.care.serve_full();
     let base = served.https.clone();
     let c = client();
@@ -271,13 +273,13 @@ fn oversized_bodies_to_every_route_class_leave_memory_bounded() {
             }),
         ),
         (
-            "upload, 64 MiB over a 16 MiB limit",
+            "upload, 420 MiB over a 400 MiB limit (streamed to disk)",
             Box::new(|| {
                 let head = "--b0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.txt\"\r\n\r\n";
                 c.post(format!("{base}/api/v1/admin/collections/granted/files"))
                     .bearer_auth(&s.admin)
                     .header("content-type", "multipart/form-data; boundary=b0undary")
-                    .body(big_body(head, 64 * MIB, false))
+                    .body(big_body(head, 420 * MIB, false))
                     .send()
             }),
         ),
