@@ -146,3 +146,53 @@ pub fn https_client() -> reqwest::blocking::Client {
         .build()
         .expect("client")
 }
+
+/// An HTTPS client for the self-signed certificate that follows no redirects, so 302/303 are visible.
+pub fn no_redirect_client(timeout: Duration) -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(timeout)
+        .build()
+        .expect("client")
+}
+
+pub fn write(p: &Path, s: &str) -> PathBuf {
+    std::fs::write(p, s).unwrap();
+    p.to_path_buf()
+}
+
+/// `care user add` with the password in a file under `dir`.
+pub fn add_user(care: &Care, dir: &Path, name: &str, role: &str, pw: &str) {
+    let f = write(&dir.join(format!("{name}.pw")), pw);
+    care.ok(&["user", "add", name, "--role", role, "--password-file", f.to_str().unwrap()]);
+}
+
+/// A new API token of `user`, named `name`.
+pub fn token(care: &Care, user: &str, name: &str) -> String {
+    care.ok(&["user", "token", user, "--name", name]).trim().to_string()
+}
+
+/// Chinese medical text for two collections that share terms, so a leak between them would show.
+pub fn two_collections(care: &Care, dir: &Path) {
+    let a = write(
+        &dir.join("aspirin.md"),
+        "# 阿司匹林指南\n\n## 用法\n\n阿司匹林用于冠心病二级预防，每日剂量75到100毫克。\n",
+    );
+    let b =
+        write(&dir.join("secret.md"), "# 机密病例讨论\n\n## 记录\n\n阿司匹林过敏患者的会诊记录，仅限心内科查阅。\n");
+    care.ok(&["collection", "create", "granted"]);
+    care.ok(&["ingest", "granted", a.to_str().unwrap()]);
+    care.ok(&["collection", "create", "secret"]);
+    care.ok(&["ingest", "secret", b.to_str().unwrap()]);
+}
+
+pub fn set_cookies(h: &reqwest::header::HeaderMap) -> Vec<String> {
+    h.get_all(reqwest::header::SET_COOKIE).iter().map(|v| v.to_str().unwrap().to_string()).collect()
+}
+
+pub fn cookie_value(set_cookie: &[String], name: &str) -> Option<String> {
+    set_cookie
+        .iter()
+        .find_map(|c| c.strip_prefix(&format!("{name}=")).map(|v| v.split(';').next().unwrap_or("").to_string()))
+}

@@ -6,7 +6,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use care_e2e::{Care, Served};
+use care_e2e::{Care, Served, add_user, cookie_value, set_cookies, token, two_collections};
 use care_server::table::ROUTES;
 use reqwest::blocking::{Body, Client, Response};
 
@@ -14,26 +14,7 @@ const ADMIN_PW: &str = "admin-passphrase-1";
 const CLIN_PW: &str = "clinician-passphrase-1";
 
 fn client() -> Client {
-    Client::builder()
-        .danger_accept_invalid_certs(true)
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(120))
-        .build()
-        .unwrap()
-}
-
-fn write(p: &Path, s: &str) -> PathBuf {
-    std::fs::write(p, s).unwrap();
-    p.to_path_buf()
-}
-
-fn add_user(care: &Care, dir: &Path, name: &str, role: &str, pw: &str) {
-    let f = write(&dir.join(format!("{name}.pw")), pw);
-    care.ok(&["user", "add", name, "--role", role, "--password-file", f.to_str().unwrap()]);
-}
-
-fn token(care: &Care, user: &str) -> String {
-    care.ok(&["user", "token", user, "--name", "hardening"]).trim().to_string()
+    care_e2e::no_redirect_client(Duration::from_secs(120))
 }
 
 /// Two collections sharing terms (a leak between them would show), an admin, a clinician granted one of them and a
@@ -55,21 +36,13 @@ fn site(env: &[(&str, &str)]) -> Site {
     let mut care = Care::new(&dir.join("data"));
     care.env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     care.ok(&["init"]);
-    let a = write(
-        &dir.join("aspirin.md"),
-        "# 阿司匹林指南\n\n## 用法\n\n阿司匹林用于冠心病二级预防，每日剂量75到100毫克。\n",
-    );
-    let b =
-        write(&dir.join("secret.md"), "# 机密病例讨论\n\n## 记录\n\n阿司匹林过敏患者的会诊记录，仅限心内科查阅。\n");
-    care.ok(&["collection", "create", "granted"]);
-    care.ok(&["ingest", "granted", a.to_str().unwrap()]);
-    care.ok(&["collection", "create", "secret"]);
-    care.ok(&["ingest", "secret", b.to_str().unwrap()]);
+    two_collections(&care, &dir);
     add_user(&care, &dir, "admin", "admin", ADMIN_PW);
     add_user(&care, &dir, "drwang", "clinician", CLIN_PW);
     add_user(&care, &dir, "drli", "clinician", CLIN_PW);
     care.ok(&["user", "grant", "drwang", "granted"]);
-    let (admin, clin, nogrant) = (token(&care, "admin"), token(&care, "drwang"), token(&care, "drli"));
+    let (admin, clin, nogrant) =
+        (token(&care, "admin", "hardening"), token(&care, "drwang", "hardening"), token(&care, "drli", "hardening"));
     let secret = care.json(&["search", "--json", "-c", "secret", "阿司匹林"]);
     let secret_doc = secret["hits"][0]["document_id"].as_i64().unwrap();
     let secret_chunk = secret["hits"][0]["chunk_id"].as_i64().unwrap();
@@ -189,11 +162,7 @@ fn big_body(prefix: &str, n: u64, sized: bool) -> Body {
 /// The login form's double-submit token (cookie and form field carry the same value).
 fn login_csrf(c: &Client, base: &str) -> String {
     let res = c.get(format!("{base}/login")).send().unwrap();
-    let sc: Vec<String> = res.headers().get_all("set-cookie").iter().map(|v| v.to_str().unwrap().to_string()).collect();
-    sc.iter()
-        .find_map(|c| c.strip_prefix("__Host-care_login_csrf="))
-        .map(|v| v.split(';').next().unwrap().to_string())
-        .expect("login csrf cookie")
+    cookie_value(&set_cookies(res.headers()), "__Host-care_login_csrf").expect("login csrf cookie")
 }
 
 fn session(c: &Client, base: &str, user: &str, pw: &str) -> String {
@@ -206,9 +175,8 @@ fn session(c: &Client, base: &str, user: &str, pw: &str) -> String {
         .send()
         .unwrap();
     assert_eq!(res.status(), 303, "login of {user}");
-    let sc: Vec<String> = res.headers().get_all("set-cookie").iter().map(|v| v.to_str().unwrap().to_string()).collect();
-    let v = sc.iter().find_map(|c| c.strip_prefix("__Host-care_session=")).expect("session cookie");
-    format!("__Host-care_session={}", v.split(';').next().unwrap())
+    let v = cookie_value(&set_cookies(res.headers()), "__Host-care_session").expect("session cookie");
+    format!("__Host-care_session={v}")
 }
 
 /// Memory bound: oversized bodies to every route class. The server's peak RSS may grow by less than

@@ -6,55 +6,21 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use care_e2e::webdriver::Browser;
-use care_e2e::{Care, Served};
+use care_e2e::{Care, Served, add_user, cookie_value, set_cookies, token, two_collections, write};
 use care_server::table::{Access, Kind, ROUTES};
 use reqwest::blocking::{Client, RequestBuilder, Response};
-use reqwest::header::{HeaderMap, SET_COOKIE};
+use reqwest::header::SET_COOKIE;
 
 const ADMIN_PW: &str = "admin-passphrase-1";
 const CLIN_PW: &str = "clinician-passphrase-1";
 
-/// An HTTPS client that follows no redirects, so 302/303 are visible.
 fn client() -> Client {
-    Client::builder()
-        .danger_accept_invalid_certs(true)
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
-}
-
-fn write(p: &Path, s: &str) -> PathBuf {
-    std::fs::write(p, s).unwrap();
-    p.to_path_buf()
+    care_e2e::no_redirect_client(Duration::from_secs(60))
 }
 
 const METFORMIN_MD: &str = "# 二甲双胍用药指南\n\n## 适应症\n\n二甲双胍是2型糖尿病患者控制血糖的一线用药，可单用或与胰岛素联用。\n\n\
 ## 禁忌症\n\n严重肾功能不全（eGFR低于30）的患者禁用二甲双胍；急性代谢性酸中毒、严重感染和缺氧状态者亦应停用。\n\n\
 ## 不良反应\n\n常见胃肠道反应，如腹泻、恶心，多在用药初期出现，小剂量起始可减轻。\n";
-
-/// Chinese medical text for two collections that share terms, so a leak between them would show.
-fn two_collections(care: &Care, dir: &Path) {
-    let a = write(
-        &dir.join("aspirin.md"),
-        "# 阿司匹林指南\n\n## 用法\n\n阿司匹林用于冠心病二级预防，每日剂量75到100毫克。\n",
-    );
-    let b =
-        write(&dir.join("secret.md"), "# 机密病例讨论\n\n## 记录\n\n阿司匹林过敏患者的会诊记录，仅限心内科查阅。\n");
-    care.ok(&["collection", "create", "granted"]);
-    care.ok(&["ingest", "granted", a.to_str().unwrap()]);
-    care.ok(&["collection", "create", "secret"]);
-    care.ok(&["ingest", "secret", b.to_str().unwrap()]);
-}
-
-fn add_user(care: &Care, dir: &Path, name: &str, role: &str, pw: &str) {
-    let f = write(&dir.join(format!("{name}.pw")), pw);
-    care.ok(&["user", "add", name, "--role", role, "--password-file", f.to_str().unwrap()]);
-}
-
-fn token(care: &Care, user: &str, name: &str) -> String {
-    care.ok(&["user", "token", user, "--name", name]).trim().to_string()
-}
 
 fn multipart(name: &str, content: &str) -> (String, Vec<u8>) {
     let boundary = "----care-test-boundary-7d1f";
@@ -391,16 +357,6 @@ fn authorisation_matrix_and_collection_isolation() {
     // The OpenAPI document lists the search path.
     let doc: serde_json::Value = c.get(format!("{base}/api/v1/openapi.json")).send().unwrap().json().unwrap();
     assert!(doc["paths"]["/api/v1/search"]["get"].is_object());
-}
-
-fn set_cookies(h: &HeaderMap) -> Vec<String> {
-    h.get_all(SET_COOKIE).iter().map(|v| v.to_str().unwrap().to_string()).collect()
-}
-
-fn cookie_value(set_cookie: &[String], name: &str) -> Option<String> {
-    set_cookie
-        .iter()
-        .find_map(|c| c.strip_prefix(&format!("{name}=")).map(|v| v.split(';').next().unwrap_or("").to_string()))
 }
 
 fn hidden(html: &str, name: &str) -> String {

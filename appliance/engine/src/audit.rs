@@ -28,7 +28,7 @@ use crate::store::{Store, now};
 pub use anchor::ANCHOR_FILE;
 pub(crate) use chain::ensure_keyed;
 use chain::{Access, Bounds, Walk};
-pub use key::KEY_FILE;
+pub use key::{KEY_FILE, hmac_sha256};
 pub(crate) use key::{load_or_create as load_or_create_key, register as register_key};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -299,18 +299,7 @@ pub fn list(
          WHERE (?1 IS NULL OR actor = ?1) AND (?2 IS NULL OR action LIKE ?2 || '%')
          ORDER BY id DESC LIMIT ?3",
     )?;
-    let rows = stmt.query_map(params![actor, action_prefix, limit as i64], |r| {
-        let detail: String = r.get(4)?;
-        Ok(AuditRecord {
-            id: r.get(0)?,
-            at: r.get(1)?,
-            actor: r.get(2)?,
-            action: r.get(3)?,
-            detail: serde_json::from_str(&detail).unwrap_or(serde_json::Value::String(detail)),
-            prev_hash: r.get(5)?,
-            hash: r.get(6)?,
-        })
-    })?;
+    let rows = stmt.query_map(params![actor, action_prefix, limit as i64], row_to_record)?;
     Ok(rows.collect::<Result<Vec<_>, _>>()?)
 }
 

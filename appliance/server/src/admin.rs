@@ -30,16 +30,14 @@ pub struct Flash {
 }
 
 fn flash_sig(kind: &str, msg: &str) -> String {
-    use sha2::{Digest, Sha256};
     static KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
     let key = KEY.get_or_init(|| {
         let mut k = [0u8; 32];
         getrandom::fill(&mut k).expect("OS random source");
         k
     });
-    // Nested keyed hash (HMAC's shape): no length extension of a signed message.
-    let inner = Sha256::new().chain_update(key).chain_update(kind).chain_update([0x1f]).chain_update(msg).finalize();
-    hex::encode(&Sha256::new().chain_update(key).chain_update(inner).finalize()[..16])
+    let mac = care_engine::audit::hmac_sha256(key, format!("{kind}\u{1f}{msg}").as_bytes());
+    hex::encode(&mac[..16])
 }
 
 impl Flash {

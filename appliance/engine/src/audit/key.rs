@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 pub const KEY_FILE: &str = "audit.key";
 
 /// HMAC-SHA256 (RFC 2104) for keys of at most one block, which is all this module uses.
-pub(crate) fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
+pub fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
     assert!(key.len() <= 64, "HMAC keys longer than one block are not used here");
     let (mut ipad, mut opad) = ([0x36u8; 64], [0x5cu8; 64]);
     for (i, b) in key.iter().enumerate() {
