@@ -139,6 +139,12 @@ impl Store {
         self.conn.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A connection for reads that need no transaction with a write (search, session checks, listings).
+    /// For now the writer; a pool of read-only WAL connections replaces it (issue 14).
+    pub fn reader(&self) -> MutexGuard<'_, Connection> {
+        self.conn()
+    }
+
     pub fn schema_version(&self) -> Result<u32> {
         Ok(self.conn().pragma_query_value(None, "user_version", |r| r.get(0))?)
     }
