@@ -5,8 +5,7 @@ use std::io::Read;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use care_engine::accounts::{self, Role};
-use care_engine::{Engine, audit};
+use care_engine::{Actor, Engine, UserUpdate, audit};
 use clap::Subcommand;
 
 /// Who the audit log names for CLI actions: the operating-system account running the command, from its real uid
@@ -117,41 +116,30 @@ fn read_password(file: Option<&PathBuf>) -> Result<String> {
 }
 
 pub fn run_user(e: &Engine, cmd: UserCommand) -> Result<i32> {
-    let s = e.store();
-    let who = actor();
+    let who = Actor::console(actor());
     match cmd {
         UserCommand::Add { username, role, password_file } => {
             let pw = read_password(password_file.as_ref())?;
-            let u = accounts::create_user(s, &who, &username, &pw, Role::parse(&role)?)?;
+            let u = e.create_user_as(&who, &username, &pw, &role)?;
             println!("created {} ({})", u.username, u.role.as_str());
         }
         UserCommand::List => {
-            let now = accounts::unix_now();
-            for u in accounts::list_users(s)? {
-                let state = if u.disabled {
-                    "disabled"
-                } else if u.is_locked(now) {
-                    "locked"
-                } else {
-                    "active"
+            for u in e.users_as(&who)? {
+                let state = match (u.disabled, u.locked) {
+                    (true, _) => "disabled",
+                    (false, true) => "locked",
+                    (false, false) => "active",
                 };
-                let cols = accounts::granted_collections(s, u.id)?;
-                println!(
-                    "{}\t{}\t{}\t{}",
-                    u.username,
-                    u.role.as_str(),
-                    state,
-                    if u.is_admin() { "*".into() } else { cols.join(",") }
-                );
+                let cols = if u.role == "admin" { "*".into() } else { u.collections.join(",") };
+                println!("{}\t{}\t{}\t{}", u.username, u.role, state, cols);
             }
         }
         UserCommand::Passwd { username, password_file } => {
-            let pw = read_password(password_file.as_ref())?;
-            accounts::set_password(s, &who, &username, None, &pw)?;
+            let password = Some(read_password(password_file.as_ref())?);
+            e.update_user_as(&who, &username, &UserUpdate { password, ..Default::default() })?;
             println!("password of {username} changed; their sessions ended");
         }
         UserCommand::Set { username, role, unlock, disable, enable } => {
-            let role = role.as_deref().map(Role::parse).transpose()?;
             let disabled = if disable {
                 Some(true)
             } else if enable {
@@ -159,19 +147,22 @@ pub fn run_user(e: &Engine, cmd: UserCommand) -> Result<i32> {
             } else {
                 None
             };
-            let u = accounts::update_user(s, &who, &username, role, disabled, unlock)?;
-            println!("{}: role {}, {}", u.username, u.role.as_str(), if u.disabled { "disabled" } else { "enabled" });
+            e.update_user_as(&who, &username, &UserUpdate { role, disabled, unlock, password: None })?;
+            let u = e.users_as(&who)?.into_iter().find(|u| u.username == username);
+            if let Some(u) = u {
+                println!("{}: role {}, {}", u.username, u.role, if u.disabled { "disabled" } else { "enabled" });
+            }
         }
         UserCommand::Grant { username, collection } => {
-            accounts::grant(s, &who, &username, &collection)?;
+            e.grant_as(&who, &username, &collection)?;
             println!("{username} may now read '{collection}'");
         }
         UserCommand::Revoke { username, collection } => {
-            accounts::revoke(s, &who, &username, &collection)?;
+            e.revoke_as(&who, &username, &collection)?;
             println!("{username} may no longer read '{collection}'");
         }
         UserCommand::Token { username, name } => {
-            let (_, secret) = accounts::create_token(s, &who, &username, &name)?;
+            let (_, secret) = e.create_token_as(&who, &username, &name)?;
             println!("{secret}");
         }
     }
@@ -179,10 +170,11 @@ pub fn run_user(e: &Engine, cmd: UserCommand) -> Result<i32> {
 }
 
 pub fn run_audit(e: &Engine, cmd: AuditCommand) -> Result<i32> {
+    let who = Actor::console(actor());
     match cmd {
         // The full walk proves the whole log; the checkpoint then moves audit.anchor to what was just proven.
         AuditCommand::Verify => {
-            match audit::verify_full(e.store()).and_then(|r| audit::checkpoint(e.store()).map(|_| r)) {
+            match e.audit_verify_as(&who, true).and_then(|r| e.audit_verify_as(&who, false).map(|_| r)) {
                 Ok(r) => {
                     println!(
                         "audit log intact: {} records, keyed hash chain verified; anchor at record {}",
@@ -199,7 +191,7 @@ pub fn run_audit(e: &Engine, cmd: AuditCommand) -> Result<i32> {
         }
         AuditCommand::List { actor, action, since, until, limit, json } => {
             let f = audit::Filter { actor, action_prefix: action, since, until, text: None };
-            let recs = audit::search(&e.store().conn(), &f, limit, 0)?;
+            let recs = e.audit_records_as(&who, &f, limit, 0)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&recs)?);
             } else {
@@ -211,15 +203,9 @@ pub fn run_audit(e: &Engine, cmd: AuditCommand) -> Result<i32> {
         }
         AuditCommand::Export { out, since, until } => {
             let f = audit::Filter { since, until, ..Default::default() };
-            let recs = audit::search(&e.store().conn(), &f, usize::MAX >> 1, 0)?;
-            std::fs::write(&out, audit::to_csv(&recs)).with_context(|| format!("writing {}", out.display()))?;
-            audit::append(
-                &e.store().conn(),
-                &actor(),
-                "audit.export",
-                &serde_json::json!({"records": recs.len(), "file": out}),
-            )?;
-            println!("wrote {} records to {}", recs.len(), out.display());
+            let csv = e.audit_export_as(&who, &f, usize::MAX >> 1, &format!("file {}", out.display()))?;
+            std::fs::write(&out, &csv).with_context(|| format!("writing {}", out.display()))?;
+            println!("wrote {} records to {}", csv.lines().count().saturating_sub(1), out.display());
             Ok(0)
         }
         AuditCommand::Purge { days } => {
@@ -228,7 +214,7 @@ pub fn run_audit(e: &Engine, cmd: AuditCommand) -> Result<i32> {
             }
             let cutoff = time::OffsetDateTime::now_utc() - time::Duration::days(i64::from(days));
             let cutoff = cutoff.format(&time::format_description::well_known::Rfc3339)?;
-            let n = audit::purge_before(&mut e.store().conn(), &actor(), &cutoff, days)?;
+            let n = e.audit_purge_as(&who, &cutoff, days)?;
             println!("removed {n} records older than {days} days; the chain stays verifiable from its anchor");
             Ok(0)
         }

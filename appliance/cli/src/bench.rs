@@ -104,7 +104,6 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
     let cols = vec![col.clone()];
     let names = vec!["bench".to_string()];
     let queries: Vec<&str> = set.queries.iter().take(opts.queries).map(|(_, q)| q.as_str()).collect();
-    let title_boost = e.config().search.title_boost;
     // Warm-up: load the flat vectors, the ONNX session, tantivy's caches.
     for q in queries.iter().take(10) {
         e.search(&SearchRequest { query: (*q).into(), ..Default::default() })?;
@@ -116,8 +115,7 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
         enc.push(ms(t));
         let t = Instant::now();
         let b: Vec<fusion::Ranked> = e
-            .lexical()
-            .search(q, Some(&names), 100, title_boost)?
+            .bm25_search(q, &names, 100)?
             .into_iter()
             .map(|h| (h.chunk_id, h.document_id, h.score))
             .collect();
@@ -170,8 +168,8 @@ fn ms(t: Instant) -> f64 {
 fn http_latency(engine: Arc<Engine>, queries: &[&str]) -> Result<Latency> {
     let (tx, rx) = std::sync::mpsc::channel();
     // The API needs a caller: an administrator (reads every collection) with an API token, as a machine client has.
-    care_engine::accounts::bootstrap_admin(engine.store(), "bench", None)?;
-    let (_, token) = care_engine::accounts::create_token(engine.store(), "bench", "bench", "care bench")?;
+    engine.bootstrap_admin("bench", None)?;
+    let (_, token) = engine.create_token_as(&care_engine::Actor::console("bench"), "bench", "care bench")?;
     let settings = care_server::Settings {
         server: care_server::ServerConfig {
             bind: "127.0.0.1:0".into(),

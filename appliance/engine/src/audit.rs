@@ -57,9 +57,10 @@ fn record_hash(prev_hash: &str, id: i64, at: &str, actor: &str, action: &str, de
     hex::encode(Sha256::digest(record_text(prev_hash, id, at, actor, action, detail)))
 }
 
-/// Appends one record. Pass the transaction that makes the audited change (a `Transaction` derefs to
-/// `Connection`), so both commit or neither does. The connection must come from [`Store`], which registers the key.
-pub fn append(conn: &Connection, actor: &str, action: &str, detail: &serde_json::Value) -> Result<i64> {
+/// Appends one record inside the transaction that makes the audited change, so both commit or neither does (the
+/// type admits nothing else). The connection must come from [`Store`], which registers the key. Outside the engine,
+/// operations go through the service layer ([`crate::service`]), which appends for them.
+pub(crate) fn append(conn: &rusqlite::Transaction<'_>, actor: &str, action: &str, detail: &serde_json::Value) -> Result<i64> {
     let (last_id, last_hash): (i64, String) =
         conn.query_row("SELECT last_id, last_hash FROM audit_head WHERE singleton = 1", [], |r| {
             Ok((r.get(0)?, r.get(1)?))
@@ -365,7 +366,10 @@ mod tests {
         let (_d, s) = store();
         assert_eq!(verify_full(&s).unwrap().records_checked, 0);
         for i in 0..5 {
-            append(&s.conn(), "admin", "collection.create", &serde_json::json!({"name": format!("c{i}")})).unwrap();
+            let mut c = s.conn();
+            let tx = c.transaction().unwrap();
+            append(&tx, "admin", "collection.create", &serde_json::json!({"name": format!("c{i}")})).unwrap();
+            tx.commit().unwrap();
         }
         assert_eq!(verify_full(&s).unwrap().records_checked, 5);
         assert_eq!(list(&s.conn(), None, Some("collection."), 2).unwrap().len(), 2);

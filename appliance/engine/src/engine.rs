@@ -204,14 +204,30 @@ pub struct SearchHit {
 #[derive(Debug, Clone, Serialize)]
 pub struct SearchResults {
     pub query: String,
-    /// The method actually used: "bm25" when no encoder is active or no dense index covers the collections.
-    pub method: &'static str,
+    /// The method actually used: bm25 when no encoder is active or no dense index covers the collections.
+    pub method: crate::fusion::Method,
     pub dense_weight: f32,
     pub total_candidates: usize,
     pub hits: Vec<SearchHit>,
     pub encode_ms: f64,
     pub retrieve_ms: f64,
     pub took_ms: f64,
+}
+
+impl SearchResults {
+    /// The answer for a caller with nothing to search (no readable collection).
+    pub fn empty(query: &str) -> Self {
+        SearchResults {
+            query: query.to_string(),
+            method: crate::fusion::Method::Bm25,
+            dense_weight: 0.0,
+            total_candidates: 0,
+            hits: Vec::new(),
+            encode_ms: 0.0,
+            retrieve_ms: 0.0,
+            took_ms: 0.0,
+        }
+    }
 }
 
 impl Engine {
@@ -249,10 +265,10 @@ impl Engine {
     pub fn data_dir(&self) -> &DataDir {
         &self.dir
     }
-    pub fn store(&self) -> &Store {
+    pub(crate) fn store(&self) -> &Store {
         &self.store
     }
-    pub fn lexical(&self) -> &LexicalIndex {
+    pub(crate) fn lexical(&self) -> &LexicalIndex {
         &self.lexical
     }
 
@@ -399,33 +415,25 @@ impl Engine {
     }
 
     /// Deletes a collection everywhere: its documents from the lexical index, its dense tables, then its rows.
-    /// A crash part-way is finished by recovery (documents are marked `deleting` first); the collection row itself
-    /// goes last, with its audit record.
+    /// The audit record commits with the first change, marking the documents `deleting`: from there the deletion
+    /// is decided, and a crash part-way is finished by recovery (documents) or by deleting again (the empty row).
     pub fn delete_collection(&self, name: &str, actor: &str) -> Result<usize> {
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         let col = self.store.collection(name)?;
-        let ids: Vec<i64> = {
-            let conn = self.store.conn();
-            let mut stmt = conn.prepare("SELECT id FROM documents WHERE collection_id = ?1")?;
-            let rows = stmt.query_map([col.id], |r| r.get(0))?;
-            rows.collect::<Result<Vec<_>, _>>()?
-        };
-        self.store.set_documents_state(&ids, "deleting")?;
-        self.lexical.delete_documents(&ids)?;
-        self.lexical.commit()?;
-        let tables: Vec<String> = {
-            let conn = self.store.conn();
-            let mut stmt = conn.prepare("SELECT table_name FROM dense_indexes WHERE collection_id = ?1")?;
-            let rows = stmt.query_map([col.id], |r| r.get(0))?;
-            rows.collect::<Result<Vec<_>, _>>()?
-        };
-        for t in &tables {
-            self.dense.drop_table(t)?;
-        }
-        {
+        let (ids, tables) = {
             let mut conn = self.store.conn();
             let tx = conn.transaction()?;
-            tx.execute("DELETE FROM collections WHERE id = ?1", [col.id])?;
+            let ids: Vec<i64> = {
+                let mut stmt = tx.prepare("SELECT id FROM documents WHERE collection_id = ?1")?;
+                let rows = stmt.query_map([col.id], |r| r.get(0))?;
+                rows.collect::<Result<Vec<_>, _>>()?
+            };
+            let tables: Vec<String> = {
+                let mut stmt = tx.prepare("SELECT table_name FROM dense_indexes WHERE collection_id = ?1")?;
+                let rows = stmt.query_map([col.id], |r| r.get(0))?;
+                rows.collect::<Result<Vec<_>, _>>()?
+            };
+            tx.execute("UPDATE documents SET state = 'deleting' WHERE collection_id = ?1", [col.id])?;
             crate::audit::append(
                 &tx,
                 actor,
@@ -433,8 +441,20 @@ impl Engine {
                 &serde_json::json!({"collection": name, "documents": ids.len(), "dense_tables": tables}),
             )?;
             tx.commit()?;
+            (ids, tables)
+        };
+        self.lexical.delete_documents(&ids)?;
+        self.lexical.commit()?;
+        for t in &tables {
+            self.dense.drop_table(t)?;
         }
+        self.store.conn().execute("DELETE FROM collections WHERE id = ?1", [col.id])?;
         Ok(ids.len())
+    }
+
+    /// BM25 candidates alone, with the configured title boost (benchmarks time the stage on its own).
+    pub fn bm25_search(&self, query: &str, collections: &[String], k: usize) -> Result<Vec<crate::lexical::LexicalHit>> {
+        self.lexical.search(query, Some(collections), k, self.cfg.search.title_boost)
     }
 
     pub fn collection(&self, name: &str) -> Result<Collection> {
@@ -718,15 +738,12 @@ impl Engine {
                 );
             }
         }
-        self.store.set_documents_state(&ids, "deleting")?;
-        self.lexical.delete_documents(&ids)?;
-        self.lexical.commit()?;
-        self.delete_dense_documents(col.id, &ids)?;
+        // Marked `deleting` with the audit record: the deletion is decided here, and recovery finishes it.
         {
             let mut conn = self.store.conn();
             let tx = conn.transaction()?;
             {
-                let mut stmt = tx.prepare_cached("DELETE FROM documents WHERE id = ?1")?;
+                let mut stmt = tx.prepare_cached("UPDATE documents SET state = 'deleting' WHERE id = ?1")?;
                 for id in &ids {
                     stmt.execute([id])?;
                 }
@@ -739,6 +756,10 @@ impl Engine {
             )?;
             tx.commit()?;
         }
+        self.lexical.delete_documents(&ids)?;
+        self.lexical.commit()?;
+        self.delete_dense_documents(col.id, &ids)?;
+        self.store.delete_documents(&ids)?;
         Ok(ids.len())
     }
 
@@ -830,7 +851,7 @@ impl Engine {
         }
         Ok(SearchResults {
             query: query.to_string(),
-            method: method.as_str(),
+            method,
             dense_weight: weight,
             total_candidates: total,
             hits: out,

@@ -1,101 +1,105 @@
 //! The engine's one error type and its stable error codes.
 //!
-//! Every failure a user can see carries an [`ErrorCode`]; the HTTP layer maps codes to statuses in one
-//! exhaustive `match`, so adding a code forces a decision there. Messages say what went wrong, where, and how to
+//! Every failure a user can see carries an [`ErrorCode`], declared once in the `error_codes!` table with its
+//! status class, Chinese title and documentation anchor; the HTTP layer maps classes to statuses in one exhaustive
+//! `match`. Failures only HTTP can have (no session, a bad CSRF token) are the server's own errors, with codes
+//! from the same table. Messages say what went wrong, where, and how to
 //! fix it, because the reader is usually a hospital admin, not a developer.
 
 use std::path::PathBuf;
 
 use serde::Serialize;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorCode {
-    NotFound,
-    AlreadyExists,
-    InvalidInput,
-    UnsupportedFormat,
-    BadEncoding,
-    EmptyInput,
-    MalformedRecord,
-    IncompatibleVersion,
-    ModelMismatch,
-    Locked,
-    Storage,
-    Index,
-    Model,
-    Io,
-    Internal,
-    TooLarge,
-    UnsafeArchive,
-    Cancelled,
-    Unauthenticated,
+/// The HTTP status class of a code. The server turns a class into a status in one exhaustive `match`; the engine
+/// only decides which class a failure belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StatusClass {
+    BadRequest,
+    Unauthorized,
     Forbidden,
-    CsrfRejected,
-    AccountLocked,
-    AuditTampered,
-    CorruptShards,
-    UnknownChunks,
+    NotFound,
+    Conflict,
+    TooLarge,
+    UnsupportedMedia,
+    Unprocessable,
+    Locked,
+    Unavailable,
+    Internal,
 }
 
-impl ErrorCode {
-    pub const ALL: [ErrorCode; 25] = [
-        ErrorCode::NotFound,
-        ErrorCode::AlreadyExists,
-        ErrorCode::InvalidInput,
-        ErrorCode::UnsupportedFormat,
-        ErrorCode::BadEncoding,
-        ErrorCode::EmptyInput,
-        ErrorCode::MalformedRecord,
-        ErrorCode::IncompatibleVersion,
-        ErrorCode::ModelMismatch,
-        ErrorCode::Locked,
-        ErrorCode::Storage,
-        ErrorCode::Index,
-        ErrorCode::Model,
-        ErrorCode::Io,
-        ErrorCode::Internal,
-        ErrorCode::TooLarge,
-        ErrorCode::UnsafeArchive,
-        ErrorCode::Cancelled,
-        ErrorCode::Unauthenticated,
-        ErrorCode::Forbidden,
-        ErrorCode::CsrfRejected,
-        ErrorCode::AccountLocked,
-        ErrorCode::AuditTampered,
-        ErrorCode::CorruptShards,
-        ErrorCode::UnknownChunks,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorCode::NotFound => "not_found",
-            ErrorCode::AlreadyExists => "already_exists",
-            ErrorCode::InvalidInput => "invalid_input",
-            ErrorCode::UnsupportedFormat => "unsupported_format",
-            ErrorCode::BadEncoding => "bad_encoding",
-            ErrorCode::EmptyInput => "empty_input",
-            ErrorCode::MalformedRecord => "malformed_record",
-            ErrorCode::IncompatibleVersion => "incompatible_version",
-            ErrorCode::ModelMismatch => "model_mismatch",
-            ErrorCode::Locked => "locked",
-            ErrorCode::Storage => "storage",
-            ErrorCode::Index => "index",
-            ErrorCode::Model => "model",
-            ErrorCode::Io => "io",
-            ErrorCode::Internal => "internal",
-            ErrorCode::TooLarge => "too_large",
-            ErrorCode::UnsafeArchive => "unsafe_archive",
-            ErrorCode::Cancelled => "cancelled",
-            ErrorCode::Unauthenticated => "unauthenticated",
-            ErrorCode::Forbidden => "forbidden",
-            ErrorCode::CsrfRejected => "csrf_rejected",
-            ErrorCode::AccountLocked => "account_locked",
-            ErrorCode::AuditTampered => "audit_tampered",
-            ErrorCode::CorruptShards => "corrupt_shards",
-            ErrorCode::UnknownChunks => "unknown_chunks",
-        }
+impl StatusClass {
+    /// A failure of the appliance rather than of the request (details stay in the server log).
+    pub fn is_server_error(self) -> bool {
+        matches!(self, StatusClass::Unavailable | StatusClass::Internal)
     }
+}
+
+/// Declares the one table of error codes: variant, stable code, status class, the Chinese title error pages show.
+/// Each code's documentation is the README row anchored at `error-<code>`.
+macro_rules! error_codes {
+    ($($variant:ident = $code:literal, $class:ident, $title:literal;)*) => {
+        /// Stable error codes: the `code` field of every JSON error and the key of the README's error table.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum ErrorCode {
+            $($variant,)*
+        }
+
+        impl ErrorCode {
+            pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$variant,)*];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(ErrorCode::$variant => $code,)*
+                }
+            }
+            pub fn class(self) -> StatusClass {
+                match self {
+                    $(ErrorCode::$variant => StatusClass::$class,)*
+                }
+            }
+            /// The short title of the error page, for clinicians and admins.
+            pub fn title_zh(self) -> &'static str {
+                match self {
+                    $(ErrorCode::$variant => $title,)*
+                }
+            }
+            /// Where the code is explained: the row of the README's error table.
+            pub fn docs_anchor(self) -> &'static str {
+                match self {
+                    $(ErrorCode::$variant => concat!("README.md#error-", $code),)*
+                }
+            }
+        }
+    };
+}
+
+error_codes! {
+    NotFound = "not_found", NotFound, "未找到";
+    AlreadyExists = "already_exists", Conflict, "已存在";
+    InvalidInput = "invalid_input", BadRequest, "输入有误";
+    UnsupportedFormat = "unsupported_format", UnsupportedMedia, "不支持的文件格式";
+    BadEncoding = "bad_encoding", Unprocessable, "文件编码无法识别";
+    EmptyInput = "empty_input", Unprocessable, "文件为空";
+    MalformedRecord = "malformed_record", Unprocessable, "记录格式错误";
+    IncompatibleVersion = "incompatible_version", Conflict, "版本不兼容";
+    ModelMismatch = "model_mismatch", Conflict, "模型不匹配";
+    Locked = "locked", Unavailable, "资源被占用，请稍后再试";
+    Storage = "storage", Internal, "存储错误";
+    Index = "index", Internal, "索引错误";
+    Model = "model", Internal, "模型错误";
+    Io = "io", Internal, "读写错误";
+    Internal = "internal", Internal, "内部错误";
+    TooLarge = "too_large", TooLarge, "文件过大";
+    UnsafeArchive = "unsafe_archive", Unprocessable, "压缩包不安全";
+    Cancelled = "cancelled", Conflict, "已取消";
+    Unauthenticated = "unauthenticated", Unauthorized, "请先登录";
+    Forbidden = "forbidden", Forbidden, "没有权限";
+    CsrfRejected = "csrf_rejected", Forbidden, "表单已失效，请刷新页面后重试";
+    AccountLocked = "account_locked", Locked, "账户已锁定";
+    AuditTampered = "audit_tampered", Internal, "审计日志校验失败";
+    CorruptShards = "corrupt_shards", Unprocessable, "向量文件已损坏";
+    UnknownChunks = "unknown_chunks", Conflict, "向量与当前文档不符";
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -151,12 +155,11 @@ pub enum Error {
     UnsafeArchive { path: PathBuf, reason: String },
     #[error("{0} was cancelled")]
     Cancelled(String),
+    /// A sign-in that failed (unknown name or wrong password; which one is not said).
     #[error("{0}")]
-    Unauthenticated(String),
+    LoginFailed(String),
     #[error("{0}")]
     Forbidden(String),
-    #[error("the form's CSRF token is missing or invalid; reload the page and submit again")]
-    CsrfRejected,
     #[error("account '{user}' is locked after repeated failed logins until {until}; ask an administrator to unlock it")]
     AccountLocked { user: String, until: String },
     #[error("audit log record {id}: {reason}")]
@@ -212,9 +215,8 @@ impl Error {
             Error::TooLarge { .. } => ErrorCode::TooLarge,
             Error::UnsafeArchive { .. } => ErrorCode::UnsafeArchive,
             Error::Cancelled(_) => ErrorCode::Cancelled,
-            Error::Unauthenticated(_) => ErrorCode::Unauthenticated,
+            Error::LoginFailed(_) => ErrorCode::Unauthenticated,
             Error::Forbidden(_) => ErrorCode::Forbidden,
-            Error::CsrfRejected => ErrorCode::CsrfRejected,
             Error::AccountLocked { .. } => ErrorCode::AccountLocked,
             Error::AuditTampered { .. } => ErrorCode::AuditTampered,
             Error::CorruptShards { .. } => ErrorCode::CorruptShards,

@@ -28,7 +28,7 @@ pub struct DocumentView {
 
 /// A document with its chunks in order (overlapping context between chunks is left as stored).
 pub fn document(store: &Store, id: i64) -> Result<DocumentView> {
-    let conn = store.conn();
+    let conn = store.reader();
     let head = conn
         .query_row(
             "SELECT d.id, d.external_id, d.title, d.source, c.name, d.created_at FROM documents d
@@ -60,7 +60,7 @@ pub fn document(store: &Store, id: i64) -> Result<DocumentView> {
 /// The collection a chunk belongs to (for permission checks before recording feedback on it).
 pub fn chunk_collection(store: &Store, chunk_id: i64) -> Result<(String, i64, String)> {
     store
-        .conn()
+        .reader()
         .query_row(
             "SELECT c.name, d.id, k.text FROM chunks k JOIN documents d ON d.id = k.document_id
              JOIN collections c ON c.id = d.collection_id WHERE k.id = ?1",
@@ -84,23 +84,36 @@ pub struct Feedback {
     pub passage: String,
 }
 
-/// Stores one judgement. The caller has checked that `username` may read the chunk's collection.
-pub fn record(store: &Store, username: &str, query: &str, chunk_id: i64, helpful: bool) -> Result<i64> {
+/// Stores one judgement with its audit record (`logged_query`: the query as the audit log may show it). The
+/// caller has checked that `username` may read the chunk's collection.
+pub(crate) fn record(
+    store: &Store,
+    username: &str,
+    query: &str,
+    chunk_id: i64,
+    helpful: bool,
+    logged_query: &serde_json::Value,
+) -> Result<i64> {
     let query = query.trim();
     if query.is_empty() || query.chars().count() > 1000 {
         return Err(Error::InvalidInput("feedback needs the query it judges (1-1000 characters)".into()));
     }
     let (collection, document_id, passage) = chunk_collection(store, chunk_id)?;
-    let conn = store.conn();
-    conn.execute(
+    let mut conn = store.conn();
+    let tx = conn.transaction()?;
+    tx.execute(
         "INSERT INTO feedback (at, username, query, chunk_id, document_id, collection, helpful, passage) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         params![now(), username, query, chunk_id, document_id, collection, helpful as i64, passage],
     )?;
-    Ok(conn.last_insert_rowid())
+    let id = tx.last_insert_rowid();
+    let detail = serde_json::json!({"feedback": id, "chunk": chunk_id, "collection": collection, "helpful": helpful, "query": logged_query});
+    crate::audit::append(&tx, username, "feedback", &detail)?;
+    tx.commit()?;
+    Ok(id)
 }
 
 pub fn list(store: &Store, collection: Option<&str>, limit: usize) -> Result<Vec<Feedback>> {
-    let conn = store.conn();
+    let conn = store.reader();
     let mut stmt = conn.prepare(
         "SELECT id, at, username, query, chunk_id, document_id, collection, helpful, passage FROM feedback
          WHERE (?1 IS NULL OR collection = ?1) ORDER BY id DESC LIMIT ?2",

@@ -83,7 +83,7 @@ impl Engine {
         std::fs::rename(&tmp, &final_dir).map_err(|e| Error::io(&final_dir, e))?;
         let rec = models::register(&self.store, &final_dir)?;
         if models::active(&self.store)?.is_none() {
-            models::set_active(&self.store, &rec, &rec)?;
+            models::set_active(&self.store, &rec, &rec, "system")?;
             *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
         Ok(rec)
@@ -119,13 +119,24 @@ impl Engine {
         document: &str,
         progress: &mut dyn FnMut(DenseProgress),
     ) -> Result<ActivePair> {
+        self.activate_models_by(query, document, "system", progress)
+    }
+
+    /// [`Engine::activate_models`] on behalf of `actor`, who is named in the activation's audit record.
+    pub(crate) fn activate_models_by(
+        &self,
+        query: &str,
+        document: &str,
+        actor: &str,
+        progress: &mut dyn FnMut(DenseProgress),
+    ) -> Result<ActivePair> {
         let q = models::find(&self.store, query)?;
         let d = models::find(&self.store, document)?;
         models::check_pair(&q, &d)?;
         for col in self.store.collection_list()? {
             self.sync_collection(&col, &d, progress)?;
         }
-        models::set_active(&self.store, &q, &d)?;
+        models::set_active(&self.store, &q, &d, actor)?;
         *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
         Ok(ActivePair { query: q, document: d })
     }

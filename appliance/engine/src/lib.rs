@@ -2,6 +2,8 @@
 //!
 //! ```text
 //!  Engine (engine.rs) ── one data directory (datadir.rs), kept consistent across crashes
+//!   ├ service   every operation pages, API and CLI call: the asking Actor is its authorisation input, and its
+//!   │           change commits with its one audit record
 //!   ├ store     SQLite metadata, embedded migrations from /migrations; the source of truth
 //!   ├ audit     append-only, hash-chained audit records written in the same transaction as the change
 //!   ├ accounts  users and roles (argon2), lockout, sessions, API tokens, per-collection read grants
@@ -40,6 +42,7 @@ pub mod ingest;
 pub mod jobs;
 pub mod lexical;
 pub mod models;
+pub mod service;
 pub mod store;
 pub mod text;
 pub mod vectors;
@@ -50,4 +53,5 @@ pub use engine::{
 };
 pub use error::{Error, ErrorCode, Result};
 pub use ingest::{IngestLimits, IngestOptions};
+pub use service::{Actor, JobView, SearchAs, UserInfo, UserUpdate};
 pub use jobs::{FileError, Job, JobState, Worker, WorkerHandle};

@@ -166,11 +166,20 @@ pub fn check_pair(query: &ModelRecord, document: &ModelRecord) -> Result<()> {
     Ok(())
 }
 
-/// Records the active pair (after [`check_pair`]) in one transaction.
-pub fn set_active(store: &Store, query: &ModelRecord, document: &ModelRecord) -> Result<()> {
+/// Records the active pair (after [`check_pair`]) and its audit record, naming the pair it replaces, in one
+/// transaction.
+pub fn set_active(store: &Store, query: &ModelRecord, document: &ModelRecord, actor: &str) -> Result<()> {
     check_pair(query, document)?;
+    let before = active(store)?;
     let mut conn = store.conn();
     let tx = conn.transaction()?;
+    let spec = |m: &ModelRecord| format!("{}@{}", m.name, m.version);
+    let detail = serde_json::json!({
+        "query": spec(query), "document": spec(document),
+        "previous_query": before.as_ref().map(|p| spec(&p.query)),
+        "previous_document": before.as_ref().map(|p| spec(&p.document)),
+    });
+    crate::audit::append(&tx, actor, "model.activate", &detail)?;
     for (k, v) in [("active_query_model", query.id), ("active_document_model", document.id)] {
         tx.execute(
             "INSERT INTO settings (key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",

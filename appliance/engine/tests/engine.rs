@@ -6,6 +6,11 @@ use care_engine::engine::OpenMode;
 use care_engine::eval::{self, BeirSet};
 use care_engine::{Engine, EngineConfig, Error, SearchRequest};
 
+/// A connection of the test's own to the engine's metadata file (WAL lets it read and write beside the engine).
+fn db(e: &Engine) -> rusqlite::Connection {
+    rusqlite::Connection::open(e.data_dir().sqlite()).unwrap()
+}
+
 fn shared() -> PathBuf {
     std::env::var_os("CARE_SHARED")
         .map(PathBuf::from)
@@ -140,7 +145,7 @@ fn interrupted_writes_are_repaired_on_open() {
         e.ingest_files("c", &[f], &mut |_| {}).unwrap();
         // Simulate a crash between the SQLite commit and the index commit: a pending document the index lacks,
         // and a deletion that stopped after marking its row.
-        let conn = e.store().conn();
+        let conn = crate::db(&e);
         conn.execute("INSERT INTO documents (collection_id, external_id, title, source, content_hash, state, created_at) VALUES (1, '3', '', 'x', 'h', 'pending', 'now')", []).unwrap();
         let id = conn.last_insert_rowid();
         conn.execute("INSERT INTO chunks (document_id, ordinal, heading, text, char_start, char_end) VALUES (?1, 0, '', '慢性肾脏病的分期', 0, 8)", [id]).unwrap();
@@ -296,7 +301,7 @@ fn a_query_encoder_of_another_pairing_is_refused() {
     assert!(err.to_string().contains("was not trained with document encoder"), "{err}");
     // A pair activated behind the engine's back (e.g. an edited database) is still refused at query time.
     {
-        let conn = e.store().conn();
+        let conn = crate::db(&e);
         conn.execute("UPDATE settings SET value = ?1 WHERE key = 'active_query_model'", [other.id.to_string()])
             .unwrap();
     }
@@ -306,7 +311,7 @@ fn a_query_encoder_of_another_pairing_is_refused() {
     // The matching pair works and says it used dense retrieval.
     e.activate_models("e5-small@1", &format!("e5-small@{}", a.version), &mut |_| {}).unwrap();
     let r = e.search(&SearchRequest { query: "二甲双胍".into(), ..Default::default() }).unwrap();
-    assert_eq!(r.method, "weighted");
+    assert_eq!(r.method.as_str(), "weighted");
     assert!(r.hits[0].parts.dense.is_some() && r.hits[0].parts.bm25.is_some());
 }
 
@@ -421,7 +426,7 @@ mod jobs {
 
     /// (heading, text) of a document's chunks in order.
     fn chunks_of(e: &Engine, external_id: &str) -> Vec<(String, String)> {
-        let conn = e.store().conn();
+        let conn = crate::db(&e);
         let mut stmt = conn
             .prepare("SELECT k.heading, k.text FROM chunks k JOIN documents d ON d.id = k.document_id WHERE d.external_id = ?1 ORDER BY k.ordinal")
             .unwrap();
@@ -429,7 +434,7 @@ mod jobs {
     }
 
     fn snapshot(e: &Engine) -> Vec<(String, String, String)> {
-        let conn = e.store().conn();
+        let conn = crate::db(&e);
         let mut stmt = conn
             .prepare("SELECT d.external_id, d.content_hash, group_concat(k.text, '|') FROM documents d JOIN chunks k ON k.document_id = d.id GROUP BY d.id ORDER BY d.external_id")
             .unwrap();
@@ -571,7 +576,7 @@ mod jobs {
         assert_eq!(chunks_of(&e, "bundle.zip/科室/发热.txt"), vec![(h(""), h("发热伴皮疹需警惕麻疹。"))]);
         assert_eq!(chunks_of(&e, "z1"), vec![(h(""), h("心悸伴胸痛应立即就医。"))]);
         let titles: Vec<(String, String)> = {
-            let conn = e.store().conn();
+            let conn = crate::db(&e);
             let mut stmt = conn.prepare("SELECT external_id, title FROM documents ORDER BY external_id").unwrap();
             stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect()
         };
@@ -579,7 +584,7 @@ mod jobs {
         assert!(titles.contains(&(h("q1"), h("发热怎么办？"))), "{titles:?}");
         assert!(titles.contains(&(h("gout.html"), h("痛风饮食"))), "{titles:?}");
         let sources: Vec<(String, String)> = {
-            let conn = e.store().conn();
+            let conn = crate::db(&e);
             let mut stmt = conn.prepare("SELECT external_id, source FROM documents ORDER BY external_id").unwrap();
             stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect()
         };
@@ -602,13 +607,16 @@ mod jobs {
         assert_eq!(files_report.iter().filter(|f| f.state == "failed").count(), 7);
 
         // Audit: submit and done, by the uploader, in an intact chain.
-        let conn = e.store().conn();
-        let recs = care_engine::audit::list(&conn, Some("alice"), Some("ingest."), 10).unwrap();
+        let f = care_engine::audit::Filter {
+            actor: Some("alice".into()),
+            action_prefix: Some("ingest.".into()),
+            ..Default::default()
+        };
+        let recs = e.audit_records_as(&care_engine::Actor::system(), &f, 10, 0).unwrap();
         let actions: Vec<&str> = recs.iter().map(|r| r.action.as_str()).collect();
         assert_eq!(actions, vec!["ingest.done", "ingest.submit"]);
         assert_eq!(recs[0].detail["files_failed"], 7);
-        drop(conn);
-        care_engine::audit::verify_full(e.store()).unwrap();
+        e.audit_verify_as(&care_engine::Actor::system(), true).unwrap();
     }
 
     #[test]
@@ -656,9 +664,13 @@ mod jobs {
         assert!(e.collection("c").is_err());
         let s = e.stats().unwrap();
         assert_eq!((s.documents, s.chunks, s.lexical_docs), (0, 0, 0));
-        let conn = e.store().conn();
-        let actions: Vec<String> =
-            care_engine::audit::list(&conn, Some("carol"), None, 10).unwrap().into_iter().map(|r| r.action).collect();
+        let f = care_engine::audit::Filter { actor: Some("carol".into()), ..Default::default() };
+        let actions: Vec<String> = e
+            .audit_records_as(&care_engine::Actor::system(), &f, 10, 0)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.action)
+            .collect();
         assert_eq!(actions, vec!["collection.delete", "collection.approve", "job.cancel"]);
     }
 }
@@ -720,7 +732,7 @@ mod offline_vectors {
             ..Default::default()
         };
         let r = e.search(&req).unwrap();
-        assert_eq!(r.method, "dense");
+        assert_eq!(r.method.as_str(), "dense");
         r.hits.iter().map(|h| (h.chunk_id, h.score)).collect()
     }
 
@@ -728,9 +740,7 @@ mod offline_vectors {
 
     /// Dense results of every query, the whole dense table, and the number of import audit records.
     fn snapshot(e: &Engine) -> Snapshot {
-        let audits: i64 = e
-            .store()
-            .conn()
+        let audits: i64 = crate::db(e)
             .query_row("SELECT COUNT(*) FROM audit WHERE action = 'collection.import_vectors'", [], |r| r.get(0))
             .unwrap();
         (QUERIES.iter().map(|q| dense(e, q)).collect(), e.dense_vectors("c").unwrap(), audits)
@@ -834,7 +844,7 @@ mod offline_vectors {
             e.vector_sources("c").unwrap(),
             care_engine::vectors::VectorSources { imported: vec![("qwen3-doc-test@1".into(), rows.len())], online: 0 }
         );
-        care_engine::audit::verify_full(e.store()).unwrap();
+        e.audit_verify_as(&care_engine::Actor::system(), true).unwrap();
 
         let refuse = |name: &str, prepare: &dyn Fn(&Path)| -> Error {
             let dir = t.path().join(name);

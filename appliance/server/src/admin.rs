@@ -1,18 +1,19 @@
 //! The admin console: collections (create, upload, approve for training, delete), jobs (live progress, errors per
 //! file, cancel), users (roles, lock, password reset, grants, API tokens), models (versions, active pair,
 //! metrics) and the audit log (filter, verify, CSV export). Each form posts to a handler that calls the same
-//! service function as its JSON twin in `api`.
+//! engine service operation as its JSON twin in `api`, then redirects back with a signed message.
 
 use actix_web::http::header;
 use actix_web::{HttpResponse, get, post, web};
 use askama::Template;
-use care_engine::accounts;
 use care_engine::audit::AuditRecord;
+use care_engine::{JobView, UserInfo, UserUpdate, accounts};
 use serde::Deserialize;
 
 use crate::AppState;
-use crate::api::{self, AuditQuery, NewCollection, UserUpdate, blocking};
-use crate::errors::{ApiError, status_of};
+use crate::api::{self, AuditQuery};
+use crate::call::call;
+use crate::errors::ApiError;
 use crate::guard::{Caller, percent_encode};
 use crate::pages::{Nav, render, see_other};
 use crate::uploads;
@@ -59,7 +60,7 @@ fn back_with(path: &str, flash: &str) -> HttpResponse {
 
 /// A failed admin action returns to its page with the message shown; server errors still get the error page.
 fn back_with_error(path: &str, e: ApiError) -> Result<HttpResponse, ApiError> {
-    if status_of(e.0.code()).is_server_error() {
+    if e.is_server_error() {
         return Err(e);
     }
     let m = e.public_message();
@@ -91,8 +92,7 @@ pub async fn collections_page(
     caller: Caller,
     f: web::Query<Flash>,
 ) -> Result<HttpResponse, ApiError> {
-    let engine = state.engine.clone();
-    let collections = blocking(move || engine.collections()).await?;
+    let collections = call(&state, &caller, |e, a| e.collections_as(a)).await?;
     let f = f.into_inner();
     render(&CollectionsPage {
         nav: Nav::of(&caller),
@@ -118,13 +118,7 @@ pub async fn create_collection(
     f: web::Form<CreateForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    match api::create_collection_as(
-        &state,
-        &caller,
-        NewCollection { name: f.name.trim().to_string(), description: f.description },
-    )
-    .await
-    {
+    match call(&state, &caller, move |e, a| e.create_collection_as(a, &f.name, &f.description)).await {
         Ok(c) => Ok(back_with("/admin/collections", &format!("已创建资料库 {}", c.name))),
         Err(e) => back_with_error("/admin/collections", e),
     }
@@ -159,8 +153,9 @@ pub async fn approve_collection(
     f: web::Form<ApproveForm>,
 ) -> Result<HttpResponse, ApiError> {
     let approved = f.approved != 0;
-    match uploads::approve(&state, &caller, &name, approved).await {
-        Ok(()) => Ok(back_with(
+    let n = name.to_string();
+    match call(&state, &caller, move |e, a| e.approve_as(a, &n, approved)).await {
+        Ok(_) => Ok(back_with(
             "/admin/collections",
             &format!("资料库 {} {}", name, if approved { "已批准用于训练" } else { "已撤销训练批准" }),
         )),
@@ -184,8 +179,9 @@ pub async fn delete_collection(
     if f.confirm.trim() != name.as_str() {
         return back_with_error("/admin/collections", ApiError::invalid(format!("请输入资料库名称 {name} 以确认删除")));
     }
-    match uploads::delete_collection(&state, &caller, &name).await {
-        Ok(()) => Ok(back_with("/admin/collections", &format!("已删除资料库 {name}"))),
+    let n = name.to_string();
+    match call(&state, &caller, move |e, a| e.delete_collection_as(a, &n)).await {
+        Ok(_) => Ok(back_with("/admin/collections", &format!("已删除资料库 {name}"))),
         Err(e) => back_with_error("/admin/collections", e),
     }
 }
@@ -200,7 +196,7 @@ struct JobsPage {
     flash: Option<String>,
     error: Option<String>,
     csrf: String,
-    jobs: Vec<uploads::Job>,
+    jobs: Vec<JobView>,
 }
 
 #[get("/admin/jobs")]
@@ -209,7 +205,7 @@ pub async fn jobs_page(
     caller: Caller,
     f: web::Query<Flash>,
 ) -> Result<HttpResponse, ApiError> {
-    let jobs = uploads::jobs(&state, 50).await?;
+    let jobs = call(&state, &caller, |e, a| e.jobs_as(a, 50)).await?;
     let f = f.into_inner();
     render(&JobsPage {
         nav: Nav::of(&caller),
@@ -227,7 +223,7 @@ pub async fn cancel_job(
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
-    match uploads::cancel(&state, &caller, id).await {
+    match call(&state, &caller, move |e, a| e.cancel_job_as(a, id)).await {
         Ok(()) => Ok(back_with("/admin/jobs", &format!("任务 #{id} 将在当前文件完成后取消"))),
         Err(e) => back_with_error("/admin/jobs", e),
     }
@@ -243,7 +239,7 @@ struct UsersPage {
     flash: Option<String>,
     error: Option<String>,
     csrf: String,
-    users: Vec<api::UserInfo>,
+    users: Vec<UserInfo>,
     collections: Vec<String>,
     tokens: Vec<accounts::ApiToken>,
     new_token: Option<String>,
@@ -256,15 +252,8 @@ async fn users_page(
     error: Option<String>,
     new_token: Option<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let users = api::users_info(state).await?;
-    let engine = state.engine.clone();
-    let (collections, tokens) = blocking(move || {
-        Ok((
-            engine.store().collection_list()?.into_iter().map(|c| c.name).collect(),
-            accounts::list_tokens(engine.store(), None)?,
-        ))
-    })
-    .await?;
+    let (users, collections, tokens) =
+        call(state, caller, |e, a| Ok((e.users_as(a)?, e.readable_collections(a)?, e.tokens_as(a, None)?))).await?;
     render(&UsersPage {
         nav: Nav::of(caller),
         flash,
@@ -300,14 +289,7 @@ pub async fn create_user(
     f: web::Form<NewUserForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    let engine = state.engine.clone();
-    let actor = caller.name().to_string();
-    let name = f.username.trim().to_string();
-    let r = blocking(move || {
-        accounts::create_user(engine.store(), &actor, &name, &f.password, accounts::Role::parse(&f.role)?)
-    })
-    .await;
-    match r {
+    match call(&state, &caller, move |e, a| e.create_user_as(a, &f.username, &f.password, &f.role)).await {
         Ok(u) => Ok(back_with("/admin/users", &format!("已创建用户 {}", u.username))),
         Err(e) => back_with_error("/admin/users", e),
     }
@@ -340,17 +322,16 @@ pub async fn update_user(
         "unlock" => u.unlock = true,
         "reset_password" => u.password = Some(f.password),
         "delete" => {
-            let engine = state.engine.clone();
-            let actor = caller.name().to_string();
             let n = name.clone();
-            return match blocking(move || accounts::delete_user(engine.store(), &actor, &n)).await {
+            return match call(&state, &caller, move |e, a| e.delete_user_as(a, &n)).await {
                 Ok(()) => Ok(back_with("/admin/users", &format!("已删除用户 {name}"))),
                 Err(e) => back_with_error("/admin/users", e),
             };
         }
         other => return back_with_error("/admin/users", ApiError::invalid(format!("unknown action {other:?}"))),
     }
-    match api::update_user_as(&state, &caller, name.clone(), u).await {
+    let n = name.clone();
+    match call(&state, &caller, move |e, a| e.update_user_as(a, &n, &u)).await {
         Ok(()) => Ok(back_with("/admin/users", &format!("已更新用户 {name}"))),
         Err(e) => back_with_error("/admin/users", e),
     }
@@ -370,18 +351,9 @@ pub async fn grants_form(
     name: web::Path<String>,
     f: web::Form<GrantForm>,
 ) -> Result<HttpResponse, ApiError> {
-    let engine = state.engine.clone();
-    let actor = caller.name().to_string();
     let f = f.into_inner();
     let (n, c, grant) = (name.to_string(), f.collection.clone(), f.action == "grant");
-    let r = blocking(move || {
-        if grant {
-            accounts::grant(engine.store(), &actor, &n, &c)
-        } else {
-            accounts::revoke(engine.store(), &actor, &n, &c)
-        }
-    })
-    .await;
+    let r = call(&state, &caller, move |e, a| if grant { e.grant_as(a, &n, &c) } else { e.revoke_as(a, &n, &c) }).await;
     match r {
         Ok(()) => Ok(back_with(
             "/admin/users",
@@ -404,10 +376,8 @@ pub async fn create_token(
     name: web::Path<String>,
     f: web::Form<TokenForm>,
 ) -> Result<HttpResponse, ApiError> {
-    let engine = state.engine.clone();
-    let actor = caller.name().to_string();
     let (n, t) = (name.to_string(), f.into_inner().name);
-    match blocking(move || accounts::create_token(engine.store(), &actor, &n, &t)).await {
+    match call(&state, &caller, move |e, a| e.create_token_as(a, &n, &t)).await {
         Ok((_, secret)) => {
             users_page(
                 &state,
@@ -428,10 +398,8 @@ pub async fn revoke_token(
     caller: Caller,
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
-    let engine = state.engine.clone();
-    let actor = caller.name().to_string();
     let id = id.into_inner();
-    match blocking(move || accounts::revoke_token(engine.store(), &actor, id)).await {
+    match call(&state, &caller, move |e, a| e.revoke_token_as(a, id)).await {
         Ok(()) => Ok(back_with("/admin/users", &format!("已吊销令牌 #{id}"))),
         Err(e) => back_with_error("/admin/users", e),
     }
@@ -469,8 +437,7 @@ pub async fn models_page(
     caller: Caller,
     f: web::Query<Flash>,
 ) -> Result<HttpResponse, ApiError> {
-    let engine = state.engine.clone();
-    let (models, active) = blocking(move || Ok((engine.models()?, engine.active_models()?))).await?;
+    let (models, active) = call(&state, &caller, |e, a| e.models_as(a)).await?;
     let spec = |m: &care_engine::models::ModelRecord| format!("{}@{}", m.name, m.version);
     let rows = models
         .iter()
@@ -525,7 +492,7 @@ pub async fn activate(
     f: web::Form<ActivateForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    match api::activate_as(&state, &caller, api::Activate { query: f.query, document: f.document }).await {
+    match call(&state, &caller, move |e, a| e.activate_as(a, &f.query, &f.document, &mut |_| {})).await {
         Ok(p) => Ok(back_with(
             "/admin/models",
             &format!("已启用 {}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version),
@@ -597,8 +564,8 @@ pub async fn audit_page(
     let q = q.into_inner();
     let limit = q.limit.unwrap_or(100).min(500);
     let records: Vec<AuditRecord> =
-        api::audit_records(&state, &AuditQuery { limit: Some(limit), ..q.clone() }, 500).await?;
-    let (audit_state, audit_message) = audit_banner(&care_engine::audit::status(state.engine.store()));
+        api::audit_records(&state, &caller, &AuditQuery { limit: Some(limit), ..q.clone() }, 500).await?;
+    let (audit_state, audit_message) = audit_banner(&call(&state, &caller, |e, a| e.audit_status_as(a)).await?);
     let qs = audit_query_string(&q);
     let next_url = (records.len() == limit)
         .then(|| format!("/admin/audit?{qs}&offset={}", q.offset.unwrap_or(0).saturating_add(limit)));
@@ -623,23 +590,11 @@ pub async fn audit_csv(
     caller: Caller,
     q: web::Query<AuditQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let q = AuditQuery { limit: Some(q.limit.unwrap_or(1_000_000)), ..q.into_inner() };
-    let records = api::audit_records(&state, &q, 1_000_000).await?;
-    let engine = state.engine.clone();
-    let actor = caller.name().to_string();
-    let n = records.len();
-    let filter = audit_query_string(&q);
-    blocking(move || {
-        care_engine::audit::append(
-            &engine.store().conn(),
-            &actor,
-            "audit.export",
-            &serde_json::json!({"records": n, "filter": filter}),
-        )
-    })
-    .await?;
+    let q = q.into_inner();
+    let (f, limit, filter) = (q.filter(), q.limit.unwrap_or(1_000_000).min(1_000_000), audit_query_string(&q));
+    let csv = call(&state, &caller, move |e, a| e.audit_export_as(a, &f, limit, &filter)).await?;
     Ok(HttpResponse::Ok()
         .content_type("text/csv; charset=utf-8")
         .insert_header((header::CONTENT_DISPOSITION, "attachment; filename=\"care-audit.csv\""))
-        .body(care_engine::audit::to_csv(&records)))
+        .body(csv))
 }

@@ -1,22 +1,15 @@
-//! The JSON API under /api/v1 and the service functions pages share with it (search with per-collection grants,
-//! documents, feedback), so a page and its API twin cannot drift apart in what they allow or audit.
+//! The JSON API under /api/v1: each handler parses its request, calls one engine service operation as the caller
+//! (`care_engine::service`, where authorisation and audit live) and serialises the answer.
 
 use actix_web::{HttpResponse, delete, get, patch, post, put, web};
-use care_engine::accounts::{self, Role};
-use care_engine::{SearchRequest, SearchResults, audit, feedback};
+use care_engine::{SearchAs, UserInfo, UserUpdate, audit};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::AppState;
+use crate::call::{anon, call};
 use crate::errors::ApiError;
 use crate::guard::Caller;
-
-/// Runs blocking engine work on the blocking pool and flattens its errors.
-pub async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> care_engine::Result<T> + Send + 'static,
-) -> Result<T, ApiError> {
-    web::block(f).await.map_err(ApiError::internal)?.map_err(ApiError)
-}
 
 #[derive(Debug, Clone, Default, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -37,176 +30,28 @@ pub struct SearchParams {
     pub method: Option<care_engine::fusion::Method>,
 }
 
-/// Appends one audit record on its own (for attempts that change nothing, such as a denied read): in a
-/// transaction of its own, because a record and the chain head it moves must commit together.
-pub fn audit_alone(
-    engine: &care_engine::Engine,
-    actor: &str,
-    action: &str,
-    detail: &serde_json::Value,
-) -> care_engine::Result<()> {
-    let mut conn = engine.store().conn();
-    let tx = conn.transaction()?;
-    audit::append(&tx, actor, action, detail)?;
-    tx.commit()?;
-    Ok(())
-}
-
-/// A query as it may appear in the audit log: its text when the appliance logs queries, else only its length.
-fn logged_query(q: &str, log_queries: bool) -> serde_json::Value {
-    let q = q.trim();
-    if log_queries {
-        serde_json::Value::String(q.chars().take(care_engine::MAX_QUERY_CHARS).collect())
-    } else {
-        serde_json::json!({"chars": q.chars().count()})
+impl SearchParams {
+    pub fn to_search(&self) -> SearchAs {
+        SearchAs {
+            query: self.q.clone(),
+            collection: self.collection.clone(),
+            limit: self.limit,
+            offset: self.offset.unwrap_or(0),
+            method: self.method,
+        }
     }
 }
 
-/// Search as `caller`: only collections the caller may read are searched; naming another one is refused
-/// (a clinician cannot learn whether it exists). Every search is audited (who, query, collections, result count),
-/// and so is every refused one (a non-granted collection, a query over the limits).
+/// Search as the caller (the engine applies grants and audits); the latency is recorded for /metrics.
 pub async fn search_as(
     state: &web::Data<AppState>,
     caller: &Caller,
     p: &SearchParams,
-) -> Result<SearchResults, ApiError> {
-    let engine = state.engine.clone();
-    let user = caller.user.clone();
-    let log_queries = state.settings.audit.log_queries;
-    let mut req = SearchRequest {
-        query: p.q.clone(),
-        collections: None,
-        limit: p.limit,
-        offset: p.offset.unwrap_or(0),
-        method: p.method,
-        dense_weight: None,
-    };
-    let wanted = p.collection.clone().filter(|c| !c.is_empty());
-    let res = blocking(move || {
-        let refused = |action: &str, reason: &str, err: care_engine::Error| {
-            let detail = serde_json::json!({
-                "query": logged_query(&req.query, log_queries),
-                "collection": wanted,
-                "offset": req.offset,
-                "reason": reason,
-            });
-            audit_alone(&engine, &user.username, action, &detail)?;
-            Err(err)
-        };
-        if let Err(e) = engine.validate_search(&req) {
-            return refused("search.rejected", &e.to_string(), e);
-        }
-        let readable = accounts::readable_collections(engine.store(), &user)?;
-        let cols = match &wanted {
-            Some(c) if readable.contains(c) || user.is_admin() => vec![c.clone()],
-            Some(c) => {
-                let e = care_engine::Error::Forbidden(format!("你没有访问知识库「{c}」的权限；请联系管理员开通"));
-                return refused("search.denied", "collection not granted", e);
-            }
-            None => readable,
-        };
-        let res = if cols.is_empty() {
-            SearchResults {
-                query: req.query.trim().to_string(),
-                method: "bm25",
-                dense_weight: 0.0,
-                total_candidates: 0,
-                hits: Vec::new(),
-                encode_ms: 0.0,
-                retrieve_ms: 0.0,
-                took_ms: 0.0,
-            }
-        } else {
-            req.collections = Some(cols.clone());
-            engine.search(&req)?
-        };
-        let detail = serde_json::json!({
-            "query": if log_queries { serde_json::Value::from(res.query.as_str()) } else { "(not logged)".into() },
-            "collections": cols,
-            "results": res.hits.len(),
-            "candidates": res.total_candidates,
-            "offset": req.offset,
-            "method": res.method,
-        });
-        audit_alone(&engine, &user.username, "search", &detail)?;
-        Ok(res)
-    })
-    .await?;
-    state.metrics.search(res.method, res.took_ms / 1e3);
+) -> Result<care_engine::SearchResults, ApiError> {
+    let s = p.to_search();
+    let res = call(state, caller, move |e, a| e.search_as(a, &s)).await?;
+    state.metrics.search(res.method.as_str(), res.took_ms / 1e3);
     Ok(res)
-}
-
-/// A document, if the caller may read its collection (otherwise 404, not 403: ids must not reveal what exists).
-/// A refused read is audited.
-pub async fn document_as(
-    state: &web::Data<AppState>,
-    caller: &Caller,
-    id: i64,
-) -> Result<feedback::DocumentView, ApiError> {
-    let engine = state.engine.clone();
-    let user = caller.user.clone();
-    blocking(move || {
-        let not_found = || care_engine::Error::NotFound { what: format!("document #{id}") };
-        let doc = match feedback::document(engine.store(), id) {
-            Ok(d) => d,
-            Err(care_engine::Error::NotFound { .. }) => {
-                audit_alone(
-                    &engine,
-                    &user.username,
-                    "document.denied",
-                    &serde_json::json!({"document": id, "reason": "no such document"}),
-                )?;
-                return Err(not_found());
-            }
-            Err(e) => return Err(e),
-        };
-        if !user.is_admin() && !accounts::granted_collections(engine.store(), user.id)?.contains(&doc.collection) {
-            let detail =
-                serde_json::json!({"document": id, "collection": doc.collection, "reason": "collection not granted"});
-            audit_alone(&engine, &user.username, "document.denied", &detail)?;
-            return Err(not_found());
-        }
-        Ok(doc)
-    })
-    .await
-}
-
-pub async fn feedback_as(
-    state: &web::Data<AppState>,
-    caller: &Caller,
-    query: String,
-    chunk_id: i64,
-    helpful: bool,
-) -> Result<i64, ApiError> {
-    let engine = state.engine.clone();
-    let user = caller.user.clone();
-    let log_queries = state.settings.audit.log_queries;
-    blocking(move || {
-        let denied = |reason: &str| -> care_engine::Result<i64> {
-            let detail = serde_json::json!({"chunk": chunk_id, "query": logged_query(&query, log_queries), "reason": reason});
-            audit_alone(&engine, &user.username, "feedback.denied", &detail)?;
-            Err(care_engine::Error::NotFound { what: format!("passage #{chunk_id}") })
-        };
-        if query.trim().is_empty() || query.chars().count() > care_engine::MAX_QUERY_CHARS {
-            let detail = serde_json::json!({"chunk": chunk_id, "query_chars": query.chars().count(), "reason": "query empty or too long"});
-            audit_alone(&engine, &user.username, "feedback.rejected", &detail)?;
-            return Err(care_engine::Error::InvalidInput(format!(
-                "反馈所针对的查询须为 1 到 {} 个字符 (feedback query must be 1-{} characters)",
-                care_engine::MAX_QUERY_CHARS,
-                care_engine::MAX_QUERY_CHARS
-            )));
-        }
-        let collection = match feedback::chunk_collection(engine.store(), chunk_id) {
-            Ok((c, _, _)) => c,
-            Err(care_engine::Error::NotFound { .. }) => return denied("no such passage"),
-            Err(e) => return Err(e),
-        };
-        if !user.is_admin() && !accounts::granted_collections(engine.store(), user.id)?.contains(&collection) {
-            return denied("collection not granted");
-        }
-        feedback::record(engine.store(), &user.username, &query, chunk_id, helpful)
-    })
-    .await
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -220,9 +65,7 @@ pub struct Me {
 #[utoipa::path(get, path = "/api/v1/me", tag = "account", responses((status = 200, body = Me)))]
 #[get("/api/v1/me")]
 pub async fn me(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
-    let engine = state.engine.clone();
-    let user = caller.user.clone();
-    let cols = blocking(move || accounts::readable_collections(engine.store(), &user)).await?;
+    let cols = call(&state, &caller, |e, a| e.readable_collections(a)).await?;
     Ok(HttpResponse::Ok().json(Me {
         username: caller.user.username.clone(),
         role: caller.user.role.as_str().into(),
@@ -244,10 +87,8 @@ pub async fn me_password(
     caller: Caller,
     body: web::Json<PasswordChange>,
 ) -> Result<HttpResponse, ApiError> {
-    let engine = state.engine.clone();
-    let name = caller.user.username.clone();
     let b = body.into_inner();
-    blocking(move || accounts::set_password(engine.store(), &name, &name, Some(&b.current), &b.new)).await?;
+    call(&state, &caller, move |e, a| e.change_own_password(a, &b.current, &b.new)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -267,14 +108,7 @@ pub async fn search(
     responses((status = 200, description = "collections the caller may read, with counts", body = Object)))]
 #[get("/api/v1/collections")]
 pub async fn collections(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
-    let engine = state.engine.clone();
-    let user = caller.user.clone();
-    let res = blocking(move || {
-        let readable = accounts::readable_collections(engine.store(), &user)?;
-        Ok(engine.collections()?.into_iter().filter(|c| readable.contains(&c.collection.name)).collect::<Vec<_>>())
-    })
-    .await?;
-    Ok(HttpResponse::Ok().json(res))
+    Ok(HttpResponse::Ok().json(call(&state, &caller, |e, a| e.collections_as(a)).await?))
 }
 
 #[utoipa::path(get, path = "/api/v1/documents/{id}", tag = "search", params(("id" = i64, Path)),
@@ -285,7 +119,8 @@ pub async fn document(
     caller: Caller,
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(document_as(&state, &caller, id.into_inner()).await?))
+    let id = id.into_inner();
+    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.document_as(a, id)).await?))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -305,7 +140,7 @@ pub async fn post_feedback(
     body: web::Json<FeedbackBody>,
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
-    let id = feedback_as(&state, &caller, b.query, b.chunk_id, b.helpful).await?;
+    let id = call(&state, &caller, move |e, a| e.feedback_as(a, &b.query, b.chunk_id, b.helpful)).await?;
     Ok(HttpResponse::Created().json(serde_json::json!({"id": id})))
 }
 
@@ -314,9 +149,8 @@ pub async fn post_feedback(
 
 #[utoipa::path(get, path = "/api/v1/admin/collections", tag = "admin", responses((status = 200, body = Object)))]
 #[get("/api/v1/admin/collections")]
-pub async fn admin_collections(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let engine = state.engine.clone();
-    Ok(HttpResponse::Ok().json(blocking(move || engine.collections()).await?))
+pub async fn admin_collections(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(call(&state, &caller, |e, a| e.collections_as(a)).await?))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -324,17 +158,6 @@ pub struct NewCollection {
     pub name: String,
     #[serde(default)]
     pub description: String,
-}
-
-pub async fn create_collection_as(
-    state: &web::Data<AppState>,
-    caller: &Caller,
-    c: NewCollection,
-) -> Result<care_engine::store::Collection, ApiError> {
-    let engine = state.engine.clone();
-    let actor = caller.name().to_string();
-    // The engine audits the creation in its own transaction.
-    blocking(move || engine.create_collection(&c.name, &c.description, &actor)).await
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/collections", tag = "admin", request_body = NewCollection,
@@ -345,7 +168,8 @@ pub async fn admin_create_collection(
     caller: Caller,
     body: web::Json<NewCollection>,
 ) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Created().json(create_collection_as(&state, &caller, body.into_inner()).await?))
+    let c = body.into_inner();
+    Ok(HttpResponse::Created().json(call(&state, &caller, move |e, a| e.create_collection_as(a, &c.name, &c.description)).await?))
 }
 
 #[utoipa::path(delete, path = "/api/v1/admin/collections/{name}", tag = "admin", params(("name" = String, Path)),
@@ -356,7 +180,8 @@ pub async fn admin_delete_collection(
     caller: Caller,
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    crate::uploads::delete_collection(&state, &caller, &name).await?;
+    let name = name.into_inner();
+    call(&state, &caller, move |e, a| e.delete_collection_as(a, &name)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -388,7 +213,8 @@ pub async fn admin_approve(
     name: web::Path<String>,
     body: web::Json<Approval>,
 ) -> Result<HttpResponse, ApiError> {
-    crate::uploads::approve(&state, &caller, &name, body.approved).await?;
+    let (name, approved) = (name.into_inner(), body.approved);
+    call(&state, &caller, move |e, a| e.approve_as(a, &name, approved)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -401,14 +227,24 @@ pub struct Limit {
 
 #[utoipa::path(get, path = "/api/v1/admin/jobs", tag = "admin", params(Limit), responses((status = 200, body = Object)))]
 #[get("/api/v1/admin/jobs")]
-pub async fn admin_jobs(state: web::Data<AppState>, q: web::Query<Limit>) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(crate::uploads::jobs(&state, q.limit.unwrap_or(50)).await?))
+pub async fn admin_jobs(
+    state: web::Data<AppState>,
+    caller: Caller,
+    q: web::Query<Limit>,
+) -> Result<HttpResponse, ApiError> {
+    let limit = q.limit.unwrap_or(50);
+    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.jobs_as(a, limit)).await?))
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/jobs/{id}", tag = "admin", params(("id" = i64, Path)), responses((status = 200, body = Object)))]
 #[get("/api/v1/admin/jobs/{id}")]
-pub async fn admin_job(state: web::Data<AppState>, id: web::Path<i64>) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(crate::uploads::job(&state, id.into_inner()).await?))
+pub async fn admin_job(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    let id = id.into_inner();
+    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.job_as(a, id)).await?))
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/jobs/{id}/cancel", tag = "admin", params(("id" = i64, Path)), responses((status = 204)))]
@@ -418,47 +254,15 @@ pub async fn admin_cancel_job(
     caller: Caller,
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
-    crate::uploads::cancel(&state, &caller, id.into_inner()).await?;
+    let id = id.into_inner();
+    call(&state, &caller, move |e, a| e.cancel_job_as(a, id)).await?;
     Ok(HttpResponse::NoContent().finish())
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct UserInfo {
-    pub username: String,
-    pub role: String,
-    pub created_at: String,
-    pub disabled: bool,
-    pub locked: bool,
-    pub failed_logins: i64,
-    pub collections: Vec<String>,
-}
-
-pub async fn users_info(state: &web::Data<AppState>) -> Result<Vec<UserInfo>, ApiError> {
-    let engine = state.engine.clone();
-    blocking(move || {
-        let now = accounts::unix_now();
-        accounts::list_users(engine.store())?
-            .into_iter()
-            .map(|u| -> care_engine::Result<UserInfo> {
-                Ok(UserInfo {
-                    collections: accounts::granted_collections(engine.store(), u.id)?,
-                    locked: u.is_locked(now),
-                    username: u.username,
-                    role: u.role.as_str().into(),
-                    created_at: u.created_at,
-                    disabled: u.disabled,
-                    failed_logins: u.failed_logins,
-                })
-            })
-            .collect()
-    })
-    .await
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/users", tag = "admin", responses((status = 200, body = [UserInfo])))]
 #[get("/api/v1/admin/users")]
-pub async fn admin_users(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(users_info(&state).await?))
+pub async fn admin_users(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(call(&state, &caller, |e, a| e.users_as(a)).await?))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -476,43 +280,9 @@ pub async fn admin_create_user(
     caller: Caller,
     body: web::Json<NewUser>,
 ) -> Result<HttpResponse, ApiError> {
-    let engine = state.engine.clone();
-    let actor = caller.name().to_string();
     let b = body.into_inner();
-    let u = blocking(move || {
-        accounts::create_user(engine.store(), &actor, &b.username, &b.password, Role::parse(&b.role)?)
-    })
-    .await?;
+    let u = call(&state, &caller, move |e, a| e.create_user_as(a, &b.username, &b.password, &b.role)).await?;
     Ok(HttpResponse::Created().json(serde_json::json!({"username": u.username, "role": u.role})))
-}
-
-#[derive(Debug, Default, Deserialize, ToSchema)]
-pub struct UserUpdate {
-    pub role: Option<String>,
-    pub disabled: Option<bool>,
-    #[serde(default)]
-    pub unlock: bool,
-    /// Reset the password (ends the user's sessions).
-    pub password: Option<String>,
-}
-
-pub async fn update_user_as(
-    state: &web::Data<AppState>,
-    caller: &Caller,
-    name: String,
-    u: UserUpdate,
-) -> Result<(), ApiError> {
-    let engine = state.engine.clone();
-    let actor = caller.name().to_string();
-    blocking(move || {
-        let role = u.role.as_deref().filter(|r| !r.is_empty()).map(Role::parse).transpose()?;
-        accounts::update_user(engine.store(), &actor, &name, role, u.disabled, u.unlock)?;
-        if let Some(pw) = u.password.filter(|p| !p.is_empty()) {
-            accounts::set_password(engine.store(), &actor, &name, None, &pw)?;
-        }
-        Ok(())
-    })
-    .await
 }
 
 #[utoipa::path(patch, path = "/api/v1/admin/users/{name}", tag = "admin", params(("name" = String, Path)),
@@ -524,7 +294,8 @@ pub async fn admin_update_user(
     name: web::Path<String>,
     body: web::Json<UserUpdate>,
 ) -> Result<HttpResponse, ApiError> {
-    update_user_as(&state, &caller, name.into_inner(), body.into_inner()).await?;
+    let (name, u) = (name.into_inner(), body.into_inner());
+    call(&state, &caller, move |e, a| e.update_user_as(a, &name, &u)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -535,9 +306,8 @@ pub async fn admin_delete_user(
     caller: Caller,
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let engine = state.engine.clone();
-    let actor = caller.name().to_string();
-    blocking(move || accounts::delete_user(engine.store(), &actor, &name)).await?;
+    let name = name.into_inner();
+    call(&state, &caller, move |e, a| e.delete_user_as(a, &name)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -549,10 +319,8 @@ pub async fn admin_grant(
     caller: Caller,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
-    let engine = state.engine.clone();
-    let actor = caller.name().to_string();
     let (name, col) = path.into_inner();
-    blocking(move || accounts::grant(engine.store(), &actor, &name, &col)).await?;
+    call(&state, &caller, move |e, a| e.grant_as(a, &name, &col)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -564,10 +332,8 @@ pub async fn admin_revoke(
     caller: Caller,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
-    let engine = state.engine.clone();
-    let actor = caller.name().to_string();
     let (name, col) = path.into_inner();
-    blocking(move || accounts::revoke(engine.store(), &actor, &name, &col)).await?;
+    call(&state, &caller, move |e, a| e.revoke_as(a, &name, &col)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -586,10 +352,8 @@ pub async fn admin_create_token(
     name: web::Path<String>,
     body: web::Json<NewToken>,
 ) -> Result<HttpResponse, ApiError> {
-    let engine = state.engine.clone();
-    let actor = caller.name().to_string();
-    let tname = body.into_inner().name;
-    let (t, secret) = blocking(move || accounts::create_token(engine.store(), &actor, &name, &tname)).await?;
+    let (name, tname) = (name.into_inner(), body.into_inner().name);
+    let (t, secret) = call(&state, &caller, move |e, a| e.create_token_as(a, &name, &tname)).await?;
     Ok(HttpResponse::Created().json(serde_json::json!({"id": t.id, "token": secret, "prefix": t.prefix})))
 }
 
@@ -600,18 +364,15 @@ pub async fn admin_revoke_token(
     caller: Caller,
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
-    let engine = state.engine.clone();
-    let actor = caller.name().to_string();
     let id = id.into_inner();
-    blocking(move || accounts::revoke_token(engine.store(), &actor, id)).await?;
+    call(&state, &caller, move |e, a| e.revoke_token_as(a, id)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/models", tag = "admin", responses((status = 200, description = "versions, roles, metrics and the active pair", body = Object)))]
 #[get("/api/v1/admin/models")]
-pub async fn admin_models(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let engine = state.engine.clone();
-    let (models, active) = blocking(move || Ok((engine.models()?, engine.active_models()?))).await?;
+pub async fn admin_models(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
+    let (models, active) = call(&state, &caller, |e, a| e.models_as(a)).await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"models": models, "active": active})))
 }
 
@@ -623,32 +384,6 @@ pub struct Activate {
     pub document: String,
 }
 
-pub async fn activate_as(
-    state: &web::Data<AppState>,
-    caller: &Caller,
-    a: Activate,
-) -> Result<care_engine::models::ActivePair, ApiError> {
-    let engine = state.engine.clone();
-    let actor = caller.name().to_string();
-    blocking(move || {
-        let before = engine.active_models()?;
-        let pair = engine.activate_models(&a.query, &a.document, &mut |_| {})?;
-        let name = |m: &care_engine::models::ModelRecord| format!("{}@{}", m.name, m.version);
-        audit::append(
-            &engine.store().conn(),
-            &actor,
-            "model.activate",
-            &serde_json::json!({
-                "query": name(&pair.query), "document": name(&pair.document),
-                "previous_query": before.as_ref().map(|p| name(&p.query)),
-                "previous_document": before.as_ref().map(|p| name(&p.document)),
-            }),
-        )?;
-        Ok(pair)
-    })
-    .await
-}
-
 #[utoipa::path(post, path = "/api/v1/admin/models/activate", tag = "admin", request_body = Activate,
     responses((status = 200, body = Object), (status = 409, description = "pairing ids differ")))]
 #[post("/api/v1/admin/models/activate")]
@@ -657,7 +392,8 @@ pub async fn admin_activate(
     caller: Caller,
     body: web::Json<Activate>,
 ) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(activate_as(&state, &caller, body.into_inner()).await?))
+    let b = body.into_inner();
+    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.activate_as(a, &b.query, &b.document, &mut |_| {})).await?))
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, IntoParams)]
@@ -696,23 +432,25 @@ impl AuditQuery {
     }
 }
 
+/// One page of audit records for `q`, at most `max` records.
 pub async fn audit_records(
     state: &web::Data<AppState>,
+    caller: &Caller,
     q: &AuditQuery,
     max: usize,
 ) -> Result<Vec<audit::AuditRecord>, ApiError> {
-    let engine = state.engine.clone();
-    let f = q.filter();
-    let limit = q.limit.unwrap_or(100).min(max);
-    // SQLite takes the offset as i64; past the end is simply empty.
-    let offset = q.offset.unwrap_or(0).min(i64::MAX as usize);
-    blocking(move || audit::search(&engine.store().conn(), &f, limit, offset)).await
+    let (f, limit, offset) = (q.filter(), q.limit.unwrap_or(100).min(max), q.offset.unwrap_or(0));
+    call(state, caller, move |e, a| e.audit_records_as(a, &f, limit, offset)).await
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/audit", tag = "admin", params(AuditQuery), responses((status = 200, body = Object)))]
 #[get("/api/v1/admin/audit")]
-pub async fn admin_audit(state: web::Data<AppState>, q: web::Query<AuditQuery>) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(audit_records(&state, &q, 10_000).await?))
+pub async fn admin_audit(
+    state: web::Data<AppState>,
+    caller: Caller,
+    q: web::Query<AuditQuery>,
+) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(audit_records(&state, &caller, &q, 10_000).await?))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -728,12 +466,11 @@ pub struct VerifyQuery {
 #[get("/api/v1/admin/audit/verify")]
 pub async fn admin_audit_verify(
     state: web::Data<AppState>,
+    caller: Caller,
     q: web::Query<VerifyQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let engine = state.engine.clone();
     let full = q.full;
-    let r = blocking(move || if full { audit::verify_full(engine.store()) } else { audit::checkpoint(engine.store()) })
-        .await?;
+    let r = call(&state, &caller, move |e, a| e.audit_verify_as(a, full)).await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({
         "intact": true,
         "full": r.full,
@@ -756,19 +493,17 @@ pub struct FeedbackQuery {
 #[get("/api/v1/admin/feedback")]
 pub async fn admin_feedback(
     state: web::Data<AppState>,
+    caller: Caller,
     q: web::Query<FeedbackQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let engine = state.engine.clone();
-    let col = q.collection.clone();
-    let limit = q.limit.unwrap_or(1000).min(100_000);
-    Ok(HttpResponse::Ok().json(blocking(move || feedback::list(engine.store(), col.as_deref(), limit)).await?))
+    let (col, limit) = (q.collection.clone(), q.limit.unwrap_or(1000));
+    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.feedback_list_as(a, col.as_deref(), limit)).await?))
 }
 
 #[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, body = Object)))]
 #[get("/healthz")]
 pub async fn healthz(state: web::Data<AppState>) -> HttpResponse {
-    let engine = state.engine.clone();
-    match blocking(move || engine.store().schema_version()).await {
+    match anon(&state, |e| e.health()).await {
         Ok(v) => HttpResponse::Ok().json(serde_json::json!({"status": "ok", "schema_version": v})),
         Err(_) => HttpResponse::ServiceUnavailable().json(serde_json::json!({"status": "unavailable"})),
     }
@@ -777,13 +512,6 @@ pub async fn healthz(state: web::Data<AppState>) -> HttpResponse {
 #[utoipa::path(get, path = "/metrics", tag = "ops", responses((status = 200, description = "Prometheus text format")))]
 #[get("/metrics")]
 pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let engine = state.engine.clone();
-    let jobs = blocking(move || {
-        let conn = engine.store().conn();
-        let mut st = conn.prepare("SELECT state, COUNT(*) FROM jobs GROUP BY state")?;
-        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
-        Ok(rows.collect::<Result<Vec<_>, _>>()?)
-    })
-    .await?;
+    let jobs = anon(&state, |e| e.job_counts()).await?;
     Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.metrics.render(&jobs)))
 }

@@ -1,72 +1,34 @@
-//! The one error table: engine error code → HTTP status and the short Chinese title shown on error pages. The same
-//! code, message and request id reach API clients (JSON) and browsers (an HTML page); the guard middleware
-//! renders both, because only it knows the request id and whether the route is a page.
+//! Errors as clients see them. Codes, status classes and Chinese titles come from the engine's one table
+//! (`care_engine::ErrorCode`); here a class becomes an HTTP status in one exhaustive `match`, and the failures only
+//! HTTP has (no session, a bad CSRF token) get their own variants. The same code, message and request id reach API
+//! clients (JSON) and browsers (an HTML page); the guard middleware renders both, because only it knows the request
+//! id and whether the route is a page.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
+use care_engine::error::StatusClass;
 use care_engine::{Error, ErrorCode};
 use serde::Serialize;
 
-/// Exhaustive on purpose: a new error code does not compile until it has a status here.
-pub fn status_of(code: ErrorCode) -> StatusCode {
-    match code {
-        ErrorCode::NotFound => StatusCode::NOT_FOUND,
-        ErrorCode::AlreadyExists => StatusCode::CONFLICT,
-        ErrorCode::InvalidInput => StatusCode::BAD_REQUEST,
-        ErrorCode::UnsupportedFormat => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-        ErrorCode::BadEncoding => StatusCode::UNPROCESSABLE_ENTITY,
-        ErrorCode::EmptyInput => StatusCode::UNPROCESSABLE_ENTITY,
-        ErrorCode::MalformedRecord => StatusCode::UNPROCESSABLE_ENTITY,
-        ErrorCode::IncompatibleVersion => StatusCode::CONFLICT,
-        ErrorCode::ModelMismatch => StatusCode::CONFLICT,
-        ErrorCode::Locked => StatusCode::SERVICE_UNAVAILABLE,
-        ErrorCode::Storage => StatusCode::INTERNAL_SERVER_ERROR,
-        ErrorCode::Index => StatusCode::INTERNAL_SERVER_ERROR,
-        ErrorCode::Model => StatusCode::INTERNAL_SERVER_ERROR,
-        ErrorCode::Io => StatusCode::INTERNAL_SERVER_ERROR,
-        ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-        ErrorCode::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-        ErrorCode::UnsafeArchive => StatusCode::UNPROCESSABLE_ENTITY,
-        ErrorCode::Cancelled => StatusCode::CONFLICT,
-        ErrorCode::Unauthenticated => StatusCode::UNAUTHORIZED,
-        ErrorCode::Forbidden => StatusCode::FORBIDDEN,
-        ErrorCode::CsrfRejected => StatusCode::FORBIDDEN,
-        ErrorCode::AccountLocked => StatusCode::LOCKED,
-        ErrorCode::AuditTampered => StatusCode::INTERNAL_SERVER_ERROR,
-        ErrorCode::CorruptShards => StatusCode::UNPROCESSABLE_ENTITY,
-        ErrorCode::UnknownChunks => StatusCode::CONFLICT,
+/// Exhaustive on purpose: a new class does not compile until it has a status here.
+pub fn http_status(class: StatusClass) -> StatusCode {
+    match class {
+        StatusClass::BadRequest => StatusCode::BAD_REQUEST,
+        StatusClass::Unauthorized => StatusCode::UNAUTHORIZED,
+        StatusClass::Forbidden => StatusCode::FORBIDDEN,
+        StatusClass::NotFound => StatusCode::NOT_FOUND,
+        StatusClass::Conflict => StatusCode::CONFLICT,
+        StatusClass::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        StatusClass::UnsupportedMedia => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        StatusClass::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
+        StatusClass::Locked => StatusCode::LOCKED,
+        StatusClass::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        StatusClass::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
-/// The title of the HTML error page for each code. Exhaustive like [`status_of`].
-pub fn title_zh(code: ErrorCode) -> &'static str {
-    match code {
-        ErrorCode::NotFound => "未找到",
-        ErrorCode::AlreadyExists => "已存在",
-        ErrorCode::InvalidInput => "输入有误",
-        ErrorCode::UnsupportedFormat => "不支持的文件格式",
-        ErrorCode::BadEncoding => "文件编码无法识别",
-        ErrorCode::EmptyInput => "文件为空",
-        ErrorCode::MalformedRecord => "记录格式错误",
-        ErrorCode::IncompatibleVersion => "版本不兼容",
-        ErrorCode::ModelMismatch => "模型不匹配",
-        ErrorCode::Locked => "资源被占用，请稍后再试",
-        ErrorCode::Storage => "存储错误",
-        ErrorCode::Index => "索引错误",
-        ErrorCode::Model => "模型错误",
-        ErrorCode::Io => "读写错误",
-        ErrorCode::Internal => "内部错误",
-        ErrorCode::TooLarge => "文件过大",
-        ErrorCode::UnsafeArchive => "压缩包不安全",
-        ErrorCode::Cancelled => "已取消",
-        ErrorCode::Unauthenticated => "请先登录",
-        ErrorCode::Forbidden => "没有权限",
-        ErrorCode::CsrfRejected => "表单已失效，请刷新页面后重试",
-        ErrorCode::AccountLocked => "账户已锁定",
-        ErrorCode::AuditTampered => "审计日志校验失败",
-        ErrorCode::CorruptShards => "向量文件已损坏",
-        ErrorCode::UnknownChunks => "向量与当前文档不符",
-    }
+pub fn status_of(code: ErrorCode) -> StatusCode {
+    http_status(code.class())
 }
 
 #[derive(Debug, Serialize)]
@@ -77,22 +39,43 @@ pub struct ErrorBody {
     pub request_id: Option<String>,
 }
 
+/// A failed request: an engine error, or one of the failures only HTTP has.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    Engine(#[from] Error),
+    #[error("{0}")]
+    SignInRequired(String),
+    #[error("表单已失效：请刷新页面后重新提交 (the form's CSRF token is missing or invalid; reload and submit again)")]
+    CsrfRejected,
+}
+
 impl ApiError {
     pub fn internal(e: impl std::fmt::Display) -> Self {
-        ApiError(Error::Internal(e.to_string()))
+        ApiError::Engine(Error::Internal(e.to_string()))
     }
     pub fn invalid(msg: impl Into<String>) -> Self {
-        ApiError(Error::InvalidInput(msg.into()))
+        ApiError::Engine(Error::InvalidInput(msg.into()))
     }
     pub fn forbidden(msg: impl Into<String>) -> Self {
-        ApiError(Error::Forbidden(msg.into()))
+        ApiError::Engine(Error::Forbidden(msg.into()))
+    }
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ApiError::Engine(e) => e.code(),
+            ApiError::SignInRequired(_) => ErrorCode::Unauthenticated,
+            ApiError::CsrfRejected => ErrorCode::CsrfRejected,
+        }
+    }
+    pub fn is_server_error(&self) -> bool {
+        self.code().class().is_server_error()
     }
     /// The message a client may see: internal details (paths, SQL) stay in the server log.
     pub fn public_message(&self) -> String {
-        if status_of(self.0.code()).is_server_error() {
+        if self.is_server_error() {
             "内部错误；管理员可在服务器日志中按请求编号查到详情 (internal error; see the server log)".to_string()
         } else {
-            self.0.to_string()
+            self.to_string()
         }
     }
 }
@@ -113,7 +96,7 @@ pub fn render(code: ErrorCode, message: &str, request_id: &str, page: bool) -> H
     if page {
         let body = askama::Template::render(&ErrorPage {
             status: status.as_u16(),
-            title: title_zh(code),
+            title: code.title_zh(),
             code: code.as_str(),
             message,
             request_id,
@@ -129,27 +112,17 @@ pub fn render(code: ErrorCode, message: &str, request_id: &str, page: bool) -> H
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ApiError(pub Error);
-
-impl From<Error> for ApiError {
-    fn from(e: Error) -> Self {
-        ApiError(e)
-    }
-}
-
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
-        status_of(self.0.code())
+        status_of(self.code())
     }
     fn error_response(&self) -> HttpResponse {
-        if self.status_code().is_server_error() {
-            tracing::error!(error = %self.0, "request failed");
+        if self.is_server_error() {
+            tracing::error!(error = %self, "request failed");
         }
         // The guard middleware replaces this body with the JSON or HTML rendering carrying the request id.
         HttpResponse::build(self.status_code()).json(ErrorBody {
-            code: self.0.code().as_str(),
+            code: self.code().as_str(),
             message: self.public_message(),
             request_id: None,
         })
@@ -161,31 +134,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_code_has_a_status_and_client_errors_are_4xx() {
-        for code in ErrorCode::ALL {
+    fn every_code_has_a_status_and_server_classes_are_5xx() {
+        for &code in ErrorCode::ALL {
             let s = status_of(code);
-            let client = matches!(
-                code,
-                ErrorCode::NotFound
-                    | ErrorCode::AlreadyExists
-                    | ErrorCode::InvalidInput
-                    | ErrorCode::UnsupportedFormat
-                    | ErrorCode::BadEncoding
-                    | ErrorCode::EmptyInput
-                    | ErrorCode::MalformedRecord
-                    | ErrorCode::IncompatibleVersion
-                    | ErrorCode::ModelMismatch
-                    | ErrorCode::TooLarge
-                    | ErrorCode::UnsafeArchive
-                    | ErrorCode::Cancelled
-                    | ErrorCode::Unauthenticated
-                    | ErrorCode::Forbidden
-                    | ErrorCode::CsrfRejected
-                    | ErrorCode::AccountLocked
-                    | ErrorCode::CorruptShards
-                    | ErrorCode::UnknownChunks
-            );
-            assert_eq!(s.is_client_error(), client, "{code:?} → {s}");
+            assert_eq!(s.is_server_error(), code.class().is_server_error(), "{code:?} → {s}");
+            assert!(s.is_client_error() || s.is_server_error(), "{code:?} → {s}");
+        }
+    }
+
+    /// Each code's docs anchor names a row of the README's error table that exists.
+    #[test]
+    fn every_code_is_documented_in_the_readme() {
+        let readme = include_str!("../../../README.md");
+        for &code in ErrorCode::ALL {
+            let anchor = code.docs_anchor().trim_start_matches("README.md#");
+            assert!(readme.contains(&format!("<a id=\"{anchor}\"></a>")), "README lacks the row for {}", code.as_str());
         }
     }
 }

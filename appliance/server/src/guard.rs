@@ -51,6 +51,10 @@ impl Caller {
     pub fn name(&self) -> &str {
         &self.user.username
     }
+    /// The caller as the engine's service layer sees it (its authorisation input).
+    pub fn actor(&self) -> care_engine::Actor {
+        care_engine::Actor::user(&self.user)
+    }
     /// The session's CSRF token, for forms rendered for this caller (empty for token callers).
     pub fn csrf(&self) -> &str {
         match &self.via {
@@ -68,7 +72,7 @@ impl FromRequest for Caller {
             req.extensions()
                 .get::<Caller>()
                 .cloned()
-                .ok_or_else(|| ApiError(care_engine::Error::Unauthenticated("sign in first".into()))),
+                .ok_or_else(|| ApiError::SignInRequired("请先登录 (sign in first)".into())),
         )
     }
 }
@@ -160,19 +164,17 @@ async fn identify(req: &ServiceRequest, state: &web::Data<AppState>) -> Result<O
     if bearer.is_none() && session.is_none() {
         return Ok(None);
     }
-    let engine = state.engine.clone();
     let (idle, max) = (state.settings.auth.idle_seconds(), state.settings.auth.max_seconds());
-    web::block(move || -> care_engine::Result<Option<Caller>> {
+    crate::call::anon(state, move |engine| {
         if let Some(t) = bearer {
-            return Ok(accounts::token_user(engine.store(), &t)?.map(|user| Caller { user, via: Via::Token }));
+            return Ok(engine.token_user(&t)?.map(|user| Caller { user, via: Via::Token }));
         }
         let cookie = session.unwrap_or_default();
-        Ok(accounts::session(engine.store(), &cookie, idle, max)?
+        Ok(engine
+            .session(&cookie, idle, max)?
             .map(|s| Caller { user: s.user, via: Via::Session { cookie, csrf: s.csrf_token } }))
     })
     .await
-    .map_err(ApiError::internal)?
-    .map_err(ApiError)
 }
 
 /// Largest urlencoded form body read anywhere (the login form, admin forms). The CSRF check reads the body
@@ -180,7 +182,7 @@ async fn identify(req: &ServiceRequest, state: &web::Data<AppState>) -> Result<O
 pub const FORM_LIMIT: usize = 256 * 1024;
 
 fn form_too_large(size: u64) -> ApiError {
-    ApiError(care_engine::Error::TooLarge {
+    ApiError::Engine(care_engine::Error::TooLarge {
         what: "表单 (the form body)".into(),
         size,
         limit: FORM_LIMIT as u64,
@@ -222,7 +224,7 @@ async fn check_csrf(req: &mut ServiceRequest, caller: Option<&Caller>) -> Result
         Some(Via::Token) => return Ok(()),
         Some(Via::Session { csrf, .. }) => csrf.clone(),
         // Anonymous posts (the login form): double-submit cookie.
-        None => cookie(req.request(), LOGIN_CSRF_COOKIE).ok_or(ApiError(care_engine::Error::CsrfRejected))?,
+        None => cookie(req.request(), LOGIN_CSRF_COOKIE).ok_or(ApiError::CsrfRejected)?,
     };
     let header = req.headers().get("x-csrf-token").and_then(|v| v.to_str().ok()).map(str::to_string);
     let given = match header {
@@ -241,7 +243,7 @@ async fn check_csrf(req: &mut ServiceRequest, caller: Option<&Caller>) -> Result
     };
     match given {
         Some(g) if !expected.is_empty() && same(&g, &expected) => Ok(()),
-        _ => Err(ApiError(care_engine::Error::CsrfRejected)),
+        _ => Err(ApiError::CsrfRejected),
     }
 }
 
@@ -316,7 +318,7 @@ pub async fn guard(
 
     let caller = match identify(&req, &state).await {
         Ok(c) => c,
-        Err(e) => return Ok(req.into_response(denied(e.0.code(), &e.public_message()))),
+        Err(e) => return Ok(req.into_response(denied(e.code(), &e.public_message()))),
     };
     if let Some(c) = &caller {
         req.extensions_mut().insert(c.clone());
@@ -375,7 +377,7 @@ pub async fn guard(
         && route.is_some()
         && let Err(e) = check_csrf(&mut req, caller.as_ref()).await
     {
-        let res = denied(e.0.code(), &e.public_message());
+        let res = denied(e.code(), &e.public_message());
         return Ok(finish(req.into_response(res), &state, route, started, &rid));
     }
     let res = next.call(req).await?.map_into_boxed_body();
@@ -383,7 +385,7 @@ pub async fn guard(
     let res = if res.status().is_client_error() || res.status().is_server_error() {
         let (code, message) = match res.response().error() {
             Some(err) => match err.as_error::<ApiError>() {
-                Some(api) => (api.0.code(), api.public_message()),
+                Some(api) => (api.code(), api.public_message()),
                 None if res.status() == StatusCode::PAYLOAD_TOO_LARGE => (ErrorCode::TooLarge, err.to_string()),
                 None if res.status().is_client_error() => (ErrorCode::InvalidInput, err.to_string()),
                 None => (ErrorCode::Internal, "internal error".to_string()),

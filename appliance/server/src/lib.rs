@@ -14,11 +14,13 @@
 //!    └ tls      certificate loading and first-start generation
 //! ```
 //!
-//! The engine is synchronous (SQLite, tantivy, ONNX); handlers call it through `web::block` so a slow query never
-//! stalls the async workers.
+//! Handlers are adapters: each calls one engine service operation (`care_engine::service`, where authorisation
+//! and audit live) through `call`, on the blocking pool, because the engine is synchronous (SQLite, tantivy,
+//! ONNX) and a slow query must never stall the async workers.
 
 pub mod admin;
 pub mod api;
+pub mod call;
 pub mod errors;
 pub mod guard;
 pub mod metrics;
@@ -36,7 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix_web::{App, HttpServer, web};
-use care_engine::Engine;
+use care_engine::{Actor, Engine};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -173,8 +175,7 @@ pub fn bootstrap(engine: &Engine, auth: &AuthConfig) -> Result<Option<String>, S
         ),
         None => None,
     };
-    care_engine::accounts::bootstrap_admin(engine.store(), &auth.bootstrap_admin, pw.as_deref())
-        .map_err(|e| ServeError::Bootstrap(e.to_string()))
+    engine.bootstrap_admin(&auth.bootstrap_admin, pw.as_deref()).map_err(|e| ServeError::Bootstrap(e.to_string()))
 }
 
 /// Audit checkpoints every minute, a full audit walk daily, retention and session clean-up every six hours; all
@@ -192,10 +193,10 @@ fn start_housekeeping(engine: Arc<Engine>, settings: Settings) {
                     last_cleanup = Some(Instant::now());
                 }
                 if due(last_full, Duration::from_secs(24 * 3600)) {
-                    log_verification("full", care_engine::audit::verify_full(engine.store()));
+                    log_verification("full", engine.audit_verify_as(&Actor::system(), true));
                     last_full = Some(Instant::now());
                 }
-                log_verification("checkpoint", care_engine::audit::checkpoint(engine.store()));
+                log_verification("checkpoint", engine.audit_verify_as(&Actor::system(), false));
                 std::thread::sleep(TICK);
             }
         })
@@ -220,20 +221,13 @@ fn clean_up(engine: &Engine, settings: &Settings) {
     if settings.audit.retention_days > 0 {
         let cutoff = time::OffsetDateTime::now_utc() - time::Duration::days(i64::from(settings.audit.retention_days));
         let cutoff = cutoff.format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
-        match care_engine::audit::purge_before(
-            &mut engine.store().conn(),
-            "system",
-            &cutoff,
-            settings.audit.retention_days,
-        ) {
+        match engine.audit_purge_as(&Actor::system(), &cutoff, settings.audit.retention_days) {
             Ok(0) => {}
             Ok(n) => tracing::info!(removed = n, "purged audit records past retention"),
             Err(e) => tracing::error!(error = %e, "audit retention purge failed"),
         }
     }
-    if let Err(e) =
-        care_engine::accounts::purge_sessions(engine.store(), settings.auth.idle_seconds(), settings.auth.max_seconds())
-    {
+    if let Err(e) = engine.purge_sessions(settings.auth.idle_seconds(), settings.auth.max_seconds()) {
         tracing::error!(error = %e, "session clean-up failed");
     }
 }
@@ -247,6 +241,7 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let cfg = settings.server.clone();
     let tls = tls::server_config(&cfg, &engine.data_dir().tls())?;
+    engine.set_log_queries(settings.audit.log_queries);
     start_housekeeping(engine.clone(), settings.clone());
     let state = web::Data::new(AppState { engine, settings, metrics: metrics::Metrics::default() });
     let upload_limit = (cfg.max_upload_mib as usize).saturating_mul(1 << 20);

@@ -20,7 +20,7 @@ use crate::api;
         api::admin_audit_verify, api::admin_feedback, api::healthz, api::metrics,
     ),
     components(schemas(api::Me, api::PasswordChange, api::FeedbackBody, api::NewCollection, api::Approval,
-        api::UserInfo, api::NewUser, api::UserUpdate, api::NewToken, api::Activate)),
+        care_engine::UserInfo, api::NewUser, care_engine::UserUpdate, api::NewToken, api::Activate)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]

@@ -6,11 +6,12 @@ use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, get, post, web};
 use askama::Template;
 use care_engine::SearchHit;
-use care_engine::accounts;
+use care_engine::fusion::Method;
 use serde::Deserialize;
 
 use crate::AppState;
-use crate::api::{self, SearchParams, blocking};
+use crate::api::{self, SearchParams};
+use crate::call::{anon, call};
 use crate::errors::{ApiError, status_of};
 use crate::guard::{self, Caller, MaybeCaller, percent_encode};
 
@@ -138,7 +139,7 @@ fn login_page(
     // Double-submit token for the login form (there is no session to bind it to yet).
     let token = match guard::cookie(req, guard::LOGIN_CSRF_COOKIE) {
         Some(t) => t,
-        None => accounts::random_token().map_err(ApiError)?,
+        None => care_engine::accounts::random_token().map_err(ApiError::Engine)?,
     };
     let page = LoginPage {
         nav: None,
@@ -183,28 +184,22 @@ pub async fn login(
 ) -> Result<HttpResponse, ApiError> {
     let f = form.into_inner();
     let next = local_path(&f.next, "/search");
-    let engine = state.engine.clone();
     let policy = state.settings.auth.policy();
     let client = req.peer_addr().map(|a| a.ip().to_string()).unwrap_or_default();
     let (user, pw) = (f.username.trim().to_string(), f.password);
-    let res = blocking(move || {
-        let u = accounts::authenticate(engine.store(), &user, &pw, policy, &client)?;
-        accounts::create_session(engine.store(), &u)
-    })
-    .await;
-    match res {
-        Ok((cookie, _csrf)) => Ok(HttpResponse::SeeOther()
+    match anon(&state, move |e| e.login(&user, &pw, policy, &client)).await {
+        Ok((_, cookie, _csrf)) => Ok(HttpResponse::SeeOther()
             .insert_header((header::LOCATION, next))
             .insert_header(guard::set_cookie(guard::SESSION_COOKIE, &cookie, state.settings.auth.max_seconds()))
             .append_header(guard::set_cookie(guard::LOGIN_CSRF_COOKIE, "", 0))
             .finish()),
-        Err(e) if !status_of(e.0.code()).is_server_error() => {
-            let msg = match e.0.code() {
-                care_engine::ErrorCode::AccountLocked => format!("账户已锁定：{}", e.0),
+        Err(e) if !e.is_server_error() => {
+            let msg = match e.code() {
+                care_engine::ErrorCode::AccountLocked => format!("账户已锁定：{e}"),
                 care_engine::ErrorCode::Forbidden => "账户已停用，请联系管理员。".to_string(),
                 _ => "用户名或密码错误。".to_string(),
             };
-            login_page(&req, Some(msg), &next, f.username.trim(), status_of(e.0.code()))
+            login_page(&req, Some(msg), &next, f.username.trim(), status_of(e.code()))
         }
         Err(e) => Err(e),
     }
@@ -213,9 +208,8 @@ pub async fn login(
 #[post("/logout")]
 pub async fn logout(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
     if let guard::Via::Session { cookie, .. } = &caller.via {
-        let engine = state.engine.clone();
-        let (cookie, name) = (cookie.clone(), caller.name().to_string());
-        blocking(move || accounts::end_session(engine.store(), &cookie, &name)).await?;
+        let cookie = cookie.clone();
+        call(&state, &caller, move |e, a| e.logout(a, &cookie)).await?;
     }
     Ok(HttpResponse::SeeOther()
         .insert_header((header::LOCATION, "/login"))
@@ -274,12 +268,12 @@ fn search_url(q: &str, collection: &str, page: usize) -> String {
     u
 }
 
-fn method_zh(m: &str) -> &'static str {
+fn method_zh(m: Method) -> &'static str {
     match m {
-        "weighted" => "混合（加权融合）",
-        "rrf" => "混合（RRF）",
-        "dense" => "语义",
-        _ => "关键词（BM25）",
+        Method::Weighted => "混合（加权融合）",
+        Method::Rrf => "混合（RRF）",
+        Method::Dense => "语义",
+        Method::Bm25 => "关键词（BM25）",
     }
 }
 
@@ -290,9 +284,7 @@ pub async fn search_page(
     p: web::Query<PageParams>,
 ) -> Result<HttpResponse, ApiError> {
     let p = p.into_inner();
-    let engine = state.engine.clone();
-    let user = caller.user.clone();
-    let collections = blocking(move || accounts::readable_collections(engine.store(), &user)).await?;
+    let collections = call(&state, &caller, |e, a| e.readable_collections(a)).await?;
     let page_no = p.page.unwrap_or(1).clamp(1, 50);
     let mut page = SearchPage {
         nav: Nav::of(&caller),
@@ -336,7 +328,7 @@ pub async fn search_page(
                     page.next_url = Some(search_url(&p.q, &p.collection, page_no + 1));
                 }
             }
-            Err(e) if !status_of(e.0.code()).is_server_error() => page.error = Some(e.public_message()),
+            Err(e) if !e.is_server_error() => page.error = Some(e.public_message()),
             Err(e) => return Err(e),
         }
     }
@@ -359,7 +351,8 @@ pub async fn feedback(
     f: web::Form<FeedbackForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    api::feedback_as(&state, &caller, f.q, f.chunk, f.helpful != 0).await?;
+    let (q, chunk, helpful) = (f.q.clone(), f.chunk, f.helpful != 0);
+    call(&state, &caller, move |e, a| e.feedback_as(a, &q, chunk, helpful)).await?;
     let back = local_path(&f.back, "/search");
     let sep = if back.contains('?') { '&' } else { '?' };
     Ok(see_other(&format!("{back}{sep}judged={}#hit-{}", f.chunk, f.chunk)))
@@ -382,7 +375,8 @@ pub async fn document(
     caller: Caller,
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
-    let doc = api::document_as(&state, &caller, id.into_inner()).await?;
+    let id = id.into_inner();
+    let doc = call(&state, &caller, move |e, a| e.document_as(a, id)).await?;
     render(&DocumentPage { nav: Nav::of(&caller), flash: None, doc })
 }
 
@@ -404,9 +398,7 @@ async fn account_page(
     flash: Option<String>,
     error: Option<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let engine = state.engine.clone();
-    let user = caller.user.clone();
-    let collections = blocking(move || accounts::readable_collections(engine.store(), &user)).await?;
+    let collections = call(state, caller, |e, a| e.readable_collections(a)).await?;
     render(&AccountPage {
         nav: Nav::of(caller),
         flash,
@@ -440,15 +432,13 @@ pub async fn change_password(
     f: web::Form<PasswordForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    let engine = state.engine.clone();
-    let name = caller.name().to_string();
-    match blocking(move || accounts::set_password(engine.store(), &name, &name, Some(&f.current), &f.new)).await {
+    match call(&state, &caller, move |e, a| e.change_own_password(a, &f.current, &f.new)).await {
         // Changing the password ends every session, this one included: sign in again.
         Ok(()) => Ok(HttpResponse::SeeOther()
             .insert_header((header::LOCATION, "/login"))
             .insert_header(guard::set_cookie(guard::SESSION_COOKIE, "", 0))
             .finish()),
-        Err(e) if e.0.code() == care_engine::ErrorCode::InvalidInput => {
+        Err(e) if e.code() == care_engine::ErrorCode::InvalidInput => {
             account_page(&state, &caller, None, Some(e.public_message())).await
         }
         Err(e) => Err(e),
@@ -481,7 +471,7 @@ pub async fn embed(
         let params = SearchParams { q: p.q.clone(), collection: None, limit: Some(5), offset: None, method: None };
         match api::search_as(&state, c, &params).await {
             Ok(r) => page.hits = r.hits.iter().map(HitView::from_hit).collect(),
-            Err(e) if !status_of(e.0.code()).is_server_error() => page.error = Some(e.public_message()),
+            Err(e) if !e.is_server_error() => page.error = Some(e.public_message()),
             Err(e) => return Err(e),
         }
     }
@@ -496,7 +486,7 @@ pub async fn asset(file: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let (body, ct) = match file.as_str() {
         "style.css" => (STYLE, "text/css; charset=utf-8"),
         "app.js" => (APP_JS, "text/javascript; charset=utf-8"),
-        other => return Err(ApiError(care_engine::Error::NotFound { what: format!("asset {other:?}") })),
+        other => return Err(ApiError::Engine(care_engine::Error::NotFound { what: format!("asset {other:?}") })),
     };
     Ok(HttpResponse::Ok().content_type(ct).insert_header((header::CACHE_CONTROL, "public, max-age=3600")).body(body))
 }

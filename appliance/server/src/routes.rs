@@ -68,5 +68,5 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 }
 
 pub async fn not_found(req: HttpRequest) -> Result<actix_web::HttpResponse, ApiError> {
-    Err(ApiError(care_engine::Error::NotFound { what: format!("page {}", req.path()) }))
+    Err(ApiError::Engine(care_engine::Error::NotFound { what: format!("page {}", req.path()) }))
 }

@@ -1,97 +1,20 @@
-//! Uploads and ingest jobs for the admin console and API.
+//! Uploads for the admin console and API: the one part of an operation that is HTTP's own (a multipart stream).
 //!
-//! An upload streams each multipart `file` part to a fresh folder under `<data_dir>/uploads/` (names sanitised,
-//! total size capped by `server.max_upload_mib`) and submits an ingest job to the engine's durable queue; the
-//! engine's worker (started by `care serve`) runs it, resumes it after a restart, and records per-file errors.
-//! Job pages and the API read the queue through [`list_jobs`] / [`get_job`].
+//! Each multipart `file` part is streamed to a fresh folder the engine hands out under `<data_dir>/uploads/`
+//! (names sanitised, total size capped by `server.max_upload_mib`; the disk writes run on the blocking pool), then
+//! the engine's `submit_upload_as` queues an ingest job that owns the files: its worker runs it, resumes it after
+//! a restart, records per-file errors and deletes the files when the job ends.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use actix_web::web;
-use care_engine::{Engine, FileError};
 use futures::StreamExt;
-use serde::Serialize;
 
 use crate::AppState;
-use crate::api::blocking;
+use crate::call::call;
 use crate::errors::ApiError;
 use crate::guard::Caller;
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Job {
-    pub id: i64,
-    pub kind: String,
-    pub state: String,
-    pub collection: String,
-    pub actor: String,
-    pub files: Vec<String>,
-    pub progress_done: i64,
-    pub progress_total: i64,
-    pub documents: i64,
-    pub errors: Vec<FileError>,
-    pub created_at: String,
-    pub updated_at: String,
-}
-
-/// The console's view of an engine job: the file names and counts the pages and the API show.
-fn view(engine: &Engine, j: care_engine::Job) -> care_engine::Result<Job> {
-    let files = engine.job_files(j.id)?.into_iter().map(|f| f.file).collect();
-    Ok(Job {
-        id: j.id,
-        kind: j.kind,
-        state: j.state.as_str().to_string(),
-        collection: j.collection,
-        actor: j.actor,
-        files,
-        progress_done: j.progress_done as i64,
-        progress_total: j.progress_total as i64,
-        documents: j.documents_done as i64,
-        errors: j.errors,
-        created_at: j.created_at,
-        updated_at: j.updated_at,
-    })
-}
-
-pub fn list_jobs(engine: &Engine, limit: usize) -> care_engine::Result<Vec<Job>> {
-    engine.jobs(limit)?.into_iter().map(|j| view(engine, j)).collect()
-}
-
-pub fn get_job(engine: &Engine, id: i64) -> care_engine::Result<Job> {
-    let j = engine.job(id)?;
-    view(engine, j)
-}
-
-pub async fn jobs(state: &web::Data<AppState>, limit: usize) -> Result<Vec<Job>, ApiError> {
-    let engine = state.engine.clone();
-    blocking(move || list_jobs(&engine, limit.clamp(1, 500))).await
-}
-
-pub async fn job(state: &web::Data<AppState>, id: i64) -> Result<Job, ApiError> {
-    let engine = state.engine.clone();
-    blocking(move || get_job(&engine, id)).await
-}
-
-pub async fn cancel(state: &web::Data<AppState>, caller: &Caller, id: i64) -> Result<(), ApiError> {
-    let engine = state.engine.clone();
-    let actor = caller.name().to_string();
-    blocking(move || engine.cancel_job(id, &actor)).await
-}
-
-pub async fn approve(state: &web::Data<AppState>, caller: &Caller, name: &str, approved: bool) -> Result<(), ApiError> {
-    let engine = state.engine.clone();
-    let actor = caller.name().to_string();
-    let name = name.to_string();
-    blocking(move || engine.set_approved_for_training(&name, approved, &actor).map(|_| ())).await
-}
-
-/// Deletes a collection's documents everywhere (SQLite, lexical and dense indexes, through the engine's crash-safe
-/// deletion), then the collection row; grants go with it (ON DELETE CASCADE).
-pub async fn delete_collection(state: &web::Data<AppState>, caller: &Caller, name: &str) -> Result<(), ApiError> {
-    let engine = state.engine.clone();
-    let actor = caller.name().to_string();
-    let name = name.to_string();
-    blocking(move || engine.delete_collection(&name, &actor).map(|_| ())).await
-}
 
 /// Most files one upload may carry (a folder of guidelines is better sent as one ZIP).
 pub const MAX_UPLOAD_FILES: usize = 1000;
@@ -105,37 +28,41 @@ fn safe_name(raw: &str) -> String {
     if s.is_empty() { "upload".into() } else { s.chars().take(120).collect() }
 }
 
+/// Bytes gathered before one write to disk on the blocking pool.
+const WRITE_BUFFER: usize = 1 << 20;
+
 /// Streams the multipart `file` parts to disk and queues an ingest job. Returns the job id.
 pub async fn upload(
     state: &web::Data<AppState>,
     caller: &Caller,
     collection: &str,
-    mut payload: actix_multipart::Multipart,
+    payload: actix_multipart::Multipart,
 ) -> Result<i64, ApiError> {
-    let engine = state.engine.clone();
     let col = collection.to_string();
-    blocking({
-        let engine = engine.clone();
-        move || engine.collection(&col)
-    })
-    .await?;
+    let dir = call(state, caller, move |e, a| e.new_upload_as(a, &col)).await?;
     let limit = state.settings.server.max_upload_mib.saturating_mul(1 << 20);
-    let dir = blocking({
-        let engine = engine.clone();
-        move || engine.new_upload_dir()
-    })
-    .await?;
-    let cleanup = |dir: &Path| {
-        let _ = std::fs::remove_dir_all(dir);
+    let queued = match receive(payload, &dir, limit).await {
+        Ok(files) => {
+            let col = collection.to_string();
+            call(state, caller, move |e, a| e.submit_upload_as(a, &col, files)).await
+        }
+        Err(e) => Err(e),
     };
+    // A queued job owns the folder; anything else leaves nothing behind.
+    if queued.is_err() {
+        let d = dir.clone();
+        let _ = web::block(move || std::fs::remove_dir_all(d)).await;
+    }
+    queued
+}
+
+/// Writes every `file` part into `dir`; returns the paths written.
+async fn receive(mut payload: actix_multipart::Multipart, dir: &Path, limit: u64) -> Result<Vec<PathBuf>, ApiError> {
     let mut files: Vec<PathBuf> = Vec::new();
     let mut taken = std::collections::HashSet::new();
     let mut total: u64 = 0;
     while let Some(field) = payload.next().await {
-        let mut field = field.map_err(|e| {
-            cleanup(&dir);
-            ApiError::invalid(format!("reading the upload: {e}"))
-        })?;
+        let mut field = field.map_err(|e| ApiError::invalid(format!("reading the upload: {e}")))?;
         if field.name() != Some("file") {
             continue;
         }
@@ -146,7 +73,6 @@ pub async fn upload(
             continue;
         };
         if files.len() >= MAX_UPLOAD_FILES {
-            cleanup(&dir);
             return Err(ApiError::invalid(format!(
                 "一次最多上传 {MAX_UPLOAD_FILES} 个文件；请分批上传，或打包成 ZIP (more than {MAX_UPLOAD_FILES} files in one upload)"
             )));
@@ -159,46 +85,47 @@ pub async fn upload(
             n += 1;
         }
         let path = dir.join(&name);
-        let mut out = std::fs::File::create(&path).map_err(|e| ApiError(care_engine::Error::io(&path, e)))?;
+        let mut buf = Vec::with_capacity(WRITE_BUFFER);
+        let mut first = true;
         while let Some(chunk) = field.next().await {
-            let chunk = chunk.map_err(|e| {
-                cleanup(&dir);
-                ApiError::invalid(format!("reading the upload: {e}"))
-            })?;
+            let chunk = chunk.map_err(|e| ApiError::invalid(format!("reading the upload: {e}")))?;
             total += chunk.len() as u64;
             if total > limit {
-                cleanup(&dir);
-                return Err(ApiError(care_engine::Error::TooLarge {
+                return Err(ApiError::Engine(care_engine::Error::TooLarge {
                     what: "the upload".into(),
                     size: total,
                     limit,
                     hint: "upload fewer files at once or raise server.max_upload_mib".into(),
                 }));
             }
-            use std::io::Write;
-            out.write_all(&chunk).map_err(|e| ApiError(care_engine::Error::io(&path, e)))?;
+            buf.extend_from_slice(&chunk);
+            if buf.len() >= WRITE_BUFFER {
+                buf = write_part(&path, buf, first).await?;
+                first = false;
+            }
         }
+        write_part(&path, buf, first).await?;
         files.push(path);
     }
     if files.is_empty() {
-        cleanup(&dir);
         return Err(ApiError::invalid("the upload holds no files; choose at least one file"));
     }
-    let actor = caller.name().to_string();
-    let col = collection.to_string();
-    // The engine's job queue owns the files from here: its worker ingests them (resuming after a restart) and
-    // deletes them when the job ends.
-    let job_id = blocking({
-        let engine = engine.clone();
-        move || {
-            let names: Vec<String> =
-                files.iter().filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
-            let id = engine.submit_ingest(&col, files, care_engine::IngestOptions::default(), &actor)?;
-            let detail = serde_json::json!({"collection": col, "job": id, "files": names, "bytes": total});
-            crate::api::audit_alone(&engine, &actor, "collection.upload", &detail)?;
-            Ok(id)
+    Ok(files)
+}
+
+/// Appends `buf` to `path` (creating it when `create`) on the blocking pool; hands the emptied buffer back.
+async fn write_part(path: &Path, mut buf: Vec<u8>, create: bool) -> Result<Vec<u8>, ApiError> {
+    let p = path.to_path_buf();
+    web::block(move || {
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).truncate(false).open(&p)?;
+        if create {
+            f.set_len(0)?;
         }
+        f.write_all(&buf)?;
+        buf.clear();
+        Ok::<_, std::io::Error>(buf)
     })
-    .await?;
-    Ok(job_id)
+    .await
+    .map_err(ApiError::internal)?
+    .map_err(|e| ApiError::Engine(care_engine::Error::io(path, e)))
 }

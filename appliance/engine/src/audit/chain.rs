@@ -321,8 +321,8 @@ pub(crate) fn ensure_keyed(conn: &mut Connection, dir: &Path) -> Result<()> {
             Walk::from_retention(b.clone(), None).and_then(|w| w.run(&Access::Held(c)))
         };
         match walked {
-            Ok(_) => rechain(c, &b, &fingerprint)?,
-            Err(e @ Error::AuditTampered { .. }) => keep_broken(c, &b, &fingerprint, &e)?,
+            Ok(_) => rechain(&tx, &b, &fingerprint)?,
+            Err(e @ Error::AuditTampered { .. }) => keep_broken(&tx, &b, &fingerprint, &e)?,
             Err(e) => return Err(e),
         }
     }
@@ -342,7 +342,7 @@ fn set_keyed(conn: &Connection, keyed_from: i64, fingerprint: &str) -> Result<()
     Ok(())
 }
 
-fn rechain(conn: &Connection, b: &Bounds, fingerprint: &str) -> Result<()> {
+fn rechain(conn: &rusqlite::Transaction<'_>, b: &Bounds, fingerprint: &str) -> Result<()> {
     let mut prev = b.retention.1.clone();
     let (mut after, mut n) = (b.retention.0, 0u64);
     loop {
@@ -364,7 +364,7 @@ fn rechain(conn: &Connection, b: &Bounds, fingerprint: &str) -> Result<()> {
     Ok(())
 }
 
-fn keep_broken(conn: &Connection, b: &Bounds, fingerprint: &str, e: &Error) -> Result<()> {
+fn keep_broken(conn: &rusqlite::Transaction<'_>, b: &Bounds, fingerprint: &str, e: &Error) -> Result<()> {
     let keyed_from = b.head.0 + 1;
     set_keyed(conn, keyed_from, fingerprint)?;
     let detail = serde_json::json!({"keyed_from_id": keyed_from, "rechained": 0, "unkeyed_log_error": e.to_string()});

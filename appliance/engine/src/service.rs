@@ -1,0 +1,601 @@
+//! The service layer: every operation a page, the JSON API or the CLI can ask for, written once.
+//!
+//! Each operation takes the [`Actor`] asking (the authorisation input), checks what that actor may do, and makes
+//! its change together with its one audit record in the same SQLite transaction (the free functions in
+//! `accounts`, `feedback`, `jobs` and `models` append inside their transactions; `audit::append` only accepts a
+//! transaction). Refused attempts, which change nothing, are audited in a transaction of their own. The HTTP layer
+//! and the CLI are adapters: they turn a request into a call here and the result into a response.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde::Serialize;
+
+use crate::accounts::{self, ApiToken, LoginPolicy, Role, Session, User};
+use crate::audit::{self, AuditRecord, AuditStatus, Filter, VerifyReport};
+use crate::engine::{Engine, MAX_QUERY_CHARS, SearchRequest, SearchResults};
+use crate::error::{Error, Result};
+use crate::feedback::{self, DocumentView, Feedback};
+use crate::fusion::Method;
+use crate::jobs::{FileError, Job};
+use crate::models::{ActivePair, ModelRecord};
+use crate::store::{Collection, CollectionStats};
+
+/// Who asks for an operation. Built from a signed-in [`User`], or for the shell on the appliance itself
+/// ([`Actor::console`]: whoever can run `care` against the data directory already owns it) and for the server's
+/// own housekeeping ([`Actor::system`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Actor {
+    pub name: String,
+    pub role: Role,
+    /// The account behind the actor; `None` for the console and the system.
+    pub user_id: Option<i64>,
+}
+
+impl Actor {
+    pub fn user(u: &User) -> Self {
+        Actor { name: u.username.clone(), role: u.role, user_id: Some(u.id) }
+    }
+    pub fn console(name: impl Into<String>) -> Self {
+        Actor { name: name.into(), role: Role::Admin, user_id: None }
+    }
+    pub fn system() -> Self {
+        Actor::console("system")
+    }
+    pub fn is_admin(&self) -> bool {
+        self.role == Role::Admin
+    }
+    fn require_admin(&self) -> Result<()> {
+        if self.is_admin() {
+            Ok(())
+        } else {
+            Err(Error::Forbidden("此操作需要管理员权限 (administrator role required)".into()))
+        }
+    }
+}
+
+/// A search as a client asks for it: at most one named collection, the rest chosen by the actor's grants.
+#[derive(Debug, Clone, Default)]
+pub struct SearchAs {
+    pub query: String,
+    pub collection: Option<String>,
+    pub limit: Option<usize>,
+    pub offset: usize,
+    pub method: Option<Method>,
+}
+
+/// A user as the console and the API list them.
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct UserInfo {
+    pub username: String,
+    pub role: String,
+    pub created_at: String,
+    pub disabled: bool,
+    pub locked: bool,
+    pub failed_logins: i64,
+    pub collections: Vec<String>,
+}
+
+/// What an admin may change about a user in one request.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct UserUpdate {
+    pub role: Option<String>,
+    pub disabled: Option<bool>,
+    #[serde(default)]
+    pub unlock: bool,
+    /// Reset the password (ends the user's sessions and revokes their API tokens).
+    pub password: Option<String>,
+}
+
+/// An ingest job as the console and the API show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobView {
+    pub id: i64,
+    pub kind: String,
+    pub state: String,
+    pub collection: String,
+    pub actor: String,
+    pub files: Vec<String>,
+    pub progress_done: i64,
+    pub progress_total: i64,
+    pub documents: i64,
+    pub errors: Vec<FileError>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// Whether audit records of searches carry the query text (`[audit] log_queries`); set once by the server.
+static LOG_QUERIES: AtomicBool = AtomicBool::new(true);
+
+/// A query as it may appear in the audit log: its text when the appliance logs queries, else only its length.
+fn logged_query(q: &str) -> serde_json::Value {
+    let q = q.trim();
+    if LOG_QUERIES.load(Ordering::Relaxed) {
+        serde_json::Value::String(q.chars().take(MAX_QUERY_CHARS).collect())
+    } else {
+        serde_json::json!({"chars": q.chars().count()})
+    }
+}
+
+fn not_found_document(id: i64) -> Error {
+    Error::NotFound { what: format!("document #{id}") }
+}
+
+impl Engine {
+    pub fn set_log_queries(&self, on: bool) {
+        LOG_QUERIES.store(on, Ordering::Relaxed);
+    }
+
+    /// Appends one audit record on its own, for an attempt that changes nothing (a refused read, an export).
+    pub fn audit_event(&self, actor: &Actor, action: &str, detail: &serde_json::Value) -> Result<()> {
+        let mut conn = self.store.conn();
+        let tx = conn.transaction()?;
+        audit::append(&tx, &actor.name, action, detail)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    // -- reading ---------------------------------------------------------------------------------------------
+
+    /// What `actor` may read: every collection for an admin, the granted ones for a clinician.
+    pub fn readable_collections(&self, actor: &Actor) -> Result<Vec<String>> {
+        match actor.user_id {
+            Some(id) if !actor.is_admin() => accounts::granted_collections(&self.store, id),
+            _ if actor.is_admin() => Ok(self.store.collection_list()?.into_iter().map(|c| c.name).collect()),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    fn may_read(&self, actor: &Actor, collection: &str) -> Result<bool> {
+        Ok(actor.is_admin() || self.readable_collections(actor)?.iter().any(|c| c == collection))
+    }
+
+    /// Collections with counts, only those `actor` may read.
+    pub fn collections_as(&self, actor: &Actor) -> Result<Vec<CollectionStats>> {
+        let readable = self.readable_collections(actor)?;
+        Ok(self.collections()?.into_iter().filter(|c| readable.contains(&c.collection.name)).collect())
+    }
+
+    /// Search as `actor`: only collections the actor may read are searched; naming another one is refused (a
+    /// clinician cannot learn whether it exists). Every search is audited, and so is every refused one.
+    pub fn search_as(&self, actor: &Actor, s: &SearchAs) -> Result<SearchResults> {
+        let mut req = SearchRequest {
+            query: s.query.clone(),
+            collections: None,
+            limit: s.limit,
+            offset: s.offset,
+            method: s.method,
+            dense_weight: None,
+        };
+        let wanted = s.collection.clone().filter(|c| !c.is_empty());
+        let refused = |action: &str, reason: &str, err: Error| -> Result<SearchResults> {
+            let detail = serde_json::json!({
+                "query": logged_query(&s.query), "collection": wanted, "offset": s.offset, "reason": reason,
+            });
+            self.audit_event(actor, action, &detail)?;
+            Err(err)
+        };
+        if let Err(e) = self.validate_search(&req) {
+            return refused("search.rejected", &e.to_string(), e);
+        }
+        let readable = self.readable_collections(actor)?;
+        let cols = match &wanted {
+            Some(c) if readable.contains(c) || actor.is_admin() => vec![c.clone()],
+            Some(c) => {
+                let e = Error::Forbidden(format!("你没有访问知识库「{c}」的权限；请联系管理员开通"));
+                return refused("search.denied", "collection not granted", e);
+            }
+            None => readable,
+        };
+        let res = if cols.is_empty() {
+            SearchResults::empty(req.query.trim())
+        } else {
+            req.collections = Some(cols.clone());
+            self.search(&req)?
+        };
+        let detail = serde_json::json!({
+            "query": logged_query(&res.query), "collections": cols, "results": res.hits.len(),
+            "candidates": res.total_candidates, "offset": s.offset, "method": res.method,
+        });
+        self.audit_event(actor, "search", &detail)?;
+        Ok(res)
+    }
+
+    /// A document, if `actor` may read its collection (otherwise not found, never forbidden: ids must not reveal
+    /// what exists). A refused read is audited.
+    pub fn document_as(&self, actor: &Actor, id: i64) -> Result<DocumentView> {
+        let denied = |detail: serde_json::Value| -> Result<DocumentView> {
+            self.audit_event(actor, "document.denied", &detail)?;
+            Err(not_found_document(id))
+        };
+        let doc = match feedback::document(&self.store, id) {
+            Ok(d) => d,
+            Err(Error::NotFound { .. }) => {
+                return denied(serde_json::json!({"document": id, "reason": "no such document"}));
+            }
+            Err(e) => return Err(e),
+        };
+        if !self.may_read(actor, &doc.collection)? {
+            let reason = "collection not granted";
+            return denied(serde_json::json!({"document": id, "collection": doc.collection, "reason": reason}));
+        }
+        Ok(doc)
+    }
+
+    /// Stores a clinician's judgement of a passage for training, audited with it.
+    pub fn feedback_as(&self, actor: &Actor, query: &str, chunk_id: i64, helpful: bool) -> Result<i64> {
+        let n = query.trim().chars().count();
+        if n == 0 || n > MAX_QUERY_CHARS {
+            let detail = serde_json::json!({"chunk": chunk_id, "query_chars": n, "reason": "query empty or too long"});
+            self.audit_event(actor, "feedback.rejected", &detail)?;
+            return Err(Error::InvalidInput(format!(
+                "反馈所针对的查询须为 1 到 {MAX_QUERY_CHARS} 个字符 (feedback query must be 1-{MAX_QUERY_CHARS} characters)"
+            )));
+        }
+        let denied = |reason: &str| -> Result<i64> {
+            let detail = serde_json::json!({"chunk": chunk_id, "query": logged_query(query), "reason": reason});
+            self.audit_event(actor, "feedback.denied", &detail)?;
+            Err(Error::NotFound { what: format!("passage #{chunk_id}") })
+        };
+        let collection = match feedback::chunk_collection(&self.store, chunk_id) {
+            Ok((c, _, _)) => c,
+            Err(Error::NotFound { .. }) => return denied("no such passage"),
+            Err(e) => return Err(e),
+        };
+        if !self.may_read(actor, &collection)? {
+            return denied("collection not granted");
+        }
+        feedback::record(&self.store, &actor.name, query, chunk_id, helpful, &logged_query(query))
+    }
+
+    pub fn feedback_list_as(&self, actor: &Actor, collection: Option<&str>, limit: usize) -> Result<Vec<Feedback>> {
+        actor.require_admin()?;
+        feedback::list(&self.store, collection, limit.min(100_000))
+    }
+
+    // -- accounts and sessions -------------------------------------------------------------------------------
+
+    /// Creates the first administrator when there is no user; returns a generated password to show once.
+    pub fn bootstrap_admin(&self, username: &str, password: Option<&str>) -> Result<Option<String>> {
+        accounts::bootstrap_admin(&self.store, username, password)
+    }
+
+    /// Checks a password (lockout, throttling and audit included) and opens a session: (user, cookie, CSRF token).
+    pub fn login(&self, username: &str, password: &str, policy: LoginPolicy, client: &str) -> Result<(User, String, String)> {
+        let u = accounts::authenticate(&self.store, username, password, policy, client)?;
+        let (cookie, csrf) = accounts::create_session(&self.store, &u)?;
+        Ok((u, cookie, csrf))
+    }
+
+    pub fn logout(&self, actor: &Actor, cookie: &str) -> Result<()> {
+        accounts::end_session(&self.store, cookie, &actor.name)
+    }
+
+    pub fn session(&self, cookie: &str, idle_seconds: i64, max_seconds: i64) -> Result<Option<Session>> {
+        accounts::session(&self.store, cookie, idle_seconds, max_seconds)
+    }
+
+    pub fn token_user(&self, secret: &str) -> Result<Option<User>> {
+        accounts::token_user(&self.store, secret)
+    }
+
+    pub fn purge_sessions(&self, idle_seconds: i64, max_seconds: i64) -> Result<usize> {
+        accounts::purge_sessions(&self.store, idle_seconds, max_seconds)
+    }
+
+    pub fn change_own_password(&self, actor: &Actor, current: &str, new: &str) -> Result<()> {
+        accounts::set_password(&self.store, &actor.name, &actor.name, Some(current), new)
+    }
+
+    pub fn users_as(&self, actor: &Actor) -> Result<Vec<UserInfo>> {
+        actor.require_admin()?;
+        let now = accounts::unix_now();
+        accounts::list_users(&self.store)?
+            .into_iter()
+            .map(|u| {
+                Ok(UserInfo {
+                    collections: accounts::granted_collections(&self.store, u.id)?,
+                    locked: u.is_locked(now),
+                    username: u.username,
+                    role: u.role.as_str().into(),
+                    created_at: u.created_at,
+                    disabled: u.disabled,
+                    failed_logins: u.failed_logins,
+                })
+            })
+            .collect()
+    }
+
+    pub fn create_user_as(&self, actor: &Actor, username: &str, password: &str, role: &str) -> Result<User> {
+        actor.require_admin()?;
+        accounts::create_user(&self.store, &actor.name, username.trim(), password, Role::parse(role)?)
+    }
+
+    /// Role, disabled flag, lock, or a password reset: each a separate change with its own audit record.
+    pub fn update_user_as(&self, actor: &Actor, username: &str, u: &UserUpdate) -> Result<()> {
+        actor.require_admin()?;
+        let role = u.role.as_deref().filter(|r| !r.is_empty()).map(Role::parse).transpose()?;
+        if role.is_some() || u.disabled.is_some() || u.unlock {
+            accounts::update_user(&self.store, &actor.name, username, role, u.disabled, u.unlock)?;
+        }
+        if let Some(pw) = u.password.as_deref().filter(|p| !p.is_empty()) {
+            accounts::set_password(&self.store, &actor.name, username, None, pw)?;
+        }
+        Ok(())
+    }
+
+    pub fn delete_user_as(&self, actor: &Actor, username: &str) -> Result<()> {
+        actor.require_admin()?;
+        accounts::delete_user(&self.store, &actor.name, username)
+    }
+
+    pub fn grant_as(&self, actor: &Actor, username: &str, collection: &str) -> Result<()> {
+        actor.require_admin()?;
+        accounts::grant(&self.store, &actor.name, username, collection)
+    }
+
+    pub fn revoke_as(&self, actor: &Actor, username: &str, collection: &str) -> Result<()> {
+        actor.require_admin()?;
+        accounts::revoke(&self.store, &actor.name, username, collection)
+    }
+
+    /// Issues an API token for `username`; the secret is returned once.
+    pub fn create_token_as(&self, actor: &Actor, username: &str, name: &str) -> Result<(ApiToken, String)> {
+        actor.require_admin()?;
+        accounts::create_token(&self.store, &actor.name, username, name)
+    }
+
+    pub fn revoke_token_as(&self, actor: &Actor, id: i64) -> Result<()> {
+        actor.require_admin()?;
+        accounts::revoke_token(&self.store, &actor.name, id)
+    }
+
+    pub fn tokens_as(&self, actor: &Actor, username: Option<&str>) -> Result<Vec<ApiToken>> {
+        actor.require_admin()?;
+        accounts::list_tokens(&self.store, username)
+    }
+
+    // -- collections, uploads, jobs --------------------------------------------------------------------------
+
+    pub fn create_collection_as(&self, actor: &Actor, name: &str, description: &str) -> Result<Collection> {
+        actor.require_admin()?;
+        self.create_collection(name.trim(), description, &actor.name)
+    }
+
+    pub fn approve_as(&self, actor: &Actor, collection: &str, approved: bool) -> Result<Collection> {
+        actor.require_admin()?;
+        self.set_approved_for_training(collection, approved, &actor.name)
+    }
+
+    /// Deletes a collection with its documents, indexes and grants; returns how many documents went.
+    pub fn delete_collection_as(&self, actor: &Actor, collection: &str) -> Result<usize> {
+        actor.require_admin()?;
+        self.delete_collection(collection, &actor.name)
+    }
+
+    /// A fresh folder for an upload's files, after checking the collection exists (so nothing is written for a
+    /// typo). The job created by [`Engine::submit_upload_as`] owns the folder.
+    pub fn new_upload_as(&self, actor: &Actor, collection: &str) -> Result<std::path::PathBuf> {
+        actor.require_admin()?;
+        self.store.collection(collection)?;
+        self.new_upload_dir()
+    }
+
+    /// Queues an ingest job for uploaded files (audited as `ingest.submit` in the job's transaction).
+    pub fn submit_upload_as(&self, actor: &Actor, collection: &str, files: Vec<std::path::PathBuf>) -> Result<i64> {
+        actor.require_admin()?;
+        self.submit_ingest(collection, files, crate::IngestOptions::default(), &actor.name)
+    }
+
+    fn job_view(&self, j: Job) -> Result<JobView> {
+        let files = self.job_files(j.id)?.into_iter().map(|f| f.file).collect();
+        Ok(JobView {
+            id: j.id,
+            kind: j.kind,
+            state: j.state.as_str().to_string(),
+            collection: j.collection,
+            actor: j.actor,
+            files,
+            progress_done: j.progress_done as i64,
+            progress_total: j.progress_total as i64,
+            documents: j.documents_done as i64,
+            errors: j.errors,
+            created_at: j.created_at,
+            updated_at: j.updated_at,
+        })
+    }
+
+    pub fn jobs_as(&self, actor: &Actor, limit: usize) -> Result<Vec<JobView>> {
+        actor.require_admin()?;
+        self.jobs(limit.clamp(1, 500))?.into_iter().map(|j| self.job_view(j)).collect()
+    }
+
+    pub fn job_as(&self, actor: &Actor, id: i64) -> Result<JobView> {
+        actor.require_admin()?;
+        self.job_view(self.job(id)?)
+    }
+
+    pub fn cancel_job_as(&self, actor: &Actor, id: i64) -> Result<()> {
+        actor.require_admin()?;
+        self.cancel_job(id, &actor.name)
+    }
+
+    /// Jobs per state, for the metrics endpoint.
+    pub fn job_counts(&self) -> Result<Vec<(String, i64)>> {
+        let conn = self.store.reader();
+        let mut st = conn.prepare_cached("SELECT state, COUNT(*) FROM jobs GROUP BY state")?;
+        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        Ok(rows.collect::<std::result::Result<Vec<_>, _>>()?)
+    }
+
+    /// The metadata schema version; answering proves the store is readable (health checks).
+    pub fn health(&self) -> Result<u32> {
+        self.store.schema_version()
+    }
+
+    // -- models ----------------------------------------------------------------------------------------------
+
+    pub fn models_as(&self, actor: &Actor) -> Result<(Vec<ModelRecord>, Option<ActivePair>)> {
+        actor.require_admin()?;
+        Ok((self.models()?, self.active_models()?))
+    }
+
+    /// Makes (query, document) the live pair, audited with the previous pair in the activation's transaction.
+    pub fn activate_as(
+        &self,
+        actor: &Actor,
+        query: &str,
+        document: &str,
+        progress: &mut dyn FnMut(crate::hybrid::DenseProgress),
+    ) -> Result<ActivePair> {
+        actor.require_admin()?;
+        self.activate_models_by(query, document, &actor.name, progress)
+    }
+
+    // -- audit -----------------------------------------------------------------------------------------------
+
+    pub fn audit_records_as(&self, actor: &Actor, f: &Filter, limit: usize, offset: usize) -> Result<Vec<AuditRecord>> {
+        actor.require_admin()?;
+        // SQLite takes the offset as i64; past the end is simply empty.
+        audit::search(&self.store.reader(), f, limit, offset.min(i64::MAX as usize))
+    }
+
+    /// The records matching `f` as CSV; the export itself is audited (who took a copy of what).
+    pub fn audit_export_as(&self, actor: &Actor, f: &Filter, limit: usize, filter_text: &str) -> Result<String> {
+        let records = self.audit_records_as(actor, f, limit, 0)?;
+        let detail = serde_json::json!({"records": records.len(), "filter": filter_text});
+        self.audit_event(actor, "audit.export", &detail)?;
+        Ok(audit::to_csv(&records))
+    }
+
+    /// `full`: walk the whole log; otherwise verify what was appended since the last checkpoint.
+    pub fn audit_verify_as(&self, actor: &Actor, full: bool) -> Result<VerifyReport> {
+        actor.require_admin()?;
+        if full { audit::verify_full(&self.store) } else { audit::checkpoint(&self.store) }
+    }
+
+    pub fn audit_status_as(&self, actor: &Actor) -> Result<AuditStatus> {
+        actor.require_admin()?;
+        Ok(audit::status(&self.store))
+    }
+
+    /// Retention: removes records before `cutoff` (RFC 3339), recording the purge in the same transaction.
+    pub fn audit_purge_as(&self, actor: &Actor, cutoff: &str, retention_days: u32) -> Result<u64> {
+        actor.require_admin()?;
+        audit::purge_before(&mut self.store.conn(), &actor.name, cutoff, retention_days)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::EngineConfig;
+    use crate::engine::OpenMode;
+    use crate::ingest::ParsedDocument;
+
+    fn engine(dir: &std::path::Path) -> Engine {
+        let mut cfg = EngineConfig::default();
+        cfg.storage.data_dir = dir.to_path_buf();
+        Engine::open(cfg, OpenMode::Create).unwrap()
+    }
+
+    fn audit_count(e: &Engine) -> i64 {
+        e.store.reader().query_row("SELECT COUNT(*) FROM audit", [], |r| r.get(0)).unwrap()
+    }
+
+    /// Everything an operation here could change, as one comparable string.
+    fn state(e: &Engine) -> String {
+        e.store
+            .reader()
+            .query_row(
+                "SELECT ifnull((SELECT group_concat(name || approved_for_training) FROM collections), '') || '|' ||
+                        ifnull((SELECT group_concat(username || role || disabled || password_hash) FROM users), '') || '|' ||
+                        ifnull((SELECT group_concat(user_id || '-' || collection_id) FROM grants), '') || '|' ||
+                        ifnull((SELECT group_concat(id || '-' || revoked) FROM api_tokens), '') || '|' ||
+                        (SELECT COUNT(*) FROM feedback) || '|' || (SELECT COUNT(*) FROM sessions) || '|' ||
+                        ifnull((SELECT group_concat(id || state) FROM documents), '')",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+    }
+
+    /// A crash between an operation's change and its audit record, injected as a failing audit insert (a
+    /// trigger: the real SQLite, no mock): the operation must fail and change nothing. Run again without the
+    /// fault, it must change the state and add exactly one record.
+    fn atomic<T: std::fmt::Debug>(e: &Engine, what: &str, op: impl Fn() -> Result<T>) -> T {
+        let (s0, n0) = (state(e), audit_count(e));
+        e.store
+            .conn()
+            .execute_batch(
+                "CREATE TRIGGER crash_before_audit BEFORE INSERT ON audit
+                 BEGIN SELECT RAISE(ABORT, 'injected crash before the audit record'); END;",
+            )
+            .unwrap();
+        let failed = op();
+        e.store.conn().execute_batch("DROP TRIGGER crash_before_audit").unwrap();
+        assert!(failed.is_err(), "{what}: succeeded without its audit record: {failed:?}");
+        assert_eq!(state(e), s0, "{what}: changed without its audit record");
+        assert_eq!(audit_count(e), n0, "{what}");
+        let out = op().unwrap_or_else(|err| panic!("{what}: {err}"));
+        assert_ne!(state(e), s0, "{what}: changed nothing");
+        assert_eq!(audit_count(e), n0 + 1, "{what}: exactly one audit record");
+        out
+    }
+
+    #[test]
+    fn no_change_commits_without_its_audit_record() {
+        let t = tempfile::tempdir().unwrap();
+        let e = engine(t.path());
+        let root = Actor::console("cli:root");
+        let policy = LoginPolicy { max_failed: 5, lock_seconds: 60 };
+        e.create_user_as(&root, "admin", "admin-pass-1", "admin").unwrap();
+        atomic(&e, "create collection", || e.create_collection_as(&root, "c1", ""));
+        atomic(&e, "approve", || e.approve_as(&root, "c1", true));
+        atomic(&e, "create user", || e.create_user_as(&root, "drwang", "clinician-pass-1", "clinician"));
+        let upd = UserUpdate { disabled: Some(true), ..Default::default() };
+        atomic(&e, "disable user", || e.update_user_as(&root, "drwang", &upd));
+        let upd = UserUpdate { disabled: Some(false), password: None, ..Default::default() };
+        e.update_user_as(&root, "drwang", &upd).unwrap();
+        let upd = UserUpdate { password: Some("clinician-pass-2".into()), ..Default::default() };
+        atomic(&e, "reset password", || e.update_user_as(&root, "drwang", &upd));
+        atomic(&e, "grant", || e.grant_as(&root, "drwang", "c1"));
+        let (tok, _) = atomic(&e, "create token", || e.create_token_as(&root, "drwang", "his"));
+        atomic(&e, "revoke token", || e.revoke_token_as(&root, tok.id));
+        let (user, cookie, _) = atomic(&e, "login", || e.login("drwang", "clinician-pass-2", policy, "test"));
+        let doc = ParsedDocument {
+            external_id: "d1".into(),
+            title: "二甲双胍".into(),
+            text: "二甲双胍禁用于严重肾功能不全。".into(),
+            source: "d1.md".into(),
+        };
+        e.ingest_documents("c1", &[doc]).unwrap();
+        let clin = Actor::user(&user);
+        let chunk = e.search_as(&clin, &SearchAs { query: "二甲双胍".into(), ..Default::default() }).unwrap().hits[0]
+            .chunk_id;
+        atomic(&e, "feedback", || e.feedback_as(&clin, "二甲双胍", chunk, true));
+        atomic(&e, "logout", || e.logout(&clin, &cookie));
+        atomic(&e, "own password", || e.change_own_password(&clin, "clinician-pass-2", "clinician-pass-3"));
+        atomic(&e, "revoke grant", || e.revoke_as(&root, "drwang", "c1"));
+        atomic(&e, "delete user", || e.delete_user_as(&root, "drwang"));
+        atomic(&e, "delete collection", || e.delete_collection_as(&root, "c1"));
+        assert!(e.check().unwrap().consistent);
+    }
+
+    #[test]
+    fn clinicians_are_refused_admin_operations() {
+        let t = tempfile::tempdir().unwrap();
+        let e = engine(t.path());
+        let root = Actor::console("cli:root");
+        let u = e.create_user_as(&root, "drli", "clinician-pass-1", "clinician").unwrap();
+        let clin = Actor::user(&u);
+        let forbidden = |r: Result<()>| assert!(matches!(r, Err(Error::Forbidden(_))), "{r:?}");
+        forbidden(e.create_collection_as(&clin, "mine", "").map(|_| ()));
+        forbidden(e.create_user_as(&clin, "x", "some-password-1", "admin").map(|_| ()));
+        forbidden(e.grant_as(&clin, "drli", "mine"));
+        forbidden(e.users_as(&clin).map(|_| ()));
+        forbidden(e.audit_records_as(&clin, &Filter::default(), 10, 0).map(|_| ()));
+        assert!(e.readable_collections(&clin).unwrap().is_empty());
+    }
+}
