@@ -194,10 +194,14 @@ pub async fn login(
             .append_header(guard::set_cookie(guard::LOGIN_CSRF_COOKIE, "", 0))
             .finish()),
         Err(e) if !e.is_server_error() => {
-            let msg = match e.code() {
-                care_engine::ErrorCode::AccountLocked => format!("账户已锁定：{e}"),
-                care_engine::ErrorCode::Forbidden => "账户已停用，请联系管理员。".to_string(),
-                _ => "用户名或密码错误。".to_string(),
+            // Anything else a sign-in can fail with is told as a wrong name or password, which leaks nothing.
+            let code = e.code();
+            let msg = if code == care_engine::ErrorCode::AccountLocked {
+                format!("账户已锁定：{e}")
+            } else if code == care_engine::ErrorCode::Forbidden {
+                "账户已停用，请联系管理员。".to_string()
+            } else {
+                "用户名或密码错误。".to_string()
             };
             login_page(&req, Some(msg), &next, f.username.trim(), status_of(e.code()))
         }
