@@ -736,7 +736,7 @@ fn browser_login_upload_search_document_feedback_logout() {
     assert_eq!(search["actor"], "admin");
     assert_eq!(search["detail"]["query"], "二甲双胍的禁忌症");
     assert!(search["detail"]["results"].as_u64().unwrap() >= 1, "{search}");
-    for a in ["auth.login", "auth.logout", "collection.create", "collection.upload", "ingest.done"] {
+    for a in ["auth.login", "auth.logout", "collection.create", "ingest.submit", "ingest.done", "feedback"] {
         assert!(recs.iter().any(|r| r["action"] == a), "{a} not audited");
     }
     let out = care.ok(&["audit", "verify"]);
