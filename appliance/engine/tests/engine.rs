@@ -1064,7 +1064,7 @@ mod concurrency {
 
     /// Small batches so that a few dozen passages take several pieces.
     fn small_batches() -> ModelConfig {
-        ModelConfig { batch_tokens: 512, ..Default::default() }
+        ModelConfig { batch_tokens: 512, document_piece_tokens: 512, ..Default::default() }
     }
 
     fn max_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -1296,23 +1296,32 @@ mod load_benchmark {
         eprintln!("ingest of {ingest} documents took {ingest_secs:.1}s; p99 ratio {:.2}", busy_p99 / idle_p99);
     }
 
-    /// Query encoding alone, per intra-op thread count: one client's latency, 16 clients' throughput, and
-    /// document throughput.
+    /// Query encoding alone, per intra-op thread count (CARE_BENCH_THREADS, "1,2"): one client's latency, 16
+    /// clients' throughput, and document throughput per batch budget. CARE_BENCH_DATA keeps the imported model
+    /// between runs.
     #[test]
     #[ignore = "micro-benchmark; run by hand"]
     fn encoder_micro_benchmark() {
         use care_engine::encoders::{ModelConfig, OrtEncoder, TextKind};
         let t = tempfile::tempdir().unwrap();
-        let dir = engine_in(&t.path().join("data")).import_e5s1(&e5s1(), "1", None, false).unwrap().dir;
+        let data = std::env::var_os("CARE_BENCH_DATA").map(PathBuf::from).unwrap_or_else(|| t.path().join("data"));
+        let e = engine_in(&data);
+        let dir = match e.models().unwrap().first() {
+            Some(m) => m.dir.clone(),
+            None => e.import_e5s1(&e5s1(), "1", None, false).unwrap().dir,
+        };
         let set = BeirSet::load(&shared().join("data/retrieval/kuake_qtr"), "dev").unwrap();
         let queries: Arc<Vec<String>> = Arc::new(set.queries.iter().map(|(_, q)| q.clone()).collect());
         let passages: Vec<String> = std::fs::read_to_string(shared().join("data/retrieval/huatuo26m_test/corpus.jsonl"))
             .unwrap()
             .lines()
-            .take(128)
+            .take(96)
             .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["text"].as_str().unwrap().to_string())
             .collect();
-        for threads in [1, 2] {
+        let refs: Vec<&str> = passages.iter().map(String::as_str).collect();
+        let threads = std::env::var("CARE_BENCH_THREADS").unwrap_or_else(|_| "1,2".into());
+        let queries_only = std::env::var_os("CARE_BENCH_QUERIES_ONLY").is_some();
+        for threads in threads.split(',').map(|t| t.trim().parse::<usize>().unwrap()) {
             let enc = Arc::new(OrtEncoder::load(&dir, &ModelConfig { threads, ..Default::default() }).unwrap());
             enc.encode(&["预热"], TextKind::Query).unwrap();
             let t0 = Instant::now();
@@ -1333,13 +1342,21 @@ mod load_benchmark {
                 .collect();
             handles.into_iter().for_each(|h| h.join().unwrap());
             let qps = 256.0 / t0.elapsed().as_secs_f64();
-            let refs: Vec<&str> = passages.iter().map(String::as_str).collect();
-            let t0 = Instant::now();
-            enc.encode(&refs, TextKind::Document).unwrap();
-            let dps = refs.len() as f64 / t0.elapsed().as_secs_f64();
-            eprintln!(
-                "threads {threads}: one query alone {alone:.1} ms; 16 clients {qps:.0} queries/s; documents {dps:.1}/s"
-            );
+            eprintln!("threads {threads}: one query alone {alone:.1} ms; 16 clients {qps:.0} queries/s");
+            for document_piece_tokens in [256, 512, 2048, 8192].into_iter().filter(|_| !queries_only) {
+                let cfg = ModelConfig { threads, document_piece_tokens, ..Default::default() };
+                let enc = OrtEncoder::load(&dir, &cfg).unwrap();
+                let t0 = Instant::now();
+                enc.encode(&refs, TextKind::Document).unwrap();
+                let secs = t0.elapsed().as_secs_f64();
+                let s = enc.stats();
+                eprintln!(
+                    "threads {threads}, pieces of {document_piece_tokens} tokens: {:.1} documents/s, {} pieces of {:.0} ms",
+                    refs.len() as f64 / secs,
+                    s.document_batches,
+                    secs * 1e3 / s.document_batches as f64
+                );
+            }
         }
     }
 }
