@@ -179,7 +179,8 @@ impl OrtEncoder {
             .ok_or_else(|| model_err(dir, "model.onnx has no output"))?;
         let runner =
             OrtRunner { dir: dir.to_path_buf(), manifest: manifest.clone(), session, pad_id, input_names, output_name };
-        let service = EncoderService::start(&format!("{}@{}", manifest.name, manifest.version), runner, cfg.budgets(device))?;
+        let service =
+            EncoderService::start(&format!("{}@{}", manifest.name, manifest.version), runner, cfg.budgets(device))?;
         Ok(OrtEncoder { dir: dir.to_path_buf(), manifest, tokenizer, service, device })
     }
 
@@ -265,7 +266,8 @@ fn build_session(
         builder = builder.with_intra_threads(threads).map_err(|e| model_err(dir, e))?;
     }
     let device = if cuda_available {
-        builder = builder.with_execution_providers([ort::ep::CUDA::default().build()]).map_err(|e| model_err(dir, e))?;
+        builder =
+            builder.with_execution_providers([ort::ep::CUDA::default().build()]).map_err(|e| model_err(dir, e))?;
         "cuda"
     } else {
         "cpu"

@@ -2,10 +2,11 @@
 //!
 //! Write protocol (what makes `kill -9` safe): for each batch, documents and chunks are first committed to SQLite
 //! with state `pending`; then the lexical index replaces those documents' chunks and commits; then their vectors
-//! are written to the active document model's dense table; then the rows are marked `indexed`. Deletions mark rows `deleting`, remove them from the index, then delete the rows. On open,
-//! [`Engine::recover`] replays whatever a crash interrupted (re-indexing pending documents and finishing
-//! deletions are both idempotent), and if the index's chunk count still disagrees with SQLite it rebuilds the
-//! index from SQLite, which is the source of truth.
+//! are written to the active document model's dense table; then the rows are marked `indexed`. Deletions mark
+//! rows `deleting`, remove them from the index, then delete the rows. On open, [`Engine::recover`] replays
+//! whatever a crash interrupted (re-indexing pending documents and finishing deletions are both idempotent), and
+//! if the index's chunk count still disagrees with SQLite it rebuilds the index from SQLite, which is the source
+//! of truth.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -93,7 +94,9 @@ fn upsert_document(
 ) -> Result<Option<i64>> {
     let d = p.doc;
     let existing: Option<(i64, String, String)> = tx
-        .prepare_cached("SELECT id, content_hash, chunker FROM documents WHERE collection_id = ?1 AND external_id = ?2")?
+        .prepare_cached(
+            "SELECT id, content_hash, chunker FROM documents WHERE collection_id = ?1 AND external_id = ?2",
+        )?
         .query_row(params![collection_id, d.external_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?;
     Ok(Some(match existing {
@@ -696,8 +699,9 @@ impl Engine {
         let mut fresh = Vec::new();
         {
             let conn = self.store.reader();
-            let mut find =
-                conn.prepare_cached("SELECT content_hash, chunker FROM documents WHERE collection_id = ?1 AND external_id = ?2")?;
+            let mut find = conn.prepare_cached(
+                "SELECT content_hash, chunker FROM documents WHERE collection_id = ?1 AND external_id = ?2",
+            )?;
             for d in docs.iter().filter(|d| seen.insert(d.external_id.as_str())) {
                 let hash = d.content_hash();
                 let stored: Option<(String, String)> =

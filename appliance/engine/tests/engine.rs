@@ -1159,8 +1159,11 @@ mod concurrency {
             text: text.into(),
             source: format!("{id}.txt"),
         };
-        e.ingest_documents("c", &[doc("salt", "高血压患者应限制钠盐摄入。"), doc("gout", "痛风患者应避免高嘌呤饮食。")])
-            .unwrap();
+        e.ingest_documents(
+            "c",
+            &[doc("salt", "高血压患者应限制钠盐摄入。"), doc("gout", "痛风患者应避免高嘌呤饮食。")],
+        )
+        .unwrap();
         let mut writer = e.store().conn();
         let tx = writer.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).unwrap();
         tx.execute(
@@ -1216,7 +1219,13 @@ mod load_benchmark {
     }
 
     /// Search latencies (ms) of `clients` closed-loop clients until `stop` is set or `secs` pass.
-    fn closed_loop(e: &Arc<Engine>, queries: &Arc<Vec<String>>, clients: usize, secs: u64, stop: &Arc<AtomicBool>) -> Vec<f64> {
+    fn closed_loop(
+        e: &Arc<Engine>,
+        queries: &Arc<Vec<String>>,
+        clients: usize,
+        secs: u64,
+        stop: &Arc<AtomicBool>,
+    ) -> Vec<f64> {
         let until = Instant::now() + Duration::from_secs(secs);
         let handles: Vec<_> = (0..clients)
             .map(|c| {
@@ -1257,7 +1266,8 @@ mod load_benchmark {
     #[test]
     #[ignore = "load benchmark; run by hand"]
     fn search_load_benchmark() {
-        let (clients, secs, ingest) = (env("CARE_BENCH_CONC", 16), env("CARE_BENCH_SECS", 15) as u64, env("CARE_BENCH_INGEST", 4000));
+        let (clients, secs, ingest) =
+            (env("CARE_BENCH_CONC", 16), env("CARE_BENCH_SECS", 15) as u64, env("CARE_BENCH_INGEST", 4000));
         let t = tempfile::tempdir().unwrap();
         let mut cfg = EngineConfig::default();
         cfg.storage.data_dir = t.path().join("data");
@@ -1312,12 +1322,13 @@ mod load_benchmark {
         };
         let set = BeirSet::load(&shared().join("data/retrieval/kuake_qtr"), "dev").unwrap();
         let queries: Arc<Vec<String>> = Arc::new(set.queries.iter().map(|(_, q)| q.clone()).collect());
-        let passages: Vec<String> = std::fs::read_to_string(shared().join("data/retrieval/huatuo26m_test/corpus.jsonl"))
-            .unwrap()
-            .lines()
-            .take(96)
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["text"].as_str().unwrap().to_string())
-            .collect();
+        let passages: Vec<String> =
+            std::fs::read_to_string(shared().join("data/retrieval/huatuo26m_test/corpus.jsonl"))
+                .unwrap()
+                .lines()
+                .take(96)
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["text"].as_str().unwrap().to_string())
+                .collect();
         let refs: Vec<&str> = passages.iter().map(String::as_str).collect();
         let threads = std::env::var("CARE_BENCH_THREADS").unwrap_or_else(|_| "1,2".into());
         let queries_only = std::env::var_os("CARE_BENCH_QUERIES_ONLY").is_some();

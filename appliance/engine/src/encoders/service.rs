@@ -102,7 +102,8 @@ impl EncoderService {
     pub fn start(name: &str, runner: impl BatchRunner, budgets: Budgets) -> Result<Self> {
         let (tx, rx) = mpsc::channel();
         let counters = Arc::new(Counters::default());
-        let worker = Worker { rx, runner, budgets, counters: counters.clone(), queries: Vec::new(), docs: VecDeque::new() };
+        let worker =
+            Worker { rx, runner, budgets, counters: counters.clone(), queries: Vec::new(), docs: VecDeque::new() };
         let thread = std::thread::Builder::new()
             .name(format!("encoder {name}"))
             .spawn(move || worker.run())
@@ -317,7 +318,11 @@ mod tests {
         }
     }
 
-    fn service(delay_ms: u64, query_tokens: usize, document_tokens: usize) -> (EncoderService, Arc<Mutex<Vec<(usize, usize)>>>) {
+    fn service(
+        delay_ms: u64,
+        query_tokens: usize,
+        document_tokens: usize,
+    ) -> (EncoderService, Arc<Mutex<Vec<(usize, usize)>>>) {
         let batches = Arc::new(Mutex::new(Vec::new()));
         let fake = Fake { batches: batches.clone(), delay: Duration::from_millis(delay_ms) };
         (EncoderService::start("fake", fake, Budgets { query_tokens, document_tokens }).unwrap(), batches)
@@ -360,7 +365,9 @@ mod tests {
         let queries: Vec<_> = (0..8u32)
             .map(|i| {
                 let svc = svc.clone();
-                std::thread::spawn(move || (svc.encode(vec![vec![i, 1]], Lane::Query).unwrap(), std::time::Instant::now()))
+                std::thread::spawn(move || {
+                    (svc.encode(vec![vec![i, 1]], Lane::Query).unwrap(), std::time::Instant::now())
+                })
             })
             .collect();
         let mut last_query = None;
