@@ -109,6 +109,8 @@ impl ReaderPool {
         crate::audit::register_key(&conn, self.key)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
         conn.pragma_update(None, "query_only", "ON")?;
+        // Every read of the process shares these few connections; the default cache (16) would evict and re-prepare.
+        conn.set_prepared_statement_cache_capacity(64);
         Ok(conn)
     }
 
