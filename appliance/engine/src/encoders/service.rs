@@ -242,7 +242,7 @@ impl<R: BatchRunner> Worker<R> {
             return;
         };
         let batch: Vec<&[u32]> = job.order[range.clone()].iter().map(|&i| job.seqs[i].as_slice()).collect();
-        let result = self.runner.run(&batch);
+        let result = run_guarded(&mut self.runner, &batch);
         self.counters.batch(Lane::Document, batch.len());
         let finished = match result {
             Ok(vecs) => {
@@ -262,10 +262,17 @@ impl<R: BatchRunner> Worker<R> {
     }
 
     fn run_batch(&mut self, lane: Lane, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
-        let vecs = self.runner.run(batch)?;
+        let vecs = run_guarded(&mut self.runner, batch)?;
         self.counters.batch(lane, batch.len());
         Ok(vecs)
     }
+}
+
+/// A panic inside the model becomes an error for the requests of that batch; the thread, and so the encoder,
+/// lives on for the next ones.
+fn run_guarded<R: BatchRunner>(runner: &mut R, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runner.run(batch)))
+        .unwrap_or_else(|_| Err(Error::Model("the encoder panicked on a batch (see the log)".into())))
 }
 
 /// Indexes of `seqs`, shortest first, so each batch pads little.
@@ -303,9 +310,12 @@ mod tests {
     use std::sync::Mutex;
     use std::time::Duration;
 
+    /// (rows, longest) of every batch run.
+    type Batches = Arc<Mutex<Vec<(usize, usize)>>>;
+
     /// A model whose vector of a sequence is [sum of ids, length]; records each batch's sizes and can stall.
     struct Fake {
-        batches: Arc<Mutex<Vec<(usize, usize)>>>,
+        batches: Batches,
         delay: Duration,
     }
 
@@ -318,11 +328,7 @@ mod tests {
         }
     }
 
-    fn service(
-        delay_ms: u64,
-        query_tokens: usize,
-        document_tokens: usize,
-    ) -> (EncoderService, Arc<Mutex<Vec<(usize, usize)>>>) {
+    fn service(delay_ms: u64, query_tokens: usize, document_tokens: usize) -> (EncoderService, Batches) {
         let batches = Arc::new(Mutex::new(Vec::new()));
         let fake = Fake { batches: batches.clone(), delay: Duration::from_millis(delay_ms) };
         (EncoderService::start("fake", fake, Budgets { query_tokens, document_tokens }).unwrap(), batches)
@@ -384,6 +390,23 @@ mod tests {
         assert!(s.query_batches < 8, "{s:?}");
         assert!(s.largest_batch > 1, "{s:?}");
         assert_eq!(batches.lock().unwrap().len() as u64, s.query_batches + s.document_batches);
+    }
+
+    struct Panicky;
+
+    impl BatchRunner for Panicky {
+        fn run(&mut self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
+            assert!(batch[0][0] != 0, "a batch the model cannot take");
+            Ok(batch.iter().map(|b| vec![b.len() as f32]).collect())
+        }
+    }
+
+    #[test]
+    fn a_panicking_batch_fails_its_requests_only() {
+        let svc = EncoderService::start("panicky", Panicky, Budgets { query_tokens: 64, document_tokens: 64 }).unwrap();
+        assert!(svc.encode(vec![vec![0, 1]], Lane::Document).is_err());
+        assert!(svc.encode(vec![vec![0, 1]], Lane::Query).is_err());
+        assert_eq!(svc.encode(vec![vec![1, 2, 3]], Lane::Query).unwrap(), vec![vec![3.0]]);
     }
 
     #[test]
