@@ -3,7 +3,7 @@
 //! into batches bounded by padded tokens, and works through document requests (ingest, dense sync) one bounded
 //! piece at a time, serving waiting queries between pieces. A search therefore waits for at most one document
 //! piece, never for a whole ingest batch, and concurrent searches share one inference call instead of queueing
-//! on a session lock.
+//! on a session lock. Under a steady stream of queries, pieces still get every other turn, so ingest goes on.
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -162,12 +162,17 @@ struct Worker<R> {
 }
 
 impl<R: BatchRunner> Worker<R> {
+    /// With both kinds waiting, query rounds and document pieces alternate: a query waits for at most the piece
+    /// in progress, and a steady stream of searches cannot starve an ingest.
     fn run(mut self) {
+        let mut documents_turn = false;
         while self.receive() {
-            if !self.queries.is_empty() {
-                self.serve_queries();
-            } else {
+            if self.queries.is_empty() || (documents_turn && !self.docs.is_empty()) {
                 self.document_piece();
+                documents_turn = false;
+            } else {
+                self.serve_queries();
+                documents_turn = true;
             }
         }
     }
@@ -390,6 +395,35 @@ mod tests {
         assert!(s.query_batches < 8, "{s:?}");
         assert!(s.largest_batch > 1, "{s:?}");
         assert_eq!(batches.lock().unwrap().len() as u64, s.query_batches + s.document_batches);
+    }
+
+    #[test]
+    fn documents_progress_under_a_steady_stream_of_queries() {
+        let (svc, _) = service(5, 4096, 8);
+        let svc = Arc::new(svc);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let clients: Vec<_> = (0..4u32)
+            .map(|i| {
+                let (svc, stop) = (svc.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let until = std::time::Instant::now() + Duration::from_secs(10);
+                    while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < until {
+                        svc.encode(vec![vec![i]], Lane::Query).unwrap();
+                    }
+                })
+            })
+            .collect();
+        while svc.stats().query_batches < 5 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let docs: Vec<Vec<u32>> = (0..20).map(|i| vec![i; 8]).collect();
+        let started = std::time::Instant::now();
+        assert_eq!(svc.encode(docs.clone(), Lane::Document).unwrap(), expected(&docs));
+        let took = started.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        clients.into_iter().for_each(|c| c.join().unwrap());
+        // 20 pieces alternating with query rounds of 5 ms each: about 200 ms, far from the clients' 10 s.
+        assert!(took < Duration::from_secs(5), "the document request starved: {took:?}");
     }
 
     struct Panicky;
