@@ -35,7 +35,8 @@ pub struct ModelConfig {
     /// embedded at once.
     pub batch_tokens: usize,
     /// Padded tokens of document embedding per inference call; a query waits for at most one such piece of an
-    /// ingest in progress. 0: 512 on CPU (larger batches are no faster there), `batch_tokens` on CUDA.
+    /// ingest in progress, and pieces alternate with query batches while searches keep coming. 0: 256 on CPU,
+    /// where larger batches are no faster and only lengthen that wait; `batch_tokens` on CUDA.
     pub document_piece_tokens: usize,
     /// The default model file (E5S1, shipped by the .deb), imported and activated by `care serve` when the data
     /// directory has no model yet. A missing file is not an error: search then runs BM25 only.
@@ -43,7 +44,7 @@ pub struct ModelConfig {
 }
 
 /// Document pieces on CPU when `document_piece_tokens` is 0.
-const CPU_DOCUMENT_PIECE_TOKENS: usize = 512;
+const CPU_DOCUMENT_PIECE_TOKENS: usize = 256;
 
 impl ModelConfig {
     fn budgets(&self, device: &str) -> Budgets {

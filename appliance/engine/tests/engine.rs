@@ -1199,6 +1199,8 @@ mod concurrency {
 /// `cargo test -p care-engine --test engine -- --ignored --nocapture search_load_benchmark`.
 /// Closed-loop hybrid search with CARE_BENCH_CONC clients (16) for CARE_BENCH_SECS seconds (15) over the first
 /// 5,000 kuake_qtr titles, then again while CARE_BENCH_INGEST (4,000) huatuo26m documents are ingested.
+/// CARE_BENCH_THREADS and CARE_BENCH_PIECE set `model.threads` and `model.document_piece_tokens` (drop that line
+/// on commits that predate the setting).
 mod load_benchmark {
     use super::*;
     use std::sync::Arc;
@@ -1272,6 +1274,7 @@ mod load_benchmark {
         let mut cfg = EngineConfig::default();
         cfg.storage.data_dir = t.path().join("data");
         cfg.model.threads = env("CARE_BENCH_THREADS", 0);
+        cfg.model.document_piece_tokens = env("CARE_BENCH_PIECE", 0);
         let e = Arc::new(Engine::open(cfg, OpenMode::Create).unwrap());
         e.import_e5s1(&e5s1(), "1", None, false).unwrap();
         e.create_collection("kuake", "", "test").unwrap();
