@@ -49,8 +49,14 @@ fn one_record(api: &Api, what: &str, action: &str, op: impl FnOnce()) {
 /// Waits until no ingest job is queued or running, so CLI commands (which open the engine) meet no pending write.
 fn jobs_settle(api: &Api) {
     for _ in 0..600 {
-        let jobs: serde_json::Value =
-            api.c.get(format!("{}/api/v1/admin/jobs", api.base)).bearer_auth(&api.token).send().unwrap().json().unwrap();
+        let jobs: serde_json::Value = api
+            .c
+            .get(format!("{}/api/v1/admin/jobs", api.base))
+            .bearer_auth(&api.token)
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
         let busy = jobs.as_array().unwrap().iter().any(|j| j["state"] == "queued" || j["state"] == "running");
         if !busy {
             return;
@@ -150,7 +156,9 @@ fn every_operation_leaves_one_audit_record_from_page_api_and_cli() {
     one_record(&api, "cli: create collection", "collection.create", || {
         care.ok(&["collection", "create", "c1"]);
     });
-    one_record(&api, "page: approve", "collection.approve", || page.post("/admin/collections/p1/approve", "approved=1"));
+    one_record(&api, "page: approve", "collection.approve", || {
+        page.post("/admin/collections/p1/approve", "approved=1")
+    });
     one_record(&api, "api: approve", "collection.approve", || {
         api.json(M::PUT, "/api/v1/admin/collections/a1/approval", serde_json::json!({"approved": true}))
     });
@@ -165,7 +173,8 @@ fn every_operation_leaves_one_audit_record_from_page_api_and_cli() {
         assert_eq!(res.status(), 303);
     });
     one_record(&api, "api: upload", "ingest.submit", || {
-        let r = api.c.post(format!("{}/api/v1/admin/collections/a1/files", api.base)).multipart(upload_form(dir, "a.md"));
+        let r =
+            api.c.post(format!("{}/api/v1/admin/collections/a1/files", api.base)).multipart(upload_form(dir, "a.md"));
         api.send(r, "upload");
     });
 
@@ -239,7 +248,11 @@ fn every_operation_leaves_one_audit_record_from_page_api_and_cli() {
     let clin_token = token(&care, "drwang", "judge");
     let clin_api = Api { c: care_e2e::https_client(), base: served.https.clone(), token: clin_token };
     one_record(&api, "api: feedback", "feedback", || {
-        clin_api.json(M::POST, "/api/v1/feedback", serde_json::json!({"query": "二甲双胍", "chunk_id": chunk, "helpful": false}))
+        clin_api.json(
+            M::POST,
+            "/api/v1/feedback",
+            serde_json::json!({"query": "二甲双胍", "chunk_id": chunk, "helpful": false}),
+        )
     });
     one_record(&api, "page: own password", "user.password_change", || {
         clin.post("/account/password", "current=clinician-passphrase-1&new=clinician-passphrase-2")

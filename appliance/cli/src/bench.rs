@@ -114,11 +114,8 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
         let v = e.encode_queries(&[q])?;
         enc.push(ms(t));
         let t = Instant::now();
-        let b: Vec<fusion::Ranked> = e
-            .bm25_search(q, &names, 100)?
-            .into_iter()
-            .map(|h| (h.chunk_id, h.document_id, h.score))
-            .collect();
+        let b: Vec<fusion::Ranked> =
+            e.bm25_search(q, &names, 100)?.into_iter().map(|h| (h.chunk_id, h.document_id, h.score)).collect();
         bm.push(ms(t));
         let d: Vec<fusion::Ranked> = match &v {
             Some((vecs, m)) => {

@@ -60,7 +60,12 @@ fn record_hash(prev_hash: &str, id: i64, at: &str, actor: &str, action: &str, de
 /// Appends one record inside the transaction that makes the audited change, so both commit or neither does (the
 /// type admits nothing else). The connection must come from [`Store`], which registers the key. Outside the engine,
 /// operations go through the service layer ([`crate::service`]), which appends for them.
-pub(crate) fn append(conn: &rusqlite::Transaction<'_>, actor: &str, action: &str, detail: &serde_json::Value) -> Result<i64> {
+pub(crate) fn append(
+    conn: &rusqlite::Transaction<'_>,
+    actor: &str,
+    action: &str,
+    detail: &serde_json::Value,
+) -> Result<i64> {
     let (last_id, last_hash): (i64, String) =
         conn.query_row("SELECT last_id, last_hash FROM audit_head WHERE singleton = 1", [], |r| {
             Ok((r.get(0)?, r.get(1)?))

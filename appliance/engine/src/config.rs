@@ -23,11 +23,17 @@ pub struct EngineConfig {
 pub struct StorageConfig {
     /// Where SQLite, the indexes and the models live.
     pub data_dir: PathBuf,
+    /// Read-only SQLite connections shared by searches, session checks and listings; they read beside the one
+    /// writer (WAL), so ingest does not hold them up. More only helps with more cores.
+    pub read_connections: usize,
 }
 
 impl Default for StorageConfig {
     fn default() -> Self {
-        StorageConfig { data_dir: PathBuf::from("/var/lib/care") }
+        StorageConfig {
+            data_dir: PathBuf::from("/var/lib/care"),
+            read_connections: crate::store::DEFAULT_READ_CONNECTIONS,
+        }
     }
 }
 

@@ -1,11 +1,12 @@
 //! The engine: one data directory, its SQLite store and its indexes, kept in agreement.
 //!
 //! Write protocol (what makes `kill -9` safe): for each batch, documents and chunks are first committed to SQLite
-//! with state `pending`; then the lexical index replaces those documents' chunks and commits; then the rows are
-//! marked `indexed`. Deletions mark rows `deleting`, remove them from the index, then delete the rows. On open,
-//! [`Engine::recover`] replays whatever a crash interrupted (re-indexing pending documents and finishing
-//! deletions are both idempotent), and if the index's chunk count still disagrees with SQLite it rebuilds the
-//! index from SQLite, which is the source of truth.
+//! with state `pending`; then the lexical index replaces those documents' chunks and commits; then their vectors
+//! are written to the active document model's dense table; then the rows are marked `indexed`. Deletions mark
+//! rows `deleting`, remove them from the index, then delete the rows. On open, [`Engine::recover`] replays
+//! whatever a crash interrupted (re-indexing pending documents and finishing deletions are both idempotent), and
+//! if the index's chunk count still disagrees with SQLite it rebuilds the index from SQLite, which is the source
+//! of truth.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -72,6 +73,56 @@ impl Chunker {
             None => text.chars().count(),
         }
     }
+}
+
+/// A new or changed document of an ingest batch, chunked before the write transaction.
+struct Planned<'d> {
+    doc: &'d ParsedDocument,
+    hash: String,
+    chunks: Vec<Chunk>,
+}
+
+/// Inserts or updates a planned document as 'pending' (dropping its old chunks). `None` when the stored copy
+/// already matches: another batch wrote the same content after this one was planned.
+fn upsert_document(
+    tx: &rusqlite::Transaction<'_>,
+    collection_id: i64,
+    p: &Planned<'_>,
+    chunker_id: &str,
+    ts: &str,
+    fr: &mut FileReport,
+) -> Result<Option<i64>> {
+    let d = p.doc;
+    let existing: Option<(i64, String, String)> = tx
+        .prepare_cached(
+            "SELECT id, content_hash, chunker FROM documents WHERE collection_id = ?1 AND external_id = ?2",
+        )?
+        .query_row(params![collection_id, d.external_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    Ok(Some(match existing {
+        Some((_, h, c)) if h == p.hash && c == chunker_id => {
+            fr.unchanged += 1;
+            return Ok(None);
+        }
+        Some((id, _, _)) => {
+            tx.prepare_cached(
+                "UPDATE documents SET title = ?2, source = ?3, content_hash = ?4, state = 'pending', chunker = ?5 WHERE id = ?1",
+            )?
+            .execute(params![id, d.title, d.source, p.hash, chunker_id])?;
+            tx.prepare_cached("DELETE FROM chunks WHERE document_id = ?1")?.execute([id])?;
+            fr.replaced += 1;
+            id
+        }
+        None => {
+            tx.prepare_cached(
+                "INSERT INTO documents (collection_id, external_id, title, source, content_hash, state, created_at, chunker)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7)",
+            )?
+            .execute(params![collection_id, d.external_id, d.title, d.source, p.hash, ts, chunker_id])?;
+            fr.added += 1;
+            tx.last_insert_rowid()
+        }
+    }))
 }
 
 impl std::fmt::Debug for Engine {
@@ -233,7 +284,7 @@ impl SearchResults {
 impl Engine {
     pub fn open(cfg: EngineConfig, mode: OpenMode) -> Result<Self> {
         let dir = DataDir::open(&cfg.storage.data_dir, mode == OpenMode::Create)?;
-        let store = Store::open(&dir.sqlite())?;
+        let store = Store::open_with(&dir.sqlite(), cfg.storage.read_connections)?;
         let lexical = LexicalIndex::open(&dir.lexical(), Some(&dir.user_dict()))?;
         let dense = DenseStore::open(&dir.dense())?;
         let engine = Engine {
@@ -453,7 +504,12 @@ impl Engine {
     }
 
     /// BM25 candidates alone, with the configured title boost (benchmarks time the stage on its own).
-    pub fn bm25_search(&self, query: &str, collections: &[String], k: usize) -> Result<Vec<crate::lexical::LexicalHit>> {
+    pub fn bm25_search(
+        &self,
+        query: &str,
+        collections: &[String],
+        k: usize,
+    ) -> Result<Vec<crate::lexical::LexicalHit>> {
         self.lexical.search(query, Some(collections), k, self.cfg.search.title_boost)
     }
 
@@ -633,85 +689,20 @@ impl Engine {
         fr: &mut FileReport,
         chunker: &Chunker,
     ) -> Result<()> {
-        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
-        // Chunking happens outside the SQLite transaction (it may tokenize), but under the write lock so that two
-        // workers never interleave batches of the same document.
-        // 1. SQLite: new and changed documents with their chunks, state 'pending'.
-        let mut touched: Vec<i64> = Vec::new();
-        {
-            let mut conn = self.store.conn();
-            let tx = conn.transaction()?;
-            {
-                let mut find = tx.prepare_cached(
-                    "SELECT id, content_hash, chunker FROM documents WHERE collection_id = ?1 AND external_id = ?2",
-                )?;
-                let mut insert_doc = tx.prepare_cached(
-                    "INSERT INTO documents (collection_id, external_id, title, source, content_hash, state, created_at, chunker)
-                     VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7)",
-                )?;
-                let mut update_doc = tx.prepare_cached(
-                    "UPDATE documents SET title = ?2, source = ?3, content_hash = ?4, state = 'pending', chunker = ?5 WHERE id = ?1",
-                )?;
-                let mut delete_chunks = tx.prepare_cached("DELETE FROM chunks WHERE document_id = ?1")?;
-                let mut insert_chunk = tx.prepare_cached(
-                    "INSERT INTO chunks (document_id, ordinal, heading, text, char_start, char_end) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                )?;
-                let ts = now();
-                let mut in_batch: HashMap<&str, ()> = HashMap::new();
-                for d in docs {
-                    if in_batch.insert(d.external_id.as_str(), ()).is_some() {
-                        continue;
-                    }
-                    let hash = d.content_hash();
-                    let existing: Option<(i64, String, String)> = find
-                        .query_row(params![col.id, d.external_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-                        .optional()?;
-                    let doc_id = match existing {
-                        Some((_, h, c)) if h == hash && c == chunker.id => {
-                            fr.unchanged += 1;
-                            continue;
-                        }
-                        Some((id, _, _)) => {
-                            update_doc.execute(params![id, d.title, d.source, hash, chunker.id])?;
-                            delete_chunks.execute([id])?;
-                            fr.replaced += 1;
-                            id
-                        }
-                        None => {
-                            insert_doc.execute(params![
-                                col.id,
-                                d.external_id,
-                                d.title,
-                                d.source,
-                                hash,
-                                ts,
-                                chunker.id
-                            ])?;
-                            fr.added += 1;
-                            tx.last_insert_rowid()
-                        }
-                    };
-                    for (ordinal, c) in chunker.chunk(&d.text).iter().enumerate() {
-                        insert_chunk.execute(params![
-                            doc_id,
-                            ordinal as i64,
-                            c.heading,
-                            c.text,
-                            c.char_start as i64,
-                            c.char_end as i64
-                        ])?;
-                        fr.chunks += 1;
-                    }
-                    touched.push(doc_id);
-                }
-            }
-            tx.commit()?;
+        // Lookups and chunking (which tokenises) run before the write lock and the transaction: workers chunk in
+        // parallel and the SQLite writer is held only for inserts. Two workers may chunk the same document at
+        // once; the transaction decides again under the lock, so whichever batch commits last wins everywhere.
+        let planned = self.plan_batch(col, docs, chunker, fr)?;
+        if planned.is_empty() {
+            return Ok(());
         }
+        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+        // 1. SQLite: new and changed documents with their chunks, state 'pending'.
+        let (touched, rows) = self.write_pending(col, &planned, &chunker.id, fr)?;
         if touched.is_empty() {
             return Ok(());
         }
         // 2. Lexical index: replace those documents' chunks, commit atomically.
-        let rows = self.store.chunks_of_documents(&touched)?;
         self.lexical.replace_documents(&touched, &rows)?;
         self.lexical.commit()?;
         // 3. Dense vectors, when a document encoder is active (a crash here is repaired by the sync on open).
@@ -719,6 +710,78 @@ impl Engine {
         // 4. Confirm.
         self.store.set_documents_state(&touched, "indexed")?;
         Ok(())
+    }
+
+    /// The batch's documents that are new or changed (first of each external id), chunked; counts the unchanged.
+    fn plan_batch<'d>(
+        &self,
+        col: &Collection,
+        docs: &'d [ParsedDocument],
+        chunker: &Chunker,
+        fr: &mut FileReport,
+    ) -> Result<Vec<Planned<'d>>> {
+        let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
+        let mut fresh = Vec::new();
+        {
+            let conn = self.store.reader();
+            let mut find = conn.prepare_cached(
+                "SELECT content_hash, chunker FROM documents WHERE collection_id = ?1 AND external_id = ?2",
+            )?;
+            for d in docs.iter().filter(|d| seen.insert(d.external_id.as_str())) {
+                let hash = d.content_hash();
+                let stored: Option<(String, String)> =
+                    find.query_row(params![col.id, d.external_id], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
+                match stored {
+                    Some((h, c)) if h == hash && c == chunker.id => fr.unchanged += 1,
+                    _ => fresh.push((d, hash)),
+                }
+            }
+        }
+        Ok(fresh.into_iter().map(|(doc, hash)| Planned { chunks: chunker.chunk(&doc.text), doc, hash }).collect())
+    }
+
+    /// Writes planned documents and their chunks as 'pending' in one transaction. Returns the documents written
+    /// and their chunks as the lexical index needs them.
+    fn write_pending(
+        &self,
+        col: &Collection,
+        planned: &[Planned<'_>],
+        chunker_id: &str,
+        fr: &mut FileReport,
+    ) -> Result<(Vec<i64>, Vec<crate::store::ChunkRow>)> {
+        let (mut touched, mut rows) = (Vec::new(), Vec::new());
+        let mut conn = self.store.conn();
+        // Immediate: take SQLite's write lock now rather than upgrading mid-way (another process may write).
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let ts = now();
+        for p in planned {
+            let Some(doc_id) = upsert_document(&tx, col.id, p, chunker_id, &ts, fr)? else { continue };
+            let mut insert_chunk = tx.prepare_cached(
+                "INSERT INTO chunks (document_id, ordinal, heading, text, char_start, char_end) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?;
+            for (ordinal, c) in p.chunks.iter().enumerate() {
+                insert_chunk.execute(params![
+                    doc_id,
+                    ordinal as i64,
+                    c.heading,
+                    c.text,
+                    c.char_start as i64,
+                    c.char_end as i64
+                ])?;
+                rows.push(crate::store::ChunkRow {
+                    chunk_id: tx.last_insert_rowid(),
+                    document_id: doc_id,
+                    collection: col.name.clone(),
+                    title: p.doc.title.clone(),
+                    heading: c.heading.clone(),
+                    text: c.text.clone(),
+                });
+            }
+            fr.chunks += p.chunks.len();
+            touched.push(doc_id);
+        }
+        tx.commit()?;
+        Ok((touched, rows))
     }
 
     /// Deletes documents of a collection by external id everywhere (SQLite, the lexical index, every dense table),

@@ -31,6 +31,14 @@ pub struct FusionSetting {
     pub fitted_on: String,
 }
 
+/// (table name, pairing id) of the dense table of (collection, model), if recorded.
+fn dense_index_row(conn: &rusqlite::Connection, collection_id: i64, model_id: i64) -> Result<Option<(String, String)>> {
+    Ok(conn
+        .prepare_cached("SELECT table_name, pairing_id FROM dense_indexes WHERE collection_id = ?1 AND model_id = ?2")?
+        .query_row(params![collection_id, model_id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?)
+}
+
 /// The text a document encoder sees for a chunk: its context (title, headings) and its text.
 pub fn embedding_text(c: &ChunkRow) -> String {
     let mut parts: Vec<&str> = Vec::new();
@@ -159,29 +167,33 @@ impl Engine {
         model: &ModelRecord,
         create: bool,
     ) -> Result<Option<(String, Arc<DenseTable>)>> {
-        let row: Option<(String, String)> = self
-            .store
-            .conn()
-            .query_row(
-                "SELECT table_name, pairing_id FROM dense_indexes WHERE collection_id = ?1 AND model_id = ?2",
-                params![collection_id, model.id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()?;
-        let (name, pairing) = match row {
+        let found = dense_index_row(&self.store.reader(), collection_id, model.id)?;
+        let (name, pairing) = match found {
             Some(r) => r,
             None if !create => return Ok(None),
-            None => {
-                let name = format!("c{collection_id}_m{}_v1", model.id);
-                self.store.conn().execute(
-                    "INSERT INTO dense_indexes (collection_id, model_id, table_name, pairing_id, width, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                    params![collection_id, model.id, name, model.pairing_id, model.width as i64, now()],
-                )?;
-                (name, model.pairing_id.clone())
-            }
+            None => self.create_dense_index(collection_id, model)?,
         };
         let table = self.dense.table(&name, model.width)?;
         Ok(Some((pairing, table)))
+    }
+
+    /// Records the dense table of (collection, model), or finds the one another thread recorded first.
+    fn create_dense_index(&self, collection_id: i64, model: &ModelRecord) -> Result<(String, String)> {
+        let conn = self.store.conn();
+        conn.execute(
+            "INSERT INTO dense_indexes (collection_id, model_id, table_name, pairing_id, width, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (collection_id, model_id) DO NOTHING",
+            params![
+                collection_id,
+                model.id,
+                format!("c{collection_id}_m{}_v1", model.id),
+                model.pairing_id,
+                model.width as i64,
+                now()
+            ],
+        )?;
+        dense_index_row(&conn, collection_id, model.id)?
+            .ok_or_else(|| Error::Internal(format!("dense index of collection #{collection_id} vanished on creation")))
     }
 
     /// Embeds the given documents' chunks with the active document model (no-op without one).
@@ -199,7 +211,7 @@ impl Engine {
 
     pub(crate) fn delete_dense_documents(&self, collection_id: i64, doc_ids: &[i64]) -> Result<()> {
         let tables: Vec<(String, i64)> = {
-            let conn = self.store.conn();
+            let conn = self.store.reader();
             let mut stmt = conn.prepare("SELECT table_name, width FROM dense_indexes WHERE collection_id = ?1")?;
             let rows = stmt.query_map([collection_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
             rows.collect::<Result<Vec<_>, _>>()?
@@ -310,12 +322,9 @@ impl Engine {
     pub fn fusion_for(&self, collection_id: i64) -> Result<FusionSetting> {
         let row: Option<(String, f64, String)> = self
             .store
-            .conn()
-            .query_row(
-                "SELECT method, dense_weight, fitted_on FROM fusion WHERE collection_id = ?1",
-                [collection_id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
+            .reader()
+            .prepare_cached("SELECT method, dense_weight, fitted_on FROM fusion WHERE collection_id = ?1")?
+            .query_row([collection_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .optional()?;
         Ok(match row {
             Some((m, w, f)) => FusionSetting {

@@ -280,7 +280,7 @@ impl Engine {
 
     pub fn job(&self, id: i64) -> Result<Job> {
         self.store
-            .conn()
+            .reader()
             .query_row(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"), [id], row_to_job)
             .optional()?
             .ok_or_else(|| Error::NotFound { what: format!("job {id}") })
@@ -288,7 +288,7 @@ impl Engine {
 
     /// The newest jobs first.
     pub fn jobs(&self, limit: usize) -> Result<Vec<Job>> {
-        let conn = self.store.conn();
+        let conn = self.store.reader();
         let mut stmt = conn.prepare(&format!("SELECT {JOB_COLUMNS} FROM jobs ORDER BY id DESC LIMIT ?1"))?;
         let rows = stmt.query_map([limit as i64], row_to_job)?;
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
@@ -299,7 +299,7 @@ impl Engine {
         type JobFileRow = (i64, String, i64, String, i64, i64, i64, i64, String);
         self.job(id)?;
         let rows: Vec<JobFileRow> = {
-            let conn = self.store.conn();
+            let conn = self.store.reader();
             let mut stmt = conn.prepare(
                 "SELECT ordinal, path, owned, state, added, replaced, unchanged, chunks, detail FROM job_files
                  WHERE job_id = ?1 ORDER BY ordinal",
@@ -397,7 +397,7 @@ impl Engine {
             tracing::warn!(jobs = n, "re-queued ingestion jobs interrupted by a crash or restart");
         }
         let ended: Vec<i64> = {
-            let conn = self.store.conn();
+            let conn = self.store.reader();
             let mut stmt = conn.prepare(
                 "SELECT DISTINCT f.job_id FROM job_files f JOIN jobs j ON j.id = f.job_id
                  WHERE f.owned = 1 AND j.state IN ('done', 'failed', 'cancelled')",
@@ -414,7 +414,7 @@ impl Engine {
     /// Deletes the uploaded files of an ended job (and their upload folder once empty).
     fn remove_owned_files(&self, id: i64) -> Result<()> {
         let paths: Vec<String> = {
-            let conn = self.store.conn();
+            let conn = self.store.reader();
             let mut stmt = conn.prepare("SELECT path FROM job_files WHERE job_id = ?1 AND owned = 1")?;
             let rows = stmt.query_map([id], |r| r.get(0))?;
             rows.collect::<Result<Vec<_>, _>>()?
@@ -652,7 +652,7 @@ fn claim(s: &Shared) -> Result<Option<Claim>> {
     let e = &s.engine;
     let mut claimed = s.claimed.lock().unwrap_or_else(|p| p.into_inner());
     let active: Vec<(i64, i64)> = {
-        let conn = e.store.conn();
+        let conn = e.store.reader();
         let mut stmt =
             conn.prepare("SELECT id, cancel_requested FROM jobs WHERE state IN ('queued', 'running') ORDER BY id")?;
         let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
@@ -685,7 +685,7 @@ fn claim(s: &Shared) -> Result<Option<Claim>> {
 fn next_file(e: &Engine, job: i64, claimed: &HashSet<(i64, i64)>) -> Result<Option<Claim>> {
     loop {
         let row: Option<(Claim, i64)> = {
-            let conn = e.store.conn();
+            let conn = e.store.reader();
             let mut stmt = conn.prepare(
                 "SELECT f.ordinal, f.path, j.collection, j.params, f.unfinished_starts FROM job_files f
                  JOIN jobs j ON j.id = f.job_id WHERE f.job_id = ?1 AND f.state = 'queued' ORDER BY f.ordinal",
@@ -755,7 +755,7 @@ fn end_start(e: &Engine, c: &Claim) -> Result<()> {
 
 fn cancel_requested(e: &Engine, job: i64) -> bool {
     e.store
-        .conn()
+        .reader()
         .query_row("SELECT cancel_requested FROM jobs WHERE id = ?1", [job], |r| r.get::<_, i64>(0))
         .map(|v| v != 0)
         .unwrap_or(false)
@@ -827,7 +827,7 @@ fn process(s: &Shared, c: &Claim) -> Result<()> {
 fn record_file(e: &Engine, c: &Claim, reports: &[FileReport]) -> Result<()> {
     let owned: bool = e
         .store
-        .conn()
+        .reader()
         .query_row("SELECT owned FROM job_files WHERE job_id = ?1 AND ordinal = ?2", params![c.job, c.ordinal], |r| {
             r.get::<_, i64>(0)
         })

@@ -53,5 +53,5 @@ pub use engine::{
 };
 pub use error::{Error, ErrorCode, Result};
 pub use ingest::{IngestLimits, IngestOptions};
-pub use service::{Actor, JobView, SearchAs, UserInfo, UserUpdate};
 pub use jobs::{FileError, Job, JobState, Worker, WorkerHandle};
+pub use service::{Actor, JobView, SearchAs, UserInfo, UserUpdate};

@@ -76,9 +76,12 @@ pub fn register(store: &Store, dir: &Path) -> Result<ModelRecord> {
 }
 
 pub fn get(store: &Store, id: i64) -> Result<ModelRecord> {
-    store
-        .conn()
-        .query_row(&format!("SELECT {COLS} FROM models WHERE id = ?1"), [id], row)
+    get_on(&store.reader(), id)
+}
+
+fn get_on(conn: &rusqlite::Connection, id: i64) -> Result<ModelRecord> {
+    conn.prepare_cached(&format!("SELECT {COLS} FROM models WHERE id = ?1"))?
+        .query_row([id], row)
         .optional()?
         .ok_or_else(|| Error::NotFound { what: format!("model #{id}") })
 }
@@ -86,7 +89,7 @@ pub fn get(store: &Store, id: i64) -> Result<ModelRecord> {
 /// Finds a model by `name` (latest version) or `name@version`.
 pub fn find(store: &Store, spec: &str) -> Result<ModelRecord> {
     let (name, version) = spec.split_once('@').map_or((spec, None), |(n, v)| (n, Some(v)));
-    let conn = store.conn();
+    let conn = store.reader();
     let r = match version {
         Some(v) => conn
             .query_row(&format!("SELECT {COLS} FROM models WHERE name = ?1 AND version = ?2"), [name, v], row)
@@ -99,7 +102,7 @@ pub fn find(store: &Store, spec: &str) -> Result<ModelRecord> {
 }
 
 pub fn list(store: &Store) -> Result<Vec<ModelRecord>> {
-    let conn = store.conn();
+    let conn = store.reader();
     let mut stmt = conn.prepare(&format!("SELECT {COLS} FROM models ORDER BY id"))?;
     let rows = stmt.query_map([], row)?;
     Ok(rows.collect::<Result<Vec<_>, _>>()?)
@@ -116,16 +119,19 @@ pub struct ActivePair {
     pub document: ModelRecord,
 }
 
+/// The active pair, read on one reader: searches ask for it (through a one-second cache), so it never waits for
+/// the writer.
 pub fn active(store: &Store) -> Result<Option<ActivePair>> {
-    let get_setting = |k: &str| -> Result<Option<i64>> {
-        Ok(store
-            .conn()
-            .query_row("SELECT value FROM settings WHERE key = ?1", [k], |r| r.get::<_, String>(0))
+    let conn = store.reader();
+    let setting = |k: &str| -> Result<Option<i64>> {
+        Ok(conn
+            .prepare_cached("SELECT value FROM settings WHERE key = ?1")?
+            .query_row([k], |r| r.get::<_, String>(0))
             .optional()?
             .and_then(|v| v.parse().ok()))
     };
-    match (get_setting("active_query_model")?, get_setting("active_document_model")?) {
-        (Some(q), Some(d)) => Ok(Some(ActivePair { query: get(store, q)?, document: get(store, d)? })),
+    match (setting("active_query_model")?, setting("active_document_model")?) {
+        (Some(q), Some(d)) => Ok(Some(ActivePair { query: get_on(&conn, q)?, document: get_on(&conn, d)? })),
         _ => Ok(None),
     }
 }

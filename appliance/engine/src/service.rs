@@ -262,7 +262,13 @@ impl Engine {
     }
 
     /// Checks a password (lockout, throttling and audit included) and opens a session: (user, cookie, CSRF token).
-    pub fn login(&self, username: &str, password: &str, policy: LoginPolicy, client: &str) -> Result<(User, String, String)> {
+    pub fn login(
+        &self,
+        username: &str,
+        password: &str,
+        policy: LoginPolicy,
+        client: &str,
+    ) -> Result<(User, String, String)> {
         let u = accounts::authenticate(&self.store, username, password, policy, client)?;
         let (cookie, csrf) = accounts::create_session(&self.store, &u)?;
         Ok((u, cookie, csrf))
@@ -572,8 +578,8 @@ mod tests {
         };
         e.ingest_documents("c1", &[doc]).unwrap();
         let clin = Actor::user(&user);
-        let chunk = e.search_as(&clin, &SearchAs { query: "二甲双胍".into(), ..Default::default() }).unwrap().hits[0]
-            .chunk_id;
+        let chunk =
+            e.search_as(&clin, &SearchAs { query: "二甲双胍".into(), ..Default::default() }).unwrap().hits[0].chunk_id;
         atomic(&e, "feedback", || e.feedback_as(&clin, "二甲双胍", chunk, true));
         atomic(&e, "logout", || e.logout(&clin, &cookie));
         atomic(&e, "own password", || e.change_own_password(&clin, "clinician-pass-2", "clinician-pass-3"));

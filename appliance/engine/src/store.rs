@@ -4,8 +4,9 @@
 //! in order; `PRAGMA user_version` records the last one. A database written by a newer build (higher
 //! user_version) is refused rather than silently misread.
 
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
@@ -48,12 +49,155 @@ pub fn peek_schema_version(path: &Path) -> Result<u32> {
     Ok(conn.pragma_query_value(None, "user_version", |r| r.get(0))?)
 }
 
+/// Read-only connections handed out by [`Store::reader`] when no `storage.read_connections` setting says otherwise.
+pub const DEFAULT_READ_CONNECTIONS: usize = 4;
+
 #[derive(Debug)]
 pub struct Store {
+    /// Before `conn`: fields drop in order, and the writer closing last checkpoints and removes the WAL.
+    readers: ReaderPool,
     conn: Mutex<Connection>,
     /// The folder holding the database, `audit.key` and `audit.anchor`.
     dir: PathBuf,
     audit: crate::audit::Monitor,
+}
+
+const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+thread_local! {
+    /// Readers this thread holds: a thread that already holds one and finds the pool empty gets an extra
+    /// connection instead of waiting, since the readers it would wait for may include its own.
+    static HELD_READERS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Read-only WAL connections, opened on first use up to `size`.
+struct ReaderPool {
+    path: PathBuf,
+    key: [u8; 32],
+    size: usize,
+    state: Mutex<PoolState>,
+    freed: Condvar,
+}
+
+#[derive(Default)]
+struct PoolState {
+    idle: Vec<Connection>,
+    opened: usize,
+}
+
+impl std::fmt::Debug for ReaderPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the key.
+        f.debug_struct("ReaderPool").field("path", &self.path).field("size", &self.size).finish()
+    }
+}
+
+impl ReaderPool {
+    fn new(path: &Path, key: [u8; 32], size: usize) -> Self {
+        ReaderPool { path: path.to_path_buf(), key, size, state: Default::default(), freed: Condvar::new() }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn open_one(&self) -> Result<Connection> {
+        use rusqlite::OpenFlags;
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
+        let conn = Connection::open_with_flags(&self.path, flags)?;
+        // Audit verification and listings call care_audit_mac() on readers too.
+        crate::audit::register_key(&conn, self.key)?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        conn.pragma_update(None, "query_only", "ON")?;
+        // Every read of the process shares these few connections; the default cache (16) would evict and re-prepare.
+        conn.set_prepared_statement_cache_capacity(64);
+        Ok(conn)
+    }
+
+    /// An idle connection, a new one while fewer than `size` are open, else the next one returned.
+    fn take<'a>(&'a self, writer: &'a Mutex<Connection>) -> Reader<'a> {
+        let nested = HELD_READERS.with(Cell::get) > 0;
+        let mut st = self.lock();
+        loop {
+            if let Some(c) = st.idle.pop() {
+                return Reader::new(self, Held::Pooled(c));
+            }
+            let pooled = st.opened < self.size;
+            if pooled || nested {
+                st.opened += usize::from(pooled);
+                drop(st);
+                return self.open_reader(pooled, writer);
+            }
+            st = self.freed.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn open_reader<'a>(&'a self, pooled: bool, writer: &'a Mutex<Connection>) -> Reader<'a> {
+        match self.open_one() {
+            Ok(c) if pooled => Reader::new(self, Held::Pooled(c)),
+            Ok(c) => Reader::new(self, Held::Extra(c)),
+            Err(e) => {
+                if pooled {
+                    self.lock().opened -= 1;
+                }
+                // Reads still work through the writer; only their concurrency with writes is lost.
+                tracing::error!(error = %e, path = %self.path.display(), "cannot open a read-only SQLite connection");
+                Reader::new(self, Held::Writer(writer.lock().unwrap_or_else(|p| p.into_inner())))
+            }
+        }
+    }
+
+    fn give_back(&self, conn: Connection) {
+        self.lock().idle.push(conn);
+        self.freed.notify_one();
+    }
+}
+
+enum Held<'a> {
+    Pooled(Connection),
+    Extra(Connection),
+    Writer(MutexGuard<'a, Connection>),
+}
+
+/// A read-only connection from [`Store::reader`], returned to the pool when dropped. Not `Send`, like the
+/// writer's guard: it counts towards this thread's held readers.
+pub struct Reader<'a> {
+    pool: &'a ReaderPool,
+    held: Option<Held<'a>>,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl<'a> Reader<'a> {
+    fn new(pool: &'a ReaderPool, held: Held<'a>) -> Self {
+        HELD_READERS.with(|n| n.set(n.get() + 1));
+        Reader { pool, held: Some(held), _not_send: std::marker::PhantomData }
+    }
+}
+
+impl std::fmt::Debug for Reader<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader").finish_non_exhaustive()
+    }
+}
+
+impl std::ops::Deref for Reader<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        match self.held.as_ref() {
+            Some(Held::Pooled(c) | Held::Extra(c)) => c,
+            Some(Held::Writer(g)) => g,
+            None => unreachable!("a reader's connection is only taken when it is dropped"),
+        }
+    }
+}
+
+impl Drop for Reader<'_> {
+    fn drop(&mut self) {
+        HELD_READERS.with(|n| n.set(n.get().saturating_sub(1)));
+        if let Some(Held::Pooled(c)) = self.held.take() {
+            self.pool.give_back(c);
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -109,18 +253,26 @@ impl Store {
     /// Opens (creating if needed) the database and the audit key beside it, migrates, and re-chains an audit log
     /// written before the key existed.
     pub fn open(path: &Path) -> Result<Self> {
+        Self::open_with(path, DEFAULT_READ_CONNECTIONS)
+    }
+
+    /// Like [`Store::open`], with `read_connections` read-only connections for [`Store::reader`] (at least one).
+    pub fn open_with(path: &Path, read_connections: usize) -> Result<Self> {
         let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
         let key = crate::audit::load_or_create_key(&dir)?;
         let conn = Connection::open(path)?;
         restrict_to_owner(path)?;
         crate::audit::register_key(&conn, key)?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
         // WAL keeps readers (search) unblocked by the ingest writer; NORMAL sync is crash-safe for a killed
         // process, and the index recovery on open repairs anything a power loss drops.
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
-        let store = Store { conn: Mutex::new(conn), dir, audit: Default::default() };
+        // Readers are opened on first use, which comes after the migration below: their schema caches and
+        // prepared statements never predate it.
+        let readers = ReaderPool::new(path, key, read_connections.max(1));
+        let store = Store { conn: Mutex::new(conn), readers, dir, audit: Default::default() };
         store.migrate()?;
         crate::audit::ensure_keyed(&mut store.conn(), &store.dir)?;
         Ok(store)
@@ -134,19 +286,27 @@ impl Store {
         &self.audit
     }
 
+    /// The one writer. Everything that writes, or must read inside a write transaction, goes through it.
     pub fn conn(&self) -> MutexGuard<'_, Connection> {
         // A poisoned lock only means another thread panicked mid-call; SQLite's own transaction state is intact.
         self.conn.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A connection for reads that need no transaction with a write (search, session checks, listings).
-    /// For now the writer; a pool of read-only WAL connections replaces it (issue 14).
-    pub fn reader(&self) -> MutexGuard<'_, Connection> {
+    /// The same as [`Store::conn`], named for call sites that want to say so.
+    pub fn writer(&self) -> MutexGuard<'_, Connection> {
         self.conn()
     }
 
+    /// A read-only connection for reads that need no transaction with a write (search, session checks,
+    /// listings). WAL gives each statement the latest committed snapshot without waiting for the writer, so a
+    /// long ingest transaction does not hold up searches. Do not wait for the writer while holding one: the
+    /// pool is small, and threads queued on the writer with readers in hand can starve the writer's holder.
+    pub fn reader(&self) -> Reader<'_> {
+        self.readers.take(&self.conn)
+    }
+
     pub fn schema_version(&self) -> Result<u32> {
-        Ok(self.conn().pragma_query_value(None, "user_version", |r| r.get(0))?)
+        Ok(self.reader().pragma_query_value(None, "user_version", |r| r.get(0))?)
     }
 
     fn migrate(&self) -> Result<()> {
@@ -185,7 +345,7 @@ impl Store {
     }
 
     pub fn collection(&self, name: &str) -> Result<Collection> {
-        self.conn()
+        self.reader()
             .query_row(
                 "SELECT id, name, description, owner, approved_for_training, created_at FROM collections WHERE name = ?1",
                 [name],
@@ -197,7 +357,7 @@ impl Store {
 
     /// All collections without counts (cheap; the query path uses this).
     pub fn collection_list(&self) -> Result<Vec<Collection>> {
-        let conn = self.conn();
+        let conn = self.reader();
         let mut stmt = conn.prepare_cached(
             "SELECT id, name, description, owner, approved_for_training, created_at FROM collections ORDER BY name",
         )?;
@@ -206,7 +366,7 @@ impl Store {
     }
 
     pub fn collections(&self) -> Result<Vec<CollectionStats>> {
-        let conn = self.conn();
+        let conn = self.reader();
         let mut stmt = conn.prepare(
             "SELECT c.id, c.name, c.description, c.owner, c.approved_for_training, c.created_at,
                     (SELECT COUNT(*) FROM documents d WHERE d.collection_id = c.id),
@@ -225,7 +385,7 @@ impl Store {
 
     /// Chunks of the given documents, for (re)indexing.
     pub fn chunks_of_documents(&self, doc_ids: &[i64]) -> Result<Vec<ChunkRow>> {
-        let conn = self.conn();
+        let conn = self.reader();
         let mut stmt = conn.prepare_cached(
             "SELECT k.id, k.document_id, c.name, d.title, k.heading, k.text
              FROM chunks k JOIN documents d ON d.id = k.document_id JOIN collections c ON c.id = d.collection_id
@@ -243,7 +403,7 @@ impl Store {
 
     /// Every chunk of every indexed or pending document, streamed to `f` (for a full lexical rebuild).
     pub fn for_each_live_chunk(&self, mut f: impl FnMut(ChunkRow) -> Result<()>) -> Result<()> {
-        let conn = self.conn();
+        let conn = self.reader();
         let mut stmt = conn.prepare(
             "SELECT k.id, k.document_id, c.name, d.title, k.heading, k.text
              FROM chunks k JOIN documents d ON d.id = k.document_id JOIN collections c ON c.id = d.collection_id
@@ -257,7 +417,7 @@ impl Store {
     }
 
     pub fn documents_in_state(&self, state: &str) -> Result<Vec<i64>> {
-        let conn = self.conn();
+        let conn = self.reader();
         let mut stmt = conn.prepare("SELECT id FROM documents WHERE state = ?1 ORDER BY id")?;
         let rows = stmt.query_map([state], |r| r.get(0))?;
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
@@ -291,7 +451,7 @@ impl Store {
 
     /// Number of chunks whose documents the lexical index should hold.
     pub fn live_chunk_count(&self) -> Result<u64> {
-        let n: i64 = self.conn().query_row(
+        let n: i64 = self.reader().query_row(
             "SELECT COUNT(*) FROM chunks k JOIN documents d ON d.id = k.document_id WHERE d.state != 'deleting'",
             [],
             |r| r.get(0),
@@ -300,7 +460,7 @@ impl Store {
     }
 
     pub fn chunk_views(&self, chunk_ids: &[i64]) -> Result<Vec<ChunkView>> {
-        let conn = self.conn();
+        let conn = self.reader();
         let mut stmt = conn.prepare_cached(
             "SELECT k.id, k.document_id, d.external_id, c.name, d.title, d.source, k.heading, k.text, k.ordinal
              FROM chunks k JOIN documents d ON d.id = k.document_id JOIN collections c ON c.id = d.collection_id
@@ -388,6 +548,28 @@ mod tests {
         drop(s);
         let err = Store::open(&p).unwrap_err();
         assert!(matches!(err, Error::TooNew { .. }), "{err}");
+    }
+
+    #[test]
+    fn readers_are_pooled_and_nest_without_waiting() {
+        let t = tempfile::tempdir().unwrap();
+        let s = Store::open_with(&t.path().join("care.sqlite"), 1).unwrap();
+        s.create_collection("a", "", "admin").unwrap();
+        let outer = s.reader();
+        // The only pooled connection is taken: a nested read on the same thread gets a connection of its own.
+        assert_eq!(s.collection_list().unwrap().len(), 1);
+        drop(outer);
+        let held = s.reader();
+        std::thread::scope(|sc| {
+            let other = sc.spawn(|| s.collection("a").map(|c| c.name));
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            assert!(!other.is_finished(), "another thread waits for the pool rather than opening more");
+            drop(held);
+            assert_eq!(other.join().unwrap().unwrap(), "a");
+        });
+        assert!(s.reader().execute("DELETE FROM collections", []).is_err(), "readers are read-only");
+        let mac: String = s.reader().query_row("SELECT care_audit_mac('x')", [], |r| r.get(0)).unwrap();
+        assert_eq!(mac.len(), 64, "the audit key is registered on readers");
     }
 
     #[test]

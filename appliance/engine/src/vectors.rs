@@ -423,7 +423,7 @@ impl Engine {
         let Some(pair) = models::active(&self.store)? else {
             return Ok(VectorSources { imported: Vec::new(), online: live });
         };
-        let conn = self.store.conn();
+        let conn = self.store.reader();
         let mut stmt = conn.prepare(
             "SELECT i.source_model, COUNT(*) FROM dense_vector_sources s
                JOIN dense_imports i ON i.id = s.import_id

@@ -1034,3 +1034,351 @@ mod offline_vectors {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Concurrency (issue 14): the encoder service batches concurrent queries and serves them before document work;
+// searches read SQLite beside the writer. Real ONNX Runtime, the real default model, real SQLite.
+
+mod concurrency {
+    use super::*;
+    use care_engine::encoders::{ModelConfig, OrtEncoder, TextKind};
+    use care_engine::ingest::ParsedDocument;
+    use std::sync::{Arc, Barrier, mpsc};
+    use std::time::{Duration, Instant};
+
+    const DRUGS: [&str; 4] = ["二甲双胍", "阿司匹林", "奥司他韦", "恩替卡韦"];
+    const ASKS: [&str; 4] = ["的副作用", "孕妇能用吗", "和酒一起吃会怎样", "每天最多吃几次，饭前还是饭后服用比较好"];
+
+    /// 16 different queries of different lengths.
+    fn queries() -> Vec<String> {
+        DRUGS.iter().flat_map(|d| ASKS.iter().map(move |a| format!("{d}{a}"))).collect()
+    }
+
+    /// Passages of about a hundred tokens each.
+    fn passages(n: usize) -> Vec<String> {
+        (0..n)
+            .map(|i| {
+                format!(
+                    "第{i}条：{}患者应在医生指导下用药，注意监测肝肾功能；出现皮疹、呼吸困难或消化道出血时应立即停药并就医。\
+                     老年人和孕妇用药前需评估获益与风险，并告知正在服用的其他药物。",
+                    DRUGS[i % DRUGS.len()]
+                )
+            })
+            .collect()
+    }
+
+    /// The default model's package, imported into a scratch data directory.
+    fn model_dir(t: &Path) -> PathBuf {
+        engine_in(&t.join("data")).import_e5s1(&e5s1(), "1", None, false).unwrap().dir
+    }
+
+    /// Small batches so that a few dozen passages take several pieces.
+    fn small_batches() -> ModelConfig {
+        ModelConfig { batch_tokens: 512, document_piece_tokens: 512, ..Default::default() }
+    }
+
+    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    }
+
+    /// Starts embedding `texts` as documents on another thread and returns once its first piece has run.
+    fn document_job(enc: &Arc<OrtEncoder>, texts: Vec<String>) -> std::thread::JoinHandle<(usize, Instant)> {
+        let before = enc.stats().document_batches;
+        let job = {
+            let enc = enc.clone();
+            std::thread::spawn(move || {
+                let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+                let n = enc.encode(&refs, TextKind::Document).unwrap().len();
+                (n, Instant::now())
+            })
+        };
+        while enc.stats().document_batches == before {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        job
+    }
+
+    #[test]
+    fn concurrent_queries_are_batched_together_and_encode_as_if_alone() {
+        let t = tempfile::tempdir().unwrap();
+        let enc = Arc::new(OrtEncoder::load(&model_dir(t.path()), &small_batches()).unwrap());
+        let qs = queries();
+        let alone: Vec<Vec<f32>> = qs.iter().map(|q| enc.encode(&[q], TextKind::Query).unwrap().remove(0)).collect();
+        let before = enc.stats();
+        assert_eq!(before.query_batches, 16, "one batch per query encoded on its own");
+        // Document work keeps the service thread busy, so queries sent meanwhile queue up and meet in batches.
+        let job = document_job(&enc, passages(24));
+        let barrier = Arc::new(Barrier::new(qs.len()));
+        let handles: Vec<_> = qs
+            .iter()
+            .cloned()
+            .map(|q| {
+                let (enc, barrier) = (enc.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    enc.encode(&[&q], TextKind::Query).unwrap().remove(0)
+                })
+            })
+            .collect();
+        let together: Vec<Vec<f32>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(job.join().unwrap().0, 24);
+        let after = enc.stats();
+        let batches = after.query_batches - before.query_batches;
+        eprintln!("16 concurrent queries ran in {batches} batches; {after:?}");
+        assert_eq!(after.query_requests - before.query_requests, 16);
+        assert!(batches < 16, "{after:?}");
+        assert!(after.largest_batch > 1, "{after:?}");
+        for (q, (a, b)) in qs.iter().zip(alone.iter().zip(&together)) {
+            let d = max_diff(a, b);
+            assert!(d <= 1e-5, "{q}: batched vector differs from the one encoded alone by {d}");
+        }
+    }
+
+    #[test]
+    fn a_query_is_served_before_a_document_job_in_progress_ends() {
+        let t = tempfile::tempdir().unwrap();
+        let enc = Arc::new(OrtEncoder::load(&model_dir(t.path()), &small_batches()).unwrap());
+        let started = Instant::now();
+        let job = document_job(&enc, passages(48));
+        let asked = Instant::now();
+        let q = enc.encode(&["二甲双胍的副作用"], TextKind::Query).unwrap();
+        let answered = Instant::now();
+        let pieces_then = enc.stats().document_batches;
+        let (n, job_done) = job.join().unwrap();
+        let pieces = enc.stats().document_batches;
+        eprintln!(
+            "query answered in {:.0} ms while a {n}-passage job ran ({pieces_then} of {pieces} pieces done); job took {:.0} ms",
+            (answered - asked).as_secs_f64() * 1e3,
+            (job_done - started).as_secs_f64() * 1e3
+        );
+        assert_eq!((n, q.len()), (48, 1));
+        assert!(answered < job_done, "the query waited for the whole document job");
+        assert!(pieces_then < pieces, "pieces were left when the query was answered");
+    }
+
+    #[test]
+    fn searches_and_listings_read_beside_an_open_write_transaction() {
+        let t = tempfile::tempdir().unwrap();
+        let e = Arc::new(engine_in(&t.path().join("data")));
+        e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+        e.create_collection("c", "", "test").unwrap();
+        let doc = |id: &str, text: &str| ParsedDocument {
+            external_id: id.into(),
+            title: String::new(),
+            text: text.into(),
+            source: format!("{id}.txt"),
+        };
+        e.ingest_documents(
+            "c",
+            &[doc("salt", "高血压患者应限制钠盐摄入。"), doc("gout", "痛风患者应避免高嘌呤饮食。")],
+        )
+        .unwrap();
+        // A connection of the test's own holds SQLite's write lock, as a long ingest transaction would.
+        let mut writer = db(&e);
+        let tx = writer.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).unwrap();
+        tx.execute(
+            "INSERT INTO collections (name, description, owner, created_at) VALUES ('late', '', 'test', '2025-01-01T00:00:00Z')",
+            [],
+        )
+        .unwrap();
+        let names =
+            |e: &Engine| -> Vec<String> { e.collections().unwrap().into_iter().map(|c| c.collection.name).collect() };
+        let (done, answer) = mpsc::channel();
+        {
+            let e = e.clone();
+            std::thread::spawn(move || {
+                let r = e.search(&SearchRequest { query: "钠盐".into(), ..Default::default() }).unwrap();
+                done.send((r.method, r.hits[0].external_id.clone(), names(&e))).unwrap();
+            });
+        }
+        let (method, top, listed) =
+            answer.recv_timeout(Duration::from_secs(60)).expect("a search waited for the open write transaction");
+        assert_eq!((method.as_str(), top.as_str()), ("weighted", "salt"), "hybrid search, BM25 and dense parts");
+        assert_eq!(listed, ["c"], "uncommitted rows are not visible to readers");
+        tx.commit().unwrap();
+        drop(writer);
+        assert_eq!(names(&e), ["c", "late"], "readers see what the writer committed");
+    }
+}
+
+/// Load benchmark, run by hand (it compiles against the engine's public API only, so it also runs on older
+/// commits for comparison):
+/// `cargo test -p care-engine --test engine -- --ignored --nocapture search_load_benchmark`.
+/// Closed-loop hybrid search with CARE_BENCH_CONC clients (16) for CARE_BENCH_SECS seconds (15) over the first
+/// 5,000 kuake_qtr titles, then again while CARE_BENCH_INGEST (4,000) huatuo26m documents are ingested.
+/// CARE_BENCH_THREADS and CARE_BENCH_PIECE set `model.threads` and `model.document_piece_tokens` (drop that line
+/// on commits that predate the setting).
+mod load_benchmark {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    fn env(name: &str, default: usize) -> usize {
+        std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    }
+
+    /// The first `n` lines of a shared corpus, as a file of their own.
+    fn head(corpus: &Path, n: usize, to: &Path) -> PathBuf {
+        let text = std::fs::read_to_string(corpus).unwrap();
+        let mut lines: Vec<&str> = text.lines().take(n).collect();
+        lines.push("");
+        std::fs::write(to, lines.join("\n")).unwrap();
+        to.to_path_buf()
+    }
+
+    /// Search latencies (ms) of `clients` closed-loop clients until `stop` is set or `secs` pass.
+    fn closed_loop(
+        e: &Arc<Engine>,
+        queries: &Arc<Vec<String>>,
+        clients: usize,
+        secs: u64,
+        stop: &Arc<AtomicBool>,
+    ) -> Vec<f64> {
+        let until = Instant::now() + Duration::from_secs(secs);
+        let handles: Vec<_> = (0..clients)
+            .map(|c| {
+                let (e, queries, stop) = (e.clone(), queries.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut took = Vec::new();
+                    let mut i = c * 7919;
+                    while Instant::now() < until && !stop.load(Ordering::Relaxed) {
+                        let q = &queries[i % queries.len()];
+                        i += 1;
+                        let t = Instant::now();
+                        let r = e.search(&SearchRequest { query: q.clone(), ..Default::default() }).unwrap();
+                        assert_ne!(r.method.as_str(), "bm25");
+                        took.push(t.elapsed().as_secs_f64() * 1e3);
+                    }
+                    took
+                })
+            })
+            .collect();
+        let mut all: Vec<f64> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+        all.sort_by(f64::total_cmp);
+        all
+    }
+
+    fn report(what: &str, took: &[f64], secs: f64) -> f64 {
+        let pct = |p: f64| took[((took.len() as f64 * p) as usize).min(took.len() - 1)];
+        let p99 = pct(0.99);
+        eprintln!(
+            "{what}: {} searches in {secs:.1}s = {:.1}/s; p50 {:.0} ms, p90 {:.0} ms, p99 {p99:.0} ms",
+            took.len(),
+            took.len() as f64 / secs,
+            pct(0.5),
+            pct(0.9)
+        );
+        p99
+    }
+
+    #[test]
+    #[ignore = "load benchmark; run by hand"]
+    fn search_load_benchmark() {
+        let (clients, secs, ingest) =
+            (env("CARE_BENCH_CONC", 16), env("CARE_BENCH_SECS", 15) as u64, env("CARE_BENCH_INGEST", 4000));
+        let t = tempfile::tempdir().unwrap();
+        let mut cfg = EngineConfig::default();
+        cfg.storage.data_dir = t.path().join("data");
+        cfg.model.threads = env("CARE_BENCH_THREADS", 0);
+        cfg.model.document_piece_tokens = env("CARE_BENCH_PIECE", 0);
+        let e = Arc::new(Engine::open(cfg, OpenMode::Create).unwrap());
+        e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+        e.create_collection("kuake", "", "test").unwrap();
+        e.create_collection("huatuo", "", "test").unwrap();
+        let data = shared().join("data/retrieval");
+        let base = head(&data.join("kuake_qtr/corpus.jsonl"), 5000, &t.path().join("kuake.jsonl"));
+        let started = Instant::now();
+        e.ingest_files("kuake", &[base], &mut |_| {}).unwrap();
+        eprintln!("base: 5000 titles ingested and embedded in {:.1}s", started.elapsed().as_secs_f64());
+        let set = BeirSet::load(&data.join("kuake_qtr"), "dev").unwrap();
+        let queries: Arc<Vec<String>> = Arc::new(set.queries.iter().map(|(_, q)| q.clone()).collect());
+        let stop = Arc::new(AtomicBool::new(false));
+        closed_loop(&e, &queries, clients, 3, &stop);
+        let idle = closed_loop(&e, &queries, clients, secs, &stop);
+        let idle_p99 = report(&format!("{clients} clients, no ingest"), &idle, secs as f64);
+
+        let more = head(&data.join("huatuo26m_test/corpus.jsonl"), ingest, &t.path().join("huatuo.jsonl"));
+        let writer = {
+            let (e, stop) = (e.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                e.ingest_files("huatuo", &[more], &mut |_| {}).unwrap();
+                stop.store(true, Ordering::Relaxed);
+                t.elapsed().as_secs_f64()
+            })
+        };
+        let busy_started = Instant::now();
+        let busy = closed_loop(&e, &queries, clients, 3600, &stop);
+        let busy_secs = busy_started.elapsed().as_secs_f64();
+        let ingest_secs = writer.join().unwrap();
+        let busy_p99 = report(&format!("{clients} clients during ingest"), &busy, busy_secs);
+        eprintln!("ingest of {ingest} documents took {ingest_secs:.1}s; p99 ratio {:.2}", busy_p99 / idle_p99);
+    }
+
+    /// Query encoding alone, per intra-op thread count (CARE_BENCH_THREADS, "1,2"): one client's latency, 16
+    /// clients' throughput, and document throughput per batch budget. CARE_BENCH_DATA keeps the imported model
+    /// between runs.
+    #[test]
+    #[ignore = "micro-benchmark; run by hand"]
+    fn encoder_micro_benchmark() {
+        use care_engine::encoders::{ModelConfig, OrtEncoder, TextKind};
+        let t = tempfile::tempdir().unwrap();
+        let data = std::env::var_os("CARE_BENCH_DATA").map(PathBuf::from).unwrap_or_else(|| t.path().join("data"));
+        let e = engine_in(&data);
+        let dir = match e.models().unwrap().first() {
+            Some(m) => m.dir.clone(),
+            None => e.import_e5s1(&e5s1(), "1", None, false).unwrap().dir,
+        };
+        let set = BeirSet::load(&shared().join("data/retrieval/kuake_qtr"), "dev").unwrap();
+        let queries: Arc<Vec<String>> = Arc::new(set.queries.iter().map(|(_, q)| q.clone()).collect());
+        let passages: Vec<String> =
+            std::fs::read_to_string(shared().join("data/retrieval/huatuo26m_test/corpus.jsonl"))
+                .unwrap()
+                .lines()
+                .take(96)
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["text"].as_str().unwrap().to_string())
+                .collect();
+        let refs: Vec<&str> = passages.iter().map(String::as_str).collect();
+        let threads = std::env::var("CARE_BENCH_THREADS").unwrap_or_else(|_| "1,2".into());
+        let queries_only = std::env::var_os("CARE_BENCH_QUERIES_ONLY").is_some();
+        for threads in threads.split(',').map(|t| t.trim().parse::<usize>().unwrap()) {
+            let enc = Arc::new(OrtEncoder::load(&dir, &ModelConfig { threads, ..Default::default() }).unwrap());
+            enc.encode(&["预热"], TextKind::Query).unwrap();
+            let t0 = Instant::now();
+            for q in queries.iter().take(64) {
+                enc.encode(&[q], TextKind::Query).unwrap();
+            }
+            let alone = t0.elapsed().as_secs_f64() * 1e3 / 64.0;
+            let t0 = Instant::now();
+            let handles: Vec<_> = (0..16)
+                .map(|c| {
+                    let (enc, queries) = (enc.clone(), queries.clone());
+                    std::thread::spawn(move || {
+                        for q in queries.iter().skip(c * 16).take(16) {
+                            enc.encode(&[q], TextKind::Query).unwrap();
+                        }
+                    })
+                })
+                .collect();
+            handles.into_iter().for_each(|h| h.join().unwrap());
+            let qps = 256.0 / t0.elapsed().as_secs_f64();
+            eprintln!("threads {threads}: one query alone {alone:.1} ms; 16 clients {qps:.0} queries/s");
+            for document_piece_tokens in [256, 512, 2048, 8192].into_iter().filter(|_| !queries_only) {
+                let cfg = ModelConfig { threads, document_piece_tokens, ..Default::default() };
+                let enc = OrtEncoder::load(&dir, &cfg).unwrap();
+                let t0 = Instant::now();
+                enc.encode(&refs, TextKind::Document).unwrap();
+                let secs = t0.elapsed().as_secs_f64();
+                let s = enc.stats();
+                eprintln!(
+                    "threads {threads}, pieces of {document_piece_tokens} tokens: {:.1} documents/s, {} pieces of {:.0} ms",
+                    refs.len() as f64 / secs,
+                    s.document_batches,
+                    secs * 1e3 / s.document_batches as f64
+                );
+            }
+        }
+    }
+}

@@ -169,7 +169,8 @@ pub async fn admin_create_collection(
     body: web::Json<NewCollection>,
 ) -> Result<HttpResponse, ApiError> {
     let c = body.into_inner();
-    Ok(HttpResponse::Created().json(call(&state, &caller, move |e, a| e.create_collection_as(a, &c.name, &c.description)).await?))
+    Ok(HttpResponse::Created()
+        .json(call(&state, &caller, move |e, a| e.create_collection_as(a, &c.name, &c.description)).await?))
 }
 
 #[utoipa::path(delete, path = "/api/v1/admin/collections/{name}", tag = "admin", params(("name" = String, Path)),
@@ -393,7 +394,8 @@ pub async fn admin_activate(
     body: web::Json<Activate>,
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
-    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.activate_as(a, &b.query, &b.document, &mut |_| {})).await?))
+    Ok(HttpResponse::Ok()
+        .json(call(&state, &caller, move |e, a| e.activate_as(a, &b.query, &b.document, &mut |_| {})).await?))
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, IntoParams)]
