@@ -453,12 +453,17 @@ fn profile_of(bin: &Path) -> String {
 }
 
 /// A config that pins everything the benchmark relies on; the rest stays at compiled defaults (and CARE__…
-/// environment variables still apply, e.g. CARE__MODEL__THREADS).
-fn write_config(path: &Path, data_dir: &Path) -> Result<()> {
+/// environment variables still apply, e.g. CARE__MODEL__THREADS). The default model is the one prepared (or none,
+/// so that a BM25-only run stays BM25-only even where the package's model file is installed).
+fn write_config(path: &Path, data_dir: &Path, e5s1: Option<&Path>) -> Result<()> {
     let mut t = toml::Table::new();
     let mut storage = toml::Table::new();
     storage.insert("data_dir".into(), data_dir.display().to_string().into());
     t.insert("storage".into(), storage.into());
+    let none = data_dir.with_extension("no-default-model");
+    let mut model = toml::Table::new();
+    model.insert("default_model".into(), e5s1.unwrap_or(&none).display().to_string().into());
+    t.insert("model".into(), model.into());
     let mut server = toml::Table::new();
     server.insert("bind".into(), "127.0.0.1:0".into());
     server.insert("http_redirect_bind".into(), "".into());
@@ -485,7 +490,7 @@ fn copy_dir(src: &Path, dst: &Path) -> Result<()> {
 
 /// Copies the prepared data directory for one server, gives it an administrator with an API token (made by that
 /// server's own binary), and starts `care serve` on a free loopback port.
-fn start_server(name: &str, bin: &Path, prepared: &Path, work: &Path) -> Result<Server> {
+fn start_server(name: &str, bin: &Path, prepared: &Path, e5s1: Option<&Path>, work: &Path) -> Result<Server> {
     let dir = work.join(name);
     if dir.exists() {
         std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
@@ -494,10 +499,15 @@ fn start_server(name: &str, bin: &Path, prepared: &Path, work: &Path) -> Result<
     eprintln!("[{name}] copying the prepared data directory to {}", data_dir.display());
     copy_dir(prepared, &data_dir)?;
     let config = dir.join("care.toml");
-    write_config(&config, &data_dir)?;
+    write_config(&config, &data_dir, e5s1)?;
     let pw = dir.join("admin-password");
     std::fs::write(&pw, format!("bench-load-{}-{name}\n", std::process::id()))?;
-    care(bin, &config, &data_dir, &["user", "add", "bench-load", "--role", "admin", "--password-file", &pw.to_string_lossy()])?;
+    care(
+        bin,
+        &config,
+        &data_dir,
+        &["user", "add", "bench-load", "--role", "admin", "--password-file", &pw.to_string_lossy()],
+    )?;
     let token = care(bin, &config, &data_dir, &["user", "token", "bench-load", "--name", "care bench --load"])?
         .trim()
         .to_string();
@@ -576,7 +586,14 @@ pub struct Prepared {
 
 /// Fills `root/data` with the set's corpus (cut to `max_docs`) and the default model, through the CLI of `bin`;
 /// reuses what an earlier run prepared there when it matches.
-fn prepare(bin: &Path, root: &Path, set: &Path, e5s1: Option<&Path>, int8: bool, max_docs: Option<usize>) -> Result<Prepared> {
+fn prepare(
+    bin: &Path,
+    root: &Path,
+    set: &Path,
+    e5s1: Option<&Path>,
+    int8: bool,
+    max_docs: Option<usize>,
+) -> Result<Prepared> {
     let marker = root.join("prepared.json");
     let set = set.canonicalize().with_context(|| format!("set {}", set.display()))?;
     let model = e5s1.map(|p| p.display().to_string());
@@ -600,7 +617,7 @@ fn prepare(bin: &Path, root: &Path, set: &Path, e5s1: Option<&Path>, int8: bool,
     std::fs::create_dir_all(root)?;
     let started = Instant::now();
     let config = root.join("care.toml");
-    write_config(&config, &data)?;
+    write_config(&config, &data, e5s1)?;
     let text = std::fs::read_to_string(set.join("corpus.jsonl"))
         .with_context(|| format!("reading {}", set.join("corpus.jsonl").display()))?;
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).take(max_docs.unwrap_or(usize::MAX)).collect();
@@ -614,8 +631,18 @@ fn prepare(bin: &Path, root: &Path, set: &Path, e5s1: Option<&Path>, int8: bool,
             // The same weights: the int8 query graph shares the fp32 document model's pairing.
             let (name, pairing) = parse_import(&out).context("reading `care model import-e5s1` output")?;
             let f = f.to_string_lossy();
-            care(bin, &config, &data, &["model", "import-e5s1", &f, "--version", "1-int8", "--pairing-id", &pairing, "--int8"])?;
-            care(bin, &config, &data, &["model", "activate", "--query", &format!("{name}@1-int8"), "--document", &format!("{name}@1")])?;
+            care(
+                bin,
+                &config,
+                &data,
+                &["model", "import-e5s1", &f, "--version", "1-int8", "--pairing-id", &pairing, "--int8"],
+            )?;
+            care(
+                bin,
+                &config,
+                &data,
+                &["model", "activate", "--query", &format!("{name}@1-int8"), "--document", &format!("{name}@1")],
+            )?;
         }
     }
     eprintln!("ingesting {} documents of {} (embedding them too; slow in a debug build)", lines.len(), set.display());
@@ -760,12 +787,7 @@ async fn start_ingest(t: &Target, collection: &str, body: &[u8]) -> Result<(i64,
 /// Cancels the job if it still runs, waits for it to end, and deletes its collection, so that the next phase
 /// searches the same index as the ones before.
 async fn stop_ingest(t: &Target, collection: &str, id: i64) -> Result<()> {
-    let _ = t
-        .client
-        .post(format!("{}/api/v1/admin/jobs/{id}/cancel", t.base))
-        .bearer_auth(&t.token)
-        .send()
-        .await;
+    let _ = t.client.post(format!("{}/api/v1/admin/jobs/{id}/cancel", t.base)).bearer_auth(&t.token).send().await;
     let deadline = Instant::now() + Duration::from_secs(600);
     while !finished(&job_status(t, id).await?.0) {
         if Instant::now() > deadline {
@@ -881,7 +903,9 @@ fn proc_cpu_s(pid: &str) -> Option<f64> {
 }
 
 fn load_avg() -> String {
-    std::fs::read_to_string("/proc/loadavg").map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).unwrap_or_default()
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 fn machine() -> Machine {
@@ -1093,12 +1117,7 @@ impl Run<'_> {
         };
         eprintln!(
             "[{}] {}: {:.1} req/s, p50 {:.0} ms, p99 {:.0} ms, {} errors",
-            s.name,
-            r.phase,
-            r.window.throughput_rps,
-            r.window.latency.p50_ms,
-            r.window.latency.p99_ms,
-            r.window.errors
+            s.name, r.phase, r.window.throughput_rps, r.window.latency.p50_ms, r.window.latency.p99_ms, r.window.errors
         );
         Ok(r)
     }
@@ -1122,8 +1141,9 @@ pub fn run(set: &Path, e5s1: Option<&Path>, int8: bool, out: Option<&Path>, a: &
             None => set.parent().map(|p| p.join("cmedir")).unwrap_or_default(),
         };
         let f = dir.join("corpus.jsonl");
-        let text = std::fs::read_to_string(&f)
-            .with_context(|| format!("reading the ingest corpus {} (pass --ingest-set, or --phases closed,open)", f.display()))?;
+        let text = std::fs::read_to_string(&f).with_context(|| {
+            format!("reading the ingest corpus {} (pass --ingest-set, or --phases closed,open)", f.display())
+        })?;
         let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).take(a.ingest_docs).collect();
         (format!("{}\n", lines.join("\n")).into_bytes(), lines.len(), Some(dir))
     } else {
@@ -1131,14 +1151,17 @@ pub fn run(set: &Path, e5s1: Option<&Path>, int8: bool, out: Option<&Path>, a: &
     };
 
     let temp = a.work_dir.is_none();
-    let work = a.work_dir.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("care-bench-load-{}", std::process::id())));
+    let work = a
+        .work_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("care-bench-load-{}", std::process::id())));
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     let prepared_root = a.prepared.clone().unwrap_or_else(|| work.join("prepared"));
     let prepared = prepare(&servers[0].1, &prepared_root, set, e5s1, int8, a.max_docs)?;
 
     let mut running = Vec::new();
     for (name, bin) in &servers {
-        running.push(start_server(name, bin, &prepared_root.join("data"), &work)?);
+        running.push(start_server(name, bin, &prepared_root.join("data"), e5s1, &work)?);
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let mut r = Run { a, rt, queries: Arc::new(queries), ingest_body, ingest_docs, sequence: 0 };
@@ -1320,7 +1343,11 @@ fn print_table(r: &LoadReport) {
             notes.push(format!(
                 "ingest {} docs in window{}",
                 i.documents_at_window_end - i.documents_at_window_start,
-                if i.finished_in_window { format!(", ended at {:.0}% of it", 100.0 * i.window_covered) } else { String::new() }
+                if i.finished_in_window {
+                    format!(", ended at {:.0}% of it", 100.0 * i.window_covered)
+                } else {
+                    String::new()
+                }
             ));
         }
         println!(
@@ -1451,10 +1478,10 @@ mod tests {
     #[test]
     fn window_counts_requests_due_in_it_and_latency_from_their_due_time() {
         let samples = vec![
-            ok(0.5, 1.5),  // warm-up: not counted, but its answer arrives in the window (throughput)
-            ok(1.0, 1.1),  // 100 ms
-            ok(2.0, 2.3),  // 300 ms
-            ok(2.9, 3.4),  // due in the window, answered after it: latency counts, throughput does not
+            ok(0.5, 1.5), // warm-up: not counted, but its answer arrives in the window (throughput)
+            ok(1.0, 1.1), // 100 ms
+            ok(2.0, 2.3), // 300 ms
+            ok(2.9, 3.4), // due in the window, answered after it: latency counts, throughput does not
             Sample { issued: 1.5, ended: 1.6, outcome: Outcome::Status(503) },
             Sample { issued: 2.5, ended: 2.6, outcome: Outcome::Transport("timeout") },
             ok(3.0, 3.1), // after the window
@@ -1492,6 +1519,9 @@ mod tests {
         let s = parse_servers(&["before=/bin/sh".into(), "after=/bin/sh".into()]).unwrap();
         assert_eq!(s[1].0, "after");
         assert_eq!(parse_servers(&[]).unwrap()[0].0, "current");
-        assert_eq!(parse_import("imported e5-small@1 (pairing e5-small-q4@1) into /d/models/x\n"), Some(("e5-small".into(), "e5-small-q4@1".into())));
+        assert_eq!(
+            parse_import("imported e5-small@1 (pairing e5-small-q4@1) into /d/models/x\n"),
+            Some(("e5-small".into(), "e5-small-q4@1".into()))
+        );
     }
 }

@@ -56,7 +56,11 @@ pub fn stack(charts: &[String]) -> String {
     // The size of a chart, from the width/height attributes of its root element.
     fn attr(svg: &str, name: &str) -> f64 {
         let head = &svg[..svg.find('>').unwrap_or(svg.len())];
-        head.split(&format!(" {name}=\"")).nth(1).and_then(|r| r.split('"').next()).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        head.split(&format!(" {name}=\""))
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
     }
     let width = charts.iter().map(|c| attr(c, "width")).fold(0.0f64, f64::max);
     let height: f64 = charts.iter().map(|c| attr(c, "height")).sum();
