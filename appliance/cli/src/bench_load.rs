@@ -243,6 +243,35 @@ impl Target {
     }
 }
 
+/// Readies a freshly started server: the first search loads the query encoder and the indexes (slow, so it is
+/// reported), then `burst` concurrent searches, twice, so that every worker thread has served one. Returns the
+/// seconds of both steps.
+async fn warm_up(t: &Target, queries: &[String], burst: usize) -> Result<(f64, f64)> {
+    let long = Target { timeout: Duration::from_secs(600), ..t.clone() };
+    let t0 = Instant::now();
+    let first = long.search(&queries[0]).await;
+    if first != Outcome::Ok {
+        bail!("the first search failed: {}", first.kind());
+    }
+    let first_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    for round in 0..2 {
+        let mut tasks = Vec::new();
+        for i in 0..burst {
+            let (long, q) = (long.clone(), queries[(1 + round * burst + i) % queries.len()].clone());
+            tasks.push(tokio::spawn(async move { long.search(&q).await }));
+        }
+        for task in tasks {
+            if let Ok(o) = task.await
+                && o != Outcome::Ok
+            {
+                bail!("a warm-up search failed: {}", o.kind());
+            }
+        }
+    }
+    Ok((first_s, t1.elapsed().as_secs_f64()))
+}
+
 fn transport_kind(e: &reqwest::Error) -> &'static str {
     if e.is_timeout() {
         "timeout"
@@ -356,6 +385,8 @@ struct Server {
     token: String,
     client: reqwest::Client,
     startup_s: f64,
+    first_search_s: f64,
+    warm_up_s: f64,
 }
 
 impl Drop for Server {
@@ -401,7 +432,11 @@ pub struct ServerInfo {
     pub profile: String,
     pub binary_bytes: u64,
     pub binary_modified: String,
+    /// From spawning `care serve` to its "listening on" line.
     pub startup_s: f64,
+    /// The first search after the start (loads the encoder and indexes), then the concurrent warm-up searches.
+    pub first_search_s: f64,
+    pub warm_up_s: f64,
 }
 
 /// Runs `bin --config C --data-dir D args…` and returns its stdout; fails with its stderr.
@@ -551,6 +586,8 @@ fn start_server(name: &str, bin: &Path, prepared: &Path, e5s1: Option<&Path>, wo
             .build()
             .context("building the HTTPS client")?,
         startup_s: 0.0,
+        first_search_s: 0.0,
+        warm_up_s: 0.0,
     };
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
@@ -1093,6 +1130,9 @@ impl Run<'_> {
         })?;
         s.check_alive()?;
         let window = summarize(&samples, w0, w1);
+        if window.requests == 0 {
+            eprintln!("[{}] warning: no request was due in the measured window (one outlasted it?)", s.name);
+        }
         let (concurrency, rate) = match phase {
             Phase::Closed(c) | Phase::ClosedWithIngest(c) => (Some(c), None),
             Phase::Open(r) => (None, Some(r)),
@@ -1164,6 +1204,12 @@ pub fn run(set: &Path, e5s1: Option<&Path>, int8: bool, out: Option<&Path>, a: &
         running.push(start_server(name, bin, &prepared_root.join("data"), e5s1, &work)?);
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let burst = a.concurrency.iter().chain(&a.ingest_concurrency).copied().max().unwrap_or(4).max(1);
+    for s in &mut running {
+        let (first, warm) = rt.block_on(warm_up(&s.target(a), &queries, burst))?;
+        eprintln!("[{}] first search {first:.1} s, warm-up at concurrency {burst} {warm:.1} s", s.name);
+        (s.first_search_s, s.warm_up_s) = (first, warm);
+    }
     let mut r = Run { a, rt, queries: Arc::new(queries), ingest_body, ingest_docs, sequence: 0 };
     let mut results = Vec::new();
     let n = running.len();
@@ -1186,6 +1232,8 @@ pub fn run(set: &Path, e5s1: Option<&Path>, int8: bool, out: Option<&Path>, a: &
             binary_bytes: std::fs::metadata(&s.bin).map_or(0, |m| m.len()),
             binary_modified: modified(&s.bin),
             startup_s: s.startup_s,
+            first_search_s: s.first_search_s,
+            warm_up_s: s.warm_up_s,
         })
         .collect();
     let logs: Vec<(String, PathBuf, PathBuf)> =

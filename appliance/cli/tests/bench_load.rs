@@ -29,6 +29,9 @@ fn load_benchmark_runs_against_care_serve() {
         .arg("--work-dir")
         .arg(dir.path().join("work"))
         .env("CARE_LOG", "warn")
+        // BM25 only: importing the model and loading the encoder take minutes in a debug build; the dense path is the
+        // same `care` CLI calls the e2e tests cover.
+        .env_remove("CARE_E5S1")
         .output()
         .unwrap();
     assert!(
@@ -40,6 +43,8 @@ fn load_benchmark_runs_against_care_serve() {
     let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert!(report["machine"]["cores"].as_u64().unwrap() >= 1);
     assert_eq!(report["prepared"]["corpus_documents"], 300);
+    assert_eq!(report["prepared"]["model"], serde_json::Value::Null);
+    assert!(report["servers"][0]["first_search_s"].as_f64().unwrap() > 0.0);
     let phases = report["phases"].as_array().unwrap();
     let labels: Vec<&str> = phases.iter().map(|p| p["phase"].as_str().unwrap()).collect();
     assert_eq!(labels, ["closed c=1", "closed c=4", "open 5/s", "closed c=4 + ingest"]);
