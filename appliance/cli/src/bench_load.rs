@@ -1370,8 +1370,8 @@ fn print_table(r: &LoadReport) {
         println!("  {}: {} ({}, {} build)", s.name, s.binary.display(), s.version, s.profile);
     }
     println!(
-        "{:<24} {:<10} {:>8} {:>8} {:>8} {:>8} {:>7}  {}",
-        "phase", "server", "req/s", "p50 ms", "p90 ms", "p99 ms", "errors", "notes"
+        "{:<24} {:<10} {:>8} {:>8} {:>8} {:>8} {:>7}  notes",
+        "phase", "server", "req/s", "p50 ms", "p90 ms", "p99 ms", "errors"
     );
     for p in &r.phases {
         let mut notes = Vec::new();
@@ -1445,10 +1445,8 @@ fn rows(
     labels
         .into_iter()
         .map(|l| {
-            let v = names
-                .iter()
-                .flat_map(|s| find(&r.phases, s, &l).map_or_else(|| vec![0.0; width], |p| value(p)))
-                .collect();
+            let v =
+                names.iter().flat_map(|s| find(&r.phases, s, &l).map_or_else(|| vec![0.0; width], &value)).collect();
             (l, v)
         })
         .collect()

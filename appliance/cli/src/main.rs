@@ -222,7 +222,7 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
         #[command(flatten)]
-        load: bench_load::LoadArgs,
+        load: Box<bench_load::LoadArgs>,
     },
 }
 
