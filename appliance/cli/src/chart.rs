@@ -51,6 +51,32 @@ pub fn grouped_bars(title: &str, unit: &str, series: &[&str], rows: &[(String, V
     svg
 }
 
+/// Several charts (each a whole `<svg>` as [`grouped_bars`] returns) one below the other in one SVG document.
+pub fn stack(charts: &[String]) -> String {
+    // The size of a chart, from the width/height attributes of its root element.
+    fn attr(svg: &str, name: &str) -> f64 {
+        let head = &svg[..svg.find('>').unwrap_or(svg.len())];
+        head.split(&format!(" {name}=\""))
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+    let width = charts.iter().map(|c| attr(c, "width")).fold(0.0f64, f64::max);
+    let height: f64 = charts.iter().map(|c| attr(c, "height")).sum();
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    let mut y = 0.0;
+    for c in charts {
+        // A nested <svg> is placed by its x/y attributes.
+        svg += &c.replacen("<svg ", &format!("<svg x=\"0\" y=\"{y}\" "), 1);
+        y += attr(c, "height");
+    }
+    svg += "</svg>\n";
+    svg
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +95,17 @@ mod tests {
         assert!(svg.contains("width=\"490.0\""), "{svg}");
         assert!(svg.contains("width=\"245.0\""));
         assert_eq!(svg.matches("<rect").count(), 1 + 2 + 4);
+    }
+
+    #[test]
+    fn stacked_charts_sit_one_below_the_other() {
+        let a = grouped_bars("a", "", &["x"], &[("r".into(), vec![1.0])]);
+        let b = grouped_bars("b", "", &["x", "y"], &[("r".into(), vec![1.0, 2.0]), ("s".into(), vec![3.0, 4.0])]);
+        let s = stack(&[a, b]);
+        // Heights: 60 + rows * (series * 14 + 10) + 30.
+        assert!(s.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"720\" height=\"280\""), "{s}");
+        assert!(s.contains("<svg x=\"0\" y=\"0\" ") && s.contains("<svg x=\"0\" y=\"114\" "), "{s}");
+        assert_eq!(s.matches("<svg").count(), 3);
+        assert_eq!(s.matches("</svg>").count(), 3);
     }
 }

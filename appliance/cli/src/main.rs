@@ -2,6 +2,7 @@
 
 mod admin_cmds;
 mod bench;
+mod bench_load;
 mod chart;
 mod config;
 mod doctor;
@@ -199,7 +200,8 @@ enum Command {
         #[arg(long, env = "CARE_E5S1")]
         e5s1: Option<PathBuf>,
     },
-    /// Measure per-query latency of each search stage and ingest/embedding throughput on a BEIR set (JSON).
+    /// Measure per-query latency of each search stage and ingest/embedding throughput on a BEIR set (JSON); with
+    /// --load, throughput and latency of `care serve` processes under concurrent load.
     Bench {
         #[arg(long)]
         set: PathBuf,
@@ -219,6 +221,8 @@ enum Command {
         http: bool,
         #[arg(long)]
         out: Option<PathBuf>,
+        #[command(flatten)]
+        load: Box<bench_load::LoadArgs>,
     },
 }
 
@@ -352,7 +356,10 @@ fn run(cli: Cli) -> Result<i32> {
     let cfg = config::load(cli.config.as_deref(), &overrides)?;
     let open = |mode| Engine::open(cfg.engine.clone(), mode).map_err(anyhow::Error::from);
     match cli.command {
-        Command::Bench { set, queries, e5s1, int8, threads, http, out } => {
+        Command::Bench { set, e5s1, int8, out, load, .. } if load.load => {
+            return bench_load::run(&set, e5s1.as_deref(), int8, out.as_deref(), &load);
+        }
+        Command::Bench { set, queries, e5s1, int8, threads, http, out, .. } => {
             let opts = bench::BenchOptions { set, queries, e5s1, threads, http, int8 };
             let report = bench::run(&cfg.engine, &opts)?;
             bench::write(&report, out.as_deref())?;

@@ -1,0 +1,1573 @@
+//! `care bench --load`: throughput and latency of `care serve` processes under load, over HTTPS on loopback.
+//!
+//! One run prepares a data directory once (the set's corpus ingested, the default model imported so hybrid search
+//! uses dense retrieval), copies it for each server binary under test (`--server before=… --server after=…`), starts
+//! each as `care serve` on a free loopback port and drives `GET /api/v1/search` with an API token:
+//!
+//! * closed loop: N clients each send their next query as soon as the previous one answered (`--concurrency`);
+//! * open loop: queries sent on a fixed schedule whatever the server does (`--rates`), latency counted from the
+//!   scheduled send time, so a slow server cannot hide queueing (no coordinated omission);
+//! * with ingest: the closed loop again while the server ingests another collection uploaded through its admin API.
+//!
+//! Phases run server by server (order alternating) before the next phase starts, so every server sees the same
+//! machine conditions. The client is one tokio worker thread; its CPU time is reported beside the server's.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+use crate::chart;
+
+/// Flags of `care bench --load` (the set, `--e5s1`, `--int8` and `--out` are shared with `care bench`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct LoadArgs {
+    /// Load benchmark: run `care serve` processes on loopback and measure search throughput and latency over
+    /// HTTPS, closed- and open-loop, with and without a concurrent ingest (--set names the searched corpus).
+    #[arg(long)]
+    pub load: bool,
+    /// With --load: a server binary to measure, NAME=PATH (repeat to compare builds side by side; the first one
+    /// also prepares the data directory, so list the oldest first). Default: this executable, named "current".
+    #[arg(long = "server", value_name = "NAME=PATH", requires = "load")]
+    pub servers: Vec<String>,
+    /// With --load: phases to run, of closed, open, ingest.
+    #[arg(long, value_delimiter = ',', default_value = "closed,open,ingest", requires = "load")]
+    pub phases: Vec<String>,
+    /// With --load: closed-loop concurrencies (clients each waiting for its answer before sending again).
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64", requires = "load")]
+    pub concurrency: Vec<usize>,
+    /// With --load: open-loop request rates per second (sent on schedule whatever the server does).
+    #[arg(long, value_delimiter = ',', default_value = "5,10,20,40", requires = "load")]
+    pub rates: Vec<f64>,
+    /// With --load: closed-loop concurrencies measured again while another collection is ingested.
+    #[arg(long, value_delimiter = ',', default_value = "16", requires = "load")]
+    pub ingest_concurrency: Vec<usize>,
+    /// With --load: measured seconds of each phase.
+    #[arg(long, default_value_t = 20.0, requires = "load")]
+    pub duration: f64,
+    /// With --load: seconds of the same load before each measured window (not counted).
+    #[arg(long, default_value_t = 5.0, requires = "load")]
+    pub warmup: f64,
+    /// With --load: idle seconds between phases.
+    #[arg(long, default_value_t = 3.0, requires = "load")]
+    pub settle: f64,
+    /// With --load: seconds before a request counts as an error (timeout).
+    #[arg(long, default_value_t = 30.0, requires = "load")]
+    pub timeout: f64,
+    /// With --load: open loop only: most requests in flight; a send beyond it is dropped (counted, not sent).
+    #[arg(long, default_value_t = 512, requires = "load")]
+    pub max_inflight: usize,
+    /// With --load: BEIR-layout set whose corpus.jsonl is uploaded during the ingest phases (default: the cmedir set
+    /// beside --set).
+    #[arg(long, requires = "load")]
+    pub ingest_set: Option<PathBuf>,
+    /// With --load: documents uploaded per ingest phase (at most the ingest corpus).
+    #[arg(long, default_value_t = 20_000, requires = "load")]
+    pub ingest_docs: usize,
+    /// With --load: use only the first N documents of the searched corpus (quick trials).
+    #[arg(long, requires = "load")]
+    pub max_docs: Option<usize>,
+    /// With --load: folder holding a prepared data directory to reuse between runs (prepared into it when empty).
+    #[arg(long, requires = "load")]
+    pub prepared: Option<PathBuf>,
+    /// With --load: folder for the servers' data directory copies, configs and logs (default: a temporary folder,
+    /// removed afterwards unless --keep).
+    #[arg(long, requires = "load")]
+    pub work_dir: Option<PathBuf>,
+    /// With --load: keep the work folder (server logs, data directories).
+    #[arg(long, requires = "load")]
+    pub keep: bool,
+    /// With --load: retrieval method sent with each search (bm25, dense, rrf, weighted; default: the collection's,
+    /// i.e. hybrid when a model is active).
+    #[arg(long, requires = "load")]
+    pub method: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Measurement: samples, percentiles, open-loop schedule
+
+#[derive(Debug, Clone, PartialEq)]
+enum Outcome {
+    Ok,
+    /// A non-2xx answer.
+    Status(u16),
+    /// No answer: timeout, connection refused or reset, TLS failure.
+    Transport(&'static str),
+}
+
+impl Outcome {
+    fn kind(&self) -> String {
+        match self {
+            Outcome::Ok => "ok".into(),
+            Outcome::Status(s) => format!("http {s}"),
+            Outcome::Transport(t) => (*t).into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Sample {
+    /// Seconds from the phase start at which the request was due: when it was sent (closed loop) or scheduled
+    /// (open loop).
+    issued: f64,
+    /// Seconds from the phase start at which the answer (or failure) arrived.
+    ended: f64,
+    outcome: Outcome,
+}
+
+impl Sample {
+    fn latency_ms(&self) -> f64 {
+        (self.ended - self.issued) * 1e3
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Default, PartialEq)]
+pub struct Latency {
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub mean_ms: f64,
+}
+
+/// Nearest-rank percentile of sorted values: the smallest value with at least `p` of all values at or below it.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn latency(mut xs: Vec<f64>) -> Latency {
+    if xs.is_empty() {
+        return Latency::default();
+    }
+    xs.sort_by(f64::total_cmp);
+    Latency {
+        p50_ms: percentile(&xs, 0.50),
+        p90_ms: percentile(&xs, 0.90),
+        p99_ms: percentile(&xs, 0.99),
+        max_ms: xs[xs.len() - 1],
+        mean_ms: xs.iter().sum::<f64>() / xs.len() as f64,
+    }
+}
+
+/// What one phase measured in its window `[from, to)` (seconds from the phase start).
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Window {
+    /// Requests due in the window (each is waited for, up to the timeout, even past the window's end).
+    pub requests: usize,
+    pub ok: usize,
+    /// Requests due in the window that failed: non-2xx answers, timeouts, connection errors.
+    pub errors: usize,
+    pub error_kinds: BTreeMap<String, usize>,
+    /// Successful answers that arrived in the window, per second.
+    pub throughput_rps: f64,
+    /// Of the successful requests due in the window.
+    pub latency: Latency,
+}
+
+fn summarize(samples: &[Sample], from: f64, to: f64) -> Window {
+    let mut w = Window::default();
+    let mut lat = Vec::new();
+    let mut done_in_window = 0usize;
+    for s in samples {
+        if s.outcome == Outcome::Ok && s.ended >= from && s.ended < to {
+            done_in_window += 1;
+        }
+        if s.issued < from || s.issued >= to {
+            continue;
+        }
+        w.requests += 1;
+        if s.outcome == Outcome::Ok {
+            w.ok += 1;
+            lat.push(s.latency_ms());
+        } else {
+            w.errors += 1;
+            *w.error_kinds.entry(s.outcome.kind()).or_default() += 1;
+        }
+    }
+    w.throughput_rps = done_in_window as f64 / (to - from).max(1e-9);
+    w.latency = latency(lat);
+    w
+}
+
+/// Send times (seconds from the phase start) of an open loop at `rate` per second, up to `end`.
+fn schedule(rate: f64, end: f64) -> impl Iterator<Item = f64> {
+    (0u64..).map(move |k| k as f64 / rate).take_while(move |&t| t < end)
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Load generators
+
+/// One server as the client sees it.
+#[derive(Clone)]
+struct Target {
+    client: reqwest::Client,
+    base: String,
+    token: String,
+    method: Option<String>,
+    timeout: Duration,
+}
+
+impl Target {
+    async fn search(&self, q: &str) -> Outcome {
+        let mut params = vec![("q", q)];
+        if let Some(m) = &self.method {
+            params.push(("method", m.as_str()));
+        }
+        let req = self
+            .client
+            .get(format!("{}/api/v1/search", self.base))
+            .query(&params)
+            .bearer_auth(&self.token)
+            .timeout(self.timeout);
+        match req.send().await {
+            Ok(r) => {
+                let status = r.status();
+                match r.bytes().await {
+                    Ok(_) if status.is_success() => Outcome::Ok,
+                    Ok(_) => Outcome::Status(status.as_u16()),
+                    Err(e) => Outcome::Transport(transport_kind(&e)),
+                }
+            }
+            Err(e) => Outcome::Transport(transport_kind(&e)),
+        }
+    }
+}
+
+/// Readies a freshly started server: the first search loads the query encoder and the indexes (slow, so it is
+/// reported), then `burst` concurrent searches, twice, so that every worker thread has served one. Returns the
+/// seconds of both steps.
+async fn warm_up(t: &Target, queries: &[String], burst: usize) -> Result<(f64, f64)> {
+    let long = Target { timeout: Duration::from_secs(600), ..t.clone() };
+    let t0 = Instant::now();
+    let first = long.search(&queries[0]).await;
+    if first != Outcome::Ok {
+        bail!("the first search failed: {}", first.kind());
+    }
+    let first_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    for round in 0..2 {
+        let mut tasks = Vec::new();
+        for i in 0..burst {
+            let (long, q) = (long.clone(), queries[(1 + round * burst + i) % queries.len()].clone());
+            tasks.push(tokio::spawn(async move { long.search(&q).await }));
+        }
+        for task in tasks {
+            if let Ok(o) = task.await
+                && o != Outcome::Ok
+            {
+                bail!("a warm-up search failed: {}", o.kind());
+            }
+        }
+    }
+    Ok((first_s, t1.elapsed().as_secs_f64()))
+}
+
+fn transport_kind(e: &reqwest::Error) -> &'static str {
+    if e.is_timeout() {
+        "timeout"
+    } else if e.is_connect() {
+        "connect error"
+    } else if e.is_body() || e.is_decode() {
+        "body error"
+    } else {
+        "transport error"
+    }
+}
+
+/// `c` clients, each sending its next query (taken in turn from `queries`, starting at `offset`) as soon as the
+/// previous one answered, until `end` seconds after `start`.
+async fn closed_loop(
+    t: &Target,
+    queries: &Arc<Vec<String>>,
+    offset: usize,
+    c: usize,
+    start: Instant,
+    end: f64,
+) -> Vec<Sample> {
+    let next = Arc::new(AtomicUsize::new(offset));
+    let mut tasks = Vec::new();
+    for _ in 0..c {
+        let (t, queries, next) = (t.clone(), queries.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut out = Vec::new();
+            loop {
+                let issued = start.elapsed().as_secs_f64();
+                if issued >= end {
+                    break;
+                }
+                let q = &queries[next.fetch_add(1, Ordering::Relaxed) % queries.len()];
+                let outcome = t.search(q).await;
+                out.push(Sample { issued, ended: start.elapsed().as_secs_f64(), outcome });
+            }
+            out
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap_or_default());
+    }
+    all
+}
+
+#[derive(Debug, Default)]
+struct OpenLoopCounts {
+    /// Sends skipped because `max_inflight` requests were outstanding (due in the window).
+    dropped: usize,
+    /// Sends the client itself made more than 10 ms after their schedule (due in the window): a sign the client was
+    /// short of CPU. Their latency still counts from the schedule.
+    late: usize,
+}
+
+/// Sends at `rate` per second on a fixed schedule until `end`; latency counts from each scheduled time.
+async fn open_loop(
+    t: &Target,
+    queries: &Arc<Vec<String>>,
+    offset: usize,
+    rate: f64,
+    start: Instant,
+    window: (f64, f64),
+    max_inflight: usize,
+) -> (Vec<Sample>, OpenLoopCounts) {
+    let inflight = Arc::new(AtomicUsize::new(0));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut counts = OpenLoopCounts::default();
+    let start_t = tokio::time::Instant::from_std(start);
+    for (k, due) in schedule(rate, window.1).enumerate() {
+        tokio::time::sleep_until(start_t + Duration::from_secs_f64(due)).await;
+        let in_window = due >= window.0;
+        if in_window && start.elapsed().as_secs_f64() - due > 0.010 {
+            counts.late += 1;
+        }
+        if inflight.load(Ordering::SeqCst) >= max_inflight {
+            if in_window {
+                counts.dropped += 1;
+            }
+            continue;
+        }
+        inflight.fetch_add(1, Ordering::SeqCst);
+        let (t, queries, inflight, tx) = (t.clone(), queries.clone(), inflight.clone(), tx.clone());
+        tokio::spawn(async move {
+            let outcome = t.search(&queries[(offset + k) % queries.len()]).await;
+            inflight.fetch_sub(1, Ordering::SeqCst);
+            let _ = tx.send(Sample { issued: due, ended: start.elapsed().as_secs_f64(), outcome });
+        });
+    }
+    drop(tx);
+    let mut samples = Vec::new();
+    while let Some(s) = rx.recv().await {
+        samples.push(s);
+    }
+    (samples, counts)
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Servers
+
+struct Server {
+    name: String,
+    bin: PathBuf,
+    version: String,
+    profile: String,
+    config: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+    base: String,
+    token: String,
+    client: reqwest::Client,
+    startup_s: f64,
+    first_search_s: f64,
+    warm_up_s: f64,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Server {
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    fn target(&self, a: &LoadArgs) -> Target {
+        Target {
+            client: self.client.clone(),
+            base: self.base.clone(),
+            token: self.token.clone(),
+            method: a.method.clone(),
+            timeout: Duration::from_secs_f64(a.timeout),
+        }
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        if let Some(c) = &mut self.child
+            && let Some(status) = c.try_wait()?
+        {
+            bail!("server {} exited ({status}); see {}", self.name, self.log.display());
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ServerInfo {
+    pub name: String,
+    pub binary: PathBuf,
+    pub version: String,
+    /// Guessed from the binary's path (target/release, target/debug) when it is not this executable.
+    pub profile: String,
+    pub binary_bytes: u64,
+    pub binary_modified: String,
+    /// From spawning `care serve` to its "listening on" line.
+    pub startup_s: f64,
+    /// The first search after the start (loads the encoder and indexes), then the concurrent warm-up searches.
+    pub first_search_s: f64,
+    pub warm_up_s: f64,
+}
+
+/// Runs `bin --config C --data-dir D args…` and returns its stdout; fails with its stderr.
+fn care(bin: &Path, config: &Path, data_dir: &Path, args: &[&str]) -> Result<String> {
+    let out = Command::new(bin)
+        .arg("--config")
+        .arg(config)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(args)
+        .env("CARE_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} {} failed ({}):\n{}{}",
+            bin.display(),
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn version_of(bin: &Path) -> String {
+    Command::new(bin)
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn profile_of(bin: &Path) -> String {
+    let this = std::env::current_exe().ok().and_then(|p| p.canonicalize().ok());
+    if this.is_some() && this == bin.canonicalize().ok() {
+        return if cfg!(debug_assertions) { "debug" } else { "release" }.into();
+    }
+    let parts: Vec<String> = bin.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    for p in ["release", "debug"] {
+        if parts.iter().any(|c| c == p) {
+            return p.into();
+        }
+    }
+    "unknown".into()
+}
+
+/// A config that pins everything the benchmark relies on; the rest stays at compiled defaults (and CARE__…
+/// environment variables still apply, e.g. CARE__MODEL__THREADS). The default model is the one prepared (or none,
+/// so that a BM25-only run stays BM25-only even where the package's model file is installed).
+fn write_config(path: &Path, data_dir: &Path, e5s1: Option<&Path>) -> Result<()> {
+    let mut t = toml::Table::new();
+    let mut storage = toml::Table::new();
+    storage.insert("data_dir".into(), data_dir.display().to_string().into());
+    t.insert("storage".into(), storage.into());
+    let none = data_dir.with_extension("no-default-model");
+    let mut model = toml::Table::new();
+    model.insert("default_model".into(), e5s1.unwrap_or(&none).display().to_string().into());
+    t.insert("model".into(), model.into());
+    let mut server = toml::Table::new();
+    server.insert("bind".into(), "127.0.0.1:0".into());
+    server.insert("http_redirect_bind".into(), "".into());
+    t.insert("server".into(), server.into());
+    std::fs::write(path, toml::to_string(&t)?).with_context(|| format!("writing {}", path.display()))
+}
+
+fn copy_dir(src: &Path, dst: &Path) -> Result<()> {
+    std::fs::create_dir_all(dst).with_context(|| format!("creating {}", dst.display()))?;
+    for entry in std::fs::read_dir(src).with_context(|| format!("reading {}", src.display()))? {
+        let entry = entry?;
+        let (from, to) = (entry.path(), dst.join(entry.file_name()));
+        let ty = entry.file_type()?;
+        if ty.is_dir() {
+            copy_dir(&from, &to)?;
+        } else if ty.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&from)?, &to)?;
+        } else {
+            std::fs::copy(&from, &to).with_context(|| format!("copying {}", from.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Copies the prepared data directory for one server, gives it an administrator with an API token (made by that
+/// server's own binary), and starts `care serve` on a free loopback port.
+fn start_server(name: &str, bin: &Path, prepared: &Path, e5s1: Option<&Path>, work: &Path) -> Result<Server> {
+    let dir = work.join(name);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    let data_dir = dir.join("data");
+    eprintln!("[{name}] copying the prepared data directory to {}", data_dir.display());
+    copy_dir(prepared, &data_dir)?;
+    let config = dir.join("care.toml");
+    write_config(&config, &data_dir, e5s1)?;
+    let pw = dir.join("admin-password");
+    std::fs::write(&pw, format!("bench-load-{}-{name}\n", std::process::id()))?;
+    care(
+        bin,
+        &config,
+        &data_dir,
+        &["user", "add", "bench-load", "--role", "admin", "--password-file", &pw.to_string_lossy()],
+    )?;
+    let token = care(bin, &config, &data_dir, &["user", "token", "bench-load", "--name", "care bench --load"])?
+        .trim()
+        .to_string();
+    let log = dir.join("serve.log");
+    let started = Instant::now();
+    let mut child = Command::new(bin)
+        .arg("--config")
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .arg("serve")
+        .env("CARE_LOG", std::env::var("CARE_LOG").unwrap_or_else(|_| "warn".into()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .with_context(|| format!("starting {} serve", bin.display()))?;
+    let stdout = child.stdout.take().context("server stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // Keeps reading so the pipe never fills.
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(url) = line.strip_prefix("listening on ") {
+                let _ = tx.send(url.trim().to_string());
+            }
+        }
+    });
+    let mut server = Server {
+        name: name.into(),
+        bin: bin.to_path_buf(),
+        version: version_of(bin),
+        profile: profile_of(bin),
+        config,
+        log: log.clone(),
+        child: Some(child),
+        base: String::new(),
+        token,
+        client: reqwest::Client::builder()
+            .danger_accept_invalid_certs(true)
+            .tcp_nodelay(true)
+            .build()
+            .context("building the HTTPS client")?,
+        startup_s: 0.0,
+        first_search_s: 0.0,
+        warm_up_s: 0.0,
+    };
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        server.check_alive()?;
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(url) => {
+                server.base = url;
+                break;
+            }
+            Err(_) if Instant::now() < deadline => {}
+            Err(_) => bail!("server {name} did not start in 600 s; see {}", log.display()),
+        }
+    }
+    server.startup_s = started.elapsed().as_secs_f64();
+    eprintln!("[{name}] {} serving {} (started in {:.1} s)", server.version, server.base, server.startup_s);
+    Ok(server)
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Preparation
+
+#[derive(Debug, Serialize, serde::Deserialize, PartialEq, Clone)]
+pub struct Prepared {
+    pub set: PathBuf,
+    pub max_docs: Option<usize>,
+    pub corpus_documents: usize,
+    pub model: Option<String>,
+    pub int8_queries: bool,
+    pub prepared_with: PathBuf,
+    pub prepare_seconds: f64,
+    pub stats: serde_json::Value,
+}
+
+/// Fills `root/data` with the set's corpus (cut to `max_docs`) and the default model, through the CLI of `bin`;
+/// reuses what an earlier run prepared there when it matches.
+fn prepare(
+    bin: &Path,
+    root: &Path,
+    set: &Path,
+    e5s1: Option<&Path>,
+    int8: bool,
+    max_docs: Option<usize>,
+) -> Result<Prepared> {
+    let marker = root.join("prepared.json");
+    let set = set.canonicalize().with_context(|| format!("set {}", set.display()))?;
+    let model = e5s1.map(|p| p.display().to_string());
+    if marker.exists() {
+        let p: Prepared = serde_json::from_str(&std::fs::read_to_string(&marker)?)
+            .with_context(|| format!("reading {}", marker.display()))?;
+        if p.set != set || p.max_docs != max_docs || p.model != model || p.int8_queries != int8 {
+            bail!(
+                "{} was prepared for another set, --max-docs, model or --int8 ({}); use another --prepared folder",
+                root.display(),
+                marker.display()
+            );
+        }
+        eprintln!("reusing the data directory prepared in {}", root.display());
+        return Ok(p);
+    }
+    let data = root.join("data");
+    if data.exists() {
+        std::fs::remove_dir_all(&data).with_context(|| format!("removing the unfinished {}", data.display()))?;
+    }
+    std::fs::create_dir_all(root)?;
+    let started = Instant::now();
+    let config = root.join("care.toml");
+    write_config(&config, &data, e5s1)?;
+    let text = std::fs::read_to_string(set.join("corpus.jsonl"))
+        .with_context(|| format!("reading {}", set.join("corpus.jsonl").display()))?;
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).take(max_docs.unwrap_or(usize::MAX)).collect();
+    let corpus = root.join("corpus.jsonl");
+    std::fs::write(&corpus, lines.join("\n") + "\n")?;
+    care(bin, &config, &data, &["init"])?;
+    if let Some(f) = e5s1 {
+        eprintln!("importing the default model {} (fp32)", f.display());
+        let out = care(bin, &config, &data, &["model", "import-e5s1", &f.to_string_lossy()])?;
+        if int8 {
+            // The same weights: the int8 query graph shares the fp32 document model's pairing.
+            let (name, pairing) = parse_import(&out).context("reading `care model import-e5s1` output")?;
+            let f = f.to_string_lossy();
+            care(
+                bin,
+                &config,
+                &data,
+                &["model", "import-e5s1", &f, "--version", "1-int8", "--pairing-id", &pairing, "--int8"],
+            )?;
+            care(
+                bin,
+                &config,
+                &data,
+                &["model", "activate", "--query", &format!("{name}@1-int8"), "--document", &format!("{name}@1")],
+            )?;
+        }
+    }
+    eprintln!("ingesting {} documents of {} (embedding them too; slow in a debug build)", lines.len(), set.display());
+    care(bin, &config, &data, &["collection", "create", "bench"])?;
+    care(bin, &config, &data, &["ingest", "bench", &corpus.to_string_lossy()])?;
+    care(bin, &config, &data, &["reembed"])?;
+    let stats = serde_json::from_str(&care(bin, &config, &data, &["stats"])?).unwrap_or(serde_json::Value::Null);
+    let p = Prepared {
+        set,
+        max_docs,
+        corpus_documents: lines.len(),
+        model,
+        int8_queries: int8,
+        prepared_with: bin.to_path_buf(),
+        prepare_seconds: started.elapsed().as_secs_f64(),
+        stats,
+    };
+    std::fs::write(&marker, serde_json::to_string_pretty(&p)?)?;
+    eprintln!("prepared in {:.0} s", p.prepare_seconds);
+    Ok(p)
+}
+
+/// (model name, pairing id) from "imported NAME@VERSION (pairing ID) into DIR".
+fn parse_import(out: &str) -> Option<(String, String)> {
+    let line = out.lines().find(|l| l.starts_with("imported "))?;
+    let name = line.strip_prefix("imported ")?.split('@').next()?.to_string();
+    let pairing = line.split("(pairing ").nth(1)?.split(')').next()?.to_string();
+    Some((name, pairing))
+}
+
+fn read_queries(set: &Path) -> Result<Vec<String>> {
+    let p = set.join("queries.jsonl");
+    let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+    let mut qs = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line).with_context(|| format!("a line of {}", p.display()))?;
+        if let Some(t) = v.get("text").and_then(|t| t.as_str()).filter(|t| !t.trim().is_empty()) {
+            qs.push(t.to_string());
+        }
+    }
+    if qs.is_empty() {
+        bail!("{} holds no queries", p.display());
+    }
+    Ok(qs)
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Ingest during a phase
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct IngestReport {
+    pub collection: String,
+    pub job_id: i64,
+    /// Documents uploaded (one JSONL file).
+    pub documents_uploaded: usize,
+    /// Seconds from the upload to the job running (before the phase's warm-up starts).
+    pub queued_s: f64,
+    pub documents_at_window_start: i64,
+    pub documents_at_window_end: i64,
+    pub documents_per_s_in_window: f64,
+    /// The job ended before the window did: the rest of the window measured search without an ingest.
+    pub finished_in_window: bool,
+    /// Share of the measured window during which the job was still running.
+    pub window_covered: f64,
+    /// The job's state when the measurement ended (it is then cancelled and the collection deleted).
+    pub state_at_window_end: String,
+    pub cleanup_s: f64,
+}
+
+struct JobPoll {
+    t: f64,
+    documents: i64,
+    state: String,
+}
+
+async fn job_status(t: &Target, id: i64) -> Result<(String, i64)> {
+    let v: serde_json::Value = t
+        .client
+        .get(format!("{}/api/v1/admin/jobs/{id}", t.base))
+        .bearer_auth(&t.token)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let state = v.get("state").and_then(|s| s.as_str()).unwrap_or("").to_string();
+    let docs = v.get("documents").and_then(serde_json::Value::as_i64).unwrap_or(0);
+    Ok((state, docs))
+}
+
+fn finished(state: &str) -> bool {
+    matches!(state, "done" | "failed" | "cancelled")
+}
+
+/// Creates a fresh collection and uploads `body` (a JSONL file) into it through the admin API; returns the job id
+/// once the server's worker runs it.
+async fn start_ingest(t: &Target, collection: &str, body: &[u8]) -> Result<(i64, f64)> {
+    let started = Instant::now();
+    t.client
+        .post(format!("{}/api/v1/admin/collections", t.base))
+        .bearer_auth(&t.token)
+        .json(&serde_json::json!({"name": collection, "description": "care bench --load ingest"}))
+        .send()
+        .await?
+        .error_for_status()
+        .context("creating the ingest collection")?;
+    let boundary = format!("care-bench-load-{}", std::process::id());
+    let mut form = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"ingest.jsonl\"\r\n\
+         Content-Type: application/octet-stream\r\n\r\n"
+    )
+    .into_bytes();
+    form.extend_from_slice(body);
+    form.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    let v: serde_json::Value = t
+        .client
+        .post(format!("{}/api/v1/admin/collections/{collection}/files", t.base))
+        .bearer_auth(&t.token)
+        .header(reqwest::header::CONTENT_TYPE, format!("multipart/form-data; boundary={boundary}"))
+        .body(form)
+        .send()
+        .await?
+        .error_for_status()
+        .context("uploading the ingest file")?
+        .json()
+        .await?;
+    let id = v.get("job_id").and_then(serde_json::Value::as_i64).context("no job_id in the upload's answer")?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (state, _) = job_status(t, id).await?;
+        if state != "queued" {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("ingest job {id} was still queued after 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok((id, started.elapsed().as_secs_f64()))
+}
+
+/// Cancels the job if it still runs, waits for it to end, and deletes its collection, so that the next phase
+/// searches the same index as the ones before.
+async fn stop_ingest(t: &Target, collection: &str, id: i64) -> Result<()> {
+    let _ = t.client.post(format!("{}/api/v1/admin/jobs/{id}/cancel", t.base)).bearer_auth(&t.token).send().await;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while !finished(&job_status(t, id).await?.0) {
+        if Instant::now() > deadline {
+            bail!("ingest job {id} did not end within 600 s of its cancellation");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    t.client
+        .delete(format!("{}/api/v1/admin/collections/{collection}", t.base))
+        .bearer_auth(&t.token)
+        .timeout(Duration::from_secs(600))
+        .send()
+        .await?
+        .error_for_status()
+        .context("deleting the ingest collection")?;
+    Ok(())
+}
+
+fn ingest_report(polls: &[JobPoll], from: f64, to: f64) -> (i64, i64, bool, f64, String) {
+    let at = |t: f64| polls.iter().rev().find(|p| p.t <= t).or(polls.first());
+    let start = at(from).map_or(0, |p| p.documents);
+    let end = at(to).map_or(0, |p| p.documents);
+    let ended = polls.iter().find(|p| finished(&p.state)).map(|p| p.t);
+    let finished_in_window = ended.is_some_and(|t| t < to);
+    let covered = match ended {
+        Some(t) => ((t - from) / (to - from)).clamp(0.0, 1.0),
+        None => 1.0,
+    };
+    let state = at(to).map_or_else(String::new, |p| p.state.clone());
+    (start, end, finished_in_window, covered, state)
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Phases and the report
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Phase {
+    Closed(usize),
+    Open(f64),
+    ClosedWithIngest(usize),
+}
+
+impl Phase {
+    fn label(&self) -> String {
+        match self {
+            Phase::Closed(c) => format!("closed c={c}"),
+            Phase::Open(r) => format!("open {r}/s"),
+            Phase::ClosedWithIngest(c) => format!("closed c={c} + ingest"),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct PhaseResult {
+    pub phase: String,
+    pub server: String,
+    /// closed or open
+    pub kind: &'static str,
+    pub concurrency: Option<usize>,
+    pub rate_rps: Option<f64>,
+    pub with_ingest: bool,
+    /// Position in the run (phases interleave servers).
+    pub sequence: usize,
+    pub started_at: String,
+    pub window_s: f64,
+    #[serde(flatten)]
+    pub window: Window,
+    /// Open loop: sends dropped at the in-flight cap, and sends the client made >10 ms late.
+    pub dropped: Option<usize>,
+    pub late: Option<usize>,
+    /// CPU seconds the server process and this client used during the measured window.
+    pub server_cpu_s: Option<f64>,
+    pub client_cpu_s: Option<f64>,
+    /// /proc/loadavg at the start of the phase.
+    pub load_avg: String,
+    pub ingest: Option<IngestReport>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Machine {
+    /// std::thread::available_parallelism (what this process may use).
+    pub cores: usize,
+    /// "processor" lines in /proc/cpuinfo.
+    pub cpus_online: usize,
+    pub cpu_model: String,
+    pub memory_mib: u64,
+    pub kernel: String,
+    pub load_avg_start: String,
+    pub load_avg_end: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LoadReport {
+    pub tool: &'static str,
+    pub date: String,
+    pub machine: Machine,
+    pub set: String,
+    pub queries: usize,
+    pub prepared: Prepared,
+    pub settings: serde_json::Value,
+    pub servers: Vec<ServerInfo>,
+    pub phases: Vec<PhaseResult>,
+    pub summary: serde_json::Value,
+}
+
+fn proc_cpu_s(pid: &str) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = s.rsplit_once(") ")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // USER_HZ: 100 on Linux.
+    Some(ticks / 100.0)
+}
+
+fn load_avg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn machine() -> Machine {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu_model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, m)| m.trim().to_string()))
+        .unwrap_or_default();
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let memory_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    Machine {
+        cores: std::thread::available_parallelism().map_or(0, usize::from),
+        cpus_online: cpuinfo.lines().filter(|l| l.starts_with("processor")).count(),
+        cpu_model,
+        memory_mib: memory_kib / 1024,
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
+        load_avg_start: load_avg(),
+        load_avg_end: String::new(),
+    }
+}
+
+fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+}
+
+fn modified(p: &Path) -> String {
+    std::fs::metadata(p)
+        .and_then(|m| m.modified())
+        .ok()
+        .map(time::OffsetDateTime::from)
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_default()
+}
+
+/// `NAME=PATH` flags, or this executable as "current".
+fn parse_servers(flags: &[String]) -> Result<Vec<(String, PathBuf)>> {
+    if flags.is_empty() {
+        return Ok(vec![("current".into(), std::env::current_exe()?)]);
+    }
+    let mut out: Vec<(String, PathBuf)> = Vec::new();
+    for f in flags {
+        let Some((name, path)) = f.split_once('=') else {
+            bail!("--server {f:?}: use NAME=PATH, e.g. --server before=/usr/bin/care");
+        };
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            bail!("--server {f:?}: the name must be letters, digits, '-' or '_'");
+        }
+        if out.iter().any(|(n, _)| n == name) {
+            bail!("--server {name} given twice");
+        }
+        let path = PathBuf::from(path);
+        let path = path.canonicalize().with_context(|| format!("--server {name}: {}", path.display()))?;
+        out.push((name.to_string(), path));
+    }
+    Ok(out)
+}
+
+/// True for a positive number (false for NaN).
+fn positive(x: f64) -> bool {
+    x > 0.0
+}
+
+fn phase_list(a: &LoadArgs) -> Result<Vec<Phase>> {
+    let mut out = Vec::new();
+    for p in &a.phases {
+        match p.trim() {
+            "closed" => out.extend(a.concurrency.iter().map(|&c| Phase::Closed(c))),
+            "open" => out.extend(a.rates.iter().map(|&r| Phase::Open(r))),
+            "ingest" => out.extend(a.ingest_concurrency.iter().map(|&c| Phase::ClosedWithIngest(c))),
+            "" => {}
+            other => bail!("unknown phase {other:?}: use closed, open or ingest"),
+        }
+    }
+    if out.iter().any(|p| matches!(p, Phase::Closed(0) | Phase::ClosedWithIngest(0)))
+        || out.iter().any(|p| matches!(p, Phase::Open(r) if !positive(*r)))
+    {
+        bail!("concurrencies and rates must be positive");
+    }
+    if out.is_empty() {
+        bail!("no phase to run");
+    }
+    Ok(out)
+}
+
+struct Run<'a> {
+    a: &'a LoadArgs,
+    rt: tokio::runtime::Runtime,
+    queries: Arc<Vec<String>>,
+    ingest_body: Vec<u8>,
+    ingest_docs: usize,
+    sequence: usize,
+}
+
+impl Run<'_> {
+    fn phase(&mut self, s: &mut Server, phase: Phase, index: usize) -> Result<PhaseResult> {
+        s.check_alive()?;
+        let a = self.a;
+        let t = s.target(a);
+        let (w0, w1) = (a.warmup, a.warmup + a.duration);
+        let offset = (index * 997) % self.queries.len();
+        let pid = s.pid().map(|p| p.to_string());
+        let load = load_avg();
+        let started_at = now_rfc3339();
+        self.sequence += 1;
+        eprintln!("[{}] {} ...", s.name, phase.label());
+        let queries = self.queries.clone();
+        let ingest_body = &self.ingest_body;
+        let collection = format!("bench-ingest-{}-{}-{}", s.name, index, std::process::id());
+        let (samples, counts, cpu, ingest) = self.rt.block_on(async {
+            let ingest = match phase {
+                Phase::ClosedWithIngest(_) => Some(start_ingest(&t, &collection, ingest_body).await?),
+                _ => None,
+            };
+            let start = Instant::now();
+            // CPU time of the server and of this client over the measured window.
+            let cpu = tokio::spawn({
+                let pid = pid.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_secs_f64(w0)).await;
+                    let s0 = pid.as_deref().and_then(proc_cpu_s);
+                    let c0 = proc_cpu_s("self");
+                    tokio::time::sleep(Duration::from_secs_f64(w1 - w0)).await;
+                    let diff = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| b - a);
+                    (diff(s0, pid.as_deref().and_then(proc_cpu_s)), diff(c0, proc_cpu_s("self")))
+                }
+            });
+            let stop = Arc::new(AtomicBool::new(false));
+            let polls = Arc::new(Mutex::new(Vec::new()));
+            let poller = ingest.map(|(id, _)| {
+                let (t, stop, polls) = (t.clone(), stop.clone(), polls.clone());
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::SeqCst) {
+                        if let Ok((state, documents)) = job_status(&t, id).await {
+                            let done = finished(&state);
+                            polls.lock().unwrap().push(JobPoll { t: start.elapsed().as_secs_f64(), documents, state });
+                            if done {
+                                break;
+                            }
+                        }
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                })
+            });
+            let (samples, counts) = match phase {
+                Phase::Closed(c) | Phase::ClosedWithIngest(c) => {
+                    (closed_loop(&t, &queries, offset, c, start, w1).await, None)
+                }
+                Phase::Open(r) => {
+                    let (s, c) = open_loop(&t, &queries, offset, r, start, (w0, w1), a.max_inflight).await;
+                    (s, Some(c))
+                }
+            };
+            let cpu = cpu.await.unwrap_or((None, None));
+            stop.store(true, Ordering::SeqCst);
+            if let Some(p) = poller {
+                let _ = p.await;
+            }
+            let ingest = match ingest {
+                Some((id, queued_s)) => {
+                    let (a0, a1, fin, covered, state) = ingest_report(&polls.lock().unwrap(), w0, w1);
+                    let cleanup = Instant::now();
+                    stop_ingest(&t, &collection, id).await?;
+                    Some(IngestReport {
+                        collection: collection.clone(),
+                        job_id: id,
+                        documents_uploaded: self.ingest_docs,
+                        queued_s,
+                        documents_at_window_start: a0,
+                        documents_at_window_end: a1,
+                        documents_per_s_in_window: (a1 - a0) as f64 / (w1 - w0),
+                        finished_in_window: fin,
+                        window_covered: covered,
+                        state_at_window_end: state,
+                        cleanup_s: cleanup.elapsed().as_secs_f64(),
+                    })
+                }
+                None => None,
+            };
+            anyhow::Ok((samples, counts, cpu, ingest))
+        })?;
+        s.check_alive()?;
+        let window = summarize(&samples, w0, w1);
+        if window.requests == 0 {
+            eprintln!("[{}] warning: no request was due in the measured window (one outlasted it?)", s.name);
+        }
+        let (concurrency, rate) = match phase {
+            Phase::Closed(c) | Phase::ClosedWithIngest(c) => (Some(c), None),
+            Phase::Open(r) => (None, Some(r)),
+        };
+        let r = PhaseResult {
+            phase: phase.label(),
+            server: s.name.clone(),
+            kind: if rate.is_some() { "open" } else { "closed" },
+            concurrency,
+            rate_rps: rate,
+            with_ingest: matches!(phase, Phase::ClosedWithIngest(_)),
+            sequence: self.sequence,
+            started_at,
+            window_s: a.duration,
+            window,
+            dropped: counts.as_ref().map(|c| c.dropped),
+            late: counts.as_ref().map(|c| c.late),
+            server_cpu_s: cpu.0,
+            client_cpu_s: cpu.1,
+            load_avg: load,
+            ingest,
+        };
+        eprintln!(
+            "[{}] {}: {:.1} req/s, p50 {:.0} ms, p99 {:.0} ms, {} errors",
+            s.name, r.phase, r.window.throughput_rps, r.window.latency.p50_ms, r.window.latency.p99_ms, r.window.errors
+        );
+        Ok(r)
+    }
+}
+
+pub fn run(set: &Path, e5s1: Option<&Path>, int8: bool, out: Option<&Path>, a: &LoadArgs) -> Result<i32> {
+    if !positive(a.duration) || !positive(a.timeout) || a.warmup < 0.0 || a.settle < 0.0 {
+        bail!("--duration and --timeout must be positive, --warmup and --settle not negative");
+    }
+    let servers = parse_servers(&a.servers)?;
+    let phases = phase_list(a)?;
+    let queries = read_queries(set)?;
+    let mut m = machine();
+    let date = now_rfc3339();
+    let set_name = set.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+
+    let wants_ingest = phases.iter().any(|p| matches!(p, Phase::ClosedWithIngest(_)));
+    let (ingest_body, ingest_docs, ingest_set) = if wants_ingest {
+        let dir = match &a.ingest_set {
+            Some(d) => d.clone(),
+            None => set.parent().map(|p| p.join("cmedir")).unwrap_or_default(),
+        };
+        let f = dir.join("corpus.jsonl");
+        let text = std::fs::read_to_string(&f).with_context(|| {
+            format!("reading the ingest corpus {} (pass --ingest-set, or --phases closed,open)", f.display())
+        })?;
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).take(a.ingest_docs).collect();
+        (format!("{}\n", lines.join("\n")).into_bytes(), lines.len(), Some(dir))
+    } else {
+        (Vec::new(), 0, None)
+    };
+
+    let temp = a.work_dir.is_none();
+    let work = a
+        .work_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("care-bench-load-{}", std::process::id())));
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let prepared_root = a.prepared.clone().unwrap_or_else(|| work.join("prepared"));
+    let prepared = prepare(&servers[0].1, &prepared_root, set, e5s1, int8, a.max_docs)?;
+
+    let mut running = Vec::new();
+    for (name, bin) in &servers {
+        running.push(start_server(name, bin, &prepared_root.join("data"), e5s1, &work)?);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let burst = a.concurrency.iter().chain(&a.ingest_concurrency).copied().max().unwrap_or(4).max(1);
+    for s in &mut running {
+        let (first, warm) = rt.block_on(warm_up(&s.target(a), &queries, burst))?;
+        eprintln!("[{}] first search {first:.1} s, warm-up at concurrency {burst} {warm:.1} s", s.name);
+        (s.first_search_s, s.warm_up_s) = (first, warm);
+    }
+    let mut r = Run { a, rt, queries: Arc::new(queries), ingest_body, ingest_docs, sequence: 0 };
+    let mut results = Vec::new();
+    let n = running.len();
+    for (i, phase) in phases.iter().enumerate() {
+        // Alternate which server goes first so that neither always follows the other's load.
+        for k in 0..n {
+            let s = &mut running[(i + k) % n];
+            results.push(r.phase(s, *phase, i)?);
+            std::thread::sleep(Duration::from_secs_f64(a.settle));
+        }
+    }
+    m.load_avg_end = load_avg();
+    let infos: Vec<ServerInfo> = running
+        .iter()
+        .map(|s| ServerInfo {
+            name: s.name.clone(),
+            binary: s.bin.clone(),
+            version: s.version.clone(),
+            profile: s.profile.clone(),
+            binary_bytes: std::fs::metadata(&s.bin).map_or(0, |m| m.len()),
+            binary_modified: modified(&s.bin),
+            startup_s: s.startup_s,
+            first_search_s: s.first_search_s,
+            warm_up_s: s.warm_up_s,
+        })
+        .collect();
+    let logs: Vec<(String, PathBuf, PathBuf)> =
+        running.iter().map(|s| (s.name.clone(), s.log.clone(), s.config.clone())).collect();
+    drop(running);
+    drop(r);
+
+    let names: Vec<String> = servers.iter().map(|(n, _)| n.clone()).collect();
+    let summary = summary(&results, &names);
+    let report = LoadReport {
+        tool: "care bench --load",
+        date,
+        machine: m,
+        set: set_name,
+        queries: queries_len(set),
+        prepared,
+        settings: serde_json::json!({
+            "duration_s": a.duration,
+            "warmup_s": a.warmup,
+            "settle_s": a.settle,
+            "timeout_s": a.timeout,
+            "concurrency": a.concurrency,
+            "rates": a.rates,
+            "ingest_concurrency": a.ingest_concurrency,
+            "phases": a.phases,
+            "ingest_set": ingest_set,
+            "ingest_docs": ingest_docs,
+            "max_inflight": a.max_inflight,
+            "method": a.method,
+            "client": "one tokio worker thread in the `care bench` process, on the same machine as the servers",
+            "server_config": "compiled defaults, bind 127.0.0.1:0, no HTTP redirect listener (CARE__* variables apply)",
+        }),
+        servers: infos,
+        phases: results,
+        summary,
+    };
+    let text = serde_json::to_string_pretty(&report)?;
+    print_table(&report);
+    match out {
+        Some(p) => {
+            if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)?;
+            }
+            std::fs::write(p, &text).with_context(|| format!("writing {}", p.display()))?;
+            let svg_path = p.with_extension("svg");
+            std::fs::write(&svg_path, svg(&report)).with_context(|| format!("writing {}", svg_path.display()))?;
+            println!("wrote {} and {}", p.display(), svg_path.display());
+        }
+        None => println!("{text}"),
+    }
+    if temp && !a.keep {
+        let _ = std::fs::remove_dir_all(&work);
+    } else {
+        for (name, log, config) in &logs {
+            eprintln!("[{name}] config {}, log {}", config.display(), log.display());
+        }
+    }
+    Ok(0)
+}
+
+fn queries_len(set: &Path) -> usize {
+    read_queries(set).map_or(0, |q| q.len())
+}
+
+fn find<'a>(results: &'a [PhaseResult], server: &str, phase: &str) -> Option<&'a PhaseResult> {
+    results.iter().find(|r| r.server == server && r.phase == phase)
+}
+
+/// Per closed-loop concurrency: each server's throughput and p99, and throughput relative to the first server;
+/// per ingest phase: p99 with the ingest over p99 without it (same concurrency), per server.
+fn summary(results: &[PhaseResult], servers: &[String]) -> serde_json::Value {
+    let base = &servers[0];
+    let mut closed = Vec::new();
+    let mut concurrencies: Vec<usize> =
+        results.iter().filter(|r| r.kind == "closed" && !r.with_ingest).filter_map(|r| r.concurrency).collect();
+    concurrencies.dedup();
+    for c in concurrencies {
+        let label = Phase::Closed(c).label();
+        let mut per = serde_json::Map::new();
+        let mut ratio = serde_json::Map::new();
+        let b = find(results, base, &label).map(|r| r.window.throughput_rps);
+        for s in servers {
+            if let Some(r) = find(results, s, &label) {
+                per.insert(
+                    s.clone(),
+                    serde_json::json!({"throughput_rps": r.window.throughput_rps, "p50_ms": r.window.latency.p50_ms,
+                        "p99_ms": r.window.latency.p99_ms, "errors": r.window.errors}),
+                );
+                if s != base
+                    && let Some(b) = b.filter(|b| *b > 0.0)
+                {
+                    ratio.insert(format!("{s}/{base}"), (r.window.throughput_rps / b).into());
+                }
+            }
+        }
+        closed.push(serde_json::json!({"concurrency": c, "servers": per, "throughput_ratio": ratio}));
+    }
+    let mut ingest = Vec::new();
+    for r in results.iter().filter(|r| r.with_ingest) {
+        let c = r.concurrency.unwrap_or(0);
+        let without = find(results, &r.server, &Phase::Closed(c).label());
+        let ratio = without.map(|w| w.window.latency.p99_ms).filter(|p| *p > 0.0).map(|p| r.window.latency.p99_ms / p);
+        ingest.push(serde_json::json!({
+            "server": r.server,
+            "concurrency": c,
+            "p99_without_ingest_ms": without.map(|w| w.window.latency.p99_ms),
+            "p99_with_ingest_ms": r.window.latency.p99_ms,
+            "p99_ratio_with_over_without": ratio,
+            "throughput_without_rps": without.map(|w| w.window.throughput_rps),
+            "throughput_with_rps": r.window.throughput_rps,
+            "errors_with_ingest": r.window.errors,
+            "ingest_documents_in_window": r.ingest.as_ref().map(|i| i.documents_at_window_end - i.documents_at_window_start),
+            "ingest_window_covered": r.ingest.as_ref().map(|i| i.window_covered),
+        }));
+    }
+    serde_json::json!({"baseline": base, "closed": closed, "ingest": ingest})
+}
+
+fn cores_label(m: &Machine) -> String {
+    format!("{} cores, {}", m.cores, if m.cpu_model.is_empty() { "unknown CPU" } else { &m.cpu_model })
+}
+
+fn print_table(r: &LoadReport) {
+    println!(
+        "care bench --load: {} ({} documents, {} queries) on {}; {} s windows after {} s warm-up",
+        r.set,
+        r.prepared.corpus_documents,
+        r.queries,
+        cores_label(&r.machine),
+        r.settings["duration_s"],
+        r.settings["warmup_s"]
+    );
+    for s in &r.servers {
+        println!("  {}: {} ({}, {} build)", s.name, s.binary.display(), s.version, s.profile);
+    }
+    println!(
+        "{:<24} {:<10} {:>8} {:>8} {:>8} {:>8} {:>7}  notes",
+        "phase", "server", "req/s", "p50 ms", "p90 ms", "p99 ms", "errors"
+    );
+    for p in &r.phases {
+        let mut notes = Vec::new();
+        if let Some(d) = p.dropped.filter(|d| *d > 0) {
+            notes.push(format!("{d} dropped"));
+        }
+        if let Some(l) = p.late.filter(|l| *l > 0) {
+            notes.push(format!("{l} sent late"));
+        }
+        if let Some(cpu) = p.server_cpu_s {
+            notes.push(format!("server {:.0}% CPU", 100.0 * cpu / p.window_s));
+        }
+        if let Some(cpu) = p.client_cpu_s {
+            notes.push(format!("client {:.0}%", 100.0 * cpu / p.window_s));
+        }
+        if let Some(i) = &p.ingest {
+            notes.push(format!(
+                "ingest {} docs in window{}",
+                i.documents_at_window_end - i.documents_at_window_start,
+                if i.finished_in_window {
+                    format!(", ended at {:.0}% of it", 100.0 * i.window_covered)
+                } else {
+                    String::new()
+                }
+            ));
+        }
+        println!(
+            "{:<24} {:<10} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>7}  {}",
+            p.phase,
+            p.server,
+            p.window.throughput_rps,
+            p.window.latency.p50_ms,
+            p.window.latency.p90_ms,
+            p.window.latency.p99_ms,
+            p.window.errors,
+            notes.join(", ")
+        );
+    }
+    let cores = r.machine.cores;
+    for c in r.summary["closed"].as_array().into_iter().flatten() {
+        for (k, v) in c["throughput_ratio"].as_object().into_iter().flatten() {
+            println!("throughput closed c={} {k}: {:.2}x ({cores} cores)", c["concurrency"], v.as_f64().unwrap_or(0.0));
+        }
+    }
+    for i in r.summary["ingest"].as_array().into_iter().flatten() {
+        if let Some(x) = i["p99_ratio_with_over_without"].as_f64() {
+            println!(
+                "p99 with ingest / without, closed c={} [{}]: {x:.2}x ({cores} cores)",
+                i["concurrency"],
+                i["server"].as_str().unwrap_or("")
+            );
+        }
+    }
+}
+
+/// One chart row per phase label (in run order) kept by `keep`, with `value`'s numbers for each server in turn
+/// (`width` zeros for a server that lacks the phase).
+fn rows(
+    r: &LoadReport,
+    names: &[&str],
+    keep: impl Fn(&PhaseResult) -> bool,
+    value: impl Fn(&PhaseResult) -> Vec<f64>,
+    width: usize,
+) -> Vec<(String, Vec<f64>)> {
+    let mut labels: Vec<String> = Vec::new();
+    for p in r.phases.iter().filter(|p| keep(p)) {
+        if !labels.contains(&p.phase) {
+            labels.push(p.phase.clone());
+        }
+    }
+    labels
+        .into_iter()
+        .map(|l| {
+            let v =
+                names.iter().flat_map(|s| find(&r.phases, s, &l).map_or_else(|| vec![0.0; width], &value)).collect();
+            (l, v)
+        })
+        .collect()
+}
+
+fn svg(r: &LoadReport) -> String {
+    let names: Vec<&str> = r.servers.iter().map(|s| s.name.as_str()).collect();
+    let cores = cores_label(&r.machine);
+    let closed = |p: &PhaseResult| p.kind == "closed" && !p.with_ingest;
+    let open = |p: &PhaseResult| p.kind == "open";
+    let tput = |p: &PhaseResult| vec![p.window.throughput_rps];
+    let p50p99 = |p: &PhaseResult| vec![p.window.latency.p50_ms, p.window.latency.p99_ms];
+    let p99 = |p: &PhaseResult| vec![p.window.latency.p99_ms];
+    let both: Vec<String> = names.iter().flat_map(|n| [format!("{n} p50"), format!("{n} p99")]).collect();
+    let both: Vec<&str> = both.iter().map(String::as_str).collect();
+    let mut charts = Vec::new();
+    let t = rows(r, &names, closed, tput, 1);
+    if !t.is_empty() {
+        charts.push(chart::grouped_bars(&format!("Closed-loop throughput ({cores})"), " req/s", &names, &t));
+        let l = rows(r, &names, closed, p50p99, 2);
+        charts.push(chart::grouped_bars("Closed-loop latency", " ms", &both, &l));
+    }
+    let o = rows(r, &names, open, p50p99, 2);
+    if !o.is_empty() {
+        let title = format!("Open-loop latency, counted from the scheduled send ({cores})");
+        charts.push(chart::grouped_bars(&title, " ms", &both, &o));
+        let t = rows(r, &names, open, tput, 1);
+        charts.push(chart::grouped_bars("Open-loop achieved throughput", " req/s", &names, &t));
+    }
+    let ingest_cs: Vec<usize> = r.phases.iter().filter(|p| p.with_ingest).filter_map(|p| p.concurrency).collect();
+    if !ingest_cs.is_empty() {
+        let keep = |p: &PhaseResult| {
+            p.with_ingest || (p.kind == "closed" && p.concurrency.is_some_and(|c| ingest_cs.contains(&c)))
+        };
+        let title = format!("Search p99 without and with a concurrent ingest ({cores})");
+        charts.push(chart::grouped_bars(&title, " ms", &names, &rows(r, &names, keep, p99, 1)));
+    }
+    chart::stack(&charts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(issued: f64, ended: f64) -> Sample {
+        Sample { issued, ended, outcome: Outcome::Ok }
+    }
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let xs: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&xs, 0.5), 50.0);
+        assert_eq!(percentile(&xs, 0.99), 99.0);
+        assert_eq!(percentile(&xs, 1.0), 100.0);
+        assert_eq!(percentile(&xs, 0.0), 1.0);
+        assert_eq!(percentile(&[7.0], 0.99), 7.0);
+        assert_eq!(percentile(&[], 0.5), 0.0);
+        // 10 values: p99 is the largest, p90 the 9th.
+        let ten: Vec<f64> = (1..=10).map(f64::from).collect();
+        assert_eq!(percentile(&ten, 0.99), 10.0);
+        assert_eq!(percentile(&ten, 0.9), 9.0);
+        let l = latency(vec![3.0, 1.0, 2.0]);
+        assert_eq!((l.p50_ms, l.max_ms, l.mean_ms), (2.0, 3.0, 2.0));
+    }
+
+    #[test]
+    fn open_loop_schedule_is_fixed_rate() {
+        let s: Vec<f64> = schedule(10.0, 1.0).collect();
+        assert_eq!(s.len(), 10);
+        assert!((s[9] - 0.9).abs() < 1e-12);
+        assert_eq!(schedule(4.0, 2.5).count(), 10);
+        assert_eq!(schedule(1.0, 0.0).count(), 0);
+    }
+
+    #[test]
+    fn window_counts_requests_due_in_it_and_latency_from_their_due_time() {
+        let samples = vec![
+            ok(0.5, 1.5), // warm-up: not counted, but its answer arrives in the window (throughput)
+            ok(1.0, 1.1), // 100 ms
+            ok(2.0, 2.3), // 300 ms
+            ok(2.9, 3.4), // due in the window, answered after it: latency counts, throughput does not
+            Sample { issued: 1.5, ended: 1.6, outcome: Outcome::Status(503) },
+            Sample { issued: 2.5, ended: 2.6, outcome: Outcome::Transport("timeout") },
+            ok(3.0, 3.1), // after the window
+        ];
+        let w = summarize(&samples, 1.0, 3.0);
+        assert_eq!((w.requests, w.ok, w.errors), (5, 3, 2));
+        assert_eq!(w.error_kinds.get("http 503"), Some(&1));
+        assert_eq!(w.error_kinds.get("timeout"), Some(&1));
+        // Answers in [1, 3): 1.5, 1.1, 2.3 -> 3 in 2 s.
+        assert!((w.throughput_rps - 1.5).abs() < 1e-9);
+        assert!((w.latency.p50_ms - 300.0).abs() < 1e-6, "{:?}", w.latency);
+        assert!((w.latency.max_ms - 500.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn ingest_progress_in_the_window() {
+        let polls = vec![
+            JobPoll { t: 0.0, documents: 0, state: "running".into() },
+            JobPoll { t: 1.0, documents: 100, state: "running".into() },
+            JobPoll { t: 3.0, documents: 500, state: "running".into() },
+            JobPoll { t: 4.0, documents: 600, state: "done".into() },
+        ];
+        let (a, b, fin, covered, state) = ingest_report(&polls, 1.0, 5.0);
+        assert_eq!((a, b, fin, state.as_str()), (100, 600, true, "done"));
+        assert!((covered - 0.75).abs() < 1e-9);
+        let (_, b, fin, covered, _) = ingest_report(&polls[..3], 1.0, 5.0);
+        assert_eq!((b, fin, covered), (500, false, 1.0));
+    }
+
+    #[test]
+    fn server_flags_and_phases() {
+        assert!(parse_servers(&["before".into()]).is_err());
+        assert!(parse_servers(&["a b=/bin/sh".into()]).is_err());
+        assert!(parse_servers(&["x=/bin/sh".into(), "x=/bin/sh".into()]).is_err());
+        let s = parse_servers(&["before=/bin/sh".into(), "after=/bin/sh".into()]).unwrap();
+        assert_eq!(s[1].0, "after");
+        assert_eq!(parse_servers(&[]).unwrap()[0].0, "current");
+        assert_eq!(
+            parse_import("imported e5-small@1 (pairing e5-small-q4@1) into /d/models/x\n"),
+            Some(("e5-small".into(), "e5-small-q4@1".into()))
+        );
+    }
+}
