@@ -145,7 +145,7 @@ fn interrupted_writes_are_repaired_on_open() {
         e.ingest_files("c", &[f], &mut |_| {}).unwrap();
         // Simulate a crash between the SQLite commit and the index commit: a pending document the index lacks,
         // and a deletion that stopped after marking its row.
-        let conn = crate::db(e);
+        let conn = crate::db(&e);
         conn.execute("INSERT INTO documents (collection_id, external_id, title, source, content_hash, state, created_at) VALUES (1, '3', '', 'x', 'h', 'pending', 'now')", []).unwrap();
         let id = conn.last_insert_rowid();
         conn.execute("INSERT INTO chunks (document_id, ordinal, heading, text, char_start, char_end) VALUES (?1, 0, '', '慢性肾脏病的分期', 0, 8)", [id]).unwrap();
@@ -301,7 +301,7 @@ fn a_query_encoder_of_another_pairing_is_refused() {
     assert!(err.to_string().contains("was not trained with document encoder"), "{err}");
     // A pair activated behind the engine's back (e.g. an edited database) is still refused at query time.
     {
-        let conn = crate::db(e);
+        let conn = crate::db(&e);
         conn.execute("UPDATE settings SET value = ?1 WHERE key = 'active_query_model'", [other.id.to_string()])
             .unwrap();
     }
@@ -576,7 +576,7 @@ mod jobs {
         assert_eq!(chunks_of(&e, "bundle.zip/科室/发热.txt"), vec![(h(""), h("发热伴皮疹需警惕麻疹。"))]);
         assert_eq!(chunks_of(&e, "z1"), vec![(h(""), h("心悸伴胸痛应立即就医。"))]);
         let titles: Vec<(String, String)> = {
-            let conn = crate::db(e);
+            let conn = crate::db(&e);
             let mut stmt = conn.prepare("SELECT external_id, title FROM documents ORDER BY external_id").unwrap();
             stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect()
         };
@@ -584,7 +584,7 @@ mod jobs {
         assert!(titles.contains(&(h("q1"), h("发热怎么办？"))), "{titles:?}");
         assert!(titles.contains(&(h("gout.html"), h("痛风饮食"))), "{titles:?}");
         let sources: Vec<(String, String)> = {
-            let conn = crate::db(e);
+            let conn = crate::db(&e);
             let mut stmt = conn.prepare("SELECT external_id, source FROM documents ORDER BY external_id").unwrap();
             stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect()
         };
