@@ -350,17 +350,8 @@ impl DenseTable {
 
 /// Exact top-k rows of a row-major matrix by inner product with `q`: (score, row), best first.
 pub fn flat_top_k(vectors: &[f32], width: usize, q: &[f32], k: usize) -> Vec<(f32, usize)> {
-    let n = vectors.len() / width.max(1);
-    let k = k.min(n);
-    if k == 0 {
-        return Vec::new();
-    }
-    let mut scores: Vec<(f32, usize)> =
-        vectors.chunks_exact(width).enumerate().map(|(i, row)| (crate::encoders::dot(row, q), i)).collect();
-    scores.select_nth_unstable_by(k - 1, |a, b| b.0.total_cmp(&a.0));
-    scores.truncate(k);
-    scores.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    scores
+    debug_assert_eq!(width, q.len());
+    crate::kernels::top_k(vectors, q, k)
 }
 
 fn column_i64<'a>(b: &'a RecordBatch, name: &str) -> Result<&'a Int64Array> {
