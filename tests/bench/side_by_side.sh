@@ -18,6 +18,8 @@
 #                    model from $CARE_E5S1 (fp32 documents; with --int8 also the int8 query graph) and embeds every
 #                    chunk in a temporary directory on each run.
 #   --model DIR      the model package directly (overrides --data)
+#   --reuse DIR      `care bench --reuse DIR`: the corpus is ingested and embedded once (outside the window, on every
+#                    core) and each run only measures; the Python side then runs DIR's model package
 #   --core N         the core both stacks are pinned to (default: the last one)
 #   --no-pin-care    run `care bench` unpinned (ONNX Runtime still uses 1 thread)
 #   --python PY      default .care-dev/bench-venv/bin/python (packaging/dev.sh bench-venv creates it)
@@ -31,7 +33,7 @@ HERE="$ROOT/tests/bench"
 CARE_BIN=${CARE:-}
 SET="${CARE_SHARED:-$ROOT/../shared}/data/retrieval/kuake_qtr"
 QUERIES=1000
-DATA="" MODEL="" CORE="" WORK="" PIN_CARE=1
+DATA="" MODEL="" CORE="" WORK="" PIN_CARE=1 REUSE=""
 PY="$ROOT/.care-dev/bench-venv/bin/python"
 CACHE="$ROOT/.care-dev/bench-cache"
 OUT_DIR="$ROOT/tests/results"
@@ -45,6 +47,7 @@ while [ $# -gt 0 ]; do
         --queries) QUERIES=$2; shift 2 ;;
         --data) DATA=$2; shift 2 ;;
         --model) MODEL=$2; shift 2 ;;
+        --reuse) REUSE=$2; shift 2 ;;
         --core) CORE=$2; shift 2 ;;
         --no-pin-care) PIN_CARE=0; shift ;;
         --python) PY=$2; shift 2 ;;
@@ -74,6 +77,17 @@ fi
 [ -n "$WORK" ] || WORK=$(mktemp -d /var/tmp/care-side-by-side.XXXXXX)
 mkdir -p "$WORK/runs" "$WORK/logs" "$CACHE"
 log "work dir $WORK"
+
+REUSE_ARGS=()
+if [ -n "$REUSE" ]; then
+    REUSE_ARGS=(--reuse "$REUSE")
+    if [ ! -f "$REUSE/care-bench-prepared.json" ]; then
+        log "preparing $REUSE (care bench --reuse: ingest and embed the corpus on every core)"
+        "$CARE_BIN" bench --set "$SET" --queries 10 --threads 1 --reuse "$REUSE" >"$WORK/logs/reuse.log" 2>&1 ||
+            die "care bench preparation failed: $WORK/logs/reuse.log"
+    fi
+    [ -n "$MODEL" ] || MODEL="$REUSE/models/e5-small/1"
+fi
 
 # The model package the Python side runs: the very files `care model import-e5s1` writes.
 if [ -z "$MODEL" ]; then
@@ -117,7 +131,7 @@ run() { # run NN STACK PRECISION
     if [ "$stack" = care ]; then
         local int8=()
         [ "$p" = int8 ] && int8=(--int8)
-        "${PIN[@]}" "$CARE_BIN" bench --set "$SET" --queries "$QUERIES" --threads 1 "${int8[@]}" --out "$out" \
+        "${PIN[@]}" "$CARE_BIN" bench --set "$SET" --queries "$QUERIES" --threads 1 "${int8[@]}" "${REUSE_ARGS[@]}" --out "$out" \
             >"$lg" 2>&1 || die "care bench failed: $lg"
     else
         "$PY" "$HERE/reference.py" --set "$SET" --model "$MODEL" --precision "$p" --queries "$QUERIES" \
