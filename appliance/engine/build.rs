@@ -5,14 +5,14 @@ use std::path::Path;
 fn main() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
     println!("cargo:rerun-if-changed={}", dir.display());
+    // A missing or empty folder fails the build: an empty demo once compiled silently from a half-checked-out tree.
     let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.ends_with(".md") && n != "README.md")
-                .collect()
-        })
-        .unwrap_or_default();
+        .unwrap_or_else(|e| panic!("demo articles: cannot read {}: {e}", dir.display()))
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md") && n != "README.md")
+        .collect();
+    assert!(!names.is_empty(), "demo articles: no .md files in {}", dir.display());
     names.sort();
     let mut out = String::from(
         "/// (file name, content) of every demo article.\npub static DEMO_ARTICLES: &[(&str, &str)] = &[\n",

@@ -1057,9 +1057,10 @@ impl Run<'_> {
         let ingest_body = &self.ingest_body;
         let collection = format!("bench-ingest-{}-{}-{}", s.name, index, std::process::id());
         let (samples, counts, cpu, ingest) = self.rt.block_on(async {
-            let ingest = match phase {
-                Phase::ClosedWithIngest(_) => Some(start_ingest(&t, &collection, ingest_body).await?),
-                _ => None,
+            let ingest = if let Phase::ClosedWithIngest(_) = phase {
+                Some(start_ingest(&t, &collection, ingest_body).await?)
+            } else {
+                None
             };
             let start = Instant::now();
             // CPU time of the server and of this client over the measured window.

@@ -352,10 +352,12 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<i32> {
-    let (bind, http_bind) = match &cli.command {
-        Command::Serve { bind, http_bind } | Command::Demo { bind, http_bind, .. } => (bind.clone(), http_bind.clone()),
-        _ => (None, None),
-    };
+    let (bind, http_bind) =
+        if let Command::Serve { bind, http_bind } | Command::Demo { bind, http_bind, .. } = &cli.command {
+            (bind.clone(), http_bind.clone())
+        } else {
+            (None, None)
+        };
     let overrides = config::CliOverrides { data_dir: cli.data_dir.clone(), bind, http_bind };
     let cfg = config::load(cli.config.as_deref(), &overrides)?;
     let open = |mode| Engine::open(cfg.engine.clone(), mode).map_err(anyhow::Error::from);

@@ -26,10 +26,9 @@ pub struct ModelConfig {
     pub ort_library: Option<PathBuf>,
     /// "auto" (CUDA when available), "cpu" or "cuda" (fail if CUDA is unavailable).
     pub device: String,
-    /// Threads per inference call. 0: one on CPU, ONNX Runtime's choice on CUDA. One encoder thread per model
-    /// runs every call, so on a small CPU a single intra-op thread leaves the other cores to the rest of each
-    /// search and to ingest, and merging concurrent queries into batches recovers the throughput (measured on 2
-    /// cores: 76 vs 42 queries/s for 16 clients, 25 vs 33 ms for one query alone).
+    /// Threads per inference call. 0: every core on CPU (the pool does not spin, so idle threads leave the cores to
+    /// the rest of each search), ONNX Runtime's choice on CUDA. One encoder thread per model runs every call and
+    /// merges concurrent queries into batches.
     pub threads: usize,
     /// Upper bound on padded tokens per inference call: concurrent queries merged into one batch, and documents
     /// embedded at once.
@@ -260,12 +259,15 @@ fn build_session(
         .with_optimization_level(ort::session::builder::GraphOptimizationLevel::Level3)
         .map_err(|e| model_err(dir, e))?;
     let threads = match cfg.threads {
-        0 if !cuda_available => 1,
+        0 if !cuda_available => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
     };
     if threads > 0 {
         builder = builder.with_intra_threads(threads).map_err(|e| model_err(dir, e))?;
     }
+    // Pool threads sleep between calls instead of spinning: a spinning pool holds the cores that the rest of
+    // each search (TLS, BM25, SQLite, snippets) and ingest need while the encoder thread waits for work.
+    builder = builder.with_intra_op_spinning(false).map_err(|e| model_err(dir, e))?;
     let device = if cuda_available {
         builder =
             builder.with_execution_providers([ort::ep::CUDA::default().build()]).map_err(|e| model_err(dir, e))?;

@@ -178,12 +178,10 @@ pub enum Error {
 
 impl From<tantivy::TantivyError> for Error {
     fn from(e: tantivy::TantivyError) -> Self {
-        match e {
-            tantivy::TantivyError::LockFailure(lock, detail) => Error::Locked {
-                what: "the lexical index".into(),
-                detail: detail.unwrap_or_else(|| format!("{lock:?}")),
-            },
-            other => Error::Tantivy(other),
+        if let tantivy::TantivyError::LockFailure(lock, detail) = e {
+            Error::Locked { what: "the lexical index".into(), detail: detail.unwrap_or_else(|| format!("{lock:?}")) }
+        } else {
+            Error::Tantivy(e)
         }
     }
 }

@@ -426,7 +426,7 @@ mod jobs {
 
     /// (heading, text) of a document's chunks in order.
     fn chunks_of(e: &Engine, external_id: &str) -> Vec<(String, String)> {
-        let conn = crate::db(&e);
+        let conn = crate::db(e);
         let mut stmt = conn
             .prepare("SELECT k.heading, k.text FROM chunks k JOIN documents d ON d.id = k.document_id WHERE d.external_id = ?1 ORDER BY k.ordinal")
             .unwrap();
@@ -434,7 +434,7 @@ mod jobs {
     }
 
     fn snapshot(e: &Engine) -> Vec<(String, String, String)> {
-        let conn = crate::db(&e);
+        let conn = crate::db(e);
         let mut stmt = conn
             .prepare("SELECT d.external_id, d.content_hash, group_concat(k.text, '|') FROM documents d JOIN chunks k ON k.document_id = d.id GROUP BY d.id ORDER BY d.external_id")
             .unwrap();

@@ -71,9 +71,12 @@ pub fn save(tensors: &impl TensorSource, path: &Path) -> Result<u64, Safetensors
         n = write_to(tensors, w)?;
         Ok::<(), SafetensorsError>(())
     })
-    .map_err(|e| match e {
-        SafetensorsError::Write(source) => SafetensorsError::Io { path: path.display().to_string(), source },
-        other => other,
+    .map_err(|e| {
+        if let SafetensorsError::Write(source) = e {
+            SafetensorsError::Io { path: path.display().to_string(), source }
+        } else {
+            e
+        }
     })?;
     Ok(n)
 }

@@ -200,9 +200,12 @@ pub(super) fn read_named(
             ),
         ));
     }
-    read_member(path, zip, i, name).map(Some).map_err(|e| match e {
-        Error::MalformedFile { message, .. } => Error::MalformedFile { path: path.to_path_buf(), format, message },
-        other => other,
+    read_member(path, zip, i, name).map(Some).map_err(|e| {
+        if let Error::MalformedFile { message, .. } = e {
+            Error::MalformedFile { path: path.to_path_buf(), format, message }
+        } else {
+            e
+        }
     })
 }
 

@@ -52,6 +52,10 @@ fn heading_level(style: &str) -> Option<usize> {
     }
 }
 
+#[allow(
+    clippy::wildcard_enum_match_arm,
+    reason = "quick-xml events this reader does not use are skipped, new ones too"
+)]
 fn document_text(path: &Path, xml: &[u8]) -> Result<String> {
     let mut reader = Reader::from_reader(xml);
     reader.config_mut().trim_text(false);
@@ -108,6 +112,10 @@ fn document_text(path: &Path, xml: &[u8]) -> Result<String> {
     Ok(out)
 }
 
+#[allow(
+    clippy::wildcard_enum_match_arm,
+    reason = "quick-xml events this reader does not use are skipped, new ones too"
+)]
 fn core_title(xml: &[u8]) -> Option<String> {
     let mut reader = Reader::from_reader(xml);
     let mut buf = Vec::new();

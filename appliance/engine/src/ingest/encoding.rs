@@ -70,9 +70,10 @@ fn decode_strict(path: &Path, bytes: &[u8], enc: &'static Encoding, how: &str) -
         let mut decoder = enc.new_decoder_without_bom_handling();
         let mut out = String::with_capacity(bytes.len() * 2);
         let (res, read) = decoder.decode_to_string_without_replacement(bytes, &mut out, true);
-        let offset = match res {
-            encoding_rs::DecoderResult::Malformed(bad, _) => read.saturating_sub(bad as usize),
-            _ => read,
+        let offset = if let encoding_rs::DecoderResult::Malformed(bad, _) = res {
+            read.saturating_sub(bad as usize)
+        } else {
+            read
         };
         return Err(Error::Encoding {
             path: path.to_path_buf(),

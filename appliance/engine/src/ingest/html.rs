@@ -159,6 +159,10 @@ fn raw_text_end(b: &[u8], from: usize, name: &str) -> usize {
 
 /// Iterative on purpose: a page is a tree as deep as the uploader likes (50,000 nested `<div>` is 550 KB), and a
 /// recursive walk would overflow the worker's stack and take the whole process down.
+#[allow(
+    clippy::wildcard_enum_match_arm,
+    reason = "scraper nodes other than text and elements (comments, doctypes) carry no text"
+)]
 fn walk(root: ElementRef<'_>, out: &mut String) {
     // The element whose subtree is being left out (SKIP element, or a heading already written whole).
     let mut skipping: Option<NodeId> = None;

@@ -272,10 +272,8 @@ fn parse_inner(
     match kind {
         FileKind::Text | FileKind::Markdown => {
             let text = normalize(&encoding::decode(path, bytes, opts.encoding.as_deref())?);
-            let title = match kind {
-                FileKind::Markdown => markdown_title(&text).unwrap_or_default(),
-                _ => String::new(),
-            };
+            let title =
+                if kind == FileKind::Markdown { markdown_title(&text).unwrap_or_default() } else { String::new() };
             single(title, text)
         }
         FileKind::Html => {
