@@ -59,6 +59,8 @@ pub struct BenchReport {
     pub dense: Latency,
     pub fuse: Latency,
     pub hybrid_in_process: Latency,
+    /// Mean share of the served dense top 100 that is also in an f32 exact scan's top 100 (1.0 = the same).
+    pub dense_agreement_at_100: Option<f64>,
     pub hybrid_http: Option<Latency>,
 }
 
@@ -86,7 +88,8 @@ const PREPARED: &str = "care-bench-prepared.json";
 
 pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
     let set = BeirSet::load(&opts.set, "dev")?;
-    let dir = opts.reuse.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("care-bench-{}", std::process::id())));
+    let dir =
+        opts.reuse.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("care-bench-{}", std::process::id())));
     let mut cfg = base.clone();
     cfg.storage.data_dir = dir.clone();
     let marker = dir.join(PREPARED);
@@ -119,6 +122,7 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
         e.search(&SearchRequest { query: (*q).into(), ..Default::default() })?;
     }
     let (mut enc, mut bm, mut de, mut fu, mut all) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut served_dense: Vec<(Vec<f32>, Vec<i64>)> = Vec::new();
     for q in &queries {
         let t = Instant::now();
         let v = e.encode_queries(&[q])?;
@@ -132,6 +136,7 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
                 let t = Instant::now();
                 let hits = e.dense_search(&vecs[0], m, &cols, 100)?;
                 de.push(ms(t));
+                served_dense.push((vecs[0].clone(), hits.iter().map(|h| h.chunk_id).collect()));
                 hits.into_iter().map(|h| (h.chunk_id, h.document_id, h.score)).collect()
             }
             None => Vec::new(),
@@ -144,6 +149,7 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
         std::hint::black_box(e.search(&SearchRequest { query: (*q).into(), ..Default::default() })?);
         all.push(ms(t));
     }
+    let dense_agreement_at_100 = dense_agreement(&e, &served_dense)?;
     let hybrid_http = if opts.http { Some(http_latency(e.clone(), &queries)?) } else { None };
     let model = e.active_models()?.map(|p| format!("{}@{}", p.query.name, p.query.version));
     let report = BenchReport {
@@ -164,6 +170,7 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
         dense: Latency::from(de),
         fuse: Latency::from(fu),
         hybrid_in_process: Latency::from(all),
+        dense_agreement_at_100,
         hybrid_http,
     };
     if opts.reuse.is_none() {
@@ -201,11 +208,32 @@ fn prepare(cfg: &EngineConfig, set: &BeirSet, opts: &BenchOptions) -> Result<Pre
     Ok(Prepared { set: opts.set.clone(), docs, chunks, ingest_seconds, embed_seconds })
 }
 
+/// How much of each served dense top 100 a plain f32 scan of the stored vectors also returns.
+fn dense_agreement(e: &Engine, served: &[(Vec<f32>, Vec<i64>)]) -> Result<Option<f64>> {
+    let stored = e.dense_vectors("bench")?;
+    let Some(w) = stored.first().map(|v| v.1.len()) else { return Ok(None) };
+    if served.is_empty() {
+        return Ok(None);
+    }
+    let ids: Vec<i64> = stored.iter().map(|v| v.0).collect();
+    let flat: Vec<f32> = stored.iter().flat_map(|v| v.1.iter().copied()).collect();
+    let mut total = 0.0;
+    for (q, got) in served {
+        let exact: std::collections::HashSet<i64> =
+            care_engine::dense::flat_top_k(&flat, w, q, 100).iter().map(|(_, i)| ids[*i]).collect();
+        total += got.iter().filter(|c| exact.contains(c)).count() as f64 / exact.len().max(1) as f64;
+    }
+    Ok(Some(total / served.len() as f64))
+}
+
 /// The CPU's model name as Linux reports it ("unknown" elsewhere).
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())))
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_string()))
+        })
         .unwrap_or_else(|| "unknown".into())
 }
 
