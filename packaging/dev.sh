@@ -6,6 +6,7 @@
 #   packaging/dev.sh test    build and run the whole test suite
 #   packaging/dev.sh deb-tools  install what building and testing the .deb needs (cargo-deb; CI runs it)
 #   packaging/dev.sh env     print the environment for building/running the trainer: eval "$(packaging/dev.sh env)"
+#   packaging/dev.sh bench-venv  create .care-dev/bench-venv, the Python reference stack of tests/bench (pinned PyPI)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEV="$ROOT/.care-dev"
@@ -28,12 +29,19 @@ DEBIAN_PACKAGES=(
     binutils                # strip, for the .deb
     lintian systemd         # the .deb test: lintian, systemd-analyze security, systemd-sysusers in postinst
 )
+# Only for `dev.sh bench-venv` (the Python reference stack of tests/bench/side_by_side.sh), not installed by setup.
+BENCH_DEBIAN_PACKAGES=(
+    python3-venv            # python3 -m venv (skipped when python3 can already create one, e.g. pyenv)
+)
+# The reference stack, exact versions from PyPI (onnxruntime = the library the appliance loads).
+BENCH_PY_PACKAGES=(numpy==2.4.6 "onnxruntime==$ORT_VERSION" onnx==1.23.2 tokenizers==0.23.3 jieba==0.42.1 bm25s==0.3.16)
 log() { printf '[dev.sh] %s\n' "$*" >&2; }
 
 apt_install() {
     local missing=()
     for pkg in "$@"; do
         case "$pkg" in python3 | python3-pip) python3 -m pip --version >/dev/null 2>&1 && continue ;; esac
+        case "$pkg" in python3-venv) python3 -c 'import ensurepip, venv' >/dev/null 2>&1 && continue ;; esac
         dpkg -s "$pkg" 2>/dev/null | grep -qx 'Status: install ok installed' || missing+=("$pkg")
     done
     [ ${#missing[@]} -eq 0 ] && return 0
@@ -106,6 +114,22 @@ trainer_export() {
     export CARE_TRAINER_EXPORT="$DEV/trainer/export-l4"
     # For trainer_embedded_chunks_import_and_match_the_online_vectors: the engine's chunk export embedded by tch.
     export CARE_TRAIN_BIN="$bin" CARE_TRAINER_E5="$e5"
+}
+
+# The Python reference search stack that `care bench` is compared against (tests/bench/side_by_side.sh).
+bench_venv() {
+    apt_install python3 "${BENCH_DEBIAN_PACKAGES[@]}"
+    python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+        { log "tests/bench/reference.py needs Python >= 3.11 (tomllib); python3 is $(python3 --version 2>&1)"; exit 1; }
+    local venv="$DEV/bench-venv"
+    if [ ! -x "$venv/bin/python" ]; then
+        log "creating $venv"
+        python3 -m venv "$venv"
+    fi
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "${BENCH_PY_PACKAGES[@]}"
+    "$venv/bin/python" -c 'import numpy, onnxruntime, onnx, tokenizers, jieba, bm25s' ||
+        { log "$venv: the reference stack does not import"; exit 1; }
+    log "bench venv ready: $venv/bin/python (${BENCH_PY_PACKAGES[*]})"
 }
 
 setup() {
@@ -199,6 +223,9 @@ case "${1:-}" in
     deb-tools)
         setup
         install_cargo_deb
+        ;;
+    bench-venv)
+        bench_venv
         ;;
     env)
         { setup; install_torch; check_prereqs; report_prereqs; } >&2

@@ -45,6 +45,10 @@ pub struct BenchReport {
     pub corpus_documents: usize,
     pub model: Option<String>,
     pub model_threads: usize,
+    /// The CPU (model name, cores) and the vector kernels' instruction set on it.
+    pub cpu: String,
+    pub cores: usize,
+    pub vector_isa: String,
     pub ingest_seconds: f64,
     pub ingest_docs_per_second: f64,
     /// Model import plus embedding every chunk with the document encoder.
@@ -55,6 +59,8 @@ pub struct BenchReport {
     pub dense: Latency,
     pub fuse: Latency,
     pub hybrid_in_process: Latency,
+    /// Mean share of the served dense top 100 that is also in an f32 exact scan's top 100 (1.0 = the same).
+    pub dense_agreement_at_100: Option<f64>,
     pub hybrid_http: Option<Latency>,
 }
 
@@ -65,41 +71,48 @@ pub struct BenchOptions {
     pub threads: usize,
     pub http: bool,
     pub int8: bool,
+    pub reuse: Option<PathBuf>,
 }
+
+/// What preparing a benchmark data directory measured, kept beside it for runs that reuse it.
+#[derive(Debug, Serialize, serde::Deserialize)]
+struct Prepared {
+    set: PathBuf,
+    docs: usize,
+    chunks: usize,
+    ingest_seconds: f64,
+    embed_seconds: f64,
+}
+
+const PREPARED: &str = "care-bench-prepared.json";
 
 pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
     let set = BeirSet::load(&opts.set, "dev")?;
-    let dir = std::env::temp_dir().join(format!("care-bench-{}", std::process::id()));
+    let dir =
+        opts.reuse.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("care-bench-{}", std::process::id())));
     let mut cfg = base.clone();
     cfg.storage.data_dir = dir.clone();
-    // Ingest and embed with every core; queries are then measured with `threads` (1 = one core).
-    cfg.model.threads = 0;
-    let e = Engine::open(cfg.clone(), OpenMode::Create)?;
-    e.create_collection("bench", "benchmark corpus", "bench")?;
-    let t = Instant::now();
-    let r = e.ingest_files("bench", &[set.corpus_path()], &mut |_| {})?;
-    if let Some(err) = r.files.iter().find_map(|f| f.error.clone()) {
-        bail!("ingest failed: {err}");
-    }
-    let ingest_seconds = t.elapsed().as_secs_f64();
-    let docs = r.files.iter().map(|f| f.added).sum::<usize>();
-    let chunks = r.files.iter().map(|f| f.chunks).sum::<usize>();
-    let mut embed_seconds = 0.0;
-    if let Some(bin) = &opts.e5s1 {
-        let t = Instant::now();
-        let fp32 = e.import_e5s1(bin, "1", None, false)?;
-        if opts.int8 {
-            // Documents stay fp32 (embedded offline); only the online query encoder is the int8 graph. Same weights,
-            // so the same pairing.
-            e.import_e5s1(bin, "1-int8", Some(&fp32.pairing_id), true)?;
-            e.activate_models("e5-small@1-int8", "e5-small@1", &mut |_| {})?;
+    let marker = dir.join(PREPARED);
+    let prepared = match std::fs::read(&marker).ok().and_then(|b| serde_json::from_slice::<Prepared>(&b).ok()) {
+        Some(p) if p.set == opts.set => p,
+        Some(p) => bail!("{} holds a benchmark of {}, not {}", dir.display(), p.set.display(), opts.set.display()),
+        None => {
+            let p = prepare(&cfg, &set, opts)?;
+            if opts.reuse.is_some() {
+                std::fs::write(&marker, serde_json::to_vec_pretty(&p)?)?;
+            }
+            p
         }
-        e.sync_dense_indexes(&mut |_| {})?;
-        embed_seconds = t.elapsed().as_secs_f64();
-    }
-    drop(e);
+    };
+    let (docs, chunks, ingest_seconds, embed_seconds) =
+        (prepared.docs, prepared.chunks, prepared.ingest_seconds, prepared.embed_seconds);
     cfg.model.threads = opts.threads;
     let e = Arc::new(Engine::open(cfg, OpenMode::Existing)?);
+    if opts.e5s1.is_some() {
+        // A reused directory holds both query graphs: serve the one asked for (same pairing, nothing re-embedded).
+        let query = if opts.int8 { "e5-small@1-int8" } else { "e5-small@1" };
+        e.activate_models(query, "e5-small@1", &mut |_| {})?;
+    }
     let col = e.collection("bench")?;
     let cols = vec![col.clone()];
     let names = vec!["bench".to_string()];
@@ -109,6 +122,7 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
         e.search(&SearchRequest { query: (*q).into(), ..Default::default() })?;
     }
     let (mut enc, mut bm, mut de, mut fu, mut all) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut served_dense: Vec<(Vec<f32>, Vec<i64>)> = Vec::new();
     for q in &queries {
         let t = Instant::now();
         let v = e.encode_queries(&[q])?;
@@ -122,6 +136,7 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
                 let t = Instant::now();
                 let hits = e.dense_search(&vecs[0], m, &cols, 100)?;
                 de.push(ms(t));
+                served_dense.push((vecs[0].clone(), hits.iter().map(|h| h.chunk_id).collect()));
                 hits.into_iter().map(|h| (h.chunk_id, h.document_id, h.score)).collect()
             }
             None => Vec::new(),
@@ -134,6 +149,7 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
         std::hint::black_box(e.search(&SearchRequest { query: (*q).into(), ..Default::default() })?);
         all.push(ms(t));
     }
+    let dense_agreement_at_100 = dense_agreement(&e, &served_dense)?;
     let hybrid_http = if opts.http { Some(http_latency(e.clone(), &queries)?) } else { None };
     let model = e.active_models()?.map(|p| format!("{}@{}", p.query.name, p.query.version));
     let report = BenchReport {
@@ -142,6 +158,9 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
         corpus_documents: docs,
         model,
         model_threads: opts.threads,
+        cpu: cpu_model(),
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        vector_isa: care_engine::kernels::Isa::detected().name().into(),
         ingest_seconds,
         ingest_docs_per_second: docs as f64 / ingest_seconds.max(1e-9),
         embed_seconds,
@@ -151,10 +170,71 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
         dense: Latency::from(de),
         fuse: Latency::from(fu),
         hybrid_in_process: Latency::from(all),
+        dense_agreement_at_100,
         hybrid_http,
     };
-    let _ = std::fs::remove_dir_all(&dir);
+    if opts.reuse.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     Ok(report)
+}
+
+/// Ingests the set's corpus into a new data directory and embeds it (both query graphs imported when a model is
+/// given, so later runs can switch between them).
+fn prepare(cfg: &EngineConfig, set: &BeirSet, opts: &BenchOptions) -> Result<Prepared> {
+    let mut cfg = cfg.clone();
+    // Ingest and embed with every core; queries are then measured with `threads` (1 = one core).
+    cfg.model.threads = 0;
+    let e = Engine::open(cfg, OpenMode::Create)?;
+    e.create_collection("bench", "benchmark corpus", "bench")?;
+    let t = Instant::now();
+    let r = e.ingest_files("bench", &[set.corpus_path()], &mut |_| {})?;
+    if let Some(err) = r.files.iter().find_map(|f| f.error.clone()) {
+        bail!("ingest failed: {err}");
+    }
+    let ingest_seconds = t.elapsed().as_secs_f64();
+    let docs = r.files.iter().map(|f| f.added).sum::<usize>();
+    let chunks = r.files.iter().map(|f| f.chunks).sum::<usize>();
+    let mut embed_seconds = 0.0;
+    if let Some(bin) = &opts.e5s1 {
+        let t = Instant::now();
+        let fp32 = e.import_e5s1(bin, "1", None, false)?;
+        // Documents stay fp32 (embedded offline); only the online query encoder may be the int8 graph. Same
+        // weights, so the same pairing.
+        e.import_e5s1(bin, "1-int8", Some(&fp32.pairing_id), true)?;
+        e.sync_dense_indexes(&mut |_| {})?;
+        embed_seconds = t.elapsed().as_secs_f64();
+    }
+    Ok(Prepared { set: opts.set.clone(), docs, chunks, ingest_seconds, embed_seconds })
+}
+
+/// How much of each served dense top 100 a plain f32 scan of the stored vectors also returns.
+fn dense_agreement(e: &Engine, served: &[(Vec<f32>, Vec<i64>)]) -> Result<Option<f64>> {
+    let stored = e.dense_vectors("bench")?;
+    let Some(w) = stored.first().map(|v| v.1.len()) else { return Ok(None) };
+    if served.is_empty() {
+        return Ok(None);
+    }
+    let ids: Vec<i64> = stored.iter().map(|v| v.0).collect();
+    let flat: Vec<f32> = stored.iter().flat_map(|v| v.1.iter().copied()).collect();
+    let mut total = 0.0;
+    for (q, got) in served {
+        let exact: std::collections::HashSet<i64> =
+            care_engine::dense::flat_top_k(&flat, w, q, 100).iter().map(|(_, i)| ids[*i]).collect();
+        total += got.iter().filter(|c| exact.contains(c)).count() as f64 / exact.len().max(1) as f64;
+    }
+    Ok(Some(total / served.len() as f64))
+}
+
+/// The CPU's model name as Linux reports it ("unknown" elsewhere).
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_string()))
+        })
+        .unwrap_or_else(|| "unknown".into())
 }
 
 fn ms(t: Instant) -> f64 {

@@ -219,6 +219,10 @@ enum Command {
         /// Also time GET /api/v1/search over HTTPS on a loopback port.
         #[arg(long)]
         http: bool,
+        /// Keep the ingested and embedded corpus in DIR and reuse it on later runs of the same set (ingest and
+        /// embedding figures then come from the run that prepared it).
+        #[arg(long, value_name = "DIR")]
+        reuse: Option<PathBuf>,
         #[arg(long)]
         out: Option<PathBuf>,
         #[command(flatten)]
@@ -361,8 +365,8 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Bench { set, e5s1, int8, out, load, .. } if load.load => {
             return bench_load::run(&set, e5s1.as_deref(), int8, out.as_deref(), &load);
         }
-        Command::Bench { set, queries, e5s1, int8, threads, http, out, .. } => {
-            let opts = bench::BenchOptions { set, queries, e5s1, threads, http, int8 };
+        Command::Bench { set, queries, e5s1, int8, threads, http, reuse, out, .. } => {
+            let opts = bench::BenchOptions { set, queries, e5s1, threads, http, int8, reuse };
             let report = bench::run(&cfg.engine, &opts)?;
             bench::write(&report, out.as_deref())?;
             if let Some(out) = out {

@@ -361,16 +361,7 @@ pub fn l2_normalize(v: &mut [f32]) {
     }
 }
 
-/// Inner product with 8 independent accumulators, so the compiler can vectorise it without `-ffast-math`.
+/// Inner product (SIMD picked at run time, see [`crate::kernels`]).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
-    acc.iter().sum::<f32>() + tail
+    crate::kernels::dot(a, b)
 }

@@ -15,6 +15,7 @@
 //!   ├ encoders  ONNX Runtime encoders for model packages (pooling, Matryoshka width, prompts, batching)
 //!   ├ models    model registry, active (query, document) pair and the pairing rule
 //!   ├ dense     LanceDB tables per (collection, document model); exact scan or IVF-PQ
+//!   ├ kernels   the exact scan's inner products, AVX-512 / AVX2 / NEON picked at run time
 //!   ├ fusion    BM25 ∥ dense → RRF or weighted min-max, with per-hit score parts
 //!   ├ hybrid    dense sync with SQLite, query encoding, retrieval (engine methods)
 //!   ├ vectors   document vectors computed offline: export chunks for the trainer, import its embedding shards
@@ -40,6 +41,9 @@ pub mod fusion;
 pub mod hybrid;
 pub mod ingest;
 pub mod jobs;
+// The only unsafe code: SIMD intrinsics behind run-time CPU detection (the .deb targets baseline x86-64).
+#[allow(unsafe_code)]
+pub mod kernels;
 pub mod lexical;
 pub mod models;
 pub mod service;

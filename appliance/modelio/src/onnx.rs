@@ -334,11 +334,14 @@ impl Model<'_> {
 pub struct GraphBuilder<'a> {
     graph: Graph<'a>,
     counter: usize,
+    /// `DynamicQuantizeLinear` outputs (value, scale, zero point) per input, so the query, key and value
+    /// projections of one activation quantise it once, as ONNX Runtime's own dynamic quantisation does.
+    quantized: std::collections::HashMap<String, (String, String, String)>,
 }
 
 impl<'a> GraphBuilder<'a> {
     pub fn new(name: &str) -> Self {
-        Self { graph: Graph { name: name.into(), ..Graph::default() }, counter: 0 }
+        Self { graph: Graph { name: name.into(), ..Graph::default() }, counter: 0, quantized: Default::default() }
     }
 
     pub fn input(&mut self, name: &str, elem_type: i32, dims: Vec<Dim>) -> String {
@@ -639,8 +642,21 @@ fn quantized_matmul<'w>(g: &mut GraphBuilder<'w>, wn: &str, x: &str, wt: &[f32],
         .collect();
     let wq = g.initializer(&format!("{wn}.quantized"), dims(&[inp, out]), TensorData::I8(q));
     let ws = g.initializer(&format!("{wn}.scale"), dims(&[out]), TensorData::F32(Cow::Owned(scales)));
-    let wz = g.initializer(&format!("{wn}.zero_point"), dims(&[out]), TensorData::I8(vec![0; out]));
+    // Symmetric weights: one scalar zero point (0) serves every column; the per-column scales apply after the GEMM.
+    let wz = g.initializer(&format!("{wn}.zero_point"), dims(&[]), TensorData::I8(vec![0]));
+    let (xq, xs, xz) = quantize_once(g, x);
+    let acc = g.op("MatMulInteger", "matmul_int32", &[&xq, &wq, &xz, &wz], vec![]);
+    let accf = g.op("Cast", "matmul_int32_f", &[&acc], vec![Attribute::int("to", i64::from(data_type::FLOAT))]);
+    let scale = g.op("Mul", "matmul_scale", &[&xs, &ws], vec![]);
+    g.op("Mul", "matmul_dequant", &[&accf, &scale], vec![])
+}
 
+/// The uint8 form of activation `x` (value, scale, zero point), made by one `DynamicQuantizeLinear` however many
+/// projections read it.
+fn quantize_once(g: &mut GraphBuilder<'_>, x: &str) -> (String, String, String) {
+    if let Some(done) = g.quantized.get(x) {
+        return done.clone();
+    }
     let xq = g.unique("x_quantized");
     let xs = g.unique("x_scale");
     let xz = g.unique("x_zero_point");
@@ -653,10 +669,9 @@ fn quantized_matmul<'w>(g: &mut GraphBuilder<'w>, wn: &str, x: &str, wt: &[f32],
         attributes: vec![],
         domain: String::new(),
     });
-    let acc = g.op("MatMulInteger", "matmul_int32", &[&xq, &wq, &xz, &wz], vec![]);
-    let accf = g.op("Cast", "matmul_int32_f", &[&acc], vec![Attribute::int("to", i64::from(data_type::FLOAT))]);
-    let scale = g.op("Mul", "matmul_scale", &[&xs, &ws], vec![]);
-    g.op("Mul", "matmul_dequant", &[&accf, &scale], vec![])
+    let done = (xq, xs, xz);
+    g.quantized.insert(x.to_string(), done.clone());
+    done
 }
 
 /// Exports the encoder as an ONNX file at `path` (f32 weights).

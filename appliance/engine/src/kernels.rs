@@ -1,0 +1,535 @@
+//! Vector kernels with run-time CPU dispatch.
+//!
+//! The release binary is built for baseline x86-64 (SSE2) so one `.deb` runs on every hospital workstation; the
+//! exact scan is memory-bound only when it uses the widest loads the CPU has, so the ISA is picked once at run
+//! time (AVX-512F, AVX2 + FMA, NEON on aarch64) and the portable loop is the fallback. Every kernel sums in the
+//! same lane order within its ISA, so a score does not depend on where a row sits in the matrix.
+
+use std::sync::OnceLock;
+
+/// The instruction set the kernels use on this CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    Avx512,
+    Avx2,
+    Neon,
+    Portable,
+}
+
+impl Isa {
+    /// The best instruction set this CPU supports (detected once; `CARE_KERNELS=portable` forces the fallback,
+    /// for comparison and for tests).
+    pub fn detected() -> Isa {
+        static ISA: OnceLock<Isa> = OnceLock::new();
+        *ISA.get_or_init(|| {
+            if std::env::var("CARE_KERNELS").is_ok_and(|v| v == "portable") {
+                return Isa::Portable;
+            }
+            detect()
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "avx512f",
+            Isa::Avx2 => "avx2+fma",
+            Isa::Neon => "neon",
+            Isa::Portable => "portable",
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect() -> Isa {
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        Isa::Avx512
+    } else if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        Isa::Avx2
+    } else {
+        Isa::Portable
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+fn detect() -> Isa {
+    Isa::Neon
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn detect() -> Isa {
+    Isa::Portable
+}
+
+/// Inner product over the common length of `a` and `b`.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    if n == 0 {
+        return 0.0;
+    }
+    let mut out = [0f32];
+    scores_with(Isa::detected(), &a[..n], &b[..n], &mut out);
+    out[0]
+}
+
+/// `out[i]` = inner product of row `i` of the row-major matrix `rows` (width `q.len()`) with `q`.
+pub fn scores(rows: &[f32], q: &[f32], out: &mut [f32]) {
+    scores_with(Isa::detected(), rows, q, out);
+}
+
+/// [`scores`] on a chosen instruction set (it must be one [`Isa::detected`] allows, or the portable one).
+pub fn scores_with(isa: Isa, rows: &[f32], q: &[f32], out: &mut [f32]) {
+    let w = q.len();
+    assert!(w > 0 && rows.len() == out.len() * w, "{} values are not {} rows of width {w}", rows.len(), out.len());
+    match isa {
+        // SAFETY: the ISA was detected on this CPU (callers may only pass a detected one or Portable).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 if std::arch::is_x86_feature_detected!("avx512f") => unsafe { x86::scores_avx512(rows, q, out) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") => unsafe {
+            x86::scores_avx2(rows, q, out)
+        },
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::scores(rows, q, out),
+        Isa::Avx512 | Isa::Avx2 | Isa::Neon | Isa::Portable => portable(rows, q, out),
+    }
+}
+
+/// Rows quantised to int8, one symmetric scale per row: a quarter of the bytes of the f32 rows, for a first pass
+/// that is bound by memory bandwidth.
+pub struct Int8Rows {
+    width: usize,
+    codes: Vec<i8>,
+    scales: Vec<f32>,
+}
+
+impl Int8Rows {
+    pub fn quantize(rows: &[f32], width: usize) -> Self {
+        let mut codes = Vec::with_capacity(rows.len());
+        let mut scales = Vec::with_capacity(rows.len() / width.max(1));
+        for row in rows.chunks_exact(width.max(1)) {
+            let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let s = if max > 0.0 { max / 127.0 } else { 1.0 };
+            codes.extend(row.iter().map(|v| (v / s).round().clamp(-127.0, 127.0) as i8));
+            scales.push(s);
+        }
+        Int8Rows { width, codes, scales }
+    }
+
+    pub fn len(&self) -> usize {
+        self.scales.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.scales.is_empty()
+    }
+}
+
+/// Top-k by exact f32 inner product, found through an int8 first pass: the best `k × oversample` rows by the
+/// quantised score are re-scored exactly against `rows` and the best k of those returned. Equal to [`top_k`]
+/// whenever the true top k lie among those candidates (the quantisation error is far below the score gaps that
+/// matter; `dense_int8_scan_finds_the_exact_top_k` measures it).
+pub fn top_k_int8(approx: &Int8Rows, rows: &[f32], q: &[f32], k: usize, oversample: usize) -> Vec<(f32, usize)> {
+    let w = q.len();
+    let n = approx.len().min(rows.len() / w.max(1));
+    let k = k.min(n);
+    if k == 0 || approx.width != w {
+        return top_k(rows, q, k);
+    }
+    let m = (k * oversample.max(1)).min(n);
+    const BLOCK: usize = 1024;
+    let mut buf = vec![0f32; BLOCK.min(n)];
+    let mut best = TopK::new(m);
+    for (b, chunk) in approx.codes[..n * w].chunks(BLOCK * w).enumerate() {
+        let out = &mut buf[..chunk.len() / w];
+        scores_i8(chunk, q, out);
+        for (i, &s) in out.iter().enumerate() {
+            let row = b * BLOCK + i;
+            best.offer(s * approx.scales[row], row);
+        }
+    }
+    let mut exact = TopK::new(k);
+    for (_, row) in best.heap {
+        exact.offer(dot(&rows[row * w..(row + 1) * w], q), row);
+    }
+    exact.into_sorted()
+}
+
+/// `out[i]` = inner product of int8 row `i` of `codes` with the f32 query `q` (unscaled).
+pub fn scores_i8(codes: &[i8], q: &[f32], out: &mut [f32]) {
+    let w = q.len();
+    assert!(w > 0 && codes.len() == out.len() * w, "{} codes are not {} rows of width {w}", codes.len(), out.len());
+    #[cfg(target_arch = "x86_64")]
+    if Isa::detected() == Isa::Avx512 && std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F was detected on this CPU.
+        return unsafe { x86::scores_i8_avx512(codes, q, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if matches!(Isa::detected(), Isa::Avx512 | Isa::Avx2)
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: AVX2 and FMA were detected on this CPU.
+        return unsafe { x86::scores_i8_avx2(codes, q, out) };
+    }
+    for (row, o) in codes.chunks_exact(w).zip(out.iter_mut()) {
+        let mut acc = [0f32; 8];
+        let (ca, cb) = (row.chunks_exact(8), q.chunks_exact(8));
+        let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| f32::from(*x) * y).sum();
+        for (x, y) in ca.zip(cb) {
+            for i in 0..8 {
+                acc[i] += f32::from(x[i]) * y[i];
+            }
+        }
+        *o = acc.iter().sum::<f32>() + tail;
+    }
+}
+
+/// Exact top-k rows of a row-major matrix by inner product with `q`: (score, row), best first, ties by row.
+pub fn top_k(rows: &[f32], q: &[f32], k: usize) -> Vec<(f32, usize)> {
+    let n = rows.len() / q.len().max(1);
+    let k = k.min(n);
+    if k == 0 {
+        return Vec::new();
+    }
+    // Scores of a block of rows at a time: the block stays in L1 while the selection reads it back, and the scan
+    // never allocates per row.
+    const BLOCK: usize = 1024;
+    let w = q.len();
+    let mut buf = vec![0f32; BLOCK.min(n)];
+    let mut best = TopK::new(k);
+    for (b, chunk) in rows[..n * w].chunks(BLOCK * w).enumerate() {
+        let out = &mut buf[..chunk.len() / w];
+        scores(chunk, q, out);
+        for (i, &s) in out.iter().enumerate() {
+            best.offer(s, b * BLOCK + i);
+        }
+    }
+    best.into_sorted()
+}
+
+/// The k best (score, row) pairs seen, kept as a min-heap on score so a candidate below the k-th costs one compare.
+struct TopK {
+    k: usize,
+    heap: Vec<(f32, usize)>,
+}
+
+impl TopK {
+    fn new(k: usize) -> Self {
+        TopK { k, heap: Vec::with_capacity(k) }
+    }
+
+    /// Worse first: lower score, then the later row (so ties keep the earlier row).
+    fn worse(a: (f32, usize), b: (f32, usize)) -> bool {
+        a.0 < b.0 || (a.0 == b.0 && a.1 > b.1)
+    }
+
+    fn offer(&mut self, s: f32, row: usize) {
+        if self.heap.len() < self.k {
+            self.heap.push((s, row));
+            let mut i = self.heap.len() - 1;
+            while i > 0 {
+                let p = (i - 1) / 2;
+                if !Self::worse(self.heap[i], self.heap[p]) {
+                    break;
+                }
+                self.heap.swap(i, p);
+                i = p;
+            }
+        } else if Self::worse(self.heap[0], (s, row)) {
+            self.heap[0] = (s, row);
+            self.sift_down();
+        }
+    }
+
+    fn sift_down(&mut self) {
+        let (mut i, n) = (0, self.heap.len());
+        loop {
+            let (l, r) = (2 * i + 1, 2 * i + 2);
+            let mut m = i;
+            if l < n && Self::worse(self.heap[l], self.heap[m]) {
+                m = l;
+            }
+            if r < n && Self::worse(self.heap[r], self.heap[m]) {
+                m = r;
+            }
+            if m == i {
+                return;
+            }
+            self.heap.swap(i, m);
+            i = m;
+        }
+    }
+
+    fn into_sorted(mut self) -> Vec<(f32, usize)> {
+        self.heap.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        self.heap
+    }
+}
+
+/// Eight independent accumulators, so the compiler vectorises it for the baseline target without `-ffast-math`.
+fn portable(rows: &[f32], q: &[f32], out: &mut [f32]) {
+    for (row, o) in rows.chunks_exact(q.len()).zip(out.iter_mut()) {
+        let mut acc = [0f32; 8];
+        let (ca, cb) = (row.chunks_exact(8), q.chunks_exact(8));
+        let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+        for (x, y) in ca.zip(cb) {
+            for i in 0..8 {
+                acc[i] += x[i] * y[i];
+            }
+        }
+        *o = acc.iter().sum::<f32>() + tail;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// Four rows per pass share each load of the query; one accumulator per row keeps four FMA chains in flight.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn scores_avx512(rows: &[f32], q: &[f32], out: &mut [f32]) {
+        // SAFETY: the caller checked the CPU has this target feature; every load stays inside `rows`/`q`.
+        unsafe {
+            let w = q.len();
+            let body = w - w % 16;
+            let mut r = 0;
+            while r + 4 <= out.len() {
+                let base = rows.as_ptr().add(r * w);
+                let mut acc = [_mm512_setzero_ps(); 4];
+                let mut j = 0;
+                while j < body {
+                    let qv = _mm512_loadu_ps(q.as_ptr().add(j));
+                    for (k, a) in acc.iter_mut().enumerate() {
+                        *a = _mm512_fmadd_ps(_mm512_loadu_ps(base.add(k * w + j)), qv, *a);
+                    }
+                    j += 16;
+                }
+                for (k, a) in acc.iter().enumerate() {
+                    out[r + k] =
+                        _mm512_reduce_add_ps(*a) + tail(&rows[(r + k) * w + body..(r + k + 1) * w], &q[body..]);
+                }
+                r += 4;
+            }
+            while r < out.len() {
+                let base = rows.as_ptr().add(r * w);
+                let mut a = _mm512_setzero_ps();
+                let mut j = 0;
+                while j < body {
+                    a = _mm512_fmadd_ps(_mm512_loadu_ps(base.add(j)), _mm512_loadu_ps(q.as_ptr().add(j)), a);
+                    j += 16;
+                }
+                out[r] = _mm512_reduce_add_ps(a) + tail(&rows[r * w + body..(r + 1) * w], &q[body..]);
+                r += 1;
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn scores_avx2(rows: &[f32], q: &[f32], out: &mut [f32]) {
+        // SAFETY: the caller checked the CPU has this target feature; every load stays inside `rows`/`q`.
+        unsafe {
+            let w = q.len();
+            let body = w - w % 8;
+            let mut r = 0;
+            while r + 4 <= out.len() {
+                let base = rows.as_ptr().add(r * w);
+                let mut acc = [_mm256_setzero_ps(); 4];
+                let mut j = 0;
+                while j < body {
+                    let qv = _mm256_loadu_ps(q.as_ptr().add(j));
+                    for (k, a) in acc.iter_mut().enumerate() {
+                        *a = _mm256_fmadd_ps(_mm256_loadu_ps(base.add(k * w + j)), qv, *a);
+                    }
+                    j += 8;
+                }
+                for (k, a) in acc.iter().enumerate() {
+                    out[r + k] = hsum256(*a) + tail(&rows[(r + k) * w + body..(r + k + 1) * w], &q[body..]);
+                }
+                r += 4;
+            }
+            while r < out.len() {
+                let base = rows.as_ptr().add(r * w);
+                let mut a = _mm256_setzero_ps();
+                let mut j = 0;
+                while j < body {
+                    a = _mm256_fmadd_ps(_mm256_loadu_ps(base.add(j)), _mm256_loadu_ps(q.as_ptr().add(j)), a);
+                    j += 8;
+                }
+                out[r] = hsum256(a) + tail(&rows[r * w + body..(r + 1) * w], &q[body..]);
+                r += 1;
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn scores_i8_avx512(codes: &[i8], q: &[f32], out: &mut [f32]) {
+        // SAFETY: the caller checked AVX-512F; every load reads 16 codes / 16 floats inside `body`.
+        unsafe {
+            let w = q.len();
+            let body = w - w % 16;
+            for (r, o) in out.iter_mut().enumerate() {
+                let base = codes.as_ptr().add(r * w);
+                let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+                let mut j = 0;
+                while j + 32 <= body {
+                    let c0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(base.add(j) as *const __m128i)));
+                    let c1 =
+                        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(base.add(j + 16) as *const __m128i)));
+                    a0 = _mm512_fmadd_ps(c0, _mm512_loadu_ps(q.as_ptr().add(j)), a0);
+                    a1 = _mm512_fmadd_ps(c1, _mm512_loadu_ps(q.as_ptr().add(j + 16)), a1);
+                    j += 32;
+                }
+                while j < body {
+                    let c0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(base.add(j) as *const __m128i)));
+                    a0 = _mm512_fmadd_ps(c0, _mm512_loadu_ps(q.as_ptr().add(j)), a0);
+                    j += 16;
+                }
+                let row = &codes[r * w..(r + 1) * w];
+                *o = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + tail_i8(&row[body..], &q[body..]);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn scores_i8_avx2(codes: &[i8], q: &[f32], out: &mut [f32]) {
+        // SAFETY: the caller checked AVX2 and FMA; every load reads 8 codes / 8 floats inside `body`.
+        unsafe {
+            let w = q.len();
+            let body = w - w % 8;
+            for (r, o) in out.iter_mut().enumerate() {
+                let base = codes.as_ptr().add(r * w);
+                let mut a = _mm256_setzero_ps();
+                let mut j = 0;
+                while j < body {
+                    let c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(base.add(j) as *const __m128i)));
+                    a = _mm256_fmadd_ps(c, _mm256_loadu_ps(q.as_ptr().add(j)), a);
+                    j += 8;
+                }
+                let row = &codes[r * w..(r + 1) * w];
+                *o = hsum256(a) + tail_i8(&row[body..], &q[body..]);
+            }
+        }
+    }
+
+    fn tail_i8(a: &[i8], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| f32::from(*x) * y).sum()
+    }
+
+    #[target_feature(enable = "avx2")]
+    unsafe fn hsum256(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    }
+
+    fn tail(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use std::arch::aarch64::*;
+
+    pub fn scores(rows: &[f32], q: &[f32], out: &mut [f32]) {
+        let w = q.len();
+        let body = w - w % 4;
+        for (r, o) in out.iter_mut().enumerate() {
+            let row = &rows[r * w..(r + 1) * w];
+            // SAFETY: NEON is part of the aarch64 baseline; every load reads 4 floats inside `body`.
+            let s = unsafe {
+                let mut a = vdupq_n_f32(0.0);
+                let mut j = 0;
+                while j < body {
+                    a = vfmaq_f32(a, vld1q_f32(row.as_ptr().add(j)), vld1q_f32(q.as_ptr().add(j)));
+                    j += 4;
+                }
+                vaddvq_f32(a)
+            };
+            *o = s + row[body..].iter().zip(&q[body..]).map(|(x, y)| x * y).sum::<f32>();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matrix(n: usize, w: usize, seed: u32) -> Vec<f32> {
+        let mut x = seed;
+        (0..n * w)
+            .map(|_| {
+                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (x >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_isa_on_this_cpu_agrees_with_f64_sums() {
+        // Widths with and without a SIMD tail, row counts with and without a partial group of four.
+        for (n, w) in [(1, 1), (3, 7), (9, 384), (13, 385), (64, 1024), (5, 17)] {
+            let (rows, q) = (matrix(n, w, 1), matrix(1, w, 2));
+            let want: Vec<f64> =
+                rows.chunks_exact(w).map(|r| r.iter().zip(&q).map(|(a, b)| *a as f64 * *b as f64).sum()).collect();
+            for isa in [Isa::detected(), Isa::Portable] {
+                let mut got = vec![0f32; n];
+                scores_with(isa, &rows, &q, &mut got);
+                for (g, w) in got.iter().zip(&want) {
+                    assert!((*g as f64 - w).abs() < 1e-4, "{isa:?} n={n}: {g} vs {w}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn top_k_matches_a_full_sort_across_blocks() {
+        let (n, w) = (2500, 48);
+        let (rows, q) = (matrix(n, w, 3), matrix(1, w, 4));
+        let mut all = vec![0f32; n];
+        scores(&rows, &q, &mut all);
+        let mut want: Vec<(f32, usize)> = all.iter().copied().zip(0..).collect();
+        want.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        for k in [1, 10, 100, 1500, n, n + 5] {
+            assert_eq!(top_k(&rows, &q, k), want[..k.min(n)], "k={k}");
+        }
+        assert!(top_k(&[], &q, 3).is_empty());
+    }
+
+    #[test]
+    fn int8_scores_match_the_portable_loop_and_the_scan_finds_the_exact_top_k() {
+        for (n, w) in [(3, 7), (9, 384), (13, 385), (40, 33)] {
+            let (rows, q) = (matrix(n, w, 5), matrix(1, w, 6));
+            let codes = Int8Rows::quantize(&rows, w);
+            let mut got = vec![0f32; n];
+            scores_i8(&codes.codes, &q, &mut got);
+            for (r, g) in got.iter().enumerate() {
+                let want: f32 = codes.codes[r * w..(r + 1) * w].iter().zip(&q).map(|(c, y)| f32::from(*c) * y).sum();
+                assert!((g - want).abs() < 1e-3 * want.abs().max(1.0), "row {r}: {g} vs {want}");
+            }
+        }
+        // Normalised rows, as the dense index holds: the int8 pass with 4x candidates returns the exact top k.
+        let (n, w) = (3000, 384);
+        let mut rows = matrix(n, w, 7);
+        for r in rows.chunks_exact_mut(w) {
+            let norm = r.iter().map(|v| v * v).sum::<f32>().sqrt();
+            r.iter_mut().for_each(|v| *v /= norm);
+        }
+        let codes = Int8Rows::quantize(&rows, w);
+        for seed in 0..5 {
+            let q: Vec<f32> = rows[seed * w..(seed + 1) * w]
+                .iter()
+                .zip(matrix(1, w, 100 + seed as u32))
+                .map(|(a, b)| a + 0.05 * b)
+                .collect();
+            assert_eq!(top_k_int8(&codes, &rows, &q, 100, 4), top_k(&rows, &q, 100), "query {seed}");
+        }
+    }
+
+    #[test]
+    fn ties_keep_the_earlier_row() {
+        let rows = [1.0, 0.0, 0.5, 0.5, 1.0, 0.0, 0.0, 1.0];
+        assert_eq!(top_k(&rows, &[1.0, 0.0], 3), vec![(1.0, 0), (1.0, 2), (0.5, 1)]);
+    }
+}
