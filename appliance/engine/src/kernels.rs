@@ -136,17 +136,8 @@ pub fn top_k_int8(approx: &Int8Rows, rows: &[f32], q: &[f32], k: usize, oversamp
         return top_k(rows, q, k);
     }
     let m = (k * oversample.max(1)).min(n);
-    const BLOCK: usize = 1024;
-    let mut buf = vec![0f32; BLOCK.min(n)];
-    let mut best = TopK::new(m);
-    for (b, chunk) in approx.codes[..n * w].chunks(BLOCK * w).enumerate() {
-        let out = &mut buf[..chunk.len() / w];
-        scores_i8(chunk, q, out);
-        for (i, &s) in out.iter().enumerate() {
-            let row = b * BLOCK + i;
-            best.offer(s * approx.scales[row], row);
-        }
-    }
+    let best =
+        scan_best(&approx.codes[..n * w], w, m, |block, out| scores_i8(block, q, out), |row, s| s * approx.scales[row]);
     let mut exact = TopK::new(k);
     for (_, row) in best.heap {
         exact.offer(dot(&rows[row * w..(row + 1) * w], q), row);
@@ -191,20 +182,32 @@ pub fn top_k(rows: &[f32], q: &[f32], k: usize) -> Vec<(f32, usize)> {
     if k == 0 {
         return Vec::new();
     }
-    // Scores of a block of rows at a time: the block stays in L1 while the selection reads it back, and the scan
-    // never allocates per row.
-    const BLOCK: usize = 1024;
     let w = q.len();
-    let mut buf = vec![0f32; BLOCK.min(n)];
-    let mut best = TopK::new(k);
-    for (b, chunk) in rows[..n * w].chunks(BLOCK * w).enumerate() {
+    scan_best(&rows[..n * w], w, k, |block, out| scores(block, q, out), |_, s| s).into_sorted()
+}
+
+/// The `keep` best rows of a row-major matrix (width `w`) by `score_block`'s scores, each adjusted by
+/// `adjust(row, score)`. Scores a block of rows at a time: the block stays in L1 while the selection reads it back,
+/// and the scan never allocates per row.
+fn scan_best<T>(
+    rows: &[T],
+    w: usize,
+    keep: usize,
+    score_block: impl Fn(&[T], &mut [f32]),
+    adjust: impl Fn(usize, f32) -> f32,
+) -> TopK {
+    const BLOCK: usize = 1024;
+    let mut buf = vec![0f32; BLOCK.min(rows.len() / w)];
+    let mut best = TopK::new(keep);
+    for (b, chunk) in rows.chunks(BLOCK * w).enumerate() {
         let out = &mut buf[..chunk.len() / w];
-        scores(chunk, q, out);
+        score_block(chunk, out);
         for (i, &s) in out.iter().enumerate() {
-            best.offer(s, b * BLOCK + i);
+            let row = b * BLOCK + i;
+            best.offer(adjust(row, s), row);
         }
     }
-    best.into_sorted()
+    best
 }
 
 /// The k best (score, row) pairs seen, kept as a min-heap on score so a candidate below the k-th costs one compare.
