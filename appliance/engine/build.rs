@@ -3,7 +3,9 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 fn main() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo");
+    // Read at run time: a build script binary reused from another checkout path must not look in that path.
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR for build scripts");
+    let dir = Path::new(&manifest).join("assets/demo");
     println!("cargo:rerun-if-changed={}", dir.display());
     // A missing or empty folder fails the build: an empty demo once compiled silently from a half-checked-out tree.
     let mut names: Vec<String> = std::fs::read_dir(&dir)

@@ -187,6 +187,16 @@ fn authorisation_matrix_and_collection_isolation() {
         ("POST", "/admin/models/activate"),
         case("/admin/models/activate", Form("query=nope&document=nope"), 302, 403, &[303]),
     );
+    m.insert(
+        ("POST", "/admin/models/evaluate"),
+        case("/admin/models/evaluate", Form("candidate=nope%401"), 302, 403, &[303]),
+    );
+    m.insert(
+        ("POST", "/admin/models/promote"),
+        case("/admin/models/promote", Form("candidate=nope%401&override_reason="), 302, 403, &[303]),
+    );
+    m.insert(("POST", "/admin/models/rollback"), case("/admin/models/rollback", Form("reason=x"), 302, 403, &[303]));
+    m.insert(("POST", "/admin/models/import"), case("/admin/models/import", Upload, 302, 403, &[303]));
     m.insert(("GET", "/admin/audit"), case("/admin/audit?action=search", Empty, 302, 403, &[200]));
     m.insert(("GET", "/admin/audit.csv"), case("/admin/audit.csv", Empty, 401, 403, &[200]));
     m.insert(("GET", "/metrics"), case("/metrics", Empty, 401, 403, &[200]));
@@ -245,6 +255,30 @@ fn authorisation_matrix_and_collection_isolation() {
     );
     m.insert(("DELETE", "/api/v1/admin/tokens/{id}"), case("/api/v1/admin/tokens/4", Empty, 401, 403, &[204]));
     m.insert(("GET", "/api/v1/admin/models"), case("/api/v1/admin/models", Empty, 401, 403, &[200]));
+    // A Markdown file is no model package: refused as invalid_package (422) and nothing registered.
+    m.insert(("POST", "/api/v1/admin/models"), case("/api/v1/admin/models", Upload, 401, 403, &[422]));
+    // No model is live in this data directory: evaluation and rollback have nothing to compare or return to.
+    m.insert(
+        ("POST", "/api/v1/admin/models/evaluate"),
+        case("/api/v1/admin/models/evaluate", Json(r#"{"candidate":"nope@1,nope@1"}"#), 401, 403, &[400]),
+    );
+    m.insert(("GET", "/api/v1/admin/models/evaluations"), case("/api/v1/admin/models/evaluations", Empty, 401, 403, &[200]));
+    m.insert(
+        ("POST", "/api/v1/admin/models/promote"),
+        case("/api/v1/admin/models/promote", Json(r#"{"candidate":"nope@1"}"#), 401, 403, &[404]),
+    );
+    m.insert(("POST", "/api/v1/admin/models/rollback"), case("/api/v1/admin/models/rollback", Json("{}"), 401, 403, &[400]));
+    m.insert(("GET", "/api/v1/admin/models/history"), case("/api/v1/admin/models/history", Empty, 401, 403, &[200]));
+    m.insert(("GET", "/api/v1/admin/judgments"), case("/api/v1/admin/judgments", Empty, 401, 403, &[200]));
+    // A Markdown file is neither CSV nor BEIR: refused with a message naming both.
+    m.insert(
+        ("POST", "/api/v1/admin/collections/{name}/judgments/{set}"),
+        case("/api/v1/admin/collections/granted/judgments/first", Upload, 401, 403, &[400]),
+    );
+    m.insert(
+        ("DELETE", "/api/v1/admin/collections/{name}/judgments/{set}"),
+        case("/api/v1/admin/collections/granted/judgments/nope", Empty, 401, 403, &[404]),
+    );
     m.insert(
         ("POST", "/api/v1/admin/models/activate"),
         case("/api/v1/admin/models/activate", Json(r#"{"query":"nope","document":"nope"}"#), 401, 403, &[404]),

@@ -22,7 +22,7 @@ pub struct Latency {
 }
 
 impl Latency {
-    fn from(mut xs: Vec<f64>) -> Self {
+    pub(crate) fn from(mut xs: Vec<f64>) -> Self {
         if xs.is_empty() {
             return Latency::default();
         }
@@ -227,7 +227,7 @@ fn dense_agreement(e: &Engine, served: &[(Vec<f32>, Vec<i64>)]) -> Result<Option
 }
 
 /// The CPU's model name as Linux reports it ("unknown" elsewhere).
-fn cpu_model() -> String {
+pub(crate) fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {

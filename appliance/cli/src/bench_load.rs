@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
-use crate::chart;
+use care_engine::chart;
 
 /// Flags of `care bench --load` (the set, `--e5s1`, `--int8` and `--out` are shared with `care bench`).
 #[derive(clap::Args, Debug, Clone)]

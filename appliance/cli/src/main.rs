@@ -2,8 +2,9 @@
 
 mod admin_cmds;
 mod bench;
+mod bench_ann;
 mod bench_load;
-mod chart;
+
 mod config;
 mod doctor;
 
@@ -99,6 +100,11 @@ enum Command {
     Model {
         #[command(subcommand)]
         command: ModelCommand,
+    },
+    /// Labelled query sets per collection (what candidate models are judged on).
+    Judgments {
+        #[command(subcommand)]
+        command: JudgmentsCommand,
     },
     /// Embed whatever chunks the active document model's dense indexes lack (also runs on every start).
     Reembed,
@@ -227,6 +233,8 @@ enum Command {
         out: Option<PathBuf>,
         #[command(flatten)]
         load: Box<bench_load::LoadArgs>,
+        #[command(flatten)]
+        ann: bench_ann::AnnArgs,
     },
 }
 
@@ -254,6 +262,16 @@ enum CollectionCommand {
         collection: String,
         #[arg(long)]
         out: PathBuf,
+        /// Only the chunks document model NAME@VERSION has no vector for yet (an offline model's queue).
+        #[arg(long, value_name = "MODEL")]
+        pending_for: Option<String>,
+    },
+    /// How many live chunks a document model (default: the live one) has no vector for: chunks queued for an
+    /// offline document model, searchable by BM25 until their vectors are imported.
+    PendingVectors {
+        collection: String,
+        #[arg(long)]
+        model: Option<String>,
     },
     /// Load document vectors computed offline (an `embed-corpus` output folder of embedding shards) into a
     /// collection's dense index, after verifying checksums, width, pairing id and chunk ids.
@@ -262,6 +280,10 @@ enum CollectionCommand {
         /// The folder holding embeddings.json and its shards.
         #[arg(long)]
         from: PathBuf,
+        /// Into this document model's tables (NAME@VERSION) instead of the live one's, e.g. an offline model
+        /// before it goes live.
+        #[arg(long)]
+        model: Option<String>,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -289,6 +311,30 @@ fn cli_actor() -> String {
 }
 
 /// The shell on the appliance: whoever can open the data directory administers it (named by real uid).
+fn print_evaluation(r: &care_engine::lifecycle::EvaluationReport) {
+    println!("candidate {} vs live {}", r.candidate, r.live);
+    for c in &r.collections {
+        println!(
+            "  {} ({} eval / {} train queries; dense weight live {:.2}, candidate {:.2})",
+            c.collection, c.eval_queries, c.train_queries, c.live_dense_weight, c.candidate_dense_weight
+        );
+        for (name, m) in [("nDCG@10", &c.ndcg_at_10), ("MRR@10", &c.mrr_at_10), ("Recall@100", &c.recall_at_100)] {
+            println!(
+                "    {name:<10} live {:.4}  candidate {:.4} [{:.4}, {:.4}]  gain {:+.4} [{:+.4}, {:+.4}]",
+                m.live, m.candidate, m.candidate_lo, m.candidate_hi, m.gain, m.gain_lo, m.gain_hi
+            );
+        }
+    }
+    println!(
+        "  query encode p50/p99: live {:.2}/{:.2} ms, candidate {:.2}/{:.2} ms",
+        r.live_encode.p50_ms, r.live_encode.p99_ms, r.candidate_encode.p50_ms, r.candidate_encode.p99_ms
+    );
+    for reason in &r.reasons {
+        println!("  {reason}");
+    }
+    println!("  gate: {} (evaluation #{})", if r.passed { "passed" } else { "gated out" }, r.id);
+}
+
 fn console() -> care_engine::Actor {
     care_engine::Actor::console(cli_actor())
 }
@@ -308,8 +354,41 @@ enum ModelCommand {
         #[arg(long)]
         int8: bool,
     },
+    /// Verify a model package folder (manifest, file hashes, role, width, pooling, templates, pairing id, and the
+    /// trainer's parity.json when present) and register a copy of it. A package that fails is refused whole.
+    Import {
+        dir: PathBuf,
+        /// Print the import report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// List registered model packages and the active pair.
     List,
+    /// Score a candidate pair against the live pair on the evaluation parts of the judgment sets, through the
+    /// appliance's own hybrid search, and store the report with the gate's verdict.
+    Evaluate {
+        /// QUERY@VERSION,DOCUMENT@VERSION (one name when a model encodes both sides).
+        #[arg(long)]
+        candidate: String,
+        /// Also write the report as JSON here (and its chart beside it as .svg).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Make a candidate pair live: it must have passed its evaluation against the live pair, unless --override
+    /// gives a reason. A changed document model is embedded into new tables first; search keeps the old pair
+    /// until the switch.
+    Promote {
+        candidate: String,
+        #[arg(long = "override", value_name = "REASON")]
+        override_reason: Option<String>,
+    },
+    /// Return to the pair that was live before the live one.
+    Rollback {
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// The live pairs, newest first, and the stored evaluations.
+    History,
     /// Activate a (query, document) pair: `name` or `name@version`. Embeds collections with the document model
     /// first when it changes.
     Activate {
@@ -322,6 +401,26 @@ enum ModelCommand {
 
 fn parse_method(s: &str) -> Result<Method, String> {
     Method::parse(s).ok_or_else(|| format!("unknown method {s:?}; use bm25, dense, rrf or weighted"))
+}
+
+#[derive(Subcommand, Debug)]
+enum JudgmentsCommand {
+    /// Import a judgment set: a BEIR folder (queries.jsonl + qrels/SPLIT.tsv) or a CSV of
+    /// `query,document or passage id,grade`. Ids are the documents' ids as ingested (e.g. the corpus `_id`).
+    Import {
+        collection: String,
+        name: String,
+        #[arg(long, conflicts_with = "csv", required_unless_present = "csv")]
+        beir: Option<PathBuf>,
+        #[arg(long, default_value = "train", requires = "beir")]
+        split: String,
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+    /// List judgment sets (uploaded and clinician feedback) with their training and evaluation parts.
+    List { collection: Option<String> },
+    /// Delete an uploaded judgment set.
+    Delete { collection: String, name: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -365,6 +464,19 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Bench { set, e5s1, int8, out, load, .. } if load.load => {
             return bench_load::run(&set, e5s1.as_deref(), int8, out.as_deref(), &load);
         }
+        Command::Bench { set, queries, reuse: Some(reuse), out, ann, .. } if ann.ann => {
+            let report = bench_ann::run(&cfg.engine, &set, &reuse, queries, &ann)?;
+            let json = serde_json::to_string_pretty(&report)?;
+            match &out {
+                Some(out) => {
+                    std::fs::write(out, &json).with_context(|| format!("writing {}", out.display()))?;
+                    let svg_path = out.with_extension("svg");
+                    std::fs::write(&svg_path, bench_ann::chart(&report))
+                        .with_context(|| format!("writing {}", svg_path.display()))?;
+                }
+                None => println!("{json}"),
+            }
+        }
         Command::Bench { set, queries, e5s1, int8, threads, http, reuse, out, .. } => {
             let opts = bench::BenchOptions { set, queries, e5s1, threads, http, int8, reuse };
             let report = bench::run(&cfg.engine, &opts)?;
@@ -382,7 +494,7 @@ fn run(cli: Cli) -> Result<i32> {
                 }
                 let rows: Vec<(String, Vec<f64>)> =
                     rows.into_iter().map(|(l, x)| (l, vec![x.p50_ms, x.p99_ms])).collect();
-                let svg = chart::grouped_bars(
+                let svg = care_engine::chart::grouped_bars(
                     &format!("care bench: {} ({} queries)", report.set, report.queries),
                     " ms",
                     &["p50", "p99"],
@@ -455,8 +567,18 @@ fn run(cli: Cli) -> Result<i32> {
                         println!("{}\t{} documents\t{} chunks", c.collection.name, c.documents, c.chunks);
                     }
                 }
-                CollectionCommand::ExportChunks { collection, out } => {
-                    let r = e.export_chunks(&collection, &out)?;
+                CollectionCommand::PendingVectors { collection, model } => {
+                    let (doc, pending) = e.pending_vectors(&collection, model.as_deref())?;
+                    println!(
+                        "{} chunks of '{collection}' have no vector of {}@{}{}",
+                        pending.len(),
+                        doc.name,
+                        doc.version,
+                        if doc.online { "" } else { " (offline model: export them with --pending-for and import)" }
+                    );
+                }
+                CollectionCommand::ExportChunks { collection, out, pending_for } => {
+                    let r = e.export_chunks_for(&collection, &out, pending_for.as_deref())?;
                     println!("wrote {} chunks of '{}' to {}", r.chunks, r.collection, r.path.display());
                     println!(
                         "next: care-train embed-corpus --document <encoder> --corpus {} --out <dir> --pairing-id <pairing>, \
@@ -465,8 +587,8 @@ fn run(cli: Cli) -> Result<i32> {
                         r.collection
                     );
                 }
-                CollectionCommand::ImportVectors { collection, from, json } => {
-                    return import_vectors(&e, &collection, &from, json);
+                CollectionCommand::ImportVectors { collection, from, model, json } => {
+                    return import_vectors(&e, &collection, &from, model.as_deref(), json);
                 }
             }
         }
@@ -581,6 +703,26 @@ fn run(cli: Cli) -> Result<i32> {
                         println!("embedded {n} chunks");
                     }
                 }
+                ModelCommand::Import { dir, json } => {
+                    let r = e.import_model_as(&console(), &dir)?;
+                    if json {
+                        println!("{}", serde_json::to_string_pretty(&r)?);
+                    } else {
+                        let parity = r.parity_min_cosine.map_or("no parity.json".to_string(), |c| {
+                            format!("parity over {} texts: min cosine {c:.6}", r.parity_texts)
+                        });
+                        println!(
+                            "imported {}@{} ({}, pairing {}, width {}, {}; {parity}) into {}",
+                            r.model.name,
+                            r.model.version,
+                            r.model.role,
+                            r.model.pairing_id,
+                            r.model.width,
+                            if r.online { "encodes online" } else { "offline: vectors are imported" },
+                            r.model.dir.display()
+                        );
+                    }
+                }
                 ModelCommand::List => {
                     let active = e.active_models()?;
                     for m in e.models()? {
@@ -605,6 +747,58 @@ fn run(cli: Cli) -> Result<i32> {
                         );
                     }
                 }
+                ModelCommand::Evaluate { candidate, out } => {
+                    let pb = dense_bar();
+                    let r = e.evaluate_as(&console(), &candidate, &mut |p| dense_progress(&pb, &p))?;
+                    pb.finish_and_clear();
+                    print_evaluation(&r);
+                    if let Some(out) = out {
+                        std::fs::write(&out, serde_json::to_string_pretty(&r)?)
+                            .with_context(|| format!("writing {}", out.display()))?;
+                        let svg = out.with_extension("svg");
+                        std::fs::write(&svg, care_engine::lifecycle::evaluation_chart(&r))
+                            .with_context(|| format!("writing {}", svg.display()))?;
+                    }
+                    if !r.passed {
+                        return Ok(3);
+                    }
+                }
+                ModelCommand::Promote { candidate, override_reason } => {
+                    let pb = dense_bar();
+                    let pair = e.promote_as(&console(), &candidate, override_reason.as_deref(), &mut |p| {
+                        dense_progress(&pb, &p)
+                    })?;
+                    pb.finish_and_clear();
+                    println!(
+                        "live: query {}@{}, document {}@{}",
+                        pair.query.name, pair.query.version, pair.document.name, pair.document.version
+                    );
+                }
+                ModelCommand::Rollback { reason } => {
+                    let pair = e.rollback_as(&console(), &reason)?;
+                    println!(
+                        "rolled back; live: query {}@{}, document {}@{}",
+                        pair.query.name, pair.query.version, pair.document.name, pair.document.version
+                    );
+                }
+                ModelCommand::History => {
+                    for h in e.model_history_as(&console(), 50)? {
+                        println!("{}  {} , {}  by {} {}", h.at, h.query, h.document, h.actor, h.reason);
+                    }
+                    for (r, _) in e.evaluations_as(&console(), 20)? {
+                        println!(
+                            "evaluation #{} {}: {} vs {}, nDCG@10 gain {:+.4} [{:+.4}, {:+.4}] {}",
+                            r.id,
+                            r.created_at,
+                            r.candidate,
+                            r.live,
+                            r.overall_ndcg_at_10.gain,
+                            r.overall_ndcg_at_10.gain_lo,
+                            r.overall_ndcg_at_10.gain_hi,
+                            if r.passed { "passed" } else { "gated out" }
+                        );
+                    }
+                }
                 ModelCommand::Activate { query, document } => {
                     let pb = dense_bar();
                     let pair = e.activate_as(&console(), &query, &document, &mut |p| dense_progress(&pb, &p))?;
@@ -613,6 +807,35 @@ fn run(cli: Cli) -> Result<i32> {
                         "active: query {}@{}, document {}@{}",
                         pair.query.name, pair.query.version, pair.document.name, pair.document.version
                     );
+                }
+            }
+        }
+        Command::Judgments { command } => {
+            let e = open(OpenMode::Existing)?;
+            match command {
+                JudgmentsCommand::Import { collection, name, beir, split, csv } => {
+                    let src = match (&beir, &csv) {
+                        (Some(dir), _) => care_engine::judgments::JudgmentSource::Beir { dir, split: &split },
+                        (None, Some(f)) => care_engine::judgments::JudgmentSource::Csv(f),
+                        (None, None) => bail!("give --beir DIR or --csv FILE"),
+                    };
+                    let s = e.import_judgments_as(&console(), &collection, &name, src)?;
+                    println!(
+                        "imported {} judgments into {}/{}: {} training queries, {} evaluation queries, {} ids not in the collection (skipped)",
+                        s.judgments, s.collection, s.name, s.train_queries, s.eval_queries, s.unresolved
+                    );
+                }
+                JudgmentsCommand::List { collection } => {
+                    for s in e.judgment_sets_as(&console(), collection.as_deref())? {
+                        println!(
+                            "{:<16} {:<16} {:<8} {:>8} judgments  {:>6} train / {:>6} eval queries  {} {}",
+                            s.collection, s.name, s.source, s.judgments, s.train_queries, s.eval_queries, s.created_by, s.created_at
+                        );
+                    }
+                }
+                JudgmentsCommand::Delete { collection, name } => {
+                    let n = e.delete_judgments_as(&console(), &collection, &name)?;
+                    println!("deleted {collection}/{name} ({n} judgments)");
                 }
             }
         }
@@ -693,7 +916,7 @@ fn run(cli: Cli) -> Result<i32> {
                     .iter()
                     .map(|(m, s)| (m.clone(), vec![s.ndcg_at_10, s.map_at_10, s.mrr_at_10, s.recall_at_100]))
                     .collect();
-                let svg = chart::grouped_bars(
+                let svg = care_engine::chart::grouped_bars(
                     &format!("{} ({} split, {} queries)", report.set, report.split, report.queries),
                     "",
                     &["nDCG@10", "MAP@10", "MRR@10", "Recall@100"],
@@ -763,13 +986,13 @@ fn run_ingest_job(e: &Arc<Engine>, id: i64, json: bool, workers: usize) -> Resul
 }
 
 /// `care collection import-vectors`: verifies, then writes, with a progress bar for each phase.
-fn import_vectors(e: &Engine, collection: &str, from: &std::path::Path, json: bool) -> Result<i32> {
+fn import_vectors(e: &Engine, collection: &str, from: &std::path::Path, model: Option<&str>, json: bool) -> Result<i32> {
     let pb = ProgressBar::new(0);
     pb.set_style(
         ProgressStyle::with_template("{spinner} {msg} {bar:30} {pos}/{len} vectors [{elapsed_precise}, eta {eta}]")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let r = e.import_vectors(collection, from, &cli_actor(), &mut |p| {
+    let r = e.import_vectors_for(collection, from, model, &cli_actor(), &mut |p| {
         pb.set_length(p.total as u64);
         pb.set_position(p.done as u64);
         pb.set_message(p.phase);

@@ -1,4 +1,4 @@
-//! Engine settings (the `[engine]`, `[ingest]` and `[search]` sections of `care.toml`).
+//! Engine settings (the `[storage]`, `[ingest]`, `[search]`, `[model]` and `[lifecycle]` sections of `care.toml`).
 //!
 //! Layering (defaults < file < env < CLI) is done by the binary; the engine only defines the shape and defaults.
 
@@ -16,6 +16,28 @@ pub struct EngineConfig {
     pub ingest: IngestConfig,
     pub search: SearchConfig,
     pub model: ModelConfig,
+    pub lifecycle: LifecycleConfig,
+}
+
+/// How candidate model pairs are judged (`[lifecycle]`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct LifecycleConfig {
+    /// Share of each judgment set's queries (picked by a hash of the query text) kept for evaluation; training
+    /// never sees them.
+    pub eval_fraction: f64,
+    /// The gate: the lower end of the 95 % interval of (candidate − live) nDCG@10 must exceed this.
+    pub gate_margin: f64,
+    /// The gate: the candidate's query-encode p99 may be at most this multiple of the live pair's.
+    pub max_latency_ratio: f64,
+    /// Resamples of the paired bootstrap.
+    pub bootstrap_samples: usize,
+}
+
+impl Default for LifecycleConfig {
+    fn default() -> Self {
+        LifecycleConfig { eval_fraction: 0.3, gate_margin: 0.0, max_latency_ratio: 1.25, bootstrap_samples: 1000 }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -94,7 +116,7 @@ impl Default for SearchConfig {
             snippet_bytes: 240,
             candidates: 100,
             default_dense_weight: 0.7,
-            ann_threshold: 200_000,
+            ann_threshold: 1_000_000,
             ann_nprobes: 64,
             ann_refine: 10,
         }

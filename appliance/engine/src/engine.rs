@@ -200,6 +200,8 @@ pub struct ConsistencyReport {
     pub dense_missing: usize,
     pub dense_extra: usize,
     pub dense_duplicates: usize,
+    /// Chunks waiting for vectors of an offline document model (expected, not an inconsistency).
+    pub dense_pending: usize,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -352,6 +354,7 @@ impl Engine {
             report.rebuilt = true;
         }
         report.dense_repaired = self.sync_dense_indexes(&mut |_| {})?;
+        crate::lifecycle::remove_stale_imports(&self.dir.models());
         Ok(report)
     }
 
@@ -373,8 +376,11 @@ impl Engine {
         let extra_in_index = ix.difference(&sq).count();
         let pending_documents =
             self.store.documents_in_state("pending")?.len() + self.store.documents_in_state("deleting")?.len();
-        let (dense_vectors, dense_missing, dense_extra, dense_duplicates) = self.check_dense(&sq)?;
+        let (dense_vectors, mut dense_missing, dense_extra, dense_duplicates) = self.check_dense(&sq)?;
+        let offline = self.active_models()?.is_some_and(|p| !p.document.online);
+        let dense_pending = if offline { std::mem::take(&mut dense_missing) } else { 0 };
         Ok(ConsistencyReport {
+            dense_pending,
             consistent: missing_from_index == 0
                 && extra_in_index == 0
                 && duplicates == 0

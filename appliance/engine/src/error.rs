@@ -100,6 +100,8 @@ error_codes! {
     AuditTampered = "audit_tampered", Internal, "审计日志校验失败";
     CorruptShards = "corrupt_shards", Unprocessable, "向量文件已损坏";
     UnknownChunks = "unknown_chunks", Conflict, "向量与当前文档不符";
+    InvalidPackage = "invalid_package", Unprocessable, "模型包无效";
+    ParityFailed = "parity_failed", Unprocessable, "模型输出与训练端不一致";
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -174,6 +176,16 @@ pub enum Error {
          --out chunks.jsonl`, embed them again with `care-train embed-corpus`, and import the new folder"
     )]
     UnknownChunks { path: PathBuf, collection: String, count: usize, total: usize, first: String },
+    /// A model package that cannot be registered as it is: damaged, incomplete or self-contradictory.
+    #[error("model package {path}: {message}")]
+    InvalidPackage { path: PathBuf, message: String },
+    /// A package whose ONNX graph, run by this appliance, does not reproduce the vectors its trainer recorded.
+    #[error(
+        "model package {path}: ONNX Runtime here reproduces the trainer's parity vectors only to cosine {worst:.6} \
+         (text {index}: {text:?}; at least {min} required); the export or the tokenizer does not match the trained \
+         weights. Export the package again with `care-train export`"
+    )]
+    ParityFailed { path: PathBuf, worst: f64, index: usize, text: String, min: f64 },
 }
 
 impl From<tantivy::TantivyError> for Error {
@@ -219,6 +231,8 @@ impl Error {
             Error::AuditTampered { .. } => ErrorCode::AuditTampered,
             Error::CorruptShards { .. } => ErrorCode::CorruptShards,
             Error::UnknownChunks { .. } => ErrorCode::UnknownChunks,
+            Error::InvalidPackage { .. } => ErrorCode::InvalidPackage,
+            Error::ParityFailed { .. } => ErrorCode::ParityFailed,
         }
     }
 }

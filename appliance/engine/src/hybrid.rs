@@ -141,9 +141,7 @@ impl Engine {
         let q = models::find(&self.store, query)?;
         let d = models::find(&self.store, document)?;
         models::check_pair(&q, &d)?;
-        for col in self.store.collection_list()? {
-            self.sync_collection(&col, &d, progress)?;
-        }
+        self.prepare_document_model(&d, progress)?;
         models::set_active(&self.store, &q, &d, actor)?;
         *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
         Ok(ActivePair { query: q, document: d })
@@ -199,6 +197,10 @@ impl Engine {
     /// Embeds the given documents' chunks with the active document model (no-op without one).
     pub(crate) fn embed_documents(&self, col: &Collection, doc_ids: &[i64], rows: &[ChunkRow]) -> Result<()> {
         let Some(pair) = models::active(&self.store)? else { return Ok(()) };
+        if !pair.document.online {
+            // Queued for offline embedding: BM25 finds them now, dense search once their vectors are imported.
+            return Ok(());
+        }
         let Some((_, table)) = self.dense_table(col.id, &pair.document, true)? else { return Ok(()) };
         let enc = self.encoder(&pair.document)?;
         let texts: Vec<String> = rows.iter().map(embedding_text).collect();
@@ -234,7 +236,7 @@ impl Engine {
         Ok(n)
     }
 
-    fn sync_collection(
+    pub(crate) fn sync_collection(
         &self,
         col: &Collection,
         model: &ModelRecord,
@@ -255,6 +257,9 @@ impl Engine {
         // re-embed whatever of those documents is still live.
         let stale_docs: HashSet<i64> =
             in_index.iter().filter(|(c, _)| !live_ids.contains(c)).map(|&(_, d)| d).collect();
+        if !model.online {
+            return self.drop_stale_offline(&table, &in_index, &live_ids, &stale_docs);
+        }
         let dup = in_index.len() != indexed.len();
         let mut todo_docs: HashSet<i64> =
             live.iter().filter(|r| !indexed.contains(&r.chunk_id)).map(|r| r.document_id).collect();
@@ -286,6 +291,71 @@ impl Engine {
             self.dense.build_ann(&table)?;
         }
         Ok(changed)
+    }
+
+    /// An offline model's vectors only come from imports: drops the vectors of chunks that are gone and keeps the
+    /// rest; live chunks without a vector stay pending. Returns how many vectors were dropped.
+    fn drop_stale_offline(
+        &self,
+        table: &DenseTable,
+        in_index: &[(i64, i64)],
+        live_ids: &HashSet<i64>,
+        stale_docs: &HashSet<i64>,
+    ) -> Result<usize> {
+        if stale_docs.is_empty() {
+            return Ok(0);
+        }
+        let vectors: std::collections::HashMap<i64, Vec<f32>> = self.dense.vectors(table)?.into_iter().collect();
+        let keep: Vec<(i64, i64, Vec<f32>)> = in_index
+            .iter()
+            .filter(|(c, d)| stale_docs.contains(d) && live_ids.contains(c))
+            .filter_map(|&(c, d)| vectors.get(&c).map(|v| (c, d, v.clone())))
+            .collect();
+        let docs: Vec<i64> = stale_docs.iter().copied().collect();
+        self.dense.replace_documents(table, &docs, &keep)?;
+        Ok(in_index.iter().filter(|(c, _)| !live_ids.contains(c)).count())
+    }
+
+    /// Live chunks of `col` that `model`'s table has no vector for.
+    pub fn missing_vectors(&self, col: &Collection, model: &ModelRecord) -> Result<Vec<i64>> {
+        let indexed: HashSet<i64> = match self.dense_table(col.id, model, false)? {
+            Some((_, table)) => self.dense.all_ids(&table)?.into_iter().map(|p| p.0).collect(),
+            None => HashSet::new(),
+        };
+        let mut missing = Vec::new();
+        self.store.for_each_live_chunk(|r| {
+            if r.collection == col.name && !indexed.contains(&r.chunk_id) {
+                missing.push(r.chunk_id);
+            }
+            Ok(())
+        })?;
+        Ok(missing)
+    }
+
+    /// Brings every collection's table of `document` up to date before it goes live or is evaluated: embeds what
+    /// is missing with an online model; an offline one must already have every vector (imported).
+    pub(crate) fn prepare_document_model(
+        &self,
+        document: &ModelRecord,
+        progress: &mut dyn FnMut(DenseProgress),
+    ) -> Result<()> {
+        for col in self.store.collection_list()? {
+            self.sync_collection(&col, document, progress)?;
+            if !document.online {
+                let missing = self.missing_vectors(&col, document)?.len();
+                if missing > 0 {
+                    return Err(Error::InvalidInput(format!(
+                        "离线文档模型 {}@{} 在集合 {} 中还缺 {missing} 个段落的向量 (offline document model {}@{} has no \
+                         vectors for {missing} chunks of collection '{}'; export them with `care collection export-chunks \
+                         {} --pending-for {}@{} --out chunks.jsonl`, embed them with `care-train embed-corpus`, and import \
+                         them with `care collection import-vectors {} --from DIR --model {}@{}`)",
+                        document.name, document.version, col.name, document.name, document.version, col.name,
+                        col.name, document.name, document.version, col.name, document.name, document.version
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Compares the active document model's dense tables with SQLite's live chunk ids:
@@ -371,9 +441,21 @@ impl Engine {
         depth: usize,
     ) -> Result<Vec<DenseHit>> {
         let Some(pair) = self.active_pair_cached()? else { return Ok(Vec::new()) };
+        self.dense_search_in(qvec, query_model, &pair.document, cols, depth)
+    }
+
+    /// [`Engine::dense_search`] over the tables of `document_model`, live or not (evaluating a candidate pair).
+    pub(crate) fn dense_search_in(
+        &self,
+        qvec: &[f32],
+        query_model: &ModelRecord,
+        document_model: &ModelRecord,
+        cols: &[Collection],
+        depth: usize,
+    ) -> Result<Vec<DenseHit>> {
         let mut hits = Vec::new();
         for col in cols {
-            let Some((pairing, table)) = self.dense_table(col.id, &pair.document, false)? else { continue };
+            let Some((pairing, table)) = self.dense_table(col.id, document_model, false)? else { continue };
             if pairing != query_model.pairing_id {
                 return Err(Error::ModelMismatch(format!(
                     "the dense index of collection '{}' was built with pairing {pairing:?}; query encoder {}@{} has pairing {:?} \

@@ -14,6 +14,8 @@
 //!   ├ lexical   tantivy BM25 with jieba search-mode tokens + medical dictionary; derived from SQLite
 //!   ├ encoders  ONNX Runtime encoders for model packages (pooling, Matryoshka width, prompts, batching)
 //!   ├ models    model registry, active (query, document) pair and the pairing rule
+//!   ├ judgments labelled query sets per collection (uploads and clinician feedback), split train/eval by query
+//!   ├ lifecycle import of a verified model package (hashes, roles, ONNX Runtime parity with the trainer)
 //!   ├ dense     LanceDB tables per (collection, document model); exact scan or IVF-PQ
 //!   ├ kernels   the exact scan's inner products, AVX-512 / AVX2 / NEON picked at run time
 //!   ├ fusion    BM25 ∥ dense → RRF or weighted min-max, with per-hit score parts
@@ -28,6 +30,7 @@
 
 pub mod accounts;
 pub mod audit;
+pub mod chart;
 pub mod config;
 pub mod datadir;
 pub mod demo;
@@ -41,10 +44,12 @@ pub mod fusion;
 pub mod hybrid;
 pub mod ingest;
 pub mod jobs;
+pub mod judgments;
 // The only unsafe code: SIMD intrinsics behind run-time CPU detection (the .deb targets baseline x86-64).
 #[allow(unsafe_code)]
 pub mod kernels;
 pub mod lexical;
+pub mod lifecycle;
 pub mod models;
 pub mod service;
 pub mod store;

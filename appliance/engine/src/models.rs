@@ -27,17 +27,22 @@ pub struct ModelRecord {
     pub width: usize,
     pub metrics: serde_json::Value,
     pub created_at: String,
+    /// Whether the appliance can encode with it (the package has `model.onnx`). An offline document model's
+    /// vectors only come from `care collection import-vectors`.
+    pub online: bool,
 }
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ModelRecord> {
     let metrics: String = r.get(8)?;
+    let dir = PathBuf::from(r.get::<_, String>(5)?);
     Ok(ModelRecord {
+        online: dir.join("model.onnx").exists(),
         id: r.get(0)?,
         name: r.get(1)?,
         version: r.get(2)?,
         role: r.get(3)?,
         architecture: r.get(4)?,
-        dir: PathBuf::from(r.get::<_, String>(5)?),
+        dir,
         pairing_id: r.get(6)?,
         width: r.get::<_, i64>(7)? as usize,
         metrics: serde_json::from_str(&metrics).unwrap_or(serde_json::Value::Null),
@@ -55,12 +60,25 @@ fn role_str(r: ModelRole) -> &'static str {
     }
 }
 
-/// Registers a package folder that already sits under the models directory.
+/// Registers a package folder that already sits under the models directory, audited as the system's import.
 pub fn register(store: &Store, dir: &Path) -> Result<ModelRecord> {
     let m = ModelManifest::load(dir).map_err(|e| Error::Model(e.to_string()))?;
     m.verify_files(dir).map_err(|e| Error::Model(e.to_string()))?;
-    let conn = store.conn();
-    let res = conn.execute(
+    register_audited(store, dir, &m, "system", &serde_json::json!({"source": "built-in"}))
+}
+
+/// Registers the package folder `dir` under the models directory, whose manifest `m` the caller has verified,
+/// with its `model.import` audit record (`detail`, plus the model's name@version) in the same transaction.
+pub fn register_audited(
+    store: &Store,
+    dir: &Path,
+    m: &ModelManifest,
+    actor: &str,
+    detail: &serde_json::Value,
+) -> Result<ModelRecord> {
+    let mut conn = store.conn();
+    let tx = conn.transaction()?;
+    let res = tx.execute(
         "INSERT INTO models (name, version, role, architecture, dir, pairing_id, width, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         params![m.name, m.version, role_str(m.role), m.architecture, dir.display().to_string(), m.pairing_id, m.width as i64, now()],
     );
@@ -70,7 +88,13 @@ pub fn register(store: &Store, dir: &Path) -> Result<ModelRecord> {
         }
         r => r?,
     };
-    let id = conn.last_insert_rowid();
+    let id = tx.last_insert_rowid();
+    let mut detail = detail.clone();
+    if let Some(o) = detail.as_object_mut() {
+        o.insert("model".into(), format!("{}@{}", m.name, m.version).into());
+    }
+    crate::audit::append(&tx, actor, "model.import", &detail)?;
+    tx.commit()?;
     drop(conn);
     get(store, id)
 }
@@ -175,17 +199,37 @@ pub fn check_pair(query: &ModelRecord, document: &ModelRecord) -> Result<()> {
 /// Records the active pair (after [`check_pair`]) and its audit record, naming the pair it replaces, in one
 /// transaction.
 pub fn set_active(store: &Store, query: &ModelRecord, document: &ModelRecord, actor: &str) -> Result<()> {
+    set_active_as(store, query, document, actor, "model.activate", "")
+}
+
+/// [`set_active`] under the audit action `action` (activate, promote, rollback) with the admin's `reason`; the
+/// pair joins the history that rollback walks back.
+pub fn set_active_as(
+    store: &Store,
+    query: &ModelRecord,
+    document: &ModelRecord,
+    actor: &str,
+    action: &str,
+    reason: &str,
+) -> Result<()> {
     check_pair(query, document)?;
     let before = active(store)?;
     let mut conn = store.conn();
     let tx = conn.transaction()?;
     let spec = |m: &ModelRecord| format!("{}@{}", m.name, m.version);
-    let detail = serde_json::json!({
+    let mut detail = serde_json::json!({
         "query": spec(query), "document": spec(document),
         "previous_query": before.as_ref().map(|p| spec(&p.query)),
         "previous_document": before.as_ref().map(|p| spec(&p.document)),
     });
-    crate::audit::append(&tx, actor, "model.activate", &detail)?;
+    if !reason.is_empty() {
+        detail["reason"] = reason.into();
+    }
+    crate::audit::append(&tx, actor, action, &detail)?;
+    tx.execute(
+        "INSERT INTO model_history (query_model_id, document_model_id, actor, reason, at) VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![query.id, document.id, actor, reason, now()],
+    )?;
     for (k, v) in [("active_query_model", query.id), ("active_document_model", document.id)] {
         tx.execute(
             "INSERT INTO settings (key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
@@ -219,4 +263,32 @@ pub fn e5_small_manifest(version: &str, pairing_id: &str, hidden: usize, max_len
         files: BTreeMap::new(),
         provenance,
     }
+}
+
+/// One entry of the live-pair history, newest first.
+#[derive(Debug, Clone, Serialize)]
+pub struct HistoryEntry {
+    pub query: String,
+    pub document: String,
+    pub actor: String,
+    pub reason: String,
+    pub at: String,
+}
+
+/// The live-pair history, newest first (the first entry is the live pair).
+pub fn history(store: &Store, limit: usize) -> Result<Vec<(i64, i64, HistoryEntry)>> {
+    let conn = store.reader();
+    let mut stmt = conn.prepare(
+        "SELECT h.query_model_id, h.document_model_id, q.name || '@' || q.version, d.name || '@' || d.version, \
+         h.actor, h.reason, h.at FROM model_history h JOIN models q ON q.id = h.query_model_id \
+         JOIN models d ON d.id = h.document_model_id ORDER BY h.id DESC LIMIT ?1",
+    )?;
+    let rows = stmt.query_map([limit as i64], |r| {
+        Ok((
+            r.get(0)?,
+            r.get(1)?,
+            HistoryEntry { query: r.get(2)?, document: r.get(3)?, actor: r.get(4)?, reason: r.get(5)?, at: r.get(6)? },
+        ))
+    })?;
+    Ok(rows.collect::<Result<Vec<_>, _>>()?)
 }

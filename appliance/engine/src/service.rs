@@ -44,7 +44,7 @@ impl Actor {
     pub fn is_admin(&self) -> bool {
         self.role == Role::Admin
     }
-    fn require_admin(&self) -> Result<()> {
+    pub(crate) fn require_admin(&self) -> Result<()> {
         if self.is_admin() {
             Ok(())
         } else {
@@ -388,6 +388,13 @@ impl Engine {
         self.new_upload_dir()
     }
 
+    /// A fresh folder for uploaded files an operation reads once (a model package for [`Engine::import_model_as`],
+    /// a judgment set); the caller removes it afterwards, whatever the outcome.
+    pub fn new_staging_upload_as(&self, actor: &Actor) -> Result<std::path::PathBuf> {
+        actor.require_admin()?;
+        self.new_upload_dir()
+    }
+
     /// Queues an ingest job for uploaded files (audited as `ingest.submit` in the job's transaction).
     pub fn submit_upload_as(&self, actor: &Actor, collection: &str, files: Vec<std::path::PathBuf>) -> Result<i64> {
         actor.require_admin()?;
@@ -520,7 +527,9 @@ mod tests {
                         ifnull((SELECT group_concat(user_id || '-' || collection_id) FROM grants), '') || '|' ||
                         ifnull((SELECT group_concat(id || '-' || revoked) FROM api_tokens), '') || '|' ||
                         (SELECT COUNT(*) FROM feedback) || '|' || (SELECT COUNT(*) FROM sessions) || '|' ||
-                        ifnull((SELECT group_concat(id || state) FROM documents), '')",
+                        ifnull((SELECT group_concat(id || state) FROM documents), '') || '|' ||
+                        (SELECT COUNT(*) FROM judgment_sets) || '-' || (SELECT COUNT(*) FROM judgments) || '|' ||
+                        (SELECT COUNT(*) FROM models) || '-' || (SELECT COUNT(*) FROM model_history)",
                 [],
                 |r| r.get(0),
             )
@@ -581,6 +590,11 @@ mod tests {
         let chunk =
             e.search_as(&clin, &SearchAs { query: "二甲双胍".into(), ..Default::default() }).unwrap().hits[0].chunk_id;
         atomic(&e, "feedback", || e.feedback_as(&clin, "二甲双胍", chunk, true));
+        let csv = t.path().join("judgments.csv");
+        std::fs::write(&csv, "query,id,grade\n二甲双胍的禁忌症,d1,2\n").unwrap();
+        let src = crate::judgments::JudgmentSource::Csv(&csv);
+        atomic(&e, "import judgments", || e.import_judgments_as(&root, "c1", "set1", src));
+        atomic(&e, "delete judgments", || e.delete_judgments_as(&root, "c1", "set1"));
         atomic(&e, "logout", || e.logout(&clin, &cookie));
         atomic(&e, "own password", || e.change_own_password(&clin, "clinician-pass-2", "clinician-pass-3"));
         atomic(&e, "revoke grant", || e.revoke_as(&root, "drwang", "c1"));
@@ -602,6 +616,11 @@ mod tests {
         forbidden(e.grant_as(&clin, "drli", "mine"));
         forbidden(e.users_as(&clin).map(|_| ()));
         forbidden(e.audit_records_as(&clin, &Filter::default(), 10, 0).map(|_| ()));
+        forbidden(e.import_model_as(&clin, std::path::Path::new("/nonexistent")).map(|_| ()));
+        forbidden(e.judgment_sets_as(&clin, None).map(|_| ()));
+        forbidden(e.rollback_as(&clin, "").map(|_| ()));
+        forbidden(e.promote_as(&clin, "a@1", Some("x"), &mut |_| {}).map(|_| ()));
+        forbidden(e.evaluate_as(&clin, "a@1", &mut |_| {}).map(|_| ()));
         assert!(e.readable_collections(&clin).unwrap().is_empty());
     }
 }

@@ -24,6 +24,7 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (7, include_str!("../../../migrations/0007_audit_key.sql")),
     (8, include_str!("../../../migrations/0008_job_file_starts.sql")),
     (9, include_str!("../../../migrations/0009_login_hardening.sql")),
+    (10, include_str!("../../../migrations/0010_model_lifecycle.sql")),
 ];
 
 /// The metadata file is the appliance's alone (SQLite gives its -wal and -shm files the same mode).
@@ -353,6 +354,28 @@ impl Store {
             )
             .optional()?
             .ok_or_else(|| Error::UnknownCollection(name.into()))
+    }
+
+    /// External id → document id of a collection's live documents.
+    pub fn document_external_ids(&self, collection_id: i64) -> Result<std::collections::HashMap<String, i64>> {
+        let conn = self.reader();
+        let mut stmt = conn.prepare(
+            "SELECT external_id, id FROM documents WHERE collection_id = ?1 AND state != 'deleting'",
+        )?;
+        let rows = stmt.query_map([collection_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// A chunk of the collection and its document's external id, if the chunk is there.
+    pub fn chunk_document(&self, collection_id: i64, chunk_id: i64) -> Result<Option<(i64, String)>> {
+        Ok(self
+            .reader()
+            .prepare_cached(
+                "SELECT c.id, d.external_id FROM chunks c JOIN documents d ON d.id = c.document_id \
+                 WHERE c.id = ?1 AND d.collection_id = ?2",
+            )?
+            .query_row([chunk_id, collection_id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?)
     }
 
     /// All collections without counts (cheap; the query path uses this).

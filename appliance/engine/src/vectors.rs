@@ -28,6 +28,7 @@ use sha2::{Digest, Sha256};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::hybrid::embedding_text;
+use crate::models::ModelRecord;
 use crate::models;
 use crate::store::{ChunkRow, now};
 
@@ -113,7 +114,32 @@ impl Engine {
     /// Writes every live chunk of `collection` to `out` as JSONL `{"id", "text"}` (the layout the trainer's
     /// `embed-corpus` reads; no title field, so it embeds exactly `text`). Written to a temporary file and renamed.
     pub fn export_chunks(&self, collection: &str, out: &Path) -> Result<ChunkExport> {
+        self.export_chunks_for(collection, out, None)
+    }
+
+    /// Live chunks of `collection` that document model `model` (`name@version`, default: the live one) has no
+    /// vector for: what an offline document model still needs imported.
+    pub fn pending_vectors(&self, collection: &str, model: Option<&str>) -> Result<(ModelRecord, Vec<i64>)> {
+        let col = self.store.collection(collection)?;
+        let doc = match model {
+            Some(spec) => models::find(&self.store, spec)?,
+            None => {
+                models::active(&self.store)?
+                    .ok_or_else(|| Error::InvalidInput("no live model pair; name the document model with --model".into()))?
+                    .document
+            }
+        };
+        let missing = self.missing_vectors(&col, &doc)?;
+        Ok((doc, missing))
+    }
+
+    /// [`Engine::export_chunks`], only the chunks still pending for document model `pending_for` when given.
+    pub fn export_chunks_for(&self, collection: &str, out: &Path, pending_for: Option<&str>) -> Result<ChunkExport> {
         self.store.collection(collection)?;
+        let only: Option<std::collections::HashSet<i64>> = match pending_for {
+            Some(m) => Some(self.pending_vectors(collection, Some(m))?.1.into_iter().collect()),
+            None => None,
+        };
         let mut n = 0;
         let name =
             out.file_name().ok_or_else(|| Error::InvalidInput(format!("{} is not a file path", out.display())))?;
@@ -122,7 +148,7 @@ impl Engine {
             let f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
             let mut w = std::io::BufWriter::new(f);
             self.store.for_each_live_chunk(|r| {
-                if r.collection == collection {
+                if r.collection == collection && only.as_ref().is_none_or(|o| o.contains(&r.chunk_id)) {
                     let text = embedding_text(&r);
                     let line = serde_json::json!({"id": export_id(r.chunk_id, &text), "text": text});
                     serde_json::to_writer(&mut w, &line).map_err(|e| Error::Internal(format!("writing JSON: {e}")))?;
@@ -133,6 +159,11 @@ impl Engine {
             })?;
             let f = w.into_inner().map_err(|e| Error::io(&tmp, e.into_error()))?;
             f.sync_all().map_err(|e| Error::io(&tmp, e))?;
+            if n == 0 && only.is_some() {
+                return Err(Error::InvalidInput(format!(
+                    "no chunk of collection '{collection}' is waiting for vectors of that model; nothing to export"
+                )));
+            }
             if n == 0 {
                 return Err(Error::InvalidInput(format!(
                     "collection '{collection}' has no chunks to export; ingest documents into it first"
@@ -157,16 +188,40 @@ impl Engine {
         actor: &str,
         progress: &mut dyn FnMut(ImportProgress),
     ) -> Result<VectorImport> {
+        self.import_vectors_for(collection, dir, None, actor, progress)
+    }
+
+    /// [`Engine::import_vectors`] into the tables of document model `model` (`name@version`), live or not: an
+    /// offline document model gets its vectors this way before it can go live.
+    pub fn import_vectors_for(
+        &self,
+        collection: &str,
+        dir: &Path,
+        model: Option<&str>,
+        actor: &str,
+        progress: &mut dyn FnMut(ImportProgress),
+    ) -> Result<VectorImport> {
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         let col = self.store.collection(collection)?;
-        let pair = models::active(&self.store)?.ok_or_else(|| {
-            Error::Model(
-                "no active model: imported vectors go into the active document model's dense index; import or activate \
-                 a model first (`care model import-e5s1`, `care model activate`)"
-                    .into(),
-            )
-        })?;
-        let doc = &pair.document;
+        let doc = match model {
+            Some(spec) => models::find(&self.store, spec)?,
+            None => {
+                models::active(&self.store)?
+                    .ok_or_else(|| {
+                        Error::Model(
+                            "no active model: imported vectors go into the active document model's dense index; \
+                             import or activate a model first (`care model import-e5s1`, `care model activate`), or \
+                             name the document model with --model"
+                                .into(),
+                        )
+                    })?
+                    .document
+            }
+        };
+        if !matches!(doc.role.as_str(), "document" | "both") {
+            return Err(Error::ModelMismatch(format!("model {}@{} is not a document encoder", doc.name, doc.version)));
+        }
+        let doc = &doc;
 
         // 1. The index file: format version, identity, sizes, file names.
         let index_path = dir.join(EMBEDDINGS_FILE);

@@ -393,6 +393,352 @@ fn trainer_exported_query_package_matches_tch_vectors() {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Model import: a package from outside is verified whole (manifest, hashes, role, pooling, ONNX parity) and a
+// refused one leaves the registry, the models folder and the audit log as they were.
+
+mod model_import {
+    use std::path::{Path, PathBuf};
+
+    use care_engine::accounts::Role;
+    use care_engine::audit::Filter;
+    use care_engine::{Actor, Engine, Error, ErrorCode};
+    use care_formats::ModelManifest;
+
+    use super::{e5s1, engine_in};
+
+    /// A trainer-like package: the imported e5-small's files under another name and version, with parity.json of
+    /// vectors computed by the source engine (as `care-train export` writes tch vectors).
+    fn package(src: &Engine, at: &Path) -> PathBuf {
+        let rec = src.active_models().unwrap().unwrap().query;
+        let dir = at.join("pkg");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut m = ModelManifest::load(&rec.dir).unwrap();
+        // What serving needs (the safetensors copy of the weights is for further training only).
+        let files = ["model.onnx", "tokenizer.json", "config.json"];
+        for f in files {
+            std::fs::copy(rec.dir.join(f), dir.join(f)).unwrap();
+        }
+        m.name = "hospital-e5".into();
+        m.version = "2".into();
+        m.role = care_formats::ModelRole::Query;
+        m.write(&dir, &files).unwrap();
+        let texts = ["二甲双胍的禁忌症", "高血压患者可以喝咖啡吗", "儿童发热的处理", "胰岛素注射部位"];
+        let (vecs, _) = src.encode_queries(&texts).unwrap().unwrap();
+        let parity = serde_json::json!({"texts": texts, "embeddings": vecs});
+        std::fs::write(dir.join("parity.json"), parity.to_string()).unwrap();
+        dir
+    }
+
+    /// A copy of a package for one damage case: the large files hard-linked (a damage that edits one removes the
+    /// link first), the small text files copied.
+    fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            let big = e.metadata().unwrap().len() > 1 << 20;
+            if big {
+                std::fs::hard_link(e.path(), to.join(e.file_name())).unwrap();
+            } else {
+                std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+            }
+        }
+    }
+
+    /// Replaces a file's content without touching other links to it.
+    fn overwrite(p: &Path, bytes: &[u8]) {
+        std::fs::remove_file(p).unwrap();
+        std::fs::write(p, bytes).unwrap();
+    }
+
+    /// Registry rows, folders under models/ and the number of audit records: what a refusal must not change.
+    fn state(e: &Engine) -> (Vec<String>, Vec<String>, usize) {
+        let models = e.models().unwrap().iter().map(|m| format!("{}@{}", m.name, m.version)).collect();
+        let mut dirs: Vec<String> = std::fs::read_dir(e.data_dir().models())
+            .unwrap()
+            .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        dirs.sort();
+        let audit = e.audit_records_as(&Actor::console("t"), &Filter::default(), 10_000, 0).unwrap().len();
+        (models, dirs, audit)
+    }
+
+    fn edit_manifest(dir: &Path, f: impl FnOnce(&mut toml::Table)) {
+        let p = dir.join("manifest.toml");
+        let mut t: toml::Table = std::fs::read_to_string(&p).unwrap().parse().unwrap();
+        f(&mut t);
+        std::fs::write(&p, toml::to_string(&t).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn a_verified_package_imports_and_serves_and_every_refusal_changes_nothing() {
+        let src_dir = tempfile::tempdir().unwrap();
+        let src = engine_in(src_dir.path());
+        src.import_e5s1(&e5s1(), "1", None, false).unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let good = package(&src, work.path());
+
+        let t = tempfile::tempdir().unwrap();
+        let e = engine_in(t.path());
+        e.import_e5s1(&e5s1(), "1", Some(&src.active_models().unwrap().unwrap().query.pairing_id), false).unwrap();
+        let admin = Actor::console("admin");
+
+        // Every refusal class, each on its own damaged copy of the good package.
+        type Damage = fn(&Path);
+        let cases: Vec<(&str, Damage, ErrorCode)> = vec![
+            ("tampered weights", |d| overwrite(&d.join("model.onnx"), b"not a graph"), ErrorCode::InvalidPackage),
+            ("missing tokenizer", |d| std::fs::remove_file(d.join("tokenizer.json")).unwrap(), ErrorCode::InvalidPackage),
+            ("no manifest", |d| std::fs::remove_file(d.join("manifest.toml")).unwrap(), ErrorCode::InvalidPackage),
+            ("newer format", |d| edit_manifest(d, |t| { t.insert("format".into(), 99.into()); }), ErrorCode::IncompatibleVersion),
+            ("pooling against architecture", |d| edit_manifest(d, |t| { t.insert("pooling".into(), "last-token".into()); }), ErrorCode::InvalidPackage),
+            ("unknown role", |d| edit_manifest(d, |t| { t.insert("role".into(), "reranker".into()); }), ErrorCode::InvalidPackage),
+            ("no text placeholder", |d| edit_manifest(d, |t| { t.insert("query_template".into(), "query: ".into()); }), ErrorCode::InvalidPackage),
+            ("empty pairing id", |d| edit_manifest(d, |t| { t.insert("pairing_id".into(), " ".into()); }), ErrorCode::InvalidPackage),
+            ("path in a version", |d| edit_manifest(d, |t| { t.insert("version".into(), "../../etc".into()); }), ErrorCode::InvalidPackage),
+            ("width beyond the graph", |d| edit_manifest(d, |t| { t.insert("width".into(), 512.into()); t.insert("hidden".into(), 512.into()); }), ErrorCode::InvalidPackage),
+            ("query model without a graph", |d| edit_manifest(d, |t| {
+                t["files"].as_table_mut().unwrap().remove("model.onnx");
+            }), ErrorCode::InvalidPackage),
+            ("file outside the package", |d| edit_manifest(d, |t| {
+                t["files"].as_table_mut().unwrap().insert("../manifest.toml".into(), "00".into());
+            }), ErrorCode::InvalidPackage),
+            ("parity vectors of other weights", |d| {
+                let p = d.join("parity.json");
+                let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+                let e = v["embeddings"].as_array_mut().unwrap();
+                e.rotate_left(1);
+                std::fs::write(&p, v.to_string()).unwrap();
+            }, ErrorCode::ParityFailed),
+            ("truncated parity file", |d| std::fs::write(d.join("parity.json"), b"{\"texts\": [").unwrap(), ErrorCode::InvalidPackage),
+        ];
+        let before = state(&e);
+        for (i, (what, damage, code)) in cases.iter().enumerate() {
+            let d = work.path().join(format!("bad{i}"));
+            copy_dir(&good, &d);
+            damage(&d);
+            let err = e.import_model_as(&admin, &d).unwrap_err();
+            assert_eq!(err.code(), *code, "{what}: {err}");
+            assert!(err.to_string().contains(&d.display().to_string()) || matches!(err, Error::TooNew { .. }), "{what}: the message names the package: {err}");
+            assert_eq!(state(&e), before, "{what} changed the registry, the models folder or the audit log");
+            std::fs::remove_dir_all(&d).unwrap();
+        }
+        let clinician = Actor { name: "dr".into(), role: Role::Clinician, user_id: Some(7) };
+        assert_eq!(e.import_model_as(&clinician, &good).unwrap_err().code(), ErrorCode::Forbidden);
+        assert_eq!(state(&e), before);
+
+        // The good package: registered with its parity measured, one audit record, and it serves.
+        let r = e.import_model_as(&admin, &good).unwrap();
+        eprintln!("imported {}@{}: parity over {} texts, min cosine {:?}", r.model.name, r.model.version, r.parity_texts, r.parity_min_cosine);
+        assert!(r.online);
+        assert_eq!(r.parity_texts, 4);
+        assert!(r.parity_min_cosine.unwrap() >= 0.9999);
+        let after = state(&e);
+        assert_eq!(after.0.len(), before.0.len() + 1);
+        assert_eq!(after.2, before.2 + 1, "exactly one audit record");
+        let rec = e.audit_records_as(&admin, &Filter { action_prefix: Some("model.import".into()), ..Default::default() }, 10, 0).unwrap();
+        assert!(rec[0].detail.to_string().contains("hospital-e5@2"), "{:?}", rec[0].detail);
+        assert!(r.model.dir.starts_with(e.data_dir().models()), "served from the appliance's own copy");
+        // Same pairing as the live document model: it can serve queries against the stored vectors.
+        e.activate_models("hospital-e5@2", "e5-small@1", &mut |_| {}).unwrap();
+        let (v, m) = e.encode_queries(&["二甲双胍的禁忌症"]).unwrap().unwrap();
+        assert_eq!(m.name, "hospital-e5");
+        assert_eq!(v[0].len(), 384);
+        // The same version again is refused, and the registry keeps the first.
+        assert_eq!(e.import_model_as(&admin, &good).unwrap_err().code(), ErrorCode::InvalidInput);
+        assert_eq!(state(&e).0, after.0);
+
+        // An offline document package (vectors computed elsewhere, no graph) registers as offline.
+        let off = work.path().join("offline");
+        copy_dir(&good, &off);
+        std::fs::remove_file(off.join("parity.json")).unwrap();
+        let mut m = ModelManifest::load(&off).unwrap();
+        m.name = "hospital-qwen3".into();
+        m.role = care_formats::ModelRole::Document;
+        m.architecture = "qwen3".into();
+        m.pooling = care_formats::Pooling::LastToken;
+        m.write(&off, &["tokenizer.json"]).unwrap();
+        let r = e.import_model_as(&admin, &off).unwrap();
+        assert!(!r.online && r.parity_min_cosine.is_none());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The lifecycle on real kuake_qtr data: judgments from uploaded qrels, a deliberately worse candidate gated out, a
+// better one passing, promotion with blue/green embedding under a search loop, and rollback to identical results.
+
+mod lifecycle_gate {
+    use std::collections::HashSet;
+    use std::io::Write;
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use care_engine::audit::Filter;
+    use care_engine::eval::BeirSet;
+    use care_engine::judgments::{JudgmentSource, part_of};
+    use care_engine::{Actor, Engine, ErrorCode, SearchRequest};
+    use care_formats::ModelManifest;
+
+    use super::{e5s1, engine_in, shared};
+
+    /// kuake_qtr dev: the first `n` judged queries, their judged passages plus the first 1,500 others.
+    fn subset(dir: &Path, n: usize) -> (std::path::PathBuf, std::path::PathBuf, Vec<String>) {
+        let set = BeirSet::load(&shared().join("data/retrieval/kuake_qtr"), "dev").unwrap();
+        let queries: Vec<(String, String)> = set.queries.iter().take(n).cloned().collect();
+        let judged: HashSet<String> = queries.iter().flat_map(|(q, _)| set.qrels[q].keys().cloned()).collect();
+        let corpus = std::fs::read_to_string(set.corpus_path()).unwrap();
+        let path = dir.join("corpus.jsonl");
+        let mut out = std::fs::File::create(&path).unwrap();
+        for (i, line) in corpus.lines().enumerate() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            if i < 1500 || judged.contains(v["id"].as_str().unwrap()) {
+                writeln!(out, "{line}").unwrap();
+            }
+        }
+        let csv = dir.join("judgments.csv");
+        let mut w = std::fs::File::create(&csv).unwrap();
+        writeln!(w, "query,id,grade").unwrap();
+        for (q, text) in &queries {
+            for (d, g) in &set.qrels[q] {
+                writeln!(w, "\"{}\",{d},{g}", text.replace('"', "\"\"")).unwrap();
+            }
+        }
+        (path, csv, queries.into_iter().map(|q| q.1).collect())
+    }
+
+    /// The live e5-small cut to its first 16 dimensions: a real encoder, deliberately much worse, and of another
+    /// pairing (its document vectors go to tables of their own).
+    fn narrow_package(e: &Engine, at: &Path) -> std::path::PathBuf {
+        let src = e.active_models().unwrap().unwrap().query.dir;
+        let dir = at.join("w16");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut m = ModelManifest::load(&src).unwrap();
+        let files = ["model.onnx", "tokenizer.json"];
+        for f in files {
+            std::fs::copy(src.join(f), dir.join(f)).unwrap();
+        }
+        m.name = "e5-w16".into();
+        m.version = "1".into();
+        m.width = 16;
+        m.pairing_id = "e5-w16".into();
+        m.write(&dir, &files).unwrap();
+        dir
+    }
+
+    fn top(e: &Engine, queries: &[String]) -> Vec<Vec<i64>> {
+        queries
+            .iter()
+            .map(|q| {
+                let r = e.search(&SearchRequest { query: q.clone(), limit: Some(10), ..Default::default() }).unwrap();
+                r.hits.iter().map(|h| h.chunk_id).collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn worse_candidate_is_gated_out_better_passes_promotion_is_blue_green_and_rollback_restores() {
+        let t = tempfile::tempdir().unwrap();
+        let (corpus, csv, queries) = subset(t.path(), 400);
+        let e = Arc::new(engine_in(&t.path().join("data")));
+        let admin = Actor::console("admin");
+        e.create_collection("kuake", "", "test").unwrap();
+        e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
+        e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+        e.sync_dense_indexes(&mut |_| {}).unwrap();
+
+        let info = e.import_judgments_as(&admin, "kuake", "dev400", JudgmentSource::Csv(&csv)).unwrap();
+        eprintln!("judgments: {info:?}");
+        assert_eq!(info.unresolved, 0);
+        assert_eq!(info.train_queries + info.eval_queries, 400);
+        assert!(info.eval_queries > 80 && info.train_queries > 200, "{info:?}");
+        // The evaluation part never reaches training: no query text is in both parts.
+        let col = e.collection("kuake").unwrap();
+        let train: HashSet<String> = e.judged(col.id, "train").unwrap().all.queries.into_iter().map(|q| q.1).collect();
+        let eval: HashSet<String> = e.judged(col.id, "eval").unwrap().all.queries.into_iter().map(|q| q.1).collect();
+        assert!(train.is_disjoint(&eval));
+        assert!(eval.iter().all(|q| part_of(q, 0.3) == "eval"));
+        // Clinician feedback joins as judgments of the same split.
+        let hit = e.search(&SearchRequest { query: queries[0].clone(), ..Default::default() }).unwrap().hits[0].chunk_id;
+        e.feedback_as(&admin, &queries[0], hit, true).unwrap();
+        let sets = e.judgment_sets_as(&admin, Some("kuake")).unwrap();
+        assert!(sets.iter().any(|s| s.name == "feedback" && s.judgments == 1), "{sets:?}");
+
+        let narrow = narrow_package(&e, t.path());
+        e.import_model_as(&admin, &narrow).unwrap();
+
+        // e5-small cut to 16 dimensions against the live 384: gated out, and promotion without a reason refused.
+        let old = top(&e, &queries[..40]);
+        let stop = Arc::new(AtomicBool::new(false));
+        let looper = {
+            let (e, stop, qs) = (e.clone(), stop.clone(), queries[..40].to_vec());
+            std::thread::spawn(move || {
+                let mut seen = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    seen.push(top(&e, &qs));
+                }
+                seen
+            })
+        };
+        let worse = e.evaluate_as(&admin, "e5-w16@1", &mut |_| {}).unwrap();
+        eprintln!("worse candidate: {:?} reasons {:?}", worse.overall_ndcg_at_10, worse.reasons);
+        assert!(!worse.passed);
+        assert!(worse.overall_ndcg_at_10.gain_hi < 0.0, "clearly worse: {:?}", worse.overall_ndcg_at_10);
+        let err = e.promote_as(&admin, "e5-w16@1", None, &mut |_| {}).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Forbidden, "{err}");
+        // An admin may override the gate with a reason; the switch happens while the loop searches.
+        e.promote_as(&admin, "e5-w16@1", Some("test of the override"), &mut |_| {}).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        stop.store(true, Ordering::Relaxed);
+        let seen = looper.join().unwrap();
+        let new = top(&e, &queries[..40]);
+        assert_ne!(old, new, "the narrow pair ranks differently");
+        // Every search in the loop succeeded (top() unwraps) and, in time order, returned the old pair's results
+        // until the switch and the new pair's after it, never a mixture.
+        let (mut switched, mut before_switch) = (false, 0);
+        for (i, r) in seen.iter().flatten().enumerate().map(|(n, r)| (n % old.len(), r)) {
+            if old[i] == new[i] {
+                continue;
+            }
+            assert!(*r == old[i] || *r == new[i], "query {i}: results of neither pair");
+            if *r == new[i] {
+                switched = true;
+            } else {
+                assert!(!switched, "query {i}: old-pair results after the switch");
+                before_switch += 1;
+            }
+        }
+        assert!(switched, "the loop saw the switch");
+        assert!(before_switch > 40, "the loop ran during the evaluation's embedding ({before_switch} old results)");
+
+        // Now the full model is the candidate: it passes and is promoted; rollback restores the narrow pair's
+        // results exactly.
+        let better = e.evaluate_as(&admin, "e5-small@1,e5-small@1", &mut |_| {}).unwrap();
+        eprintln!("better candidate: {:?} reasons {:?}", better.overall_ndcg_at_10, better.reasons);
+        assert!(better.passed, "{:?}", better.reasons);
+        assert!(better.collections[0].ndcg_at_10.gain_lo > 0.0);
+        e.promote_as(&admin, "e5-small@1,e5-small@1", None, &mut |_| {}).unwrap();
+        assert_eq!(top(&e, &queries[..40]), old);
+        e.rollback_as(&admin, "test").unwrap();
+        assert_eq!(top(&e, &queries[..40]), new, "rollback restores exactly the previous results");
+        let live = e.active_models().unwrap().unwrap();
+        assert_eq!(live.query.name, "e5-w16");
+
+        let actions: Vec<String> = e
+            .audit_records_as(&admin, &Filter { action_prefix: Some("model.".into()), ..Default::default() }, 100, 0)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.action)
+            .collect();
+        for a in ["model.import", "model.evaluate", "model.promote_override", "model.promote", "model.rollback"] {
+            assert!(actions.iter().any(|x| x == a), "{a} audited: {actions:?}");
+        }
+        let history = e.model_history_as(&admin, 10).unwrap();
+        assert_eq!(history[0].query, "e5-w16@1");
+        assert_eq!(history[1].query, "e5-small@1");
+        assert_eq!(e.evaluations_as(&admin, 10).unwrap().len(), 2);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Ingestion jobs: every format, malformed inputs, resumable jobs (fixtures are written by the test itself).
 
 mod jobs {
@@ -793,6 +1139,99 @@ mod offline_vectors {
         let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
         v.iter_mut().for_each(|x| *x /= n);
         v
+    }
+
+    /// A package in `at/name` from the live e5-small's files, relabelled by `edit` (listing `files`).
+    fn relabelled(e: &Engine, at: &Path, name: &str, files: &[&str], edit: impl FnOnce(&mut care_formats::ModelManifest)) -> PathBuf {
+        let src = e.active_models().unwrap().unwrap().query.dir;
+        let dir = at.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut m = care_formats::ModelManifest::load(&src).unwrap();
+        for f in files {
+            std::fs::copy(src.join(f), dir.join(f)).unwrap();
+        }
+        m.name = name.into();
+        m.version = "1".into();
+        edit(&mut m);
+        m.write(&dir, files).unwrap();
+        dir
+    }
+
+    /// Vectors of the exported chunks computed by the live e5-small document encoder (standing in for an LLM
+    /// document encoder run by `care-train embed-corpus`), written as shards of `pairing`.
+    fn embed_export(e: &Engine, export: &Path, out: &Path, pairing: &str) {
+        let e5 = e.models().unwrap().into_iter().find(|m| m.name == "e5-small").unwrap();
+        let enc = OrtEncoder::load(&e5.dir, &Default::default()).unwrap();
+        let rows = read_export(export);
+        let texts: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
+        let vecs = enc.encode(&texts, TextKind::Document).unwrap();
+        let rows: Vec<(String, Vec<f32>)> = rows.into_iter().map(|r| r.0).zip(vecs).collect();
+        write_shards(out, pairing, 384, &rows);
+    }
+
+    #[test]
+    fn an_offline_document_model_goes_live_only_with_complete_vectors_and_later_ingests_queue_for_it() {
+        let (t, e) = setup();
+        let admin = care_engine::Actor::console("admin");
+        let before = snapshot(&e);
+        let qwen = relabelled(&e, t.path(), "qwen3-doc", &["tokenizer.json"], |m| {
+            m.role = care_formats::ModelRole::Document;
+            m.architecture = "qwen3".into();
+            m.pooling = care_formats::Pooling::LastToken;
+            m.pairing_id = "qwen3-test".into();
+        });
+        let query = relabelled(&e, t.path(), "q-for-qwen3", &["model.onnx", "tokenizer.json"], |m| {
+            m.role = care_formats::ModelRole::Query;
+            m.pairing_id = "qwen3-test".into();
+        });
+        assert!(!e.import_model_as(&admin, &qwen).unwrap().online);
+        e.import_model_as(&admin, &query).unwrap();
+
+        // No vectors yet: refused with the way out, and the live pair is untouched.
+        let err = e.activate_as(&admin, "q-for-qwen3@1", "qwen3-doc@1", &mut |_| {}).unwrap_err();
+        assert!(err.to_string().contains("export-chunks c --pending-for qwen3-doc@1"), "{err}");
+        assert_eq!(e.active_models().unwrap().unwrap().document.name, "e5-small");
+        let (_, pending) = e.pending_vectors("c", Some("qwen3-doc@1")).unwrap();
+        assert_eq!(pending.len(), before.1.len());
+
+        // Export the queue, embed it offline, import into the offline model's tables, then it goes live.
+        let export = t.path().join("pending.jsonl");
+        assert_eq!(e.export_chunks_for("c", &export, Some("qwen3-doc@1")).unwrap().chunks, before.1.len());
+        let vecs = t.path().join("vecs");
+        embed_export(&e, &export, &vecs, "qwen3-test");
+        e.import_vectors_for("c", &vecs, Some("qwen3-doc@1"), "test", &mut |_| {}).unwrap();
+        e.activate_as(&admin, "q-for-qwen3@1", "qwen3-doc@1", &mut |_| {}).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1100)); // the active-pair cache
+        assert_same_results(&before.0, &snapshot(&e).0, 1e-5);
+
+        // A later ingest: nothing errors, BM25 finds it at once, dense search once its vectors are imported.
+        let new = ParsedDocument {
+            external_id: "ibuprofen".into(),
+            title: "布洛芬".into(),
+            text: "布洛芬用于发热和轻中度疼痛，消化性溃疡患者慎用。".into(),
+            source: "ibuprofen.txt".into(),
+        };
+        e.ingest_documents("c", std::slice::from_ref(&new)).unwrap();
+        let (doc, pending) = e.pending_vectors("c", None).unwrap();
+        assert!(!doc.online);
+        assert_eq!(pending.len(), 1);
+        let r = e.search(&SearchRequest { query: "布洛芬".into(), ..Default::default() }).unwrap();
+        assert!(r.hits.iter().any(|h| h.chunk_id == pending[0]), "hybrid search finds the queued chunk by BM25");
+        let req = SearchRequest { query: "布洛芬".into(), method: Some(Method::Bm25), ..Default::default() };
+        assert_eq!(e.search(&req).unwrap().hits[0].chunk_id, pending[0]);
+        assert!(!dense(&e, "布洛芬 退热").iter().any(|h| h.0 == pending[0]));
+        let c = e.check().unwrap();
+        assert!(c.consistent && c.dense_pending == 1, "{c:?}");
+        e.recover().unwrap(); // a restart neither fails nor embeds with a model that has no graph
+
+        let export = t.path().join("pending2.jsonl");
+        e.export_chunks_for("c", &export, Some("qwen3-doc@1")).unwrap();
+        assert_eq!(read_export(&export).len(), 1);
+        let vecs = t.path().join("vecs2");
+        embed_export(&e, &export, &vecs, "qwen3-test");
+        e.import_vectors_for("c", &vecs, None, "test", &mut |_| {}).unwrap();
+        assert!(e.pending_vectors("c", None).unwrap().1.is_empty());
+        assert!(dense(&e, "布洛芬 退热").iter().any(|h| h.0 == pending[0]), "joins dense search after the import");
     }
 
     #[test]

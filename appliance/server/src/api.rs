@@ -2,6 +2,8 @@
 //! (`care_engine::service`, where authorisation and audit live) and serialises the answer.
 
 use actix_web::{HttpResponse, delete, get, patch, post, put, web};
+use care_engine::judgments::JudgmentSetInfo;
+use care_engine::lifecycle::{EvaluationReport, ImportReport};
 use care_engine::{SearchAs, UserInfo, UserUpdate, audit};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -375,6 +377,143 @@ pub async fn admin_revoke_token(
 pub async fn admin_models(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
     let (models, active) = call(&state, &caller, |e, a| e.models_as(a)).await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"models": models, "active": active})))
+}
+
+#[utoipa::path(post, path = "/api/v1/admin/models", tag = "admin",
+    request_body(content_type = "multipart/form-data", description = "the package's files as `file` parts: manifest.toml, the files it lists, and parity.json when the trainer wrote one"),
+    responses((status = 201, description = "verified and registered", body = ImportReport),
+        (status = 422, description = "invalid_package or parity_failed: nothing was registered"), (status = 413)))]
+#[post("/api/v1/admin/models")]
+pub async fn admin_import_model(
+    state: web::Data<AppState>,
+    caller: Caller,
+    payload: actix_multipart::Multipart,
+) -> Result<HttpResponse, ApiError> {
+    let report = crate::uploads::import_model(&state, &caller, payload).await?;
+    Ok(HttpResponse::Created().json(report))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct Candidate {
+    /// `QUERY@VERSION,DOCUMENT@VERSION`.
+    pub candidate: String,
+    /// Promote although the candidate did not pass its evaluation (the reason is audited).
+    #[serde(default)]
+    pub override_reason: Option<String>,
+}
+
+#[utoipa::path(post, path = "/api/v1/admin/models/evaluate", tag = "admin", request_body = Candidate,
+    responses((status = 200, description = "the stored evaluation report with the gate's verdict", body = EvaluationReport),
+        (status = 400, description = "no judged evaluation queries")))]
+#[post("/api/v1/admin/models/evaluate")]
+pub async fn admin_evaluate(
+    state: web::Data<AppState>,
+    caller: Caller,
+    body: web::Json<Candidate>,
+) -> Result<HttpResponse, ApiError> {
+    let b = body.into_inner();
+    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.evaluate_as(a, &b.candidate, &mut |_| {})).await?))
+}
+
+#[utoipa::path(get, path = "/api/v1/admin/models/evaluations", tag = "admin", params(Limit),
+    responses((status = 200, description = "stored evaluation reports, newest first, each with its SVG chart", body = Object)))]
+#[get("/api/v1/admin/models/evaluations")]
+pub async fn admin_evaluations(
+    state: web::Data<AppState>,
+    caller: Caller,
+    q: web::Query<Limit>,
+) -> Result<HttpResponse, ApiError> {
+    let limit = q.limit.unwrap_or(20).min(200);
+    let list = call(&state, &caller, move |e, a| e.evaluations_as(a, limit)).await?;
+    let out: Vec<_> = list.into_iter().map(|(r, svg)| serde_json::json!({"report": r, "chart_svg": svg})).collect();
+    Ok(HttpResponse::Ok().json(out))
+}
+
+#[utoipa::path(post, path = "/api/v1/admin/models/promote", tag = "admin", request_body = Candidate,
+    responses((status = 200, body = Object), (status = 403, description = "not evaluated, or gated out without an override reason")))]
+#[post("/api/v1/admin/models/promote")]
+pub async fn admin_promote(
+    state: web::Data<AppState>,
+    caller: Caller,
+    body: web::Json<Candidate>,
+) -> Result<HttpResponse, ApiError> {
+    let b = body.into_inner();
+    Ok(HttpResponse::Ok().json(
+        call(&state, &caller, move |e, a| e.promote_as(a, &b.candidate, b.override_reason.as_deref(), &mut |_| {}))
+            .await?,
+    ))
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+pub struct Rollback {
+    #[serde(default)]
+    pub reason: String,
+}
+
+#[utoipa::path(post, path = "/api/v1/admin/models/rollback", tag = "admin", request_body = Rollback,
+    responses((status = 200, body = Object), (status = 404, description = "no previous pair")))]
+#[post("/api/v1/admin/models/rollback")]
+pub async fn admin_rollback(
+    state: web::Data<AppState>,
+    caller: Caller,
+    body: web::Json<Rollback>,
+) -> Result<HttpResponse, ApiError> {
+    let b = body.into_inner();
+    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.rollback_as(a, &b.reason)).await?))
+}
+
+#[utoipa::path(get, path = "/api/v1/admin/models/history", tag = "admin",
+    responses((status = 200, description = "live pairs, newest first", body = Object)))]
+#[get("/api/v1/admin/models/history")]
+pub async fn admin_model_history(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(call(&state, &caller, |e, a| e.model_history_as(a, 100)).await?))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct JudgmentsQuery {
+    #[serde(default)]
+    pub collection: Option<String>,
+}
+
+#[utoipa::path(get, path = "/api/v1/admin/judgments", tag = "admin", params(JudgmentsQuery),
+    responses((status = 200, body = [JudgmentSetInfo])))]
+#[get("/api/v1/admin/judgments")]
+pub async fn admin_judgments(
+    state: web::Data<AppState>,
+    caller: Caller,
+    q: web::Query<JudgmentsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let col = q.into_inner().collection;
+    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.judgment_sets_as(a, col.as_deref())).await?))
+}
+
+#[utoipa::path(post, path = "/api/v1/admin/collections/{name}/judgments/{set}", tag = "admin",
+    params(("name" = String, Path), ("set" = String, Path)),
+    request_body(content_type = "multipart/form-data", description = "`file` parts: one CSV (`query,document or passage id,grade`), or BEIR's queries.jsonl and one qrels .tsv"),
+    responses((status = 201, body = JudgmentSetInfo), (status = 400)))]
+#[post("/api/v1/admin/collections/{name}/judgments/{set}")]
+pub async fn admin_import_judgments(
+    state: web::Data<AppState>,
+    caller: Caller,
+    path: web::Path<(String, String)>,
+    payload: actix_multipart::Multipart,
+) -> Result<HttpResponse, ApiError> {
+    let (name, set) = path.into_inner();
+    Ok(HttpResponse::Created().json(crate::uploads::import_judgments(&state, &caller, &name, &set, payload).await?))
+}
+
+#[utoipa::path(delete, path = "/api/v1/admin/collections/{name}/judgments/{set}", tag = "admin",
+    params(("name" = String, Path), ("set" = String, Path)), responses((status = 204), (status = 404)))]
+#[delete("/api/v1/admin/collections/{name}/judgments/{set}")]
+pub async fn admin_delete_judgments(
+    state: web::Data<AppState>,
+    caller: Caller,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (name, set) = path.into_inner();
+    call(&state, &caller, move |e, a| e.delete_judgments_as(a, &name, &set)).await?;
+    Ok(HttpResponse::NoContent().finish())
 }
 
 #[derive(Debug, Deserialize, ToSchema)]

@@ -16,11 +16,16 @@ use crate::api;
         api::admin_collections, api::admin_create_collection, api::admin_delete_collection, api::admin_upload,
         api::admin_approve, api::admin_jobs, api::admin_job, api::admin_cancel_job, api::admin_users,
         api::admin_create_user, api::admin_update_user, api::admin_delete_user, api::admin_grant, api::admin_revoke,
-        api::admin_create_token, api::admin_revoke_token, api::admin_models, api::admin_activate, api::admin_audit,
+        api::admin_create_token, api::admin_revoke_token, api::admin_models, api::admin_import_model, api::admin_evaluate, api::admin_evaluations, api::admin_promote,
+        api::admin_rollback, api::admin_model_history, api::admin_judgments, api::admin_import_judgments,
+        api::admin_delete_judgments, api::admin_activate, api::admin_audit,
         api::admin_audit_verify, api::admin_feedback, api::healthz, api::metrics,
     ),
     components(schemas(api::Me, api::PasswordChange, api::FeedbackBody, api::NewCollection, api::Approval,
-        care_engine::UserInfo, api::NewUser, care_engine::UserUpdate, api::NewToken, api::Activate)),
+        care_engine::UserInfo, api::NewUser, care_engine::UserUpdate, api::NewToken, api::Activate,
+        care_engine::lifecycle::ImportReport, api::Candidate, api::Rollback, care_engine::lifecycle::EvaluationReport,
+        care_engine::lifecycle::CollectionEvaluation, care_engine::lifecycle::Compared, care_engine::lifecycle::EncodeLatency,
+        care_engine::judgments::JudgmentSetInfo)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]

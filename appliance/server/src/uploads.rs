@@ -56,6 +56,69 @@ pub async fn upload(
     queued
 }
 
+/// Streams the multipart `file` parts of a model package (manifest.toml, model.onnx, tokenizer.json, …) to a
+/// fresh folder and imports it; the folder is removed afterwards, whatever the outcome.
+pub async fn import_model(
+    state: &web::Data<AppState>,
+    caller: &Caller,
+    payload: actix_multipart::Multipart,
+) -> Result<care_engine::lifecycle::ImportReport, ApiError> {
+    let dir = call(state, caller, |e, a| e.new_staging_upload_as(a)).await?;
+    let limit = state.settings.server.max_upload_mib.saturating_mul(1 << 20);
+    let result = match receive(payload, &dir, limit).await {
+        Ok(_) => {
+            let d = dir.clone();
+            call(state, caller, move |e, a| e.import_model_as(a, &d)).await
+        }
+        Err(e) => Err(e),
+    };
+    let d = dir.clone();
+    let _ = web::block(move || std::fs::remove_dir_all(d)).await;
+    result
+}
+
+/// Streams an uploaded judgment set and imports it: a CSV file (`query,document or passage id,grade`), or BEIR's
+/// `queries.jsonl` with one qrels `.tsv`. The folder is removed afterwards, whatever the outcome.
+pub async fn import_judgments(
+    state: &web::Data<AppState>,
+    caller: &Caller,
+    collection: &str,
+    set: &str,
+    payload: actix_multipart::Multipart,
+) -> Result<care_engine::judgments::JudgmentSetInfo, ApiError> {
+    let dir = call(state, caller, |e, a| e.new_staging_upload_as(a)).await?;
+    let limit = state.settings.server.max_upload_mib.saturating_mul(1 << 20);
+    let result = match receive(payload, &dir, limit).await {
+        Ok(files) => {
+            let (col, set, d) = (collection.to_string(), set.to_string(), dir.clone());
+            call(state, caller, move |e, a| {
+                use care_engine::judgments::JudgmentSource;
+                let is = |f: &PathBuf, ext: &str| f.extension().is_some_and(|x| x.eq_ignore_ascii_case(ext));
+                if files.iter().any(|f| f.file_name().is_some_and(|n| n == "queries.jsonl")) {
+                    // BEIR layout: queries.jsonl beside qrels/<split>.tsv.
+                    let tsv = files.iter().find(|f| is(f, "tsv")).ok_or_else(|| {
+                        care_engine::Error::InvalidInput("BEIR 评测集需要一个 qrels .tsv 文件 (queries.jsonl needs a qrels .tsv file beside it)".into())
+                    })?;
+                    let qrels = d.join("qrels");
+                    std::fs::create_dir_all(&qrels).map_err(|e| care_engine::Error::io(&qrels, e))?;
+                    std::fs::rename(tsv, qrels.join("upload.tsv")).map_err(|e| care_engine::Error::io(tsv, e))?;
+                    e.import_judgments_as(a, &col, &set, JudgmentSource::Beir { dir: &d, split: "upload" })
+                } else {
+                    let csv = files.iter().find(|f| is(f, "csv")).ok_or_else(|| {
+                        care_engine::Error::InvalidInput("请上传 CSV 文件，或 BEIR 的 queries.jsonl 与 qrels .tsv (upload a .csv, or queries.jsonl with a qrels .tsv)".into())
+                    })?;
+                    e.import_judgments_as(a, &col, &set, JudgmentSource::Csv(csv))
+                }
+            })
+            .await
+        }
+        Err(e) => Err(e),
+    };
+    let d = dir.clone();
+    let _ = web::block(move || std::fs::remove_dir_all(d)).await;
+    result
+}
+
 /// Writes every `file` part into `dir`; returns the paths written.
 async fn receive(mut payload: actix_multipart::Multipart, dir: &Path, limit: u64) -> Result<Vec<PathBuf>, ApiError> {
     let mut files: Vec<PathBuf> = Vec::new();

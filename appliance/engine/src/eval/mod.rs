@@ -184,7 +184,7 @@ pub struct Candidates2 {
     pub has_dense: bool,
 }
 
-fn document_names(engine: &crate::Engine, collection_id: i64) -> Result<HashMap<i64, String>> {
+pub(crate) fn document_names(engine: &crate::Engine, collection_id: i64) -> Result<HashMap<i64, String>> {
     let conn = engine.store().conn();
     let mut stmt = conn.prepare("SELECT id, external_id FROM documents WHERE collection_id = ?1")?;
     let rows = stmt.query_map([collection_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
@@ -194,18 +194,37 @@ fn document_names(engine: &crate::Engine, collection_id: i64) -> Result<HashMap<
 impl Candidates2 {
     /// Scores one fusion configuration: chunk lists fused, reduced to each document's best chunk.
     pub fn score(&self, set: &BeirSet, method: crate::fusion::Method, dense_weight: f32) -> MetricSummary {
-        let mut runs = BTreeMap::new();
-        for c in &self.lists {
-            let fused = crate::fusion::fuse(&c.bm25, &c.dense, method, dense_weight);
-            let mut seen = std::collections::HashSet::new();
-            let ranked: Vec<String> = fused
-                .iter()
-                .filter_map(|h| self.doc_names.get(&h.document_id).cloned())
-                .filter(|n| seen.insert(n.clone()))
-                .collect();
-            runs.insert(c.qid.clone(), ranked);
-        }
+        let runs = self.lists.iter().map(|c| (c.qid.clone(), self.ranked(c, method, dense_weight))).collect();
         score(set, &runs)
+    }
+
+    /// Fused documents (external ids, first passage of each) of one query's candidates.
+    fn ranked(&self, c: &Candidates, method: crate::fusion::Method, dense_weight: f32) -> Vec<String> {
+        let fused = crate::fusion::fuse(&c.bm25, &c.dense, method, dense_weight);
+        let mut seen = std::collections::HashSet::new();
+        fused
+            .iter()
+            .filter_map(|h| self.doc_names.get(&h.document_id).cloned())
+            .filter(|n| seen.insert(n.clone()))
+            .collect()
+    }
+
+    /// nDCG@10, MRR@10 and Recall@100 of each query, in the order of `self.lists` (for paired comparisons).
+    pub fn per_query(&self, set: &BeirSet, method: crate::fusion::Method, dense_weight: f32) -> Vec<[f64; 3]> {
+        let min_rel = set.min_relevant();
+        let empty = Judgements::new();
+        self.lists
+            .iter()
+            .map(|c| {
+                let ranked = self.ranked(c, method, dense_weight);
+                let judged = set.qrels.get(&c.qid).unwrap_or(&empty);
+                [
+                    metrics::ndcg_at(&ranked, judged, 10),
+                    metrics::mrr_at(&ranked, judged, 10, min_rel),
+                    metrics::recall_at(&ranked, judged, 100, min_rel),
+                ]
+            })
+            .collect()
     }
 
     /// The same candidates restricted to the queries `keep` selects (by position), with the matching set.

@@ -1,0 +1,385 @@
+//! Labelled query sets per collection: what candidate models are judged on, and (their training parts) what
+//! retraining learns from.
+//!
+//! A set comes from an upload (BEIR `queries.jsonl` + `qrels/<split>.tsv`, or CSV `query, document or passage id,
+//! grade`) or from clinician feedback, read as judgments where it is stored (有帮助 → grade 1, 没帮助 → judged
+//! non-relevant, grade 0). Every judgment's part, training or evaluation, follows from a hash of its query text
+//! alone ([`part_of`]): the same query lands in the same part in every set and every run, so an evaluation query
+//! never reaches training, whichever set it came from.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use rusqlite::params;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::engine::{Engine, MAX_QUERY_CHARS};
+use crate::error::{Error, Result};
+use crate::eval::metrics::Judgements;
+use crate::service::Actor;
+use crate::store::now;
+
+/// Most judgments one import may carry.
+pub const MAX_JUDGMENTS: usize = 500_000;
+/// The name feedback judgments are listed under.
+pub const FEEDBACK_SET: &str = "feedback";
+
+/// Where an uploaded set is read from.
+#[derive(Debug, Clone, Copy)]
+pub enum JudgmentSource<'a> {
+    Beir { dir: &'a Path, split: &'a str },
+    Csv(&'a Path),
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct JudgmentSetInfo {
+    pub collection: String,
+    pub name: String,
+    pub source: String,
+    pub created_by: String,
+    pub created_at: String,
+    pub judgments: usize,
+    pub train_queries: usize,
+    pub eval_queries: usize,
+    /// Judgments of the upload naming no document or passage of the collection (skipped).
+    pub unresolved: usize,
+}
+
+/// Judged queries of one part: BEIR-shaped (query id → text, query id → document external id → grade).
+#[derive(Debug, Clone, Default)]
+pub struct Judged {
+    pub queries: Vec<(String, String)>,
+    pub qrels: HashMap<String, Judgements>,
+}
+
+impl Judged {
+    /// Queries with at least one relevant document (the others cannot be scored by nDCG or MRR).
+    pub fn scorable(self) -> Judged {
+        let queries = self
+            .queries
+            .into_iter()
+            .filter(|(id, _)| self.qrels.get(id).is_some_and(|j| j.values().any(|g| *g > 0)))
+            .collect();
+        Judged { queries, qrels: self.qrels }
+    }
+
+    pub fn as_beir(&self, name: &str) -> crate::eval::BeirSet {
+        crate::eval::BeirSet {
+            name: name.into(),
+            dir: Default::default(),
+            queries: self.queries.clone(),
+            qrels: self.qrels.clone(),
+        }
+    }
+}
+
+/// "train" or "eval": fixed by the query text (trimmed, case-folded), `eval_fraction` of queries go to "eval".
+pub fn part_of(query: &str, eval_fraction: f64) -> &'static str {
+    let h = Sha256::digest(query.trim().to_lowercase().as_bytes());
+    let x = u64::from_be_bytes(h[..8].try_into().unwrap_or([0; 8])) as f64 / u64::MAX as f64;
+    if x < eval_fraction { "eval" } else { "train" }
+}
+
+/// (query, id as given, grade) rows of an upload.
+fn read_rows(src: JudgmentSource<'_>) -> Result<Vec<(String, String, i64)>> {
+    match src {
+        JudgmentSource::Beir { dir, split } => {
+            let set = crate::eval::BeirSet::load(dir, split)?;
+            let mut rows = Vec::new();
+            for (qid, text) in &set.queries {
+                for (doc, grade) in &set.qrels[qid] {
+                    rows.push((text.clone(), doc.clone(), i64::from(*grade)));
+                }
+            }
+            Ok(rows)
+        }
+        JudgmentSource::Csv(path) => read_csv(path),
+    }
+}
+
+fn read_csv(path: &Path) -> Result<Vec<(String, String, i64)>> {
+    let mut r = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .from_path(path)
+        .map_err(|e| Error::MalformedFile { path: path.into(), format: "CSV", message: e.to_string() })?;
+    let mut rows = Vec::new();
+    for (i, rec) in r.records().enumerate() {
+        let rec = rec.map_err(|e| Error::MalformedRecord { path: path.into(), line: i + 1, message: e.to_string() })?;
+        let field = |k: usize| rec.get(k).map(str::trim).unwrap_or("");
+        let grade = field(2).parse::<i64>();
+        if i == 0 && grade.is_err() {
+            continue; // a header row
+        }
+        let grade = grade.map_err(|_| Error::MalformedRecord {
+            path: path.into(),
+            line: i + 1,
+            message: format!("grade {:?} is not an integer; expected `query,document or passage id,grade`", field(2)),
+        })?;
+        if field(0).is_empty() || field(1).is_empty() {
+            return Err(Error::MalformedRecord {
+                path: path.into(),
+                line: i + 1,
+                message: "empty query or id; expected `query,document or passage id,grade`".into(),
+            });
+        }
+        rows.push((field(0).to_string(), field(1).to_string(), grade));
+        if rows.len() > MAX_JUDGMENTS {
+            break;
+        }
+    }
+    Ok(rows)
+}
+
+fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.chars().count() <= 64
+        && name != FEEDBACK_SET
+        && name.chars().all(|c| c.is_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidInput(format!(
+            "评测集名称无效 (judgment set name {name:?}: 1–64 letters, digits, '.', '_', '-'; \"{FEEDBACK_SET}\" is reserved)"
+        )))
+    }
+}
+
+impl Engine {
+    /// Imports a judgment set for `collection` under `name`, each judgment resolved to a document (its external
+    /// id) or a passage (chunk id) of the collection, in one transaction with its audit record.
+    pub fn import_judgments_as(
+        &self,
+        actor: &Actor,
+        collection: &str,
+        name: &str,
+        src: JudgmentSource<'_>,
+    ) -> Result<JudgmentSetInfo> {
+        actor.require_admin()?;
+        check_name(name)?;
+        let col = self.store.collection(collection)?;
+        let (source, origin) = match src {
+            JudgmentSource::Beir { dir, split } => ("beir", format!("{} ({split})", dir.display())),
+            JudgmentSource::Csv(p) => ("csv", p.display().to_string()),
+        };
+        let rows = read_rows(src)?;
+        if rows.len() > MAX_JUDGMENTS {
+            return Err(Error::TooLarge {
+                what: format!("judgment set {origin}"),
+                size: rows.len() as u64,
+                limit: MAX_JUDGMENTS as u64,
+                hint: "split it into several sets".into(),
+            });
+        }
+        let docs = self.store.document_external_ids(col.id)?;
+        let eval_fraction = self.cfg.lifecycle.eval_fraction;
+        let mut resolved = Vec::with_capacity(rows.len());
+        let mut unresolved = 0;
+        for (query, id, grade) in rows {
+            let query: String = query.chars().take(MAX_QUERY_CHARS).collect();
+            let target = if docs.contains_key(&id) {
+                Some((id, None))
+            } else {
+                id.parse::<i64>().ok().and_then(|c| self.store.chunk_document(col.id, c).ok().flatten()).map(|(c, ext)| (ext, Some(c)))
+            };
+            match target {
+                Some((ext, chunk)) => resolved.push((query, ext, chunk, grade.clamp(0, 100))),
+                None => unresolved += 1,
+            }
+        }
+        if resolved.is_empty() {
+            return Err(Error::InvalidInput(format!(
+                "{origin}: 没有一条评测记录对应集合 {collection} 中的文档 (none of the {unresolved} judgments names a document \
+                 id or passage id of collection '{collection}'; ids must be the documents' ids as ingested, e.g. the \
+                 corpus `_id`)"
+            )));
+        }
+        let mut conn = self.store.conn();
+        let tx = conn.transaction()?;
+        let at = now();
+        let inserted = tx.execute(
+            "INSERT INTO judgment_sets (collection_id, name, source, created_by, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![col.id, name, source, actor.name, at],
+        );
+        if let Err(rusqlite::Error::SqliteFailure(e, _)) = &inserted
+            && e.code == rusqlite::ErrorCode::ConstraintViolation
+        {
+            return Err(Error::InvalidInput(format!(
+                "评测集 {name} 已存在 (collection '{collection}' already has a judgment set '{name}'; delete it first or \
+                 choose another name)"
+            )));
+        }
+        inserted?;
+        let set_id = tx.last_insert_rowid();
+        {
+            let mut stmt = tx.prepare(
+                "INSERT INTO judgments (set_id, query, external_id, chunk_id, grade, part) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?;
+            for (q, ext, chunk, grade) in &resolved {
+                stmt.execute(params![set_id, q, ext, chunk, grade, part_of(q, eval_fraction)])?;
+            }
+        }
+        crate::audit::append(
+            &tx,
+            &actor.name,
+            "judgments.import",
+            &serde_json::json!({"collection": collection, "name": name, "source": origin,
+                "judgments": resolved.len(), "unresolved": unresolved}),
+        )?;
+        tx.commit()?;
+        drop(conn);
+        let mut info = self.judgment_set_info(collection, name)?;
+        info.unresolved = unresolved;
+        Ok(info)
+    }
+
+    fn judgment_set_info(&self, collection: &str, name: &str) -> Result<JudgmentSetInfo> {
+        self.judgment_sets_as(&Actor::system(), Some(collection))?
+            .into_iter()
+            .find(|s| s.name == name)
+            .ok_or_else(|| Error::NotFound { what: format!("judgment set '{name}' of collection '{collection}'") })
+    }
+
+    /// The uploaded sets and, per collection with feedback, the feedback set.
+    pub fn judgment_sets_as(&self, actor: &Actor, collection: Option<&str>) -> Result<Vec<JudgmentSetInfo>> {
+        actor.require_admin()?;
+        let conn = self.store.reader();
+        let mut stmt = conn.prepare(
+            "SELECT c.name, s.name, s.source, s.created_by, s.created_at, COUNT(j.id), \
+             COUNT(DISTINCT CASE WHEN j.part = 'train' THEN j.query END), \
+             COUNT(DISTINCT CASE WHEN j.part = 'eval' THEN j.query END) \
+             FROM judgment_sets s JOIN collections c ON c.id = s.collection_id LEFT JOIN judgments j ON j.set_id = s.id \
+             WHERE ?1 IS NULL OR c.name = ?1 GROUP BY s.id ORDER BY c.name, s.name",
+        )?;
+        let mut out: Vec<JudgmentSetInfo> = stmt
+            .query_map([collection], |r| {
+                Ok(JudgmentSetInfo {
+                    collection: r.get(0)?,
+                    name: r.get(1)?,
+                    source: r.get(2)?,
+                    created_by: r.get(3)?,
+                    created_at: r.get(4)?,
+                    judgments: r.get::<_, i64>(5)? as usize,
+                    train_queries: r.get::<_, i64>(6)? as usize,
+                    eval_queries: r.get::<_, i64>(7)? as usize,
+                    unresolved: 0,
+                })
+            })?
+            .collect::<Result<_, _>>()?;
+        drop(stmt);
+        let fb: Vec<(String, i64, String)> = conn
+            .prepare(
+                "SELECT collection, COUNT(*), MIN(at) FROM feedback WHERE ?1 IS NULL OR collection = ?1 GROUP BY collection",
+            )?
+            .query_map([collection], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .collect::<Result<_, _>>()?;
+        drop(conn);
+        for (col, n, at) in fb {
+            let Ok(c) = self.store.collection(&col) else { continue };
+            let (train, eval) = (self.judged(c.id, "train")?, self.judged(c.id, "eval")?);
+            let count = |j: &Judged| j.queries.len();
+            out.push(JudgmentSetInfo {
+                collection: col,
+                name: FEEDBACK_SET.into(),
+                source: "feedback".into(),
+                created_by: "clinicians".into(),
+                created_at: at,
+                judgments: n as usize,
+                train_queries: count(&train.feedback_only),
+                eval_queries: count(&eval.feedback_only),
+                unresolved: 0,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Deletes an uploaded set (feedback is not a set: it goes with the feedback itself).
+    pub fn delete_judgments_as(&self, actor: &Actor, collection: &str, name: &str) -> Result<usize> {
+        actor.require_admin()?;
+        let col = self.store.collection(collection)?;
+        let mut conn = self.store.conn();
+        let tx = conn.transaction()?;
+        let n: i64 = tx.query_row(
+            "SELECT COUNT(j.id) FROM judgment_sets s LEFT JOIN judgments j ON j.set_id = s.id \
+             WHERE s.collection_id = ?1 AND s.name = ?2",
+            params![col.id, name],
+            |r| r.get(0),
+        )?;
+        let deleted = tx.execute("DELETE FROM judgment_sets WHERE collection_id = ?1 AND name = ?2", params![col.id, name])?;
+        if deleted == 0 {
+            return Err(Error::NotFound { what: format!("judgment set '{name}' of collection '{collection}'") });
+        }
+        crate::audit::append(
+            &tx,
+            &actor.name,
+            "judgments.delete",
+            &serde_json::json!({"collection": collection, "name": name, "judgments": n}),
+        )?;
+        tx.commit()?;
+        Ok(n as usize)
+    }
+
+    /// Every judged query of one part of a collection: uploaded sets and feedback merged by query text (the
+    /// higher grade wins when two sources judge the same document).
+    pub fn judged(&self, collection_id: i64, part: &str) -> Result<JudgedParts> {
+        let fraction = self.cfg.lifecycle.eval_fraction;
+        let conn = self.store.reader();
+        let mut stmt = conn.prepare(
+            "SELECT j.query, j.external_id, j.grade FROM judgments j JOIN judgment_sets s ON s.id = j.set_id \
+             WHERE s.collection_id = ?1 AND j.part = ?2",
+        )?;
+        let uploaded: Vec<(String, String, i64)> =
+            stmt.query_map(params![collection_id, part], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?.collect::<Result<_, _>>()?;
+        let mut stmt = conn.prepare(
+            "SELECT f.query, d.external_id, f.helpful FROM feedback f JOIN documents d ON d.id = f.document_id \
+             WHERE d.collection_id = ?1",
+        )?;
+        let feedback: Vec<(String, String, i64)> = stmt
+            .query_map([collection_id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?)))?
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .filter(|(q, _, _)| part_of(q, fraction) == part)
+            .collect();
+        Ok(JudgedParts { all: merge(uploaded.iter().chain(&feedback)), feedback_only: merge(feedback.iter()) })
+    }
+}
+
+/// A part of a collection's judgments, and of those the ones from feedback alone.
+#[derive(Debug, Clone, Default)]
+pub struct JudgedParts {
+    pub all: Judged,
+    pub feedback_only: Judged,
+}
+
+fn merge<'a>(rows: impl Iterator<Item = &'a (String, String, i64)>) -> Judged {
+    let mut by_query: BTreeMap<String, Judgements> = BTreeMap::new();
+    for (q, doc, grade) in rows {
+        let g = by_query.entry(q.trim().to_string()).or_default().entry(doc.clone()).or_insert(0);
+        *g = (*g).max(*grade as u32);
+    }
+    let mut j = Judged::default();
+    for (i, (q, judged)) in by_query.into_iter().enumerate() {
+        let id = format!("q{i}");
+        j.queries.push((id.clone(), q));
+        j.qrels.insert(id, judged);
+    }
+    j
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_follow_the_query_text_and_the_fraction() {
+        let qs: Vec<String> = (0..2000).map(|i| format!("问题 {i}")).collect();
+        let eval = qs.iter().filter(|q| part_of(q, 0.3) == "eval").count();
+        assert!((500..700).contains(&eval), "{eval} of 2000 in eval at 0.3");
+        for q in &qs {
+            assert_eq!(part_of(q, 0.3), part_of(&format!("  {}  ", q.to_uppercase()), 0.3));
+        }
+        assert!(qs.iter().all(|q| part_of(q, 0.0) == "train"));
+    }
+}

@@ -1,0 +1,687 @@
+//! Model lifecycle: a package from anywhere (`care-train export`, a vendor, another appliance) becomes a registered
+//! model only after it verifies, and is copied under `<data_dir>/models/<name>/<version>/` first so that the
+//! registry never names files that are not there.
+//!
+//! Import checks, in order: the manifest (format, names, role, pooling against architecture, width, templates,
+//! pairing id, plain file names), every listed file's sha256, that a model which must encode online has its ONNX
+//! graph and tokenizer, that the graph loads and produces vectors of the declared width, and, when the package
+//! carries `parity.json` (the trainer's own vectors of sample texts), that ONNX Runtime here reproduces them at
+//! cosine ≥ [`PARITY_MIN_COSINE`]. A package failing any check changes nothing: no folder, no row, no audit record
+//! of an import.
+
+use std::path::{Path, PathBuf};
+
+use care_formats::{ModelManifest, ModelRole, Pooling};
+use serde::{Deserialize, Serialize};
+
+use crate::encoders::{OrtEncoder, TextKind};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::models::{self, ActivePair, ModelRecord};
+use rusqlite::OptionalExtension;
+use crate::service::Actor;
+
+/// How close ONNX Runtime's vectors must come to the trainer's `parity.json` (the issue's bar; fp32 exports
+/// measure ≥ 0.9999).
+pub const PARITY_MIN_COSINE: f64 = 0.999;
+pub const PARITY_FILE: &str = "parity.json";
+const ONNX_FILE: &str = "model.onnx";
+const TOKENIZER_FILE: &str = "tokenizer.json";
+/// Bounds on what a package may declare, so a hostile manifest cannot ask for absurd allocations.
+const MAX_WIDTH: usize = 16_384;
+const MAX_LENGTH: usize = 32_768;
+const MAX_PARITY_TEXTS: usize = 1_000;
+const MAX_PARITY_BYTES: u64 = 64 << 20;
+
+/// The trainer's vectors of sample texts, written beside the package by `care-train export`.
+#[derive(Debug, Deserialize)]
+struct ParityFile {
+    texts: Vec<String>,
+    embeddings: Vec<Vec<f32>>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ImportReport {
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub model: ModelRecord,
+    /// Whether the appliance can encode with it (an ONNX graph); an offline document model only has imported vectors.
+    pub online: bool,
+    pub parity_texts: usize,
+    /// Lowest cosine between ONNX Runtime's and the trainer's vectors (None: the package has no parity.json).
+    pub parity_min_cosine: Option<f64>,
+}
+
+fn invalid(path: &Path, message: impl Into<String>) -> Error {
+    Error::InvalidPackage { path: path.to_path_buf(), message: message.into() }
+}
+
+fn manifest_err(src: &Path, e: care_formats::manifest::ManifestError) -> Error {
+    use care_formats::manifest::ManifestError;
+    match e {
+        ManifestError::TooNew { found, .. } => Error::TooNew {
+            what: format!("model package {}", src.display()),
+            found,
+            supported: care_formats::manifest::MANIFEST_FORMAT,
+        },
+        other => invalid(src, other.to_string()),
+    }
+}
+
+/// A name or version usable as one path component and in `name@version` specs.
+fn check_component(src: &Path, what: &str, s: &str) -> Result<()> {
+    let ok = !s.is_empty()
+        && s.len() <= 64
+        && !s.starts_with('.')
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(src, format!("{what} {s:?} must be 1–64 characters of a–z, A–Z, 0–9, '.', '_', '-', not starting with '.'")))
+    }
+}
+
+/// What the manifest itself must satisfy beyond its own parse-time checks.
+pub fn check_manifest(src: &Path, m: &ModelManifest) -> Result<()> {
+    check_component(src, "name", &m.name)?;
+    check_component(src, "version", &m.version)?;
+    if m.hidden > MAX_WIDTH || m.max_length > MAX_LENGTH {
+        return Err(invalid(src, format!("hidden {} or max_length {} is beyond this appliance's bounds ({MAX_WIDTH}, {MAX_LENGTH})", m.hidden, m.max_length)));
+    }
+    let decoder = matches!(m.architecture.as_str(), "qwen3" | "qwen2" | "llama" | "mistral");
+    let encoder = matches!(m.architecture.as_str(), "bert" | "xlm-roberta");
+    match (decoder, encoder, m.pooling) {
+        (true, _, Pooling::LastToken) | (_, true, Pooling::Cls | Pooling::Mean) => {}
+        (false, false, _) => {
+            return Err(invalid(src, format!("architecture {:?} is not one this appliance serves (bert, xlm-roberta, qwen3, qwen2, llama, mistral)", m.architecture)));
+        }
+        (_, _, p) => {
+            return Err(invalid(src, format!("pooling {p:?} does not fit architecture {:?} (decoders pool the last token; BERT-style encoders pool CLS or the mean)", m.architecture)));
+        }
+    }
+    for f in m.files.keys() {
+        let plain = !f.is_empty() && !f.starts_with('.') && !f.contains(['/', '\\']) && f != care_formats::manifest::MANIFEST_FILE;
+        if !plain {
+            return Err(invalid(src, format!("file name {f:?} in the manifest is not a plain file name")));
+        }
+    }
+    let online = m.files.contains_key(ONNX_FILE);
+    if online && !m.files.contains_key(TOKENIZER_FILE) {
+        return Err(invalid(src, format!("{ONNX_FILE} is listed but {TOKENIZER_FILE} is not; the graph cannot be fed")));
+    }
+    if !online && m.role.encodes_queries() {
+        return Err(invalid(src, format!("a {} model must carry {ONNX_FILE}: queries are encoded online", role_name(m.role))));
+    }
+    Ok(())
+}
+
+fn role_name(r: ModelRole) -> &'static str {
+    match r {
+        ModelRole::Query => "query",
+        ModelRole::Document => "document",
+        ModelRole::Both => "query-and-document",
+    }
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+    let na: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    dot / (na * nb).max(f64::MIN_POSITIVE)
+}
+
+/// Loads the staged graph and, with `parity.json`, compares its vectors with the trainer's.
+fn check_graph(staged: &Path, src: &Path, m: &ModelManifest, cfg: &crate::encoders::ModelConfig) -> Result<(usize, Option<f64>)> {
+    let enc = OrtEncoder::load_with_manifest(staged, m.clone(), cfg).map_err(|e| invalid(src, e.to_string()))?;
+    let kind = if m.role.encodes_queries() { TextKind::Query } else { TextKind::Document };
+    let probe = enc.encode(&["二甲双胍的禁忌症"], kind).map_err(|e| invalid(src, format!("{ONNX_FILE} does not run: {e}")))?;
+    if probe.first().map(Vec::len) != Some(m.width) {
+        return Err(invalid(src, format!("{ONNX_FILE} produces vectors of width {:?}, the manifest says {}", probe.first().map(Vec::len), m.width)));
+    }
+    let path = staged.join(PARITY_FILE);
+    if !path.exists() {
+        return Ok((0, None));
+    }
+    let size = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?.len();
+    if size > MAX_PARITY_BYTES {
+        return Err(invalid(src, format!("{PARITY_FILE} is {size} bytes, over {MAX_PARITY_BYTES}")));
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let p: ParityFile = serde_json::from_str(&text).map_err(|e| invalid(src, format!("{PARITY_FILE}: {e}")))?;
+    if p.texts.is_empty() || p.texts.len() != p.embeddings.len() || p.texts.len() > MAX_PARITY_TEXTS {
+        return Err(invalid(src, format!("{PARITY_FILE} must hold 1–{MAX_PARITY_TEXTS} texts with one vector each ({} texts, {} vectors)", p.texts.len(), p.embeddings.len())));
+    }
+    let refs: Vec<&str> = p.texts.iter().map(String::as_str).collect();
+    let got = enc.encode(&refs, kind)?;
+    let mut worst = (f64::INFINITY, 0);
+    for (i, (g, want)) in got.iter().zip(&p.embeddings).enumerate() {
+        if want.len() != g.len() {
+            return Err(invalid(src, format!("{PARITY_FILE}: vector {i} has width {}, the model {}", want.len(), g.len())));
+        }
+        let c = cosine(g, want);
+        if c < worst.0 || c.is_nan() {
+            worst = (c, i);
+        }
+    }
+    if !(worst.0 >= PARITY_MIN_COSINE) {
+        return Err(Error::ParityFailed {
+            path: src.to_path_buf(),
+            worst: worst.0,
+            index: worst.1,
+            text: p.texts[worst.1].chars().take(80).collect(),
+            min: PARITY_MIN_COSINE,
+        });
+    }
+    Ok((p.texts.len(), Some(worst.0)))
+}
+
+/// Removes staging folders of imports whose process is gone (a crash between copy and rename).
+pub(crate) fn remove_stale_imports(models: &Path) {
+    let Ok(entries) = std::fs::read_dir(models) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix(".import-").and_then(|r| r.split('-').next()) else { continue };
+        if !Path::new("/proc").join(pid).exists() {
+            tracing::info!(folder = %name, "removing the staging folder of an interrupted model import");
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// A per-process counter, so concurrent imports stage in different folders.
+fn next_staging() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+fn copy_package(src: &Path, dst: &Path, m: &ModelManifest) -> Result<()> {
+    std::fs::create_dir_all(dst).map_err(|e| Error::io(dst, e))?;
+    let extra = [care_formats::manifest::MANIFEST_FILE, PARITY_FILE];
+    for f in m.files.keys().map(String::as_str).chain(extra) {
+        let from = src.join(f);
+        if f == PARITY_FILE && !from.exists() {
+            continue;
+        }
+        std::fs::copy(&from, dst.join(f)).map_err(|e| Error::io(&from, e))?;
+    }
+    Ok(())
+}
+
+impl Engine {
+    /// Verifies the package folder `src` and registers a copy of it (see the module docs). Admins only.
+    pub fn import_model_as(&self, actor: &Actor, src: &Path) -> Result<ImportReport> {
+        actor.require_admin()?;
+        let m = ModelManifest::load(src).map_err(|e| manifest_err(src, e))?;
+        check_manifest(src, &m)?;
+        m.verify_files(src).map_err(|e| manifest_err(src, e))?;
+        if models::find(&self.store, &format!("{}@{}", m.name, m.version)).is_ok() {
+            return Err(Error::InvalidInput(format!(
+                "model {}@{} is already registered; give the new package another version",
+                m.name, m.version
+            )));
+        }
+        let final_dir = self.dir.models().join(&m.name).join(&m.version);
+        // A folder without a registry row is what an import interrupted between rename and commit leaves.
+        if final_dir.exists() {
+            std::fs::remove_dir_all(&final_dir).map_err(|e| Error::io(&final_dir, e))?;
+        }
+        let staged = self.dir.models().join(format!(".import-{}-{}", std::process::id(), next_staging()));
+        let result = self.stage_and_register(actor, src, &m, &staged, &final_dir);
+        let _ = std::fs::remove_dir_all(&staged);
+        result
+    }
+
+    fn stage_and_register(
+        &self,
+        actor: &Actor,
+        src: &Path,
+        m: &ModelManifest,
+        staged: &Path,
+        final_dir: &PathBuf,
+    ) -> Result<ImportReport> {
+        copy_package(src, staged, m)?;
+        // Hash the copy too: the source may change while it is read, and the copy is what will be served.
+        m.verify_files(staged).map_err(|e| manifest_err(src, e))?;
+        let online = m.files.contains_key(ONNX_FILE);
+        let (parity_texts, parity_min_cosine) =
+            if online { check_graph(staged, src, m, &self.cfg.model)? } else { (0, None) };
+        std::fs::create_dir_all(final_dir.parent().unwrap_or(final_dir)).map_err(|e| Error::io(final_dir, e))?;
+        std::fs::rename(staged, final_dir).map_err(|e| Error::io(final_dir, e))?;
+        let detail = serde_json::json!({
+            "model": format!("{}@{}", m.name, m.version), "role": role_name(m.role), "pairing_id": m.pairing_id,
+            "width": m.width, "online": online, "source": src.display().to_string(),
+            "parity_texts": parity_texts, "parity_min_cosine": parity_min_cosine,
+        });
+        match models::register_audited(&self.store, final_dir, m, &actor.name, &detail) {
+            Ok(model) => Ok(ImportReport { model, online, parity_texts, parity_min_cosine }),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(final_dir);
+                Err(e)
+            }
+        }
+    }
+}
+
+// -- evaluation, the gate, promotion and rollback ---------------------------------------------------------------
+
+/// A metric of the live and the candidate pair over the same queries, with paired-bootstrap 95 % intervals.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Compared {
+    pub live: f64,
+    pub candidate: f64,
+    pub candidate_lo: f64,
+    pub candidate_hi: f64,
+    /// candidate − live, and its interval.
+    pub gain: f64,
+    pub gain_lo: f64,
+    pub gain_hi: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CollectionEvaluation {
+    pub collection: String,
+    pub eval_queries: usize,
+    pub train_queries: usize,
+    /// Dense weight of weighted fusion fitted on the training part, per pair.
+    pub live_dense_weight: f32,
+    pub candidate_dense_weight: f32,
+    pub ndcg_at_10: Compared,
+    pub mrr_at_10: Compared,
+    pub recall_at_100: Compared,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EncodeLatency {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EvaluationReport {
+    pub id: i64,
+    pub candidate: String,
+    pub live: String,
+    pub created_at: String,
+    pub created_by: String,
+    pub collections: Vec<CollectionEvaluation>,
+    /// Over every evaluation query of every collection.
+    pub overall_ndcg_at_10: Compared,
+    pub live_encode: EncodeLatency,
+    pub candidate_encode: EncodeLatency,
+    pub gate_margin: f64,
+    pub max_latency_ratio: f64,
+    pub bootstrap_samples: usize,
+    pub passed: bool,
+    /// Why the gate decided as it did (Chinese for the console, with the figures).
+    pub reasons: Vec<String>,
+}
+
+/// Parses `Q@v,D@v` (or one `M@v` that encodes both sides).
+fn parse_pair(spec: &str) -> Result<(String, String)> {
+    let parts: Vec<&str> = spec.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    match parts.as_slice() {
+        [q, d] => Ok((q.to_string(), d.to_string())),
+        [both] => Ok((both.to_string(), both.to_string())),
+        _ => Err(Error::InvalidInput(format!(
+            "模型组合格式应为 查询模型@版本,文档模型@版本 (expected QUERY@VERSION,DOCUMENT@VERSION, got {spec:?})"
+        ))),
+    }
+}
+
+fn spec(m: &ModelRecord) -> String {
+    format!("{}@{}", m.name, m.version)
+}
+
+fn pair_spec(p: &ActivePair) -> String {
+    format!("{},{}", spec(&p.query), spec(&p.document))
+}
+
+/// Percentile of sorted values (nearest rank).
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// Paired bootstrap over queries: `live[i]` and `cand[i]` are the same query's metric under each pair.
+fn compare(live: &[f64], cand: &[f64], samples: usize, seed: u64) -> Compared {
+    let n = live.len();
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len().max(1) as f64;
+    let (mut gains, mut cands) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
+    let mut state = seed | 1;
+    for _ in 0..samples {
+        let (mut g, mut c) = (0.0, 0.0);
+        for _ in 0..n {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let i = (state % n.max(1) as u64) as usize;
+            g += cand[i] - live[i];
+            c += cand[i];
+        }
+        gains.push(g / n.max(1) as f64);
+        cands.push(c / n.max(1) as f64);
+    }
+    gains.sort_by(f64::total_cmp);
+    cands.sort_by(f64::total_cmp);
+    let (l, c) = (mean(live), mean(cand));
+    Compared {
+        live: l,
+        candidate: c,
+        candidate_lo: percentile(&cands, 0.025),
+        candidate_hi: percentile(&cands, 0.975),
+        gain: c - l,
+        gain_lo: percentile(&gains, 0.025),
+        gain_hi: percentile(&gains, 0.975),
+    }
+}
+
+/// One pair's per-query metrics on a collection's evaluation part, its fitted weight and its encode latencies.
+struct PairRun {
+    weight: f32,
+    per_query: Vec<[f64; 3]>,
+    encode_ms: Vec<f64>,
+}
+
+impl Engine {
+    /// Candidate lists of `set`'s queries under `pair` (queries encoded one at a time, as a search does; each
+    /// encode timed).
+    fn pair_candidates(
+        &self,
+        pair: &ActivePair,
+        set: &crate::eval::BeirSet,
+        col: &crate::store::Collection,
+        encode_ms: &mut Vec<f64>,
+    ) -> Result<crate::eval::Candidates2> {
+        let enc = self.encoder(&pair.query)?;
+        let names = [col.name.clone()];
+        let mut lists = Vec::with_capacity(set.queries.len());
+        for (qid, text) in &set.queries {
+            let t = std::time::Instant::now();
+            let v = enc.encode(&[text.as_str()], TextKind::Query)?;
+            encode_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            let bm25 = self
+                .lexical
+                .search(text, Some(&names), 100, self.cfg.search.title_boost)?
+                .into_iter()
+                .map(|h| (h.chunk_id, h.document_id, h.score))
+                .collect();
+            let dense = self
+                .dense_search_in(&v[0], &pair.query, &pair.document, std::slice::from_ref(col), 100)?
+                .into_iter()
+                .map(|h| (h.chunk_id, h.document_id, h.score))
+                .collect();
+            lists.push(crate::eval::Candidates { qid: qid.clone(), bm25, dense });
+        }
+        let doc_names = crate::eval::document_names(self, col.id)?;
+        Ok(crate::eval::Candidates2 { lists, doc_names, has_dense: true })
+    }
+
+    fn run_pair(
+        &self,
+        pair: &ActivePair,
+        col: &crate::store::Collection,
+        train: &crate::eval::BeirSet,
+        eval: &crate::eval::BeirSet,
+    ) -> Result<PairRun> {
+        let mut encode_ms = Vec::new();
+        let weight = if train.queries.is_empty() {
+            self.fusion_for(col.id)?.dense_weight
+        } else {
+            self.pair_candidates(pair, train, col, &mut Vec::new())?.tune(train).0
+        };
+        let c = self.pair_candidates(pair, eval, col, &mut encode_ms)?;
+        Ok(PairRun { weight, per_query: c.per_query(eval, crate::fusion::Method::Weighted, weight), encode_ms })
+    }
+
+    /// Scores the candidate pair `Q@v,D@v` against the live pair on every collection's evaluation part, through
+    /// the appliance's own hybrid search (weighted fusion, weight re-fitted per pair on the training part), and
+    /// stores the report with the gate's verdict. A candidate document model is embedded into its own tables
+    /// first; the live pair keeps serving meanwhile.
+    pub fn evaluate_as(
+        &self,
+        actor: &Actor,
+        candidate: &str,
+        progress: &mut dyn FnMut(crate::hybrid::DenseProgress),
+    ) -> Result<EvaluationReport> {
+        actor.require_admin()?;
+        let live = models::active(&self.store)?
+            .ok_or_else(|| Error::InvalidInput("没有在用的模型 (no live model pair to compare with)".into()))?;
+        let (q, d) = parse_pair(candidate)?;
+        let cand = ActivePair { query: models::find(&self.store, &q)?, document: models::find(&self.store, &d)? };
+        models::check_pair(&cand.query, &cand.document)?;
+        self.prepare_document_model(&cand.document, progress)?;
+        let lc = &self.cfg.lifecycle;
+        let mut collections = Vec::new();
+        let (mut all_live, mut all_cand) = (Vec::new(), Vec::new());
+        let (mut live_ms, mut cand_ms) = (Vec::new(), Vec::new());
+        for col in self.store.collection_list()? {
+            let eval = self.judged(col.id, "eval")?.all.scorable();
+            if eval.queries.is_empty() {
+                continue;
+            }
+            let train = self.judged(col.id, "train")?.all.scorable();
+            let (train, eval) = (train.as_beir("train"), eval.as_beir("eval"));
+            let l = self.run_pair(&live, &col, &train, &eval)?;
+            let c = self.run_pair(&cand, &col, &train, &eval)?;
+            let metric = |k: usize| {
+                let (a, b): (Vec<f64>, Vec<f64>) = l.per_query.iter().zip(&c.per_query).map(|(x, y)| (x[k], y[k])).unzip();
+                compare(&a, &b, lc.bootstrap_samples, 0x5eed + k as u64)
+            };
+            collections.push(CollectionEvaluation {
+                collection: col.name.clone(),
+                eval_queries: eval.queries.len(),
+                train_queries: train.queries.len(),
+                live_dense_weight: l.weight,
+                candidate_dense_weight: c.weight,
+                ndcg_at_10: metric(0),
+                mrr_at_10: metric(1),
+                recall_at_100: metric(2),
+            });
+            all_live.extend(l.per_query.iter().map(|x| x[0]));
+            all_cand.extend(c.per_query.iter().map(|x| x[0]));
+            live_ms.extend(l.encode_ms);
+            cand_ms.extend(c.encode_ms);
+        }
+        if collections.is_empty() {
+            return Err(Error::InvalidInput(
+                "没有可用于评测的标注查询：请先导入评测集 (no collection has judged evaluation queries; import a judgment \
+                 set with `care judgments import` or collect clinician feedback first)"
+                    .into(),
+            ));
+        }
+        let overall = compare(&all_live, &all_cand, lc.bootstrap_samples, 0x5eed);
+        let lat = |mut xs: Vec<f64>| {
+            xs.sort_by(f64::total_cmp);
+            EncodeLatency { p50_ms: percentile(&xs, 0.5), p99_ms: percentile(&xs, 0.99) }
+        };
+        let (live_encode, candidate_encode) = (lat(live_ms), lat(cand_ms));
+        let quality_ok = overall.gain_lo > lc.gate_margin;
+        let latency_ok = candidate_encode.p99_ms <= live_encode.p99_ms * lc.max_latency_ratio;
+        let reasons = vec![
+            format!(
+                "nDCG@10 提升 {:+.4}，95% 区间下限 {:+.4} {} 门槛 {:+.4}",
+                overall.gain,
+                overall.gain_lo,
+                if quality_ok { "高于" } else { "未高于" },
+                lc.gate_margin
+            ),
+            format!(
+                "查询编码 p99 {:.2} ms，在用模型 {:.2} ms，上限 {:.2} ms（{}）",
+                candidate_encode.p99_ms,
+                live_encode.p99_ms,
+                live_encode.p99_ms * lc.max_latency_ratio,
+                if latency_ok { "满足" } else { "超出" }
+            ),
+        ];
+        let mut report = EvaluationReport {
+            id: 0,
+            candidate: pair_spec(&cand),
+            live: pair_spec(&live),
+            created_at: crate::store::now(),
+            created_by: actor.name.clone(),
+            collections,
+            overall_ndcg_at_10: overall,
+            live_encode,
+            candidate_encode,
+            gate_margin: lc.gate_margin,
+            max_latency_ratio: lc.max_latency_ratio,
+            bootstrap_samples: lc.bootstrap_samples,
+            passed: quality_ok && latency_ok,
+            reasons,
+        };
+        report.id = self.store_evaluation(actor, &cand, &report)?;
+        Ok(report)
+    }
+
+    fn store_evaluation(&self, actor: &Actor, cand: &ActivePair, r: &EvaluationReport) -> Result<i64> {
+        let svg = evaluation_chart(r);
+        let mut conn = self.store.conn();
+        let tx = conn.transaction()?;
+        tx.execute(
+            "INSERT INTO model_evaluations (query_model_id, document_model_id, baseline, passed, report, chart_svg, \
+             created_by, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            rusqlite::params![
+                cand.query.id,
+                cand.document.id,
+                r.live,
+                r.passed,
+                serde_json::to_string(r).map_err(|e| Error::Internal(e.to_string()))?,
+                svg,
+                actor.name,
+                r.created_at
+            ],
+        )?;
+        let id = tx.last_insert_rowid();
+        crate::audit::append(
+            &tx,
+            &actor.name,
+            "model.evaluate",
+            &serde_json::json!({"evaluation": id, "candidate": r.candidate, "live": r.live, "passed": r.passed,
+                "ndcg_gain": r.overall_ndcg_at_10.gain, "ndcg_gain_lo": r.overall_ndcg_at_10.gain_lo}),
+        )?;
+        tx.commit()?;
+        Ok(id)
+    }
+
+    /// Stored evaluations, newest first (reports with their chart).
+    pub fn evaluations_as(&self, actor: &Actor, limit: usize) -> Result<Vec<(EvaluationReport, String)>> {
+        actor.require_admin()?;
+        let conn = self.store.reader();
+        let mut stmt =
+            conn.prepare("SELECT id, report, chart_svg FROM model_evaluations ORDER BY id DESC LIMIT ?1")?;
+        let rows = stmt.query_map([limit.min(1000) as i64], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, json, svg) = row?;
+            let mut rep: EvaluationReport =
+                serde_json::from_str(&json).map_err(|e| Error::Internal(format!("evaluation {id}: {e}")))?;
+            rep.id = id;
+            out.push((rep, svg));
+        }
+        Ok(out)
+    }
+
+    /// Makes the candidate pair live. It must have passed its latest evaluation against the pair live now, unless
+    /// an admin overrides the gate with a reason. When the document model changes, every collection is embedded
+    /// into the candidate's own tables first while the live pair keeps serving; the switch itself is one
+    /// transaction.
+    pub fn promote_as(
+        &self,
+        actor: &Actor,
+        candidate: &str,
+        override_reason: Option<&str>,
+        progress: &mut dyn FnMut(crate::hybrid::DenseProgress),
+    ) -> Result<ActivePair> {
+        actor.require_admin()?;
+        let (q, d) = parse_pair(candidate)?;
+        let cand = ActivePair { query: models::find(&self.store, &q)?, document: models::find(&self.store, &d)? };
+        models::check_pair(&cand.query, &cand.document)?;
+        let live = models::active(&self.store)?.map(|p| pair_spec(&p)).unwrap_or_default();
+        let verdict: Option<bool> = self
+            .store
+            .reader()
+            .query_row(
+                "SELECT passed FROM model_evaluations WHERE query_model_id = ?1 AND document_model_id = ?2 \
+                 AND baseline = ?3 ORDER BY id DESC LIMIT 1",
+                rusqlite::params![cand.query.id, cand.document.id, live],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let reason = override_reason.map(str::trim).unwrap_or("");
+        match verdict {
+            Some(true) => {}
+            _ if !reason.is_empty() => {}
+            Some(false) => {
+                return Err(Error::Forbidden(format!(
+                    "候选模型未通过评测门槛；如确需上线，请填写理由强制上线 ({} failed its evaluation against {live}; \
+                     promote with an override reason to go ahead anyway)",
+                    pair_spec(&cand)
+                )));
+            }
+            None => {
+                return Err(Error::Forbidden(format!(
+                    "候选模型尚未与在用模型对比评测 ({} has no evaluation against the live pair {live}; run \
+                     `care model evaluate --candidate {}` first, or promote with an override reason)",
+                    pair_spec(&cand),
+                    pair_spec(&cand)
+                )));
+            }
+        }
+        self.prepare_document_model(&cand.document, progress)?;
+        let action = if verdict == Some(true) { "model.promote" } else { "model.promote_override" };
+        models::set_active_as(&self.store, &cand.query, &cand.document, &actor.name, action, reason)?;
+        *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        Ok(cand)
+    }
+
+    /// Returns to the pair that was live before the live one. Its tables were kept, so only chunks ingested since
+    /// are embedded before the switch.
+    pub fn rollback_as(&self, actor: &Actor, reason: &str) -> Result<ActivePair> {
+        actor.require_admin()?;
+        let live = models::active(&self.store)?
+            .ok_or_else(|| Error::InvalidInput("没有在用的模型 (no live model pair)".into()))?;
+        let previous = models::history(&self.store, 1000)?
+            .into_iter()
+            .find(|(q, d, _)| (*q, *d) != (live.query.id, live.document.id))
+            .ok_or_else(|| Error::NotFound { what: "可回滚的上一组模型 (a previous model pair to roll back to)".into() })?;
+        let pair = ActivePair { query: models::get(&self.store, previous.0)?, document: models::get(&self.store, previous.1)? };
+        self.prepare_document_model(&pair.document, &mut |_| {})?;
+        models::set_active_as(&self.store, &pair.query, &pair.document, &actor.name, "model.rollback", reason.trim())?;
+        *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        Ok(pair)
+    }
+
+    /// The live-pair history, newest first.
+    pub fn model_history_as(&self, actor: &Actor, limit: usize) -> Result<Vec<models::HistoryEntry>> {
+        actor.require_admin()?;
+        Ok(models::history(&self.store, limit.min(1000))?.into_iter().map(|h| h.2).collect())
+    }
+}
+
+/// The report's chart: live against candidate per collection and metric.
+pub fn evaluation_chart(r: &EvaluationReport) -> String {
+    let mut rows = Vec::new();
+    for c in &r.collections {
+        for (name, m) in [("nDCG@10", &c.ndcg_at_10), ("MRR@10", &c.mrr_at_10), ("Recall@100", &c.recall_at_100)] {
+            rows.push((format!("{} {name}", c.collection), vec![m.live, m.candidate, m.candidate_lo, m.candidate_hi]));
+        }
+    }
+    let title = format!(
+        "{} vs live {}: nDCG@10 gain {:+.4} [{:+.4}, {:+.4}] — {}",
+        r.candidate,
+        r.live,
+        r.overall_ndcg_at_10.gain,
+        r.overall_ndcg_at_10.gain_lo,
+        r.overall_ndcg_at_10.gain_hi,
+        if r.passed { "passed" } else { "gated out" }
+    );
+    crate::chart::grouped_bars(&title, "", &["live", "candidate", "candidate 2.5%", "candidate 97.5%"], &rows)
+}
