@@ -441,7 +441,16 @@ impl Engine {
         depth: usize,
     ) -> Result<Vec<DenseHit>> {
         let Some(pair) = self.active_pair_cached()? else { return Ok(Vec::new()) };
-        self.dense_search_in(qvec, query_model, &pair.document, cols, depth)
+        if pair.query.id == query_model.id {
+            return self.dense_search_in(qvec, query_model, &pair.document, cols, depth);
+        }
+        // The live pair switched between encoding this query and searching: finish the search with the document
+        // model the query encoder was live with (its tables are kept), so a search never fails across a switch.
+        let document = match models::last_document_for(&self.store, query_model.id)? {
+            Some(d) => d,
+            None => pair.document,
+        };
+        self.dense_search_in(qvec, query_model, &document, cols, depth)
     }
 
     /// [`Engine::dense_search`] over the tables of `document_model`, live or not (evaluating a candidate pair).
