@@ -262,12 +262,18 @@ fn authorisation_matrix_and_collection_isolation() {
         ("POST", "/api/v1/admin/models/evaluate"),
         case("/api/v1/admin/models/evaluate", Json(r#"{"candidate":"nope@1,nope@1"}"#), 401, 403, &[400]),
     );
-    m.insert(("GET", "/api/v1/admin/models/evaluations"), case("/api/v1/admin/models/evaluations", Empty, 401, 403, &[200]));
+    m.insert(
+        ("GET", "/api/v1/admin/models/evaluations"),
+        case("/api/v1/admin/models/evaluations", Empty, 401, 403, &[200]),
+    );
     m.insert(
         ("POST", "/api/v1/admin/models/promote"),
         case("/api/v1/admin/models/promote", Json(r#"{"candidate":"nope@1"}"#), 401, 403, &[404]),
     );
-    m.insert(("POST", "/api/v1/admin/models/rollback"), case("/api/v1/admin/models/rollback", Json("{}"), 401, 403, &[400]));
+    m.insert(
+        ("POST", "/api/v1/admin/models/rollback"),
+        case("/api/v1/admin/models/rollback", Json("{}"), 401, 403, &[400]),
+    );
     m.insert(("GET", "/api/v1/admin/models/history"), case("/api/v1/admin/models/history", Empty, 401, 403, &[200]));
     m.insert(("GET", "/api/v1/admin/judgments"), case("/api/v1/admin/judgments", Empty, 401, 403, &[200]));
     // A Markdown file is neither CSV nor BEIR: refused with a message naming both.

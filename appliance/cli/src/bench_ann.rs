@@ -69,8 +69,9 @@ pub fn run(base: &EngineConfig, set_dir: &Path, reuse: &Path, queries: usize, a:
     let mut cfg = base.clone();
     cfg.storage.data_dir = reuse.to_path_buf();
     cfg.model.threads = 1;
-    let e = Engine::open(cfg.clone(), OpenMode::Existing)
-        .with_context(|| format!("{} is not a prepared benchmark directory (run care bench --reuse first)", reuse.display()))?;
+    let e = Engine::open(cfg.clone(), OpenMode::Existing).with_context(|| {
+        format!("{} is not a prepared benchmark directory (run care bench --reuse first)", reuse.display())
+    })?;
     e.activate_models("e5-small@1", "e5-small@1", &mut |_| {})?;
     let base_rows = e.dense_vectors("bench")?;
     let Some(width) = base_rows.first().map(|r| r.1.len()) else { bail!("{} holds no dense vectors", reuse.display()) };

@@ -320,8 +320,8 @@ fn print_evaluation(r: &care_engine::lifecycle::EvaluationReport) {
         );
         for (name, m) in [("nDCG@10", &c.ndcg_at_10), ("MRR@10", &c.mrr_at_10), ("Recall@100", &c.recall_at_100)] {
             println!(
-                "    {name:<10} live {:.4}  candidate {:.4} [{:.4}, {:.4}]  gain {:+.4} [{:+.4}, {:+.4}]",
-                m.live, m.candidate, m.candidate_lo, m.candidate_hi, m.gain, m.gain_lo, m.gain_hi
+                "    {name:<10} live {:.4} [{:.4}, {:.4}]  candidate {:.4} [{:.4}, {:.4}]  gain {:+.4} [{:+.4}, {:+.4}]",
+                m.live, m.live_lo, m.live_hi, m.candidate, m.candidate_lo, m.candidate_hi, m.gain, m.gain_lo, m.gain_hi
             );
         }
     }
@@ -829,7 +829,14 @@ fn run(cli: Cli) -> Result<i32> {
                     for s in e.judgment_sets_as(&console(), collection.as_deref())? {
                         println!(
                             "{:<16} {:<16} {:<8} {:>8} judgments  {:>6} train / {:>6} eval queries  {} {}",
-                            s.collection, s.name, s.source, s.judgments, s.train_queries, s.eval_queries, s.created_by, s.created_at
+                            s.collection,
+                            s.name,
+                            s.source,
+                            s.judgments,
+                            s.train_queries,
+                            s.eval_queries,
+                            s.created_by,
+                            s.created_at
                         );
                     }
                 }
@@ -986,7 +993,13 @@ fn run_ingest_job(e: &Arc<Engine>, id: i64, json: bool, workers: usize) -> Resul
 }
 
 /// `care collection import-vectors`: verifies, then writes, with a progress bar for each phase.
-fn import_vectors(e: &Engine, collection: &str, from: &std::path::Path, model: Option<&str>, json: bool) -> Result<i32> {
+fn import_vectors(
+    e: &Engine,
+    collection: &str,
+    from: &std::path::Path,
+    model: Option<&str>,
+    json: bool,
+) -> Result<i32> {
     let pb = ProgressBar::new(0);
     pb.set_style(
         ProgressStyle::with_template("{spinner} {msg} {bar:30} {pos}/{len} vectors [{elapsed_precise}, eta {eta}]")

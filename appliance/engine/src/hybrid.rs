@@ -349,8 +349,18 @@ impl Engine {
                          vectors for {missing} chunks of collection '{}'; export them with `care collection export-chunks \
                          {} --pending-for {}@{} --out chunks.jsonl`, embed them with `care-train embed-corpus`, and import \
                          them with `care collection import-vectors {} --from DIR --model {}@{}`)",
-                        document.name, document.version, col.name, document.name, document.version, col.name,
-                        col.name, document.name, document.version, col.name, document.name, document.version
+                        document.name,
+                        document.version,
+                        col.name,
+                        document.name,
+                        document.version,
+                        col.name,
+                        col.name,
+                        document.name,
+                        document.version,
+                        col.name,
+                        document.name,
+                        document.version
                     )));
                 }
             }

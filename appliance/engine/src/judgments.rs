@@ -182,7 +182,10 @@ impl Engine {
             let target = if docs.contains_key(&id) {
                 Some((id, None))
             } else {
-                id.parse::<i64>().ok().and_then(|c| self.store.chunk_document(col.id, c).ok().flatten()).map(|(c, ext)| (ext, Some(c)))
+                id.parse::<i64>()
+                    .ok()
+                    .and_then(|c| self.store.chunk_document(col.id, c).ok().flatten())
+                    .map(|(c, ext)| (ext, Some(c)))
             };
             match target {
                 Some((ext, chunk)) => resolved.push((query, ext, chunk, grade.clamp(0, 100))),
@@ -307,7 +310,8 @@ impl Engine {
             params![col.id, name],
             |r| r.get(0),
         )?;
-        let deleted = tx.execute("DELETE FROM judgment_sets WHERE collection_id = ?1 AND name = ?2", params![col.id, name])?;
+        let deleted =
+            tx.execute("DELETE FROM judgment_sets WHERE collection_id = ?1 AND name = ?2", params![col.id, name])?;
         if deleted == 0 {
             return Err(Error::NotFound { what: format!("judgment set '{name}' of collection '{collection}'") });
         }
@@ -330,8 +334,9 @@ impl Engine {
             "SELECT j.query, j.external_id, j.grade FROM judgments j JOIN judgment_sets s ON s.id = j.set_id \
              WHERE s.collection_id = ?1 AND j.part = ?2",
         )?;
-        let uploaded: Vec<(String, String, i64)> =
-            stmt.query_map(params![collection_id, part], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?.collect::<Result<_, _>>()?;
+        let uploaded: Vec<(String, String, i64)> = stmt
+            .query_map(params![collection_id, part], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .collect::<Result<_, _>>()?;
         let mut stmt = conn.prepare(
             "SELECT f.query, d.external_id, f.helpful FROM feedback f JOIN documents d ON d.id = f.document_id \
              WHERE d.collection_id = ?1",

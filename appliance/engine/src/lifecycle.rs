@@ -18,8 +18,8 @@ use crate::encoders::{OrtEncoder, TextKind};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::models::{self, ActivePair, ModelRecord};
-use rusqlite::OptionalExtension;
 use crate::service::Actor;
+use rusqlite::OptionalExtension;
 
 /// How close ONNX Runtime's vectors must come to the trainer's `parity.json` (the bar; fp32 exports
 /// measure ≥ 0.9999).
@@ -58,14 +58,14 @@ fn invalid(path: &Path, message: impl Into<String>) -> Error {
 
 fn manifest_err(src: &Path, e: care_formats::manifest::ManifestError) -> Error {
     use care_formats::manifest::ManifestError;
-    match e {
-        ManifestError::TooNew { found, .. } => Error::TooNew {
+    if let ManifestError::TooNew { found, .. } = e {
+        return Error::TooNew {
             what: format!("model package {}", src.display()),
             found,
             supported: care_formats::manifest::MANIFEST_FORMAT,
-        },
-        other => invalid(src, other.to_string()),
+        };
     }
+    invalid(src, e.to_string())
 }
 
 /// A name or version usable as one path component and in `name@version` specs.
@@ -77,7 +77,10 @@ fn check_component(src: &Path, what: &str, s: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(invalid(src, format!("{what} {s:?} must be 1–64 characters of a–z, A–Z, 0–9, '.', '_', '-', not starting with '.'")))
+        Err(invalid(
+            src,
+            format!("{what} {s:?} must be 1–64 characters of a–z, A–Z, 0–9, '.', '_', '-', not starting with '.'"),
+        ))
     }
 }
 
@@ -86,31 +89,58 @@ pub fn check_manifest(src: &Path, m: &ModelManifest) -> Result<()> {
     check_component(src, "name", &m.name)?;
     check_component(src, "version", &m.version)?;
     if m.hidden > MAX_WIDTH || m.max_length > MAX_LENGTH {
-        return Err(invalid(src, format!("hidden {} or max_length {} is beyond this appliance's bounds ({MAX_WIDTH}, {MAX_LENGTH})", m.hidden, m.max_length)));
+        return Err(invalid(
+            src,
+            format!(
+                "hidden {} or max_length {} is beyond this appliance's bounds ({MAX_WIDTH}, {MAX_LENGTH})",
+                m.hidden, m.max_length
+            ),
+        ));
     }
     let decoder = matches!(m.architecture.as_str(), "qwen3" | "qwen2" | "llama" | "mistral");
     let encoder = matches!(m.architecture.as_str(), "bert" | "xlm-roberta");
     match (decoder, encoder, m.pooling) {
         (true, _, Pooling::LastToken) | (_, true, Pooling::Cls | Pooling::Mean) => {}
         (false, false, _) => {
-            return Err(invalid(src, format!("architecture {:?} is not one this appliance serves (bert, xlm-roberta, qwen3, qwen2, llama, mistral)", m.architecture)));
+            return Err(invalid(
+                src,
+                format!(
+                    "architecture {:?} is not one this appliance serves (bert, xlm-roberta, qwen3, qwen2, llama, mistral)",
+                    m.architecture
+                ),
+            ));
         }
         (_, _, p) => {
-            return Err(invalid(src, format!("pooling {p:?} does not fit architecture {:?} (decoders pool the last token; BERT-style encoders pool CLS or the mean)", m.architecture)));
+            return Err(invalid(
+                src,
+                format!(
+                    "pooling {p:?} does not fit architecture {:?} (decoders pool the last token; BERT-style encoders pool CLS or the mean)",
+                    m.architecture
+                ),
+            ));
         }
     }
     for f in m.files.keys() {
-        let plain = !f.is_empty() && !f.starts_with('.') && !f.contains(['/', '\\']) && f != care_formats::manifest::MANIFEST_FILE;
+        let plain = !f.is_empty()
+            && !f.starts_with('.')
+            && !f.contains(['/', '\\'])
+            && f != care_formats::manifest::MANIFEST_FILE;
         if !plain {
             return Err(invalid(src, format!("file name {f:?} in the manifest is not a plain file name")));
         }
     }
     let online = m.files.contains_key(ONNX_FILE);
     if online && !m.files.contains_key(TOKENIZER_FILE) {
-        return Err(invalid(src, format!("{ONNX_FILE} is listed but {TOKENIZER_FILE} is not; the graph cannot be fed")));
+        return Err(invalid(
+            src,
+            format!("{ONNX_FILE} is listed but {TOKENIZER_FILE} is not; the graph cannot be fed"),
+        ));
     }
     if !online && m.role.encodes_queries() {
-        return Err(invalid(src, format!("a {} model must carry {ONNX_FILE}: queries are encoded online", role_name(m.role))));
+        return Err(invalid(
+            src,
+            format!("a {} model must carry {ONNX_FILE}: queries are encoded online", role_name(m.role)),
+        ));
     }
     Ok(())
 }
@@ -131,12 +161,25 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
 }
 
 /// Loads the staged graph and, with `parity.json`, compares its vectors with the trainer's.
-fn check_graph(staged: &Path, src: &Path, m: &ModelManifest, cfg: &crate::encoders::ModelConfig) -> Result<(usize, Option<f64>)> {
+fn check_graph(
+    staged: &Path,
+    src: &Path,
+    m: &ModelManifest,
+    cfg: &crate::encoders::ModelConfig,
+) -> Result<(usize, Option<f64>)> {
     let enc = OrtEncoder::load_with_manifest(staged, m.clone(), cfg).map_err(|e| invalid(src, e.to_string()))?;
     let kind = if m.role.encodes_queries() { TextKind::Query } else { TextKind::Document };
-    let probe = enc.encode(&["二甲双胍的禁忌症"], kind).map_err(|e| invalid(src, format!("{ONNX_FILE} does not run: {e}")))?;
+    let probe =
+        enc.encode(&["二甲双胍的禁忌症"], kind).map_err(|e| invalid(src, format!("{ONNX_FILE} does not run: {e}")))?;
     if probe.first().map(Vec::len) != Some(m.width) {
-        return Err(invalid(src, format!("{ONNX_FILE} produces vectors of width {:?}, the manifest says {}", probe.first().map(Vec::len), m.width)));
+        return Err(invalid(
+            src,
+            format!(
+                "{ONNX_FILE} produces vectors of width {:?}, the manifest says {}",
+                probe.first().map(Vec::len),
+                m.width
+            ),
+        ));
     }
     let path = staged.join(PARITY_FILE);
     if !path.exists() {
@@ -149,21 +192,32 @@ fn check_graph(staged: &Path, src: &Path, m: &ModelManifest, cfg: &crate::encode
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
     let p: ParityFile = serde_json::from_str(&text).map_err(|e| invalid(src, format!("{PARITY_FILE}: {e}")))?;
     if p.texts.is_empty() || p.texts.len() != p.embeddings.len() || p.texts.len() > MAX_PARITY_TEXTS {
-        return Err(invalid(src, format!("{PARITY_FILE} must hold 1–{MAX_PARITY_TEXTS} texts with one vector each ({} texts, {} vectors)", p.texts.len(), p.embeddings.len())));
+        return Err(invalid(
+            src,
+            format!(
+                "{PARITY_FILE} must hold 1–{MAX_PARITY_TEXTS} texts with one vector each ({} texts, {} vectors)",
+                p.texts.len(),
+                p.embeddings.len()
+            ),
+        ));
     }
     let refs: Vec<&str> = p.texts.iter().map(String::as_str).collect();
     let got = enc.encode(&refs, kind)?;
     let mut worst = (f64::INFINITY, 0);
     for (i, (g, want)) in got.iter().zip(&p.embeddings).enumerate() {
         if want.len() != g.len() {
-            return Err(invalid(src, format!("{PARITY_FILE}: vector {i} has width {}, the model {}", want.len(), g.len())));
+            return Err(invalid(
+                src,
+                format!("{PARITY_FILE}: vector {i} has width {}, the model {}", want.len(), g.len()),
+            ));
         }
         let c = cosine(g, want);
         if c < worst.0 || c.is_nan() {
             worst = (c, i);
         }
     }
-    if !(worst.0 >= PARITY_MIN_COSINE) {
+    // NaN (a degenerate vector) fails too.
+    if worst.0.is_nan() || worst.0 < PARITY_MIN_COSINE {
         return Err(Error::ParityFailed {
             path: src.to_path_buf(),
             worst: worst.0,
@@ -269,6 +323,10 @@ impl Engine {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Compared {
     pub live: f64,
+    #[serde(default)]
+    pub live_lo: f64,
+    #[serde(default)]
+    pub live_hi: f64,
     pub candidate: f64,
     pub candidate_lo: f64,
     pub candidate_hi: f64,
@@ -352,7 +410,8 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 fn compare(live: &[f64], cand: &[f64], samples: usize, seed: u64) -> Compared {
     let n = live.len();
     let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len().max(1) as f64;
-    let (mut gains, mut cands) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
+    let (mut gains, mut cands, mut lives) =
+        (Vec::with_capacity(samples), Vec::with_capacity(samples), Vec::with_capacity(samples));
     let mut state = seed | 1;
     for _ in 0..samples {
         let (mut g, mut c) = (0.0, 0.0);
@@ -366,12 +425,16 @@ fn compare(live: &[f64], cand: &[f64], samples: usize, seed: u64) -> Compared {
         }
         gains.push(g / n.max(1) as f64);
         cands.push(c / n.max(1) as f64);
+        lives.push((c - g) / n.max(1) as f64);
     }
-    gains.sort_by(f64::total_cmp);
-    cands.sort_by(f64::total_cmp);
+    for xs in [&mut gains, &mut cands, &mut lives] {
+        xs.sort_by(f64::total_cmp);
+    }
     let (l, c) = (mean(live), mean(cand));
     Compared {
         live: l,
+        live_lo: percentile(&lives, 0.025),
+        live_hi: percentile(&lives, 0.975),
         candidate: c,
         candidate_lo: percentile(&cands, 0.025),
         candidate_hi: percentile(&cands, 0.975),
@@ -470,7 +533,8 @@ impl Engine {
             let l = self.run_pair(&live, &col, &train, &eval)?;
             let c = self.run_pair(&cand, &col, &train, &eval)?;
             let metric = |k: usize| {
-                let (a, b): (Vec<f64>, Vec<f64>) = l.per_query.iter().zip(&c.per_query).map(|(x, y)| (x[k], y[k])).unzip();
+                let (a, b): (Vec<f64>, Vec<f64>) =
+                    l.per_query.iter().zip(&c.per_query).map(|(x, y)| (x[k], y[k])).unzip();
                 compare(&a, &b, lc.bootstrap_samples, 0x5eed + k as u64)
             };
             collections.push(CollectionEvaluation {
@@ -573,8 +637,7 @@ impl Engine {
     pub fn evaluations_as(&self, actor: &Actor, limit: usize) -> Result<Vec<(EvaluationReport, String)>> {
         actor.require_admin()?;
         let conn = self.store.reader();
-        let mut stmt =
-            conn.prepare("SELECT id, report, chart_svg FROM model_evaluations ORDER BY id DESC LIMIT ?1")?;
+        let mut stmt = conn.prepare("SELECT id, report, chart_svg FROM model_evaluations ORDER BY id DESC LIMIT ?1")?;
         let rows = stmt.query_map([limit.min(1000) as i64], |r| {
             Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
         })?;
@@ -651,8 +714,13 @@ impl Engine {
         let previous = models::history(&self.store, 1000)?
             .into_iter()
             .find(|(q, d, _)| (*q, *d) != (live.query.id, live.document.id))
-            .ok_or_else(|| Error::NotFound { what: "可回滚的上一组模型 (a previous model pair to roll back to)".into() })?;
-        let pair = ActivePair { query: models::get(&self.store, previous.0)?, document: models::get(&self.store, previous.1)? };
+            .ok_or_else(|| Error::NotFound {
+                what: "可回滚的上一组模型 (a previous model pair to roll back to)".into(),
+            })?;
+        let pair = ActivePair {
+            query: models::get(&self.store, previous.0)?,
+            document: models::get(&self.store, previous.1)?,
+        };
         self.prepare_document_model(&pair.document, &mut |_| {})?;
         models::set_active_as(&self.store, &pair.query, &pair.document, &actor.name, "model.rollback", reason.trim())?;
         *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;

@@ -297,7 +297,9 @@ pub fn history(store: &Store, limit: usize) -> Result<Vec<(i64, i64, HistoryEntr
 pub fn last_document_for(store: &Store, query_id: i64) -> Result<Option<ModelRecord>> {
     let conn = store.reader();
     let id: Option<i64> = conn
-        .prepare_cached("SELECT document_model_id FROM model_history WHERE query_model_id = ?1 ORDER BY id DESC LIMIT 1")?
+        .prepare_cached(
+            "SELECT document_model_id FROM model_history WHERE query_model_id = ?1 ORDER BY id DESC LIMIT 1",
+        )?
         .query_row([query_id], |r| r.get(0))
         .optional()?;
     id.map(|id| get_on(&conn, id)).transpose()

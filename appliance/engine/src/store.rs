@@ -359,9 +359,8 @@ impl Store {
     /// External id → document id of a collection's live documents.
     pub fn document_external_ids(&self, collection_id: i64) -> Result<std::collections::HashMap<String, i64>> {
         let conn = self.reader();
-        let mut stmt = conn.prepare(
-            "SELECT external_id, id FROM documents WHERE collection_id = ?1 AND state != 'deleting'",
-        )?;
+        let mut stmt =
+            conn.prepare("SELECT external_id, id FROM documents WHERE collection_id = ?1 AND state != 'deleting'")?;
         let rows = stmt.query_map([collection_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
         Ok(rows.collect::<Result<_, _>>()?)
     }

@@ -28,8 +28,8 @@ use sha2::{Digest, Sha256};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::hybrid::embedding_text;
-use crate::models::ModelRecord;
 use crate::models;
+use crate::models::ModelRecord;
 use crate::store::{ChunkRow, now};
 
 /// How far an imported vector's L2 norm may be from 1 (f32 vectors written at a truncated width and renormalised
@@ -125,7 +125,9 @@ impl Engine {
             Some(spec) => models::find(&self.store, spec)?,
             None => {
                 models::active(&self.store)?
-                    .ok_or_else(|| Error::InvalidInput("no live model pair; name the document model with --model".into()))?
+                    .ok_or_else(|| {
+                        Error::InvalidInput("no live model pair; name the document model with --model".into())
+                    })?
                     .document
             }
         };

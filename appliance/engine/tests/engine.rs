@@ -486,29 +486,110 @@ mod model_import {
         type Damage = fn(&Path);
         let cases: Vec<(&str, Damage, ErrorCode)> = vec![
             ("tampered weights", |d| overwrite(&d.join("model.onnx"), b"not a graph"), ErrorCode::InvalidPackage),
-            ("missing tokenizer", |d| std::fs::remove_file(d.join("tokenizer.json")).unwrap(), ErrorCode::InvalidPackage),
+            (
+                "missing tokenizer",
+                |d| std::fs::remove_file(d.join("tokenizer.json")).unwrap(),
+                ErrorCode::InvalidPackage,
+            ),
             ("no manifest", |d| std::fs::remove_file(d.join("manifest.toml")).unwrap(), ErrorCode::InvalidPackage),
-            ("newer format", |d| edit_manifest(d, |t| { t.insert("format".into(), 99.into()); }), ErrorCode::IncompatibleVersion),
-            ("pooling against architecture", |d| edit_manifest(d, |t| { t.insert("pooling".into(), "last-token".into()); }), ErrorCode::InvalidPackage),
-            ("unknown role", |d| edit_manifest(d, |t| { t.insert("role".into(), "reranker".into()); }), ErrorCode::InvalidPackage),
-            ("no text placeholder", |d| edit_manifest(d, |t| { t.insert("query_template".into(), "query: ".into()); }), ErrorCode::InvalidPackage),
-            ("empty pairing id", |d| edit_manifest(d, |t| { t.insert("pairing_id".into(), " ".into()); }), ErrorCode::InvalidPackage),
-            ("path in a version", |d| edit_manifest(d, |t| { t.insert("version".into(), "../../etc".into()); }), ErrorCode::InvalidPackage),
-            ("width beyond the graph", |d| edit_manifest(d, |t| { t.insert("width".into(), 512.into()); t.insert("hidden".into(), 512.into()); }), ErrorCode::InvalidPackage),
-            ("query model without a graph", |d| edit_manifest(d, |t| {
-                t["files"].as_table_mut().unwrap().remove("model.onnx");
-            }), ErrorCode::InvalidPackage),
-            ("file outside the package", |d| edit_manifest(d, |t| {
-                t["files"].as_table_mut().unwrap().insert("../manifest.toml".into(), "00".into());
-            }), ErrorCode::InvalidPackage),
-            ("parity vectors of other weights", |d| {
-                let p = d.join("parity.json");
-                let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
-                let e = v["embeddings"].as_array_mut().unwrap();
-                e.rotate_left(1);
-                std::fs::write(&p, v.to_string()).unwrap();
-            }, ErrorCode::ParityFailed),
-            ("truncated parity file", |d| std::fs::write(d.join("parity.json"), b"{\"texts\": [").unwrap(), ErrorCode::InvalidPackage),
+            (
+                "newer format",
+                |d| {
+                    edit_manifest(d, |t| {
+                        t.insert("format".into(), 99.into());
+                    })
+                },
+                ErrorCode::IncompatibleVersion,
+            ),
+            (
+                "pooling against architecture",
+                |d| {
+                    edit_manifest(d, |t| {
+                        t.insert("pooling".into(), "last-token".into());
+                    })
+                },
+                ErrorCode::InvalidPackage,
+            ),
+            (
+                "unknown role",
+                |d| {
+                    edit_manifest(d, |t| {
+                        t.insert("role".into(), "reranker".into());
+                    })
+                },
+                ErrorCode::InvalidPackage,
+            ),
+            (
+                "no text placeholder",
+                |d| {
+                    edit_manifest(d, |t| {
+                        t.insert("query_template".into(), "query: ".into());
+                    })
+                },
+                ErrorCode::InvalidPackage,
+            ),
+            (
+                "empty pairing id",
+                |d| {
+                    edit_manifest(d, |t| {
+                        t.insert("pairing_id".into(), " ".into());
+                    })
+                },
+                ErrorCode::InvalidPackage,
+            ),
+            (
+                "path in a version",
+                |d| {
+                    edit_manifest(d, |t| {
+                        t.insert("version".into(), "../../etc".into());
+                    })
+                },
+                ErrorCode::InvalidPackage,
+            ),
+            (
+                "width beyond the graph",
+                |d| {
+                    edit_manifest(d, |t| {
+                        t.insert("width".into(), 512.into());
+                        t.insert("hidden".into(), 512.into());
+                    })
+                },
+                ErrorCode::InvalidPackage,
+            ),
+            (
+                "query model without a graph",
+                |d| {
+                    edit_manifest(d, |t| {
+                        t["files"].as_table_mut().unwrap().remove("model.onnx");
+                    })
+                },
+                ErrorCode::InvalidPackage,
+            ),
+            (
+                "file outside the package",
+                |d| {
+                    edit_manifest(d, |t| {
+                        t["files"].as_table_mut().unwrap().insert("../manifest.toml".into(), "00".into());
+                    })
+                },
+                ErrorCode::InvalidPackage,
+            ),
+            (
+                "parity vectors of other weights",
+                |d| {
+                    let p = d.join("parity.json");
+                    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+                    let e = v["embeddings"].as_array_mut().unwrap();
+                    e.rotate_left(1);
+                    std::fs::write(&p, v.to_string()).unwrap();
+                },
+                ErrorCode::ParityFailed,
+            ),
+            (
+                "truncated parity file",
+                |d| std::fs::write(d.join("parity.json"), b"{\"texts\": [").unwrap(),
+                ErrorCode::InvalidPackage,
+            ),
         ];
         let before = state(&e);
         for (i, (what, damage, code)) in cases.iter().enumerate() {
@@ -517,7 +598,10 @@ mod model_import {
             damage(&d);
             let err = e.import_model_as(&admin, &d).unwrap_err();
             assert_eq!(err.code(), *code, "{what}: {err}");
-            assert!(err.to_string().contains(&d.display().to_string()) || matches!(err, Error::TooNew { .. }), "{what}: the message names the package: {err}");
+            assert!(
+                err.to_string().contains(&d.display().to_string()) || matches!(err, Error::TooNew { .. }),
+                "{what}: the message names the package: {err}"
+            );
             assert_eq!(state(&e), before, "{what} changed the registry, the models folder or the audit log");
             std::fs::remove_dir_all(&d).unwrap();
         }
@@ -527,14 +611,24 @@ mod model_import {
 
         // The good package: registered with its parity measured, one audit record, and it serves.
         let r = e.import_model_as(&admin, &good).unwrap();
-        eprintln!("imported {}@{}: parity over {} texts, min cosine {:?}", r.model.name, r.model.version, r.parity_texts, r.parity_min_cosine);
+        eprintln!(
+            "imported {}@{}: parity over {} texts, min cosine {:?}",
+            r.model.name, r.model.version, r.parity_texts, r.parity_min_cosine
+        );
         assert!(r.online);
         assert_eq!(r.parity_texts, 4);
         assert!(r.parity_min_cosine.unwrap() >= 0.9999);
         let after = state(&e);
         assert_eq!(after.0.len(), before.0.len() + 1);
         assert_eq!(after.2, before.2 + 1, "exactly one audit record");
-        let rec = e.audit_records_as(&admin, &Filter { action_prefix: Some("model.import".into()), ..Default::default() }, 10, 0).unwrap();
+        let rec = e
+            .audit_records_as(
+                &admin,
+                &Filter { action_prefix: Some("model.import".into()), ..Default::default() },
+                10,
+                0,
+            )
+            .unwrap();
         assert!(rec[0].detail.to_string().contains("hospital-e5@2"), "{:?}", rec[0].detail);
         assert!(r.model.dir.starts_with(e.data_dir().models()), "served from the appliance's own copy");
         // Same pairing as the live document model: it can serve queries against the stored vectors.
@@ -657,7 +751,8 @@ mod lifecycle_gate {
         assert!(train.is_disjoint(&eval));
         assert!(eval.iter().all(|q| part_of(q, 0.3) == "eval"));
         // Clinician feedback joins as judgments of the same split.
-        let hit = e.search(&SearchRequest { query: queries[0].clone(), ..Default::default() }).unwrap().hits[0].chunk_id;
+        let hit =
+            e.search(&SearchRequest { query: queries[0].clone(), ..Default::default() }).unwrap().hits[0].chunk_id;
         e.feedback_as(&admin, &queries[0], hit, true).unwrap();
         let sets = e.judgment_sets_as(&admin, Some("kuake")).unwrap();
         assert!(sets.iter().any(|s| s.name == "feedback" && s.judgments == 1), "{sets:?}");
@@ -1142,7 +1237,13 @@ mod offline_vectors {
     }
 
     /// A package in `at/name` from the live e5-small's files, relabelled by `edit` (listing `files`).
-    fn relabelled(e: &Engine, at: &Path, name: &str, files: &[&str], edit: impl FnOnce(&mut care_formats::ModelManifest)) -> PathBuf {
+    fn relabelled(
+        e: &Engine,
+        at: &Path,
+        name: &str,
+        files: &[&str],
+        edit: impl FnOnce(&mut care_formats::ModelManifest),
+    ) -> PathBuf {
         let src = e.active_models().unwrap().unwrap().query.dir;
         let dir = at.join(name);
         std::fs::create_dir_all(&dir).unwrap();
