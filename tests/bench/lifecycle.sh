@@ -8,7 +8,7 @@
 #   2. a blue/green re-embedding of all 32k passages over HTTPS (promotion, forced with a reason, of a document model
 #      of another pairing), timed, with search latency sampled before, during and after it.
 # Usage: tests/bench/lifecycle.sh CARE_BINARY PREPARED_DIR OUT_DIR   (needs curl and python3; CARE_SHARED names
-# the shared data folder, default ../shared beside the repository)
+# the shared data folder, default ../shared beside the repository; LIFECYCLE_PARTS=eval or bluegreen runs one part)
 set -euo pipefail
 care=$(realpath "$1")
 prepared=$(realpath "$2")
@@ -28,12 +28,16 @@ echo "# compiled defaults" >"$work/care.toml"
 c() { CARE_LOG=warn "$care" --data-dir "$work/data" --config "$work/care.toml" "$@"; }
 c model activate --query e5-small@1 --document e5-small@1 >/dev/null
 
+parts=${LIFECYCLE_PARTS:-eval,bluegreen}
+if [[ $parts == *eval* ]]; then
 log "1. judgments and evaluation"
 c judgments import bench kuake-train --beir "$kuake" --split train | tee "$out/lifecycle-judgments.txt"
 start=$(date +%s.%N)
 c model evaluate --candidate e5-small@1-int8,e5-small@1 --out "$out/lifecycle-eval.json" | tee "$out/lifecycle-eval.txt" || true
 echo "evaluation took $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s" | tee -a "$out/lifecycle-eval.txt"
 
+fi
+[[ $parts == *bluegreen* ]] || exit 0
 log "2. blue/green re-embedding under search load"
 pkg="$work/pkg"
 cp -al "$work/data/models/e5-small/1" "$pkg"
