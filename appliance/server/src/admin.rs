@@ -432,6 +432,7 @@ struct ModelsPage {
     active_document: String,
     history: Vec<care_engine::models::HistoryEntry>,
     evaluations: Vec<EvaluationRow>,
+    judgments: Vec<care_engine::judgments::JudgmentSetInfo>,
 }
 
 pub struct EvaluationRow {
@@ -454,6 +455,7 @@ pub async fn models_page(
 ) -> Result<HttpResponse, ApiError> {
     let (models, active) = call(&state, &caller, |e, a| e.models_as(a)).await?;
     let history = call(&state, &caller, |e, a| e.model_history_as(a, 20)).await?;
+    let judgments = call(&state, &caller, |e, a| e.judgment_sets_as(a, None)).await?;
     let evaluations = call(&state, &caller, |e, a| e.evaluations_as(a, 10))
         .await?
         .into_iter()
@@ -512,6 +514,7 @@ pub async fn models_page(
         active_document: active.as_ref().map(|a| spec(&a.document)).unwrap_or_default(),
         history,
         evaluations,
+        judgments,
     })
 }
 
