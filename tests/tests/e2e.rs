@@ -239,6 +239,48 @@ fn kill_9_during_ingest_jobs_resumes_without_duplicates() {
         "only {killed_running} of {rounds} kills hit a running ingest; the test proved little"
     );
     assert!(interrupted_jobs * 4 >= rounds, "only {interrupted_jobs} kills interrupted a job mid-way");
+
+    // The same 1,000 documents, now a blue/green promotion killed while it embeds them for a document model of
+    // another pairing: the old pair stays live and consistent, and promoting again finishes what is missing.
+    let pkg = t.path().join("bg");
+    std::fs::create_dir_all(&pkg).unwrap();
+    let live = care.data_dir.join("models/e5-small/1");
+    for f in std::fs::read_dir(&live).unwrap() {
+        let f = f.unwrap();
+        if f.file_name() != "manifest.toml" {
+            std::fs::hard_link(f.path(), pkg.join(f.file_name())).unwrap();
+        }
+    }
+    let manifest: String = std::fs::read_to_string(live.join("manifest.toml"))
+        .unwrap()
+        .lines()
+        .map(|l| match l {
+            _ if l.starts_with("name = ") => "name = \"e5-bg\"".to_string(),
+            _ if l.starts_with("pairing_id = ") => "pairing_id = \"blue-green\"".to_string(),
+            _ => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(pkg.join("manifest.toml"), manifest).unwrap();
+    care.ok(&["model", "import", pkg.to_str().unwrap()]);
+    let promote = ["model", "promote", "e5-bg@1", "--override", "crash test"];
+    let mut child =
+        care.command(&promote).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    let killed = child.try_wait().unwrap().is_none();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let history = care.ok(&["model", "history"]);
+    assert!(history.lines().next().unwrap().contains("e5-small@1 , e5-small@1"), "old pair live: {history}");
+    let report = care.json(&["check"]);
+    assert_eq!(report["consistent"], true, "after the killed promotion: {report}");
+    care.ok(&promote);
+    let history = care.ok(&["model", "history"]);
+    assert!(history.lines().next().unwrap().contains("e5-bg@1 , e5-bg@1"), "promoted: {history}");
+    let report = care.json(&["check"]);
+    assert_eq!(report["consistent"], true, "{report}");
+    assert_eq!(report["dense_vectors"], 1000, "{report}");
+    eprintln!("promotion killed while embedding: {killed}; the old pair stayed live, the second promotion completed");
 }
 
 #[test]
