@@ -332,7 +332,7 @@ fn print_evaluation(r: &care_engine::lifecycle::EvaluationReport) {
     for reason in &r.reasons {
         println!("  {reason}");
     }
-    println!("  gate: {} (evaluation #{})", if r.passed { "passed" } else { "gated out" }, r.id);
+    println!("  gate: {} (evaluation #{})", r.verdict(), r.id);
 }
 
 fn console() -> care_engine::Actor {
@@ -786,16 +786,10 @@ fn run(cli: Cli) -> Result<i32> {
                         println!("{}  {} , {}  by {} {}", h.at, h.query, h.document, h.actor, h.reason);
                     }
                     for (r, _) in e.evaluations_as(&console(), 20)? {
+                        let (gain, verdict) = (r.ndcg_gain(), r.verdict());
                         println!(
-                            "evaluation #{} {}: {} vs {}, nDCG@10 gain {:+.4} [{:+.4}, {:+.4}] {}",
-                            r.id,
-                            r.created_at,
-                            r.candidate,
-                            r.live,
-                            r.overall_ndcg_at_10.gain,
-                            r.overall_ndcg_at_10.gain_lo,
-                            r.overall_ndcg_at_10.gain_hi,
-                            if r.passed { "passed" } else { "gated out" }
+                            "evaluation #{} {}: {} vs {}, {gain} {verdict}",
+                            r.id, r.created_at, r.candidate, r.live
                         );
                     }
                 }

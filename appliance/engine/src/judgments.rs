@@ -281,8 +281,9 @@ impl Engine {
         drop(conn);
         for (col, n, at) in fb {
             let Ok(c) = self.store.collection(&col) else { continue };
-            let (train, eval) = (self.judged(c.id, "train")?, self.judged(c.id, "eval")?);
-            let count = |j: &Judged| j.queries.len();
+            let rows = self.feedback_rows(c.id)?;
+            let fraction = self.cfg.lifecycle.eval_fraction;
+            let count = |part: &str| merge(rows.iter().filter(|r| part_of(&r.0, fraction) == part)).queries.len();
             out.push(JudgmentSetInfo {
                 collection: col,
                 name: FEEDBACK_SET.into(),
@@ -290,8 +291,8 @@ impl Engine {
                 created_by: "clinicians".into(),
                 created_at: at,
                 judgments: n as usize,
-                train_queries: count(&train.feedback_only),
-                eval_queries: count(&eval.feedback_only),
+                train_queries: count("train"),
+                eval_queries: count("eval"),
                 unresolved: 0,
             });
         }
@@ -327,35 +328,33 @@ impl Engine {
 
     /// Every judged query of one part of a collection: uploaded sets and feedback merged by query text (the
     /// higher grade wins when two sources judge the same document).
-    pub fn judged(&self, collection_id: i64, part: &str) -> Result<JudgedParts> {
+    pub fn judged(&self, collection_id: i64, part: &str) -> Result<Judged> {
         let fraction = self.cfg.lifecycle.eval_fraction;
-        let conn = self.store.reader();
-        let mut stmt = conn.prepare(
-            "SELECT j.query, j.external_id, j.grade FROM judgments j JOIN judgment_sets s ON s.id = j.set_id \
-             WHERE s.collection_id = ?1 AND j.part = ?2",
-        )?;
-        let uploaded: Vec<(String, String, i64)> = stmt
+        let uploaded: Vec<(String, String, i64)> = self
+            .store
+            .reader()
+            .prepare(
+                "SELECT j.query, j.external_id, j.grade FROM judgments j JOIN judgment_sets s ON s.id = j.set_id \
+                 WHERE s.collection_id = ?1 AND j.part = ?2",
+            )?
             .query_map(params![collection_id, part], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
             .collect::<Result<_, _>>()?;
-        let mut stmt = conn.prepare(
-            "SELECT f.query, d.external_id, f.helpful FROM feedback f JOIN documents d ON d.id = f.document_id \
-             WHERE d.collection_id = ?1",
-        )?;
-        let feedback: Vec<(String, String, i64)> = stmt
-            .query_map([collection_id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?)))?
-            .collect::<Result<Vec<_>, _>>()?
-            .into_iter()
-            .filter(|(q, _, _)| part_of(q, fraction) == part)
-            .collect();
-        Ok(JudgedParts { all: merge(uploaded.iter().chain(&feedback)), feedback_only: merge(feedback.iter()) })
+        let feedback = self.feedback_rows(collection_id)?;
+        Ok(merge(uploaded.iter().chain(feedback.iter().filter(|r| part_of(&r.0, fraction) == part))))
     }
-}
 
-/// A part of a collection's judgments, and of those the ones from feedback alone.
-#[derive(Debug, Clone, Default)]
-pub struct JudgedParts {
-    pub all: Judged,
-    pub feedback_only: Judged,
+    /// Clinician feedback on a collection as (query, document external id, grade) rows, both parts.
+    fn feedback_rows(&self, collection_id: i64) -> Result<Vec<(String, String, i64)>> {
+        Ok(self
+            .store
+            .reader()
+            .prepare(
+                "SELECT f.query, d.external_id, f.helpful FROM feedback f JOIN documents d ON d.id = f.document_id \
+                 WHERE d.collection_id = ?1",
+            )?
+            .query_map([collection_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .collect::<Result<_, _>>()?)
+    }
 }
 
 fn merge<'a>(rows: impl Iterator<Item = &'a (String, String, i64)>) -> Judged {

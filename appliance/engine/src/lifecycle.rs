@@ -378,6 +378,18 @@ pub struct EvaluationReport {
     pub reasons: Vec<String>,
 }
 
+impl EvaluationReport {
+    /// "nDCG@10 gain +0.0123 [+0.0040, +0.0210]" over every evaluation query.
+    pub fn ndcg_gain(&self) -> String {
+        let g = &self.overall_ndcg_at_10;
+        format!("nDCG@10 gain {:+.4} [{:+.4}, {:+.4}]", g.gain, g.gain_lo, g.gain_hi)
+    }
+
+    pub fn verdict(&self) -> &'static str {
+        if self.passed { "passed" } else { "gated out" }
+    }
+}
+
 /// Parses `Q@v,D@v` (or one `M@v` that encodes both sides).
 fn parse_pair(spec: &str) -> Result<(String, String)> {
     let parts: Vec<&str> = spec.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
@@ -524,11 +536,11 @@ impl Engine {
         let (mut all_live, mut all_cand) = (Vec::new(), Vec::new());
         let (mut live_ms, mut cand_ms) = (Vec::new(), Vec::new());
         for col in self.store.collection_list()? {
-            let eval = self.judged(col.id, "eval")?.all.scorable();
+            let eval = self.judged(col.id, "eval")?.scorable();
             if eval.queries.is_empty() {
                 continue;
             }
-            let train = self.judged(col.id, "train")?.all.scorable();
+            let train = self.judged(col.id, "train")?.scorable();
             let (train, eval) = (train.as_beir("train"), eval.as_beir("eval"));
             let l = self.run_pair(&live, &col, &train, &eval)?;
             let c = self.run_pair(&cand, &col, &train, &eval)?;
@@ -742,14 +754,6 @@ pub fn evaluation_chart(r: &EvaluationReport) -> String {
             rows.push((format!("{} {name}", c.collection), vec![m.live, m.candidate, m.candidate_lo, m.candidate_hi]));
         }
     }
-    let title = format!(
-        "{} vs live {}: nDCG@10 gain {:+.4} [{:+.4}, {:+.4}] — {}",
-        r.candidate,
-        r.live,
-        r.overall_ndcg_at_10.gain,
-        r.overall_ndcg_at_10.gain_lo,
-        r.overall_ndcg_at_10.gain_hi,
-        if r.passed { "passed" } else { "gated out" }
-    );
+    let title = format!("{} vs live {}: {} — {}", r.candidate, r.live, r.ndcg_gain(), r.verdict());
     crate::chart::grouped_bars(&title, "", &["live", "candidate", "candidate 2.5%", "candidate 97.5%"], &rows)
 }

@@ -121,18 +121,19 @@ impl Engine {
     /// vector for: what an offline document model still needs imported.
     pub fn pending_vectors(&self, collection: &str, model: Option<&str>) -> Result<(ModelRecord, Vec<i64>)> {
         let col = self.store.collection(collection)?;
-        let doc = match model {
-            Some(spec) => models::find(&self.store, spec)?,
-            None => {
-                models::active(&self.store)?
-                    .ok_or_else(|| {
-                        Error::InvalidInput("no live model pair; name the document model with --model".into())
-                    })?
-                    .document
-            }
-        };
+        let doc = self.document_model(model, || {
+            Error::InvalidInput("no live model pair; name the document model with --model".into())
+        })?;
         let missing = self.missing_vectors(&col, &doc)?;
         Ok((doc, missing))
+    }
+
+    /// The document model named `spec` (`name@version`), else the live pair's; `no_live` when there is neither.
+    fn document_model(&self, spec: Option<&str>, no_live: impl FnOnce() -> Error) -> Result<ModelRecord> {
+        match spec {
+            Some(spec) => models::find(&self.store, spec),
+            None => Ok(models::active(&self.store)?.ok_or_else(no_live)?.document),
+        }
     }
 
     /// [`Engine::export_chunks`], only the chunks still pending for document model `pending_for` when given.
@@ -205,21 +206,14 @@ impl Engine {
     ) -> Result<VectorImport> {
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         let col = self.store.collection(collection)?;
-        let doc = match model {
-            Some(spec) => models::find(&self.store, spec)?,
-            None => {
-                models::active(&self.store)?
-                    .ok_or_else(|| {
-                        Error::Model(
-                            "no active model: imported vectors go into the active document model's dense index; \
+        let doc = self.document_model(model, || {
+            Error::Model(
+                "no active model: imported vectors go into the active document model's dense index; \
                              import or activate a model first (`care model import-e5s1`, `care model activate`), or \
                              name the document model with --model"
-                                .into(),
-                        )
-                    })?
-                    .document
-            }
-        };
+                    .into(),
+            )
+        })?;
         if !matches!(doc.role.as_str(), "document" | "both") {
             return Err(Error::ModelMismatch(format!("model {}@{} is not a document encoder", doc.name, doc.version)));
         }

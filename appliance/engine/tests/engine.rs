@@ -746,8 +746,8 @@ mod lifecycle_gate {
         assert!(info.eval_queries > 80 && info.train_queries > 200, "{info:?}");
         // The evaluation part never reaches training: no query text is in both parts.
         let col = e.collection("kuake").unwrap();
-        let train: HashSet<String> = e.judged(col.id, "train").unwrap().all.queries.into_iter().map(|q| q.1).collect();
-        let eval: HashSet<String> = e.judged(col.id, "eval").unwrap().all.queries.into_iter().map(|q| q.1).collect();
+        let train: HashSet<String> = e.judged(col.id, "train").unwrap().queries.into_iter().map(|q| q.1).collect();
+        let eval: HashSet<String> = e.judged(col.id, "eval").unwrap().queries.into_iter().map(|q| q.1).collect();
         assert!(train.is_disjoint(&eval));
         assert!(eval.iter().all(|q| part_of(q, 0.3) == "eval"));
         // Clinician feedback joins as judgments of the same split.
