@@ -176,6 +176,9 @@ check_prereqs() {
 check_tests() {
     check_tool chromium chromium; check_tool chromedriver chromium-driver
     fc-list ':lang=zh' 2>/dev/null | grep -q . || need "no Chinese font (fc-list :lang=zh is empty)" "sudo apt-get install fonts-noto-cjk"
+    # The real data and reference vectors the tests read (never copied into the repository).
+    [ -f "${CARE_SHARED:-$ROOT/../shared}/models/e5-small-embedding-vectors.jsonl" ] && [ -d "${CARE_SHARED:-$ROOT/../shared}/data/retrieval" ] ||
+        need "the shared data is missing at ${CARE_SHARED:-$ROOT/../shared} (models/, data/retrieval/)" "clone the repository beside ../shared, or export CARE_SHARED=/path/to/shared"
     check_lib "$LIBTORCH/lib/libtorch_cpu.so" "rm -rf $DEV/torch && packaging/dev.sh test (reinstalls torch==$TORCH_VERSION from PyPI)"
 }
 report_prereqs() {
@@ -210,9 +213,9 @@ case "${1:-}" in
     test)
         setup
         install_torch
+        export CARE_SHARED=${CARE_SHARED:-$ROOT/../shared}
         check_prereqs; check_tests; report_prereqs
         "$ROOT/packaging/dev-check-test.sh"
-        export CARE_SHARED=${CARE_SHARED:-$ROOT/../shared}
         cargo build --tests --all-targets
         # The trainer is not a default member (it links libtorch): built and tested on its own, then it exports a
         # query package from real (pruned) e5-small weights that the engine's export-parity test serves with ORT.

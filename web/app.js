@@ -48,12 +48,16 @@ function pollJobs() {
       .then(function (r) { return r.ok ? r.json() : Promise.reject(r.status); })
       .then(function (jobs) {
         let active = false;
-        jobs.forEach(function (j) {
+        // The models page lists only model jobs (data-kinds="model."); it reloads when one ends, to show its report.
+        const kinds = table.getAttribute("data-kinds") || "";
+        jobs.filter(function (j) { return j.kind.indexOf(kinds) === 0; }).forEach(function (j) {
           const row = table.querySelector('tr[data-job="' + j.id + '"]');
+          const live = function (s) { return s === "queued" || s === "running"; };
           if (!row) {
-            if (j.state === "queued" || j.state === "running") window.location.reload();
+            if (live(j.state)) window.location.reload();
             return;
           }
+          if (kinds && live(row.getAttribute("data-state")) && !live(j.state)) window.location.reload();
           row.setAttribute("data-state", j.state);
           const st = row.querySelector(".state");
           st.textContent = j.state;
@@ -61,8 +65,9 @@ function pollJobs() {
           const bar = row.querySelector("progress");
           bar.max = j.progress_total;
           bar.value = j.progress_done;
-          row.querySelector(".count").textContent =
-            j.progress_done + "/" + j.progress_total + " 个文件 · " + j.documents + " 篇文档";
+          row.querySelector(".count").textContent = j.kind === "ingest"
+            ? j.progress_done + "/" + j.progress_total + " 个文件 · " + j.documents + " 篇文档"
+            : j.stage + " " + j.progress_done + "/" + j.progress_total;
           const errs = row.querySelector(".errors");
           if (j.errors.length === 0) {
             errs.textContent = "—";
@@ -70,9 +75,11 @@ function pollJobs() {
             const ul = document.createElement("ul");
             j.errors.forEach(function (e) {
               const li = document.createElement("li");
-              const b = document.createElement("strong");
-              b.textContent = e.file;
-              li.appendChild(b);
+              if (e.file) {
+                const b = document.createElement("strong");
+                b.textContent = e.file;
+                li.appendChild(b);
+              }
               li.appendChild(document.createTextNode("（" + e.code + "）：" + e.message));
               ul.appendChild(li);
             });

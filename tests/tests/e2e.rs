@@ -240,8 +240,9 @@ fn kill_9_during_ingest_jobs_resumes_without_duplicates() {
     );
     assert!(interrupted_jobs * 4 >= rounds, "only {interrupted_jobs} kills interrupted a job mid-way");
 
-    // The same 1,000 documents, now a blue/green promotion killed while it embeds them for a document model of
-    // another pairing: the old pair stays live and consistent, and promoting again finishes what is missing.
+    // The same 1,000 documents, now a blue/green promotion submitted to `care serve` as a job, and the server
+    // killed while the job embeds them for a document model of another pairing: the old pair stays live and
+    // consistent, and the restarted server resumes the job and finishes it.
     let pkg = t.path().join("bg");
     std::fs::create_dir_all(&pkg).unwrap();
     let live = care.data_dir.join("models/e5-small/1");
@@ -263,24 +264,52 @@ fn kill_9_during_ingest_jobs_resumes_without_duplicates() {
         .join("\n");
     std::fs::write(pkg.join("manifest.toml"), manifest).unwrap();
     care.ok(&["model", "import", pkg.to_str().unwrap()]);
-    let promote = ["model", "promote", "e5-bg@1", "--override", "crash test"];
-    let mut child =
-        care.command(&promote).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
-    std::thread::sleep(Duration::from_millis(2500));
-    let killed = child.try_wait().unwrap().is_none();
-    child.kill().unwrap();
-    child.wait().unwrap();
+    care_e2e::add_user(&care, t.path(), "ops", "admin", "ops-password-123");
+    let bearer = format!("Bearer {}", care_e2e::token(&care, "ops", "e2e"));
+    let client = care_e2e::https_client();
+    let (mut server, url) = care.serve();
+    let resp = client
+        .post(format!("{url}/api/v1/admin/models/promote"))
+        .header("Authorization", &bearer)
+        .json(&serde_json::json!({"candidate": "e5-bg@1", "override_reason": "crash test"}))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 202, "{:?}", resp.text());
+    let job = resp.json::<serde_json::Value>().unwrap()["job"].as_i64().unwrap();
+    let job_state = |url: &str| -> serde_json::Value {
+        client.get(format!("{url}/api/v1/admin/jobs/{job}")).header("Authorization", &bearer).send().unwrap().json().unwrap()
+    };
+    let until = Instant::now() + Duration::from_secs(60);
+    let mut seen = job_state(&url);
+    while seen["progress_done"].as_i64().unwrap_or(0) == 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+        seen = job_state(&url);
+    }
+    assert_eq!(seen["state"], "running", "the job embeds: {seen}");
+    server.0.kill().unwrap(); // SIGKILL
+    server.0.wait().unwrap();
     let history = care.ok(&["model", "history"]);
     assert!(history.lines().next().unwrap().contains("e5-small@1 , e5-small@1"), "old pair live: {history}");
     let report = care.json(&["check"]);
     assert_eq!(report["consistent"], true, "after the killed promotion: {report}");
-    care.ok(&promote);
+    let (_server, url) = care.serve();
+    let until = Instant::now() + Duration::from_secs(600);
+    let mut end = job_state(&url);
+    while end["state"] != "done" && Instant::now() < until {
+        assert!(end["state"] == "queued" || end["state"] == "running", "resumed job: {end}");
+        std::thread::sleep(Duration::from_millis(200));
+        end = job_state(&url);
+    }
+    assert_eq!(end["result"]["live"], "e5-bg@1,e5-bg@1", "{end}");
     let history = care.ok(&["model", "history"]);
     assert!(history.lines().next().unwrap().contains("e5-bg@1 , e5-bg@1"), "promoted: {history}");
     let report = care.json(&["check"]);
     assert_eq!(report["consistent"], true, "{report}");
     assert_eq!(report["dense_vectors"], 1000, "{report}");
-    eprintln!("promotion killed while embedding: {killed}; the old pair stayed live, the second promotion completed");
+    eprintln!(
+        "promotion job killed at {}/{} documents embedded; the old pair stayed live, the restarted server resumed it",
+        seen["progress_done"], seen["progress_total"]
+    );
 }
 
 #[test]

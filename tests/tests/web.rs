@@ -196,6 +196,12 @@ fn authorisation_matrix_and_collection_isolation() {
         case("/admin/models/promote", Form("candidate=nope%401&override_reason="), 302, 403, &[303]),
     );
     m.insert(("POST", "/admin/models/rollback"), case("/admin/models/rollback", Form("reason=x"), 302, 403, &[303]));
+    m.insert(
+        ("POST", "/admin/models/reject"),
+        case("/admin/models/reject", Form("candidate=nope%401&reason=x"), 302, 403, &[303]),
+    );
+    // The console's judgment upload: a Markdown file with no collection named is refused back to the page.
+    m.insert(("POST", "/admin/judgments"), case("/admin/judgments", Upload, 302, 403, &[303]));
     m.insert(("POST", "/admin/models/import"), case("/admin/models/import", Upload, 302, 403, &[303]));
     m.insert(("GET", "/admin/audit"), case("/admin/audit?action=search", Empty, 302, 403, &[200]));
     m.insert(("GET", "/admin/audit.csv"), case("/admin/audit.csv", Empty, 401, 403, &[200]));
@@ -269,6 +275,10 @@ fn authorisation_matrix_and_collection_isolation() {
     m.insert(
         ("POST", "/api/v1/admin/models/promote"),
         case("/api/v1/admin/models/promote", Json(r#"{"candidate":"nope@1"}"#), 401, 403, &[404]),
+    );
+    m.insert(
+        ("POST", "/api/v1/admin/models/reject"),
+        case("/api/v1/admin/models/reject", Json(r#"{"candidate":"nope@1","reason":"x"}"#), 401, 403, &[404]),
     );
     m.insert(
         ("POST", "/api/v1/admin/models/rollback"),

@@ -382,6 +382,13 @@ enum ModelCommand {
         #[arg(long = "override", value_name = "REASON")]
         override_reason: Option<String>,
     },
+    /// Reject an evaluated candidate: it cannot be promoted, even with an override, until evaluated again.
+    Reject {
+        /// `QUERY@VERSION,DOCUMENT@VERSION` (or one `MODEL@VERSION` for both sides).
+        candidate: String,
+        #[arg(long)]
+        reason: String,
+    },
     /// Return to the pair that was live before the live one.
     Rollback {
         #[arg(long, default_value = "")]
@@ -623,17 +630,12 @@ fn run(cli: Cli) -> Result<i32> {
             match command {
                 JobsCommand::List { limit } => {
                     for j in e.jobs(limit)? {
-                        println!(
-                            "{}\t{}\t{}\t{}/{} files\t{} documents\t{} errors\t{}",
-                            j.id,
-                            j.state.as_str(),
-                            j.collection,
-                            j.progress_done,
-                            j.progress_total,
-                            j.documents_done,
-                            j.errors.len(),
-                            j.created_at
-                        );
+                        let what = if j.kind == "ingest" {
+                            format!("{}\t{}/{} files\t{} documents", j.collection, j.progress_done, j.progress_total, j.documents_done)
+                        } else {
+                            format!("{}\t{} {}/{}\t{}", j.kind, j.stage, j.progress_done, j.progress_total, j.result)
+                        };
+                        println!("{}\t{}\t{what}\t{} errors\t{}", j.id, j.state.as_str(), j.errors.len(), j.created_at);
                     }
                 }
                 JobsCommand::Show { id } => {
@@ -773,6 +775,10 @@ fn run(cli: Cli) -> Result<i32> {
                         "live: query {}@{}, document {}@{}",
                         pair.query.name, pair.query.version, pair.document.name, pair.document.version
                     );
+                }
+                ModelCommand::Reject { candidate, reason } => {
+                    let id = e.reject_as(&console(), &candidate, &reason)?;
+                    println!("rejected {candidate} (evaluation #{id})");
                 }
                 ModelCommand::Rollback { reason } => {
                     let pair = e.rollback_as(&console(), &reason)?;
@@ -1133,7 +1139,7 @@ fn dense_bar() -> ProgressBar {
 fn dense_progress(pb: &ProgressBar, p: &DenseProgress) {
     pb.set_length(p.total as u64);
     pb.set_position(p.done as u64);
-    pb.set_message(p.collection.clone());
+    pb.set_message(format!("{} {}", p.stage, p.collection));
 }
 
 /// Fits the dense weight on `set` for `collection`; returns the weight, the nDCG curve and per-method metrics.

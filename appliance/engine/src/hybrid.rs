@@ -16,12 +16,34 @@ use crate::fusion::{self, Explained, Method, Ranked};
 use crate::models::{self, ActivePair, ModelRecord};
 use crate::store::{ChunkRow, Collection, now};
 
-/// Progress of a long dense job (embedding a collection).
+/// Progress of a long model operation: embedding a collection ("嵌入"), or scoring its judged queries ("评测").
 #[derive(Debug, Clone, Serialize)]
 pub struct DenseProgress {
+    pub stage: &'static str,
     pub collection: String,
     pub done: usize,
     pub total: usize,
+}
+
+thread_local! {
+    /// Raised on a thread running a model job when the job is cancelled or the worker stops (see model_jobs.rs);
+    /// the long loops of that thread (embedding, scoring) then end at their next batch with `Error::Cancelled`.
+    /// A thread-local rather than a parameter because those loops sit under operations the CLI and the tests call
+    /// directly, with no job around them.
+    static INTERRUPT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+pub(crate) fn set_interrupt(on: bool) {
+    INTERRUPT.with(|c| c.set(on));
+}
+
+/// Reports `p` and ends the operation when its job was interrupted meanwhile.
+pub(crate) fn report(progress: &mut dyn FnMut(DenseProgress), p: DenseProgress) -> Result<()> {
+    progress(p);
+    if INTERRUPT.with(|c| c.get()) {
+        return Err(Error::Cancelled("任务已取消或服务正在停止 (the job was cancelled or the worker is stopping)".into()));
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -285,7 +307,8 @@ impl Engine {
                 rows.iter().zip(vecs).map(|(r, v)| (r.chunk_id, r.document_id, v)).collect();
             changed += data.len().max(batch.len());
             self.dense.replace_documents(&table, batch, &data)?;
-            progress(DenseProgress { collection: col.name.clone(), done: ((i + 1) * 256).min(total), total });
+            let done = ((i + 1) * 256).min(total);
+            report(progress, DenseProgress { stage: "嵌入", collection: col.name.clone(), done, total })?;
         }
         if self.dense.count(&table)? > self.cfg.search.ann_threshold {
             self.dense.build_ann(&table)?;

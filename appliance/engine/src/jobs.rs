@@ -89,6 +89,10 @@ pub struct Job {
     pub cancel_requested: bool,
     pub created_at: String,
     pub updated_at: String,
+    /// What a running model job is doing (empty for ingestion).
+    pub stage: String,
+    /// What a finished model job produced (JSON; empty for ingestion).
+    pub result: String,
 }
 
 /// One file of a job and what came of it.
@@ -111,7 +115,7 @@ struct IngestParams {
 }
 
 const JOB_COLUMNS: &str = "id, kind, state, collection, actor, progress_done, progress_total, documents_done, errors, \
-                           cancel_requested, created_at, updated_at";
+                           cancel_requested, created_at, updated_at, stage, result";
 
 fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
     let state: String = r.get(2)?;
@@ -129,6 +133,8 @@ fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
         cancel_requested: r.get::<_, i64>(9)? != 0,
         created_at: r.get(10)?,
         updated_at: r.get(11)?,
+        stage: r.get(12)?,
+        result: r.get(13)?,
     })
 }
 
@@ -487,7 +493,7 @@ pub const MAX_CRASHES: i64 = 3;
 /// serve` down.
 const WORKER_STACK: usize = 16 << 20;
 
-/// Runs queued ingestion jobs in background threads.
+/// Runs queued jobs in background threads: ingestion with bounded concurrency, model jobs one at a time.
 #[derive(Debug)]
 pub struct Worker;
 
@@ -522,7 +528,14 @@ impl Worker {
                     .spawn(move || run_thread(&s))
                     .expect("spawn ingest worker thread")
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let s = shared.clone();
+        let model = std::thread::Builder::new()
+            .name("care-model-jobs".into())
+            .spawn(move || run_model_thread(&s))
+            .expect("spawn model job thread");
+        let mut threads = threads;
+        threads.push(model);
         WorkerHandle { shared, threads }
     }
 }
@@ -620,6 +633,24 @@ fn run_thread(s: &Shared) {
     }
 }
 
+/// Runs model jobs (evaluation, promotion; see model_jobs.rs) one at a time, beside the ingestion threads.
+fn run_model_thread(s: &Shared) {
+    while !s.stop.load(Ordering::SeqCst) {
+        if !ensure_lock(s) {
+            sleep_unless_stopped(s, Duration::from_secs(1));
+            continue;
+        }
+        match s.engine.run_next_model_job(&s.stop) {
+            Ok(true) => {}
+            Ok(false) => sleep_unless_stopped(s, Duration::from_millis(200)),
+            Err(e) => {
+                tracing::error!(error = %e, "model job worker error; will retry");
+                sleep_unless_stopped(s, Duration::from_secs(2));
+            }
+        }
+    }
+}
+
 /// Takes the jobs lock if this process does not hold it yet; re-queues jobs a dead worker left running.
 fn ensure_lock(s: &Shared) -> bool {
     let mut lock = s.lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -654,7 +685,7 @@ fn claim(s: &Shared) -> Result<Option<Claim>> {
     let active: Vec<(i64, i64)> = {
         let conn = e.store.reader();
         let mut stmt =
-            conn.prepare("SELECT id, cancel_requested FROM jobs WHERE state IN ('queued', 'running') ORDER BY id")?;
+            conn.prepare("SELECT id, cancel_requested FROM jobs WHERE kind = 'ingest' AND state IN ('queued', 'running') ORDER BY id")?;
         let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
         rows.collect::<Result<Vec<_>, _>>()?
     };

@@ -50,6 +50,7 @@ pub mod judgments;
 pub mod kernels;
 pub mod lexical;
 pub mod lifecycle;
+pub mod model_jobs;
 pub mod models;
 pub mod service;
 pub mod store;

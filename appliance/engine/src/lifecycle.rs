@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::encoders::{OrtEncoder, TextKind};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::hybrid::{DenseProgress, report};
 use crate::models::{self, ActivePair, ModelRecord};
 use crate::service::Actor;
 use rusqlite::OptionalExtension;
@@ -376,6 +377,17 @@ pub struct EvaluationReport {
     pub passed: bool,
     /// Why the gate decided as it did (Chinese for the console, with the figures).
     pub reasons: Vec<String>,
+    /// Set when an admin rejected the candidate after this evaluation: who, when and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejected: Option<Rejection>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Rejection {
+    pub by: String,
+    pub at: String,
+    pub reason: String,
 }
 
 impl EvaluationReport {
@@ -406,8 +418,39 @@ fn spec(m: &ModelRecord) -> String {
     format!("{}@{}", m.name, m.version)
 }
 
-fn pair_spec(p: &ActivePair) -> String {
+pub(crate) fn pair_spec(p: &ActivePair) -> String {
     format!("{},{}", spec(&p.query), spec(&p.document))
+}
+
+/// The gate: the candidate passes when the lower bound of its nDCG@10 gain beats the margin and its query-encode
+/// p99 stays within `max_latency_ratio` of the live pair's. Returns the verdict and its reasons, in Chinese for
+/// the console, with the figures.
+fn gate(
+    overall: &Compared,
+    live: &EncodeLatency,
+    cand: &EncodeLatency,
+    lc: &crate::config::LifecycleConfig,
+) -> (bool, Vec<String>) {
+    let quality_ok = overall.gain_lo > lc.gate_margin;
+    let budget = live.p99_ms * lc.max_latency_ratio;
+    let latency_ok = cand.p99_ms <= budget;
+    let reasons = vec![
+        format!(
+            "nDCG@10 提升 {:+.4}，95% 区间下限 {:+.4} {} 门槛 {:+.4}",
+            overall.gain,
+            overall.gain_lo,
+            if quality_ok { "高于" } else { "未高于" },
+            lc.gate_margin
+        ),
+        format!(
+            "查询编码 p99 {:.2} ms，在用模型 {:.2} ms，上限 {:.2} ms（{}）",
+            cand.p99_ms,
+            live.p99_ms,
+            budget,
+            if latency_ok { "满足" } else { "超出" }
+        ),
+    ];
+    (quality_ok && latency_ok, reasons)
 }
 
 /// Percentile of sorted values (nearest rank).
@@ -456,30 +499,30 @@ fn compare(live: &[f64], cand: &[f64], samples: usize, seed: u64) -> Compared {
     }
 }
 
-/// One pair's per-query metrics on a collection's evaluation part, its fitted weight and its encode latencies.
+/// One pair's per-query metrics on a collection's evaluation part and its fitted weight.
 struct PairRun {
     weight: f32,
     per_query: Vec<[f64; 3]>,
-    encode_ms: Vec<f64>,
 }
 
 impl Engine {
-    /// Candidate lists of `set`'s queries under `pair` (queries encoded one at a time, as a search does; each
-    /// encode timed).
+    /// Candidate lists of `set`'s queries under `pair` (queries encoded one at a time, as a search does).
     fn pair_candidates(
         &self,
         pair: &ActivePair,
         set: &crate::eval::BeirSet,
         col: &crate::store::Collection,
-        encode_ms: &mut Vec<f64>,
+        progress: &mut dyn FnMut(DenseProgress),
     ) -> Result<crate::eval::Candidates2> {
         let enc = self.encoder(&pair.query)?;
         let names = [col.name.clone()];
         let mut lists = Vec::with_capacity(set.queries.len());
-        for (qid, text) in &set.queries {
-            let t = std::time::Instant::now();
+        let total = set.queries.len();
+        for (i, (qid, text)) in set.queries.iter().enumerate() {
+            if i % 50 == 0 {
+                report(progress, DenseProgress { stage: "评测", collection: col.name.clone(), done: i, total })?;
+            }
             let v = enc.encode(&[text.as_str()], TextKind::Query)?;
-            encode_ms.push(t.elapsed().as_secs_f64() * 1e3);
             let bm25 = self
                 .lexical
                 .search(text, Some(&names), 100, self.cfg.search.title_boost)?
@@ -501,17 +544,45 @@ impl Engine {
         &self,
         pair: &ActivePair,
         col: &crate::store::Collection,
-        train: &crate::eval::BeirSet,
-        eval: &crate::eval::BeirSet,
+        (train, eval): (&crate::eval::BeirSet, &crate::eval::BeirSet),
+        progress: &mut dyn FnMut(DenseProgress),
     ) -> Result<PairRun> {
-        let mut encode_ms = Vec::new();
         let weight = if train.queries.is_empty() {
             self.fusion_for(col.id)?.dense_weight
         } else {
-            self.pair_candidates(pair, train, col, &mut Vec::new())?.tune(train).0
+            self.pair_candidates(pair, train, col, progress)?.tune(train).0
         };
-        let c = self.pair_candidates(pair, eval, col, &mut encode_ms)?;
-        Ok(PairRun { weight, per_query: c.per_query(eval, crate::fusion::Method::Weighted, weight), encode_ms })
+        let c = self.pair_candidates(pair, eval, col, progress)?;
+        Ok(PairRun { weight, per_query: c.per_query(eval, crate::fusion::Method::Weighted, weight) })
+    }
+
+    /// Query-encode latencies of both pairs, measured interleaved (live and candidate alternate query by query, the
+    /// order flipped each time) after a warm-up, so that both see the same machine load: timing one pair after the
+    /// other lets a burst of unrelated work land on one side only and fail (or pass) the gate by chance.
+    fn encode_latencies(
+        &self,
+        live: &ActivePair,
+        cand: &ActivePair,
+        queries: &[String],
+    ) -> Result<(EncodeLatency, EncodeLatency)> {
+        const WARM_UP: usize = 8;
+        let encs = [self.encoder(&live.query)?, self.encoder(&cand.query)?];
+        let mut ms = [Vec::with_capacity(queries.len()), Vec::with_capacity(queries.len())];
+        for (i, q) in queries.iter().chain(queries.iter().take(WARM_UP)).enumerate() {
+            let order = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+            for side in order {
+                let t = std::time::Instant::now();
+                encs[side].encode(&[q.as_str()], TextKind::Query)?;
+                if i >= WARM_UP.min(queries.len()) {
+                    ms[side].push(t.elapsed().as_secs_f64() * 1e3);
+                }
+            }
+        }
+        let [l, c] = ms.map(|mut xs| {
+            xs.sort_by(f64::total_cmp);
+            EncodeLatency { p50_ms: percentile(&xs, 0.5), p99_ms: percentile(&xs, 0.99) }
+        });
+        Ok((l, c))
     }
 
     /// Scores the candidate pair `Q@v,D@v` against the live pair on every collection's evaluation part, through
@@ -522,19 +593,17 @@ impl Engine {
         &self,
         actor: &Actor,
         candidate: &str,
-        progress: &mut dyn FnMut(crate::hybrid::DenseProgress),
+        progress: &mut dyn FnMut(DenseProgress),
     ) -> Result<EvaluationReport> {
         actor.require_admin()?;
         let live = models::active(&self.store)?
             .ok_or_else(|| Error::InvalidInput("没有在用的模型 (no live model pair to compare with)".into()))?;
-        let (q, d) = parse_pair(candidate)?;
-        let cand = ActivePair { query: models::find(&self.store, &q)?, document: models::find(&self.store, &d)? };
-        models::check_pair(&cand.query, &cand.document)?;
+        let cand = self.resolve_pair(candidate)?;
         self.prepare_document_model(&cand.document, progress)?;
         let lc = &self.cfg.lifecycle;
         let mut collections = Vec::new();
         let (mut all_live, mut all_cand) = (Vec::new(), Vec::new());
-        let (mut live_ms, mut cand_ms) = (Vec::new(), Vec::new());
+        let mut eval_texts = Vec::new();
         for col in self.store.collection_list()? {
             let eval = self.judged(col.id, "eval")?.scorable();
             if eval.queries.is_empty() {
@@ -542,8 +611,8 @@ impl Engine {
             }
             let train = self.judged(col.id, "train")?.scorable();
             let (train, eval) = (train.as_beir("train"), eval.as_beir("eval"));
-            let l = self.run_pair(&live, &col, &train, &eval)?;
-            let c = self.run_pair(&cand, &col, &train, &eval)?;
+            let l = self.run_pair(&live, &col, (&train, &eval), progress)?;
+            let c = self.run_pair(&cand, &col, (&train, &eval), progress)?;
             let metric = |k: usize| {
                 let (a, b): (Vec<f64>, Vec<f64>) =
                     l.per_query.iter().zip(&c.per_query).map(|(x, y)| (x[k], y[k])).unzip();
@@ -561,8 +630,7 @@ impl Engine {
             });
             all_live.extend(l.per_query.iter().map(|x| x[0]));
             all_cand.extend(c.per_query.iter().map(|x| x[0]));
-            live_ms.extend(l.encode_ms);
-            cand_ms.extend(c.encode_ms);
+            eval_texts.extend(eval.queries.iter().map(|(_, text)| text.clone()));
         }
         if collections.is_empty() {
             return Err(Error::InvalidInput(
@@ -572,29 +640,8 @@ impl Engine {
             ));
         }
         let overall = compare(&all_live, &all_cand, lc.bootstrap_samples, 0x5eed);
-        let lat = |mut xs: Vec<f64>| {
-            xs.sort_by(f64::total_cmp);
-            EncodeLatency { p50_ms: percentile(&xs, 0.5), p99_ms: percentile(&xs, 0.99) }
-        };
-        let (live_encode, candidate_encode) = (lat(live_ms), lat(cand_ms));
-        let quality_ok = overall.gain_lo > lc.gate_margin;
-        let latency_ok = candidate_encode.p99_ms <= live_encode.p99_ms * lc.max_latency_ratio;
-        let reasons = vec![
-            format!(
-                "nDCG@10 提升 {:+.4}，95% 区间下限 {:+.4} {} 门槛 {:+.4}",
-                overall.gain,
-                overall.gain_lo,
-                if quality_ok { "高于" } else { "未高于" },
-                lc.gate_margin
-            ),
-            format!(
-                "查询编码 p99 {:.2} ms，在用模型 {:.2} ms，上限 {:.2} ms（{}）",
-                candidate_encode.p99_ms,
-                live_encode.p99_ms,
-                live_encode.p99_ms * lc.max_latency_ratio,
-                if latency_ok { "满足" } else { "超出" }
-            ),
-        ];
+        let (live_encode, candidate_encode) = self.encode_latencies(&live, &cand, &eval_texts)?;
+        let (passed, reasons) = gate(&overall, &live_encode, &candidate_encode, lc);
         let mut report = EvaluationReport {
             id: 0,
             candidate: pair_spec(&cand),
@@ -608,8 +655,9 @@ impl Engine {
             gate_margin: lc.gate_margin,
             max_latency_ratio: lc.max_latency_ratio,
             bootstrap_samples: lc.bootstrap_samples,
-            passed: quality_ok && latency_ok,
+            passed,
             reasons,
+            rejected: None,
         };
         report.id = self.store_evaluation(actor, &cand, &report)?;
         Ok(report)
@@ -649,37 +697,47 @@ impl Engine {
     pub fn evaluations_as(&self, actor: &Actor, limit: usize) -> Result<Vec<(EvaluationReport, String)>> {
         actor.require_admin()?;
         let conn = self.store.reader();
-        let mut stmt = conn.prepare("SELECT id, report, chart_svg FROM model_evaluations ORDER BY id DESC LIMIT ?1")?;
+        let mut stmt = conn.prepare(
+            "SELECT id, report, chart_svg, rejected_by, rejected_at, rejected_reason FROM model_evaluations \
+             ORDER BY id DESC LIMIT ?1",
+        )?;
         let rows = stmt.query_map([limit.min(1000) as i64], |r| {
-            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
+            let rejection = Rejection { by: r.get(3)?, at: r.get(4)?, reason: r.get(5)? };
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, rejection))
         })?;
         let mut out = Vec::new();
         for row in rows {
-            let (id, json, svg) = row?;
+            let (id, json, svg, rejection) = row?;
             let mut rep: EvaluationReport =
                 serde_json::from_str(&json).map_err(|e| Error::Internal(format!("evaluation {id}: {e}")))?;
             rep.id = id;
+            rep.rejected = Some(rejection).filter(|r| !r.by.is_empty());
             out.push((rep, svg));
         }
         Ok(out)
     }
 
-    /// Makes the candidate pair live. It must have passed its latest evaluation against the pair live now, unless
-    /// an admin overrides the gate with a reason. When the document model changes, every collection is embedded
-    /// into the candidate's own tables first while the live pair keeps serving; the switch itself is one
-    /// transaction.
-    pub fn promote_as(
+    /// Resolves `candidate` and checks that it may go live: it passed its latest evaluation against the live pair,
+    /// or an admin gives an override reason. Returns the pair and whether it passed (`Some(true)`).
+    pub(crate) fn promotion_allowed(
         &self,
-        actor: &Actor,
         candidate: &str,
         override_reason: Option<&str>,
-        progress: &mut dyn FnMut(crate::hybrid::DenseProgress),
-    ) -> Result<ActivePair> {
-        actor.require_admin()?;
-        let (q, d) = parse_pair(candidate)?;
-        let cand = ActivePair { query: models::find(&self.store, &q)?, document: models::find(&self.store, &d)? };
-        models::check_pair(&cand.query, &cand.document)?;
+    ) -> Result<(ActivePair, Option<bool>)> {
+        let cand = self.resolve_pair(candidate)?;
         let live = models::active(&self.store)?.map(|p| pair_spec(&p)).unwrap_or_default();
+        if let Some(r) = self.rejection_of(&cand)? {
+            return Err(Error::Forbidden(format!(
+                "候选模型已被 {} 驳回（{}）；重新评测后才能上线 ({} was rejected by {} at {}: {}; evaluate it again \
+                 to lift the rejection)",
+                r.by,
+                r.reason,
+                pair_spec(&cand),
+                r.by,
+                r.at,
+                r.reason
+            )));
+        }
         let verdict: Option<bool> = self
             .store
             .reader()
@@ -690,10 +748,10 @@ impl Engine {
                 |r| r.get(0),
             )
             .optional()?;
-        let reason = override_reason.map(str::trim).unwrap_or("");
+        let overridden = !override_reason.map(str::trim).unwrap_or("").is_empty();
         match verdict {
             Some(true) => {}
-            _ if !reason.is_empty() => {}
+            _ if overridden => {}
             Some(false) => {
                 return Err(Error::Forbidden(format!(
                     "候选模型未通过评测门槛；如确需上线，请填写理由强制上线 ({} failed its evaluation against {live}; \
@@ -710,6 +768,82 @@ impl Engine {
                 )));
             }
         }
+        Ok((cand, verdict))
+    }
+
+    /// The registered pair `Q@v,D@v` names, checked to be a valid pairing.
+    pub(crate) fn resolve_pair(&self, spec: &str) -> Result<ActivePair> {
+        let (q, d) = parse_pair(spec)?;
+        let pair = ActivePair { query: models::find(&self.store, &q)?, document: models::find(&self.store, &d)? };
+        models::check_pair(&pair.query, &pair.document)?;
+        Ok(pair)
+    }
+
+    /// The rejection standing on `pair`: its newest evaluation (against any live pair) was rejected.
+    fn rejection_of(&self, pair: &ActivePair) -> Result<Option<Rejection>> {
+        let r = self
+            .store
+            .reader()
+            .query_row(
+                "SELECT rejected_by, rejected_at, rejected_reason FROM model_evaluations \
+                 WHERE query_model_id = ?1 AND document_model_id = ?2 ORDER BY id DESC LIMIT 1",
+                rusqlite::params![pair.query.id, pair.document.id],
+                |r| Ok(Rejection { by: r.get(0)?, at: r.get(1)?, reason: r.get(2)? }),
+            )
+            .optional()?;
+        Ok(r.filter(|r| !r.by.is_empty()))
+    }
+
+    /// Rejects an evaluated candidate pair: it cannot be promoted, not even with an override, until it is
+    /// evaluated again. Its report stays, marked. Returns the evaluation that was marked.
+    pub fn reject_as(&self, actor: &Actor, candidate: &str, reason: &str) -> Result<i64> {
+        actor.require_admin()?;
+        let reason = reason.trim();
+        if reason.is_empty() {
+            return Err(Error::InvalidInput("请填写驳回理由 (a rejection needs a reason; it is audited)".into()));
+        }
+        let cand = self.resolve_pair(candidate)?;
+        let mut conn = self.store.conn();
+        let tx = conn.transaction()?;
+        let id: i64 = tx
+            .query_row(
+                "SELECT id FROM model_evaluations WHERE query_model_id = ?1 AND document_model_id = ?2 \
+                 ORDER BY id DESC LIMIT 1",
+                rusqlite::params![cand.query.id, cand.document.id],
+                |r| r.get(0),
+            )
+            .optional()?
+            .ok_or_else(|| Error::NotFound {
+                what: format!("候选模型 {} 的评测记录 (an evaluation of {} to reject)", pair_spec(&cand), pair_spec(&cand)),
+            })?;
+        tx.execute(
+            "UPDATE model_evaluations SET rejected_by = ?2, rejected_at = ?3, rejected_reason = ?4 WHERE id = ?1",
+            rusqlite::params![id, actor.name, crate::store::now(), reason],
+        )?;
+        crate::audit::append(
+            &tx,
+            &actor.name,
+            "model.reject",
+            &serde_json::json!({"evaluation": id, "candidate": pair_spec(&cand), "reason": reason}),
+        )?;
+        tx.commit()?;
+        Ok(id)
+    }
+
+    /// Makes the candidate pair live. It must have passed its latest evaluation against the pair live now, unless
+    /// an admin overrides the gate with a reason. When the document model changes, every collection is embedded
+    /// into the candidate's own tables first while the live pair keeps serving; the switch itself is one
+    /// transaction.
+    pub fn promote_as(
+        &self,
+        actor: &Actor,
+        candidate: &str,
+        override_reason: Option<&str>,
+        progress: &mut dyn FnMut(DenseProgress),
+    ) -> Result<ActivePair> {
+        actor.require_admin()?;
+        let (cand, verdict) = self.promotion_allowed(candidate, override_reason)?;
+        let reason = override_reason.map(str::trim).unwrap_or("");
         self.prepare_document_model(&cand.document, progress)?;
         let action = if verdict == Some(true) { "model.promote" } else { "model.promote_override" };
         models::set_active_as(&self.store, &cand.query, &cand.document, &actor.name, action, reason)?;
@@ -756,4 +890,36 @@ pub fn evaluation_chart(r: &EvaluationReport) -> String {
     }
     let title = format!("{} vs live {}: {} — {}", r.candidate, r.live, r.ndcg_gain(), r.verdict());
     crate::chart::grouped_bars(&title, "", &["live", "candidate", "candidate 2.5%", "candidate 97.5%"], &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gain(lo: f64) -> Compared {
+        Compared {
+            live: 0.5,
+            live_lo: 0.45,
+            live_hi: 0.55,
+            candidate: 0.5 + lo + 0.01,
+            candidate_lo: 0.5,
+            candidate_hi: 0.6,
+            gain: lo + 0.01,
+            gain_lo: lo,
+            gain_hi: lo + 0.02,
+        }
+    }
+
+    #[test]
+    fn gate_needs_both_the_quality_bound_and_the_latency_budget() {
+        let lc = crate::config::LifecycleConfig { gate_margin: 0.005, max_latency_ratio: 1.25, ..Default::default() };
+        let live = EncodeLatency { p50_ms: 8.0, p99_ms: 10.0 };
+        let (fast, slow) = (EncodeLatency { p50_ms: 4.0, p99_ms: 12.5 }, EncodeLatency { p50_ms: 9.0, p99_ms: 12.6 });
+        assert!(gate(&gain(0.006), &live, &fast, &lc).0);
+        // The bound must beat the margin, not merely be positive.
+        let (ok, why) = gate(&gain(0.004), &live, &fast, &lc);
+        assert!(!ok && why[0].contains("未高于"), "{why:?}");
+        let (ok, why) = gate(&gain(0.05), &live, &slow, &lc);
+        assert!(!ok && why[1].contains("超出") && why[1].contains("12.50"), "{why:?}");
+    }
 }

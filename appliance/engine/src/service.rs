@@ -88,7 +88,7 @@ pub struct UserUpdate {
     pub password: Option<String>,
 }
 
-/// An ingest job as the console and the API show it.
+/// A job (ingestion, or a model job) as the console and the API show it.
 #[derive(Debug, Clone, Serialize)]
 pub struct JobView {
     pub id: i64,
@@ -103,6 +103,10 @@ pub struct JobView {
     pub errors: Vec<FileError>,
     pub created_at: String,
     pub updated_at: String,
+    /// What a running model job is doing ("嵌入 kuake", "评测 kuake"); empty for ingestion.
+    pub stage: String,
+    /// What a finished model job produced (JSON), e.g. `{"evaluation": 7, "passed": true, …}`.
+    pub result: Option<serde_json::Value>,
 }
 
 /// Whether audit records of searches carry the query text (`[audit] log_queries`); set once by the server.
@@ -416,6 +420,8 @@ impl Engine {
             errors: j.errors,
             created_at: j.created_at,
             updated_at: j.updated_at,
+            stage: j.stage,
+            result: serde_json::from_str(&j.result).ok(),
         })
     }
 
@@ -621,6 +627,9 @@ mod tests {
         forbidden(e.rollback_as(&clin, "").map(|_| ()));
         forbidden(e.promote_as(&clin, "a@1", Some("x"), &mut |_| {}).map(|_| ()));
         forbidden(e.evaluate_as(&clin, "a@1", &mut |_| {}).map(|_| ()));
+        forbidden(e.submit_evaluate_as(&clin, "a@1").map(|_| ()));
+        forbidden(e.submit_promote_as(&clin, "a@1", Some("x")).map(|_| ()));
+        forbidden(e.reject_as(&clin, "a@1", "x").map(|_| ()));
         assert!(e.readable_collections(&clin).unwrap().is_empty());
     }
 }

@@ -3,7 +3,7 @@
 
 use actix_web::{HttpResponse, delete, get, patch, post, put, web};
 use care_engine::judgments::JudgmentSetInfo;
-use care_engine::lifecycle::{EvaluationReport, ImportReport};
+use care_engine::lifecycle::ImportReport;
 use care_engine::{SearchAs, UserInfo, UserUpdate, audit};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -402,9 +402,20 @@ pub struct Candidate {
     pub override_reason: Option<String>,
 }
 
+/// A model job was queued: follow it at `/api/v1/admin/jobs/{job}`; its `result` names the evaluation report or
+/// the pair that went live.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct JobAccepted {
+    pub job: i64,
+}
+
+fn accepted(job: i64) -> HttpResponse {
+    HttpResponse::Accepted().insert_header(("Location", format!("/api/v1/admin/jobs/{job}"))).json(JobAccepted { job })
+}
+
 #[utoipa::path(post, path = "/api/v1/admin/models/evaluate", tag = "admin", request_body = Candidate,
-    responses((status = 200, description = "the stored evaluation report with the gate's verdict", body = EvaluationReport),
-        (status = 400, description = "no judged evaluation queries")))]
+    responses((status = 202, description = "evaluation queued as a job; its result names the stored report (see /api/v1/admin/models/evaluations)", body = JobAccepted),
+        (status = 400, description = "no live pair, or a malformed candidate"), (status = 404, description = "unknown model")))]
 #[post("/api/v1/admin/models/evaluate")]
 pub async fn admin_evaluate(
     state: web::Data<AppState>,
@@ -412,7 +423,7 @@ pub async fn admin_evaluate(
     body: web::Json<Candidate>,
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
-    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.evaluate_as(a, &b.candidate, &mut |_| {})).await?))
+    Ok(accepted(call(&state, &caller, move |e, a| e.submit_evaluate_as(a, &b.candidate)).await?))
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/models/evaluations", tag = "admin", params(Limit),
@@ -430,7 +441,8 @@ pub async fn admin_evaluations(
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/models/promote", tag = "admin", request_body = Candidate,
-    responses((status = 200, body = Object), (status = 403, description = "not evaluated, or gated out without an override reason")))]
+    responses((status = 202, description = "promotion queued as a job (blue/green: the live pair serves until the new tables are complete)", body = JobAccepted),
+        (status = 403, description = "not evaluated, rejected, or gated out without an override reason")))]
 #[post("/api/v1/admin/models/promote")]
 pub async fn admin_promote(
     state: web::Data<AppState>,
@@ -438,10 +450,31 @@ pub async fn admin_promote(
     body: web::Json<Candidate>,
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
-    Ok(HttpResponse::Ok().json(
-        call(&state, &caller, move |e, a| e.promote_as(a, &b.candidate, b.override_reason.as_deref(), &mut |_| {}))
-            .await?,
+    Ok(accepted(
+        call(&state, &caller, move |e, a| e.submit_promote_as(a, &b.candidate, b.override_reason.as_deref())).await?,
     ))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct Reject {
+    /// `Q@v,D@v` (or `M@v`) of an evaluated candidate.
+    pub candidate: String,
+    /// Why (audited; shown on the report).
+    pub reason: String,
+}
+
+#[utoipa::path(post, path = "/api/v1/admin/models/reject", tag = "admin", request_body = Reject,
+    responses((status = 200, description = "the evaluation that was marked rejected", body = Object),
+        (status = 400, description = "no reason"), (status = 404, description = "no evaluation of the candidate")))]
+#[post("/api/v1/admin/models/reject")]
+pub async fn admin_reject(
+    state: web::Data<AppState>,
+    caller: Caller,
+    body: web::Json<Reject>,
+) -> Result<HttpResponse, ApiError> {
+    let b = body.into_inner();
+    let id = call(&state, &caller, move |e, a| e.reject_as(a, &b.candidate, &b.reason)).await?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({"evaluation": id})))
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -500,7 +533,7 @@ pub async fn admin_import_judgments(
     payload: actix_multipart::Multipart,
 ) -> Result<HttpResponse, ApiError> {
     let (name, set) = path.into_inner();
-    Ok(HttpResponse::Created().json(crate::uploads::import_judgments(&state, &caller, &name, &set, payload).await?))
+    Ok(HttpResponse::Created().json(crate::uploads::import_judgments(&state, &caller, Some((&name, &set)), payload).await?))
 }
 
 #[utoipa::path(delete, path = "/api/v1/admin/collections/{name}/judgments/{set}", tag = "admin",

@@ -79,18 +79,24 @@ pub async fn import_model(
 
 /// Streams an uploaded judgment set and imports it: a CSV file (`query,document or passage id,grade`), or BEIR's
 /// `queries.jsonl` with one qrels `.tsv`. The folder is removed afterwards, whatever the outcome.
+/// Imports an uploaded judgment set. `target` names the collection and the set (from the API's path); `None` reads
+/// them from the form's `collection` and `name` fields (the console's form).
 pub async fn import_judgments(
     state: &web::Data<AppState>,
     caller: &Caller,
-    collection: &str,
-    set: &str,
+    target: Option<(&str, &str)>,
     payload: actix_multipart::Multipart,
 ) -> Result<care_engine::judgments::JudgmentSetInfo, ApiError> {
     let dir = call(state, caller, |e, a| e.new_staging_upload_as(a)).await?;
     let limit = state.settings.server.max_upload_mib.saturating_mul(1 << 20);
-    let result = match receive(payload, &dir, limit).await {
-        Ok(files) => {
-            let (col, set, d) = (collection.to_string(), set.to_string(), dir.clone());
+    let result = match receive_with(payload, &dir, limit, &["collection", "name"]).await {
+        Ok((files, fields)) => {
+            let field = |k: &str| fields.get(k).cloned().unwrap_or_default();
+            let (col, set) = match target {
+                Some((c, s)) => (c.to_string(), s.to_string()),
+                None => (field("collection"), field("name")),
+            };
+            let d = dir.clone();
             call(state, caller, move |e, a| {
                 use care_engine::judgments::JudgmentSource;
                 let is = |f: &PathBuf, ext: &str| f.extension().is_some_and(|x| x.eq_ignore_ascii_case(ext));
@@ -120,12 +126,37 @@ pub async fn import_judgments(
 }
 
 /// Writes every `file` part into `dir`; returns the paths written.
-async fn receive(mut payload: actix_multipart::Multipart, dir: &Path, limit: u64) -> Result<Vec<PathBuf>, ApiError> {
+async fn receive(payload: actix_multipart::Multipart, dir: &Path, limit: u64) -> Result<Vec<PathBuf>, ApiError> {
+    Ok(receive_with(payload, dir, limit, &[]).await?.0)
+}
+
+/// Longest text field a form may send beside its files (a collection or set name).
+const MAX_FIELD_BYTES: usize = 256;
+
+/// Like [`receive`], and also returns the text fields named in `wanted` (each at most [`MAX_FIELD_BYTES`]).
+async fn receive_with(
+    mut payload: actix_multipart::Multipart,
+    dir: &Path,
+    limit: u64,
+    wanted: &[&str],
+) -> Result<(Vec<PathBuf>, std::collections::HashMap<String, String>), ApiError> {
     let mut files: Vec<PathBuf> = Vec::new();
+    let mut fields = std::collections::HashMap::new();
     let mut taken = std::collections::HashSet::new();
     let mut total: u64 = 0;
     while let Some(field) = payload.next().await {
         let mut field = field.map_err(|e| ApiError::invalid(format!("reading the upload: {e}")))?;
+        if let Some(name) = field.name().filter(|n| wanted.contains(n)).map(str::to_string) {
+            let mut value = Vec::new();
+            while let Some(chunk) = field.next().await {
+                value.extend_from_slice(&chunk.map_err(|e| ApiError::invalid(format!("reading the upload: {e}")))?);
+                if value.len() > MAX_FIELD_BYTES {
+                    return Err(ApiError::invalid(format!("表单字段 {name} 过长 (field {name} exceeds {MAX_FIELD_BYTES} bytes)")));
+                }
+            }
+            fields.insert(name, String::from_utf8_lossy(&value).trim().to_string());
+            continue;
+        }
         if field.name() != Some("file") {
             continue;
         }
@@ -173,7 +204,7 @@ async fn receive(mut payload: actix_multipart::Multipart, dir: &Path, limit: u64
     if files.is_empty() {
         return Err(ApiError::invalid("the upload holds no files; choose at least one file"));
     }
-    Ok(files)
+    Ok((files, fields))
 }
 
 /// Appends `buf` to `path` (creating it when `create`) on the blocking pool; hands the emptied buffer back.
