@@ -277,7 +277,13 @@ fn kill_9_during_ingest_jobs_resumes_without_duplicates() {
     assert_eq!(resp.status().as_u16(), 202, "{:?}", resp.text());
     let job = resp.json::<serde_json::Value>().unwrap()["job"].as_i64().unwrap();
     let job_state = |url: &str| -> serde_json::Value {
-        client.get(format!("{url}/api/v1/admin/jobs/{job}")).header("Authorization", &bearer).send().unwrap().json().unwrap()
+        client
+            .get(format!("{url}/api/v1/admin/jobs/{job}"))
+            .header("Authorization", &bearer)
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
     };
     let until = Instant::now() + Duration::from_secs(60);
     let mut seen = job_state(&url);

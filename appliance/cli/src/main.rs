@@ -631,7 +631,10 @@ fn run(cli: Cli) -> Result<i32> {
                 JobsCommand::List { limit } => {
                     for j in e.jobs(limit)? {
                         let what = if j.kind == "ingest" {
-                            format!("{}\t{}/{} files\t{} documents", j.collection, j.progress_done, j.progress_total, j.documents_done)
+                            format!(
+                                "{}\t{}/{} files\t{} documents",
+                                j.collection, j.progress_done, j.progress_total, j.documents_done
+                            )
                         } else {
                             format!("{}\t{} {}/{}\t{}", j.kind, j.stage, j.progress_done, j.progress_total, j.result)
                         };

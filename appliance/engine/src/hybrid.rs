@@ -41,7 +41,9 @@ pub(crate) fn set_interrupt(on: bool) {
 pub(crate) fn report(progress: &mut dyn FnMut(DenseProgress), p: DenseProgress) -> Result<()> {
     progress(p);
     if INTERRUPT.with(|c| c.get()) {
-        return Err(Error::Cancelled("任务已取消或服务正在停止 (the job was cancelled or the worker is stopping)".into()));
+        return Err(Error::Cancelled(
+            "任务已取消或服务正在停止 (the job was cancelled or the worker is stopping)".into(),
+        ));
     }
     Ok(())
 }

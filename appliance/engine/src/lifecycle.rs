@@ -814,7 +814,11 @@ impl Engine {
             )
             .optional()?
             .ok_or_else(|| Error::NotFound {
-                what: format!("候选模型 {} 的评测记录 (an evaluation of {} to reject)", pair_spec(&cand), pair_spec(&cand)),
+                what: format!(
+                    "候选模型 {} 的评测记录 (an evaluation of {} to reject)",
+                    pair_spec(&cand),
+                    pair_spec(&cand)
+                ),
             })?;
         tx.execute(
             "UPDATE model_evaluations SET rejected_by = ?2, rejected_at = ?3, rejected_reason = ?4 WHERE id = ?1",

@@ -147,9 +147,9 @@ impl Engine {
         };
         set_interrupt(false);
         let r = match kind {
-            EVALUATE => self.evaluate_as(actor, &p.candidate, &mut progress).map(|r| {
-                serde_json::json!({"evaluation": r.id, "passed": r.passed, "ndcg_gain": r.ndcg_gain()})
-            }),
+            EVALUATE => self
+                .evaluate_as(actor, &p.candidate, &mut progress)
+                .map(|r| serde_json::json!({"evaluation": r.id, "passed": r.passed, "ndcg_gain": r.ndcg_gain()})),
             _ => {
                 // A crash after the switch committed but before the job ended: the candidate is live already.
                 let live = self.active_models()?.map(|p| pair_spec(&p));
@@ -171,7 +171,8 @@ impl Engine {
             Outcome::Cancelled => ("cancelled", "已取消", String::new(), Vec::new()),
             Outcome::Failed(e) => {
                 tracing::error!(job = id, error = %e, "model job failed");
-                let err = FileError { file: String::new(), code: e.code().as_str().to_string(), message: e.to_string() };
+                let err =
+                    FileError { file: String::new(), code: e.code().as_str().to_string(), message: e.to_string() };
                 ("failed", "失败", String::new(), vec![err])
             }
         };

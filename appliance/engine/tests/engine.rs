@@ -667,9 +667,9 @@ mod lifecycle_gate {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use care_engine::audit::Filter;
+    use care_engine::engine::OpenMode;
     use care_engine::eval::BeirSet;
     use care_engine::judgments::{JudgmentSource, part_of};
-    use care_engine::engine::OpenMode;
     use care_engine::{Actor, Engine, EngineConfig, ErrorCode, SearchRequest};
     use care_formats::ModelManifest;
 

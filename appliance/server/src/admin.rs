@@ -559,10 +559,9 @@ pub async fn promote(
     let f = f.into_inner();
     let reason = Some(f.override_reason.trim().to_string()).filter(|r| !r.is_empty());
     match call(&state, &caller, move |e, a| e.submit_promote_as(a, &f.candidate, reason.as_deref())).await {
-        Ok(id) => Ok(back_with(
-            "/admin/models",
-            &format!("已提交上线任务 #{id}：新向量表生成完毕前，检索继续使用在用模型"),
-        )),
+        Ok(id) => {
+            Ok(back_with("/admin/models", &format!("已提交上线任务 #{id}：新向量表生成完毕前，检索继续使用在用模型")))
+        }
         Err(e) => back_with_error("/admin/models", e),
     }
 }

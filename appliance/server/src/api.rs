@@ -533,7 +533,8 @@ pub async fn admin_import_judgments(
     payload: actix_multipart::Multipart,
 ) -> Result<HttpResponse, ApiError> {
     let (name, set) = path.into_inner();
-    Ok(HttpResponse::Created().json(crate::uploads::import_judgments(&state, &caller, Some((&name, &set)), payload).await?))
+    Ok(HttpResponse::Created()
+        .json(crate::uploads::import_judgments(&state, &caller, Some((&name, &set)), payload).await?))
 }
 
 #[utoipa::path(delete, path = "/api/v1/admin/collections/{name}/judgments/{set}", tag = "admin",

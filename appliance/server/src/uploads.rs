@@ -151,7 +151,9 @@ async fn receive_with(
             while let Some(chunk) = field.next().await {
                 value.extend_from_slice(&chunk.map_err(|e| ApiError::invalid(format!("reading the upload: {e}")))?);
                 if value.len() > MAX_FIELD_BYTES {
-                    return Err(ApiError::invalid(format!("表单字段 {name} 过长 (field {name} exceeds {MAX_FIELD_BYTES} bytes)")));
+                    return Err(ApiError::invalid(format!(
+                        "表单字段 {name} 过长 (field {name} exceeds {MAX_FIELD_BYTES} bytes)"
+                    )));
                 }
             }
             fields.insert(name, String::from_utf8_lossy(&value).trim().to_string());
