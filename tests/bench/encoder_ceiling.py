@@ -3,11 +3,11 @@
 
 The server issue asks for 2x closed-loop throughput at 16 clients with the fp32 e5-small query encoder on 2 cores.
 Every search encodes its query, so the encoder's CPU per query bounds requests/s from above, however well the rest
-is built. This measures that bound directly, outside the appliance, with the very graph and tokenizer the appliance
-serves, on the onnxruntime wheel of the same version as the library it loads:
+is built. This measures that bound directly with the reference stack's encoder (reference.py: the appliance's own
+graph, tokenizer and query template on the onnxruntime wheel, one thread, all graph optimisations):
 
-* per-query CPU time of the graph at batch sizes 1..16 (real kuake_qtr queries, padded to the batch's longest, as
-  the encoder service batches concurrent queries), one ONNX Runtime thread, all graph optimisations;
+* per-query CPU time at batch sizes 1..16 (real kuake_qtr queries, padded to the batch's longest, as the encoder
+  service batches concurrent queries);
 * where the time goes (ORT's profiler, by operator type) and the FLOP rate of the MatMuls;
 * the core's own fp32 GEMM rate (numpy, one thread) at the encoder's shapes, i.e. how close MatMul already runs to
   what the core can do;
@@ -21,72 +21,30 @@ import argparse
 import collections
 import json
 import os
-import platform
+import sys
 import time
+from pathlib import Path
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reference import Encoder, cpu_info, versions  # noqa: E402  (also pins numpy/BLAS to one thread)
 
 import numpy as np  # noqa: E402
-import onnxruntime as ort  # noqa: E402
-from tokenizers import Tokenizer  # noqa: E402
 
 
-def cpu_info():
-    model, flags = "", set()
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name") and not model:
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    isa = [x for x in ("avx512f", "avx512_vnni", "avx2", "fma", "avx") if x in flags]
-    return {"cpu_model": model, "cores": os.cpu_count(), "simd": isa, "python": platform.python_version(),
-            "onnxruntime": ort.__version__, "numpy": np.__version__}
-
-
-def session(graph, profile=False):
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if profile:
-        so.enable_profiling = True
-        so.profile_file_prefix = "/tmp/care-encoder-ceiling"
-    return ort.InferenceSession(graph, sess_options=so, providers=["CPUExecutionProvider"])
-
-
-def feed(s, batch):
-    names = {i.name for i in s.get_inputs()}
-    n = max(len(b) for b in batch)
-    ids = np.ones((len(batch), n), np.int64)
-    mask = np.zeros_like(ids)
-    for r, b in enumerate(batch):
-        ids[r, : len(b)] = b
-        mask[r, : len(b)] = 1
-    f = {"input_ids": ids, "attention_mask": mask}
-    if "token_type_ids" in names:
-        f["token_type_ids"] = np.zeros_like(ids)
-    if "position_ids" in names:
-        f["position_ids"] = np.tile(np.arange(n), (len(batch), 1))
-    return f
-
-
-def per_query_cpu(s, ids, bs, n):
+def per_query_cpu(enc, ids, bs, n):
     for i in range(0, 8 * bs, bs):  # warm-up
-        s.run(None, feed(s, ids[i : i + bs]))
+        enc.run(ids[i : i + bs])
     t0, w0 = time.process_time(), time.perf_counter()
     for i in range(0, n, bs):
-        s.run(None, feed(s, ids[i : i + bs]))
+        enc.run(ids[i : i + bs])
     return 1000 * (time.process_time() - t0) / n, 1000 * (time.perf_counter() - w0) / n
 
 
-def profile_ops(graph, ids, n):
-    s = session(graph, profile=True)
+def profile_ops(model, ids, n):
+    enc = Encoder(model, model / "model.onnx", 1, profile_prefix="/tmp/care-encoder-ceiling")
     for i in range(n):
-        s.run(None, feed(s, [ids[i]]))
-    path = s.end_profiling()
+        enc.run([ids[i]])
+    path = enc.sess.end_profiling()
     with open(path) as f:
         events = json.load(f)
     os.remove(path)
@@ -116,34 +74,33 @@ def main():
     p.add_argument("--queries", type=int, default=256)
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    graph = os.path.join(a.model, "model.onnx")
-    tok = Tokenizer.from_file(os.path.join(a.model, "tokenizer.json"))
-    with open(os.path.join(a.set, "queries.jsonl")) as f:
+    model = Path(a.model)
+    enc = Encoder(model, model / "model.onnx", 1)
+    with open(Path(a.set) / "queries.jsonl") as f:
         texts = [json.loads(line)["text"] for line in f if line.strip()]
-    ids = [tok.encode("query: " + t).ids for t in texts[: a.queries + 256]]
+    ids = [enc.tok.encode(enc.render(t, "query"), add_special_tokens=True).ids for t in texts[: a.queries + 256]]
     lens = np.array([len(i) for i in ids[: a.queries]])
-    with open(os.path.join(a.model, "config.json")) as f:
-        cfg = json.load(f)
+    cfg = json.loads((model / "config.json").read_text())
     h, layers, ffn = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
-    # Dense FLOPs per token of the encoder layers (Q, K, V, O projections and the feed-forward pair); attention
-    # scores add 4·seq·h per token per layer, small at query lengths.
-    flops_token = layers * 2 * (4 * h * h + 2 * h * ffn)
-    flops_query = float(np.mean([layers * 4 * n * h + flops_token for n in lens]) * np.mean(lens))
-    s = session(graph)
+    # FLOPs per query of the encoder layers: Q, K, V, O projections and the feed-forward pair per token, plus the
+    # attention products (4·seq·h per token per layer, small at query lengths).
+    flops_query = float(np.mean([n * layers * 2 * (4 * h * h + 2 * h * ffn + 2 * n * h) for n in lens]))
     batches = {}
     for bs in (1, 2, 4, 8, 16):
-        cpu, wall = per_query_cpu(s, ids, bs, a.queries)
+        cpu, wall = per_query_cpu(enc, ids, bs, a.queries)
         batches[str(bs)] = {"cpu_ms_per_query": cpu, "wall_ms_per_query": wall}
         print(f"batch {bs:2d}: {cpu:6.2f} ms CPU per query")
-    ops = profile_ops(graph, ids, min(a.queries, 128))
+    ops = profile_ops(model, ids, min(a.queries, 128))
     mm = ops.get("MatMul", {}).get("ms_per_query", 0.0)
-    gemm = {f"{m}x{h}x{ffn}": gemm_gflops(m, h, ffn) for m in (int(np.median(lens)), 16 * int(np.median(lens)), 2048)}
+    med = int(np.median(lens))
+    gemm = {f"{m}x{h}x{ffn}": gemm_gflops(m, h, ffn) for m in (med, 16 * med, 2048)}
     best_cpu = min(b["cpu_ms_per_query"] for b in batches.values())
     cores = os.cpu_count()
     report = {
         "tool": "tests/bench/encoder_ceiling.py",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": cpu_info(),
+        "machine": {**cpu_info(), "cores": cores},
+        "versions": versions(),
         "model": a.model,
         "queries": a.queries,
         "query_tokens": {"p50": float(np.median(lens)), "p90": float(np.percentile(lens, 90)), "max": int(lens.max())},

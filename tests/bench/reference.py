@@ -346,7 +346,7 @@ def load_corpus(set_dir: Path, max_docs: int):
 
 
 class Encoder:
-    def __init__(self, model_dir: Path, onnx_path: Path, threads: int):
+    def __init__(self, model_dir: Path, onnx_path: Path, threads: int, profile_prefix: str | None = None):
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
@@ -365,6 +365,9 @@ class Encoder:
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if profile_prefix:  # ORT's per-operator timings (tests/bench/encoder_ceiling.py)
+            so.enable_profiling = True
+            so.profile_file_prefix = profile_prefix
         self.sess = ort.InferenceSession(str(onnx_path), sess_options=so, providers=["CPUExecutionProvider"])
         self.inputs = [i.name for i in self.sess.get_inputs()]
         self.output = self.sess.get_outputs()[0].name
