@@ -302,6 +302,35 @@ fn authorisation_matrix_and_collection_isolation() {
     m.insert(("GET", "/api/v1/admin/audit"), case("/api/v1/admin/audit?action=search", Empty, 401, 403, &[200]));
     m.insert(("GET", "/api/v1/admin/audit/verify"), case("/api/v1/admin/audit/verify", Empty, 401, 403, &[200]));
     m.insert(("GET", "/api/v1/admin/feedback"), case("/api/v1/admin/feedback", Empty, 401, 403, &[200]));
+    m.insert(("GET", "/admin/training"), case("/admin/training", Empty, 302, 403, &[200]));
+    m.insert(("POST", "/admin/training/run"), case("/admin/training/run", Form("stage1_steps=1"), 302, 403, &[303]));
+    m.insert(
+        ("POST", "/admin/training/schedules"),
+        case("/admin/training/schedules", Form("time=02%3A00&weekday=6"), 302, 403, &[303]),
+    );
+    m.insert(
+        ("POST", "/admin/training/schedules/{id}/delete"),
+        case("/admin/training/schedules/999/delete", Empty, 302, 403, &[303]),
+    );
+    m.insert(("GET", "/api/v1/admin/training"), case("/api/v1/admin/training", Empty, 401, 403, &[200]));
+    // No trainer in this test's environment (or nothing approved for training at that point): refused, not queued.
+    m.insert(("POST", "/api/v1/admin/training/runs"), case("/api/v1/admin/training/runs", Json("{}"), 401, 403, &[400, 503]));
+    m.insert(
+        ("GET", "/api/v1/admin/training/runs/{job}"),
+        case("/api/v1/admin/training/runs/999", Empty, 401, 403, &[404]),
+    );
+    m.insert(
+        ("GET", "/api/v1/admin/training/runs/{job}/loss.svg"),
+        case("/api/v1/admin/training/runs/999/loss.svg", Empty, 401, 403, &[404]),
+    );
+    m.insert(
+        ("POST", "/api/v1/admin/training/schedules"),
+        case("/api/v1/admin/training/schedules", Json(r#"{"time":"02:00","weekday":6}"#), 401, 403, &[201]),
+    );
+    m.insert(
+        ("DELETE", "/api/v1/admin/training/schedules/{id}"),
+        case("/api/v1/admin/training/schedules/999", Empty, 401, 403, &[404]),
+    );
 
     let table: Vec<(&str, &str)> = ROUTES.iter().map(|r| (r.method, r.pattern)).collect();
     for key in &table {

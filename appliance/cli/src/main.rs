@@ -7,6 +7,7 @@ mod bench_load;
 
 mod config;
 mod doctor;
+mod train_cmds;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -105,6 +106,11 @@ enum Command {
     Judgments {
         #[command(subcommand)]
         command: JudgmentsCommand,
+    },
+    /// Retraining: check the trainer, run one now, follow runs, schedules (the console's 训练 page).
+    Train {
+        #[command(subcommand)]
+        command: train_cmds::TrainCommand,
     },
     /// Embed whatever chunks the active document model's dense indexes lack (also runs on every start).
     Reembed,
@@ -899,6 +905,10 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Audit { command } => {
             let e = open(OpenMode::Existing)?;
             return admin_cmds::run_audit(&e, command);
+        }
+        Command::Train { command } => {
+            let e = std::sync::Arc::new(open(OpenMode::Existing)?);
+            return train_cmds::run_train(e, &console(), cfg.engine.ingest.workers, command);
         }
         Command::Demo { no_serve, e5s1, .. } => {
             let e = open(OpenMode::Create)?;

@@ -1,4 +1,5 @@
-//! Engine settings (the `[storage]`, `[ingest]`, `[search]`, `[model]` and `[lifecycle]` sections of `care.toml`).
+//! Engine settings (the `[storage]`, `[ingest]`, `[search]`, `[model]`, `[lifecycle]` and `[training]` sections of
+//! `care.toml`).
 //!
 //! Layering (defaults < file < env < CLI) is done by the binary; the engine only defines the shape and defaults.
 
@@ -17,6 +18,7 @@ pub struct EngineConfig {
     pub search: SearchConfig,
     pub model: ModelConfig,
     pub lifecycle: LifecycleConfig,
+    pub training: crate::training::TrainingConfig,
 }
 
 /// How candidate model pairs are judged (`[lifecycle]`).

@@ -102,6 +102,8 @@ error_codes! {
     UnknownChunks = "unknown_chunks", Conflict, "向量与当前文档不符";
     InvalidPackage = "invalid_package", Unprocessable, "模型包无效";
     ParityFailed = "parity_failed", Unprocessable, "模型输出与训练端不一致";
+    TrainerUnavailable = "trainer_unavailable", Unavailable, "训练程序不可用";
+    Busy = "busy", Conflict, "已有同类任务在运行";
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -186,6 +188,12 @@ pub enum Error {
          weights. Export the package again with `care-train export`"
     )]
     ParityFailed { path: PathBuf, worst: f64, index: usize, text: String, min: f64 },
+    /// `care-train` cannot start here (not installed, libtorch missing or of another version); says how to fix it.
+    #[error("{0}")]
+    TrainerUnavailable(String),
+    /// A run that must not overlap another (training) while one is queued or running.
+    #[error("{0}")]
+    Busy(String),
 }
 
 impl From<tantivy::TantivyError> for Error {
@@ -233,6 +241,8 @@ impl Error {
             Error::UnknownChunks { .. } => ErrorCode::UnknownChunks,
             Error::InvalidPackage { .. } => ErrorCode::InvalidPackage,
             Error::ParityFailed { .. } => ErrorCode::ParityFailed,
+            Error::TrainerUnavailable(_) => ErrorCode::TrainerUnavailable,
+            Error::Busy(_) => ErrorCode::Busy,
         }
     }
 }

@@ -22,6 +22,8 @@
 //!   ├ hybrid    dense sync with SQLite, query encoding, retrieval (engine methods)
 //!   ├ vectors   document vectors computed offline: export chunks for the trainer, import its embedding shards
 //!   ├ eval      BEIR/STS sets and ranking metrics (nDCG, MAP, MRR, Recall), fusion tuning
+//!   ├ training  retraining as a job: data from approved collections + feedback, `care-train` child processes,
+//!   │           export → import → gate → promotion; schedules
 //!   └ demo      the embedded demo collection
 //! ```
 //!
@@ -55,6 +57,7 @@ pub mod models;
 pub mod service;
 pub mod store;
 pub mod text;
+pub mod training;
 pub mod vectors;
 
 pub use config::EngineConfig;

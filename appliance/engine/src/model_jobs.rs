@@ -85,13 +85,16 @@ impl Engine {
             .store
             .reader()
             .query_row(
-                "SELECT id, kind, params, actor FROM jobs WHERE kind IN (?1, ?2) AND state IN ('queued', 'running') \
+                "SELECT id, kind, params, actor FROM jobs WHERE kind IN (?1, ?2, ?3) AND state IN ('queued', 'running') \
                  ORDER BY id LIMIT 1",
-                params![EVALUATE, PROMOTE],
+                params![EVALUATE, PROMOTE, crate::training::TRAIN],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )
             .optional()?;
-        let Some((id, kind, json, actor)) = next else { return Ok(false) };
+        let Some((id, kind, json, actor)) = next else {
+            // Idle: a due training schedule becomes the next job.
+            return Ok(self.fire_due_schedules(time::OffsetDateTime::now_utc())?.is_some());
+        };
         if self.job(id)?.cancel_requested {
             self.end_model_job(id, Outcome::Cancelled)?;
             return Ok(true);
@@ -101,9 +104,16 @@ impl Engine {
             params![id, now()],
         )?;
         tracing::info!(job = id, kind, "model job started");
-        let outcome = match serde_json::from_str::<ModelJobParams>(&json) {
-            Ok(p) => self.run_model_job(id, &kind, &p, &Actor::console(actor), stop),
-            Err(e) => Err(Error::Internal(format!("job {id}: unreadable parameters: {e}"))),
+        let outcome = if kind == crate::training::TRAIN {
+            set_interrupt(false);
+            let r = self.run_training_job(id, &json, &Actor::console(actor), stop);
+            set_interrupt(false);
+            r
+        } else {
+            match serde_json::from_str::<ModelJobParams>(&json) {
+                Ok(p) => self.run_model_job(id, &kind, &p, &Actor::console(actor), stop),
+                Err(e) => Err(Error::Internal(format!("job {id}: unreadable parameters: {e}"))),
+            }
         };
         let outcome = match outcome {
             Ok(result) => Outcome::Done(result),

@@ -535,7 +535,8 @@ mod tests {
                         (SELECT COUNT(*) FROM feedback) || '|' || (SELECT COUNT(*) FROM sessions) || '|' ||
                         ifnull((SELECT group_concat(id || state) FROM documents), '') || '|' ||
                         (SELECT COUNT(*) FROM judgment_sets) || '-' || (SELECT COUNT(*) FROM judgments) || '|' ||
-                        (SELECT COUNT(*) FROM models) || '-' || (SELECT COUNT(*) FROM model_history)",
+                        (SELECT COUNT(*) FROM models) || '-' || (SELECT COUNT(*) FROM model_history) || '|' ||
+                        ifnull((SELECT group_concat(id || spec) FROM training_schedules), '')",
                 [],
                 |r| r.get(0),
             )
@@ -601,6 +602,12 @@ mod tests {
         let src = crate::judgments::JudgmentSource::Csv(&csv);
         atomic(&e, "import judgments", || e.import_judgments_as(&root, "c1", "set1", src));
         atomic(&e, "delete judgments", || e.delete_judgments_as(&root, "c1", "set1"));
+        let spec: crate::training::schedule::ScheduleSpec =
+            serde_json::from_str(r#"{"weekday": 6, "time": "02:00", "min_new_feedback": 100}"#).unwrap();
+        let sid = atomic(&e, "add training schedule", || e.set_schedule_as(&root, None, &spec));
+        let spec = crate::training::schedule::ScheduleSpec { weekday: Some(0), ..spec };
+        atomic(&e, "change training schedule", || e.set_schedule_as(&root, Some(sid), &spec));
+        atomic(&e, "delete training schedule", || e.delete_schedule_as(&root, sid));
         atomic(&e, "logout", || e.logout(&clin, &cookie));
         atomic(&e, "own password", || e.change_own_password(&clin, "clinician-pass-2", "clinician-pass-3"));
         atomic(&e, "revoke grant", || e.revoke_as(&root, "drwang", "c1"));
@@ -630,6 +637,10 @@ mod tests {
         forbidden(e.submit_evaluate_as(&clin, "a@1").map(|_| ()));
         forbidden(e.submit_promote_as(&clin, "a@1", Some("x")).map(|_| ()));
         forbidden(e.reject_as(&clin, "a@1", "x").map(|_| ()));
+        forbidden(e.submit_training_as(&clin, &crate::training::Recipe::default(), None).map(|_| ()));
+        forbidden(e.training_runs_as(&clin, 10).map(|_| ()));
+        forbidden(e.schedules_as(&clin).map(|_| ()));
+        forbidden(e.delete_schedule_as(&clin, 1));
         assert!(e.readable_collections(&clin).unwrap().is_empty());
     }
 }

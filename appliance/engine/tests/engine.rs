@@ -676,7 +676,7 @@ mod lifecycle_gate {
     use super::{e5s1, shared};
 
     /// kuake_qtr dev: the first `n` judged queries, their judged passages plus the first 1,500 others.
-    fn subset(dir: &Path, n: usize) -> (std::path::PathBuf, std::path::PathBuf, Vec<String>) {
+    pub(super) fn subset(dir: &Path, n: usize) -> (std::path::PathBuf, std::path::PathBuf, Vec<String>) {
         let set = BeirSet::load(&shared().join("data/retrieval/kuake_qtr"), "dev").unwrap();
         let queries: Vec<(String, String)> = set.queries.iter().take(n).cloned().collect();
         let judged: HashSet<String> = queries.iter().flat_map(|(q, _)| set.qrels[q].keys().cloned()).collect();
@@ -883,6 +883,211 @@ mod lifecycle_gate {
             assert!(started.elapsed() < std::time::Duration::from_secs(600), "job {id} did not finish: {j:?}");
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Retraining as a job: approved data → care-train (a child process) → export → import → gate → promotion.
+
+mod training {
+    use std::collections::HashSet;
+    use std::io::Write;
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use care_engine::engine::OpenMode;
+    use care_engine::judgments::{JudgmentSource, part_of};
+    use care_engine::training::Recipe;
+    use care_engine::training::schedule::ScheduleSpec;
+    use care_engine::{Actor, Engine, EngineConfig, ErrorCode, SearchRequest, Worker};
+    use care_formats::training::TrainingExample;
+
+    use super::e5s1;
+    use super::lifecycle_gate::subset;
+
+    /// Small enough for CI on two cores; large enough that Stage I visibly aligns the pruned query encoder.
+    fn recipe() -> Recipe {
+        Recipe {
+            stage1_steps: 40,
+            stage2_steps: 12,
+            batch_size: 16,
+            stage2_batch_size: 4,
+            stage1_max_texts: 600,
+            lr: 1e-4,
+            checkpoint_every: 10,
+            ..Recipe::default()
+        }
+    }
+
+    fn wait(e: &Engine, admin: &Actor, job: i64, until: &dyn Fn(&care_engine::JobView) -> bool) -> care_engine::JobView {
+        let started = Instant::now();
+        loop {
+            let j = e.job_as(admin, job).unwrap();
+            if until(&j) {
+                return j;
+            }
+            assert!(started.elapsed() < Duration::from_secs(1200), "job {job}: {j:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn finished(j: &care_engine::JobView) -> bool {
+        !matches!(j.state.as_str(), "queued" | "running")
+    }
+
+    fn read_examples(p: &Path) -> Vec<TrainingExample> {
+        care_formats::training::read_examples(std::io::BufReader::new(std::fs::File::open(p).unwrap())).unwrap()
+    }
+
+    /// The judgments of `csv` with every training-part query's documents replaced by another query's (shuffled
+    /// labels); evaluation-part rows stay true.
+    fn shuffled(csv: &Path, out: &Path) -> PathBuf {
+        let text = std::fs::read_to_string(csv).unwrap();
+        let rows: Vec<&str> = text.lines().skip(1).collect();
+        let split = |l: &str| {
+            let (q, rest) = l.rsplit_once(',').map(|(a, g)| (a, g)).unwrap();
+            let (q, id) = q.rsplit_once(',').unwrap();
+            (q.trim_matches('"').replace("\"\"", "\""), id.to_string(), rest.to_string())
+        };
+        let ids: Vec<String> = rows.iter().map(|l| split(l).1).collect();
+        let path = out.join("shuffled.csv");
+        let mut w = std::fs::File::create(&path).unwrap();
+        writeln!(w, "query,id,grade").unwrap();
+        for (i, l) in rows.iter().enumerate() {
+            let (q, id, g) = split(l);
+            let id = if part_of(&q, 0.3) == "train" { ids[(i * 7919 + 13) % ids.len()].clone() } else { id };
+            writeln!(w, "\"{}\",{id},{g}", q.replace('"', "\"\"")).unwrap();
+        }
+        path
+    }
+
+    #[test]
+    fn scheduled_run_resumes_after_a_restart_and_promotes_shuffled_labels_are_gated_out_cancel_registers_nothing() {
+        let (Some(bin), Some(l4)) = (std::env::var_os("CARE_TRAIN_BIN"), std::env::var_os("CARE_TRAINER_EXPORT")) else {
+            eprintln!("CARE_TRAIN_BIN / CARE_TRAINER_EXPORT not set (packaging/dev.sh test sets them); skipping");
+            return;
+        };
+        let t = tempfile::tempdir().unwrap();
+        let (corpus, csv, queries) = subset(t.path(), 150);
+        let mut cfg = EngineConfig::default();
+        cfg.storage.data_dir = t.path().join("data");
+        cfg.lifecycle.max_latency_ratio = 10.0;
+        cfg.training.trainer = PathBuf::from(bin);
+        cfg.training.device = "cpu".into();
+        let e = Arc::new(Engine::open(cfg, OpenMode::Create).unwrap());
+        let admin = Actor::console("admin");
+        e.create_collection("kuake", "", "test").unwrap();
+        e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
+        e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+        e.sync_dense_indexes(&mut |_| {}).unwrap();
+        // The live query encoder: e5-small cut to its first 4 layers and not trained since (CARE's small query
+        // encoder before alignment), beside the full e5-small document encoder.
+        e.import_model_as(&admin, Path::new(&l4)).unwrap();
+        e.activate_as(&admin, "e5-small-l4@1", "e5-small@1", &mut |_| {}).unwrap();
+        // Nothing approved yet: refused before anything is queued.
+        let err = e.submit_training_as(&admin, &recipe(), None).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidInput, "{err}");
+        e.approve_as(&admin, "kuake", true).unwrap();
+        // A second collection, approved and then withdrawn: none of it may reach training.
+        let other = t.path().join("other.txt");
+        std::fs::write(&other, "撤回批准的资料：这段文字不应进入训练数据。\n\n第二段撤回批准的资料。").unwrap();
+        e.create_collection("withdrawn", "", "test").unwrap();
+        e.ingest_files("withdrawn", &[other], &mut |_| {}).unwrap();
+        e.approve_as(&admin, "withdrawn", true).unwrap();
+        e.approve_as(&admin, "withdrawn", false).unwrap();
+        e.import_judgments_as(&admin, "kuake", "dev150", JudgmentSource::Csv(&csv)).unwrap();
+        // Clinician feedback on a training-part query joins the next run's data.
+        let fb_query = queries.iter().find(|q| part_of(q, 0.3) == "train").unwrap().clone() + " 反馈";
+        let hit = e.search(&SearchRequest { query: fb_query.clone(), ..Default::default() }).unwrap().hits[0].chunk_id;
+        e.feedback_as(&admin, &fb_query, hit, true).unwrap();
+
+        // A daily 02:00 schedule: not due now, due a day later; it fires once and runs never overlap.
+        let spec = ScheduleSpec {
+            weekday: None,
+            time: Some("02:00".into()),
+            min_new_feedback: None,
+            recipe: recipe(),
+            enabled: true,
+        };
+        e.set_schedule_as(&admin, None, &spec).unwrap();
+        let now = time::OffsetDateTime::now_utc();
+        assert_eq!(e.fire_due_schedules(now).unwrap(), None);
+        let job = e.fire_due_schedules(now + time::Duration::days(1)).unwrap().expect("a due schedule fires");
+        assert_eq!(e.fire_due_schedules(now + time::Duration::days(2)).unwrap(), None, "a run is queued already");
+        assert_eq!(e.submit_training_as(&admin, &recipe(), None).unwrap_err().code(), ErrorCode::Busy);
+        let models_before = e.models().unwrap().len();
+
+        // The worker runs it; stopping the worker mid-Stage I (a restart) kills care-train after a checkpoint.
+        let run_dir = t.path().join("data/train").join(format!("run-{job}"));
+        let w = Worker::start(e.clone(), 1);
+        let ckpt = run_dir.join("stage1/checkpoints");
+        let started = Instant::now();
+        while std::fs::read_dir(&ckpt).map_or(0, |d| d.count()) == 0 {
+            assert!(started.elapsed() < Duration::from_secs(900), "no Stage I checkpoint: {:?}", e.job(job).unwrap());
+            assert!(!finished(&e.job_as(&admin, job).unwrap()), "{:?}", e.job_as(&admin, job).unwrap());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        w.shutdown();
+        assert_eq!(e.job_as(&admin, job).unwrap().state, "queued", "a restart puts the run back in the queue");
+        assert_eq!(e.models().unwrap().len(), models_before, "nothing registered before export");
+        let w = Worker::start(e.clone(), 1);
+        let j = wait(&e, &admin, job, &finished);
+        assert_eq!(j.state, "done", "{j:?}");
+        let log = std::fs::read_to_string(run_dir.join("logs/stage1.log")).unwrap();
+        assert!(log.contains("resumed from step"), "Stage I resumed from its checkpoint: {log}");
+        let run = e.training_run_as(&admin, job).unwrap();
+        eprintln!("run: {run:?}");
+        assert_eq!(run.decision, "promoted", "{run:?}");
+        let live = e.active_models().unwrap().unwrap();
+        assert_eq!(format!("{}@{},{}@{}", live.query.name, live.query.version, live.document.name, live.document.version), run.candidate);
+        assert_eq!(live.document.name, "e5-small", "query-side training keeps the document model: a hot swap");
+        assert!(!e.training_loss_svg_as(&admin, job).unwrap().is_empty());
+
+        // What it trained on: only the approved collection, the training part, the clinician's feedback.
+        let counts = run.counts.unwrap();
+        assert_eq!(counts.collections.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["kuake"]);
+        assert!(counts.collections[0].eval_queries_left_out > 20, "{counts:?}");
+        assert!(counts.mined_candidates > 0 && counts.stage2_groups > 50, "{counts:?}");
+        let corpus = std::fs::read_to_string(run_dir.join("corpus.jsonl")).unwrap();
+        assert!(!corpus.contains("撤回批准"), "a withdrawn collection's passages reached training");
+        let examples = read_examples(&run_dir.join("stage2.jsonl"));
+        let col = e.collection("kuake").unwrap();
+        let eval: HashSet<String> = e.judged(col.id, "eval").unwrap().queries.into_iter().map(|q| q.1).collect();
+        assert!(examples.iter().all(|x| !eval.contains(&x.query)), "an evaluation query reached training");
+        assert!(examples.iter().any(|x| x.query == fb_query), "the clinician's feedback is not in the run's data");
+        assert!(examples.iter().all(|x| x.neg.len() == 7 && !x.neg.contains(&x.pos[0])));
+
+        // Shuffled labels: the training part pairs queries with other queries' documents; the run is gated out
+        // and the live pair stays.
+        e.delete_judgments_as(&admin, "kuake", "dev150").unwrap();
+        let bad = shuffled(&csv, t.path());
+        e.import_judgments_as(&admin, "kuake", "shuffled", JudgmentSource::Csv(&bad)).unwrap();
+        let noisy = Recipe { stage1_steps: 0, stage2_steps: 30, lr: 3e-4, ..recipe() };
+        let job2 = e.submit_training_as(&admin, &noisy, None).unwrap();
+        let j = wait(&e, &admin, job2, &finished);
+        assert_eq!(j.state, "done", "{j:?}");
+        let run2 = e.training_run_as(&admin, job2).unwrap();
+        assert_eq!(run2.decision, "gated_out", "{run2:?}");
+        assert_eq!(e.active_models().unwrap().unwrap().query, live.query);
+
+        // Cancel during training: the job ends cancelled and nothing new is registered.
+        let n = e.models().unwrap().len();
+        let job3 = e.submit_training_as(&admin, &Recipe { stage1_steps: 400, ..recipe() }, None).unwrap();
+        wait(&e, &admin, job3, &|j| j.stage.starts_with("Stage I 训练 步"));
+        e.cancel_job_as(&admin, job3).unwrap();
+        let j = wait(&e, &admin, job3, &finished);
+        assert_eq!(j.state, "cancelled", "{j:?}");
+        assert_eq!(e.models().unwrap().len(), n, "a cancelled run registered a model");
+        w.shutdown();
+        let actions: Vec<String> = e
+            .audit_records_as(&admin, &care_engine::audit::Filter::default(), 10_000, 0)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.action)
+            .collect();
+        assert_eq!(actions.iter().filter(|a| *a == "training.submit").count(), 3, "{actions:?}");
+        assert!(actions.iter().any(|a| a == "training.schedule_set"));
     }
 }
 

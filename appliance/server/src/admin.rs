@@ -46,20 +46,20 @@ impl Flash {
         let (m, sig) = (msg.as_ref()?, self.sig.as_deref()?);
         (flash_sig(kind, m) == sig).then(|| m.chars().take(500).collect())
     }
-    fn flash(&self) -> Option<String> {
+    pub(crate) fn flash(&self) -> Option<String> {
         self.checked("flash", &self.flash)
     }
-    fn error(&self) -> Option<String> {
+    pub(crate) fn error(&self) -> Option<String> {
         self.checked("error", &self.error)
     }
 }
 
-fn back_with(path: &str, flash: &str) -> HttpResponse {
+pub(crate) fn back_with(path: &str, flash: &str) -> HttpResponse {
     see_other(&format!("{path}?flash={}&sig={}", percent_encode(flash), flash_sig("flash", flash)))
 }
 
 /// A failed admin action returns to its page with the message shown; server errors still get the error page.
-fn back_with_error(path: &str, e: ApiError) -> Result<HttpResponse, ApiError> {
+pub(crate) fn back_with_error(path: &str, e: ApiError) -> Result<HttpResponse, ApiError> {
     if e.is_server_error() {
         return Err(e);
     }

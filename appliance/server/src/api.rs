@@ -4,6 +4,8 @@
 use actix_web::{HttpResponse, delete, get, patch, post, put, web};
 use care_engine::judgments::JudgmentSetInfo;
 use care_engine::lifecycle::ImportReport;
+use care_engine::training::Recipe;
+use care_engine::training::schedule::ScheduleSpec;
 use care_engine::{SearchAs, UserInfo, UserUpdate, audit};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -689,4 +691,84 @@ pub async fn healthz(state: web::Data<AppState>) -> HttpResponse {
 pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let jobs = anon(&state, |e| e.job_counts()).await?;
     Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.metrics.render(&jobs)))
+}
+
+#[utoipa::path(get, path = "/api/v1/admin/training", tag = "admin",
+    responses((status = 200, description = "whether care-train can run here (and why not), the default recipe, schedules and the newest runs", body = Object)))]
+#[get("/api/v1/admin/training")]
+pub async fn admin_training(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
+    let (trainer, runs, schedules) = call(&state, &caller, |e, a| {
+        let runs = e.training_runs_as(a, 50)?;
+        Ok((e.trainer_status(), runs, e.schedules_as(a)?))
+    })
+    .await?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({"trainer": trainer, "default_recipe": Recipe::default(),
+        "schedules": schedules, "runs": runs})))
+}
+
+#[utoipa::path(post, path = "/api/v1/admin/training/runs", tag = "admin", request_body = Recipe,
+    responses((status = 202, description = "queued; follow it at /api/v1/admin/training/runs/{job}", body = JobAccepted),
+        (status = 400, description = "invalid recipe, no live pair or nothing approved for training"),
+        (status = 409, description = "busy: a run is already queued or running"),
+        (status = 503, description = "trainer_unavailable: the message says how to install it")))]
+#[post("/api/v1/admin/training/runs")]
+pub async fn admin_train(
+    state: web::Data<AppState>,
+    caller: Caller,
+    body: web::Json<Recipe>,
+) -> Result<HttpResponse, ApiError> {
+    let r = body.into_inner();
+    Ok(accepted(call(&state, &caller, move |e, a| e.submit_training_as(a, &r, None)).await?))
+}
+
+#[utoipa::path(get, path = "/api/v1/admin/training/runs/{job}", tag = "admin",
+    responses((status = 200, description = "state, stage, progress, data counts, phase times, candidate, evaluation and decision", body = Object),
+        (status = 404)))]
+#[get("/api/v1/admin/training/runs/{job}")]
+pub async fn admin_training_run(
+    state: web::Data<AppState>,
+    caller: Caller,
+    path: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    let job = path.into_inner();
+    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.training_run_as(a, job)).await?))
+}
+
+#[utoipa::path(get, path = "/api/v1/admin/training/runs/{job}/loss.svg", tag = "admin",
+    responses((status = 200, description = "Stage I and Stage II loss charts", content_type = "image/svg+xml"), (status = 404)))]
+#[get("/api/v1/admin/training/runs/{job}/loss.svg")]
+pub async fn admin_training_loss(
+    state: web::Data<AppState>,
+    caller: Caller,
+    path: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    let job = path.into_inner();
+    let svg = call(&state, &caller, move |e, a| e.training_loss_svg_as(a, job)).await?;
+    Ok(HttpResponse::Ok().content_type("image/svg+xml").body(svg))
+}
+
+#[utoipa::path(post, path = "/api/v1/admin/training/schedules", tag = "admin", request_body = ScheduleSpec,
+    responses((status = 201, description = "the new schedule's id", body = Object), (status = 400)))]
+#[post("/api/v1/admin/training/schedules")]
+pub async fn admin_add_schedule(
+    state: web::Data<AppState>,
+    caller: Caller,
+    body: web::Json<ScheduleSpec>,
+) -> Result<HttpResponse, ApiError> {
+    let s = body.into_inner();
+    let id = call(&state, &caller, move |e, a| e.set_schedule_as(a, None, &s)).await?;
+    Ok(HttpResponse::Created().json(serde_json::json!({"schedule": id})))
+}
+
+#[utoipa::path(delete, path = "/api/v1/admin/training/schedules/{id}", tag = "admin",
+    responses((status = 204), (status = 404)))]
+#[delete("/api/v1/admin/training/schedules/{id}")]
+pub async fn admin_delete_schedule(
+    state: web::Data<AppState>,
+    caller: Caller,
+    path: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    let id = path.into_inner();
+    call(&state, &caller, move |e, a| e.delete_schedule_as(a, id)).await?;
+    Ok(HttpResponse::NoContent().finish())
 }

@@ -19,13 +19,15 @@ use crate::api;
         api::admin_create_token, api::admin_revoke_token, api::admin_models, api::admin_import_model, api::admin_evaluate, api::admin_evaluations, api::admin_promote, api::admin_reject,
         api::admin_rollback, api::admin_model_history, api::admin_judgments, api::admin_import_judgments,
         api::admin_delete_judgments, api::admin_activate, api::admin_audit,
-        api::admin_audit_verify, api::admin_feedback, api::healthz, api::metrics,
+        api::admin_audit_verify, api::admin_feedback, api::healthz, api::metrics, api::admin_training, api::admin_train,
+        api::admin_training_run, api::admin_training_loss, api::admin_add_schedule, api::admin_delete_schedule,
     ),
     components(schemas(api::Me, api::PasswordChange, api::FeedbackBody, api::NewCollection, api::Approval,
         care_engine::UserInfo, api::NewUser, care_engine::UserUpdate, api::NewToken, api::Activate,
         care_engine::lifecycle::ImportReport, api::Candidate, api::Rollback, api::Reject, api::JobAccepted, care_engine::lifecycle::EvaluationReport, care_engine::lifecycle::Rejection,
         care_engine::lifecycle::CollectionEvaluation, care_engine::lifecycle::Compared, care_engine::lifecycle::EncodeLatency,
-        care_engine::judgments::JudgmentSetInfo)),
+        care_engine::judgments::JudgmentSetInfo, care_engine::training::Recipe, care_engine::training::Sides,
+        care_engine::training::DataOptions, care_engine::training::schedule::ScheduleSpec)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]

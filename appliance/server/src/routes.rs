@@ -3,7 +3,7 @@
 use actix_web::{HttpRequest, web};
 
 use crate::errors::ApiError;
-use crate::{admin, api, openapi, pages};
+use crate::{admin, admin_training, api, openapi, pages};
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(pages::index)
@@ -80,7 +80,17 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(api::admin_activate)
         .service(api::admin_audit_verify)
         .service(api::admin_audit)
-        .service(api::admin_feedback);
+        .service(api::admin_feedback)
+        .service(api::admin_training)
+        .service(api::admin_train)
+        .service(api::admin_training_run)
+        .service(api::admin_training_loss)
+        .service(api::admin_add_schedule)
+        .service(api::admin_delete_schedule)
+        .service(admin_training::training_page)
+        .service(admin_training::train_now)
+        .service(admin_training::add_schedule)
+        .service(admin_training::delete_schedule);
 }
 
 pub async fn not_found(req: HttpRequest) -> Result<actix_web::HttpResponse, ApiError> {

@@ -1,0 +1,197 @@
+//! `care train …`: retraining from the shell, the same engine operations the console's 训练 page calls.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use care_engine::training::schedule::ScheduleSpec;
+use care_engine::training::{Recipe, TrainingRun};
+use care_engine::{Actor, Engine, JobState, Worker};
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Subcommand, Debug)]
+pub enum TrainCommand {
+    /// Whether `care-train` can run here (libtorch found, right version) and on which device.
+    Status,
+    /// Queue a retraining run from the live pair and follow it to its end: the running `care serve` runs it, or,
+    /// when none runs, this command does.
+    Run {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// Only queue the run.
+        #[arg(long)]
+        detach: bool,
+    },
+    /// Training runs, newest first.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// One run as JSON (recipe, data counts, phase times, candidate, gate decision).
+    Show { job: i64 },
+    /// Retraining schedules.
+    Schedule {
+        #[command(subcommand)]
+        command: ScheduleCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ScheduleCommand {
+    /// Add a schedule: a weekly or daily time (hospital local time), a feedback threshold, or both.
+    Add {
+        /// 0 = Monday … 6 = Sunday; leave out for every day.
+        #[arg(long)]
+        weekday: Option<u8>,
+        /// HH:MM local time.
+        #[arg(long)]
+        time: Option<String>,
+        /// Also run when at least this many new feedback judgments arrived.
+        #[arg(long)]
+        min_new_feedback: Option<u32>,
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        #[arg(long)]
+        disabled: bool,
+    },
+    /// List schedules with their next due time.
+    List,
+    /// Delete a schedule.
+    Delete { id: i64 },
+}
+
+/// The recipe: a JSON file, then single settings on top of it.
+#[derive(Args, Debug, Clone)]
+pub struct RecipeArgs {
+    /// A recipe as JSON (fields of `Recipe`; missing ones take the defaults).
+    #[arg(long)]
+    recipe: Option<PathBuf>,
+    /// Train a smaller query encoder: the first N layers of the live one.
+    #[arg(long)]
+    query_layers: Option<u32>,
+    #[arg(long)]
+    stage1_steps: Option<u64>,
+    #[arg(long)]
+    stage2_steps: Option<u64>,
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// Keep the candidate for an admin to decide even when it passes the gate.
+    #[arg(long)]
+    no_promote: bool,
+    /// Add past search queries (training part only) to Stage I.
+    #[arg(long)]
+    search_queries: bool,
+}
+
+impl RecipeArgs {
+    fn recipe(&self) -> Result<Recipe> {
+        let mut r: Recipe = match &self.recipe {
+            Some(p) => serde_json::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+                .with_context(|| format!("{}: not a recipe (JSON object with Recipe fields)", p.display()))?,
+            None => Recipe::default(),
+        };
+        r.query_layers = self.query_layers.or(r.query_layers);
+        r.stage1_steps = self.stage1_steps.unwrap_or(r.stage1_steps);
+        r.stage2_steps = self.stage2_steps.unwrap_or(r.stage2_steps);
+        r.batch_size = self.batch_size.unwrap_or(r.batch_size);
+        r.promote &= !self.no_promote;
+        r.data.include_search_queries |= self.search_queries;
+        r.check()?;
+        Ok(r)
+    }
+}
+
+pub fn run_train(e: Arc<Engine>, actor: &Actor, workers: usize, cmd: TrainCommand) -> Result<i32> {
+    match cmd {
+        TrainCommand::Status => {
+            let s = e.trainer_status();
+            if s.ready {
+                println!("care-train ready: {} (device {})", s.version, s.device);
+            } else {
+                println!("{}", s.message);
+                return Ok(2);
+            }
+        }
+        TrainCommand::Run { recipe, detach } => {
+            let job = e.submit_training_as(actor, &recipe.recipe()?, None)?;
+            println!("queued training job {job}");
+            if !detach {
+                return follow(e, actor, workers, job);
+            }
+        }
+        TrainCommand::List { json } => {
+            let runs = e.training_runs_as(actor, 50)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&runs)?);
+            }
+            for r in runs.iter().filter(|_| !json) {
+                println!(
+                    "#{:<5} {:<9} {:<10} {:<28} {:<24} {}",
+                    r.job, r.state, r.decision, r.stage, r.candidate, r.created_at
+                );
+            }
+        }
+        TrainCommand::Show { job } => println!("{}", serde_json::to_string_pretty(&e.training_run_as(actor, job)?)?),
+        TrainCommand::Schedule { command } => match command {
+            ScheduleCommand::Add { weekday, time, min_new_feedback, recipe, disabled } => {
+                let spec =
+                    ScheduleSpec { weekday, time, min_new_feedback, recipe: recipe.recipe()?, enabled: !disabled };
+                let id = e.set_schedule_as(actor, None, &spec)?;
+                let s = e.schedules_as(actor)?.into_iter().find(|s| s.id == id);
+                println!("schedule {id} added; next due {}", s.map(|s| s.next_due).unwrap_or_default());
+            }
+            ScheduleCommand::List => {
+                for s in e.schedules_as(actor)? {
+                    println!(
+                        "#{:<4} {:<8} weekday {:?} time {:?} feedback ≥ {:?} ({} new)  next {}  last {} (job {:?})",
+                        s.id,
+                        if s.spec.enabled { "enabled" } else { "disabled" },
+                        s.spec.weekday,
+                        s.spec.time,
+                        s.spec.min_new_feedback,
+                        s.new_feedback,
+                        s.next_due,
+                        s.last_fired_at,
+                        s.last_job
+                    );
+                }
+            }
+            ScheduleCommand::Delete { id } => {
+                e.delete_schedule_as(actor, id)?;
+                println!("schedule {id} deleted");
+            }
+        },
+    }
+    Ok(0)
+}
+
+/// Follows a run with a progress bar; runs the queue in this process when no server holds it.
+fn follow(e: Arc<Engine>, actor: &Actor, workers: usize, job: i64) -> Result<i32> {
+    let worker = Worker::start(e.clone(), workers);
+    let pb = ProgressBar::new(0);
+    pb.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")?);
+    let run: TrainingRun = loop {
+        let j = e.job(job)?;
+        let r = e.training_run_as(actor, job)?;
+        pb.set_length(r.progress_total.max(0) as u64);
+        pb.set_position(r.progress_done.max(0) as u64);
+        pb.set_message(r.stage.clone());
+        if j.state.is_finished() {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    pb.finish_and_clear();
+    worker.shutdown();
+    let phases: Vec<String> = run.phases.iter().map(|(p, s)| format!("{p} {s:.0} s")).collect();
+    println!("phases: {}", phases.join(", "));
+    match run.state.as_str() {
+        s if s == JobState::Done.as_str() => {
+            println!("candidate {} → {} (evaluation {:?})", run.candidate, run.decision, run.evaluation);
+            Ok(if run.decision == "gated_out" { 3 } else { 0 })
+        }
+        s => bail!("training job {job} ended {s}: {}", run.error),
+    }
+}

@@ -1,0 +1,413 @@
+//! Training data from the appliance's own stores, only from collections approved for training.
+//!
+//! - Stage I (`corpus.jsonl`, the trainer's corpus layout): the chunks of approved collections as the document
+//!   encoder sees them, and, when the recipe asks for it, past search queries of the audit log (de-duplicated).
+//! - Stage II (`stage2.jsonl`, CARE JSONL): the training part of every judgment set of an approved collection
+//!   (uploads and clinician feedback), plus heading-path → passage pairs of structured documents. Each group gets
+//!   up to [`DataOptions::negatives`] negatives: judged non-relevant passages first, then hard negatives mined from
+//!   the served dense index, then random passages to top the group up.
+//!
+//! The evaluation part of a judgment set never enters either file: judgments are read by part, and search queries
+//! are kept only when [`part_of`] puts them in the training part, so a query asked by a clinician and later judged
+//! for evaluation cannot leak in through Stage I.
+//!
+//! Likely false negatives (a mined passage that answers the query but was never judged) are dropped with a margin
+//! calibrated on this encoder's scores: a candidate within `FN_MARGIN_SD` standard deviations of the positives' score
+//! distribution below the query's own positive (or above it) is dropped. A fixed ratio of the positive's score
+//! (the trainer's old 0.95 rule) means nothing across encoders whose cosines live in 0.7–0.9 (e5) or −0.2–0.8.
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::path::Path;
+
+use care_formats::training::TrainingExample;
+use rusqlite::params;
+use serde::{Deserialize, Serialize};
+
+use crate::encoders::TextKind;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::hybrid::embedding_text;
+use crate::judgments::part_of;
+use crate::models::ActivePair;
+use crate::store::{ChunkRow, Collection};
+
+/// Candidates scoring within this many standard deviations (of the positives' scores) of a query's positive are
+/// treated as likely false negatives.
+const FN_MARGIN_SD: f32 = 0.5;
+/// Dense candidates mined per training query.
+const MINE_DEPTH: usize = 30;
+/// Queries encoded per batch while mining.
+const MINE_BATCH: usize = 32;
+
+/// What goes into one run's data (part of the recipe).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DataOptions {
+    /// Past search queries (audit log, training part only) join the Stage I texts.
+    pub include_search_queries: bool,
+    /// Heading-path → passage pairs per run, at most (a seeded sample).
+    pub max_heading_pairs: usize,
+    /// Negatives per Stage II group (CARE: 7 with 1 positive).
+    pub negatives: usize,
+    pub seed: u64,
+}
+
+impl Default for DataOptions {
+    fn default() -> Self {
+        DataOptions { include_search_queries: false, max_heading_pairs: 2000, negatives: 7, seed: 42 }
+    }
+}
+
+/// What a run trained on: recorded with the run and shown in the console.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct DataCounts {
+    pub collections: Vec<CollectionCounts>,
+    pub stage1_passages: usize,
+    pub stage1_queries: usize,
+    pub stage2_groups: usize,
+    pub judged_pairs: usize,
+    pub heading_pairs: usize,
+    pub judged_negatives: usize,
+    pub mined_candidates: usize,
+    pub false_negatives_dropped: usize,
+    /// The margin below a positive's score under which mined candidates are kept.
+    pub false_negative_margin: f32,
+    pub groups_topped_up: usize,
+    pub random_negatives: usize,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct CollectionCounts {
+    pub name: String,
+    pub passages: usize,
+    pub train_queries: usize,
+    /// Judged queries of the evaluation part, left out.
+    pub eval_queries_left_out: usize,
+}
+
+/// One Stage II group before negatives: the query, its positive chunk and the chunks judged not relevant.
+struct Group {
+    query: String,
+    kind: String,
+    positive: i64,
+    skip_docs: HashSet<i64>,
+    judged_neg: Vec<i64>,
+}
+
+impl Engine {
+    /// Writes `corpus.jsonl` and `stage2.jsonl` into `dir` from the approved collections and returns the counts.
+    pub(crate) fn assemble_training_data(
+        &self,
+        dir: &Path,
+        pair: &ActivePair,
+        opts: &DataOptions,
+    ) -> Result<DataCounts> {
+        let approved: Vec<Collection> =
+            self.store.collection_list()?.into_iter().filter(|c| c.approved_for_training).collect();
+        if approved.is_empty() {
+            return Err(Error::InvalidInput(
+                "没有批准用于训练的集合 (no collection is approved for training; approve one on the 集合 page or with \
+                 `care collection approve NAME`)"
+                    .into(),
+            ));
+        }
+        let names: HashSet<&str> = approved.iter().map(|c| c.name.as_str()).collect();
+        let mut chunks: Vec<ChunkRow> = Vec::new();
+        self.store.for_each_live_chunk(|r| {
+            if names.contains(r.collection.as_str()) {
+                chunks.push(r);
+            }
+            Ok(())
+        })?;
+        let mut counts = DataCounts::default();
+        let queries = if opts.include_search_queries { self.search_queries_for_training()? } else { Vec::new() };
+        counts.stage1_passages = chunks.len();
+        counts.stage1_queries = queries.len();
+        write_corpus(&dir.join("corpus.jsonl"), &chunks, &queries)?;
+
+        let by_id: HashMap<i64, usize> = chunks.iter().enumerate().map(|(i, c)| (c.chunk_id, i)).collect();
+        let mut groups = Vec::new();
+        for col in &approved {
+            let (g, c) = self.judged_groups(col, &chunks)?;
+            counts.judged_pairs += g.len();
+            groups.extend(g);
+            counts.collections.push(c);
+        }
+        let headings = heading_groups(&chunks, opts.max_heading_pairs, opts.seed);
+        counts.heading_pairs = headings.len();
+        groups.extend(headings);
+        let examples = self.with_negatives(&groups, &chunks, &by_id, &approved, pair, opts, &mut counts)?;
+        counts.stage2_groups = examples.len();
+        let mut out = jsonl(&dir.join("stage2.jsonl"))?;
+        for ex in &examples {
+            writeln!(out, "{}", serde_json::to_string(ex).map_err(|e| Error::Internal(e.to_string()))?)
+                .map_err(|e| Error::io(dir, e))?;
+        }
+        out.flush().map_err(|e| Error::io(dir, e))?;
+        Ok(counts)
+    }
+
+    /// Search queries of the audit log (`search` records), training part only, de-duplicated, in first-seen order.
+    fn search_queries_for_training(&self) -> Result<Vec<String>> {
+        let fraction = self.cfg.lifecycle.eval_fraction;
+        let rows: Vec<String> = self
+            .store
+            .reader()
+            // Query texts are in the log only while query logging is on; otherwise `query` is a length record.
+            .prepare(
+                "SELECT json_extract(detail, '$.query') FROM audit \
+                 WHERE action = 'search' AND json_type(detail, '$.query') = 'text' ORDER BY id",
+            )?
+            .query_map([], |r| r.get::<_, Option<String>>(0))?
+            .filter_map(|r| r.ok().flatten())
+            .collect();
+        let mut seen = HashSet::new();
+        Ok(rows
+            .into_iter()
+            .map(|q| q.trim().to_string())
+            .filter(|q| !q.is_empty() && part_of(q, fraction) == "train" && seen.insert(q.clone()))
+            .collect())
+    }
+
+    /// The training part of a collection's judgments as groups: each relevant document's best-matching chunk is a
+    /// positive; documents judged not relevant give judged negatives.
+    fn judged_groups(&self, col: &Collection, chunks: &[ChunkRow]) -> Result<(Vec<Group>, CollectionCounts)> {
+        let train = self.judged(col.id, "train")?;
+        let eval = self.judged(col.id, "eval")?.scorable();
+        let docs: HashMap<String, i64> = self
+            .store
+            .reader()
+            .prepare("SELECT external_id, id FROM documents WHERE collection_id = ?1 AND state != 'deleting'")?
+            .query_map(params![col.id], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<_, _>>()?;
+        let mut of_doc: HashMap<i64, Vec<&ChunkRow>> = HashMap::new();
+        for c in chunks.iter().filter(|c| c.collection == col.name) {
+            of_doc.entry(c.document_id).or_default().push(c);
+        }
+        let best = |doc: i64, query: &str| -> Option<i64> {
+            of_doc.get(&doc)?.iter().max_by_key(|c| overlap(query, &c.text)).map(|c| c.chunk_id)
+        };
+        let mut groups = Vec::new();
+        let mut train_queries = 0;
+        for (qid, query) in &train.queries {
+            let Some(judged) = train.qrels.get(qid) else { continue };
+            let resolved: Vec<(i64, u32)> =
+                judged.iter().filter_map(|(ext, g)| docs.get(ext).map(|d| (*d, *g))).collect();
+            let skip_docs: HashSet<i64> = resolved.iter().filter(|(_, g)| *g > 0).map(|(d, _)| *d).collect();
+            let judged_neg: Vec<i64> =
+                resolved.iter().filter(|(_, g)| *g == 0).filter_map(|(d, _)| best(*d, query)).collect();
+            let mut any = false;
+            for &d in &skip_docs {
+                if let Some(positive) = best(d, query) {
+                    any = true;
+                    groups.push(Group {
+                        query: query.clone(),
+                        kind: format!("judged:{}", col.name),
+                        positive,
+                        skip_docs: skip_docs.clone(),
+                        judged_neg: judged_neg.clone(),
+                    });
+                }
+            }
+            train_queries += usize::from(any);
+        }
+        let passages = chunks.iter().filter(|c| c.collection == col.name).count();
+        let counts = CollectionCounts {
+            name: col.name.clone(),
+            passages,
+            train_queries,
+            eval_queries_left_out: eval.queries.len(),
+        };
+        Ok((groups, counts))
+    }
+
+    /// Fills each group with negatives (judged, mined from the dense index with the false-negative filter, then
+    /// random) and renders it as a training example.
+    #[allow(clippy::too_many_arguments)]
+    fn with_negatives(
+        &self,
+        groups: &[Group],
+        chunks: &[ChunkRow],
+        by_id: &HashMap<i64, usize>,
+        cols: &[Collection],
+        pair: &ActivePair,
+        opts: &DataOptions,
+        counts: &mut DataCounts,
+    ) -> Result<Vec<TrainingExample>> {
+        let mined = self.mine(groups, chunks, by_id, cols, pair)?;
+        let pos_scores: Vec<f32> = mined.iter().map(|m| m.0).collect();
+        let margin = FN_MARGIN_SD * std_dev(&pos_scores);
+        counts.false_negative_margin = margin;
+        let text = |id: i64| by_id.get(&id).map(|&i| embedding_text(&chunks[i]));
+        let mut rng = SplitMix(opts.seed);
+        let mut out = Vec::with_capacity(groups.len());
+        for (g, (pos_score, cands)) in groups.iter().zip(&mined) {
+            let doc_of = |id: i64| by_id.get(&id).map(|&i| chunks[i].document_id);
+            let mut neg: Vec<i64> = Vec::new();
+            for &id in g.judged_neg.iter().take(opts.negatives) {
+                neg.push(id);
+                counts.judged_negatives += 1;
+            }
+            for &(id, score) in cands {
+                if neg.len() >= opts.negatives {
+                    break;
+                }
+                if id == g.positive || doc_of(id).is_none_or(|d| g.skip_docs.contains(&d)) || neg.contains(&id) {
+                    continue;
+                }
+                counts.mined_candidates += 1;
+                if score >= pos_score - margin {
+                    counts.false_negatives_dropped += 1;
+                    continue;
+                }
+                neg.push(id);
+            }
+            if neg.len() < opts.negatives && chunks.len() > opts.negatives + g.skip_docs.len() + 1 {
+                counts.groups_topped_up += 1;
+                let mut tries = 0;
+                while neg.len() < opts.negatives && tries < 100 {
+                    tries += 1;
+                    let c = &chunks[(rng.next() % chunks.len() as u64) as usize];
+                    if c.chunk_id != g.positive && !g.skip_docs.contains(&c.document_id) && !neg.contains(&c.chunk_id) {
+                        neg.push(c.chunk_id);
+                        counts.random_negatives += 1;
+                    }
+                }
+            }
+            let Some(pos) = text(g.positive) else { continue };
+            out.push(TrainingExample {
+                query: g.query.clone(),
+                pos: vec![pos],
+                neg: neg.into_iter().filter_map(text).collect(),
+                prompt: None,
+                kind: Some(g.kind.clone()),
+            });
+        }
+        Ok(out)
+    }
+
+    /// For each group: the positive's score and the dense top candidates (chunk id, score) of the served index.
+    fn mine(
+        &self,
+        groups: &[Group],
+        chunks: &[ChunkRow],
+        by_id: &HashMap<i64, usize>,
+        cols: &[Collection],
+        pair: &ActivePair,
+    ) -> Result<Vec<(f32, Vec<(i64, f32)>)>> {
+        let qenc = self.encoder(&pair.query)?;
+        let denc = self.encoder(&pair.document)?;
+        let mut out = Vec::with_capacity(groups.len());
+        for batch in groups.chunks(MINE_BATCH) {
+            let qs: Vec<&str> = batch.iter().map(|g| g.query.as_str()).collect();
+            let qv = qenc.encode(&qs, TextKind::Query)?;
+            let pos_texts: Vec<String> =
+                batch.iter().map(|g| by_id.get(&g.positive).map_or_else(String::new, |&i| embedding_text(&chunks[i]))).collect();
+            let refs: Vec<&str> = pos_texts.iter().map(String::as_str).collect();
+            let pv = denc.encode(&refs, TextKind::Document)?;
+            for (q, p) in qv.iter().zip(&pv) {
+                let hits = self.dense_search_in(q, &pair.query, &pair.document, cols, MINE_DEPTH)?;
+                let pos_score = q.iter().zip(p).map(|(a, b)| a * b).sum::<f32>();
+                out.push((pos_score, hits.into_iter().map(|h| (h.chunk_id, h.score)).collect()));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Heading-path → passage groups from chunks that carry a heading other than their title (structured documents).
+fn heading_groups(chunks: &[ChunkRow], max: usize, seed: u64) -> Vec<Group> {
+    let mut groups: Vec<Group> = chunks
+        .iter()
+        .filter(|c| !c.heading.trim().is_empty() && c.heading.trim() != c.title.trim())
+        .map(|c| Group {
+            query: c.heading.trim().to_string(),
+            kind: format!("heading:{}", c.collection),
+            positive: c.chunk_id,
+            skip_docs: HashSet::from([c.document_id]),
+            judged_neg: Vec::new(),
+        })
+        .collect();
+    if groups.len() > max {
+        let mut rng = SplitMix(seed ^ 0x4845_4144);
+        let mut keyed: Vec<(u64, Group)> = groups.into_iter().map(|g| (rng.next(), g)).collect();
+        keyed.sort_by_key(|k| k.0);
+        groups = keyed.into_iter().take(max).map(|k| k.1).collect();
+    }
+    groups
+}
+
+fn write_corpus(path: &Path, chunks: &[ChunkRow], queries: &[String]) -> Result<()> {
+    let mut out = jsonl(path)?;
+    let mut line = |v: serde_json::Value| writeln!(out, "{v}").map_err(|e| Error::io(path, e));
+    for c in chunks {
+        line(serde_json::json!({"id": format!("c{}", c.chunk_id), "title": c.title, "text": embedding_text(c),
+            "kind": "passage"}))?;
+    }
+    for (i, q) in queries.iter().enumerate() {
+        line(serde_json::json!({"id": format!("q{i}"), "title": "", "text": q, "kind": "query"}))?;
+    }
+    out.flush().map_err(|e| Error::io(path, e))
+}
+
+fn jsonl(path: &Path) -> Result<std::io::BufWriter<std::fs::File>> {
+    Ok(std::io::BufWriter::new(std::fs::File::create(path).map_err(|e| Error::io(path, e))?))
+}
+
+/// Characters of `query` found in `text`: picks the chunk of a judged document that a query is about.
+fn overlap(query: &str, text: &str) -> usize {
+    let chars: HashSet<char> = text.chars().collect();
+    query.chars().filter(|c| !c.is_whitespace() && chars.contains(c)).count()
+}
+
+fn std_dev(xs: &[f32]) -> f32 {
+    if xs.len() < 2 {
+        return 0.0;
+    }
+    let mean = xs.iter().sum::<f32>() / xs.len() as f32;
+    (xs.iter().map(|x| (x - mean).powi(2)).sum::<f32>() / (xs.len() - 1) as f32).sqrt()
+}
+
+/// A tiny seeded generator: sampling must repeat exactly for a resumed run.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlap_prefers_the_chunk_about_the_query() {
+        assert!(overlap("二甲双胍禁忌", "二甲双胍的禁忌症包括") > overlap("二甲双胍禁忌", "阿司匹林的用法"));
+    }
+
+    #[test]
+    fn heading_sample_is_seeded_and_bounded() {
+        let rows: Vec<ChunkRow> = (0..50)
+            .map(|i| ChunkRow {
+                chunk_id: i,
+                document_id: i / 5,
+                collection: "c".into(),
+                title: "t".into(),
+                heading: if i % 2 == 0 { format!("t > 节 {i}") } else { String::new() },
+                text: format!("正文 {i}"),
+            })
+            .collect();
+        let a: Vec<i64> = heading_groups(&rows, 10, 7).iter().map(|g| g.positive).collect();
+        let b: Vec<i64> = heading_groups(&rows, 10, 7).iter().map(|g| g.positive).collect();
+        assert_eq!(a.len(), 10);
+        assert_eq!(a, b);
+        assert_eq!(heading_groups(&rows, 100, 7).len(), 25);
+    }
+}

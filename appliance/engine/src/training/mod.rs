@@ -1,0 +1,668 @@
+//! Retraining as an appliance job: approved collections and feedback → `care-train` → a candidate pair → the
+//! evaluation gate → promotion, as one durable job (kind `model.train`) in the queue the model thread runs.
+//!
+//! The server never links libtorch: each training phase is a `care-train` child process writing into
+//! `<data>/train/<job>/`. Phases run in order and each leaves a marker in `state.json` when it ends, so a restart
+//! after a crash skips what finished and re-runs the interrupted phase; the trainer's own `--resume` continues
+//! Stage I/II from their last checkpoint, bit for bit (the trainer's tests prove it). The candidate is imported
+//! only after export, in one transaction (lifecycle import), so cancelling or crashing earlier registers nothing.
+//!
+//! ```text
+//!  data ─▶ init (prune) ─▶ stage1 ─▶ stage2 ─▶ export ─▶ import ─▶ evaluate ─▶ promote | keep with its report
+//! ```
+
+pub mod data;
+pub mod schedule;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use care_formats::manifest::ModelManifest;
+use rusqlite::{OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+pub use data::{DataCounts, DataOptions};
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::hybrid::{DenseProgress, set_interrupt};
+use crate::lifecycle::pair_spec;
+use crate::service::Actor;
+use crate::store::now;
+
+pub const TRAIN: &str = "model.train";
+
+/// Which encoders a run trains.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum Sides {
+    /// Document encoder frozen (Stage I + Stage II on the query encoder): the stored vectors stay valid and
+    /// promotion is a hot swap.
+    QueryOnly,
+    /// Stage II also trains the document encoder (LoRA); promotion re-embeds every collection (blue/green).
+    Both,
+}
+
+/// A run's recipe. The defaults finish in a night on a CPU-only workstation (measured figures in the README).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Recipe {
+    pub sides: Sides,
+    /// Keep this many layers of the live query encoder (a smaller, faster one); `None` keeps its size.
+    pub query_layers: Option<u32>,
+    pub stage1_steps: u64,
+    pub stage2_steps: u64,
+    pub batch_size: usize,
+    pub stage2_batch_size: usize,
+    pub stage1_max_texts: usize,
+    pub lr: f64,
+    /// Stage I's MSE weight (a mean over the vector's elements, hence far above the paper's 1 at width 384).
+    pub mse_weight: f64,
+    pub checkpoint_every: u64,
+    /// Keep the query encoder's word embeddings fixed (250k × 384 for e5: most of its parameters; on a CPU the
+    /// optimizer step over them costs more than the rest of the step).
+    pub freeze_embeddings: bool,
+    /// Promote the candidate when it passes the gate; otherwise keep it with its report for an admin to decide.
+    pub promote: bool,
+    #[serde(flatten)]
+    pub data: DataOptions,
+}
+
+impl Default for Recipe {
+    fn default() -> Self {
+        Recipe {
+            sides: Sides::QueryOnly,
+            query_layers: None,
+            stage1_steps: 600,
+            stage2_steps: 600,
+            batch_size: 32,
+            stage2_batch_size: 8,
+            stage1_max_texts: 20_000,
+            lr: 5e-5,
+            mse_weight: 500.0,
+            checkpoint_every: 50,
+            freeze_embeddings: true,
+            promote: true,
+            data: DataOptions::default(),
+        }
+    }
+}
+
+impl Recipe {
+    /// Bounds every field a request can set.
+    pub fn check(&self) -> Result<()> {
+        let bad = |what: &str| Err(Error::InvalidInput(format!("训练配置无效 (recipe: {what})")));
+        if self.stage1_steps > 100_000 || !(1..=100_000).contains(&self.stage2_steps) {
+            return bad("stage1_steps must be 0–100000 and stage2_steps 1–100000");
+        }
+        if !(1..=1024).contains(&self.batch_size) || !(1..=1024).contains(&self.stage2_batch_size) {
+            return bad("batch sizes must be 1–1024");
+        }
+        if self.query_layers.is_some_and(|l| !(1..=64).contains(&l)) {
+            return bad("query_layers must be 1–64");
+        }
+        if !(self.lr > 0.0 && self.lr < 1.0) || !(0.0..=1e6).contains(&self.mse_weight) {
+            return bad("lr must be in (0, 1) and mse_weight in [0, 1e6]");
+        }
+        if self.stage1_max_texts == 0 || self.stage1_max_texts > 1_000_000 || self.data.negatives > 63 {
+            return bad("stage1_max_texts must be 1–1000000 and negatives at most 63");
+        }
+        if self.sides == Sides::Both {
+            return bad(
+                "训练文档编码器 (sides = both) 需要 GPU 训练机和离线文档向量流程，本版本只支持 query_only \
+                 (training the document side is not available in this release; use sides = query_only)",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// `[training]` in care.toml.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct TrainingConfig {
+    /// The trainer executable (the .deb installs the `care-train` wrapper that finds libtorch).
+    pub trainer: PathBuf,
+    /// cpu, cuda or auto.
+    pub device: String,
+    /// Trainer threads (0: libtorch's default, every core).
+    pub threads: usize,
+    /// The hospital's offset from UTC in minutes, for schedules ("every Sunday 02:00" in local time).
+    pub utc_offset_minutes: i32,
+}
+
+impl Default for TrainingConfig {
+    fn default() -> Self {
+        TrainingConfig { trainer: "care-train".into(), device: "auto".into(), threads: 0, utc_offset_minutes: 480 }
+    }
+}
+
+/// Whether the trainer can run here, said before an admin starts a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainerStatus {
+    pub ready: bool,
+    pub version: String,
+    /// The device runs will use: "cuda" when a GPU is visible and the device setting allows it, else "cpu".
+    pub device: String,
+    /// Chinese, with how to fix it, when not ready.
+    pub message: String,
+}
+
+/// One training run as the console and the API show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainingRun {
+    pub job: i64,
+    pub state: String,
+    pub stage: String,
+    pub progress_done: i64,
+    pub progress_total: i64,
+    pub schedule: Option<i64>,
+    pub recipe: Recipe,
+    pub base: String,
+    pub counts: Option<DataCounts>,
+    /// Wall seconds of each finished phase, in order.
+    pub phases: Vec<(String, f64)>,
+    pub device: String,
+    pub candidate: String,
+    pub evaluation: Option<i64>,
+    pub decision: String,
+    pub created_by: String,
+    pub created_at: String,
+    pub updated_at: String,
+    pub error: String,
+}
+
+/// `state.json` of a run directory: what finished, so a restart skips it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct RunState {
+    phases: Vec<(String, f64)>,
+    candidate: String,
+}
+
+impl RunState {
+    fn done(&self, phase: &str) -> bool {
+        self.phases.iter().any(|p| p.0 == phase)
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct TrainParams {
+    recipe: Recipe,
+    /// The pair live when the run was submitted: what it starts from and is judged against.
+    base: String,
+    #[serde(default)]
+    schedule: Option<i64>,
+}
+
+/// How often a running phase writes its progress and reads the cancel flag.
+const POLL: Duration = Duration::from_millis(500);
+
+impl Engine {
+    fn run_dir(&self, job: i64) -> PathBuf {
+        self.cfg.storage.data_dir.join("train").join(format!("run-{job}"))
+    }
+
+    /// Runs `care-train --version` (bounded to 30 s) and says whether training can start, and on which device.
+    pub fn trainer_status(&self) -> TrainerStatus {
+        let device = match self.cfg.training.device.as_str() {
+            "cpu" => "cpu",
+            _ if Path::new("/dev/nvidia0").exists() || Path::new("/dev/nvidiactl").exists() => "cuda",
+            _ => "cpu",
+        }
+        .to_string();
+        let bin = &self.cfg.training.trainer;
+        let not_ready = |detail: String| TrainerStatus {
+            ready: false,
+            version: String::new(),
+            device: device.clone(),
+            message: format!(
+                "训练程序不可用：{detail}。请安装 libtorch：python3 -m pip install --no-deps --target /opt/care \
+                 torch==2.13.0 nvidia-cuda-runtime nvidia-cuda-cupti（GPU 另需 cuBLAS/cuDNN 的 wheel），或在 \
+                 /etc/care/trainer.toml 中设置 libtorch 路径；训练程序路径见 care.toml 的 [training] trainer"
+            ),
+        };
+        let child = Command::new(bin).arg("--version").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn();
+        let mut child = match child {
+            Ok(c) => c,
+            Err(e) => return not_ready(format!("无法启动 {} ({e})", bin.display())),
+        };
+        let started = Instant::now();
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(s)) => break s,
+                Ok(None) if started.elapsed() < Duration::from_secs(30) => std::thread::sleep(Duration::from_millis(20)),
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return not_ready(format!("{} --version 超过 30 秒没有结束", bin.display()));
+                }
+            }
+        };
+        let out = child.wait_with_output().map(|o| (o.stdout, o.stderr)).unwrap_or_default();
+        if !status.success() {
+            let err = String::from_utf8_lossy(&out.1);
+            return not_ready(format!("{} 退出 ({status}): {}", bin.display(), err.trim()));
+        }
+        TrainerStatus {
+            ready: true,
+            version: String::from_utf8_lossy(&out.0).trim().to_string(),
+            device,
+            message: String::new(),
+        }
+    }
+
+    /// Queues a training run from the live pair. Refused at once when the trainer cannot run, nothing is approved
+    /// for training, or another run is queued or running (runs never overlap).
+    pub fn submit_training_as(&self, actor: &Actor, recipe: &Recipe, schedule: Option<i64>) -> Result<i64> {
+        actor.require_admin()?;
+        recipe.check()?;
+        let pair = self
+            .active_models()?
+            .ok_or_else(|| Error::InvalidInput("没有在用的模型，无法训练 (no live model pair to train from)".into()))?;
+        if !self.store.collection_list()?.iter().any(|c| c.approved_for_training) {
+            return Err(Error::InvalidInput(
+                "没有批准用于训练的集合 (no collection is approved for training; approve one first)".into(),
+            ));
+        }
+        let st = self.trainer_status();
+        if !st.ready {
+            return Err(Error::TrainerUnavailable(st.message));
+        }
+        let p = TrainParams { recipe: recipe.clone(), base: pair_spec(&pair), schedule };
+        let json = serde_json::to_string(&p).map_err(|e| Error::Internal(format!("job params: {e}")))?;
+        let mut conn = self.store.conn();
+        let tx = conn.transaction()?;
+        let busy: Option<i64> = tx
+            .query_row(
+                "SELECT id FROM jobs WHERE kind = ?1 AND state IN ('queued', 'running') LIMIT 1",
+                [TRAIN],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if let Some(id) = busy {
+            return Err(Error::Busy(format!(
+                "训练任务 #{id} 尚未结束，同一时间只运行一个训练 (training job {id} is still queued or running; runs \
+                 never overlap: wait for it or cancel it on the 任务 page)"
+            )));
+        }
+        tx.execute(
+            "INSERT INTO jobs (kind, state, params, actor, stage, created_at, updated_at)
+             VALUES (?1, 'queued', ?2, ?3, '排队中', ?4, ?4)",
+            params![TRAIN, json, actor.name, now()],
+        )?;
+        let id = tx.last_insert_rowid();
+        tx.execute(
+            "INSERT INTO training_runs (job_id, schedule_id, device) VALUES (?1, ?2, ?3)",
+            params![id, schedule, st.device],
+        )?;
+        crate::audit::append(
+            &tx,
+            &actor.name,
+            "training.submit",
+            &serde_json::json!({"job": id, "base": p.base, "schedule": schedule, "recipe": recipe}),
+        )?;
+        tx.commit()?;
+        Ok(id)
+    }
+
+    /// Runs (or resumes) training job `id` to its end. Called by the model thread (see model_jobs.rs).
+    pub(crate) fn run_training_job(&self, id: i64, json: &str, actor: &Actor, stop: &AtomicBool) -> Result<serde_json::Value> {
+        let p: TrainParams =
+            serde_json::from_str(json).map_err(|e| Error::Internal(format!("job {id}: unreadable parameters: {e}")))?;
+        let base = self.resolve_pair(&p.base)?;
+        let dir = self.run_dir(id);
+        std::fs::create_dir_all(dir.join("logs")).map_err(|e| Error::io(&dir, e))?;
+        let mut st: RunState = read_json(&dir.join("state.json")).unwrap_or_default();
+        let run = Run { e: self, id, dir: &dir, stop };
+        let q_manifest = ModelManifest::load(&base.query.dir).map_err(|e| Error::Model(e.to_string()))?;
+        let d_manifest = ModelManifest::load(&base.document.dir).map_err(|e| Error::Model(e.to_string()))?;
+        for f in ["config.json", "model.safetensors"] {
+            if !base.query.dir.join(f).exists() || !base.document.dir.join(f).exists() {
+                return Err(Error::Model(format!(
+                    "在用模型缺少训练权重 {f} (the live pair {} has no {f}: training needs each package's \
+                     config.json and model.safetensors)",
+                    p.base
+                )));
+            }
+        }
+        let templates = [
+            "--query-template".to_string(),
+            q_manifest.query_template.replace("{instruction}", &q_manifest.instruction),
+            "--document-template".to_string(),
+            d_manifest.document_template.replace("{instruction}", &d_manifest.instruction),
+        ];
+        run.phase(&mut st, "data", "整理训练数据", |_| {
+            let counts = self.assemble_training_data(&dir, &base, &p.recipe.data)?;
+            self.store.conn().execute(
+                "UPDATE training_runs SET counts = ?2 WHERE job_id = ?1",
+                params![id, serde_json::to_string(&counts).unwrap_or_default()],
+            )?;
+            Ok(())
+        })?;
+        let init = match p.recipe.query_layers {
+            Some(k) => {
+                let out = dir.join("query-init");
+                run.phase(&mut st, "init", "裁剪查询编码器", |r| {
+                    r.trainer(&["prune".into(), "--from".into(), path(&base.query.dir), "--layers".into(), k.to_string(), "--out".into(), path(&out)], None)
+                })?;
+                out
+            }
+            None => base.query.dir.clone(),
+        };
+        let common = |out: &Path, steps: u64, batch: usize| -> Vec<String> {
+            let mut a = vec![
+                "--out".into(), path(out), "--steps".into(), steps.to_string(), "--batch-size".into(), batch.to_string(),
+                "--lr".into(), p.recipe.lr.to_string(), "--seed".into(), p.recipe.data.seed.to_string(),
+                "--checkpoint-every".into(), p.recipe.checkpoint_every.to_string(), "--resume".into(),
+            ];
+            if p.recipe.freeze_embeddings {
+                a.push("--freeze-embeddings".into());
+            }
+            a.extend(templates.iter().cloned());
+            a
+        };
+        let s1 = dir.join("stage1");
+        // Stage I can be skipped (0 steps): Stage II then starts from the initial query encoder.
+        let s1_query = if p.recipe.stage1_steps == 0 { init.clone() } else { s1.join("query") };
+        let s1_steps = p.recipe.stage1_steps;
+        run.phase(&mut st, "stage1", "Stage I 训练", |r| {
+            if s1_steps == 0 {
+                return Ok(());
+            }
+            let mut a = vec!["stage1".into(), "--query".into(), path(&init), "--document".into(), path(&base.document.dir),
+                "--corpus".into(), path(&dir.join("corpus.jsonl")), "--max-texts".into(), p.recipe.stage1_max_texts.to_string(),
+                "--mse-weight".into(), p.recipe.mse_weight.to_string()];
+            a.extend(common(&s1, p.recipe.stage1_steps, p.recipe.batch_size));
+            r.trainer(&a, Some((&s1, p.recipe.stage1_steps)))
+        })?;
+        let s2 = dir.join("stage2");
+        run.phase(&mut st, "stage2", "Stage II 训练", |r| {
+            let mut a = vec!["stage2".into(), "--query".into(), path(&s1_query), "--document".into(),
+                path(&base.document.dir), "--train".into(), path(&dir.join("stage2.jsonl")), "--freeze-document".into(),
+                "--group-size".into(), (p.recipe.data.negatives + 1).to_string()];
+            a.extend(common(&s2, p.recipe.stage2_steps, p.recipe.stage2_batch_size));
+            r.trainer(&a, Some((&s2, p.recipe.stage2_steps)))
+        })?;
+        self.store_loss_chart(id, &[&s1, &s2])?;
+        let export = dir.join("export");
+        let name = format!("{}-r{id}", base.query.name);
+        run.phase(&mut st, "export", "导出 ONNX", |r| {
+            let _ = std::fs::remove_dir_all(&export);
+            let mut a = vec!["export".into(), "--query".into(), path(&s2.join("query")), "--out".into(), path(&export),
+                "--name".into(), name.clone(), "--version".into(), "1".into(), "--pairing-id".into(), base.document.pairing_id.clone()];
+            a.extend(templates.iter().cloned());
+            r.trainer(&a, None)
+        })?;
+        if !st.done("import") {
+            // A crash between the import's commit and this marker: the package is registered already.
+            let spec = format!("{name}@1,{}@{}", base.document.name, base.document.version);
+            if self.resolve_pair(&spec).is_err() {
+                self.import_model_as(actor, &export)?;
+            }
+            st.candidate = spec;
+        }
+        run.phase(&mut st, "import", "导入候选模型", |_| Ok(()))?;
+        let candidate = st.candidate.clone();
+        self.store.conn().execute("UPDATE training_runs SET candidate = ?2 WHERE job_id = ?1", params![id, candidate])?;
+        let mut report = None;
+        run.phase(&mut st, "evaluate", "评测候选模型", |r| {
+            let rep = self.evaluate_as(actor, &candidate, &mut r.dense_progress())?;
+            self.store.conn().execute(
+                "UPDATE training_runs SET evaluation_id = ?2, decision = ?3 WHERE job_id = ?1",
+                params![id, rep.id, if rep.passed { "passed" } else { "gated_out" }],
+            )?;
+            report = Some((rep.id, rep.passed));
+            Ok(())
+        })?;
+        let (eval_id, passed): (Option<i64>, bool) = match report {
+            Some((e, p)) => (Some(e), p),
+            None => self.store.reader().query_row(
+                "SELECT evaluation_id, decision = 'passed' OR decision = 'promoted' FROM training_runs WHERE job_id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?,
+        };
+        let decision = if passed && p.recipe.promote {
+            let live = self.active_models()?.map(|a| pair_spec(&a));
+            if live.as_deref() != Some(candidate.as_str()) {
+                run.phase(&mut st, "promote", "上线候选模型", |r| {
+                    self.promote_as(actor, &candidate, None, &mut r.dense_progress()).map(|_| ())
+                })?;
+            }
+            "promoted"
+        } else if passed {
+            "passed"
+        } else {
+            "gated_out"
+        };
+        self.store.conn().execute("UPDATE training_runs SET decision = ?2 WHERE job_id = ?1", params![id, decision])?;
+        Ok(serde_json::json!({"candidate": candidate, "evaluation": eval_id, "decision": decision}))
+    }
+
+    fn store_loss_chart(&self, id: i64, dirs: &[&Path]) -> Result<()> {
+        let mut svg = String::new();
+        for d in dirs {
+            if let Ok(s) = std::fs::read_to_string(d.join("loss.svg")) {
+                svg.push_str(&s);
+            }
+        }
+        self.store.conn().execute("UPDATE training_runs SET loss_svg = ?2 WHERE job_id = ?1", params![id, svg])?;
+        Ok(())
+    }
+}
+
+/// One running job: its directory, cancel/stop flags and progress reporting.
+struct Run<'a> {
+    e: &'a Engine,
+    id: i64,
+    dir: &'a Path,
+    stop: &'a AtomicBool,
+}
+
+impl Run<'_> {
+    /// Runs `f` unless `name` finished before; records its wall time in `state.json` and the runs table.
+    fn phase(&self, st: &mut RunState, name: &str, label: &str, f: impl FnOnce(&Run<'_>) -> Result<()>) -> Result<()> {
+        if st.done(name) {
+            return Ok(());
+        }
+        self.progress(label, 0, 0)?;
+        let t = Instant::now();
+        f(self)?;
+        st.phases.push((name.to_string(), t.elapsed().as_secs_f64()));
+        write_json(&self.dir.join("state.json"), st)?;
+        self.e.store.conn().execute(
+            "UPDATE training_runs SET phases = ?2 WHERE job_id = ?1",
+            params![self.id, serde_json::to_string(&st.phases).unwrap_or_default()],
+        )?;
+        tracing::info!(job = self.id, phase = name, seconds = t.elapsed().as_secs_f64(), "training phase done");
+        Ok(())
+    }
+
+    /// Writes the job's stage and progress; fails with `Cancelled` when the job was cancelled or the worker stops.
+    fn progress(&self, stage: &str, done: u64, total: u64) -> Result<()> {
+        let cancel: i64 = self.e.store.conn().query_row(
+            "UPDATE jobs SET progress_done = ?2, progress_total = ?3, stage = ?4, updated_at = ?5 WHERE id = ?1
+             RETURNING cancel_requested",
+            params![self.id, done as i64, total as i64, stage, now()],
+            |r| r.get(0),
+        )?;
+        if cancel != 0 || self.stop.load(Ordering::SeqCst) {
+            return Err(Error::Cancelled("任务已取消或服务正在停止 (the job was cancelled or the worker is stopping)".into()));
+        }
+        Ok(())
+    }
+
+    fn dense_progress(&self) -> impl FnMut(DenseProgress) + '_ {
+        let mut last = Instant::now() - POLL;
+        move |d: DenseProgress| {
+            if last.elapsed() < POLL && d.done < d.total {
+                return;
+            }
+            last = Instant::now();
+            let stopped = self.progress(&format!("{} {}", d.stage, d.collection), d.done as u64, d.total as u64).is_err();
+            set_interrupt(stopped);
+        }
+    }
+
+    /// Runs `care-train ARGS` to its end; with `metrics = (out, steps)` streams step, loss and ETA into the job.
+    /// Cancel or shutdown kills the child: its checkpoints stay for the resumed run.
+    fn trainer(&self, args: &[String], metrics: Option<(&Path, u64)>) -> Result<()> {
+        let cfg = &self.e.cfg.training;
+        let name = args.first().cloned().unwrap_or_default();
+        let log = self.dir.join("logs").join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).map_err(|e| Error::io(&log, e))?;
+        let mut cmd = Command::new(&cfg.trainer);
+        cmd.arg("--device").arg(&cfg.device);
+        if cfg.threads > 0 {
+            cmd.arg("--threads").arg(cfg.threads.to_string());
+        }
+        cmd.args(args).stdin(Stdio::null()).stdout(file.try_clone().map_err(|e| Error::io(&log, e))?).stderr(file);
+        tracing::info!(job = self.id, ?args, "starting care-train");
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| Error::TrainerUnavailable(format!("无法启动训练程序 {} ({e})", cfg.trainer.display())))?;
+        let label = match name.as_str() {
+            "stage1" => "Stage I 训练",
+            "stage2" => "Stage II 训练",
+            "prune" => "裁剪查询编码器",
+            _ => "导出 ONNX",
+        };
+        let status = loop {
+            if let Some(s) = child.try_wait().map_err(|e| Error::io(&log, e))? {
+                break s;
+            }
+            let (stage, done, total) = match metrics {
+                Some((out, steps)) => {
+                    let (step, text) = step_line(out, steps);
+                    (format!("{label} {text}"), step, steps)
+                }
+                None => (label.to_string(), 0, 0),
+            };
+            if let Err(e) = self.progress(&stage, done, total) {
+                kill(&mut child);
+                return Err(e);
+            }
+            std::thread::sleep(POLL);
+        };
+        if status.success() {
+            return Ok(());
+        }
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(8).collect::<Vec<_>>().into_iter().rev().collect();
+        Err(Error::Model(format!(
+            "care-train {name} 失败 ({status}); 日志 {}:\n{}",
+            log.display(),
+            tail.join("\n")
+        )))
+    }
+}
+
+/// (step, "步 s/n · 损失 l · 剩余约 m 分钟") from the newest line of `<out>/metrics.jsonl`.
+fn step_line(out: &Path, steps: u64) -> (u64, String) {
+    let text = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap_or_default();
+    let lines: Vec<serde_json::Value> =
+        text.lines().rev().take(20).filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let Some(last) = lines.first() else { return (0, "准备中".into()) };
+    let step = last["step"].as_u64().unwrap_or(0);
+    let loss = last["loss"].as_f64().unwrap_or(f64::NAN);
+    let secs: f64 = lines.iter().filter_map(|l| l["seconds"].as_f64()).sum::<f64>() / lines.len() as f64;
+    let eta = (steps.saturating_sub(step) as f64 * secs / 60.0).ceil();
+    (step, format!("步 {step}/{steps} · 损失 {loss:.4} · 剩余约 {eta} 分钟"))
+}
+
+fn kill(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn path(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(p: &Path) -> Option<T> {
+    serde_json::from_str(&std::fs::read_to_string(p).ok()?).ok()
+}
+
+/// Writes through a temporary file + rename, so a crash never leaves half a state file.
+fn write_json<T: Serialize>(p: &Path, v: &T) -> Result<()> {
+    let tmp = p.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(v).map_err(|e| Error::Internal(e.to_string()))?)
+        .map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, p).map_err(|e| Error::io(p, e))
+}
+
+const RUN_COLS: &str = "j.id, j.state, j.stage, j.progress_done, j.progress_total, r.schedule_id, j.params, r.counts,
+    r.phases, r.device, r.candidate, r.evaluation_id, r.decision, j.actor, j.created_at, j.updated_at, j.errors";
+
+fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TrainingRun> {
+    let params: String = r.get(6)?;
+    let p: Option<TrainParams> = serde_json::from_str(&params).ok();
+    let counts: String = r.get(7)?;
+    let phases: String = r.get(8)?;
+    let errors: String = r.get(16)?;
+    let error = serde_json::from_str::<Vec<crate::jobs::FileError>>(&errors)
+        .ok()
+        .and_then(|e| e.into_iter().next())
+        .map(|e| e.message)
+        .unwrap_or_default();
+    Ok(TrainingRun {
+        job: r.get(0)?,
+        state: r.get(1)?,
+        stage: r.get(2)?,
+        progress_done: r.get(3)?,
+        progress_total: r.get(4)?,
+        schedule: r.get(5)?,
+        recipe: p.as_ref().map(|p| p.recipe.clone()).unwrap_or_default(),
+        base: p.map(|p| p.base).unwrap_or_default(),
+        counts: serde_json::from_str(&counts).ok(),
+        phases: serde_json::from_str(&phases).unwrap_or_default(),
+        device: r.get(9)?,
+        candidate: r.get(10)?,
+        evaluation: r.get(11)?,
+        decision: r.get(12)?,
+        created_by: r.get(13)?,
+        created_at: r.get(14)?,
+        updated_at: r.get(15)?,
+        error,
+    })
+}
+
+impl Engine {
+    /// The newest training runs, newest first.
+    pub fn training_runs_as(&self, actor: &Actor, limit: usize) -> Result<Vec<TrainingRun>> {
+        actor.require_admin()?;
+        let conn = self.store.reader();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {RUN_COLS} FROM jobs j JOIN training_runs r ON r.job_id = j.id ORDER BY j.id DESC LIMIT ?1"
+        ))?;
+        let rows = stmt.query_map([limit.min(1000) as i64], run_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    pub fn training_run_as(&self, actor: &Actor, job: i64) -> Result<TrainingRun> {
+        actor.require_admin()?;
+        self.store
+            .reader()
+            .query_row(
+                &format!("SELECT {RUN_COLS} FROM jobs j JOIN training_runs r ON r.job_id = j.id WHERE j.id = ?1"),
+                [job],
+                run_row,
+            )
+            .optional()?
+            .ok_or_else(|| Error::NotFound { what: format!("training run #{job}") })
+    }
+
+    /// The run's loss charts (Stage I and Stage II, SVG), once its training phases ended.
+    pub fn training_loss_svg_as(&self, actor: &Actor, job: i64) -> Result<String> {
+        actor.require_admin()?;
+        self.store
+            .reader()
+            .query_row("SELECT loss_svg FROM training_runs WHERE job_id = ?1", [job], |r| r.get(0))
+            .optional()?
+            .ok_or_else(|| Error::NotFound { what: format!("training run #{job}") })
+    }
+}

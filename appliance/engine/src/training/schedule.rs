@@ -1,0 +1,276 @@
+//! Training schedules, kept in SQLite: "every Sunday 02:00" (hospital local time, `[training] utc_offset_minutes`),
+//! "when ≥ N new feedback judgments", or both. The model thread checks them between jobs ([`Engine::fire_due_schedules`]).
+//!
+//! A time trigger stores its next due instant. When the appliance was down past it, the first check after the start
+//! finds it overdue and fires once (not once per missed week), then moves it to the next occurrence after now. A
+//! schedule that comes due while a run is queued or running waits until that run ends: runs never overlap.
+
+use rusqlite::{OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+use time::{Duration, OffsetDateTime, UtcOffset};
+
+use super::{Recipe, TRAIN};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::service::Actor;
+use crate::store::now;
+
+/// What an admin sets.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ScheduleSpec {
+    /// 0 = Monday … 6 = Sunday; `None` with a time = every day.
+    #[serde(default)]
+    pub weekday: Option<u8>,
+    /// "HH:MM", local time; `None` = no time trigger.
+    #[serde(default)]
+    pub time: Option<String>,
+    /// Fire when at least this many feedback judgments arrived since the last run of this schedule.
+    #[serde(default)]
+    pub min_new_feedback: Option<u32>,
+    #[serde(default)]
+    pub recipe: Recipe,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Schedule {
+    pub id: i64,
+    #[serde(flatten)]
+    pub spec: ScheduleSpec,
+    /// Next time trigger, UTC (RFC 3339); empty without a time trigger.
+    pub next_due: String,
+    pub last_fired_at: String,
+    pub last_job: Option<i64>,
+    /// Feedback judgments since the last run of this schedule.
+    pub new_feedback: i64,
+    pub created_by: String,
+}
+
+/// Minutes after local midnight of "HH:MM".
+fn parse_time(t: &str) -> Result<u32> {
+    let bad = || Error::InvalidInput(format!("时间格式应为 HH:MM (time {t:?}: expected HH:MM, 00:00–23:59)"));
+    let (h, m) = t.trim().split_once(':').ok_or_else(bad)?;
+    let (h, m): (u32, u32) = (h.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
+    if h > 23 || m > 59 {
+        return Err(bad());
+    }
+    Ok(h * 60 + m)
+}
+
+/// The first instant strictly after `after` that falls on `weekday` (any day when `None`) at `minute` local time.
+pub fn next_occurrence(weekday: Option<u8>, minute: u32, offset: UtcOffset, after: OffsetDateTime) -> OffsetDateTime {
+    let local = after.to_offset(offset);
+    let midnight = local.replace_time(time::Time::MIDNIGHT);
+    let at = |days: i64| midnight + Duration::days(days) + Duration::minutes(i64::from(minute));
+    (0..=7)
+        .map(at)
+        .find(|t| *t > local && weekday.is_none_or(|w| t.weekday().number_days_from_monday() == w))
+        .unwrap_or_else(|| at(7))
+        .to_offset(UtcOffset::UTC)
+}
+
+fn rfc3339(t: OffsetDateTime) -> String {
+    t.format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+}
+
+fn parse_rfc3339(s: &str) -> Option<OffsetDateTime> {
+    OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()
+}
+
+impl ScheduleSpec {
+    fn check(&self) -> Result<Option<u32>> {
+        self.recipe.check()?;
+        if self.weekday.is_some_and(|w| w > 6) {
+            return Err(Error::InvalidInput("星期应为 0（周一）到 6（周日） (weekday must be 0–6)".into()));
+        }
+        let minute = self.time.as_deref().filter(|t| !t.trim().is_empty()).map(parse_time).transpose()?;
+        if minute.is_none() && self.min_new_feedback.is_none() {
+            return Err(Error::InvalidInput(
+                "计划至少需要一个触发条件：时间或新反馈数量 (a schedule needs a time or a feedback threshold)".into(),
+            ));
+        }
+        if self.weekday.is_some() && minute.is_none() {
+            return Err(Error::InvalidInput("设置了星期就需要时间 (a weekday needs a time)".into()));
+        }
+        if self.min_new_feedback.is_some_and(|n| n == 0 || n > 1_000_000) {
+            return Err(Error::InvalidInput("新反馈数量应为 1–1000000 (min_new_feedback must be 1–1000000)".into()));
+        }
+        Ok(minute)
+    }
+}
+
+impl Engine {
+    fn offset(&self) -> UtcOffset {
+        UtcOffset::from_whole_seconds(self.cfg.training.utc_offset_minutes.clamp(-1080, 1080) * 60)
+            .unwrap_or(UtcOffset::UTC)
+    }
+
+    /// Creates a schedule (`id = None`) or replaces one, audited in the same transaction.
+    pub fn set_schedule_as(&self, actor: &Actor, id: Option<i64>, spec: &ScheduleSpec) -> Result<i64> {
+        actor.require_admin()?;
+        let minute = spec.check()?;
+        let next = minute.map(|m| rfc3339(next_occurrence(spec.weekday, m, self.offset(), OffsetDateTime::now_utc())));
+        let json = serde_json::to_string(spec).map_err(|e| Error::Internal(e.to_string()))?;
+        let mut conn = self.store.conn();
+        let tx = conn.transaction()?;
+        let mark: i64 = tx.query_row("SELECT ifnull(max(id), 0) FROM feedback", [], |r| r.get(0))?;
+        let id = match id {
+            Some(id) => {
+                let n = tx.execute(
+                    "UPDATE training_schedules SET spec = ?2, next_due = ?3 WHERE id = ?1",
+                    params![id, json, next.clone().unwrap_or_default()],
+                )?;
+                if n == 0 {
+                    return Err(Error::NotFound { what: format!("training schedule #{id}") });
+                }
+                id
+            }
+            None => {
+                tx.execute(
+                    "INSERT INTO training_schedules (spec, next_due, feedback_mark, created_by, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![json, next.clone().unwrap_or_default(), mark, actor.name, now()],
+                )?;
+                tx.last_insert_rowid()
+            }
+        };
+        crate::audit::append(
+            &tx,
+            &actor.name,
+            "training.schedule_set",
+            &serde_json::json!({"schedule": id, "spec": spec, "next_due": next}),
+        )?;
+        tx.commit()?;
+        Ok(id)
+    }
+
+    pub fn delete_schedule_as(&self, actor: &Actor, id: i64) -> Result<()> {
+        actor.require_admin()?;
+        let mut conn = self.store.conn();
+        let tx = conn.transaction()?;
+        if tx.execute("DELETE FROM training_schedules WHERE id = ?1", [id])? == 0 {
+            return Err(Error::NotFound { what: format!("training schedule #{id}") });
+        }
+        crate::audit::append(&tx, &actor.name, "training.schedule_delete", &serde_json::json!({"schedule": id}))?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub fn schedules_as(&self, actor: &Actor) -> Result<Vec<Schedule>> {
+        actor.require_admin()?;
+        let conn = self.store.reader();
+        let mut stmt = conn.prepare(
+            "SELECT s.id, s.spec, s.next_due, s.last_fired_at, s.last_job, s.created_by,
+                    (SELECT count(*) FROM feedback f WHERE f.id > s.feedback_mark)
+             FROM training_schedules s ORDER BY s.id",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            let spec: String = r.get(1)?;
+            Ok((r.get(0)?, spec, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, spec, next_due, last_fired_at, last_job, created_by, new_feedback) = row?;
+            let spec: ScheduleSpec = serde_json::from_str(&spec)
+                .map_err(|e| Error::Internal(format!("training schedule {id}: unreadable spec: {e}")))?;
+            out.push(Schedule { id, spec, next_due, last_fired_at, last_job, new_feedback, created_by });
+        }
+        Ok(out)
+    }
+
+    /// Submits a run for every enabled schedule that is due at `at` (one run at most, the oldest schedule first),
+    /// unless a run is queued or running. Returns the job submitted, if any.
+    pub fn fire_due_schedules(&self, at: OffsetDateTime) -> Result<Option<i64>> {
+        let busy: Option<i64> = self
+            .store
+            .reader()
+            .query_row("SELECT id FROM jobs WHERE kind = ?1 AND state IN ('queued', 'running') LIMIT 1", [TRAIN], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        if busy.is_some() {
+            return Ok(None);
+        }
+        for s in self.schedules_as(&Actor::system())? {
+            if !s.spec.enabled {
+                continue;
+            }
+            let time_due = parse_rfc3339(&s.next_due).is_some_and(|t| t <= at);
+            let feedback_due = s.spec.min_new_feedback.is_some_and(|n| s.new_feedback >= i64::from(n));
+            if !(time_due || feedback_due) {
+                continue;
+            }
+            let minute = s.spec.time.as_deref().and_then(|t| parse_time(t).ok());
+            let next = minute.map(|m| rfc3339(next_occurrence(s.spec.weekday, m, self.offset(), at)));
+            let actor = Actor::console(format!("schedule:{}", s.id));
+            let job = match self.submit_training_as(&actor, &s.spec.recipe, Some(s.id)) {
+                Ok(job) => Some(job),
+                Err(e) => {
+                    // Not retried every second: the failure is recorded and the schedule moves to its next time.
+                    tracing::warn!(schedule = s.id, error = %e, "scheduled training could not start");
+                    self.audit_event(
+                        &Actor::system(),
+                        "training.schedule_failed",
+                        &serde_json::json!({"schedule": s.id, "error": e.to_string()}),
+                    )?;
+                    None
+                }
+            };
+            self.store.conn().execute(
+                "UPDATE training_schedules SET next_due = ?2, last_fired_at = ?3, last_job = ?4,
+                        feedback_mark = (SELECT ifnull(max(id), 0) FROM feedback) WHERE id = ?1",
+                params![s.id, next.unwrap_or_default(), rfc3339(at), job],
+            )?;
+            if job.is_some() {
+                return Ok(job);
+            }
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use time::macros::datetime;
+
+    use super::*;
+
+    #[test]
+    fn next_sunday_two_am_in_beijing() {
+        let cst = UtcOffset::from_hms(8, 0, 0).unwrap();
+        // Wednesday 2026-11-25 10:00 UTC = 18:00 CST; next Sunday 02:00 CST is 2026-11-29, = Saturday 18:00 UTC.
+        let t = next_occurrence(Some(6), 120, cst, datetime!(2026-11-25 10:00 UTC));
+        assert_eq!(t, datetime!(2026-11-28 18:00 UTC));
+        // Exactly at the occurrence: the next one is a week later.
+        assert_eq!(next_occurrence(Some(6), 120, cst, t), datetime!(2026-12-05 18:00 UTC));
+        // Every day at 02:00 CST, asked at 17:59 UTC (01:59 CST): one minute later.
+        assert_eq!(next_occurrence(None, 120, cst, datetime!(2026-11-25 17:59 UTC)), datetime!(2026-11-25 18:00 UTC));
+    }
+
+    #[test]
+    fn specs_are_checked() {
+        let ok = ScheduleSpec {
+            weekday: Some(6),
+            time: Some("02:00".into()),
+            min_new_feedback: None,
+            recipe: Recipe::default(),
+            enabled: true,
+        };
+        assert_eq!(ok.check().unwrap(), Some(120));
+        for bad in [
+            ScheduleSpec { time: Some("25:00".into()), ..ok.clone() },
+            ScheduleSpec { weekday: Some(7), ..ok.clone() },
+            ScheduleSpec { time: None, min_new_feedback: None, ..ok.clone() },
+            ScheduleSpec { time: None, weekday: Some(1), min_new_feedback: Some(5), ..ok.clone() },
+            ScheduleSpec { min_new_feedback: Some(0), ..ok.clone() },
+        ] {
+            assert_eq!(bad.check().unwrap_err().code(), crate::ErrorCode::InvalidInput, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! The console's 训练 page: whether the trainer can run here, retraining schedules, runs with their progress, data
+//! counts, phase times, loss charts and the gate's decision, and "train now". Forms call the same engine operations
+//! as `/api/v1/admin/training/*` and `care train`.
+
+use actix_web::{HttpResponse, get, post, web};
+use askama::Template;
+use care_engine::training::schedule::{Schedule, ScheduleSpec};
+use care_engine::training::{Recipe, TrainerStatus, TrainingRun};
+use serde::Deserialize;
+
+use crate::AppState;
+use crate::admin::{Flash, back_with, back_with_error};
+use crate::call::call;
+use crate::errors::ApiError;
+use crate::guard::Caller;
+use crate::pages::{Nav, render};
+
+const WEEKDAYS: [&str; 7] = ["周一", "周二", "周三", "周四", "周五", "周六", "周日"];
+
+pub struct RunRow {
+    pub run: TrainingRun,
+    pub percent: i64,
+    pub counts: String,
+    pub phases: String,
+    /// Engine-generated SVG (numbers and escaped labels only); shown inline for finished runs.
+    pub loss_svg: String,
+}
+
+pub struct ScheduleRow {
+    pub s: Schedule,
+    pub when: String,
+}
+
+#[derive(Template)]
+#[template(path = "admin_training.html")]
+struct TrainingPage {
+    nav: Option<Nav>,
+    flash: Option<String>,
+    error: Option<String>,
+    csrf: String,
+    trainer: TrainerStatus,
+    live: String,
+    approved: Vec<String>,
+    defaults: Recipe,
+    schedules: Vec<ScheduleRow>,
+    runs: Vec<RunRow>,
+}
+
+fn describe(s: &Schedule) -> String {
+    let mut parts = Vec::new();
+    if let Some(t) = &s.spec.time {
+        let day = s.spec.weekday.and_then(|w| WEEKDAYS.get(usize::from(w))).copied().unwrap_or("每天");
+        parts.push(format!("{day} {t}"));
+    }
+    if let Some(n) = s.spec.min_new_feedback {
+        parts.push(format!("新反馈 ≥ {n} 条（目前 {} 条）", s.new_feedback));
+    }
+    parts.join(" 或 ")
+}
+
+fn row(e: &care_engine::Engine, a: &care_engine::Actor, run: TrainingRun) -> RunRow {
+    let percent = if run.progress_total > 0 { run.progress_done * 100 / run.progress_total } else { 0 };
+    let counts = run.counts.as_ref().map_or_else(String::new, |c| {
+        let cols: Vec<String> = c
+            .collections
+            .iter()
+            .map(|k| format!("{}：{} 段落、{} 条训练查询（评测部分 {} 条未用）", k.name, k.passages, k.train_queries, k.eval_queries_left_out))
+            .collect();
+        format!(
+            "{}；Stage I {} 段落 + {} 条检索查询；Stage II {} 组（标注 {}、标题路径 {}），负例：标注 {}、挖掘候选 {}、\
+             疑似假负例剔除 {}（阈值 正例分 − {:.3}）、随机补足 {} 组 {} 个",
+            cols.join("；"),
+            c.stage1_passages,
+            c.stage1_queries,
+            c.stage2_groups,
+            c.judged_pairs,
+            c.heading_pairs,
+            c.judged_negatives,
+            c.mined_candidates,
+            c.false_negatives_dropped,
+            c.false_negative_margin,
+            c.groups_topped_up,
+            c.random_negatives
+        )
+    });
+    let phases = run.phases.iter().map(|(p, s)| format!("{p} {s:.0} 秒")).collect::<Vec<_>>().join(" · ");
+    let loss_svg = if run.phases.iter().any(|p| p.0 == "stage2") {
+        e.training_loss_svg_as(a, run.job).unwrap_or_default()
+    } else {
+        String::new()
+    };
+    RunRow { run, percent, counts, phases, loss_svg }
+}
+
+#[get("/admin/training")]
+pub async fn training_page(
+    state: web::Data<AppState>,
+    caller: Caller,
+    f: web::Query<Flash>,
+) -> Result<HttpResponse, ApiError> {
+    let (trainer, live, approved, schedules, runs) = call(&state, &caller, |e, a| {
+        let runs: Vec<RunRow> = e.training_runs_as(a, 20)?.into_iter().map(|r| row(e, a, r)).collect();
+        let live = e.active_models()?.map(|p| format!("{}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version));
+        let approved =
+            e.collections_as(a)?.into_iter().filter(|c| c.collection.approved_for_training).map(|c| c.collection.name).collect();
+        let schedules = e.schedules_as(a)?.into_iter().map(|s| ScheduleRow { when: describe(&s), s }).collect();
+        Ok((e.trainer_status(), live.unwrap_or_default(), approved, schedules, runs))
+    })
+    .await?;
+    let f = f.into_inner();
+    render(&TrainingPage {
+        nav: Nav::of(&caller),
+        flash: f.flash(),
+        error: f.error(),
+        csrf: caller.csrf().to_string(),
+        trainer,
+        live,
+        approved,
+        defaults: Recipe::default(),
+        schedules,
+        runs,
+    })
+}
+
+/// The recipe fields the form offers; the rest keep their defaults.
+#[derive(Debug, Deserialize)]
+pub struct RecipeForm {
+    #[serde(default)]
+    query_layers: String,
+    #[serde(default)]
+    stage1_steps: String,
+    #[serde(default)]
+    stage2_steps: String,
+    #[serde(default)]
+    promote: Option<String>,
+    #[serde(default)]
+    search_queries: Option<String>,
+    #[serde(default)]
+    weekday: String,
+    #[serde(default)]
+    time: String,
+    #[serde(default)]
+    min_new_feedback: String,
+}
+
+fn number<T: std::str::FromStr>(field: &str, v: &str) -> Result<Option<T>, care_engine::Error> {
+    let v = v.trim();
+    if v.is_empty() {
+        return Ok(None);
+    }
+    v.parse().map(Some).map_err(|_| care_engine::Error::InvalidInput(format!("{field} 应为正整数 ({field}: {v:?} is not a number)")))
+}
+
+impl RecipeForm {
+    fn recipe(&self) -> Result<Recipe, care_engine::Error> {
+        let mut r = Recipe::default();
+        r.query_layers = number("query_layers", &self.query_layers)?;
+        r.stage1_steps = number("stage1_steps", &self.stage1_steps)?.unwrap_or(r.stage1_steps);
+        r.stage2_steps = number("stage2_steps", &self.stage2_steps)?.unwrap_or(r.stage2_steps);
+        r.promote = self.promote.is_some();
+        r.data.include_search_queries = self.search_queries.is_some();
+        Ok(r)
+    }
+}
+
+#[post("/admin/training/run")]
+pub async fn train_now(
+    state: web::Data<AppState>,
+    caller: Caller,
+    f: web::Form<RecipeForm>,
+) -> Result<HttpResponse, ApiError> {
+    let f = f.into_inner();
+    match call(&state, &caller, move |e, a| e.submit_training_as(a, &f.recipe()?, None)).await {
+        Ok(id) => Ok(back_with("/admin/training", &format!("已提交训练任务 #{id}，进度见本页"))),
+        Err(e) => back_with_error("/admin/training", e),
+    }
+}
+
+#[post("/admin/training/schedules")]
+pub async fn add_schedule(
+    state: web::Data<AppState>,
+    caller: Caller,
+    f: web::Form<RecipeForm>,
+) -> Result<HttpResponse, ApiError> {
+    let f = f.into_inner();
+    let r = call(&state, &caller, move |e, a| {
+        let spec = ScheduleSpec {
+            weekday: number("weekday", &f.weekday)?,
+            time: Some(f.time.trim().to_string()).filter(|t| !t.is_empty()),
+            min_new_feedback: number("min_new_feedback", &f.min_new_feedback)?,
+            recipe: f.recipe()?,
+            enabled: true,
+        };
+        e.set_schedule_as(a, None, &spec)
+    })
+    .await;
+    match r {
+        Ok(id) => Ok(back_with("/admin/training", &format!("已添加训练计划 #{id}"))),
+        Err(e) => back_with_error("/admin/training", e),
+    }
+}
+
+#[post("/admin/training/schedules/{id}/delete")]
+pub async fn delete_schedule(
+    state: web::Data<AppState>,
+    caller: Caller,
+    path: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    let id = path.into_inner();
+    match call(&state, &caller, move |e, a| e.delete_schedule_as(a, id)).await {
+        Ok(()) => Ok(back_with("/admin/training", &format!("已删除训练计划 #{id}"))),
+        Err(e) => back_with_error("/admin/training", e),
+    }
+}
