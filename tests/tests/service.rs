@@ -254,6 +254,29 @@ fn every_operation_leaves_one_audit_record_from_page_api_and_cli() {
             serde_json::json!({"query": "二甲双胍", "chunk_id": chunk, "helpful": false}),
         )
     });
+    // The clinician's feedback is in what the next retraining run would learn from, if its query falls in the
+    // training part (else it is kept for evaluation only), once the collection is approved for training.
+    api.json(M::PUT, "/api/v1/admin/collections/p1/approval", serde_json::json!({"approved": true}));
+    let data = tempfile::tempdir().unwrap();
+    let counts = care.json(&["train", "data", "--out", data.path().to_str().unwrap()]);
+    let stage2 = std::fs::read_to_string(data.path().join("stage2.jsonl")).unwrap();
+    let has = stage2.lines().any(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["query"] == "二甲双胍");
+    let p1 = counts["collections"].as_array().unwrap().iter().find(|c| c["name"] == "p1").expect("p1 approved");
+    let sets: serde_json::Value = api
+        .c
+        .get(format!("{}/api/v1/admin/judgments", api.base))
+        .bearer_auth(&api.token)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let fb = sets.as_array().unwrap().iter().find(|s| s["collection"] == "p1" && s["name"] == "feedback");
+    let fb = fb.unwrap_or_else(|| panic!("the clinician's feedback is listed as a judgment set: {sets}"));
+    if fb["train_queries"] == 1 {
+        assert!(has && p1["train_queries"].as_i64() >= Some(1), "{counts} {stage2}");
+    } else {
+        assert!(!has && p1["eval_queries_left_out"].as_i64() >= Some(1), "{counts} {stage2}");
+    }
     one_record(&api, "page: own password", "user.password_change", || {
         clin.post("/account/password", "current=clinician-passphrase-1&new=clinician-passphrase-2")
     });

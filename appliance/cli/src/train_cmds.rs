@@ -31,6 +31,13 @@ pub enum TrainCommand {
     },
     /// One run as JSON (recipe, data counts, phase times, candidate, gate decision).
     Show { job: i64 },
+    /// Write what the next run would train on (corpus.jsonl, stage2.jsonl) into a folder and print the counts.
+    Data {
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        recipe: RecipeArgs,
+    },
     /// Retraining schedules.
     Schedule {
         #[command(subcommand)]
@@ -132,6 +139,10 @@ pub fn run_train(e: Arc<Engine>, actor: &Actor, workers: usize, cmd: TrainComman
                     r.job, r.state, r.decision, r.stage, r.candidate, r.created_at
                 );
             }
+        }
+        TrainCommand::Data { out, recipe } => {
+            let counts = e.training_data_as(actor, &out, &recipe.recipe()?.data)?;
+            println!("{}", serde_json::to_string_pretty(&counts)?);
         }
         TrainCommand::Show { job } => println!("{}", serde_json::to_string_pretty(&e.training_run_as(actor, job)?)?),
         TrainCommand::Schedule { command } => match command {

@@ -909,13 +909,13 @@ mod training {
     /// Small enough for CI on two cores; large enough that Stage I visibly aligns the pruned query encoder.
     fn recipe() -> Recipe {
         Recipe {
-            stage1_steps: 40,
+            stage1_steps: 100,
             stage2_steps: 12,
-            batch_size: 16,
-            stage2_batch_size: 4,
-            stage1_max_texts: 600,
-            lr: 1e-4,
-            checkpoint_every: 10,
+            batch_size: 32,
+            stage2_batch_size: 8,
+            stage1_max_texts: 2000,
+            lr: 5e-4,
+            checkpoint_every: 20,
             ..Recipe::default()
         }
     }
@@ -969,7 +969,7 @@ mod training {
             return;
         };
         let t = tempfile::tempdir().unwrap();
-        let (corpus, csv, queries) = subset(t.path(), 150);
+        let (corpus, csv, queries) = subset(t.path(), 300);
         let mut cfg = EngineConfig::default();
         cfg.storage.data_dir = t.path().join("data");
         cfg.lifecycle.max_latency_ratio = 10.0;
@@ -996,7 +996,7 @@ mod training {
         e.ingest_files("withdrawn", &[other], &mut |_| {}).unwrap();
         e.approve_as(&admin, "withdrawn", true).unwrap();
         e.approve_as(&admin, "withdrawn", false).unwrap();
-        e.import_judgments_as(&admin, "kuake", "dev150", JudgmentSource::Csv(&csv)).unwrap();
+        e.import_judgments_as(&admin, "kuake", "dev300", JudgmentSource::Csv(&csv)).unwrap();
         // Clinician feedback on a training-part query joins the next run's data.
         let fb_query = queries.iter().find(|q| part_of(q, 0.3) == "train").unwrap().clone() + " 反馈";
         let hit = e.search(&SearchRequest { query: fb_query.clone(), ..Default::default() }).unwrap().hits[0].chunk_id;
@@ -1038,6 +1038,9 @@ mod training {
         assert!(log.contains("resumed from step"), "Stage I resumed from its checkpoint: {log}");
         let run = e.training_run_as(&admin, job).unwrap();
         eprintln!("run: {run:?}");
+        for (r, _) in e.evaluations_as(&admin, 5).unwrap() {
+            eprintln!("evaluation #{}: {} vs {}: {:?} {:?}", r.id, r.candidate, r.live, r.overall_ndcg_at_10, r.reasons);
+        }
         assert_eq!(run.decision, "promoted", "{run:?}");
         let live = e.active_models().unwrap().unwrap();
         assert_eq!(format!("{}@{},{}@{}", live.query.name, live.query.version, live.document.name, live.document.version), run.candidate);
@@ -1060,7 +1063,7 @@ mod training {
 
         // Shuffled labels: the training part pairs queries with other queries' documents; the run is gated out
         // and the live pair stays.
-        e.delete_judgments_as(&admin, "kuake", "dev150").unwrap();
+        e.delete_judgments_as(&admin, "kuake", "dev300").unwrap();
         let bad = shuffled(&csv, t.path());
         e.import_judgments_as(&admin, "kuake", "shuffled", JudgmentSource::Csv(&bad)).unwrap();
         let noisy = Recipe { stage1_steps: 0, stage2_steps: 30, lr: 3e-4, ..recipe() };

@@ -11,8 +11,9 @@
 //! are kept only when [`part_of`] puts them in the training part, so a query asked by a clinician and later judged
 //! for evaluation cannot leak in through Stage I.
 //!
-//! Likely false negatives (a mined passage that answers the query but was never judged) are dropped with a margin
-//! calibrated on this encoder's scores: a candidate within `FN_MARGIN_SD` standard deviations of the positives' score
+//! Negatives are mined with the document model as the guide when it can encode queries (else the live query
+//! encoder). Likely false negatives (a mined passage that answers the query but was never judged) are dropped with
+//! a margin calibrated on the guide's scores: a candidate within `FN_MARGIN_SD` standard deviations of the positives' score
 //! distribution below the query's own positive (or above it) is dropped. A fixed ratio of the positive's score
 //! (the trainer's old 0.95 rule) means nothing across encoders whose cosines live in 0.7–0.9 (e5) or −0.2–0.8.
 
@@ -30,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::hybrid::embedding_text;
 use crate::judgments::part_of;
 use crate::models::ActivePair;
+use crate::service::Actor;
 use crate::store::{ChunkRow, Collection};
 
 /// Candidates scoring within this many standard deviations (of the positives' scores) of a query's positive are
@@ -97,11 +99,21 @@ struct Group {
 }
 
 impl Engine {
+    /// Writes what the next run would train on into `dir` (`corpus.jsonl`, `stage2.jsonl`) and returns the counts:
+    /// `care train data`, for an admin who wants to see it before a run. Without a live pair nothing is mined
+    /// (groups are topped up at random).
+    pub fn training_data_as(&self, actor: &Actor, dir: &Path, opts: &DataOptions) -> Result<DataCounts> {
+        actor.require_admin()?;
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let pair = self.active_models()?;
+        self.assemble_training_data(dir, pair.as_ref(), opts)
+    }
+
     /// Writes `corpus.jsonl` and `stage2.jsonl` into `dir` from the approved collections and returns the counts.
     pub(crate) fn assemble_training_data(
         &self,
         dir: &Path,
-        pair: &ActivePair,
+        pair: Option<&ActivePair>,
         opts: &DataOptions,
     ) -> Result<DataCounts> {
         let approved: Vec<Collection> =
@@ -232,11 +244,14 @@ impl Engine {
         chunks: &[ChunkRow],
         by_id: &HashMap<i64, usize>,
         cols: &[Collection],
-        pair: &ActivePair,
+        pair: Option<&ActivePair>,
         opts: &DataOptions,
         counts: &mut DataCounts,
     ) -> Result<Vec<TrainingExample>> {
-        let mined = self.mine(groups, chunks, by_id, cols, pair)?;
+        let mined = match pair {
+            Some(pair) => self.mine(groups, chunks, by_id, cols, pair)?,
+            None => groups.iter().map(|_| (0.0, Vec::new())).collect(),
+        };
         let pos_scores: Vec<f32> = mined.iter().map(|m| m.0).collect();
         let margin = FN_MARGIN_SD * std_dev(&pos_scores);
         counts.false_negative_margin = margin;
@@ -297,7 +312,11 @@ impl Engine {
         cols: &[Collection],
         pair: &ActivePair,
     ) -> Result<Vec<(f32, Vec<(i64, f32)>)>> {
-        let qenc = self.encoder(&pair.query)?;
+        // The guide: the document model when it also encodes queries (CARE's large encoder is the better judge of
+        // relevance), else the live query encoder. A small query encoder that is still poorly aligned ranks true
+        // negatives above the positive, and its scores would make the false-negative filter drop nearly all of them.
+        let guide = if pair.document.role == "both" { &pair.document } else { &pair.query };
+        let qenc = self.encoder(guide)?;
         let denc = self.encoder(&pair.document)?;
         let mut out = Vec::with_capacity(groups.len());
         for batch in groups.chunks(MINE_BATCH) {
@@ -308,7 +327,7 @@ impl Engine {
             let refs: Vec<&str> = pos_texts.iter().map(String::as_str).collect();
             let pv = denc.encode(&refs, TextKind::Document)?;
             for (q, p) in qv.iter().zip(&pv) {
-                let hits = self.dense_search_in(q, &pair.query, &pair.document, cols, MINE_DEPTH)?;
+                let hits = self.dense_search_in(q, guide, &pair.document, cols, MINE_DEPTH)?;
                 let pos_score = q.iter().zip(p).map(|(a, b)| a * b).sum::<f32>();
                 out.push((pos_score, hits.into_iter().map(|h| (h.chunk_id, h.score)).collect()));
             }

@@ -336,7 +336,7 @@ impl Engine {
             d_manifest.document_template.replace("{instruction}", &d_manifest.instruction),
         ];
         run.phase(&mut st, "data", "整理训练数据", |_| {
-            let counts = self.assemble_training_data(&dir, &base, &p.recipe.data)?;
+            let counts = self.assemble_training_data(&dir, Some(&base), &p.recipe.data)?;
             self.store.conn().execute(
                 "UPDATE training_runs SET counts = ?2 WHERE job_id = ?1",
                 params![id, serde_json::to_string(&counts).unwrap_or_default()],
