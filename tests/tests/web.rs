@@ -314,7 +314,10 @@ fn authorisation_matrix_and_collection_isolation() {
     );
     m.insert(("GET", "/api/v1/admin/training"), case("/api/v1/admin/training", Empty, 401, 403, &[200]));
     // No trainer in this test's environment (or nothing approved for training at that point): refused, not queued.
-    m.insert(("POST", "/api/v1/admin/training/runs"), case("/api/v1/admin/training/runs", Json("{}"), 401, 403, &[400, 503]));
+    m.insert(
+        ("POST", "/api/v1/admin/training/runs"),
+        case("/api/v1/admin/training/runs", Json("{}"), 401, 403, &[400, 503]),
+    );
     m.insert(
         ("GET", "/api/v1/admin/training/runs/{job}"),
         case("/api/v1/admin/training/runs/999", Empty, 401, 403, &[404]),

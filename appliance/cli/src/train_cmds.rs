@@ -95,8 +95,10 @@ pub struct RecipeArgs {
 impl RecipeArgs {
     fn recipe(&self) -> Result<Recipe> {
         let mut r: Recipe = match &self.recipe {
-            Some(p) => serde_json::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
-                .with_context(|| format!("{}: not a recipe (JSON object with Recipe fields)", p.display()))?,
+            Some(p) => {
+                serde_json::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+                    .with_context(|| format!("{}: not a recipe (JSON object with Recipe fields)", p.display()))?
+            }
             None => Recipe::default(),
         };
         r.query_layers = self.query_layers.or(r.query_layers);

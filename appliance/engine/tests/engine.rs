@@ -920,7 +920,12 @@ mod training {
         }
     }
 
-    fn wait(e: &Engine, admin: &Actor, job: i64, until: &dyn Fn(&care_engine::JobView) -> bool) -> care_engine::JobView {
+    fn wait(
+        e: &Engine,
+        admin: &Actor,
+        job: i64,
+        until: &dyn Fn(&care_engine::JobView) -> bool,
+    ) -> care_engine::JobView {
         let started = Instant::now();
         loop {
             let j = e.job_as(admin, job).unwrap();
@@ -964,7 +969,8 @@ mod training {
 
     #[test]
     fn scheduled_run_resumes_after_a_restart_and_promotes_shuffled_labels_are_gated_out_cancel_registers_nothing() {
-        let (Some(bin), Some(l4)) = (std::env::var_os("CARE_TRAIN_BIN"), std::env::var_os("CARE_TRAINER_EXPORT")) else {
+        let (Some(bin), Some(l4)) = (std::env::var_os("CARE_TRAIN_BIN"), std::env::var_os("CARE_TRAINER_EXPORT"))
+        else {
             eprintln!("CARE_TRAIN_BIN / CARE_TRAINER_EXPORT not set (packaging/dev.sh test sets them); skipping");
             return;
         };
@@ -1039,11 +1045,17 @@ mod training {
         let run = e.training_run_as(&admin, job).unwrap();
         eprintln!("run: {run:?}");
         for (r, _) in e.evaluations_as(&admin, 5).unwrap() {
-            eprintln!("evaluation #{}: {} vs {}: {:?} {:?}", r.id, r.candidate, r.live, r.overall_ndcg_at_10, r.reasons);
+            eprintln!(
+                "evaluation #{}: {} vs {}: {:?} {:?}",
+                r.id, r.candidate, r.live, r.overall_ndcg_at_10, r.reasons
+            );
         }
         assert_eq!(run.decision, "promoted", "{run:?}");
         let live = e.active_models().unwrap().unwrap();
-        assert_eq!(format!("{}@{},{}@{}", live.query.name, live.query.version, live.document.name, live.document.version), run.candidate);
+        assert_eq!(
+            format!("{}@{},{}@{}", live.query.name, live.query.version, live.document.name, live.document.version),
+            run.candidate
+        );
         assert_eq!(live.document.name, "e5-small", "query-side training keeps the document model: a hot swap");
         assert!(!e.training_loss_svg_as(&admin, job).unwrap().is_empty());
 

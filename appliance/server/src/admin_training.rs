@@ -64,7 +64,12 @@ fn row(e: &care_engine::Engine, a: &care_engine::Actor, run: TrainingRun) -> Run
         let cols: Vec<String> = c
             .collections
             .iter()
-            .map(|k| format!("{}：{} 段落、{} 条训练查询（评测部分 {} 条未用）", k.name, k.passages, k.train_queries, k.eval_queries_left_out))
+            .map(|k| {
+                format!(
+                    "{}：{} 段落、{} 条训练查询（评测部分 {} 条未用）",
+                    k.name, k.passages, k.train_queries, k.eval_queries_left_out
+                )
+            })
             .collect();
         format!(
             "{}；Stage I {} 段落 + {} 条检索查询；Stage II {} 组（标注 {}、标题路径 {}），负例：标注 {}、挖掘候选 {}、\
@@ -100,9 +105,15 @@ pub async fn training_page(
 ) -> Result<HttpResponse, ApiError> {
     let (trainer, live, approved, schedules, runs) = call(&state, &caller, |e, a| {
         let runs: Vec<RunRow> = e.training_runs_as(a, 20)?.into_iter().map(|r| row(e, a, r)).collect();
-        let live = e.active_models()?.map(|p| format!("{}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version));
-        let approved =
-            e.collections_as(a)?.into_iter().filter(|c| c.collection.approved_for_training).map(|c| c.collection.name).collect();
+        let live = e
+            .active_models()?
+            .map(|p| format!("{}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version));
+        let approved = e
+            .collections_as(a)?
+            .into_iter()
+            .filter(|c| c.collection.approved_for_training)
+            .map(|c| c.collection.name)
+            .collect();
         let schedules = e.schedules_as(a)?.into_iter().map(|s| ScheduleRow { when: describe(&s), s }).collect();
         Ok((e.trainer_status(), live.unwrap_or_default(), approved, schedules, runs))
     })
@@ -148,7 +159,9 @@ fn number<T: std::str::FromStr>(field: &str, v: &str) -> Result<Option<T>, care_
     if v.is_empty() {
         return Ok(None);
     }
-    v.parse().map(Some).map_err(|_| care_engine::Error::InvalidInput(format!("{field} 应为正整数 ({field}: {v:?} is not a number)")))
+    v.parse()
+        .map(Some)
+        .map_err(|_| care_engine::Error::InvalidInput(format!("{field} 应为正整数 ({field}: {v:?} is not a number)")))
 }
 
 impl RecipeForm {

@@ -322,8 +322,10 @@ impl Engine {
         for batch in groups.chunks(MINE_BATCH) {
             let qs: Vec<&str> = batch.iter().map(|g| g.query.as_str()).collect();
             let qv = qenc.encode(&qs, TextKind::Query)?;
-            let pos_texts: Vec<String> =
-                batch.iter().map(|g| by_id.get(&g.positive).map_or_else(String::new, |&i| embedding_text(&chunks[i]))).collect();
+            let pos_texts: Vec<String> = batch
+                .iter()
+                .map(|g| by_id.get(&g.positive).map_or_else(String::new, |&i| embedding_text(&chunks[i])))
+                .collect();
             let refs: Vec<&str> = pos_texts.iter().map(String::as_str).collect();
             let pv = denc.encode(&refs, TextKind::Document)?;
             for (q, p) in qv.iter().zip(&pv) {

@@ -112,10 +112,8 @@ impl Recipe {
             return bad("stage1_max_texts must be 1–1000000 and negatives at most 63");
         }
         if self.sides == Sides::Both {
-            return bad(
-                "训练文档编码器 (sides = both) 需要 GPU 训练机和离线文档向量流程，本版本只支持 query_only \
-                 (training the document side is not available in this release; use sides = query_only)",
-            );
+            return bad("训练文档编码器 (sides = both) 需要 GPU 训练机和离线文档向量流程，本版本只支持 query_only \
+                 (training the document side is not available in this release; use sides = query_only)");
         }
         Ok(())
     }
@@ -234,7 +232,9 @@ impl Engine {
         let status = loop {
             match child.try_wait() {
                 Ok(Some(s)) => break s,
-                Ok(None) if started.elapsed() < Duration::from_secs(30) => std::thread::sleep(Duration::from_millis(20)),
+                Ok(None) if started.elapsed() < Duration::from_secs(30) => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
                 _ => {
                     let _ = child.kill();
                     let _ = child.wait();
@@ -277,11 +277,9 @@ impl Engine {
         let mut conn = self.store.conn();
         let tx = conn.transaction()?;
         let busy: Option<i64> = tx
-            .query_row(
-                "SELECT id FROM jobs WHERE kind = ?1 AND state IN ('queued', 'running') LIMIT 1",
-                [TRAIN],
-                |r| r.get(0),
-            )
+            .query_row("SELECT id FROM jobs WHERE kind = ?1 AND state IN ('queued', 'running') LIMIT 1", [TRAIN], |r| {
+                r.get(0)
+            })
             .optional()?;
         if let Some(id) = busy {
             return Err(Error::Busy(format!(
@@ -310,7 +308,13 @@ impl Engine {
     }
 
     /// Runs (or resumes) training job `id` to its end. Called by the model thread (see model_jobs.rs).
-    pub(crate) fn run_training_job(&self, id: i64, json: &str, actor: &Actor, stop: &AtomicBool) -> Result<serde_json::Value> {
+    pub(crate) fn run_training_job(
+        &self,
+        id: i64,
+        json: &str,
+        actor: &Actor,
+        stop: &AtomicBool,
+    ) -> Result<serde_json::Value> {
         let p: TrainParams =
             serde_json::from_str(json).map_err(|e| Error::Internal(format!("job {id}: unreadable parameters: {e}")))?;
         let base = self.resolve_pair(&p.base)?;
@@ -347,7 +351,18 @@ impl Engine {
             Some(k) => {
                 let out = dir.join("query-init");
                 run.phase(&mut st, "init", "裁剪查询编码器", |r| {
-                    r.trainer(&["prune".into(), "--from".into(), path(&base.query.dir), "--layers".into(), k.to_string(), "--out".into(), path(&out)], None)
+                    r.trainer(
+                        &[
+                            "prune".into(),
+                            "--from".into(),
+                            path(&base.query.dir),
+                            "--layers".into(),
+                            k.to_string(),
+                            "--out".into(),
+                            path(&out),
+                        ],
+                        None,
+                    )
                 })?;
                 out
             }
@@ -355,9 +370,19 @@ impl Engine {
         };
         let common = |out: &Path, steps: u64, batch: usize| -> Vec<String> {
             let mut a = vec![
-                "--out".into(), path(out), "--steps".into(), steps.to_string(), "--batch-size".into(), batch.to_string(),
-                "--lr".into(), p.recipe.lr.to_string(), "--seed".into(), p.recipe.data.seed.to_string(),
-                "--checkpoint-every".into(), p.recipe.checkpoint_every.to_string(), "--resume".into(),
+                "--out".into(),
+                path(out),
+                "--steps".into(),
+                steps.to_string(),
+                "--batch-size".into(),
+                batch.to_string(),
+                "--lr".into(),
+                p.recipe.lr.to_string(),
+                "--seed".into(),
+                p.recipe.data.seed.to_string(),
+                "--checkpoint-every".into(),
+                p.recipe.checkpoint_every.to_string(),
+                "--resume".into(),
             ];
             if p.recipe.freeze_embeddings {
                 a.push("--freeze-embeddings".into());
@@ -373,17 +398,36 @@ impl Engine {
             if s1_steps == 0 {
                 return Ok(());
             }
-            let mut a = vec!["stage1".into(), "--query".into(), path(&init), "--document".into(), path(&base.document.dir),
-                "--corpus".into(), path(&dir.join("corpus.jsonl")), "--max-texts".into(), p.recipe.stage1_max_texts.to_string(),
-                "--mse-weight".into(), p.recipe.mse_weight.to_string()];
+            let mut a = vec![
+                "stage1".into(),
+                "--query".into(),
+                path(&init),
+                "--document".into(),
+                path(&base.document.dir),
+                "--corpus".into(),
+                path(&dir.join("corpus.jsonl")),
+                "--max-texts".into(),
+                p.recipe.stage1_max_texts.to_string(),
+                "--mse-weight".into(),
+                p.recipe.mse_weight.to_string(),
+            ];
             a.extend(common(&s1, p.recipe.stage1_steps, p.recipe.batch_size));
             r.trainer(&a, Some((&s1, p.recipe.stage1_steps)))
         })?;
         let s2 = dir.join("stage2");
         run.phase(&mut st, "stage2", "Stage II 训练", |r| {
-            let mut a = vec!["stage2".into(), "--query".into(), path(&s1_query), "--document".into(),
-                path(&base.document.dir), "--train".into(), path(&dir.join("stage2.jsonl")), "--freeze-document".into(),
-                "--group-size".into(), (p.recipe.data.negatives + 1).to_string()];
+            let mut a = vec![
+                "stage2".into(),
+                "--query".into(),
+                path(&s1_query),
+                "--document".into(),
+                path(&base.document.dir),
+                "--train".into(),
+                path(&dir.join("stage2.jsonl")),
+                "--freeze-document".into(),
+                "--group-size".into(),
+                (p.recipe.data.negatives + 1).to_string(),
+            ];
             a.extend(common(&s2, p.recipe.stage2_steps, p.recipe.stage2_batch_size));
             r.trainer(&a, Some((&s2, p.recipe.stage2_steps)))
         })?;
@@ -392,8 +436,19 @@ impl Engine {
         let name = format!("{}-r{id}", base.query.name);
         run.phase(&mut st, "export", "导出 ONNX", |r| {
             let _ = std::fs::remove_dir_all(&export);
-            let mut a = vec!["export".into(), "--query".into(), path(&s2.join("query")), "--out".into(), path(&export),
-                "--name".into(), name.clone(), "--version".into(), "1".into(), "--pairing-id".into(), base.document.pairing_id.clone()];
+            let mut a = vec![
+                "export".into(),
+                "--query".into(),
+                path(&s2.join("query")),
+                "--out".into(),
+                path(&export),
+                "--name".into(),
+                name.clone(),
+                "--version".into(),
+                "1".into(),
+                "--pairing-id".into(),
+                base.document.pairing_id.clone(),
+            ];
             a.extend(templates.iter().cloned());
             r.trainer(&a, None)
         })?;
@@ -407,7 +462,9 @@ impl Engine {
         }
         run.phase(&mut st, "import", "导入候选模型", |_| Ok(()))?;
         let candidate = st.candidate.clone();
-        self.store.conn().execute("UPDATE training_runs SET candidate = ?2 WHERE job_id = ?1", params![id, candidate])?;
+        self.store
+            .conn()
+            .execute("UPDATE training_runs SET candidate = ?2 WHERE job_id = ?1", params![id, candidate])?;
         let mut report = None;
         run.phase(&mut st, "evaluate", "评测候选模型", |r| {
             let rep = self.evaluate_as(actor, &candidate, &mut r.dense_progress())?;
@@ -491,7 +548,9 @@ impl Run<'_> {
             |r| r.get(0),
         )?;
         if cancel != 0 || self.stop.load(Ordering::SeqCst) {
-            return Err(Error::Cancelled("任务已取消或服务正在停止 (the job was cancelled or the worker is stopping)".into()));
+            return Err(Error::Cancelled(
+                "任务已取消或服务正在停止 (the job was cancelled or the worker is stopping)".into(),
+            ));
         }
         Ok(())
     }
@@ -503,7 +562,8 @@ impl Run<'_> {
                 return;
             }
             last = Instant::now();
-            let stopped = self.progress(&format!("{} {}", d.stage, d.collection), d.done as u64, d.total as u64).is_err();
+            let stopped =
+                self.progress(&format!("{} {}", d.stage, d.collection), d.done as u64, d.total as u64).is_err();
             set_interrupt(stopped);
         }
     }
@@ -553,11 +613,7 @@ impl Run<'_> {
         }
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         let tail: Vec<&str> = text.lines().rev().take(8).collect::<Vec<_>>().into_iter().rev().collect();
-        Err(Error::Model(format!(
-            "care-train {name} 失败 ({status}); 日志 {}:\n{}",
-            log.display(),
-            tail.join("\n")
-        )))
+        Err(Error::Model(format!("care-train {name} 失败 ({status}); 日志 {}:\n{}", log.display(), tail.join("\n"))))
     }
 }
 
