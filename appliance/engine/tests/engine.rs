@@ -914,6 +914,7 @@ mod training {
             batch_size: 32,
             stage2_batch_size: 8,
             stage1_max_texts: 2000,
+            stage2_max_groups: 300,
             lr: 5e-4,
             checkpoint_every: 20,
             ..Recipe::default()
@@ -1078,7 +1079,7 @@ mod training {
         e.delete_judgments_as(&admin, "kuake", "dev300").unwrap();
         let bad = shuffled(&csv, t.path());
         e.import_judgments_as(&admin, "kuake", "shuffled", JudgmentSource::Csv(&bad)).unwrap();
-        let noisy = Recipe { stage1_steps: 0, stage2_steps: 30, lr: 3e-4, ..recipe() };
+        let noisy = Recipe { stage1_steps: 0, stage2_steps: 30, stage2_max_groups: 240, lr: 3e-4, ..recipe() };
         let job2 = e.submit_training_as(&admin, &noisy, None).unwrap();
         let j = wait(&e, &admin, job2, &finished);
         assert_eq!(j.state, "done", "{j:?}");
@@ -1088,7 +1089,8 @@ mod training {
 
         // Cancel during training: the job ends cancelled and nothing new is registered.
         let n = e.models().unwrap().len();
-        let job3 = e.submit_training_as(&admin, &Recipe { stage1_steps: 400, ..recipe() }, None).unwrap();
+        let slow = Recipe { stage1_steps: 400, stage1_max_texts: 200, ..recipe() };
+        let job3 = e.submit_training_as(&admin, &slow, None).unwrap();
         wait(&e, &admin, job3, &|j| j.stage.starts_with("Stage I 训练 步"));
         e.cancel_job_as(&admin, job3).unwrap();
         let j = wait(&e, &admin, job3, &finished);

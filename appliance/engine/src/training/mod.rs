@@ -59,6 +59,8 @@ pub struct Recipe {
     pub batch_size: usize,
     pub stage2_batch_size: usize,
     pub stage1_max_texts: usize,
+    /// Stage II groups per run, at most (a seeded sample); each costs 8 document-encoder passes up front.
+    pub stage2_max_groups: usize,
     pub lr: f64,
     /// Stage I's MSE weight (a mean over the vector's elements, hence far above the paper's 1 at width 384).
     pub mse_weight: f64,
@@ -82,6 +84,7 @@ impl Default for Recipe {
             batch_size: 32,
             stage2_batch_size: 8,
             stage1_max_texts: 20_000,
+            stage2_max_groups: 20_000,
             lr: 5e-5,
             mse_weight: 500.0,
             checkpoint_every: 50,
@@ -108,8 +111,10 @@ impl Recipe {
         if !(self.lr > 0.0 && self.lr < 1.0) || !(0.0..=1e6).contains(&self.mse_weight) {
             return bad("lr must be in (0, 1) and mse_weight in [0, 1e6]");
         }
-        if self.stage1_max_texts == 0 || self.stage1_max_texts > 1_000_000 || self.data.negatives > 63 {
-            return bad("stage1_max_texts must be 1–1000000 and negatives at most 63");
+        let texts = 1..=1_000_000;
+        if !texts.contains(&self.stage1_max_texts) || !texts.contains(&self.stage2_max_groups) || self.data.negatives > 63
+        {
+            return bad("stage1_max_texts and stage2_max_groups must be 1–1000000, negatives at most 63");
         }
         if self.sides == Sides::Both {
             return bad("训练文档编码器 (sides = both) 需要 GPU 训练机和离线文档向量流程，本版本只支持 query_only \
@@ -427,6 +432,8 @@ impl Engine {
                 "--freeze-document".into(),
                 "--group-size".into(),
                 (p.recipe.data.negatives + 1).to_string(),
+                "--max-examples".into(),
+                p.recipe.stage2_max_groups.to_string(),
             ];
             a.extend(common(&s2, p.recipe.stage2_steps, p.recipe.stage2_batch_size));
             r.trainer(&a, Some((&s2, p.recipe.stage2_steps)))
