@@ -110,7 +110,7 @@ impl Encoder {
         let (model, default_settings, left_pad) = match mt.as_str() {
             "bert" | "xlm-roberta" | "roberta" => {
                 let cfg = BertConfig::load(dir)?;
-                let w = crate::weights::Weights::load(&dir.join("model.safetensors"), device, kind)?;
+                let w = crate::weights::Weights::load_dir(dir, device, kind)?;
                 let max = if cfg.is_xlm_roberta() {
                     (cfg.max_position_embeddings - cfg.pad_token_id - 1) as usize
                 } else {
@@ -124,7 +124,7 @@ impl Encoder {
             }
             "qwen3" => {
                 let cfg = Qwen3Config::load(dir)?;
-                let w = crate::weights::Weights::load(&dir.join("model.safetensors"), device, kind)?;
+                let w = crate::weights::Weights::load_dir(dir, device, kind)?;
                 let eos = cfg.eos_token_id.map(|e| e as u32);
                 (
                     Model::Qwen3(Qwen3::new(&cfg, w)?),

@@ -14,6 +14,11 @@ use crate::{Error, Result};
 /// Prefixes Hugging Face adds when a base model is saved inside a task model (`Qwen3ForCausalLM` → `model.`).
 const STRIP_PREFIXES: &[&str] = &["model.", "roberta.", "bert.", "encoder_model."];
 
+/// `name` without a task-model prefix.
+fn strip(name: &str) -> String {
+    STRIP_PREFIXES.iter().find_map(|p| name.strip_prefix(p)).unwrap_or(name).to_string()
+}
+
 #[derive(Debug, Default)]
 pub struct Weights {
     map: BTreeMap<String, Tensor>,
@@ -26,19 +31,58 @@ impl Weights {
 
     /// Loads every tensor of a safetensors file onto `device` as `kind` (bf16 checkpoints become f32 on CPU).
     pub fn load(path: &Path, device: Device, kind: Kind) -> Result<Self> {
-        let tensors = Tensor::read_safetensors(path).map_err(|e| Error::Weights(format!("{}: {e}", path.display())))?;
-        let mut map = BTreeMap::new();
-        let strip = tensors.iter().all(|(n, _)| STRIP_PREFIXES.iter().any(|p| n.starts_with(p)));
-        for (name, t) in tensors {
-            let name = if strip {
-                STRIP_PREFIXES.iter().find_map(|p| name.strip_prefix(p)).map_or(name.clone(), str::to_string)
-            } else {
-                name
-            };
-            let t = if t.is_floating_point() { t.to_kind(kind) } else { t };
-            map.insert(name, t.to_device(device));
+        let mut w = Self::new();
+        w.add_file(path, device, kind)?;
+        Ok(w)
+    }
+
+    /// Loads a model folder: `model.safetensors`, or the shards named by `model.safetensors.index.json` (how 4B/8B
+    /// checkpoints are saved). Every tensor the index lists must be in its shard.
+    pub fn load_dir(dir: &Path, device: Device, kind: Kind) -> Result<Self> {
+        let index = dir.join("model.safetensors.index.json");
+        if !index.exists() {
+            return Self::load(&dir.join("model.safetensors"), device, kind);
         }
-        Ok(Self { map })
+        let bad = |m: String| Error::Weights(format!("{}: {m}", index.display()));
+        let text = std::fs::read_to_string(&index).map_err(|e| bad(e.to_string()))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let map = v["weight_map"].as_object().ok_or_else(|| bad("no \"weight_map\" object".into()))?;
+        let mut shards: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (name, file) in map {
+            let file = file.as_str().ok_or_else(|| bad(format!("shard of {name:?} is not a file name")))?;
+            // A shard is a plain file beside the index: no folders, no way out of the model folder.
+            if file.is_empty() || file.contains(['/', '\\']) || file.starts_with('.') {
+                return Err(bad(format!("shard {file:?} of {name:?} is not a plain file name")));
+            }
+            shards.entry(file).or_default().push(name);
+        }
+        let mut w = Self::new();
+        for (file, names) in &shards {
+            let added = w.add_file(&dir.join(file), device, kind)?;
+            if let Some(missing) = names.iter().find(|n| !added.contains(&strip(n))) {
+                return Err(bad(format!("tensor {missing:?} is not in its shard {file}")));
+            }
+        }
+        Ok(w)
+    }
+
+    /// Adds a file's tensors, each with a task-model prefix (`model.`, `roberta.` …) removed; an unprefixed
+    /// tensor (`lm_head.weight` of `Qwen3ForCausalLM`) keeps its name. Returns the names added.
+    fn add_file(&mut self, path: &Path, device: Device, kind: Kind) -> Result<Vec<String>> {
+        let tensors = Tensor::read_safetensors(path).map_err(|e| Error::Weights(format!("{}: {e}", path.display())))?;
+        let mut added = Vec::with_capacity(tensors.len());
+        for (name, t) in tensors {
+            let name = strip(&name);
+            let t = if t.is_floating_point() { t.to_kind(kind) } else { t };
+            if self.map.insert(name.clone(), t.to_device(device)).is_some() {
+                return Err(Error::Weights(format!(
+                    "{}: tensor {name:?} appears twice (with and without a prefix, or in two shards)",
+                    path.display()
+                )));
+            }
+            added.push(name);
+        }
+        Ok(added)
     }
 
     pub fn insert(&mut self, name: impl Into<String>, t: Tensor) {

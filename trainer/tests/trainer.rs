@@ -604,3 +604,58 @@ fn corpus_reader_takes_every_id_layout() {
         ]
     );
 }
+
+/// 4B/8B checkpoints come sharded (`model.safetensors.index.json`) and, saved from `Qwen3ForCausalLM`, with every
+/// tensor under `model.` beside an unprefixed `lm_head.weight`. Such a folder must load as the single file does.
+#[test]
+fn sharded_and_prefixed_checkpoints_load_like_the_single_file() {
+    let _guard = serial();
+    let t = tempfile::tempdir().unwrap();
+    let one = t.path().join("one");
+    write_tiny_qwen_with(&one, 11, 0.0);
+    let sharded = t.path().join("sharded");
+    std::fs::create_dir_all(&sharded).unwrap();
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(one.join(f), sharded.join(f)).unwrap();
+    }
+    let tensors = load_tensors(&one.join("model.safetensors")).unwrap();
+    let names: Vec<String> = tensors.keys().cloned().collect();
+    let (a, b) = names.split_at(names.len() / 2);
+    let files = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"];
+    let mut index = serde_json::Map::new();
+    for (part, file) in [(a, files[0]), (b, files[1])] {
+        let mut list: Vec<(String, Tensor)> =
+            part.iter().map(|n| (format!("model.{n}"), tensors[n].shallow_clone())).collect();
+        if file == files[1] {
+            list.push(("lm_head.weight".into(), Tensor::randn([(WORDS + 2) as i64, 24], (Kind::Float, Device::Cpu))));
+        }
+        for (n, _) in &list {
+            index.insert(n.clone(), file.into());
+        }
+        care_trainer::weights::save_tensors(list.into_iter(), &sharded.join(file)).unwrap();
+    }
+    let write_index = |m: &serde_json::Map<String, serde_json::Value>| {
+        let v = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": m});
+        std::fs::write(sharded.join("model.safetensors.index.json"), v.to_string()).unwrap();
+    };
+    write_index(&index);
+    assert!(!sharded.join("model.safetensors").exists());
+    let texts = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9"];
+    let want = Encoder::load(&one, Device::Cpu, Kind::Float).unwrap().embed(&texts, false).unwrap();
+    let got = Encoder::load(&sharded, Device::Cpu, Kind::Float).unwrap().embed(&texts, false).unwrap();
+    assert_eq!((got - &want).abs().max().double_value(&[]), 0.0);
+    let w = Weights::load_dir(&sharded, Device::Cpu, Kind::Float).unwrap();
+    assert!(w.contains("lm_head.weight") && w.contains("norm.weight") && !w.contains("model.norm.weight"));
+    assert!(Qwen3::load(&sharded, Device::Cpu, Kind::Float).is_ok());
+    // A tensor the index names but its shard lacks, and a shard path leaving the folder, are refused by name.
+    let mut broken = index.clone();
+    broken.insert("model.extra.weight".into(), files[0].into());
+    write_index(&broken);
+    let err = Weights::load_dir(&sharded, Device::Cpu, Kind::Float).unwrap_err().to_string();
+    assert!(err.contains("model.extra.weight") && err.contains(files[0]), "{err}");
+    let mut escape = index.clone();
+    escape.insert("model.norm.weight".into(), "../one/model.safetensors".into());
+    write_index(&escape);
+    let err = Weights::load_dir(&sharded, Device::Cpu, Kind::Float).unwrap_err().to_string();
+    assert!(err.contains("not a plain file name"), "{err}");
+}

@@ -176,7 +176,7 @@ impl Bert {
     /// Loads `config.json` + `model.safetensors` from a Hugging Face model folder.
     pub fn load(dir: &Path, device: tch::Device) -> Result<Self> {
         let cfg = BertConfig::load(dir)?;
-        let w = Weights::load(&dir.join("model.safetensors"), device, Kind::Float)?;
+        let w = Weights::load_dir(dir, device, Kind::Float)?;
         Self::new(&cfg, w)
     }
 

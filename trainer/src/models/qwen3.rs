@@ -154,7 +154,10 @@ impl Qwen3 {
 
     pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self> {
         let cfg = Qwen3Config::load(dir)?;
-        let w = Weights::load(&dir.join("model.safetensors"), device, kind)?;
+        let mut w = Weights::load_dir(dir, device, kind)?;
+        // A `Qwen3ForCausalLM` checkpoint's output head: an embedding model never uses it, and for an 8B model it
+        // is 151k × 4096 parameters that would sit in GPU memory (and in every saved copy).
+        w.remove("lm_head.weight");
         Self::new(&cfg, w)
     }
 
