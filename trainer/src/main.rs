@@ -558,7 +558,7 @@ fn run(cli: Cli) -> Result<()> {
                     DocSide::Frozen { vectors, index }
                 }
             };
-            let mut dropped = 0;
+            let mut mining = data::MiningReport::default();
             if mine {
                 let DocSide::Frozen { vectors, index } = &side else { unreachable!() };
                 let qtexts: Vec<String> = ex.iter().map(|e| e.query.clone()).collect();
@@ -576,8 +576,12 @@ fn run(cli: Cli) -> Result<()> {
                     ),
                 )?;
                 let opts = MiningOptions { negatives: group_size - 1, ..Default::default() };
-                dropped = data::mine_hard_negatives(&mut ex, &qv, &pos_scores, &pool, &pv, opts)?;
-                eprintln!("mined negatives; dropped {dropped} likely false negatives");
+                mining = data::mine_hard_negatives(&mut ex, &qv, &pos_scores, &pool, &pv, opts)?;
+                eprintln!(
+                    "mined negatives; dropped {} likely false negatives (margin {:.4} below each positive); {} groups \
+                     still short (topped up at random)",
+                    mining.dropped, mining.margin, mining.short
+                );
             }
             let side = if freeze_document {
                 side
@@ -615,7 +619,7 @@ fn run(cli: Cli) -> Result<()> {
             let summary = serde_json::json!({
                 "stage": "stage2", "query": query, "document": document, "examples": ex.len(),
                 "sources": data::kinds(&ex), "judged_negatives": judged_negatives, "pool": pool.len(),
-                "mined": mine, "dropped_false_negatives": dropped, "document_frozen": freeze_document,
+                "mined": mine, "dropped_false_negatives": mining.dropped, "false_negative_margin": mining.margin, "groups_topped_up": mining.short, "document_frozen": freeze_document,
                 "lora": if freeze_document { serde_json::Value::Null } else { serde_json::json!({"rank": lora_rank, "alpha": lora_alpha}) },
                 "trainable_parameters": n_params,
             });

@@ -476,13 +476,26 @@ fn mining_skips_positives_and_drops_likely_false_negatives() {
     // Query 0's positive is d0 (score 1.0); d1 scores 0.99 (likely an unlabelled positive), d2..d5 lower.
     let pv = Tensor::from_slice(&[1.0f32, 0.0, 0.99, 0.141, 0.8, 0.6, 0.7, 0.714, 0.5, 0.866, 0.2, 0.98]).view([6, 2]);
     let pv = care_trainer::pooling::normalize(&pv);
-    let qv = Tensor::from_slice(&[1.0f32, 0.0]).view([1, 2]);
-    let mut ex =
-        vec![TrainingExample { query: "q".into(), pos: vec!["d0".into()], neg: vec![], prompt: None, kind: None }];
-    let opts = MiningOptions { negatives: 2, skip_top: 0, depth: 10, max_ratio_to_positive: 0.95 };
-    let dropped = mine_hard_negatives(&mut ex, &qv, &[1.0], &pool, &pv, opts).unwrap();
-    assert_eq!(dropped, 1);
-    assert_eq!(ex[0].neg, vec!["d2".to_string(), "d3".to_string()]);
+    let qv = Tensor::from_slice(&[1.0f32, 0.0, 1.0, 0.0]).view([2, 2]);
+    let ex =
+        |p: &str| TrainingExample { query: "q".into(), pos: vec![p.into()], neg: vec![], prompt: None, kind: None };
+    // The margin is on the encoder's own scale: positives scoring 1.0 and 0.96 (σ ≈ 0.028) give 0.5σ ≈ 0.014, so
+    // d1 (0.99, within 0.014 of query 0's positive) is dropped and d2 (0.8) is kept.
+    let mut exs = vec![ex("d0"), ex("d0")];
+    let opts = MiningOptions { negatives: 2, skip_top: 0, depth: 10, margin_sd: 0.5 };
+    let r = mine_hard_negatives(&mut exs, &qv, &[1.0, 0.96], &pool, &pv, opts).unwrap();
+    assert!((r.margin - 0.5 * 0.04 / 2f32.sqrt()).abs() < 1e-4, "{r:?}");
+    assert_eq!(exs[0].neg, vec!["d2".to_string(), "d3".to_string()]);
+    // Query 1's positive scored 0.96: d1 (0.99) lies above 0.96 − 0.014 and is dropped too.
+    assert_eq!(exs[1].neg, vec!["d2".to_string(), "d3".to_string()]);
+    assert_eq!((r.dropped, r.short), (2, 0));
+    // A wide score spread widens the margin: with positives 1.0 and 0.4 (σ ≈ 0.42, margin ≈ 0.21) query 0 also
+    // drops d2 (0.8 > 0.79), and query 1 keeps nothing above 0.19: one group is left short and reported.
+    let mut exs = vec![ex("d0"), ex("d0")];
+    let r = mine_hard_negatives(&mut exs, &qv, &[1.0, 0.4], &pool, &pv, opts).unwrap();
+    assert_eq!(exs[0].neg, vec!["d3".to_string(), "d4".to_string()], "{r:?}");
+    assert!(exs[1].neg.is_empty(), "{r:?}");
+    assert_eq!(r.short, 1);
 }
 
 #[test]

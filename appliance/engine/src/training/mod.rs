@@ -112,7 +112,9 @@ impl Recipe {
             return bad("lr must be in (0, 1) and mse_weight in [0, 1e6]");
         }
         let texts = 1..=1_000_000;
-        if !texts.contains(&self.stage1_max_texts) || !texts.contains(&self.stage2_max_groups) || self.data.negatives > 63
+        if !texts.contains(&self.stage1_max_texts)
+            || !texts.contains(&self.stage2_max_groups)
+            || self.data.negatives > 63
         {
             return bad("stage1_max_texts and stage2_max_groups must be 1–1000000, negatives at most 63");
         }
