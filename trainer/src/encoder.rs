@@ -226,6 +226,27 @@ impl Encoder {
     }
 
     /// Parameters by name.
+    /// A fingerprint of what this encoder computes: every parameter's name, shape and value sums (LoRA adapters
+    /// included), pooling and length. Caches of its vectors are keyed by it, so vectors of other weights (a
+    /// document encoder after Stage II, another checkpoint in the same folder) are never reused. One pass over
+    /// the parameters: far cheaper than hashing the files of an 8B checkpoint, and it sees in-memory changes.
+    pub fn fingerprint(&self) -> String {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        tch::no_grad(|| {
+            for (name, t) in self.model.weights().iter() {
+                name.hash(&mut h);
+                t.size().hash(&mut h);
+                let t = t.to_kind(Kind::Double);
+                t.sum(Kind::Double).double_value(&[]).to_bits().hash(&mut h);
+                (&t * &t).sum(Kind::Double).double_value(&[]).to_bits().hash(&mut h);
+            }
+        });
+        format!("{:?}", self.settings.pooling).hash(&mut h);
+        self.settings.max_length.hash(&mut h);
+        format!("{:016x}", h.finish())
+    }
+
     pub fn named_parameters(&self) -> BTreeMap<String, Tensor> {
         self.model.weights().iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect()
     }

@@ -34,7 +34,9 @@ pub fn ndcg_at(ranked: &[&str], judged: &HashMap<String, u32>, k: usize) -> f64 
     if idcg > 0.0 { dcg(gains) / idcg } else { 0.0 }
 }
 
-/// Document vectors of a BEIR corpus: `(ids, vectors [n, hidden])`, cached at `cache` when given.
+/// Document vectors of a BEIR corpus: `(ids, vectors [n, hidden])`, cached at `cache` when given. The cache is
+/// reused only when its key file (`<cache>.key`: the encoder's fingerprint, the template, the document ids) matches,
+/// so vectors of other weights or another corpus are recomputed, never scored.
 pub fn corpus_vectors(
     doc: &Encoder,
     set: &Path,
@@ -44,7 +46,14 @@ pub fn corpus_vectors(
 ) -> Result<(Vec<String>, Tensor)> {
     let docs = read_corpus(&set.join("corpus.jsonl"))?;
     let ids: Vec<String> = docs.iter().map(|d| d.id.clone()).collect();
+    let key = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (doc.fingerprint(), template, &ids).hash(&mut h);
+        format!("{:016x}", h.finish())
+    };
     if let Some(c) = cache
+        && std::fs::read_to_string(c.with_extension("key")).is_ok_and(|k| k.trim() == key)
         && let Ok(mut t) = crate::weights::load_tensors(c)
         && let Some(v) = t.remove("vectors")
         && v.size()[0] == ids.len() as i64
@@ -57,6 +66,7 @@ pub fn corpus_vectors(
     pb.finish_and_clear();
     if let Some(c) = cache {
         crate::weights::save_tensors(std::iter::once(("vectors".to_string(), v.shallow_clone())), c)?;
+        std::fs::write(c.with_extension("key"), &key).map_err(|e| crate::Error::io(c, e))?;
     }
     Ok((ids, v))
 }

@@ -117,7 +117,7 @@ pub fn frozen_doc_side(
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         texts.hash(&mut h);
-        enc.source.hash(&mut h);
+        enc.fingerprint().hash(&mut h);
         format!("{:016x}", h.finish())
     };
     let cached = cache.and_then(|p| {

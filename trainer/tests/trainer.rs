@@ -672,3 +672,32 @@ fn sharded_and_prefixed_checkpoints_load_like_the_single_file() {
     let err = Weights::load_dir(&sharded, Device::Cpu, Kind::Float).unwrap_err().to_string();
     assert!(err.contains("not a plain file name"), "{err}");
 }
+
+/// The eval cache of document vectors is keyed by the encoder's fingerprint: vectors another checkpoint wrote (a
+/// document encoder before Stage II) are recomputed, not scored; the same encoder reuses them.
+#[test]
+fn eval_cache_refuses_vectors_of_other_weights() {
+    let _guard = serial();
+    let t = tempfile::tempdir().unwrap();
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    write_tiny_bert_with(&a, 3, 0.0);
+    write_tiny_bert_with(&b, 4, 0.0);
+    let set = t.path().join("set");
+    std::fs::create_dir_all(&set).unwrap();
+    let corpus: String =
+        (0..5).map(|i| format!("{{\"_id\": \"d{i}\", \"title\": \"\", \"text\": \"w{i} w{}\"}}\n", i + 7)).collect();
+    std::fs::write(set.join("corpus.jsonl"), corpus).unwrap();
+    let cache = t.path().join("vectors.safetensors");
+    let ea = Encoder::load(&a, Device::Cpu, Kind::Float).unwrap();
+    let eb = Encoder::load(&b, Device::Cpu, Kind::Float).unwrap();
+    assert_ne!(ea.fingerprint(), eb.fingerprint());
+    let (_, va) = care_trainer::eval::corpus_vectors(&ea, &set, "{text}", 4, Some(&cache)).unwrap();
+    let (_, vb) = care_trainer::eval::corpus_vectors(&eb, &set, "{text}", 4, Some(&cache)).unwrap();
+    let (_, fresh) = care_trainer::eval::corpus_vectors(&eb, &set, "{text}", 4, None).unwrap();
+    assert!((&vb - &va).abs().max().double_value(&[]) > 1e-3, "b scored a's cached vectors");
+    assert_eq!((&vb - &fresh).abs().max().double_value(&[]), 0.0);
+    // The same encoder again: the cache (now b's) is reused, so a changed cache file shows through.
+    care_trainer::weights::save_tensors(std::iter::once(("vectors".to_string(), &vb * 0.0)), &cache).unwrap();
+    let (_, again) = care_trainer::eval::corpus_vectors(&eb, &set, "{text}", 4, Some(&cache)).unwrap();
+    assert_eq!(again.abs().max().double_value(&[]), 0.0, "the matching cache was not reused");
+}
