@@ -701,3 +701,34 @@ fn eval_cache_refuses_vectors_of_other_weights() {
     let (_, again) = care_trainer::eval::corpus_vectors(&eb, &set, "{text}", 4, Some(&cache)).unwrap();
     assert_eq!(again.abs().max().double_value(&[]), 0.0, "the matching cache was not reused");
 }
+
+/// Half-precision document encoders: a left-padded row whose positions see only masked keys must not turn into
+/// NaN (fp16 overflowed the mask to −inf), and a loss computed from bf16/fp16 encodings (taken in fp32) stays
+/// within a stated tolerance of the fp32 one on a tiny Qwen3.
+#[test]
+fn half_precision_qwen3_has_no_nan_on_padded_rows_and_its_loss_matches_fp32() {
+    let _guard = serial();
+    let t = tempfile::tempdir().unwrap();
+    write_tiny_qwen_with(t.path(), 5, 0.0);
+    let texts = ["w1", "w2 w3 w4 w5 w6 w7", "w8 w9", "w10 w11 w12", "w13", "w14 w15 w16 w17", "w18 w19", "w20"];
+    let f32enc = Encoder::load(t.path(), Device::Cpu, Kind::Float).unwrap();
+    let want = tch::no_grad(|| f32enc.embed(&texts, false)).unwrap();
+    let m = Qwen3::load(t.path(), Device::Cpu, Kind::Half).unwrap();
+    let ids = Tensor::from_slice(&[0i64, 0, 0, 5, 6, 0, 0, 7, 8, 9]).view([2, 5]);
+    let mask = ids.ne(0).to_kind(Kind::Int64);
+    let h = tch::no_grad(|| m.forward_t(&ids, &mask, false));
+    assert_eq!(h.kind(), Kind::Half);
+    assert_eq!(h.isnan().any().int64_value(&[]), 0, "NaN in a left-padded fp16 forward");
+    // Query i's positive is document i, in groups of 2 (document 2i+1 is its negative).
+    let q = want.narrow(0, 0, 4);
+    for kind in [Kind::BFloat16, Kind::Half] {
+        let enc = Encoder::load(t.path(), Device::Cpu, kind).unwrap();
+        let got = tch::no_grad(|| enc.embed(&texts, false)).unwrap();
+        assert_eq!(got.kind(), Kind::Float, "encodings leave the encoder in fp32");
+        let cos = (&got * &want).sum_dim_intlist(1, false, Kind::Float).min().double_value(&[]);
+        let l32 = loss::asymmetric_info_nce(&q, &want, 0.02, 2).double_value(&[]);
+        let lh = loss::asymmetric_info_nce(&q, &got, 0.02, 2).double_value(&[]);
+        assert!(cos > 0.99, "{kind:?}: min cosine to fp32 {cos}");
+        assert!((lh - l32).abs() < 0.05 * l32.abs().max(1.0), "{kind:?}: loss {lh} vs fp32 {l32}");
+    }
+}
