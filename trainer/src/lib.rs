@@ -12,13 +12,15 @@
 //!   │            metrics log + SVG chart
 //!   ├ export     query encoder → ONNX model package (care-modelio's exporter) + parity vectors;
 //!   │            document embeddings → embedding shards (care-formats)
-//!   └ eval       nDCG@10 on BEIR dev splits with an exact scan, and query-latency measurement
+//!   ├ eval       nDCG@10 on BEIR dev splits with an exact scan, and query-latency measurement
+//!   └ doctor     libtorch version, CUDA usable or why not, GPUs and free memory, which Qwen3 fits Stage II
 //! ```
 //!
 //! The trainer shares only `care-formats` (manifests, training data, embedding shards) and `care-modelio`
 //! (ONNX/safetensors writers) with the server; it never links ONNX Runtime, tantivy or LanceDB.
 
 pub mod data;
+pub mod doctor;
 pub mod encoder;
 pub mod eval;
 pub mod export;

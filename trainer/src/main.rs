@@ -276,6 +276,17 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// What this machine can train: libtorch version, whether CUDA is usable (and why not), GPUs with free
+    /// memory, and which Qwen3 document encoder fits Stage II with LoRA at the given batch.
+    Doctor {
+        /// Documents per Stage II step whose activations are alive at once (batch × group size, or the sub-batch).
+        #[arg(long, default_value_t = 64)]
+        texts: usize,
+        #[arg(long, default_value_t = 256)]
+        document_max_length: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Render metrics.jsonl as an SVG loss chart.
     Chart {
         #[arg(long)]
@@ -304,6 +315,11 @@ fn device(s: &str) -> Result<Device> {
             }
             Device::Cuda(0)
         }
+        // A GPU that libtorch cannot use must not turn a night's GPU run into a week's CPU run unnoticed.
+        "auto" if !tch::Cuda::is_available() && care_trainer::doctor::gpu_present() => bail!(
+            "a GPU is present but libtorch cannot use it (see `care-train doctor`); pass --device cpu to train on \
+             the CPU anyway"
+        ),
         "auto" => Device::cuda_if_available(),
         other => bail!("unknown device {other:?}: use cpu, cuda or auto"),
     })
@@ -405,6 +421,15 @@ fn finish_training(
 fn run(cli: Cli) -> Result<()> {
     if cli.threads > 0 {
         tch::set_num_threads(cli.threads);
+    }
+    if let Command::Doctor { texts, document_max_length, json } = &cli.command {
+        let r = care_trainer::doctor::report(*texts as f64, *document_max_length as f64);
+        if *json {
+            println!("{}", serde_json::to_string_pretty(&r)?);
+        } else {
+            print_doctor(&r, *texts, *document_max_length);
+        }
+        return Ok(());
     }
     let dev = device(&cli.device)?;
     match cli.command {
@@ -780,6 +805,7 @@ fn run(cli: Cli) -> Result<()> {
                 write_json(&o, &report)?;
             }
         }
+        Command::Doctor { .. } => {} // answered before a device is chosen
         Command::Chart { metrics, out, title } => {
             let m = care_trainer::train::read_metrics(&metrics)?;
             std::fs::write(&out, care_trainer::svg::loss_chart(&title, &m, 20))?;
@@ -809,3 +835,31 @@ const PARITY_TEXTS: &[&str] = &[
     "头痛 发烧 咳嗽 三天",
     "乙肝小三阳需要治疗吗",
 ];
+
+fn print_doctor(r: &care_trainer::doctor::Report, texts: usize, seq: usize) {
+    let or = |o: &Option<String>| o.clone().unwrap_or_else(|| "unknown".into());
+    println!("libtorch        {} ({})", or(&r.libtorch_version), or(&r.libtorch_dir));
+    println!("libtorch_cuda   {}", if r.libtorch_cuda_loaded { "loaded" } else { "not loaded" });
+    println!("CUDA usable     {} ({} devices, cuDNN {})", r.cuda_usable, r.cuda_devices, r.cudnn);
+    println!("CPU threads     {}", r.threads);
+    if r.gpus.is_empty() {
+        println!("GPUs            none (nvidia-smi found none or is not installed)");
+    }
+    for g in &r.gpus {
+        println!("GPU             {} · {} MiB total · {} MiB free", g.name, g.total_mib, g.free_mib);
+    }
+    println!("Stage II with LoRA r=32, {texts} documents of {seq} tokens alive per step (bf16 weights):");
+    for (name, gib, fits) in &r.stage2_lora {
+        let verdict = if r.gpus.is_empty() {
+            ""
+        } else if *fits {
+            "fits"
+        } else {
+            "does not fit"
+        };
+        println!("  {name:<22} {gib:>7.1} GiB  {verdict}");
+    }
+    for a in &r.advice {
+        println!("advice: {a}");
+    }
+}
