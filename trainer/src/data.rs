@@ -155,6 +155,40 @@ pub fn self_pairs(texts: &[String], kind: &str) -> Vec<TrainingExample> {
         .collect()
 }
 
+/// Stage I pairs with each encoder's own prompt: the query encoder (student) sees every text through
+/// `query_template`; the frozen document encoder (teacher) sees a passage through `document_template` and a
+/// query-kind text through `teacher_query_template` (its own query instruction: an e5 student and a Qwen3 teacher
+/// prompt queries differently). Returns the pairs and the teacher's distinct texts, in first-seen order.
+pub fn stage1_pairs(
+    docs: &[Doc],
+    query_kinds: &[String],
+    query_template: &str,
+    document_template: &str,
+    teacher_query_template: &str,
+) -> (Vec<TrainingExample>, Vec<String>) {
+    let render = |t: &str, x: &str| t.replace("{text}", x);
+    let mut seen = HashSet::new();
+    let mut teacher = Vec::new();
+    let pairs = docs
+        .iter()
+        .map(|d| {
+            let is_query = d.kind.as_ref().is_some_and(|k| query_kinds.contains(k));
+            let t = render(if is_query { teacher_query_template } else { document_template }, &d.text);
+            if seen.insert(t.clone()) {
+                teacher.push(t.clone());
+            }
+            TrainingExample {
+                query: render(query_template, &d.text),
+                pos: vec![t],
+                neg: vec![],
+                prompt: None,
+                kind: Some("stage1".into()),
+            }
+        })
+        .collect();
+    (pairs, teacher)
+}
+
 /// SplitMix64: a tiny, portable PRNG, so data order does not depend on any library's RNG.
 #[derive(Debug, Clone)]
 pub struct SplitMix(u64);

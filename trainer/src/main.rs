@@ -130,9 +130,15 @@ enum Command {
         /// Use only texts of these corpus kinds (e.g. question,answer); default: all.
         #[arg(long, value_delimiter = ',')]
         kinds: Vec<String>,
-        /// Corpus kinds rendered with the query template (the others with the document template).
+        /// Corpus kinds the teacher (document encoder) reads as queries, through --teacher-query-template; the
+        /// others it reads through --document-template. The student (query encoder) reads every text through
+        /// --query-template.
         #[arg(long, value_delimiter = ',', default_value = "question,query")]
         query_kinds: Vec<String>,
+        /// The document encoder's own query prompt (default: --query-template), e.g. Qwen3-Embedding's
+        /// "Instruct: …\nQuery: {text}" when the student is an e5 ("query: {text}").
+        #[arg(long)]
+        teacher_query_template: Option<String>,
         #[arg(long, default_value_t = 0.1)]
         temperature: f64,
         /// Weight of the MSE term. It is a mean over the vector's elements, so for unit vectors of width 384 it is
@@ -462,7 +468,18 @@ fn run(cli: Cli) -> Result<()> {
             let mut enc = enc;
             enc.save(&common.out.join("query"), true)?;
         }
-        Command::Stage1 { query, document, corpus, max_texts, kinds, query_kinds, temperature, mse_weight, common } => {
+        Command::Stage1 {
+            query,
+            document,
+            corpus,
+            max_texts,
+            kinds,
+            query_kinds,
+            teacher_query_template,
+            temperature,
+            mse_weight,
+            common,
+        } => {
             let q = load_encoder(&query, dev, Kind::Float, Some(common.document_max_length))?;
             let d = load_encoder(&document, dev, kind(&common.precision, dev)?, Some(common.document_max_length))?;
             let mut docs = data::read_corpus(&corpus)?;
@@ -470,15 +487,15 @@ fn run(cli: Cli) -> Result<()> {
                 docs.retain(|doc| doc.kind.as_ref().is_some_and(|k| kinds.contains(k)));
             }
             let docs = sample(&docs, max_texts, common.seed);
-            let texts: Vec<String> = docs
-                .iter()
-                .map(|doc| {
-                    let is_query = doc.kind.as_ref().is_some_and(|k| query_kinds.contains(k));
-                    render(if is_query { &common.query_template } else { &common.document_template }, &doc.text)
-                })
-                .collect();
+            let teacher_query = teacher_query_template.as_deref().unwrap_or(&common.query_template);
+            let (ex, texts) = data::stage1_pairs(
+                &docs,
+                &query_kinds,
+                &common.query_template,
+                &common.document_template,
+                teacher_query,
+            );
             let n_query = docs.iter().filter(|doc| doc.kind.as_ref().is_some_and(|k| query_kinds.contains(k))).count();
-            let ex = data::self_pairs(&texts, "stage1");
             std::fs::create_dir_all(&common.out)?;
             let side = frozen_doc_side(
                 &d,

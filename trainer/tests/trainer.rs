@@ -732,3 +732,26 @@ fn half_precision_qwen3_has_no_nan_on_padded_rows_and_its_loss_matches_fp32() {
         assert!((lh - l32).abs() < 0.05 * l32.abs().max(1.0), "{kind:?}: loss {lh} vs fp32 {l32}");
     }
 }
+
+/// Stage I: the student (query encoder) and the teacher (document encoder) each get their own prompt. Asserted on
+/// the token ids each tokenizer produces: the student's start with its template's word, the teacher's with the
+/// document template's (passages) or its own query template's (query-kind texts).
+#[test]
+fn stage1_sends_each_encoder_its_own_template() {
+    let _guard = serial();
+    let t = tempfile::tempdir().unwrap();
+    write_tiny_bert_with(t.path(), 1, 0.0);
+    let enc = Encoder::load(t.path(), Device::Cpu, Kind::Float).unwrap();
+    let docs = vec![
+        care_trainer::data::Doc { id: "p".into(), text: "w10 w11".into(), kind: Some("passage".into()) },
+        care_trainer::data::Doc { id: "q".into(), text: "w12".into(), kind: Some("question".into()) },
+    ];
+    let kinds = vec!["question".to_string()];
+    let (pairs, teacher) = care_trainer::data::stage1_pairs(&docs, &kinds, "w1 {text}", "w2 {text}", "w3 {text}");
+    let first_id = |text: &str| enc.tokenizer.encode(text, false).unwrap().get_ids()[0];
+    let id = |w: &str| enc.tokenizer.token_to_id(w).unwrap();
+    assert!(pairs.iter().all(|p| first_id(&p.query) == id("w1")), "the student reads every text as a query");
+    assert_eq!(first_id(&pairs[0].pos[0]), id("w2"), "the teacher reads a passage as a document");
+    assert_eq!(first_id(&pairs[1].pos[0]), id("w3"), "the teacher reads a question with its own query prompt");
+    assert_eq!(teacher, vec![pairs[0].pos[0].clone(), pairs[1].pos[0].clone()]);
+}

@@ -340,6 +340,7 @@ impl Engine {
                 )));
             }
         }
+        let teacher_query = d_manifest.query_template.replace("{instruction}", &d_manifest.instruction);
         let templates = [
             "--query-template".to_string(),
             q_manifest.query_template.replace("{instruction}", &q_manifest.instruction),
@@ -417,6 +418,9 @@ impl Engine {
                 p.recipe.stage1_max_texts.to_string(),
                 "--mse-weight".into(),
                 p.recipe.mse_weight.to_string(),
+                // The teacher reads past search queries with its own query prompt, not the student's.
+                "--teacher-query-template".into(),
+                teacher_query.clone(),
             ];
             a.extend(common(&s1, p.recipe.stage1_steps, p.recipe.batch_size));
             r.trainer(&a, Some((&s1, p.recipe.stage1_steps)))
