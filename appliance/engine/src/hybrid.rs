@@ -37,13 +37,16 @@ pub(crate) fn set_interrupt(on: bool) {
     INTERRUPT.with(|c| c.set(on));
 }
 
+/// What a job's operation ends with when the job was cancelled or the worker is stopping.
+pub(crate) fn interrupted() -> Error {
+    Error::Cancelled("任务已取消或服务正在停止 (the job was cancelled or the worker is stopping)".into())
+}
+
 /// Reports `p` and ends the operation when its job was interrupted meanwhile.
 pub(crate) fn report(progress: &mut dyn FnMut(DenseProgress), p: DenseProgress) -> Result<()> {
     progress(p);
     if INTERRUPT.with(|c| c.get()) {
-        return Err(Error::Cancelled(
-            "任务已取消或服务正在停止 (the job was cancelled or the worker is stopping)".into(),
-        ));
+        return Err(interrupted());
     }
     Ok(())
 }

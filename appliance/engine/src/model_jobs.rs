@@ -57,15 +57,9 @@ impl Engine {
     }
 
     fn submit_model_job(&self, actor: &Actor, kind: &str, p: &ModelJobParams) -> Result<i64> {
-        let json = serde_json::to_string(p).map_err(|e| Error::Internal(format!("job params: {e}")))?;
         let mut conn = self.store.conn();
         let tx = conn.transaction()?;
-        tx.execute(
-            "INSERT INTO jobs (kind, state, params, actor, stage, created_at, updated_at)
-             VALUES (?1, 'queued', ?2, ?3, '排队中', ?4, ?4)",
-            params![kind, json, actor.name, now()],
-        )?;
-        let id = tx.last_insert_rowid();
+        let id = insert_job(&tx, kind, p, actor)?;
         crate::audit::append(
             &tx,
             &actor.name,
@@ -136,25 +130,7 @@ impl Engine {
         actor: &Actor,
         stop: &AtomicBool,
     ) -> Result<serde_json::Value> {
-        let mut last = Instant::now() - PROGRESS_EVERY;
-        let mut progress = |d: DenseProgress| {
-            if last.elapsed() < PROGRESS_EVERY && d.done < d.total {
-                return;
-            }
-            last = Instant::now();
-            let stage = format!("{} {}", d.stage, d.collection);
-            let cancel = self
-                .store
-                .conn()
-                .query_row(
-                    "UPDATE jobs SET progress_done = ?2, progress_total = ?3, stage = ?4, updated_at = ?5 WHERE id = ?1
-                     RETURNING cancel_requested",
-                    params![id, d.done as i64, d.total as i64, stage, now()],
-                    |r| r.get::<_, i64>(0),
-                )
-                .unwrap_or(0);
-            set_interrupt(cancel != 0 || stop.load(Ordering::SeqCst));
-        };
+        let mut progress = self.job_dense_progress(id, stop);
         set_interrupt(false);
         let r = match kind {
             EVALUATE => self
@@ -173,6 +149,32 @@ impl Engine {
         };
         set_interrupt(false);
         r
+    }
+
+    /// Writes a job's stage and done/total; returns whether the job was asked to cancel.
+    pub(crate) fn job_progress(&self, id: i64, stage: &str, done: u64, total: u64) -> Result<bool> {
+        let cancel: i64 = self.store.conn().query_row(
+            "UPDATE jobs SET progress_done = ?2, progress_total = ?3, stage = ?4, updated_at = ?5 WHERE id = ?1
+             RETURNING cancel_requested",
+            params![id, done as i64, total as i64, stage, now()],
+            |r| r.get(0),
+        )?;
+        Ok(cancel != 0)
+    }
+
+    /// The progress sink of a job's embedding and scoring loops: writes at most every [`PROGRESS_EVERY`] (and at
+    /// the end), and raises the thread's interrupt when the job is cancelled or the worker stops.
+    pub(crate) fn job_dense_progress<'a>(&'a self, id: i64, stop: &'a AtomicBool) -> impl FnMut(DenseProgress) + 'a {
+        let mut last = Instant::now() - PROGRESS_EVERY;
+        move |d: DenseProgress| {
+            if last.elapsed() < PROGRESS_EVERY && d.done < d.total {
+                return;
+            }
+            last = Instant::now();
+            let stage = format!("{} {}", d.stage, d.collection);
+            let cancel = self.job_progress(id, &stage, d.done as u64, d.total as u64).unwrap_or(false);
+            set_interrupt(cancel || stop.load(Ordering::SeqCst));
+        }
     }
 
     fn end_model_job(&self, id: i64, outcome: Outcome) -> Result<()> {
@@ -194,6 +196,23 @@ impl Engine {
         )?;
         Ok(())
     }
+}
+
+/// Queues a job of `kind` with its parameters (JSON) inside the caller's transaction, which also writes the audit
+/// record. Returns the job id.
+pub(crate) fn insert_job(
+    tx: &rusqlite::Transaction<'_>,
+    kind: &str,
+    params: &impl Serialize,
+    actor: &Actor,
+) -> Result<i64> {
+    let json = serde_json::to_string(params).map_err(|e| Error::Internal(format!("job params: {e}")))?;
+    tx.execute(
+        "INSERT INTO jobs (kind, state, params, actor, stage, created_at, updated_at)
+         VALUES (?1, 'queued', ?2, ?3, '排队中', ?4, ?4)",
+        params![kind, json, actor.name, now()],
+    )?;
+    Ok(tx.last_insert_rowid())
 }
 
 enum Outcome {

@@ -27,10 +27,9 @@ pub use data::{DataCounts, DataOptions};
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::hybrid::{DenseProgress, set_interrupt};
+use crate::hybrid::{DenseProgress, interrupted};
 use crate::lifecycle::pair_spec;
 use crate::service::Actor;
-use crate::store::now;
 
 pub const TRAIN: &str = "model.train";
 
@@ -208,6 +207,15 @@ struct TrainParams {
 /// How often a running phase writes its progress and reads the cancel flag.
 const POLL: Duration = Duration::from_millis(500);
 
+/// The training run queued or running, if any (runs never overlap).
+pub(crate) fn unfinished_run(conn: &rusqlite::Connection) -> Result<Option<i64>> {
+    Ok(conn
+        .query_row("SELECT id FROM jobs WHERE kind = ?1 AND state IN ('queued', 'running') LIMIT 1", [TRAIN], |r| {
+            r.get(0)
+        })
+        .optional()?)
+}
+
 impl Engine {
     fn run_dir(&self, job: i64) -> PathBuf {
         self.cfg.storage.data_dir.join("train").join(format!("run-{job}"))
@@ -282,26 +290,15 @@ impl Engine {
             return Err(Error::TrainerUnavailable(st.message));
         }
         let p = TrainParams { recipe: recipe.clone(), base: pair_spec(&pair), schedule };
-        let json = serde_json::to_string(&p).map_err(|e| Error::Internal(format!("job params: {e}")))?;
         let mut conn = self.store.conn();
         let tx = conn.transaction()?;
-        let busy: Option<i64> = tx
-            .query_row("SELECT id FROM jobs WHERE kind = ?1 AND state IN ('queued', 'running') LIMIT 1", [TRAIN], |r| {
-                r.get(0)
-            })
-            .optional()?;
-        if let Some(id) = busy {
+        if let Some(id) = unfinished_run(&tx)? {
             return Err(Error::Busy(format!(
                 "训练任务 #{id} 尚未结束，同一时间只运行一个训练 (training job {id} is still queued or running; runs \
                  never overlap: wait for it or cancel it on the 任务 page)"
             )));
         }
-        tx.execute(
-            "INSERT INTO jobs (kind, state, params, actor, stage, created_at, updated_at)
-             VALUES (?1, 'queued', ?2, ?3, '排队中', ?4, ?4)",
-            params![TRAIN, json, actor.name, now()],
-        )?;
-        let id = tx.last_insert_rowid();
+        let id = crate::model_jobs::insert_job(&tx, TRAIN, &p, actor)?;
         tx.execute(
             "INSERT INTO training_runs (job_id, schedule_id, device) VALUES (?1, ?2, ?3)",
             params![id, schedule, st.device],
@@ -342,12 +339,14 @@ impl Engine {
                 )));
             }
         }
-        let teacher_query = d_manifest.query_template.replace("{instruction}", &d_manifest.instruction);
+        // The trainer fills only `{text}`: hand it each template with the package's instruction already in.
+        let prompt = |m: &ModelManifest, template: &str| m.render(template, "{text}");
+        let teacher_query = prompt(&d_manifest, &d_manifest.query_template);
         let templates = [
             "--query-template".to_string(),
-            q_manifest.query_template.replace("{instruction}", &q_manifest.instruction),
+            prompt(&q_manifest, &q_manifest.query_template),
             "--document-template".to_string(),
-            d_manifest.document_template.replace("{instruction}", &d_manifest.instruction),
+            prompt(&d_manifest, &d_manifest.document_template),
         ];
         run.phase(&mut st, "data", "整理训练数据", |_| {
             let counts = self.assemble_training_data(&dir, Some(&base), &p.recipe.data)?;
@@ -556,31 +555,14 @@ impl Run<'_> {
 
     /// Writes the job's stage and progress; fails with `Cancelled` when the job was cancelled or the worker stops.
     fn progress(&self, stage: &str, done: u64, total: u64) -> Result<()> {
-        let cancel: i64 = self.e.store.conn().query_row(
-            "UPDATE jobs SET progress_done = ?2, progress_total = ?3, stage = ?4, updated_at = ?5 WHERE id = ?1
-             RETURNING cancel_requested",
-            params![self.id, done as i64, total as i64, stage, now()],
-            |r| r.get(0),
-        )?;
-        if cancel != 0 || self.stop.load(Ordering::SeqCst) {
-            return Err(Error::Cancelled(
-                "任务已取消或服务正在停止 (the job was cancelled or the worker is stopping)".into(),
-            ));
+        if self.e.job_progress(self.id, stage, done, total)? || self.stop.load(Ordering::SeqCst) {
+            return Err(interrupted());
         }
         Ok(())
     }
 
     fn dense_progress(&self) -> impl FnMut(DenseProgress) + '_ {
-        let mut last = Instant::now() - POLL;
-        move |d: DenseProgress| {
-            if last.elapsed() < POLL && d.done < d.total {
-                return;
-            }
-            last = Instant::now();
-            let stopped =
-                self.progress(&format!("{} {}", d.stage, d.collection), d.done as u64, d.total as u64).is_err();
-            set_interrupt(stopped);
-        }
+        self.e.job_dense_progress(self.id, self.stop)
     }
 
     /// Runs `care-train ARGS` to its end; with `metrics = (out, steps)` streams step, loss and ETA into the job.
@@ -634,7 +616,7 @@ impl Run<'_> {
 
 /// (step, "步 s/n · 损失 l · 剩余约 m 分钟") from the newest line of `<out>/metrics.jsonl`.
 fn step_line(out: &Path, steps: u64) -> (u64, String) {
-    let text = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap_or_default();
+    let text = tail(&out.join("metrics.jsonl"), 8 << 10);
     let lines: Vec<serde_json::Value> =
         text.lines().rev().take(20).filter_map(|l| serde_json::from_str(l).ok()).collect();
     let Some(last) = lines.first() else { return (0, "准备中".into()) };
@@ -643,6 +625,23 @@ fn step_line(out: &Path, steps: u64) -> (u64, String) {
     let secs: f64 = lines.iter().filter_map(|l| l["seconds"].as_f64()).sum::<f64>() / lines.len() as f64;
     let eta = (steps.saturating_sub(step) as f64 * secs / 60.0).ceil();
     (step, format!("步 {step}/{steps} · 损失 {loss:.4} · 剩余约 {eta} 分钟"))
+}
+
+/// The last `bytes` of a file (from the first whole line), so polling a long run does not re-read its whole log.
+fn tail(path: &Path, bytes: u64) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else { return String::new() };
+    let len = f.metadata().map_or(0, |m| m.len());
+    let start = len.saturating_sub(bytes);
+    let mut buf = Vec::new();
+    if f.seek(SeekFrom::Start(start)).is_err() || f.read_to_end(&mut buf).is_err() {
+        return String::new();
+    }
+    let text = String::from_utf8_lossy(&buf);
+    match (start > 0, text.find('\n')) {
+        (true, Some(i)) => text[i + 1..].to_string(),
+        _ => text.into_owned(),
+    }
 }
 
 fn kill(child: &mut Child) {
@@ -735,5 +734,25 @@ impl Engine {
             .query_row("SELECT loss_svg FROM training_runs WHERE job_id = ?1", [job], |r| r.get(0))
             .optional()?
             .ok_or_else(|| Error::NotFound { what: format!("training run #{job}") })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_reads_only_whole_lines_of_the_tail_of_the_metrics_log() {
+        let t = tempfile::tempdir().unwrap();
+        let line = |s: u64| format!("{{\"step\":{s},\"loss\":0.5,\"seconds\":2.0}}\n");
+        let log: String = (1..=2000).map(line).collect();
+        std::fs::write(t.path().join("metrics.jsonl"), &log).unwrap();
+        let tail_text = tail(&t.path().join("metrics.jsonl"), 8 << 10);
+        assert!(tail_text.len() <= 8 << 10 && tail_text.starts_with("{\"step\":"), "{:.80}", tail_text);
+        assert!(tail_text.ends_with(&line(2000)));
+        let (step, text) = step_line(t.path(), 2400);
+        assert_eq!(step, 2000);
+        assert!(text.contains("步 2000/2400") && text.contains("剩余约 14 分钟"), "{text}");
+        assert_eq!(step_line(&t.path().join("none"), 10), (0, "准备中".into()));
     }
 }

@@ -5,11 +5,11 @@
 //! finds it overdue and fires once (not once per missed week), then moves it to the next occurrence after now. A
 //! schedule that comes due while a run is queued or running waits until that run ends: runs never overlap.
 
-use rusqlite::{OptionalExtension, params};
+use rusqlite::params;
 use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime, UtcOffset};
 
-use super::{Recipe, TRAIN};
+use super::Recipe;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::service::Actor;
@@ -187,14 +187,7 @@ impl Engine {
     /// Submits a run for every enabled schedule that is due at `at` (one run at most, the oldest schedule first),
     /// unless a run is queued or running. Returns the job submitted, if any.
     pub fn fire_due_schedules(&self, at: OffsetDateTime) -> Result<Option<i64>> {
-        let busy: Option<i64> = self
-            .store
-            .reader()
-            .query_row("SELECT id FROM jobs WHERE kind = ?1 AND state IN ('queued', 'running') LIMIT 1", [TRAIN], |r| {
-                r.get(0)
-            })
-            .optional()?;
-        if busy.is_some() {
+        if super::unfinished_run(&self.store.reader())?.is_some() {
             return Ok(None);
         }
         for s in self.schedules_as(&Actor::system())? {
