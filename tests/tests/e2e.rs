@@ -395,3 +395,180 @@ fn https_search_api_and_page_on_the_demo() {
     let r = reqwest::blocking::Client::new().get(format!("{plain}/healthz")).timeout(Duration::from_secs(5)).send();
     assert!(r.map(|r| !r.status().is_success()).unwrap_or(true));
 }
+
+/// A small approved kuake_qtr collection with judgments, the 4-layer query encoder that `packaging/dev.sh test`
+/// exports (CARE_TRAINER_EXPORT) live beside the full e5-small document encoder.
+fn training_site(care: &Care, dir: &std::path::Path, l4: &std::path::Path) {
+    let set = care_e2e::shared().join("data/retrieval/kuake_qtr");
+    let queries: Vec<(String, String)> = std::fs::read_to_string(set.join("queries.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (v["id"].as_str().unwrap().to_string(), v["text"].as_str().unwrap().to_string())
+        })
+        .collect();
+    let mut qrels: Vec<(String, String, String)> = Vec::new();
+    for l in std::fs::read_to_string(set.join("qrels/dev.tsv")).unwrap().lines().skip(1) {
+        let f: Vec<&str> = l.split('\t').collect();
+        if qrels.iter().map(|q| &q.0).collect::<std::collections::HashSet<_>>().len() >= 150
+            && !qrels.iter().any(|q| q.0 == f[0])
+        {
+            continue;
+        }
+        qrels.push((f[0].to_string(), f[1].to_string(), f[2].to_string()));
+    }
+    let judged: std::collections::HashSet<&str> = qrels.iter().map(|q| q.1.as_str()).collect();
+    let corpus = dir.join("corpus.jsonl");
+    let mut out = std::fs::File::create(&corpus).unwrap();
+    for (i, line) in std::fs::read_to_string(set.join("corpus.jsonl")).unwrap().lines().enumerate() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        if i < 500 || judged.contains(v["id"].as_str().unwrap()) {
+            writeln!(out, "{line}").unwrap();
+        }
+    }
+    let csv = dir.join("judgments.csv");
+    let mut w = std::fs::File::create(&csv).unwrap();
+    writeln!(w, "query,id,grade").unwrap();
+    for (q, d, g) in &qrels {
+        let text = &queries.iter().find(|x| &x.0 == q).unwrap().1;
+        writeln!(w, "\"{}\",{d},{g}", text.replace('"', "\"\"")).unwrap();
+    }
+    care.ok(&["init"]);
+    care.ok(&["collection", "create", "kuake"]);
+    care.ok(&["model", "import-e5s1", care_e2e::e5s1().to_str().unwrap()]);
+    care.ok(&["ingest", "kuake", corpus.to_str().unwrap()]);
+    care.ok(&["model", "import", l4.to_str().unwrap()]);
+    care.ok(&["model", "activate", "--query", "e5-small-l4", "--document", "e5-small"]);
+    care.ok(&["collection", "approve", "kuake"]);
+    care.ok(&["judgments", "import", "kuake", "dev150", "--csv", csv.to_str().unwrap()]);
+}
+
+/// Issue 16's crash test: `kill -9` of `care serve` while Stage I trains. The trainer dies with the server (no
+/// orphan keeps writing into the run folder), the restarted server resumes Stage I from its last checkpoint, and
+/// the finished query encoder is byte for byte the one an uninterrupted run of the same recipe produces.
+#[test]
+fn kill_9_of_care_serve_mid_training_resumes_and_equals_an_uninterrupted_run() {
+    let (Some(bin), Some(l4)) = (std::env::var_os("CARE_TRAIN_BIN"), std::env::var_os("CARE_TRAINER_EXPORT")) else {
+        eprintln!("CARE_TRAIN_BIN / CARE_TRAINER_EXPORT not set (packaging/dev.sh test sets them); skipping");
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let mut care = Care::new(&t.path().join("data"));
+    care.env.push(("CARE__TRAINING__TRAINER".into(), std::path::PathBuf::from(&bin).display().to_string()));
+    care.env.push(("CARE__TRAINING__DEVICE".into(), "cpu".into()));
+    care.env.push(("CARE__LIFECYCLE__MAX_LATENCY_RATIO".into(), "10.0".into()));
+    training_site(&care, t.path(), std::path::Path::new(&l4));
+    care_e2e::add_user(&care, t.path(), "ops", "admin", "ops-password-123");
+    let bearer = format!("Bearer {}", care_e2e::token(&care, "ops", "e2e"));
+    let client = care_e2e::https_client();
+    // Kept for the admin to judge (promote: false), so the second run starts from the same live pair.
+    let recipe = serde_json::json!({"stage1_steps": 30, "stage2_steps": 6, "batch_size": 16, "stage2_batch_size": 4,
+        "stage1_max_texts": 600, "stage2_max_groups": 60, "lr": 5e-4, "checkpoint_every": 10, "promote": false});
+    let submit = |url: &str| -> i64 {
+        let resp = client
+            .post(format!("{url}/api/v1/admin/training/runs"))
+            .header("Authorization", &bearer)
+            .json(&recipe)
+            .send()
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 202, "{:?}", resp.text());
+        resp.json::<serde_json::Value>().unwrap()["job"].as_i64().unwrap()
+    };
+    let run = |url: &str, job: i64| -> serde_json::Value {
+        client
+            .get(format!("{url}/api/v1/admin/training/runs/{job}"))
+            .header("Authorization", &bearer)
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    };
+    let until_finished = |url: &str, job: i64| -> serde_json::Value {
+        let until = Instant::now() + Duration::from_secs(900);
+        loop {
+            let r = run(url, job);
+            if r["state"] == "done" || r["state"] == "failed" || r["state"] == "cancelled" {
+                return r;
+            }
+            assert!(Instant::now() < until, "training run {job} did not finish: {r}");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    };
+    let models_before = care.ok(&["model", "list"]);
+
+    let (mut server, url) = care.serve();
+    let job = submit(&url);
+    let run_dir = care.data_dir.join("train").join(format!("run-{job}"));
+    let ckpts = run_dir.join("stage1/checkpoints");
+    let finished_checkpoint = || {
+        std::fs::read_dir(&ckpts)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|d| d.path().join("state.json").exists() && !d.file_name().to_string_lossy().ends_with(".tmp"))
+    };
+    let until = Instant::now() + Duration::from_secs(600);
+    while !finished_checkpoint() {
+        assert!(Instant::now() < until, "no Stage I checkpoint: {}", run(&url, job));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let seen = run(&url, job);
+    assert_eq!(seen["state"], "running", "{seen}");
+    server.0.kill().unwrap(); // SIGKILL
+    server.0.wait().unwrap();
+    // The trainer went with the server: the metrics log stops growing.
+    let metrics = run_dir.join("stage1/metrics.jsonl");
+    let len = || std::fs::metadata(&metrics).map_or(0, |m| m.len());
+    std::thread::sleep(Duration::from_secs(1));
+    let before = len();
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(len(), before, "care-train kept training after its server was killed");
+    assert_eq!(care.ok(&["model", "list"]), models_before, "nothing registered before the export");
+
+    let (_server, url) = care.serve();
+    let first = until_finished(&url, job);
+    assert_eq!(first["state"], "done", "{first}");
+    let log = std::fs::read_to_string(run_dir.join("logs/stage1.log")).unwrap();
+    assert!(log.contains("resumed from step"), "Stage I did not resume from its checkpoint: {log}");
+    let job2 = submit(&url);
+    let second = until_finished(&url, job2);
+    assert_eq!(second["state"], "done", "{second}");
+    let run2 = care.data_dir.join("train").join(format!("run-{job2}"));
+    // Same data, then the same weights.
+    for f in ["corpus.jsonl", "stage2.jsonl"] {
+        assert!(std::fs::read(run_dir.join(f)).unwrap() == std::fs::read(run2.join(f)).unwrap(), "{f} differs");
+    }
+    let mut compared = 0;
+    for f in std::fs::read_dir(run_dir.join("stage2/query")).unwrap() {
+        let f = f.unwrap().file_name();
+        let (a, b) = (
+            std::fs::read(run_dir.join("stage2/query").join(&f)).unwrap(),
+            std::fs::read(run2.join("stage2/query").join(&f)).unwrap(),
+        );
+        assert!(a == b, "stage2/query/{} differs between the resumed and the uninterrupted run", f.to_string_lossy());
+        compared += 1;
+    }
+    assert!(compared >= 2, "nothing to compare in {}", run_dir.join("stage2/query").display());
+    let evaluations: serde_json::Value = client
+        .get(format!("{url}/api/v1/admin/models/evaluations"))
+        .header("Authorization", &bearer)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let ndcg = |r: &serde_json::Value| -> serde_json::Value {
+        let id = r["evaluation"].as_i64().expect("evaluated");
+        let e = evaluations.as_array().unwrap().iter().find(|e| e["report"]["id"] == id).expect("its report");
+        e["report"]["overall_ndcg_at_10"]["candidate"].clone()
+    };
+    assert_eq!(ndcg(&first), ndcg(&second));
+    eprintln!(
+        "killed at {}; resumed run and uninterrupted run: same data, same {compared} files, nDCG@10 {} / {}; phases {} / {}",
+        seen["stage"],
+        ndcg(&first),
+        ndcg(&second),
+        first["phases"],
+        second["phases"]
+    );
+}

@@ -306,10 +306,28 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    if let Err(e) = die_with_parent() {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
     if let Err(e) = run(cli) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
+}
+
+/// When the appliance started us (`CARE_TRAIN_PARENT` = its pid), die with it: a `kill -9` of `care serve` must not
+/// leave an orphan writing checkpoints into the run folder that the restarted server resumes from.
+fn die_with_parent() -> Result<()> {
+    let Ok(want) = std::env::var("CARE_TRAIN_PARENT") else { return Ok(()) };
+    #[cfg(target_os = "linux")]
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).context("prctl(PR_SET_PDEATHSIG)")?;
+    // The parent may have died before the signal was armed; then we are already someone else's child.
+    let parent = nix::unistd::getppid().as_raw().to_string();
+    if parent != want {
+        bail!("started by process {want}, which has exited (parent is now {parent}); not training for nobody");
+    }
+    Ok(())
 }
 
 fn device(s: &str) -> Result<Device> {

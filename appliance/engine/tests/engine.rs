@@ -1030,7 +1030,16 @@ mod training {
         let w = Worker::start(e.clone(), 1);
         let ckpt = run_dir.join("stage1/checkpoints");
         let started = Instant::now();
-        while std::fs::read_dir(&ckpt).map_or(0, |d| d.count()) == 0 {
+        // A finished checkpoint, not the `step-N.tmp` folder the trainer is still writing (on a slow machine the
+        // worker could otherwise be stopped before the rename, and there would be nothing to resume from).
+        let finished_checkpoint = || {
+            std::fs::read_dir(&ckpt)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|d| d.path().join("state.json").exists() && !d.file_name().to_string_lossy().ends_with(".tmp"))
+        };
+        while !finished_checkpoint() {
             assert!(started.elapsed() < Duration::from_secs(900), "no Stage I checkpoint: {:?}", e.job(job).unwrap());
             assert!(!finished(&e.job_as(&admin, job).unwrap()), "{:?}", e.job_as(&admin, job).unwrap());
             std::thread::sleep(Duration::from_millis(200));

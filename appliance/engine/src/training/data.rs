@@ -205,13 +205,16 @@ impl Engine {
         let mut train_queries = 0;
         for (qid, query) in &train.queries {
             let Some(judged) = train.qrels.get(qid) else { continue };
-            let resolved: Vec<(i64, u32)> =
+            // Sorted: the judgments are hash maps, and a resumed or repeated run must write the very same groups.
+            let mut resolved: Vec<(i64, u32)> =
                 judged.iter().filter_map(|(ext, g)| docs.get(ext).map(|d| (*d, *g))).collect();
-            let skip_docs: HashSet<i64> = resolved.iter().filter(|(_, g)| *g > 0).map(|(d, _)| *d).collect();
+            resolved.sort_unstable();
+            let positives: Vec<i64> = resolved.iter().filter(|(_, g)| *g > 0).map(|(d, _)| *d).collect();
+            let skip_docs: HashSet<i64> = positives.iter().copied().collect();
             let judged_neg: Vec<i64> =
                 resolved.iter().filter(|(_, g)| *g == 0).filter_map(|(d, _)| best(*d, query)).collect();
             let mut any = false;
-            for &d in &skip_docs {
+            for &d in &positives {
                 if let Some(positive) = best(d, query) {
                     any = true;
                     groups.push(Group {

@@ -577,6 +577,8 @@ impl Run<'_> {
         if cfg.threads > 0 {
             cmd.arg("--threads").arg(cfg.threads.to_string());
         }
+        // The trainer ties its life to ours (PR_SET_PDEATHSIG), so a killed server leaves no orphan in the run folder.
+        cmd.env("CARE_TRAIN_PARENT", std::process::id().to_string());
         cmd.args(args).stdin(Stdio::null()).stdout(file.try_clone().map_err(|e| Error::io(&log, e))?).stderr(file);
         tracing::info!(job = self.id, ?args, "starting care-train");
         let mut child = cmd
