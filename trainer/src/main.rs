@@ -33,6 +33,34 @@ struct Cli {
     command: Command,
 }
 
+/// LoRA adapters (CARE: r = 32, α = 64 on the document encoder): only the adapters train, and they are merged into
+/// the saved weights, so an LLM encoder trains within one GPU's memory.
+#[derive(Args, Debug, Clone)]
+struct Lora {
+    #[arg(long, default_value_t = 32)]
+    lora_rank: i64,
+    #[arg(long, default_value_t = 64.0)]
+    lora_alpha: f64,
+    /// LoRA targets; defaults: Qwen3 q,k,v,o,gate,up,down projections; BERT query,key,value,dense.
+    #[arg(long, value_delimiter = ',')]
+    lora_targets: Vec<String>,
+}
+
+impl Lora {
+    /// Adds the adapters to `enc` (seeded, so a resumed run rebuilds the same ones before its checkpoint loads).
+    fn add(&self, enc: &mut Encoder, seed: u64) {
+        let targets: Vec<String> = if !self.lora_targets.is_empty() {
+            self.lora_targets.clone()
+        } else if matches!(enc.model, care_trainer::encoder::Model::Qwen3(_)) {
+            ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"].map(String::from).to_vec()
+        } else {
+            ["query", "key", "value", "dense"].map(String::from).to_vec()
+        };
+        tch::manual_seed(seed as i64);
+        enc.model.add_lora(&targets, self.lora_rank, self.lora_alpha, 0.0);
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 struct Common {
     #[arg(long, default_value_t = 200)]
@@ -112,6 +140,12 @@ enum Command {
         temperature: f64,
         #[arg(long, default_value_t = 2)]
         group_size: usize,
+        /// Train LoRA adapters instead of every weight: `auto` (the default) does so for an LLM (Qwen3), whose full
+        /// fine-tune does not fit one GPU, and trains a BERT-sized encoder fully.
+        #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
+        lora: String,
+        #[command(flatten)]
+        lora_args: Lora,
         #[command(flatten)]
         common: Common,
     },
@@ -141,8 +175,8 @@ enum Command {
         teacher_query_template: Option<String>,
         #[arg(long, default_value_t = 0.1)]
         temperature: f64,
-        /// Weight of the MSE term. It is a mean over the vector's elements, so for unit vectors of width 384 it is
-        /// 2(1 − cos)/384: at the paper's weight 1 it barely moves the encoder; the documented CPU run used 500.
+        /// Weight of the MSE term, the squared distance of the unit vectors (2(1 − cos), whatever the width); 1 is
+        /// the paper's weight.
         #[arg(long, default_value_t = 1.0)]
         mse_weight: f64,
         #[command(flatten)]
@@ -185,13 +219,8 @@ enum Command {
         /// Do not train the document encoder (its vectors are computed once).
         #[arg(long)]
         freeze_document: bool,
-        #[arg(long, default_value_t = 32)]
-        lora_rank: i64,
-        #[arg(long, default_value_t = 64.0)]
-        lora_alpha: f64,
-        /// LoRA targets; defaults: Qwen3 q,k,v,o,gate,up,down projections; BERT query,key,value,dense.
-        #[arg(long, value_delimiter = ',')]
-        lora_targets: Vec<String>,
+        #[command(flatten)]
+        lora: Lora,
         #[command(flatten)]
         common: Common,
     },
@@ -466,21 +495,35 @@ fn run(cli: Cli) -> Result<()> {
             let cfg = care_trainer::export::prune_layers(&from, layers, &out)?;
             println!("kept {} layers of {} in {}", cfg.num_hidden_layers, from.display(), out.display());
         }
-        Command::Init { model, train, temperature, group_size, common } => {
-            let enc = load_encoder(&model, dev, Kind::Float, Some(common.document_max_length))?;
+        Command::Init { model, train, temperature, group_size, lora, lora_args, common } => {
+            let mut enc = load_encoder(&model, dev, Kind::Float, Some(common.document_max_length))?;
+            let use_lora = match lora.as_str() {
+                "on" => true,
+                "off" => false,
+                _ => matches!(enc.model, care_trainer::encoder::Model::Qwen3(_)),
+            };
             let mut ex = Vec::new();
             for t in &train {
                 ex.extend(data::read_training_file(t)?);
             }
             let ex: Vec<TrainingExample> = ex.into_iter().map(|e| render_example(e, &common)).collect();
-            let params =
-                select_trainable(&enc, "query.", &|n| !(common.freeze_embeddings && n.starts_with("embeddings.word")));
+            if use_lora {
+                lora_args.add(&mut enc, common.seed);
+            }
+            let params = if use_lora {
+                select_trainable(&enc, "query.", &|n| n.contains("lora_"))
+            } else {
+                select_trainable(&enc, "query.", &|n| !(common.freeze_embeddings && n.starts_with("embeddings.word")))
+            };
+            let n_params: i64 = params.values().map(tch::Tensor::numel).map(|n| n as i64).sum();
             let cfg = train_config(
                 &common,
                 LossConfig { temperature, group_size, mse_weight: 0.0, matryoshka: common.matryoshka.clone() },
             );
             let mut t = Trainer::new(&enc, DocSide::Same, &ex, cfg, params, &common.out)?;
-            let summary = serde_json::json!({"stage": "init", "model": model, "examples": ex.len()});
+            let summary = serde_json::json!({"stage": "init", "model": model, "examples": ex.len(),
+                "lora": use_lora.then(|| serde_json::json!({"rank": lora_args.lora_rank, "alpha": lora_args.lora_alpha})),
+                "trainable_parameters": n_params});
             finish_training(&mut t, &common, "independent initialisation (symmetric)", summary)?;
             drop(t);
             let mut enc = enc;
@@ -548,9 +591,7 @@ fn run(cli: Cli) -> Result<()> {
             pool_corpus,
             pool_cache,
             freeze_document,
-            lora_rank,
-            lora_alpha,
-            lora_targets,
+            lora,
             common,
         } => {
             let q = load_encoder(&query, dev, Kind::Float, Some(common.query_max_length))?;
@@ -647,22 +688,7 @@ fn run(cli: Cli) -> Result<()> {
                 side
             } else {
                 drop(side);
-                let targets = if lora_targets.is_empty() {
-                    match d.model {
-                        care_trainer::encoder::Model::Qwen3(_) => {
-                            ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-                                .map(String::from)
-                                .to_vec()
-                        }
-                        care_trainer::encoder::Model::Bert(_) => {
-                            ["query", "key", "value", "dense"].map(String::from).to_vec()
-                        }
-                    }
-                } else {
-                    lora_targets.clone()
-                };
-                tch::manual_seed(common.seed as i64);
-                d.model.add_lora(&targets, lora_rank, lora_alpha, 0.0);
+                lora.add(&mut d, common.seed);
                 DocSide::Trainable(&d)
             };
             let mut params =
@@ -680,7 +706,7 @@ fn run(cli: Cli) -> Result<()> {
                 "stage": "stage2", "query": query, "document": document, "examples": ex.len(),
                 "sources": data::kinds(&ex), "judged_negatives": judged_negatives, "pool": pool.len(),
                 "mined": mine, "dropped_false_negatives": mining.dropped, "false_negative_margin": mining.margin, "groups_topped_up": mining.short, "document_frozen": freeze_document,
-                "lora": if freeze_document { serde_json::Value::Null } else { serde_json::json!({"rank": lora_rank, "alpha": lora_alpha}) },
+                "lora": if freeze_document { serde_json::Value::Null } else { serde_json::json!({"rank": lora.lora_rank, "alpha": lora.lora_alpha}) },
                 "trainable_parameters": n_params,
             });
             finish_training(

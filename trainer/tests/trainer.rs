@@ -755,3 +755,47 @@ fn stage1_sends_each_encoder_its_own_template() {
     assert_eq!(first_id(&pairs[1].pos[0]), id("w3"), "the teacher reads a question with its own query prompt");
     assert_eq!(teacher, vec![pairs[0].pos[0].clone(), pairs[1].pos[0].clone()]);
 }
+
+/// `care-train init` on an LLM (Qwen3) trains LoRA adapters by default (a full fine-tune of a 4B/8B encoder does not
+/// fit one GPU) and merges them on save: only the adapted projections change, every other tensor stays bit-equal.
+#[test]
+fn init_trains_lora_on_an_llm_and_merges_it_into_the_saved_weights() {
+    let _guard = serial();
+    let t = tempfile::tempdir().unwrap();
+    let base = t.path().join("qwen");
+    write_tiny_qwen_with(&base, 5, 0.0);
+    let train = t.path().join("train.jsonl");
+    let lines: Vec<String> = examples(16).iter().map(|e| serde_json::to_string(e).unwrap()).collect();
+    std::fs::write(&train, lines.join("\n") + "\n").unwrap();
+    let out = t.path().join("init");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_care-train"))
+        .args(["--device", "cpu", "init", "--model"])
+        .arg(&base)
+        .arg("--train")
+        .arg(&train)
+        .args(["--steps", "4", "--batch-size", "4", "--lr", "1e-2", "--checkpoint-every", "0", "--lora-rank", "2"])
+        .arg("--out")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let run: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
+    assert_eq!(run["lora"]["rank"], 2, "{run}");
+    let before = load_tensors(&base.join("model.safetensors")).unwrap();
+    let after = load_tensors(&out.join("query/model.safetensors")).unwrap();
+    let total: i64 = before.values().map(Tensor::numel).map(|n| n as i64).sum();
+    assert!(run["trainable_parameters"].as_i64().unwrap() < total, "{run}");
+    let adapted = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+    let mut changed = 0;
+    for (name, b) in &before {
+        let a = after.get(name).or_else(|| after.get(&format!("model.{name}"))).unwrap_or_else(|| panic!("{name}"));
+        let same = a.equal(b);
+        if adapted.iter().any(|p| name.contains(p)) {
+            changed += usize::from(!same);
+        } else {
+            assert!(same, "{name} changed, but only LoRA adapters train");
+        }
+    }
+    assert!(changed > 0, "no adapted projection changed: the merged LoRA did not reach the saved weights");
+    assert!(after.keys().all(|k| !k.contains("lora_")), "unmerged adapters were saved");
+}

@@ -193,6 +193,10 @@ enum Command {
         /// With --e5s1: serve queries from the int8 graph while documents are embedded in fp32 (same pairing).
         #[arg(long)]
         int8_queries: bool,
+        /// Score the live pair on this collection of --data-dir as it is served (its documents carry the set's
+        /// ids), instead of ingesting the set's corpus into a collection `eval-<set>`.
+        #[arg(long)]
+        collection: Option<String>,
     },
     /// Print the effective configuration (secrets masked).
     Config,
@@ -925,8 +929,8 @@ fn run(cli: Cli) -> Result<i32> {
                 serve(e, &cfg)?;
             }
         }
-        Command::Eval { set, split, out, tune_on, e5s1, max_queries, int8_queries } => {
-            let opts = EvalOptions { tune_on, e5s1, max_queries, int8_queries };
+        Command::Eval { set, split, out, tune_on, e5s1, max_queries, int8_queries, collection } => {
+            let opts = EvalOptions { tune_on, e5s1, max_queries, int8_queries, collection };
             let report = evaluate(&cfg.engine, &set, &split, cli.data_dir.is_some(), &opts)?;
             let text = serde_json::to_string_pretty(&report)?;
             if let Some(out) = out {
@@ -1136,6 +1140,7 @@ struct EvalOptions {
     tune_on: Option<String>,
     e5s1: Option<PathBuf>,
     max_queries: Option<usize>,
+    collection: Option<String>,
 }
 
 fn dense_bar() -> ProgressBar {
@@ -1204,15 +1209,14 @@ fn evaluate(
             e.activate_models("e5-small@1-int8", "e5-small@1", &mut |_| {})?;
         }
     }
-    let col = format!("eval-{}", set.name);
-    if e.collection(&col).is_err() {
-        e.create_collection(&col, "evaluation corpus", "eval")?;
-    }
-    eprintln!("ingesting {} ...", set.corpus_path().display());
-    let report = e.ingest_files(&col, &[set.corpus_path()], &mut |_| {})?;
-    if let Some(err) = report.files.iter().find_map(|f| f.error.clone()) {
-        bail!("ingesting the corpus failed: {err}");
-    }
+    let col = match &opts.collection {
+        Some(c) if !keep_dir => bail!("--collection {c} names a collection of a data directory: pass --data-dir too"),
+        Some(c) => {
+            e.collection(c)?;
+            c.clone()
+        }
+        None => ingest_eval_corpus(&e, &set)?,
+    };
     let pb = dense_bar();
     e.sync_dense_indexes(&mut |p| dense_progress(&pb, &p))?;
     pb.finish_and_clear();
@@ -1263,6 +1267,20 @@ fn evaluate(
         methods,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Ingests a set's corpus into the collection `eval-<set>` (created on first use; re-ingesting is idempotent).
+fn ingest_eval_corpus(e: &Engine, set: &BeirSet) -> Result<String> {
+    let col = format!("eval-{}", set.name);
+    if e.collection(&col).is_err() {
+        e.create_collection(&col, "evaluation corpus", "eval")?;
+    }
+    eprintln!("ingesting {} ...", set.corpus_path().display());
+    let report = e.ingest_files(&col, &[set.corpus_path()], &mut |_| {})?;
+    if let Some(err) = report.files.iter().find_map(|f| f.error.clone()) {
+        bail!("ingesting the corpus failed: {err}");
+    }
+    Ok(col)
 }
 
 fn tempfile_dir() -> Result<PathBuf> {
