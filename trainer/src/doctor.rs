@@ -106,6 +106,8 @@ pub fn gpu_present() -> bool {
 }
 
 pub fn report(texts: f64, seq: f64) -> Report {
+    // Try to load libtorch_cuda when there is a GPU to use; why it failed is the first thing to fix.
+    let load_error = if gpu_present() { crate::cuda::load().err() } else { None };
     let (dir, cuda_loaded) = loaded_libtorch();
     let cuda_usable = tch::Cuda::is_available();
     let gpus = driver_gpus();
@@ -119,7 +121,9 @@ pub fn report(texts: f64, seq: f64) -> Report {
         .collect();
     let mut advice = Vec::new();
     if !cuda_usable && (gpu_present() || !gpus.is_empty()) {
-        if cuda_loaded {
+        if let Some(e) = load_error {
+            advice.push(e);
+        } else if cuda_loaded {
             advice.push(
                 "libtorch_cuda is loaded but sees no device: check the driver (nvidia-smi) and that the CUDA \
                          runtime wheels match it (nvidia-cuda-runtime, nvidia-cublas, nvidia-cudnn)"

@@ -13,12 +13,14 @@
 //!   ├ export     query encoder → ONNX model package (care-modelio's exporter) + parity vectors;
 //!   │            document embeddings → embedding shards (care-formats)
 //!   ├ eval       nDCG@10 on BEIR dev splits with an exact scan, and query-latency measurement
+//!   ├ cuda       loads libtorch_cuda at run time (tch links only the CPU library)
 //!   └ doctor     libtorch version, CUDA usable or why not, GPUs and free memory, which Qwen3 fits Stage II
 //! ```
 //!
 //! The trainer shares only `care-formats` (manifests, training data, embedding shards) and `care-modelio`
 //! (ONNX/safetensors writers) with the server; it never links ONNX Runtime, tantivy or LanceDB.
 
+pub mod cuda;
 pub mod data;
 pub mod doctor;
 pub mod encoder;

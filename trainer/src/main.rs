@@ -363,17 +363,25 @@ fn device(s: &str) -> Result<Device> {
     Ok(match s {
         "cpu" => Device::Cpu,
         "cuda" => {
+            care_trainer::cuda::load().map_err(|e| anyhow::anyhow!("--device cuda: {e}"))?;
             if !tch::Cuda::is_available() {
-                bail!("--device cuda, but libtorch sees no CUDA device");
+                bail!("--device cuda, but libtorch sees no CUDA device (see `care-train doctor`)");
             }
             Device::Cuda(0)
         }
         // A GPU that libtorch cannot use must not turn a night's GPU run into a week's CPU run unnoticed.
-        "auto" if !tch::Cuda::is_available() && care_trainer::doctor::gpu_present() => bail!(
-            "a GPU is present but libtorch cannot use it (see `care-train doctor`); pass --device cpu to train on \
-             the CPU anyway"
-        ),
-        "auto" => Device::cuda_if_available(),
+        "auto" if care_trainer::doctor::gpu_present() => {
+            let loaded = care_trainer::cuda::load();
+            if loaded.is_err() || !tch::Cuda::is_available() {
+                bail!(
+                    "a GPU is present but libtorch cannot use it ({}; see `care-train doctor`); pass --device cpu to \
+                     train on the CPU anyway",
+                    loaded.err().unwrap_or_else(|| "libtorch_cuda is loaded but sees no device".into())
+                );
+            }
+            Device::Cuda(0)
+        }
+        "auto" => Device::Cpu,
         other => bail!("unknown device {other:?}: use cpu, cuda or auto"),
     })
 }
