@@ -25,6 +25,9 @@ trainer = "$CARE_TRAIN_BIN"
 device = "cpu"
 EOF
 c() { "$care" --data-dir "$data" --config "$cfg" "$@"; }
+# CARE_INGEST_BIN: a release build for the set-up and ingest steps (a debug build's tokeniser and indexer are slow);
+# the later steps migrate the data directory forward if it is an older release.
+ci() { "${CARE_INGEST_BIN:-$care}" --data-dir "$data" --config "$cfg" "$@"; }
 # step NAME COMMAND…: runs once (a marker file records it and its wall time).
 step() {
     local n=$1
@@ -43,12 +46,12 @@ evals() {
     step "eval-$when-kuake" c eval --set "$sets/kuake_qtr" --split dev --collection kuake --out "$work/$when-kuake_qtr.json"
 }
 
-step init c init
-step model c model import-e5s1 "${CARE_E5S1:?CARE_E5S1 must name e5-small-q4.bin}"
-step create-huatuo c collection create huatuo
-step create-kuake c collection create kuake
-step ingest-huatuo c ingest huatuo "$sets/huatuo26m_test/corpus.jsonl"
-step ingest-kuake c ingest kuake "$sets/kuake_qtr/corpus.jsonl"
+step init ci init
+step model ci model import-e5s1 "${CARE_E5S1:?CARE_E5S1 must name e5-small-q4.bin}"
+step create-huatuo ci collection create huatuo
+step create-kuake ci collection create kuake
+step ingest-huatuo ci ingest huatuo "$sets/huatuo26m_test/corpus.jsonl"
+step ingest-kuake ci ingest kuake "$sets/kuake_qtr/corpus.jsonl"
 step approve-huatuo c collection approve huatuo
 step approve-kuake c collection approve kuake
 step judgments-huatuo c judgments import huatuo huatuo26m-train --beir "$sets/huatuo26m_test" --split train

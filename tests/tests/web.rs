@@ -318,6 +318,11 @@ fn authorisation_matrix_and_collection_isolation() {
         ("POST", "/api/v1/admin/training/runs"),
         case("/api/v1/admin/training/runs", Json("{}"), 401, 403, &[400, 503]),
     );
+    // The live document model is online: nothing to embed offline (or no trainer here).
+    m.insert(
+        ("POST", "/api/v1/admin/training/embed-pending"),
+        case("/api/v1/admin/training/embed-pending", Json("{}"), 401, 403, &[400, 503]),
+    );
     m.insert(
         ("GET", "/api/v1/admin/training/runs/{job}"),
         case("/api/v1/admin/training/runs/999", Empty, 401, 403, &[404]),

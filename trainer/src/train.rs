@@ -524,5 +524,8 @@ pub fn read_metrics(path: &Path) -> Result<Vec<StepMetrics>> {
 
 /// The device to train on: CUDA when libtorch sees one, CPU otherwise.
 pub fn default_device() -> Device {
+    if crate::doctor::gpu_present() {
+        let _ = crate::cuda::load();
+    }
     Device::cuda_if_available()
 }

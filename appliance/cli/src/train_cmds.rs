@@ -38,6 +38,16 @@ pub enum TrainCommand {
         #[command(flatten)]
         recipe: RecipeArgs,
     },
+    /// Embed the chunks an offline document model (an LLM with no ONNX graph) has no vectors for yet, with
+    /// `care-train embed-corpus` on this machine (its GPU when there is one), and import them: a queued job.
+    EmbedPending {
+        /// `name@version` of the offline document model (default: the live document model).
+        #[arg(long)]
+        model: Option<String>,
+        /// Only queue the job.
+        #[arg(long)]
+        detach: bool,
+    },
     /// Retraining schedules.
     Schedule {
         #[command(subcommand)]
@@ -130,6 +140,13 @@ pub fn run_train(e: Arc<Engine>, actor: &Actor, workers: usize, cmd: TrainComman
                 return follow(e, actor, workers, job);
             }
         }
+        TrainCommand::EmbedPending { model, detach } => {
+            let job = e.submit_offline_embed_as(actor, model.as_deref())?;
+            println!("queued embedding job {job}");
+            if !detach {
+                return follow_job(e, workers, job);
+            }
+        }
         TrainCommand::List { json } => {
             let runs = e.training_runs_as(actor, 50)?;
             if json {
@@ -207,4 +224,29 @@ fn follow(e: Arc<Engine>, actor: &Actor, workers: usize, job: i64) -> Result<i32
         }
         s => bail!("training job {job} ended {s}: {}", run.error),
     }
+}
+
+/// Runs the worker until job `job` ends, showing its stage; prints its result.
+fn follow_job(e: Arc<Engine>, workers: usize, job: i64) -> Result<i32> {
+    let worker = Worker::start(e.clone(), workers);
+    let pb = ProgressBar::new(0);
+    pb.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")?);
+    let j = loop {
+        let j = e.job(job)?;
+        pb.set_length(j.progress_total);
+        pb.set_position(j.progress_done);
+        pb.set_message(j.stage.clone());
+        if j.state.is_finished() {
+            break j;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    pb.finish_and_clear();
+    worker.shutdown();
+    if j.state != JobState::Done {
+        let why = j.errors.first().map(|e| e.message.clone()).unwrap_or_default();
+        bail!("job {job} ended {}: {why}", j.state.as_str());
+    }
+    println!("{}", j.result);
+    Ok(0)
 }

@@ -79,9 +79,9 @@ impl Engine {
             .store
             .reader()
             .query_row(
-                "SELECT id, kind, params, actor FROM jobs WHERE kind IN (?1, ?2, ?3) AND state IN ('queued', 'running') \
+                "SELECT id, kind, params, actor FROM jobs WHERE kind IN (?1, ?2, ?3, ?4) AND state IN ('queued', 'running') \
                  ORDER BY id LIMIT 1",
-                params![EVALUATE, PROMOTE, crate::training::TRAIN],
+                params![EVALUATE, PROMOTE, crate::training::TRAIN, crate::training::embed::EMBED],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )
             .optional()?;
@@ -98,9 +98,13 @@ impl Engine {
             params![id, now()],
         )?;
         tracing::info!(job = id, kind, "model job started");
-        let outcome = if kind == crate::training::TRAIN {
+        let outcome = if kind == crate::training::TRAIN || kind == crate::training::embed::EMBED {
             set_interrupt(false);
-            let r = self.run_training_job(id, &json, &Actor::console(actor), stop);
+            let r = if kind == crate::training::TRAIN {
+                self.run_training_job(id, &json, &Actor::console(actor), stop)
+            } else {
+                self.run_offline_embed_job(id, &json, &Actor::console(actor), stop)
+            };
             set_interrupt(false);
             r
         } else {

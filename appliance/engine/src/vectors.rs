@@ -129,7 +129,7 @@ impl Engine {
     }
 
     /// The document model named `spec` (`name@version`), else the live pair's; `no_live` when there is neither.
-    fn document_model(&self, spec: Option<&str>, no_live: impl FnOnce() -> Error) -> Result<ModelRecord> {
+    pub(crate) fn document_model(&self, spec: Option<&str>, no_live: impl FnOnce() -> Error) -> Result<ModelRecord> {
         match spec {
             Some(spec) => models::find(&self.store, spec),
             None => Ok(models::active(&self.store)?.ok_or_else(no_live)?.document),

@@ -1857,6 +1857,83 @@ mod offline_vectors {
             }
         }
     }
+
+    /// Issue 17's route for an LLM document encoder's new chunks: `care-train embed-corpus` as a queued job. An
+    /// offline document package that carries trainer weights (here real e5-small in the Hugging Face layout, standing
+    /// in for a Qwen3 checkpoint) gets every pending chunk embedded and imported by the job, then goes live and
+    /// answers like the online model; an online model and a package without weights are refused up front.
+    #[test]
+    fn offline_embed_job_embeds_pending_chunks_with_the_trainer_and_the_model_goes_live() {
+        let (Some(bin), Some(hf)) = (std::env::var_os("CARE_TRAIN_BIN"), std::env::var_os("CARE_TRAINER_E5")) else {
+            eprintln!("CARE_TRAIN_BIN / CARE_TRAINER_E5 not set (packaging/dev.sh test sets them); skipping");
+            return;
+        };
+        let t = tempfile::tempdir().unwrap();
+        let mut cfg = EngineConfig::default();
+        cfg.storage.data_dir = t.path().join("data");
+        cfg.training.trainer = PathBuf::from(bin);
+        cfg.training.device = "cpu".into();
+        let e = std::sync::Arc::new(Engine::open(cfg, OpenMode::Create).unwrap());
+        e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+        e.create_collection("c", "", "test").unwrap();
+        e.ingest_documents("c", &docs(None)).unwrap();
+        let admin = care_engine::Actor::console("admin");
+        let before = snapshot(&e);
+        let err = e.submit_offline_embed_as(&admin, None).unwrap_err();
+        assert!(err.to_string().contains("online"), "an online live model needs no offline embedding: {err}");
+
+        let live = e.active_models().unwrap().unwrap();
+        let pkg = t.path().join("e5-offline");
+        std::fs::create_dir_all(&pkg).unwrap();
+        let files = ["config.json", "model.safetensors", "tokenizer.json"];
+        for f in files {
+            std::fs::copy(Path::new(&hf).join(f), pkg.join(f)).unwrap();
+        }
+        let mut m = care_formats::ModelManifest::load(&live.document.dir).unwrap();
+        m.name = "e5-offline".into();
+        m.version = "1".into();
+        m.role = care_formats::ModelRole::Document;
+        m.pairing_id = "e5-offline".into();
+        m.write(&pkg, &files).unwrap();
+        let bare = relabelled(&e, t.path(), "bare-doc", &["tokenizer.json"], |m| {
+            m.role = care_formats::ModelRole::Document;
+            m.pairing_id = "bare".into();
+        });
+        let query = relabelled(&e, t.path(), "q-offline", &["model.onnx", "tokenizer.json"], |m| {
+            m.role = care_formats::ModelRole::Query;
+            m.pairing_id = "e5-offline".into();
+        });
+        assert!(!e.import_model_as(&admin, &pkg).unwrap().online);
+        e.import_model_as(&admin, &bare).unwrap();
+        e.import_model_as(&admin, &query).unwrap();
+        let err = e.submit_offline_embed_as(&admin, Some("bare-doc@1")).unwrap_err();
+        assert!(err.to_string().contains("config.json"), "{err}");
+        assert_eq!(e.pending_vectors("c", Some("e5-offline@1")).unwrap().1.len(), before.1.len());
+
+        let job = e.submit_offline_embed_as(&admin, Some("e5-offline@1")).unwrap();
+        let w = care_engine::Worker::start(e.clone(), 1);
+        let started = std::time::Instant::now();
+        let j = loop {
+            let j = e.job(job).unwrap();
+            if j.state.is_finished() {
+                break j;
+            }
+            assert!(started.elapsed().as_secs() < 600, "{j:?}");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        };
+        w.shutdown();
+        assert_eq!(j.state, care_engine::JobState::Done, "{j:?}");
+        assert!(j.result.contains(&format!("\"embedded\":{}", before.1.len())), "{}", j.result);
+        assert!(e.pending_vectors("c", Some("e5-offline@1")).unwrap().1.is_empty());
+        e.activate_as(&admin, "q-offline@1", "e5-offline@1", &mut |_| {}).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1100)); // the active-pair cache
+        // Same weights through tch instead of ORT: the same answers.
+        assert_same_results(&before.0, &snapshot(&e).0, 2e-3);
+        let audits: i64 = crate::db(&e)
+            .query_row("SELECT COUNT(*) FROM audit WHERE action = 'model.embed_offline'", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(audits, 1);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------

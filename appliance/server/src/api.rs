@@ -721,6 +721,27 @@ pub async fn admin_train(
     Ok(accepted(call(&state, &caller, move |e, a| e.submit_training_as(a, &r, None)).await?))
 }
 
+#[derive(Debug, Default, Deserialize, ToSchema)]
+pub struct EmbedPending {
+    /// `name@version` of the offline document model; default: the live document model.
+    #[serde(default)]
+    pub model: Option<String>,
+}
+
+#[utoipa::path(post, path = "/api/v1/admin/training/embed-pending", tag = "admin", request_body = EmbedPending,
+    responses((status = 202, description = "queued: care-train embed-corpus embeds the chunks the offline document model has no vectors for, then they are imported", body = JobAccepted),
+        (status = 400, description = "the model is online (its chunks embed at ingest) or its package has no trainer weights"),
+        (status = 503, description = "trainer_unavailable: the message says how to install it")))]
+#[post("/api/v1/admin/training/embed-pending")]
+pub async fn admin_embed_pending(
+    state: web::Data<AppState>,
+    caller: Caller,
+    body: web::Json<EmbedPending>,
+) -> Result<HttpResponse, ApiError> {
+    let model = body.into_inner().model;
+    Ok(accepted(call(&state, &caller, move |e, a| e.submit_offline_embed_as(a, model.as_deref())).await?))
+}
+
 #[utoipa::path(get, path = "/api/v1/admin/training/runs/{job}", tag = "admin",
     responses((status = 200, description = "state, stage, progress, data counts, phase times, candidate, evaluation and decision", body = Object),
         (status = 404)))]

@@ -83,6 +83,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(api::admin_feedback)
         .service(api::admin_training)
         .service(api::admin_train)
+        .service(api::admin_embed_pending)
         .service(api::admin_training_run)
         .service(api::admin_training_loss)
         .service(api::admin_add_schedule)

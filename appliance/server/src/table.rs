@@ -122,6 +122,7 @@ pub const ROUTES: &[Route] = &[
     r("POST", "/api/v1/admin/models/activate", Admin, Api),
     r("GET", "/api/v1/admin/training", Admin, Api),
     r("POST", "/api/v1/admin/training/runs", Admin, Api),
+    r("POST", "/api/v1/admin/training/embed-pending", Admin, Api),
     r("GET", "/api/v1/admin/training/runs/{job}", Admin, Api),
     r("GET", "/api/v1/admin/training/runs/{job}/loss.svg", Admin, Api),
     r("POST", "/api/v1/admin/training/schedules", Admin, Api),

@@ -12,6 +12,7 @@
 //! ```
 
 pub mod data;
+pub mod embed;
 pub mod schedule;
 
 use std::path::{Path, PathBuf};
@@ -589,6 +590,7 @@ impl Run<'_> {
             "stage1" => "Stage I 训练",
             "stage2" => "Stage II 训练",
             "prune" => "裁剪查询编码器",
+            "embed-corpus" => "嵌入文档 (care-train embed-corpus)",
             _ => "导出 ONNX",
         };
         let status = loop {
