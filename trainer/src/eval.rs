@@ -44,7 +44,19 @@ pub fn corpus_vectors(
     batch: usize,
     cache: Option<&Path>,
 ) -> Result<(Vec<String>, Tensor)> {
-    let docs = read_corpus(&set.join("corpus.jsonl"))?;
+    corpus_file_vectors(doc, &set.join("corpus.jsonl"), template, batch, cache)
+}
+
+/// [`corpus_vectors`] of one corpus file (ids in file order), so the vectors and the texts a caller reads from
+/// that file always belong together.
+pub fn corpus_file_vectors(
+    doc: &Encoder,
+    corpus: &Path,
+    template: &str,
+    batch: usize,
+    cache: Option<&Path>,
+) -> Result<(Vec<String>, Tensor)> {
+    let docs = read_corpus(corpus)?;
     let ids: Vec<String> = docs.iter().map(|d| d.id.clone()).collect();
     let key = {
         use std::hash::{Hash, Hasher};

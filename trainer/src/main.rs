@@ -641,10 +641,11 @@ fn run(cli: Cli) -> Result<()> {
                     Some(&common.out.join("doc_vectors.safetensors")),
                 )?,
                 Some(pc) => {
-                    let dir = pc.parent().unwrap_or(Path::new("."));
-                    let (_, base) = care_trainer::eval::corpus_vectors(
+                    // The vectors of `pc` itself (this once read `<folder of pc>/corpus.jsonl` while the texts came
+                    // from `pc`, pairing vectors with the wrong texts whenever the file had another name).
+                    let (_, base) = care_trainer::eval::corpus_file_vectors(
                         &d,
-                        dir,
+                        pc,
                         &common.document_template,
                         common.infer_batch,
                         pool_cache.as_deref(),

@@ -952,7 +952,7 @@ mod training {
         let text = std::fs::read_to_string(csv).unwrap();
         let rows: Vec<&str> = text.lines().skip(1).collect();
         let split = |l: &str| {
-            let (q, rest) = l.rsplit_once(',').map(|(a, g)| (a, g)).unwrap();
+            let (q, rest) = l.rsplit_once(',').unwrap();
             let (q, id) = q.rsplit_once(',').unwrap();
             (q.trim_matches('"').replace("\"\"", "\""), id.to_string(), rest.to_string())
         };

@@ -189,10 +189,12 @@ impl Qwen3 {
         // A masked score must stay finite after the score is added to it: a left-padded row sees only masked keys,
         // and an all −inf row is NaN after softmax. f32::MIN + s stays f32::MIN; in fp16, −65504 + s overflows to
         // −inf, and bf16 rounds f32::MIN itself to −inf.
-        let min = match kind {
-            Kind::Half => -1e4,
-            Kind::BFloat16 => -1e30,
-            _ => f64::from(f32::MIN),
+        let min = if kind == Kind::Half {
+            -1e4
+        } else if kind == Kind::BFloat16 {
+            -1e30
+        } else {
+            f64::from(f32::MIN)
         };
         let bias = Tensor::zeros([b, 1, l, l], (kind, device)).masked_fill(&keep.logical_not(), min);
         let scale = 1.0 / (hd as f64).sqrt();

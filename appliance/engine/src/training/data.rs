@@ -314,7 +314,7 @@ impl Engine {
         by_id: &HashMap<i64, usize>,
         cols: &[Collection],
         pair: &ActivePair,
-    ) -> Result<Vec<(f32, Vec<(i64, f32)>)>> {
+    ) -> Result<Vec<Mined>> {
         // The guide: the document model when it also encodes queries (CARE's large encoder is the better judge of
         // relevance), else the live query encoder. A small query encoder that is still poorly aligned ranks true
         // negatives above the positive, and its scores would make the false-negative filter drop nearly all of them.
@@ -393,6 +393,9 @@ fn std_dev(xs: &[f32]) -> f32 {
     let mean = xs.iter().sum::<f32>() / xs.len() as f32;
     (xs.iter().map(|x| (x - mean).powi(2)).sum::<f32>() / (xs.len() - 1) as f32).sqrt()
 }
+
+/// A group's positive score and its dense candidates (chunk id, score).
+type Mined = (f32, Vec<(i64, f32)>);
 
 /// A tiny seeded generator: sampling must repeat exactly for a resumed run.
 struct SplitMix(u64);

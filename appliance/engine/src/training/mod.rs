@@ -111,7 +111,7 @@ impl Recipe {
         if self.query_layers.is_some_and(|l| !(1..=64).contains(&l)) {
             return bad("query_layers must be 1–64");
         }
-        if !(self.lr > 0.0 && self.lr < 1.0) || !(0.0..=1e4).contains(&self.mse_weight) {
+        if !(self.lr > 0.0 && self.lr < 1.0 && (0.0..=1e4).contains(&self.mse_weight)) {
             return bad("lr must be in (0, 1) and mse_weight in [0, 10000]");
         }
         let texts = 1..=1_000_000;
