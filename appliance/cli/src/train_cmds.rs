@@ -199,22 +199,8 @@ pub fn run_train(e: Arc<Engine>, actor: &Actor, workers: usize, cmd: TrainComman
 
 /// Follows a run with a progress bar; runs the queue in this process when no server holds it.
 fn follow(e: Arc<Engine>, actor: &Actor, workers: usize, job: i64) -> Result<i32> {
-    let worker = Worker::start(e.clone(), workers);
-    let pb = ProgressBar::new(0);
-    pb.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")?);
-    let run: TrainingRun = loop {
-        let j = e.job(job)?;
-        let r = e.training_run_as(actor, job)?;
-        pb.set_length(r.progress_total.max(0) as u64);
-        pb.set_position(r.progress_done.max(0) as u64);
-        pb.set_message(r.stage.clone());
-        if j.state.is_finished() {
-            break r;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    pb.finish_and_clear();
-    worker.shutdown();
+    run_with_bar(&e, workers, job)?;
+    let run: TrainingRun = e.training_run_as(actor, job)?;
     let phases: Vec<String> = run.phases.iter().map(|(p, s)| format!("{p} {s:.0} s")).collect();
     println!("phases: {}", phases.join(", "));
     match run.state.as_str() {
@@ -228,6 +214,18 @@ fn follow(e: Arc<Engine>, actor: &Actor, workers: usize, job: i64) -> Result<i32
 
 /// Runs the worker until job `job` ends, showing its stage; prints its result.
 fn follow_job(e: Arc<Engine>, workers: usize, job: i64) -> Result<i32> {
+    let j = run_with_bar(&e, workers, job)?;
+    if j.state != JobState::Done {
+        let why = j.errors.first().map(|e| e.message.clone()).unwrap_or_default();
+        bail!("job {job} ended {}: {why}", j.state.as_str());
+    }
+    println!("{}", j.result);
+    Ok(0)
+}
+
+/// Runs the worker (here, or in the `care serve` that holds the jobs lock) until job `job` ends, drawing its step
+/// and stage as a progress bar; returns the finished job.
+fn run_with_bar(e: &Arc<Engine>, workers: usize, job: i64) -> Result<care_engine::Job> {
     let worker = Worker::start(e.clone(), workers);
     let pb = ProgressBar::new(0);
     pb.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")?);
@@ -243,10 +241,5 @@ fn follow_job(e: Arc<Engine>, workers: usize, job: i64) -> Result<i32> {
     };
     pb.finish_and_clear();
     worker.shutdown();
-    if j.state != JobState::Done {
-        let why = j.errors.first().map(|e| e.message.clone()).unwrap_or_default();
-        bail!("job {job} ended {}: {why}", j.state.as_str());
-    }
-    println!("{}", j.result);
-    Ok(0)
+    Ok(j)
 }
