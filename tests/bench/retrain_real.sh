@@ -70,6 +70,30 @@ c train show "$job" >"$work/run.json"
 c model history >"$work/history.txt"
 evals after
 
+# Target (b), when PRUNED_RECIPE names a recipe with "query_layers" (and "promote": false): a second run prunes
+# the live (just retrained) query encoder, trains it the same way, and its candidate is made live only to score
+# the dev splits; then the 12-layer pair is live again. Query latency of the three query encoders (the original,
+# the retrained 12-layer one, the pruned one) is measured side by side, one pinned core, one libtorch thread.
+spec_dir() { # NAME@VERSION → its package folder
+    echo "$data/models/${1%@*}/${1#*@}"
+}
+if [ -n "${PRUNED_RECIPE:-}" ]; then
+    base=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["candidate"])' "$work/run.json")
+    [ -f "$work/train-pruned.done" ] || c train run --recipe "$PRUNED_RECIPE" || [ $? -eq 3 ]
+    echo 0 >"$work/train-pruned.done"
+    c train list --json >"$work/runs-pruned.json"
+    job2=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[0]["job"])' "$work/runs-pruned.json")
+    c train show "$job2" >"$work/run-pruned.json"
+    cand=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["candidate"])' "$work/run-pruned.json")
+    step activate-pruned c model activate --query "${cand%%,*}" --document "${cand#*,}"
+    evals pruned
+    step activate-back c model activate --query "${base%%,*}" --document "${base#*,}"
+    first=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["base"].split(",")[0])' "$work/run.json")
+    step bench-query taskset -c 1 "$CARE_TRAIN_BIN" --device cpu --threads 1 bench-query \
+        --encoder "original=$(spec_dir "$first")" --encoder "retrained=$(spec_dir "${base%%,*}")" \
+        --encoder "pruned=$(spec_dir "${cand%%,*}")" --set "$sets/huatuo26m_test" --out "$work/bench-query.json"
+fi
+
 python3 - "$work" "tests/results/$name" "$(nproc)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs)" <<'EOF'
 import glob, json, os, sys
 work, out, cores, cpu = sys.argv[1:5]
@@ -87,12 +111,21 @@ for s in sets:
         "dense_weight": a["dense_weight"],
     }
 run = json.load(open(f"{work}/run.json"))
+pruned = None
+if os.path.exists(f"{work}/run-pruned.json"):
+    pruned = {
+        "run": json.load(open(f"{work}/run-pruned.json")),
+        "dev_ndcg_at_10": {s: {m: v["ndcg_at_10"] for m, v in json.load(open(f"{work}/pruned-{s}.json"))["methods"].items()}
+                           for s in sets if os.path.exists(f"{work}/pruned-{s}.json")},
+        "bench_query": json.load(open(f"{work}/bench-query.json")) if os.path.exists(f"{work}/bench-query.json") else None,
+    }
 result = {
     "what": "issue 16 real run: dev nDCG@10 of the live pair before and after one retraining job",
     "machine": {"cpu": cpu, "cores": int(cores), "gpu": None},
     "steps_seconds": steps,
     "dev_ndcg_at_10": rows,
     "run": run,
+    "pruned": pruned,
     "history": open(f"{work}/history.txt").read().splitlines(),
     "judgments": open(f"{work}/judgments.txt").read().splitlines(),
 }

@@ -16,7 +16,7 @@ use anyhow::{Context, Result, bail};
 use care_formats::training::TrainingExample;
 use care_trainer::data::{self, MiningOptions};
 use care_trainer::encoder::{Encoder, write_json};
-use care_trainer::train::{DocSide, LossConfig, TrainConfig, Trainer, frozen_doc_side, select_trainable};
+use care_trainer::train::{DocSide, LossConfig, TrainConfig, Trainer, frozen_doc_side_with, select_trainable};
 use clap::{Args, Parser, Subcommand};
 use tch::{Device, Kind};
 
@@ -58,6 +58,25 @@ impl Lora {
         };
         tch::manual_seed(seed as i64);
         enc.model.add_lora(&targets, self.lora_rank, self.lora_alpha, 0.0);
+    }
+}
+
+/// Vectors the appliance already serves, reused by a frozen document side instead of re-embedding those texts.
+#[derive(Args, Debug, Clone)]
+struct Served {
+    /// safetensors with `vectors` [N, d] and `present` [N]: row i is line i of --served-corpus (its document
+    /// encoder's vector of that line, under --document-template); the trainer checks a few against its own.
+    #[arg(long, requires = "served_corpus")]
+    served_vectors: Option<PathBuf>,
+    /// The corpus file (corpus.jsonl layout) whose lines --served-vectors holds.
+    #[arg(long)]
+    served_corpus: Option<PathBuf>,
+}
+
+impl Served {
+    fn load(&self, document_template: &str) -> Result<Option<care_trainer::train::ServedVectors>> {
+        let (Some(v), Some(c)) = (&self.served_vectors, &self.served_corpus) else { return Ok(None) };
+        Ok(Some(care_trainer::train::served_vectors(c, v, document_template)?))
     }
 }
 
@@ -180,6 +199,8 @@ enum Command {
         #[arg(long, default_value_t = 1.0)]
         mse_weight: f64,
         #[command(flatten)]
+        served: Served,
+        #[command(flatten)]
         common: Common,
     },
     /// Stage II: joint training (document encoder through LoRA, or frozen), 1 positive + 7 negatives, t = 0.02.
@@ -221,6 +242,8 @@ enum Command {
         freeze_document: bool,
         #[command(flatten)]
         lora: Lora,
+        #[command(flatten)]
+        served: Served,
         #[command(flatten)]
         common: Common,
     },
@@ -547,6 +570,7 @@ fn run(cli: Cli) -> Result<()> {
             teacher_query_template,
             temperature,
             mse_weight,
+            served,
             common,
         } => {
             let q = load_encoder(&query, dev, Kind::Float, Some(common.document_max_length))?;
@@ -566,11 +590,13 @@ fn run(cli: Cli) -> Result<()> {
             );
             let n_query = docs.iter().filter(|doc| doc.kind.as_ref().is_some_and(|k| query_kinds.contains(k))).count();
             std::fs::create_dir_all(&common.out)?;
-            let side = frozen_doc_side(
+            let served = served.load(&common.document_template)?;
+            let side = frozen_doc_side_with(
                 &d,
                 texts.clone(),
                 common.infer_batch,
                 Some(&common.out.join("doc_vectors.safetensors")),
+                served.as_ref(),
             )?;
             let params =
                 select_trainable(&q, "query.", &|n| !(common.freeze_embeddings && n.starts_with("embeddings.word")));
@@ -600,6 +626,7 @@ fn run(cli: Cli) -> Result<()> {
             pool_cache,
             freeze_document,
             lora,
+            served,
             common,
         } => {
             let q = load_encoder(&query, dev, Kind::Float, Some(common.query_max_length))?;
@@ -634,11 +661,13 @@ fn run(cli: Cli) -> Result<()> {
             std::fs::create_dir_all(&common.out)?;
             // Pool vectors from the current document encoder: mining uses them, a frozen document side reuses them.
             let side = match &pool_corpus {
-                None => frozen_doc_side(
+                None => frozen_doc_side_with(
                     &d,
                     pool.clone(),
                     common.infer_batch,
                     Some(&common.out.join("doc_vectors.safetensors")),
+                    // A trainable document side uses the pool only to mine; its training steps re-encode.
+                    served.load(&common.document_template)?.as_ref(),
                 )?,
                 Some(pc) => {
                     // The vectors of `pc` itself (this once read `<folder of pc>/corpus.jsonl` while the texts came

@@ -106,8 +106,113 @@ pub fn select_trainable(enc: &Encoder, prefix: &str, train: &dyn Fn(&str) -> boo
     out
 }
 
+/// Document vectors the appliance already serves, by the text the document encoder reads (template applied).
+///
+/// Why: with the document encoder frozen, the teacher's vectors of the approved passages are exactly the ones in
+/// the served dense index; re-computing them with tch cost the real run 27 minutes for 4,000 texts on 2 cores.
+#[derive(Debug)]
+pub struct ServedVectors {
+    pub vectors: Tensor,
+    pub rows: HashMap<String, i64>,
+}
+
+/// Reads `vectors` (safetensors: `vectors` [N, d] and `present` [N], row i = line i of `corpus`): each line whose
+/// row is present maps `template(text)` to its vector.
+pub fn served_vectors(corpus: &Path, vectors: &Path, template: &str) -> Result<ServedVectors> {
+    let docs = crate::data::read_corpus(corpus)?;
+    let mut t = crate::weights::load_tensors(vectors)?;
+    let (Some(v), Some(present)) = (t.remove("vectors"), t.remove("present")) else {
+        return Err(Error::Data(format!("{}: needs tensors `vectors` and `present`", vectors.display())));
+    };
+    let present: Vec<f32> = Vec::<f32>::try_from(&present.to_kind(Kind::Float))
+        .map_err(|e| Error::Data(format!("{}: `present`: {e}", vectors.display())))?;
+    if v.dim() != 2 || v.size()[0] as usize != present.len() || present.len() > docs.len() {
+        return Err(Error::Data(format!(
+            "{}: {:?} vectors and {} `present` flags for the {} lines of {}",
+            vectors.display(),
+            v.size(),
+            present.len(),
+            docs.len(),
+            corpus.display()
+        )));
+    }
+    let rows = docs
+        .iter()
+        .zip(&present)
+        .enumerate()
+        .filter(|(_, (_, p))| **p > 0.5)
+        .map(|(i, (d, _))| (template.replace("{text}", &d.text), i as i64))
+        .collect();
+    Ok(ServedVectors { vectors: crate::pooling::normalize(&v.to_kind(Kind::Float)), rows })
+}
+
 /// Builds the frozen document side: normalised vectors for every distinct positive/negative text.
 pub fn frozen_doc_side(
+    enc: &Encoder,
+    texts: Vec<String>,
+    batch: usize,
+    cache: Option<&Path>,
+) -> Result<DocSide<'static>> {
+    frozen_doc_side_with(enc, texts, batch, cache, None)
+}
+
+/// [`frozen_doc_side`] that takes the vectors of texts in `served` from there and embeds only the others. The
+/// served vectors must come from `enc`: up to 8 of the shortest (never truncated differently) are re-embedded and
+/// each must agree to cosine 0.98, else the run stops (vectors of another document encoder would teach the query
+/// encoder the wrong space).
+pub fn frozen_doc_side_with(
+    enc: &Encoder,
+    texts: Vec<String>,
+    batch: usize,
+    cache: Option<&Path>,
+    served: Option<&ServedVectors>,
+) -> Result<DocSide<'static>> {
+    let Some(served) = served else { return frozen_doc_side_cached(enc, texts, batch, cache) };
+    let width = enc.hidden_size();
+    if served.vectors.size()[1] != width {
+        return Err(Error::Data(format!(
+            "served document vectors are {} wide, the document encoder gives {width}: they come from another model",
+            served.vectors.size()[1]
+        )));
+    }
+    let (known, missing): (Vec<usize>, Vec<usize>) =
+        (0..texts.len()).partition(|&i| served.rows.contains_key(&texts[i]));
+    let mut probe: Vec<usize> = known.clone();
+    probe.sort_by_key(|&i| (texts[i].chars().count(), i));
+    probe.truncate(8);
+    if !probe.is_empty() {
+        let pt: Vec<String> = probe.iter().map(|&i| texts[i].clone()).collect();
+        let mine = enc.embed_all(&pt, batch, &mut |_| {})?;
+        let theirs = Tensor::stack(&pt.iter().map(|t| served.vectors.get(served.rows[t])).collect::<Vec<_>>(), 0);
+        let cos: Vec<f32> = Vec::<f32>::try_from((&mine * &theirs).sum_dim_intlist(1, false, Kind::Float))?;
+        let worst = cos.iter().copied().fold(f32::INFINITY, f32::min);
+        if worst < 0.98 {
+            return Err(Error::Data(format!(
+                "served document vectors disagree with the document encoder (cosine {worst:.4} on a short text): they \
+                 come from another model or prompt; run without --served-vectors"
+            )));
+        }
+        eprintln!("served vectors: {} of {} pool texts (probe cosine ≥ {worst:.4})", known.len(), texts.len());
+    }
+    let mt: Vec<String> = missing.iter().map(|&i| texts[i].clone()).collect();
+    let mut pb = progress_bar(mt.len() as u64, "embedding texts the index does not hold (frozen)");
+    let mv = enc.embed_all(&mt, batch, &mut |d| pb.set_position(d as u64))?;
+    pb.finish_and_clear();
+    let mut rows: Vec<Option<Tensor>> = (0..texts.len()).map(|_| None).collect();
+    for &i in &known {
+        rows[i] = Some(served.vectors.get(served.rows[&texts[i]]));
+    }
+    for (k, &i) in missing.iter().enumerate() {
+        rows[i] = Some(mv.get(k as i64));
+    }
+    let rows: Vec<Tensor> = rows.into_iter().flatten().collect();
+    let vectors =
+        if rows.is_empty() { Tensor::zeros([0, width], (Kind::Float, Device::Cpu)) } else { Tensor::stack(&rows, 0) };
+    let index = texts.into_iter().enumerate().map(|(i, t)| (t, i as i64)).collect();
+    Ok(DocSide::Frozen { vectors: vectors.to_device(enc.device), index })
+}
+
+fn frozen_doc_side_cached(
     enc: &Encoder,
     texts: Vec<String>,
     batch: usize,

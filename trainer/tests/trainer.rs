@@ -799,3 +799,64 @@ fn init_trains_lora_on_an_llm_and_merges_it_into_the_saved_weights() {
     assert!(changed > 0, "no adapted projection changed: the merged LoRA did not reach the saved weights");
     assert!(after.keys().all(|k| !k.contains("lora_")), "unmerged adapters were saved");
 }
+
+#[test]
+fn served_vectors_replace_the_frozen_teachers_passes_and_vectors_of_another_model_are_refused() {
+    let _guard = serial();
+    let root = tempfile::tempdir().unwrap();
+    write_tiny_qwen(&root.path().join("d"), 12);
+    write_tiny_qwen(&root.path().join("other"), 13);
+    let d = Encoder::load(&root.path().join("d"), Device::Cpu, Kind::Float).unwrap();
+    let other = Encoder::load(&root.path().join("other"), Device::Cpu, Kind::Float).unwrap();
+    let texts: Vec<String> = ["高血压 用药", "二甲双胍 禁忌症", "糖尿病 饮食", "头痛 发热", "query line"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let corpus = root.path().join("corpus.jsonl");
+    let lines: Vec<String> = texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| serde_json::json!({"id": i.to_string(), "title": "", "text": t}).to_string())
+        .collect();
+    std::fs::write(&corpus, lines.join("\n")).unwrap();
+    let tpl = "passage: {text}";
+    let rendered: Vec<String> = texts.iter().map(|t| tpl.replace("{text}", t)).collect();
+    // Rows 0–3 served (the last line is a query: no vector), written as the appliance writes them.
+    let write = |enc: &Encoder, path: &Path| {
+        let v = enc.embed_all(&rendered[..4], 2, &mut |_| {}).unwrap();
+        let v = Tensor::cat(&[v, Tensor::zeros([1, enc.hidden_size()], (Kind::Float, Device::Cpu))], 0);
+        let present = Tensor::from_slice(&[1f32, 1., 1., 1., 0.]);
+        care_trainer::weights::save_tensors(
+            [("vectors".to_string(), v), ("present".to_string(), present)].into_iter(),
+            path,
+        )
+        .unwrap();
+    };
+    let own = root.path().join("own.safetensors");
+    write(&d, &own);
+    let served = care_trainer::train::served_vectors(&corpus, &own, tpl).unwrap();
+    assert_eq!(served.rows.len(), 4, "only present rows are served");
+    // The pool: two served passages, the query line's text and one text the index does not hold.
+    let pool = vec![rendered[1].clone(), rendered[4].clone(), "passage: 不在索引中".to_string(), rendered[3].clone()];
+    let DocSide::Frozen { vectors, index } =
+        care_trainer::train::frozen_doc_side_with(&d, pool.clone(), 2, None, Some(&served)).unwrap()
+    else {
+        panic!("a frozen side")
+    };
+    let DocSide::Frozen { vectors: all, index: all_index } =
+        care_trainer::train::frozen_doc_side(&d, pool.clone(), 2, None).unwrap()
+    else {
+        panic!("a frozen side")
+    };
+    for t in &pool {
+        let (a, b) = (vectors.get(index[t]), all.get(all_index[t]));
+        let diff = (&a - &b).abs().max().double_value(&[]);
+        assert!(diff < 1e-4, "{t}: served + embedded rows differ from embedding all ({diff})");
+    }
+    // Served vectors of another document encoder are refused, naming why.
+    let theirs = root.path().join("theirs.safetensors");
+    write(&other, &theirs);
+    let served = care_trainer::train::served_vectors(&corpus, &theirs, tpl).unwrap();
+    let err = care_trainer::train::frozen_doc_side_with(&d, pool, 2, None, Some(&served)).unwrap_err();
+    assert!(err.to_string().contains("disagree with the document encoder"), "{err}");
+}

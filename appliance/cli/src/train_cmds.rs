@@ -160,7 +160,7 @@ pub fn run_train(e: Arc<Engine>, actor: &Actor, workers: usize, cmd: TrainComman
             }
         }
         TrainCommand::Data { out, recipe } => {
-            let counts = e.training_data_as(actor, &out, &recipe.recipe()?.data)?;
+            let counts = e.training_data_as(actor, &out, &recipe.recipe()?)?;
             println!("{}", serde_json::to_string_pretty(&counts)?);
         }
         TrainCommand::Show { job } => println!("{}", serde_json::to_string_pretty(&e.training_run_as(actor, job)?)?),

@@ -1052,6 +1052,8 @@ mod training {
         assert_eq!(j.state, "done", "{j:?}");
         let log = std::fs::read_to_string(run_dir.join("logs/stage1.log")).unwrap();
         assert!(log.contains("resumed from step"), "Stage I resumed from its checkpoint: {log}");
+        // The frozen teacher took the served vectors of every approved passage (checked against its own encoder).
+        assert!(log.contains("served vectors: "), "Stage I re-embedded the served passages: {log}");
         let run = e.training_run_as(&admin, job).unwrap();
         eprintln!("run: {run:?}");
         for (r, _) in e.evaluations_as(&admin, 5).unwrap() {
@@ -1074,6 +1076,9 @@ mod training {
         assert_eq!(counts.collections.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["kuake"]);
         assert!(counts.collections[0].eval_queries_left_out > 20, "{counts:?}");
         assert!(counts.mined_candidates > 0 && counts.stage2_groups > 50, "{counts:?}");
+        assert_eq!(counts.served_vectors, counts.stage1_passages, "every approved passage is in the index: {counts:?}");
+        assert_eq!(counts.positives_encoded, 0, "positives' vectors come from the index: {counts:?}");
+        assert!(counts.stage2_groups <= recipe().stage2_max_groups, "{counts:?}");
         let corpus = std::fs::read_to_string(run_dir.join("corpus.jsonl")).unwrap();
         assert!(!corpus.contains("撤回批准"), "a withdrawn collection's passages reached training");
         let examples = read_examples(&run_dir.join("stage2.jsonl"));

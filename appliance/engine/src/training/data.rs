@@ -22,6 +22,7 @@ use std::io::Write;
 use std::path::Path;
 
 use care_formats::training::TrainingExample;
+use care_modelio::tensor::{Tensor, TensorMap};
 use rusqlite::params;
 use serde::{Deserialize, Serialize};
 
@@ -30,17 +31,22 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::hybrid::embedding_text;
 use crate::judgments::part_of;
-use crate::models::ActivePair;
+use crate::models::{ActivePair, ModelRecord};
 use crate::service::Actor;
 use crate::store::{ChunkRow, Collection};
 
 /// Candidates scoring within this many standard deviations (of the positives' scores) of a query's positive are
 /// treated as likely false negatives.
 const FN_MARGIN_SD: f32 = 0.5;
-/// Dense candidates mined per training query.
-const MINE_DEPTH: usize = 30;
+/// Dense candidates mined per training query. Deep enough that a query whose positive the guide ranks low still
+/// finds candidates below it: at 30, the real run's huatuo groups (e5-small's dense nDCG@10 there is 0.35) lost
+/// 72 % of their candidates to the false-negative filter and a third of the groups were topped up at random. The
+/// scan is exact either way, so depth costs only the sort.
+const MINE_DEPTH: usize = 100;
 /// Queries encoded per batch while mining.
 const MINE_BATCH: usize = 32;
+/// Beside `corpus.jsonl`: the served vectors of its lines.
+pub(crate) const SERVED_VECTORS: &str = "served_vectors.safetensors";
 
 /// What goes into one run's data (part of the recipe).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -78,6 +84,12 @@ pub struct DataCounts {
     pub false_negative_margin: f32,
     pub groups_topped_up: usize,
     pub random_negatives: usize,
+    /// Judged + heading groups before the `stage2_max_groups` sample.
+    pub groups_before_sampling: usize,
+    /// Corpus passages whose document vector came from the served index (handed to the trainer).
+    pub served_vectors: usize,
+    /// Positives the index lacked, encoded while mining.
+    pub positives_encoded: usize,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -102,19 +114,22 @@ impl Engine {
     /// Writes what the next run would train on into `dir` (`corpus.jsonl`, `stage2.jsonl`) and returns the counts:
     /// `care train data`, for an admin who wants to see it before a run. Without a live pair nothing is mined
     /// (groups are topped up at random).
-    pub fn training_data_as(&self, actor: &Actor, dir: &Path, opts: &DataOptions) -> Result<DataCounts> {
+    pub fn training_data_as(&self, actor: &Actor, dir: &Path, recipe: &super::Recipe) -> Result<DataCounts> {
         actor.require_admin()?;
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let pair = self.active_models()?;
-        self.assemble_training_data(dir, pair.as_ref(), opts)
+        self.assemble_training_data(dir, pair.as_ref(), &recipe.data, recipe.stage2_max_groups)
     }
 
-    /// Writes `corpus.jsonl` and `stage2.jsonl` into `dir` from the approved collections and returns the counts.
+    /// Writes `corpus.jsonl` and `stage2.jsonl` into `dir` from the approved collections and returns the counts;
+    /// with a pair, also `served_vectors.safetensors`, the document vectors the index holds for the corpus lines.
+    /// At most `max_groups` Stage II groups (a seeded sample, drawn before mining: mining is the costly part).
     pub(crate) fn assemble_training_data(
         &self,
         dir: &Path,
         pair: Option<&ActivePair>,
         opts: &DataOptions,
+        max_groups: usize,
     ) -> Result<DataCounts> {
         let approved: Vec<Collection> =
             self.store.collection_list()?.into_iter().filter(|c| c.approved_for_training).collect();
@@ -138,6 +153,11 @@ impl Engine {
         counts.stage1_passages = chunks.len();
         counts.stage1_queries = queries.len();
         write_corpus(&dir.join("corpus.jsonl"), &chunks, &queries)?;
+        let served = match pair {
+            Some(p) => self.served_vectors(&approved, &p.document)?,
+            None => HashMap::new(),
+        };
+        counts.served_vectors = write_served_vectors(&dir.join(SERVED_VECTORS), &chunks, &served)?;
 
         let by_id: HashMap<i64, usize> = chunks.iter().enumerate().map(|(i, c)| (c.chunk_id, i)).collect();
         let mut groups = Vec::new();
@@ -150,7 +170,10 @@ impl Engine {
         let headings = heading_groups(&chunks, opts.max_heading_pairs, opts.seed);
         counts.heading_pairs = headings.len();
         groups.extend(headings);
-        let examples = self.with_negatives(&groups, &chunks, &by_id, &approved, pair, opts, &mut counts)?;
+        counts.groups_before_sampling = groups.len();
+        let groups = sample_groups(groups, max_groups, opts.seed);
+        let ctx = MineCtx { chunks: &chunks, by_id: &by_id, cols: &approved, served: &served };
+        let examples = self.with_negatives(&groups, &ctx, pair, opts, &mut counts)?;
         counts.stage2_groups = examples.len();
         let mut out = jsonl(&dir.join("stage2.jsonl"))?;
         for ex in &examples {
@@ -238,21 +261,30 @@ impl Engine {
         Ok((groups, counts))
     }
 
+    /// The document vectors a dense index of `model` holds for the approved collections, by chunk id.
+    fn served_vectors(&self, cols: &[Collection], model: &ModelRecord) -> Result<HashMap<i64, Vec<f32>>> {
+        let mut out = HashMap::new();
+        for col in cols {
+            if let Some((_, table)) = self.dense_table(col.id, model, false)? {
+                out.extend(self.dense.vectors(&table)?);
+            }
+        }
+        Ok(out)
+    }
+
     /// Fills each group with negatives (judged, mined from the dense index with the false-negative filter, then
     /// random) and renders it as a training example.
-    #[allow(clippy::too_many_arguments)]
     fn with_negatives(
         &self,
         groups: &[Group],
-        chunks: &[ChunkRow],
-        by_id: &HashMap<i64, usize>,
-        cols: &[Collection],
+        ctx: &MineCtx<'_>,
         pair: Option<&ActivePair>,
         opts: &DataOptions,
         counts: &mut DataCounts,
     ) -> Result<Vec<TrainingExample>> {
+        let (chunks, by_id) = (ctx.chunks, ctx.by_id);
         let mined = match pair {
-            Some(pair) => self.mine(groups, chunks, by_id, cols, pair)?,
+            Some(pair) => self.mine(groups, ctx, pair, counts)?,
             None => groups.iter().map(|_| (0.0, Vec::new())).collect(),
         };
         let pos_scores: Vec<f32> = mined.iter().map(|m| m.0).collect();
@@ -307,35 +339,58 @@ impl Engine {
     }
 
     /// For each group: the positive's score and the dense top candidates (chunk id, score) of the served index.
+    /// Each distinct query is encoded and searched once (a query judged with several relevant documents makes
+    /// several groups); a positive's vector is read from the index when the guide scores against the served
+    /// document vectors, and encoded only when the index lacks it.
     fn mine(
         &self,
         groups: &[Group],
-        chunks: &[ChunkRow],
-        by_id: &HashMap<i64, usize>,
-        cols: &[Collection],
+        ctx: &MineCtx<'_>,
         pair: &ActivePair,
+        counts: &mut DataCounts,
     ) -> Result<Vec<Mined>> {
+        let (chunks, by_id, cols) = (ctx.chunks, ctx.by_id, ctx.cols);
         // The guide: the document model when it also encodes queries (CARE's large encoder is the better judge of
         // relevance), else the live query encoder. A small query encoder that is still poorly aligned ranks true
         // negatives above the positive, and its scores would make the false-negative filter drop nearly all of them.
         let guide = if pair.document.role == "both" { &pair.document } else { &pair.query };
         let qenc = self.encoder(guide)?;
-        let denc = self.encoder(&pair.document)?;
-        let mut out = Vec::with_capacity(groups.len());
-        for batch in groups.chunks(MINE_BATCH) {
-            let qs: Vec<&str> = batch.iter().map(|g| g.query.as_str()).collect();
-            let qv = qenc.encode(&qs, TextKind::Query)?;
-            let pos_texts: Vec<String> = batch
-                .iter()
-                .map(|g| by_id.get(&g.positive).map_or_else(String::new, |&i| embedding_text(&chunks[i])))
-                .collect();
-            let refs: Vec<&str> = pos_texts.iter().map(String::as_str).collect();
-            let pv = denc.encode(&refs, TextKind::Document)?;
-            for (q, p) in qv.iter().zip(&pv) {
-                let hits = self.dense_search_in(q, guide, &pair.document, cols, MINE_DEPTH)?;
-                let pos_score = q.iter().zip(p).map(|(a, b)| a * b).sum::<f32>();
-                out.push((pos_score, hits.into_iter().map(|h| (h.chunk_id, h.score)).collect()));
+        let mut queries: Vec<&str> = groups.iter().map(|g| g.query.as_str()).collect();
+        queries.sort_unstable();
+        queries.dedup();
+        let mut per_query: HashMap<&str, (Vec<f32>, Vec<(i64, f32)>)> = HashMap::with_capacity(queries.len());
+        for batch in queries.chunks(MINE_BATCH) {
+            for (q, v) in batch.iter().zip(qenc.encode(batch, TextKind::Query)?) {
+                let hits = self.dense_search_in(&v, guide, &pair.document, cols, MINE_DEPTH)?;
+                per_query.insert(q, (v, hits.into_iter().map(|h| (h.chunk_id, h.score)).collect()));
             }
+        }
+        // Positives the index lacks (a chunk ingested but not yet embedded): encoded, as the index would.
+        let mut pos_vec: HashMap<i64, Vec<f32>> = HashMap::new();
+        let missing: Vec<i64> = {
+            let mut m: Vec<i64> = groups.iter().map(|g| g.positive).filter(|p| !ctx.served.contains_key(p)).collect();
+            m.sort_unstable();
+            m.dedup();
+            m
+        };
+        if !missing.is_empty() {
+            let denc = self.encoder(&pair.document)?;
+            for batch in missing.chunks(MINE_BATCH) {
+                let texts: Vec<String> = batch
+                    .iter()
+                    .map(|id| by_id.get(id).map_or_else(String::new, |&i| embedding_text(&chunks[i])))
+                    .collect();
+                let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+                pos_vec.extend(batch.iter().copied().zip(denc.encode(&refs, TextKind::Document)?));
+            }
+        }
+        counts.positives_encoded = missing.len();
+        let mut out = Vec::with_capacity(groups.len());
+        for g in groups {
+            let (q, hits) = &per_query[g.query.as_str()];
+            let p = ctx.served.get(&g.positive).or_else(|| pos_vec.get(&g.positive));
+            let pos_score = p.map_or(0.0, |p| q.iter().zip(p).map(|(a, b)| a * b).sum::<f32>());
+            out.push((pos_score, hits.clone()));
         }
         Ok(out)
     }
@@ -363,11 +418,66 @@ fn heading_groups(chunks: &[ChunkRow], max: usize, seed: u64) -> Vec<Group> {
     groups
 }
 
+/// What mining reads: the approved passages, their index by chunk id, the collections and the served vectors.
+struct MineCtx<'a> {
+    chunks: &'a [ChunkRow],
+    by_id: &'a HashMap<i64, usize>,
+    cols: &'a [Collection],
+    served: &'a HashMap<i64, Vec<f32>>,
+}
+
+/// A seeded sample of at most `max` groups, kept in their original order.
+fn sample_groups(groups: Vec<Group>, max: usize, seed: u64) -> Vec<Group> {
+    if groups.len() <= max {
+        return groups;
+    }
+    let mut rng = SplitMix(seed ^ 0x5354_4732);
+    let mut keyed: Vec<(u64, usize)> = (0..groups.len()).map(|i| (rng.next(), i)).collect();
+    keyed.sort_unstable();
+    let mut keep = vec![false; groups.len()];
+    for (_, i) in keyed.into_iter().take(max) {
+        keep[i] = true;
+    }
+    groups.into_iter().zip(keep).filter_map(|(g, k)| k.then_some(g)).collect()
+}
+
+/// `served_vectors.safetensors` beside `corpus.jsonl`: row i holds the served vector of line i (`present` 1) or
+/// zeros (`present` 0: not embedded yet, or a query line). The trainer's frozen teacher reads these instead of
+/// re-embedding (`care-train --served-vectors`). Returns how many rows are present; writes nothing without any.
+fn write_served_vectors(path: &Path, chunks: &[ChunkRow], served: &HashMap<i64, Vec<f32>>) -> Result<usize> {
+    let _ = std::fs::remove_file(path);
+    let Some(width) = served.values().next().map(Vec::len) else { return Ok(0) };
+    let mut data = vec![0f32; chunks.len() * width];
+    let mut present = vec![0f32; chunks.len()];
+    for (i, c) in chunks.iter().enumerate() {
+        if let Some(v) = served.get(&c.chunk_id).filter(|v| v.len() == width) {
+            data[i * width..(i + 1) * width].copy_from_slice(v);
+            present[i] = 1.0;
+        }
+    }
+    let n = present.iter().filter(|p| **p > 0.0).count();
+    let t =
+        |shape: Vec<usize>, d: Vec<f32>| Tensor::new(shape, d).ok_or_else(|| Error::Internal("tensor shape".into()));
+    let map: TensorMap = [
+        ("vectors".to_string(), t(vec![chunks.len(), width], data)?),
+        ("present".to_string(), t(vec![chunks.len()], present)?),
+    ]
+    .into_iter()
+    .collect();
+    // Written to a temporary name and renamed, so a crash never leaves a torn file a resumed run would trust.
+    let tmp = path.with_extension("tmp");
+    care_modelio::safetensors::save(&map, &tmp).map_err(|e| Error::Internal(e.to_string()))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+    Ok(n)
+}
+
 fn write_corpus(path: &Path, chunks: &[ChunkRow], queries: &[String]) -> Result<()> {
     let mut out = jsonl(path)?;
     let mut line = |v: serde_json::Value| writeln!(out, "{v}").map_err(|e| Error::io(path, e));
     for c in chunks {
-        line(serde_json::json!({"id": format!("c{}", c.chunk_id), "title": c.title, "text": embedding_text(c),
+        // `text` is already what the document encoder reads (title and headings included): an empty `title`
+        // keeps the trainer from prefixing the title a second time, so its texts are the served vectors' texts.
+        line(serde_json::json!({"id": format!("c{}", c.chunk_id), "title": "", "text": embedding_text(c),
             "kind": "passage"}))?;
     }
     for (i, q) in queries.iter().enumerate() {

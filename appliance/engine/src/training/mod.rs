@@ -351,7 +351,7 @@ impl Engine {
             prompt(&d_manifest, &d_manifest.document_template),
         ];
         run.phase(&mut st, "data", "整理训练数据", |_| {
-            let counts = self.assemble_training_data(&dir, Some(&base), &p.recipe.data)?;
+            let counts = self.assemble_training_data(&dir, Some(&base), &p.recipe.data, p.recipe.stage2_max_groups)?;
             self.store.conn().execute(
                 "UPDATE training_runs SET counts = ?2 WHERE job_id = ?1",
                 params![id, serde_json::to_string(&counts).unwrap_or_default()],
@@ -401,10 +401,25 @@ impl Engine {
             a.extend(templates.iter().cloned());
             a
         };
+        // The frozen teacher's vectors of the approved passages are the served ones (written by the data phase).
+        let served_args = |a: &mut Vec<String>| {
+            if dir.join(data::SERVED_VECTORS).exists() {
+                a.extend([
+                    "--served-vectors".into(),
+                    path(&dir.join(data::SERVED_VECTORS)),
+                    "--served-corpus".into(),
+                    path(&dir.join("corpus.jsonl")),
+                ]);
+            }
+        };
         let s1 = dir.join("stage1");
+        // Stage I aligns a query encoder to the frozen document encoder. When the query encoder *is* the document
+        // encoder (a symmetric pair such as e5-small, kept at full size) they are aligned by construction, and
+        // Stage I would only spend hours teaching a model its own vectors: Stage II starts from it directly.
+        let same_encoder = p.recipe.query_layers.is_none() && base.query.id == base.document.id;
+        let s1_steps = if same_encoder { 0 } else { p.recipe.stage1_steps };
         // Stage I can be skipped (0 steps): Stage II then starts from the initial query encoder.
-        let s1_query = if p.recipe.stage1_steps == 0 { init.clone() } else { s1.join("query") };
-        let s1_steps = p.recipe.stage1_steps;
+        let s1_query = if s1_steps == 0 { init.clone() } else { s1.join("query") };
         run.phase(&mut st, "stage1", "Stage I 训练", |r| {
             if s1_steps == 0 {
                 return Ok(());
@@ -425,6 +440,7 @@ impl Engine {
                 "--teacher-query-template".into(),
                 teacher_query.clone(),
             ];
+            served_args(&mut a);
             a.extend(common(&s1, p.recipe.stage1_steps, p.recipe.batch_size));
             r.trainer(&a, Some((&s1, p.recipe.stage1_steps)))
         })?;
@@ -444,6 +460,7 @@ impl Engine {
                 "--max-examples".into(),
                 p.recipe.stage2_max_groups.to_string(),
             ];
+            served_args(&mut a);
             a.extend(common(&s2, p.recipe.stage2_steps, p.recipe.stage2_batch_size));
             r.trainer(&a, Some((&s2, p.recipe.stage2_steps)))
         })?;
