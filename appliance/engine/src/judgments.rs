@@ -344,7 +344,7 @@ impl Engine {
     }
 
     /// Clinician feedback on a collection as (query, document external id, grade) rows, both parts.
-    fn feedback_rows(&self, collection_id: i64) -> Result<Vec<(String, String, i64)>> {
+    pub(crate) fn feedback_rows(&self, collection_id: i64) -> Result<Vec<(String, String, i64)>> {
         Ok(self
             .store
             .reader()

@@ -104,6 +104,8 @@ pub struct CollectionCounts {
 /// One Stage II group before negatives: the query, its positive chunk and the chunks judged not relevant.
 struct Group {
     query: String,
+    /// Asked by a clinician (feedback): always kept when groups are sampled.
+    feedback: bool,
     kind: String,
     positive: i64,
     skip_docs: HashSet<i64>,
@@ -224,6 +226,7 @@ impl Engine {
         let best = |doc: i64, query: &str| -> Option<i64> {
             of_doc.get(&doc)?.iter().max_by_key(|c| overlap(query, &c.text)).map(|c| c.chunk_id)
         };
+        let asked: HashSet<String> = self.feedback_rows(col.id)?.into_iter().map(|r| r.0).collect();
         let mut groups = Vec::new();
         let mut train_queries = 0;
         for (qid, query) in &train.queries {
@@ -240,9 +243,11 @@ impl Engine {
             for &d in &positives {
                 if let Some(positive) = best(d, query) {
                     any = true;
+                    let feedback = asked.contains(query);
                     groups.push(Group {
                         query: query.clone(),
-                        kind: format!("judged:{}", col.name),
+                        feedback,
+                        kind: format!("{}:{}", if feedback { "feedback" } else { "judged" }, col.name),
                         positive,
                         skip_docs: skip_docs.clone(),
                         judged_neg: judged_neg.clone(),
@@ -403,6 +408,7 @@ fn heading_groups(chunks: &[ChunkRow], max: usize, seed: u64) -> Vec<Group> {
         .filter(|c| !c.heading.trim().is_empty() && c.heading.trim() != c.title.trim())
         .map(|c| Group {
             query: c.heading.trim().to_string(),
+            feedback: false,
             kind: format!("heading:{}", c.collection),
             positive: c.chunk_id,
             skip_docs: HashSet::from([c.document_id]),
@@ -426,16 +432,19 @@ struct MineCtx<'a> {
     served: &'a HashMap<i64, Vec<f32>>,
 }
 
-/// A seeded sample of at most `max` groups, kept in their original order.
+/// A seeded sample of at most `max` groups, kept in their original order. Clinicians' feedback is always kept
+/// (it is what the hospital asked to be taught, and small); the rest is sampled.
 fn sample_groups(groups: Vec<Group>, max: usize, seed: u64) -> Vec<Group> {
     if groups.len() <= max {
         return groups;
     }
     let mut rng = SplitMix(seed ^ 0x5354_4732);
-    let mut keyed: Vec<(u64, usize)> = (0..groups.len()).map(|i| (rng.next(), i)).collect();
+    // Feedback sorts first (key 0 before any random key).
+    let mut keyed: Vec<(bool, u64, usize)> =
+        groups.iter().enumerate().map(|(i, g)| (!g.feedback, rng.next(), i)).collect();
     keyed.sort_unstable();
     let mut keep = vec![false; groups.len()];
-    for (_, i) in keyed.into_iter().take(max) {
+    for (_, _, i) in keyed.into_iter().take(max) {
         keep[i] = true;
     }
     groups.into_iter().zip(keep).filter_map(|(g, k)| k.then_some(g)).collect()
@@ -546,5 +555,28 @@ mod tests {
         assert_eq!(a.len(), 10);
         assert_eq!(a, b);
         assert_eq!(heading_groups(&rows, 100, 7).len(), 25);
+    }
+
+    #[test]
+    fn group_sample_keeps_feedback_and_order_and_repeats() {
+        let groups = || -> Vec<Group> {
+            (0..40)
+                .map(|i| Group {
+                    query: format!("q{i}"),
+                    feedback: i == 3 || i == 37,
+                    kind: String::new(),
+                    positive: i,
+                    skip_docs: HashSet::new(),
+                    judged_neg: Vec::new(),
+                })
+                .collect()
+        };
+        let a: Vec<i64> = sample_groups(groups(), 5, 1).iter().map(|g| g.positive).collect();
+        assert_eq!(a.len(), 5);
+        assert!(a.contains(&3) && a.contains(&37), "feedback was sampled out: {a:?}");
+        assert!(a.windows(2).all(|w| w[0] < w[1]), "order changed: {a:?}");
+        assert_eq!(a, sample_groups(groups(), 5, 1).iter().map(|g| g.positive).collect::<Vec<_>>());
+        assert_ne!(a, sample_groups(groups(), 5, 2).iter().map(|g| g.positive).collect::<Vec<_>>());
+        assert_eq!(sample_groups(groups(), 100, 1).len(), 40);
     }
 }
