@@ -71,26 +71,26 @@ c model history >"$work/history.txt"
 evals after
 
 # Target (b), when PRUNED_RECIPE names a recipe with "query_layers" (and "promote": false): a second run prunes
-# the live (just retrained) query encoder, trains it the same way, and its candidate is made live only to score
-# the dev splits; then the 12-layer pair is live again. Query latency of the three query encoders (the original,
+# the live query encoder and trains it; its candidate is made live only to score the dev splits, then the pair
+# live before it is live again. Query latency of the three query encoders (the original,
 # the retrained 12-layer one, the pruned one) is measured side by side, one pinned core, one libtorch thread.
 spec_dir() { # NAME@VERSION → its package folder
     echo "$data/models/${1%@*}/${1#*@}"
 }
 if [ -n "${PRUNED_RECIPE:-}" ]; then
-    base=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["candidate"])' "$work/run.json")
+    retrained=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["candidate"])' "$work/run.json")
     [ -f "$work/train-pruned.done" ] || c train run --recipe "$PRUNED_RECIPE" || [ $? -eq 3 ]
     echo 0 >"$work/train-pruned.done"
     c train list --json >"$work/runs-pruned.json"
     job2=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[0]["job"])' "$work/runs-pruned.json")
     c train show "$job2" >"$work/run-pruned.json"
     cand=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["candidate"])' "$work/run-pruned.json")
+    base=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["base"])' "$work/run-pruned.json")
     step activate-pruned c model activate --query "${cand%%,*}" --document "${cand#*,}"
     evals pruned
     step activate-back c model activate --query "${base%%,*}" --document "${base#*,}"
-    first=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["base"].split(",")[0])' "$work/run.json")
     step bench-query taskset -c 1 "$CARE_TRAIN_BIN" --device cpu --threads 1 bench-query \
-        --encoder "original=$(spec_dir "$first")" --encoder "retrained=$(spec_dir "${base%%,*}")" \
+        --encoder "original=$(spec_dir "${base%%,*}")" --encoder "retrained=$(spec_dir "${retrained%%,*}")" \
         --encoder "pruned=$(spec_dir "${cand%%,*}")" --set "$sets/huatuo26m_test" --out "$work/bench-query.json"
 fi
 
