@@ -363,7 +363,7 @@ impl Engine {
         let mut queries: Vec<&str> = groups.iter().map(|g| g.query.as_str()).collect();
         queries.sort_unstable();
         queries.dedup();
-        let mut per_query: HashMap<&str, (Vec<f32>, Vec<(i64, f32)>)> = HashMap::with_capacity(queries.len());
+        let mut per_query: HashMap<&str, (Vec<f32>, Candidates)> = HashMap::with_capacity(queries.len());
         for batch in queries.chunks(MINE_BATCH) {
             for (q, v) in batch.iter().zip(qenc.encode(batch, TextKind::Query)?) {
                 let hits = self.dense_search_in(&v, guide, &pair.document, cols, MINE_DEPTH)?;
@@ -513,8 +513,10 @@ fn std_dev(xs: &[f32]) -> f32 {
     (xs.iter().map(|x| (x - mean).powi(2)).sum::<f32>() / (xs.len() - 1) as f32).sqrt()
 }
 
-/// A group's positive score and its dense candidates (chunk id, score).
-type Mined = (f32, Vec<(i64, f32)>);
+/// Dense candidates of a query: (chunk id, score), best first.
+type Candidates = Vec<(i64, f32)>;
+/// A group's positive score and its dense candidates.
+type Mined = (f32, Candidates);
 
 /// A tiny seeded generator: sampling must repeat exactly for a resumed run.
 struct SplitMix(u64);
