@@ -62,8 +62,8 @@ evals before
 recipe_args=()
 [ -n "${RECIPE:-}" ] && recipe_args=(--recipe "$RECIPE")
 # Exit 3: the candidate was gated out (kept with its report); the run itself finished.
-train() { c train run "${recipe_args[@]}" || [ $? -eq 3 ]; }
-step train train
+train() { c train run "$@" || [ $? -eq 3 ]; }
+step train train "${recipe_args[@]}"
 c train list --json >"$work/runs.json"
 job=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[0]["job"])' "$work/runs.json")
 c train show "$job" >"$work/run.json"
@@ -79,8 +79,7 @@ spec_dir() { # NAME@VERSION → its package folder
 }
 if [ -n "${PRUNED_RECIPE:-}" ]; then
     retrained=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["candidate"])' "$work/run.json")
-    [ -f "$work/train-pruned.done" ] || c train run --recipe "$PRUNED_RECIPE" || [ $? -eq 3 ]
-    echo 0 >"$work/train-pruned.done"
+    step train-pruned train --recipe "$PRUNED_RECIPE"
     c train list --json >"$work/runs-pruned.json"
     job2=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[0]["job"])' "$work/runs-pruned.json")
     c train show "$job2" >"$work/run-pruned.json"

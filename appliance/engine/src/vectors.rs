@@ -461,10 +461,18 @@ impl Engine {
     pub fn dense_vectors(&self, collection: &str) -> Result<Vec<(i64, Vec<f32>)>> {
         let col = self.store.collection(collection)?;
         let Some(pair) = models::active(&self.store)? else { return Ok(Vec::new()) };
-        let Some((_, table)) = self.dense_table(col.id, &pair.document, false)? else { return Ok(Vec::new()) };
-        let mut v = self.dense.vectors(&table)?;
+        let mut v = self.dense_vectors_of(col.id, &pair.document)?;
         v.sort_by_key(|p| p.0);
         Ok(v)
+    }
+
+    /// Every vector in the dense index of (collection, document model), by chunk id, in table order; none when
+    /// that index does not exist.
+    pub(crate) fn dense_vectors_of(&self, collection_id: i64, model: &ModelRecord) -> Result<Vec<(i64, Vec<f32>)>> {
+        match self.dense_table(collection_id, model, false)? {
+            Some((_, table)) => self.dense.vectors(&table),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// Where the current vectors of a collection's dense index (active document model) came from.

@@ -270,9 +270,7 @@ impl Engine {
     fn served_vectors(&self, cols: &[Collection], model: &ModelRecord) -> Result<HashMap<i64, Vec<f32>>> {
         let mut out = HashMap::new();
         for col in cols {
-            if let Some((_, table)) = self.dense_table(col.id, model, false)? {
-                out.extend(self.dense.vectors(&table)?);
-            }
+            out.extend(self.dense_vectors_of(col.id, model)?);
         }
         Ok(out)
     }
