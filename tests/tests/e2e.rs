@@ -464,7 +464,8 @@ fn kill_9_of_care_serve_mid_training_resumes_and_equals_an_uninterrupted_run() {
     let client = care_e2e::https_client();
     // Kept for the admin to judge (promote: false), so the second run starts from the same live pair.
     let recipe = serde_json::json!({"stage1_steps": 30, "stage2_steps": 6, "batch_size": 16, "stage2_batch_size": 4,
-        "stage1_max_texts": 600, "stage2_max_groups": 60, "lr": 5e-4, "checkpoint_every": 10, "promote": false});
+        "stage1_max_texts": 600, "stage2_max_groups": 60, "lr": 5e-4, "stage1_lr": 5e-4, "checkpoint_every": 10,
+        "promote": false});
     let submit = |url: &str| -> i64 {
         let resp = client
             .post(format!("{url}/api/v1/admin/training/runs"))

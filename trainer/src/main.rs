@@ -145,6 +145,9 @@ enum Command {
         from: PathBuf,
         #[arg(long)]
         layers: i64,
+        /// Which layers: the first N, or N spread evenly from the first to the last.
+        #[arg(long, value_enum, default_value = "first")]
+        pick: care_trainer::export::LayerPick,
         #[arg(long)]
         out: PathBuf,
     },
@@ -183,6 +186,11 @@ enum Command {
         /// Use only texts of these corpus kinds (e.g. question,answer); default: all.
         #[arg(long, value_delimiter = ',')]
         kinds: Vec<String>,
+        /// Use only passages of at most this many characters (0: all); queries (--query-kinds) are always kept. A
+        /// query encoder serves short texts: queries and passages of query length are what it must encode as the
+        /// teacher does, at a fraction of a long passage's step cost (README, *Retraining: the real run*).
+        #[arg(long, default_value_t = 0)]
+        max_chars: usize,
         /// Corpus kinds the teacher (document encoder) reads as queries, through --teacher-query-template; the
         /// others it reads through --document-template. The student (query encoder) reads every text through
         /// --query-template.
@@ -522,8 +530,8 @@ fn run(cli: Cli) -> Result<()> {
                 .with_context(|| format!("importing {}", e5s1.display()))?;
             println!("imported {} into {}", e5s1.display(), out.display());
         }
-        Command::Prune { from, layers, out } => {
-            let cfg = care_trainer::export::prune_layers(&from, layers, &out)?;
+        Command::Prune { from, layers, pick, out } => {
+            let cfg = care_trainer::export::prune_layers(&from, layers, pick, &out)?;
             println!("kept {} layers of {} in {}", cfg.num_hidden_layers, from.display(), out.display());
         }
         Command::Init { model, train, temperature, group_size, lora, lora_args, common } => {
@@ -566,6 +574,7 @@ fn run(cli: Cli) -> Result<()> {
             corpus,
             max_texts,
             kinds,
+            max_chars,
             query_kinds,
             teacher_query_template,
             temperature,
@@ -578,6 +587,10 @@ fn run(cli: Cli) -> Result<()> {
             let mut docs = data::read_corpus(&corpus)?;
             if !kinds.is_empty() {
                 docs.retain(|doc| doc.kind.as_ref().is_some_and(|k| kinds.contains(k)));
+            }
+            if max_chars > 0 {
+                let is_query = |doc: &data::Doc| doc.kind.as_ref().is_some_and(|k| query_kinds.contains(k));
+                docs.retain(|doc| is_query(doc) || doc.text.chars().count() <= max_chars);
             }
             let docs = sample(&docs, max_texts, common.seed);
             let teacher_query = teacher_query_template.as_deref().unwrap_or(&common.query_template);

@@ -530,16 +530,34 @@ fn query_package_export_writes_a_verified_manifest_and_parity_vectors() {
 }
 
 #[test]
-fn pruning_keeps_the_first_layers() {
+fn pruning_keeps_the_first_or_spread_layers() {
+    use care_trainer::export::{LayerPick, kept_layers, prune_layers};
     let _guard = serial();
     let root = tempfile::tempdir().unwrap();
     write_tiny_bert(&root.path().join("q"), 31);
-    let cfg = care_trainer::export::prune_layers(&root.path().join("q"), 1, &root.path().join("p")).unwrap();
+    let cfg = prune_layers(&root.path().join("q"), 1, LayerPick::First, &root.path().join("p")).unwrap();
     assert_eq!(cfg.num_hidden_layers, 1);
+    let src = Weights::load(&root.path().join("q/model.safetensors"), Device::Cpu, Kind::Float).unwrap();
     let w = Weights::load(&root.path().join("p/model.safetensors"), Device::Cpu, Kind::Float).unwrap();
-    assert!(w.contains("encoder.layer.0.output.dense.weight"));
+    let name = "encoder.layer.0.output.dense.weight";
+    let same = |a: &Weights, an: &str, bn: &str| {
+        let (x, y) = (a.iter().find(|t| t.0 == an).unwrap().1, src.iter().find(|t| t.0 == bn).unwrap().1);
+        x.equal(y)
+    };
+    assert!(same(&w, name, "encoder.layer.0.output.dense.weight"));
     assert!(!w.names().iter().any(|n| n.starts_with("encoder.layer.1.")));
-    assert!(care_trainer::export::prune_layers(&root.path().join("q"), 3, &root.path().join("x")).is_err());
+    assert!(prune_layers(&root.path().join("q"), 3, LayerPick::First, &root.path().join("x")).is_err());
+    Encoder::load(&root.path().join("p"), Device::Cpu, Kind::Float).unwrap();
+    // Spread: one layer of two is the last one, renumbered 0.
+    prune_layers(&root.path().join("q"), 1, LayerPick::Spread, &root.path().join("s")).unwrap();
+    let w = Weights::load(&root.path().join("s/model.safetensors"), Device::Cpu, Kind::Float).unwrap();
+    assert!(same(&w, name, "encoder.layer.1.output.dense.weight"));
+    assert!(!w.names().iter().any(|n| n.starts_with("encoder.layer.1.")));
+    Encoder::load(&root.path().join("s"), Device::Cpu, Kind::Float).unwrap();
+    assert_eq!(kept_layers(12, 4, LayerPick::Spread).unwrap(), [0, 4, 8, 11]);
+    assert_eq!(kept_layers(12, 6, LayerPick::Spread).unwrap(), [0, 3, 5, 7, 9, 11]);
+    assert_eq!(kept_layers(12, 12, LayerPick::Spread).unwrap(), (0..12).collect::<Vec<_>>());
+    assert!(kept_layers(12, 0, LayerPick::Spread).is_err());
     Encoder::load(&root.path().join("p"), Device::Cpu, Kind::Float).unwrap();
 }
 

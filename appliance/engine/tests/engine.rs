@@ -916,6 +916,7 @@ mod training {
             stage1_max_texts: 2000,
             stage2_max_groups: 300,
             lr: 5e-4,
+            stage1_lr: 5e-4,
             checkpoint_every: 20,
             ..Recipe::default()
         }

@@ -72,7 +72,8 @@ fn row(e: &care_engine::Engine, a: &care_engine::Actor, run: TrainingRun) -> Run
             })
             .collect();
         format!(
-            "{}；Stage I {} 段落 + {} 条检索查询；Stage II {} 组（标注 {}、标题路径 {}），负例：标注 {}、挖掘候选 {}、\
+            "{}；Stage I {} 段落 + {} 条查询（标注训练部分与检索记录）；Stage II {} 组（标注 {}、标题路径 {}），\
+             负例：标注 {}、挖掘候选 {}、\
              疑似假负例剔除 {}（阈值 正例分 − {:.3}）、随机补足 {} 组 {} 个",
             cols.join("；"),
             c.stage1_passages,

@@ -246,24 +246,26 @@ impl Bert {
         }
     }
 
-    /// Keeps the first `k` layers (query-encoder initialisation by layer pruning).
-    pub fn prune_layers(cfg: &BertConfig, mut w: Weights, k: i64) -> Result<(BertConfig, Weights)> {
-        if k < 1 || k > cfg.num_hidden_layers {
-            return Err(Error::Config(format!("cannot keep {k} of {} layers", cfg.num_hidden_layers)));
+    /// Keeps the layers `keep` (ascending indices), renumbered 0.. (query-encoder initialisation by pruning).
+    pub fn prune_layers(cfg: &BertConfig, w: Weights, keep: &[i64]) -> Result<(BertConfig, Weights)> {
+        let n = cfg.num_hidden_layers;
+        if keep.is_empty() || keep.windows(2).any(|p| p[0] >= p[1]) || keep.iter().any(|&i| i < 0 || i >= n) {
+            return Err(Error::Config(format!("cannot keep layers {keep:?} of {n}")));
         }
-        for name in w.names() {
-            if let Some(rest) = name.strip_prefix("encoder.layer.") {
-                let idx: i64 = rest.split('.').next().and_then(|s| s.parse().ok()).unwrap_or(0);
-                if idx >= k {
-                    w.remove(&name);
+        let mut out = Weights::new();
+        for (name, t) in w.iter() {
+            if let Some((idx, tail)) = name.strip_prefix("encoder.layer.").and_then(|r| r.split_once('.')) {
+                let idx: i64 = idx.parse().unwrap_or(-1);
+                if let Some(pos) = keep.iter().position(|&i| i == idx) {
+                    out.insert(format!("encoder.layer.{pos}.{tail}"), t.shallow_clone());
                 }
-            } else if name.starts_with("pooler.") {
-                w.remove(&name);
+            } else if !name.starts_with("pooler.") {
+                out.insert(name.clone(), t.shallow_clone());
             }
         }
         let mut cfg = cfg.clone();
-        cfg.num_hidden_layers = k;
-        Ok((cfg, w))
+        cfg.num_hidden_layers = keep.len() as i64;
+        Ok((cfg, out))
     }
 
     /// A random model (tests, fixtures): normal(0, 0.02) weights, unit norms.

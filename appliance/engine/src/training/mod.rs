@@ -48,7 +48,8 @@ pub enum Sides {
 
 /// A run's recipe. The defaults are sized for a night on a CPU-only workstation: on 2 cores a query-side run from
 /// a symmetric 12-layer e5-small (Stage I skipped) on 55k passages and 16k groups takes about 25 minutes alone
-/// (data 3 min, Stage II 500 steps at 1.6 s, the gate 7 min); Stage I of a pruned encoder adds its 600 steps.
+/// (data 3 min, Stage II 500 steps at 1.6 s, the gate 7 min). A 4-layer query encoder pruned from it adds Stage I
+/// (1,500 steps at about 0.45 s) and its Stage II steps cost 0.6 s.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -61,9 +62,17 @@ pub struct Recipe {
     pub batch_size: usize,
     pub stage2_batch_size: usize,
     pub stage1_max_texts: usize,
+    /// Stage I reads every training query and only the passages of at most this many characters (0: every
+    /// passage, the paper's Stage I). A query encoder serves short texts, and a long passage costs the student
+    /// several times a short one's step (README, *Retraining: the real run*).
+    pub stage1_max_chars: usize,
     /// Stage II groups per run, at most (a seeded sample); each costs 8 document-encoder passes up front.
     pub stage2_max_groups: usize,
+    /// Stage II's learning rate.
     pub lr: f64,
+    /// Stage I's: a freshly pruned encoder is far from its teacher and moves at 2e-4, where Stage II at 2e-4 lost
+    /// 1.6 points of huatuo dense nDCG@10 against 5e-5 (README, *Retraining: the real run*).
+    pub stage1_lr: f64,
     /// Stage I's MSE weight on the squared distance of the unit vectors (2(1 − cos)); the paper uses 1. 1.3 is
     /// what the measured CPU runs used (500 on the former per-element mean at e5's width 384).
     pub mse_weight: f64,
@@ -82,15 +91,18 @@ impl Default for Recipe {
         Recipe {
             sides: Sides::QueryOnly,
             query_layers: None,
-            stage1_steps: 600,
+            // 1,500 steps on short texts (below) are about 11 minutes on 2 cores for a 4-layer student.
+            stage1_steps: 1500,
             stage2_steps: 500,
             batch_size: 32,
             // 32 groups (255 negatives per query in a step), not 8: on the real run's huatuo dev it gave +2.45
             // nDCG@10 against +0.64 (README, *Retraining: the real run*); about 1.6 s a step on 2 cores.
             stage2_batch_size: 32,
-            stage1_max_texts: 20_000,
+            stage1_max_texts: 50_000,
+            stage1_max_chars: 48,
             stage2_max_groups: 20_000,
             lr: 5e-5,
+            stage1_lr: 2e-4,
             mse_weight: 1.3,
             checkpoint_every: 50,
             freeze_embeddings: true,
@@ -113,15 +125,20 @@ impl Recipe {
         if self.query_layers.is_some_and(|l| !(1..=64).contains(&l)) {
             return bad("query_layers must be 1–64");
         }
-        if !(self.lr > 0.0 && self.lr < 1.0 && (0.0..=1e4).contains(&self.mse_weight)) {
-            return bad("lr must be in (0, 1) and mse_weight in [0, 10000]");
+        let rate = |x: f64| x > 0.0 && x < 1.0;
+        if !(rate(self.lr) && rate(self.stage1_lr) && (0.0..=1e4).contains(&self.mse_weight)) {
+            return bad("lr and stage1_lr must be in (0, 1) and mse_weight in [0, 10000]");
         }
         let texts = 1..=1_000_000;
         if !texts.contains(&self.stage1_max_texts)
             || !texts.contains(&self.stage2_max_groups)
             || self.data.negatives > 63
+            || self.stage1_max_chars > 100_000
         {
-            return bad("stage1_max_texts and stage2_max_groups must be 1–1000000, negatives at most 63");
+            return bad(
+                "stage1_max_texts and stage2_max_groups must be 1–1000000, negatives at most 63, stage1_max_chars \
+                 at most 100000",
+            );
         }
         if self.sides == Sides::Both {
             return bad("训练文档编码器 (sides = both) 需要 GPU 训练机和离线文档向量流程，本版本只支持 query_only \
@@ -371,6 +388,10 @@ impl Engine {
                             path(&base.query.dir),
                             "--layers".into(),
                             k.to_string(),
+                            // Spread from the first layer to the last: it aligns several times faster in Stage I
+                            // than the first k (README, *Retraining: the real run*).
+                            "--pick".into(),
+                            "spread".into(),
                             "--out".into(),
                             path(&out),
                         ],
@@ -381,7 +402,7 @@ impl Engine {
             }
             None => base.query.dir.clone(),
         };
-        let common = |out: &Path, steps: u64, batch: usize| -> Vec<String> {
+        let common = |out: &Path, steps: u64, batch: usize, lr: f64| -> Vec<String> {
             let mut a = vec![
                 "--out".into(),
                 path(out),
@@ -390,7 +411,7 @@ impl Engine {
                 "--batch-size".into(),
                 batch.to_string(),
                 "--lr".into(),
-                p.recipe.lr.to_string(),
+                lr.to_string(),
                 "--seed".into(),
                 p.recipe.data.seed.to_string(),
                 "--checkpoint-every".into(),
@@ -436,6 +457,8 @@ impl Engine {
                 path(&dir.join("corpus.jsonl")),
                 "--max-texts".into(),
                 p.recipe.stage1_max_texts.to_string(),
+                "--max-chars".into(),
+                p.recipe.stage1_max_chars.to_string(),
                 "--mse-weight".into(),
                 p.recipe.mse_weight.to_string(),
                 // The teacher reads past search queries with its own query prompt, not the student's.
@@ -443,7 +466,7 @@ impl Engine {
                 teacher_query.clone(),
             ];
             served_args(&mut a);
-            a.extend(common(&s1, p.recipe.stage1_steps, p.recipe.batch_size));
+            a.extend(common(&s1, p.recipe.stage1_steps, p.recipe.batch_size, p.recipe.stage1_lr));
             r.trainer(&a, Some((&s1, p.recipe.stage1_steps)))
         })?;
         let s2 = dir.join("stage2");
@@ -463,7 +486,7 @@ impl Engine {
                 p.recipe.stage2_max_groups.to_string(),
             ];
             served_args(&mut a);
-            a.extend(common(&s2, p.recipe.stage2_steps, p.recipe.stage2_batch_size));
+            a.extend(common(&s2, p.recipe.stage2_steps, p.recipe.stage2_batch_size, p.recipe.lr));
             r.trainer(&a, Some((&s2, p.recipe.stage2_steps)))
         })?;
         self.store_loss_chart(id, &[&s1, &s2])?;
