@@ -910,7 +910,7 @@ mod training {
     fn recipe() -> Recipe {
         Recipe {
             stage1_steps: 100,
-            stage2_steps: 12,
+            stage2_steps: 30,
             batch_size: 32,
             stage2_batch_size: 8,
             stage1_max_texts: 2000,
