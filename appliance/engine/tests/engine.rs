@@ -1086,6 +1086,15 @@ mod training {
         let col = e.collection("kuake").unwrap();
         let eval: HashSet<String> = e.judged(col.id, "eval").unwrap().queries.into_iter().map(|q| q.1).collect();
         assert!(examples.iter().all(|x| !eval.contains(&x.query)), "an evaluation query reached training");
+        // Stage I's texts include the training queries (kind "query"), never an evaluation one.
+        let stage1_queries: Vec<String> = corpus
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|v| v["kind"] == "query")
+            .map(|v| v["text"].as_str().unwrap().to_string())
+            .collect();
+        assert!(stage1_queries.len() > 20 && stage1_queries.contains(&fb_query), "{}", stage1_queries.len());
+        assert!(stage1_queries.iter().all(|q| !eval.contains(q)), "an evaluation query reached Stage I");
         assert!(examples.iter().any(|x| x.query == fb_query), "the clinician's feedback is not in the run's data");
         assert!(examples.iter().all(|x| x.neg.len() == 7 && !x.neg.contains(&x.pos[0])));
 
