@@ -135,7 +135,6 @@ pub fn embed_corpus(
     w.finish().map_err(|e| Error::Export(e.to_string()))
 }
 
-/// Writes a model folder with only the first `k` encoder layers of `src`.
 /// Which layers a pruned encoder keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LayerPick {
@@ -160,6 +159,7 @@ pub fn kept_layers(n: i64, k: i64, pick: LayerPick) -> Result<Vec<i64>> {
     })
 }
 
+/// Writes a model folder with `k` encoder layers of `src`, chosen by `pick`.
 pub fn prune_layers(src: &Path, k: i64, pick: LayerPick, out: &Path) -> Result<BertConfig> {
     let cfg = BertConfig::load(src)?;
     let w = Weights::load(&src.join("model.safetensors"), Device::Cpu, Kind::Float)?;

@@ -588,8 +588,8 @@ fn run(cli: Cli) -> Result<()> {
             if !kinds.is_empty() {
                 docs.retain(|doc| doc.kind.as_ref().is_some_and(|k| kinds.contains(k)));
             }
+            let is_query = |doc: &data::Doc| doc.kind.as_ref().is_some_and(|k| query_kinds.contains(k));
             if max_chars > 0 {
-                let is_query = |doc: &data::Doc| doc.kind.as_ref().is_some_and(|k| query_kinds.contains(k));
                 docs.retain(|doc| is_query(doc) || doc.text.chars().count() <= max_chars);
             }
             let docs = sample(&docs, max_texts, common.seed);
@@ -601,7 +601,7 @@ fn run(cli: Cli) -> Result<()> {
                 &common.document_template,
                 teacher_query,
             );
-            let n_query = docs.iter().filter(|doc| doc.kind.as_ref().is_some_and(|k| query_kinds.contains(k))).count();
+            let n_query = docs.iter().filter(|doc| is_query(doc)).count();
             std::fs::create_dir_all(&common.out)?;
             let served = served.load(&common.document_template)?;
             let side = frozen_doc_side_with(
