@@ -230,6 +230,44 @@ pub fn batch_indices(n: usize, batch: usize, seed: u64, step: u64) -> Vec<usize>
     p.iter().cycle().skip(k * batch).take(batch).copied().collect()
 }
 
+/// Source id of each example: its `type` after the last ':' (`judged:kuake` and `feedback:kuake` are both
+/// `kuake`), ids in first-seen order; examples without a type share one source.
+pub fn source_ids(examples: &[TrainingExample]) -> Vec<usize> {
+    let mut ids: HashMap<&str, usize> = HashMap::new();
+    examples
+        .iter()
+        .map(|e| {
+            let s = e.kind.as_deref().map_or("", |k| k.rsplit(':').next().unwrap_or(k));
+            let n = ids.len();
+            *ids.entry(s).or_insert(n)
+        })
+        .collect()
+}
+
+/// As [`batch_indices`], but every batch holds examples of one source. Mixed batches give a huatuo question
+/// kuake's short titles as in-batch negatives, which it tells apart without learning anything; one source per
+/// batch makes every in-batch negative a passage of the collection it is searched in. Each epoch shuffles each
+/// source by `(seed, epoch, source)` and cuts it into full batches (a source smaller than a batch is one batch),
+/// then shuffles the batches by `(seed, epoch)`: a pure function, so resume stays exact.
+pub fn source_batch_indices(sources: &[usize], batch: usize, seed: u64, step: u64) -> Vec<usize> {
+    let n_sources = sources.iter().max().map_or(0, |m| m + 1);
+    let mut members: Vec<Vec<usize>> = vec![Vec::new(); n_sources];
+    for (i, &s) in sources.iter().enumerate() {
+        members[s].push(i);
+    }
+    let batches_of = |m: &Vec<usize>| (m.len() / batch.max(1)).max(usize::from(!m.is_empty()));
+    let per_epoch = members.iter().map(batches_of).sum::<usize>().max(1) as u64;
+    let (epoch, k) = (step / per_epoch, (step % per_epoch) as usize);
+    let mut all: Vec<Vec<usize>> = Vec::new();
+    for (s, m) in members.iter().enumerate() {
+        let p = permutation(m.len(), seed ^ (s as u64 + 1).wrapping_mul(0x9FB2_1C65_1E98_DF25), epoch);
+        let size = batch.min(m.len()).max(1);
+        all.extend((0..batches_of(m)).map(|b| p[b * size..(b + 1) * size].iter().map(|&j| m[j]).collect()));
+    }
+    let order = permutation(all.len(), seed, epoch);
+    std::mem::take(&mut all[order[k]])
+}
+
 /// Options for [`mine_hard_negatives`].
 #[derive(Debug, Clone, Copy)]
 pub struct MiningOptions {

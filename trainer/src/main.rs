@@ -248,6 +248,10 @@ enum Command {
         /// Do not train the document encoder (its vectors are computed once).
         #[arg(long)]
         freeze_document: bool,
+        /// Fill each batch from one source (an example's `type` after its last ':', the collection in the
+        /// appliance's data), so that in-batch negatives come from the same collection as the positive
+        #[arg(long)]
+        batch_by_source: bool,
         #[command(flatten)]
         lora: Lora,
         #[command(flatten)]
@@ -453,6 +457,7 @@ fn train_config(c: &Common, loss: LossConfig) -> TrainConfig {
         checkpoint_every: c.checkpoint_every,
         keep_checkpoints: c.keep_checkpoints,
         loss,
+        batch_by_source: false,
     }
 }
 
@@ -638,6 +643,7 @@ fn run(cli: Cli) -> Result<()> {
             pool_corpus,
             pool_cache,
             freeze_document,
+            batch_by_source,
             lora,
             served,
             common,
@@ -752,6 +758,7 @@ fn run(cli: Cli) -> Result<()> {
                 &common,
                 LossConfig { temperature, group_size, mse_weight: 0.0, matryoshka: common.matryoshka.clone() },
             );
+            let cfg = TrainConfig { batch_by_source, ..cfg };
             let mut t = Trainer::new(&q, side, &ex, cfg, params, &common.out)?;
             let summary = serde_json::json!({
                 "stage": "stage2", "query": query, "document": document, "examples": ex.len(),

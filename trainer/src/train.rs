@@ -22,7 +22,7 @@ use care_formats::training::TrainingExample;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::data::{SplitMix, batch_indices};
+use crate::data::{SplitMix, batch_indices, source_batch_indices};
 use crate::encoder::Encoder;
 use crate::loss;
 use crate::optim::{AdamW, AdamWConfig, Schedule};
@@ -64,6 +64,9 @@ pub struct TrainConfig {
     pub checkpoint_every: u64,
     pub keep_checkpoints: usize,
     pub loss: LossConfig,
+    /// Each batch from one source ([`crate::data::source_batch_indices`]); Stage II only.
+    #[serde(default)]
+    pub batch_by_source: bool,
 }
 
 /// One line of `metrics.jsonl`.
@@ -305,6 +308,8 @@ pub struct Trainer<'a> {
     pub out: PathBuf,
     /// Extra documents for filling groups whose examples have too few negatives.
     pub filler: Vec<String>,
+    /// Source of each example, when batches are drawn by source.
+    pub sources: Option<Vec<usize>>,
 }
 
 impl std::fmt::Debug for Trainer<'_> {
@@ -331,7 +336,8 @@ impl<'a> Trainer<'a> {
         std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
         let opt = AdamW::new(AdamWConfig { lr: cfg.lr, weight_decay: cfg.weight_decay, ..Default::default() }, params);
         let filler = crate::data::document_pool(examples);
-        Ok(Self { query, doc, examples, cfg, opt, out: out.to_path_buf(), filler })
+        let sources = cfg.batch_by_source.then(|| crate::data::source_ids(examples));
+        Ok(Self { query, doc, examples, cfg, opt, out: out.to_path_buf(), filler, sources })
     }
 
     fn schedule(&self) -> Schedule {
@@ -340,7 +346,10 @@ impl<'a> Trainer<'a> {
 
     /// Query texts and document groups (positive first) of step `step`.
     pub fn batch(&self, step: u64) -> (Vec<String>, Vec<String>) {
-        let idx = batch_indices(self.examples.len(), self.cfg.batch_size, self.cfg.seed, step);
+        let idx = match &self.sources {
+            Some(s) => source_batch_indices(s, self.cfg.batch_size, self.cfg.seed, step),
+            None => batch_indices(self.examples.len(), self.cfg.batch_size, self.cfg.seed, step),
+        };
         let g = self.cfg.loss.group_size;
         let mut rng = SplitMix::new(self.cfg.seed ^ step.wrapping_mul(0xD6E8_FEB8_6659_FD93));
         let mut qs = Vec::with_capacity(idx.len());

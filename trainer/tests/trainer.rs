@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use care_formats::training::TrainingExample;
-use care_trainer::data::{MiningOptions, batch_indices, mine_hard_negatives, permutation};
+use care_trainer::data::{
+    MiningOptions, batch_indices, mine_hard_negatives, permutation, source_batch_indices, source_ids,
+};
 use care_trainer::encoder::Encoder;
 use care_trainer::loss;
 use care_trainer::models::{Bert, BertConfig, Qwen3, Qwen3Config};
@@ -321,6 +323,7 @@ fn config(steps: u64, sub_batch: usize) -> TrainConfig {
         checkpoint_every: 3,
         keep_checkpoints: 2,
         loss: LossConfig { temperature: 0.05, group_size: 3, mse_weight: 0.5, matryoshka: vec![8, 16] },
+        batch_by_source: false,
     }
 }
 
@@ -467,6 +470,37 @@ fn data_order_is_a_pure_function_of_seed_and_step() {
     assert_ne!(p, permutation(10, 1, 1), "epochs are reshuffled");
     assert_eq!(batch_indices(10, 4, 1, 3), batch_indices(10, 4, 1, 3));
     assert_eq!(&batch_indices(10, 4, 1, 0)[..], &p[..4]);
+}
+
+#[test]
+fn batches_by_source_hold_one_collection_and_cover_an_epoch_once() {
+    let ex = |kind: &str| TrainingExample {
+        query: "q".into(),
+        pos: vec!["p".into()],
+        neg: vec![],
+        prompt: None,
+        kind: Some(kind.into()),
+    };
+    // 10 huatuo examples (judged and feedback), 7 kuake, 2 of a small collection: batches of 4 give 2 + 1 + 1.
+    let mut all: Vec<TrainingExample> = (0..5).map(|_| ex("judged:huatuo")).collect();
+    all.extend((0..7).map(|_| ex("judged:kuake")));
+    all.extend((0..5).map(|_| ex("feedback:huatuo")));
+    all.extend((0..2).map(|_| ex("judged:small")));
+    let src = source_ids(&all);
+    assert_eq!(
+        src.iter().filter(|&&s| s == src[0]).count(),
+        10,
+        "judged: and feedback: of one collection are one source"
+    );
+    let epoch: Vec<Vec<usize>> = (0..4).map(|k| source_batch_indices(&src, 4, 7, k)).collect();
+    let mut seen = std::collections::HashSet::new();
+    for b in &epoch {
+        assert!(b.iter().all(|&i| src[i] == src[b[0]]), "a batch mixes collections: {b:?}");
+        assert!(b.iter().all(|&i| seen.insert(i)), "an example came twice within one epoch");
+    }
+    assert_eq!(epoch.iter().map(Vec::len).collect::<std::collections::BTreeSet<_>>(), [2, 4].into());
+    assert_eq!(source_batch_indices(&src, 4, 7, 5), source_batch_indices(&src, 4, 7, 5), "not a pure function");
+    assert_ne!((4..8).map(|k| source_batch_indices(&src, 4, 7, k)).collect::<Vec<_>>(), epoch, "epochs are reshuffled");
 }
 
 #[test]

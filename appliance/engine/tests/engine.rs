@@ -898,6 +898,7 @@ mod training {
 
     use care_engine::engine::OpenMode;
     use care_engine::judgments::{JudgmentSource, part_of};
+    use care_engine::training::DataOptions;
     use care_engine::training::Recipe;
     use care_engine::training::schedule::ScheduleSpec;
     use care_engine::{Actor, Engine, EngineConfig, ErrorCode, SearchRequest, Worker};
@@ -918,6 +919,9 @@ mod training {
             lr: 5e-4,
             stage1_lr: 5e-4,
             checkpoint_every: 20,
+            // Every relevant title of a query is a group (the default keeps one per query): 30 steps of 8 on the
+            // 207 single groups were too few for the gate; the cap itself is checked on `care train data` below.
+            data: DataOptions { groups_per_query: 0, ..DataOptions::default() },
             ..Recipe::default()
         }
     }
@@ -1097,6 +1101,14 @@ mod training {
         assert!(stage1_queries.iter().all(|q| !eval.contains(q)), "an evaluation query reached Stage I");
         assert!(examples.iter().any(|x| x.query == fb_query), "the clinician's feedback is not in the run's data");
         assert!(examples.iter().all(|x| x.neg.len() == 7 && !x.neg.contains(&x.pos[0])));
+        // The default recipe keeps one group per judged query (a seeded pick among its relevant titles).
+        let capped_dir = tempfile::tempdir().unwrap();
+        let capped = e.training_data_as(&admin, capped_dir.path(), &Recipe::default()).unwrap();
+        let capped_examples = read_examples(&capped_dir.path().join("stage2.jsonl"));
+        let queries: HashSet<&str> = capped_examples.iter().map(|x| x.query.as_str()).collect();
+        assert_eq!(queries.len(), capped_examples.len(), "a query has two groups under groups_per_query = 1");
+        assert_eq!(capped.stage2_groups, capped.collections[0].train_queries, "{capped:?}");
+        assert!(counts.stage2_groups > capped.stage2_groups, "the fixture has queries with several relevant titles");
 
         // Shuffled labels: the training part pairs queries with other queries' documents; the run is gated out
         // and the live pair stays.

@@ -68,6 +68,9 @@ pub struct Recipe {
     pub stage1_max_chars: usize,
     /// Stage II groups per run, at most (a seeded sample); each costs 8 document-encoder passes up front.
     pub stage2_max_groups: usize,
+    /// Each Stage II batch from one collection (`care-train stage2 --batch-by-source`), so that in-batch
+    /// negatives are passages of the collection the query searches.
+    pub stage2_batch_by_source: bool,
     /// Stage II's learning rate.
     pub lr: f64,
     /// Stage I's: a freshly pruned encoder is far from its teacher and moves at 2e-4, where Stage II at 2e-4 lost
@@ -101,6 +104,7 @@ impl Default for Recipe {
             stage1_max_texts: 50_000,
             stage1_max_chars: 48,
             stage2_max_groups: 20_000,
+            stage2_batch_by_source: false,
             lr: 5e-5,
             stage1_lr: 2e-4,
             mse_weight: 1.3,
@@ -133,11 +137,12 @@ impl Recipe {
         if !texts.contains(&self.stage1_max_texts)
             || !texts.contains(&self.stage2_max_groups)
             || self.data.negatives > 63
+            || self.data.groups_per_query > 10_000
             || self.stage1_max_chars > 100_000
         {
             return bad(
-                "stage1_max_texts and stage2_max_groups must be 1–1000000, negatives at most 63, stage1_max_chars \
-                 at most 100000",
+                "stage1_max_texts and stage2_max_groups must be 1–1000000, negatives at most 63, groups_per_query \
+                 at most 10000, stage1_max_chars at most 100000",
             );
         }
         if self.sides == Sides::Both {
@@ -485,6 +490,9 @@ impl Engine {
                 "--max-examples".into(),
                 p.recipe.stage2_max_groups.to_string(),
             ];
+            if p.recipe.stage2_batch_by_source {
+                a.push("--batch-by-source".into());
+            }
             served_args(&mut a);
             a.extend(common(&s2, p.recipe.stage2_steps, p.recipe.stage2_batch_size, p.recipe.lr));
             r.trainer(&a, Some((&s2, p.recipe.stage2_steps)))
