@@ -79,13 +79,14 @@ pub enum ScheduleCommand {
     Delete { id: i64 },
 }
 
-/// The recipe: a JSON file, then single settings on top of it.
+/// The recipe: JSON (inline or a file), then single settings on top of it.
 #[derive(Args, Debug, Clone)]
 pub struct RecipeArgs {
-    /// A recipe as JSON (fields of `Recipe`; missing ones take the defaults).
+    /// A recipe: inline JSON (`'{"query_layers": 4}'`) or a JSON file; fields of `Recipe`, missing ones take the
+    /// defaults.
     #[arg(long)]
-    recipe: Option<PathBuf>,
-    /// Train a smaller query encoder: the first N layers of the live one.
+    recipe: Option<String>,
+    /// Train a smaller query encoder: N layers of the live one, spread from its first to its last.
     #[arg(long)]
     query_layers: Option<u32>,
     #[arg(long)]
@@ -105,10 +106,11 @@ pub struct RecipeArgs {
 impl RecipeArgs {
     fn recipe(&self) -> Result<Recipe> {
         let mut r: Recipe = match &self.recipe {
-            Some(p) => {
-                serde_json::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
-                    .with_context(|| format!("{}: not a recipe (JSON object with Recipe fields)", p.display()))?
-            }
+            // Inline when it looks like a JSON object: a file is rarely named `{...`.
+            Some(j) if j.trim_start().starts_with('{') => serde_json::from_str(j)
+                .with_context(|| format!("--recipe {j}: not a recipe (a JSON object with Recipe fields)"))?,
+            Some(p) => serde_json::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {p}"))?)
+                .with_context(|| format!("{p}: not a recipe (a JSON object with Recipe fields)"))?,
             None => Recipe::default(),
         };
         r.query_layers = self.query_layers.or(r.query_layers);
