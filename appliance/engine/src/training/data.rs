@@ -269,23 +269,21 @@ impl Engine {
             let skip_docs: HashSet<i64> = positives.iter().copied().collect();
             let judged_neg: Vec<i64> =
                 resolved.iter().filter(|(_, g)| *g == 0).filter_map(|(d, _)| best(*d, query)).collect();
-            let mut any = false;
-            for &d in &capped(&positives, opts.groups_per_query, opts.seed, query) {
-                if let Some(positive) = best(d, query) {
-                    any = true;
-                    let feedback = asked.contains(query);
-                    groups.push(Group {
-                        query: query.clone(),
-                        collection: col.name.clone(),
-                        feedback,
-                        kind: format!("{}:{}", if feedback { "feedback" } else { "judged" }, col.name),
-                        positive,
-                        skip_docs: skip_docs.clone(),
-                        judged_neg: judged_neg.clone(),
-                    });
-                }
+            // Capped after resolving: a relevant document without a live chunk must not use up the query's pick.
+            let found: Vec<i64> = positives.iter().filter_map(|&d| best(d, query)).collect();
+            let feedback = asked.contains(query);
+            for positive in capped(&found, opts.groups_per_query, opts.seed, query) {
+                groups.push(Group {
+                    query: query.clone(),
+                    collection: col.name.clone(),
+                    feedback,
+                    kind: format!("{}:{}", if feedback { "feedback" } else { "judged" }, col.name),
+                    positive,
+                    skip_docs: skip_docs.clone(),
+                    judged_neg: judged_neg.clone(),
+                });
             }
-            train_queries += usize::from(any);
+            train_queries += usize::from(!found.is_empty());
         }
         let passages = chunks.iter().filter(|c| c.collection == col.name).count();
         let counts = CollectionCounts {
@@ -474,8 +472,8 @@ struct MineCtx<'a> {
     served: &'a HashMap<i64, Vec<f32>>,
 }
 
-/// At most `cap` of a query's positives (0: all), a choice seeded by the run's seed and the query text, so a
-/// repeated run picks the same ones; kept in their order.
+/// At most `cap` of a query's positive chunks (0: all), a choice seeded by the run's seed and the query text, so
+/// a repeated run picks the same ones; kept in their order.
 fn capped(positives: &[i64], cap: usize, seed: u64, query: &str) -> Vec<i64> {
     if cap == 0 || positives.len() <= cap {
         return positives.to_vec();
