@@ -245,8 +245,8 @@ pub fn source_ids(examples: &[TrainingExample]) -> Vec<usize> {
 }
 
 /// As [`batch_indices`], but every batch holds examples of one source. Mixed batches give a huatuo question
-/// kuake's short titles as in-batch negatives, which it tells apart without learning anything; one source per
-/// batch makes every in-batch negative a passage of the collection it is searched in. Each epoch shuffles each
+/// kuake's short titles as in-batch negatives, easy to tell apart; one source per batch makes every in-batch
+/// negative a passage of the collection it is searched in (on the real run: within noise, README session 13). Each epoch shuffles each
 /// source by `(seed, epoch, source)` and cuts it into full batches (a source smaller than a batch is one batch),
 /// then shuffles the batches by `(seed, epoch)`: a pure function, so resume stays exact.
 pub fn source_batch_indices(sources: &[usize], batch: usize, seed: u64, step: u64) -> Vec<usize> {
@@ -263,6 +263,9 @@ pub fn source_batch_indices(sources: &[usize], batch: usize, seed: u64, step: u6
         let p = permutation(m.len(), seed ^ (s as u64 + 1).wrapping_mul(0x9FB2_1C65_1E98_DF25), epoch);
         let size = batch.min(m.len()).max(1);
         all.extend((0..batches_of(m)).map(|b| p[b * size..(b + 1) * size].iter().map(|&j| m[j]).collect()));
+    }
+    if all.is_empty() {
+        return Vec::new();
     }
     let order = permutation(all.len(), seed, epoch);
     std::mem::take(&mut all[order[k]])

@@ -47,9 +47,9 @@ pub enum Sides {
 }
 
 /// A run's recipe. The defaults are sized for a night on a CPU-only workstation: on 2 cores a query-side run from
-/// a symmetric 12-layer e5-small (Stage I skipped) on 55k passages and 8k groups (one per judged query) takes about
-/// 25 minutes alone (data 3 min, Stage II 500 steps at 1.6 s, the gate 7 min). A 4-layer query encoder pruned from it adds Stage I
-/// (1,500 steps at about 0.45 s) and its Stage II steps cost 0.6 s.
+/// a symmetric 12-layer e5-small (Stage I skipped) on 55k passages and 8k groups (one per judged query) takes
+/// about 25 minutes alone (data 3 min, Stage II 500 steps at 1.6 s, the gate 7 min). A 4-layer query encoder
+/// pruned from it adds Stage I (1,500 steps at about 0.45 s) and its Stage II steps cost 0.6 s.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
