@@ -246,9 +246,9 @@ pub fn source_ids(examples: &[TrainingExample]) -> Vec<usize> {
 
 /// As [`batch_indices`], but every batch holds examples of one source. Mixed batches give a huatuo question
 /// kuake's short titles as in-batch negatives, easy to tell apart; one source per batch makes every in-batch
-/// negative a passage of the collection it is searched in (on the real run: within noise, README session 13). Each epoch shuffles each
-/// source by `(seed, epoch, source)` and cuts it into full batches (a source smaller than a batch is one batch),
-/// then shuffles the batches by `(seed, epoch)`: a pure function, so resume stays exact.
+/// negative a passage of the collection it is searched in (on the real run: within noise, README session 13).
+/// Each epoch shuffles each source by `(seed, epoch, source)` and cuts it into full batches (a source smaller than
+/// a batch is one batch), then shuffles the batches by `(seed, epoch)`: a pure function, so resume stays exact.
 pub fn source_batch_indices(sources: &[usize], batch: usize, seed: u64, step: u64) -> Vec<usize> {
     let n_sources = sources.iter().max().map_or(0, |m| m + 1);
     let mut members: Vec<Vec<usize>> = vec![Vec::new(); n_sources];

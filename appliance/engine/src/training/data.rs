@@ -475,35 +475,35 @@ struct MineCtx<'a> {
 /// At most `cap` of a query's positive chunks (0: all), a choice seeded by the run's seed and the query text, so
 /// a repeated run picks the same ones; kept in their order.
 fn capped(positives: &[i64], cap: usize, seed: u64, query: &str) -> Vec<i64> {
-    if cap == 0 || positives.len() <= cap {
+    if cap == 0 {
         return positives.to_vec();
     }
     // FNV-1a of the query: a stable per-query stream (std's hasher is not stable across releases).
     let h = query.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01B3));
-    let mut rng = SplitMix(seed ^ h);
-    let mut keyed: Vec<(u64, usize)> = (0..positives.len()).map(|i| (rng.next(), i)).collect();
+    sample_in_order(positives.to_vec(), cap, SplitMix(seed ^ h), |_| false)
+}
+
+/// At most `max` of `items` in their original order: those `first` marks, then a sample drawn with `rng` (one draw
+/// per item, in order, so the choice repeats for the same seed).
+fn sample_in_order<T>(items: Vec<T>, max: usize, mut rng: SplitMix, first: impl Fn(&T) -> bool) -> Vec<T> {
+    if items.len() <= max {
+        return items;
+    }
+    // Marked items sort first (key false before any true).
+    let mut keyed: Vec<(bool, u64, usize)> =
+        items.iter().enumerate().map(|(i, x)| (!first(x), rng.next(), i)).collect();
     keyed.sort_unstable();
-    let mut keep: Vec<usize> = keyed.into_iter().take(cap).map(|(_, i)| i).collect();
-    keep.sort_unstable();
-    keep.into_iter().map(|i| positives[i]).collect()
+    let mut keep = vec![false; items.len()];
+    for (_, _, i) in keyed.into_iter().take(max) {
+        keep[i] = true;
+    }
+    items.into_iter().zip(keep).filter_map(|(x, k)| k.then_some(x)).collect()
 }
 
 /// A seeded sample of at most `max` groups, kept in their original order. Clinicians' feedback is always kept
 /// (it is what the hospital asked to be taught, and small); the rest is sampled.
 fn sample_groups(groups: Vec<Group>, max: usize, seed: u64) -> Vec<Group> {
-    if groups.len() <= max {
-        return groups;
-    }
-    let mut rng = SplitMix(seed ^ 0x5354_4732);
-    // Feedback sorts first (key 0 before any random key).
-    let mut keyed: Vec<(bool, u64, usize)> =
-        groups.iter().enumerate().map(|(i, g)| (!g.feedback, rng.next(), i)).collect();
-    keyed.sort_unstable();
-    let mut keep = vec![false; groups.len()];
-    for (_, _, i) in keyed.into_iter().take(max) {
-        keep[i] = true;
-    }
-    groups.into_iter().zip(keep).filter_map(|(g, k)| k.then_some(g)).collect()
+    sample_in_order(groups, max, SplitMix(seed ^ 0x5354_4732), |g| g.feedback)
 }
 
 /// `served_vectors.safetensors` beside `corpus.jsonl`: row i holds the served vector of line i (`present` 1) or
