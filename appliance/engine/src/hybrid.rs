@@ -434,7 +434,11 @@ impl Engine {
             .prepare_cached("SELECT method, dense_weight, fitted_on FROM fusion WHERE collection_id = ?1")?
             .query_row([collection_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .optional()?;
-        Ok(match row {
+        Ok(self.fusion_setting(row))
+    }
+
+    fn fusion_setting(&self, row: Option<(String, f64, String)>) -> FusionSetting {
+        match row {
             Some((m, w, f)) => FusionSetting {
                 method: Method::parse(&m).unwrap_or(Method::Weighted),
                 dense_weight: w as f32,
@@ -445,7 +449,43 @@ impl Engine {
                 dense_weight: self.cfg.search.default_dense_weight,
                 fitted_on: String::new(),
             },
-        })
+        }
+    }
+
+    /// The fusion setting for a query that `query_model` encoded. A promotion changes the live pair and its
+    /// weights in one transaction, so both are read in one statement here: a search that encoded its query just
+    /// before a switch and fuses just after uses the weights its pair served with (kept in the newest history row),
+    /// and is ranked by one pair and its own weights, never a mixture.
+    fn fusion_for_encoder(&self, collection_id: i64, query_model: i64) -> Result<FusionSetting> {
+        let conn = self.store.reader();
+        let (live, row): (Option<String>, Option<(String, f64, String)>) = conn
+            .prepare_cached(
+                "SELECT (SELECT value FROM settings WHERE key = 'active_query_model'), f.method, f.dense_weight, \
+                 f.fitted_on FROM (SELECT 1) LEFT JOIN fusion f ON f.collection_id = ?1",
+            )?
+            .query_row([collection_id], |r| {
+                let row = match r.get::<_, Option<String>>(1)? {
+                    Some(m) => Some((m, r.get(2)?, r.get(3)?)),
+                    None => None,
+                };
+                Ok((r.get(0)?, row))
+            })?;
+        if live.as_deref() == Some(query_model.to_string().as_str()) {
+            return Ok(self.fusion_setting(row));
+        }
+        let before: Option<String> = conn
+            .prepare_cached("SELECT fusion_before FROM model_history ORDER BY id DESC LIMIT 1")?
+            .query_row([], |r| r.get(0))
+            .optional()?
+            .flatten();
+        let Some(rows) = before.and_then(|b| serde_json::from_str::<Vec<serde_json::Value>>(&b).ok()) else {
+            return Ok(self.fusion_setting(row));
+        };
+        let old = rows.into_iter().find(|r| r["collection_id"].as_i64() == Some(collection_id)).map(|r| {
+            let text = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+            (text("method"), r["dense_weight"].as_f64().unwrap_or_default(), text("fitted_on"))
+        });
+        Ok(self.fusion_setting(old))
     }
 
     pub fn set_fusion(&self, collection: &str, setting: &FusionSetting, metrics: &serde_json::Value) -> Result<()> {
@@ -533,8 +573,9 @@ impl Engine {
         dense_weight: Option<f32>,
         depth: usize,
     ) -> Result<(Vec<Explained>, Method, f32)> {
-        let setting = match cols {
-            [one] => self.fusion_for(one.id)?,
+        let setting = match (cols, qvec) {
+            ([one], Some((_, m))) => self.fusion_for_encoder(one.id, m.id)?,
+            ([one], None) => self.fusion_for(one.id)?,
             _ => FusionSetting {
                 method: Method::Weighted,
                 dense_weight: self.cfg.search.default_dense_weight,

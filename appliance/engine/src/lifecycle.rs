@@ -718,12 +718,13 @@ impl Engine {
     }
 
     /// Resolves `candidate` and checks that it may go live: it passed its latest evaluation against the live pair,
-    /// or an admin gives an override reason. Returns the pair and whether it passed (`Some(true)`).
+    /// or an admin gives an override reason. Returns the pair and that evaluation with its verdict
+    /// (`Some((id, true))` when it passed).
     pub(crate) fn promotion_allowed(
         &self,
         candidate: &str,
         override_reason: Option<&str>,
-    ) -> Result<(ActivePair, Option<bool>)> {
+    ) -> Result<(ActivePair, Option<(i64, bool)>)> {
         let cand = self.resolve_pair(candidate)?;
         let live = models::active(&self.store)?.map(|p| pair_spec(&p)).unwrap_or_default();
         if let Some(r) = self.rejection_of(&cand)? {
@@ -738,18 +739,18 @@ impl Engine {
                 r.reason
             )));
         }
-        let verdict: Option<bool> = self
+        let verdict: Option<(i64, bool)> = self
             .store
             .reader()
             .query_row(
-                "SELECT passed FROM model_evaluations WHERE query_model_id = ?1 AND document_model_id = ?2 \
+                "SELECT id, passed FROM model_evaluations WHERE query_model_id = ?1 AND document_model_id = ?2 \
                  AND baseline = ?3 ORDER BY id DESC LIMIT 1",
                 rusqlite::params![cand.query.id, cand.document.id, live],
-                |r| r.get(0),
+                |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()?;
         let overridden = !override_reason.map(str::trim).unwrap_or("").is_empty();
-        match verdict {
+        match verdict.map(|v| v.1) {
             Some(true) => {}
             _ if overridden => {}
             Some(false) => {
@@ -848,15 +849,37 @@ impl Engine {
         actor.require_admin()?;
         let (cand, verdict) = self.promotion_allowed(candidate, override_reason)?;
         let reason = override_reason.map(str::trim).unwrap_or("");
+        let fusion = match verdict {
+            Some((evaluation, _)) => self.gate_weights(evaluation)?,
+            None => models::FusionChange::Keep,
+        };
         self.prepare_document_model(&cand.document, progress)?;
-        let action = if verdict == Some(true) { "model.promote" } else { "model.promote_override" };
-        models::set_active_as(&self.store, &cand.query, &cand.document, &actor.name, action, reason)?;
+        let action = if verdict.is_some_and(|v| v.1) { "model.promote" } else { "model.promote_override" };
+        models::set_active_as(&self.store, &cand.query, &cand.document, &actor.name, (action, reason), &fusion)?;
         *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
         Ok(cand)
     }
 
-    /// Returns to the pair that was live before the live one. Its tables were kept, so only chunks ingested since
-    /// are embedded before the switch.
+    /// The dense weights evaluation `id` fitted for its candidate on each collection's training part: the
+    /// weights it was judged with, so the ones it serves with once promoted. A collection without training
+    /// queries was scored with its stored weight, which stays.
+    fn gate_weights(&self, id: i64) -> Result<models::FusionChange> {
+        let json: String =
+            self.store.reader().query_row("SELECT report FROM model_evaluations WHERE id = ?1", [id], |r| r.get(0))?;
+        let report: EvaluationReport =
+            serde_json::from_str(&json).map_err(|e| Error::Internal(format!("evaluation {id}: {e}")))?;
+        let mut weights = Vec::new();
+        for c in report.collections.iter().filter(|c| c.train_queries > 0) {
+            if let Ok(col) = self.store.collection(&c.collection) {
+                let fitted_on = format!("evaluation #{id}: training part, {} queries", c.train_queries);
+                weights.push((col.id, c.candidate_dense_weight, fitted_on));
+            }
+        }
+        Ok(models::FusionChange::Set(weights))
+    }
+
+    /// Returns to the pair that was live before the live one, with the fusion weights it served with. Its tables
+    /// were kept, so only chunks ingested since are embedded before the switch.
     pub fn rollback_as(&self, actor: &Actor, reason: &str) -> Result<ActivePair> {
         actor.require_admin()?;
         let live = models::active(&self.store)?
@@ -872,7 +895,14 @@ impl Engine {
             document: models::get(&self.store, previous.1)?,
         };
         self.prepare_document_model(&pair.document, &mut |_| {})?;
-        models::set_active_as(&self.store, &pair.query, &pair.document, &actor.name, "model.rollback", reason.trim())?;
+        models::set_active_as(
+            &self.store,
+            &pair.query,
+            &pair.document,
+            &actor.name,
+            ("model.rollback", reason.trim()),
+            &models::FusionChange::RestoreBeforeLive,
+        )?;
         *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
         Ok(pair)
     }

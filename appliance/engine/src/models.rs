@@ -199,23 +199,101 @@ pub fn check_pair(query: &ModelRecord, document: &ModelRecord) -> Result<()> {
 /// Records the active pair (after [`check_pair`]) and its audit record, naming the pair it replaces, in one
 /// transaction.
 pub fn set_active(store: &Store, query: &ModelRecord, document: &ModelRecord, actor: &str) -> Result<()> {
-    set_active_as(store, query, document, actor, "model.activate", "")
+    set_active_as(store, query, document, actor, ("model.activate", ""), &FusionChange::Keep)
+}
+
+/// What a switch of the live pair does to the per-collection fusion weights (the `fusion` table): a pair is judged
+/// with the weight fitted for it, so it should serve with that weight, and a rollback with the old pair's.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum FusionChange {
+    /// Leave them (`care model activate`, a promotion no evaluation fitted weights for).
+    #[default]
+    Keep,
+    /// The dense weights the evaluation gate fitted for the new pair: (collection id, weight, where it was fitted).
+    Set(Vec<(i64, f32, String)>),
+    /// Back to the weights in force just before the live pair went live (rollback).
+    RestoreBeforeLive,
+}
+
+/// The `fusion` table as JSON, kept with each history row so that a rollback can restore it.
+fn fusion_snapshot(tx: &rusqlite::Transaction<'_>) -> Result<String> {
+    let mut stmt = tx.prepare(
+        "SELECT collection_id, method, dense_weight, fitted_on, metrics, updated_at FROM fusion ORDER BY collection_id",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(serde_json::json!({"collection_id": r.get::<_, i64>(0)?, "method": r.get::<_, String>(1)?,
+            "dense_weight": r.get::<_, f64>(2)?, "fitted_on": r.get::<_, String>(3)?,
+            "metrics": r.get::<_, String>(4)?, "updated_at": r.get::<_, String>(5)?}))
+    })?;
+    Ok(serde_json::Value::Array(rows.collect::<Result<Vec<_>, _>>()?).to_string())
+}
+
+/// Applies `change` inside the switch's transaction; returns what the audit record says about it.
+fn apply_fusion_change(tx: &rusqlite::Transaction<'_>, change: &FusionChange) -> Result<serde_json::Value> {
+    let upsert = "INSERT INTO fusion (collection_id, method, dense_weight, fitted_on, metrics, updated_at) \
+                  SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM collections WHERE id = ?1) \
+                  ON CONFLICT(collection_id) DO UPDATE SET method = excluded.method, \
+                  dense_weight = excluded.dense_weight, fitted_on = excluded.fitted_on, metrics = excluded.metrics, \
+                  updated_at = excluded.updated_at";
+    match change {
+        FusionChange::Keep => Ok(serde_json::Value::Null),
+        FusionChange::Set(weights) => {
+            for (col, w, fitted_on) in weights {
+                tx.execute(upsert, params![col, "weighted", *w as f64, fitted_on, "{}", now()])?;
+            }
+            Ok(serde_json::json!(
+                weights
+                    .iter()
+                    .map(|(c, w, _)| serde_json::json!({"collection_id": c,
+                "dense_weight": w}))
+                    .collect::<Vec<_>>()
+            ))
+        }
+        FusionChange::RestoreBeforeLive => {
+            let saved: Option<String> = tx
+                .query_row("SELECT fusion_before FROM model_history ORDER BY id DESC LIMIT 1", [], |r| r.get(0))
+                .optional()?
+                .flatten();
+            // A history row from before migration 13 kept nothing: leave the weights.
+            let Some(saved) = saved else { return Ok(serde_json::Value::Null) };
+            let rows: Vec<serde_json::Value> = serde_json::from_str(&saved)
+                .map_err(|e| Error::Internal(format!("model_history.fusion_before: {e}")))?;
+            tx.execute("DELETE FROM fusion", [])?;
+            for r in &rows {
+                tx.execute(
+                    upsert,
+                    params![
+                        r["collection_id"].as_i64(),
+                        r["method"].as_str(),
+                        r["dense_weight"].as_f64(),
+                        r["fitted_on"].as_str(),
+                        r["metrics"].as_str(),
+                        r["updated_at"].as_str()
+                    ],
+                )?;
+            }
+            Ok(serde_json::json!({"restored": rows.len()}))
+        }
+    }
 }
 
 /// [`set_active`] under the audit action `action` (activate, promote, rollback) with the admin's `reason`; the
-/// pair joins the history that rollback walks back.
+/// pair joins the history that rollback walks back, with the fusion weights in force before it, and `fusion`
+/// changes the weights in the same transaction.
 pub fn set_active_as(
     store: &Store,
     query: &ModelRecord,
     document: &ModelRecord,
     actor: &str,
-    action: &str,
-    reason: &str,
+    (action, reason): (&str, &str),
+    fusion: &FusionChange,
 ) -> Result<()> {
     check_pair(query, document)?;
     let before = active(store)?;
     let mut conn = store.conn();
     let tx = conn.transaction()?;
+    let fusion_before = fusion_snapshot(&tx)?;
+    let fusion_detail = apply_fusion_change(&tx, fusion)?;
     let spec = |m: &ModelRecord| format!("{}@{}", m.name, m.version);
     let mut detail = serde_json::json!({
         "query": spec(query), "document": spec(document),
@@ -225,10 +303,14 @@ pub fn set_active_as(
     if !reason.is_empty() {
         detail["reason"] = reason.into();
     }
+    if !fusion_detail.is_null() {
+        detail["fusion"] = fusion_detail;
+    }
     crate::audit::append(&tx, actor, action, &detail)?;
     tx.execute(
-        "INSERT INTO model_history (query_model_id, document_model_id, actor, reason, at) VALUES (?1, ?2, ?3, ?4, ?5)",
-        params![query.id, document.id, actor, reason, now()],
+        "INSERT INTO model_history (query_model_id, document_model_id, actor, reason, at, fusion_before) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![query.id, document.id, actor, reason, now(), fusion_before],
     )?;
     for (k, v) in [("active_query_model", query.id), ("active_document_model", document.id)] {
         tx.execute(

@@ -720,11 +720,17 @@ mod lifecycle_gate {
     }
 
     fn top(e: &Engine, queries: &[String]) -> Vec<Vec<i64>> {
+        top_at(e, queries, None)
+    }
+
+    /// Top 10 of each query under the live pair, with the collection's stored dense weight or `weight`.
+    fn top_at(e: &Engine, queries: &[String], weight: Option<f32>) -> Vec<Vec<i64>> {
         queries
             .iter()
             .map(|q| {
-                let r = e.search(&SearchRequest { query: q.clone(), limit: Some(10), ..Default::default() }).unwrap();
-                r.hits.iter().map(|h| h.chunk_id).collect()
+                let req =
+                    SearchRequest { query: q.clone(), limit: Some(10), dense_weight: weight, ..Default::default() };
+                e.search(&req).unwrap().hits.iter().map(|h| h.chunk_id).collect()
             })
             .collect()
     }
@@ -817,10 +823,26 @@ mod lifecycle_gate {
         eprintln!("better candidate: {:?} reasons {:?}", better.overall_ndcg_at_10, better.reasons);
         assert!(better.passed, "{:?}", better.reasons);
         assert!(better.collections[0].ndcg_at_10.gain_lo > 0.0);
+        // Promotion also makes the dense weight the gate fitted for the candidate (on the training part) the served
+        // one: the pair serves as it was judged. The override above did the same for the narrow pair.
+        let narrow_weight = e.fusion_for(col.id).unwrap();
+        assert_eq!(narrow_weight.dense_weight, worse.collections[0].candidate_dense_weight, "{narrow_weight:?}");
         e.promote_as(&admin, "e5-small@1,e5-small@1", None, &mut |_| {}).unwrap();
-        assert_eq!(top(&e, &queries[..40]), old);
+        let fitted = better.collections[0].candidate_dense_weight;
+        let served = e.fusion_for(col.id).unwrap();
+        assert_eq!(served.dense_weight, fitted);
+        let train_queries = better.collections[0].train_queries;
+        assert_eq!(served.fitted_on, format!("evaluation #{}: training part, {train_queries} queries", better.id));
+        let promoted = top(&e, &queries[..40]);
+        assert_eq!(promoted, top_at(&e, &queries[..40], Some(fitted)));
+        assert_eq!(top_at(&e, &queries[..40], Some(0.7)), old, "the same pair as before, at the default weight");
         e.rollback_as(&admin, "test").unwrap();
         assert_eq!(top(&e, &queries[..40]), new, "rollback restores exactly the previous results");
+        let restored = e.fusion_for(col.id).unwrap();
+        assert_eq!(
+            (restored.dense_weight, &restored.fitted_on),
+            (narrow_weight.dense_weight, &narrow_weight.fitted_on)
+        );
         let live = e.active_models().unwrap().unwrap();
         assert_eq!(live.query.name, "e5-w16");
 
@@ -861,7 +883,7 @@ mod lifecycle_gate {
         let promote = e.submit_promote_as(&admin, "e5-small@1", None).unwrap();
         let done = wait_job(&e, &admin, promote);
         assert_eq!(done.result.as_ref().unwrap()["live"], "e5-small@1,e5-small@1", "{done:?}");
-        assert_eq!(top(&e, &queries[..40]), old, "the promoted pair serves");
+        assert_eq!(top(&e, &queries[..40]), promoted, "the promoted pair serves, with its fitted weight");
         worker.shutdown();
         let actions: Vec<String> = e
             .audit_records_as(&admin, &Filter { action_prefix: Some("model.".into()), ..Default::default() }, 100, 0)
