@@ -1097,6 +1097,12 @@ mod training {
         );
         assert_eq!(live.document.name, "e5-small", "query-side training keeps the document model: a hot swap");
         assert!(!e.training_loss_svg_as(&admin, job).unwrap().is_empty());
+        // It serves with the dense weight its evaluation fitted for it, the weight it was judged with.
+        let evaluation = run.evaluation.expect("the run names its evaluation");
+        let report = e.evaluations_as(&admin, 20).unwrap().into_iter().find(|(r, _)| r.id == evaluation).unwrap().0;
+        let kuake = e.collection("kuake").unwrap();
+        let judged = report.collections.iter().find(|c| c.collection == "kuake").unwrap();
+        assert_eq!(e.fusion_for(kuake.id).unwrap().dense_weight, judged.candidate_dense_weight);
 
         // What it trained on: only the approved collection, the training part, the clinician's feedback.
         let counts = run.counts.unwrap();
