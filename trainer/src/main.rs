@@ -259,6 +259,18 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Average a fine-tuned encoder with the one it was trained from: RATIO × tuned + (1 − RATIO) × base (WiSE-FT).
+    Merge {
+        #[arg(long)]
+        tuned: PathBuf,
+        #[arg(long)]
+        base: PathBuf,
+        /// Weight of the tuned encoder, 0..=1 (1 copies it).
+        #[arg(long)]
+        ratio: f64,
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Export a trained query encoder as an appliance model package (ONNX) with parity vectors.
     Export {
         #[arg(long)]
@@ -779,6 +791,10 @@ fn run(cli: Cli) -> Result<()> {
             if !freeze_document {
                 d.save(&common.out.join("document"), true)?;
             }
+        }
+        Command::Merge { tuned, base, ratio, out } => {
+            let changed = care_trainer::export::merge_weights(&tuned, &base, ratio, &out)?;
+            println!("merged {changed} tensors ({ratio} tuned) into {}", out.display());
         }
         Command::Export { query, out, name, version, pairing_id, query_template, document_template, parity_texts } => {
             let mut q = load_encoder(&query, Device::Cpu, Kind::Float, None)?;

@@ -14,7 +14,7 @@ use care_trainer::loss;
 use care_trainer::models::{Bert, BertConfig, Qwen3, Qwen3Config};
 use care_trainer::optim::{AdamW, AdamWConfig, Schedule};
 use care_trainer::train::{DocSide, LossConfig, TrainConfig, Trainer, select_trainable};
-use care_trainer::weights::{Weights, load_tensors};
+use care_trainer::weights::{Weights, load_tensors, save_tensors};
 use tch::{Device, Kind, Tensor};
 
 /// libtorch's generator and thread count are process-wide and the test harness runs tests on parallel
@@ -593,6 +593,41 @@ fn pruning_keeps_the_first_or_spread_layers() {
     assert_eq!(kept_layers(12, 12, LayerPick::Spread).unwrap(), (0..12).collect::<Vec<_>>());
     assert!(kept_layers(12, 0, LayerPick::Spread).is_err());
     Encoder::load(&root.path().join("p"), Device::Cpu, Kind::Float).unwrap();
+}
+
+#[test]
+fn merge_averages_a_tuned_encoder_with_the_one_it_started_from_and_refuses_another() {
+    use care_trainer::export::{LayerPick, merge_weights, prune_layers};
+    let _guard = serial();
+    let root = tempfile::tempdir().unwrap();
+    let p = |n: &str| root.path().join(n);
+    write_tiny_bert(&p("base"), 41);
+    write_tiny_bert(&p("tuned"), 42);
+    // The tuned one carries the prefixed names a Hugging Face task model writes; the merge matches them anyway.
+    let w = Weights::load(&p("tuned/model.safetensors"), Device::Cpu, Kind::Float).unwrap();
+    save_tensors(w.iter().map(|(n, t)| (format!("roberta.{n}"), t.shallow_clone())), &p("tuned/model.safetensors"))
+        .unwrap();
+    let tensor = |dir: &str| {
+        let w = Weights::load_dir(&p(dir), Device::Cpu, Kind::Float).unwrap();
+        w.iter().find(|t| t.0 == "encoder.layer.1.output.dense.weight").unwrap().1.shallow_clone()
+    };
+    let changed = merge_weights(&p("tuned"), &p("base"), 0.25, &p("m")).unwrap();
+    assert!(changed > 4, "random matrices of two seeds differ: {changed}");
+    let want = tensor("tuned") * 0.25 + tensor("base") * 0.75;
+    assert!((tensor("m") - want).abs().max().double_value(&[]) < 1e-6);
+    // 1 copies the tuned weights, 0 the base's; the merged folder loads and encodes.
+    merge_weights(&p("tuned"), &p("base"), 1.0, &p("one")).unwrap();
+    assert!(tensor("one").equal(&tensor("tuned")));
+    merge_weights(&p("tuned"), &p("base"), 0.0, &p("zero")).unwrap();
+    assert!(tensor("zero").equal(&tensor("base")));
+    let enc = Encoder::load(&p("m"), Device::Cpu, Kind::Float).unwrap();
+    assert_eq!(tch::no_grad(|| enc.embed(&["w1 w2"], false).unwrap()).size(), [1, 16]);
+    // Another architecture (a pruned copy has fewer layers) and a ratio out of range are refused.
+    prune_layers(&p("base"), 1, LayerPick::Spread, &p("small")).unwrap();
+    let err = merge_weights(&p("small"), &p("base"), 0.5, &p("x")).unwrap_err().to_string();
+    assert!(err.contains("trained from"), "{err}");
+    assert!(merge_weights(&p("tuned"), &p("base"), 1.5, &p("x")).is_err());
+    assert!(!p("x").join("model.safetensors").exists());
 }
 
 #[test]

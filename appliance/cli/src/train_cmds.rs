@@ -95,6 +95,10 @@ pub struct RecipeArgs {
     stage2_steps: Option<u64>,
     #[arg(long)]
     batch_size: Option<usize>,
+    /// Average the trained query encoder with the one it started from: this share of the trained one (0–1, WiSE-FT;
+    /// 1 keeps it as trained). Keeps collections the training data covers less from losing.
+    #[arg(long)]
+    merge_ratio: Option<f64>,
     /// Keep the candidate for an admin to decide even when it passes the gate.
     #[arg(long)]
     no_promote: bool,
@@ -117,6 +121,7 @@ impl RecipeArgs {
         r.stage1_steps = self.stage1_steps.unwrap_or(r.stage1_steps);
         r.stage2_steps = self.stage2_steps.unwrap_or(r.stage2_steps);
         r.batch_size = self.batch_size.unwrap_or(r.batch_size);
+        r.merge_ratio = self.merge_ratio.unwrap_or(r.merge_ratio);
         r.promote &= !self.no_promote;
         r.data.include_search_queries |= self.search_queries;
         r.check()?;

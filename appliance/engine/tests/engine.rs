@@ -1139,17 +1139,30 @@ mod training {
         assert!(counts.stage2_groups > capped.stage2_groups, "the fixture has queries with several relevant titles");
 
         // Shuffled labels: the training part pairs queries with other queries' documents; the run is gated out
-        // and the live pair stays.
+        // and the live pair stays. This run also averages what it trained with its start (merge_ratio, WiSE-FT).
         e.delete_judgments_as(&admin, "kuake", "dev300").unwrap();
         let bad = shuffled(&csv, t.path());
         e.import_judgments_as(&admin, "kuake", "shuffled", JudgmentSource::Csv(&bad)).unwrap();
-        let noisy = Recipe { stage1_steps: 0, stage2_steps: 30, stage2_max_groups: 240, lr: 3e-4, ..recipe() };
+        let noisy = Recipe {
+            stage1_steps: 0,
+            stage2_steps: 30,
+            stage2_max_groups: 240,
+            lr: 3e-4,
+            merge_ratio: 0.5,
+            ..recipe()
+        };
         let job2 = e.submit_training_as(&admin, &noisy, None).unwrap();
         let j = wait(&e, &admin, job2, &finished);
         assert_eq!(j.state, "done", "{j:?}");
         let run2 = e.training_run_as(&admin, job2).unwrap();
         assert_eq!(run2.decision, "gated_out", "{run2:?}");
         assert_eq!(e.active_models().unwrap().unwrap().query, live.query);
+        let run2_dir = t.path().join("data/train").join(format!("run-{job2}"));
+        assert!(run2.phases.iter().any(|(p, _)| p == "merge"), "{run2:?}");
+        let merged = std::fs::read(run2_dir.join("merged/model.safetensors")).unwrap();
+        assert_ne!(merged, std::fs::read(run2_dir.join("stage2/query/model.safetensors")).unwrap());
+        let merge_log = std::fs::read_to_string(run2_dir.join("logs/merge.log")).unwrap();
+        assert!(merge_log.contains("(0.5 tuned)"), "{merge_log}");
 
         // Cancel during training: the job ends cancelled and nothing new is registered.
         let n = e.models().unwrap().len();

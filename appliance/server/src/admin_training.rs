@@ -144,6 +144,8 @@ pub struct RecipeForm {
     #[serde(default)]
     stage2_steps: String,
     #[serde(default)]
+    merge_ratio: String,
+    #[serde(default)]
     promote: Option<String>,
     #[serde(default)]
     search_queries: Option<String>,
@@ -171,6 +173,14 @@ impl RecipeForm {
         r.query_layers = number("query_layers", &self.query_layers)?;
         r.stage1_steps = number("stage1_steps", &self.stage1_steps)?.unwrap_or(r.stage1_steps);
         r.stage2_steps = number("stage2_steps", &self.stage2_steps)?.unwrap_or(r.stage2_steps);
+        let ratio = self.merge_ratio.trim();
+        if !ratio.is_empty() {
+            r.merge_ratio = ratio.parse().map_err(|_| {
+                care_engine::Error::InvalidInput(format!(
+                    "与起点平均的比例应为 0 到 1 之间的小数 (merge_ratio: {ratio:?} is not a number)"
+                ))
+            })?;
+        }
         r.promote = self.promote.is_some();
         r.data.include_search_queries = self.search_queries.is_some();
         Ok(r)
