@@ -1222,7 +1222,9 @@ fn evaluate(
     pb.finish_and_clear();
     let corpus_documents =
         e.collections()?.into_iter().find(|c| c.collection.name == col).map_or(0, |c| c.documents as usize);
-    let mut weight = cfg.search.default_dense_weight;
+    // The weight search serves on this collection (stored by a promotion or `care tune-fusion`, else the default),
+    // so that "weighted" is the live hybrid.
+    let mut weight = e.fusion_for(e.collection(&col)?.id)?.dense_weight;
     let cross_fit = opts.tune_on.as_deref() == Some(split);
     if let (Some(tune_split), false) = (&opts.tune_on, cross_fit) {
         let mut tune_set = BeirSet::load(set_dir, tune_split)?;
