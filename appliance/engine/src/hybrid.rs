@@ -473,18 +473,11 @@ impl Engine {
         if live.as_deref() == Some(query_model.to_string().as_str()) {
             return Ok(self.fusion_setting(row));
         }
-        let before: Option<String> = conn
-            .prepare_cached("SELECT fusion_before FROM model_history ORDER BY id DESC LIMIT 1")?
-            .query_row([], |r| r.get(0))
-            .optional()?
-            .flatten();
-        let Some(rows) = before.and_then(|b| serde_json::from_str::<Vec<serde_json::Value>>(&b).ok()) else {
-            return Ok(self.fusion_setting(row));
-        };
-        let old = rows.into_iter().find(|r| r["collection_id"].as_i64() == Some(collection_id)).map(|r| {
-            let text = |k: &str| r[k].as_str().unwrap_or_default().to_string();
-            (text("method"), r["dense_weight"].as_f64().unwrap_or_default(), text("fitted_on"))
-        });
+        let Some(rows) = models::fusion_before_live(&conn)? else { return Ok(self.fusion_setting(row)) };
+        let old = rows
+            .into_iter()
+            .find(|r| r.collection_id == collection_id)
+            .map(|r| (r.method, r.dense_weight, r.fitted_on));
         Ok(self.fusion_setting(old))
     }
 

@@ -215,17 +215,47 @@ pub enum FusionChange {
     RestoreBeforeLive,
 }
 
+/// One row of the `fusion` table, as each history row keeps them (`model_history.fusion_before`).
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub(crate) struct FusionRow {
+    pub collection_id: i64,
+    pub method: String,
+    pub dense_weight: f64,
+    pub fitted_on: String,
+    pub metrics: String,
+    pub updated_at: String,
+}
+
 /// The `fusion` table as JSON, kept with each history row so that a rollback can restore it.
 fn fusion_snapshot(tx: &rusqlite::Transaction<'_>) -> Result<String> {
     let mut stmt = tx.prepare(
         "SELECT collection_id, method, dense_weight, fitted_on, metrics, updated_at FROM fusion ORDER BY collection_id",
     )?;
     let rows = stmt.query_map([], |r| {
-        Ok(serde_json::json!({"collection_id": r.get::<_, i64>(0)?, "method": r.get::<_, String>(1)?,
-            "dense_weight": r.get::<_, f64>(2)?, "fitted_on": r.get::<_, String>(3)?,
-            "metrics": r.get::<_, String>(4)?, "updated_at": r.get::<_, String>(5)?}))
+        Ok(FusionRow {
+            collection_id: r.get(0)?,
+            method: r.get(1)?,
+            dense_weight: r.get(2)?,
+            fitted_on: r.get(3)?,
+            metrics: r.get(4)?,
+            updated_at: r.get(5)?,
+        })
     })?;
-    Ok(serde_json::Value::Array(rows.collect::<Result<Vec<_>, _>>()?).to_string())
+    let rows = rows.collect::<Result<Vec<_>, _>>()?;
+    serde_json::to_string(&rows).map_err(|e| Error::Internal(e.to_string()))
+}
+
+/// The fusion weights in force just before the live pair went live; `None` for a history row older than migration
+/// 13, which kept none.
+pub(crate) fn fusion_before_live(conn: &rusqlite::Connection) -> Result<Option<Vec<FusionRow>>> {
+    let saved: Option<String> = conn
+        .prepare_cached("SELECT fusion_before FROM model_history ORDER BY id DESC LIMIT 1")?
+        .query_row([], |r| r.get(0))
+        .optional()?
+        .flatten();
+    saved
+        .map(|s| serde_json::from_str(&s).map_err(|e| Error::Internal(format!("model_history.fusion_before: {e}"))))
+        .transpose()
 }
 
 /// Applies `change` inside the switch's transaction; returns what the audit record says about it.
@@ -238,39 +268,19 @@ fn apply_fusion_change(tx: &rusqlite::Transaction<'_>, change: &FusionChange) ->
     match change {
         FusionChange::Keep => Ok(serde_json::Value::Null),
         FusionChange::Set(weights) => {
+            let mut applied = Vec::new();
             for (col, w, fitted_on) in weights {
                 tx.execute(upsert, params![col, "weighted", *w as f64, fitted_on, "{}", now()])?;
+                applied.push(serde_json::json!({"collection_id": col, "dense_weight": w}));
             }
-            Ok(serde_json::json!(
-                weights
-                    .iter()
-                    .map(|(c, w, _)| serde_json::json!({"collection_id": c,
-                "dense_weight": w}))
-                    .collect::<Vec<_>>()
-            ))
+            Ok(applied.into())
         }
         FusionChange::RestoreBeforeLive => {
-            let saved: Option<String> = tx
-                .query_row("SELECT fusion_before FROM model_history ORDER BY id DESC LIMIT 1", [], |r| r.get(0))
-                .optional()?
-                .flatten();
-            // A history row from before migration 13 kept nothing: leave the weights.
-            let Some(saved) = saved else { return Ok(serde_json::Value::Null) };
-            let rows: Vec<serde_json::Value> = serde_json::from_str(&saved)
-                .map_err(|e| Error::Internal(format!("model_history.fusion_before: {e}")))?;
+            let Some(rows) = fusion_before_live(tx)? else { return Ok(serde_json::Value::Null) };
             tx.execute("DELETE FROM fusion", [])?;
             for r in &rows {
-                tx.execute(
-                    upsert,
-                    params![
-                        r["collection_id"].as_i64(),
-                        r["method"].as_str(),
-                        r["dense_weight"].as_f64(),
-                        r["fitted_on"].as_str(),
-                        r["metrics"].as_str(),
-                        r["updated_at"].as_str()
-                    ],
-                )?;
+                let p = params![r.collection_id, r.method, r.dense_weight, r.fitted_on, r.metrics, r.updated_at];
+                tx.execute(upsert, p)?;
             }
             Ok(serde_json::json!({"restored": rows.len()}))
         }
