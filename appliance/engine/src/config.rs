@@ -32,13 +32,23 @@ pub struct LifecycleConfig {
     pub gate_margin: f64,
     /// The gate: the candidate's query-encode p99 may be at most this multiple of the live pair's.
     pub max_latency_ratio: f64,
+    /// The gate: no collection's nDCG@10 may fall by more than this (point estimate on its evaluation part). The
+    /// gain is judged over every evaluation query, and one query encoder serves every collection, so a large
+    /// collection's gain could otherwise hide a small one's loss.
+    pub max_collection_loss: f64,
     /// Resamples of the paired bootstrap.
     pub bootstrap_samples: usize,
 }
 
 impl Default for LifecycleConfig {
     fn default() -> Self {
-        LifecycleConfig { eval_fraction: 0.3, gate_margin: 0.0, max_latency_ratio: 1.25, bootstrap_samples: 1000 }
+        LifecycleConfig {
+            eval_fraction: 0.3,
+            gate_margin: 0.0,
+            max_latency_ratio: 1.25,
+            max_collection_loss: 0.01,
+            bootstrap_samples: 1000,
+        }
     }
 }
 

@@ -422,16 +422,18 @@ pub(crate) fn pair_spec(p: &ActivePair) -> String {
     format!("{},{}", spec(&p.query), spec(&p.document))
 }
 
-/// The gate: the candidate passes when the lower bound of its nDCG@10 gain beats the margin and its query-encode
-/// p99 stays within `max_latency_ratio` of the live pair's. Returns the verdict and its reasons, in Chinese for
-/// the console, with the figures.
+/// The gate: the candidate passes when the lower bound of its nDCG@10 gain beats the margin, no collection loses
+/// more than `max_collection_loss` of nDCG@10, and its query-encode p99 stays within `max_latency_ratio` of the live
+/// pair's. Returns the verdict and its reasons, in Chinese for the console, with the figures.
 fn gate(
     overall: &Compared,
-    live: &EncodeLatency,
-    cand: &EncodeLatency,
+    collections: &[(String, f64)],
+    (live, cand): (&EncodeLatency, &EncodeLatency),
     lc: &crate::config::LifecycleConfig,
 ) -> (bool, Vec<String>) {
     let quality_ok = overall.gain_lo > lc.gate_margin;
+    let worst = collections.iter().min_by(|a, b| a.1.total_cmp(&b.1));
+    let collections_ok = worst.is_none_or(|w| w.1 >= -lc.max_collection_loss);
     let budget = live.p99_ms * lc.max_latency_ratio;
     let latency_ok = cand.p99_ms <= budget;
     let reasons = vec![
@@ -442,6 +444,14 @@ fn gate(
             if quality_ok { "高于" } else { "未高于" },
             lc.gate_margin
         ),
+        match worst {
+            Some((name, g)) => format!(
+                "变化最差的资料库 {name}：nDCG@10 {g:+.4}，{} 允许的最大退步 {:.4}",
+                if collections_ok { "未超过" } else { "超过" },
+                lc.max_collection_loss
+            ),
+            None => "没有可评测的资料库".into(),
+        },
         format!(
             "查询编码 p99 {:.2} ms，在用模型 {:.2} ms，上限 {:.2} ms（{}）",
             cand.p99_ms,
@@ -450,7 +460,7 @@ fn gate(
             if latency_ok { "满足" } else { "超出" }
         ),
     ];
-    (quality_ok && latency_ok, reasons)
+    (quality_ok && collections_ok && latency_ok, reasons)
 }
 
 /// Percentile of sorted values (nearest rank).
@@ -641,7 +651,9 @@ impl Engine {
         }
         let overall = compare(&all_live, &all_cand, lc.bootstrap_samples, 0x5eed);
         let (live_encode, candidate_encode) = self.encode_latencies(&live, &cand, &eval_texts)?;
-        let (passed, reasons) = gate(&overall, &live_encode, &candidate_encode, lc);
+        let per_collection: Vec<(String, f64)> =
+            collections.iter().map(|c| (c.collection.clone(), c.ndcg_at_10.gain)).collect();
+        let (passed, reasons) = gate(&overall, &per_collection, (&live_encode, &candidate_encode), lc);
         let mut report = EvaluationReport {
             id: 0,
             candidate: pair_spec(&cand),
@@ -949,11 +961,17 @@ mod tests {
         let lc = crate::config::LifecycleConfig { gate_margin: 0.005, max_latency_ratio: 1.25, ..Default::default() };
         let live = EncodeLatency { p50_ms: 8.0, p99_ms: 10.0 };
         let (fast, slow) = (EncodeLatency { p50_ms: 4.0, p99_ms: 12.5 }, EncodeLatency { p50_ms: 9.0, p99_ms: 12.6 });
-        assert!(gate(&gain(0.006), &live, &fast, &lc).0);
+        let cols = [("huatuo".to_string(), 0.02), ("kuake".to_string(), -0.005)];
+        assert!(gate(&gain(0.006), &cols, (&live, &fast), &lc).0);
         // The bound must beat the margin, not merely be positive.
-        let (ok, why) = gate(&gain(0.004), &live, &fast, &lc);
+        let (ok, why) = gate(&gain(0.004), &cols, (&live, &fast), &lc);
         assert!(!ok && why[0].contains("未高于"), "{why:?}");
-        let (ok, why) = gate(&gain(0.05), &live, &slow, &lc);
-        assert!(!ok && why[1].contains("超出") && why[1].contains("12.50"), "{why:?}");
+        let (ok, why) = gate(&gain(0.05), &cols, (&live, &slow), &lc);
+        assert!(!ok && why[2].contains("超出") && why[2].contains("12.50"), "{why:?}");
+        // A large collection's gain does not hide a smaller one's loss beyond max_collection_loss (0.01).
+        let (ok, why) = gate(&gain(0.006), &[("huatuo".into(), 0.03), ("kuake".into(), -0.012)], (&live, &fast), &lc);
+        assert!(!ok && why[1].contains("kuake") && why[1].contains("-0.0120") && why[1].contains("超过"), "{why:?}");
+        let (ok, why) = gate(&gain(0.006), &cols, (&live, &fast), &lc);
+        assert!(ok && why[1].contains("kuake") && why[1].contains("未超过"), "{why:?}");
     }
 }
