@@ -24,6 +24,8 @@ use crate::weights::Weights;
 use crate::{Error, Result};
 
 pub const PARITY_FILE: &str = "parity.json";
+/// Beside a merged encoder's weights: what [`merge_weights`] averaged.
+pub const MERGE_FILE: &str = "merge.json";
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ParityFile {
@@ -224,6 +226,9 @@ pub fn merge_weights(tuned: &Path, base: &Path, ratio: f64, out: &Path) -> Resul
             std::fs::copy(&path, out.join(file)).map_err(|e| Error::io(&path, e))?;
         }
     }
+    // What was averaged, for the package's provenance (`export` reads it).
+    let record = serde_json::json!({"tuned": tuned, "base": base, "ratio": ratio, "tensors_averaged": changed});
+    write_json(&out.join(MERGE_FILE), &record)?;
     // The weights last (atomically): their presence marks a complete folder.
     merged.save(&out.join("model.safetensors"))?;
     Ok(changed)

@@ -807,8 +807,18 @@ fn run(cli: Cli) -> Result<()> {
             let mut provenance = BTreeMap::new();
             provenance
                 .insert("trainer".into(), format!("care-train {} from {}", env!("CARGO_PKG_VERSION"), query.display()));
-            if let Ok(run) = std::fs::read_to_string(query.parent().unwrap_or(Path::new(".")).join("run.json")) {
+            // A merged encoder names the trained one it came from; the training run is beside that one.
+            let merge = std::fs::read_to_string(query.join(care_trainer::export::MERGE_FILE)).ok();
+            let trained = merge
+                .as_deref()
+                .and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok())
+                .and_then(|v| v["tuned"].as_str().map(PathBuf::from))
+                .unwrap_or_else(|| query.clone());
+            if let Ok(run) = std::fs::read_to_string(trained.parent().unwrap_or(Path::new(".")).join("run.json")) {
                 provenance.insert("training_run".into(), run.chars().filter(|c| *c != '\n').collect());
+            }
+            if let Some(m) = merge {
+                provenance.insert("merge".into(), m.chars().filter(|c| *c != '\n').collect());
             }
             let info = care_trainer::export::PackageInfo {
                 name,

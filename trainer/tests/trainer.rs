@@ -620,6 +620,9 @@ fn merge_averages_a_tuned_encoder_with_the_one_it_started_from_and_refuses_anoth
     assert!(tensor("one").equal(&tensor("tuned")));
     merge_weights(&p("tuned"), &p("base"), 0.0, &p("zero")).unwrap();
     assert!(tensor("zero").equal(&tensor("base")));
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p("m").join(care_trainer::export::MERGE_FILE)).unwrap()).unwrap();
+    assert_eq!((record["ratio"].as_f64(), record["tensors_averaged"].as_u64()), (Some(0.25), Some(changed as u64)));
     let enc = Encoder::load(&p("m"), Device::Cpu, Kind::Float).unwrap();
     assert_eq!(tch::no_grad(|| enc.embed(&["w1 w2"], false).unwrap()).size(), [1, 16]);
     // Another architecture (a pruned copy has fewer layers) and a ratio out of range are refused.
