@@ -170,22 +170,28 @@ pub fn prune_layers(src: &Path, k: i64, pick: LayerPick, out: &Path) -> Result<B
     let (cfg, w) = Bert::prune_layers(&cfg, w, &keep)?;
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     write_json(&out.join("config.json"), &cfg.to_json())?;
-    for f in ["tokenizer.json", crate::encoder::ENCODER_FILE] {
+    copy_companions(src, out, &["tokenizer.json", crate::encoder::ENCODER_FILE])?;
+    // The weights last (atomically): their presence marks a complete folder.
+    w.save(&out.join("model.safetensors"))?;
+    Ok(cfg)
+}
+
+/// Copies those of `files` that `src` has into `out`: the files a derived model folder shares with its source.
+fn copy_companions(src: &Path, out: &Path, files: &[&str]) -> Result<()> {
+    for f in files {
         if src.join(f).exists() {
             std::fs::copy(src.join(f), out.join(f)).map_err(|e| Error::io(&src.join(f), e))?;
         }
     }
-    // The weights last (atomically): their presence marks a complete folder.
-    w.save(&out.join("model.safetensors"))?;
-    Ok(cfg)
+    Ok(())
 }
 
 /// Writes `ratio` × `tuned` + (1 − `ratio`) × `base` into `out` (weight-space ensembling, WiSE-FT, Wortsman et al.
 /// 2022): the fine-tuned encoder pulled back toward its starting point, which keeps more of what the start did well
 /// on collections the training data moved it away from (on the real run, kuake at 0.4 : 0.6). `base` must be the
 /// encoder `tuned` was trained from: the same architecture (every tensor of `tuned` in `base`, same shape, and the
-/// same layer count, since a pruned student's layer 1 is not its teacher's). The other files are `tuned`'s.
-/// Returns how many tensors differed.
+/// same layer count, since a pruned student's layer 1 is not its teacher's). Config, tokenizer and encoder settings
+/// are `tuned`'s. Returns how many tensors differed.
 pub fn merge_weights(tuned: &Path, base: &Path, ratio: f64, out: &Path) -> Result<usize> {
     if !(0.0..=1.0).contains(&ratio) {
         return Err(Error::Config(format!("merge ratio {ratio} must be within 0..=1 (1 keeps the tuned weights)")));
@@ -219,13 +225,7 @@ pub fn merge_weights(tuned: &Path, base: &Path, ratio: f64, out: &Path) -> Resul
         merged.insert(name.clone(), x * ratio + y * (1.0 - ratio));
     }
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
-    for entry in std::fs::read_dir(tuned).map_err(|e| Error::io(tuned, e))? {
-        let path = entry.map_err(|e| Error::io(tuned, e))?.path();
-        let file = path.file_name().and_then(|f| f.to_str()).unwrap_or_default();
-        if path.is_file() && (file.ends_with(".json") && !file.starts_with("model.safetensors")) {
-            std::fs::copy(&path, out.join(file)).map_err(|e| Error::io(&path, e))?;
-        }
-    }
+    copy_companions(tuned, out, &["config.json", "tokenizer.json", crate::encoder::ENCODER_FILE])?;
     // What was averaged, for the package's provenance (`export` reads it).
     let record = serde_json::json!({"tuned": tuned, "base": base, "ratio": ratio, "tensors_averaged": changed});
     write_json(&out.join(MERGE_FILE), &record)?;

@@ -486,13 +486,15 @@ impl Engine {
         if !(0.0..=1.0).contains(&setting.dense_weight) {
             return Err(Error::InvalidInput(format!("dense weight {} must be within 0..1", setting.dense_weight)));
         }
-        self.store.conn().execute(
-            "INSERT INTO fusion (collection_id, method, dense_weight, fitted_on, metrics, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-             ON CONFLICT(collection_id) DO UPDATE SET method = excluded.method, dense_weight = excluded.dense_weight,
-               fitted_on = excluded.fitted_on, metrics = excluded.metrics, updated_at = excluded.updated_at",
-            params![col.id, setting.method.as_str(), setting.dense_weight as f64, setting.fitted_on, metrics.to_string(), now()],
-        )?;
-        Ok(())
+        let row = models::FusionRow {
+            collection_id: col.id,
+            method: setting.method.as_str().into(),
+            dense_weight: f64::from(setting.dense_weight),
+            fitted_on: setting.fitted_on.clone(),
+            metrics: metrics.to_string(),
+            updated_at: now(),
+        };
+        models::upsert_fusion(&self.store.conn(), &row)
     }
 
     /// Encodes a query with the active query model; `None` when no model is active.

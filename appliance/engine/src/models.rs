@@ -258,19 +258,35 @@ pub(crate) fn fusion_before_live(conn: &rusqlite::Connection) -> Result<Option<V
         .transpose()
 }
 
+/// Writes one collection's fusion row (a collection deleted meanwhile gets none): the one statement behind
+/// `care tune-fusion`, a promotion's fitted weights and a rollback's restore.
+pub(crate) fn upsert_fusion(conn: &rusqlite::Connection, r: &FusionRow) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO fusion (collection_id, method, dense_weight, fitted_on, metrics, updated_at) \
+         SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM collections WHERE id = ?1) \
+         ON CONFLICT(collection_id) DO UPDATE SET method = excluded.method, dense_weight = excluded.dense_weight, \
+         fitted_on = excluded.fitted_on, metrics = excluded.metrics, updated_at = excluded.updated_at",
+    )?
+    .execute(params![r.collection_id, r.method, r.dense_weight, r.fitted_on, r.metrics, r.updated_at])?;
+    Ok(())
+}
+
 /// Applies `change` inside the switch's transaction; returns what the audit record says about it.
 fn apply_fusion_change(tx: &rusqlite::Transaction<'_>, change: &FusionChange) -> Result<serde_json::Value> {
-    let upsert = "INSERT INTO fusion (collection_id, method, dense_weight, fitted_on, metrics, updated_at) \
-                  SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM collections WHERE id = ?1) \
-                  ON CONFLICT(collection_id) DO UPDATE SET method = excluded.method, \
-                  dense_weight = excluded.dense_weight, fitted_on = excluded.fitted_on, metrics = excluded.metrics, \
-                  updated_at = excluded.updated_at";
     match change {
         FusionChange::Keep => Ok(serde_json::Value::Null),
         FusionChange::Set(weights) => {
             let mut applied = Vec::new();
             for (col, w, fitted_on) in weights {
-                tx.execute(upsert, params![col, "weighted", *w as f64, fitted_on, "{}", now()])?;
+                let row = FusionRow {
+                    collection_id: *col,
+                    method: "weighted".into(),
+                    dense_weight: f64::from(*w),
+                    fitted_on: fitted_on.clone(),
+                    metrics: "{}".into(),
+                    updated_at: now(),
+                };
+                upsert_fusion(tx, &row)?;
                 applied.push(serde_json::json!({"collection_id": col, "dense_weight": w}));
             }
             Ok(applied.into())
@@ -279,8 +295,7 @@ fn apply_fusion_change(tx: &rusqlite::Transaction<'_>, change: &FusionChange) ->
             let Some(rows) = fusion_before_live(tx)? else { return Ok(serde_json::Value::Null) };
             tx.execute("DELETE FROM fusion", [])?;
             for r in &rows {
-                let p = params![r.collection_id, r.method, r.dense_weight, r.fitted_on, r.metrics, r.updated_at];
-                tx.execute(upsert, p)?;
+                upsert_fusion(tx, r)?;
             }
             Ok(serde_json::json!({"restored": rows.len()}))
         }

@@ -509,14 +509,23 @@ impl Engine {
         })?;
         self.store_loss_chart(id, &[&s1, &s2])?;
         // WiSE-FT: the trained encoder averaged with its starting point (the recipe's choice; 1 skips it).
-        let trained = if p.recipe.merge_ratio < 1.0 { dir.join("merged") } else { s2.join("query") };
+        let merge = p.recipe.merge_ratio < 1.0;
+        let trained = if merge { dir.join("merged") } else { s2.join("query") };
         run.phase(&mut st, "merge", "合并权重", |r| {
-            if p.recipe.merge_ratio >= 1.0 {
+            if !merge {
                 return Ok(());
             }
-            let a = ["merge", "--tuned", &path(&s2.join("query")), "--base", &path(&s1_query), "--ratio"];
-            let mut a: Vec<String> = a.iter().map(|s| s.to_string()).collect();
-            a.extend([p.recipe.merge_ratio.to_string(), "--out".into(), path(&trained)]);
+            let a = vec![
+                "merge".into(),
+                "--tuned".into(),
+                path(&s2.join("query")),
+                "--base".into(),
+                path(&s1_query),
+                "--ratio".into(),
+                p.recipe.merge_ratio.to_string(),
+                "--out".into(),
+                path(&trained),
+            ];
             r.trainer(&a, None)
         })?;
         let export = dir.join("export");
