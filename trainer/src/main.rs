@@ -200,6 +200,17 @@ enum Command {
         /// "Instruct: …\nQuery: {text}" when the student is an e5 ("query: {text}").
         #[arg(long)]
         teacher_query_template: Option<String>,
+        /// Encoder whose vectors the query-kind texts are aligned to instead of the document encoder's, e.g. a
+        /// retrained full-size query encoder distilled into one pruned from it. It must live in the document
+        /// encoder's space (same width); passages keep the document side's vectors. On the real run's 4-layer
+        /// student it was within noise of the document encoder as teacher, so the job does not use it (README,
+        /// *Retraining: the real run (session 15)*).
+        #[arg(long)]
+        query_teacher: Option<PathBuf>,
+        /// The query teacher's prompt (default: --query-template, the student's: a pruned student keeps its
+        /// teacher's prompt).
+        #[arg(long)]
+        query_teacher_template: Option<String>,
         #[arg(long, default_value_t = 0.1)]
         temperature: f64,
         /// Weight of the MSE term, the squared distance of the unit vectors (2(1 − cos), whatever the width); 1 is
@@ -594,6 +605,8 @@ fn run(cli: Cli) -> Result<()> {
             max_chars,
             query_kinds,
             teacher_query_template,
+            query_teacher,
+            query_teacher_template,
             temperature,
             mse_weight,
             served,
@@ -621,13 +634,26 @@ fn run(cli: Cli) -> Result<()> {
             let n_query = docs.iter().filter(|doc| is_query(doc)).count();
             std::fs::create_dir_all(&common.out)?;
             let served = served.load(&common.document_template)?;
-            let side = frozen_doc_side_with(
+            let mut side = frozen_doc_side_with(
                 &d,
                 texts.clone(),
                 common.infer_batch,
                 Some(&common.out.join("doc_vectors.safetensors")),
                 served.as_ref(),
             )?;
+            if let Some(qt) = &query_teacher {
+                let qt = load_encoder(qt, dev, kind(&common.precision, dev)?, Some(common.document_max_length))?;
+                let own = query_teacher_template.as_deref().unwrap_or(&common.query_template);
+                let mut seen = std::collections::HashSet::new();
+                // (the side's key: the text as the document encoder read it, the text as the query teacher reads it)
+                let rows: Vec<(String, String)> = docs
+                    .iter()
+                    .filter(|doc| is_query(doc))
+                    .map(|doc| (teacher_query.replace("{text}", &doc.text), own.replace("{text}", &doc.text)))
+                    .filter(|(k, _)| seen.insert(k.clone()))
+                    .collect();
+                care_trainer::train::realign_rows(&mut side, &qt, &rows, common.infer_batch)?;
+            }
             let params =
                 select_trainable(&q, "query.", &|n| !(common.freeze_embeddings && n.starts_with("embeddings.word")));
             let cfg = train_config(
@@ -635,7 +661,7 @@ fn run(cli: Cli) -> Result<()> {
                 LossConfig { temperature, group_size: 1, mse_weight, matryoshka: common.matryoshka.clone() },
             );
             let mut t = Trainer::new(&q, side, &ex, cfg, params, &common.out)?;
-            let summary = serde_json::json!({"stage": "stage1", "query": query, "document": document, "texts": texts.len(), "query_side_texts": n_query, "document_side_texts": texts.len() - n_query});
+            let summary = serde_json::json!({"stage": "stage1", "query": query, "document": document, "texts": texts.len(), "query_side_texts": n_query, "document_side_texts": texts.len() - n_query, "query_teacher": query_teacher});
             finish_training(&mut t, &common, "Stage I: query encoder aligned to the frozen document encoder", summary)?;
             drop(t);
             let mut q = q;

@@ -215,6 +215,33 @@ pub fn frozen_doc_side_with(
     Ok(DocSide::Frozen { vectors: vectors.to_device(enc.device), index })
 }
 
+/// Replaces the frozen side's rows keyed by `rows.0` with `teacher`'s vectors of `rows.1` (Stage I distillation of
+/// a trained query encoder: queries aligned to it, passages still to the document encoder).
+pub fn realign_rows(side: &mut DocSide<'_>, teacher: &Encoder, rows: &[(String, String)], batch: usize) -> Result<()> {
+    let DocSide::Frozen { vectors, index } = side else {
+        return Err(Error::Data("a query teacher needs a frozen document side".into()));
+    };
+    if teacher.hidden_size() != vectors.size()[1] {
+        return Err(Error::Data(format!(
+            "the query teacher gives {} wide vectors, the document side {}: it is not in the document encoder's space",
+            teacher.hidden_size(),
+            vectors.size()[1]
+        )));
+    }
+    let at: Vec<i64> = rows.iter().filter_map(|(k, _)| index.get(k).copied()).collect();
+    if at.len() != rows.len() {
+        return Err(Error::Data("query teacher texts missing from the document side".into()));
+    }
+    let texts: Vec<String> = rows.iter().map(|(_, t)| t.clone()).collect();
+    let mut pb = progress_bar(texts.len() as u64, "embedding queries with the query teacher");
+    let v = teacher.embed_all(&texts, batch, &mut |d| pb.set_position(d as u64))?;
+    pb.finish_and_clear();
+    let idx = Tensor::from_slice(&at).to_device(vectors.device());
+    *vectors = vectors.index_copy(0, &idx, &v.to_device(vectors.device()).to_kind(vectors.kind()));
+    eprintln!("query teacher: {} query texts realigned", texts.len());
+    Ok(())
+}
+
 fn frozen_doc_side_cached(
     enc: &Encoder,
     texts: Vec<String>,

@@ -950,3 +950,32 @@ fn served_vectors_replace_the_frozen_teachers_passes_and_vectors_of_another_mode
     let err = care_trainer::train::frozen_doc_side_with(&d, pool, 2, None, Some(&served)).unwrap_err();
     assert!(err.to_string().contains("disagree with the document encoder"), "{err}");
 }
+
+/// Stage I with a query teacher (`--query-teacher`): the query-kind rows of the frozen side hold the teacher's
+/// vectors of the text under its own prompt, the passages keep the document encoder's, and a key the side does not
+/// hold is refused rather than silently skipped.
+#[test]
+fn a_query_teacher_replaces_only_the_query_rows_of_stage1s_frozen_side() {
+    let _guard = serial();
+    let t = tempfile::tempdir().unwrap();
+    let (dd, qd) = (t.path().join("doc"), t.path().join("teacher"));
+    write_tiny_bert_with(&dd, 1, 0.0);
+    write_tiny_bert_with(&qd, 2, 0.0);
+    let doc = Encoder::load(&dd, Device::Cpu, Kind::Float).unwrap();
+    let teacher = Encoder::load(&qd, Device::Cpu, Kind::Float).unwrap();
+    let texts = vec!["w2 w10 w11".to_string(), "w3 w12".to_string()];
+    let mut side = care_trainer::train::frozen_doc_side_with(&doc, texts.clone(), 4, None, None).unwrap();
+    let rows = vec![("w3 w12".to_string(), "w1 w12".to_string())];
+    care_trainer::train::realign_rows(&mut side, &teacher, &rows, 4).unwrap();
+    let care_trainer::train::DocSide::Frozen { vectors, index } = &side else { panic!("frozen side expected") };
+    let want_q = teacher.embed_all(&["w1 w12".to_string()], 4, &mut |_| {}).unwrap().get(0);
+    let want_p = doc.embed_all(&texts[..1], 4, &mut |_| {}).unwrap().get(0);
+    let got_q = vectors.get(index["w3 w12"]);
+    let got_p = vectors.get(index["w2 w10 w11"]);
+    assert!((got_q - &want_q).abs().max().double_value(&[]) < 1e-6, "the query row is the teacher's");
+    assert!((got_p - want_p).abs().max().double_value(&[]) < 1e-6, "the passage row is the document encoder's");
+    let doc_q = doc.embed_all(&texts[1..], 4, &mut |_| {}).unwrap().get(0);
+    assert!((doc_q - want_q).abs().max().double_value(&[]) > 1e-3, "the two encoders differ, so the test can fail");
+    let missing = vec![("w9 w9".to_string(), "w1 w9".to_string())];
+    assert!(care_trainer::train::realign_rows(&mut side, &teacher, &missing, 4).is_err());
+}
