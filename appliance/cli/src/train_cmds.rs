@@ -135,6 +135,12 @@ pub fn run_train(e: Arc<Engine>, actor: &Actor, workers: usize, cmd: TrainComman
             let s = e.trainer_status();
             if s.ready {
                 println!("care-train ready: {} (device {})", s.version, s.device);
+                match e.training_estimate_as(actor, &Recipe::default())? {
+                    Some(x) => {
+                        println!("默认配方预计约 {} 分钟（按本机运行 #{} 的各阶段用时估算）", x.minutes(), x.from_job)
+                    }
+                    None => println!("本机尚无完成的同类训练运行，暂无法估算用时"),
+                }
             } else {
                 println!("{}", s.message);
                 return Ok(2);

@@ -1048,6 +1048,7 @@ mod training {
             enabled: true,
         };
         e.set_schedule_as(&admin, None, &spec).unwrap();
+        assert_eq!(e.training_estimate_as(&admin, &recipe()).unwrap(), None, "no finished run to judge from");
         let now = time::OffsetDateTime::now_utc();
         assert_eq!(e.fire_due_schedules(now).unwrap(), None);
         let job = e.fire_due_schedules(now + time::Duration::days(1)).unwrap().expect("a due schedule fires");
@@ -1158,6 +1159,10 @@ mod training {
         let j = wait(&e, &admin, job2, &finished);
         assert_eq!(j.state, "done", "{j:?}");
         let run2 = e.training_run_as(&admin, job2).unwrap();
+        // The same recipe again is expected to take what run 2 took, phase by phase.
+        let est = e.training_estimate_as(&admin, &noisy).unwrap().expect("an estimate from run 2");
+        assert_eq!(est.from_job, job2);
+        assert!((est.seconds - run2.phases.iter().map(|p| p.1).sum::<f64>()).abs() < 1e-6, "{est:?} {run2:?}");
         assert_eq!(run2.decision, "gated_out", "{run2:?}");
         assert_eq!(e.active_models().unwrap().unwrap().query, live.query);
         let run2_dir = t.path().join("data/train").join(format!("run-{job2}"));

@@ -5,7 +5,7 @@
 use actix_web::{HttpResponse, get, post, web};
 use askama::Template;
 use care_engine::training::schedule::{Schedule, ScheduleSpec};
-use care_engine::training::{Recipe, TrainerStatus, TrainingRun};
+use care_engine::training::{Estimate, Recipe, TrainerStatus, TrainingRun};
 use serde::Deserialize;
 
 use crate::AppState;
@@ -42,6 +42,8 @@ struct TrainingPage {
     live: String,
     approved: Vec<String>,
     defaults: Recipe,
+    /// The default recipe's expected wall time, from the newest finished run of its shape here.
+    estimate: Option<Estimate>,
     schedules: Vec<ScheduleRow>,
     runs: Vec<RunRow>,
 }
@@ -104,7 +106,7 @@ pub async fn training_page(
     caller: Caller,
     f: web::Query<Flash>,
 ) -> Result<HttpResponse, ApiError> {
-    let (trainer, live, approved, schedules, runs) = call(&state, &caller, |e, a| {
+    let (trainer, live, approved, schedules, runs, estimate) = call(&state, &caller, |e, a| {
         let runs: Vec<RunRow> = e.training_runs_as(a, 20)?.into_iter().map(|r| row(e, a, r)).collect();
         let live = e
             .active_models()?
@@ -116,7 +118,8 @@ pub async fn training_page(
             .map(|c| c.collection.name)
             .collect();
         let schedules = e.schedules_as(a)?.into_iter().map(|s| ScheduleRow { when: describe(&s), s }).collect();
-        Ok((e.trainer_status(), live.unwrap_or_default(), approved, schedules, runs))
+        let estimate = e.training_estimate_as(a, &Recipe::default())?;
+        Ok((e.trainer_status(), live.unwrap_or_default(), approved, schedules, runs, estimate))
     })
     .await?;
     let f = f.into_inner();
@@ -129,6 +132,7 @@ pub async fn training_page(
         live,
         approved,
         defaults: Recipe::default(),
+        estimate,
         schedules,
         runs,
     })

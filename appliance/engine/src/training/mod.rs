@@ -218,6 +218,46 @@ pub struct TrainingRun {
     pub error: String,
 }
 
+/// A run's expected wall time and the finished run it was judged from.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Estimate {
+    pub from_job: i64,
+    pub seconds: f64,
+}
+
+impl Estimate {
+    pub fn minutes(&self) -> u64 {
+        (self.seconds / 60.0).ceil() as u64
+    }
+}
+
+/// The newest finished run with the same `query_layers` on `device` (the same phases run), its phases' wall times
+/// with Stage I scaled by the texts it sees (steps × batch) and Stage II by the groups. No guess from constants: the
+/// first run on a machine has nothing to go by, and a CPU and a GPU differ by orders of magnitude.
+pub fn estimate(runs: &[TrainingRun], recipe: &Recipe, device: &str) -> Option<Estimate> {
+    let past = runs.iter().find(|r| {
+        r.state == "done"
+            && r.device == device
+            && r.recipe.query_layers == recipe.query_layers
+            && r.phases.iter().any(|(p, _)| p == "stage2")
+    })?;
+    let seen = |steps: u64, batch: usize| steps as f64 * batch as f64;
+    let scale = |new: f64, old: f64| if old > 0.0 { new / old } else { 1.0 };
+    let (p, r) = (&past.recipe, recipe);
+    let seconds = past
+        .phases
+        .iter()
+        .map(|(name, secs)| {
+            secs * match name.as_str() {
+                "stage1" => scale(seen(r.stage1_steps, r.batch_size), seen(p.stage1_steps, p.batch_size)),
+                "stage2" => scale(seen(r.stage2_steps, r.stage2_batch_size), seen(p.stage2_steps, p.stage2_batch_size)),
+                _ => 1.0,
+            }
+        })
+        .sum();
+    Some(Estimate { from_job: past.job, seconds })
+}
+
 /// `state.json` of a run directory: what finished, so a restart skips it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct RunState {
@@ -257,14 +297,24 @@ impl Engine {
         self.cfg.storage.data_dir.join("train").join(format!("run-{job}"))
     }
 
-    /// Runs `care-train --version` (bounded to 30 s) and says whether training can start, and on which device.
-    pub fn trainer_status(&self) -> TrainerStatus {
-        let device = match self.cfg.training.device.as_str() {
+    /// "cuda" when a GPU is visible and the device setting allows it, else "cpu".
+    fn training_device(&self) -> String {
+        match self.cfg.training.device.as_str() {
             "cpu" => "cpu",
             _ if Path::new("/dev/nvidia0").exists() || Path::new("/dev/nvidiactl").exists() => "cuda",
             _ => "cpu",
         }
-        .to_string();
+        .to_string()
+    }
+
+    /// How long `recipe` should take here, judged from the newest finished run of its shape on this device.
+    pub fn training_estimate_as(&self, actor: &Actor, recipe: &Recipe) -> Result<Option<Estimate>> {
+        Ok(estimate(&self.training_runs_as(actor, 100)?, recipe, &self.training_device()))
+    }
+
+    /// Runs `care-train --version` (bounded to 30 s) and says whether training can start, and on which device.
+    pub fn trainer_status(&self) -> TrainerStatus {
+        let device = self.training_device();
         let bin = &self.cfg.training.trainer;
         let not_ready = |detail: String| TrainerStatus {
             ready: false,
@@ -840,5 +890,50 @@ mod tests {
         assert_eq!(step, 2000);
         assert!(text.contains("步 2000/2400") && text.contains("剩余约 14 分钟"), "{text}");
         assert_eq!(step_line(&t.path().join("none"), 10), (0, "准备中".into()));
+    }
+
+    fn run(job: i64, state: &str, device: &str, recipe: Recipe, phases: &[(&str, f64)]) -> TrainingRun {
+        TrainingRun {
+            job,
+            state: state.into(),
+            stage: String::new(),
+            progress_done: 0,
+            progress_total: 0,
+            schedule: None,
+            recipe,
+            base: String::new(),
+            counts: None,
+            phases: phases.iter().map(|(p, s)| (p.to_string(), *s)).collect(),
+            device: device.into(),
+            candidate: String::new(),
+            evaluation: None,
+            decision: String::new(),
+            created_by: String::new(),
+            created_at: String::new(),
+            updated_at: String::new(),
+            error: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_estimate_scales_the_newest_finished_run_of_the_same_shape_on_this_device() {
+        let d = Recipe::default();
+        let pruned = Recipe { query_layers: Some(4), ..Recipe::default() };
+        let full = [("data", 300.0), ("stage1", 0.0), ("stage2", 1200.0), ("merge", 4.0), ("evaluate", 400.0)];
+        let runs = vec![
+            run(12, "running", "cpu", d.clone(), &full[..2]),
+            run(11, "done", "cuda", d.clone(), &[("data", 30.0), ("stage2", 60.0)]),
+            run(10, "done", "cpu", pruned.clone(), &[("data", 100.0), ("stage1", 600.0), ("stage2", 300.0)]),
+            run(9, "done", "cpu", d.clone(), &full),
+            run(8, "failed", "cpu", d.clone(), &full[..1]),
+        ];
+        // The newest finished one of the same shape on this device: 9 for the default recipe, 10 for the pruned.
+        assert_eq!(estimate(&runs, &d, "cpu"), Some(Estimate { from_job: 9, seconds: 1904.0 }));
+        let twice = Recipe { stage2_steps: d.stage2_steps * 2, ..d.clone() };
+        assert_eq!(estimate(&runs, &twice, "cpu").unwrap().seconds, 3104.0);
+        let longer = Recipe { stage1_steps: pruned.stage1_steps * 3, stage2_batch_size: 16, ..pruned.clone() };
+        assert_eq!(estimate(&runs, &longer, "cpu"), Some(Estimate { from_job: 10, seconds: 100.0 + 1800.0 + 150.0 }));
+        assert_eq!(estimate(&runs, &d, "cuda").unwrap().from_job, 11);
+        assert_eq!(estimate(&runs[..1], &d, "cpu"), None, "nothing finished: no estimate");
     }
 }
