@@ -645,11 +645,13 @@ fn run(cli: Cli) -> Result<()> {
                 let qt = load_encoder(qt, dev, kind(&common.precision, dev)?, Some(common.document_max_length))?;
                 let own = query_teacher_template.as_deref().unwrap_or(&common.query_template);
                 let mut seen = std::collections::HashSet::new();
-                // (the side's key: the text as the document encoder read it, the text as the query teacher reads it)
+                // (the side's key, the text as stage1_pairs gave it to the document encoder; the text as the query
+                // teacher reads it): one pair per document, in order.
                 let rows: Vec<(String, String)> = docs
                     .iter()
-                    .filter(|doc| is_query(doc))
-                    .map(|doc| (teacher_query.replace("{text}", &doc.text), own.replace("{text}", &doc.text)))
+                    .zip(&ex)
+                    .filter(|(doc, _)| is_query(doc))
+                    .map(|(doc, e)| (e.pos[0].clone(), own.replace("{text}", &doc.text)))
                     .filter(|(k, _)| seen.insert(k.clone()))
                     .collect();
                 care_trainer::train::realign_rows(&mut side, &qt, &rows, common.infer_batch)?;
