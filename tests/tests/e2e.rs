@@ -497,6 +497,11 @@ fn kill_9_of_care_serve_mid_training_resumes_and_equals_an_uninterrupted_run() {
         }
     };
     let models_before = care.ok(&["model", "list"]);
+    // A disk that cannot hold the run (here: more kept free than any disk has) refuses it before anything is queued.
+    let full = care.command(&["train", "run"]).env("CARE__TRAINING__KEEP_FREE_GB", "1000000").output().unwrap();
+    let said = String::from_utf8_lossy(&full.stderr);
+    assert!(!full.status.success() && said.contains("磁盘空间不足"), "{said}");
+    assert!(!care.ok(&["train", "list"]).contains("queued"), "a refused run was queued");
 
     let (mut server, url) = care.serve();
     let job = submit(&url);
@@ -540,17 +545,31 @@ fn kill_9_of_care_serve_mid_training_resumes_and_equals_an_uninterrupted_run() {
     for f in ["corpus.jsonl", "stage2.jsonl"] {
         assert!(std::fs::read(run_dir.join(f)).unwrap() == std::fs::read(run2.join(f)).unwrap(), "{f} differs");
     }
+    // An ended run keeps its data, logs and metrics; its weights went into the candidate package (and the disk).
+    assert!(run_dir.join("logs/stage1.log").exists() && run_dir.join("stage1/metrics.jsonl").exists());
+    for d in ["stage1/query", "stage2/query", "merged", "export"] {
+        let left: Vec<_> = std::fs::read_dir(run_dir.join(d))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|f| f.path().extension().is_some_and(|x| x == "safetensors" || x == "onnx"))
+            .collect();
+        assert!(left.is_empty(), "an ended run kept its weights: {left:?}");
+    }
+    assert!(!run_dir.join("stage1/checkpoints").exists(), "an ended run kept its checkpoints");
+    let package = |r: &serde_json::Value| {
+        let spec = r["candidate"].as_str().expect("a candidate").split(',').next().unwrap().to_string();
+        let (name, version) = spec.split_once('@').unwrap();
+        care.data_dir.join("models").join(name).join(version)
+    };
+    let (p1, p2) = (package(&first), package(&second));
+    assert_ne!(p1, p2);
     let mut compared = 0;
-    for f in std::fs::read_dir(run_dir.join("stage2/query")).unwrap() {
-        let f = f.unwrap().file_name();
-        let (a, b) = (
-            std::fs::read(run_dir.join("stage2/query").join(&f)).unwrap(),
-            std::fs::read(run2.join("stage2/query").join(&f)).unwrap(),
-        );
-        assert!(a == b, "stage2/query/{} differs between the resumed and the uninterrupted run", f.to_string_lossy());
+    for f in ["model.safetensors", "config.json", "tokenizer.json"] {
+        let (a, b) = (std::fs::read(p1.join(f)).unwrap(), std::fs::read(p2.join(f)).unwrap());
+        assert!(a == b, "{f} differs between the resumed and the uninterrupted run's candidates");
         compared += 1;
     }
-    assert!(compared >= 2, "nothing to compare in {}", run_dir.join("stage2/query").display());
     let evaluations: serde_json::Value = client
         .get(format!("{url}/api/v1/admin/models/evaluations"))
         .header("Authorization", &bearer)

@@ -104,6 +104,7 @@ error_codes! {
     ParityFailed = "parity_failed", Unprocessable, "模型输出与训练端不一致";
     TrainerUnavailable = "trainer_unavailable", Unavailable, "训练程序不可用";
     Busy = "busy", Conflict, "已有同类任务在运行";
+    DiskFull = "disk_full", Unavailable, "磁盘空间不足";
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -149,7 +150,7 @@ pub enum Error {
     Sqlite(#[from] rusqlite::Error),
     #[error("lexical index: {0}")]
     Tantivy(tantivy::TantivyError),
-    #[error("{path}: {source}")]
+    #[error("{}", io_message(path, source))]
     Io { path: PathBuf, source: std::io::Error },
     #[error("internal error: {0}")]
     Internal(String),
@@ -194,6 +195,30 @@ pub enum Error {
     /// A run that must not overlap another (training) while one is queued or running.
     #[error("{0}")]
     Busy(String),
+    /// Too little free space for what a job is about to write (said before it starts, not half-way through).
+    #[error(
+        "磁盘空间不足：{path} 所在磁盘剩余 {}，{what}约需 {}（含保留的 {}）；请清理该磁盘（如不再需要的候选模型、旧的上传文件）\
+         后重试 (disk full: {available} bytes free under {path}, {needed} needed)",
+        gib(*available), gib(*needed), gib(*reserve)
+    )]
+    DiskFull { path: PathBuf, what: String, needed: u64, available: u64, reserve: u64 },
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// ENOSPC gets words an admin acts on; any other I/O error keeps the system's.
+fn io_message(path: &std::path::Path, source: &std::io::Error) -> String {
+    if is_disk_full(source) {
+        format!("磁盘空间不足：写入 {} 时磁盘已满；请清理数据目录所在磁盘后重试 ({source})", path.display())
+    } else {
+        format!("{}: {source}", path.display())
+    }
+}
+
+fn is_disk_full(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::StorageFull
 }
 
 impl From<tantivy::TantivyError> for Error {
@@ -228,6 +253,7 @@ impl Error {
             Error::Locked { .. } => ErrorCode::Locked,
             Error::Sqlite(_) => ErrorCode::Storage,
             Error::Tantivy(_) => ErrorCode::Index,
+            Error::Io { source, .. } if is_disk_full(source) => ErrorCode::DiskFull,
             Error::Io { .. } => ErrorCode::Io,
             Error::Internal(_) => ErrorCode::Internal,
             Error::TooLarge { .. } => ErrorCode::TooLarge,
@@ -243,6 +269,7 @@ impl Error {
             Error::ParityFailed { .. } => ErrorCode::ParityFailed,
             Error::TrainerUnavailable(_) => ErrorCode::TrainerUnavailable,
             Error::Busy(_) => ErrorCode::Busy,
+            Error::DiskFull { .. } => ErrorCode::DiskFull,
         }
     }
 }

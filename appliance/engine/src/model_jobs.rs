@@ -122,7 +122,18 @@ impl Engine {
             Err(Error::Cancelled(_)) => Outcome::Cancelled,
             Err(e) => Outcome::Failed(e),
         };
+        if kind == crate::training::TRAIN {
+            // Before the job reads as ended, so whoever sees it ended sees the disk freed. A crash in between
+            // resumes a run whose phases all finished (nothing to redo) or one that failed anyway.
+            self.free_run_weights(id);
+        }
         self.end_model_job(id, outcome)?;
+        if kind == crate::training::TRAIN || kind == crate::training::embed::EMBED {
+            // Best effort: the next run's start prunes again.
+            if let Err(e) = self.prune_finished_runs() {
+                tracing::warn!(job = id, error = %e, "could not free the weights of ended training runs");
+            }
+        }
         Ok(true)
     }
 

@@ -711,7 +711,7 @@ pub async fn admin_training(state: web::Data<AppState>, caller: Caller) -> Resul
     responses((status = 202, description = "queued; follow it at /api/v1/admin/training/runs/{job}", body = JobAccepted),
         (status = 400, description = "invalid recipe, no live pair or nothing approved for training"),
         (status = 409, description = "busy: a run is already queued or running"),
-        (status = 503, description = "trainer_unavailable: the message says how to install it")))]
+        (status = 503, description = "trainer_unavailable (the message says how to install it) or disk_full (free and needed space)")))]
 #[post("/api/v1/admin/training/runs")]
 pub async fn admin_train(
     state: web::Data<AppState>,

@@ -175,12 +175,65 @@ pub struct TrainingConfig {
     pub threads: usize,
     /// The hospital's offset from UTC in minutes, for schedules ("every Sunday 02:00" in local time).
     pub utc_offset_minutes: i32,
+    /// Space (GB) a run must leave free on the data disk for ingest, search and SQLite: a run that would eat into
+    /// it is refused before it starts.
+    pub keep_free_gb: f64,
 }
 
 impl Default for TrainingConfig {
     fn default() -> Self {
-        TrainingConfig { trainer: "care-train".into(), device: "auto".into(), threads: 0, utc_offset_minutes: 480 }
+        TrainingConfig {
+            trainer: "care-train".into(),
+            device: "auto".into(),
+            threads: 0,
+            utc_offset_minutes: 480,
+            keep_free_gb: 2.0,
+        }
     }
+}
+
+/// How many copies of the query encoder's weights a run holds on disk at its peak: Stage I's and Stage II's
+/// encoders, the merged one, the export (safetensors + ONNX) and its imported copy (two more), and the checkpoints
+/// (trainable parameters with their AdamW moments). Measured on the real run: 7 copies of 470 MB plus 130 MB of
+/// data for the 12-layer e5-small, which skips Stage I.
+const RUN_WEIGHT_COPIES: u64 = 8;
+
+/// What a finished run keeps in its folder: what it trained on and how (data, logs, metrics, charts, state). The
+/// weights go: the import copied the candidate into `models/`, and a weekly run would otherwise leave about 2 GB
+/// behind for a 12-layer query encoder until the disk that search and ingest need is full.
+fn prune_run_dir(dir: &Path) -> u64 {
+    let mut freed = 0;
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    for entry in entries.flatten() {
+        let p = entry.path();
+        let Ok(meta) = std::fs::symlink_metadata(&p) else { continue };
+        if meta.is_dir() {
+            if p.file_name().is_some_and(|n| n == "checkpoints") {
+                freed += dir_size(&p);
+                let _ = std::fs::remove_dir_all(&p);
+            } else {
+                freed += prune_run_dir(&p);
+            }
+        } else if p.extension().is_some_and(|x| x == "safetensors" || x == "onnx" || x == "bin" || x == "pt")
+            && std::fs::remove_file(&p).is_ok()
+        {
+            freed += meta.len();
+        }
+    }
+    freed
+}
+
+fn dir_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_size(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
 }
 
 /// Whether the trainer can run here, said before an admin starts a run.
@@ -297,6 +350,67 @@ impl Engine {
         self.cfg.storage.data_dir.join("train").join(format!("run-{job}"))
     }
 
+    /// Frees the weights of every run that has ended (done, failed or cancelled) and removes the work folders of
+    /// ended offline-embedding jobs. Called when a training or embedding job ends and before a run starts, so a
+    /// crash between a job's end and its clean-up is repaired by the next one. Returns the bytes freed.
+    pub(crate) fn prune_finished_runs(&self) -> Result<u64> {
+        let root = self.cfg.storage.data_dir.join("train");
+        let Ok(entries) = std::fs::read_dir(&root) else { return Ok(0) };
+        let mut freed = 0;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            let (embed, id) = match (name.strip_prefix("run-"), name.strip_prefix("embed-")) {
+                (Some(id), _) => (false, id),
+                (_, Some(id)) => (true, id),
+                _ => continue,
+            };
+            let Ok(id) = id.parse::<i64>() else { continue };
+            let state: Option<String> =
+                self.store.reader().query_row("SELECT state FROM jobs WHERE id = ?1", [id], |r| r.get(0)).optional()?;
+            if matches!(state.as_deref(), Some("queued" | "running")) {
+                continue;
+            }
+            if embed {
+                freed += dir_size(&entry.path());
+                let _ = std::fs::remove_dir_all(entry.path());
+            } else {
+                freed += prune_run_dir(&entry.path());
+            }
+        }
+        if freed > 0 {
+            tracing::info!(freed_bytes = freed, "freed the weights of ended training runs");
+        }
+        Ok(freed)
+    }
+
+    /// Frees the weights of run `job` (see [`prune_run_dir`]).
+    pub(crate) fn free_run_weights(&self, job: i64) {
+        let freed = prune_run_dir(&self.run_dir(job));
+        tracing::info!(job, freed_bytes = freed, "freed the run's weights");
+    }
+
+    /// Refuses a run the data disk cannot hold: [`RUN_WEIGHT_COPIES`] of the query encoder's weights plus
+    /// `[training] keep_free_gb` left for search and ingest.
+    fn check_training_disk(&self, query: &Path) -> Result<()> {
+        let weights: u64 = std::fs::read_dir(query)
+            .map_err(|e| Error::io(query, e))?
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+            .filter_map(|e| e.metadata().ok().map(|m| m.len()))
+            .sum();
+        let reserve = (self.cfg.training.keep_free_gb.max(0.0) * f64::from(1u32 << 30)) as u64;
+        let needed = weights.saturating_mul(RUN_WEIGHT_COPIES).saturating_add(reserve);
+        let root = &self.cfg.storage.data_dir;
+        let st = nix::sys::statvfs::statvfs(root.as_path()).map_err(|e| Error::io(root, e.into()))?;
+        let available = st.blocks_available() as u64 * st.fragment_size() as u64;
+        if available < needed {
+            return Err(Error::DiskFull {
+                path: root.clone(), what: "这次训练".into(), needed, available, reserve
+            });
+        }
+        Ok(())
+    }
+
     /// "cuda" when a GPU is visible and the device setting allows it, else "cpu".
     fn training_device(&self) -> String {
         match self.cfg.training.device.as_str() {
@@ -375,6 +489,8 @@ impl Engine {
         if !st.ready {
             return Err(Error::TrainerUnavailable(st.message));
         }
+        self.prune_finished_runs()?;
+        self.check_training_disk(&pair.query.dir)?;
         let p = TrainParams { recipe: recipe.clone(), base: pair_spec(&pair), schedule };
         let mut conn = self.store.conn();
         let tx = conn.transaction()?;
@@ -413,6 +529,11 @@ impl Engine {
         let dir = self.run_dir(id);
         std::fs::create_dir_all(dir.join("logs")).map_err(|e| Error::io(&dir, e))?;
         let mut st: RunState = read_json(&dir.join("state.json")).unwrap_or_default();
+        self.prune_finished_runs()?;
+        if st.phases.is_empty() {
+            // Queued a while ago: the disk may have filled since it was submitted.
+            self.check_training_disk(&base.query.dir)?;
+        }
         let run = Run { e: self, id, dir: &dir, stop };
         let q_manifest = ModelManifest::load(&base.query.dir).map_err(|e| Error::Model(e.to_string()))?;
         let d_manifest = ModelManifest::load(&base.document.dir).map_err(|e| Error::Model(e.to_string()))?;
@@ -876,6 +997,53 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ended_runs_folder_keeps_its_data_and_logs_and_frees_its_weights() {
+        let t = tempfile::tempdir().unwrap();
+        let files = [
+            ("corpus.jsonl", 10),
+            ("served_vectors.safetensors", 1000),
+            ("logs/stage1.log", 10),
+            ("stage1/metrics.jsonl", 10),
+            ("stage1/loss.svg", 10),
+            ("stage1/query/model.safetensors", 2000),
+            ("stage1/query/config.json", 10),
+            ("stage1/checkpoints/step-00000010/params.safetensors", 300),
+            ("stage1/checkpoints/step-00000010/state.json", 5),
+            ("export/model.onnx", 2000),
+            ("export/manifest.toml", 10),
+        ];
+        for (f, n) in files {
+            let p = t.path().join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, vec![b'x'; n]).unwrap();
+        }
+        assert_eq!(prune_run_dir(t.path()), 1000 + 2000 + 300 + 5 + 2000);
+        for (f, n) in files {
+            let kept = n == 10;
+            assert_eq!(t.path().join(f).exists(), kept, "{f}");
+        }
+        assert!(!t.path().join("stage1/checkpoints").exists());
+        assert_eq!(prune_run_dir(t.path()), 0, "pruning twice frees nothing more");
+    }
+
+    #[test]
+    fn a_full_disk_is_its_own_code_with_words_an_admin_acts_on() {
+        let full = Error::io("/var/lib/care/x", std::io::Error::from(std::io::ErrorKind::StorageFull));
+        assert_eq!(full.code(), crate::ErrorCode::DiskFull);
+        assert!(full.to_string().starts_with("磁盘空间不足：写入 /var/lib/care/x"), "{full}");
+        let other = Error::io("/var/lib/care/x", std::io::Error::from(std::io::ErrorKind::PermissionDenied));
+        assert_eq!(other.code(), crate::ErrorCode::Io);
+        let e = Error::DiskFull {
+            path: "/d".into(),
+            what: "这次训练".into(),
+            needed: 3 << 30,
+            available: 1 << 30,
+            reserve: 2 << 30,
+        };
+        assert!(e.to_string().contains("剩余 1.0 GB，这次训练约需 3.0 GB（含保留的 2.0 GB）"), "{e}");
+    }
 
     #[test]
     fn progress_reads_only_whole_lines_of_the_tail_of_the_metrics_log() {
