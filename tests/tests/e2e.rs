@@ -502,8 +502,23 @@ fn kill_9_of_care_serve_mid_training_resumes_and_equals_an_uninterrupted_run() {
     let said = String::from_utf8_lossy(&full.stderr);
     assert!(!full.status.success() && said.contains("磁盘空间不足"), "{said}");
     assert!(!care.ok(&["train", "list"]).contains("queued"), "a refused run was queued");
+    // Said before a run is started: `care train status` (and the 训练 page, the API) compare free and needed space.
+    assert!(care.ok(&["train", "status"]).contains("磁盘：剩余"));
+    let short = care.command(&["train", "status"]).env("CARE__TRAINING__KEEP_FREE_GB", "1000000").output().unwrap();
+    let said = String::from_utf8_lossy(&short.stdout);
+    assert!(short.status.code() == Some(2) && said.contains("磁盘空间不足"), "{said}");
 
     let (mut server, url) = care.serve();
+    let page: serde_json::Value = client
+        .get(format!("{url}/api/v1/admin/training"))
+        .header("Authorization", &bearer)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let (needed, reserve) =
+        (page["disk"]["needed_bytes"].as_u64().unwrap(), page["disk"]["reserve_bytes"].as_u64().unwrap());
+    assert!(needed > reserve && reserve == 2 << 30, "a run needs the live query encoder's weights: {}", page["disk"]);
     let job = submit(&url);
     let run_dir = care.data_dir.join("train").join(format!("run-{job}"));
     let ckpts = run_dir.join("stage1/checkpoints");

@@ -204,7 +204,7 @@ pub enum Error {
     DiskFull { path: PathBuf, what: String, needed: u64, available: u64, reserve: u64 },
 }
 
-fn gib(bytes: u64) -> String {
+pub(crate) fn gib(bytes: u64) -> String {
     format!("{:.1} GB", bytes as f64 / (1u64 << 30) as f64)
 }
 

@@ -5,7 +5,7 @@
 use actix_web::{HttpResponse, get, post, web};
 use askama::Template;
 use care_engine::training::schedule::{Schedule, ScheduleSpec};
-use care_engine::training::{Estimate, Recipe, TrainerStatus, TrainingRun};
+use care_engine::training::{Estimate, Recipe, TrainerStatus, TrainingDisk, TrainingRun};
 use serde::Deserialize;
 
 use crate::AppState;
@@ -44,8 +44,16 @@ struct TrainingPage {
     defaults: Recipe,
     /// The default recipe's expected wall time, from the newest finished run of its shape here.
     estimate: Option<Estimate>,
+    /// Free space on the data disk against a run's needs; None when no pair is live.
+    disk: Option<TrainingDisk>,
     schedules: Vec<ScheduleRow>,
     runs: Vec<RunRow>,
+}
+
+impl TrainingPage {
+    fn disk_short(&self) -> bool {
+        self.disk.as_ref().is_some_and(|d| !d.enough())
+    }
 }
 
 fn describe(s: &Schedule) -> String {
@@ -106,7 +114,7 @@ pub async fn training_page(
     caller: Caller,
     f: web::Query<Flash>,
 ) -> Result<HttpResponse, ApiError> {
-    let (trainer, live, approved, schedules, runs, estimate) = call(&state, &caller, |e, a| {
+    let (trainer, live, approved, schedules, runs, (estimate, disk)) = call(&state, &caller, |e, a| {
         let runs: Vec<RunRow> = e.training_runs_as(a, 20)?.into_iter().map(|r| row(e, a, r)).collect();
         let live = e
             .active_models()?
@@ -118,7 +126,7 @@ pub async fn training_page(
             .map(|c| c.collection.name)
             .collect();
         let schedules = e.schedules_as(a)?.into_iter().map(|s| ScheduleRow { when: describe(&s), s }).collect();
-        let estimate = e.training_estimate_as(a, &Recipe::default())?;
+        let estimate = (e.training_estimate_as(a, &Recipe::default())?, e.training_disk_as(a)?);
         Ok((e.trainer_status(), live.unwrap_or_default(), approved, schedules, runs, estimate))
     })
     .await?;
@@ -133,6 +141,7 @@ pub async fn training_page(
         approved,
         defaults: Recipe::default(),
         estimate,
+        disk,
         schedules,
         runs,
     })

@@ -694,17 +694,17 @@ pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiErro
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/training", tag = "admin",
-    responses((status = 200, description = "whether care-train can run here (and why not), the default recipe and its expected wall time (`default_estimate`: from the newest finished run of its shape on this device, null before one), schedules and the newest runs", body = Object)))]
+    responses((status = 200, description = "whether care-train can run here (and why not), the default recipe and its expected wall time (`default_estimate`: from the newest finished run of its shape on this device, null before one), the data disk's free and needed bytes for a run (`disk`, null when no pair is live), schedules and the newest runs", body = Object)))]
 #[get("/api/v1/admin/training")]
 pub async fn admin_training(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
-    let (trainer, runs, schedules, estimate) = call(&state, &caller, |e, a| {
+    let (trainer, runs, schedules, (estimate, disk)) = call(&state, &caller, |e, a| {
         let runs = e.training_runs_as(a, 50)?;
-        let estimate = e.training_estimate_as(a, &Recipe::default())?;
+        let estimate = (e.training_estimate_as(a, &Recipe::default())?, e.training_disk_as(a)?);
         Ok((e.trainer_status(), runs, e.schedules_as(a)?, estimate))
     })
     .await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"trainer": trainer, "default_recipe": Recipe::default(),
-        "default_estimate": estimate, "schedules": schedules, "runs": runs})))
+        "default_estimate": estimate, "disk": disk, "schedules": schedules, "runs": runs})))
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/training/runs", tag = "admin", request_body = Recipe,

@@ -271,6 +271,32 @@ pub struct TrainingRun {
     pub error: String,
 }
 
+/// Free space on the data disk against what a run needs (its weights' peak plus the space kept free).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TrainingDisk {
+    pub free_bytes: u64,
+    pub needed_bytes: u64,
+    pub reserve_bytes: u64,
+}
+
+impl TrainingDisk {
+    pub fn enough(&self) -> bool {
+        self.free_bytes >= self.needed_bytes
+    }
+
+    pub fn free_gb(&self) -> String {
+        crate::error::gib(self.free_bytes)
+    }
+
+    pub fn needed_gb(&self) -> String {
+        crate::error::gib(self.needed_bytes)
+    }
+
+    pub fn reserve_gb(&self) -> String {
+        crate::error::gib(self.reserve_bytes)
+    }
+}
+
 /// A run's expected wall time and the finished run it was judged from.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Estimate {
@@ -389,23 +415,42 @@ impl Engine {
         tracing::info!(job, freed_bytes = freed, "freed the run's weights");
     }
 
-    /// Refuses a run the data disk cannot hold: [`RUN_WEIGHT_COPIES`] of the query encoder's weights plus
-    /// `[training] keep_free_gb` left for search and ingest.
-    fn check_training_disk(&self, query: &Path) -> Result<()> {
+    /// The data disk's free space against what a run from query encoder `query` needs: [`RUN_WEIGHT_COPIES`] of
+    /// its weights plus `[training] keep_free_gb` left for search and ingest.
+    fn training_disk(&self, query: &Path) -> Result<TrainingDisk> {
         let weights: u64 = std::fs::read_dir(query)
             .map_err(|e| Error::io(query, e))?
             .flatten()
             .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
             .filter_map(|e| e.metadata().ok().map(|m| m.len()))
             .sum();
-        let reserve = (self.cfg.training.keep_free_gb.max(0.0) * f64::from(1u32 << 30)) as u64;
-        let needed = weights.saturating_mul(RUN_WEIGHT_COPIES).saturating_add(reserve);
+        let reserve_bytes = (self.cfg.training.keep_free_gb.max(0.0) * f64::from(1u32 << 30)) as u64;
         let root = &self.cfg.storage.data_dir;
         let st = nix::sys::statvfs::statvfs(root.as_path()).map_err(|e| Error::io(root, e.into()))?;
-        let available = st.blocks_available() as u64 * st.fragment_size() as u64;
-        if available < needed {
+        Ok(TrainingDisk {
+            free_bytes: st.blocks_available() as u64 * st.fragment_size() as u64,
+            needed_bytes: weights.saturating_mul(RUN_WEIGHT_COPIES).saturating_add(reserve_bytes),
+            reserve_bytes,
+        })
+    }
+
+    /// Said before an admin starts a run (the 训练 page, `care train status`): whether the data disk holds a run
+    /// from the live pair. None when no pair is live.
+    pub fn training_disk_as(&self, actor: &Actor) -> Result<Option<TrainingDisk>> {
+        actor.require_admin()?;
+        self.active_models()?.map(|p| self.training_disk(&p.query.dir)).transpose()
+    }
+
+    /// Refuses a run the data disk cannot hold (see [`Engine::training_disk`]).
+    fn check_training_disk(&self, query: &Path) -> Result<()> {
+        let d = self.training_disk(query)?;
+        if !d.enough() {
             return Err(Error::DiskFull {
-                path: root.clone(), what: "这次训练".into(), needed, available, reserve
+                path: self.cfg.storage.data_dir.clone(),
+                what: "这次训练".into(),
+                needed: d.needed_bytes,
+                available: d.free_bytes,
+                reserve: d.reserve_bytes,
             });
         }
         Ok(())
