@@ -476,15 +476,10 @@ fn kill_9_of_care_serve_mid_training_resumes_and_equals_an_uninterrupted_run() {
         assert_eq!(resp.status().as_u16(), 202, "{:?}", resp.text());
         resp.json::<serde_json::Value>().unwrap()["job"].as_i64().unwrap()
     };
-    let run = |url: &str, job: i64| -> serde_json::Value {
-        client
-            .get(format!("{url}/api/v1/admin/training/runs/{job}"))
-            .header("Authorization", &bearer)
-            .send()
-            .unwrap()
-            .json()
-            .unwrap()
+    let get = |url: &str, path: &str| -> serde_json::Value {
+        client.get(format!("{url}{path}")).header("Authorization", &bearer).send().unwrap().json().unwrap()
     };
+    let run = |url: &str, job: i64| get(url, &format!("/api/v1/admin/training/runs/{job}"));
     let until_finished = |url: &str, job: i64| -> serde_json::Value {
         let until = Instant::now() + Duration::from_secs(900);
         loop {
@@ -509,13 +504,7 @@ fn kill_9_of_care_serve_mid_training_resumes_and_equals_an_uninterrupted_run() {
     assert!(short.status.code() == Some(2) && said.contains("磁盘空间不足"), "{said}");
 
     let (mut server, url) = care.serve();
-    let page: serde_json::Value = client
-        .get(format!("{url}/api/v1/admin/training"))
-        .header("Authorization", &bearer)
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let page = get(&url, "/api/v1/admin/training");
     let (needed, reserve) =
         (page["disk"]["needed_bytes"].as_u64().unwrap(), page["disk"]["reserve_bytes"].as_u64().unwrap());
     assert!(needed > reserve && reserve == 2 << 30, "a run needs the live query encoder's weights: {}", page["disk"]);
@@ -585,13 +574,7 @@ fn kill_9_of_care_serve_mid_training_resumes_and_equals_an_uninterrupted_run() {
         assert!(a == b, "{f} differs between the resumed and the uninterrupted run's candidates");
         compared += 1;
     }
-    let evaluations: serde_json::Value = client
-        .get(format!("{url}/api/v1/admin/models/evaluations"))
-        .header("Authorization", &bearer)
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let evaluations = get(&url, "/api/v1/admin/models/evaluations");
     let ndcg = |r: &serde_json::Value| -> serde_json::Value {
         let id = r["evaluation"].as_i64().expect("evaluated");
         let e = evaluations.as_array().unwrap().iter().find(|e| e["report"]["id"] == id).expect("its report");

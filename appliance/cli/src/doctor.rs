@@ -4,7 +4,7 @@
 //! migrated", not migrated), and the full index check runs only when the service is not holding the indexes.
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use care_engine::datadir::LAYOUT_VERSION;
 use care_engine::store::{latest_schema, peek_schema_version};
@@ -159,16 +159,8 @@ fn data_dir_check(dir: &Path) -> (Check, Option<u32>) {
 
 fn disk_check(dir: &Path) -> Check {
     const NAME: &str = "disk space";
-    let mut at: PathBuf = dir.to_path_buf();
-    while !at.exists() {
-        match at.parent() {
-            Some(p) => at = p.to_path_buf(),
-            None => break,
-        }
-    }
-    match nix::sys::statvfs::statvfs(&at) {
-        Ok(s) => {
-            let free = s.blocks_available() * s.fragment_size();
+    match care_engine::datadir::free_bytes(dir) {
+        Ok((at, free)) => {
             let gib = free as f64 / (1u64 << 30) as f64;
             let detail = format!("{gib:.1} GiB free on the file system of {}", at.display());
             if free < DISK_FAIL_BYTES {
@@ -179,7 +171,7 @@ fn disk_check(dir: &Path) -> Check {
                 ok(NAME, detail)
             }
         }
-        Err(e) => warn(NAME, format!("cannot read free space of {}: {e}", at.display()), "check the mount"),
+        Err(e) => warn(NAME, format!("cannot read free space of {}: {e}", dir.display()), "check the mount"),
     }
 }
 

@@ -129,19 +129,6 @@ impl RecipeArgs {
     }
 }
 
-fn disk_line(d: &care_engine::training::TrainingDisk) -> String {
-    if d.enough() {
-        format!("磁盘：剩余 {}，一次训练约需 {}（含为检索和入库保留的 {}）", d.free_gb(), d.needed_gb(), d.reserve_gb())
-    } else {
-        format!(
-            "磁盘空间不足：剩余 {}，一次训练约需 {}（含保留的 {}）；请先清理数据目录所在磁盘",
-            d.free_gb(),
-            d.needed_gb(),
-            d.reserve_gb()
-        )
-    }
-}
-
 pub fn run_train(e: Arc<Engine>, actor: &Actor, workers: usize, cmd: TrainCommand) -> Result<i32> {
     match cmd {
         TrainCommand::Status => {
@@ -155,7 +142,7 @@ pub fn run_train(e: Arc<Engine>, actor: &Actor, workers: usize, cmd: TrainComman
                     None => println!("本机尚无完成的同类训练运行，暂无法估算用时"),
                 }
                 if let Some(d) = e.training_disk_as(actor)? {
-                    println!("{}", disk_line(&d));
+                    println!("{}", d.describe());
                     if !d.enough() {
                         return Ok(2);
                     }

@@ -96,6 +96,14 @@ impl DataDir {
     }
 }
 
+/// Bytes an unprivileged writer may still use on the file system of `path`, measured at its nearest existing
+/// ancestor (a data directory not created yet is judged by the disk it will be created on), with that ancestor.
+pub fn free_bytes(path: &Path) -> std::io::Result<(PathBuf, u64)> {
+    let at = path.ancestors().find(|p| p.exists()).unwrap_or(path).to_path_buf();
+    let st = nix::sys::statvfs::statvfs(&at)?;
+    Ok((at, st.blocks_available() as u64 * st.fragment_size() as u64))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

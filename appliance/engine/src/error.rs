@@ -195,17 +195,27 @@ pub enum Error {
     /// A run that must not overlap another (training) while one is queued or running.
     #[error("{0}")]
     Busy(String),
-    /// Too little free space for what a job is about to write (said before it starts, not half-way through).
+    /// Too little free space for a training run (said before it starts, not half-way through).
     #[error(
-        "磁盘空间不足：{path} 所在磁盘剩余 {}，{what}约需 {}（含保留的 {}）；请清理该磁盘（如不再需要的候选模型、旧的上传文件）\
-         后重试 (disk full: {available} bytes free under {path}, {needed} needed)",
-        gib(*available), gib(*needed), gib(*reserve)
+        "{} (disk full: {available} bytes free under {path}, {needed} needed)",
+        disk_short_message(*available, *needed, *reserve)
     )]
-    DiskFull { path: PathBuf, what: String, needed: u64, available: u64, reserve: u64 },
+    DiskFull { path: PathBuf, needed: u64, available: u64, reserve: u64 },
 }
 
 pub(crate) fn gib(bytes: u64) -> String {
     format!("{:.1} GB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// What the 训练 page, `care train status` and a refused run say when the disk cannot hold a run.
+pub(crate) fn disk_short_message(available: u64, needed: u64, reserve: u64) -> String {
+    format!(
+        "磁盘空间不足：剩余 {}，一次训练约需 {}（含保留的 {}）；请先清理数据目录所在磁盘（如不再需要的候选模型），\
+         或调低 care.toml 的 [training] keep_free_gb",
+        gib(available),
+        gib(needed),
+        gib(reserve)
+    )
 }
 
 /// ENOSPC gets words an admin acts on; any other I/O error keeps the system's.

@@ -284,16 +284,19 @@ impl TrainingDisk {
         self.free_bytes >= self.needed_bytes
     }
 
-    pub fn free_gb(&self) -> String {
-        crate::error::gib(self.free_bytes)
-    }
-
-    pub fn needed_gb(&self) -> String {
-        crate::error::gib(self.needed_bytes)
-    }
-
-    pub fn reserve_gb(&self) -> String {
-        crate::error::gib(self.reserve_bytes)
+    /// The line the 训练 page and `care train status` show (a refused run says the short one).
+    pub fn describe(&self) -> String {
+        use crate::error::gib;
+        if self.enough() {
+            format!(
+                "磁盘：剩余 {}，一次训练约需 {}（含为检索和入库保留的 {}）",
+                gib(self.free_bytes),
+                gib(self.needed_bytes),
+                gib(self.reserve_bytes)
+            )
+        } else {
+            crate::error::disk_short_message(self.free_bytes, self.needed_bytes, self.reserve_bytes)
+        }
     }
 }
 
@@ -426,9 +429,9 @@ impl Engine {
             .sum();
         let reserve_bytes = (self.cfg.training.keep_free_gb.max(0.0) * f64::from(1u32 << 30)) as u64;
         let root = &self.cfg.storage.data_dir;
-        let st = nix::sys::statvfs::statvfs(root.as_path()).map_err(|e| Error::io(root, e.into()))?;
+        let (_, free_bytes) = crate::datadir::free_bytes(root).map_err(|e| Error::io(root, e))?;
         Ok(TrainingDisk {
-            free_bytes: st.blocks_available() as u64 * st.fragment_size() as u64,
+            free_bytes,
             needed_bytes: weights.saturating_mul(RUN_WEIGHT_COPIES).saturating_add(reserve_bytes),
             reserve_bytes,
         })
@@ -447,7 +450,6 @@ impl Engine {
         if !d.enough() {
             return Err(Error::DiskFull {
                 path: self.cfg.storage.data_dir.clone(),
-                what: "这次训练".into(),
                 needed: d.needed_bytes,
                 available: d.free_bytes,
                 reserve: d.reserve_bytes,
@@ -1080,14 +1082,8 @@ mod tests {
         assert!(full.to_string().starts_with("磁盘空间不足：写入 /var/lib/care/x"), "{full}");
         let other = Error::io("/var/lib/care/x", std::io::Error::from(std::io::ErrorKind::PermissionDenied));
         assert_eq!(other.code(), crate::ErrorCode::Io);
-        let e = Error::DiskFull {
-            path: "/d".into(),
-            what: "这次训练".into(),
-            needed: 3 << 30,
-            available: 1 << 30,
-            reserve: 2 << 30,
-        };
-        assert!(e.to_string().contains("剩余 1.0 GB，这次训练约需 3.0 GB（含保留的 2.0 GB）"), "{e}");
+        let e = Error::DiskFull { path: "/d".into(), needed: 3 << 30, available: 1 << 30, reserve: 2 << 30 };
+        assert!(e.to_string().contains("剩余 1.0 GB，一次训练约需 3.0 GB（含保留的 2.0 GB）"), "{e}");
     }
 
     #[test]
