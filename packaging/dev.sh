@@ -7,6 +7,8 @@
 #   packaging/dev.sh deb-tools  install what building and testing the .deb needs (cargo-deb; CI runs it)
 #   packaging/dev.sh env     print the environment for building/running the trainer: eval "$(packaging/dev.sh env)"
 #   packaging/dev.sh bench-venv  create .care-dev/bench-venv, the Python reference stack of tests/bench (pinned PyPI)
+#   packaging/dev.sh device-build  build care-train against torch==2.11.0 (tch 0.24) for a lent GPU machine and pack
+#                            what one call carries into target/device-pack (docs/dev/gpu-check.md)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEV="$ROOT/.care-dev"
@@ -132,6 +134,53 @@ bench_venv() {
     log "bench venv ready: $venv/bin/python (${BENCH_PY_PACKAGES[*]})"
 }
 
+# A lent GPU machine (docs/dev/gpu-check.md) has PyTorch 2.11 (CUDA 13) but no Rust toolchain, no network, and takes
+# at most 64 MiB per call: libtorch cannot travel. So care-train is built here against the PyPI torch==2.11.0 wheel
+# with tch 0.24 (the tch release for libtorch 2.11; the trainer uses no API that differs from 0.26) and finds the
+# machine's own torch/lib at run time. The manifest is generated (its own workspace, the trainer's sources), so the
+# project's tch 0.26 and Cargo.lock stay as they are.
+DEVICE_TORCH_VERSION=2.11.0
+DEVICE_TCH_VERSION=0.24.0
+device_build() {
+    command -v cargo >/dev/null || { log "cargo not found: install the Rust toolchain (https://rustup.rs) first"; exit 1; }
+    local prefix="$DEV/torch-$DEVICE_TORCH_VERSION" build="$DEV/device-build"
+    local target="${CARGO_TARGET_DIR:-$ROOT/target}/device" pack="$ROOT/target/device-pack"
+    if [ ! -f "$prefix/torch/lib/libtorch_cpu.so" ]; then
+        log "installing torch==$DEVICE_TORCH_VERSION (libtorch the GPU machines have) from PyPI"
+        rm -rf "$prefix"
+        python3 -m pip install -q --no-deps --target "$prefix" "torch==$DEVICE_TORCH_VERSION"
+        # Linking needs the sonames libtorch_cpu depends on (libcudart/libcupti .so.13); the CUDA 13 wheels give them.
+        python3 -m pip install -q --no-deps --target "$prefix" "nvidia-cuda-runtime==13.0.*" "nvidia-cuda-cupti==13.0.*"
+    fi
+    mkdir -p "$build"
+    local dep
+    dep() { sed -n "s/^$1 = \(.*\)$/$1 = \1/p" "$ROOT/Cargo.toml" | head -1; }
+    {
+        printf '[package]\nname = "care-trainer"\nversion = "0.0.0-device"\nedition = "2024"\npublish = false\n\n'
+        printf '[workspace]\n\n[lib]\nname = "care_trainer"\npath = "%s/trainer/src/lib.rs"\n\n' "$ROOT"
+        printf '[[bin]]\nname = "care-train"\npath = "%s/trainer/src/main.rs"\n\n[dependencies]\n' "$ROOT"
+        printf 'care-formats = { path = "%s/appliance/formats" }\ncare-modelio = { path = "%s/appliance/modelio" }\n' "$ROOT" "$ROOT"
+        printf 'tch = "=%s"\n' "$DEVICE_TCH_VERSION"
+        for d in anyhow thiserror clap serde serde_json tokenizers indicatif libloading; do dep "$d"; done
+        printf 'nix = { version = "0.31", default-features = false, features = ["fs", "user", "process", "signal"] }\n'
+        printf '\n[profile.release]\ncodegen-units = 16\nstrip = true\n'
+    } >"$build/Cargo.toml"
+    [ -f "$build/Cargo.lock" ] || cp "$ROOT/Cargo.lock" "$build/Cargo.lock"
+    local cuda_libs
+    cuda_libs=$(find "$prefix/nvidia" -maxdepth 3 -type d -name lib | tr '\n' ':')
+    log "building care-train (release) against torch $DEVICE_TORCH_VERSION / tch $DEVICE_TCH_VERSION"
+    LIBTORCH="$prefix/torch" LIBTORCH_CXX11_ABI=1 LIBRARY_PATH="${cuda_libs%:}" \
+        cargo build --release --manifest-path "$build/Cargo.toml" --target-dir "$target" --bin care-train
+    rm -rf "$pack"
+    mkdir -p "$pack"
+    cp "$target/release/care-train" "$ROOT/trainer/bench/gpu_check.sh" "$ROOT/trainer/bench/stage2_reference.py" "$pack/"
+    local size
+    size=$(du -sm "$pack" | cut -f1)
+    [ "$size" -le 64 ] || { log "$pack is $size MiB: more than one call carries (64 MiB)"; exit 1; }
+    log "packed $pack ($size MiB): run on the GPU machine with carry [target/device-pack] and command"
+    log "  bash target/device-pack/gpu_check.sh"
+}
+
 setup() {
     command -v cargo >/dev/null || { log "cargo not found: install the Rust toolchain (https://rustup.rs) first"; exit 1; }
     apt_install "${DEBIAN_PACKAGES[@]}"
@@ -230,13 +279,16 @@ case "${1:-}" in
     bench-venv)
         bench_venv
         ;;
+    device-build)
+        device_build
+        ;;
     env)
         { setup; install_torch; check_prereqs; report_prereqs; } >&2
         printf 'export LIBTORCH=%q LIBTORCH_CXX11_ABI=1 LD_LIBRARY_PATH=%q ORT_DYLIB_PATH=%q CARE_E5S1=%q\n' \
             "$LIBTORCH" "$LD_LIBRARY_PATH" "$ORT_DYLIB_PATH" "$CARE_E5S1"
         ;;
     *)
-        sed -n '2,9p' "$0"
+        sed -n '2,11p' "$0"
         exit 2
         ;;
 esac

@@ -13,6 +13,8 @@
 //!   ├ export     query encoder → ONNX model package (care-modelio's exporter) + parity vectors;
 //!   │            document embeddings → embedding shards (care-formats)
 //!   ├ eval       nDCG@10 on BEIR dev splits with an exact scan, and query-latency measurement
+//!   ├ precision  bf16 autocast that is bf16 (libtorch's autocast type set by symbol), fp16 refused for training
+//!   ├ gpu_check  `care-train gpu-check`: device facts and Stage II LoRA steps on CPU and CUDA, one JSON report
 //!   ├ cuda       loads libtorch_cuda at run time (tch links only the CPU library)
 //!   └ doctor     libtorch version, CUDA usable or why not, GPUs and free memory, which Qwen3 fits Stage II
 //! ```
@@ -26,10 +28,12 @@ pub mod doctor;
 pub mod encoder;
 pub mod eval;
 pub mod export;
+pub mod gpu_check;
 pub mod loss;
 pub mod models;
 pub mod optim;
 pub mod pooling;
+pub mod precision;
 pub mod svg;
 pub mod train;
 pub mod weights;

@@ -16,6 +16,7 @@ use anyhow::{Context, Result, bail};
 use care_formats::training::TrainingExample;
 use care_trainer::data::{self, MiningOptions};
 use care_trainer::encoder::{Encoder, write_json};
+use care_trainer::precision::Precision;
 use care_trainer::train::{DocSide, LossConfig, TrainConfig, Trainer, frozen_doc_side_with, select_trainable};
 use clap::{Args, Parser, Subcommand};
 use tch::{Device, Kind};
@@ -123,9 +124,11 @@ struct Common {
     /// Batch size for no-grad encoding (frozen document pools, mining).
     #[arg(long, default_value_t = 64)]
     infer_batch: usize,
-    /// fp32, bf16 or fp16: weights of frozen encoders and autocast of trainable ones on CUDA (CPU stays fp32).
+    /// fp32 or bf16 (fp16 cannot train without loss scaling and is refused): on CUDA, bf16 stores frozen weights
+    /// (a frozen document encoder, the base of a LoRA one) in bf16 and runs the step under bf16 autocast with
+    /// fp32 trainable weights; the CPU stays fp32.
     #[arg(long, default_value = "fp32")]
-    precision: String,
+    precision: Precision,
     #[arg(long)]
     out: PathBuf,
 }
@@ -324,7 +327,7 @@ enum Command {
         #[arg(long, default_value_t = 512)]
         max_length: usize,
         #[arg(long, default_value = "fp32")]
-        precision: String,
+        precision: Precision,
     },
     /// nDCG@10 / MRR@10 / Recall@100 of (query encoder, document encoder) on a BEIR split, exact scan.
     Eval {
@@ -380,6 +383,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Proves the GPU path in one short run: device facts, the autocast type in effect, Stage II LoRA steps on tiny
+    /// and Qwen3-0.6B-shaped random models on CPU and CUDA (first-loss parity, step time, peak memory against the
+    /// doctor's estimate), as one JSON report (docs/dev/gpu-check.md).
+    GpuCheck(care_trainer::gpu_check::Args),
     /// Render metrics.jsonl as an SVG loss chart.
     Chart {
         #[arg(long)]
@@ -444,13 +451,8 @@ fn device(s: &str) -> Result<Device> {
     })
 }
 
-fn kind(precision: &str, dev: Device) -> Result<Kind> {
-    Ok(match (precision, dev) {
-        ("fp32", _) | (_, Device::Cpu) => Kind::Float,
-        ("bf16", _) => Kind::BFloat16,
-        ("fp16", _) => Kind::Half,
-        (other, _) => bail!("unknown precision {other:?}: use fp32, bf16 or fp16"),
-    })
+fn kind(precision: Precision, dev: Device) -> Result<Kind> {
+    Ok(precision.frozen_kind(dev))
 }
 
 fn load_encoder(dir: &Path, dev: Device, k: Kind, max_length: Option<usize>) -> Result<Encoder> {
@@ -515,8 +517,9 @@ fn finish_training(
         std::fs::remove_file(common.out.join("metrics.jsonl"))?;
     }
     let started = Instant::now();
-    let use_autocast = common.precision != "fp32" && trainer.query.device != Device::Cpu;
-    let log = tch::autocast(use_autocast, || trainer.run(None))?;
+    let dev = trainer.query.device;
+    let log = care_trainer::precision::train_autocast(dev, common.precision, || trainer.run(None))
+        .map_err(anyhow::Error::msg)??;
     let secs = started.elapsed().as_secs_f64();
     if trainer.cfg.checkpoint_every > 0 && !trainer.cfg.steps.is_multiple_of(trainer.cfg.checkpoint_every) {
         trainer.save_checkpoint()?;
@@ -550,6 +553,13 @@ fn run(cli: Cli) -> Result<()> {
             print_doctor(&r, *texts, *document_max_length);
         }
         return Ok(());
+    }
+    if let Command::Init { common, .. } | Command::Stage1 { common, .. } | Command::Stage2 { common, .. } = &cli.command
+    {
+        common.precision.check_trainable().map_err(anyhow::Error::msg)?;
+    }
+    if let Command::GpuCheck(args) = cli.command {
+        return care_trainer::gpu_check::run(&args);
     }
     let dev = device(&cli.device)?;
     match cli.command {
@@ -613,7 +623,7 @@ fn run(cli: Cli) -> Result<()> {
             common,
         } => {
             let q = load_encoder(&query, dev, Kind::Float, Some(common.document_max_length))?;
-            let d = load_encoder(&document, dev, kind(&common.precision, dev)?, Some(common.document_max_length))?;
+            let d = load_encoder(&document, dev, kind(common.precision, dev)?, Some(common.document_max_length))?;
             let mut docs = data::read_corpus(&corpus)?;
             if !kinds.is_empty() {
                 docs.retain(|doc| doc.kind.as_ref().is_some_and(|k| kinds.contains(k)));
@@ -642,7 +652,7 @@ fn run(cli: Cli) -> Result<()> {
                 served.as_ref(),
             )?;
             if let Some(qt) = &query_teacher {
-                let qt = load_encoder(qt, dev, kind(&common.precision, dev)?, Some(common.document_max_length))?;
+                let qt = load_encoder(qt, dev, kind(common.precision, dev)?, Some(common.document_max_length))?;
                 let own = query_teacher_template.as_deref().unwrap_or(&common.query_template);
                 let mut seen = std::collections::HashSet::new();
                 // (the side's key, the text as stage1_pairs gave it to the document encoder; the text as the query
@@ -689,7 +699,8 @@ fn run(cli: Cli) -> Result<()> {
             common,
         } => {
             let q = load_encoder(&query, dev, Kind::Float, Some(common.query_max_length))?;
-            let dkind = if freeze_document { kind(&common.precision, dev)? } else { Kind::Float };
+            // Frozen or the base of LoRA adapters: either way these weights never train, so bf16 storage halves them.
+            let dkind = kind(common.precision, dev)?;
             let mut d = load_encoder(&document, dev, dkind, Some(common.document_max_length))?;
             let mut ex = Vec::new();
             for t in &train {
@@ -879,7 +890,7 @@ fn run(cli: Cli) -> Result<()> {
             max_length,
             precision,
         } => {
-            let d = load_encoder(&document, dev, kind(&precision, dev)?, Some(max_length))?;
+            let d = load_encoder(&document, dev, kind(precision, dev)?, Some(max_length))?;
             let docs = data::read_corpus(&corpus)?;
             let width = width.unwrap_or(d.hidden_size());
             let started = Instant::now();
@@ -978,7 +989,7 @@ fn run(cli: Cli) -> Result<()> {
                 write_json(&o, &report)?;
             }
         }
-        Command::Doctor { .. } => {} // answered before a device is chosen
+        Command::Doctor { .. } | Command::GpuCheck(_) => {} // answered before a device is chosen
         Command::Chart { metrics, out, title } => {
             let m = care_trainer::train::read_metrics(&metrics)?;
             std::fs::write(&out, care_trainer::svg::loss_chart(&title, &m, 20))?;

@@ -416,7 +416,7 @@ impl<'a> Trainer<'a> {
     /// The loss in fp32 whatever the encoders ran in: under CUDA autocast the similarity matmul would otherwise run
     /// in half precision, and logits scaled by 1/t = 50 lose most of their mantissa before the log-softmax.
     fn loss_of(&self, q: &Tensor, d: &Tensor) -> (Tensor, Tensor, Tensor) {
-        tch::autocast(false, || self.loss_fp32(&q.to_kind(Kind::Float), &d.to_kind(Kind::Float)))
+        crate::precision::without_autocast(|| self.loss_fp32(&q.to_kind(Kind::Float), &d.to_kind(Kind::Float)))
     }
 
     fn loss_fp32(&self, q: &Tensor, d: &Tensor) -> (Tensor, Tensor, Tensor) {

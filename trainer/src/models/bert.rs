@@ -9,6 +9,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
+use super::attention::{Attention, Mask, attend};
 use super::linear::{Linear, layer_norm};
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -139,6 +140,8 @@ pub struct Bert {
     eln_b: Tensor,
     layers: Vec<Layer>,
     pub weights: Weights,
+    /// Fused by default; the eager path is the reference in tests.
+    pub attention: Attention,
 }
 
 impl Bert {
@@ -170,6 +173,7 @@ impl Bert {
             eln_b: w.get("embeddings.LayerNorm.bias", &[h])?,
             layers,
             weights,
+            attention: Attention::default(),
         })
     }
 
@@ -199,17 +203,19 @@ impl Bert {
         let kind = x.kind();
         let min = if kind == Kind::Float { f64::from(f32::MIN) } else { -65504.0 };
         let bias = (mask.to_kind(kind).neg() + 1.0).view([b, 1, 1, l]) * min;
+        // No padding (one sync per forward): no mask, so the kernel may take flash attention.
+        let padded = mask.min().int64_value(&[]) == 0;
         let nh = cfg.num_attention_heads;
         let hd = cfg.hidden_size / nh;
-        let scale = 1.0 / (hd as f64).sqrt();
         for layer in &self.layers {
             let heads = |t: Tensor| t.view([b, l, nh, hd]).transpose(1, 2);
             let q = heads(layer.q.forward(&x));
             let k = heads(layer.k.forward(&x));
             let v = heads(layer.v.forward(&x));
-            let scores = q.matmul(&k.transpose(-1, -2)) * scale + &bias;
-            let probs = scores.softmax(-1, kind).dropout(cfg.attention_probs_dropout_prob, train);
-            let ctx = probs.matmul(&v).transpose(1, 2).contiguous().view([b, l, cfg.hidden_size]);
+            let drop = cfg.attention_probs_dropout_prob;
+            let m = if padded { Mask::Bias(&bias) } else { Mask::None };
+            let ctx = attend(self.attention, &q, &k, &v, m, drop, train);
+            let ctx = ctx.transpose(1, 2).contiguous().view([b, l, cfg.hidden_size]);
             let a = layer.ao.forward(&ctx).dropout(cfg.hidden_dropout_prob, train);
             x = layer_norm(&(a + &x), &layer.aln_w, &layer.aln_b, cfg.layer_norm_eps);
             let f = layer.fi.forward(&x).gelu("none");

@@ -38,12 +38,19 @@ impl Linear {
             None => y,
         };
         match &self.lora {
-            Some(l) => y + x.matmul(&l.a.tr()).matmul(&l.b.tr()) * l.scale,
+            // The adapters stay fp32 (they are what trains) over a possibly bf16 base; under autocast the matmuls
+            // cast anyway, without it the branch runs in the input's type.
+            Some(l) => {
+                let (a, b) = (l.a.to_kind(x.kind()), l.b.to_kind(x.kind()));
+                y + x.matmul(&a.tr()).matmul(&b.tr()) * l.scale
+            }
             None => y,
         }
     }
 
-    /// Adds a rank-`r` adapter, registering `{name}.lora_A.weight` / `{name}.lora_B.weight` in `w`.
+    /// Adds a rank-`r` adapter, registering `{name}.lora_A.weight` / `{name}.lora_B.weight` in `w`. The adapter is
+    /// fp32 whatever the base's type: a frozen bf16 base halves the memory of an LLM encoder, while bf16 adapters
+    /// would lose the small updates AdamW makes to them (PEFT's `autocast_adapter_dtype` does the same).
     /// `b_std > 0` starts B random instead of zero (tests use it to make the adapter matter).
     pub fn add_lora(&mut self, w: &mut Weights, rank: i64, alpha: f64, b_std: f64) {
         let (out, inp) = (self.weight.size()[0], self.weight.size()[1]);
@@ -56,8 +63,6 @@ impl Linear {
         } else {
             Tensor::zeros([out, rank], (Kind::Float, device))
         };
-        let a = a.to_kind(self.weight.kind());
-        let b = b.to_kind(self.weight.kind());
         w.insert(format!("{}.lora_A.weight", self.name), a.shallow_clone());
         w.insert(format!("{}.lora_B.weight", self.name), b.shallow_clone());
         self.lora = Some(Lora { a, b, scale: alpha / rank as f64 });

@@ -10,6 +10,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
+use super::attention::{Attention, Mask, attend};
 use super::linear::{Linear, rms_norm};
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -110,6 +111,8 @@ pub struct Qwen3 {
     layers: Vec<Layer>,
     norm: Tensor,
     pub weights: Weights,
+    /// Fused by default; the eager path is the reference in tests.
+    pub attention: Attention,
 }
 
 /// `cat(-x2, x1)` over the last dimension.
@@ -149,6 +152,7 @@ impl Qwen3 {
             layers,
             norm: w.get("norm.weight", &[h])?,
             weights,
+            attention: Attention::default(),
         })
     }
 
@@ -184,20 +188,23 @@ impl Qwen3 {
         let (cos, sin) = self.rope(l, device);
         let (cos, sin) = (cos.to_kind(kind), sin.to_kind(kind));
         let (nh, nkv, hd) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim());
-        let causal = Tensor::ones([l, l], (Kind::Bool, device)).tril(0);
-        let keep = causal.view([1, 1, l, l]).logical_and(&mask.to_kind(Kind::Bool).view([b, 1, 1, l]));
-        // A masked score must stay finite after the score is added to it: a left-padded row sees only masked keys,
-        // and an all −inf row is NaN after softmax. f32::MIN + s stays f32::MIN; in fp16, −65504 + s overflows to
-        // −inf, and bf16 rounds f32::MIN itself to −inf.
-        let min = if kind == Kind::Half {
-            -1e4
-        } else if kind == Kind::BFloat16 {
-            -1e30
-        } else {
-            f64::from(f32::MIN)
-        };
-        let bias = Tensor::zeros([b, 1, l, l], (kind, device)).masked_fill(&keep.logical_not(), min);
-        let scale = 1.0 / (hd as f64).sqrt();
+        // No padding (one sync per forward): causal attention needs no mask tensor and may take the flash kernel.
+        let padded = mask.min().int64_value(&[]) == 0;
+        let bias = padded.then(|| {
+            let causal = Tensor::ones([l, l], (Kind::Bool, device)).tril(0);
+            let keep = causal.view([1, 1, l, l]).logical_and(&mask.to_kind(Kind::Bool).view([b, 1, 1, l]));
+            // A masked score must stay finite after the score is added to it: a left-padded row sees only masked
+            // keys, and an all −inf row is NaN after softmax. f32::MIN + s stays f32::MIN; in fp16, −65504 + s
+            // overflows to −inf, and bf16 rounds f32::MIN itself to −inf.
+            let min = if kind == Kind::Half {
+                -1e4
+            } else if kind == Kind::BFloat16 {
+                -1e30
+            } else {
+                f64::from(f32::MIN)
+            };
+            Tensor::zeros([b, 1, l, l], (kind, device)).masked_fill(&keep.logical_not(), min)
+        });
         for layer in &self.layers {
             let h = rms_norm(&x, &layer.in_norm, cfg.rms_norm_eps);
             let q =
@@ -207,12 +214,9 @@ impl Qwen3 {
             let v = layer.v.forward(&h).view([b, l, nkv, hd]).transpose(1, 2);
             let q = &q * &cos + rotate_half(&q) * &sin;
             let k = &k * &cos + rotate_half(&k) * &sin;
-            let rep = nh / nkv;
-            let k = k.repeat_interleave_self_int(rep, Some(1), None);
-            let v = v.repeat_interleave_self_int(rep, Some(1), None);
-            let scores = q.matmul(&k.transpose(-1, -2)) * scale + &bias;
-            let probs = scores.softmax(-1, Kind::Float).to_kind(kind).dropout(cfg.attention_dropout, train);
-            let ctx = probs.matmul(&v).transpose(1, 2).contiguous().view([b, l, nh * hd]);
+            let m = bias.as_ref().map_or(Mask::Causal, Mask::Bias);
+            let ctx = attend(self.attention, &q, &k, &v, m, cfg.attention_dropout, train);
+            let ctx = ctx.transpose(1, 2).contiguous().view([b, l, nh * hd]);
             x = x + layer.o.forward(&ctx);
             let h = rms_norm(&x, &layer.post_norm, cfg.rms_norm_eps);
             let m = layer.down.forward(&(layer.gate.forward(&h).silu() * layer.up.forward(&h)));
