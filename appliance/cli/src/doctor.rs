@@ -7,6 +7,7 @@ use std::net::TcpListener;
 use std::path::Path;
 
 use care_engine::datadir::LAYOUT_VERSION;
+use care_engine::encoders::{CudaUnavailable, NVIDIA_NODE};
 use care_engine::store::{latest_schema, peek_schema_version};
 use care_engine::{Engine, ErrorCode, OpenMode};
 use serde::Serialize;
@@ -247,25 +248,34 @@ fn runtime_checks(cfg: &AppConfig) -> Vec<Check> {
             return out;
         }
     }
-    let gpu_nodes = Path::new("/dev/nvidia0").exists();
-    let cuda = care_engine::encoders::cuda_available();
-    let device = cfg.engine.model.device.as_str();
-    out.push(match (cuda, gpu_nodes, device) {
-        (true, _, "cpu") => warn("GPU", "CUDA is available but model.device = \"cpu\"", "set model.device = \"auto\" to use the GPU"),
-        (true, _, _) => ok("GPU", "CUDA execution provider available; queries are encoded on the GPU"),
-        (false, _, "cuda") => fail(
-            "GPU",
-            "model.device = \"cuda\" but this ONNX Runtime has no usable CUDA provider",
-            "install the ONNX Runtime GPU library (onnxruntime-gpu 1.31.1) and the NVIDIA driver, or set model.device = \"auto\"",
-        ),
-        (false, true, _) => warn(
-            "GPU",
-            "an NVIDIA GPU is present but the CUDA provider is not available: queries run on the CPU",
-            "install the ONNX Runtime GPU library (see README, 'GPU') and check `nvidia-smi`",
-        ),
-        (false, false, _) => ok("GPU", "no GPU: queries are encoded on the CPU"),
-    });
+    let probe = care_engine::encoders::probe_cuda(&cfg.engine.model);
+    out.push(gpu_check(&cfg.engine.model.device, care_engine::encoders::gpu_present(), probe));
     out
+}
+
+/// The GPU line: decided by a real one-node CUDA session (the probe), not by what ONNX Runtime was compiled with.
+fn gpu_check(device: &str, gpu: bool, probe: care_engine::Result<Result<(), CudaUnavailable>>) -> Check {
+    const NAME: &str = "GPU";
+    let why = match probe {
+        Ok(Ok(())) if device == "cpu" => {
+            return warn(
+                NAME,
+                "CUDA 可用，但 model.device = \"cpu\"",
+                "设置 model.device = \"auto\" 以在 GPU 上编码查询",
+            );
+        }
+        Ok(Ok(())) => return ok(NAME, "CUDA 可用：测试会话已在 GPU 上打开并运行，查询在 GPU 上编码"),
+        Ok(Err(why)) => why,
+        Err(e) => CudaUnavailable::new(e.to_string()),
+    };
+    let missing = why.missing.as_deref().map(|m| format!("缺少 {m}；")).unwrap_or_default();
+    let detail = |head: &str| format!("{head}；CUDA 不可用（CUDA unavailable）：{missing}{}", why.reason.trim());
+    match (device, gpu) {
+        ("cuda", _) => fail(NAME, detail("model.device = \"cuda\"，服务将无法启动"), why.fix_zh()),
+        ("cpu", _) => ok(NAME, detail("model.device = \"cpu\"：查询在 CPU 上编码")),
+        (_, true) => warn(NAME, detail("检测到 NVIDIA GPU，但查询回退到 CPU 编码"), why.fix_zh()),
+        (_, false) => ok(NAME, detail(&format!("无 GPU（{NVIDIA_NODE} 不存在）：查询在 CPU 上编码"))),
+    }
 }
 
 fn index_check(cfg: &AppConfig) -> Check {
@@ -322,4 +332,47 @@ pub fn print(checks: &[Check]) {
 
 pub fn exit_code(checks: &[Check]) -> i32 {
     if checks.iter().any(|c| c.status == Status::Fail) { 1 } else { 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use care_engine::encoders::ModelConfig;
+
+    const PROVIDER: &str = "libonnxruntime_providers_cuda.so";
+
+    fn missing(lib: &str) -> care_engine::Result<Result<(), CudaUnavailable>> {
+        Ok(Err(CudaUnavailable::new(format!(
+            "Failed to load library {PROVIDER} with error: {lib}: cannot open shared object file"
+        ))))
+    }
+
+    #[test]
+    fn the_gpu_line_follows_the_probe_and_the_configured_device() {
+        assert_eq!(gpu_check("auto", true, Ok(Ok(()))).status, Status::Ok);
+        assert_eq!(gpu_check("cpu", true, Ok(Ok(()))).status, Status::Warn);
+        let cuda = gpu_check("cuda", true, missing("libcublasLt.so.13"));
+        assert_eq!(cuda.status, Status::Fail);
+        assert!(cuda.detail.contains("libcublasLt.so.13"), "{}", cuda.detail);
+        assert!(cuda.fix.as_deref().is_some_and(|f| f.contains("onnxruntime-gpu[cuda,cudnn]==1.31.1")), "{cuda:?}");
+        let fallback = gpu_check("auto", true, missing("libcudnn.so.9"));
+        assert_eq!(fallback.status, Status::Warn, "a GPU left unused is worth a warning");
+        assert!(fallback.detail.contains("回退到 CPU"), "{}", fallback.detail);
+        assert_eq!(gpu_check("auto", false, missing("libcudart.so.13")).status, Status::Ok);
+    }
+
+    /// The real probe against the runtime this machine has (CPU-only in CI): unavailable, with the reason.
+    #[test]
+    fn the_cuda_probe_here_says_unavailable_with_a_reason() {
+        let model = ModelConfig::default();
+        let (lib, _) = care_engine::encoders::init_runtime(&model).unwrap();
+        if lib.with_file_name(PROVIDER).exists() {
+            eprintln!("skipped: {} has a CUDA provider beside it", lib.display());
+            return;
+        }
+        let check = gpu_check("cuda", care_engine::encoders::gpu_present(), care_engine::encoders::probe_cuda(&model));
+        eprintln!("{check:?}");
+        assert_eq!(check.status, Status::Fail);
+        assert!(check.detail.contains("CUDA 不可用") && check.detail.contains(PROVIDER), "{}", check.detail);
+    }
 }

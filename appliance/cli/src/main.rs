@@ -1095,6 +1095,7 @@ fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 fn serve(engine: Engine, cfg: &config::AppConfig) -> Result<()> {
+    encoder_device(&cfg.engine.model)?;
     let settings =
         care_server::Settings { server: cfg.server.clone(), auth: cfg.auth.clone(), audit: cfg.audit.clone() };
     if let Some(pw) = care_server::bootstrap(&engine, &settings.auth)? {
@@ -1119,6 +1120,18 @@ fn serve(engine: Engine, cfg: &config::AppConfig) -> Result<()> {
     }));
     worker.shutdown();
     served?;
+    Ok(())
+}
+
+/// Decides the encoders' device before listening, so that `model.device = "cuda"` without a usable CUDA provider
+/// stops the service at start (naming the missing library) instead of at the first query. A missing ONNX Runtime
+/// is left to the encoder load, as before: search then runs BM25 only.
+fn encoder_device(model: &care_engine::encoders::ModelConfig) -> Result<()> {
+    match care_engine::encoders::resolve_device(model) {
+        Ok(d) => tracing::info!(requested = %d.requested, device = d.device, "encoder device"),
+        Err(e @ care_engine::Error::CudaUnavailable(_)) => return Err(e.into()),
+        Err(e) => tracing::warn!(error = %e, "ONNX Runtime is not usable; dense search fails until it is"),
+    }
     Ok(())
 }
 

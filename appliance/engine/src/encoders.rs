@@ -3,11 +3,13 @@
 //! An [`OrtEncoder`] serves one model package: `tokenizer.json` (Hugging Face `tokenizers`), `model.onnx`, and the
 //! manifest that says how to turn hidden states into a vector (pooling, width, prompt templates). Inputs are
 //! sorted by length and cut into batches of at most `batch_tokens` padded tokens, so one long document does not
-//! pad a whole batch. CUDA is used when the runtime library has it and the config allows it, CPU otherwise.
+//! pad a whole batch. The device is decided by opening a real CUDA session ([`device`]): `cuda` fails without it,
+//! `auto` falls back to the CPU out loud.
 //! Each encoder's session is owned by its own thread ([`service`]): callers tokenise, hand over token ids and
 //! wait, so concurrent queries are batched together and go ahead of document embedding. Calls are synchronous;
 //! the HTTP layer runs them on its blocking pool, never on the async workers.
 
+mod device;
 mod service;
 
 use std::path::{Path, PathBuf};
@@ -22,9 +24,11 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct ModelConfig {
-    /// The ONNX Runtime shared library. Unset: `ORT_DYLIB_PATH`, then the packaged location.
+    /// The ONNX Runtime shared library. Unset: `ORT_DYLIB_PATH`, then the GPU variant's ([`GPU_PREFIX`]) when
+    /// installed, then the packaged (CPU) location.
     pub ort_library: Option<PathBuf>,
-    /// "auto" (CUDA when available), "cpu" or "cuda" (fail if CUDA is unavailable).
+    /// "auto" (CUDA when a GPU is present and a CUDA session opens, else the CPU with a warning), "cpu" or "cuda"
+    /// (fail at start, naming the missing library, if the CUDA provider cannot be created).
     pub device: String,
     /// Threads per inference call. 0: every core on CPU (the pool does not spin, so idle threads leave the cores to
     /// the rest of each search), ONNX Runtime's choice on CUDA. One encoder thread per model runs every call and
@@ -78,7 +82,8 @@ pub const PACKAGED_ORT: &str = "/usr/lib/care/libonnxruntime.so.1.31.1";
 
 static ORT: OnceLock<std::result::Result<(PathBuf, ort::environment::Environment), String>> = OnceLock::new();
 
-/// Loads ONNX Runtime once per process; returns the library path and the shared environment.
+/// Loads ONNX Runtime once per process; returns the library path and the shared environment. The GPU variant's
+/// library (docs/admin/gpu.md) goes before the packaged CPU one, so installing it is all it takes.
 pub fn init_runtime(cfg: &ModelConfig) -> Result<(PathBuf, ort::environment::Environment)> {
     ORT.get_or_init(|| {
         let candidates: Vec<PathBuf> = cfg
@@ -86,7 +91,7 @@ pub fn init_runtime(cfg: &ModelConfig) -> Result<(PathBuf, ort::environment::Env
             .clone()
             .into_iter()
             .chain(std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from))
-            .chain(std::iter::once(PathBuf::from(PACKAGED_ORT)))
+            .chain([gpu_runtime_library(), PathBuf::from(PACKAGED_ORT)])
             .collect();
         let Some(path) = candidates.iter().find(|p| p.exists()).cloned() else {
             return Err(format!(
@@ -103,9 +108,25 @@ pub fn init_runtime(cfg: &ModelConfig) -> Result<(PathBuf, ort::environment::Env
     .map_err(Error::Model)
 }
 
-/// Whether the loaded ONNX Runtime has a usable CUDA provider (call after [`init_runtime`]).
-pub fn cuda_available() -> bool {
-    <ort::ep::CUDA as ort::ep::ExecutionProvider>::is_available().unwrap_or(false)
+pub use device::choose as choose_device;
+pub use device::{
+    CudaUnavailable, GPU_INSTALL, GPU_PREFIX, NVIDIA_NODE, ServedDevice, gpu_present, gpu_runtime_library,
+    served_device,
+};
+
+/// Whether a one-node CUDA session opens and runs with the loaded ONNX Runtime (loads it first); probed once.
+pub fn probe_cuda(cfg: &ModelConfig) -> Result<std::result::Result<(), CudaUnavailable>> {
+    let (_, env) = init_runtime(cfg)?;
+    Ok(device::probe_cuda(&env))
+}
+
+/// The device the encoder sessions get under `cfg.device`, logged and counted when `auto` falls back to the CPU;
+/// `cuda` without a usable CUDA provider is [`Error::CudaUnavailable`]. `care serve` calls it at start.
+pub fn resolve_device(cfg: &ModelConfig) -> Result<ServedDevice> {
+    let (_, env) = init_runtime(cfg)?;
+    let served = device::choose(&cfg.device, gpu_present(), || device::probe_cuda(&env))?;
+    device::record(&served);
+    Ok(served)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,24 +263,13 @@ fn build_session(
     cfg: &ModelConfig,
     env: &ort::environment::Environment,
 ) -> Result<(ort::session::Session, &'static str)> {
-    let want_cuda = match cfg.device.as_str() {
-        "cpu" => false,
-        "cuda" | "auto" => true,
-        other => return Err(Error::InvalidInput(format!("model.device must be auto, cpu or cuda, not {other:?}"))),
-    };
-    let cuda_available = want_cuda && <ort::ep::CUDA as ort::ep::ExecutionProvider>::is_available().unwrap_or(false);
-    if cfg.device == "cuda" && !cuda_available {
-        return Err(Error::Model(
-            "model.device = \"cuda\" but this ONNX Runtime has no CUDA provider (install onnxruntime-gpu) or no GPU is visible"
-                .into(),
-        ));
-    }
+    let device = resolve_device(cfg)?.device;
     let mut builder = ort::session::Session::builder(env)
         .map_err(|e| model_err(dir, e))?
         .with_optimization_level(ort::session::builder::GraphOptimizationLevel::Level3)
         .map_err(|e| model_err(dir, e))?;
     let threads = match cfg.threads {
-        0 if !cuda_available => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        0 if device == "cpu" => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
     };
     if threads > 0 {
@@ -268,13 +278,12 @@ fn build_session(
     // Pool threads sleep between calls instead of spinning: a spinning pool holds the cores that the rest of
     // each search (TLS, BM25, SQLite, snippets) and ingest need while the encoder thread waits for work.
     builder = builder.with_intra_op_spinning(false).map_err(|e| model_err(dir, e))?;
-    let device = if cuda_available {
-        builder =
-            builder.with_execution_providers([ort::ep::CUDA::default().build()]).map_err(|e| model_err(dir, e))?;
-        "cuda"
-    } else {
-        "cpu"
-    };
+    if device == "cuda" {
+        // error_on_failure: a provider that cannot load must not leave this session on the CPU unnoticed.
+        builder = builder
+            .with_execution_providers([device::cuda_provider()])
+            .map_err(|e| Error::CudaUnavailable(CudaUnavailable::new(e.to_string())))?;
+    }
     let session =
         builder.commit_from_file(dir.join("model.onnx")).map_err(|e| model_err(dir, format!("model.onnx: {e}")))?;
     Ok((session, device))

@@ -201,6 +201,9 @@ pub enum Error {
         disk_short_message(*available, *needed, *reserve)
     )]
     DiskFull { path: PathBuf, needed: u64, available: u64, reserve: u64 },
+    /// The CUDA provider cannot be created (`model.device = "cuda"`): names the missing library and the install.
+    #[error("model.device = \"cuda\": {0}")]
+    CudaUnavailable(crate::encoders::CudaUnavailable),
 }
 
 pub(crate) fn gib(bytes: u64) -> String {
@@ -280,6 +283,7 @@ impl Error {
             Error::TrainerUnavailable(_) => ErrorCode::TrainerUnavailable,
             Error::Busy(_) => ErrorCode::Busy,
             Error::DiskFull { .. } => ErrorCode::DiskFull,
+            Error::CudaUnavailable(_) => ErrorCode::Model,
         }
     }
 }

@@ -2183,6 +2183,91 @@ mod concurrency {
     }
 }
 
+// The encoder's device (issue 34): decided by opening a real CUDA session. On this CPU-only build of ONNX Runtime
+// (no libonnxruntime_providers_cuda.so beside it) `cuda` must fail naming that library and the install command,
+// `auto` must serve the CPU and say why, and the probe must say unavailable with ONNX Runtime's reason.
+
+mod encoder_device {
+    use super::*;
+    use care_engine::encoders::{GPU_INSTALL, ModelConfig, OrtEncoder, probe_cuda, resolve_device, served_device};
+
+    const PROVIDER: &str = "libonnxruntime_providers_cuda.so";
+
+    fn config(device: &str) -> ModelConfig {
+        ModelConfig { device: device.into(), ..Default::default() }
+    }
+
+    /// Whether the loaded runtime is a CPU-only build: no CUDA provider library beside it. Everything below is
+    /// about such a runtime; a GPU build (a GPU machine) is checked by hand with `care doctor`.
+    fn cpu_only_runtime() -> bool {
+        let (lib, _) = care_engine::encoders::init_runtime(&ModelConfig::default()).unwrap();
+        let cpu_only = !lib.with_file_name(PROVIDER).exists();
+        if !cpu_only {
+            eprintln!("skipped: {} has a CUDA provider beside it", lib.display());
+        }
+        cpu_only
+    }
+
+    #[test]
+    fn a_cuda_request_fails_at_start_naming_the_provider_library_and_the_install() {
+        if !cpu_only_runtime() {
+            return;
+        }
+        let err = resolve_device(&config("cuda")).unwrap_err();
+        assert!(matches!(err, Error::CudaUnavailable(ref why) if why.missing.as_deref() == Some(PROVIDER)), "{err:?}");
+        assert_eq!(err.code(), care_engine::ErrorCode::Model);
+        let text = err.to_string();
+        for needle in ["model.device = \"cuda\"", "缺少 libonnxruntime_providers_cuda.so", GPU_INSTALL, "580"] {
+            assert!(text.contains(needle), "{needle:?} not in: {text}");
+        }
+        // Loading a model under `cuda` stops at the same place instead of running on the CPU.
+        let t = tempfile::tempdir().unwrap();
+        let dir = engine_in(&t.path().join("data")).import_e5s1(&e5s1(), "1", None, false).unwrap().dir;
+        let load = OrtEncoder::load(&dir, &config("cuda")).unwrap_err();
+        assert!(matches!(load, Error::CudaUnavailable(_)), "{load:?}");
+        let cpu = OrtEncoder::load(&dir, &config("cpu")).unwrap();
+        assert_eq!(cpu.device, "cpu");
+    }
+
+    #[test]
+    fn auto_without_a_gpu_serves_the_cpu_and_reports_why() {
+        if care_engine::encoders::gpu_present() {
+            eprintln!("skipped: this machine has {}", care_engine::encoders::NVIDIA_NODE);
+            return;
+        }
+        let before = served_device().1;
+        let served = resolve_device(&config("auto")).unwrap();
+        assert_eq!((served.requested.as_str(), served.device), ("auto", "cpu"));
+        let why = served.fallback.expect("a CPU fallback carries its reason");
+        assert!(why.reason.contains("/dev/nvidiactl"), "{why:?}");
+        let (last, after) = served_device();
+        assert!(after > before, "the fallback is counted for /metrics: {before} -> {after}");
+        assert!(last.is_some_and(|l| l.fallback.is_some()), "the decision is kept for /metrics");
+    }
+
+    #[test]
+    fn auto_with_a_gpu_but_no_cuda_provider_falls_back_with_the_missing_library() {
+        if !cpu_only_runtime() {
+            return;
+        }
+        let served =
+            care_engine::encoders::choose_device("auto", true, || probe_cuda(&config("auto")).unwrap()).unwrap();
+        assert_eq!(served.device, "cpu");
+        assert_eq!(served.fallback.and_then(|f| f.missing).as_deref(), Some(PROVIDER));
+    }
+
+    #[test]
+    fn the_cuda_probe_says_unavailable_with_onnx_runtimes_reason() {
+        if !cpu_only_runtime() {
+            return;
+        }
+        let why = probe_cuda(&config("auto")).unwrap().unwrap_err();
+        eprintln!("probe: {why}");
+        assert_eq!(why.missing.as_deref(), Some(PROVIDER), "{why:?}");
+        assert!(why.reason.len() > PROVIDER.len(), "ONNX Runtime's own words are kept: {why:?}");
+    }
+}
+
 /// Load benchmark, run by hand (it compiles against the engine's public API only, so it also runs on older
 /// commits for comparison):
 /// `cargo test -p care-engine --test engine -- --ignored --nocapture search_load_benchmark`.

@@ -690,7 +690,7 @@ pub async fn healthz(state: web::Data<AppState>) -> HttpResponse {
 #[get("/metrics")]
 pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let jobs = anon(&state, |e| e.job_counts()).await?;
-    Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.metrics.render(&jobs)))
+    Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.metrics.render(&jobs, &care_engine::encoders::served_device())))
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/training", tag = "admin",
