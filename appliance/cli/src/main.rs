@@ -687,6 +687,7 @@ fn run(cli: Cli) -> Result<i32> {
                 offset: 0,
                 method,
                 dense_weight: None,
+                group_by_document: false,
             };
             let res = e.search(&req)?;
             if json {

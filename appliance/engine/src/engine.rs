@@ -232,9 +232,13 @@ pub struct SearchRequest {
     pub method: Option<crate::fusion::Method>,
     #[serde(default)]
     pub dense_weight: Option<f32>,
+    /// One hit per document (its best passage), paged over documents; the others are counted.
+    #[serde(default)]
+    pub group_by_document: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SearchHit {
     pub rank: usize,
     pub score: f32,
@@ -250,17 +254,42 @@ pub struct SearchHit {
     /// Byte ranges of matched terms inside `snippet`.
     pub highlights: Vec<(usize, usize)>,
     pub text: String,
-    /// How the score came about: raw, rank and normalised parts of BM25 and dense retrieval.
+    /// How the score came about: raw, rank and normalised parts of BM25 and dense retrieval. `score` and these
+    /// parts are relative to this query's candidates (min-max), so they are for explaining a ranking, not for
+    /// comparing queries: pages show [`SearchHit::matched_terms`] instead.
     pub parts: ScoreParts,
+    /// The query's salient terms this passage contains (title, heading or text; compared folded).
+    pub matched_terms: Vec<String>,
+    /// Found by the dense leg only: no query term matched it in BM25 (shown as 仅语义相近).
+    pub dense_only: bool,
+    /// With `group_by_document`: how many more passages of this document are in the ranking.
+    pub more_in_document: usize,
 }
 
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SearchResults {
     pub query: String,
+    /// The query as searched when folding changed it (traditional → simplified, full-width → ASCII).
+    pub folded_query: Option<String>,
     /// The method actually used: bm25 when no encoder is active or no dense index covers the collections.
     pub method: crate::fusion::Method,
     pub dense_weight: f32,
+    /// Hits in the ranking (documents when grouped): pages are consecutive slices of it.
+    pub total: usize,
+    /// More matched than the ranking holds (`search.ranking_depth`): `total` is a lower bound (约).
+    pub total_is_lower_bound: bool,
+    /// Same as `total` (kept for older clients).
     pub total_candidates: usize,
+    /// The query's salient terms (content words, folded), in order.
+    pub terms: Vec<String>,
+    /// Salient terms that occur in the searched collections.
+    pub matched_terms: Vec<String>,
+    /// Salient terms that occur nowhere in the searched collections: no hit answers them.
+    pub missing_terms: Vec<String>,
+    /// No salient term occurs anywhere (or the query has none): whatever is listed is only semantically near.
+    pub not_found: bool,
+    pub grouped: bool,
     pub hits: Vec<SearchHit>,
     pub encode_ms: f64,
     pub retrieve_ms: f64,
@@ -272,9 +301,17 @@ impl SearchResults {
     pub fn empty(query: &str) -> Self {
         SearchResults {
             query: query.to_string(),
+            folded_query: None,
             method: crate::fusion::Method::Bm25,
             dense_weight: 0.0,
+            total: 0,
+            total_is_lower_bound: false,
             total_candidates: 0,
+            terms: Vec::new(),
+            matched_terms: Vec::new(),
+            missing_terms: Vec::new(),
+            not_found: true,
+            grouped: false,
             hits: Vec::new(),
             encode_ms: 0.0,
             retrieve_ms: 0.0,
@@ -873,7 +910,8 @@ impl Engine {
     }
 
     /// Hybrid search with snippets: BM25 and dense candidates fused per the collection's setting (or the
-    /// request's), paged, with each hit's score parts.
+    /// request's) into one ranking ([`Engine::rank`]) that every page is a slice of, with each hit's score parts
+    /// and match evidence: which of the query's salient terms it contains, and which terms occur nowhere.
     pub fn search(&self, req: &SearchRequest) -> Result<SearchResults> {
         let started = Instant::now();
         let query = self.validate_search(req)?;
@@ -881,29 +919,67 @@ impl Engine {
             Some(names) => names.iter().map(|c| self.store.collection(c)).collect::<Result<_>>()?,
             None => self.store.collection_list()?,
         };
+        let plan = crate::query::QueryPlan::new(self.lexical.jieba(), query);
         let limit = req.limit.unwrap_or(self.cfg.search.default_limit).clamp(1, self.cfg.search.max_limit);
-        let depth = self.cfg.search.candidates.max(req.offset.saturating_add(limit));
         let t0 = Instant::now();
         let wants_dense = req.method != Some(crate::fusion::Method::Bm25);
-        let encoded = if wants_dense { self.encode_queries(&[query])? } else { None };
+        let encoded = if wants_dense { self.encode_queries(&[plan.folded.as_str()])? } else { None };
         let encode_ms = t0.elapsed().as_secs_f64() * 1e3;
         let qvec = encoded.as_ref().and_then(|(v, m)| v.first().map(|v| (v.as_slice(), m)));
         let t1 = Instant::now();
-        let (fused, method, weight) = self.retrieve(query, qvec, &cols, req.method, req.dense_weight, depth)?;
+        let ranking = self.rank(&plan.terms, qvec, &cols, req.method, req.dense_weight, self.ranking_depth())?;
         let retrieve_ms = t1.elapsed().as_secs_f64() * 1e3;
-        let total = fused.len();
-        let page: Vec<_> = fused.into_iter().skip(req.offset).take(limit).collect();
-        let ids: Vec<i64> = page.iter().map(|h| h.chunk_id).collect();
+        let (ranked, more) = if req.group_by_document { group_by_document(&ranking.hits) } else {
+            (ranking.hits.iter().collect(), vec![0; ranking.hits.len()])
+        };
+        let total = ranked.len();
+        let page: Vec<(&Explained, usize)> =
+            ranked.into_iter().zip(more).skip(req.offset).take(limit).collect();
+        let hits = self.page_hits(&plan, &page, req.offset)?;
+        let names: Vec<String> = cols.iter().map(|c| c.name.clone()).collect();
+        let (matched_terms, missing_terms) = self.term_presence(&plan, &names)?;
+        Ok(SearchResults {
+            query: query.to_string(),
+            folded_query: plan.folded_if_changed().map(str::to_string),
+            method: ranking.method,
+            dense_weight: ranking.dense_weight,
+            total,
+            total_is_lower_bound: ranking.capped,
+            total_candidates: total,
+            not_found: matched_terms.is_empty(),
+            terms: plan.salient.clone(),
+            matched_terms,
+            missing_terms,
+            grouped: req.group_by_document,
+            hits,
+            encode_ms,
+            retrieve_ms,
+            took_ms: started.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    /// How deep the one ranking of a query goes: the deepest hit a page may ask for.
+    fn ranking_depth(&self) -> usize {
+        let s = &self.cfg.search;
+        s.candidates.max(s.max_offset.saturating_add(s.max_limit))
+    }
+
+    /// The hits of one page, with texts, snippets (highlighting every searched form) and evidence.
+    fn page_hits(&self, plan: &crate::query::QueryPlan, page: &[(&Explained, usize)], offset: usize) -> Result<Vec<SearchHit>> {
+        let ids: Vec<i64> = page.iter().map(|h| h.0.chunk_id).collect();
         let views = self.store.chunk_views(&ids)?;
         let by_id: HashMap<i64, _> = views.into_iter().map(|v| (v.chunk_id, v)).collect();
-        let shown: Vec<(&Explained, &crate::store::ChunkView)> =
-            page.iter().filter_map(|h| by_id.get(&h.chunk_id).map(|v| (h, v))).collect();
-        let texts: Vec<&str> = shown.iter().map(|(_, v)| v.text.as_str()).collect();
-        let snippets = self.lexical.snippets(query, &texts, self.cfg.search.snippet_bytes)?;
-        let mut out = Vec::with_capacity(shown.len());
-        for (i, ((h, v), (snippet, highlights))) in shown.into_iter().zip(snippets).enumerate() {
-            out.push(SearchHit {
-                rank: req.offset + i + 1,
+        let shown: Vec<(&Explained, usize, &crate::store::ChunkView)> =
+            page.iter().filter_map(|(h, m)| by_id.get(&h.chunk_id).map(|v| (*h, *m, v))).collect();
+        let texts: Vec<&str> = shown.iter().map(|(_, _, v)| v.text.as_str()).collect();
+        let snippets =
+            self.lexical.snippets_for(&plan.terms, &texts, self.cfg.search.snippet_bytes, &crate::query::to_simplified)?;
+        Ok(shown
+            .into_iter()
+            .zip(snippets)
+            .enumerate()
+            .map(|(i, ((h, more, v), (snippet, highlights)))| SearchHit {
+                rank: offset + i + 1,
                 score: h.score,
                 chunk_id: v.chunk_id,
                 document_id: v.document_id,
@@ -916,18 +992,25 @@ impl Engine {
                 highlights,
                 text: v.text.clone(),
                 parts: h.parts,
-            });
+                matched_terms: plan.terms_in(&format!("{}\n{}\n{}", v.title, v.heading, v.text)),
+                dense_only: h.parts.bm25.is_none(),
+                more_in_document: more,
+            })
+            .collect())
+    }
+
+    /// (present, missing): the query's salient terms split by whether any chunk of `collections` holds them, in
+    /// either script (a passage in traditional characters holds 高血壓).
+    fn term_presence(&self, plan: &crate::query::QueryPlan, collections: &[String]) -> Result<(Vec<String>, Vec<String>)> {
+        let mut present = Vec::new();
+        let mut missing = Vec::new();
+        for w in &plan.salient {
+            let trad = crate::query::to_traditional(w);
+            let found = self.lexical.chunks_with(w, collections)? > 0
+                || (trad != *w && self.lexical.chunks_with(&trad, collections)? > 0);
+            if found { present.push(w.clone()) } else { missing.push(w.clone()) }
         }
-        Ok(SearchResults {
-            query: query.to_string(),
-            method,
-            dense_weight: weight,
-            total_candidates: total,
-            hits: out,
-            encode_ms,
-            retrieve_ms,
-            took_ms: started.elapsed().as_secs_f64() * 1e3,
-        })
+        Ok((present, missing))
     }
 
     /// Adds words to the admin's dictionary and rebuilds the lexical index with it.
@@ -951,4 +1034,22 @@ impl Engine {
         // Opening the engine notices the new dictionary hash and rebuilds the index.
         Engine::open(cfg.clone(), OpenMode::Existing).map(|_| ())
     }
+}
+
+/// The ranking with one hit per document (its best, i.e. first, passage) and how many more each document has.
+fn group_by_document(hits: &[Explained]) -> (Vec<&Explained>, Vec<usize>) {
+    let mut first: HashMap<i64, usize> = HashMap::new();
+    let mut out: Vec<&Explained> = Vec::new();
+    let mut more: Vec<usize> = Vec::new();
+    for h in hits {
+        match first.get(&h.document_id) {
+            Some(&i) => more[i] += 1,
+            None => {
+                first.insert(h.document_id, out.len());
+                out.push(h);
+                more.push(0);
+            }
+        }
+    }
+    (out, more)
 }

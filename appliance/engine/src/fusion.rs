@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Hash)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Method {
     Bm25,
@@ -45,6 +46,7 @@ pub type Ranked = (i64, i64, f32);
 
 /// How a fused score came about: each retriever's raw score, rank (1-based) and min-max normalised value.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ScoreParts {
     pub bm25: Option<f32>,
     pub bm25_rank: Option<usize>,

@@ -557,17 +557,14 @@ impl Engine {
         Ok(hits)
     }
 
-    /// Ranks chunks for a query: BM25 and dense candidates fused by `method` (default: the collection's tuned
-    /// setting). Returns the fused list and the method actually used (BM25 when dense is unavailable).
-    pub fn retrieve(
+    /// The fusion setting a search uses: the request's method and weight, else the collection's tuned ones.
+    fn setting_for(
         &self,
-        query: &str,
-        qvec: Option<(&[f32], &ModelRecord)>,
         cols: &[Collection],
+        qvec: Option<(&[f32], &ModelRecord)>,
         method: Option<Method>,
         dense_weight: Option<f32>,
-        depth: usize,
-    ) -> Result<(Vec<Explained>, Method, f32)> {
+    ) -> Result<(Method, f32)> {
         let setting = match (cols, qvec) {
             ([one], Some((_, m))) => self.fusion_for_encoder(one.id, m.id)?,
             ([one], None) => self.fusion_for(one.id)?,
@@ -577,14 +574,31 @@ impl Engine {
                 fitted_on: String::new(),
             },
         };
-        let mut method = method.unwrap_or(setting.method);
-        let weight = dense_weight.unwrap_or(setting.dense_weight);
+        Ok((method.unwrap_or(setting.method), dense_weight.unwrap_or(setting.dense_weight)))
+    }
+
+    /// The one ranking every page of a query is cut from. Its head is the fusion of each leg's top
+    /// `search.candidates` (what the first pages always showed, and what the fusion weights were fitted on); its
+    /// tail is what the legs retrieve down to `depth` beyond that, fused over the whole depth and appended without
+    /// repeating a head chunk. It depends on the query, the pair and the weights only, never on the page asked
+    /// for, so pages are consecutive slices that never repeat a chunk.
+    pub fn rank(
+        &self,
+        terms: &[(String, f32)],
+        qvec: Option<(&[f32], &ModelRecord)>,
+        cols: &[Collection],
+        method: Option<Method>,
+        dense_weight: Option<f32>,
+        depth: usize,
+    ) -> Result<Ranking> {
+        let (method, weight) = self.setting_for(cols, qvec, method, dense_weight)?;
+        let head_depth = self.cfg.search.candidates.min(depth);
         let names: Vec<String> = cols.iter().map(|c| c.name.clone()).collect();
         let bm25: Vec<Ranked> = if method == Method::Dense {
             Vec::new()
         } else {
             self.lexical
-                .search(query, Some(&names), depth, self.cfg.search.title_boost)?
+                .search_weighted(terms, Some(&names), depth, self.cfg.search.title_boost)?
                 .into_iter()
                 .map(|h| (h.chunk_id, h.document_id, h.score))
                 .collect()
@@ -597,9 +611,26 @@ impl Engine {
                 .map(|h| (h.chunk_id, h.document_id, h.score))
                 .collect(),
         };
-        if qvec.is_none() && method != Method::Bm25 {
-            method = Method::Bm25;
+        // Without a query vector the ranking is BM25's (a dense-only request then finds nothing).
+        let method = if qvec.is_none() && method != Method::Bm25 { Method::Bm25 } else { method };
+        let capped = bm25.len() >= depth || dense.len() >= depth;
+        let cut = |l: &[Ranked]| l[..l.len().min(head_depth)].to_vec();
+        let mut hits = fusion::fuse(&cut(&bm25), &cut(&dense), method, weight);
+        let seen: HashSet<i64> = hits.iter().map(|h| h.chunk_id).collect();
+        if bm25.len() > head_depth || dense.len() > head_depth {
+            hits.extend(fusion::fuse(&bm25, &dense, method, weight).into_iter().filter(|h| !seen.contains(&h.chunk_id)));
         }
-        Ok((fusion::fuse(&bm25, &dense, method, weight), method, weight))
+        Ok(Ranking { hits, method, dense_weight: weight, capped })
     }
+}
+
+/// A query's fused ranking (see [`Engine::rank`]).
+#[derive(Debug, Clone)]
+pub struct Ranking {
+    pub hits: Vec<Explained>,
+    /// The method actually used (BM25 when there is no query vector).
+    pub method: Method,
+    pub dense_weight: f32,
+    /// A leg returned as many as it was asked for: there are more matches than the ranking holds.
+    pub capped: bool,
 }

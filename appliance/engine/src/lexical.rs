@@ -55,14 +55,41 @@ fn is_indexable(word: &str) -> bool {
     word.chars().any(|c| c.is_alphanumeric())
 }
 
-/// The tokens of `text` as (byte_start, byte_end, lower-cased word), in the order jieba yields them.
+/// The tokens of `text` as (byte_start, byte_end, lower-cased word), ordered by start, then end.
+///
+/// Why sorted: jieba's search mode yields a long word's 2-grams, then its 3-grams, then the word, so offsets go
+/// backwards (二甲双胍 gives 二甲, 甲双, 双胍, 二甲双, 甲双胍, 二甲双胍). tantivy's snippet generator assumes tokens
+/// never end before the fragment it is building starts and subtracted its way into a panic (page 11 of
+/// 二甲双胍的禁忌症 answered 500; release builds wrapped silently). Queries use terms, not positions, so the order
+/// changes no score and needs no re-indexing.
 pub fn tokenize(jieba: &Jieba, text: &str) -> Vec<(usize, usize, String)> {
-    jieba
+    let mut out: Vec<(usize, usize, String)> = jieba
         .tokenize(text, TokenizeMode::Search, true)
         .into_iter()
         .filter(|t| is_indexable(t.word))
         .map(|t| (t.byte_start, t.byte_end, t.word.to_lowercase()))
-        .collect()
+        .collect();
+    out.sort_by_key(|t| (t.0, t.1));
+    out
+}
+
+/// The content words of a query, lower-cased, in order and without repeats: jieba's default segmentation (whole
+/// dictionary words such as 替格瑞洛, not their parts) minus function words, punctuation and single Chinese
+/// characters (too common to say anything on their own). These are the terms whose presence a result page states.
+pub fn content_words(jieba: &Jieba, text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for w in jieba.cut(text, true) {
+        let w = w.word.trim().to_lowercase();
+        let chars = w.chars().count();
+        let single_cjk = chars == 1 && !w.is_ascii();
+        if !is_indexable(&w) || is_stopword(&w) || single_cjk || (w.is_ascii() && chars < 2) {
+            continue;
+        }
+        if !out.contains(&w) {
+            out.push(w);
+        }
+    }
+    out
 }
 
 impl Tokenizer for JiebaTokenizer {
@@ -378,40 +405,70 @@ impl LexicalIndex {
         Ok(out)
     }
 
-    fn build_query(&self, text: &str, collections: Option<&[String]>, title_boost: f32) -> Option<Box<dyn Query>> {
-        let tokens = tokenize(&self.jieba, text);
-        if tokens.is_empty() {
+    /// The query's terms with weight 1 (the plain BM25 query of `text`).
+    pub fn terms(&self, text: &str) -> Vec<(String, f32)> {
+        tokenize(&self.jieba, text).into_iter().map(|t| (t.2, 1.0)).collect()
+    }
+
+    /// A disjunction of weighted terms over body and title (title boosted), restricted to `collections`. A term of
+    /// weight 1 is a plain term query, so unexpanded queries score exactly as before expansion existed.
+    fn build_weighted(
+        &self,
+        terms: &[(String, f32)],
+        collections: Option<&[String]>,
+        title_boost: f32,
+    ) -> Option<Box<dyn Query>> {
+        if terms.is_empty() {
             return None;
         }
+        let weighted = |q: TermQuery, w: f32| -> Box<dyn Query> {
+            if w == 1.0 { Box::new(q) } else { Box::new(tantivy::query::BoostQuery::new(Box::new(q), w)) }
+        };
         let mut should: Vec<(Occur, Box<dyn Query>)> = Vec::new();
-        for (_, _, word) in &tokens {
-            should.push((
-                Occur::Should,
-                Box::new(TermQuery::new(Term::from_field_text(self.fields.body, word), IndexRecordOption::WithFreqs)),
-            ));
+        for (word, w) in terms {
+            let body = TermQuery::new(Term::from_field_text(self.fields.body, word), IndexRecordOption::WithFreqs);
+            should.push((Occur::Should, weighted(body, *w)));
             if title_boost > 0.0 {
                 let q = TermQuery::new(Term::from_field_text(self.fields.title, word), IndexRecordOption::WithFreqs);
-                should.push((Occur::Should, Box::new(tantivy::query::BoostQuery::new(Box::new(q), title_boost))));
+                should.push((Occur::Should, weighted(q, title_boost * w)));
             }
         }
         let terms: Box<dyn Query> = Box::new(BooleanQuery::new(should));
         match collections {
             None => Some(terms),
-            Some(cols) => {
-                let filter: Vec<(Occur, Box<dyn Query>)> = cols
-                    .iter()
-                    .map(|c| {
-                        let q: Box<dyn Query> = Box::new(TermQuery::new(
-                            Term::from_field_text(self.fields.collection, c),
-                            IndexRecordOption::Basic,
-                        ));
-                        (Occur::Should, q)
-                    })
-                    .collect();
-                let filter: Box<dyn Query> = Box::new(ConstScoreQuery::new(Box::new(BooleanQuery::new(filter)), 0.0));
-                Some(Box::new(BooleanQuery::new(vec![(Occur::Must, terms), (Occur::Must, filter)])))
-            }
+            Some(cols) => Some(Box::new(BooleanQuery::new(vec![
+                (Occur::Must, terms),
+                (Occur::Must, self.collection_filter(cols)),
+            ]))),
         }
+    }
+
+    fn collection_filter(&self, cols: &[String]) -> Box<dyn Query> {
+        let filter: Vec<(Occur, Box<dyn Query>)> = cols
+            .iter()
+            .map(|c| {
+                let q: Box<dyn Query> =
+                    Box::new(TermQuery::new(Term::from_field_text(self.fields.collection, c), IndexRecordOption::Basic));
+                (Occur::Should, q)
+            })
+            .collect();
+        Box::new(ConstScoreQuery::new(Box::new(BooleanQuery::new(filter)), 0.0))
+    }
+
+    /// How many chunks of `collections` hold `word` (one index term, lower-cased) in their body or title.
+    pub fn chunks_with(&self, word: &str, collections: &[String]) -> Result<usize> {
+        if collections.is_empty() {
+            return Ok(0);
+        }
+        let term = |f: Field| -> Box<dyn Query> {
+            Box::new(TermQuery::new(Term::from_field_text(f, word), IndexRecordOption::Basic))
+        };
+        let either: Box<dyn Query> = Box::new(BooleanQuery::new(vec![
+            (Occur::Should, term(self.fields.body)),
+            (Occur::Should, term(self.fields.title)),
+        ]));
+        let q = BooleanQuery::new(vec![(Occur::Must, either), (Occur::Must, self.collection_filter(collections))]);
+        Ok(self.reader.searcher().search(&q, &tantivy::collector::Count)?)
     }
 
     /// BM25 top `limit` chunks for `text`, optionally restricted to `collections`.
@@ -422,7 +479,18 @@ impl LexicalIndex {
         limit: usize,
         title_boost: f32,
     ) -> Result<Vec<LexicalHit>> {
-        let Some(query) = self.build_query(text, collections, title_boost) else {
+        self.search_weighted(&self.terms(text), collections, limit, title_boost)
+    }
+
+    /// BM25 top `limit` chunks for weighted terms (query expansion: the original terms weigh more).
+    pub fn search_weighted(
+        &self,
+        terms: &[(String, f32)],
+        collections: Option<&[String]>,
+        limit: usize,
+        title_boost: f32,
+    ) -> Result<Vec<LexicalHit>> {
+        let Some(query) = self.build_weighted(terms, collections, title_boost) else {
             return Ok(Vec::new());
         };
         let searcher = self.reader.searcher();
@@ -450,7 +518,20 @@ impl LexicalIndex {
     /// 二甲 and 二甲双胍; the reader should see one mark over 二甲双胍). Function words are not marked. The query is
     /// analysed once for all texts of a result page.
     pub fn snippets(&self, query: &str, texts: &[&str], max_bytes: usize) -> Result<Vec<Highlighted>> {
-        let generator = match self.build_query(query, None, 0.0) {
+        self.snippets_for(&self.terms(query), texts, max_bytes, &|t| t.to_string())
+    }
+
+    /// [`LexicalIndex::snippets`] for weighted terms (expanded queries: every form is marked); `fold` maps a
+    /// passage's words to the forms the terms are in (traditional → simplified), so 高血壓 in a passage is marked for
+    /// a query of 高血压.
+    pub fn snippets_for(
+        &self,
+        terms: &[(String, f32)],
+        texts: &[&str],
+        max_bytes: usize,
+        fold: &dyn Fn(&str) -> String,
+    ) -> Result<Vec<Highlighted>> {
+        let generator = match self.build_weighted(terms, None, 0.0) {
             Some(q) => {
                 let searcher = self.reader.searcher();
                 let mut g = SnippetGenerator::create(&searcher, q.as_ref(), self.fields.body)?;
@@ -460,7 +541,7 @@ impl LexicalIndex {
             None => None,
         };
         let words: std::collections::HashSet<String> =
-            tokenize(&self.jieba, query).into_iter().map(|t| t.2).filter(|w| !is_stopword(w)).collect();
+            terms.iter().map(|t| t.0.clone()).filter(|w| !is_stopword(w)).collect();
         let mut out = Vec::with_capacity(texts.len());
         for text in texts {
             let fragment = generator.as_ref().map(|g| g.snippet(text).fragment().to_string()).unwrap_or_default();
@@ -476,7 +557,7 @@ impl LexicalIndex {
             };
             let mut ranges: Vec<(usize, usize)> = tokenize(&self.jieba, &fragment)
                 .into_iter()
-                .filter(|(_, _, w)| words.contains(w))
+                .filter(|(_, _, w)| words.contains(w) || words.contains(&fold(w)))
                 .map(|(s, e, _)| (s, e))
                 .collect();
             ranges.sort_unstable();
@@ -525,5 +606,84 @@ mod tests {
         std::fs::write(&p, "坏 行 有 四列\n").unwrap();
         let err = build_jieba(Some(&p)).unwrap_err();
         assert!(err.to_string().contains("user_dict.txt:1"), "{err}");
+    }
+
+    /// Random queries and passages through the snippet generator (the search page's highlight path): no panic, and
+    /// every highlight is a char-boundary range inside its fragment. CI runs `CARE_SNIPPET_FUZZ_CASES` (default
+    /// 3,000); the long form is 100,000 (docs/benchmarks.md, "Snippet fuzzing").
+    #[test]
+    fn snippet_generation_survives_random_queries_and_passages() {
+        let t = tempfile::tempdir().unwrap();
+        let lex = LexicalIndex::open(t.path(), None).unwrap();
+        let chunk = |id: i64, text: &str| ChunkRow {
+            chunk_id: id,
+            document_id: id,
+            collection: "c".into(),
+            title: String::new(),
+            heading: String::new(),
+            text: text.into(),
+        };
+        let cases: usize = std::env::var("CARE_SNIPPET_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(3000);
+        // Words that jieba's search mode splits into overlapping parts (the panic's trigger), punctuation, ASCII,
+        // traditional characters and odd code points.
+        let words = [
+            "二甲双胍", "禁忌症", "禁忌", "高血压", "高血壓", "慢性阻塞性肺疾病", "心肌梗死", "COPD", "DM", "布洛芬", "，",
+            "。", "（", "）", " ", "\n", "a", "123", "mg/kg", "乳酸性酸中毒", "肾功能不全", "𠀀", "\u{200B}", "ｱ", "的", "了",
+            "急性冠状动脉综合征", "非甾体抗炎药", "维生素B12", "🙂",
+        ];
+        // Every word indexed, so the snippet generator weighs them all (it ignores terms no document holds).
+        lex.replace_documents(&[], &words.iter().enumerate().map(|(i, w)| chunk(i as i64, w)).collect::<Vec<_>>())
+            .unwrap();
+        lex.commit().unwrap();
+        lex.reload().unwrap();
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        let text = |len: usize, next: &mut dyn FnMut(usize) -> usize| -> String {
+            (0..len).map(|_| words[next(words.len())]).collect()
+        };
+        for i in 0..cases {
+            let ql = 1 + next(6);
+            let q = text(ql, &mut next);
+            let passages: Vec<String> = (0..3).map(|_| { let l = next(120); text(l, &mut next) }).collect();
+            let refs: Vec<&str> = passages.iter().map(String::as_str).collect();
+            let max = 16 + next(300);
+            let out = lex.snippets(&q, &refs, max).unwrap_or_else(|err| panic!("case {i}: {q:?}: {err}"));
+            for (frag, marks) in out {
+                for (s, x) in marks {
+                    assert!(s < x && x <= frag.len() && frag.is_char_boundary(s) && frag.is_char_boundary(x), "case {i}: {q:?}");
+                }
+            }
+        }
+    }
+
+    /// The page-11 crash, reduced: search-mode tokens of a long word end before a later fragment starts.
+    #[test]
+    fn tokens_come_sorted_by_offset_so_snippets_of_long_words_never_underflow() {
+        let (j, _) = build_jieba(None).unwrap();
+        let toks = tokenize(&j, "慢性阻塞性肺疾病患者禁用二甲双胍，乳酸性酸中毒风险");
+        assert!(toks.windows(2).all(|w| (w[0].0, w[0].1) <= (w[1].0, w[1].1)), "{toks:?}");
+        let t = tempfile::tempdir().unwrap();
+        let lex = LexicalIndex::open(t.path(), None).unwrap();
+        let text = "二甲双胍禁忌症：".repeat(40) + "慢性阻塞性肺疾病";
+        let row = ChunkRow {
+            chunk_id: 1,
+            document_id: 1,
+            collection: "c".into(),
+            title: String::new(),
+            heading: String::new(),
+            text: text.clone(),
+        };
+        lex.replace_documents(&[], &[row]).unwrap();
+        lex.commit().unwrap();
+        lex.reload().unwrap();
+        for max in [8, 20, 33, 64, 150] {
+            let out = lex.snippets("二甲双胍的禁忌症 慢性阻塞性肺疾病", &[text.as_str()], max).unwrap();
+            assert!(!out[0].0.is_empty());
+        }
     }
 }

@@ -54,6 +54,7 @@ pub mod lexical;
 pub mod lifecycle;
 pub mod model_jobs;
 pub mod models;
+pub mod query;
 pub mod service;
 pub mod store;
 pub mod text;

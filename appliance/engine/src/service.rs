@@ -61,6 +61,8 @@ pub struct SearchAs {
     pub limit: Option<usize>,
     pub offset: usize,
     pub method: Option<Method>,
+    /// One hit per document, the others counted (the search page's default).
+    pub group_by_document: bool,
 }
 
 /// A user as the console and the API list them.
@@ -171,6 +173,7 @@ impl Engine {
             offset: s.offset,
             method: s.method,
             dense_weight: None,
+            group_by_document: s.group_by_document,
         };
         let wanted = s.collection.clone().filter(|c| !c.is_empty());
         let refused = |action: &str, reason: &str, err: Error| -> Result<SearchResults> {
@@ -196,7 +199,19 @@ impl Engine {
             SearchResults::empty(req.query.trim())
         } else {
             req.collections = Some(cols.clone());
-            self.search(&req)?
+            match self.search_caught(&req) {
+                Ok(r) => r,
+                Err(e) if e.code().class() == crate::error::StatusClass::Internal => {
+                    // A failure of ours, not of the request: audited, and the person gets words to pass on (the
+                    // server adds the request id to every error it renders).
+                    let _ = refused("search.failed", &e.to_string(), e);
+                    return Err(Error::Internal(
+                        "检索时发生内部错误，已记录在审计日志（search.failed）；请稍后重试，或把页面上的请求编号告诉管理员                          (the search failed; it was audited)"
+                            .into(),
+                    ));
+                }
+                Err(e) => return Err(e),
+            }
         };
         let detail = serde_json::json!({
             "query": logged_query(&res.query), "collections": cols, "results": res.hits.len(),
@@ -204,6 +219,23 @@ impl Engine {
         });
         self.audit_event(actor, "search", &detail)?;
         Ok(res)
+    }
+
+    /// [`Engine::search`] with any panic inside a search stage caught and turned into an error: one bad input
+    /// (a snippet of an odd passage, a tokenizer corner) must cost that search, not the request's worker.
+    fn search_caught(&self, req: &SearchRequest) -> Result<SearchResults> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.search(req))) {
+            Ok(r) => r,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "panic".into());
+                tracing::error!(panic = %what, "search panicked");
+                Err(Error::Internal(format!("search panicked: {what}")))
+            }
+        }
     }
 
     /// A document, if `actor` may read its collection (otherwise not found, never forbidden: ids must not reveal

@@ -32,6 +32,10 @@ pub struct SearchParams {
     #[serde(default)]
     #[param(value_type = Option<String>)]
     pub method: Option<care_engine::fusion::Method>,
+    /// `document`: one hit per document (its best passage, `more_in_document` counting the others), paged over
+    /// documents. Default: every passage.
+    #[serde(default)]
+    pub group: Option<String>,
 }
 
 impl SearchParams {
@@ -42,6 +46,7 @@ impl SearchParams {
             limit: self.limit,
             offset: self.offset.unwrap_or(0),
             method: self.method,
+            group_by_document: self.group.as_deref() == Some("document"),
         }
     }
 }
@@ -97,7 +102,9 @@ pub async fn me_password(
 }
 
 #[utoipa::path(get, path = "/api/v1/search", tag = "search", params(SearchParams),
-    responses((status = 200, description = "ranked passages with snippets, highlights and score parts", body = Object),
+    responses((status = 200, description = "one page of the query's ranking: passages with snippets, highlights, \
+        score parts and match evidence (`matched_terms` and `dense_only` per hit; `terms`, `matched_terms`, \
+        `missing_terms` and `not_found` for the query; `total`)", body = care_engine::SearchResults),
               (status = 403, description = "a collection the caller may not read")))]
 #[get("/api/v1/search")]
 pub async fn search(

@@ -27,7 +27,8 @@ use crate::api;
         care_engine::lifecycle::ImportReport, api::Candidate, api::Rollback, api::Reject, api::JobAccepted, api::EmbedPending, care_engine::lifecycle::EvaluationReport, care_engine::lifecycle::Rejection,
         care_engine::lifecycle::CollectionEvaluation, care_engine::lifecycle::Compared, care_engine::lifecycle::EncodeLatency,
         care_engine::judgments::JudgmentSetInfo, care_engine::training::Recipe, care_engine::training::Sides,
-        care_engine::training::DataOptions, care_engine::training::schedule::ScheduleSpec)),
+        care_engine::training::DataOptions, care_engine::training::schedule::ScheduleSpec,
+        care_engine::SearchResults, care_engine::SearchHit, care_engine::fusion::ScoreParts, care_engine::fusion::Method)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]

@@ -65,6 +65,14 @@ pub struct HitView {
     pub parts: Vec<(bool, String)>,
     /// Feedback on this hit was just recorded.
     pub judged: bool,
+    /// The query's terms this passage contains, as the reader sees them ("二甲双胍、禁忌症").
+    pub matched: String,
+    /// Found by meaning only: no query term matched it.
+    pub dense_only: bool,
+    /// It contains none of the query's terms: listed under 可能不相关.
+    pub weak: bool,
+    /// More passages of the same document in the ranking (grouped results).
+    pub more_in_document: usize,
 }
 
 impl HitView {
@@ -100,6 +108,10 @@ impl HitView {
                 .join(" · "),
             parts,
             judged: false,
+            matched: h.matched_terms.join("、"),
+            dense_only: h.dense_only,
+            weak: h.matched_terms.is_empty(),
+            more_in_document: h.more_in_document,
         }
     }
 }
@@ -225,6 +237,8 @@ pub async fn logout(state: web::Data<AppState>, caller: Caller) -> Result<HttpRe
 // Search
 
 const PAGE_SIZE: usize = 10;
+/// The deepest page the search page links to (`search.max_offset` allows 100 pages of 10).
+const MAX_PAGES: usize = 50;
 
 #[derive(Debug, Deserialize)]
 pub struct PageParams {
@@ -251,6 +265,8 @@ struct SearchPage {
     collection: String,
     collections: Vec<String>,
     hits: Vec<HitView>,
+    /// Hits that contain none of the query's terms (folded under 可能不相关).
+    weak_hits: Vec<HitView>,
     took_ms: String,
     method: String,
     error: Option<String>,
@@ -259,6 +275,15 @@ struct SearchPage {
     prev_url: Option<String>,
     next_url: Option<String>,
     back: String,
+    /// "约 1100" or "37": documents (grouped) in the ranking.
+    total: String,
+    last_page: usize,
+    /// Terms of the query that occur in none of the readable collections.
+    missing: Vec<String>,
+    /// Nothing matched any term of the query.
+    not_found: bool,
+    /// The query as searched when it was folded (traditional → simplified).
+    folded: Option<String>,
 }
 
 fn search_url(q: &str, collection: &str, page: usize) -> String {
@@ -289,7 +314,7 @@ pub async fn search_page(
 ) -> Result<HttpResponse, ApiError> {
     let p = p.into_inner();
     let collections = call(&state, &caller, |e, a| e.readable_collections(a)).await?;
-    let page_no = p.page.unwrap_or(1).clamp(1, 50);
+    let page_no = p.page.unwrap_or(1).clamp(1, MAX_PAGES);
     let mut page = SearchPage {
         nav: Nav::of(&caller),
         flash: None,
@@ -300,6 +325,7 @@ pub async fn search_page(
         collection: p.collection.clone(),
         collections,
         hits: Vec::new(),
+        weak_hits: Vec::new(),
         took_ms: String::new(),
         method: String::new(),
         error: None,
@@ -308,6 +334,11 @@ pub async fn search_page(
         prev_url: None,
         next_url: None,
         back: search_url(&p.q, &p.collection, page_no),
+        total: String::new(),
+        last_page: 0,
+        missing: Vec::new(),
+        not_found: false,
+        folded: None,
     };
     if !p.q.trim().is_empty() {
         let params = SearchParams {
@@ -316,27 +347,40 @@ pub async fn search_page(
             limit: Some(PAGE_SIZE),
             offset: Some((page_no - 1) * PAGE_SIZE),
             method: None,
+            group: Some("document".into()),
         };
         match api::search_as(&state, &caller, &params).await {
-            Ok(r) => {
-                page.hits = r.hits.iter().map(HitView::from_hit).collect();
-                for h in &mut page.hits {
-                    h.judged = p.judged == Some(h.chunk_id);
-                }
-                page.took_ms = format!("{:.1}", r.took_ms);
-                page.method = method_zh(r.method).to_string();
-                if page_no > 1 {
-                    page.prev_url = Some(search_url(&p.q, &p.collection, page_no - 1));
-                }
-                if r.total_candidates > page_no * PAGE_SIZE && page_no < 50 {
-                    page.next_url = Some(search_url(&p.q, &p.collection, page_no + 1));
-                }
-            }
+            Ok(r) => fill_results(&mut page, &r, &p, page_no),
             Err(e) if !e.is_server_error() => page.error = Some(e.public_message()),
             Err(e) => return Err(e),
         }
     }
     render(&page)
+}
+
+/// The page's view of one result page: hits split by evidence, the not-found statement, the pager.
+fn fill_results(page: &mut SearchPage, r: &care_engine::SearchResults, p: &PageParams, page_no: usize) {
+    let mut hits: Vec<HitView> = r.hits.iter().map(HitView::from_hit).collect();
+    for h in &mut hits {
+        h.judged = p.judged == Some(h.chunk_id);
+    }
+    // When no term of the query occurs anywhere, nothing listed answers it: everything is only near in meaning.
+    let (weak, strong): (Vec<HitView>, Vec<HitView>) = hits.into_iter().partition(|h| h.weak || r.not_found);
+    page.hits = strong;
+    page.weak_hits = weak;
+    page.took_ms = format!("{:.1}", r.took_ms);
+    page.method = method_zh(r.method).to_string();
+    page.missing = r.missing_terms.clone();
+    page.not_found = r.not_found;
+    page.folded = r.folded_query.clone();
+    page.last_page = r.total.div_ceil(PAGE_SIZE).clamp(1, MAX_PAGES);
+    page.total = if r.total_is_lower_bound { format!("约 {}", r.total) } else { r.total.to_string() };
+    if page_no > 1 {
+        page.prev_url = Some(search_url(&p.q, &p.collection, page_no - 1));
+    }
+    if page_no < page.last_page {
+        page.next_url = Some(search_url(&p.q, &p.collection, page_no + 1));
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -459,6 +503,9 @@ struct EmbedPage {
     query: String,
     hits: Vec<HitView>,
     error: Option<String>,
+    /// Terms of the query found in no readable collection.
+    missing: Vec<String>,
+    not_found: bool,
 }
 
 /// A compact search for other hospital systems to frame (allowed origins: `server.embed_origins`). It uses the
@@ -470,11 +517,29 @@ pub async fn embed(
     who: MaybeCaller,
     p: web::Query<PageParams>,
 ) -> Result<HttpResponse, ApiError> {
-    let mut page = EmbedPage { signed_in: who.0.is_some(), query: p.q.clone(), hits: Vec::new(), error: None };
+    let mut page = EmbedPage {
+        signed_in: who.0.is_some(),
+        query: p.q.clone(),
+        hits: Vec::new(),
+        error: None,
+        missing: Vec::new(),
+        not_found: false,
+    };
     if let (Some(c), false) = (&who.0, p.q.trim().is_empty()) {
-        let params = SearchParams { q: p.q.clone(), collection: None, limit: Some(5), offset: None, method: None };
+        let params = SearchParams {
+            q: p.q.clone(),
+            collection: None,
+            limit: Some(5),
+            offset: None,
+            method: None,
+            group: Some("document".into()),
+        };
         match api::search_as(&state, c, &params).await {
-            Ok(r) => page.hits = r.hits.iter().map(HitView::from_hit).collect(),
+            Ok(r) => {
+                page.hits = r.hits.iter().map(HitView::from_hit).collect();
+                page.missing = r.missing_terms.clone();
+                page.not_found = r.not_found;
+            }
             Err(e) if !e.is_server_error() => page.error = Some(e.public_message()),
             Err(e) => return Err(e),
         }

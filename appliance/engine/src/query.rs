@@ -1,0 +1,128 @@
+//! Query understanding, applied at query time so that nothing is re-indexed.
+//!
+//! A query is folded the way passages were at ingest (full-width letters and digits to ASCII, [`crate::text`])
+//! and from traditional to simplified characters (OpenCC's t2s tables), so 高血壓 searches for 高血压. Passages
+//! written in traditional characters keep their index terms; the query therefore also carries the traditional
+//! forms of its words, weighted like the words themselves, and highlighting folds a passage's words before
+//! comparing them. Its salient terms (content words: dictionary words, not function words or single characters)
+//! are what a result page reports as found or not found.
+
+use std::sync::OnceLock;
+
+use ferrous_opencc::OpenCC;
+use ferrous_opencc::config::BuiltinConfig;
+use jieba_rs::Jieba;
+
+use crate::lexical;
+
+/// OpenCC's converters, built once (their dictionaries are compiled into the binary).
+fn converters() -> Option<&'static (OpenCC, OpenCC)> {
+    static CC: OnceLock<Option<(OpenCC, OpenCC)>> = OnceLock::new();
+    CC.get_or_init(|| match (OpenCC::from_config(BuiltinConfig::T2s), OpenCC::from_config(BuiltinConfig::S2t)) {
+        (Ok(t2s), Ok(s2t)) => Some((t2s, s2t)),
+        (a, b) => {
+            // Never happens with the built-in tables; searching unfolded is the safe fallback.
+            tracing::error!(t2s = a.is_ok(), s2t = b.is_ok(), "OpenCC tables failed to load; queries are not folded");
+            None
+        }
+    })
+    .as_ref()
+}
+
+/// Traditional → simplified.
+pub fn to_simplified(text: &str) -> String {
+    converters().map_or_else(|| text.to_string(), |c| c.0.convert(text))
+}
+
+/// Simplified → traditional.
+pub fn to_traditional(text: &str) -> String {
+    converters().map_or_else(|| text.to_string(), |c| c.1.convert(text))
+}
+
+/// What a passage's or a query's text is compared in: ingest's normalisation, simplified, lower-cased.
+pub fn fold(text: &str) -> String {
+    to_simplified(&crate::text::normalize(text)).to_lowercase()
+}
+
+/// A query as searched.
+#[derive(Debug, Clone)]
+pub struct QueryPlan {
+    /// As typed (trimmed).
+    pub original: String,
+    /// Normalised and simplified: what the query encoder reads and the terms come from.
+    pub folded: String,
+    /// BM25 terms with weights: the folded query's tokens (weight 1, exactly the unexpanded query), then the
+    /// traditional forms of its words that differ from them.
+    pub terms: Vec<(String, f32)>,
+    /// Content words of the folded query, in order.
+    pub salient: Vec<String>,
+}
+
+impl QueryPlan {
+    pub fn new(jieba: &Jieba, query: &str) -> Self {
+        let original = query.trim().to_string();
+        let folded = to_simplified(&crate::text::normalize(&original));
+        let mut terms: Vec<(String, f32)> =
+            lexical::tokenize(jieba, &folded).into_iter().map(|t| (t.2, 1.0)).collect();
+        // Only tokens with a character that differs between the scripts: a shared character (高 in 高血壓) would
+        // otherwise count twice and change the scores of every simplified passage.
+        let traditional = to_traditional(&folded);
+        for source in [original.as_str(), traditional.as_str()] {
+            for (_, _, w) in lexical::tokenize(jieba, source) {
+                if to_simplified(&w) != w && !terms.iter().any(|t| t.0 == w) {
+                    terms.push((w, 1.0));
+                }
+            }
+        }
+        let salient = lexical::content_words(jieba, &folded);
+        QueryPlan { original, folded, terms, salient }
+    }
+
+    /// The folded query when folding changed it (shown as "已按简体检索").
+    pub fn folded_if_changed(&self) -> Option<&str> {
+        (self.folded != self.original).then_some(self.folded.as_str())
+    }
+
+    /// The salient terms `text` contains (compared folded, so a traditional passage counts).
+    pub fn terms_in(&self, text: &str) -> Vec<String> {
+        let f = fold(text);
+        self.salient.iter().filter(|w| f.contains(w.as_str())).cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traditional_queries_fold_to_simplified_and_keep_their_own_forms() {
+        let (jieba, _) = crate::lexical::build_jieba(None).unwrap();
+        let p = QueryPlan::new(&jieba, "高血壓的治療");
+        assert_eq!(p.folded, "高血压的治疗");
+        assert!(p.terms.iter().any(|t| t.0 == "高血压"), "{:?}", p.terms);
+        assert!(p.terms.iter().any(|t| t.0 == "高血壓"), "traditional passages still match: {:?}", p.terms);
+        assert!(p.salient.contains(&"高血压".to_string()) && p.salient.contains(&"治疗".to_string()), "{:?}", p.salient);
+        assert!(!p.salient.contains(&"的".to_string()));
+        // A simplified query is searched exactly as before: its own tokens, each once, weight 1, plus only the
+        // traditional forms that differ.
+        let s = QueryPlan::new(&jieba, "二甲双胍的禁忌症");
+        let plain: Vec<String> = crate::lexical::tokenize(&jieba, "二甲双胍的禁忌症").into_iter().map(|t| t.2).collect();
+        assert_eq!(s.terms[..plain.len()].iter().map(|t| t.0.clone()).collect::<Vec<_>>(), plain);
+        assert!(s.terms[plain.len()..].iter().all(|t| to_simplified(&t.0) != t.0), "{:?}", s.terms);
+        assert_eq!(s.folded_if_changed(), None);
+        // Full-width letters fold as passages did at ingest.
+        assert_eq!(QueryPlan::new(&jieba, "ＣＯＰＤ 治療").folded, "COPD 治疗");
+        assert_eq!(QueryPlan::new(&jieba, "ＣＯＰＤ 治療").salient, vec!["copd".to_string(), "治疗".to_string()]);
+        // A passage in traditional characters contains the simplified term.
+        assert_eq!(p.terms_in("長期高血壓患者"), vec!["高血压".to_string()]);
+    }
+
+    #[test]
+    fn punctuation_and_function_words_are_not_salient() {
+        let (jieba, _) = crate::lexical::build_jieba(None).unwrap();
+        assert!(QueryPlan::new(&jieba, "？？！！……").salient.is_empty());
+        assert!(QueryPlan::new(&jieba, "的了吗").salient.is_empty());
+        let g = QueryPlan::new(&jieba, "qwzxv 喵喵 嗷嗷嗷 zzkkq");
+        assert!(g.salient.contains(&"qwzxv".to_string()) && g.salient.contains(&"zzkkq".to_string()), "{:?}", g.salient);
+    }
+}
