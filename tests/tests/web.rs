@@ -735,6 +735,85 @@ fn keep_screenshot(b: &Browser, name: &str) -> PathBuf {
     p
 }
 
+const STRUCTURED_HTML: &str = r#"<!doctype html><html><head><meta charset="utf-8"><title>二甲双胍用药规范</title></head>
+<body><nav>首页 | 药学部</nav><h1>二甲双胍用药规范</h1>
+<h2>禁忌症</h2><p>下列情况禁用二甲双胍：</p>
+<ol><li>中重度肾功能不全，eGFR低于30。</li><li>失代偿性心力衰竭、休克等缺氧状态。</li><li>糖尿病酮症酸中毒。</li>
+<li>对本品过敏者。</li></ol>
+<h2>用法用量</h2><ul><li>随餐服用</li><li>小剂量起始</li></ul>
+<table><thead><tr><th>剂型</th><th>起始剂量</th></tr></thead>
+<tbody><tr><td>普通片</td><td>500 mg 每日两次</td></tr><tr><td>缓释片</td><td>500 mg 每日一次</td></tr></tbody></table>
+<p>注入测试：&lt;script&gt;alert(1)&lt;/script&gt;</p></body></html>"#;
+
+/// Issue 30 item 5: the document view keeps structure. A page whose contraindications are a numbered list opens
+/// (from a search hit, with the query) as an `<ol>` of its items, its doses as a `<table>`, the query's terms
+/// marked, the time local and readable, and text that looks like markup shown as text.
+#[test]
+fn browser_document_view_keeps_lists_tables_and_marks_the_query() {
+    assert!(care_e2e::webdriver::available(), "chromium and chromedriver are needed");
+    let t = tempfile::tempdir().unwrap();
+    let mut care = Care::new(&t.path().join("data"));
+    let pwf = write(&t.path().join("admin.pw"), &format!("{ADMIN_PW}\n"));
+    care.env.push(("CARE__AUTH__BOOTSTRAP_PASSWORD_FILE".into(), pwf.display().to_string()));
+    care.ok(&["init"]);
+    care.ok(&["collection", "create", "guidelines"]);
+    let page = write(&t.path().join("metformin.html"), STRUCTURED_HTML);
+    care.ok(&["ingest", "guidelines", page.to_str().unwrap()]);
+    let found = care.json(&["search", "--json", "-c", "guidelines", "二甲双胍的禁忌症"]);
+    let doc = found["hits"][0]["document_id"].as_i64().unwrap();
+    let chunk = found["hits"][0]["chunk_id"].as_i64().unwrap();
+    let served = care.serve_full();
+    let base = served.https.clone();
+
+    let b = Browser::start(1280, 900);
+    b.goto(&format!("{base}/login"));
+    b.type_into("#username", "admin");
+    b.type_into("#password", ADMIN_PW);
+    b.click("form[action='/login'] button[type=submit]");
+    b.wait_for("the search page", Duration::from_secs(20), |s| s.contains("id=\"q\""));
+
+    // The link a search hit carries: the query travels with it.
+    let q = "%E4%BA%8C%E7%94%B2%E5%8F%8C%E8%83%8D%E7%9A%84%E7%A6%81%E5%BF%8C%E7%97%87"; // 二甲双胍的禁忌症
+    b.goto(&format!("{base}/doc/{doc}?q={q}#c{chunk}"));
+    let src = b.wait_for("the document", Duration::from_secs(20), |s| s.contains("class=\"document\""));
+    let items: Vec<String> = (1..=4).map(|i| b.text(&format!("article.document ol > li:nth-of-type({i})"))).collect();
+    assert_eq!(
+        items,
+        [
+            "中重度肾功能不全，eGFR低于30。",
+            "失代偿性心力衰竭、休克等缺氧状态。",
+            "糖尿病酮症酸中毒。",
+            "对本品过敏者。"
+        ],
+        "{src}"
+    );
+    assert_eq!(b.find_all("article.document ol > li").len(), 4);
+    assert_eq!(b.find_all("article.document ul > li").len(), 2, "{src}");
+    // The table's rows (its header row among them) stay rows of cells.
+    assert_eq!(b.find_all("article.document table tr").len(), 3, "{src}");
+    assert_eq!(b.text("article.document table tr:nth-of-type(1) td:nth-of-type(2)"), "起始剂量", "{src}");
+    assert_eq!(b.text("article.document table tr:nth-of-type(3) td:nth-of-type(1)"), "缓释片");
+    // The query's terms are marked, in headings and text alike, and the page says so.
+    assert_eq!(b.find_all("article.document mark").len(), 2, "{src}");
+    assert!(src.contains("<mark>禁忌症</mark>") && src.contains("<mark>二甲双胍</mark>"), "{src}");
+    assert!(b.text("p.query-marks").contains("二甲双胍的禁忌症"), "{src}");
+    // Uploaded text is text: the escaped script in the page stays visible characters, never an element.
+    assert!(b.find_all("article.document script").is_empty());
+    assert!(b.text("article.document").contains("<script>alert(1)</script>"), "{src}");
+    // The time is local and readable: 2026-11-26 21:05, not an RFC 3339 stamp.
+    let meta = b.text("article.document p.meta");
+    let shown = meta.split("入库时间 ").nth(1).unwrap_or_default().trim().to_string();
+    let digits: String = shown.chars().map(|c| if c.is_ascii_digit() { '0' } else { c }).collect();
+    assert_eq!(digits, "0000-00-00 00:00", "{meta}");
+    keep_screenshot(&b, "document-structure.png");
+
+    // Without a query nothing is marked, and the structure is the same.
+    b.goto(&format!("{base}/doc/{doc}"));
+    b.wait_for("the plain document", Duration::from_secs(20), |s| s.contains("class=\"document\""));
+    assert!(b.find_all("article.document mark").is_empty());
+    assert_eq!(b.find_all("article.document ol > li").len(), 4);
+}
+
 /// The main flows in headless Chromium: log in, create a collection, upload files, watch the job finish (with a
 /// per-file error), search with the keyboard, open a document, give feedback, log out. Screenshots of the search
 /// page and the jobs page are kept in target/tmp/screenshots (and $CARE_ARTIFACTS when set).

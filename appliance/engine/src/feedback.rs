@@ -13,6 +13,9 @@ pub struct DocumentChunk {
     pub ordinal: i64,
     pub heading: String,
     pub text: String,
+    /// Character offsets of the chunk in the document's normalised text (consecutive chunks overlap).
+    pub char_start: i64,
+    pub char_end: i64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -48,10 +51,18 @@ pub fn document(store: &Store, id: i64) -> Result<DocumentView> {
         )
         .optional()?;
     let mut doc = head.ok_or_else(|| Error::NotFound { what: format!("document #{id}") })?;
-    let mut stmt =
-        conn.prepare_cached("SELECT id, ordinal, heading, text FROM chunks WHERE document_id = ?1 ORDER BY ordinal")?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, ordinal, heading, text, char_start, char_end FROM chunks WHERE document_id = ?1 ORDER BY ordinal",
+    )?;
     let rows = stmt.query_map([id], |r| {
-        Ok(DocumentChunk { chunk_id: r.get(0)?, ordinal: r.get(1)?, heading: r.get(2)?, text: r.get(3)? })
+        Ok(DocumentChunk {
+            chunk_id: r.get(0)?,
+            ordinal: r.get(1)?,
+            heading: r.get(2)?,
+            text: r.get(3)?,
+            char_start: r.get(4)?,
+            char_end: r.get(5)?,
+        })
     })?;
     doc.chunks = rows.collect::<Result<Vec<_>, _>>()?;
     Ok(doc)

@@ -8,6 +8,7 @@
 //!   ├ audit     append-only, hash-chained audit records written in the same transaction as the change
 //!   ├ accounts  users and roles (argon2), lockout, sessions, API tokens, per-collection read grants
 //!   ├ feedback  the document view behind a hit and relevance feedback kept for training
+//!   ├ docview   the document view's structure (lists, tables from the stored light markup) and query marks
 //!   ├ ingest    files → ParsedDocument (pdf, docx, html, md, txt, csv, jsonl, zip; encodings; limits)
 //!   ├ jobs      durable ingestion jobs in SQLite and the background worker that runs and resumes them
 //!   ├ text      normalisation (full/half width, controls) and sentence/heading-aware chunking
@@ -37,6 +38,7 @@ pub mod config;
 pub mod datadir;
 pub mod demo;
 pub mod dense;
+pub mod docview;
 pub mod encoders;
 pub mod engine;
 pub mod error;

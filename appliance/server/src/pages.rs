@@ -6,6 +6,7 @@ use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, get, post, web};
 use askama::Template;
 use care_engine::SearchHit;
+use care_engine::docview::{self, Block, Section};
 use care_engine::fusion::Method;
 use serde::Deserialize;
 
@@ -415,6 +416,32 @@ struct DocumentPage {
     nav: Option<Nav>,
     flash: Option<String>,
     doc: care_engine::feedback::DocumentView,
+    /// One per chunk: headings, then paragraphs, lists and tables, the query's terms marked.
+    sections: Vec<Section>,
+    /// The query whose terms are marked (empty: none).
+    query: String,
+    marks: usize,
+    created_local: String,
+    offset_label: String,
+    search_url: String,
+    plain_url: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct DocParams {
+    /// The query that led here (from a search hit): its terms are marked in the text.
+    #[serde(default)]
+    q: String,
+}
+
+/// Where a search hit links: its passage in the document, with the query so the view marks its terms.
+pub fn doc_href(document_id: i64, chunk_id: i64, q: &str) -> String {
+    let q = q.trim();
+    if q.is_empty() {
+        format!("/doc/{document_id}#c{chunk_id}")
+    } else {
+        format!("/doc/{document_id}?q={}#c{chunk_id}", percent_encode(q))
+    }
 }
 
 #[get("/doc/{id}")]
@@ -422,10 +449,31 @@ pub async fn document(
     state: web::Data<AppState>,
     caller: Caller,
     id: web::Path<i64>,
+    p: web::Query<DocParams>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
-    let doc = call(&state, &caller, move |e, a| e.document_as(a, id)).await?;
-    render(&DocumentPage { nav: Nav::of(&caller), flash: None, doc })
+    let query: String = p.into_inner().q.trim().chars().take(care_engine::MAX_QUERY_CHARS).collect();
+    let q = query.clone();
+    let (doc, sections) = call(&state, &caller, move |e, a| {
+        let doc = e.document_as(a, id)?;
+        let sections = e.document_sections(&doc, &q);
+        Ok((doc, sections))
+    })
+    .await?;
+    // Times are shown at the hospital's offset from UTC (the one training schedules use).
+    let offset = state.engine.config().training.utc_offset_minutes;
+    render(&DocumentPage {
+        nav: Nav::of(&caller),
+        flash: None,
+        created_local: docview::local_time(&doc.created_at, offset),
+        offset_label: docview::offset_label(offset),
+        marks: if query.is_empty() { 0 } else { docview::marked_count(&sections) },
+        search_url: if query.is_empty() { "/search".into() } else { search_url(&query, "", 1) },
+        plain_url: format!("/doc/{id}"),
+        query,
+        sections,
+        doc,
+    })
 }
 
 #[derive(Template)]

@@ -125,10 +125,20 @@ pub fn docx_bytes(paragraphs: &[(Option<&str>, &str)], title: Option<&str>) -> V
         }
         body.push_str(&format!("<w:r><w:t xml:space=\"preserve\">{}</w:t></w:r></w:p>", esc(text)));
     }
+    docx_package(&body, None, title)
+}
+
+/// A DOCX whose `word/document.xml` body is the given WordprocessingML (paragraphs, tables; `w:` prefix), with
+/// `word/numbering.xml` holding the given `w:abstractNum`/`w:num` elements when set, and the title when given.
+pub fn docx_package(body: &str, numbering: Option<&str>, title: Option<&str>) -> Vec<u8> {
+    let esc = |s: &str| quick_xml::escape::escape(s).into_owned();
+    const W: &str = "xmlns:w=\"http://schemas.openxmlformats.org/wordprocessingml/2006/main\"";
     let doc = format!(
-        "<?xml version=\"1.0\" encoding=\"UTF-8\" standalone=\"yes\"?>\
-         <w:document xmlns:w=\"http://schemas.openxmlformats.org/wordprocessingml/2006/main\"><w:body>{body}</w:body></w:document>"
+        "<?xml version=\"1.0\" encoding=\"UTF-8\" standalone=\"yes\"?><w:document {W}><w:body>{body}</w:body></w:document>"
     );
+    let numbering = numbering.map(|n| {
+        format!("<?xml version=\"1.0\" encoding=\"UTF-8\" standalone=\"yes\"?><w:numbering {W}>{n}</w:numbering>")
+    });
     let types = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Types xmlns=\"http://schemas.openxmlformats.org/package/2006/content-types\">\
         <Default Extension=\"rels\" ContentType=\"application/vnd.openxmlformats-package.relationships+xml\"/>\
         <Default Extension=\"xml\" ContentType=\"application/xml\"/>\
@@ -149,6 +159,9 @@ pub fn docx_bytes(paragraphs: &[(Option<&str>, &str)], title: Option<&str>) -> V
     ];
     if let Some(c) = &core {
         members.push(("docProps/core.xml", c.as_bytes()));
+    }
+    if let Some(n) = &numbering {
+        members.push(("word/numbering.xml", n.as_bytes()));
     }
     zip_bytes(&members)
 }

@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config, TestRunner};
 
-use super::fixtures::{docx_bytes, pdf_bytes, zip_bytes, zip_stored_bytes};
+use super::fixtures::{docx_bytes, docx_package, pdf_bytes, zip_bytes, zip_stored_bytes};
 use super::{FileKind, IngestLimits, IngestOptions, Origin, UNGUARDED, parse_inner};
 
 #[derive(Debug, Clone)]
@@ -126,6 +126,16 @@ fn fuzz_docx() {
     let seeds = vec![
         docx_bytes(&[(Some("1"), "标题"), (None, "正文 & 内容。"), (Some("Heading2"), "小节")], Some("文档")),
         docx_bytes(&[(None, "x")], None),
+        // Numbered items (numbering.xml) and a table with an empty cell.
+        docx_package(
+            "<w:p><w:pPr><w:numPr><w:ilvl w:val=\"0\"/><w:numId w:val=\"1\"/></w:numPr></w:pPr><w:r><w:t>一项</w:t></w:r></w:p>\
+             <w:tbl><w:tr><w:tc><w:p><w:r><w:t>甲</w:t></w:r></w:p></w:tc><w:tc/></w:tr></w:tbl>",
+            Some(
+                "<w:abstractNum w:abstractNumId=\"0\"><w:lvl w:ilvl=\"0\"><w:start w:val=\"2\"/><w:numFmt w:val=\"decimal\"/></w:lvl></w:abstractNum>\
+                  <w:num w:numId=\"1\"><w:abstractNumId w:val=\"0\"/></w:num>",
+            ),
+            None,
+        ),
     ];
     fuzz("docx", inputs(seeds), |b| parse(FileKind::Docx, "f.docx", b));
 }
@@ -146,6 +156,9 @@ fn fuzz_html() {
     let seeds = vec![
         gbk.into_owned(),
         b"<html><body><nav>x</nav><h2>A</h2><table><tr><td>1</td><td>2</td></tr></table><script>x</script></body></html>"
+            .to_vec(),
+        "<ol start=3><li><p>甲</p><ul><li>乙<table><caption>表</caption><tr><th>丙</th><td><h3>丁</h3></td></tr></table></li></ul></li><li value=9></li></ol>"
+            .as_bytes()
             .to_vec(),
     ];
     fuzz("html", inputs(seeds), |b| parse(FileKind::Html, "f.html", b));

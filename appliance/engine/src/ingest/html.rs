@@ -1,11 +1,16 @@
 //! HTML exports (intranet pages, guideline sites saved from a browser): visible text only, headings kept.
 //!
 //! Script, style, navigation, header/footer chrome, forms and embedded objects are dropped; block elements end a
-//! line; `<h1>`..`<h6>` become Markdown heading lines so the chunker keeps them as chunk context.
+//! line; `<h1>`..`<h6>` become Markdown heading lines so the chunker keeps them as chunk context. List items are
+//! one line each with their marker (`3. ` in an `<ol>`, honouring `start` and `value`; `• ` otherwise) and a table
+//! row is one line, `| cell | cell |` (a table holding headings or other tables is layout: its cells stay
+//! paragraphs), the light markup [`crate::docview`] renders back as lists and tables.
 
 use ego_tree::iter::Edge;
 use ego_tree::{NodeId, NodeRef};
 use scraper::{ElementRef, Html, Node};
+
+use super::TableBuf;
 
 const SKIP: &[&str] = &[
     "script", "style", "noscript", "template", "nav", "header", "footer", "aside", "form", "button", "select", "svg",
@@ -157,6 +162,40 @@ fn raw_text_end(b: &[u8], from: usize, name: &str) -> usize {
         .unwrap_or(b.len())
 }
 
+/// Where text goes while the tree is walked: the page, or the cell of the innermost table being read; and the
+/// lists open around it (ordered or not, and the next number).
+#[derive(Default)]
+struct Writer {
+    out: String,
+    tables: Vec<TableBuf>,
+    lists: Vec<(bool, i64)>,
+    /// A list item's marker was just written: the item's first block (`<li><p>…`) does not start a new line.
+    after_marker: bool,
+}
+
+impl Writer {
+    fn text(&mut self, t: &str) {
+        if self.after_marker && t.trim().is_empty() {
+            return;
+        }
+        self.after_marker = false;
+        self.cur().push_str(t);
+    }
+
+    fn newline(&mut self) {
+        if !self.after_marker {
+            self.cur().push('\n');
+        }
+    }
+
+    fn cur(&mut self) -> &mut String {
+        match self.tables.last_mut() {
+            Some(t) => &mut t.cell,
+            None => &mut self.out,
+        }
+    }
+}
+
 /// Iterative on purpose: a page is a tree as deep as the uploader likes (50,000 nested `<div>` is 550 KB), and a
 /// recursive walk would overflow the worker's stack and take the whole process down.
 #[allow(
@@ -164,13 +203,14 @@ fn raw_text_end(b: &[u8], from: usize, name: &str) -> usize {
     reason = "scraper nodes other than text and elements (comments, doctypes) carry no text"
 )]
 fn walk(root: ElementRef<'_>, out: &mut String) {
+    let mut w = Writer::default();
     // The element whose subtree is being left out (SKIP element, or a heading already written whole).
     let mut skipping: Option<NodeId> = None;
     for edge in root.traverse() {
         match edge {
             Edge::Open(node) if skipping.is_none() => match node.value() {
-                Node::Text(t) => out.push_str(t),
-                Node::Element(el) if !open(node, el.name(), out) => skipping = Some(node.id()),
+                Node::Text(t) => w.text(t),
+                Node::Element(el) if !open(node, el, &mut w) => skipping = Some(node.id()),
                 _ => {}
             },
             Edge::Open(_) => {}
@@ -181,15 +221,20 @@ fn walk(root: ElementRef<'_>, out: &mut String) {
             }
             Edge::Close(node) => {
                 if let Node::Element(el) = node.value() {
-                    close(el.name(), out);
+                    close(el.name(), &mut w);
                 }
             }
         }
     }
+    while !w.tables.is_empty() {
+        close("table", &mut w);
+    }
+    out.push_str(&w.out);
 }
 
 /// Writes what goes before an element's children; false when its children are not to be walked.
-fn open(node: NodeRef<'_, Node>, name: &str, out: &mut String) -> bool {
+fn open(node: NodeRef<'_, Node>, el: &scraper::node::Element, w: &mut Writer) -> bool {
+    let name = el.name();
     if SKIP.contains(&name) {
         return false;
     }
@@ -197,6 +242,7 @@ fn open(node: NodeRef<'_, Node>, name: &str, out: &mut String) -> bool {
         let text = ElementRef::wrap(node).map(|el| el.text().collect::<String>()).unwrap_or_default();
         let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
         if !text.is_empty() {
+            let out = w.cur();
             out.push('\n');
             out.push_str(&"#".repeat(level));
             out.push(' ');
@@ -205,18 +251,79 @@ fn open(node: NodeRef<'_, Node>, name: &str, out: &mut String) -> bool {
         }
         return false;
     }
+    match name {
+        "ol" => {
+            let start = el.attr("start").and_then(|s| s.trim().parse::<i64>().ok()).unwrap_or(1);
+            w.lists.push((true, start));
+        }
+        "ul" | "dir" => w.lists.push((false, 0)),
+        "table" => w.tables.push(TableBuf::default()),
+        _ => {}
+    }
     if is_block(name) {
-        out.push('\n');
+        w.newline();
+    }
+    if name == "li" {
+        let marker = match w.lists.last_mut() {
+            Some((true, next)) => {
+                let n = el.attr("value").and_then(|v| v.trim().parse::<i64>().ok()).unwrap_or(*next);
+                *next = n + 1;
+                format!("{n}. ")
+            }
+            _ => "• ".to_string(),
+        };
+        w.cur().push_str(&marker);
+        w.after_marker = true;
     }
     true
 }
 
 /// Writes what goes after an element's children (only for elements whose children were walked).
-fn close(name: &str, out: &mut String) {
-    if name == "td" || name == "th" {
-        out.push(' ');
-    } else if is_block(name) {
-        out.push('\n');
+fn close(name: &str, w: &mut Writer) {
+    match name {
+        "td" | "th" => {
+            if let Some(t) = w.tables.last_mut() {
+                t.end_cell();
+            }
+            return;
+        }
+        "tr" => {
+            if let Some(t) = w.tables.last_mut() {
+                t.end_row();
+            }
+            return;
+        }
+        "table" => {
+            if let Some(t) = w.tables.pop() {
+                let text = t.finish();
+                if let Some(parent) = w.tables.last_mut() {
+                    parent.layout = true;
+                }
+                w.cur().push_str(&text);
+            }
+            return;
+        }
+        "caption" => {
+            // Its own line before the table, not part of the first cell.
+            let n = w.tables.len();
+            if n > 0 {
+                let caption = std::mem::take(&mut w.tables[n - 1].cell);
+                let dest = if n > 1 { &mut w.tables[n - 2].cell } else { &mut w.out };
+                dest.push('\n');
+                dest.push_str(caption.trim());
+                dest.push('\n');
+                return;
+            }
+        }
+        "ol" | "ul" | "dir" => {
+            w.lists.pop();
+        }
+        // An empty item still ends its line.
+        "li" => w.after_marker = false,
+        _ => {}
+    }
+    if is_block(name) {
+        w.newline();
     }
 }
 
@@ -244,8 +351,24 @@ mod tests {
         let (title, text) = extract(html).unwrap();
         assert_eq!(title, "高血压 指南");
         let text = crate::text::normalize(&text);
-        assert_eq!(text, "# 高血压\n血压≥140/90 mmHg\n可诊断。\n## 治疗\n限盐\n运动");
+        assert_eq!(text, "# 高血压\n血压≥140/90 mmHg\n可诊断。\n## 治疗\n• 限盐\n• 运动");
         assert_eq!(declared_charset(html.as_bytes()), Some("GBK"));
+    }
+
+    #[test]
+    fn lists_and_tables_keep_their_structure() {
+        let html = r#"<html><body><h2>禁忌症</h2><ol><li>严重肾功能不全</li><li>急性心肌梗死
+            <ul><li>含休克</li></ul></li><li value="7">过敏者</li></ol><ol start="3"><li>续三</li></ol>
+            <ul><li><p>限盐</p></li><li>运动</li></ul>
+            <table><caption>常用剂量</caption><thead><tr><th>药物</th><th>剂量</th></tr></thead>
+            <tbody><tr><td>二甲双胍</td><td><p>500 mg</p><p>每日两次</p></td></tr><tr><td>阿司匹林</td><td></td></tr></tbody></table>
+            <table><tr><td><h3>布局</h3><p>正文一</p></td><td>正文二</td></tr></table></body></html>"#;
+        let (_, text) = extract(html).unwrap();
+        assert_eq!(
+            crate::text::normalize(&text),
+            "## 禁忌症\n1. 严重肾功能不全\n2. 急性心肌梗死\n• 含休克\n7. 过敏者\n3. 续三\n• 限盐\n• 运动\n常用剂量\n\
+             | 药物 | 剂量 |\n| 二甲双胍 | 500 mg 每日两次 |\n| 阿司匹林 | |\n### 布局\n正文一\n正文二"
+        );
     }
 
     #[test]

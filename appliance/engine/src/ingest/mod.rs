@@ -324,6 +324,63 @@ fn parse_inner(
     }
 }
 
+/// A table being read: finished rows, the row and the cell being filled, and whether it holds structure that a
+/// row of cells cannot (a heading or another table: then it is page layout, and its cells are written as
+/// paragraphs, as before tables were kept).
+#[derive(Debug, Default)]
+struct TableBuf {
+    rows: Vec<Vec<String>>,
+    row: Vec<String>,
+    cell: String,
+    layout: bool,
+}
+
+impl TableBuf {
+    fn end_cell(&mut self) {
+        let cell = std::mem::take(&mut self.cell);
+        if cell.lines().any(|l| l.starts_with('#')) {
+            self.layout = true;
+        }
+        self.row.push(cell);
+    }
+    fn end_row(&mut self) {
+        if !self.cell.trim().is_empty() {
+            self.end_cell();
+        }
+        self.cell.clear();
+        let row = std::mem::take(&mut self.row);
+        if !row.is_empty() {
+            self.rows.push(row);
+        }
+    }
+    /// The table as text: one line per row, `| a | b |` (cells on one line, empty rows dropped), or for a layout
+    /// table each cell's own lines.
+    fn finish(mut self) -> String {
+        self.end_row();
+        let mut out = String::new();
+        for row in &self.rows {
+            if self.layout {
+                for cell in row.iter().filter(|c| !c.trim().is_empty()) {
+                    out.push('\n');
+                    out.push_str(cell.trim());
+                    out.push('\n');
+                }
+                continue;
+            }
+            // A `|` inside a cell would read as a cell boundary: it is shown as `¦`.
+            let cells: Vec<String> =
+                row.iter().map(|c| c.split_whitespace().collect::<Vec<_>>().join(" ").replace('|', "¦")).collect();
+            if cells.iter().all(String::is_empty) {
+                continue;
+            }
+            out.push_str("\n| ");
+            out.push_str(&cells.join(" | "));
+            out.push_str(" |\n");
+        }
+        out
+    }
+}
+
 fn markdown_title(text: &str) -> Option<String> {
     text.lines().find_map(|l| l.strip_prefix("# ").map(|t| t.trim().to_string())).filter(|t| !t.is_empty())
 }
@@ -434,5 +491,30 @@ mod tests {
         assert_eq!(j.documents.len(), 1);
         assert_eq!(j.documents[0].text, "孕妇出血");
         assert_eq!(j.skipped_empty, 1);
+    }
+
+    #[test]
+    fn markdown_lists_and_tables_stay_lines() {
+        let md = "# 二甲双胍\n\n## 禁忌症\n\n1. 肾功能不全\n2. 严重感染\n\n- 限酒\n* 监测\n\n| 药物 | 剂量 |\n|---|---|\n| 二甲双胍 | 500 mg |\n";
+        let f = parse_bytes(Path::new("m.md"), FileKind::Markdown, md.as_bytes()).unwrap();
+        let text = &f.documents[0].text;
+        assert_eq!(
+            text,
+            "# 二甲双胍\n## 禁忌症\n1. 肾功能不全\n2. 严重感染\n- 限酒\n* 监测\n| 药物 | 剂量 |\n|---|---|\n| 二甲双胍 | 500 mg |"
+        );
+        // Items and rows end sentences: chunks hold whole lines, never two items run together.
+        let cfg = crate::text::ChunkConfig { max_chars: 24, overlap_chars: 0, ..Default::default() };
+        let chunks = crate::text::chunk(text, &cfg);
+        assert!(chunks.len() > 1);
+        assert!(chunks.iter().flat_map(|c| c.text.lines()).all(|l| text.lines().any(|t| t == l)), "{chunks:?}");
+        let plain = |t: &str| vec![crate::docview::Part { text: t.to_string(), mark: false }];
+        let blocks = crate::docview::blocks(text.split_once("## 禁忌症\n").unwrap().1, &plain);
+        use crate::docview::Block;
+        assert!(matches!(&blocks[0], Block::List { ordered: true, start: 1, items } if items.len() == 2), "{blocks:?}");
+        assert!(matches!(&blocks[1], Block::List { ordered: false, items, .. } if items.len() == 2), "{blocks:?}");
+        assert!(
+            matches!(&blocks[2], Block::Table { header: Some(h), rows } if h.len() == 2 && rows.len() == 1),
+            "{blocks:?}"
+        );
     }
 }
