@@ -1,0 +1,91 @@
+//! The search page a clinician acts on, in real headless Chromium against `care serve` on the demo: the not-found
+//! statement, the 仅语义相近 mark, traditional characters, grouped results and page N of a long query.
+
+use std::time::Duration;
+
+use care_e2e::webdriver::Browser;
+use care_e2e::{Care, write};
+
+const ADMIN_PW: &str = "search-page-admin-passphrase";
+
+/// The demo, served, with a signed-in browser.
+fn demo_browser(dir: &std::path::Path) -> (Care, care_e2e::Served, Browser) {
+    let care = Care::new(&dir.join("data"));
+    let out = care.run(&["demo", "--no-serve"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let pwf = write(&dir.join("admin.pw"), &format!("{ADMIN_PW}\n"));
+    care.ok(&["user", "add", "doctor", "--role", "admin", "--password-file", pwf.to_str().unwrap()]);
+    let served = care.serve_full();
+    let b = Browser::start(1280, 900);
+    b.goto(&format!("{}/login", served.https));
+    b.type_into("#username", "doctor");
+    b.type_into("#password", ADMIN_PW);
+    b.click("form[action='/login'] button[type=submit]");
+    b.wait_for("the search page", Duration::from_secs(30), |s| s.contains("id=\"q\""));
+    (care, served, b)
+}
+
+/// (document id, chunk id) of every hit on the page, in order.
+fn hits(src: &str) -> Vec<(String, String)> {
+    src.split("<h2><a href=\"/doc/")
+        .skip(1)
+        .filter_map(|s| {
+            let end = s.find('"')?;
+            let (doc, chunk) = s[..end].split_once("#c")?;
+            // The link carries the query (?q=…) so the document view marks its terms.
+            Some((doc.split('?').next()?.to_string(), chunk.to_string()))
+        })
+        .collect()
+}
+
+fn search(b: &Browser, base: &str, q: &str, page: usize) -> String {
+    let enc: String = q.bytes().map(|c| format!("%{c:02X}")).collect();
+    b.goto(&format!("{base}/search?q={enc}&page={page}"));
+    // The first query loads the encoder: slow in a debug build on 2 shared cores.
+    b.wait_for("results", Duration::from_secs(120), |s| s.contains("id=\"result-meta\""))
+}
+
+#[test]
+fn the_search_page_says_what_matched_what_did_not_and_pages_one_ranking() {
+    if !care_e2e::webdriver::available() {
+        panic!("chromium and chromedriver are required (packaging/dev.sh setup installs them)");
+    }
+    let t = tempfile::tempdir().unwrap();
+    let (_care, served, b) = demo_browser(t.path());
+    let base = served.https.clone();
+
+    // A term no readable document holds: stated first, and no result claims it.
+    let src = search(&b, &base, "替格瑞洛的禁忌症", 1);
+    let banner = b.text("#missing-terms");
+    assert!(banner.contains("未找到包含“替格瑞洛”的资料"), "{banner}");
+    assert!(src.find("id=\"missing-terms\"").unwrap() < src.find("class=\"results\"").unwrap_or(usize::MAX));
+    assert!(!b.text("ol.results").contains("包含：替格瑞洛"));
+    assert!(b.text("ol.results").contains("包含：禁忌症"), "{src}");
+
+    // Gibberish: a not-found page with suggestions; the dense leg's neighbours are folded and marked.
+    let src = search(&b, &base, "qwzxv 喵喵 嗷嗷嗷 zzkkq", 1);
+    assert!(b.text("#not-found").contains("未找到包含"), "{src}");
+    assert!(b.text("#not-found").contains("错别字"), "suggestions: {src}");
+    assert!(src.contains("id=\"weak-hits\"") && !src.contains("<details class=\"weak\" id=\"weak-hits\" open"));
+    assert!(src.contains("仅语义相近"), "dense-only hits are marked: {src}");
+    assert!(!b.find_all("#weak-hits li.hit").is_empty());
+
+    // Traditional characters: folded, searched and highlighted in the simplified passage.
+    let src = search(&b, &base, "高血壓", 1);
+    assert!(b.text("#folded").contains("已按简体检索：高血压"), "{src}");
+    assert!(src.contains("<mark>高血压</mark>"), "{src}");
+    assert!(!src.contains("id=\"missing-terms\""), "{src}");
+
+    // Grouped results: one per document, the rest counted, and page N continues the same ranking.
+    let src = search(&b, &base, "高血压患者可以吃布洛芬吗", 1);
+    let meta = b.text("#result-meta");
+    assert!(meta.contains("共") && meta.contains("第 1 /"), "{meta}");
+    let first = hits(&src);
+    let docs: std::collections::HashSet<&String> = first.iter().map(|h| &h.0).collect();
+    assert_eq!(docs.len(), first.len(), "one hit per document: {first:?}");
+    assert!(src.contains("该文档另有"), "passages of the same document are counted: {src}");
+    let second = hits(&search(&b, &base, "高血压患者可以吃布洛芬吗", 2));
+    assert!(!second.is_empty(), "a second page");
+    assert!(second.iter().all(|h| !docs.contains(&h.0)), "page 2 repeats a document of page 1: {second:?}");
+    assert!(b.text("#result-meta").contains("第 2 /"));
+}
