@@ -1000,14 +1000,23 @@ impl Engine {
     }
 
     /// (present, missing): the query's salient terms split by whether any chunk of `collections` holds them, in
-    /// either script (a passage in traditional characters holds 高血壓).
+    /// either script (a passage in traditional characters holds 高血壓). A term is first looked up as an index term;
+    /// one that is not (jieba segmented the passages around it differently) is looked for as a substring of the
+    /// chunks' text, headings and titles, so "not found" is said only of text that truly occurs nowhere. The scan
+    /// runs only for such terms, and stops at the first chunk.
     fn term_presence(&self, plan: &crate::query::QueryPlan, collections: &[String]) -> Result<(Vec<String>, Vec<String>)> {
         let mut present = Vec::new();
         let mut missing = Vec::new();
         for w in &plan.salient {
             let trad = crate::query::to_traditional(w);
-            let found = self.lexical.chunks_with(w, collections)? > 0
-                || (trad != *w && self.lexical.chunks_with(&trad, collections)? > 0);
+            let forms: Vec<&str> = if trad == *w { vec![w.as_str()] } else { vec![w.as_str(), trad.as_str()] };
+            let mut found = false;
+            for f in &forms {
+                found = found || self.lexical.chunks_with(f, collections)? > 0;
+            }
+            for f in &forms {
+                found = found || self.store.any_chunk_contains(f, collections)?;
+            }
             if found { present.push(w.clone()) } else { missing.push(w.clone()) }
         }
         Ok((present, missing))

@@ -76,20 +76,44 @@ pub fn tokenize(jieba: &Jieba, text: &str) -> Vec<(usize, usize, String)> {
 /// The content words of a query, lower-cased, in order and without repeats: jieba's default segmentation (whole
 /// dictionary words such as 替格瑞洛, not their parts) minus function words, punctuation and single Chinese
 /// characters (too common to say anything on their own). These are the terms whose presence a result page states.
+///
+/// A two-character word that no dictionary holds is jieba's HMM guessing at colloquial or misspelt text (奶房, 咋个,
+/// 好断): asserting that such a fragment occurs nowhere would be noise, so it is not salient. Longer unknown words
+/// (a drug name the dictionary lacks) are.
 pub fn content_words(jieba: &Jieba, text: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for w in jieba.cut(text, true) {
-        let w = w.word.trim().to_lowercase();
-        let chars = w.chars().count();
-        let single_cjk = chars == 1 && !w.is_ascii();
-        if !is_indexable(&w) || is_stopword(&w) || single_cjk || (w.is_ascii() && chars < 2) {
-            continue;
-        }
-        if !out.contains(&w) {
-            out.push(w);
+        for w in dictionary_parts(jieba, w.word) {
+            let known = jieba.has_word(&w);
+            let w = w.trim().to_lowercase();
+            let chars = w.chars().count();
+            let single_cjk = chars == 1 && !w.is_ascii();
+            let guessed_pair = chars == 2 && !w.is_ascii() && !known;
+            if !is_indexable(&w) || is_stopword(&w) || single_cjk || guessed_pair || (w.is_ascii() && chars < 2) {
+                continue;
+            }
+            if !out.contains(&w) {
+                out.push(w);
+            }
         }
     }
     out
+}
+
+/// A word the HMM made up (not in any dictionary) that contains dictionary words is those words glued to their
+/// neighbours (产检有 = 产检 + 有): its dictionary words stand for it. One that contains none (an unknown drug name)
+/// stays whole.
+fn dictionary_parts(jieba: &Jieba, word: &str) -> Vec<String> {
+    if word.chars().count() < 3 || jieba.has_word(word) || word.is_ascii() {
+        return vec![word.to_string()];
+    }
+    let parts: Vec<String> = jieba
+        .cut(word, false)
+        .into_iter()
+        .map(|t| t.word.to_string())
+        .filter(|p| p.chars().count() >= 2 && jieba.has_word(p))
+        .collect();
+    if parts.is_empty() { vec![word.to_string()] } else { parts }
 }
 
 impl Tokenizer for JiebaTokenizer {
@@ -659,6 +683,15 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A word the HMM glued together stands for the dictionary words inside it; an unknown name stays whole.
+    #[test]
+    fn made_up_words_stand_for_their_dictionary_parts() {
+        let (j, _) = build_jieba(None).unwrap();
+        assert_eq!(dictionary_parts(&j, "高血压有"), vec!["高血压".to_string()]);
+        assert_eq!(dictionary_parts(&j, "qwzxv"), vec!["qwzxv".to_string()], "no dictionary part: whole");
+        assert_eq!(dictionary_parts(&j, "二甲双胍"), vec!["二甲双胍".to_string()], "a dictionary word stays");
     }
 
     /// The page-11 crash, reduced: search-mode tokens of a long word end before a later fragment starts.

@@ -122,7 +122,14 @@ mod tests {
         let (jieba, _) = crate::lexical::build_jieba(None).unwrap();
         assert!(QueryPlan::new(&jieba, "？？！！……").salient.is_empty());
         assert!(QueryPlan::new(&jieba, "的了吗").salient.is_empty());
+        // An unknown two-character word is jieba guessing at misspelt text (退疼 for 腿疼), not a term to report
+        // as missing; dictionary drug names and longer unknown words are.
+        let c = QueryPlan::new(&jieba, "孕妇腰痛,屁股同,退疼");
+        assert!(!c.salient.contains(&"退疼".to_string()), "{:?}", c.salient);
+        assert!(c.salient.contains(&"孕妇".to_string()), "{:?}", c.salient);
+        assert!(QueryPlan::new(&jieba, "替格瑞洛有什么副作用").salient.contains(&"替格瑞洛".to_string()));
         let g = QueryPlan::new(&jieba, "qwzxv 喵喵 嗷嗷嗷 zzkkq");
         assert!(g.salient.contains(&"qwzxv".to_string()) && g.salient.contains(&"zzkkq".to_string()), "{:?}", g.salient);
+        assert!(g.salient.iter().any(|w| w.starts_with('嗷')), "{:?}", g.salient);
     }
 }

@@ -484,6 +484,26 @@ impl Store {
         Ok(n as u64)
     }
 
+    /// Whether any chunk of `collections` contains `needle` in its text, heading or document title (ASCII case
+    /// folded). A full scan that stops at the first match: the search page calls it only for a query term the
+    /// lexical index does not hold as a term.
+    pub fn any_chunk_contains(&self, needle: &str, collections: &[String]) -> Result<bool> {
+        if collections.is_empty() || needle.is_empty() {
+            return Ok(false);
+        }
+        let conn = self.reader();
+        let marks = vec!["?"; collections.len()].join(",");
+        let sql = format!(
+            "SELECT EXISTS (SELECT 1 FROM chunks k JOIN documents d ON d.id = k.document_id \
+             JOIN collections c ON c.id = d.collection_id WHERE c.name IN ({marks}) AND \
+             (instr(lower(k.text), ?) > 0 OR instr(lower(k.heading), ?) > 0 OR instr(lower(d.title), ?) > 0))"
+        );
+        let mut stmt = conn.prepare_cached(&sql)?;
+        let mut args: Vec<&dyn rusqlite::ToSql> = collections.iter().map(|c| c as &dyn rusqlite::ToSql).collect();
+        args.extend([&needle as &dyn rusqlite::ToSql, &needle, &needle]);
+        Ok(stmt.query_row(args.as_slice(), |r| r.get::<_, bool>(0))?)
+    }
+
     pub fn chunk_views(&self, chunk_ids: &[i64]) -> Result<Vec<ChunkView>> {
         let conn = self.reader();
         let mut stmt = conn.prepare_cached(
