@@ -268,7 +268,7 @@ fn shapes(model: &str) -> Result<Shapes> {
 }
 
 /// A word-level tokenizer over `w2 … w{n-1}` (ids 2…), `[PAD]` = 0, `<eos>` = 1: one word, one token.
-fn tokenizer(n: usize) -> Result<tokenizers::Tokenizer> {
+pub fn word_tokenizer(n: usize) -> Result<tokenizers::Tokenizer> {
     let mut vocab = serde_json::Map::new();
     vocab.insert("[PAD]".into(), 0.into());
     vocab.insert("<eos>".into(), 1.into());
@@ -285,7 +285,7 @@ fn tokenizer(n: usize) -> Result<tokenizers::Tokenizer> {
 
 fn encoder(model: Model, pooling: Pooling, max_length: usize, eos: Option<u32>, device: Device) -> Result<Encoder> {
     let left_pad = matches!(model, Model::Qwen3(_));
-    let mut tokenizer = tokenizer(4096)?;
+    let mut tokenizer = word_tokenizer(4096)?;
     tokenizer
         .with_truncation(Some(tokenizers::TruncationParams { max_length, ..Default::default() }))
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -512,7 +512,8 @@ fn nvidia_smi(field: &str) -> Option<String> {
     Some(String::from_utf8_lossy(&out.stdout).trim().to_string()).filter(|s| !s.is_empty())
 }
 
-fn cpu_model() -> String {
+/// The CPU's model name (latencies compare only on the same CPU: reports name it).
+pub fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {

@@ -973,15 +973,7 @@ fn run(cli: Cli) -> Result<()> {
                 .iter()
                 .map(|l| serde_json::json!({"name": l.name, "p50_ms": l.p50_ms, "p90_ms": l.p90_ms, "mean_ms": l.mean_ms, "speedup_vs_first_p50": base / l.p50_ms}))
                 .collect();
-            // Latencies compare only on the same CPU: the report names it.
-            let cpu = std::fs::read_to_string("/proc/cpuinfo")
-                .ok()
-                .and_then(|s| {
-                    s.lines().find_map(|l| {
-                        l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
-                    })
-                })
-                .unwrap_or_else(|| "unknown".into());
+            let cpu = care_trainer::gpu_check::cpu_model();
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let report = serde_json::json!({"set": set, "queries": texts.len().saturating_sub(20), "threads": tch::get_num_threads(), "device": format!("{dev:?}"), "cpu": cpu, "cores": cores, "encoders": rows});
             println!("{}", serde_json::to_string_pretty(&report)?);

@@ -182,22 +182,6 @@ fn each_precision_puts_its_own_type_in_effect_and_fp16_cannot_train() {
     assert!(!out.status.success() && err.contains("fp16 cannot train"), "{err}");
 }
 
-/// A word-level tokenizer over w2…w63.
-fn tokenizer() -> tokenizers::Tokenizer {
-    let mut vocab = serde_json::Map::new();
-    vocab.insert("[PAD]".into(), 0.into());
-    vocab.insert("<eos>".into(), 1.into());
-    for i in 2..64 {
-        vocab.insert(format!("w{i}"), i.into());
-    }
-    let json = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
-        "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[PAD]"}
-    });
-    tokenizers::Tokenizer::from_bytes(json.to_string().as_bytes()).unwrap()
-}
-
 fn encoders(doc_kind: Kind) -> (Encoder, Encoder) {
     tch::manual_seed(21);
     let b = Bert::random(&bert_cfg(), Device::Cpu).unwrap();
@@ -209,7 +193,7 @@ fn encoders(doc_kind: Kind) -> (Encoder, Encoder) {
     let q = Qwen3::new(&qwen_cfg(), w).unwrap();
     let enc = |model, pooling, eos, left_pad| Encoder {
         model,
-        tokenizer: tokenizer(),
+        tokenizer: care_trainer::gpu_check::word_tokenizer(64).unwrap(),
         settings: EncoderSettings { pooling, max_length: 32, append_eos: eos },
         pad_id: 0,
         left_pad,
