@@ -96,20 +96,7 @@ impl<'a> Highlighter<'a> {
         if self.words.is_empty() {
             return Vec::new();
         }
-        let mut ranges: Vec<(usize, usize)> = tokenize(self.jieba, text)
-            .into_iter()
-            .filter(|(_, _, w)| self.words.contains(w))
-            .map(|(s, e, _)| (s, e))
-            .collect();
-        ranges.sort_unstable();
-        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
-        for (s, e) in ranges {
-            match merged.last_mut() {
-                Some(last) if s <= last.1 => last.1 = last.1.max(e),
-                _ => merged.push((s, e)),
-            }
-        }
-        merged
+        crate::lexical::mark_ranges(self.jieba, text, &|w| self.words.contains(w))
     }
 
     /// `text` as runs, the query's terms marked.

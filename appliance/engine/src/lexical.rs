@@ -73,6 +73,20 @@ pub fn tokenize(jieba: &Jieba, text: &str) -> Vec<(usize, usize, String)> {
     out
 }
 
+/// Byte ranges of the tokens of `text` that `wanted` accepts, overlapping and adjacent ones merged (search mode
+/// yields both 二甲 and 二甲双胍; the reader sees one mark over 二甲双胍). Shared by snippets and the document view.
+pub fn mark_ranges(jieba: &Jieba, text: &str, wanted: &dyn Fn(&str) -> bool) -> Vec<(usize, usize)> {
+    let mut merged: Vec<(usize, usize)> = Vec::new();
+    // `tokenize` yields tokens ordered by start, so one pass merges them.
+    for (s, e, _) in tokenize(jieba, text).into_iter().filter(|(_, _, w)| wanted(w)) {
+        match merged.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => merged.push((s, e)),
+        }
+    }
+    merged
+}
+
 /// The content words of a query, lower-cased, in order and without repeats: jieba's default segmentation (whole
 /// dictionary words such as 替格瑞洛, not their parts) minus function words, punctuation and single Chinese
 /// characters (too common to say anything on their own). These are the terms whose presence a result page states.
@@ -471,8 +485,10 @@ impl LexicalIndex {
         let filter: Vec<(Occur, Box<dyn Query>)> = cols
             .iter()
             .map(|c| {
-                let q: Box<dyn Query> =
-                    Box::new(TermQuery::new(Term::from_field_text(self.fields.collection, c), IndexRecordOption::Basic));
+                let q: Box<dyn Query> = Box::new(TermQuery::new(
+                    Term::from_field_text(self.fields.collection, c),
+                    IndexRecordOption::Basic,
+                ));
                 (Occur::Should, q)
             })
             .collect();
@@ -579,19 +595,7 @@ impl LexicalIndex {
             } else {
                 fragment
             };
-            let mut ranges: Vec<(usize, usize)> = tokenize(&self.jieba, &fragment)
-                .into_iter()
-                .filter(|(_, _, w)| words.contains(w) || words.contains(&fold(w)))
-                .map(|(s, e, _)| (s, e))
-                .collect();
-            ranges.sort_unstable();
-            let mut merged: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
-            for (s, e) in ranges {
-                match merged.last_mut() {
-                    Some(last) if s <= last.1 => last.1 = last.1.max(e),
-                    _ => merged.push((s, e)),
-                }
-            }
+            let merged = mark_ranges(&self.jieba, &fragment, &|w| words.contains(w) || words.contains(&fold(w)));
             out.push((fragment, merged));
         }
         Ok(out)
@@ -651,9 +655,36 @@ mod tests {
         // Words that jieba's search mode splits into overlapping parts (the panic's trigger), punctuation, ASCII,
         // traditional characters and odd code points.
         let words = [
-            "二甲双胍", "禁忌症", "禁忌", "高血压", "高血壓", "慢性阻塞性肺疾病", "心肌梗死", "COPD", "DM", "布洛芬", "，",
-            "。", "（", "）", " ", "\n", "a", "123", "mg/kg", "乳酸性酸中毒", "肾功能不全", "𠀀", "\u{200B}", "ｱ", "的", "了",
-            "急性冠状动脉综合征", "非甾体抗炎药", "维生素B12", "🙂",
+            "二甲双胍",
+            "禁忌症",
+            "禁忌",
+            "高血压",
+            "高血壓",
+            "慢性阻塞性肺疾病",
+            "心肌梗死",
+            "COPD",
+            "DM",
+            "布洛芬",
+            "，",
+            "。",
+            "（",
+            "）",
+            " ",
+            "\n",
+            "a",
+            "123",
+            "mg/kg",
+            "乳酸性酸中毒",
+            "肾功能不全",
+            "𠀀",
+            "\u{200B}",
+            "ｱ",
+            "的",
+            "了",
+            "急性冠状动脉综合征",
+            "非甾体抗炎药",
+            "维生素B12",
+            "🙂",
         ];
         // Every word indexed, so the snippet generator weighs them all (it ignores terms no document holds).
         lex.replace_documents(&[], &words.iter().enumerate().map(|(i, w)| chunk(i as i64, w)).collect::<Vec<_>>())
@@ -673,13 +704,21 @@ mod tests {
         for i in 0..cases {
             let ql = 1 + next(6);
             let q = text(ql, &mut next);
-            let passages: Vec<String> = (0..3).map(|_| { let l = next(120); text(l, &mut next) }).collect();
+            let passages: Vec<String> = (0..3)
+                .map(|_| {
+                    let l = next(120);
+                    text(l, &mut next)
+                })
+                .collect();
             let refs: Vec<&str> = passages.iter().map(String::as_str).collect();
             let max = 16 + next(300);
             let out = lex.snippets(&q, &refs, max).unwrap_or_else(|err| panic!("case {i}: {q:?}: {err}"));
             for (frag, marks) in out {
                 for (s, x) in marks {
-                    assert!(s < x && x <= frag.len() && frag.is_char_boundary(s) && frag.is_char_boundary(x), "case {i}: {q:?}");
+                    assert!(
+                        s < x && x <= frag.len() && frag.is_char_boundary(s) && frag.is_char_boundary(x),
+                        "case {i}: {q:?}"
+                    );
                 }
             }
         }
