@@ -30,7 +30,8 @@ log "1. contents of $(basename "$NEW")"
 listing=$(dpkg-deb -c "$NEW")
 for path in ./usr/bin/care ./usr/lib/care/libonnxruntime.so.1.31.1 ./usr/share/care/models/e5-small-q4.bin \
     ./etc/care/care.toml ./usr/lib/systemd/system/care.service ./usr/lib/sysusers.d/care.conf \
-    ./usr/lib/tmpfiles.d/care.conf ./usr/share/man/man1/care.1.gz ./usr/share/doc/care-appliance/copyright; do
+    ./usr/lib/tmpfiles.d/care.conf ./usr/share/man/man1/care.1.gz ./usr/share/doc/care-appliance/copyright \
+    ./usr/share/doc/care-appliance/README.md ./usr/share/doc/care-appliance/docs/admin/errors.md; do
     grep -q " $path\$" <<<"$listing" || die "$path missing from the package"
 done
 grep -q '^-rw-r----- .* ./etc/care/care.toml$' <<<"$listing" || die "/etc/care/care.toml must be mode 0640"

@@ -246,7 +246,8 @@ pub fn source_ids(examples: &[TrainingExample]) -> Vec<usize> {
 
 /// As [`batch_indices`], but every batch holds examples of one source. Mixed batches give a huatuo question
 /// kuake's short titles as in-batch negatives, easy to tell apart; one source per batch makes every in-batch
-/// negative a passage of the collection it is searched in (on the real run: within noise, README session 13).
+/// negative a passage of the collection it is searched in (on the real run: within noise,
+/// docs/experiments/2026-11-26-retraining-one-group-per-query.md).
 /// Each epoch shuffles each source by `(seed, epoch, source)` and cuts it into full batches (a source smaller than
 /// a batch is one batch), then shuffles the batches by `(seed, epoch)`: a pure function, so resume stays exact.
 pub fn source_batch_indices(sources: &[usize], batch: usize, seed: u64, step: u64) -> Vec<usize> {

@@ -145,7 +145,7 @@ pub enum LayerPick {
     First,
     /// k layers evenly spread from the first to the last (12 → 4: 0, 4, 8, 11). The last layer's output is the
     /// space the teacher's vectors live in: on the real run Stage I's contrastive loss reached in 250 steps what
-    /// the first 4 layers reached in 1,500 (README, *Retraining: the real run*).
+    /// the first 4 layers reached in 1,500 (docs/experiments/2026-11-25-retraining-mining-and-pruning.md).
     Spread,
 }
 

@@ -1,6 +1,6 @@
 //! `care-train`: CARE's two-stage asymmetric retriever training, one explicit command per stage.
 //!
-//! Typical run (see README "Trainer"):
+//! Typical run (see docs/dev/trainer.md):
 //!   care-train import-e5s1 --e5s1 e5-small-q4.bin --out runs/e5-small
 //!   care-train prune --from runs/e5-small --layers 4 --out runs/e5-small-l4
 //!   care-train stage1 --query runs/e5-small-l4 --document runs/e5-small --corpus corpus.jsonl --out runs/s1
@@ -191,7 +191,8 @@ enum Command {
         kinds: Vec<String>,
         /// Use only passages of at most this many characters (0: all); queries (--query-kinds) are always kept. A
         /// query encoder serves short texts: queries and passages of query length are what it must encode as the
-        /// teacher does, at a fraction of a long passage's step cost (README, *Retraining: the real run*).
+        /// teacher does, at a fraction of a long passage's step cost
+        /// (docs/experiments/2026-11-25-retraining-mining-and-pruning.md).
         #[arg(long, default_value_t = 0)]
         max_chars: usize,
         /// Corpus kinds the teacher (document encoder) reads as queries, through --teacher-query-template; the
@@ -206,8 +207,8 @@ enum Command {
         /// Encoder whose vectors the query-kind texts are aligned to instead of the document encoder's, e.g. a
         /// retrained full-size query encoder distilled into one pruned from it. It must live in the document
         /// encoder's space (same width); passages keep the document side's vectors. On the real run's 4-layer
-        /// student it was within noise of the document encoder as teacher, so the job does not use it (README,
-        /// *Retraining: the real run (session 15)*).
+        /// student it was within noise of the document encoder as teacher, so the job does not use it
+        /// (docs/experiments/2026-11-26-retraining-limits-of-a-cpu-night.md).
         #[arg(long)]
         query_teacher: Option<PathBuf>,
         /// The query teacher's prompt (default: --query-template, the student's: a pruned student keeps its

@@ -279,7 +279,8 @@ fn build_session(
     // each search (TLS, BM25, SQLite, snippets) and ingest need while the encoder thread waits for work.
     builder = builder.with_intra_op_spinning(false).map_err(|e| model_err(dir, e))?;
     if device == "cuda" {
-        // error_on_failure: a provider that cannot load must not leave this session on the CPU unnoticed.
+        // error_on_failure: a provider that cannot load must not leave the ONNX session being built on the CPU
+        // unnoticed.
         builder = builder
             .with_execution_providers([device::cuda_provider()])
             .map_err(|e| Error::CudaUnavailable(CudaUnavailable::new(e.to_string())))?;

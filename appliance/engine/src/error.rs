@@ -35,10 +35,10 @@ impl StatusClass {
 }
 
 /// Declares the one table of error codes: variant, stable code, status class, the Chinese title error pages show.
-/// Each code's documentation is the README row anchored at `error-<code>`.
+/// Each code's documentation is the row of `docs/admin/errors.md` anchored at `error-<code>`.
 macro_rules! error_codes {
     ($($variant:ident = $code:literal, $class:ident, $title:literal;)*) => {
-        /// Stable error codes: the `code` field of every JSON error and the key of the README's error table.
+        /// Stable error codes: the `code` field of every JSON error and the key of docs/admin/errors.md.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
         #[serde(rename_all = "snake_case")]
         pub enum ErrorCode {
@@ -64,10 +64,10 @@ macro_rules! error_codes {
                     $(ErrorCode::$variant => $title,)*
                 }
             }
-            /// Where the code is explained: the row of the README's error table.
+            /// Where the code is explained: its row of the admin guide's error table.
             pub fn docs_anchor(self) -> &'static str {
                 match self {
-                    $(ErrorCode::$variant => concat!("README.md#error-", $code),)*
+                    $(ErrorCode::$variant => concat!("docs/admin/errors.md#error-", $code),)*
                 }
             }
         }

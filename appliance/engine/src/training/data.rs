@@ -67,7 +67,8 @@ pub struct DataOptions {
     /// Stage II groups per judged query, at most: a seeded choice among its relevant documents (0: one group per
     /// relevant document). kuake's 2,558 training queries held 10,237 of the real run's 15,993 groups (up to 19
     /// each), so a query with many positives outweighed ten with one; one group per query gave +3.27 / +2.28
-    /// nDCG@10 on huatuo / toyhom dev against +2.94 / +1.78, kuake unchanged (README, *Retraining: the real run*).
+    /// nDCG@10 on huatuo / toyhom dev against +2.94 / +1.78, kuake unchanged
+    /// (docs/experiments/2026-11-26-retraining-one-group-per-query.md).
     pub groups_per_query: usize,
     pub seed: u64,
 }

@@ -1,7 +1,8 @@
 //! The offline document model's missing vectors, embedded on this machine by `care-train embed-corpus` as a queued
 //! job (`model.embed_offline`): an LLM document encoder (Qwen3) has no ONNX graph the appliance could run, so its
 //! vectors for new chunks come from the trainer, on the GPU when there is one, and are imported with the same
-//! checks as hand-made shards. Why this route and not a Qwen3 ONNX export: see the README (*Trainer*).
+//! checks as hand-made shards. Why this route and not a Qwen3 ONNX export: docs/dev/trainer.md (*Serving an LLM
+//! document encoder*).
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;

@@ -64,7 +64,7 @@ pub struct Recipe {
     pub stage1_max_texts: usize,
     /// Stage I reads every training query and only the passages of at most this many characters (0: every
     /// passage, the paper's Stage I). A query encoder serves short texts, and a long passage costs the student
-    /// several times a short one's step (README, *Retraining: the real run*).
+    /// several times a short one's step (docs/experiments/2026-11-25-retraining-mining-and-pruning.md).
     pub stage1_max_chars: usize,
     /// Stage II groups per run, at most (a seeded sample); each costs 8 document-encoder passes up front.
     pub stage2_max_groups: usize,
@@ -74,7 +74,7 @@ pub struct Recipe {
     /// Stage II's learning rate.
     pub lr: f64,
     /// Stage I's: a freshly pruned encoder is far from its teacher and moves at 2e-4, where Stage II at 2e-4 lost
-    /// 1.6 points of huatuo dense nDCG@10 against 5e-5 (README, *Retraining: the real run*).
+    /// 1.6 points of huatuo dense nDCG@10 against 5e-5 (docs/experiments/2026-11-25-retraining-mining-and-pruning.md).
     pub stage1_lr: f64,
     /// Stage I's MSE weight on the squared distance of the unit vectors (2(1 − cos)); the paper uses 1. 1.3 is
     /// what the measured CPU runs used (500 on the former per-element mean at e5's width 384).
@@ -87,7 +87,8 @@ pub struct Recipe {
     /// `care-train merge`); 1 keeps it as trained. One query encoder serves every collection, and training on
     /// some moves it away from others. On the real run 0.4 is what passed the gate (job 9, promoted; job 7 at 1
     /// was gated out on kuake_qtr's loss): dev huatuo26m_test +4.45 against +3.47, kuake_qtr −0.06 against
-    /// −0.22, at the cost of toyhom_neike +1.63 against +2.17 (README, *Retraining: the real run (session 15)*).
+    /// −0.22, at the cost of toyhom_neike +1.63 against +2.17
+    /// (docs/experiments/2026-11-26-retraining-limits-of-a-cpu-night.md).
     pub merge_ratio: f64,
     /// Promote the candidate when it passes the gate; otherwise keep it with its report for an admin to decide.
     pub promote: bool,
@@ -105,7 +106,8 @@ impl Default for Recipe {
             stage2_steps: 500,
             batch_size: 32,
             // 32 groups (255 negatives per query in a step), not 8: on the real run's huatuo dev it gave +2.45
-            // nDCG@10 against +0.64 (README, *Retraining: the real run*); about 1.6 s a step on 2 cores.
+            // nDCG@10 against +0.64 (docs/experiments/2026-11-25-retraining-first-real-run.md); about 1.6 s a step
+            // on 2 cores.
             stage2_batch_size: 32,
             stage1_max_texts: 50_000,
             stage1_max_chars: 48,
@@ -622,7 +624,7 @@ impl Engine {
                             "--layers".into(),
                             k.to_string(),
                             // Spread from the first layer to the last: it aligns several times faster in Stage I
-                            // than the first k (README, *Retraining: the real run*).
+                            // than the first k (docs/experiments/2026-11-25-retraining-mining-and-pruning.md).
                             "--pick".into(),
                             "spread".into(),
                             "--out".into(),
