@@ -98,7 +98,17 @@ function pollJobs() {
   tick();
 }
 
+// Forms that delete something ask first (data-confirm holds the question).
+function confirmForms() {
+  document.querySelectorAll("form[data-confirm]").forEach(function (form) {
+    form.addEventListener("submit", function (ev) {
+      if (!window.confirm(form.getAttribute("data-confirm"))) { ev.preventDefault(); }
+    });
+  });
+}
+
 document.addEventListener("DOMContentLoaded", function () {
   enhanceUploads();
   pollJobs();
+  confirmForms();
 });

@@ -88,4 +88,39 @@ fn the_search_page_says_what_matched_what_did_not_and_pages_one_ranking() {
     assert!(!second.is_empty(), "a second page");
     assert!(second.iter().all(|h| !docs.contains(&h.0)), "page 2 repeats a document of page 1: {second:?}");
     assert!(b.text("#result-meta").contains("第 2 /"));
+
+    // Pinyin initials: gxy is read as 高血压, said so, and the passages are highlighted.
+    let src = search(&b, &base, "gxy", 1);
+    assert!(b.text("#pinyin").contains("“gxy”已按拼音检索：高血压"), "{src}");
+    assert!(src.contains("<mark>高血压</mark>"), "{src}");
+    assert!(!src.contains("id=\"not-found\""), "{src}");
+
+    // An abbreviation no demo document writes: found through the synonym table, which the page names, and the
+    // synonym is highlighted.
+    let src = search(&b, &base, "COPD", 1);
+    assert!(b.text("#expansions").contains("慢性阻塞性肺疾病"), "{src}");
+    assert!(src.contains("<mark>慢性阻塞性肺疾病</mark>") || src.contains("<mark>慢阻肺</mark>"), "{src}");
+    assert!(!src.contains("id=\"missing-terms\"") && !src.contains("id=\"not-found\""), "{src}");
+}
+
+/// The console's synonym page: add a group, see it used by the next search, delete it (after confirming).
+#[test]
+fn admins_edit_the_synonym_table_and_the_next_search_uses_it() {
+    if !care_e2e::webdriver::available() {
+        panic!("chromium and chromedriver are required (packaging/dev.sh setup installs them)");
+    }
+    let t = tempfile::tempdir().unwrap();
+    let (_care, served, b) = demo_browser(t.path());
+    let base = served.https.clone();
+    let src = search(&b, &base, "降糖一线药X", 1);
+    assert!(!src.contains("id=\"expansions\""), "not a table term yet: {src}");
+    b.goto(&format!("{base}/admin/synonyms?q=%E4%BA%8C%E7%94%B2%E5%8F%8C%E8%83%8D"));
+    b.wait_for("synonym page", Duration::from_secs(30), |s| s.contains("id=\"synonyms\""));
+    b.type_into("#add-synonym input[name=preferred]", "降糖首选药X");
+    b.type_into("#add-synonym input[name=variants]", "盐酸二甲双胍片X|降糖一线药X");
+    b.click("#add-synonym button[type=submit]");
+    let page = b.wait_for("saved", Duration::from_secs(30), |s| s.contains("已新增"));
+    assert!(page.contains("降糖一线药X"), "{page}");
+    let src = search(&b, &base, "降糖一线药X", 1);
+    assert!(b.text("#expansions").contains("降糖首选药X"), "{src}");
 }

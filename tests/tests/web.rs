@@ -205,6 +205,19 @@ fn authorisation_matrix_and_collection_isolation() {
     m.insert(("POST", "/admin/models/import"), case("/admin/models/import", Upload, 302, 403, &[303]));
     m.insert(("GET", "/admin/audit"), case("/admin/audit?action=search", Empty, 302, 403, &[200]));
     m.insert(("GET", "/admin/audit.csv"), case("/admin/audit.csv", Empty, 401, 403, &[200]));
+    m.insert(("GET", "/admin/synonyms"), case("/admin/synonyms?q=COPD", Empty, 302, 403, &[200]));
+    m.insert(
+        ("POST", "/admin/synonyms"),
+        case("/admin/synonyms", Form("preferred=%E7%9F%A9%E9%98%B5%E7%94%B2&variants=%E7%9F%A9%E9%98%B5%E4%B9%99"), 302, 403, &[303]),
+    );
+    // A Markdown file is no synonym CSV: refused back to the page with the line it failed on.
+    m.insert(("POST", "/admin/synonyms/import"), case("/admin/synonyms/import", Upload, 302, 403, &[303]));
+    m.insert(
+        ("POST", "/admin/synonyms/{id}"),
+        case("/admin/synonyms/999999", Form("preferred=%E7%9F%A9%E9%98%B5%E4%B8%99&variants=xyz"), 302, 403, &[303]),
+    );
+    m.insert(("POST", "/admin/synonyms/{id}/delete"), case("/admin/synonyms/999999/delete", Empty, 302, 403, &[303]));
+    m.insert(("GET", "/admin/synonyms.csv"), case("/admin/synonyms.csv", Empty, 401, 403, &[200]));
     m.insert(("GET", "/metrics"), case("/metrics", Empty, 401, 403, &[200]));
     // Admin API
     m.insert(("GET", "/api/v1/admin/collections"), case("/api/v1/admin/collections", Empty, 401, 403, &[200]));
@@ -302,6 +315,18 @@ fn authorisation_matrix_and_collection_isolation() {
     m.insert(("GET", "/api/v1/admin/audit"), case("/api/v1/admin/audit?action=search", Empty, 401, 403, &[200]));
     m.insert(("GET", "/api/v1/admin/audit/verify"), case("/api/v1/admin/audit/verify", Empty, 401, 403, &[200]));
     m.insert(("GET", "/api/v1/admin/feedback"), case("/api/v1/admin/feedback", Empty, 401, 403, &[200]));
+    m.insert(("GET", "/api/v1/admin/synonyms"), case("/api/v1/admin/synonyms?q=COPD", Empty, 401, 403, &[200]));
+    m.insert(
+        ("POST", "/api/v1/admin/synonyms"),
+        case("/api/v1/admin/synonyms", Json(r#"{"preferred":"矩阵丁","variants":["矩阵戊"]}"#), 401, 403, &[201]),
+    );
+    m.insert(("GET", "/api/v1/admin/synonyms.csv"), case("/api/v1/admin/synonyms.csv", Empty, 401, 403, &[200]));
+    m.insert(("POST", "/api/v1/admin/synonyms/import"), case("/api/v1/admin/synonyms/import", Upload, 401, 403, &[400]));
+    m.insert(
+        ("PUT", "/api/v1/admin/synonyms/{id}"),
+        case("/api/v1/admin/synonyms/999999", Json(r#"{"preferred":"矩阵己","variants":["矩阵庚"]}"#), 401, 403, &[404]),
+    );
+    m.insert(("DELETE", "/api/v1/admin/synonyms/{id}"), case("/api/v1/admin/synonyms/999999", Empty, 401, 403, &[404]));
     m.insert(("GET", "/admin/training"), case("/admin/training", Empty, 302, 403, &[200]));
     m.insert(("POST", "/admin/training/run"), case("/admin/training/run", Form("stage1_steps=1"), 302, 403, &[303]));
     m.insert(

@@ -220,3 +220,86 @@ pub fn run_audit(e: &Engine, cmd: AuditCommand) -> Result<i32> {
         }
     }
 }
+
+#[derive(Subcommand, Debug)]
+pub enum SynonymCommand {
+    /// List groups (preferred term, synonyms, note), optionally those containing TEXT.
+    List {
+        filter: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add a group: `care synonyms add 慢性阻塞性肺疾病 慢阻肺 COPD --note 呼吸`.
+    Add {
+        preferred: String,
+        #[arg(required = true)]
+        variants: Vec<String>,
+        #[arg(long, default_value = "")]
+        note: String,
+    },
+    /// Replace group ID with these terms.
+    Set {
+        id: i64,
+        preferred: String,
+        #[arg(required = true)]
+        variants: Vec<String>,
+        #[arg(long, default_value = "")]
+        note: String,
+    },
+    /// Delete group ID.
+    Remove { id: i64 },
+    /// Import a CSV (首选词,同义词,备注; synonyms separated by |; UTF-8 or GB18030); all or nothing.
+    Import {
+        file: PathBuf,
+        /// Remove the groups the file does not have (the file becomes the table).
+        #[arg(long)]
+        replace: bool,
+    },
+    /// Write the table as CSV to FILE (or standard output).
+    Export { file: Option<PathBuf> },
+}
+
+/// `care synonyms …`: the same operations as the console's 同义词 page, audited as the shell's user; a running
+/// server uses a change at its next search.
+pub fn run_synonyms(e: &Engine, cmd: SynonymCommand) -> Result<i32> {
+    use care_engine::synonyms::NewSynonym;
+    let who = Actor::console(actor());
+    match cmd {
+        SynonymCommand::List { filter, json } => {
+            let (rows, total) = e.synonyms_as(&who, filter.as_deref(), usize::MAX, 0)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                for r in &rows {
+                    println!("{}\t{}\t{}\t{}", r.id, r.preferred, r.variants.join("|"), r.note);
+                }
+                eprintln!("共 {total} 组");
+            }
+        }
+        SynonymCommand::Add { preferred, variants, note } => {
+            let s = e.save_synonym_as(&who, None, &NewSynonym { preferred, variants, note })?;
+            println!("已新增第 {} 组：{}（{}）", s.id, s.preferred, s.variants.join("、"));
+        }
+        SynonymCommand::Set { id, preferred, variants, note } => {
+            let s = e.save_synonym_as(&who, Some(id), &NewSynonym { preferred, variants, note })?;
+            println!("已保存第 {} 组：{}（{}）", s.id, s.preferred, s.variants.join("、"));
+        }
+        SynonymCommand::Remove { id } => {
+            let s = e.delete_synonym_as(&who, id)?;
+            println!("已删除第 {id} 组：{}", s.preferred);
+        }
+        SynonymCommand::Import { file, replace } => {
+            let bytes = std::fs::read(&file).with_context(|| format!("读取 {}", file.display()))?;
+            let r = e.import_synonyms_as(&who, &bytes, replace)?;
+            println!("已导入：新增 {} 组，更新 {} 组，删除 {} 组", r.added, r.updated, r.removed);
+        }
+        SynonymCommand::Export { file } => {
+            let csv = e.export_synonyms_as(&who)?;
+            match file {
+                Some(f) => std::fs::write(&f, csv).with_context(|| format!("写入 {}", f.display()))?,
+                None => print!("{csv}"),
+            }
+        }
+    }
+    Ok(0)
+}

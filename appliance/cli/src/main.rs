@@ -151,6 +151,11 @@ enum Command {
         #[command(subcommand)]
         command: admin_cmds::UserCommand,
     },
+    /// The synonym and abbreviation table searches expand with: list, add, set, remove, import, export (CSV).
+    Synonyms {
+        #[command(subcommand)]
+        command: admin_cmds::SynonymCommand,
+    },
     /// The hash-chained audit log: verify, list, export, purge.
     Audit {
         #[command(subcommand)]
@@ -688,6 +693,7 @@ fn run(cli: Cli) -> Result<i32> {
                 method,
                 dense_weight: None,
                 group_by_document: false,
+                ..Default::default()
             };
             let res = e.search(&req)?;
             if json {
@@ -910,6 +916,10 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Audit { command } => {
             let e = open(OpenMode::Existing)?;
             return admin_cmds::run_audit(&e, command);
+        }
+        Command::Synonyms { command } => {
+            let e = open(OpenMode::Existing)?;
+            return admin_cmds::run_synonyms(&e, command);
         }
         Command::Train { command } => {
             let e = std::sync::Arc::new(open(OpenMode::Existing)?);

@@ -116,6 +116,8 @@ pub struct SearchConfig {
     /// IVF partitions probed and the refine factor (shortlist re-ranked with full vectors) for ANN search.
     pub ann_nprobes: usize,
     pub ann_refine: u32,
+    /// BM25 weight of the synonyms a query's table terms add (the query's own terms weigh 1); 0 turns expansion off.
+    pub synonym_weight: f32,
 }
 
 impl Default for SearchConfig {
@@ -131,6 +133,7 @@ impl Default for SearchConfig {
             ann_threshold: 1_000_000,
             ann_nprobes: 64,
             ann_refine: 10,
+            synonym_weight: 0.5,
         }
     }
 }

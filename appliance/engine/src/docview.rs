@@ -96,7 +96,10 @@ impl<'a> Highlighter<'a> {
         if self.words.is_empty() {
             return Vec::new();
         }
-        crate::lexical::mark_ranges(self.jieba, text, &|w| self.words.contains(w))
+        // A passage's traditional words are marked for their simplified query terms (高血壓 for 高血压).
+        crate::lexical::mark_ranges(self.jieba, text, &|w| {
+            self.words.contains(w) || (!w.is_ascii() && self.words.contains(&crate::query::to_simplified(w)))
+        })
     }
 
     /// `text` as runs, the query's terms marked.
@@ -343,9 +346,15 @@ pub fn offset_label(offset_minutes: i32) -> String {
 }
 
 impl Engine {
-    /// The document view's sections for `doc`, with `query`'s terms marked (no marks for an empty query).
+    /// The document view's sections for `doc`, with `query`'s terms marked as a search marks them: folded, in
+    /// either script, and with the synonyms the table adds (no marks for an empty query).
     pub fn document_sections(&self, doc: &DocumentView, query: &str) -> Vec<Section> {
-        let h = Highlighter::new(self.lexical().jieba(), query);
+        let jieba = self.lexical().jieba();
+        let plan = match self.synonym_table() {
+            Ok(t) => crate::query::QueryPlan::with_synonyms(jieba, query, &t, self.cfg.search.synonym_weight.clamp(0.0, 1.0)),
+            Err(_) => crate::query::QueryPlan::new(jieba, query),
+        };
+        let h = Highlighter::with_words(jieba, plan.terms.into_iter().map(|t| t.0).filter(|w| !is_stopword(w)));
         sections(doc, &h)
     }
 }

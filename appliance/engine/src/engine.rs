@@ -40,6 +40,8 @@ pub struct Engine {
     pub(crate) write_lock: std::sync::Mutex<()>,
     /// Tokenizers of query models (by model id) used to measure chunks; loaded without the ONNX session.
     pub(crate) tokenizers: std::sync::Mutex<HashMap<i64, std::sync::Arc<tokenizers::Tokenizer>>>,
+    /// The synonym table as of its version in SQLite ([`Engine::synonym_table`]).
+    pub(crate) synonyms: std::sync::RwLock<Option<std::sync::Arc<crate::synonyms::SynonymTable>>>,
 }
 
 /// How documents are cut into chunks right now: by the active query encoder's tokens, or by characters.
@@ -235,6 +237,12 @@ pub struct SearchRequest {
     /// One hit per document (its best passage), paged over documents; the others are counted.
     #[serde(default)]
     pub group_by_document: bool,
+    /// The words as typed: no synonym expansion, no pinyin reading (folding still applies).
+    #[serde(default)]
+    pub exact: bool,
+    /// Synonym weight instead of `search.synonym_weight` (benchmarks compare weights on one index).
+    #[serde(default)]
+    pub synonym_weight: Option<f32>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -266,6 +274,14 @@ pub struct SearchHit {
     pub more_in_document: usize,
 }
 
+/// A synonym-table term found in a query and the other terms of its group, searched at a lower weight.
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Expansion {
+    pub term: String,
+    pub synonyms: Vec<String>,
+}
+
 #[derive(Debug, Clone, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SearchResults {
@@ -289,6 +305,12 @@ pub struct SearchResults {
     pub missing_terms: Vec<String>,
     /// No salient term occurs anywhere (or the query has none): whatever is listed is only semantically near.
     pub not_found: bool,
+    /// Synonym-table terms of the query and the synonyms searched with them (同时检索了).
+    pub expansions: Vec<Expansion>,
+    /// The typed query when it was read as pinyin (gxy): `folded_query` is then the word searched (高血压).
+    pub pinyin_of: Option<String>,
+    /// Words the query may have meant (您是不是要找), e.g. the readings of ambiguous pinyin initials.
+    pub did_you_mean: Vec<String>,
     pub grouped: bool,
     pub hits: Vec<SearchHit>,
     pub encode_ms: f64,
@@ -311,6 +333,9 @@ impl SearchResults {
             matched_terms: Vec::new(),
             missing_terms: Vec::new(),
             not_found: true,
+            expansions: Vec::new(),
+            pinyin_of: None,
+            did_you_mean: Vec::new(),
             grouped: false,
             hits: Vec::new(),
             encode_ms: 0.0,
@@ -336,7 +361,9 @@ impl Engine {
             active_cache: Default::default(),
             write_lock: Default::default(),
             tokenizers: Default::default(),
+            synonyms: Default::default(),
         };
+        crate::synonyms::ensure_seeded(&engine.store)?;
         let report = engine.recover()?;
         if report.reindexed_documents > 0
             || report.finished_deletions > 0
@@ -919,7 +946,10 @@ impl Engine {
             Some(names) => names.iter().map(|c| self.store.collection(c)).collect::<Result<_>>()?,
             None => self.store.collection_list()?,
         };
-        let plan = crate::query::QueryPlan::new(self.lexical.jieba(), query);
+        let names: Vec<String> = cols.iter().map(|c| c.name.clone()).collect();
+        let table = self.synonym_table()?;
+        let weight = if req.exact { 0.0 } else { req.synonym_weight.unwrap_or(self.cfg.search.synonym_weight) };
+        let (plan, pinyin_of, did_you_mean) = self.plan_query(query, &table, &names, weight.clamp(0.0, 1.0), !req.exact)?;
         let limit = req.limit.unwrap_or(self.cfg.search.default_limit).clamp(1, self.cfg.search.max_limit);
         let t0 = Instant::now();
         let wants_dense = req.method != Some(crate::fusion::Method::Bm25);
@@ -936,11 +966,17 @@ impl Engine {
         let page: Vec<(&Explained, usize)> =
             ranked.into_iter().zip(more).skip(req.offset).take(limit).collect();
         let hits = self.page_hits(&plan, &page, req.offset)?;
-        let names: Vec<String> = cols.iter().map(|c| c.name.clone()).collect();
         let (matched_terms, missing_terms) = self.term_presence(&plan, &names)?;
         Ok(SearchResults {
             query: query.to_string(),
-            folded_query: plan.folded_if_changed().map(str::to_string),
+            folded_query: if pinyin_of.is_some() {
+                Some(plan.folded.clone())
+            } else {
+                plan.folded_if_changed().map(str::to_string)
+            },
+            expansions: plan.expansions.iter().map(|(t, s)| Expansion { term: t.clone(), synonyms: s.clone() }).collect(),
+            pinyin_of,
+            did_you_mean,
             method: ranking.method,
             dense_weight: ranking.dense_weight,
             total,
@@ -956,6 +992,65 @@ impl Engine {
             retrieve_ms,
             took_ms: started.elapsed().as_secs_f64() * 1e3,
         })
+    }
+
+    /// The synonym table as of its version in SQLite: reloaded when an edit (from any process) bumped it.
+    pub(crate) fn synonym_table(&self) -> Result<std::sync::Arc<crate::synonyms::SynonymTable>> {
+        let version = crate::synonyms::version(&self.store.reader())?;
+        let held = self.synonyms.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(t) = held.filter(|t| t.version == version) {
+            return Ok(t);
+        }
+        let fresh = std::sync::Arc::new(crate::synonyms::SynonymTable::load(&self.store)?);
+        *self.synonyms.write().unwrap_or_else(|p| p.into_inner()) = Some(fresh.clone());
+        Ok(fresh)
+    }
+
+    /// The query as searched, with synonyms; an all-letters query that is no word of `collections` nor a table
+    /// term is read as pinyin initials or pinyin (gxy → 高血压): searched as that word when exactly one reading
+    /// occurs in the collections, otherwise the readings that occur are offered. Returns the plan, the typed
+    /// query when it was read as pinyin, and the suggestions.
+    fn plan_query(
+        &self,
+        query: &str,
+        table: &crate::synonyms::SynonymTable,
+        collections: &[String],
+        weight: f32,
+        pinyin: bool,
+    ) -> Result<(crate::query::QueryPlan, Option<String>, Vec<String>)> {
+        let plan = crate::query::QueryPlan::with_synonyms(self.lexical.jieba(), query, table, weight);
+        let word = plan.folded.trim().to_ascii_lowercase();
+        let letters = (2..=24).contains(&word.len()) && word.bytes().all(|b| b.is_ascii_lowercase());
+        if !pinyin || !letters || table.contains(&word) || self.occurs(&word, collections)? {
+            return Ok((plan, None, Vec::new()));
+        }
+        // Words read with their characters' common readings first; other readings only when none of those occurs.
+        let (common, other) = table.pinyin_candidates(&word);
+        let mut readings: Vec<(usize, String)> = Vec::new();
+        for list in [common, other] {
+            for w in list {
+                let n = self.lexical.chunks_with(&w, collections)?;
+                if n > 0 || self.store.any_chunk_contains(&w, collections)? {
+                    readings.push((n.max(1), w));
+                }
+            }
+            if !readings.is_empty() {
+                break;
+            }
+        }
+        readings.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        match readings.as_slice() {
+            [(_, only)] => {
+                let plan = crate::query::QueryPlan::with_synonyms(self.lexical.jieba(), only, table, weight);
+                Ok((plan, Some(query.trim().to_string()), vec![only.clone()]))
+            }
+            _ => Ok((plan, None, readings.into_iter().take(5).map(|r| r.1).collect())),
+        }
+    }
+
+    /// Whether `word` occurs in `collections`, as an index term or as text.
+    fn occurs(&self, word: &str, collections: &[String]) -> Result<bool> {
+        Ok(self.lexical.chunks_with(word, collections)? > 0 || self.store.any_chunk_contains(word, collections)?)
     }
 
     /// How deep the one ranking of a query goes: the deepest hit a page may ask for.
@@ -1008,8 +1103,14 @@ impl Engine {
         let mut present = Vec::new();
         let mut missing = Vec::new();
         for w in &plan.salient {
-            let trad = crate::query::to_traditional(w);
-            let forms: Vec<&str> = if trad == *w { vec![w.as_str()] } else { vec![w.as_str(), trad.as_str()] };
+            let mut forms: Vec<String> = Vec::new();
+            for f in plan.forms(w) {
+                let trad = crate::query::to_traditional(f);
+                forms.push(f.to_string());
+                if trad != f {
+                    forms.push(trad);
+                }
+            }
             let mut found = false;
             for f in &forms {
                 found = found || self.lexical.chunks_with(f, collections)? > 0;

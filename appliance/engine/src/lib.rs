@@ -13,6 +13,9 @@
 //!   ├ jobs      durable ingestion jobs in SQLite and the background worker that runs and resumes them
 //!   ├ text      normalisation (full/half width, controls) and sentence/heading-aware chunking
 //!   ├ lexical   tantivy BM25 with jieba search-mode tokens + medical dictionary; derived from SQLite
+//!   ├ query     query understanding: folding (full-width, traditional → simplified), salient terms, synonym
+//!   │           expansion, pinyin
+//!   ├ synonyms  the admins' synonym and abbreviation table (seeded, CSV, audited, reloaded by version)
 //!   ├ encoders  ONNX Runtime encoders for model packages (pooling, Matryoshka width, prompts, batching)
 //!   ├ models    model registry, active (query, document) pair and the pairing rule
 //!   ├ judgments labelled query sets per collection (uploads and clinician feedback), split train/eval by query
@@ -59,12 +62,14 @@ pub mod models;
 pub mod query;
 pub mod service;
 pub mod store;
+pub mod synonyms;
 pub mod text;
 pub mod training;
 pub mod vectors;
 
 pub use config::EngineConfig;
 pub use engine::{
+    Expansion,
     Engine, IngestProgress, IngestReport, MAX_QUERY_CHARS, OpenMode, SearchHit, SearchRequest, SearchResults,
 };
 pub use error::{Error, ErrorCode, Result};

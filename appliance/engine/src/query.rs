@@ -6,7 +6,12 @@
 //! forms of its words, weighted like the words themselves, and highlighting folds a passage's words before
 //! comparing them. Its salient terms (content words: dictionary words, not function words or single characters)
 //! are what a result page reports as found or not found.
+//!
+//! Terms of the synonym table ([`crate::synonyms`]) found in the query add their group's other terms at a lower
+//! weight; such a term is salient as a whole (慢阻肺, not 慢阻 and 肺) and counts as found where any of its group's
+//! terms is.
 
+use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use ferrous_opencc::OpenCC;
@@ -14,6 +19,7 @@ use ferrous_opencc::config::BuiltinConfig;
 use jieba_rs::Jieba;
 
 use crate::lexical;
+use crate::synonyms::SynonymTable;
 
 /// OpenCC's converters, built once (their dictionaries are compiled into the binary).
 fn converters() -> Option<&'static (OpenCC, OpenCC)> {
@@ -52,14 +58,24 @@ pub struct QueryPlan {
     /// Normalised and simplified: what the query encoder reads and the terms come from.
     pub folded: String,
     /// BM25 terms with weights: the folded query's tokens (weight 1, exactly the unexpanded query), then the
-    /// traditional forms of its words that differ from them.
+    /// traditional forms of its words that differ from them, then the tokens of synonyms (`synonym_weight`).
     pub terms: Vec<(String, f32)>,
-    /// Content words of the folded query, in order.
+    /// Content words of the folded query and the synonym-table terms in it, in order.
     pub salient: Vec<String>,
+    /// For a salient term of the synonym table: the other terms of its group (folded), which count as it.
+    pub alternatives: HashMap<String, Vec<String>>,
+    /// The synonym-table terms of the query as found, with their group's other terms as written (shown as
+    /// 同时检索了).
+    pub expansions: Vec<(String, Vec<String>)>,
 }
 
 impl QueryPlan {
+    /// The plan without synonym expansion.
     pub fn new(jieba: &Jieba, query: &str) -> Self {
+        Self::with_synonyms(jieba, query, &SynonymTable::default(), 0.0)
+    }
+
+    pub fn with_synonyms(jieba: &Jieba, query: &str, table: &SynonymTable, synonym_weight: f32) -> Self {
         let original = query.trim().to_string();
         let folded = to_simplified(&crate::text::normalize(&original));
         let mut terms: Vec<(String, f32)> =
@@ -74,8 +90,25 @@ impl QueryPlan {
                 }
             }
         }
-        let salient = lexical::content_words(jieba, &folded);
-        QueryPlan { original, folded, terms, salient }
+        let lower = folded.to_lowercase();
+        let matches = if synonym_weight > 0.0 { table.find(&lower) } else { Vec::new() };
+        let mut alternatives = HashMap::new();
+        let mut expansions = Vec::new();
+        for m in &matches {
+            let found = lower[m.start..m.end].to_string();
+            let others: Vec<&String> = table.terms(m.group).iter().filter(|t| fold(t) != found).collect();
+            for t in &others {
+                for (_, _, w) in lexical::tokenize(jieba, &fold(t)) {
+                    if !terms.iter().any(|x| x.0 == w) {
+                        terms.push((w, synonym_weight));
+                    }
+                }
+            }
+            alternatives.insert(found.clone(), others.iter().map(|t| fold(t)).collect());
+            expansions.push((found, others.into_iter().cloned().collect()));
+        }
+        let salient = salient_terms(&lexical::content_words(jieba, &folded), &lower, &matches);
+        QueryPlan { original, folded, terms, salient, alternatives, expansions }
     }
 
     /// The folded query when folding changed it (shown as "已按简体检索").
@@ -83,11 +116,54 @@ impl QueryPlan {
         (self.folded != self.original).then_some(self.folded.as_str())
     }
 
-    /// The salient terms `text` contains (compared folded, so a traditional passage counts).
+    /// A salient term and the other forms that count as it.
+    pub fn forms<'a>(&'a self, term: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        std::iter::once(term).chain(self.alternatives.get(term).into_iter().flatten().map(String::as_str))
+    }
+
+    /// The salient terms `text` contains, itself or through a synonym (compared folded, so a traditional passage
+    /// counts; a Latin term only as a whole word).
     pub fn terms_in(&self, text: &str) -> Vec<String> {
         let f = fold(text);
-        self.salient.iter().filter(|w| f.contains(w.as_str())).cloned().collect()
+        self.salient.iter().filter(|w| self.forms(w).any(|t| contains_term(&f, t))).cloned().collect()
     }
+}
+
+/// Content words outside the synonym terms found, and those terms, in query order.
+fn salient_terms(words: &[String], lower: &str, matches: &[crate::synonyms::TermMatch]) -> Vec<String> {
+    let mut placed: Vec<(usize, String)> = Vec::new();
+    let mut cursor = 0;
+    for w in words {
+        let at = lower[cursor..].find(w.as_str()).map(|p| cursor + p);
+        if let Some(p) = at {
+            cursor = p;
+        }
+        let (s, e) = at.map_or((usize::MAX, usize::MAX), |p| (p, p + w.len()));
+        if !matches.iter().any(|m| s < m.end && m.start < e) {
+            placed.push((s, w.clone()));
+        }
+    }
+    for m in matches {
+        placed.push((m.start, lower[m.start..m.end].to_string()));
+    }
+    placed.sort_by_key(|p| p.0);
+    let mut out: Vec<String> = Vec::new();
+    for (_, w) in placed {
+        if !out.contains(&w) {
+            out.push(w);
+        }
+    }
+    out
+}
+
+/// Whether folded `hay` contains `term`; a Latin term only where no letter or digit touches it (MI is not in
+/// "admin").
+pub fn contains_term(hay: &str, term: &str) -> bool {
+    if !term.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        return hay.contains(term);
+    }
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    hay.match_indices(term).any(|(s, _)| !alnum(hay[..s].chars().next_back()) && !alnum(hay[s + term.len()..].chars().next()))
 }
 
 #[cfg(test)]
@@ -131,5 +207,29 @@ mod tests {
         let g = QueryPlan::new(&jieba, "qwzxv 喵喵 嗷嗷嗷 zzkkq");
         assert!(g.salient.contains(&"qwzxv".to_string()) && g.salient.contains(&"zzkkq".to_string()), "{:?}", g.salient);
         assert!(g.salient.iter().any(|w| w.starts_with('嗷')), "{:?}", g.salient);
+    }
+
+    #[test]
+    fn synonym_terms_expand_at_a_lower_weight_and_count_as_found() {
+        let (jieba, _) = crate::lexical::build_jieba(None).unwrap();
+        let table = SynonymTable::build(1, vec![
+            vec!["慢性阻塞性肺疾病".into(), "慢阻肺".into(), "COPD".into()],
+            vec!["心肌梗死".into(), "心梗".into(), "MI".into()],
+        ]);
+        let p = QueryPlan::with_synonyms(&jieba, "慢阻肺的治疗", &table, 0.5);
+        assert_eq!(p.salient, vec!["慢阻肺".to_string(), "治疗".to_string()]);
+        assert!(p.terms.iter().any(|t| t.0 == "copd" && t.1 == 0.5), "{:?}", p.terms);
+        assert!(p.terms.iter().filter(|t| t.1 == 1.0).all(|t| t.0 != "copd"));
+        assert!(p.terms.iter().take_while(|t| t.1 == 1.0).count() > 0, "the original terms come first, at weight 1");
+        assert_eq!(p.terms_in("COPD患者的长期治疗"), vec!["慢阻肺".to_string(), "治疗".to_string()]);
+        assert_eq!(p.expansions[0].0, "慢阻肺");
+        assert!(p.expansions[0].1.contains(&"COPD".to_string()));
+        let mi = QueryPlan::with_synonyms(&jieba, "MI 溶栓", &table, 0.5);
+        assert!(mi.terms_in("心梗后溶栓").contains(&"mi".to_string()));
+        assert!(!mi.terms_in("admin 溶栓").contains(&"mi".to_string()), "a Latin term only as a whole word");
+        // Without a weight nothing is expanded: the plan is the plain one.
+        let plain = QueryPlan::with_synonyms(&jieba, "慢阻肺的治疗", &table, 0.0);
+        assert_eq!(plain.terms, QueryPlan::new(&jieba, "慢阻肺的治疗").terms);
+        assert!(plain.expansions.is_empty());
     }
 }

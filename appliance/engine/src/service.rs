@@ -19,6 +19,7 @@ use crate::fusion::Method;
 use crate::jobs::{FileError, Job};
 use crate::models::{ActivePair, ModelRecord};
 use crate::store::{Collection, CollectionStats};
+use crate::synonyms::{self, ImportReport, NewSynonym, SynonymEntry};
 
 /// Who asks for an operation. Built from a signed-in [`User`], or for the shell on the appliance itself
 /// ([`Actor::console`]: whoever can run `care` against the data directory already owns it) and for the server's
@@ -63,6 +64,8 @@ pub struct SearchAs {
     pub method: Option<Method>,
     /// One hit per document, the others counted (the search page's default).
     pub group_by_document: bool,
+    /// The words as typed: no synonyms, no pinyin reading.
+    pub exact: bool,
 }
 
 /// A user as the console and the API list them.
@@ -174,6 +177,8 @@ impl Engine {
             method: s.method,
             dense_weight: None,
             group_by_document: s.group_by_document,
+            exact: s.exact,
+            synonym_weight: None,
         };
         let wanted = s.collection.clone().filter(|c| !c.is_empty());
         let refused = |action: &str, reason: &str, err: Error| -> Result<SearchResults> {
@@ -502,6 +507,46 @@ impl Engine {
     ) -> Result<ActivePair> {
         actor.require_admin()?;
         self.activate_models_by(query, document, &actor.name, progress)
+    }
+
+    // -- synonym table ---------------------------------------------------------------------------------------
+
+    /// Groups whose terms or note contain `filter`, a page of them, and how many match.
+    pub fn synonyms_as(&self, actor: &Actor, filter: Option<&str>, limit: usize, offset: usize) -> Result<(Vec<SynonymEntry>, usize)> {
+        actor.require_admin()?;
+        synonyms::list(&self.store, filter, limit, offset)
+    }
+
+    /// Adds a group, or replaces group `id`; in force at the next search of every process.
+    pub fn save_synonym_as(&self, actor: &Actor, id: Option<i64>, group: &NewSynonym) -> Result<SynonymEntry> {
+        actor.require_admin()?;
+        synonyms::save(&self.store, &actor.name, id, group)
+    }
+
+    pub fn delete_synonym_as(&self, actor: &Actor, id: i64) -> Result<SynonymEntry> {
+        actor.require_admin()?;
+        synonyms::delete(&self.store, &actor.name, id)
+    }
+
+    /// Imports a CSV file's bytes (UTF-8 or GB18030, as spreadsheets in China save it); all or nothing.
+    pub fn import_synonyms_as(&self, actor: &Actor, bytes: &[u8], replace: bool) -> Result<ImportReport> {
+        actor.require_admin()?;
+        if bytes.len() > synonyms::MAX_CSV_BYTES {
+            return Err(Error::TooLarge {
+                what: "同义词 CSV".into(),
+                size: bytes.len() as u64,
+                limit: synonyms::MAX_CSV_BYTES as u64,
+                hint: "请拆分后分批导入".into(),
+            });
+        }
+        let text = crate::ingest::encoding::decode(std::path::Path::new("synonyms.csv"), bytes, None)?;
+        let groups = synonyms::parse_csv(&text)?;
+        synonyms::import(&self.store, &actor.name, &groups, replace, "import")
+    }
+
+    pub fn export_synonyms_as(&self, actor: &Actor) -> Result<String> {
+        actor.require_admin()?;
+        synonyms::export_csv(&self.store)
     }
 
     // -- audit -----------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (11, include_str!("../../../migrations/0011_model_jobs.sql")),
     (12, include_str!("../../../migrations/0012_training.sql")),
     (13, include_str!("../../../migrations/0013_pair_fusion.sql")),
+    (14, include_str!("../../../migrations/0014_synonyms.sql")),
 ];
 
 /// The metadata file is the appliance's alone (SQLite gives its -wal and -shm files the same mode).

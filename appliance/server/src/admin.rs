@@ -406,6 +406,139 @@ pub async fn revoke_token(
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Synonym table
+
+#[derive(Template)]
+#[template(path = "admin_synonyms.html")]
+struct SynonymsPage {
+    nav: Option<Nav>,
+    flash: Option<String>,
+    error: Option<String>,
+    csrf: String,
+    rows: Vec<care_engine::synonyms::SynonymEntry>,
+    total: usize,
+    filter: String,
+    page: usize,
+    pages: usize,
+}
+
+const SYNONYMS_PER_PAGE: usize = 50;
+
+#[derive(Debug, Default, Deserialize)]
+pub struct SynonymsQuery {
+    #[serde(default)]
+    q: String,
+    #[serde(default)]
+    page: Option<usize>,
+}
+
+#[get("/admin/synonyms")]
+pub async fn synonyms_page(
+    state: web::Data<AppState>,
+    caller: Caller,
+    q: web::Query<SynonymsQuery>,
+    flash: web::Query<Flash>,
+) -> Result<HttpResponse, ApiError> {
+    let q = q.into_inner();
+    let filter: String = q.q.trim().chars().take(40).collect();
+    let page = q.page.unwrap_or(1).clamp(1, 10_000);
+    let f = filter.clone();
+    let (rows, total) = call(&state, &caller, move |e, a| {
+        e.synonyms_as(a, Some(f.as_str()), SYNONYMS_PER_PAGE, (page - 1) * SYNONYMS_PER_PAGE)
+    })
+    .await?;
+    render(&SynonymsPage {
+        nav: Nav::of(&caller),
+        flash: flash.flash(),
+        error: flash.error(),
+        csrf: caller.csrf().to_string(),
+        rows,
+        total,
+        filter,
+        page,
+        pages: total.div_ceil(SYNONYMS_PER_PAGE).max(1),
+    })
+}
+
+#[derive(Debug, Deserialize)]
+pub struct SynonymForm {
+    preferred: String,
+    variants: String,
+    #[serde(default)]
+    note: String,
+}
+
+impl SynonymForm {
+    fn group(self) -> care_engine::synonyms::NewSynonym {
+        care_engine::synonyms::NewSynonym { preferred: self.preferred, variants: vec![self.variants], note: self.note }
+    }
+}
+
+#[post("/admin/synonyms")]
+pub async fn add_synonym(
+    state: web::Data<AppState>,
+    caller: Caller,
+    f: web::Form<SynonymForm>,
+) -> Result<HttpResponse, ApiError> {
+    let g = f.into_inner().group();
+    match call(&state, &caller, move |e, a| e.save_synonym_as(a, None, &g)).await {
+        Ok(s) => Ok(back_with("/admin/synonyms", &format!("已新增“{}”：{}", s.preferred, s.variants.join("、")))),
+        Err(e) => back_with_error("/admin/synonyms", e),
+    }
+}
+
+#[post("/admin/synonyms/import")]
+pub async fn import_synonyms(
+    state: web::Data<AppState>,
+    caller: Caller,
+    payload: actix_multipart::Multipart,
+) -> Result<HttpResponse, ApiError> {
+    match crate::uploads::import_synonyms(&state, &caller, payload).await {
+        Ok(r) => Ok(back_with(
+            "/admin/synonyms",
+            &format!("已导入：新增 {} 组，更新 {} 组，删除 {} 组", r.added, r.updated, r.removed),
+        )),
+        Err(e) => back_with_error("/admin/synonyms", e),
+    }
+}
+
+#[post("/admin/synonyms/{id}")]
+pub async fn update_synonym(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<i64>,
+    f: web::Form<SynonymForm>,
+) -> Result<HttpResponse, ApiError> {
+    let (id, g) = (id.into_inner(), f.into_inner().group());
+    match call(&state, &caller, move |e, a| e.save_synonym_as(a, Some(id), &g)).await {
+        Ok(s) => Ok(back_with("/admin/synonyms", &format!("已保存“{}”", s.preferred))),
+        Err(e) => back_with_error("/admin/synonyms", e),
+    }
+}
+
+#[post("/admin/synonyms/{id}/delete")]
+pub async fn delete_synonym(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    let id = id.into_inner();
+    match call(&state, &caller, move |e, a| e.delete_synonym_as(a, id)).await {
+        Ok(s) => Ok(back_with("/admin/synonyms", &format!("已删除“{}”一组", s.preferred))),
+        Err(e) => back_with_error("/admin/synonyms", e),
+    }
+}
+
+#[get("/admin/synonyms.csv")]
+pub async fn synonyms_csv(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
+    let csv = call(&state, &caller, |e, a| e.export_synonyms_as(a)).await?;
+    Ok(HttpResponse::Ok()
+        .content_type("text/csv; charset=utf-8")
+        .insert_header((header::CONTENT_DISPOSITION, "attachment; filename=\"care-synonyms.csv\""))
+        .body(csv))
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Models
 
 pub struct ModelRow {

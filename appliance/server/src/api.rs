@@ -36,6 +36,9 @@ pub struct SearchParams {
     /// documents. Default: every passage.
     #[serde(default)]
     pub group: Option<String>,
+    /// `true`: search the words as typed, without the synonym table's expansion or a pinyin reading.
+    #[serde(default)]
+    pub exact: Option<bool>,
 }
 
 impl SearchParams {
@@ -47,6 +50,7 @@ impl SearchParams {
             offset: self.offset.unwrap_or(0),
             method: self.method,
             group_by_document: self.group.as_deref() == Some("document"),
+            exact: self.exact.unwrap_or(false),
         }
     }
 }
@@ -682,6 +686,114 @@ pub async fn admin_feedback(
 ) -> Result<HttpResponse, ApiError> {
     let (col, limit) = (q.collection.clone(), q.limit.unwrap_or(1000));
     Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.feedback_list_as(a, col.as_deref(), limit)).await?))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SynonymQuery {
+    /// Only groups with a term or note containing this text.
+    #[serde(default)]
+    pub q: Option<String>,
+    #[serde(default)]
+    pub limit: Option<usize>,
+    #[serde(default)]
+    pub offset: Option<usize>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SynonymList {
+    pub total: usize,
+    pub synonyms: Vec<care_engine::synonyms::SynonymEntry>,
+}
+
+#[utoipa::path(get, path = "/api/v1/admin/synonyms", tag = "admin", params(SynonymQuery),
+    responses((status = 200, description = "groups of equivalent terms (preferred term first)", body = SynonymList)))]
+#[get("/api/v1/admin/synonyms")]
+pub async fn admin_synonyms(
+    state: web::Data<AppState>,
+    caller: Caller,
+    q: web::Query<SynonymQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let q = q.into_inner();
+    let (limit, offset) = (q.limit.unwrap_or(100).min(10_000), q.offset.unwrap_or(0));
+    let (synonyms, total) = call(&state, &caller, move |e, a| e.synonyms_as(a, q.q.as_deref(), limit, offset)).await?;
+    Ok(HttpResponse::Ok().json(SynonymList { total, synonyms }))
+}
+
+#[utoipa::path(post, path = "/api/v1/admin/synonyms", tag = "admin", request_body = care_engine::synonyms::NewSynonym,
+    responses((status = 201, body = care_engine::synonyms::SynonymEntry),
+        (status = 400, description = "invalid_input: an empty, too short or too long term, or a term of another group")))]
+#[post("/api/v1/admin/synonyms")]
+pub async fn admin_add_synonym(
+    state: web::Data<AppState>,
+    caller: Caller,
+    body: web::Json<care_engine::synonyms::NewSynonym>,
+) -> Result<HttpResponse, ApiError> {
+    let g = body.into_inner();
+    let saved = call(&state, &caller, move |e, a| e.save_synonym_as(a, None, &g)).await?;
+    Ok(HttpResponse::Created().json(saved))
+}
+
+#[utoipa::path(put, path = "/api/v1/admin/synonyms/{id}", tag = "admin", params(("id" = i64, Path)),
+    request_body = care_engine::synonyms::NewSynonym, responses((status = 200, body = care_engine::synonyms::SynonymEntry)))]
+#[put("/api/v1/admin/synonyms/{id}")]
+pub async fn admin_update_synonym(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<i64>,
+    body: web::Json<care_engine::synonyms::NewSynonym>,
+) -> Result<HttpResponse, ApiError> {
+    let (id, g) = (id.into_inner(), body.into_inner());
+    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.save_synonym_as(a, Some(id), &g)).await?))
+}
+
+#[utoipa::path(delete, path = "/api/v1/admin/synonyms/{id}", tag = "admin", params(("id" = i64, Path)),
+    responses((status = 204)))]
+#[delete("/api/v1/admin/synonyms/{id}")]
+pub async fn admin_delete_synonym(
+    state: web::Data<AppState>,
+    caller: Caller,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    let id = id.into_inner();
+    call(&state, &caller, move |e, a| e.delete_synonym_as(a, id)).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+#[utoipa::path(get, path = "/api/v1/admin/synonyms.csv", tag = "admin",
+    responses((status = 200, description = "the whole table: 首选词,同义词,备注 (synonyms separated by |)", content_type = "text/csv")))]
+#[get("/api/v1/admin/synonyms.csv")]
+pub async fn admin_export_synonyms(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
+    let csv = call(&state, &caller, |e, a| e.export_synonyms_as(a)).await?;
+    Ok(HttpResponse::Ok()
+        .content_type("text/csv; charset=utf-8")
+        .insert_header((actix_web::http::header::CONTENT_DISPOSITION, "attachment; filename=\"care-synonyms.csv\""))
+        .body(csv))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SynonymImport {
+    /// `true`: groups not in the file are removed (the file becomes the table). Default: added or replaced by
+    /// preferred term.
+    #[serde(default)]
+    pub replace: bool,
+}
+
+#[utoipa::path(post, path = "/api/v1/admin/synonyms/import", tag = "admin", params(SynonymImport),
+    request_body(content_type = "text/csv", description = "首选词,同义词,备注 rows (UTF-8 or GB18030; header optional)"),
+    responses((status = 200, body = care_engine::synonyms::ImportReport),
+        (status = 400, description = "invalid_input naming every bad line: nothing was imported"), (status = 413)))]
+#[post("/api/v1/admin/synonyms/import")]
+pub async fn admin_import_synonyms(
+    state: web::Data<AppState>,
+    caller: Caller,
+    q: web::Query<SynonymImport>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let bytes = crate::uploads::read_body(payload, care_engine::synonyms::MAX_CSV_BYTES, "同义词 CSV").await?;
+    let replace = q.replace;
+    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.import_synonyms_as(a, &bytes, replace)).await?))
 }
 
 #[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, body = Object)))]

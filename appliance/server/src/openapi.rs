@@ -21,6 +21,8 @@ use crate::api;
         api::admin_delete_judgments, api::admin_activate, api::admin_audit,
         api::admin_audit_verify, api::admin_feedback, api::healthz, api::metrics, api::admin_training, api::admin_train, api::admin_embed_pending,
         api::admin_training_run, api::admin_training_loss, api::admin_add_schedule, api::admin_delete_schedule,
+        api::admin_synonyms, api::admin_add_synonym, api::admin_update_synonym, api::admin_delete_synonym,
+        api::admin_export_synonyms, api::admin_import_synonyms,
     ),
     components(schemas(api::Me, api::PasswordChange, api::FeedbackBody, api::NewCollection, api::Approval,
         care_engine::UserInfo, api::NewUser, care_engine::UserUpdate, api::NewToken, api::Activate,
@@ -28,7 +30,8 @@ use crate::api;
         care_engine::lifecycle::CollectionEvaluation, care_engine::lifecycle::Compared, care_engine::lifecycle::EncodeLatency,
         care_engine::judgments::JudgmentSetInfo, care_engine::training::Recipe, care_engine::training::Sides,
         care_engine::training::DataOptions, care_engine::training::schedule::ScheduleSpec,
-        care_engine::SearchResults, care_engine::SearchHit, care_engine::fusion::ScoreParts, care_engine::fusion::Method)),
+        care_engine::SearchResults, care_engine::SearchHit, care_engine::Expansion, api::SynonymList,
+        care_engine::synonyms::SynonymEntry, care_engine::synonyms::NewSynonym, care_engine::synonyms::ImportReport, care_engine::fusion::ScoreParts, care_engine::fusion::Method)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]

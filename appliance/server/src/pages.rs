@@ -285,6 +285,12 @@ struct SearchPage {
     not_found: bool,
     /// The query as searched when it was folded (traditional → simplified).
     folded: Option<String>,
+    /// The typed query when it was read as pinyin (gxy → 高血压: `folded` holds 高血压).
+    pinyin_of: Option<String>,
+    /// "慢阻肺：慢性阻塞性肺疾病、COPD" per synonym-table term of the query.
+    expansions: Vec<String>,
+    /// 您是不是要找 suggestions, with their search URLs.
+    did_you_mean: Vec<(String, String)>,
 }
 
 fn search_url(q: &str, collection: &str, page: usize) -> String {
@@ -340,6 +346,9 @@ pub async fn search_page(
         missing: Vec::new(),
         not_found: false,
         folded: None,
+        pinyin_of: None,
+        expansions: Vec::new(),
+        did_you_mean: Vec::new(),
     };
     if !p.q.trim().is_empty() {
         let params = SearchParams {
@@ -349,6 +358,7 @@ pub async fn search_page(
             offset: Some((page_no - 1) * PAGE_SIZE),
             method: None,
             group: Some("document".into()),
+            exact: None,
         };
         match api::search_as(&state, &caller, &params).await {
             Ok(r) => fill_results(&mut page, &r, &p, page_no),
@@ -374,6 +384,11 @@ fn fill_results(page: &mut SearchPage, r: &care_engine::SearchResults, p: &PageP
     page.missing = r.missing_terms.clone();
     page.not_found = r.not_found;
     page.folded = r.folded_query.clone();
+    page.pinyin_of = r.pinyin_of.clone();
+    page.expansions = r.expansions.iter().map(|x| format!("{}：{}", x.term, x.synonyms.join("、"))).collect();
+    if r.pinyin_of.is_none() {
+        page.did_you_mean = r.did_you_mean.iter().map(|w| (w.clone(), search_url(w, &p.collection, 1))).collect();
+    }
     page.last_page = r.total.div_ceil(PAGE_SIZE).clamp(1, MAX_PAGES);
     page.total = if r.total_is_lower_bound { format!("约 {}", r.total) } else { r.total.to_string() };
     if page_no > 1 {
@@ -581,6 +596,7 @@ pub async fn embed(
             offset: None,
             method: None,
             group: Some("document".into()),
+            exact: None,
         };
         match api::search_as(&state, c, &params).await {
             Ok(r) => {

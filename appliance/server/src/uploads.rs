@@ -225,3 +225,54 @@ async fn write_part(path: &Path, mut buf: Vec<u8>, create: bool) -> Result<Vec<u
     .map_err(ApiError::internal)?
     .map_err(|e| ApiError::Engine(care_engine::Error::io(path, e)))
 }
+
+/// A request body read into memory, refused past `limit` bytes (by its declared length first, then while reading).
+pub async fn read_body(mut payload: web::Payload, limit: usize, what: &str) -> Result<Vec<u8>, ApiError> {
+    let too_large = |size: usize| {
+        ApiError::Engine(care_engine::Error::TooLarge {
+            what: what.to_string(),
+            size: size as u64,
+            limit: limit as u64,
+            hint: "请拆分后分批提交".into(),
+        })
+    };
+    let mut body = Vec::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ApiError::invalid(format!("读取请求内容失败 (reading the body: {e})")))?;
+        if body.len() + chunk.len() > limit {
+            return Err(too_large(body.len() + chunk.len()));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// The console's synonym CSV upload: one `file` part and an optional `replace` field.
+pub async fn import_synonyms(
+    state: &web::Data<AppState>,
+    caller: &Caller,
+    payload: actix_multipart::Multipart,
+) -> Result<care_engine::synonyms::ImportReport, ApiError> {
+    let dir = call(state, caller, |e, a| e.new_staging_upload_as(a)).await?;
+    let limit = care_engine::synonyms::MAX_CSV_BYTES as u64 + 4096;
+    let result = match receive_with(payload, &dir, limit, &["replace"]).await {
+        Ok((files, fields)) => {
+            let replace = fields.get("replace").is_some_and(|v| v == "1" || v == "on" || v == "true");
+            match files.first() {
+                None => Err(ApiError::invalid("请选择一个 CSV 文件".to_string())),
+                Some(f) => {
+                    let f = f.clone();
+                    call(state, caller, move |e, a| {
+                        let bytes = std::fs::read(&f).map_err(|err| care_engine::Error::io(&f, err))?;
+                        e.import_synonyms_as(a, &bytes, replace)
+                    })
+                    .await
+                }
+            }
+        }
+        Err(e) => Err(e),
+    };
+    let d = dir.clone();
+    let _ = web::block(move || std::fs::remove_dir_all(d)).await;
+    result
+}

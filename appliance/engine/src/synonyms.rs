@@ -1,0 +1,612 @@
+//! The synonym and abbreviation table, and pinyin initials.
+//!
+//! Clinicians write COPD, 慢阻肺 and 慢性阻塞性肺疾病 for one disease; passages use one of them. Admins keep groups of
+//! equivalent terms (a preferred term and its variants) in SQLite; the project ships a seed table
+//! (`assets/synonyms_seed.csv`) loaded once into a new data directory. At query time a term of a group found in
+//! the query adds the group's other terms to the BM25 query at a lower weight (`search.synonym_weight`), so the
+//! original wording still ranks first and nothing is re-indexed. Every change bumps `synonym_state.version`; each
+//! search compares it with the table it holds, so an edit from the console, the API or the CLI (another process)
+//! is in force at the next search.
+//!
+//! An all-letters query that is neither a table term nor a word of the collections is read as pinyin (gxy,
+//! gaoxueya → 高血压): its candidates come from the medical dictionary and the table's Chinese terms.
+
+use std::collections::HashMap;
+
+use pinyin::ToPinyinMulti;
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+use crate::audit;
+use crate::error::{Error, Result};
+use crate::query::fold;
+use crate::store::{Store, now};
+
+/// The table the project ships (preferred term, variants separated by `|`, a category).
+pub const SEED_CSV: &str = include_str!("../assets/synonyms_seed.csv");
+/// Bounds on what an admin (or a file) can make the engine hold and match per query.
+pub const MAX_GROUPS: usize = 50_000;
+pub const MAX_TERMS_PER_GROUP: usize = 32;
+pub const MAX_TERM_CHARS: usize = 40;
+pub const MAX_CSV_BYTES: usize = 4 << 20;
+
+/// One group as stored.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SynonymEntry {
+    pub id: i64,
+    /// The preferred term (首选词).
+    pub preferred: String,
+    /// Its synonyms and abbreviations.
+    pub variants: Vec<String>,
+    /// A category or remark (备注).
+    pub note: String,
+    /// `seed` (shipped), `admin` (typed in) or `import` (CSV).
+    pub origin: String,
+    pub updated_by: String,
+    pub updated_at: String,
+}
+
+/// A group as an admin submits it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NewSynonym {
+    pub preferred: String,
+    pub variants: Vec<String>,
+    #[serde(default)]
+    pub note: String,
+}
+
+/// What a CSV import did.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ImportReport {
+    pub added: usize,
+    pub updated: usize,
+    /// Groups removed because `replace` was asked for.
+    pub removed: usize,
+}
+
+fn invalid(msg: String) -> Error {
+    Error::InvalidInput(msg)
+}
+
+/// Trims and checks one group: terms non-empty, at most [`MAX_TERM_CHARS`], no separator characters, at least two
+/// characters (a single character would expand nearly every query), no term twice.
+fn clean(g: &NewSynonym) -> Result<NewSynonym> {
+    let preferred = g.preferred.trim().to_string();
+    let variants: Vec<String> =
+        g.variants.iter().flat_map(|v| v.split('|')).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect();
+    if preferred.is_empty() {
+        return Err(invalid("首选词不能为空".into()));
+    }
+    if variants.is_empty() {
+        return Err(invalid(format!("“{preferred}”至少需要一个同义词或缩写")));
+    }
+    if variants.len() + 1 > MAX_TERMS_PER_GROUP {
+        return Err(invalid(format!("“{preferred}”的词条过多：每组最多 {MAX_TERMS_PER_GROUP} 个")));
+    }
+    let mut seen: Vec<String> = Vec::new();
+    for t in std::iter::once(&preferred).chain(&variants) {
+        let n = t.chars().count();
+        if n > MAX_TERM_CHARS {
+            return Err(invalid(format!("词条“{t}”过长：最多 {MAX_TERM_CHARS} 个字符")));
+        }
+        if n < 2 {
+            return Err(invalid(format!("词条“{t}”过短：至少两个字符，单字会扩展几乎所有查询")));
+        }
+        if t.chars().any(|c| c == '|' || c == ',' || c == '，' || c.is_control()) {
+            return Err(invalid(format!("词条“{t}”含有分隔符（| 或逗号）或控制字符")));
+        }
+        let k = fold(t);
+        if seen.contains(&k) {
+            return Err(invalid(format!("词条“{t}”在同一组中重复")));
+        }
+        seen.push(k);
+    }
+    let note = g.note.trim().chars().take(100).collect();
+    Ok(NewSynonym { preferred, variants, note })
+}
+
+fn entry_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SynonymEntry> {
+    let variants: String = r.get(2)?;
+    Ok(SynonymEntry {
+        id: r.get(0)?,
+        preferred: r.get(1)?,
+        variants: variants.split('|').filter(|v| !v.is_empty()).map(str::to_string).collect(),
+        note: r.get(3)?,
+        origin: r.get(4)?,
+        updated_by: r.get(5)?,
+        updated_at: r.get(6)?,
+    })
+}
+
+const COLUMNS: &str = "id, preferred, variants, note, origin, updated_by, updated_at";
+
+fn all_rows(conn: &Connection) -> Result<Vec<SynonymEntry>> {
+    let mut stmt = conn.prepare(&format!("SELECT {COLUMNS} FROM synonyms ORDER BY preferred"))?;
+    let rows = stmt.query_map([], entry_from_row)?;
+    Ok(rows.collect::<std::result::Result<Vec<_>, _>>()?)
+}
+
+/// The stamp every process compares before a search.
+pub fn version(conn: &Connection) -> Result<i64> {
+    Ok(conn.query_row("SELECT version FROM synonym_state WHERE id = 1", [], |r| r.get(0))?)
+}
+
+fn bump(conn: &Connection) -> Result<()> {
+    conn.execute("UPDATE synonym_state SET version = version + 1 WHERE id = 1", [])?;
+    Ok(())
+}
+
+/// Refuses a group one of whose terms already belongs to another group (`except` is the group being replaced).
+fn check_conflicts(conn: &Connection, g: &NewSynonym, except: Option<i64>) -> Result<()> {
+    let mut owner: HashMap<String, String> = HashMap::new();
+    for e in all_rows(conn)? {
+        if Some(e.id) == except {
+            continue;
+        }
+        for t in std::iter::once(&e.preferred).chain(&e.variants) {
+            owner.insert(fold(t), e.preferred.clone());
+        }
+    }
+    for t in std::iter::once(&g.preferred).chain(&g.variants) {
+        if let Some(p) = owner.get(&fold(t)) {
+            return Err(invalid(format!("词条“{t}”已属于“{p}”一组；一个词条只能属于一组，请先修改那一组")));
+        }
+    }
+    Ok(())
+}
+
+fn insert(conn: &Connection, g: &NewSynonym, origin: &str, actor: &str) -> Result<i64> {
+    conn.execute(
+        "INSERT INTO synonyms (preferred, variants, note, origin, updated_by, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![g.preferred, g.variants.join("|"), g.note, origin, actor, now()],
+    )?;
+    Ok(conn.last_insert_rowid())
+}
+
+fn get(conn: &Connection, id: i64) -> Result<SynonymEntry> {
+    conn.query_row(&format!("SELECT {COLUMNS} FROM synonyms WHERE id = ?1"), [id], entry_from_row)
+        .optional()?
+        .ok_or_else(|| Error::NotFound { what: format!("同义词组 {id}") })
+}
+
+/// Groups whose terms contain `filter` (compared folded), by preferred term; and how many match in all.
+pub fn list(store: &Store, filter: Option<&str>, limit: usize, offset: usize) -> Result<(Vec<SynonymEntry>, usize)> {
+    let conn = store.reader();
+    let all = all_rows(&conn)?;
+    let f = filter.map(fold).filter(|f| !f.is_empty());
+    let hits: Vec<SynonymEntry> = all
+        .into_iter()
+        .filter(|e| match &f {
+            None => true,
+            Some(f) => std::iter::once(&e.preferred).chain(&e.variants).chain([&e.note]).any(|t| fold(t).contains(f)),
+        })
+        .collect();
+    let total = hits.len();
+    Ok((hits.into_iter().skip(offset).take(limit).collect(), total))
+}
+
+/// Adds a group, or replaces group `id`; audited as `synonym.add` / `synonym.update` in the same transaction.
+pub fn save(store: &Store, actor: &str, id: Option<i64>, g: &NewSynonym) -> Result<SynonymEntry> {
+    let g = clean(g)?;
+    let mut conn = store.conn();
+    let tx = conn.transaction()?;
+    let count: i64 = tx.query_row("SELECT count(*) FROM synonyms", [], |r| r.get(0))?;
+    if id.is_none() && count as usize >= MAX_GROUPS {
+        return Err(invalid(format!("同义词表已有 {count} 组，达到上限 {MAX_GROUPS}")));
+    }
+    if let Some(id) = id {
+        get(&tx, id)?;
+    }
+    check_conflicts(&tx, &g, id)?;
+    let new_id = match id {
+        Some(id) => {
+            tx.execute(
+                "UPDATE synonyms SET preferred = ?2, variants = ?3, note = ?4, origin = 'admin', updated_by = ?5, \
+                 updated_at = ?6 WHERE id = ?1",
+                params![id, g.preferred, g.variants.join("|"), g.note, actor, now()],
+            )
+            .map_err(|e| unique_violation(e, &g.preferred))?;
+            id
+        }
+        None => insert(&tx, &g, "admin", actor).map_err(|e| match e {
+            Error::Sqlite(e) => unique_violation(e, &g.preferred),
+            e => e,
+        })?,
+    };
+    let action = if id.is_some() { "synonym.update" } else { "synonym.add" };
+    audit::append(&tx, actor, action, &serde_json::json!({"id": new_id, "preferred": g.preferred, "variants": g.variants}))?;
+    bump(&tx)?;
+    let saved = get(&tx, new_id)?;
+    tx.commit()?;
+    Ok(saved)
+}
+
+fn unique_violation(e: rusqlite::Error, preferred: &str) -> Error {
+    match e {
+        rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::ConstraintViolation => {
+            invalid(format!("首选词“{preferred}”已有一组"))
+        }
+        e => Error::Sqlite(e),
+    }
+}
+
+/// Deletes group `id`; audited as `synonym.delete`.
+pub fn delete(store: &Store, actor: &str, id: i64) -> Result<SynonymEntry> {
+    let mut conn = store.conn();
+    let tx = conn.transaction()?;
+    let e = get(&tx, id)?;
+    tx.execute("DELETE FROM synonyms WHERE id = ?1", [id])?;
+    audit::append(&tx, actor, "synonym.delete", &serde_json::json!({"id": id, "preferred": e.preferred}))?;
+    bump(&tx)?;
+    tx.commit()?;
+    Ok(e)
+}
+
+/// Parses a CSV of groups (`首选词,同义词,备注`, variants separated by `|`; a header row is optional). Every bad
+/// line is named (up to 20) and nothing is imported when one is bad.
+pub fn parse_csv(text: &str) -> Result<Vec<NewSynonym>> {
+    if text.len() > MAX_CSV_BYTES {
+        return Err(Error::TooLarge {
+            what: "同义词 CSV".into(),
+            size: text.len() as u64,
+            limit: MAX_CSV_BYTES as u64,
+            hint: "请拆分后分批导入".into(),
+        });
+    }
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let mut rdr = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(text.as_bytes());
+    let mut out: Vec<NewSynonym> = Vec::new();
+    let mut errors: Vec<String> = Vec::new();
+    let mut keys: HashMap<String, usize> = HashMap::new();
+    for (i, rec) in rdr.records().enumerate() {
+        let line = i + 1;
+        let rec = match rec {
+            Ok(r) => r,
+            Err(e) => {
+                errors.push(format!("第 {line} 行：不是有效的 CSV（{e}）"));
+                break;
+            }
+        };
+        let first = rec.get(0).unwrap_or("").trim();
+        if line == 1 && matches!(first, "首选词" | "preferred") {
+            continue;
+        }
+        if rec.iter().all(|f| f.trim().is_empty()) {
+            continue;
+        }
+        let g = NewSynonym {
+            preferred: first.to_string(),
+            variants: vec![rec.get(1).unwrap_or("").to_string()],
+            note: rec.get(2).unwrap_or("").to_string(),
+        };
+        match clean(&g) {
+            Ok(g) => {
+                for t in std::iter::once(&g.preferred).chain(&g.variants) {
+                    if let Some(prev) = keys.insert(fold(t), line) {
+                        errors.push(format!("第 {line} 行：词条“{t}”已出现在第 {prev} 行"));
+                    }
+                }
+                out.push(g);
+            }
+            Err(e) => errors.push(format!("第 {line} 行：{e}")),
+        }
+        if errors.len() >= 20 || out.len() > MAX_GROUPS {
+            break;
+        }
+    }
+    if out.len() > MAX_GROUPS {
+        errors.push(format!("超过 {MAX_GROUPS} 组的上限"));
+    }
+    if !errors.is_empty() {
+        return Err(invalid(format!("同义词 CSV 有误，未导入任何内容：{}", errors.join("；"))));
+    }
+    Ok(out)
+}
+
+/// Imports groups: a group whose preferred term exists replaces it, others are added; with `replace`, groups not
+/// in the file are removed. The resulting table is checked as a whole (a term in one group only) before anything
+/// is written; one transaction, audited as `synonym.import`.
+pub fn import(store: &Store, actor: &str, groups: &[NewSynonym], replace: bool, origin: &str) -> Result<ImportReport> {
+    let groups: Vec<NewSynonym> = groups.iter().map(clean).collect::<Result<_>>()?;
+    let mut conn = store.conn();
+    let tx = conn.transaction()?;
+    let mut report = ImportReport::default();
+    let existing = all_rows(&tx)?;
+    let incoming: HashMap<String, usize> = groups.iter().enumerate().map(|(i, g)| (fold(&g.preferred), i)).collect();
+    // The table after the import: kept rows (by id) and incoming groups (by index), each term owned once.
+    let mut owner: HashMap<String, String> = HashMap::new();
+    let mut claim = |t: &str, preferred: &str| -> Result<()> {
+        match owner.insert(fold(t), preferred.to_string()) {
+            Some(p) if p != preferred => {
+                Err(invalid(format!("词条“{t}”同时属于“{p}”和“{preferred}”两组；一个词条只能属于一组")))
+            }
+            _ => Ok(()),
+        }
+    };
+    let mut replaced: HashMap<usize, i64> = HashMap::new();
+    for e in &existing {
+        match incoming.get(&fold(&e.preferred)) {
+            Some(&i) => {
+                replaced.insert(i, e.id);
+            }
+            None if replace => {
+                tx.execute("DELETE FROM synonyms WHERE id = ?1", [e.id])?;
+                report.removed += 1;
+            }
+            None => {
+                for t in std::iter::once(&e.preferred).chain(&e.variants) {
+                    claim(t, &e.preferred)?;
+                }
+            }
+        }
+    }
+    for g in &groups {
+        for t in std::iter::once(&g.preferred).chain(&g.variants) {
+            claim(t, &g.preferred)?;
+        }
+    }
+    let kept = existing.len() - report.removed - replaced.len();
+    if kept + groups.len() > MAX_GROUPS {
+        return Err(invalid(format!("导入后将有 {} 组，超过上限 {MAX_GROUPS}", kept + groups.len())));
+    }
+    for (i, g) in groups.iter().enumerate() {
+        match replaced.get(&i) {
+            Some(id) => {
+                tx.execute(
+                    "UPDATE synonyms SET preferred = ?2, variants = ?3, note = ?4, origin = ?5, updated_by = ?6, \
+                     updated_at = ?7 WHERE id = ?1",
+                    params![id, g.preferred, g.variants.join("|"), g.note, origin, actor, now()],
+                )?;
+                report.updated += 1;
+            }
+            None => {
+                insert(&tx, g, origin, actor)?;
+                report.added += 1;
+            }
+        }
+    }
+    // The seed is part of a new data directory, like its schema: no one chose it, so no audit record says so.
+    if origin != "seed" {
+        let detail = serde_json::json!({"added": report.added, "updated": report.updated, "removed": report.removed,
+            "replace": replace});
+        audit::append(&tx, actor, "synonym.import", &detail)?;
+    }
+    bump(&tx)?;
+    tx.commit()?;
+    Ok(report)
+}
+
+/// The whole table as CSV, in the format [`parse_csv`] reads (with a header).
+pub fn export_csv(store: &Store) -> Result<String> {
+    let conn = store.reader();
+    let mut w = csv::WriterBuilder::new().terminator(csv::Terminator::Any(b'\n')).from_writer(Vec::new());
+    let io = |e: csv::Error| Error::Internal(format!("csv: {e}"));
+    w.write_record(["首选词", "同义词", "备注"]).map_err(io)?;
+    for e in all_rows(&conn)? {
+        w.write_record([e.preferred.as_str(), e.variants.join("|").as_str(), e.note.as_str()]).map_err(io)?;
+    }
+    let bytes = w.into_inner().map_err(|e| Error::Internal(format!("csv: {e}")))?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// Loads the shipped seed table into a data directory that never had it (once: deletions stay deleted).
+pub fn ensure_seeded(store: &Store) -> Result<()> {
+    let seeded: i64 = store.reader().query_row("SELECT seeded FROM synonym_state WHERE id = 1", [], |r| r.get(0))?;
+    if seeded != 0 {
+        return Ok(());
+    }
+    let groups = parse_csv(SEED_CSV)?;
+    let report = import(store, "system", &groups, false, "seed")?;
+    store.conn().execute("UPDATE synonym_state SET seeded = 1 WHERE id = 1", [])?;
+    tracing::info!(groups = report.added, "loaded the seed synonym table");
+    Ok(())
+}
+
+/// The table as a search uses it: terms by folded key, longest matches first, and the pinyin of Chinese terms.
+#[derive(Debug, Default)]
+pub struct SynonymTable {
+    pub version: i64,
+    /// Each group's terms as written, preferred first.
+    groups: Vec<Vec<String>>,
+    /// Folded term → group.
+    by_key: HashMap<String, usize>,
+    /// Folded keys, longest first (matching prefers the longer term: 2型糖尿病 over 糖尿病).
+    keys: Vec<String>,
+    /// Pinyin initials or full pinyin (lower-case ASCII) → Chinese words of the dictionary and the table, read
+    /// with their characters' common readings.
+    pinyin: HashMap<String, Vec<String>>,
+    /// The same over the characters' other readings (混 as gun): used only when no common reading fits.
+    pinyin_other: HashMap<String, Vec<String>>,
+}
+
+/// A table term found in a query.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TermMatch {
+    /// Byte range in the folded, lower-cased query.
+    pub start: usize,
+    pub end: usize,
+    pub group: usize,
+}
+
+impl SynonymTable {
+    pub fn load(store: &Store) -> Result<SynonymTable> {
+        let conn = store.reader();
+        let version = version(&conn)?;
+        let groups: Vec<Vec<String>> = all_rows(&conn)?
+            .into_iter()
+            .map(|e| std::iter::once(e.preferred).chain(e.variants).collect())
+            .collect();
+        Ok(SynonymTable::build(version, groups))
+    }
+
+    pub fn build(version: i64, groups: Vec<Vec<String>>) -> SynonymTable {
+        let mut by_key = HashMap::new();
+        for (i, g) in groups.iter().enumerate() {
+            for t in g {
+                by_key.entry(fold(t)).or_insert(i);
+            }
+        }
+        let mut keys: Vec<String> = by_key.keys().cloned().collect();
+        keys.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        let words = crate::lexical::MEDICAL_DICT
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .map(str::to_string)
+            .chain(groups.iter().flatten().map(|t| fold(t)));
+        let mut pinyin: HashMap<String, Vec<String>> = HashMap::new();
+        let mut pinyin_other: HashMap<String, Vec<String>> = HashMap::new();
+        for w in words {
+            let (common, other) = pinyin_keys(&w);
+            for (map, keys) in [(&mut pinyin, common), (&mut pinyin_other, other)] {
+                for key in keys {
+                    let list = map.entry(key).or_default();
+                    if !list.contains(&w) {
+                        list.push(w.clone());
+                    }
+                }
+            }
+        }
+        SynonymTable { version, groups, by_key, keys, pinyin, pinyin_other }
+    }
+
+    pub fn len(&self) -> usize {
+        self.groups.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    /// The group's terms, preferred first.
+    pub fn terms(&self, group: usize) -> &[String] {
+        &self.groups[group]
+    }
+
+    /// Whether `word` (folded) is a term of the table.
+    pub fn contains(&self, word: &str) -> bool {
+        self.by_key.contains_key(&fold(word))
+    }
+
+    /// Table terms in `lower` (a folded, lower-cased query), longest first and not overlapping. A Latin term
+    /// matches only as a whole word (DM in "DM患者", not in "admin").
+    pub fn find(&self, lower: &str) -> Vec<TermMatch> {
+        let mut taken: Vec<(usize, usize)> = Vec::new();
+        let mut out = Vec::new();
+        for k in &self.keys {
+            let mut from = 0;
+            while let Some(p) = lower[from..].find(k.as_str()) {
+                let (s, e) = (from + p, from + p + k.len());
+                from = s + lower[s..].chars().next().map_or(1, char::len_utf8);
+                let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+                let latin = k.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
+                let boundary = !latin || (!alnum(lower[..s].chars().next_back()) && !alnum(lower[e..].chars().next()));
+                if boundary && !taken.iter().any(|&(a, b)| s < b && a < e) {
+                    taken.push((s, e));
+                    out.push(TermMatch { start: s, end: e, group: self.by_key[k] });
+                }
+            }
+        }
+        out.sort_by_key(|m| m.start);
+        out
+    }
+
+    /// Chinese words whose pinyin initials (gxy) or full pinyin (gaoxueya) are `ascii`: (read with the common
+    /// readings, read with other readings of a character).
+    pub fn pinyin_candidates(&self, ascii: &str) -> (Vec<String>, Vec<String>) {
+        let k = ascii.to_ascii_lowercase();
+        let get = |m: &HashMap<String, Vec<String>>| m.get(&k).cloned().unwrap_or_default();
+        (get(&self.pinyin), get(&self.pinyin_other))
+    }
+}
+
+/// The initials and the full pinyin of an all-Chinese word of 2–8 characters: first in each character's common
+/// reading, then over its other readings (heteronyms: 血 is xue and xie; 混 is also gun), at most 16 combinations.
+/// Returns (common, other) keys.
+fn pinyin_keys(word: &str) -> (Vec<String>, Vec<String>) {
+    let n = word.chars().count();
+    if !(2..=8).contains(&n) {
+        return (Vec::new(), Vec::new());
+    }
+    let mut combos: Vec<(String, String)> = vec![(String::new(), String::new())];
+    for m in word.to_pinyin_multi() {
+        let Some(m) = m else { return (Vec::new(), Vec::new()) };
+        let mut next = Vec::new();
+        for (ini, full) in &combos {
+            for p in m.into_iter().take(3) {
+                if next.len() < 16 {
+                    next.push((format!("{ini}{}", p.first_letter()), format!("{full}{}", p.plain())));
+                }
+            }
+        }
+        combos = next;
+    }
+    // The first combination takes every character's first (common) reading.
+    let mut common = Vec::new();
+    let mut other = Vec::new();
+    for (i, (ini, full)) in combos.into_iter().enumerate() {
+        for k in [ini, full] {
+            let list = if i == 0 { &mut common } else { &mut other };
+            if !list.contains(&k) {
+                list.push(k);
+            }
+        }
+    }
+    other.retain(|k| !common.contains(k));
+    (common, other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(groups: &[&[&str]]) -> SynonymTable {
+        SynonymTable::build(1, groups.iter().map(|g| g.iter().map(|t| t.to_string()).collect()).collect())
+    }
+
+    #[test]
+    fn longest_terms_win_and_latin_terms_match_whole_words() {
+        let t = table(&[&["糖尿病", "DM"], &["2型糖尿病", "T2DM"], &["慢性阻塞性肺疾病", "慢阻肺", "COPD"]]);
+        let m = t.find(&fold("2型糖尿病合并慢阻肺"));
+        assert_eq!(m.iter().map(|m| t.terms(m.group)[0].as_str()).collect::<Vec<_>>(), ["2型糖尿病", "慢性阻塞性肺疾病"]);
+        assert_eq!(t.find(&fold("DM患者")).len(), 1);
+        assert!(t.find("admin").is_empty(), "DM inside a Latin word is no match");
+        assert_eq!(t.find(&fold("ＣＯＰＤ急性加重")).len(), 1, "full-width and upper case fold");
+        assert!(t.contains("copd") && !t.contains("肺"));
+    }
+
+    #[test]
+    fn pinyin_initials_and_full_pinyin_find_dictionary_words() {
+        let t = table(&[&["慢性阻塞性肺疾病", "慢阻肺"]]);
+        assert!(t.pinyin_candidates("gxy").0.contains(&"高血压".to_string()), "{:?}", t.pinyin_candidates("gxy"));
+        assert!(t.pinyin_candidates("GaoXueYa").0.contains(&"高血压".to_string()));
+        assert_eq!(t.pinyin_candidates("mzf").0, vec!["慢阻肺".to_string()]);
+        assert_eq!(t.pinyin_candidates("qwzxv"), (Vec::new(), Vec::new()));
+        // 混悬液 is hxy; read with 混's rare reading gun it is only a fallback for gxy.
+        assert!(!t.pinyin_candidates("gxy").0.contains(&"混悬液".to_string()));
+        assert!(t.pinyin_candidates("hxy").0.contains(&"混悬液".to_string()));
+    }
+
+    #[test]
+    fn csv_is_checked_line_by_line_and_nothing_is_half_read() {
+        let ok = parse_csv("首选词,同义词,备注\n心肌梗死,心梗|MI,心血管\n\n冠心病,冠状动脉粥样硬化性心脏病|CHD,\n").unwrap();
+        assert_eq!(ok.len(), 2);
+        assert_eq!(ok[0].variants, vec!["心梗", "MI"]);
+        let err = parse_csv("心肌梗死,心梗\n心梗死,心梗\n肺,肺脏\n高血压,\n").unwrap_err().to_string();
+        assert!(err.contains("第 2 行") && err.contains("第 3 行") && err.contains("第 4 行"), "{err}");
+        let too_big = "a".repeat(MAX_CSV_BYTES + 1);
+        assert!(matches!(parse_csv(&too_big), Err(Error::TooLarge { .. })));
+    }
+
+    #[test]
+    fn the_seed_table_is_valid_and_large_enough() {
+        let groups = parse_csv(SEED_CSV).expect("the seed table parses");
+        assert!(groups.len() >= 300, "{} groups", groups.len());
+        let t = SynonymTable::build(1, groups.into_iter().map(|g| std::iter::once(g.preferred).chain(g.variants).collect()).collect());
+        for q in ["COPD", "慢阻肺", "心梗", "DM"] {
+            assert!(!t.find(&fold(q)).is_empty(), "{q} is in the seed table");
+        }
+    }
+}
