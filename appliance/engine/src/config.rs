@@ -133,7 +133,7 @@ impl Default for SearchConfig {
             ann_threshold: 1_000_000,
             ann_nprobes: 64,
             ann_refine: 10,
-            synonym_weight: 0.5,
+            synonym_weight: 0.35,
         }
     }
 }

@@ -91,9 +91,10 @@ pub fn mark_ranges(jieba: &Jieba, text: &str, wanted: &dyn Fn(&str) -> bool) -> 
 /// dictionary words such as 替格瑞洛, not their parts) minus function words, punctuation and single Chinese
 /// characters (too common to say anything on their own). These are the terms whose presence a result page states.
 ///
-/// A two-character word that no dictionary holds is jieba's HMM guessing at colloquial or misspelt text (奶房, 咋个,
-/// 好断): asserting that such a fragment occurs nowhere would be noise, so it is not salient. Longer unknown words
-/// (a drug name the dictionary lacks) are.
+/// A two- or three-character word that no dictionary holds is jieba's HMM gluing colloquial or misspelt text
+/// together (退疼, 完牙想, 环正取, 可放花): asserting that such a fragment occurs nowhere would be noise, so it is not
+/// salient. Longer unknown words (a drug name the dictionaries lack) are; shorter drug and disease names are in
+/// jieba's, the medical or the synonym dictionary, and the synonym table's terms are salient on their own.
 pub fn content_words(jieba: &Jieba, text: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for w in jieba.cut(text, true) {
@@ -102,7 +103,7 @@ pub fn content_words(jieba: &Jieba, text: &str) -> Vec<String> {
             let w = w.trim().to_lowercase();
             let chars = w.chars().count();
             let single_cjk = chars == 1 && !w.is_ascii();
-            let guessed_pair = chars == 2 && !w.is_ascii() && !known;
+            let guessed_pair = (2..=3).contains(&chars) && !w.is_ascii() && !known;
             if !is_indexable(&w) || is_stopword(&w) || single_cjk || guessed_pair || (w.is_ascii() && chars < 2) {
                 continue;
             }
