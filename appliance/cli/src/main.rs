@@ -19,7 +19,7 @@ use care_engine::engine::OpenMode;
 use care_engine::eval::{self, BeirSet};
 use care_engine::fusion::Method;
 use care_engine::hybrid::{DenseProgress, FusionSetting};
-use care_engine::{Engine, EngineConfig, IngestOptions, JobState, SearchRequest, Worker};
+use care_engine::{Engine, EngineConfig, IngestOptions, JobState, SearchAs, Worker};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -685,17 +685,16 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Command::Search { query, collections, limit, method, json } => {
             let e = open(OpenMode::Existing)?;
-            let req = SearchRequest {
+            let req = SearchAs {
                 query,
-                collections: if collections.is_empty() { None } else { Some(collections) },
+                more_collections: collections,
                 limit: Some(limit),
                 offset: 0,
                 method,
-                dense_weight: None,
                 group_by_document: false,
                 ..Default::default()
             };
-            let res = e.search(&req)?;
+            let res = e.search_as(&console(), &req)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&res)?);
             } else {
@@ -880,7 +879,7 @@ fn run(cli: Cli) -> Result<i32> {
             let (w, curve, report) = tune(&e, &s, &collection)?;
             let setting =
                 FusionSetting { method: Method::Weighted, dense_weight: w, fitted_on: format!("{}:{split}", s.name) };
-            e.set_fusion(&collection, &setting, &report)?;
+            e.tune_fusion_as(&console(), &collection, &setting, &report)?;
             println!(
                 "{}",
                 serde_json::to_string_pretty(

@@ -481,20 +481,26 @@ impl Engine {
         Ok(self.fusion_setting(old))
     }
 
-    pub fn set_fusion(&self, collection: &str, setting: &FusionSetting, metrics: &serde_json::Value) -> Result<()> {
+    /// The row that stores `setting` for `collection`, checked (the collection exists, the weight is within 0..1);
+    /// [`Engine::tune_fusion_as`] writes it with its audit record.
+    pub(crate) fn fusion_row(
+        &self,
+        collection: &str,
+        setting: &FusionSetting,
+        metrics: &serde_json::Value,
+    ) -> Result<models::FusionRow> {
         let col = self.store.collection(collection)?;
         if !(0.0..=1.0).contains(&setting.dense_weight) {
             return Err(Error::InvalidInput(format!("dense weight {} must be within 0..1", setting.dense_weight)));
         }
-        let row = models::FusionRow {
+        Ok(models::FusionRow {
             collection_id: col.id,
             method: setting.method.as_str().into(),
             dense_weight: f64::from(setting.dense_weight),
             fitted_on: setting.fitted_on.clone(),
             metrics: metrics.to_string(),
             updated_at: now(),
-        };
-        models::upsert_fusion(&self.store.conn(), &row)
+        })
     }
 
     /// Encodes a query with the active query model; `None` when no model is active.

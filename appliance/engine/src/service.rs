@@ -16,6 +16,7 @@ use crate::engine::{Engine, MAX_QUERY_CHARS, SearchRequest, SearchResults};
 use crate::error::{Error, Result};
 use crate::feedback::{self, DocumentView, Feedback};
 use crate::fusion::Method;
+use crate::hybrid::FusionSetting;
 use crate::jobs::{FileError, Job};
 use crate::models::{ActivePair, ModelRecord};
 use crate::store::{Collection, CollectionStats};
@@ -54,11 +55,14 @@ impl Actor {
     }
 }
 
-/// A search as a client asks for it: at most one named collection, the rest chosen by the actor's grants.
+/// A search as a client asks for it: named collections (pages and the API name at most one), else every
+/// collection the actor may read.
 #[derive(Debug, Clone, Default)]
 pub struct SearchAs {
     pub query: String,
     pub collection: Option<String>,
+    /// Further named collections, each checked like `collection` (`care search -c a -c b`).
+    pub more_collections: Vec<String>,
     pub limit: Option<usize>,
     pub offset: usize,
     pub method: Option<Method>,
@@ -180,10 +184,17 @@ impl Engine {
             exact: s.exact,
             synonym_weight: None,
         };
-        let wanted = s.collection.clone().filter(|c| !c.is_empty());
+        let wanted: Vec<String> =
+            s.collection.iter().chain(&s.more_collections).filter(|c| !c.is_empty()).cloned().collect();
         let refused = |action: &str, reason: &str, err: Error| -> Result<SearchResults> {
+            // One named collection is recorded as its name (null for none), several as a list.
+            let named = match wanted.as_slice() {
+                [] => serde_json::Value::Null,
+                [one] => serde_json::json!(one),
+                many => serde_json::json!(many),
+            };
             let detail = serde_json::json!({
-                "query": logged_query(&s.query), "collection": wanted, "offset": s.offset, "reason": reason,
+                "query": logged_query(&s.query), "collection": named, "offset": s.offset, "reason": reason,
             });
             self.audit_event(actor, action, &detail)?;
             Err(err)
@@ -192,14 +203,11 @@ impl Engine {
             return refused("search.rejected", &e.to_string(), e);
         }
         let readable = self.readable_collections(actor)?;
-        let cols = match &wanted {
-            Some(c) if readable.contains(c) || actor.is_admin() => vec![c.clone()],
-            Some(c) => {
-                let e = Error::Forbidden(format!("你没有访问知识库「{c}」的权限；请联系管理员开通"));
-                return refused("search.denied", "collection not granted", e);
-            }
-            None => readable,
-        };
+        if let Some(c) = wanted.iter().find(|c| !(actor.is_admin() || readable.contains(*c))) {
+            let e = Error::Forbidden(format!("你没有访问知识库「{c}」的权限；请联系管理员开通"));
+            return refused("search.denied", "collection not granted", e);
+        }
+        let cols = if wanted.is_empty() { readable } else { wanted.clone() };
         let res = if cols.is_empty() {
             SearchResults::empty(req.query.trim())
         } else {
@@ -507,6 +515,29 @@ impl Engine {
     ) -> Result<ActivePair> {
         actor.require_admin()?;
         self.activate_models_by(query, document, &actor.name, progress)
+    }
+
+    /// Stores the fusion setting fitted on labelled queries for `collection` (`care tune-fusion`); the weights and
+    /// their `fusion.tune` audit record are written in one transaction.
+    pub fn tune_fusion_as(
+        &self,
+        actor: &Actor,
+        collection: &str,
+        setting: &FusionSetting,
+        metrics: &serde_json::Value,
+    ) -> Result<()> {
+        actor.require_admin()?;
+        let row = self.fusion_row(collection, setting, metrics)?;
+        let mut conn = self.store.conn();
+        let tx = conn.transaction()?;
+        crate::models::upsert_fusion(&tx, &row)?;
+        let detail = serde_json::json!({
+            "collection": collection, "method": row.method, "dense_weight": setting.dense_weight,
+            "fitted_on": row.fitted_on,
+        });
+        audit::append(&tx, &actor.name, "fusion.tune", &detail)?;
+        tx.commit()?;
+        Ok(())
     }
 
     // -- synonym table ---------------------------------------------------------------------------------------

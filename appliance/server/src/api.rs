@@ -46,6 +46,7 @@ impl SearchParams {
         SearchAs {
             query: self.q.clone(),
             collection: self.collection.clone(),
+            more_collections: Vec::new(),
             limit: self.limit,
             offset: self.offset.unwrap_or(0),
             method: self.method,
