@@ -132,7 +132,7 @@ impl RecipeArgs {
 pub fn run_train(e: Arc<Engine>, actor: &Actor, workers: usize, cmd: TrainCommand) -> Result<i32> {
     match cmd {
         TrainCommand::Status => {
-            let s = e.trainer_status();
+            let s = e.refresh_trainer_status();
             if s.ready {
                 println!("care-train ready: {} (device {})", s.version, s.device);
                 match e.training_estimate_as(actor, &Recipe::default())? {

@@ -42,6 +42,8 @@ pub struct Engine {
     pub(crate) tokenizers: std::sync::Mutex<HashMap<i64, std::sync::Arc<tokenizers::Tokenizer>>>,
     /// The synonym table as of its version in SQLite ([`Engine::synonym_table`]).
     pub(crate) synonyms: std::sync::RwLock<Option<std::sync::Arc<crate::synonyms::SynonymTable>>>,
+    /// The trainer's status as of its newest check ([`Engine::trainer_status`]).
+    pub(crate) trainer_check: crate::training::status::TrainerCheck,
 }
 
 /// How documents are cut into chunks right now: by the active query encoder's tokens, or by characters.
@@ -362,6 +364,7 @@ impl Engine {
             write_lock: Default::default(),
             tokenizers: Default::default(),
             synonyms: Default::default(),
+            trainer_check: Default::default(),
         };
         crate::synonyms::ensure_seeded(&engine.store)?;
         let report = engine.recover()?;

@@ -244,6 +244,8 @@ pub async fn serve(
     let tls = tls::server_config(&cfg, &engine.data_dir().tls())?;
     engine.set_log_queries(settings.audit.log_queries);
     start_housekeeping(engine.clone(), settings.clone());
+    // Starts the trainer check in the background, so the 训练 page already knows the answer when it is opened.
+    engine.trainer_status();
     let state = web::Data::new(AppState { engine, settings, metrics: metrics::Metrics::default() });
     let upload_limit = (cfg.max_upload_mib as usize).saturating_mul(1 << 20);
     let server = HttpServer::new(move || {

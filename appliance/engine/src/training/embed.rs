@@ -33,7 +33,7 @@ impl Engine {
             Error::InvalidInput("没有在用的模型；请指定离线文档模型 (no live pair: name the document model)".into())
         })?;
         embeddable(&doc)?;
-        let st = self.trainer_status();
+        let st = self.refresh_trainer_status();
         if !st.ready {
             return Err(Error::TrainerUnavailable(st.message));
         }

@@ -14,6 +14,7 @@
 pub mod data;
 pub mod embed;
 pub mod schedule;
+pub(crate) mod status;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -25,6 +26,7 @@ use rusqlite::{OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
 pub use data::{DataCounts, DataOptions};
+pub use status::TrainerStatus;
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -236,17 +238,6 @@ fn dir_size(dir: &Path) -> u64 {
             Err(_) => 0,
         })
         .sum()
-}
-
-/// Whether the trainer can run here, said before an admin starts a run.
-#[derive(Debug, Clone, Serialize)]
-pub struct TrainerStatus {
-    pub ready: bool,
-    pub version: String,
-    /// The device runs will use: "cuda" when a GPU is visible and the device setting allows it, else "cpu".
-    pub device: String,
-    /// Chinese, with how to fix it, when not ready.
-    pub message: String,
 }
 
 /// One training run as the console and the API show it.
@@ -475,52 +466,6 @@ impl Engine {
         Ok(estimate(&self.training_runs_as(actor, 100)?, recipe, &self.training_device()))
     }
 
-    /// Runs `care-train --version` (bounded to 30 s) and says whether training can start, and on which device.
-    pub fn trainer_status(&self) -> TrainerStatus {
-        let device = self.training_device();
-        let bin = &self.cfg.training.trainer;
-        let not_ready = |detail: String| TrainerStatus {
-            ready: false,
-            version: String::new(),
-            device: device.clone(),
-            message: format!(
-                "训练程序不可用：{detail}。请安装 libtorch：python3 -m pip install --no-deps --target /opt/care \
-                 torch==2.13.0 nvidia-cuda-runtime nvidia-cuda-cupti（GPU 另需 cuBLAS/cuDNN 的 wheel），或在 \
-                 /etc/care/trainer.toml 中设置 libtorch 路径；训练程序路径见 care.toml 的 [training] trainer"
-            ),
-        };
-        let child = Command::new(bin).arg("--version").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn();
-        let mut child = match child {
-            Ok(c) => c,
-            Err(e) => return not_ready(format!("无法启动 {} ({e})", bin.display())),
-        };
-        let started = Instant::now();
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(s)) => break s,
-                Ok(None) if started.elapsed() < Duration::from_secs(30) => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return not_ready(format!("{} --version 超过 30 秒没有结束", bin.display()));
-                }
-            }
-        };
-        let out = child.wait_with_output().map(|o| (o.stdout, o.stderr)).unwrap_or_default();
-        if !status.success() {
-            let err = String::from_utf8_lossy(&out.1);
-            return not_ready(format!("{} 退出 ({status}): {}", bin.display(), err.trim()));
-        }
-        TrainerStatus {
-            ready: true,
-            version: String::from_utf8_lossy(&out.0).trim().to_string(),
-            device,
-            message: String::new(),
-        }
-    }
-
     /// Queues a training run from the live pair. Refused at once when the trainer cannot run, nothing is approved
     /// for training, or another run is queued or running (runs never overlap).
     pub fn submit_training_as(&self, actor: &Actor, recipe: &Recipe, schedule: Option<i64>) -> Result<i64> {
@@ -534,7 +479,7 @@ impl Engine {
                 "没有批准用于训练的集合 (no collection is approved for training; approve one first)".into(),
             ));
         }
-        let st = self.trainer_status();
+        let st = self.refresh_trainer_status();
         if !st.ready {
             return Err(Error::TrainerUnavailable(st.message));
         }
