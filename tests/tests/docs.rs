@@ -1,8 +1,10 @@
 //! The documentation for its readers: README.md stays a short front page (at most 200 lines), the admin guide and
 //! the README carry no lab-notebook wording (numbered work periods, "this …" of a work period), neither do the code
-//! comments of the Rust sources, and every relative link of the README and the admin guide reaches a file.
+//! comments of the Rust sources, and every relative link of the README and the admin guide reaches a file. The
+//! engine's two module maps (lib.rs's and docs/dev/architecture.md) name every module it has and none it lacks.
 //! Dated write-ups of measurements live in docs/experiments/, which this check leaves alone.
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -194,4 +196,214 @@ fn the_banned_wording_check_fires_and_spares_other_uses_of_the_word() {
         link_targets("[a](docs/admin/install.md) and [b](<x y.md> \"t\")\n```\n[c](skipped.md)\n```\n[d]: ../e.md\n");
     let targets: Vec<_> = links.into_iter().map(|(_, t)| t).collect();
     assert_eq!(targets, ["docs/admin/install.md", "x y.md", "../e.md"]);
+}
+
+// -- the engine's module map -------------------------------------------------------------------------------------
+
+const ENGINE_SRC: &str = "appliance/engine/src";
+
+/// The module a `mod` line of a Rust file declares (`pub mod x;`, `pub(crate) mod x;`, `mod x;`), if it is one.
+fn declared_module(line: &str) -> Option<&str> {
+    let mut rest = line.trim();
+    if let Some(after) = rest.strip_prefix("pub") {
+        rest = after.trim_start();
+        if rest.starts_with('(') {
+            rest = rest[rest.find(')')? + 1..].trim_start();
+        }
+    }
+    let name = rest.strip_prefix("mod ")?.trim().strip_suffix(';')?.trim();
+    is_module_name(name).then_some(name)
+}
+
+fn is_module_name(s: &str) -> bool {
+    !s.is_empty() && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// Every module of the engine crate: each `mod` of lib.rs by its name (`training`), and each file and folder
+/// inside a module's folder by its path below src (`training/schedule`); a folder's `mod.rs` is the folder module.
+fn engine_modules(root: &Path) -> BTreeSet<String> {
+    fn inside(dir: &Path, prefix: &str, out: &mut BTreeSet<String>) {
+        let Ok(entries) = fs::read_dir(dir) else { return };
+        for path in entries.filter_map(|e| e.ok()).map(|e| e.path()) {
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
+            if path.is_dir() && is_module_name(name) {
+                out.insert(format!("{prefix}/{name}"));
+                inside(&path, &format!("{prefix}/{name}"), out);
+            } else if let Some(stem) = name.strip_suffix(".rs").filter(|s| *s != "mod" && is_module_name(s)) {
+                out.insert(format!("{prefix}/{stem}"));
+            }
+        }
+    }
+    let src = root.join(ENGINE_SRC);
+    let lib = fs::read_to_string(src.join("lib.rs")).expect("the engine's lib.rs");
+    let top: BTreeSet<String> = lib.lines().filter_map(declared_module).map(str::to_string).collect();
+    let mut all = top.clone();
+    for m in &top {
+        inside(&src.join(m), m, &mut all);
+    }
+    all
+}
+
+/// The modules a text names by their file: `engine.rs`, `training/schedule.rs`, `audit/{key,chain,anchor}.rs`
+/// (`mod` in braces is the folder module) and, where `folders` is set, a folder `ingest/`. Other words are left
+/// alone.
+fn modules_by_file(text: &str, folders: bool) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let separators = |c: char| c.is_whitespace() || matches!(c, '`' | '(' | ')' | '|' | '[' | ']' | '*');
+    for token in text.split(separators) {
+        let token = token.trim_end_matches([',', ';', ':']);
+        let token = token.strip_suffix(".rs.").map_or(token.to_string(), |t| format!("{t}.rs"));
+        if let Some(dir) = token.strip_suffix('/').filter(|d| folders && is_module_name(d)) {
+            found.insert(dir.to_string());
+            continue;
+        }
+        let Some(path) = token.strip_suffix(".rs") else { continue };
+        let (dir, files) = match path.split_once('/') {
+            Some((dir, files)) if is_module_name(dir) => (Some(dir), files),
+            Some(_) => continue,
+            None => (None, path),
+        };
+        let files: Vec<&str> = match files.strip_prefix('{').and_then(|f| f.strip_suffix('}')) {
+            Some(list) => list.split(',').map(str::trim).collect(),
+            None => vec![files],
+        };
+        for f in files.into_iter().filter(|f| is_module_name(f)) {
+            match (dir, f) {
+                (None, "lib" | "mod") => {}
+                (None, f) => {
+                    found.insert(f.to_string());
+                }
+                (Some(d), "mod") => {
+                    found.insert(d.to_string());
+                }
+                (Some(d), f) => {
+                    found.insert(format!("{d}/{f}"));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The text block of lib.rs's crate documentation (the `//!` lines between the ```text fences).
+fn lib_rs_map(root: &Path) -> Vec<String> {
+    let lib = fs::read_to_string(root.join(ENGINE_SRC).join("lib.rs")).expect("the engine's lib.rs");
+    let docs: Vec<&str> = lib.lines().filter_map(|l| l.strip_prefix("//!")).collect();
+    let start = docs.iter().position(|l| l.trim() == "```text").expect("lib.rs's docs hold a ```text module map");
+    docs[start + 1..].iter().take_while(|l| l.trim() != "```").map(|l| l.to_string()).collect()
+}
+
+/// The word after a tree branch (`├ store …`, `└ demo …`) of a map line.
+fn branch_label(line: &str) -> Option<&str> {
+    let at = line.find(['├', '└'])?;
+    let rest = line[at..].trim_start_matches(['├', '└', '─']);
+    rest.split_whitespace().next()
+}
+
+/// Names the map misses (`modules` not in `named`) and names it has that are not modules, as readable lines.
+fn map_errors(
+    what: &str,
+    modules: &BTreeSet<String>,
+    named: &BTreeSet<String>,
+    stale: &BTreeSet<String>,
+) -> Vec<String> {
+    let mut errors: Vec<String> =
+        modules.difference(named).map(|m| format!("{what} does not name the module `{m}`")).collect();
+    errors.extend(stale.iter().map(|m| format!("{what} names `{m}`, which is not a module of {ENGINE_SRC}")));
+    errors
+}
+
+#[test]
+fn lib_rs_module_map_names_every_engine_module_and_nothing_else() {
+    let root = repo_root();
+    let modules = engine_modules(&root);
+    let top: BTreeSet<String> = modules.iter().filter(|m| !m.contains('/')).cloned().collect();
+    assert!(top.len() > 20 && top.contains("training"), "found only {top:?} in lib.rs");
+    let map = lib_rs_map(&root);
+    let labels: BTreeSet<String> = map.iter().filter_map(|l| branch_label(l)).map(str::to_string).collect();
+    let files = modules_by_file(&map.join("\n"), false);
+    let named: BTreeSet<String> = labels.union(&files).cloned().collect();
+    let stale: BTreeSet<String> = named.difference(&modules).cloned().collect();
+    let errors = map_errors("the module map in appliance/engine/src/lib.rs", &modules, &named, &stale);
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+}
+
+#[test]
+fn architecture_doc_names_every_engine_module_and_nothing_else() {
+    let root = repo_root();
+    let modules = engine_modules(&root);
+    let doc = fs::read_to_string(root.join("docs/dev/architecture.md")).expect("docs/dev/architecture.md");
+    // The engine's table: its first column names each module by file (`hybrid.rs`, `eval/{mod,metrics,sts}.rs`).
+    let section: Vec<&str> = doc
+        .lines()
+        .skip_while(|l| !l.starts_with("## `appliance/engine`"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("## "))
+        .collect();
+    let first_cells: Vec<&str> =
+        section.iter().filter(|l| l.starts_with("| `")).filter_map(|l| l.split('|').nth(1)).collect();
+    assert!(first_cells.len() > 10, "docs/dev/architecture.md has no table of the engine's modules");
+    let named = modules_by_file(&first_cells.join("\n"), true);
+    let stale: BTreeSet<String> = named.difference(&modules).cloned().collect();
+    let mut errors = map_errors("the engine table of docs/dev/architecture.md", &modules, &named, &stale);
+    // The diagram's care-engine branches (`├ encoders (device, service) · models`) name modules too.
+    let diagram: Vec<&str> = doc
+        .lines()
+        .skip_while(|l| !l.starts_with(" care-engine"))
+        .take_while(|l| !l.starts_with(" care-formats"))
+        .collect();
+    assert!(diagram.len() > 3, "docs/dev/architecture.md's diagram has no care-engine branches");
+    for line in diagram {
+        let Some(at) = line.find(['├', '└']) else { continue };
+        let branch = line[at..].trim_start_matches(['├', '└']).trim_start();
+        let names = branch.split("  ").next().unwrap_or("").split("──").next().unwrap_or("");
+        for item in names.split('·') {
+            let (name, subs) = item.split_once('(').unwrap_or((item, ""));
+            let name = name.trim();
+            let mut these = vec![name.to_string()];
+            these.extend(
+                subs.trim_end()
+                    .trim_end_matches(')')
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| format!("{name}/{s}")),
+            );
+            for m in these.into_iter().filter(|m| !modules.contains(m)) {
+                errors.push(format!(
+                    "the diagram of docs/dev/architecture.md names `{m}`, which is not a module of {ENGINE_SRC}"
+                ));
+            }
+        }
+    }
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+}
+
+#[test]
+fn module_names_are_read_from_files_and_branches() {
+    let text = "`engine.rs`, `audit.rs`, `audit/{key,chain,anchor}.rs` `eval/{mod,metrics}.rs` `ingest/` (datadir.rs), \
+                lib.rs /migrations assets/demo/ `training/data.rs`.";
+    let found: Vec<String> = modules_by_file(text, true).into_iter().collect();
+    assert_eq!(
+        found,
+        [
+            "audit",
+            "audit/anchor",
+            "audit/chain",
+            "audit/key",
+            "datadir",
+            "engine",
+            "eval",
+            "eval/metrics",
+            "ingest",
+            "training/data"
+        ]
+    );
+    assert!(!modules_by_file("`ingest/`", false).contains("ingest"));
+    assert_eq!(branch_label("  ├ store     SQLite metadata"), Some("store"));
+    assert_eq!(branch_label("  └ demo      the embedded demo collection"), Some("demo"));
+    assert_eq!(branch_label("  │           export → import"), None);
+    assert_eq!(declared_module("pub(crate) mod status;"), Some("status"));
+    assert_eq!(declared_module("#[allow(unsafe_code)]"), None);
+    assert_eq!(declared_module("mod tests {"), None);
 }

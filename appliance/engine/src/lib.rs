@@ -2,21 +2,28 @@
 //!
 //! ```text
 //!  Engine (engine.rs) ── one data directory (datadir.rs), kept consistent across crashes
+//!   ├ config    the engine's care.toml sections and their defaults
+//!   ├ error     the one error type and its stable codes (Chinese title, status class, docs anchor)
 //!   ├ service   every operation pages, API and CLI call: the asking Actor is its authorisation input, and its
 //!   │           change commits with its one audit record
 //!   ├ store     SQLite metadata, embedded migrations from /migrations; the source of truth
-//!   ├ audit     append-only, hash-chained audit records written in the same transaction as the change
+//!   ├ audit     append-only, hash-chained audit records written in the same transaction as the change: the key
+//!   │           outside SQLite, the chain walk and re-chaining, the anchor (audit/{key,chain,anchor}.rs)
 //!   ├ accounts  users and roles (argon2), lockout, sessions, API tokens, per-collection read grants
 //!   ├ feedback  the document view behind a hit and relevance feedback kept for training
 //!   ├ docview   the document view's structure (lists, tables from the stored light markup) and query marks
-//!   ├ ingest    files → ParsedDocument (pdf, docx, html, md, txt, csv, jsonl, zip; encodings; limits)
+//!   ├ ingest    files → ParsedDocument (pdf, docx, html, md, txt, csv, jsonl, zip; encodings; limits):
+//!   │           ingest/{pdf,docx,html,csv,archive,encoding}.rs; fuzz targets and fixture writers in
+//!   │           ingest/{fuzz,fixtures}.rs
 //!   ├ jobs      durable ingestion jobs in SQLite and the background worker that runs and resumes them
+//!   ├ model_jobs evaluation, promotion, training and offline embedding as durable jobs beside ingestion
 //!   ├ text      normalisation (full/half width, controls) and sentence/heading-aware chunking
 //!   ├ lexical   tantivy BM25 with jieba search-mode tokens + medical dictionary; derived from SQLite
 //!   ├ query     query understanding: folding (full-width, traditional → simplified), salient terms, synonym
 //!   │           expansion, pinyin
 //!   ├ synonyms  the admins' synonym and abbreviation table (seeded, CSV, audited, reloaded by version)
-//!   ├ encoders  ONNX Runtime encoders for model packages (pooling, Matryoshka width, prompts, batching)
+//!   ├ encoders  ONNX Runtime encoders for model packages (pooling, Matryoshka width, prompts, batching); the
+//!   │           device decision by a real CUDA probe and one batching thread per model (encoders/{device,service}.rs)
 //!   ├ models    model registry, active (query, document) pair and the pairing rule
 //!   ├ judgments labelled query sets per collection (uploads and clinician feedback), split train/eval by query
 //!   ├ lifecycle import of a verified model package (hashes, roles, ONNX Runtime parity with the trainer)
@@ -25,9 +32,11 @@
 //!   ├ fusion    BM25 ∥ dense → RRF or weighted min-max, with per-hit score parts
 //!   ├ hybrid    dense sync with SQLite, query encoding, retrieval (engine methods)
 //!   ├ vectors   document vectors computed offline: export chunks for the trainer, import its embedding shards
-//!   ├ eval      BEIR/STS sets and ranking metrics (nDCG, MAP, MRR, Recall), fusion tuning
+//!   ├ eval      BEIR/STS sets and ranking metrics (nDCG, MAP, MRR, Recall), fusion tuning (eval/{metrics,sts}.rs)
 //!   ├ training  retraining as a job: data from approved collections + feedback, `care-train` child processes,
-//!   │           export → import → gate → promotion; schedules
+//!   │           export → import → gate → promotion; schedules; offline embedding; the trainer's cached status
+//!   │           (training/{data,schedule,embed,status}.rs)
+//!   ├ chart     small SVG charts for reports
 //!   └ demo      the embedded demo collection
 //! ```
 //!
