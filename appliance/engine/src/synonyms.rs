@@ -201,20 +201,17 @@ pub fn save(store: &Store, actor: &str, id: Option<i64>, g: &NewSynonym) -> Resu
         get(&tx, id)?;
     }
     check_conflicts(&tx, &g, id)?;
+    // check_conflicts compared every term folded, the preferred one included: the UNIQUE constraint cannot fire.
     let new_id = match id {
         Some(id) => {
             tx.execute(
                 "UPDATE synonyms SET preferred = ?2, variants = ?3, note = ?4, origin = 'admin', updated_by = ?5, \
                  updated_at = ?6 WHERE id = ?1",
                 params![id, g.preferred, g.variants.join("|"), g.note, actor, now()],
-            )
-            .map_err(|e| unique_violation(e, &g.preferred))?;
+            )?;
             id
         }
-        None => insert(&tx, &g, "admin", actor).map_err(|e| match e {
-            Error::Sqlite(e) => unique_violation(e, &g.preferred),
-            e => e,
-        })?,
+        None => insert(&tx, &g, "admin", actor)?,
     };
     let action = if id.is_some() { "synonym.update" } else { "synonym.add" };
     audit::append(&tx, actor, action, &serde_json::json!({"id": new_id, "preferred": g.preferred, "variants": g.variants}))?;
@@ -222,15 +219,6 @@ pub fn save(store: &Store, actor: &str, id: Option<i64>, g: &NewSynonym) -> Resu
     let saved = get(&tx, new_id)?;
     tx.commit()?;
     Ok(saved)
-}
-
-fn unique_violation(e: rusqlite::Error, preferred: &str) -> Error {
-    match e {
-        rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::ConstraintViolation => {
-            invalid(format!("首选词“{preferred}”已有一组"))
-        }
-        e => Error::Sqlite(e),
-    }
 }
 
 /// Deletes group `id`; audited as `synonym.delete`.

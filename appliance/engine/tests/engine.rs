@@ -408,6 +408,13 @@ mod model_import {
 
     /// A trainer-like package: the imported e5-small's files under another name and version, with parity.json of
     /// vectors computed by the source engine (as `care-train export` writes tch vectors).
+    /// Moves `file` out of its folder and leaves a symbolic link to it in its place.
+    fn link_in_place(file: &Path) {
+        let away = file.with_file_name(format!(".{}.real", file.file_name().unwrap().to_string_lossy()));
+        std::fs::rename(file, &away).unwrap();
+        std::os::unix::fs::symlink(&away, file).unwrap();
+    }
+
     fn package(src: &Engine, at: &Path) -> PathBuf {
         let rec = src.active_models().unwrap().unwrap().query;
         let dir = at.join("pkg");
@@ -590,6 +597,13 @@ mod model_import {
                 |d| std::fs::write(d.join("parity.json"), b"{\"texts\": [").unwrap(),
                 ErrorCode::InvalidPackage,
             ),
+            (
+                // The same bytes, but through a link: links are not followed, whatever they point at.
+                "graph that is a link",
+                |d| link_in_place(&d.join("model.onnx")),
+                ErrorCode::InvalidPackage,
+            ),
+            ("parity file that is a link", |d| link_in_place(&d.join("parity.json")), ErrorCode::InvalidPackage),
         ];
         let before = state(&e);
         for (i, (what, damage, code)) in cases.iter().enumerate() {

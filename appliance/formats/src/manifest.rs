@@ -27,8 +27,13 @@ pub enum ManifestError {
     TooNew { path: PathBuf, found: u32 },
     #[error("{path}: file {file} is listed in the manifest but missing")]
     MissingFile { path: PathBuf, file: String },
-    #[error("{path}: file {file} has sha256 {actual}, manifest says {expected}; the package is corrupt or was edited")]
+    /// The file's own hash is not shown: a package could otherwise point a name at any file the importer can read
+    /// and learn its hash from the message.
+    #[error("{path}: file {file} does not have the sha256 the manifest lists; the package is corrupt or was edited")]
     HashMismatch { path: PathBuf, file: String, expected: String, actual: String },
+    /// A listed file that is a symbolic link, a folder or a device: packages hold plain files only.
+    #[error("{path}: {file} is not a regular file (links are not followed); copy the package's files themselves")]
+    NotRegularFile { path: PathBuf, file: String },
     #[error("{path}: {message}")]
     Invalid { path: PathBuf, message: String },
 }
@@ -170,8 +175,12 @@ impl ModelManifest {
         let path = dir.join(MANIFEST_FILE);
         for (file, expected) in &self.files {
             let p = dir.join(file);
-            if !p.exists() {
-                return Err(ManifestError::MissingFile { path: path.clone(), file: file.clone() });
+            match std::fs::symlink_metadata(&p) {
+                Err(_) => return Err(ManifestError::MissingFile { path: path.clone(), file: file.clone() }),
+                Ok(md) if !md.file_type().is_file() => {
+                    return Err(ManifestError::NotRegularFile { path: path.clone(), file: file.clone() });
+                }
+                Ok(_) => {}
             }
             let actual = sha256_file(&p).map_err(|source| ManifestError::Io { path: p.clone(), source })?;
             if &actual != expected {
@@ -236,7 +245,24 @@ mod tests {
         assert_eq!(back, m);
         back.verify_files(dir.path()).unwrap();
         std::fs::write(dir.path().join("model.onnx"), b"tampered").unwrap();
-        assert!(matches!(back.verify_files(dir.path()), Err(ManifestError::HashMismatch { .. })));
+        let err = back.verify_files(dir.path()).unwrap_err();
+        assert!(matches!(err, ManifestError::HashMismatch { .. }));
+        let ManifestError::HashMismatch { actual, .. } = &err else { unreachable!() };
+        assert!(!err.to_string().contains(actual.as_str()), "the file's own hash is never shown: {err}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn listed_files_that_are_links_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = sample();
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, b"secret").unwrap();
+        let file = "model.safetensors".to_string();
+        std::os::unix::fs::symlink(&target, dir.path().join(&file)).unwrap();
+        m.files.insert(file.clone(), sha256_file(&target).unwrap());
+        // Even with the right hash, a link is not imported.
+        assert!(matches!(m.verify_files(dir.path()), Err(ManifestError::NotRegularFile { .. })));
     }
 
     #[test]
