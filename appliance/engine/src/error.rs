@@ -105,6 +105,7 @@ error_codes! {
     TrainerUnavailable = "trainer_unavailable", Unavailable, "训练程序不可用";
     Busy = "busy", Conflict, "已有同类任务在运行";
     DiskFull = "disk_full", Unavailable, "磁盘空间不足";
+    Overloaded = "overloaded", Unavailable, "服务繁忙，请稍后再试";
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -195,6 +196,9 @@ pub enum Error {
     /// A run that must not overlap another (training) while one is queued or running.
     #[error("{0}")]
     Busy(String),
+    /// More work of one kind at once than the appliance admits (sign-ins waiting for password hashing).
+    #[error("{0}")]
+    Overloaded(String),
     /// Too little free space for a training run (said before it starts, not half-way through).
     #[error(
         "{} (disk full: {available} bytes free under {path}, {needed} needed)",
@@ -282,6 +286,7 @@ impl Error {
             Error::ParityFailed { .. } => ErrorCode::ParityFailed,
             Error::TrainerUnavailable(_) => ErrorCode::TrainerUnavailable,
             Error::Busy(_) => ErrorCode::Busy,
+            Error::Overloaded(_) => ErrorCode::Overloaded,
             Error::DiskFull { .. } => ErrorCode::DiskFull,
             Error::CudaUnavailable(_) => ErrorCode::Model,
         }
