@@ -88,9 +88,18 @@ fn read_rows(src: JudgmentSource<'_>) -> Result<Vec<(String, String, i64)>> {
         JudgmentSource::Beir { dir, split } => {
             let set = crate::eval::BeirSet::load(dir, split)?;
             let mut rows = Vec::new();
+            // A query id repeated in queries.jsonl counts once, and rows are counted while built: 2,000 copies of
+            // one id with 2,000 judgments each once built 4 M rows (+600 MB) before the limit refused them.
+            let mut seen = std::collections::HashSet::new();
             for (qid, text) in &set.queries {
+                if !seen.insert(qid) {
+                    continue;
+                }
                 for (doc, grade) in &set.qrels[qid] {
                     rows.push((text.clone(), doc.clone(), i64::from(*grade)));
+                    if rows.len() > MAX_JUDGMENTS {
+                        return Ok(rows);
+                    }
                 }
             }
             Ok(rows)
@@ -375,6 +384,18 @@ fn merge<'a>(rows: impl Iterator<Item = &'a (String, String, i64)>) -> Judged {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_beir_upload_repeating_one_query_id_counts_it_once() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("qrels")).unwrap();
+        let qrels: String = (0..50).map(|i| format!("q1\td{i}\t1\n")).collect();
+        std::fs::write(d.path().join("qrels/upload.tsv"), format!("query-id\tcorpus-id\tscore\n{qrels}")).unwrap();
+        let q = "{\"_id\": \"q1\", \"text\": \"二甲双胍的禁忌症\"}\n".repeat(2000);
+        std::fs::write(d.path().join("queries.jsonl"), q).unwrap();
+        let rows = read_rows(JudgmentSource::Beir { dir: d.path(), split: "upload" }).unwrap();
+        assert_eq!(rows.len(), 50, "2,000 copies of q1 are one query with its 50 judgments");
+    }
 
     #[test]
     fn parts_follow_the_query_text_and_the_fraction() {
