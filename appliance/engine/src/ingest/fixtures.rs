@@ -11,6 +11,11 @@ use lopdf::{Document, Object, Stream, StringFormat, dictionary};
 /// A PDF with one page per entry, each page one text line per string. Text is shown with 2-byte CIDs of a Type0
 /// font; only the ToUnicode CMap says which character each code is, as in real exported PDFs.
 pub fn pdf_bytes(pages: &[Vec<&str>]) -> Vec<u8> {
+    pdf_bytes_with_cmap(pages, "")
+}
+
+/// [`pdf_bytes`] with `extra` CMap sections (e.g. a hostile bfrange) before the CMap's end.
+pub fn pdf_bytes_with_cmap(pages: &[Vec<&str>], extra: &str) -> Vec<u8> {
     let mut codes: BTreeMap<char, u16> = BTreeMap::new();
     for line in pages.iter().flatten() {
         for c in line.chars() {
@@ -32,6 +37,7 @@ pub fn pdf_bytes(pages: &[Vec<&str>]) -> Vec<u8> {
         }
         cmap.push_str("endbfchar\n");
     }
+    cmap.push_str(extra);
     cmap.push_str("endcmap\nCMapName currentdict /CMap defineresource pop\nend\nend\n");
 
     let mut doc = Document::with_version("1.5");

@@ -33,6 +33,7 @@ pub(super) fn extract(path: &Path, bytes: &[u8], limits: &IngestLimits) -> Resul
     if doc.is_encrypted() {
         return Err(malformed(path, "it is password-protected; remove the password and upload it again".into()));
     }
+    check_cmaps(path, &doc)?;
     let pages: Vec<u32> = doc.get_pages().keys().copied().collect();
     if pages.is_empty() {
         return Err(malformed(path, "it has no pages".into()));
@@ -74,6 +75,129 @@ pub(super) fn extract(path: &Path, bytes: &[u8], limits: &IngestLimits) -> Resul
     Ok(text)
 }
 
+/// Codes one bfrange entry may span. The PDF specification allows a range to vary only in its last byte (256
+/// codes); an 834-byte file whose single range spanned 2^32 codes once grew `care serve` to 2.6 GB inside the PDF
+/// library.
+const MAX_BFRANGE_CODES: u64 = 256;
+/// Codes all ranges of one CMap may declare (a CJK font maps about 30,000).
+const MAX_CMAP_CODES: u64 = 200_000;
+
+/// Every ToUnicode CMap of the file, checked before the PDF library expands it: each bfrange within one last
+/// byte, all of them together within [`MAX_CMAP_CODES`].
+fn check_cmaps(path: &Path, doc: &lopdf::Document) -> Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    for obj in doc.objects.values() {
+        let mut streams = Vec::new();
+        to_unicode_streams(obj, 0, &mut streams);
+        for id in streams {
+            if !seen.insert(id) {
+                continue;
+            }
+            let Ok(stream) = doc.get_object(id).and_then(lopdf::Object::as_stream) else { continue };
+            let Ok(text) = stream.get_plain_content_with_limit(4 << 20) else {
+                return Err(Error::UnsafeArchive {
+                    path: path.to_path_buf(),
+                    reason: "PDF 字体的 ToUnicode 映射表过大或无法解压 (a ToUnicode CMap expands past 4 MiB)".into(),
+                });
+            };
+            bfrange_codes(&text).map_err(|reason| Error::UnsafeArchive { path: path.to_path_buf(), reason })?;
+        }
+    }
+    Ok(())
+}
+
+/// The ToUnicode streams a font dictionary inside `obj` refers to (dictionaries and arrays searched 8 deep).
+fn to_unicode_streams(obj: &lopdf::Object, depth: usize, out: &mut Vec<lopdf::ObjectId>) {
+    use lopdf::Object;
+    if depth > 8 {
+        return;
+    }
+    let dict = match obj {
+        Object::Dictionary(d) => d,
+        Object::Stream(s) => &s.dict,
+        Object::Array(a) => {
+            a.iter().for_each(|o| to_unicode_streams(o, depth + 1, out));
+            return;
+        }
+        Object::Null
+        | Object::Boolean(_)
+        | Object::Integer(_)
+        | Object::Real(_)
+        | Object::Name(_)
+        | Object::String(..)
+        | Object::Reference(_) => return,
+    };
+    for (k, v) in dict.iter() {
+        match (k.as_slice(), v) {
+            (b"ToUnicode", Object::Reference(id)) => out.push(*id),
+            (_, Object::Dictionary(_) | Object::Array(_)) => to_unicode_streams(v, depth + 1, out),
+            _ => {}
+        }
+    }
+}
+
+/// Sums the codes the bfrange sections of a CMap declare; refuses a range wider than its last byte allows or a
+/// total past [`MAX_CMAP_CODES`]. Entries are `<lo> <hi> <dst>` or `<lo> <hi> [<dst> …]`.
+fn bfrange_codes(cmap: &[u8]) -> std::result::Result<u64, String> {
+    let text = String::from_utf8_lossy(cmap);
+    let mut total = 0u64;
+    for section in text.split("beginbfrange").skip(1) {
+        let body = section.split("endbfrange").next().unwrap_or("");
+        let mut hex: Vec<&str> = Vec::new();
+        let mut in_array = false;
+        let mut rest = body;
+        while let Some(open) = rest.find(['<', '[', ']']) {
+            let c = rest.as_bytes()[open];
+            rest = &rest[open + 1..];
+            match c {
+                b'[' => in_array = true,
+                b']' => {
+                    in_array = false;
+                    hex.clear();
+                }
+                _ => {
+                    let end = rest.find('>').unwrap_or(rest.len());
+                    let h = &rest[..end];
+                    rest = &rest[(end + 1).min(rest.len())..];
+                    if in_array {
+                        continue;
+                    }
+                    hex.push(h);
+                    if hex.len() == 3 {
+                        hex.clear(); // <lo> <hi> <dst>: the destination is not a range bound
+                        continue;
+                    }
+                    if hex.len() == 2 {
+                        let code = |s: &str| u64::from_str_radix(s.trim(), 16).unwrap_or(0);
+                        let (lo, hi) = (code(hex[0]), code(hex[1]));
+                        let span = hi.saturating_sub(lo) + 1;
+                        if hi < lo || span > MAX_BFRANGE_CODES || (lo >> 8) != (hi >> 8) {
+                            return Err(format!(
+                                "PDF 字体映射表（ToUnicode CMap）的一个编码范围 <{}> <{}> 覆盖 {span} 个编码，超过规范允许的 \
+                                 {MAX_BFRANGE_CODES} 个；文件可能经过恶意构造，未索引 (a bfrange spans {span} codes)",
+                                hex[0].trim(),
+                                hex[1].trim()
+                            ));
+                        }
+                        total += span;
+                        if total > MAX_CMAP_CODES {
+                            return Err(format!(
+                                "PDF 字体映射表声明的编码超过 {MAX_CMAP_CODES} 个；文件可能经过恶意构造，未索引 \
+                                 (a ToUnicode CMap declares more than {MAX_CMAP_CODES} codes)"
+                            ));
+                        }
+                    }
+                }
+            }
+            // After <lo> <hi>, an array destination ends the entry at its ']'.
+            if hex.len() == 2 && rest.trim_start().starts_with('[') {
+                hex.clear();
+            }
+        }
+    }
+    Ok(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,7 +217,28 @@ mod tests {
         let err = extract(Path::new("g.pdf"), b"%PDF-1.5\ngarbage\n%%EOF", &IngestLimits::default()).unwrap_err();
         assert_eq!(err.code().as_str(), "malformed_record", "{err}");
         let blank = pdf_bytes(&[vec![]]);
+        assert!(!matches!(extract(Path::new("scan.pdf"), &blank, &IngestLimits::default()), Err(Error::UnsafeArchive { .. })));
         let err = extract(Path::new("scan.pdf"), &blank, &IngestLimits::default()).unwrap_err();
         assert!(matches!(err, Error::NoText { .. }), "{err}");
+    }
+
+    #[test]
+    fn cmap_ranges_wider_than_their_last_byte_are_refused_before_the_library_expands_them() {
+        use crate::ingest::fixtures::pdf_bytes_with_cmap;
+        let page = vec![vec!["二甲双胍"]];
+        // A conforming range (one last byte) and an array destination are fine.
+        let ok = pdf_bytes_with_cmap(&page, "2 beginbfrange\n<0100> <01FF> <4E00>\n<0200> <0202> [<4E01> <4E02> <4E03>]\nendbfrange\n");
+        assert!(extract(Path::new("ok.pdf"), &ok, &IngestLimits::default()).is_ok());
+        for bad in ["<00000000> <FFFFFFFF> <4E00>", "<000000> <FFFFFF> <4E00>", "<0000> <FFFF> <4E00>", "<00FF> <0100> <4E00>"] {
+            let pdf = pdf_bytes_with_cmap(&page, &format!("1 beginbfrange\n{bad}\nendbfrange\n"));
+            let started = std::time::Instant::now();
+            let err = extract(Path::new("bomb.pdf"), &pdf, &IngestLimits::default()).unwrap_err();
+            assert!(matches!(err, Error::UnsafeArchive { .. }) && err.to_string().contains("ToUnicode"), "{bad}: {err}");
+            assert!(started.elapsed() < std::time::Duration::from_secs(2), "{bad}: refused before any expansion");
+        }
+        // Many conforming ranges that together declare too much.
+        let many: String = (0..1000u32).map(|i| format!("<{:04X}00> <{:04X}FF> <4E00>\n", i, i)).collect();
+        let pdf = pdf_bytes_with_cmap(&page, &format!("1000 beginbfrange\n{many}endbfrange\n"));
+        assert!(matches!(extract(Path::new("many.pdf"), &pdf, &IngestLimits::default()), Err(Error::UnsafeArchive { .. })));
     }
 }
