@@ -271,7 +271,7 @@ impl Engine {
     }
 
     /// `<data_dir>/uploads/<token>` when `path` lies in an upload's folder.
-    fn upload_folder(&self, path: &Path) -> Option<PathBuf> {
+    pub(crate) fn upload_folder(&self, path: &Path) -> Option<PathBuf> {
         let root = std::fs::canonicalize(self.uploads_dir()).unwrap_or_else(|_| self.uploads_dir());
         let rel = path.strip_prefix(&root).ok()?;
         let token = rel.components().next()?;

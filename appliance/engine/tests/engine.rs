@@ -2768,3 +2768,34 @@ fn search_trust_benchmark() {
     let report = merged;
     std::fs::write(&out, serde_json::to_string_pretty(&report).unwrap()).unwrap();
 }
+
+#[test]
+fn upload_folders_no_job_owns_are_swept_at_start_once_stale() {
+    let t = tempfile::tempdir().unwrap();
+    let e = engine_in(t.path());
+    e.create_collection("c", "", "test").unwrap();
+    let age = |dir: &Path, hours: u64| {
+        let when = std::time::SystemTime::now() - std::time::Duration::from_secs(hours * 3600);
+        for f in std::fs::read_dir(dir).unwrap().flatten() {
+            std::fs::File::options().write(true).open(f.path()).unwrap().set_modified(when).unwrap();
+        }
+        std::fs::File::open(dir).unwrap().set_modified(when).unwrap();
+    };
+    let folder = |name: &str| {
+        let d = e.new_upload_dir().unwrap();
+        std::fs::write(d.join(name), "二甲双胍的禁忌症：严重肾功能不全。").unwrap();
+        d
+    };
+    let (stale, fresh, queued) = (folder("a.txt"), folder("b.txt"), folder("c.txt"));
+    age(&stale, 7);
+    // A queued job (no worker runs in this test) owns its folder, however old.
+    e.submit_ingest("c", vec![queued.join("c.txt")], Default::default(), "test").unwrap();
+    age(&queued, 7);
+    drop(e);
+    let mut cfg = EngineConfig::default();
+    cfg.storage.data_dir = t.path().to_path_buf();
+    let _e = Engine::open(cfg, OpenMode::Existing).unwrap();
+    assert!(!stale.exists(), "an interrupted upload's folder is removed");
+    assert!(fresh.exists(), "a recent folder may be another process's upload in progress");
+    assert!(queued.exists(), "a queued job's files stay");
+}

@@ -28,6 +28,31 @@ fn safe_name(raw: &str) -> String {
     if s.is_empty() { "upload".into() } else { s.chars().take(120).collect() }
 }
 
+/// An upload's folder, removed when this is dropped unless a queued job took it over. actix drops a handler's
+/// future when the client goes away mid-upload, so code after an `.await` is not enough to clean up.
+struct Staging {
+    dir: PathBuf,
+    kept: bool,
+}
+
+impl Staging {
+    fn new(dir: PathBuf) -> Self {
+        Staging { dir, kept: false }
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if !self.kept {
+            let d = std::mem::take(&mut self.dir);
+            // Off the async runtime: removing a large upload takes a while.
+            std::thread::spawn(move || {
+                let _ = std::fs::remove_dir_all(d);
+            });
+        }
+    }
+}
+
 /// Bytes gathered before one write to disk on the blocking pool.
 const WRITE_BUFFER: usize = 1 << 20;
 
@@ -39,9 +64,9 @@ pub async fn upload(
     payload: actix_multipart::Multipart,
 ) -> Result<i64, ApiError> {
     let col = collection.to_string();
-    let dir = call(state, caller, move |e, a| e.new_upload_as(a, &col)).await?;
+    let mut staging = Staging::new(call(state, caller, move |e, a| e.new_upload_as(a, &col)).await?);
     let limit = state.settings.server.max_upload_mib.saturating_mul(1 << 20);
-    let queued = match receive(payload, &dir, limit).await {
+    let queued = match receive(payload, &staging.dir, limit).await {
         Ok(files) => {
             let col = collection.to_string();
             call(state, caller, move |e, a| e.submit_upload_as(a, &col, files)).await
@@ -49,10 +74,7 @@ pub async fn upload(
         Err(e) => Err(e),
     };
     // A queued job owns the folder; anything else leaves nothing behind.
-    if queued.is_err() {
-        let d = dir.clone();
-        let _ = web::block(move || std::fs::remove_dir_all(d)).await;
-    }
+    staging.kept = queued.is_ok();
     queued
 }
 
@@ -63,18 +85,15 @@ pub async fn import_model(
     caller: &Caller,
     payload: actix_multipart::Multipart,
 ) -> Result<care_engine::lifecycle::ImportReport, ApiError> {
-    let dir = call(state, caller, |e, a| e.new_staging_upload_as(a)).await?;
+    let staging = Staging::new(call(state, caller, |e, a| e.new_staging_upload_as(a)).await?);
     let limit = state.settings.server.max_upload_mib.saturating_mul(1 << 20);
-    let result = match receive(payload, &dir, limit).await {
+    match receive(payload, &staging.dir, limit).await {
         Ok(_) => {
-            let d = dir.clone();
+            let d = staging.dir.clone();
             call(state, caller, move |e, a| e.import_model_as(a, &d)).await
         }
         Err(e) => Err(e),
-    };
-    let d = dir.clone();
-    let _ = web::block(move || std::fs::remove_dir_all(d)).await;
-    result
+    }
 }
 
 /// Streams an uploaded judgment set and imports it: a CSV file (`query,document or passage id,grade`), or BEIR's
@@ -87,9 +106,10 @@ pub async fn import_judgments(
     target: Option<(&str, &str)>,
     payload: actix_multipart::Multipart,
 ) -> Result<care_engine::judgments::JudgmentSetInfo, ApiError> {
-    let dir = call(state, caller, |e, a| e.new_staging_upload_as(a)).await?;
+    let staging = Staging::new(call(state, caller, |e, a| e.new_staging_upload_as(a)).await?);
+    let dir = staging.dir.clone();
     let limit = state.settings.server.max_upload_mib.saturating_mul(1 << 20);
-    let result = match receive_with(payload, &dir, limit, &["collection", "name"]).await {
+    match receive_with(payload, &dir, limit, &["collection", "name"]).await {
         Ok((files, fields)) => {
             let field = |k: &str| fields.get(k).cloned().unwrap_or_default();
             let (col, set) = match target {
@@ -119,10 +139,7 @@ pub async fn import_judgments(
             .await
         }
         Err(e) => Err(e),
-    };
-    let d = dir.clone();
-    let _ = web::block(move || std::fs::remove_dir_all(d)).await;
-    result
+    }
 }
 
 /// Writes every `file` part into `dir`; returns the paths written.
@@ -253,9 +270,9 @@ pub async fn import_synonyms(
     caller: &Caller,
     payload: actix_multipart::Multipart,
 ) -> Result<care_engine::synonyms::ImportReport, ApiError> {
-    let dir = call(state, caller, |e, a| e.new_staging_upload_as(a)).await?;
+    let staging = Staging::new(call(state, caller, |e, a| e.new_staging_upload_as(a)).await?);
     let limit = care_engine::synonyms::MAX_CSV_BYTES as u64 + 4096;
-    let result = match receive_with(payload, &dir, limit, &["replace"]).await {
+    match receive_with(payload, &staging.dir, limit, &["replace"]).await {
         Ok((files, fields)) => {
             let replace = fields.get("replace").is_some_and(|v| v == "1" || v == "on" || v == "true");
             match files.first() {
@@ -271,8 +288,5 @@ pub async fn import_synonyms(
             }
         }
         Err(e) => Err(e),
-    };
-    let d = dir.clone();
-    let _ = web::block(move || std::fs::remove_dir_all(d)).await;
-    result
+    }
 }
