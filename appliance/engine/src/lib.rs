@@ -84,4 +84,4 @@ pub use engine::{
 pub use error::{Error, ErrorCode, Result};
 pub use ingest::{IngestLimits, IngestOptions};
 pub use jobs::{FileError, Job, JobState, Worker, WorkerHandle};
-pub use service::{Actor, JobView, SearchAs, UserInfo, UserUpdate};
+pub use service::{Actor, HealthReport, JobView, SearchAs, UserInfo, UserUpdate};

@@ -72,6 +72,18 @@ pub struct SearchAs {
     pub exact: bool,
 }
 
+/// The appliance's health as `/healthz` reports it.
+#[derive(Debug, Clone, Serialize)]
+pub struct HealthReport {
+    pub ok: bool,
+    pub schema_version: Option<u32>,
+    /// Free bytes on the data disk (None when it cannot be measured).
+    pub free_bytes: Option<u64>,
+    pub reserve_bytes: u64,
+    /// What is wrong, in Chinese.
+    pub problems: Vec<String>,
+}
+
 /// A user as the console and the API list them.
 #[derive(Debug, Clone, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -498,6 +510,37 @@ impl Engine {
         self.store.schema_version()
     }
 
+    /// What `/healthz` answers: the metadata store readable, a small write to the data disk succeeding (fsynced),
+    /// and free space above `[training] keep_free_gb`. A disk that fills makes every write fail; the health check
+    /// says so before clinicians do.
+    pub fn health_report(&self) -> HealthReport {
+        let mut problems = Vec::new();
+        let schema_version = match self.store.schema_version() {
+            Ok(v) => Some(v),
+            Err(e) => {
+                problems.push(format!("元数据库不可读 (metadata store: {e})"));
+                None
+            }
+        };
+        let probe = self.dir.root().join(".health-probe");
+        let wrote = std::fs::File::create(&probe)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, b"ok").and_then(|()| f.sync_all()));
+        let _ = std::fs::remove_file(&probe);
+        if let Err(e) = wrote {
+            problems.push(format!("数据目录无法写入 (write probe failed: {e})"));
+        }
+        let reserve_bytes = (self.cfg.training.keep_free_gb.max(0.0) * f64::from(1u32 << 30)) as u64;
+        let free_bytes = crate::datadir::free_bytes(self.dir.root()).map(|f| f.1).ok();
+        if let Some(free) = free_bytes.filter(|f| *f < reserve_bytes) {
+            problems.push(format!(
+                "数据盘剩余空间 {} 低于保留值 {}（[training] keep_free_gb）(disk below the reserve)",
+                crate::error::gib(free),
+                crate::error::gib(reserve_bytes)
+            ));
+        }
+        HealthReport { ok: problems.is_empty(), schema_version, free_bytes, reserve_bytes, problems }
+    }
+
     // -- models ----------------------------------------------------------------------------------------------
 
     pub fn models_as(&self, actor: &Actor) -> Result<(Vec<ModelRecord>, Option<ActivePair>)> {
@@ -625,6 +668,22 @@ mod tests {
         let mut cfg = EngineConfig::default();
         cfg.storage.data_dir = dir.to_path_buf();
         Engine::open(cfg, OpenMode::Create).unwrap()
+    }
+
+    #[test]
+    fn health_says_when_the_disk_is_below_the_reserve() {
+        let t = tempfile::tempdir().unwrap();
+        let e = engine(t.path());
+        let h = e.health_report();
+        assert!(h.ok && h.problems.is_empty() && h.free_bytes.is_some(), "{h:?}");
+        let mut cfg = EngineConfig::default();
+        cfg.storage.data_dir = t.path().to_path_buf();
+        cfg.training.keep_free_gb = 1e9;
+        drop(e);
+        let e = Engine::open(cfg, OpenMode::Existing).unwrap();
+        let h = e.health_report();
+        assert!(!h.ok && h.problems.iter().any(|p| p.contains("低于保留值")), "{h:?}");
+        assert!(!t.path().join(".health-probe").exists(), "the probe leaves nothing");
     }
 
     fn audit_count(e: &Engine) -> i64 {

@@ -800,8 +800,12 @@ pub async fn admin_import_synonyms(
 #[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, body = Object)))]
 #[get("/healthz")]
 pub async fn healthz(state: web::Data<AppState>) -> HttpResponse {
-    match anon(&state, |e| e.health()).await {
-        Ok(v) => HttpResponse::Ok().json(serde_json::json!({"status": "ok", "schema_version": v})),
+    match anon(&state, |e| Ok(e.health_report())).await {
+        Ok(h) if h.ok => HttpResponse::Ok().json(serde_json::json!({"status": "ok", "schema_version": h.schema_version,
+            "free_bytes": h.free_bytes, "reserve_bytes": h.reserve_bytes})),
+        Ok(h) => HttpResponse::ServiceUnavailable().json(serde_json::json!({"status": "unhealthy",
+            "schema_version": h.schema_version, "free_bytes": h.free_bytes, "reserve_bytes": h.reserve_bytes,
+            "problems": h.problems})),
         Err(_) => HttpResponse::ServiceUnavailable().json(serde_json::json!({"status": "unavailable"})),
     }
 }
@@ -809,8 +813,18 @@ pub async fn healthz(state: web::Data<AppState>) -> HttpResponse {
 #[utoipa::path(get, path = "/metrics", tag = "ops", responses((status = 200, description = "Prometheus text format")))]
 #[get("/metrics")]
 pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let jobs = anon(&state, |e| e.job_counts()).await?;
-    Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.metrics.render(&jobs, &care_engine::encoders::served_device())))
+    let (jobs, health) = anon(&state, |e| Ok((e.job_counts()?, e.health_report()))).await?;
+    let mut body = state.metrics.render(&jobs, &care_engine::encoders::served_device());
+    if let Some(free) = health.free_bytes {
+        body.push_str(&format!(
+            "# HELP care_data_disk_free_bytes Free bytes on the data disk.\n# TYPE care_data_disk_free_bytes gauge\n\
+             care_data_disk_free_bytes {free}\n# HELP care_data_disk_reserve_bytes Free space kept for search and ingest \
+             ([training] keep_free_gb).\n# TYPE care_data_disk_reserve_bytes gauge\ncare_data_disk_reserve_bytes {}\n",
+            health.reserve_bytes
+        ));
+    }
+    body.push_str(&format!("# HELP care_healthy 1 when /healthz answers ok.\n# TYPE care_healthy gauge\ncare_healthy {}\n", u8::from(health.ok)));
+    Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(body))
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/training", tag = "admin",
