@@ -19,7 +19,9 @@ use care_engine::engine::OpenMode;
 use care_engine::eval::{self, BeirSet};
 use care_engine::fusion::Method;
 use care_engine::hybrid::{DenseProgress, FusionSetting};
-use care_engine::{Engine, EngineConfig, IngestOptions, JobState, SearchAs, Worker};
+use care_engine::{
+    Engine, EngineConfig, IngestOptions, JobState, Scheduler, SchedulerHandle, SchedulerOptions, SearchAs,
+};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -651,7 +653,14 @@ fn run(cli: Cli) -> Result<i32> {
                                 j.collection, j.progress_done, j.progress_total, j.documents_done
                             )
                         } else {
-                            format!("{}\t{} {}/{}\t{}", j.kind, j.stage, j.progress_done, j.progress_total, j.result)
+                            format!(
+                                "{}\t{} {}/{}\t{}",
+                                j.kind,
+                                j.stage_text(),
+                                j.progress_done,
+                                j.progress_total,
+                                j.result
+                            )
                         };
                         println!("{}\t{}\t{what}\t{} errors\t{}", j.id, j.state.as_str(), j.errors.len(), j.created_at);
                     }
@@ -665,7 +674,7 @@ fn run(cli: Cli) -> Result<i32> {
                     println!("cancellation of job {id} requested");
                 }
                 JobsCommand::Run => {
-                    let worker = Worker::start(e.clone(), cfg.engine.ingest.workers);
+                    let worker = start_scheduler(&e, cfg.engine.ingest.workers);
                     loop {
                         let active = e.jobs(1000)?.into_iter().filter(|j| !j.state.is_finished()).count();
                         if active == 0 {
@@ -968,7 +977,7 @@ fn run(cli: Cli) -> Result<i32> {
 /// Runs the worker in this process until job `id` ends (or waits for the process that holds the jobs lock, e.g.
 /// `care serve`, to run it), drawing a progress bar; prints the per-file report.
 fn run_ingest_job(e: &Arc<Engine>, id: i64, json: bool, workers: usize) -> Result<i32> {
-    let worker = Worker::start(e.clone(), workers);
+    let worker = start_scheduler(e, workers);
     let job = e.job(id)?;
     let bar = ProgressBar::new(job.progress_total);
     bar.set_style(
@@ -1097,6 +1106,12 @@ fn print_results(res: &care_engine::SearchResults) {
     println!("({} results in {:.1} ms)", res.hits.len(), res.took_ms);
 }
 
+/// The engine's scheduler for a CLI command that follows work: tasks run here unless another process (e.g. `care
+/// serve`) holds the jobs lock, which then runs them; no housekeeping in a short-lived command.
+pub(crate) fn start_scheduler(e: &Arc<Engine>, workers: usize) -> SchedulerHandle {
+    Scheduler::start(e.clone(), SchedulerOptions { workers, housekeeping: None })
+}
+
 fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
@@ -1117,8 +1132,10 @@ fn serve(engine: Engine, cfg: &config::AppConfig) -> Result<()> {
         println!("(also in {} (mode 0600); change it after signing in, then delete that file)", file.display());
     }
     let engine = Arc::new(engine);
-    // Uploaded files are ingested by background jobs in this process.
-    let worker = Worker::start(engine.clone(), engine.config().ingest.workers);
+    // Uploads, model tasks, training schedules and housekeeping all run on the engine's scheduler in this process.
+    let opts =
+        SchedulerOptions { workers: engine.config().ingest.workers, housekeeping: Some(settings.housekeeping()) };
+    let worker = Scheduler::start(engine.clone(), opts);
     tracing::info!(bind = %settings.server.bind, "starting HTTPS server");
     let served = actix_web::rt::System::new().block_on(care_server::serve(engine, settings, |addr, redirect| {
         if let Some(r) = redirect {

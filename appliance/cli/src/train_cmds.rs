@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use care_engine::training::schedule::ScheduleSpec;
 use care_engine::training::{Recipe, TrainingRun};
-use care_engine::{Actor, Engine, JobState, Worker};
+use care_engine::{Actor, Engine, JobState};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -245,14 +245,14 @@ fn follow_job(e: Arc<Engine>, workers: usize, job: i64) -> Result<i32> {
 /// Runs the worker (here, or in the `care serve` that holds the jobs lock) until job `job` ends, drawing its step
 /// and stage as a progress bar; returns the finished job.
 fn run_with_bar(e: &Arc<Engine>, workers: usize, job: i64) -> Result<care_engine::Job> {
-    let worker = Worker::start(e.clone(), workers);
+    let worker = crate::start_scheduler(e, workers);
     let pb = ProgressBar::new(0);
     pb.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")?);
     let j = loop {
         let j = e.job(job)?;
         pb.set_length(j.progress_total);
         pb.set_position(j.progress_done);
-        pb.set_message(j.stage.clone());
+        pb.set_message(j.stage_text());
         if j.state.is_finished() {
             break j;
         }

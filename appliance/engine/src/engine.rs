@@ -44,6 +44,8 @@ pub struct Engine {
     pub(crate) synonyms: std::sync::RwLock<Option<std::sync::Arc<crate::synonyms::SynonymTable>>>,
     /// The trainer's status as of its newest check ([`Engine::trainer_status`]).
     pub(crate) trainer_check: crate::training::status::TrainerCheck,
+    /// The scheduler's wake-up signal and the cancel tokens of running tasks ([`crate::tasks`]).
+    pub(crate) tasks: crate::tasks::Hub,
 }
 
 /// Age after which an upload folder no job owns is an interrupted upload's.
@@ -368,6 +370,7 @@ impl Engine {
             tokenizers: Default::default(),
             synonyms: Default::default(),
             trainer_check: Default::default(),
+            tasks: Default::default(),
         };
         crate::synonyms::ensure_seeded(&engine.store)?;
         let report = engine.recover()?;

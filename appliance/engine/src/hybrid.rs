@@ -25,27 +25,16 @@ pub struct DenseProgress {
     pub total: usize,
 }
 
-thread_local! {
-    /// Raised on a thread running a model job when the job is cancelled or the worker stops (see model_jobs.rs);
-    /// the long loops of that thread (embedding, scoring) then end at their next batch with `Error::Cancelled`.
-    /// A thread-local rather than a parameter because those loops sit under operations the CLI and the tests call
-    /// directly, with no job around them.
-    static INTERRUPT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-pub(crate) fn set_interrupt(on: bool) {
-    INTERRUPT.with(|c| c.set(on));
-}
-
 /// What a job's operation ends with when the job was cancelled or the worker is stopping.
 pub(crate) fn interrupted() -> Error {
     Error::Cancelled("任务已取消或服务正在停止 (the job was cancelled or the worker is stopping)".into())
 }
 
-/// Reports `p` and ends the operation when its job was interrupted meanwhile.
+/// Reports `p` and ends the operation when the task running it was asked to stop (its cancel token, see
+/// [`crate::tasks::CancelToken`]): the check at each embedding and scoring batch.
 pub(crate) fn report(progress: &mut dyn FnMut(DenseProgress), p: DenseProgress) -> Result<()> {
     progress(p);
-    if INTERRUPT.with(|c| c.get()) {
+    if crate::tasks::current_raised() {
         return Err(interrupted());
     }
     Ok(())
@@ -624,7 +613,9 @@ impl Engine {
         let mut hits = fusion::fuse(&cut(&bm25), &cut(&dense), method, weight);
         let seen: HashSet<i64> = hits.iter().map(|h| h.chunk_id).collect();
         if bm25.len() > head_depth || dense.len() > head_depth {
-            hits.extend(fusion::fuse(&bm25, &dense, method, weight).into_iter().filter(|h| !seen.contains(&h.chunk_id)));
+            hits.extend(
+                fusion::fuse(&bm25, &dense, method, weight).into_iter().filter(|h| !seen.contains(&h.chunk_id)),
+            );
         }
         Ok(Ranking { hits, method, dense_weight: weight, capped })
     }

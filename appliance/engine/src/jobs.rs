@@ -16,10 +16,8 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use rusqlite::{OptionalExtension, params};
 use serde::{Deserialize, Serialize};
@@ -27,7 +25,10 @@ use serde::{Deserialize, Serialize};
 use crate::engine::{Engine, FileReport};
 use crate::error::{Error, Result};
 use crate::ingest::IngestOptions;
+use crate::service::Actor;
 use crate::store::now;
+use crate::tasks::scheduler::{Lane, Scheduler, SchedulerHandle, SchedulerOptions, Shared};
+use crate::tasks::{StopReason, Task};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -62,6 +63,23 @@ impl JobState {
     pub fn is_finished(self) -> bool {
         matches!(self, JobState::Done | JobState::Failed | JobState::Cancelled)
     }
+
+    /// The state in the words pages and the CLI show (the store keeps the codes).
+    pub fn label(self) -> &'static str {
+        match self {
+            JobState::Queued => "排队中",
+            JobState::Running => "进行中",
+            JobState::Done => "完成",
+            JobState::Failed => "失败",
+            JobState::Cancelled => "已取消",
+        }
+    }
+}
+
+/// What a model task is doing, as shown: the stage its progress wrote while it runs, else its state's label.
+/// Ingest jobs have no stage (their files say it).
+pub fn stage_text(kind: &str, state: JobState, stage: &str) -> String {
+    if stage.is_empty() && kind != "ingest" { state.label().to_string() } else { stage.to_string() }
 }
 
 /// A file (or archive member) that was rejected, with the stable error code and a message naming it.
@@ -95,6 +113,13 @@ pub struct Job {
     pub result: String,
 }
 
+impl Job {
+    /// See [`stage_text`].
+    pub fn stage_text(&self) -> String {
+        stage_text(&self.kind, self.state, &self.stage)
+    }
+}
+
 /// One file of a job and what came of it.
 #[derive(Debug, Clone, Serialize)]
 pub struct JobFile {
@@ -109,9 +134,10 @@ pub struct JobFile {
     pub errors: Vec<FileError>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-struct IngestParams {
-    options: IngestOptions,
+/// The stored parameters of an ingest task ([`Task::Ingest`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IngestParams {
+    pub options: IngestOptions,
 }
 
 const JOB_COLUMNS: &str = "id, kind, state, collection, actor, progress_done, progress_total, documents_done, errors, \
@@ -166,7 +192,7 @@ impl Engine {
         Ok(p)
     }
 
-    fn jobs_lock_path(&self) -> PathBuf {
+    pub(crate) fn jobs_lock_path(&self) -> PathBuf {
         self.dir.root().join("jobs.lock")
     }
 
@@ -192,7 +218,20 @@ impl Engine {
             }
             owned.push(c);
         }
-        self.submit(collection, owned, opts, actor, true)
+        self.submit(collection, owned, opts, &Actor::console(actor), true)
+    }
+
+    /// [`Engine::submit_ingest`] for a signed-in actor: the job runs as that account, re-checked when it runs.
+    pub(crate) fn submit_ingest_as_user(
+        &self,
+        collection: &str,
+        files: Vec<PathBuf>,
+        opts: IngestOptions,
+        actor: &Actor,
+    ) -> Result<i64> {
+        let id = self.submit_ingest(collection, files, opts, &actor.name)?;
+        self.store.conn().execute("UPDATE jobs SET actor_user_id = ?2 WHERE id = ?1", params![id, actor.user_id])?;
+        Ok(id)
     }
 
     /// Queues an ingestion job for files that stay where they are (the CLI); they are read, never deleted.
@@ -208,7 +247,7 @@ impl Engine {
             // A missing file is reported by the job like any other bad file; only make the path absolute.
             abs.push(std::path::absolute(&f).map_err(|e| Error::io(&f, e))?);
         }
-        self.submit(collection, abs, opts, actor, false)
+        self.submit(collection, abs, opts, &Actor::console(actor), false)
     }
 
     fn submit(
@@ -216,7 +255,7 @@ impl Engine {
         collection: &str,
         files: Vec<PathBuf>,
         opts: IngestOptions,
-        actor: &str,
+        actor: &Actor,
         owned: bool,
     ) -> Result<i64> {
         self.store.collection(collection)?;
@@ -230,15 +269,15 @@ impl Engine {
                 "unknown encoding {e:?}; use utf-8, utf-16le, utf-16be, gb18030, gbk or big5"
             )));
         }
-        let params_json = serde_json::to_string(&IngestParams { options: opts.clone() })
-            .map_err(|e| Error::Internal(format!("job params: {e}")))?;
+        let (kind, params_json) = Task::Ingest(IngestParams { options: opts.clone() }).to_row()?;
         let mut conn = self.store.conn();
         let tx = conn.transaction()?;
         let ts = now();
         tx.execute(
-            "INSERT INTO jobs (kind, state, params, progress_total, collection, actor, created_at, updated_at)
-             VALUES ('ingest', 'queued', ?1, ?2, ?3, ?4, ?5, ?5)",
-            params![params_json, files.len() as i64, collection, actor, ts],
+            "INSERT INTO jobs (kind, state, params, progress_total, collection, actor, actor_user_id, created_at,
+                               updated_at)
+             VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
+            params![kind, params_json, files.len() as i64, collection, actor.name, actor.user_id, ts],
         )?;
         let id = tx.last_insert_rowid();
         {
@@ -250,11 +289,12 @@ impl Engine {
         let names: Vec<String> = files.iter().map(|f| self.display_name(f, owned)).collect();
         crate::audit::append(
             &tx,
-            actor,
+            &actor.name,
             "ingest.submit",
             &serde_json::json!({"job": id, "collection": collection, "files": names, "options": opts}),
         )?;
         tx.commit()?;
+        self.tasks_changed();
         Ok(id)
     }
 
@@ -364,6 +404,10 @@ impl Engine {
             tx.commit()?;
             ended
         };
+        // A running task in this process stops at its next batch; one in another process learns through the
+        // datagram that `tasks_changed` sends (its scheduler then reads the flag just written).
+        self.tasks.cancel(id);
+        self.tasks_changed();
         if ended_now {
             self.remove_owned_files(id)?;
         }
@@ -394,7 +438,7 @@ impl Engine {
         }
     }
 
-    fn requeue_running(&self) -> Result<()> {
+    pub(crate) fn requeue_running(&self) -> Result<()> {
         let n = self
             .store
             .conn()
@@ -418,7 +462,7 @@ impl Engine {
     }
 
     /// Deletes the uploaded files of an ended job (and their upload folder once empty).
-    fn remove_owned_files(&self, id: i64) -> Result<()> {
+    pub(crate) fn remove_owned_files(&self, id: i64) -> Result<()> {
         let paths: Vec<String> = {
             let conn = self.store.reader();
             let mut stmt = conn.prepare("SELECT path FROM job_files WHERE job_id = ?1 AND owned = 1")?;
@@ -461,23 +505,6 @@ struct Claim {
     options: IngestOptions,
 }
 
-/// Why a file stopped before its end.
-enum Stop {
-    Shutdown,
-    Cancelled,
-}
-
-struct Shared {
-    engine: Arc<Engine>,
-    stop: AtomicBool,
-    /// (job, ordinal) being processed in this process.
-    claimed: Mutex<HashSet<(i64, i64)>>,
-    /// The jobs lock, once this process holds it.
-    lock: Mutex<Option<std::fs::File>>,
-    /// Failed attempts per (job, ordinal) in this process, for errors of the stores or the model (not of the file).
-    attempts: Mutex<std::collections::HashMap<(i64, i64), u32>>,
-}
-
 /// A file whose processing failed this many times for reasons other than its content (model cannot load, disk
 /// full) is recorded as failed with that error, so one broken dependency cannot wedge the queue.
 const MAX_ATTEMPTS: u32 = 3;
@@ -488,190 +515,61 @@ const MAX_ATTEMPTS: u32 = 3;
 /// an admin's restart, the OOM killer on a busy machine) says nothing about the file.
 pub const MAX_CRASHES: i64 = 3;
 
-/// Stack of the worker threads. The parsers are iterative, so this is defence in depth: a stack overflow aborts the
-/// whole process (not catchable like a panic), and a parser regression on a deep document should not take `care
-/// serve` down.
-const WORKER_STACK: usize = 16 << 20;
-
-/// Runs queued jobs in background threads: ingestion with bounded concurrency, model jobs one at a time.
+/// The scheduler without housekeeping, as the CLI commands that follow work and the tests start it.
 #[derive(Debug)]
 pub struct Worker;
 
-pub struct WorkerHandle {
-    shared: Arc<Shared>,
-    threads: Vec<JoinHandle<()>>,
-}
-
-impl std::fmt::Debug for WorkerHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WorkerHandle").field("threads", &self.threads.len()).finish()
-    }
-}
+/// The running scheduler a [`Worker`] started.
+pub type WorkerHandle = SchedulerHandle;
 
 impl Worker {
-    /// Starts `concurrency` threads (at least one) that process files of queued jobs. Jobs run only in the process
-    /// holding `<data_dir>/jobs.lock`; until this process gets it, the threads wait (and retry every second).
+    /// Starts the scheduler with `concurrency` ingest threads (at least one); see [`Scheduler`].
     pub fn start(engine: Arc<Engine>, concurrency: usize) -> WorkerHandle {
-        let shared = Arc::new(Shared {
-            engine,
-            stop: AtomicBool::new(false),
-            claimed: Mutex::new(HashSet::new()),
-            lock: Mutex::new(None),
-            attempts: Mutex::new(Default::default()),
-        });
-        let threads = (0..concurrency.max(1))
-            .map(|i| {
-                let s = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("care-ingest-{i}"))
-                    .stack_size(WORKER_STACK)
-                    .spawn(move || run_thread(&s))
-                    .expect("spawn ingest worker thread")
-            })
-            .collect::<Vec<_>>();
-        let s = shared.clone();
-        let model = std::thread::Builder::new()
-            .name("care-model-jobs".into())
-            .spawn(move || run_model_thread(&s))
-            .expect("spawn model job thread");
-        let mut threads = threads;
-        threads.push(model);
-        WorkerHandle { shared, threads }
+        Scheduler::start(engine, SchedulerOptions { workers: concurrency, housekeeping: None })
     }
 }
 
-impl WorkerHandle {
-    /// True once this process holds the jobs lock (jobs submitted anywhere are run here).
-    pub fn runs_jobs(&self) -> bool {
-        self.shared.lock.lock().unwrap_or_else(|p| p.into_inner()).is_some()
-    }
-
-    /// Stops the threads after their current batch; interrupted files stay queued and resume on the next start.
-    pub fn shutdown(mut self) {
-        self.stop_and_join();
-    }
-
-    fn stop_and_join(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-        let mut lock = self.shared.lock.lock().unwrap_or_else(|p| p.into_inner());
-        if lock.is_some()
-            && let Err(e) = self.shared.engine.requeue_running()
-        {
-            tracing::warn!(error = %e, "could not re-queue running jobs at shutdown");
-        }
-        *lock = None;
-    }
-}
-
-impl Drop for WorkerHandle {
-    fn drop(&mut self) {
-        if !self.threads.is_empty() {
-            self.stop_and_join();
-        }
-    }
-}
-
-fn sleep_unless_stopped(s: &Shared, d: Duration) {
-    let step = Duration::from_millis(25);
-    let mut left = d;
-    while !s.stop.load(Ordering::SeqCst) && !left.is_zero() {
-        std::thread::sleep(step.min(left));
-        left = left.saturating_sub(step);
-    }
-}
-
-fn run_thread(s: &Shared) {
-    while !s.stop.load(Ordering::SeqCst) {
-        if !ensure_lock(s) {
-            sleep_unless_stopped(s, Duration::from_secs(1));
-            continue;
-        }
-        match claim(s) {
-            Ok(Some(c)) => {
-                let res = process(s, &c);
-                if let Err(e) = end_start(&s.engine, &c) {
-                    tracing::error!(job = c.job, error = %e, "could not record that reading the file ended");
-                }
-                if let Err(e) = res {
-                    // Another process holding the index is waited out; other failures are retried a few times.
-                    let n = if matches!(e, Error::Locked { .. }) {
-                        0
-                    } else {
-                        let mut a = s.attempts.lock().unwrap_or_else(|p| p.into_inner());
-                        let n = a.entry((c.job, c.ordinal)).or_insert(0);
-                        *n += 1;
-                        *n
-                    };
-                    if n >= MAX_ATTEMPTS {
-                        tracing::error!(job = c.job, file = %c.path.display(), error = %e, "ingest failed {n} times; giving up on the file");
-                        let report = FileReport {
-                            path: c.path.clone(),
-                            error_code: Some(e.code().as_str()),
-                            error: Some(format!("{e} (failed {n} times; fix the cause and upload the file again)")),
-                            ..Default::default()
-                        };
-                        if let Err(e2) = record_file(&s.engine, &c, &[report]) {
-                            tracing::error!(error = %e2, "could not record the failed file");
-                        }
-                        release(s, &c);
-                    } else {
-                        tracing::error!(job = c.job, file = %c.path.display(), error = %e, "ingest worker error; will retry");
-                        release(s, &c);
-                        sleep_unless_stopped(s, Duration::from_secs(2));
-                    }
-                }
-            }
-            Ok(None) => sleep_unless_stopped(s, Duration::from_millis(100)),
-            Err(e) => {
-                tracing::error!(error = %e, "ingest worker could not read the job queue");
-                sleep_unless_stopped(s, Duration::from_secs(1));
-            }
-        }
-    }
-}
-
-/// Runs model jobs (evaluation, promotion; see model_jobs.rs) one at a time, beside the ingestion threads.
-fn run_model_thread(s: &Shared) {
-    while !s.stop.load(Ordering::SeqCst) {
-        if !ensure_lock(s) {
-            sleep_unless_stopped(s, Duration::from_secs(1));
-            continue;
-        }
-        match s.engine.run_next_model_job(&s.stop) {
-            Ok(true) => {}
-            Ok(false) => sleep_unless_stopped(s, Duration::from_millis(200)),
-            Err(e) => {
-                tracing::error!(error = %e, "model job worker error; will retry");
-                sleep_unless_stopped(s, Duration::from_secs(2));
-            }
-        }
-    }
-}
-
-/// Takes the jobs lock if this process does not hold it yet; re-queues jobs a dead worker left running.
-fn ensure_lock(s: &Shared) -> bool {
-    let mut lock = s.lock.lock().unwrap_or_else(|p| p.into_inner());
-    if lock.is_some() {
-        return true;
-    }
-    match s.engine.try_jobs_lock() {
-        Ok(Some(f)) => {
-            if let Err(e) = s.engine.requeue_running() {
-                tracing::error!(error = %e, "could not re-queue interrupted jobs");
-                return false;
-            }
-            *lock = Some(f);
-            true
-        }
-        Ok(None) => false,
+/// One step of an ingest lane: claims a file and ingests it.
+pub(crate) fn ingest_step(s: &Shared) -> Lane {
+    let c = match claim(s) {
+        Ok(Some(c)) => c,
+        Ok(None) => return Lane::Idle,
         Err(e) => {
-            tracing::error!(error = %e, "jobs lock");
-            false
+            tracing::error!(error = %e, "ingest lane could not read the job queue");
+            return Lane::Retry;
         }
+    };
+    let res = process(s, &c);
+    if let Err(e) = end_start(&s.engine, &c) {
+        tracing::error!(job = c.job, error = %e, "could not record that reading the file ended");
     }
+    let Err(e) = res else { return Lane::Worked };
+    // Another process holding the index is waited out; other failures are retried a few times.
+    let n = if matches!(e, Error::Locked { .. }) {
+        0
+    } else {
+        let mut a = s.attempts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = a.entry((c.job, c.ordinal)).or_insert(0);
+        *n += 1;
+        *n
+    };
+    if n < MAX_ATTEMPTS {
+        tracing::error!(job = c.job, file = %c.path.display(), error = %e, "ingest lane error; will retry");
+        release(s, &c);
+        return Lane::Retry;
+    }
+    tracing::error!(job = c.job, file = %c.path.display(), error = %e, "ingest failed {n} times; giving up on the file");
+    let report = FileReport {
+        path: c.path.clone(),
+        error_code: Some(e.code().as_str()),
+        error: Some(format!("{e} (failed {n} times; fix the cause and upload the file again)")),
+        ..Default::default()
+    };
+    if let Err(e2) = record_file(&s.engine, &c, &[report]) {
+        tracing::error!(error = %e2, "could not record the failed file");
+    }
+    release(s, &c);
+    Lane::Worked
 }
 
 fn release(s: &Shared, c: &Claim) {
@@ -691,6 +589,16 @@ fn claim(s: &Shared) -> Result<Option<Claim>> {
     };
     for (job, cancel) in active {
         let busy = claimed.iter().any(|(j, _)| *j == job);
+        match e.submitter_of(job) {
+            Ok(_) => {}
+            Err(err @ Error::Forbidden(_)) => {
+                if !busy {
+                    e.refuse_task(job, &err)?;
+                }
+                continue;
+            }
+            Err(err) => return Err(err),
+        }
         if cancel != 0 {
             if !busy {
                 finish_job(e, job, true)?;
@@ -718,7 +626,7 @@ fn next_file(e: &Engine, job: i64, claimed: &HashSet<(i64, i64)>) -> Result<Opti
         let row: Option<(Claim, i64)> = {
             let conn = e.store.reader();
             let mut stmt = conn.prepare(
-                "SELECT f.ordinal, f.path, j.collection, j.params, f.unfinished_starts FROM job_files f
+                "SELECT f.ordinal, f.path, j.collection, j.kind, j.params, f.unfinished_starts FROM job_files f
                  JOIN jobs j ON j.id = f.job_id WHERE f.job_id = ?1 AND f.state = 'queued' ORDER BY f.ordinal",
             )?;
             let mut rows = stmt.query([job])?;
@@ -726,11 +634,19 @@ fn next_file(e: &Engine, job: i64, claimed: &HashSet<(i64, i64)>) -> Result<Opti
             while let Some(r) = rows.next()? {
                 let ordinal: i64 = r.get(0)?;
                 if !claimed.contains(&(job, ordinal)) {
-                    let params_json: String = r.get(3)?;
-                    let p: IngestParams = serde_json::from_str(&params_json)
-                        .unwrap_or(IngestParams { options: IngestOptions::default() });
+                    let (kind, params): (String, String) = (r.get(3)?, r.get(4)?);
+                    let options = match Task::from_row(job, &kind, &params)? {
+                        Task::Ingest(p) => p.options,
+                        other @ (Task::Evaluate(_)
+                        | Task::Promote(_)
+                        | Task::Train(_)
+                        | Task::EmbedPending(_)
+                        | Task::Chore(_)) => {
+                            return Err(Error::Internal(format!("job {job}: {} is not an ingest", other.kind())));
+                        }
+                    };
                     let (path, collection) = (PathBuf::from(r.get::<_, String>(1)?), r.get(2)?);
-                    found = Some((Claim { job, ordinal, path, collection, options: p.options }, r.get(4)?));
+                    found = Some((Claim { job, ordinal, path, collection, options }, r.get(5)?));
                     break;
                 }
             }
@@ -784,19 +700,11 @@ fn end_start(e: &Engine, c: &Claim) -> Result<()> {
     Ok(())
 }
 
-fn cancel_requested(e: &Engine, job: i64) -> bool {
-    e.store
-        .reader()
-        .query_row("SELECT cancel_requested FROM jobs WHERE id = ?1", [job], |r| r.get::<_, i64>(0))
-        .map(|v| v != 0)
-        .unwrap_or(false)
-}
-
 /// Ingests one claimed file and confirms it. `Err` only for store failures (the file stays queued).
 fn process(s: &Shared, c: &Claim) -> Result<()> {
     let e = &s.engine;
-    let mut stopped: Option<Stop> = None;
-    let mut last_check = std::time::Instant::now();
+    let token = s.token(c.job);
+    let mut stopped: Option<StopReason> = None;
     let reports: Vec<FileReport> = match e.collection(&c.collection) {
         Err(err) => vec![FileReport {
             path: c.path.clone(),
@@ -813,18 +721,8 @@ fn process(s: &Shared, c: &Claim) -> Result<()> {
                     "UPDATE jobs SET documents_done = documents_done + ?2, updated_at = ?3 WHERE id = ?1",
                     params![c.job, delta as i64, now()],
                 );
-                if s.stop.load(Ordering::SeqCst) {
-                    stopped = Some(Stop::Shutdown);
-                    return false;
-                }
-                if last_check.elapsed() > Duration::from_millis(200) {
-                    last_check = std::time::Instant::now();
-                    if cancel_requested(e, c.job) {
-                        stopped = Some(Stop::Cancelled);
-                        return false;
-                    }
-                }
-                true
+                stopped = token.stop_reason();
+                stopped.is_none()
             });
             match res {
                 Ok(r) => r,
@@ -834,22 +732,16 @@ fn process(s: &Shared, c: &Claim) -> Result<()> {
         }
     };
     match stopped {
-        Some(Stop::Shutdown) => {
-            // Left queued: the next start reads the file again (what was written is recognised, not duplicated).
-            release(s, c);
-            return Ok(());
-        }
-        Some(Stop::Cancelled) => {
+        // Left queued: the next start reads the file again (what was written is recognised, not duplicated).
+        Some(StopReason::Shutdown) => {}
+        Some(StopReason::Cancelled) => {
             e.store.conn().execute(
                 "UPDATE job_files SET state = 'skipped' WHERE job_id = ?1 AND ordinal = ?2",
                 params![c.job, c.ordinal],
             )?;
-            release(s, c);
-            return Ok(());
         }
-        None => {}
+        None => record_file(e, c, &reports)?,
     }
-    record_file(e, c, &reports)?;
     release(s, c);
     Ok(())
 }
@@ -953,8 +845,10 @@ fn finish_job(e: &Engine, job: i64, cancelled: bool) -> Result<()> {
         tx.commit()?;
         n == 1
     };
+    e.tasks.unregister(job);
     if ended {
         e.remove_owned_files(job)?;
+        e.tasks_changed();
     }
     Ok(())
 }
@@ -984,13 +878,7 @@ mod tests {
 
     /// Claims files the way a worker does, then "dies": the claims are never ended, as after a kill -9.
     fn crash_after_claiming(e: &Arc<Engine>, n: usize) {
-        let s = Shared {
-            engine: e.clone(),
-            stop: AtomicBool::new(false),
-            claimed: Mutex::new(HashSet::new()),
-            lock: Mutex::new(None),
-            attempts: Mutex::new(Default::default()),
-        };
+        let s = Shared::new(e.clone());
         for _ in 0..n {
             claim(&s).unwrap().expect("a queued file");
         }
@@ -1003,8 +891,8 @@ mod tests {
             if j.state.is_finished() {
                 return j;
             }
-            assert!(started.elapsed() < Duration::from_secs(60), "job {id} did not finish: {j:?}");
-            std::thread::sleep(Duration::from_millis(50));
+            assert!(started.elapsed() < std::time::Duration::from_secs(60), "job {id} did not finish: {j:?}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
     }
 

@@ -307,7 +307,10 @@ impl Engine {
         if !self.may_read(actor, &collection)? {
             return denied("collection not granted");
         }
-        feedback::record(&self.store, &actor.name, query, chunk_id, helpful, &logged_query(query))
+        let id = feedback::record(&self.store, &actor.name, query, chunk_id, helpful, &logged_query(query))?;
+        // A schedule may fire on the count of new feedback.
+        self.tasks_changed();
+        Ok(id)
     }
 
     pub fn feedback_list_as(&self, actor: &Actor, collection: Option<&str>, limit: usize) -> Result<Vec<Feedback>> {
@@ -459,11 +462,12 @@ impl Engine {
     /// Queues an ingest job for uploaded files (audited as `ingest.submit` in the job's transaction).
     pub fn submit_upload_as(&self, actor: &Actor, collection: &str, files: Vec<std::path::PathBuf>) -> Result<i64> {
         actor.require_admin()?;
-        self.submit_ingest(collection, files, crate::IngestOptions::default(), &actor.name)
+        self.submit_ingest_as_user(collection, files, crate::IngestOptions::default(), actor)
     }
 
     fn job_view(&self, j: Job) -> Result<JobView> {
         let files = self.job_files(j.id)?.into_iter().map(|f| f.file).collect();
+        let stage = j.stage_text();
         Ok(JobView {
             id: j.id,
             kind: j.kind,
@@ -477,7 +481,7 @@ impl Engine {
             errors: j.errors,
             created_at: j.created_at,
             updated_at: j.updated_at,
-            stage: j.stage,
+            stage,
             result: serde_json::from_str(&j.result).ok(),
         })
     }

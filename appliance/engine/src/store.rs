@@ -29,6 +29,7 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (12, include_str!("../../../migrations/0012_training.sql")),
     (13, include_str!("../../../migrations/0013_pair_fusion.sql")),
     (14, include_str!("../../../migrations/0014_synonyms.sql")),
+    (15, include_str!("../../../migrations/0015_task_submitter.sql")),
 ];
 
 /// The metadata file is the appliance's alone (SQLite gives its -wal and -shm files the same mode).

@@ -831,7 +831,7 @@ fn audit_query_string(q: &AuditQuery) -> String {
     parts.join("&")
 }
 
-/// The housekeeping thread's latest verification, so viewing the page walks nothing.
+/// The scheduler's latest audit verification (a housekeeping chore), so viewing the page walks nothing.
 fn audit_banner(s: &care_engine::audit::AuditStatus) -> (&'static str, String) {
     let at = s.checked_at.as_deref().unwrap_or("");
     match (&s.error, &s.last) {

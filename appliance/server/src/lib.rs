@@ -36,10 +36,9 @@ pub mod uploads;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use actix_web::{App, HttpServer, web};
-use care_engine::{Actor, Engine};
+use care_engine::Engine;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -147,6 +146,19 @@ pub struct Settings {
     pub audit: AuditConfig,
 }
 
+impl Settings {
+    /// What the scheduler's housekeeping chores (audit checkpoints every minute, a full audit walk daily,
+    /// retention and sign-in clean-up every six hours, all at start too) need from these settings. `care serve`
+    /// starts the engine's scheduler with them before [`serve`].
+    pub fn housekeeping(&self) -> care_engine::Housekeeping {
+        care_engine::Housekeeping {
+            audit_retention_days: self.audit.retention_days,
+            sign_in_idle_seconds: self.auth.idle_seconds(),
+            sign_in_max_seconds: self.auth.max_seconds(),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("TLS: {0}")]
@@ -179,60 +191,6 @@ pub fn bootstrap(engine: &Engine, auth: &AuthConfig) -> Result<Option<String>, S
     engine.bootstrap_admin(&auth.bootstrap_admin, pw.as_deref()).map_err(|e| ServeError::Bootstrap(e.to_string()))
 }
 
-/// Audit checkpoints every minute, a full audit walk daily, retention and session clean-up every six hours; all
-/// at start too, off the async workers.
-fn start_housekeeping(engine: Arc<Engine>, settings: Settings) {
-    const TICK: Duration = Duration::from_secs(60);
-    std::thread::Builder::new()
-        .name("care-housekeeping".into())
-        .spawn(move || {
-            let mut last_full: Option<Instant> = None;
-            let mut last_cleanup: Option<Instant> = None;
-            loop {
-                if due(last_cleanup, Duration::from_secs(6 * 3600)) {
-                    clean_up(&engine, &settings);
-                    last_cleanup = Some(Instant::now());
-                }
-                if due(last_full, Duration::from_secs(24 * 3600)) {
-                    log_verification("full", engine.audit_verify_as(&Actor::system(), true));
-                    last_full = Some(Instant::now());
-                }
-                log_verification("checkpoint", engine.audit_verify_as(&Actor::system(), false));
-                std::thread::sleep(TICK);
-            }
-        })
-        .ok();
-}
-
-fn due(last: Option<Instant>, every: Duration) -> bool {
-    last.is_none_or(|t| t.elapsed() >= every)
-}
-
-/// Tampering is logged at error level every time it is seen, so it reaches the journal (and any log shipping)
-/// even if nobody opens the audit page.
-fn log_verification(kind: &str, outcome: care_engine::Result<care_engine::audit::VerifyReport>) {
-    match outcome {
-        Ok(r) if r.full => tracing::info!(checked = r.records_checked, "audit log verified in full"),
-        Ok(_) => {}
-        Err(e) => tracing::error!(kind, error = %e, "audit log verification failed"),
-    }
-}
-
-fn clean_up(engine: &Engine, settings: &Settings) {
-    if settings.audit.retention_days > 0 {
-        let cutoff = time::OffsetDateTime::now_utc() - time::Duration::days(i64::from(settings.audit.retention_days));
-        let cutoff = cutoff.format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
-        match engine.audit_purge_as(&Actor::system(), &cutoff, settings.audit.retention_days) {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(removed = n, "purged audit records past retention"),
-            Err(e) => tracing::error!(error = %e, "audit retention purge failed"),
-        }
-    }
-    if let Err(e) = engine.purge_sessions(settings.auth.idle_seconds(), settings.auth.max_seconds()) {
-        tracing::error!(error = %e, "session clean-up failed");
-    }
-}
-
 /// Runs the HTTPS server (and the plain-HTTP redirector) until stopped (Ctrl-C / SIGTERM). `on_ready` gets the
 /// bound HTTPS address and the redirector's, which matters when the binds ask for port 0.
 pub async fn serve(
@@ -243,7 +201,6 @@ pub async fn serve(
     let cfg = settings.server.clone();
     let tls = tls::server_config(&cfg, &engine.data_dir().tls())?;
     engine.set_log_queries(settings.audit.log_queries);
-    start_housekeeping(engine.clone(), settings.clone());
     // Starts the trainer check in the background, so the 训练 page already knows the answer when it is opened.
     engine.trainer_status();
     let state = web::Data::new(AppState { engine, settings, metrics: metrics::Metrics::default() });

@@ -5,7 +5,6 @@
 //! document encoder*).
 
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
 
 use care_formats::ModelManifest;
 use serde::{Deserialize, Serialize};
@@ -13,14 +12,16 @@ use serde::{Deserialize, Serialize};
 use super::{Run, path};
 use crate::error::{Error, Result};
 use crate::models::ModelRecord;
+use crate::tasks::{CancelToken, Task};
 use crate::{Actor, Engine};
 
 pub const EMBED: &str = "model.embed_offline";
 
-#[derive(Debug, Serialize, Deserialize)]
-struct EmbedParams {
+/// The stored parameters of an offline embedding task ([`Task::EmbedPending`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EmbedParams {
     /// `name@version` of the offline document model.
-    model: String,
+    pub model: String,
 }
 
 impl Engine {
@@ -37,17 +38,22 @@ impl Engine {
         if !st.ready {
             return Err(Error::TrainerUnavailable(st.message));
         }
-        let p = EmbedParams { model: format!("{}@{}", doc.name, doc.version) };
-        let mut conn = self.store.conn();
-        let tx = conn.transaction()?;
-        let id = crate::model_jobs::insert_job(&tx, EMBED, &p, actor)?;
-        crate::audit::append(
-            &tx,
-            &actor.name,
-            "model.embed_offline",
-            &serde_json::json!({"job": id, "model": p.model}),
-        )?;
-        tx.commit()?;
+        let model = format!("{}@{}", doc.name, doc.version);
+        let id = {
+            let mut conn = self.store.conn();
+            let tx = conn.transaction()?;
+            let id =
+                crate::model_jobs::insert_job(&tx, &Task::EmbedPending(EmbedParams { model: model.clone() }), actor)?;
+            crate::audit::append(
+                &tx,
+                &actor.name,
+                "model.embed_offline",
+                &serde_json::json!({"job": id, "model": model}),
+            )?;
+            tx.commit()?;
+            id
+        };
+        self.tasks_changed();
         Ok(id)
     }
 
@@ -56,19 +62,17 @@ impl Engine {
     pub(crate) fn run_offline_embed_job(
         &self,
         id: i64,
-        json: &str,
+        p: &EmbedParams,
         actor: &Actor,
-        stop: &AtomicBool,
+        token: &CancelToken,
     ) -> Result<serde_json::Value> {
-        let p: EmbedParams =
-            serde_json::from_str(json).map_err(|e| Error::Internal(format!("job {id}: unreadable parameters: {e}")))?;
         let doc = crate::models::find(&self.store, &p.model)?;
         embeddable(&doc)?;
         let manifest = ModelManifest::load(&doc.dir).map_err(|e| Error::Model(e.to_string()))?;
         let template = manifest.render(&manifest.document_template, "{text}");
         let dir = self.cfg.storage.data_dir.join("train").join(format!("embed-{id}"));
         std::fs::create_dir_all(dir.join("logs")).map_err(|e| Error::io(&dir, e))?;
-        let run = Run { e: self, id, dir: &dir, stop };
+        let run = Run { e: self, id, dir: &dir, token };
         let cols = self.store.collection_list()?;
         let mut embedded = 0;
         for (i, col) in cols.iter().enumerate() {

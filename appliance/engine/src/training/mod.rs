@@ -18,7 +18,6 @@ pub(crate) mod status;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use care_formats::manifest::ModelManifest;
@@ -30,9 +29,10 @@ pub use status::TrainerStatus;
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::hybrid::{DenseProgress, interrupted};
+use crate::hybrid::DenseProgress;
 use crate::lifecycle::pair_spec;
 use crate::service::Actor;
+use crate::tasks::{CancelToken, Task};
 
 pub const TRAIN: &str = "model.train";
 
@@ -346,16 +346,17 @@ impl RunState {
     }
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-struct TrainParams {
-    recipe: Recipe,
+/// The stored parameters of a training task ([`Task::Train`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainParams {
+    pub recipe: Recipe,
     /// The pair live when the run was submitted: what it starts from and is judged against.
-    base: String,
+    pub base: String,
     #[serde(default)]
-    schedule: Option<i64>,
+    pub schedule: Option<i64>,
 }
 
-/// How often a running phase writes its progress and reads the cancel flag.
+/// How often a running phase writes its progress (a cancel ends the wait at once).
 const POLL: Duration = Duration::from_millis(500);
 
 /// The training run queued or running, if any (runs never overlap).
@@ -470,6 +471,21 @@ impl Engine {
     /// for training, or another run is queued or running (runs never overlap).
     pub fn submit_training_as(&self, actor: &Actor, recipe: &Recipe, schedule: Option<i64>) -> Result<i64> {
         actor.require_admin()?;
+        let (p, device) = self.prepare_training(recipe, schedule)?;
+        let id = {
+            let mut conn = self.store.conn();
+            let tx = conn.transaction()?;
+            let id = insert_training(&tx, actor, &p, &device)?;
+            tx.commit()?;
+            id
+        };
+        self.tasks_changed();
+        Ok(id)
+    }
+
+    /// The checks a run must pass before it is queued (they read the disk and start `care-train --version`, so
+    /// they run before the transaction that queues it), and its parameters and device.
+    pub(crate) fn prepare_training(&self, recipe: &Recipe, schedule: Option<i64>) -> Result<(TrainParams, String)> {
         recipe.check()?;
         let pair = self
             .active_models()?
@@ -485,40 +501,17 @@ impl Engine {
         }
         self.prune_finished_runs()?;
         self.check_training_disk(&pair.query.dir)?;
-        let p = TrainParams { recipe: recipe.clone(), base: pair_spec(&pair), schedule };
-        let mut conn = self.store.conn();
-        let tx = conn.transaction()?;
-        if let Some(id) = unfinished_run(&tx)? {
-            return Err(Error::Busy(format!(
-                "训练任务 #{id} 尚未结束，同一时间只运行一个训练 (training job {id} is still queued or running; runs \
-                 never overlap: wait for it or cancel it on the 任务 page)"
-            )));
-        }
-        let id = crate::model_jobs::insert_job(&tx, TRAIN, &p, actor)?;
-        tx.execute(
-            "INSERT INTO training_runs (job_id, schedule_id, device) VALUES (?1, ?2, ?3)",
-            params![id, schedule, st.device],
-        )?;
-        crate::audit::append(
-            &tx,
-            &actor.name,
-            "training.submit",
-            &serde_json::json!({"job": id, "base": p.base, "schedule": schedule, "recipe": recipe}),
-        )?;
-        tx.commit()?;
-        Ok(id)
+        Ok((TrainParams { recipe: recipe.clone(), base: pair_spec(&pair), schedule }, st.device))
     }
 
-    /// Runs (or resumes) training job `id` to its end. Called by the model thread (see model_jobs.rs).
+    /// Runs (or resumes) training job `id` to its end. Called by the model lane (see model_jobs.rs).
     pub(crate) fn run_training_job(
         &self,
         id: i64,
-        json: &str,
+        p: &TrainParams,
         actor: &Actor,
-        stop: &AtomicBool,
+        token: &CancelToken,
     ) -> Result<serde_json::Value> {
-        let p: TrainParams =
-            serde_json::from_str(json).map_err(|e| Error::Internal(format!("job {id}: unreadable parameters: {e}")))?;
         let base = self.resolve_pair(&p.base)?;
         let dir = self.run_dir(id);
         std::fs::create_dir_all(dir.join("logs")).map_err(|e| Error::io(&dir, e))?;
@@ -528,7 +521,7 @@ impl Engine {
             // Queued a while ago: the disk may have filled since it was submitted.
             self.check_training_disk(&base.query.dir)?;
         }
-        let run = Run { e: self, id, dir: &dir, stop };
+        let run = Run { e: self, id, dir: &dir, token };
         let q_manifest = ModelManifest::load(&base.query.dir).map_err(|e| Error::Model(e.to_string()))?;
         let d_manifest = ModelManifest::load(&base.document.dir).map_err(|e| Error::Model(e.to_string()))?;
         for f in ["config.json", "model.safetensors"] {
@@ -773,12 +766,40 @@ impl Engine {
     }
 }
 
-/// One running job: its directory, cancel/stop flags and progress reporting.
+/// Queues training run `p` inside the caller's transaction with its runs row and its audit record (a schedule
+/// firing adds its own update to the same transaction). Refused when a run is queued or running.
+pub(crate) fn insert_training(
+    tx: &rusqlite::Transaction<'_>,
+    actor: &Actor,
+    p: &TrainParams,
+    device: &str,
+) -> Result<i64> {
+    if let Some(id) = unfinished_run(tx)? {
+        return Err(Error::Busy(format!(
+            "训练任务 #{id} 尚未结束，同一时间只运行一个训练 (training job {id} is still queued or running; runs \
+             never overlap: wait for it or cancel it on the 任务 page)"
+        )));
+    }
+    let id = crate::model_jobs::insert_job(tx, &Task::Train(p.clone()), actor)?;
+    tx.execute(
+        "INSERT INTO training_runs (job_id, schedule_id, device) VALUES (?1, ?2, ?3)",
+        params![id, p.schedule, device],
+    )?;
+    crate::audit::append(
+        tx,
+        &actor.name,
+        "training.submit",
+        &serde_json::json!({"job": id, "base": p.base, "schedule": p.schedule, "recipe": p.recipe}),
+    )?;
+    Ok(id)
+}
+
+/// One running job: its directory, its cancel token and progress reporting.
 struct Run<'a> {
     e: &'a Engine,
     id: i64,
     dir: &'a Path,
-    stop: &'a AtomicBool,
+    token: &'a CancelToken,
 }
 
 impl Run<'_> {
@@ -800,16 +821,14 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Writes the job's stage and progress; fails with `Cancelled` when the job was cancelled or the worker stops.
+    /// Writes the job's stage and progress; fails with `Cancelled` when the task's token is raised.
     fn progress(&self, stage: &str, done: u64, total: u64) -> Result<()> {
-        if self.e.job_progress(self.id, stage, done, total)? || self.stop.load(Ordering::SeqCst) {
-            return Err(interrupted());
-        }
-        Ok(())
+        self.e.job_progress(self.id, stage, done, total)?;
+        self.token.check()
     }
 
     fn dense_progress(&self) -> impl FnMut(DenseProgress) + '_ {
-        self.e.job_dense_progress(self.id, self.stop)
+        self.e.job_dense_progress(self.id)
     }
 
     /// Runs `care-train ARGS` to its end; with `metrics = (out, steps)` streams step, loss and ETA into the job.
@@ -854,7 +873,7 @@ impl Run<'_> {
                 kill(&mut child);
                 return Err(e);
             }
-            std::thread::sleep(POLL);
+            self.token.sleep(POLL);
         };
         if status.success() {
             return Ok(());
@@ -933,7 +952,10 @@ fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TrainingRun> {
     Ok(TrainingRun {
         job: r.get(0)?,
         state: r.get(1)?,
-        stage: r.get(2)?,
+        stage: {
+            let state = crate::jobs::JobState::parse(&r.get::<_, String>(1)?).unwrap_or(crate::jobs::JobState::Failed);
+            crate::jobs::stage_text(TRAIN, state, &r.get::<_, String>(2)?)
+        },
         progress_done: r.get(3)?,
         progress_total: r.get(4)?,
         schedule: r.get(5)?,

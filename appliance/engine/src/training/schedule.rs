@@ -1,11 +1,12 @@
 //! Training schedules, kept in SQLite: "every Sunday 02:00" (hospital local time, `[training] utc_offset_minutes`),
-//! "when ≥ N new feedback judgments", or both. The model thread checks them between jobs ([`Engine::fire_due_schedules`]).
+//! "when ≥ N new feedback judgments", or both. The scheduler's timer lane fires them
+//! ([`Engine::fire_due_schedules`]) at their due time and whenever something changes (new feedback, a run ending).
 //!
 //! A time trigger stores its next due instant. When the appliance was down past it, the first check after the start
 //! finds it overdue and fires once (not once per missed week), then moves it to the next occurrence after now. A
 //! schedule that comes due while a run is queued or running waits until that run ends: runs never overlap.
 
-use rusqlite::params;
+use rusqlite::{OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime, UtcOffset};
 
@@ -147,6 +148,8 @@ impl Engine {
             &serde_json::json!({"schedule": id, "spec": spec, "next_due": next}),
         )?;
         tx.commit()?;
+        // The timer lane sleeps until the earliest due time it knew of.
+        self.tasks_changed();
         Ok(id)
     }
 
@@ -159,6 +162,7 @@ impl Engine {
         }
         crate::audit::append(&tx, &actor.name, "training.schedule_delete", &serde_json::json!({"schedule": id}))?;
         tx.commit()?;
+        self.tasks_changed();
         Ok(())
     }
 
@@ -184,47 +188,94 @@ impl Engine {
         Ok(out)
     }
 
-    /// Submits a run for every enabled schedule that is due at `at` (one run at most, the oldest schedule first),
-    /// unless a run is queued or running. Returns the job submitted, if any.
+    /// Submits a run for the first enabled schedule (oldest first) that is due at `at`, unless a run is queued or
+    /// running. Returns the job submitted, if any. Called by the scheduler's timer lane whenever something changes
+    /// and at each schedule's due time.
     pub fn fire_due_schedules(&self, at: OffsetDateTime) -> Result<Option<i64>> {
         if super::unfinished_run(&self.store.reader())?.is_some() {
             return Ok(None);
         }
         for s in self.schedules_as(&Actor::system())? {
-            if !s.spec.enabled {
-                continue;
-            }
             let time_due = parse_rfc3339(&s.next_due).is_some_and(|t| t <= at);
             let feedback_due = s.spec.min_new_feedback.is_some_and(|n| s.new_feedback >= i64::from(n));
-            if !(time_due || feedback_due) {
+            if !s.spec.enabled || !(time_due || feedback_due) {
                 continue;
             }
-            let minute = s.spec.time.as_deref().and_then(|t| parse_time(t).ok());
-            let next = minute.map(|m| rfc3339(next_occurrence(s.spec.weekday, m, self.offset(), at)));
-            let actor = Actor::console(format!("schedule:{}", s.id));
-            let job = match self.submit_training_as(&actor, &s.spec.recipe, Some(s.id)) {
-                Ok(job) => Some(job),
-                Err(e) => {
-                    // Not retried every second: the failure is recorded and the schedule moves to its next time.
-                    tracing::warn!(schedule = s.id, error = %e, "scheduled training could not start");
-                    self.audit_event(
-                        &Actor::system(),
-                        "training.schedule_failed",
-                        &serde_json::json!({"schedule": s.id, "error": e.to_string()}),
-                    )?;
-                    None
-                }
-            };
-            self.store.conn().execute(
-                "UPDATE training_schedules SET next_due = ?2, last_fired_at = ?3, last_job = ?4,
-                        feedback_mark = (SELECT ifnull(max(id), 0) FROM feedback) WHERE id = ?1",
-                params![s.id, next.unwrap_or_default(), rfc3339(at), job],
-            )?;
-            if job.is_some() {
-                return Ok(job);
+            // Outside the transaction: these checks start `care-train --version` and read the disk.
+            let prepared = self.prepare_training(&s.spec.recipe, Some(s.id));
+            if let Some(job) = self.fire_schedule(&s, prepared, at)? {
+                self.tasks_changed();
+                return Ok(Some(job));
             }
         }
         Ok(None)
+    }
+
+    /// Fires schedule `s` in ONE transaction: the queued run with its audit record (or, when the run could not be
+    /// prepared, the audited failure) and the schedule's next due time, so a crash leaves either all or nothing
+    /// and a restart neither loses nor repeats the firing. Returns the run's job, if one was queued.
+    fn fire_schedule(
+        &self,
+        s: &Schedule,
+        prepared: Result<(super::TrainParams, String)>,
+        at: OffsetDateTime,
+    ) -> Result<Option<i64>> {
+        let minute = s.spec.time.as_deref().and_then(|t| parse_time(t).ok());
+        let next = minute.map(|m| rfc3339(next_occurrence(s.spec.weekday, m, self.offset(), at)));
+        let mut conn = self.store.conn();
+        let tx = conn.transaction()?;
+        // Still as it was read: otherwise another firing got here first.
+        let unchanged: bool = tx
+            .query_row(
+                "SELECT next_due = ?2 AND last_fired_at = ?3 FROM training_schedules WHERE id = ?1",
+                params![s.id, s.next_due, s.last_fired_at],
+                |r| r.get(0),
+            )
+            .optional()?
+            .unwrap_or(false);
+        if !unchanged {
+            return Ok(None);
+        }
+        let job = match prepared {
+            Ok((p, device)) => {
+                match super::insert_training(&tx, &Actor::console(format!("schedule:{}", s.id)), &p, &device) {
+                    Ok(job) => Some(job),
+                    // A run was queued meanwhile: the schedule stays due and fires when that run ends.
+                    Err(Error::Busy(_)) => return Ok(None),
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => {
+                // Not retried at every wake-up: the failure is recorded and the schedule moves to its next time.
+                tracing::warn!(schedule = s.id, error = %e, "scheduled training could not start");
+                let detail = serde_json::json!({"schedule": s.id, "error": e.to_string()});
+                crate::audit::append(&tx, &Actor::system().name, "training.schedule_failed", &detail)?;
+                None
+            }
+        };
+        tx.execute(
+            "UPDATE training_schedules SET next_due = ?2, last_fired_at = ?3, last_job = ?4,
+                    feedback_mark = (SELECT ifnull(max(id), 0) FROM feedback) WHERE id = ?1",
+            params![s.id, next.unwrap_or_default(), rfc3339(at), job],
+        )?;
+        tx.commit()?;
+        Ok(job)
+    }
+
+    /// The earliest time trigger after `now` of an enabled schedule, as an instant for the timer lane to wake at.
+    /// Triggers already past are left out: they wait for the run that blocks them, whose end wakes the lane.
+    pub(crate) fn next_schedule_due(&self, now: OffsetDateTime) -> Result<Option<std::time::Instant>> {
+        let next = self
+            .schedules_as(&Actor::system())?
+            .into_iter()
+            .filter(|s| s.spec.enabled)
+            .filter_map(|s| parse_rfc3339(&s.next_due))
+            .filter(|t| *t > now)
+            .min();
+        Ok(next.map(|t| {
+            let wait = std::time::Duration::try_from(t - now).unwrap_or_default();
+            std::time::Instant::now() + wait
+        }))
     }
 }
 
