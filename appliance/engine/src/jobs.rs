@@ -205,6 +205,17 @@ impl Engine {
         opts: IngestOptions,
         actor: &str,
     ) -> Result<i64> {
+        self.submit_ingest_as_user(collection, files, opts, &Actor::console(actor))
+    }
+
+    /// [`Engine::submit_ingest`] for a signed-in actor: the job runs as that account, re-checked when it runs.
+    pub(crate) fn submit_ingest_as_user(
+        &self,
+        collection: &str,
+        files: Vec<PathBuf>,
+        opts: IngestOptions,
+        actor: &Actor,
+    ) -> Result<i64> {
         let root = std::fs::canonicalize(self.uploads_dir()).map_err(|e| Error::io(self.uploads_dir(), e))?;
         let mut owned = Vec::with_capacity(files.len());
         for f in files {
@@ -218,20 +229,7 @@ impl Engine {
             }
             owned.push(c);
         }
-        self.submit(collection, owned, opts, &Actor::console(actor), true)
-    }
-
-    /// [`Engine::submit_ingest`] for a signed-in actor: the job runs as that account, re-checked when it runs.
-    pub(crate) fn submit_ingest_as_user(
-        &self,
-        collection: &str,
-        files: Vec<PathBuf>,
-        opts: IngestOptions,
-        actor: &Actor,
-    ) -> Result<i64> {
-        let id = self.submit_ingest(collection, files, opts, &actor.name)?;
-        self.store.conn().execute("UPDATE jobs SET actor_user_id = ?2 WHERE id = ?1", params![id, actor.user_id])?;
-        Ok(id)
+        self.submit(collection, owned, opts, actor, true)
     }
 
     /// Queues an ingestion job for files that stay where they are (the CLI); they are read, never deleted.

@@ -15,8 +15,11 @@
 //!   ├ ingest    files → ParsedDocument (pdf, docx, html, md, txt, csv, jsonl, zip; encodings; limits):
 //!   │           ingest/{pdf,docx,html,csv,archive,encoding}.rs; fuzz targets and fixture writers in
 //!   │           ingest/{fuzz,fixtures}.rs
-//!   ├ jobs      durable ingestion jobs in SQLite and the background worker that runs and resumes them
-//!   ├ model_jobs evaluation, promotion, training and offline embedding as durable jobs beside ingestion
+//!   ├ jobs      durable ingestion jobs in SQLite: claiming, reading and confirming files, resumed after a crash
+//!   ├ tasks     the typed Task enum (stored as a job's kind and params), cancel tokens, and the one scheduler
+//!   │           (tasks/scheduler.rs): ingest lanes, the model lane, a timer lane for schedules and housekeeping,
+//!   │           woken on submit, cancel, a task's end and due times, never polling
+//!   ├ model_jobs the model lane: evaluation, promotion, training and offline embedding, one `match` on Task
 //!   ├ text      normalisation (full/half width, controls) and sentence/heading-aware chunking
 //!   ├ lexical   tantivy BM25 with jieba search-mode tokens + medical dictionary; derived from SQLite
 //!   ├ query     query understanding: folding (full-width, traditional → simplified), salient terms, synonym
