@@ -99,7 +99,7 @@ impl Task {
         }
     }
 
-    /// The stored `(kind, params)` of this task.
+    /// The stored `(kind, params)` of a task.
     pub fn to_row(&self) -> Result<(&'static str, String)> {
         let v = serde_json::to_value(self).map_err(|e| Error::Internal(format!("task parameters: {e}")))?;
         Ok((self.kind(), v["params"].to_string()))
