@@ -208,7 +208,13 @@ fn authorisation_matrix_and_collection_isolation() {
     m.insert(("GET", "/admin/synonyms"), case("/admin/synonyms?q=COPD", Empty, 302, 403, &[200]));
     m.insert(
         ("POST", "/admin/synonyms"),
-        case("/admin/synonyms", Form("preferred=%E7%9F%A9%E9%98%B5%E7%94%B2&variants=%E7%9F%A9%E9%98%B5%E4%B9%99"), 302, 403, &[303]),
+        case(
+            "/admin/synonyms",
+            Form("preferred=%E7%9F%A9%E9%98%B5%E7%94%B2&variants=%E7%9F%A9%E9%98%B5%E4%B9%99"),
+            302,
+            403,
+            &[303],
+        ),
     );
     // A Markdown file is no synonym CSV: refused back to the page with the line it failed on.
     m.insert(("POST", "/admin/synonyms/import"), case("/admin/synonyms/import", Upload, 302, 403, &[303]));
@@ -321,10 +327,19 @@ fn authorisation_matrix_and_collection_isolation() {
         case("/api/v1/admin/synonyms", Json(r#"{"preferred":"矩阵丁","variants":["矩阵戊"]}"#), 401, 403, &[201]),
     );
     m.insert(("GET", "/api/v1/admin/synonyms.csv"), case("/api/v1/admin/synonyms.csv", Empty, 401, 403, &[200]));
-    m.insert(("POST", "/api/v1/admin/synonyms/import"), case("/api/v1/admin/synonyms/import", Upload, 401, 403, &[400]));
+    m.insert(
+        ("POST", "/api/v1/admin/synonyms/import"),
+        case("/api/v1/admin/synonyms/import", Upload, 401, 403, &[400]),
+    );
     m.insert(
         ("PUT", "/api/v1/admin/synonyms/{id}"),
-        case("/api/v1/admin/synonyms/999999", Json(r#"{"preferred":"矩阵己","variants":["矩阵庚"]}"#), 401, 403, &[404]),
+        case(
+            "/api/v1/admin/synonyms/999999",
+            Json(r#"{"preferred":"矩阵己","variants":["矩阵庚"]}"#),
+            401,
+            403,
+            &[404],
+        ),
     );
     m.insert(("DELETE", "/api/v1/admin/synonyms/{id}"), case("/api/v1/admin/synonyms/999999", Empty, 401, 403, &[404]));
     m.insert(("GET", "/admin/training"), case("/admin/training", Empty, 302, 403, &[200]));

@@ -351,7 +351,9 @@ impl Engine {
     pub fn document_sections(&self, doc: &DocumentView, query: &str) -> Vec<Section> {
         let jieba = self.lexical().jieba();
         let plan = match self.synonym_table() {
-            Ok(t) => crate::query::QueryPlan::with_synonyms(jieba, query, &t, self.cfg.search.synonym_weight.clamp(0.0, 1.0)),
+            Ok(t) => {
+                crate::query::QueryPlan::with_synonyms(jieba, query, &t, self.cfg.search.synonym_weight.clamp(0.0, 1.0))
+            }
             Err(_) => crate::query::QueryPlan::new(jieba, query),
         };
         let h = Highlighter::with_words(jieba, plan.terms.into_iter().map(|t| t.0).filter(|w| !is_stopword(w)));

@@ -408,7 +408,8 @@ impl Engine {
             .collect();
         let newest = |dir: &std::path::Path| -> Option<std::time::SystemTime> {
             let own = std::fs::metadata(dir).and_then(|m| m.modified()).ok();
-            let files = std::fs::read_dir(dir).ok()?.flatten().filter_map(|e| e.metadata().and_then(|m| m.modified()).ok());
+            let files =
+                std::fs::read_dir(dir).ok()?.flatten().filter_map(|e| e.metadata().and_then(|m| m.modified()).ok());
             files.chain(own).max()
         };
         let mut removed = 0;
@@ -995,7 +996,8 @@ impl Engine {
         let names: Vec<String> = cols.iter().map(|c| c.name.clone()).collect();
         let table = self.synonym_table()?;
         let weight = if req.exact { 0.0 } else { req.synonym_weight.unwrap_or(self.cfg.search.synonym_weight) };
-        let (plan, pinyin_of, did_you_mean) = self.plan_query(query, &table, &names, weight.clamp(0.0, 1.0), !req.exact)?;
+        let (plan, pinyin_of, did_you_mean) =
+            self.plan_query(query, &table, &names, weight.clamp(0.0, 1.0), !req.exact)?;
         let limit = req.limit.unwrap_or(self.cfg.search.default_limit).clamp(1, self.cfg.search.max_limit);
         let t0 = Instant::now();
         let wants_dense = req.method != Some(crate::fusion::Method::Bm25);
@@ -1005,12 +1007,13 @@ impl Engine {
         let t1 = Instant::now();
         let ranking = self.rank(&plan.terms, qvec, &cols, req.method, req.dense_weight, self.ranking_depth())?;
         let retrieve_ms = t1.elapsed().as_secs_f64() * 1e3;
-        let (ranked, more) = if req.group_by_document { group_by_document(&ranking.hits) } else {
+        let (ranked, more) = if req.group_by_document {
+            group_by_document(&ranking.hits)
+        } else {
             (ranking.hits.iter().collect(), vec![0; ranking.hits.len()])
         };
         let total = ranked.len();
-        let page: Vec<(&Explained, usize)> =
-            ranked.into_iter().zip(more).skip(req.offset).take(limit).collect();
+        let page: Vec<(&Explained, usize)> = ranked.into_iter().zip(more).skip(req.offset).take(limit).collect();
         let hits = self.page_hits(&plan, &page, req.offset)?;
         let (matched_terms, missing_terms) = self.term_presence(&plan, &names)?;
         Ok(SearchResults {
@@ -1020,7 +1023,11 @@ impl Engine {
             } else {
                 plan.folded_if_changed().map(str::to_string)
             },
-            expansions: plan.expansions.iter().map(|(t, s)| Expansion { term: t.clone(), synonyms: s.clone() }).collect(),
+            expansions: plan
+                .expansions
+                .iter()
+                .map(|(t, s)| Expansion { term: t.clone(), synonyms: s.clone() })
+                .collect(),
             pinyin_of,
             did_you_mean,
             method: ranking.method,
@@ -1106,15 +1113,24 @@ impl Engine {
     }
 
     /// The hits of one page, with texts, snippets (highlighting every searched form) and evidence.
-    fn page_hits(&self, plan: &crate::query::QueryPlan, page: &[(&Explained, usize)], offset: usize) -> Result<Vec<SearchHit>> {
+    fn page_hits(
+        &self,
+        plan: &crate::query::QueryPlan,
+        page: &[(&Explained, usize)],
+        offset: usize,
+    ) -> Result<Vec<SearchHit>> {
         let ids: Vec<i64> = page.iter().map(|h| h.0.chunk_id).collect();
         let views = self.store.chunk_views(&ids)?;
         let by_id: HashMap<i64, _> = views.into_iter().map(|v| (v.chunk_id, v)).collect();
         let shown: Vec<(&Explained, usize, &crate::store::ChunkView)> =
             page.iter().filter_map(|(h, m)| by_id.get(&h.chunk_id).map(|v| (*h, *m, v))).collect();
         let texts: Vec<&str> = shown.iter().map(|(_, _, v)| v.text.as_str()).collect();
-        let snippets =
-            self.lexical.snippets_for(&plan.terms, &texts, self.cfg.search.snippet_bytes, &crate::query::to_simplified)?;
+        let snippets = self.lexical.snippets_for(
+            &plan.terms,
+            &texts,
+            self.cfg.search.snippet_bytes,
+            &crate::query::to_simplified,
+        )?;
         Ok(shown
             .into_iter()
             .zip(snippets)
@@ -1145,7 +1161,11 @@ impl Engine {
     /// one that is not (jieba segmented the passages around it differently) is looked for as a substring of the
     /// chunks' text, headings and titles, so "not found" is said only of text that truly occurs nowhere. The scan
     /// runs only for such terms, and stops at the first chunk.
-    fn term_presence(&self, plan: &crate::query::QueryPlan, collections: &[String]) -> Result<(Vec<String>, Vec<String>)> {
+    fn term_presence(
+        &self,
+        plan: &crate::query::QueryPlan,
+        collections: &[String],
+    ) -> Result<(Vec<String>, Vec<String>)> {
         let mut present = Vec::new();
         let mut missing = Vec::new();
         for w in &plan.salient {

@@ -82,8 +82,7 @@ pub mod vectors;
 
 pub use config::EngineConfig;
 pub use engine::{
-    Expansion,
-    Engine, IngestProgress, IngestReport, MAX_QUERY_CHARS, OpenMode, SearchHit, SearchRequest, SearchResults,
+    Engine, Expansion, IngestProgress, IngestReport, MAX_QUERY_CHARS, OpenMode, SearchHit, SearchRequest, SearchResults,
 };
 pub use error::{Error, ErrorCode, Result};
 pub use ingest::{IngestLimits, IngestOptions};

@@ -260,7 +260,10 @@ fn copy_package(src: &Path, dst: &Path, m: &ModelManifest) -> Result<()> {
         }
         // Links are never followed: a package naming /etc/passwd as its weights must not copy it into models/.
         if md.as_ref().is_ok_and(|m| !m.file_type().is_file()) {
-            return Err(invalid(src, format!("{f} 不是普通文件（不跟随符号链接）；请复制文件本身 (not a regular file)")));
+            return Err(invalid(
+                src,
+                format!("{f} 不是普通文件（不跟随符号链接）；请复制文件本身 (not a regular file)"),
+            ));
         }
         std::fs::copy(&from, dst.join(f)).map_err(|e| Error::io(&from, e))?;
     }

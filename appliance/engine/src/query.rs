@@ -78,8 +78,7 @@ impl QueryPlan {
     pub fn with_synonyms(jieba: &Jieba, query: &str, table: &SynonymTable, synonym_weight: f32) -> Self {
         let original = query.trim().to_string();
         let folded = to_simplified(&crate::text::normalize(&original));
-        let mut terms: Vec<(String, f32)> =
-            lexical::tokenize(jieba, &folded).into_iter().map(|t| (t.2, 1.0)).collect();
+        let mut terms: Vec<(String, f32)> = lexical::tokenize(jieba, &folded).into_iter().map(|t| (t.2, 1.0)).collect();
         // Only tokens with a character that differs between the scripts: a shared character (高 in 高血壓) would
         // otherwise count twice and change the scores of every simplified passage.
         let traditional = to_traditional(&folded);
@@ -163,7 +162,8 @@ pub fn contains_term(hay: &str, term: &str) -> bool {
         return hay.contains(term);
     }
     let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
-    hay.match_indices(term).any(|(s, _)| !alnum(hay[..s].chars().next_back()) && !alnum(hay[s + term.len()..].chars().next()))
+    hay.match_indices(term)
+        .any(|(s, _)| !alnum(hay[..s].chars().next_back()) && !alnum(hay[s + term.len()..].chars().next()))
 }
 
 #[cfg(test)]
@@ -177,12 +177,17 @@ mod tests {
         assert_eq!(p.folded, "高血压的治疗");
         assert!(p.terms.iter().any(|t| t.0 == "高血压"), "{:?}", p.terms);
         assert!(p.terms.iter().any(|t| t.0 == "高血壓"), "traditional passages still match: {:?}", p.terms);
-        assert!(p.salient.contains(&"高血压".to_string()) && p.salient.contains(&"治疗".to_string()), "{:?}", p.salient);
+        assert!(
+            p.salient.contains(&"高血压".to_string()) && p.salient.contains(&"治疗".to_string()),
+            "{:?}",
+            p.salient
+        );
         assert!(!p.salient.contains(&"的".to_string()));
         // A simplified query is searched exactly as before: its own tokens, each once, weight 1, plus only the
         // traditional forms that differ.
         let s = QueryPlan::new(&jieba, "二甲双胍的禁忌症");
-        let plain: Vec<String> = crate::lexical::tokenize(&jieba, "二甲双胍的禁忌症").into_iter().map(|t| t.2).collect();
+        let plain: Vec<String> =
+            crate::lexical::tokenize(&jieba, "二甲双胍的禁忌症").into_iter().map(|t| t.2).collect();
         assert_eq!(s.terms[..plain.len()].iter().map(|t| t.0.clone()).collect::<Vec<_>>(), plain);
         assert!(s.terms[plain.len()..].iter().all(|t| to_simplified(&t.0) != t.0), "{:?}", s.terms);
         assert_eq!(s.folded_if_changed(), None);
@@ -205,19 +210,30 @@ mod tests {
         assert!(c.salient.contains(&"孕妇".to_string()), "{:?}", c.salient);
         assert!(QueryPlan::new(&jieba, "替格瑞洛有什么副作用").salient.contains(&"替格瑞洛".to_string()));
         let g = QueryPlan::new(&jieba, "qwzxv 喵喵 嗷嗷嗷 zzkkq");
-        assert!(g.salient.contains(&"qwzxv".to_string()) && g.salient.contains(&"zzkkq".to_string()), "{:?}", g.salient);
+        assert!(
+            g.salient.contains(&"qwzxv".to_string()) && g.salient.contains(&"zzkkq".to_string()),
+            "{:?}",
+            g.salient
+        );
         // Three characters the HMM glued (完牙想 in 刷完牙想呕) are no term either; a longer unknown name is.
         assert!(!QueryPlan::new(&jieba, "刷完牙想呕咽喉").salient.contains(&"完牙想".to_string()));
-        assert!(QueryPlan::new(&jieba, "达格列净的剂量").salient.contains(&"达格列净".to_string()), "{:?}", QueryPlan::new(&jieba, "达格列净的剂量").salient);
+        assert!(
+            QueryPlan::new(&jieba, "达格列净的剂量").salient.contains(&"达格列净".to_string()),
+            "{:?}",
+            QueryPlan::new(&jieba, "达格列净的剂量").salient
+        );
     }
 
     #[test]
     fn synonym_terms_expand_at_a_lower_weight_and_count_as_found() {
         let (jieba, _) = crate::lexical::build_jieba(None).unwrap();
-        let table = SynonymTable::build(1, vec![
-            vec!["慢性阻塞性肺疾病".into(), "慢阻肺".into(), "COPD".into()],
-            vec!["心肌梗死".into(), "心梗".into(), "MI".into()],
-        ]);
+        let table = SynonymTable::build(
+            1,
+            vec![
+                vec!["慢性阻塞性肺疾病".into(), "慢阻肺".into(), "COPD".into()],
+                vec!["心肌梗死".into(), "心梗".into(), "MI".into()],
+            ],
+        );
         let p = QueryPlan::with_synonyms(&jieba, "慢阻肺的治疗", &table, 0.5);
         assert_eq!(p.salient, vec!["慢阻肺".to_string(), "治疗".to_string()]);
         assert!(p.terms.iter().any(|t| t.0 == "copd" && t.1 == 0.5), "{:?}", p.terms);

@@ -590,7 +590,13 @@ impl Engine {
     // -- synonym table ---------------------------------------------------------------------------------------
 
     /// Groups whose terms or note contain `filter`, a page of them, and how many match.
-    pub fn synonyms_as(&self, actor: &Actor, filter: Option<&str>, limit: usize, offset: usize) -> Result<(Vec<SynonymEntry>, usize)> {
+    pub fn synonyms_as(
+        &self,
+        actor: &Actor,
+        filter: Option<&str>,
+        limit: usize,
+        offset: usize,
+    ) -> Result<(Vec<SynonymEntry>, usize)> {
         actor.require_admin()?;
         synonyms::list(&self.store, filter, limit, offset)
     }

@@ -214,7 +214,12 @@ pub fn save(store: &Store, actor: &str, id: Option<i64>, g: &NewSynonym) -> Resu
         None => insert(&tx, &g, "admin", actor)?,
     };
     let action = if id.is_some() { "synonym.update" } else { "synonym.add" };
-    audit::append(&tx, actor, action, &serde_json::json!({"id": new_id, "preferred": g.preferred, "variants": g.variants}))?;
+    audit::append(
+        &tx,
+        actor,
+        action,
+        &serde_json::json!({"id": new_id, "preferred": g.preferred, "variants": g.variants}),
+    )?;
     bump(&tx)?;
     let saved = get(&tx, new_id)?;
     tx.commit()?;
@@ -423,10 +428,8 @@ impl SynonymTable {
     pub fn load(store: &Store) -> Result<SynonymTable> {
         let conn = store.reader();
         let version = version(&conn)?;
-        let groups: Vec<Vec<String>> = all_rows(&conn)?
-            .into_iter()
-            .map(|e| std::iter::once(e.preferred).chain(e.variants).collect())
-            .collect();
+        let groups: Vec<Vec<String>> =
+            all_rows(&conn)?.into_iter().map(|e| std::iter::once(e.preferred).chain(e.variants).collect()).collect();
         Ok(SynonymTable::build(version, groups))
     }
 
@@ -558,7 +561,10 @@ mod tests {
     fn longest_terms_win_and_latin_terms_match_whole_words() {
         let t = table(&[&["糖尿病", "DM"], &["2型糖尿病", "T2DM"], &["慢性阻塞性肺疾病", "慢阻肺", "COPD"]]);
         let m = t.find(&fold("2型糖尿病合并慢阻肺"));
-        assert_eq!(m.iter().map(|m| t.terms(m.group)[0].as_str()).collect::<Vec<_>>(), ["2型糖尿病", "慢性阻塞性肺疾病"]);
+        assert_eq!(
+            m.iter().map(|m| t.terms(m.group)[0].as_str()).collect::<Vec<_>>(),
+            ["2型糖尿病", "慢性阻塞性肺疾病"]
+        );
         assert_eq!(t.find(&fold("DM患者")).len(), 1);
         assert!(t.find("admin").is_empty(), "DM inside a Latin word is no match");
         assert_eq!(t.find(&fold("ＣＯＰＤ急性加重")).len(), 1, "full-width and upper case fold");
@@ -579,7 +585,8 @@ mod tests {
 
     #[test]
     fn csv_is_checked_line_by_line_and_nothing_is_half_read() {
-        let ok = parse_csv("首选词,同义词,备注\n心肌梗死,心梗|MI,心血管\n\n冠心病,冠状动脉粥样硬化性心脏病|CHD,\n").unwrap();
+        let ok =
+            parse_csv("首选词,同义词,备注\n心肌梗死,心梗|MI,心血管\n\n冠心病,冠状动脉粥样硬化性心脏病|CHD,\n").unwrap();
         assert_eq!(ok.len(), 2);
         assert_eq!(ok[0].variants, vec!["心梗", "MI"]);
         let err = parse_csv("心肌梗死,心梗\n心梗死,心梗\n肺,肺脏\n高血压,\n").unwrap_err().to_string();
@@ -592,7 +599,10 @@ mod tests {
     fn the_seed_table_is_valid_and_large_enough() {
         let groups = parse_csv(SEED_CSV).expect("the seed table parses");
         assert!(groups.len() >= 300, "{} groups", groups.len());
-        let t = SynonymTable::build(1, groups.into_iter().map(|g| std::iter::once(g.preferred).chain(g.variants).collect()).collect());
+        let t = SynonymTable::build(
+            1,
+            groups.into_iter().map(|g| std::iter::once(g.preferred).chain(g.variants).collect()).collect(),
+        );
         for q in ["COPD", "慢阻肺", "心梗", "DM"] {
             assert!(!t.find(&fold(q)).is_empty(), "{q} is in the seed table");
         }

@@ -2588,22 +2588,33 @@ fn synonyms_abbreviations_and_pinyin_find_what_clinicians_type() {
     let copd = rows.iter().find(|g| g.variants.iter().any(|v| v == "COPD")).expect("COPD is in the seed table");
     e.delete_synonym_as(&admin, copd.id).unwrap();
     assert_eq!(page(&e, "COPD", 0, 10, false).missing_terms, vec!["copd".to_string()]);
-    let back = NewSynonym { preferred: "慢性阻塞性肺疾病".into(), variants: vec!["COPD".into()], note: "呼吸".into() };
+    let back = NewSynonym {
+        preferred: "慢性阻塞性肺疾病".into(), variants: vec!["COPD".into()], note: "呼吸".into()
+    };
     e.save_synonym_as(&admin, None, &back).unwrap();
     assert!(page(&e, "COPD", 0, 10, false).missing_terms.is_empty());
     // A term belongs to one group: another group claiming COPD is refused, naming the group that has it.
     let dup = NewSynonym { preferred: "慢阻性肺病X".into(), variants: vec!["copd".into()], note: String::new() };
     let err = e.save_synonym_as(&admin, None, &dup).unwrap_err().to_string();
     assert!(err.contains("慢性阻塞性肺疾病"), "{err}");
-    let clinician = care_engine::Actor { name: "drwang".into(), role: care_engine::accounts::Role::Clinician, user_id: None };
+    let clinician =
+        care_engine::Actor { name: "drwang".into(), role: care_engine::accounts::Role::Clinician, user_id: None };
     assert!(e.save_synonym_as(&clinician, None, &back).is_err(), "only admins edit the table");
     let actions: Vec<String> = e
-        .audit_records_as(&admin, &care_engine::audit::Filter { action_prefix: Some("synonym.".into()), ..Default::default() }, 10, 0)
+        .audit_records_as(
+            &admin,
+            &care_engine::audit::Filter { action_prefix: Some("synonym.".into()), ..Default::default() },
+            10,
+            0,
+        )
         .unwrap()
         .into_iter()
         .map(|r| r.action)
         .collect();
-    assert!(actions.contains(&"synonym.delete".to_string()) && actions.contains(&"synonym.add".to_string()), "{actions:?}");
+    assert!(
+        actions.contains(&"synonym.delete".to_string()) && actions.contains(&"synonym.add".to_string()),
+        "{actions:?}"
+    );
     // CSV: the export imports back unchanged; a bad file changes nothing and names its lines.
     let csv = e.export_synonyms_as(&admin).unwrap();
     let before = e.synonyms_as(&admin, None, usize::MAX, 0).unwrap().1;
@@ -2646,9 +2657,26 @@ fn search_trust_benchmark() {
     let split = std::env::var("CARE_TRUST_SPLIT").unwrap_or_else(|_| "dev".into());
     // Real drug names, none of them in the shared sets (each is checked per collection before use).
     let absent = [
-        "替格瑞洛", "达格列净", "恩格列净", "司美格鲁肽", "替尔泊肽", "奥希替尼", "帕博利珠单抗", "纳武利尤单抗", "度拉糖肽",
-        "阿哌沙班", "艾多沙班", "沙库巴曲缬沙坦", "维立西呱", "非奈利酮", "依洛尤单抗", "托法替布", "巴瑞替尼", "乌帕替尼",
-        "索马鲁肽", "卡格列净",
+        "替格瑞洛",
+        "达格列净",
+        "恩格列净",
+        "司美格鲁肽",
+        "替尔泊肽",
+        "奥希替尼",
+        "帕博利珠单抗",
+        "纳武利尤单抗",
+        "度拉糖肽",
+        "阿哌沙班",
+        "艾多沙班",
+        "沙库巴曲缬沙坦",
+        "维立西呱",
+        "非奈利酮",
+        "依洛尤单抗",
+        "托法替布",
+        "巴瑞替尼",
+        "乌帕替尼",
+        "索马鲁肽",
+        "卡格列净",
     ];
     let mut report = serde_json::Map::new();
     // Sets that share a corpus (huatuo26m_test and toyhom_neike) share its index.
@@ -2687,7 +2715,13 @@ fn search_trust_benchmark() {
             let mut expanded = 0usize;
             for (id, q) in &set.queries {
                 let r = e
-                    .search(&SearchRequest { query: q.clone(), limit: Some(10), exact, synonym_weight: w, ..Default::default() })
+                    .search(&SearchRequest {
+                        query: q.clone(),
+                        limit: Some(10),
+                        exact,
+                        synonym_weight: w,
+                        ..Default::default()
+                    })
                     .unwrap();
                 expanded += usize::from(!r.expansions.is_empty());
                 runs.insert(id.clone(), r.hits.into_iter().map(|h| h.external_id).collect());
@@ -2704,7 +2738,8 @@ fn search_trust_benchmark() {
             by_weight.insert(format!("{w}"), serde_json::json!(n));
         }
         // Absent-term set: the longest matched term of a query replaced by an absent drug name.
-        let absent_here: Vec<&str> = absent.iter().copied().filter(|a| !search(a, 0, 1).missing_terms.is_empty()).collect();
+        let absent_here: Vec<&str> =
+            absent.iter().copied().filter(|a| !search(a, 0, 1).missing_terms.is_empty()).collect();
         assert!(!absent_here.is_empty());
         let (mut altered, mut altered_flagged, mut twins_flagged) = (0usize, 0usize, 0usize);
         let mut twin_examples = Vec::new();

@@ -92,8 +92,11 @@ fn a_cancel_reaches_a_running_ingest_at_its_next_batch() {
     let f = t.path().join("many.jsonl");
     let mut out = std::io::BufWriter::new(std::fs::File::create(&f).unwrap());
     for i in 0..60_000 {
-        writeln!(out, r#"{{"id": "d{i}", "title": "文档{i}", "text": "第{i}篇：高血压患者应限制钠盐摄入，规律服药。"}}"#)
-            .unwrap();
+        writeln!(
+            out,
+            r#"{{"id": "d{i}", "title": "文档{i}", "text": "第{i}篇：高血压患者应限制钠盐摄入，规律服药。"}}"#
+        )
+        .unwrap();
     }
     drop(out);
     let id = e.submit_ingest_in_place("c", vec![f], IngestOptions::default(), "admin").unwrap();

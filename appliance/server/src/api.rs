@@ -801,7 +801,8 @@ pub async fn admin_import_synonyms(
 #[get("/healthz")]
 pub async fn healthz(state: web::Data<AppState>) -> HttpResponse {
     match anon(&state, |e| Ok(e.health_report())).await {
-        Ok(h) if h.ok => HttpResponse::Ok().json(serde_json::json!({"status": "ok", "schema_version": h.schema_version,
+        Ok(h) if h.ok => HttpResponse::Ok()
+            .json(serde_json::json!({"status": "ok", "schema_version": h.schema_version,
             "free_bytes": h.free_bytes, "reserve_bytes": h.reserve_bytes})),
         Ok(h) => HttpResponse::ServiceUnavailable().json(serde_json::json!({"status": "unhealthy",
             "schema_version": h.schema_version, "free_bytes": h.free_bytes, "reserve_bytes": h.reserve_bytes,
@@ -823,7 +824,10 @@ pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiErro
             health.reserve_bytes
         ));
     }
-    body.push_str(&format!("# HELP care_healthy 1 when /healthz answers ok.\n# TYPE care_healthy gauge\ncare_healthy {}\n", u8::from(health.ok)));
+    body.push_str(&format!(
+        "# HELP care_healthy 1 when /healthz answers ok.\n# TYPE care_healthy gauge\ncare_healthy {}\n",
+        u8::from(health.ok)
+    ));
     Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(body))
 }
 

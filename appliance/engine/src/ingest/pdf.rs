@@ -217,7 +217,10 @@ mod tests {
         let err = extract(Path::new("g.pdf"), b"%PDF-1.5\ngarbage\n%%EOF", &IngestLimits::default()).unwrap_err();
         assert_eq!(err.code().as_str(), "malformed_record", "{err}");
         let blank = pdf_bytes(&[vec![]]);
-        assert!(!matches!(extract(Path::new("scan.pdf"), &blank, &IngestLimits::default()), Err(Error::UnsafeArchive { .. })));
+        assert!(!matches!(
+            extract(Path::new("scan.pdf"), &blank, &IngestLimits::default()),
+            Err(Error::UnsafeArchive { .. })
+        ));
         let err = extract(Path::new("scan.pdf"), &blank, &IngestLimits::default()).unwrap_err();
         assert!(matches!(err, Error::NoText { .. }), "{err}");
     }
@@ -227,18 +230,29 @@ mod tests {
         use crate::ingest::fixtures::pdf_bytes_with_cmap;
         let page = vec![vec!["二甲双胍"]];
         // A conforming range (one last byte) and an array destination are fine.
-        let ok = pdf_bytes_with_cmap(&page, "2 beginbfrange\n<0100> <01FF> <4E00>\n<0200> <0202> [<4E01> <4E02> <4E03>]\nendbfrange\n");
+        let ok = pdf_bytes_with_cmap(
+            &page,
+            "2 beginbfrange\n<0100> <01FF> <4E00>\n<0200> <0202> [<4E01> <4E02> <4E03>]\nendbfrange\n",
+        );
         assert!(extract(Path::new("ok.pdf"), &ok, &IngestLimits::default()).is_ok());
-        for bad in ["<00000000> <FFFFFFFF> <4E00>", "<000000> <FFFFFF> <4E00>", "<0000> <FFFF> <4E00>", "<00FF> <0100> <4E00>"] {
+        for bad in
+            ["<00000000> <FFFFFFFF> <4E00>", "<000000> <FFFFFF> <4E00>", "<0000> <FFFF> <4E00>", "<00FF> <0100> <4E00>"]
+        {
             let pdf = pdf_bytes_with_cmap(&page, &format!("1 beginbfrange\n{bad}\nendbfrange\n"));
             let started = std::time::Instant::now();
             let err = extract(Path::new("bomb.pdf"), &pdf, &IngestLimits::default()).unwrap_err();
-            assert!(matches!(err, Error::UnsafeArchive { .. }) && err.to_string().contains("ToUnicode"), "{bad}: {err}");
+            assert!(
+                matches!(err, Error::UnsafeArchive { .. }) && err.to_string().contains("ToUnicode"),
+                "{bad}: {err}"
+            );
             assert!(started.elapsed() < std::time::Duration::from_secs(2), "{bad}: refused before any expansion");
         }
         // Many conforming ranges that together declare too much.
         let many: String = (0..1000u32).map(|i| format!("<{:04X}00> <{:04X}FF> <4E00>\n", i, i)).collect();
         let pdf = pdf_bytes_with_cmap(&page, &format!("1000 beginbfrange\n{many}endbfrange\n"));
-        assert!(matches!(extract(Path::new("many.pdf"), &pdf, &IngestLimits::default()), Err(Error::UnsafeArchive { .. })));
+        assert!(matches!(
+            extract(Path::new("many.pdf"), &pdf, &IngestLimits::default()),
+            Err(Error::UnsafeArchive { .. })
+        ));
     }
 }
