@@ -531,11 +531,15 @@ pub async fn delete_synonym(
 
 #[get("/admin/synonyms.csv")]
 pub async fn synonyms_csv(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
-    let csv = call(&state, &caller, |e, a| e.export_synonyms_as(a)).await?;
-    Ok(HttpResponse::Ok()
+    api::admin_export_synonyms_response(&state, &caller).await
+}
+
+/// A CSV file the browser saves as `filename`.
+pub(crate) fn csv_download(csv: String, filename: &str) -> HttpResponse {
+    HttpResponse::Ok()
         .content_type("text/csv; charset=utf-8")
-        .insert_header((header::CONTENT_DISPOSITION, "attachment; filename=\"care-synonyms.csv\""))
-        .body(csv))
+        .insert_header((header::CONTENT_DISPOSITION, format!("attachment; filename=\"{filename}\"")))
+        .body(csv)
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -886,8 +890,5 @@ pub async fn audit_csv(
     let q = q.into_inner();
     let (f, limit, filter) = (q.filter(), q.limit.unwrap_or(1_000_000).min(1_000_000), audit_query_string(&q));
     let csv = call(&state, &caller, move |e, a| e.audit_export_as(a, &f, limit, &filter)).await?;
-    Ok(HttpResponse::Ok()
-        .content_type("text/csv; charset=utf-8")
-        .insert_header((header::CONTENT_DISPOSITION, "attachment; filename=\"care-audit.csv\""))
-        .body(csv))
+    Ok(csv_download(csv, "care-audit.csv"))
 }

@@ -765,11 +765,16 @@ pub async fn admin_delete_synonym(
     responses((status = 200, description = "the whole table: 首选词,同义词,备注 (synonyms separated by |)", content_type = "text/csv")))]
 #[get("/api/v1/admin/synonyms.csv")]
 pub async fn admin_export_synonyms(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
-    let csv = call(&state, &caller, |e, a| e.export_synonyms_as(a)).await?;
-    Ok(HttpResponse::Ok()
-        .content_type("text/csv; charset=utf-8")
-        .insert_header((actix_web::http::header::CONTENT_DISPOSITION, "attachment; filename=\"care-synonyms.csv\""))
-        .body(csv))
+    admin_export_synonyms_response(&state, &caller).await
+}
+
+/// The synonym table as a CSV download: the API's and the console's export.
+pub(crate) async fn admin_export_synonyms_response(
+    state: &web::Data<AppState>,
+    caller: &Caller,
+) -> Result<HttpResponse, ApiError> {
+    let csv = call(state, caller, |e, a| e.export_synonyms_as(a)).await?;
+    Ok(crate::admin::csv_download(csv, "care-synonyms.csv"))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

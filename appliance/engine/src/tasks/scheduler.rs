@@ -181,7 +181,9 @@ fn wake_listener(e: &Engine) {
     }
 }
 
-fn ingest_lane(s: &Shared) {
+/// A worker thread: one step of work while this process holds the jobs lock, else sleep until woken (or until
+/// the retry delay after an error).
+fn lane(s: &Shared, step: impl Fn(&Shared) -> Lane) {
     loop {
         let seen = s.engine.tasks.generation();
         if s.stopped() {
@@ -191,7 +193,7 @@ fn ingest_lane(s: &Shared) {
             s.wait(seen, None);
             continue;
         }
-        match crate::jobs::ingest_step(s) {
+        match step(s) {
             Lane::Worked => {}
             Lane::Idle => s.wait(seen, None),
             Lane::Retry => s.wait(seen, Some(Instant::now() + RETRY)),
@@ -199,25 +201,19 @@ fn ingest_lane(s: &Shared) {
     }
 }
 
+fn ingest_lane(s: &Shared) {
+    lane(s, crate::jobs::ingest_step);
+}
+
 fn model_lane(s: &Shared) {
-    loop {
-        let seen = s.engine.tasks.generation();
-        if s.stopped() {
-            return;
+    lane(s, |s| match s.engine.run_next_model_job(s) {
+        Ok(true) => Lane::Worked,
+        Ok(false) => Lane::Idle,
+        Err(e) => {
+            tracing::error!(error = %e, "model job lane error; will retry");
+            Lane::Retry
         }
-        if !s.holds_lock() {
-            s.wait(seen, None);
-            continue;
-        }
-        match s.engine.run_next_model_job(s) {
-            Ok(true) => {}
-            Ok(false) => s.wait(seen, None),
-            Err(e) => {
-                tracing::error!(error = %e, "model job lane error; will retry");
-                s.wait(seen, Some(Instant::now() + RETRY));
-            }
-        }
-    }
+    });
 }
 
 /// What one step of a lane did.
