@@ -8,9 +8,12 @@
 //!   document encoder whose vectors it was trained against.
 //! - [`training`]: the CARE training-data JSONL layout (`query`, `pos`, `neg`, `prompt`) and `train_pairs.jsonl`.
 //! - [`embeddings`]: document-vector shards written offline (trainer `embed-corpus`) for the appliance to load.
+//! - [`trainer`]: the phase specs the appliance hands `care-train run --spec` and the JSON-lines events it reads
+//!   back, with the one set of training defaults.
 
 pub mod embeddings;
 pub mod manifest;
+pub mod trainer;
 pub mod training;
 
 pub use manifest::{ModelManifest, ModelRole, Pooling};
