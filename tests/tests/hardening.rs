@@ -462,3 +462,52 @@ fn deeply_nested_html_upload_does_not_kill_the_server() {
         get(&c, &format!("{base}/api/v1/search?q=%E8%83%B0%E5%B2%9B%E7%B4%A0&method=bm25"), &s.admin).json().unwrap();
     assert!(hits.to_string().contains("ok.md"), "{hits}");
 }
+
+/// One address guessing across many names: after `auth.address_lock_after_failures` failures (sign-ins and wrong
+/// current passwords together) it gets 429 `rate_limited` with a Chinese message, even for a right password, and
+/// the failure that filled the window is audited once.
+#[test]
+fn one_address_guessing_across_names_is_limited_and_current_password_checks_count() {
+    let s = site(&[("CARE__AUTH__ADDRESS_LOCK_AFTER_FAILURES", "4")]);
+    let mut served = s.care.serve_full();
+    let base = served.https.clone();
+    let c = client();
+    let change = |current: &str| {
+        c.post(format!("{base}/api/v1/me/password"))
+            .bearer_auth(&s.nogrant)
+            .header("content-type", "application/json")
+            .body(serde_json::json!({"current": current, "new": "a-new-passphrase-2"}).to_string())
+            .send()
+            .unwrap()
+    };
+    let login = |user: &str, pw: &str| {
+        let token = login_csrf(&c, &base);
+        c.post(format!("{base}/login"))
+            .header("cookie", format!("__Host-care_login_csrf={token}"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("username={user}&password={pw}&csrf={token}"))
+            .send()
+            .unwrap()
+    };
+    for _ in 0..2 {
+        let r = change("not-my-password");
+        assert_eq!(r.status(), 400);
+        let body: serde_json::Value = r.json().unwrap();
+        assert_eq!(body["code"], "invalid_input");
+        assert!(body["message"].as_str().unwrap().contains("当前密码错误"), "{body}");
+    }
+    for i in 0..2 {
+        assert_eq!(login(&format!("guess{i}"), "whatever").status(), 401);
+    }
+    let r = login("drwang", CLIN_PW);
+    assert_eq!(r.status(), 429, "a full window refuses even a right password");
+    assert!(r.text().unwrap().contains("此地址的登录失败次数过多"));
+    let r = change(CLIN_PW);
+    assert_eq!(r.status(), 429);
+    let body: serde_json::Value = r.json().unwrap();
+    assert_eq!(body["code"], "rate_limited");
+    let throttled = audit_actions(&s.care, "system").iter().filter(|r| r["action"] == "auth.address_throttled").count();
+    assert_eq!(throttled, 1);
+    assert!(audit_actions(&s.care, "drli").iter().any(|r| r["action"] == "user.password_check_failed"));
+    alive(&mut served, &c);
+}

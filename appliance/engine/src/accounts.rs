@@ -60,11 +60,55 @@ impl User {
     }
 }
 
-/// Lockout policy: after `max_failed` consecutive failures the account is locked for `lock_seconds`.
+/// Lockout policy: after `max_failed` consecutive failures the account is locked for `lock_seconds`. On top of
+/// the per-name lock, one client address may fail `address_max_failed` times (sign-ins and current-password checks
+/// together, over any names) per `address_window_seconds`; then it is refused without a password check for the
+/// rest of the window. Guessing across many names from one machine is what the per-name lock cannot see.
 #[derive(Debug, Clone, Copy)]
 pub struct LoginPolicy {
     pub max_failed: u32,
     pub lock_seconds: i64,
+    pub address_max_failed: u32,
+    pub address_window_seconds: i64,
+}
+
+impl Default for LoginPolicy {
+    fn default() -> Self {
+        LoginPolicy { max_failed: 5, lock_seconds: 15 * 60, address_max_failed: 30, address_window_seconds: 15 * 60 }
+    }
+}
+
+/// Refuses a client address whose failures fill its window, before any password is hashed (that cost is what a
+/// flood from one machine is after). The refusal itself is not audited: the record of the failure that filled the
+/// window says it, and one record per refused attempt would let the flood fill the audit log instead.
+fn address_admitted(store: &Store, client: &str, policy: LoginPolicy, now_ts: i64) -> Result<()> {
+    let key = crate::limits::address_key(client);
+    match store.limits.sign_in_failures.blocked(&key, policy.address_max_failed, policy.address_window_seconds, now_ts)
+    {
+        Some(wait) => Err(Error::RateLimited(format!(
+            "此地址的登录失败次数过多，请 {} 后再试 (too many failed sign-ins from this address)",
+            crate::limits::minutes_zh(wait)
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Counts a failure of `client`; audits the one that fills the address's window.
+fn address_failed(store: &Store, client: &str, policy: LoginPolicy, now_ts: i64) -> Result<()> {
+    let key = crate::limits::address_key(client);
+    let n = store.limits.sign_in_failures.hit(&key, policy.address_window_seconds, now_ts);
+    if n == policy.address_max_failed.max(1) {
+        let mut conn = store.conn();
+        let tx = conn.transaction()?;
+        audit::append(
+            &tx,
+            "system",
+            "auth.address_throttled",
+            &serde_json::json!({"client": key, "failures": n, "until": rfc3339(now_ts + policy.address_window_seconds)}),
+        )?;
+        tx.commit()?;
+    }
+    Ok(())
 }
 
 pub const MIN_PASSWORD_CHARS: usize = 10;
@@ -285,6 +329,7 @@ fn locked_error(username: &str, until: i64) -> Error {
 /// audited, never with the password.
 pub fn authenticate(store: &Store, username: &str, password: &str, policy: LoginPolicy, client: &str) -> Result<User> {
     let now_ts = unix_now();
+    address_admitted(store, client, policy, now_ts)?;
     let subject = match lookup_login(store, username)? {
         Some((user, phc)) => Subject::Account(user, phc),
         None => Subject::Unknown(sha256_hex(&username.to_lowercase())),
@@ -307,6 +352,7 @@ pub fn authenticate(store: &Store, username: &str, password: &str, policy: Login
         return login_succeeded(store, user, username, client, now_ts);
     }
     let (failures, until) = count_failure(store, &subject, policy, now_ts)?;
+    address_failed(store, client, policy, now_ts)?;
     let reason = match &subject {
         Subject::Account(u, _) if u.disabled => "disabled",
         Subject::Account(..) => "wrong password",
@@ -429,19 +475,30 @@ fn audit_failure(
     Ok(())
 }
 
+/// The check of the current password a user gives to change it, with the client it came from.
+#[derive(Debug, Clone, Copy)]
+pub struct CurrentPassword<'a> {
+    pub password: &'a str,
+    pub policy: LoginPolicy,
+    pub client: &'a str,
+}
+
 /// Changes a password. `current` is required when users change their own password; an admin resetting someone
 /// else's passes `None`. All of the user's sessions and the lockout are cleared.
-pub fn set_password(store: &Store, actor: &str, username: &str, current: Option<&str>, new: &str) -> Result<()> {
+///
+/// The current-password check is throttled like a sign-in: a wrong password counts towards the account's lock and
+/// the client address's limit, and a locked account or a refused address is not checked at all. Otherwise anyone
+/// holding a signed-in browser could guess the password behind it without limit.
+pub fn set_password(
+    store: &Store,
+    actor: &str,
+    username: &str,
+    current: Option<CurrentPassword<'_>>,
+    new: &str,
+) -> Result<()> {
     check_password_strength(username, new)?;
     if let Some(cur) = current {
-        let phc: String = store
-            .conn()
-            .query_row("SELECT password_hash FROM users WHERE username = ?1", [username], |r| r.get(0))
-            .optional()?
-            .ok_or_else(|| Error::NotFound { what: format!("user '{username}'") })?;
-        if !password_matches(cur, &phc)? {
-            return Err(Error::InvalidInput("the current password is wrong".into()));
-        }
+        check_current_password(store, username, cur)?;
     }
     let phc = hash_password(new)?;
     let mut conn = store.conn();
@@ -468,6 +525,43 @@ pub fn set_password(store: &Store, actor: &str, username: &str, current: Option<
     )?;
     tx.commit()?;
     Ok(())
+}
+
+fn check_current_password(store: &Store, username: &str, cur: CurrentPassword<'_>) -> Result<()> {
+    let now_ts = unix_now();
+    address_admitted(store, cur.client, cur.policy, now_ts)?;
+    let (user, phc) =
+        lookup_login(store, username)?.ok_or_else(|| Error::NotFound { what: format!("user '{username}'") })?;
+    let subject = Subject::Account(user, phc.clone());
+    if let Some(until) = locked_until(store, &subject, now_ts)? {
+        return Err(locked_error(username, until));
+    }
+    if password_matches(cur.password, &phc)? {
+        return Ok(());
+    }
+    let (failures, until) = count_failure(store, &subject, cur.policy, now_ts)?;
+    address_failed(store, cur.client, cur.policy, now_ts)?;
+    let mut conn = store.conn();
+    let tx = conn.transaction()?;
+    let detail = serde_json::json!({
+        "reason": "wrong current password",
+        "client": cur.client.chars().take(64).collect::<String>(),
+        "failures": failures,
+    });
+    audit::append(&tx, username, "user.password_check_failed", &detail)?;
+    if let Some(t) = until {
+        audit::append(
+            &tx,
+            "system",
+            "auth.account_locked",
+            &serde_json::json!({"user": username, "until": rfc3339(t)}),
+        )?;
+    }
+    tx.commit()?;
+    match until {
+        Some(t) => Err(locked_error(username, t)),
+        None => Err(Error::InvalidInput("当前密码错误 (the current password is wrong)".into())),
+    }
 }
 
 /// Changes the role, the disabled flag or clears a lock; refuses to leave the appliance without an enabled admin.
@@ -845,6 +939,71 @@ mod tests {
         assert_eq!(left, vec!["locked".to_string(), "recent".to_string()]);
     }
 
+    fn current(password: &str) -> CurrentPassword<'_> {
+        CurrentPassword { password, policy: LoginPolicy::default(), client: "t" }
+    }
+
+    /// One address failing across many names is refused once its window is full, before any password check and
+    /// even for a right password; other addresses are not; the refusal is 429 `rate_limited` in Chinese and the
+    /// failure that filled the window is audited once. Wrong current passwords (a password change) count towards
+    /// the account's lock and the same address limit.
+    #[test]
+    fn one_address_is_limited_across_names_and_current_password_checks_are_throttled() {
+        let (_d, s) = store();
+        create_user(&s, "system", "admin", "an admin passphrase", Role::Admin).unwrap();
+        create_user(&s, "admin", "dr.li", "correct horse battery", Role::Clinician).unwrap();
+        let policy = LoginPolicy { max_failed: 3, address_max_failed: 6, ..LoginPolicy::default() };
+        for i in 0..6 {
+            let e = authenticate(&s, &format!("guess{i}"), "x", policy, "10.0.0.7").unwrap_err();
+            assert!(matches!(e, Error::LoginFailed(_)), "attempt {i}: {e:?}");
+        }
+        let started = std::time::Instant::now();
+        let e = authenticate(&s, "dr.li", "correct horse battery", policy, "10.0.0.7").unwrap_err();
+        assert!(started.elapsed() < std::time::Duration::from_millis(20), "a refused address still hashed");
+        assert_eq!(e.code(), crate::ErrorCode::RateLimited);
+        assert!(e.to_string().contains("此地址的登录失败次数过多"), "{e}");
+        assert_eq!(crate::ErrorCode::RateLimited.class(), crate::error::StatusClass::TooManyRequests);
+        authenticate(&s, "dr.li", "correct horse battery", policy, "10.0.0.8").unwrap();
+        let throttled: i64 = s
+            .conn()
+            .query_row("SELECT COUNT(*) FROM audit WHERE action = 'auth.address_throttled'", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(throttled, 1);
+
+        // Current-password checks: three wrong ones lock the account (max_failed 3), and then even the right one
+        // is refused; each wrong one is audited without the password.
+        let cur = |password| CurrentPassword { password, policy, client: "10.0.0.9" };
+        for i in 1..=3 {
+            let e = set_password(&s, "dr.li", "dr.li", Some(cur("wrong guess")), "a new long passphrase").unwrap_err();
+            if i < 3 {
+                assert_eq!(e.code(), crate::ErrorCode::InvalidInput, "{e:?}");
+                assert!(e.to_string().contains("当前密码错误"), "{e}");
+            } else {
+                assert_eq!(e.code(), crate::ErrorCode::AccountLocked, "{e:?}");
+            }
+        }
+        let e = set_password(&s, "dr.li", "dr.li", Some(cur("correct horse battery")), "a new long passphrase")
+            .unwrap_err();
+        assert_eq!(e.code(), crate::ErrorCode::AccountLocked, "{e:?}");
+        let failed: i64 = s
+            .conn()
+            .query_row(
+                "SELECT COUNT(*) FROM audit WHERE action = 'user.password_check_failed' AND instr(detail, 'wrong guess') = 0",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(failed, 3);
+        // The same address limit: three more failures from .9 fill its window of six.
+        update_user(&s, "admin", "dr.li", None, None, true).unwrap();
+        for _ in 0..3 {
+            let _ = authenticate(&s, "nobody", "x", policy, "10.0.0.9");
+        }
+        let e = set_password(&s, "dr.li", "dr.li", Some(cur("correct horse battery")), "a new long passphrase")
+            .unwrap_err();
+        assert_eq!(e.code(), crate::ErrorCode::RateLimited, "{e:?}");
+    }
+
     fn store() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
         let s = Store::open(&dir.path().join("care.sqlite")).unwrap();
@@ -856,7 +1015,7 @@ mod tests {
         let (_d, s) = store();
         let pw = bootstrap_admin(&s, "admin", None).unwrap().unwrap();
         assert!(bootstrap_admin(&s, "admin", None).unwrap().is_none(), "bootstrap runs once");
-        let policy = LoginPolicy { max_failed: 3, lock_seconds: 600 };
+        let policy = LoginPolicy { max_failed: 3, lock_seconds: 600, ..LoginPolicy::default() };
         let admin = authenticate(&s, "admin", &pw, policy, "t").unwrap();
         assert!(admin.is_admin());
         assert!(matches!(create_user(&s, "admin", "dr.li", "short", Role::Clinician), Err(Error::InvalidInput(_))));
@@ -907,8 +1066,8 @@ mod tests {
 
         // The last admin cannot be demoted.
         assert!(update_user(&s, "admin", "admin", Some(Role::Clinician), None, false).is_err());
-        set_password(&s, "dr.li", "dr.li", Some("correct horse battery"), "a new long passphrase").unwrap();
-        assert!(set_password(&s, "dr.li", "dr.li", Some("wrong"), "another long passphrase").is_err());
+        set_password(&s, "dr.li", "dr.li", Some(current("correct horse battery")), "a new long passphrase").unwrap();
+        assert!(set_password(&s, "dr.li", "dr.li", Some(current("wrong")), "another long passphrase").is_err());
         assert!(audit::verify_full(&s).unwrap().records_checked > 10);
         let c = s.conn();
         let actions: Vec<String> = audit::list(&c, None, None, 100).unwrap().into_iter().map(|r| r.action).collect();
@@ -930,7 +1089,7 @@ mod tests {
     fn concurrent_wrong_passwords_lock_the_account() {
         let (_d, s) = store();
         create_user(&s, "admin", "dr.li", "correct horse battery", Role::Clinician).unwrap();
-        let policy = LoginPolicy { max_failed: 5, lock_seconds: 600 };
+        let policy = LoginPolicy { max_failed: 5, lock_seconds: 600, ..LoginPolicy::default() };
         std::thread::scope(|sc| {
             for _ in 0..25 {
                 sc.spawn(|| {
@@ -957,7 +1116,7 @@ mod tests {
     fn a_failure_or_success_racing_a_lock_does_not_undo_it() {
         let (_d, s) = store();
         let u = create_user(&s, "admin", "dr.li", "correct horse battery", Role::Clinician).unwrap();
-        let policy = LoginPolicy { max_failed: 5, lock_seconds: 600 };
+        let policy = LoginPolicy { max_failed: 5, lock_seconds: 600, ..LoginPolicy::default() };
         let later = unix_now() + 600;
         s.conn()
             .execute("UPDATE users SET locked_until = ?1, failed_logins = 0 WHERE id = ?2", params![later, u.id])
@@ -977,7 +1136,7 @@ mod tests {
         create_user(&s, "system", "admin", "an admin passphrase", Role::Admin).unwrap();
         create_user(&s, "admin", "dr.li", "correct horse battery", Role::Clinician).unwrap();
         update_user(&s, "admin", "dr.li", None, Some(true), false).unwrap();
-        let policy = LoginPolicy { max_failed: 3, lock_seconds: 600 };
+        let policy = LoginPolicy { max_failed: 3, lock_seconds: 600, ..LoginPolicy::default() };
         let disabled = authenticate(&s, "dr.li", "correct horse battery", policy, "t").unwrap_err();
         assert!(matches!(disabled, Error::LoginFailed(_)), "{disabled:?}");
         let typed = "my-Secret-passw0rd-typed-as-name";
@@ -1008,7 +1167,7 @@ mod tests {
         assert!(user(&s, "admin").unwrap().must_change_password);
         let (_, secret) = create_token(&s, "admin", "admin", "his").unwrap();
         assert!(token_user(&s, &secret).unwrap().is_some());
-        set_password(&s, "admin", "admin", Some(&pw), "a brand new passphrase").unwrap();
+        set_password(&s, "admin", "admin", Some(current(&pw)), "a brand new passphrase").unwrap();
         assert!(token_user(&s, &secret).unwrap().is_none(), "the token survived the password change");
         assert!(!user(&s, "admin").unwrap().must_change_password);
         let (_d2, s2) = store();

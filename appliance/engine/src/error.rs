@@ -23,6 +23,8 @@ pub enum StatusClass {
     UnsupportedMedia,
     Unprocessable,
     Locked,
+    /// Too many requests of one kind from one client or user in a window (HTTP 429).
+    TooManyRequests,
     Unavailable,
     Internal,
 }
@@ -106,6 +108,7 @@ error_codes! {
     Busy = "busy", Conflict, "已有同类任务在运行";
     DiskFull = "disk_full", Unavailable, "磁盘空间不足";
     Overloaded = "overloaded", Unavailable, "服务繁忙，请稍后再试";
+    RateLimited = "rate_limited", TooManyRequests, "操作过于频繁，请稍后再试";
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -199,6 +202,9 @@ pub enum Error {
     /// More work of one kind at once than the appliance admits (sign-ins waiting for password hashing).
     #[error("{0}")]
     Overloaded(String),
+    /// One client or user did one kind of thing too often in a window (failed sign-ins from an address, feedback).
+    #[error("{0}")]
+    RateLimited(String),
     /// Too little free space for a training run (said before it starts, not half-way through).
     #[error(
         "{} (disk full: {available} bytes free under {path}, {needed} needed)",
@@ -287,6 +293,7 @@ impl Error {
             Error::TrainerUnavailable(_) => ErrorCode::TrainerUnavailable,
             Error::Busy(_) => ErrorCode::Busy,
             Error::Overloaded(_) => ErrorCode::Overloaded,
+            Error::RateLimited(_) => ErrorCode::RateLimited,
             Error::DiskFull { .. } => ErrorCode::DiskFull,
             Error::CudaUnavailable(_) => ErrorCode::Model,
         }

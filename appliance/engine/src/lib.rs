@@ -10,6 +10,7 @@
 //!   ├ audit     append-only, hash-chained audit records written in the same transaction as the change: the key
 //!   │           outside SQLite, the chain walk and re-chaining, the anchor (audit/{key,chain,anchor}.rs)
 //!   ├ accounts  users and roles (argon2), lockout, sessions, API tokens, per-collection read grants
+//!   ├ limits    in-memory rate limits per client address or user (sign-in failures, feedback, refusals)
 //!   ├ feedback  the document view behind a hit and relevance feedback kept for training
 //!   ├ docview   the document view's structure (lists, tables from the stored light markup) and query marks
 //!   ├ ingest    files → ParsedDocument (pdf, docx, html, md, txt, csv, jsonl, zip; encodings; limits):
@@ -69,6 +70,7 @@ pub mod judgments;
 pub mod kernels;
 pub mod lexical;
 pub mod lifecycle;
+pub mod limits;
 pub mod model_jobs;
 pub mod models;
 pub mod query;

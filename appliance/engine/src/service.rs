@@ -354,7 +354,16 @@ impl Engine {
         accounts::purge_sessions(&self.store, idle_seconds, max_seconds)
     }
 
-    pub fn change_own_password(&self, actor: &Actor, current: &str, new: &str) -> Result<()> {
+    /// A user's own password change; the current password is checked and throttled like a sign-in from `client`.
+    pub fn change_own_password(
+        &self,
+        actor: &Actor,
+        current: &str,
+        new: &str,
+        policy: LoginPolicy,
+        client: &str,
+    ) -> Result<()> {
+        let current = accounts::CurrentPassword { password: current, policy, client };
         accounts::set_password(&self.store, &actor.name, &actor.name, Some(current), new)
     }
 
@@ -748,7 +757,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let e = engine(t.path());
         let root = Actor::console("cli:root");
-        let policy = LoginPolicy { max_failed: 5, lock_seconds: 60 };
+        let policy = LoginPolicy { max_failed: 5, lock_seconds: 60, ..LoginPolicy::default() };
         e.create_user_as(&root, "admin", "admin-pass-1", "admin").unwrap();
         atomic(&e, "create collection", || e.create_collection_as(&root, "c1", ""));
         atomic(&e, "approve", || e.approve_as(&root, "c1", true));
@@ -786,7 +795,9 @@ mod tests {
         atomic(&e, "change training schedule", || e.set_schedule_as(&root, Some(sid), &spec));
         atomic(&e, "delete training schedule", || e.delete_schedule_as(&root, sid));
         atomic(&e, "logout", || e.logout(&clin, &cookie));
-        atomic(&e, "own password", || e.change_own_password(&clin, "clinician-pass-2", "clinician-pass-3"));
+        atomic(&e, "own password", || {
+            e.change_own_password(&clin, "clinician-pass-2", "clinician-pass-3", policy, "test")
+        });
         atomic(&e, "revoke grant", || e.revoke_as(&root, "drwang", "c1"));
         atomic(&e, "delete user", || e.delete_user_as(&root, "drwang"));
         atomic(&e, "delete collection", || e.delete_collection_as(&root, "c1"));

@@ -66,6 +66,9 @@ pub struct Store {
     /// The folder holding the database, `audit.key` and `audit.anchor`.
     dir: PathBuf,
     audit: crate::audit::Monitor,
+    /// The serving process's in-memory rate limits (per client address, per user); one set per open store so
+    /// two data directories in one process (tests) never share counters.
+    pub(crate) limits: crate::limits::Limits,
 }
 
 const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -278,7 +281,8 @@ impl Store {
         // Readers are opened on first use, which comes after the migration below: their schema caches and
         // prepared statements never predate it.
         let readers = ReaderPool::new(path, key, read_connections.max(1));
-        let store = Store { conn: Mutex::new(conn), readers, dir, audit: Default::default() };
+        let store =
+            Store { conn: Mutex::new(conn), readers, dir, audit: Default::default(), limits: Default::default() };
         store.migrate()?;
         crate::audit::ensure_keyed(&mut store.conn(), &store.dir)?;
         Ok(store)

@@ -1,7 +1,7 @@
 //! The JSON API under /api/v1: each handler parses its request, calls one engine service operation as the caller
 //! (`care_engine::service`, where authorisation and audit live) and serialises the answer.
 
-use actix_web::{HttpResponse, delete, get, patch, post, put, web};
+use actix_web::{HttpRequest, HttpResponse, delete, get, patch, post, put, web};
 use care_engine::judgments::JudgmentSetInfo;
 use care_engine::lifecycle::ImportReport;
 use care_engine::training::Recipe;
@@ -97,12 +97,14 @@ pub struct PasswordChange {
     responses((status = 204, description = "changed; all sessions of the user end")))]
 #[post("/api/v1/me/password")]
 pub async fn me_password(
+    req: HttpRequest,
     state: web::Data<AppState>,
     caller: Caller,
     body: web::Json<PasswordChange>,
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
-    call(&state, &caller, move |e, a| e.change_own_password(a, &b.current, &b.new)).await?;
+    let (policy, client) = (state.settings.auth.policy(), crate::guard::client_address(&req));
+    call(&state, &caller, move |e, a| e.change_own_password(a, &b.current, &b.new, policy, &client)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 

@@ -22,6 +22,7 @@ pub fn http_status(class: StatusClass) -> StatusCode {
         StatusClass::UnsupportedMedia => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         StatusClass::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
         StatusClass::Locked => StatusCode::LOCKED,
+        StatusClass::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
         StatusClass::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         StatusClass::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }

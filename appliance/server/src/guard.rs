@@ -96,6 +96,13 @@ pub fn cookie(req: &HttpRequest, name: &str) -> Option<String> {
     })
 }
 
+/// The client's address as the connection shows it. Forwarded-for headers are not read: the appliance is reached
+/// directly, and a header is the client's to choose, so trusting one would let anyone pick the address a limit
+/// counts.
+pub fn client_address(req: &HttpRequest) -> String {
+    req.peer_addr().map(|a| a.ip().to_string()).unwrap_or_default()
+}
+
 /// `Set-Cookie` for a secure, script-invisible, same-site-only cookie; `max_age` 0 deletes it.
 pub fn set_cookie(name: &str, value: &str, max_age: i64) -> (header::HeaderName, String) {
     (header::SET_COOKIE, format!("{name}={value}; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age={max_age}"))

@@ -92,6 +92,10 @@ pub struct AuthConfig {
     /// Consecutive failed logins that lock an account, and for how long.
     pub lock_after_failures: u32,
     pub lock_minutes: u32,
+    /// Failed sign-ins and current-password checks from one client address (any names; an IPv6 address counts
+    /// by its /64) after which the address is refused for the rest of a window of `address_window_minutes`.
+    pub address_lock_after_failures: u32,
+    pub address_window_minutes: u32,
 }
 
 impl Default for AuthConfig {
@@ -103,6 +107,8 @@ impl Default for AuthConfig {
             session_max_hours: 12,
             lock_after_failures: 5,
             lock_minutes: 15,
+            address_lock_after_failures: 30,
+            address_window_minutes: 15,
         }
     }
 }
@@ -112,6 +118,8 @@ impl AuthConfig {
         care_engine::accounts::LoginPolicy {
             max_failed: self.lock_after_failures,
             lock_seconds: i64::from(self.lock_minutes) * 60,
+            address_max_failed: self.address_lock_after_failures.max(1),
+            address_window_seconds: i64::from(self.address_window_minutes.max(1)) * 60,
         }
     }
     pub fn idle_seconds(&self) -> i64 {

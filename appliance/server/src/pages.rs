@@ -198,7 +198,7 @@ pub async fn login(
     let f = form.into_inner();
     let next = local_path(&f.next, "/search");
     let policy = state.settings.auth.policy();
-    let client = req.peer_addr().map(|a| a.ip().to_string()).unwrap_or_default();
+    let client = guard::client_address(&req);
     let (user, pw) = (f.username.trim().to_string(), f.password);
     match anon(&state, move |e| e.login(&user, &pw, policy, &client)).await {
         Ok((_, cookie, _csrf)) => Ok(HttpResponse::SeeOther()
@@ -211,6 +211,8 @@ pub async fn login(
             let code = e.code();
             let msg = if code == care_engine::ErrorCode::AccountLocked {
                 format!("账户已锁定：{e}")
+            } else if code == care_engine::ErrorCode::RateLimited {
+                e.public_message()
             } else if code == care_engine::ErrorCode::Forbidden {
                 "账户已停用，请联系管理员。".to_string()
             } else {
@@ -538,19 +540,31 @@ pub struct PasswordForm {
 
 #[post("/account/password")]
 pub async fn change_password(
+    req: HttpRequest,
     state: web::Data<AppState>,
     caller: Caller,
     f: web::Form<PasswordForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    match call(&state, &caller, move |e, a| e.change_own_password(a, &f.current, &f.new)).await {
+    let (policy, client) = (state.settings.auth.policy(), guard::client_address(&req));
+    match call(&state, &caller, move |e, a| e.change_own_password(a, &f.current, &f.new, policy, &client)).await {
         // Changing the password ends every session, this one included: sign in again.
         Ok(()) => Ok(HttpResponse::SeeOther()
             .insert_header((header::LOCATION, "/login"))
             .insert_header(guard::set_cookie(guard::SESSION_COOKIE, "", 0))
             .finish()),
-        Err(e) if e.code() == care_engine::ErrorCode::InvalidInput => {
-            account_page(&state, &caller, None, Some(e.public_message())).await
+        Err(e)
+            if matches!(
+                e.code(),
+                care_engine::ErrorCode::InvalidInput
+                    | care_engine::ErrorCode::AccountLocked
+                    | care_engine::ErrorCode::RateLimited
+            ) =>
+        {
+            // The form again with the reason, under the error's own status (400, 423 or 429).
+            let mut res = account_page(&state, &caller, None, Some(e.public_message())).await?;
+            *res.status_mut() = status_of(e.code());
+            Ok(res)
         }
         Err(e) => Err(e),
     }
