@@ -270,17 +270,48 @@ fn copy_package(src: &Path, dst: &Path, m: &ModelManifest) -> Result<()> {
     Ok(())
 }
 
+/// Every listed `*.safetensors` file of the staged copy has a header consistent with the file (offsets inside
+/// the data section, spans matching dtype × shape, no overlaps): nothing that reads the weights later (the trainer,
+/// `transformers`) is handed a file whose header lies.
+fn check_safetensors(staged: &Path, src: &Path, m: &ModelManifest) -> Result<()> {
+    for f in m.files.keys().filter(|f| f.ends_with(".safetensors")) {
+        care_modelio::safetensors::validate(&staged.join(f))
+            .map_err(|e| invalid(src, format!("{f} 的头部与文件不符：{e}")))?;
+    }
+    Ok(())
+}
+
+/// The lock held while one `name@version` is imported, by any process: an exclusive lock on
+/// `models/.locks/<name>@<version>.lock` (released when dropped, or by the kernel when the process dies). Two
+/// imports of one name and version used to race: both passed the registry check, and the loser's clean-up removed
+/// the winner's folder.
+fn import_lock(models: &Path, spec: &str) -> Result<std::fs::File> {
+    let dir = models.join(".locks");
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    let p = dir.join(format!("{spec}.lock"));
+    let f =
+        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&p).map_err(|e| Error::io(&p, e))?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Busy(format!(
+            "模型 {spec} 正在由另一个导入处理；请等它结束后查看模型列表，勿重复导入 (another import of {spec} is running)"
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => Err(Error::io(&p, e)),
+    }
+}
+
 impl Engine {
     /// Verifies the package folder `src` and registers a copy of it (see the module docs). Admins only.
     pub fn import_model_as(&self, actor: &Actor, src: &Path) -> Result<ImportReport> {
         actor.require_admin()?;
         let m = ModelManifest::load(src).map_err(|e| manifest_err(src, e))?;
         check_manifest(src, &m)?;
+        let spec = format!("{}@{}", m.name, m.version);
+        let _lock = import_lock(&self.dir.models(), &spec)?;
         m.verify_files(src).map_err(|e| manifest_err(src, e))?;
-        if models::find(&self.store, &format!("{}@{}", m.name, m.version)).is_ok() {
+        if models::find(&self.store, &spec).is_ok() {
             return Err(Error::InvalidInput(format!(
-                "model {}@{} is already registered; give the new package another version",
-                m.name, m.version
+                "模型 {spec} 已注册；新的模型包请换一个版本号 (model {spec} is already registered; give the new package another version)"
             )));
         }
         let final_dir = self.dir.models().join(&m.name).join(&m.version);
@@ -305,6 +336,7 @@ impl Engine {
         copy_package(src, staged, m)?;
         // Hash the copy too: the source may change while it is read, and the copy is what will be served.
         m.verify_files(staged).map_err(|e| manifest_err(src, e))?;
+        check_safetensors(staged, src, m)?;
         let online = m.files.contains_key(ONNX_FILE);
         let (parity_texts, parity_min_cosine) =
             if online { check_graph(staged, src, m, &self.cfg.model)? } else { (0, None) };
@@ -949,6 +981,116 @@ pub fn evaluation_chart(r: &EvaluationReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An offline document package (no graph: nothing but the weights) named `name@1` whose model.safetensors is
+    /// `weights`.
+    fn offline_package(at: &Path, name: &str, weights: &[u8]) -> PathBuf {
+        let dir = at.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("model.safetensors"), weights).unwrap();
+        let mut m = ModelManifest {
+            format: care_formats::manifest::MANIFEST_FORMAT,
+            name: name.into(),
+            version: "1".into(),
+            role: ModelRole::Document,
+            architecture: "qwen3".into(),
+            pooling: Pooling::LastToken,
+            width: 64,
+            hidden: 64,
+            max_length: 512,
+            normalize: true,
+            query_template: "{text}".into(),
+            document_template: "{text}".into(),
+            instruction: String::new(),
+            pairing_id: format!("{name}-pairing"),
+            files: Default::default(),
+            provenance: Default::default(),
+        };
+        m.write(&dir, &["model.safetensors"]).unwrap();
+        dir
+    }
+
+    /// A header claiming `claimed` bytes of F32 over `actual` bytes of data.
+    fn lying_weights(claimed: u64, actual: usize) -> Vec<u8> {
+        let h = serde_json::json!({"w": {"dtype": "F32", "shape": [claimed / 4], "data_offsets": [0, claimed]}});
+        let mut h = serde_json::to_vec(&h).unwrap();
+        while !h.len().is_multiple_of(8) {
+            h.push(b' ');
+        }
+        let mut out = (h.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(&h);
+        out.resize(out.len() + actual, 0);
+        out
+    }
+
+    fn good_weights() -> Vec<u8> {
+        let mut m = care_modelio::TensorMap::new();
+        m.insert("w".into(), care_modelio::Tensor { shape: vec![4, 4], data: vec![0.5; 16] });
+        let mut out = Vec::new();
+        care_modelio::safetensors::write_to(&m, &mut out).unwrap();
+        out
+    }
+
+    fn engine(dir: &Path) -> Engine {
+        let mut cfg = crate::EngineConfig::default();
+        cfg.storage.data_dir = dir.to_path_buf();
+        Engine::open(cfg, crate::engine::OpenMode::Create).unwrap()
+    }
+
+    /// The finding: an offline package whose safetensors header declares 2 GiB over 64 bytes registered. Now it is
+    /// refused as `invalid_package` with the reason in Chinese, and nothing is registered or left behind.
+    #[test]
+    fn safetensors_headers_that_lie_about_the_file_are_refused_at_import() {
+        let t = tempfile::tempdir().unwrap();
+        let e = engine(&t.path().join("data"));
+        let admin = Actor::console("cli:root");
+        let bad = offline_package(t.path(), "liar", &lying_weights(2 << 30, 64));
+        let err = e.import_model_as(&admin, &bad).unwrap_err();
+        assert_eq!(err.code(), crate::ErrorCode::InvalidPackage, "{err}");
+        assert!(
+            err.to_string().contains("model.safetensors 的头部与文件不符") && err.to_string().contains("超出数据区")
+        );
+        assert!(models::find(&e.store, "liar@1").is_err());
+        assert!(!e.dir.models().join("liar").join("1").exists());
+        let good = offline_package(t.path(), "honest", &good_weights());
+        assert!(!e.import_model_as(&admin, &good).unwrap().online);
+    }
+
+    /// Two imports of one `name@version` at once: exactly one registers; the other is told, in Chinese, that
+    /// another import of it runs (`busy`) or that it is registered; the winner's folder survives. An import while
+    /// the lock is held (by another process, say) is refused without touching anything.
+    #[test]
+    fn concurrent_imports_of_one_name_and_version_leave_one_model() {
+        let t = tempfile::tempdir().unwrap();
+        let e = std::sync::Arc::new(engine(&t.path().join("data")));
+        let pkg = offline_package(t.path(), "twice", &good_weights());
+        let held = import_lock(&e.dir.models(), "twice@1").unwrap();
+        let err = e.import_model_as(&Actor::console("cli:root"), &pkg).unwrap_err();
+        assert_eq!(err.code(), crate::ErrorCode::Busy);
+        assert!(err.to_string().contains("正在由另一个导入处理"), "{err}");
+        drop(held);
+        for round in 0..3 {
+            let name = format!("race{round}");
+            let pkg = offline_package(t.path(), &name, &good_weights());
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+            let runs: Vec<_> = (0..2)
+                .map(|_| {
+                    let (e, pkg, barrier) = (e.clone(), pkg.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        e.import_model_as(&Actor::console("cli:root"), &pkg)
+                    })
+                })
+                .collect();
+            let results: Vec<_> = runs.into_iter().map(|r| r.join().unwrap()).collect();
+            assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 1, "{results:?}");
+            let lost = results.into_iter().find_map(|r| r.err()).unwrap();
+            let msg = lost.to_string();
+            assert!(msg.contains("正在由另一个导入处理") || msg.contains("已注册"), "{msg}");
+            let m = models::find(&e.store, &format!("{name}@1")).unwrap();
+            assert!(m.dir.join("model.safetensors").is_file(), "the winner's folder was removed");
+        }
+    }
 
     fn gain(lo: f64) -> Compared {
         Compared {
