@@ -511,3 +511,37 @@ fn one_address_guessing_across_names_is_limited_and_current_password_checks_coun
     assert!(audit_actions(&s.care, "drli").iter().any(|r| r["action"] == "user.password_check_failed"));
     alive(&mut served, &c);
 }
+
+/// Uploads and imports stop at `[training] keep_free_gb`: with a reserve larger than the disk, a file upload, a
+/// model package upload and a judgment upload answer 503 `disk_full` with the Chinese reason (not 500, nothing
+/// left under uploads/), `/healthz` says unhealthy, and search still answers.
+#[test]
+fn uploads_and_imports_below_the_disk_reserve_answer_disk_full() {
+    let s = site(&[("CARE__TRAINING__KEEP_FREE_GB", "1000000")]);
+    let mut served = s.care.serve_full();
+    let base = served.https.clone();
+    let c = client();
+    let part =
+        "--b0\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f.md\"\r\n\r\n# 阿司匹林\n\r\n--b0--\r\n";
+    for url in [
+        format!("{base}/api/v1/admin/collections/granted/files"),
+        format!("{base}/api/v1/admin/models"),
+        format!("{base}/api/v1/admin/collections/granted/judgments/s1"),
+    ] {
+        let r = c.post(&url).bearer_auth(&s.admin).header("content-type", "multipart/form-data; boundary=b0");
+        let r = r.body(part).send().unwrap();
+        assert_eq!(r.status(), 503, "{url}");
+        let body: serde_json::Value = r.json().unwrap();
+        assert_eq!(body["code"], "disk_full", "{url}: {body}");
+        let msg = body["message"].as_str().unwrap();
+        assert!(msg.contains("磁盘空间不足") && msg.contains("keep_free_gb"), "{url}: {msg}");
+    }
+    let left = std::fs::read_dir(s.care.data_dir.join("uploads")).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(left, 0, "an upload refused for space left files behind");
+    let h = c.get(format!("{base}/healthz")).send().unwrap();
+    assert_eq!(h.status(), 503);
+    let r = get(&c, &format!("{base}/api/v1/search?q=%E9%98%BF%E5%8F%B8%E5%8C%B9%E6%9E%97"), &s.clin);
+    assert_eq!(r.status(), 200);
+    assert!(served.child.0.try_wait().unwrap().is_none(), "care serve died");
+}
+

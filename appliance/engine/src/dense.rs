@@ -19,7 +19,11 @@ use lancedb::query::{ExecutableQuery, QueryBase, Select};
 use crate::error::{Error, Result};
 
 fn dense_err(e: impl std::fmt::Display) -> Error {
-    Error::Internal(format!("dense index: {e}"))
+    let text = e.to_string();
+    if crate::error::says_disk_full(&text) {
+        return Error::StoreFull { store: "向量索引", detail: text };
+    }
+    Error::Internal(format!("dense index: {text}"))
 }
 
 pub struct DenseStore {

@@ -151,7 +151,7 @@ pub enum Error {
     #[error("{what} is locked by another care process ({detail}); stop it or wait for it to finish")]
     Locked { what: String, detail: String },
     #[error("metadata store: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(rusqlite::Error),
     #[error("lexical index: {0}")]
     Tantivy(tantivy::TantivyError),
     #[error("{}", io_message(path, source))]
@@ -211,6 +211,14 @@ pub enum Error {
         disk_short_message(*available, *needed, *reserve)
     )]
     DiskFull { path: PathBuf, needed: u64, available: u64, reserve: u64 },
+    /// Too little free space for what an upload or a model import would write, said before it is accepted: the
+    /// space kept free (`[training] keep_free_gb`) is for search, sign-in and SQLite.
+    #[error("{} (disk full)", no_space_message(what, *needed, *available, *reserve))]
+    NoSpace { what: String, needed: u64, available: u64, reserve: u64 },
+    /// A store (SQLite, the lexical or the dense index) failed a write because the disk is full (ENOSPC,
+    /// SQLITE_FULL): said as such, not as a storage fault.
+    #[error("磁盘空间不足：写入{store}时磁盘已满；请清理数据目录所在的磁盘后重试 ({detail})")]
+    StoreFull { store: &'static str, detail: String },
     /// The CUDA provider cannot be created (`model.device = "cuda"`): names the missing library and the install.
     #[error("model.device = \"cuda\": {0}")]
     CudaUnavailable(crate::encoders::CudaUnavailable),
@@ -231,6 +239,16 @@ pub(crate) fn disk_short_message(available: u64, needed: u64, reserve: u64) -> S
     )
 }
 
+/// What a refused upload or import says: what it needed, what is free, what is kept free.
+fn no_space_message(what: &str, needed: u64, available: u64, reserve: u64) -> String {
+    let need = if needed >= 1 << 20 { format!("{what}约需 {}，", gib(needed)) } else { format!("{what}：") };
+    format!(
+        "磁盘空间不足：{need}数据盘剩余 {}，须保留 {}（care.toml 的 [training] keep_free_gb）；请先清理数据目录所在的磁盘后重试",
+        gib(available),
+        gib(reserve)
+    )
+}
+
 /// ENOSPC gets words an admin acts on; any other I/O error keeps the system's.
 fn io_message(path: &std::path::Path, source: &std::io::Error) -> String {
     if is_disk_full(source) {
@@ -241,15 +259,37 @@ fn io_message(path: &std::path::Path, source: &std::io::Error) -> String {
 }
 
 fn is_disk_full(e: &std::io::Error) -> bool {
-    e.kind() == std::io::ErrorKind::StorageFull
+    e.kind() == std::io::ErrorKind::StorageFull || e.raw_os_error() == Some(28)
+}
+
+/// Whether an error a library reports only as text came from ENOSPC: tantivy and LanceDB wrap the I/O error in
+/// their own types (several layers, some only as a message), and the system's text for errno 28 is stable.
+pub(crate) fn says_disk_full(text: &str) -> bool {
+    text.contains("os error 28") || text.contains("No space left on device") || text.contains("StorageFull")
+}
+
+impl From<rusqlite::Error> for Error {
+    fn from(e: rusqlite::Error) -> Self {
+        match &e {
+            rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DiskFull => {
+                Error::StoreFull { store: "元数据库 (care.sqlite)", detail: e.to_string() }
+            }
+            _ => Error::Sqlite(e),
+        }
+    }
 }
 
 impl From<tantivy::TantivyError> for Error {
     fn from(e: tantivy::TantivyError) -> Self {
-        if let tantivy::TantivyError::LockFailure(lock, detail) = e {
-            Error::Locked { what: "the lexical index".into(), detail: detail.unwrap_or_else(|| format!("{lock:?}")) }
-        } else {
-            Error::Tantivy(e)
+        match e {
+            tantivy::TantivyError::LockFailure(lock, detail) => Error::Locked {
+                what: "the lexical index".into(),
+                detail: detail.unwrap_or_else(|| format!("{lock:?}")),
+            },
+            e if says_disk_full(&format!("{e} {e:?}")) => {
+                Error::StoreFull { store: "检索索引", detail: e.to_string() }
+            }
+            e => Error::Tantivy(e),
         }
     }
 }
@@ -294,7 +334,7 @@ impl Error {
             Error::Busy(_) => ErrorCode::Busy,
             Error::Overloaded(_) => ErrorCode::Overloaded,
             Error::RateLimited(_) => ErrorCode::RateLimited,
-            Error::DiskFull { .. } => ErrorCode::DiskFull,
+            Error::DiskFull { .. } | Error::NoSpace { .. } | Error::StoreFull { .. } => ErrorCode::DiskFull,
             Error::CudaUnavailable(_) => ErrorCode::Model,
         }
     }

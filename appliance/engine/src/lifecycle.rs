@@ -319,6 +319,14 @@ impl Engine {
         if final_dir.exists() {
             std::fs::remove_dir_all(&final_dir).map_err(|e| Error::io(&final_dir, e))?;
         }
+        // The copy under models/ is as large as the listed files (their sizes as the hash check just read them).
+        let incoming = m
+            .files
+            .keys()
+            .filter_map(|f| std::fs::symlink_metadata(src.join(f)).ok())
+            .map(|md| md.len())
+            .fold(0u64, u64::saturating_add);
+        self.ensure_free_space(&format!("导入模型 {spec}"), incoming)?;
         let staged = self.dir.models().join(format!(".import-{}-{}", std::process::id(), next_staging()));
         let result = self.stage_and_register(actor, src, &m, &staged, &final_dir);
         let _ = std::fs::remove_dir_all(&staged);

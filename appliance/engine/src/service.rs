@@ -458,6 +458,7 @@ impl Engine {
     pub fn new_upload_as(&self, actor: &Actor, collection: &str) -> Result<std::path::PathBuf> {
         actor.require_admin()?;
         self.store.collection(collection)?;
+        self.ensure_free_space("上传文件", 0)?;
         self.new_upload_dir()
     }
 
@@ -465,7 +466,25 @@ impl Engine {
     /// a judgment set); the caller removes it afterwards, whatever the outcome.
     pub fn new_staging_upload_as(&self, actor: &Actor) -> Result<std::path::PathBuf> {
         actor.require_admin()?;
+        self.ensure_free_space("上传文件", 0)?;
         self.new_upload_dir()
+    }
+
+    /// Bytes `[training] keep_free_gb` keeps free on the data disk for search, sign-in and SQLite.
+    pub fn disk_reserve_bytes(&self) -> u64 {
+        (self.cfg.training.keep_free_gb.max(0.0) * f64::from(1u32 << 30)) as u64
+    }
+
+    /// Refuses `what`, which would write about `incoming` bytes to the data disk, when that would leave less than
+    /// the reserve free: a full disk fails every write (audit records, so sign-ins and searches too), so uploads and
+    /// imports stop at the reserve instead of at zero. Free space that cannot be measured is no reason to refuse.
+    pub fn ensure_free_space(&self, what: &str, incoming: u64) -> Result<()> {
+        let reserve = self.disk_reserve_bytes();
+        let Ok((_, available)) = crate::datadir::free_bytes(self.dir.root()) else { return Ok(()) };
+        if available < incoming.saturating_add(reserve) {
+            return Err(Error::NoSpace { what: what.to_string(), needed: incoming, available, reserve });
+        }
+        Ok(())
     }
 
     /// Queues an ingest job for uploaded files (audited as `ingest.submit` in the job's transaction).
@@ -542,7 +561,7 @@ impl Engine {
         if let Err(e) = wrote {
             problems.push(format!("数据目录无法写入 (write probe failed: {e})"));
         }
-        let reserve_bytes = (self.cfg.training.keep_free_gb.max(0.0) * f64::from(1u32 << 30)) as u64;
+        let reserve_bytes = self.disk_reserve_bytes();
         let free_bytes = crate::datadir::free_bytes(self.dir.root()).map(|f| f.1).ok();
         if let Some(free) = free_bytes.filter(|f| *f < reserve_bytes) {
             problems.push(format!(
@@ -703,6 +722,43 @@ mod tests {
         let h = e.health_report();
         assert!(!h.ok && h.problems.iter().any(|p| p.contains("低于保留值")), "{h:?}");
         assert!(!t.path().join(".health-probe").exists(), "the probe leaves nothing");
+    }
+
+    /// Uploads and model imports are refused as `disk_full` (Chinese, before anything is written) when the data
+    /// disk is below `[training] keep_free_gb`; SQLite's "database or disk is full" is `disk_full` too, not
+    /// `storage`. The SQLite case is real: `max_page_count` makes the store full.
+    #[test]
+    fn uploads_imports_and_a_full_store_answer_disk_full() {
+        let t = tempfile::tempdir().unwrap();
+        let root = Actor::console("cli:root");
+        let e = engine(t.path());
+        e.create_collection_as(&root, "c1", "").unwrap();
+        e.ensure_free_space("上传文件", 0).unwrap();
+        drop(e);
+        let mut cfg = EngineConfig::default();
+        cfg.storage.data_dir = t.path().to_path_buf();
+        cfg.training.keep_free_gb = 1e9;
+        let e = Engine::open(cfg, OpenMode::Existing).unwrap();
+        let uploads_before = std::fs::read_dir(e.uploads_dir()).map(|d| d.count()).unwrap_or(0);
+        for err in [
+            e.new_upload_as(&root, "c1").unwrap_err(),
+            e.new_staging_upload_as(&root).unwrap_err(),
+            e.import_model_as(&root, &t.path().join("no-package")).unwrap_err(),
+        ] {
+            // A missing package is found before space matters; the other two say the disk is short.
+            if err.code() == crate::ErrorCode::DiskFull {
+                assert!(err.to_string().contains("磁盘空间不足") && err.to_string().contains("keep_free_gb"), "{err}");
+            }
+        }
+        assert_eq!(e.new_upload_as(&root, "c1").unwrap_err().code(), crate::ErrorCode::DiskFull);
+        assert_eq!(std::fs::read_dir(e.uploads_dir()).map(|d| d.count()).unwrap_or(0), uploads_before);
+
+        let pages: i64 = e.store.conn().query_row("PRAGMA page_count", [], |r| r.get(0)).unwrap();
+        e.store.conn().execute_batch(&format!("PRAGMA max_page_count = {pages}")).unwrap();
+        let long = "很长的说明".repeat(20_000);
+        let err = (0..50).find_map(|i| e.create_collection_as(&root, &format!("full{i}"), &long).err()).unwrap();
+        assert_eq!(err.code(), crate::ErrorCode::DiskFull, "{err}");
+        assert!(err.to_string().contains("磁盘空间不足"), "{err}");
     }
 
     fn audit_count(e: &Engine) -> i64 {

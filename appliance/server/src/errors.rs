@@ -71,9 +71,10 @@ impl ApiError {
     pub fn is_server_error(&self) -> bool {
         self.code().class().is_server_error()
     }
-    /// The message a client may see: internal details (paths, SQL) stay in the server log.
+    /// The message a client may see: internal details (paths, SQL) stay in the server log. A full disk and a
+    /// busy appliance are told as they are (their messages are written for people and say what to do).
     pub fn public_message(&self) -> String {
-        if self.is_server_error() {
+        if self.is_server_error() && !matches!(self.code(), ErrorCode::DiskFull | ErrorCode::Overloaded) {
             "内部错误；管理员可在服务器日志中按请求编号查到详情 (internal error; see the server log)".to_string()
         } else {
             self.to_string()

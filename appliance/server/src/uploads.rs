@@ -65,7 +65,7 @@ pub async fn upload(
 ) -> Result<i64, ApiError> {
     let col = collection.to_string();
     let mut staging = Staging::new(call(state, caller, move |e, a| e.new_upload_as(a, &col)).await?);
-    let limit = state.settings.server.max_upload_mib.saturating_mul(1 << 20);
+    let limit = upload_limit(state, state.settings.server.max_upload_mib.saturating_mul(1 << 20));
     let queued = match receive(payload, &staging.dir, limit).await {
         Ok(files) => {
             let col = collection.to_string();
@@ -86,7 +86,7 @@ pub async fn import_model(
     payload: actix_multipart::Multipart,
 ) -> Result<care_engine::lifecycle::ImportReport, ApiError> {
     let staging = Staging::new(call(state, caller, |e, a| e.new_staging_upload_as(a)).await?);
-    let limit = state.settings.server.max_upload_mib.saturating_mul(1 << 20);
+    let limit = upload_limit(state, state.settings.server.max_upload_mib.saturating_mul(1 << 20));
     match receive(payload, &staging.dir, limit).await {
         Ok(_) => {
             let d = staging.dir.clone();
@@ -108,7 +108,7 @@ pub async fn import_judgments(
 ) -> Result<care_engine::judgments::JudgmentSetInfo, ApiError> {
     let staging = Staging::new(call(state, caller, |e, a| e.new_staging_upload_as(a)).await?);
     let dir = staging.dir.clone();
-    let limit = state.settings.server.max_upload_mib.saturating_mul(1 << 20);
+    let limit = upload_limit(state, state.settings.server.max_upload_mib.saturating_mul(1 << 20));
     match receive_with(payload, &dir, limit, &["collection", "name"]).await {
         Ok((files, fields)) => {
             let field = |k: &str| fields.get(k).cloned().unwrap_or_default();
@@ -143,8 +143,21 @@ pub async fn import_judgments(
 }
 
 /// Writes every `file` part into `dir`; returns the paths written.
-async fn receive(payload: actix_multipart::Multipart, dir: &Path, limit: u64) -> Result<Vec<PathBuf>, ApiError> {
+async fn receive(payload: actix_multipart::Multipart, dir: &Path, limit: Limit) -> Result<Vec<PathBuf>, ApiError> {
     Ok(receive_with(payload, dir, limit, &[]).await?.0)
+}
+
+/// What an upload may write: at most `bytes` in all, and never into the space `[training] keep_free_gb` keeps
+/// free (`reserve` bytes): each buffer is checked against the disk's free space before it is written, so a large
+/// upload is refused as `disk_full` at the reserve instead of filling the disk that SQLite and the indexes need.
+#[derive(Debug, Clone, Copy)]
+struct Limit {
+    bytes: u64,
+    reserve: u64,
+}
+
+fn upload_limit(state: &AppState, bytes: u64) -> Limit {
+    Limit { bytes, reserve: state.engine.disk_reserve_bytes() }
 }
 
 /// Longest text field a form may send beside its files (a collection or set name).
@@ -154,9 +167,10 @@ const MAX_FIELD_BYTES: usize = 256;
 async fn receive_with(
     mut payload: actix_multipart::Multipart,
     dir: &Path,
-    limit: u64,
+    limit: Limit,
     wanted: &[&str],
 ) -> Result<(Vec<PathBuf>, std::collections::HashMap<String, String>), ApiError> {
+    let Limit { bytes: limit, reserve } = limit;
     let mut files: Vec<PathBuf> = Vec::new();
     let mut fields = std::collections::HashMap::new();
     let mut taken = std::collections::HashSet::new();
@@ -213,11 +227,11 @@ async fn receive_with(
             }
             buf.extend_from_slice(&chunk);
             if buf.len() >= WRITE_BUFFER {
-                buf = write_part(&path, buf, first).await?;
+                buf = write_part(&path, buf, first, reserve).await?;
                 first = false;
             }
         }
-        write_part(&path, buf, first).await?;
+        write_part(&path, buf, first, reserve).await?;
         files.push(path);
     }
     if files.is_empty() {
@@ -226,21 +240,33 @@ async fn receive_with(
     Ok((files, fields))
 }
 
-/// Appends `buf` to `path` (creating it when `create`) on the blocking pool; hands the emptied buffer back.
-async fn write_part(path: &Path, mut buf: Vec<u8>, create: bool) -> Result<Vec<u8>, ApiError> {
+/// Appends `buf` to `path` (creating it when `create`) on the blocking pool, unless it would leave less than
+/// `reserve` bytes free; hands the emptied buffer back.
+async fn write_part(path: &Path, mut buf: Vec<u8>, create: bool, reserve: u64) -> Result<Vec<u8>, ApiError> {
     let p = path.to_path_buf();
     web::block(move || {
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).truncate(false).open(&p)?;
-        if create {
-            f.set_len(0)?;
+        if let Ok((_, available)) = care_engine::datadir::free_bytes(&p)
+            && available < reserve.saturating_add(buf.len() as u64)
+        {
+            return Err(care_engine::Error::NoSpace {
+                what: "上传文件".into(),
+                needed: buf.len() as u64,
+                available,
+                reserve,
+            });
         }
-        f.write_all(&buf)?;
+        let io = |e| care_engine::Error::io(&p, e);
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).truncate(false).open(&p).map_err(io)?;
+        if create {
+            f.set_len(0).map_err(io)?;
+        }
+        f.write_all(&buf).map_err(|e| care_engine::Error::io(&p, e))?;
         buf.clear();
-        Ok::<_, std::io::Error>(buf)
+        Ok::<_, care_engine::Error>(buf)
     })
     .await
     .map_err(ApiError::internal)?
-    .map_err(|e| ApiError::Engine(care_engine::Error::io(path, e)))
+    .map_err(ApiError::Engine)
 }
 
 /// A request body read into memory, refused past `limit` bytes (by its declared length first, then while reading).
@@ -271,7 +297,7 @@ pub async fn import_synonyms(
     payload: actix_multipart::Multipart,
 ) -> Result<care_engine::synonyms::ImportReport, ApiError> {
     let staging = Staging::new(call(state, caller, |e, a| e.new_staging_upload_as(a)).await?);
-    let limit = care_engine::synonyms::MAX_CSV_BYTES as u64 + 4096;
+    let limit = upload_limit(state, care_engine::synonyms::MAX_CSV_BYTES as u64 + 4096);
     match receive_with(payload, &staging.dir, limit, &["replace"]).await {
         Ok((files, fields)) => {
             let replace = fields.get("replace").is_some_and(|v| v == "1" || v == "on" || v == "true");
