@@ -1,7 +1,8 @@
 //! CARE's trainer: two-stage asymmetric retriever fine-tuning on libtorch (`tch`).
 //!
 //! ```text
-//!  care-train (main.rs) ── explicit stage commands
+//!  care-train (main.rs) ── explicit stage commands, and `run --spec FILE` (the appliance's door)
+//!   ├ stages     the phases the appliance runs, as functions of their specs (care_formats::trainer)
 //!   ├ models     BERT/XLM-R encoder and Qwen3 decoder on Hugging Face names; LoRA adapters that merge
 //!   ├ weights    sorted named tensors ↔ model.safetensors
 //!   ├ encoder    model + tokenizer.json + pooling (CLS / mean / last token), batched inference
@@ -34,6 +35,7 @@ pub mod models;
 pub mod optim;
 pub mod pooling;
 pub mod precision;
+pub mod stages;
 pub mod svg;
 pub mod train;
 pub mod weights;

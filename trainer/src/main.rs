@@ -7,17 +7,25 @@
 //!   care-train stage2 --query runs/s1/query --document runs/e5-small --train train_pairs.jsonl --out runs/s2
 //!   care-train eval --query runs/s2/query --document runs/e5-small --set huatuo26m_test
 //!   care-train export --query runs/s2/query --out pkg --pairing-id ...
+//!
+//! The appliance runs each phase as `care-train run --spec FILE` (care_formats::trainer): the spec says what to
+//! do, standard output carries one JSON event per line, standard error the log. The stage commands below build
+//! the same specs from their flags, whose defaults are the spec's.
 
-use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use care_formats::trainer::{
+    self as contract, EmbedCorpusSpec, EmbedOptions, Event, ExportOptions, ExportSpec, FailCode, Hyper, MergeSpec,
+    Phase, Precision, PruneSpec, Stage1Options, Stage1Spec, Stage2Options, Stage2Spec, TrainSpec,
+};
 use care_formats::training::TrainingExample;
-use care_trainer::data::{self, MiningOptions};
+use care_trainer::data;
 use care_trainer::encoder::{Encoder, write_json};
-use care_trainer::precision::Precision;
-use care_trainer::train::{DocSide, LossConfig, TrainConfig, Trainer, frozen_doc_side_with, select_trainable};
+use care_trainer::stages::{self, load_encoder};
+use care_trainer::train::{DocSide, LossConfig, Trainer, select_trainable};
 use clap::{Args, Parser, Subcommand};
 use tch::{Device, Kind};
 
@@ -38,9 +46,9 @@ struct Cli {
 /// the saved weights, so an LLM encoder trains within one GPU's memory.
 #[derive(Args, Debug, Clone)]
 struct Lora {
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = contract::Lora::default().rank)]
     lora_rank: i64,
-    #[arg(long, default_value_t = 64.0)]
+    #[arg(long, default_value_t = contract::Lora::default().alpha)]
     lora_alpha: f64,
     /// LoRA targets; defaults: Qwen3 q,k,v,o,gate,up,down projections; BERT query,key,value,dense.
     #[arg(long, value_delimiter = ',')]
@@ -48,17 +56,8 @@ struct Lora {
 }
 
 impl Lora {
-    /// Adds the adapters to `enc` (seeded, so a resumed run rebuilds the same ones before its checkpoint loads).
-    fn add(&self, enc: &mut Encoder, seed: u64) {
-        let targets: Vec<String> = if !self.lora_targets.is_empty() {
-            self.lora_targets.clone()
-        } else if matches!(enc.model, care_trainer::encoder::Model::Qwen3(_)) {
-            ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"].map(String::from).to_vec()
-        } else {
-            ["query", "key", "value", "dense"].map(String::from).to_vec()
-        };
-        tch::manual_seed(seed as i64);
-        enc.model.add_lora(&targets, self.lora_rank, self.lora_alpha, 0.0);
+    fn spec(&self) -> contract::Lora {
+        contract::Lora { rank: self.lora_rank, alpha: self.lora_alpha, targets: self.lora_targets.clone() }
     }
 }
 
@@ -75,34 +74,35 @@ struct Served {
 }
 
 impl Served {
-    fn load(&self, document_template: &str) -> Result<Option<care_trainer::train::ServedVectors>> {
-        let (Some(v), Some(c)) = (&self.served_vectors, &self.served_corpus) else { return Ok(None) };
-        Ok(Some(care_trainer::train::served_vectors(c, v, document_template)?))
+    fn spec(&self) -> Option<contract::ServedVectors> {
+        let (Some(v), Some(c)) = (&self.served_vectors, &self.served_corpus) else { return None };
+        Some(contract::ServedVectors { vectors: v.clone(), corpus: c.clone() })
     }
 }
 
+/// The step loop's flags; every default is [`Hyper::default`]'s (one set, shared with the appliance's specs).
 #[derive(Args, Debug, Clone)]
 struct Common {
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = Hyper::default().steps)]
     steps: u64,
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = Hyper::default().batch_size)]
     batch_size: usize,
     /// Encode at most this many texts with a graph at once (gradient cache); 0 = whole batch.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = Hyper::default().sub_batch)]
     sub_batch: usize,
-    #[arg(long, default_value_t = 1e-4)]
+    #[arg(long, default_value_t = Hyper::default().lr)]
     lr: f64,
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = Hyper::default().warmup_ratio)]
     warmup_ratio: f64,
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = Hyper::default().weight_decay)]
     weight_decay: f64,
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = Hyper::default().max_grad_norm)]
     max_grad_norm: f64,
-    #[arg(long, default_value_t = 42)]
+    #[arg(long, default_value_t = Hyper::default().seed)]
     seed: u64,
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = Hyper::default().checkpoint_every)]
     checkpoint_every: u64,
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = Hyper::default().keep_checkpoints)]
     keep_checkpoints: usize,
     /// Continue from the newest checkpoint in --out.
     #[arg(long)]
@@ -110,27 +110,53 @@ struct Common {
     /// Matryoshka widths to average the contrastive loss over, e.g. 64,128,256,384 (default: query width).
     #[arg(long, value_delimiter = ',')]
     matryoshka: Vec<i64>,
-    #[arg(long, default_value = "query: {text}")]
+    #[arg(long, default_value = contract::DEFAULT_QUERY_TEMPLATE)]
     query_template: String,
-    #[arg(long, default_value = "passage: {text}")]
+    #[arg(long, default_value = contract::DEFAULT_DOCUMENT_TEMPLATE)]
     document_template: String,
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = Hyper::default().query_max_length)]
     query_max_length: usize,
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = Hyper::default().document_max_length)]
     document_max_length: usize,
     /// Keep the query encoder's word-embedding matrix fixed (250k × 384 for e5: most of its parameters).
     #[arg(long)]
     freeze_embeddings: bool,
     /// Batch size for no-grad encoding (frozen document pools, mining).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = Hyper::default().infer_batch)]
     infer_batch: usize,
     /// fp32 or bf16 (fp16 cannot train without loss scaling and is refused): on CUDA, bf16 stores frozen weights
     /// (a frozen document encoder, the base of a LoRA one) in bf16 and runs the step under bf16 autocast with
     /// fp32 trainable weights; the CPU stays fp32.
-    #[arg(long, default_value = "fp32")]
+    #[arg(long, default_value_t = Hyper::default().precision)]
     precision: Precision,
     #[arg(long)]
     out: PathBuf,
+}
+
+impl Common {
+    fn hyper(&self) -> Hyper {
+        Hyper {
+            steps: self.steps,
+            batch_size: self.batch_size,
+            sub_batch: self.sub_batch,
+            lr: self.lr,
+            warmup_ratio: self.warmup_ratio,
+            weight_decay: self.weight_decay,
+            max_grad_norm: self.max_grad_norm,
+            seed: self.seed,
+            checkpoint_every: self.checkpoint_every,
+            keep_checkpoints: self.keep_checkpoints,
+            resume: self.resume,
+            matryoshka: self.matryoshka.clone(),
+            query_template: self.query_template.clone(),
+            document_template: self.document_template.clone(),
+            query_max_length: self.query_max_length,
+            document_max_length: self.document_max_length,
+            freeze_embeddings: self.freeze_embeddings,
+            infer_batch: self.infer_batch,
+            precision: self.precision,
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -184,7 +210,7 @@ enum Command {
         #[arg(long)]
         corpus: PathBuf,
         /// Use at most this many texts (a seeded sample).
-        #[arg(long, default_value_t = 20000)]
+        #[arg(long, default_value_t = Stage1Options::default().max_texts)]
         max_texts: usize,
         /// Use only texts of these corpus kinds (e.g. question,answer); default: all.
         #[arg(long, value_delimiter = ',')]
@@ -193,12 +219,12 @@ enum Command {
         /// query encoder serves short texts: queries and passages of query length are what it must encode as the
         /// teacher does, at a fraction of a long passage's step cost
         /// (docs/experiments/2026-11-25-retraining-mining-and-pruning.md).
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = Stage1Options::default().max_chars)]
         max_chars: usize,
         /// Corpus kinds the teacher (document encoder) reads as queries, through --teacher-query-template; the
         /// others it reads through --document-template. The student (query encoder) reads every text through
         /// --query-template.
-        #[arg(long, value_delimiter = ',', default_value = "question,query")]
+        #[arg(long, value_delimiter = ',', default_values_t = Stage1Options::default().query_kinds)]
         query_kinds: Vec<String>,
         /// The document encoder's own query prompt (default: --query-template), e.g. Qwen3-Embedding's
         /// "Instruct: …\nQuery: {text}" when the student is an e5 ("query: {text}").
@@ -215,11 +241,11 @@ enum Command {
         /// teacher's prompt).
         #[arg(long)]
         query_teacher_template: Option<String>,
-        #[arg(long, default_value_t = 0.1)]
+        #[arg(long, default_value_t = Stage1Options::default().temperature)]
         temperature: f64,
         /// Weight of the MSE term, the squared distance of the unit vectors (2(1 − cos), whatever the width); 1 is
         /// the paper's weight.
-        #[arg(long, default_value_t = 1.0)]
+        #[arg(long, default_value_t = Stage1Options::default().mse_weight)]
         mse_weight: f64,
         #[command(flatten)]
         served: Served,
@@ -241,9 +267,9 @@ enum Command {
         /// Use at most this many examples (a seeded sample).
         #[arg(long)]
         max_examples: Option<usize>,
-        #[arg(long, default_value_t = 0.02)]
+        #[arg(long, default_value_t = Stage2Options::default().temperature)]
         temperature: f64,
-        #[arg(long, default_value_t = 8)]
+        #[arg(long, default_value_t = Stage2Options::default().group_size)]
         group_size: usize,
         /// Mine hard negatives from the document pool to fill every group (false negatives dropped).
         #[arg(long)]
@@ -251,7 +277,7 @@ enum Command {
         /// Extra texts for the mining pool (corpus.jsonl layout).
         #[arg(long)]
         mine_corpus: Option<PathBuf>,
-        #[arg(long, default_value_t = 20000)]
+        #[arg(long, default_value_t = Stage2Options::default().mine_corpus_max)]
         mine_corpus_max: usize,
         /// A corpus (BEIR corpus.jsonl layout) whose every document joins the frozen pool, e.g. the index the
         /// appliance serves; mining then draws negatives from it. Its vectors are cached at --pool-cache (the
@@ -292,16 +318,16 @@ enum Command {
         query: PathBuf,
         #[arg(long)]
         out: PathBuf,
-        #[arg(long, default_value = "care-query")]
+        #[arg(long, default_value_t = ExportOptions::default().name)]
         name: String,
-        #[arg(long, default_value = "1")]
+        #[arg(long, default_value_t = ExportOptions::default().version)]
         version: String,
         /// Pairing id of the document model whose vectors this query encoder was aligned to.
         #[arg(long)]
         pairing_id: String,
-        #[arg(long, default_value = "query: {text}")]
+        #[arg(long, default_value = contract::DEFAULT_QUERY_TEMPLATE)]
         query_template: String,
-        #[arg(long, default_value = "passage: {text}")]
+        #[arg(long, default_value = contract::DEFAULT_DOCUMENT_TEMPLATE)]
         document_template: String,
         /// Texts for parity.json (one per line); default: built-in medical queries.
         #[arg(long)]
@@ -319,15 +345,15 @@ enum Command {
         width: Option<i64>,
         #[arg(long)]
         pairing_id: String,
-        #[arg(long, default_value = "passage: {text}")]
+        #[arg(long, default_value = contract::DEFAULT_DOCUMENT_TEMPLATE)]
         document_template: String,
-        #[arg(long, default_value_t = 64)]
+        #[arg(long, default_value_t = EmbedOptions::default().batch)]
         batch: usize,
-        #[arg(long, default_value_t = 50000)]
+        #[arg(long, default_value_t = EmbedOptions::default().rows_per_shard)]
         rows_per_shard: usize,
-        #[arg(long, default_value_t = 512)]
+        #[arg(long, default_value_t = EmbedOptions::default().max_length)]
         max_length: usize,
-        #[arg(long, default_value = "fp32")]
+        #[arg(long, default_value_t = EmbedOptions::default().precision)]
         precision: Precision,
     },
     /// nDCG@10 / MRR@10 / Recall@100 of (query encoder, document encoder) on a BEIR split, exact scan.
@@ -397,6 +423,13 @@ enum Command {
         #[arg(long, default_value = "training loss")]
         title: String,
     },
+    /// Run the phase a spec file describes (care_formats::trainer::TrainSpec, JSON), writing its events as JSON
+    /// lines to standard output (or the spec's `events` file) and its log to standard error. How the appliance
+    /// runs the trainer.
+    Run {
+        #[arg(long)]
+        spec: PathBuf,
+    },
 }
 
 fn main() {
@@ -405,14 +438,80 @@ fn main() {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
+    if let Command::Run { spec } = &cli.command {
+        std::process::exit(run_spec(spec));
+    }
     if let Err(e) = run(cli) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
 }
 
-/// When the appliance started us (`CARE_TRAIN_PARENT` = its pid), die with it: a `kill -9` of `care serve` must not
-/// leave an orphan writing checkpoints into the run folder that the restarted server resumes from.
+/// Where `run --spec` writes its events: standard output or the spec's file, flushed per line so the appliance
+/// sees each step as it ends.
+struct EventOut(Box<dyn Write>);
+
+impl EventOut {
+    fn send(&mut self, e: &Event) {
+        // A closed stream (the appliance went away) must not stop a phase that can still finish its checkpoint.
+        let _ = writeln!(self.0, "{}", e.to_line()).and_then(|()| self.0.flush());
+    }
+}
+
+/// `care-train run --spec FILE`: the exit status, with the events saying why.
+fn run_spec(path: &Path) -> i32 {
+    let mut out = EventOut(Box::new(std::io::stdout()));
+    let spec = match std::fs::read_to_string(path)
+        .map_err(|e| format!("reading {}: {e}", path.display()))
+        .and_then(|t| TrainSpec::from_json(&t).map_err(|e| format!("{}: {e}", path.display())))
+    {
+        Ok(s) => s,
+        Err(message) => {
+            eprintln!("error: {message}");
+            out.send(&Event::Failed { code: FailCode::Spec, message });
+            return 1;
+        }
+    };
+    if let Some(file) = &spec.events {
+        match std::fs::OpenOptions::new().create(true).append(true).open(file) {
+            Ok(f) => out = EventOut(Box::new(f)),
+            Err(e) => {
+                let message = format!("opening the events file {}: {e}", file.display());
+                eprintln!("error: {message}");
+                out.send(&Event::Failed { code: FailCode::Io, message });
+                return 1;
+            }
+        }
+    }
+    if spec.threads > 0 {
+        tch::set_num_threads(i32::try_from(spec.threads).unwrap_or(i32::MAX));
+    }
+    let dev = match device(&spec.device) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            out.send(&Event::Failed { code: FailCode::Device, message: format!("{e:#}") });
+            return 1;
+        }
+    };
+    let stage = spec.phase.stage();
+    let version = format!("care-train {}", env!("CARGO_PKG_VERSION"));
+    out.send(&Event::started(stage, &version, &format!("{dev:?}"), spec.phase.steps()));
+    eprintln!("{version}: {} on {dev:?} ({})", stage.command(), path.display());
+    match stages::run(&spec.phase, dev, &mut |e| out.send(&e)) {
+        Ok(o) => {
+            eprintln!("{}", o.message);
+            out.send(&Event::Done { message: o.message, summary: o.summary });
+            0
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            out.send(&Event::Failed { code: stages::fail_code(&e), message: format!("{e:#}") });
+            1
+        }
+    }
+}
+
 fn die_with_parent() -> Result<()> {
     let Ok(want) = std::env::var("CARE_TRAIN_PARENT") else { return Ok(()) };
     #[cfg(target_os = "linux")]
@@ -452,96 +551,6 @@ fn device(s: &str) -> Result<Device> {
     })
 }
 
-fn kind(precision: Precision, dev: Device) -> Result<Kind> {
-    Ok(precision.frozen_kind(dev))
-}
-
-fn load_encoder(dir: &Path, dev: Device, k: Kind, max_length: Option<usize>) -> Result<Encoder> {
-    let mut e = Encoder::load(dir, dev, k).with_context(|| format!("loading {}", dir.display()))?;
-    if let Some(m) = max_length {
-        e.settings.max_length = m;
-        e.tokenizer
-            .with_truncation(Some(tokenizers::TruncationParams {
-                max_length: m - usize::from(e.settings.append_eos.is_some()),
-                ..Default::default()
-            }))
-            .map_err(anyhow::Error::msg)?;
-    }
-    Ok(e)
-}
-
-fn train_config(c: &Common, loss: LossConfig) -> TrainConfig {
-    TrainConfig {
-        steps: c.steps,
-        batch_size: c.batch_size,
-        sub_batch: c.sub_batch,
-        lr: c.lr,
-        warmup_ratio: c.warmup_ratio,
-        weight_decay: c.weight_decay,
-        max_grad_norm: c.max_grad_norm,
-        seed: c.seed,
-        checkpoint_every: c.checkpoint_every,
-        keep_checkpoints: c.keep_checkpoints,
-        loss,
-        batch_by_source: false,
-    }
-}
-
-/// A seeded sample of at most `n` items (order kept).
-fn sample<T: Clone>(items: &[T], n: usize, seed: u64) -> Vec<T> {
-    if items.len() <= n {
-        return items.to_vec();
-    }
-    let mut idx = data::permutation(items.len(), seed, 0);
-    idx.truncate(n);
-    idx.sort_unstable();
-    idx.into_iter().map(|i| items[i].clone()).collect()
-}
-
-fn render(template: &str, t: &str) -> String {
-    template.replace("{text}", t)
-}
-
-/// Trains, saves `query/` (and `document/`), the metrics chart and `run.json`.
-fn finish_training(
-    trainer: &mut Trainer<'_>,
-    common: &Common,
-    title: &str,
-    mut summary: serde_json::Value,
-) -> Result<()> {
-    if common.resume {
-        match trainer.resume()? {
-            Some(s) => eprintln!("resumed from step {s}"),
-            None => eprintln!("no checkpoint in {}; starting fresh", common.out.display()),
-        }
-    } else if common.out.join("metrics.jsonl").exists() {
-        std::fs::remove_file(common.out.join("metrics.jsonl"))?;
-    }
-    let started = Instant::now();
-    let dev = trainer.query.device;
-    let log = care_trainer::precision::train_autocast(dev, common.precision, || trainer.run(None))
-        .map_err(anyhow::Error::msg)??;
-    let secs = started.elapsed().as_secs_f64();
-    if trainer.cfg.checkpoint_every > 0 && !trainer.cfg.steps.is_multiple_of(trainer.cfg.checkpoint_every) {
-        trainer.save_checkpoint()?;
-    }
-    let all = care_trainer::train::read_metrics(&common.out.join("metrics.jsonl"))?;
-    std::fs::write(common.out.join("loss.svg"), care_trainer::svg::loss_chart(title, &all, 20))?;
-    let mean_step = if log.is_empty() { 0.0 } else { log.iter().map(|m| m.seconds).sum::<f64>() / log.len() as f64 };
-    summary["steps_run"] = log.len().into();
-    summary["seconds"] = secs.into();
-    summary["mean_step_seconds"] = mean_step.into();
-    summary["first_loss"] = all.first().map_or(0.0, |m| m.loss).into();
-    summary["last_loss_mean_20"] =
-        (all.iter().rev().take(20).map(|m| m.loss).sum::<f64>() / all.len().clamp(1, 20) as f64).into();
-    summary["config"] = serde_json::to_value(&trainer.cfg)?;
-    summary["device"] = format!("{:?}", trainer.query.device).into();
-    summary["threads"] = tch::get_num_threads().into();
-    write_json(&common.out.join("run.json"), &summary)?;
-    eprintln!("{}", serde_json::to_string_pretty(&summary)?);
-    Ok(())
-}
-
 fn run(cli: Cli) -> Result<()> {
     if cli.threads > 0 {
         tch::set_num_threads(cli.threads);
@@ -557,55 +566,20 @@ fn run(cli: Cli) -> Result<()> {
     }
     if let Command::Init { common, .. } | Command::Stage1 { common, .. } | Command::Stage2 { common, .. } = &cli.command
     {
-        common.precision.check_trainable().map_err(anyhow::Error::msg)?;
+        stages::precision(common.precision).check_trainable().map_err(anyhow::Error::msg)?;
     }
     if let Command::GpuCheck(args) = cli.command {
         return care_trainer::gpu_check::run(&args);
     }
     let dev = device(&cli.device)?;
-    match cli.command {
-        Command::ImportE5s1 { e5s1, out } => {
-            care_trainer::export::e5s1_to_folder(&e5s1, &out)
-                .with_context(|| format!("importing {}", e5s1.display()))?;
-            println!("imported {} into {}", e5s1.display(), out.display());
-        }
+    // The phases the appliance runs: the flags become the spec `run --spec` would read.
+    let phase = match cli.command {
         Command::Prune { from, layers, pick, out } => {
-            let cfg = care_trainer::export::prune_layers(&from, layers, pick, &out)?;
-            println!("kept {} layers of {} in {}", cfg.num_hidden_layers, from.display(), out.display());
-        }
-        Command::Init { model, train, temperature, group_size, lora, lora_args, common } => {
-            let mut enc = load_encoder(&model, dev, Kind::Float, Some(common.document_max_length))?;
-            let use_lora = match lora.as_str() {
-                "on" => true,
-                "off" => false,
-                _ => matches!(enc.model, care_trainer::encoder::Model::Qwen3(_)),
+            let pick = match pick {
+                care_trainer::export::LayerPick::First => contract::LayerPick::First,
+                care_trainer::export::LayerPick::Spread => contract::LayerPick::Spread,
             };
-            let mut ex = Vec::new();
-            for t in &train {
-                ex.extend(data::read_training_file(t)?);
-            }
-            let ex: Vec<TrainingExample> = ex.into_iter().map(|e| render_example(e, &common)).collect();
-            if use_lora {
-                lora_args.add(&mut enc, common.seed);
-            }
-            let params = if use_lora {
-                select_trainable(&enc, "query.", &|n| n.contains("lora_"))
-            } else {
-                select_trainable(&enc, "query.", &|n| !(common.freeze_embeddings && n.starts_with("embeddings.word")))
-            };
-            let n_params: i64 = params.values().map(tch::Tensor::numel).map(|n| n as i64).sum();
-            let cfg = train_config(
-                &common,
-                LossConfig { temperature, group_size, mse_weight: 0.0, matryoshka: common.matryoshka.clone() },
-            );
-            let mut t = Trainer::new(&enc, DocSide::Same, &ex, cfg, params, &common.out)?;
-            let summary = serde_json::json!({"stage": "init", "model": model, "examples": ex.len(),
-                "lora": use_lora.then(|| serde_json::json!({"rank": lora_args.lora_rank, "alpha": lora_args.lora_alpha})),
-                "trainable_parameters": n_params});
-            finish_training(&mut t, &common, "independent initialisation (symmetric)", summary)?;
-            drop(t);
-            let mut enc = enc;
-            enc.save(&common.out.join("query"), true)?;
+            Phase::Prune(PruneSpec { from, layers, pick, out })
         }
         Command::Stage1 {
             query,
@@ -622,64 +596,25 @@ fn run(cli: Cli) -> Result<()> {
             mse_weight,
             served,
             common,
-        } => {
-            let q = load_encoder(&query, dev, Kind::Float, Some(common.document_max_length))?;
-            let d = load_encoder(&document, dev, kind(common.precision, dev)?, Some(common.document_max_length))?;
-            let mut docs = data::read_corpus(&corpus)?;
-            if !kinds.is_empty() {
-                docs.retain(|doc| doc.kind.as_ref().is_some_and(|k| kinds.contains(k)));
-            }
-            let is_query = |doc: &data::Doc| doc.kind.as_ref().is_some_and(|k| query_kinds.contains(k));
-            if max_chars > 0 {
-                docs.retain(|doc| is_query(doc) || doc.text.chars().count() <= max_chars);
-            }
-            let docs = sample(&docs, max_texts, common.seed);
-            let teacher_query = teacher_query_template.as_deref().unwrap_or(&common.query_template);
-            let (ex, texts) = data::stage1_pairs(
-                &docs,
-                &query_kinds,
-                &common.query_template,
-                &common.document_template,
-                teacher_query,
-            );
-            let n_query = docs.iter().filter(|doc| is_query(doc)).count();
-            std::fs::create_dir_all(&common.out)?;
-            let served = served.load(&common.document_template)?;
-            let mut side = frozen_doc_side_with(
-                &d,
-                texts.clone(),
-                common.infer_batch,
-                Some(&common.out.join("doc_vectors.safetensors")),
-                served.as_ref(),
-            )?;
-            if let Some(qt) = &query_teacher {
-                let qt = load_encoder(qt, dev, kind(common.precision, dev)?, Some(common.document_max_length))?;
-                let own = query_teacher_template.as_deref().unwrap_or(&common.query_template);
-                let mut seen = std::collections::HashSet::new();
-                // (the side's key, the text as stage1_pairs gave it to the document encoder; the text as the query
-                // teacher reads it): one pair per document, in order.
-                let rows: Vec<(String, String)> = docs
-                    .iter()
-                    .zip(&ex)
-                    .filter(|(doc, _)| is_query(doc))
-                    .map(|(doc, e)| (e.pos[0].clone(), own.replace("{text}", &doc.text)))
-                    .filter(|(k, _)| seen.insert(k.clone()))
-                    .collect();
-                care_trainer::train::realign_rows(&mut side, &qt, &rows, common.infer_batch)?;
-            }
-            let params =
-                select_trainable(&q, "query.", &|n| !(common.freeze_embeddings && n.starts_with("embeddings.word")));
-            let cfg = train_config(
-                &common,
-                LossConfig { temperature, group_size: 1, mse_weight, matryoshka: common.matryoshka.clone() },
-            );
-            let mut t = Trainer::new(&q, side, &ex, cfg, params, &common.out)?;
-            let summary = serde_json::json!({"stage": "stage1", "query": query, "document": document, "texts": texts.len(), "query_side_texts": n_query, "document_side_texts": texts.len() - n_query, "query_teacher": query_teacher});
-            finish_training(&mut t, &common, "Stage I: query encoder aligned to the frozen document encoder", summary)?;
-            drop(t);
-            let mut q = q;
-            q.save(&common.out.join("query"), true)?;
-        }
+        } => Phase::Stage1(Stage1Spec {
+            query,
+            document,
+            corpus,
+            out: common.out.clone(),
+            served: served.spec(),
+            options: Stage1Options {
+                max_texts,
+                kinds,
+                max_chars,
+                query_kinds,
+                teacher_query_template,
+                query_teacher,
+                query_teacher_template,
+                temperature,
+                mse_weight,
+            },
+            hyper: common.hyper(),
+        }),
         Command::Stage2 {
             query,
             document,
@@ -698,186 +633,36 @@ fn run(cli: Cli) -> Result<()> {
             lora,
             served,
             common,
-        } => {
-            let q = load_encoder(&query, dev, Kind::Float, Some(common.query_max_length))?;
-            // Frozen or the base of LoRA adapters: either way these weights never train, so bf16 storage halves them.
-            let dkind = kind(common.precision, dev)?;
-            let mut d = load_encoder(&document, dev, dkind, Some(common.document_max_length))?;
-            let mut ex = Vec::new();
-            for t in &train {
-                ex.extend(data::read_training_file(t)?);
-            }
-            if !sources.is_empty() {
-                ex.retain(|e| e.kind.as_ref().is_some_and(|k| sources.iter().any(|s| k.starts_with(s.as_str()))));
-            }
-            if let Some(n) = max_examples {
-                ex = sample(&ex, n, common.seed);
-            }
-            if ex.is_empty() {
-                bail!("no training examples left after filtering by --sources {sources:?}");
-            }
-            let mut ex: Vec<TrainingExample> = ex.into_iter().map(|e| render_example(e, &common)).collect();
-            let judged_negatives = ex.iter().map(|e| e.neg.len()).sum::<usize>();
-            let mut pool = data::document_pool(&ex);
-            if let Some(c) = &mine_corpus {
-                let extra = sample(&data::read_corpus(c)?, mine_corpus_max, common.seed);
-                let seen: std::collections::HashSet<String> = pool.iter().cloned().collect();
-                pool.extend(
-                    extra
-                        .into_iter()
-                        .map(|doc| render(&common.document_template, &doc.text))
-                        .filter(|t| !seen.contains(t)),
-                );
-            }
-            std::fs::create_dir_all(&common.out)?;
-            // Pool vectors from the current document encoder: mining uses them, a frozen document side reuses them.
-            let side = match &pool_corpus {
-                None => frozen_doc_side_with(
-                    &d,
-                    pool.clone(),
-                    common.infer_batch,
-                    Some(&common.out.join("doc_vectors.safetensors")),
-                    // A trainable document side uses the pool only to mine; its training steps re-encode.
-                    served.load(&common.document_template)?.as_ref(),
-                )?,
-                Some(pc) => {
-                    // The vectors of `pc` itself (this once read `<folder of pc>/corpus.jsonl` while the texts came
-                    // from `pc`, pairing vectors with the wrong texts whenever the file had another name).
-                    let (_, base) = care_trainer::eval::corpus_file_vectors(
-                        &d,
-                        pc,
-                        &common.document_template,
-                        common.infer_batch,
-                        pool_cache.as_deref(),
-                    )?;
-                    let base_texts: Vec<String> =
-                        data::read_corpus(pc)?.iter().map(|doc| render(&common.document_template, &doc.text)).collect();
-                    let seen: std::collections::HashSet<&String> = base_texts.iter().collect();
-                    let extra: Vec<String> = pool.iter().filter(|t| !seen.contains(t)).cloned().collect();
-                    eprintln!(
-                        "pool: {} corpus documents + {} other texts of the training data",
-                        base_texts.len(),
-                        extra.len()
-                    );
-                    let extra_vecs = d.embed_all(&extra, common.infer_batch, &mut |_| {})?;
-                    let vectors = tch::Tensor::cat(&[base, extra_vecs], 0).to_device(d.device);
-                    let mut all = base_texts;
-                    all.extend(extra);
-                    let index = all.iter().enumerate().map(|(i, t)| (t.clone(), i as i64)).collect();
-                    pool = all;
-                    DocSide::Frozen { vectors, index }
-                }
-            };
-            let mut mining = data::MiningReport::default();
-            if mine {
-                let DocSide::Frozen { vectors, index } = &side else { unreachable!() };
-                let qtexts: Vec<String> = ex.iter().map(|e| e.query.clone()).collect();
-                let mut pb = care_trainer::train::progress_bar(qtexts.len() as u64, "mining: encoding queries");
-                let qv = q.embed_all(&qtexts, common.infer_batch, &mut |n| pb.set_position(n as u64))?;
-                pb.finish_and_clear();
-                let w = qv.size()[1];
-                let pv = care_trainer::pooling::truncate(&vectors.to_device(Device::Cpu), w);
-                let pos_rows: Vec<i64> = ex.iter().map(|e| index[&e.pos[0]]).collect();
-                let pos_scores: Vec<f32> = Vec::<f32>::try_from(
-                    (&qv * pv.index_select(0, &tch::Tensor::from_slice(&pos_rows))).sum_dim_intlist(
-                        1,
-                        false,
-                        Kind::Float,
-                    ),
-                )?;
-                let opts = MiningOptions { negatives: group_size - 1, ..Default::default() };
-                mining = data::mine_hard_negatives(&mut ex, &qv, &pos_scores, &pool, &pv, opts)?;
-                eprintln!(
-                    "mined negatives; dropped {} likely false negatives (margin {:.4} below each positive); {} groups \
-                     still short (topped up at random)",
-                    mining.dropped, mining.margin, mining.short
-                );
-            }
-            let side = if freeze_document {
-                side
-            } else {
-                drop(side);
-                lora.add(&mut d, common.seed);
-                DocSide::Trainable(&d)
-            };
-            let mut params =
-                select_trainable(&q, "query.", &|n| !(common.freeze_embeddings && n.starts_with("embeddings.word")));
-            if !freeze_document {
-                params.extend(select_trainable(&d, "document.", &|n| n.contains("lora_")));
-            }
-            let n_params: i64 = params.values().map(tch::Tensor::numel).map(|n| n as i64).sum();
-            let cfg = train_config(
-                &common,
-                LossConfig { temperature, group_size, mse_weight: 0.0, matryoshka: common.matryoshka.clone() },
-            );
-            let cfg = TrainConfig { batch_by_source, ..cfg };
-            let mut t = Trainer::new(&q, side, &ex, cfg, params, &common.out)?;
-            let summary = serde_json::json!({
-                "stage": "stage2", "query": query, "document": document, "examples": ex.len(),
-                "sources": data::kinds(&ex), "judged_negatives": judged_negatives, "pool": pool.len(),
-                "mined": mine, "dropped_false_negatives": mining.dropped, "false_negative_margin": mining.margin, "groups_topped_up": mining.short, "document_frozen": freeze_document,
-                "lora": if freeze_document { serde_json::Value::Null } else { serde_json::json!({"rank": lora.lora_rank, "alpha": lora.lora_alpha}) },
-                "trainable_parameters": n_params,
-            });
-            finish_training(
-                &mut t,
-                &common,
-                "Stage II: joint contrastive training (1 positive + hard negatives)",
-                summary,
-            )?;
-            drop(t);
-            let mut q = q;
-            q.save(&common.out.join("query"), true)?;
-            if !freeze_document {
-                d.save(&common.out.join("document"), true)?;
-            }
-        }
-        Command::Merge { tuned, base, ratio, out } => {
-            let changed = care_trainer::export::merge_weights(&tuned, &base, ratio, &out)?;
-            println!("merged {changed} tensors ({ratio} tuned) into {}", out.display());
-        }
+        } => Phase::Stage2(Stage2Spec {
+            query,
+            document,
+            train,
+            out: common.out.clone(),
+            served: served.spec(),
+            options: Stage2Options {
+                sources,
+                max_examples,
+                temperature,
+                group_size,
+                mine,
+                mine_corpus,
+                mine_corpus_max,
+                pool_corpus,
+                pool_cache,
+                freeze_document,
+                batch_by_source,
+                lora: lora.spec(),
+            },
+            hyper: common.hyper(),
+        }),
+        Command::Merge { tuned, base, ratio, out } => Phase::Merge(MergeSpec { tuned, base, ratio, out }),
         Command::Export { query, out, name, version, pairing_id, query_template, document_template, parity_texts } => {
-            let mut q = load_encoder(&query, Device::Cpu, Kind::Float, None)?;
-            let texts: Vec<String> = match parity_texts {
-                Some(p) => {
-                    std::fs::read_to_string(&p)?.lines().filter(|l| !l.trim().is_empty()).map(String::from).collect()
-                }
-                None => PARITY_TEXTS.iter().map(|s| (*s).to_string()).collect(),
-            };
-            let mut provenance = BTreeMap::new();
-            provenance
-                .insert("trainer".into(), format!("care-train {} from {}", env!("CARGO_PKG_VERSION"), query.display()));
-            // A merged encoder names the trained one it came from; the training run is beside that one.
-            let merge = std::fs::read_to_string(query.join(care_trainer::export::MERGE_FILE)).ok();
-            let trained = merge
-                .as_deref()
-                .and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok())
-                .and_then(|v| v["tuned"].as_str().map(PathBuf::from))
-                .unwrap_or_else(|| query.clone());
-            if let Ok(run) = std::fs::read_to_string(trained.parent().unwrap_or(Path::new(".")).join("run.json")) {
-                provenance.insert("training_run".into(), run.chars().filter(|c| *c != '\n').collect());
-            }
-            if let Some(m) = merge {
-                provenance.insert("merge".into(), m.chars().filter(|c| *c != '\n').collect());
-            }
-            let info = care_trainer::export::PackageInfo {
-                name,
-                version,
+            Phase::Export(ExportSpec {
+                query,
+                out,
                 pairing_id,
-                query_template,
-                document_template,
-                instruction: String::new(),
-                provenance,
-            };
-            let m = care_trainer::export::export_query_package(&mut q, &out, &info, &texts)?;
-            println!(
-                "wrote query package {}@{} ({}, pairing {}) to {}",
-                m.name,
-                m.version,
-                m.architecture,
-                m.pairing_id,
-                out.display()
-            );
+                options: ExportOptions { name, version, query_template, document_template, parity_texts },
+            })
         }
         Command::EmbedCorpus {
             document,
@@ -890,30 +675,84 @@ fn run(cli: Cli) -> Result<()> {
             rows_per_shard,
             max_length,
             precision,
-        } => {
-            let d = load_encoder(&document, dev, kind(precision, dev)?, Some(max_length))?;
-            let docs = data::read_corpus(&corpus)?;
-            let width = width.unwrap_or(d.hidden_size());
-            let started = Instant::now();
-            let idx = care_trainer::export::embed_corpus(
-                &d,
-                &docs,
-                &out,
-                &document_template,
-                width,
-                &pairing_id,
-                batch,
-                rows_per_shard,
-            )?;
-            let secs = started.elapsed().as_secs_f64();
-            println!(
-                "embedded {} documents (width {}) in {:.1} s ({:.1} docs/s) into {}",
-                idx.rows,
-                idx.width,
-                secs,
-                idx.rows as f64 / secs,
-                out.display()
-            );
+        } => Phase::EmbedCorpus(EmbedCorpusSpec {
+            document,
+            corpus,
+            out,
+            pairing_id,
+            options: EmbedOptions { width, document_template, batch, rows_per_shard, max_length, precision },
+        }),
+        Command::Init { model, train, temperature, group_size, lora, lora_args, common } => {
+            return init(dev, &model, &train, temperature, group_size, &lora, &lora_args, &common);
+        }
+        other @ (Command::ImportE5s1 { .. }
+        | Command::Eval { .. }
+        | Command::BenchQuery { .. }
+        | Command::Chart { .. }
+        | Command::Doctor { .. }
+        | Command::GpuCheck(_)
+        | Command::Run { .. }) => return tool(other, dev),
+    };
+    let outcome = stages::run(&phase, dev, &mut |_| {})?;
+    println!("{}", outcome.message);
+    Ok(())
+}
+
+/// `care-train init`: a symmetric fine-tune of one encoder (an engineer's tool; the appliance does not run it).
+#[allow(clippy::too_many_arguments)]
+fn init(
+    dev: Device,
+    model: &Path,
+    train: &[PathBuf],
+    temperature: f64,
+    group_size: usize,
+    lora: &str,
+    lora_args: &Lora,
+    common: &Common,
+) -> Result<()> {
+    let h = common.hyper();
+    let mut enc = load_encoder(model, dev, Kind::Float, Some(common.document_max_length))?;
+    let use_lora = match lora {
+        "on" => true,
+        "off" => false,
+        _ => matches!(enc.model, care_trainer::encoder::Model::Qwen3(_)),
+    };
+    let mut ex = Vec::new();
+    for t in train {
+        ex.extend(data::read_training_file(t)?);
+    }
+    let ex: Vec<TrainingExample> = ex.into_iter().map(|e| stages::render_example(e, &h)).collect();
+    if use_lora {
+        stages::add_lora(&mut enc, &lora_args.spec(), common.seed);
+    }
+    let params = if use_lora {
+        select_trainable(&enc, "query.", &|n| n.contains("lora_"))
+    } else {
+        select_trainable(&enc, "query.", &|n| !(common.freeze_embeddings && n.starts_with("embeddings.word")))
+    };
+    let n_params: i64 = params.values().map(tch::Tensor::numel).map(|n| n as i64).sum();
+    let cfg = stages::train_config(
+        &h,
+        LossConfig { temperature, group_size, mse_weight: 0.0, matryoshka: common.matryoshka.clone() },
+    );
+    let mut t = Trainer::new(&enc, DocSide::Same, &ex, cfg, params, &common.out)?;
+    let summary = serde_json::json!({"stage": "init", "model": model, "examples": ex.len(),
+        "lora": use_lora.then(|| serde_json::json!({"rank": lora_args.lora_rank, "alpha": lora_args.lora_alpha})),
+        "trainable_parameters": n_params});
+    stages::finish_training(&mut t, &h, &common.out, "independent initialisation (symmetric)", summary)?;
+    drop(t);
+    let mut enc = enc;
+    enc.save(&common.out.join("query"), true)?;
+    Ok(())
+}
+
+/// The engineer's tools that are no phase of the appliance's runs.
+fn tool(command: Command, dev: Device) -> Result<()> {
+    match command {
+        Command::ImportE5s1 { e5s1, out } => {
+            care_trainer::export::e5s1_to_folder(&e5s1, &out)
+                .with_context(|| format!("importing {}", e5s1.display()))?;
+            println!("imported {} into {}", e5s1.display(), out.display());
         }
         Command::Eval {
             query,
@@ -961,7 +800,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::BenchQuery { encoder, set, split, queries, query_template, out } => {
             let mut split_data = care_trainer::eval::load_split(&set, &split)?;
             split_data.queries.truncate(queries + 20);
-            let texts: Vec<String> = split_data.queries.iter().map(|(_, t)| render(&query_template, t)).collect();
+            let texts: Vec<String> =
+                split_data.queries.iter().map(|(_, t)| stages::render(&query_template, t)).collect();
             let mut encs = Vec::new();
             for spec in &encoder {
                 let (name, dir) = spec.split_once('=').context("--encoder takes name=DIR")?;
@@ -982,36 +822,23 @@ fn run(cli: Cli) -> Result<()> {
                 write_json(&o, &report)?;
             }
         }
-        Command::Doctor { .. } | Command::GpuCheck(_) => {} // answered before a device is chosen
         Command::Chart { metrics, out, title } => {
             let m = care_trainer::train::read_metrics(&metrics)?;
             std::fs::write(&out, care_trainer::svg::loss_chart(&title, &m, 20))?;
         }
+        Command::Prune { .. }
+        | Command::Stage1 { .. }
+        | Command::Stage2 { .. }
+        | Command::Merge { .. }
+        | Command::Export { .. }
+        | Command::EmbedCorpus { .. }
+        | Command::Init { .. }
+        | Command::Doctor { .. }
+        | Command::GpuCheck(_)
+        | Command::Run { .. } => bail!("answered before the tools"),
     }
     Ok(())
 }
-
-fn render_example(e: TrainingExample, c: &Common) -> TrainingExample {
-    TrainingExample {
-        query: render(&c.query_template, &e.query),
-        pos: e.pos.iter().map(|p| render(&c.document_template, p)).collect(),
-        neg: e.neg.iter().map(|p| render(&c.document_template, p)).collect(),
-        prompt: e.prompt,
-        kind: e.kind,
-    }
-}
-
-/// Sample queries for parity.json when no file is given.
-const PARITY_TEXTS: &[&str] = &[
-    "二甲双胍的禁忌症",
-    "高血压患者可以吃布洛芬吗",
-    "孕妇出血是什么原因？",
-    "宝宝打完流感疫苗第三天拉肚子",
-    "糖尿病人的饮食注意事项有哪些",
-    "What are the side effects of metformin?",
-    "头痛 发烧 咳嗽 三天",
-    "乙肝小三阳需要治疗吗",
-];
 
 fn print_doctor(r: &care_trainer::doctor::Report, texts: usize, seq: usize) {
     let or = |o: &Option<String>| o.clone().unwrap_or_else(|| "unknown".into());

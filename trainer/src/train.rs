@@ -18,6 +18,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use care_formats::trainer::{Event, StepKind};
 use care_formats::training::TrainingExample;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
@@ -337,6 +338,8 @@ pub struct Trainer<'a> {
     pub filler: Vec<String>,
     /// Source of each example, when batches are drawn by source.
     pub sources: Option<Vec<usize>>,
+    /// Told of every step and checkpoint as it happens (`care-train run` writes them as events for the appliance).
+    pub events: Option<Box<dyn FnMut(Event) + 'a>>,
 }
 
 impl std::fmt::Debug for Trainer<'_> {
@@ -364,7 +367,7 @@ impl<'a> Trainer<'a> {
         let opt = AdamW::new(AdamWConfig { lr: cfg.lr, weight_decay: cfg.weight_decay, ..Default::default() }, params);
         let filler = crate::data::document_pool(examples);
         let sources = cfg.batch_by_source.then(|| crate::data::source_ids(examples));
-        Ok(Self { query, doc, examples, cfg, opt, out: out.to_path_buf(), filler, sources })
+        Ok(Self { query, doc, examples, cfg, opt, out: out.to_path_buf(), filler, sources, events: None })
     }
 
     fn schedule(&self) -> Schedule {
@@ -544,14 +547,29 @@ impl<'a> Trainer<'a> {
                 .map_err(|e| Error::io(&self.out, e))?;
             pb.set_position(self.opt.step);
             pb.set_message(format!("loss {l:.4}"));
+            self.emit(Event::Step {
+                phase: StepKind::Train,
+                step: met.step,
+                total: self.cfg.steps,
+                loss: l,
+                lr,
+                seconds: met.seconds,
+            });
             all.push(met);
             done += 1;
             if self.cfg.checkpoint_every > 0 && self.opt.step.is_multiple_of(self.cfg.checkpoint_every) {
-                self.save_checkpoint()?;
+                let path = self.save_checkpoint()?;
+                self.emit(Event::Checkpoint { step: self.opt.step, path });
             }
         }
         pb.finish_and_clear();
         Ok(all)
+    }
+
+    pub fn emit(&mut self, event: Event) {
+        if let Some(f) = &mut self.events {
+            f(event);
+        }
     }
 
     fn checkpoint_dir(&self, step: u64) -> PathBuf {

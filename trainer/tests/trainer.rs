@@ -979,3 +979,108 @@ fn a_query_teacher_replaces_only_the_query_rows_of_stage1s_frozen_side() {
     let missing = vec![("w9 w9".to_string(), "w1 w9".to_string())];
     assert!(care_trainer::train::realign_rows(&mut side, &teacher, &missing, 4).is_err());
 }
+
+/// The appliance's door (`care-train run --spec`) and the library function it calls report the same run: a step
+/// event per optimiser step and a checkpoint event per checkpoint, then `done`; a phase that cannot run ends with
+/// `failed` and its code, and a spec of another version is refused before anything loads.
+#[test]
+fn stage2_as_a_library_function_and_through_run_spec_reports_steps_checkpoints_and_failures_as_events() {
+    use care_formats::trainer::{
+        Event, FailCode, Hyper, Phase, SPEC_VERSION, Stage, Stage2Options, Stage2Spec, StepKind, TrainSpec,
+    };
+    let _guard = serial();
+    let t = tempfile::tempdir().unwrap();
+    write_tiny_bert_with(&t.path().join("q"), 21, 0.0);
+    write_tiny_bert_with(&t.path().join("d"), 22, 0.0);
+    let train = t.path().join("train.jsonl");
+    let lines: Vec<String> = examples(16).iter().map(|e| serde_json::to_string(e).unwrap()).collect();
+    std::fs::write(&train, lines.join("\n") + "\n").unwrap();
+    let spec = |out: &str| Stage2Spec {
+        query: t.path().join("q"),
+        document: t.path().join("d"),
+        train: vec![train.clone()],
+        out: t.path().join(out),
+        served: None,
+        options: Stage2Options { group_size: 3, freeze_document: true, ..Default::default() },
+        hyper: Hyper {
+            steps: 5,
+            batch_size: 4,
+            checkpoint_every: 2,
+            lr: 1e-3,
+            query_template: "{text}".into(),
+            document_template: "{text}".into(),
+            ..Default::default()
+        },
+    };
+
+    // Called directly, as the stage commands and `run --spec` call it.
+    let mut events = Vec::new();
+    let outcome = care_trainer::stages::stage2(&spec("lib"), Device::Cpu, &mut |e| events.push(e)).unwrap();
+    let steps: Vec<u64> = events
+        .iter()
+        .filter_map(|e| {
+            let Event::Step { phase: StepKind::Train, step, total: 5, loss, .. } = e else { return None };
+            loss.is_finite().then_some(*step)
+        })
+        .collect();
+    assert_eq!(steps, [1, 2, 3, 4, 5], "{events:?}");
+    let checkpoints: Vec<u64> =
+        events.iter().filter_map(|e| if let Event::Checkpoint { step, .. } = e { Some(*step) } else { None }).collect();
+    // Every second step, and the last one (5 is no multiple of 2); the newest two are kept on disk.
+    assert_eq!(checkpoints, [2, 4, 5], "{events:?}");
+    let kept: Vec<u64> = care_trainer::train::list_checkpoints(&t.path().join("lib")).iter().map(|c| c.0).collect();
+    assert_eq!(kept, [4, 5]);
+    assert_eq!(outcome.summary["steps_run"], 5, "{outcome:?}");
+    assert!(t.path().join("lib/query/model.safetensors").exists() && t.path().join("lib/metrics.jsonl").exists());
+
+    // Through the binary: a spec file in, JSON lines out on stdout, the log on stderr.
+    let run = |spec_text: String| {
+        let file = t.path().join("spec.json");
+        std::fs::write(&file, spec_text).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_care-train"))
+            .arg("run")
+            .arg("--spec")
+            .arg(&file)
+            .output()
+            .unwrap();
+        let events: Vec<Event> =
+            String::from_utf8(out.stdout).unwrap().lines().map(|l| Event::from_line(l).unwrap()).collect();
+        (out.status.code(), events, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, events, log) = run(TrainSpec::new(Phase::Stage2(spec("bin")), "cpu", 1).to_json());
+    assert_eq!(code, Some(0), "{log}");
+    assert!(events[0].check_format().is_ok());
+    assert!(matches!(&events[0], Event::Started { stage: Stage::Stage2, total: 5, .. }), "{events:?}");
+    assert_eq!(events.iter().filter(|e| matches!(e, Event::Step { .. })).count(), 5, "{events:?}");
+    assert_eq!(events.iter().filter(|e| matches!(e, Event::Checkpoint { .. })).count(), 3, "{events:?}");
+    assert!(matches!(events.last(), Some(Event::Done { summary, .. }) if summary["steps_run"] == 5), "{events:?}");
+    // The same seed and data: the binary's run is the library's, loss for loss (to rounding: libtorch's thread
+    // count orders its reductions).
+    let losses = |dir: &str| care_trainer::train::read_metrics(&t.path().join(dir).join("metrics.jsonl")).unwrap();
+    let (lib, bin) = (losses("lib"), losses("bin"));
+    assert_eq!(lib.len(), bin.len());
+    for (a, b) in lib.iter().zip(&bin) {
+        assert!((a.loss - b.loss).abs() <= 1e-5 * a.loss.abs().max(1.0), "{lib:?} {bin:?}");
+    }
+
+    // Nothing to train on: `failed` with the data code, exit status 1.
+    let mut empty = spec("empty");
+    empty.options.sources = vec!["no-such-source".into()];
+    let (code, events, _) = run(TrainSpec::new(Phase::Stage2(empty), "cpu", 1).to_json());
+    assert_eq!(code, Some(1));
+    assert!(
+        matches!(events.last(), Some(Event::Failed { code: FailCode::Data, message }) if message.contains("no training examples")),
+        "{events:?}"
+    );
+    // Another version of the spec: refused before anything runs.
+    let newer = TrainSpec::new(Phase::Stage2(spec("newer")), "cpu", 1)
+        .to_json()
+        .replace(&format!("\"version\": {SPEC_VERSION}"), "\"version\": 99");
+    let (code, events, _) = run(newer);
+    assert_eq!(code, Some(1));
+    assert!(
+        matches!(&events[..], [Event::Failed { code: FailCode::Spec, message }] if message.contains("version 99")),
+        "{events:?}"
+    );
+    assert!(!t.path().join("newer").exists());
+}
