@@ -545,3 +545,42 @@ fn uploads_and_imports_below_the_disk_reserve_answer_disk_full() {
     assert!(served.child.0.try_wait().unwrap().is_none(), "care serve died");
 }
 
+/// `[limits]` over HTTP: a second schedule past max_schedules 1 is 409 `limit_reached`; a clinician's third feedback
+/// in an hour past feedback_per_user_per_hour 2 is 429 `rate_limited`, both with Chinese messages.
+#[test]
+fn schedules_and_feedback_are_capped_over_http() {
+    let s = site(&[("CARE__LIMITS__MAX_SCHEDULES", "1"), ("CARE__LIMITS__FEEDBACK_PER_USER_PER_HOUR", "2")]);
+    let mut served = s.care.serve_full();
+    let base = served.https.clone();
+    let c = client();
+    let post = |url: &str, bearer: &str, body: String| {
+        c.post(format!("{base}{url}"))
+            .bearer_auth(bearer)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .unwrap()
+    };
+    let spec = r#"{"weekday": 6, "time": "02:00"}"#.to_string();
+    assert!(post("/api/v1/admin/training/schedules", &s.admin, spec.clone()).status().is_success());
+    let r = post("/api/v1/admin/training/schedules", &s.admin, spec);
+    assert_eq!(r.status(), 409);
+    let body: serde_json::Value = r.json().unwrap();
+    assert_eq!(body["code"], "limit_reached");
+    assert!(body["message"].as_str().unwrap().contains("训练计划已达上限"), "{body}");
+
+    let hits: serde_json::Value =
+        get(&c, &format!("{base}/api/v1/search?q=%E9%98%BF%E5%8F%B8%E5%8C%B9%E6%9E%97"), &s.clin).json().unwrap();
+    let chunk = hits["hits"][0]["chunk_id"].as_i64().unwrap();
+    let fb = serde_json::json!({"query": "阿司匹林", "chunk_id": chunk, "helpful": true}).to_string();
+    for _ in 0..2 {
+        assert_eq!(post("/api/v1/feedback", &s.clin, fb.clone()).status(), 201);
+    }
+    let r = post("/api/v1/feedback", &s.clin, fb);
+    assert_eq!(r.status(), 429);
+    let body: serde_json::Value = r.json().unwrap();
+    assert_eq!(body["code"], "rate_limited");
+    assert!(body["message"].as_str().unwrap().contains("反馈过于频繁"), "{body}");
+    alive(&mut served, &c);
+}
+

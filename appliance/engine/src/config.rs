@@ -1,5 +1,5 @@
-//! Engine settings (the `[storage]`, `[ingest]`, `[search]`, `[model]`, `[lifecycle]` and `[training]` sections of
-//! `care.toml`).
+//! Engine settings (the `[storage]`, `[ingest]`, `[search]`, `[model]`, `[lifecycle]`, `[training]` and `[limits]`
+//! sections of `care.toml`).
 //!
 //! Layering (defaults < file < env < CLI) is done by the binary; the engine only defines the shape and defaults.
 
@@ -19,6 +19,25 @@ pub struct EngineConfig {
     pub model: ModelConfig,
     pub lifecycle: LifecycleConfig,
     pub training: crate::training::TrainingConfig,
+    pub limits: LimitsConfig,
+}
+
+/// Caps on what accumulates (`[limits]`): each refusal is a Chinese error naming the setting.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct LimitsConfig {
+    /// Training schedules that may exist at once.
+    pub max_schedules: usize,
+    /// Jobs (ingest uploads, evaluations, promotions, training, offline embedding) that may wait in the queue.
+    pub max_queued_jobs: usize,
+    /// Feedback clicks one user may give per hour; feedback can start a schedule's training run.
+    pub feedback_per_user_per_hour: u32,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig { max_schedules: 20, max_queued_jobs: 200, feedback_per_user_per_hour: 300 }
+    }
 }
 
 /// How candidate model pairs are judged (`[lifecycle]`).

@@ -109,6 +109,7 @@ error_codes! {
     DiskFull = "disk_full", Unavailable, "磁盘空间不足";
     Overloaded = "overloaded", Unavailable, "服务繁忙，请稍后再试";
     RateLimited = "rate_limited", TooManyRequests, "操作过于频繁，请稍后再试";
+    LimitReached = "limit_reached", Conflict, "已达数量上限";
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -205,6 +206,9 @@ pub enum Error {
     /// One client or user did one kind of thing too often in a window (failed sign-ins from an address, feedback).
     #[error("{0}")]
     RateLimited(String),
+    /// Something that accumulates (schedules, queued jobs) is at its configured cap (`[limits]`).
+    #[error("{0}")]
+    LimitReached(String),
     /// Too little free space for a training run (said before it starts, not half-way through).
     #[error(
         "{} (disk full: {available} bytes free under {path}, {needed} needed)",
@@ -334,6 +338,7 @@ impl Error {
             Error::Busy(_) => ErrorCode::Busy,
             Error::Overloaded(_) => ErrorCode::Overloaded,
             Error::RateLimited(_) => ErrorCode::RateLimited,
+            Error::LimitReached(_) => ErrorCode::LimitReached,
             Error::DiskFull { .. } | Error::NoSpace { .. } | Error::StoreFull { .. } => ErrorCode::DiskFull,
             Error::CudaUnavailable(_) => ErrorCode::Model,
         }

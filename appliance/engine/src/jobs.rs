@@ -192,6 +192,21 @@ impl Engine {
         Ok(p)
     }
 
+    /// Refuses one more job when `[limits] max_queued_jobs` already wait: every queued upload holds its files on
+    /// the data disk and every queued model job a turn of the one model lane, so an unbounded queue is unbounded
+    /// disk and hours of work. Checked inside the inserting transaction, so concurrent submissions cannot pass it
+    /// together.
+    pub(crate) fn queue_room(&self, tx: &rusqlite::Transaction<'_>) -> Result<()> {
+        let cap = self.cfg.limits.max_queued_jobs.max(1);
+        let queued: i64 = tx.query_row("SELECT COUNT(*) FROM jobs WHERE state = 'queued'", [], |r| r.get(0))?;
+        if queued as usize >= cap {
+            return Err(Error::LimitReached(format!(
+                "排队中的任务已达上限 {cap} 个；请等已排队的任务完成或取消一些后再提交（care.toml 的 [limits] max_queued_jobs）(too many queued jobs)"
+            )));
+        }
+        Ok(())
+    }
+
     pub(crate) fn jobs_lock_path(&self) -> PathBuf {
         self.dir.root().join("jobs.lock")
     }
@@ -270,6 +285,7 @@ impl Engine {
         let (kind, params_json) = Task::Ingest(IngestParams { options: opts.clone() }).to_row()?;
         let mut conn = self.store.conn();
         let tx = conn.transaction()?;
+        self.queue_room(&tx)?;
         let ts = now();
         tx.execute(
             "INSERT INTO jobs (kind, state, params, progress_total, collection, actor, actor_user_id, created_at,

@@ -16,6 +16,8 @@ const MAX_KEYS: usize = 65_536;
 pub struct Limits {
     /// Failed sign-ins and current-password checks per client address.
     pub sign_in_failures: RateLimiter,
+    /// Feedback per user.
+    pub feedback: RateLimiter,
 }
 
 /// Counts events per key in fixed windows of `window_seconds`; `limit` events fill a window.

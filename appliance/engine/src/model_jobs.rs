@@ -65,6 +65,7 @@ impl Engine {
         let id = {
             let mut conn = self.store.conn();
             let tx = conn.transaction()?;
+            self.queue_room(&tx)?;
             let id = insert_job(&tx, &task, actor)?;
             let mut detail = detail;
             detail["job"] = id.into();

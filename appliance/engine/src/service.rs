@@ -307,6 +307,15 @@ impl Engine {
         if !self.may_read(actor, &collection)? {
             return denied("collection not granted");
         }
+        // Feedback feeds training and can start a schedule's run (min_new_feedback): one account must not be able
+        // to flood it. Counted after the checks above, so refused clicks do not use up the allowance.
+        let per_hour = self.cfg.limits.feedback_per_user_per_hour.max(1);
+        if let Err(wait) = self.store.limits.feedback.admit(&actor.name, per_hour, 3600, accounts::unix_now()) {
+            return Err(Error::RateLimited(format!(
+                "反馈过于频繁：每人每小时最多 {per_hour} 条，请 {} 后再试 (too much feedback from one user)",
+                crate::limits::minutes_zh(wait)
+            )));
+        }
         let id = feedback::record(&self.store, &actor.name, query, chunk_id, helpful, &logged_query(query))?;
         // A schedule may fire on the count of new feedback.
         self.tasks_changed();
@@ -759,6 +768,61 @@ mod tests {
         let err = (0..50).find_map(|i| e.create_collection_as(&root, &format!("full{i}"), &long).err()).unwrap();
         assert_eq!(err.code(), crate::ErrorCode::DiskFull, "{err}");
         assert!(err.to_string().contains("磁盘空间不足"), "{err}");
+    }
+
+    /// `[limits]`: a third schedule past max_schedules 2 and a third queued job past max_queued_jobs 2 are refused
+    /// as `limit_reached` in Chinese (changing an existing schedule is not); a user's fourth feedback in an hour past
+    /// feedback_per_user_per_hour 3 is `rate_limited`, while another user may still give feedback.
+    #[test]
+    fn schedules_queued_jobs_and_feedback_are_capped() {
+        let t = tempfile::tempdir().unwrap();
+        let mut cfg = EngineConfig::default();
+        cfg.storage.data_dir = t.path().to_path_buf();
+        cfg.limits =
+            crate::config::LimitsConfig { max_schedules: 2, max_queued_jobs: 2, feedback_per_user_per_hour: 3 };
+        let e = Engine::open(cfg, OpenMode::Create).unwrap();
+        let root = Actor::console("cli:root");
+        let spec: crate::training::schedule::ScheduleSpec =
+            serde_json::from_str(r#"{"weekday": 6, "time": "02:00"}"#).unwrap();
+        let first = e.set_schedule_as(&root, None, &spec).unwrap();
+        e.set_schedule_as(&root, None, &spec).unwrap();
+        let err = e.set_schedule_as(&root, None, &spec).unwrap_err();
+        assert_eq!(err.code(), crate::ErrorCode::LimitReached, "{err}");
+        assert!(err.to_string().contains("训练计划已达上限 2 个") && err.to_string().contains("max_schedules"));
+        e.set_schedule_as(&root, Some(first), &spec).unwrap();
+
+        e.create_collection_as(&root, "c1", "").unwrap();
+        for i in 0..3 {
+            let up = e.new_upload_as(&root, "c1").unwrap();
+            let f = up.join(format!("d{i}.md"));
+            std::fs::write(&f, "# 二甲双胍\n二甲双胍禁用于严重肾功能不全。\n").unwrap();
+            let r = e.submit_upload_as(&root, "c1", vec![f]);
+            if i < 2 {
+                r.unwrap();
+            } else {
+                let err = r.unwrap_err();
+                assert_eq!(err.code(), crate::ErrorCode::LimitReached, "{err}");
+                assert!(err.to_string().contains("排队中的任务已达上限 2 个"), "{err}");
+            }
+        }
+
+        let doc = ParsedDocument {
+            external_id: "d1".into(),
+            title: "二甲双胍".into(),
+            text: "二甲双胍禁用于严重肾功能不全。".into(),
+            source: "d1.md".into(),
+        };
+        e.ingest_documents("c1", &[doc]).unwrap();
+        let (wang, li) = (Actor::console("drwang"), Actor::console("drli"));
+        let chunk =
+            e.search_as(&root, &SearchAs { query: "二甲双胍".into(), ..Default::default() }).unwrap().hits[0].chunk_id;
+        for _ in 0..3 {
+            e.feedback_as(&wang, "二甲双胍", chunk, true).unwrap();
+        }
+        let err = e.feedback_as(&wang, "二甲双胍", chunk, false).unwrap_err();
+        assert_eq!(err.code(), crate::ErrorCode::RateLimited, "{err}");
+        assert!(err.to_string().contains("每人每小时最多 3 条"), "{err}");
+        e.feedback_as(&li, "二甲双胍", chunk, true).unwrap();
     }
 
     fn audit_count(e: &Engine) -> i64 {

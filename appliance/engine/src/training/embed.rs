@@ -42,6 +42,7 @@ impl Engine {
         let id = {
             let mut conn = self.store.conn();
             let tx = conn.transaction()?;
+            self.queue_room(&tx)?;
             let id =
                 crate::model_jobs::insert_job(&tx, &Task::EmbedPending(EmbedParams { model: model.clone() }), actor)?;
             crate::audit::append(

@@ -133,6 +133,14 @@ impl Engine {
                 id
             }
             None => {
+                // Each schedule can start a training run; [limits] max_schedules bounds how many exist.
+                let cap = self.cfg.limits.max_schedules.max(1);
+                let n: i64 = tx.query_row("SELECT COUNT(*) FROM training_schedules", [], |r| r.get(0))?;
+                if n as usize >= cap {
+                    return Err(Error::LimitReached(format!(
+                        "训练计划已达上限 {cap} 个；请先删除不再需要的计划（care.toml 的 [limits] max_schedules）(too many schedules)"
+                    )));
+                }
                 tx.execute(
                     "INSERT INTO training_schedules (spec, next_due, feedback_mark, created_by, created_at)
                      VALUES (?1, ?2, ?3, ?4, ?5)",
