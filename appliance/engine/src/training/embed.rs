@@ -7,9 +7,10 @@
 use std::path::Path;
 
 use care_formats::ModelManifest;
+use care_formats::trainer::{EmbedCorpusSpec, EmbedOptions, Phase};
 use serde::{Deserialize, Serialize};
 
-use super::{Run, path};
+use super::Run;
 use crate::error::{Error, Result};
 use crate::models::ModelRecord;
 use crate::tasks::{CancelToken, Task};
@@ -86,22 +87,17 @@ impl Engine {
             let vecs = dir.join(format!("vectors-{}", col.id));
             self.export_chunks_for(&col.name, &chunks, Some(&p.model))?;
             let _ = std::fs::remove_dir_all(&vecs);
-            let args: Vec<String> = vec![
-                "embed-corpus".into(),
-                "--document".into(),
-                path(&doc.dir),
-                "--corpus".into(),
-                path(&chunks),
-                "--out".into(),
-                path(&vecs),
-                "--pairing-id".into(),
-                doc.pairing_id.clone(),
-                "--width".into(),
-                doc.width.to_string(),
-                "--document-template".into(),
-                template.clone(),
-            ];
-            run.trainer(&args, None)?;
+            run.trainer(Phase::EmbedCorpus(EmbedCorpusSpec {
+                document: doc.dir.clone(),
+                corpus: chunks.clone(),
+                out: vecs.clone(),
+                pairing_id: doc.pairing_id.clone(),
+                options: EmbedOptions {
+                    width: Some(doc.width as i64),
+                    document_template: template.clone(),
+                    ..EmbedOptions::default()
+                },
+            }))?;
             self.import_vectors_for(&col.name, &vecs, Some(&p.model), &actor.name, &mut |_| {})?;
             embedded += pending;
         }

@@ -1,8 +1,9 @@
 //! Retraining as an appliance job: approved collections and feedback → `care-train` → a candidate pair → the
 //! evaluation gate → promotion, as one durable job (kind `model.train`) in the queue the model thread runs.
 //!
-//! The server never links libtorch: each training phase is a `care-train` child process writing into
-//! `<data>/train/<job>/`. Phases run in order and each leaves a marker in `state.json` when it ends, so a restart
+//! The server never links libtorch: each training phase is a `care-train run --spec FILE` child process writing into
+//! `<data>/train/<job>/`. The spec (what to do) and the events the child reports (steps, checkpoints, its end) are
+//! the types of `care_formats::trainer`, shared with the trainer; the child's standard error is the phase's log. Phases run in order and each leaves a marker in `state.json` when it ends, so a restart
 //! after a crash skips what finished and re-runs the interrupted phase; the trainer's own `--resume` continues
 //! Stage I/II from their last checkpoint, bit for bit (the trainer's tests prove it). The candidate is imported
 //! only after export, in one transaction (lifecycle import), so cancelling or crashing earlier registers nothing.
@@ -11,16 +12,21 @@
 //!  data ─▶ init (prune) ─▶ stage1 ─▶ stage2 ─▶ export ─▶ import ─▶ evaluate ─▶ promote | keep with its report
 //! ```
 
+mod child;
 pub mod data;
 pub mod embed;
 pub mod schedule;
 pub(crate) mod status;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use care_formats::manifest::ModelManifest;
+use care_formats::trainer::{
+    Event, ExportOptions, ExportSpec, FailCode, Hyper, LayerPick, MergeSpec, Phase, PruneSpec, ServedVectors, Stage,
+    Stage1Options, Stage1Spec, Stage2Options, Stage2Spec, TrainSpec,
+};
 use rusqlite::{OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
@@ -356,7 +362,7 @@ pub struct TrainParams {
     pub schedule: Option<i64>,
 }
 
-/// How often a running phase writes its progress (a cancel ends the wait at once).
+/// How often a running phase writes its progress at most, and how long a cancel waits at most to be seen.
 const POLL: Duration = Duration::from_millis(500);
 
 /// The training run queued or running, if any (runs never overlap).
@@ -536,12 +542,8 @@ impl Engine {
         // The trainer fills only `{text}`: hand it each template with the package's instruction already in.
         let prompt = |m: &ModelManifest, template: &str| m.render(template, "{text}");
         let teacher_query = prompt(&d_manifest, &d_manifest.query_template);
-        let templates = [
-            "--query-template".to_string(),
-            prompt(&q_manifest, &q_manifest.query_template),
-            "--document-template".to_string(),
-            prompt(&d_manifest, &d_manifest.document_template),
-        ];
+        let (query_template, document_template) =
+            (prompt(&q_manifest, &q_manifest.query_template), prompt(&d_manifest, &d_manifest.document_template));
         run.phase(&mut st, "data", "整理训练数据", |_| {
             let counts = self.assemble_training_data(&dir, Some(&base), &p.recipe.data, p.recipe.stage2_max_groups)?;
             self.store.conn().execute(
@@ -554,59 +556,37 @@ impl Engine {
             Some(k) => {
                 let out = dir.join("query-init");
                 run.phase(&mut st, "init", "裁剪查询编码器", |r| {
-                    r.trainer(
-                        &[
-                            "prune".into(),
-                            "--from".into(),
-                            path(&base.query.dir),
-                            "--layers".into(),
-                            k.to_string(),
-                            // Spread from the first layer to the last: it aligns several times faster in Stage I
-                            // than the first k (docs/experiments/2026-11-25-retraining-mining-and-pruning.md).
-                            "--pick".into(),
-                            "spread".into(),
-                            "--out".into(),
-                            path(&out),
-                        ],
-                        None,
-                    )
+                    r.trainer(Phase::Prune(PruneSpec {
+                        from: base.query.dir.clone(),
+                        layers: i64::from(k),
+                        // Spread from the first layer to the last: it aligns several times faster in Stage I
+                        // than the first k (docs/experiments/2026-11-25-retraining-mining-and-pruning.md).
+                        pick: LayerPick::Spread,
+                        out: out.clone(),
+                    }))
                 })?;
                 out
             }
             None => base.query.dir.clone(),
         };
-        let common = |out: &Path, steps: u64, batch: usize, lr: f64| -> Vec<String> {
-            let mut a = vec![
-                "--out".into(),
-                path(out),
-                "--steps".into(),
-                steps.to_string(),
-                "--batch-size".into(),
-                batch.to_string(),
-                "--lr".into(),
-                lr.to_string(),
-                "--seed".into(),
-                p.recipe.data.seed.to_string(),
-                "--checkpoint-every".into(),
-                p.recipe.checkpoint_every.to_string(),
-                "--resume".into(),
-            ];
-            if p.recipe.freeze_embeddings {
-                a.push("--freeze-embeddings".into());
-            }
-            a.extend(templates.iter().cloned());
-            a
+        // What the recipe sets; every other hyper-parameter is the trainer's one default (care_formats).
+        let hyper = |steps: u64, batch_size: usize, lr: f64| Hyper {
+            steps,
+            batch_size,
+            lr,
+            seed: p.recipe.data.seed,
+            checkpoint_every: p.recipe.checkpoint_every,
+            resume: true,
+            freeze_embeddings: p.recipe.freeze_embeddings,
+            query_template: query_template.clone(),
+            document_template: document_template.clone(),
+            ..Hyper::default()
         };
         // The frozen teacher's vectors of the approved passages are the served ones (written by the data phase).
-        let served_args = |a: &mut Vec<String>| {
-            if dir.join(data::SERVED_VECTORS).exists() {
-                a.extend([
-                    "--served-vectors".into(),
-                    path(&dir.join(data::SERVED_VECTORS)),
-                    "--served-corpus".into(),
-                    path(&dir.join("corpus.jsonl")),
-                ]);
-            }
+        let served = || {
+            dir.join(data::SERVED_VECTORS)
+                .exists()
+                .then(|| ServedVectors { vectors: dir.join(data::SERVED_VECTORS), corpus: dir.join("corpus.jsonl") })
         };
         let s1 = dir.join("stage1");
         // Stage I aligns a query encoder to the frozen document encoder. When the query encoder *is* the document
@@ -620,50 +600,40 @@ impl Engine {
             if s1_steps == 0 {
                 return Ok(());
             }
-            let mut a = vec![
-                "stage1".into(),
-                "--query".into(),
-                path(&init),
-                "--document".into(),
-                path(&base.document.dir),
-                "--corpus".into(),
-                path(&dir.join("corpus.jsonl")),
-                "--max-texts".into(),
-                p.recipe.stage1_max_texts.to_string(),
-                "--max-chars".into(),
-                p.recipe.stage1_max_chars.to_string(),
-                "--mse-weight".into(),
-                p.recipe.mse_weight.to_string(),
-                // The teacher reads past search queries with its own query prompt, not the student's.
-                "--teacher-query-template".into(),
-                teacher_query.clone(),
-            ];
-            served_args(&mut a);
-            a.extend(common(&s1, p.recipe.stage1_steps, p.recipe.batch_size, p.recipe.stage1_lr));
-            r.trainer(&a, Some((&s1, p.recipe.stage1_steps)))
+            r.trainer(Phase::Stage1(Stage1Spec {
+                query: init.clone(),
+                document: base.document.dir.clone(),
+                corpus: dir.join("corpus.jsonl"),
+                out: s1.clone(),
+                served: served(),
+                options: Stage1Options {
+                    max_texts: p.recipe.stage1_max_texts,
+                    max_chars: p.recipe.stage1_max_chars,
+                    mse_weight: p.recipe.mse_weight,
+                    // The teacher reads past search queries with its own query prompt, not the student's.
+                    teacher_query_template: Some(teacher_query.clone()),
+                    ..Stage1Options::default()
+                },
+                hyper: hyper(p.recipe.stage1_steps, p.recipe.batch_size, p.recipe.stage1_lr),
+            }))
         })?;
         let s2 = dir.join("stage2");
         run.phase(&mut st, "stage2", "Stage II 训练", |r| {
-            let mut a = vec![
-                "stage2".into(),
-                "--query".into(),
-                path(&s1_query),
-                "--document".into(),
-                path(&base.document.dir),
-                "--train".into(),
-                path(&dir.join("stage2.jsonl")),
-                "--freeze-document".into(),
-                "--group-size".into(),
-                (p.recipe.data.negatives + 1).to_string(),
-                "--max-examples".into(),
-                p.recipe.stage2_max_groups.to_string(),
-            ];
-            if p.recipe.stage2_batch_by_source {
-                a.push("--batch-by-source".into());
-            }
-            served_args(&mut a);
-            a.extend(common(&s2, p.recipe.stage2_steps, p.recipe.stage2_batch_size, p.recipe.lr));
-            r.trainer(&a, Some((&s2, p.recipe.stage2_steps)))
+            r.trainer(Phase::Stage2(Stage2Spec {
+                query: s1_query.clone(),
+                document: base.document.dir.clone(),
+                train: vec![dir.join("stage2.jsonl")],
+                out: s2.clone(),
+                served: served(),
+                options: Stage2Options {
+                    freeze_document: true,
+                    group_size: p.recipe.data.negatives + 1,
+                    max_examples: Some(p.recipe.stage2_max_groups),
+                    batch_by_source: p.recipe.stage2_batch_by_source,
+                    ..Stage2Options::default()
+                },
+                hyper: hyper(p.recipe.stage2_steps, p.recipe.stage2_batch_size, p.recipe.lr),
+            }))
         })?;
         self.store_loss_chart(id, &[&s1, &s2])?;
         // WiSE-FT: the trained encoder averaged with its starting point (the recipe's choice; 1 skips it).
@@ -673,38 +643,29 @@ impl Engine {
             if !merge {
                 return Ok(());
             }
-            let a = vec![
-                "merge".into(),
-                "--tuned".into(),
-                path(&s2.join("query")),
-                "--base".into(),
-                path(&s1_query),
-                "--ratio".into(),
-                p.recipe.merge_ratio.to_string(),
-                "--out".into(),
-                path(&trained),
-            ];
-            r.trainer(&a, None)
+            r.trainer(Phase::Merge(MergeSpec {
+                tuned: s2.join("query"),
+                base: s1_query.clone(),
+                ratio: p.recipe.merge_ratio,
+                out: trained.clone(),
+            }))
         })?;
         let export = dir.join("export");
         let name = format!("{}-r{id}", base.query.name);
         run.phase(&mut st, "export", "导出 ONNX", |r| {
             let _ = std::fs::remove_dir_all(&export);
-            let mut a = vec![
-                "export".into(),
-                "--query".into(),
-                path(&trained),
-                "--out".into(),
-                path(&export),
-                "--name".into(),
-                name.clone(),
-                "--version".into(),
-                "1".into(),
-                "--pairing-id".into(),
-                base.document.pairing_id.clone(),
-            ];
-            a.extend(templates.iter().cloned());
-            r.trainer(&a, None)
+            r.trainer(Phase::Export(ExportSpec {
+                query: trained.clone(),
+                out: export.clone(),
+                pairing_id: base.document.pairing_id.clone(),
+                options: ExportOptions {
+                    name: name.clone(),
+                    version: "1".into(),
+                    query_template: query_template.clone(),
+                    document_template: document_template.clone(),
+                    parity_texts: None,
+                },
+            }))
         })?;
         if !st.done("import") {
             // A crash between the import's commit and this marker: the package is registered already.
@@ -831,96 +792,84 @@ impl Run<'_> {
         self.e.job_dense_progress(self.id)
     }
 
-    /// Runs `care-train ARGS` to its end; with `metrics = (out, steps)` streams step, loss and ETA into the job.
-    /// Cancel or shutdown kills the child: its checkpoints stay for the resumed run.
-    fn trainer(&self, args: &[String], metrics: Option<(&Path, u64)>) -> Result<()> {
+    /// Runs `phase` as `care-train run --spec FILE` to its end, its step events shown as the job's progress (step,
+    /// loss, time left). Cancel or shutdown kills the child (see [`child::TrainerChild`]): its checkpoints stay for
+    /// the resumed run.
+    fn trainer(&self, phase: Phase) -> Result<()> {
         let cfg = &self.e.cfg.training;
-        let name = args.first().cloned().unwrap_or_default();
+        let stage = phase.stage();
+        let name = stage.command();
+        let label = match stage {
+            Stage::Stage1 => "Stage I 训练",
+            Stage::Stage2 => "Stage II 训练",
+            Stage::Prune => "裁剪查询编码器",
+            Stage::EmbedCorpus => "嵌入文档 (care-train embed-corpus)",
+            Stage::Merge => "合并权重",
+            Stage::Export => "导出 ONNX",
+        };
+        let specs = self.dir.join("specs");
+        std::fs::create_dir_all(&specs).map_err(|e| Error::io(&specs, e))?;
+        let spec_file = specs.join(format!("{name}.json"));
+        let spec = TrainSpec::new(phase, &cfg.device, cfg.threads);
+        std::fs::write(&spec_file, spec.to_json()).map_err(|e| Error::io(&spec_file, e))?;
         let log = self.dir.join("logs").join(format!("{name}.log"));
         let file = std::fs::File::create(&log).map_err(|e| Error::io(&log, e))?;
+        let mut stray = file.try_clone().map_err(|e| Error::io(&log, e))?;
         let mut cmd = Command::new(&cfg.trainer);
-        cmd.arg("--device").arg(&cfg.device);
-        if cfg.threads > 0 {
-            cmd.arg("--threads").arg(cfg.threads.to_string());
-        }
+        cmd.arg("run").arg("--spec").arg(&spec_file);
         // The trainer ties its life to ours (PR_SET_PDEATHSIG), so a killed server leaves no orphan in the run folder.
         cmd.env("CARE_TRAIN_PARENT", std::process::id().to_string());
-        cmd.args(args).stdin(Stdio::null()).stdout(file.try_clone().map_err(|e| Error::io(&log, e))?).stderr(file);
-        tracing::info!(job = self.id, ?args, "starting care-train");
-        let mut child = cmd
-            .spawn()
+        cmd.stdin(Stdio::null()).stderr(file);
+        let child = child::TrainerChild::spawn(cmd)
             .map_err(|e| Error::TrainerUnavailable(format!("无法启动训练程序 {} ({e})", cfg.trainer.display())))?;
-        let label = match name.as_str() {
-            "stage1" => "Stage I 训练",
-            "stage2" => "Stage II 训练",
-            "prune" => "裁剪查询编码器",
-            "embed-corpus" => "嵌入文档 (care-train embed-corpus)",
-            "merge" => "合并权重",
-            _ => "导出 ONNX",
-        };
-        let status = loop {
-            if let Some(s) = child.try_wait().map_err(|e| Error::io(&log, e))? {
-                break s;
-            }
-            let (stage, done, total) = match metrics {
-                Some((out, steps)) => {
-                    let (step, text) = step_line(out, steps);
-                    (format!("{label} {text}"), step, steps)
+        tracing::info!(job = self.id, stage = name, pid = child.id(), spec = %spec_file.display(), "started care-train");
+        let steps = spec.phase.steps() > 0;
+        let mut progress = child::StepProgress::new(spec.phase.steps());
+        let show = |p: &child::StepProgress| if steps { p.text(label) } else { label.to_string() };
+        self.progress(&show(&progress), 0, progress.total)?;
+        // Step events can come many times a second: the job's row is written at most every POLL, and at the last step.
+        let (mut shown, mut dirty) = (Instant::now(), false);
+        let ended = child::follow(
+            child,
+            self.token,
+            POLL,
+            |e| {
+                dirty |= e.is_some_and(|e| steps && progress.apply(e));
+                if dirty && (shown.elapsed() >= POLL || progress.step == progress.total) {
+                    self.progress(&show(&progress), progress.step, progress.total)?;
+                    (shown, dirty) = (Instant::now(), false);
                 }
-                None => (label.to_string(), 0, 0),
-            };
-            if let Err(e) = self.progress(&stage, done, total) {
-                kill(&mut child);
-                return Err(e);
+                Ok(())
+            },
+            |line| {
+                use std::io::Write;
+                let _ = writeln!(stray, "[stdout] {line}");
+            },
+        )?;
+        match ended.last {
+            Some(Event::Done { .. }) if ended.status.success() => Ok(()),
+            Some(Event::Failed { code: code @ (FailCode::Device | FailCode::Spec), message }) => {
+                Err(Error::TrainerUnavailable(format!(
+                    "训练程序无法运行 care-train {name} ({code:?}): {message}; 日志 {}",
+                    log.display()
+                )))
             }
-            self.token.sleep(POLL);
-        };
-        if status.success() {
-            return Ok(());
+            Some(Event::Failed { code, message }) => {
+                Err(Error::Model(format!("care-train {name} 失败 ({code:?}): {message}; 日志 {}", log.display())))
+            }
+            // Killed, crashed, or a trainer that does not speak this contract: its log says why.
+            Some(Event::Started { .. } | Event::Step { .. } | Event::Checkpoint { .. } | Event::Done { .. }) | None => {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(8).collect::<Vec<_>>().into_iter().rev().collect();
+                Err(Error::Model(format!(
+                    "care-train {name} 失败 ({}); 日志 {}:\n{}",
+                    ended.status,
+                    log.display(),
+                    tail.join("\n")
+                )))
+            }
         }
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(8).collect::<Vec<_>>().into_iter().rev().collect();
-        Err(Error::Model(format!("care-train {name} 失败 ({status}); 日志 {}:\n{}", log.display(), tail.join("\n"))))
     }
-}
-
-/// (step, "步 s/n · 损失 l · 剩余约 m 分钟") from the newest line of `<out>/metrics.jsonl`.
-fn step_line(out: &Path, steps: u64) -> (u64, String) {
-    let text = tail(&out.join("metrics.jsonl"), 8 << 10);
-    let lines: Vec<serde_json::Value> =
-        text.lines().rev().take(20).filter_map(|l| serde_json::from_str(l).ok()).collect();
-    let Some(last) = lines.first() else { return (0, "准备中".into()) };
-    let step = last["step"].as_u64().unwrap_or(0);
-    let loss = last["loss"].as_f64().unwrap_or(f64::NAN);
-    let secs: f64 = lines.iter().filter_map(|l| l["seconds"].as_f64()).sum::<f64>() / lines.len() as f64;
-    let eta = (steps.saturating_sub(step) as f64 * secs / 60.0).ceil();
-    (step, format!("步 {step}/{steps} · 损失 {loss:.4} · 剩余约 {eta} 分钟"))
-}
-
-/// The last `bytes` of a file (from the first whole line), so polling a long run does not re-read its whole log.
-fn tail(path: &Path, bytes: u64) -> String {
-    use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut f) = std::fs::File::open(path) else { return String::new() };
-    let len = f.metadata().map_or(0, |m| m.len());
-    let start = len.saturating_sub(bytes);
-    let mut buf = Vec::new();
-    if f.seek(SeekFrom::Start(start)).is_err() || f.read_to_end(&mut buf).is_err() {
-        return String::new();
-    }
-    let text = String::from_utf8_lossy(&buf);
-    match (start > 0, text.find('\n')) {
-        (true, Some(i)) => text[i + 1..].to_string(),
-        _ => text.into_owned(),
-    }
-}
-
-fn kill(child: &mut Child) {
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
-fn path(p: &Path) -> String {
-    p.to_string_lossy().into_owned()
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(p: &Path) -> Option<T> {
@@ -1053,21 +1002,6 @@ mod tests {
         assert_eq!(other.code(), crate::ErrorCode::Io);
         let e = Error::DiskFull { path: "/d".into(), needed: 3 << 30, available: 1 << 30, reserve: 2 << 30 };
         assert!(e.to_string().contains("剩余 1.0 GB，一次训练约需 3.0 GB（含保留的 2.0 GB）"), "{e}");
-    }
-
-    #[test]
-    fn progress_reads_only_whole_lines_of_the_tail_of_the_metrics_log() {
-        let t = tempfile::tempdir().unwrap();
-        let line = |s: u64| format!("{{\"step\":{s},\"loss\":0.5,\"seconds\":2.0}}\n");
-        let log: String = (1..=2000).map(line).collect();
-        std::fs::write(t.path().join("metrics.jsonl"), &log).unwrap();
-        let tail_text = tail(&t.path().join("metrics.jsonl"), 8 << 10);
-        assert!(tail_text.len() <= 8 << 10 && tail_text.starts_with("{\"step\":"), "{:.80}", tail_text);
-        assert!(tail_text.ends_with(&line(2000)));
-        let (step, text) = step_line(t.path(), 2400);
-        assert_eq!(step, 2000);
-        assert!(text.contains("步 2000/2400") && text.contains("剩余约 14 分钟"), "{text}");
-        assert_eq!(step_line(&t.path().join("none"), 10), (0, "准备中".into()));
     }
 
     fn run(job: i64, state: &str, device: &str, recipe: Recipe, phases: &[(&str, f64)]) -> TrainingRun {
