@@ -5,8 +5,9 @@
 //! the hash of the dictionary that built it. When either differs from what this build would produce, the index
 //! is rebuilt from SQLite instead of being queried with a tokenizer that disagrees with its terms.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use jieba_rs::{Jieba, TokenizeMode};
 use serde::{Deserialize, Serialize};
@@ -112,6 +113,88 @@ pub fn content_words(jieba: &Jieba, text: &str) -> Vec<String> {
             }
         }
     }
+    // A transliterated name the words do not hold whole stands for its pieces (奈克, 拉托 in 维奈克拉托). Names the
+    // words do hold (奥美拉唑 in 奥美拉唑索马鲁肽) are cut out of a run first: what is left is the unknown name.
+    let whole: Vec<String> = out.iter().filter(|w| w.chars().count() >= 3).cloned().collect();
+    for run in transliterated_runs(&text.to_lowercase()) {
+        let mut rest = run;
+        for w in &whole {
+            rest = rest.replace(w.as_str(), " ");
+        }
+        for name in rest.split(' ').filter(|n| n.chars().count() >= 3) {
+            if !out.iter().any(|w| w.contains(name)) {
+                out.retain(|w| !name.contains(w.as_str()));
+                out.push(name.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The tag the admin's dictionary words carry in the segmenter (jieba's own words carry parts of speech).
+const ADMIN_TAG: &str = "care_admin";
+
+/// Last characters that make a word a clinical noun: diseases and signs (…炎, …癌, …症), anatomy (…腺, …膜),
+/// substances and dosage forms (…素, …酸, …片) and the common drug-name stems' endings.
+const CLINICAL_ENDINGS: &str = "炎癌瘤症病痛疹疮痰腺膜菌素酸剂片胺苷酶醇酮嗪唑啶膦汀胞囊瘘痔疝痈疖癣痣瘫痹痿疸瘀肿疡脓结石栓塞梗衰泻疣\
+                                 肝肾肺胃肠脑骨髓脉管窦核苗毒霉肽肌";
+
+/// Whether a content word is one a result page may say occurs nowhere: a term of the medical dictionary or the
+/// admin's, a transliterated name ([`transliterated_runs`]), a clinical noun (its last character is one of [`CLINICAL_ENDINGS`]), an unknown word of four or more
+/// Chinese characters (a drug name no dictionary holds), or a Latin word of six or more letters. Everyday words
+/// (镜子, 孙子, 咋办), numbers and measurements (175cm, 2013), and short Latin abbreviations the synonym table does
+/// not know (cdfi) are still searched and shown as matched, but their absence says nothing about the collections:
+/// a narrative question that mentions a mirror is not unanswered because no passage mentions one. The synonym
+/// table's terms are key terms on their own ([`crate::query`]).
+pub fn is_key_term(jieba: &Jieba, word: &str) -> bool {
+    static MEDICAL: OnceLock<HashSet<&'static str>> = OnceLock::new();
+    let medical = MEDICAL.get_or_init(|| MEDICAL_DICT.lines().filter_map(|l| l.split_whitespace().next()).collect());
+    if medical.contains(word) {
+        return true;
+    }
+    if word.chars().any(|c| c.is_ascii_digit()) {
+        return false;
+    }
+    if !transliterated_runs(word).is_empty() {
+        return true;
+    }
+    if word.is_ascii() {
+        return word.len() >= 6 && word.chars().all(|c| c.is_ascii_alphabetic());
+    }
+    if !jieba.has_word(word) {
+        return word.chars().count() >= 4 || word.ends_with(|c| CLINICAL_ENDINGS.contains(c));
+    }
+    let tags = jieba.tag(word, false);
+    match tags.as_slice() {
+        [t] if t.tag == ADMIN_TAG => true,
+        [t] => matches!(t.tag, "n" | "nz" | "vn" | "b") && word.ends_with(|c| CLINICAL_ENDINGS.contains(c)),
+        _ => false,
+    }
+}
+
+/// Characters that spell foreign names in Chinese, drug names above all (替格瑞洛, 瑞戈非尼, 维奈克拉, 司美格鲁肽).
+/// Characters common in everyday words (地, 多, 生, 新, 安, 来, 常) are left out, so three of these in a row rarely
+/// occur outside a transliterated name.
+const TRANSLITERATION: &str = "阿艾奥巴贝比苄布达德迪丁厄恩尔伐法泛非菲芬伏弗氟福伽格戈哈赫吉嘉卡坎克喹拉莱赖兰劳雷黎里\
+                               利林膦卢鲁伦罗洛氯马麦曼美蒙孟咪米莫姆那纳奈尼诺帕哌培喷匹泼珀普齐奇羟嗪曲瑞萨塞赛沙莎\
+                               舍什施舒司丝斯苏索他塔泰坦特替汀酮托妥瓦万维韦沃乌西希昔辛欣溴亚伊依茵英尤佑扎泽珠佐唑\
+                               啶胺肽苷";
+
+/// Runs of three or more transliteration characters in `text`: the drug names no dictionary holds, which jieba
+/// cuts into meaningless pieces (维奈克拉 → 维 + 奈克 + 拉) or drops.
+pub fn transliterated_runs(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut run = String::new();
+    for c in text.chars().chain(std::iter::once(' ')) {
+        if TRANSLITERATION.contains(c) && !c.is_ascii() {
+            run.push(c);
+            continue;
+        }
+        if run.chars().count() >= 3 && !out.contains(&run) {
+            out.push(run.clone());
+        }
+        run.clear();
+    }
     out
 }
 
@@ -201,6 +284,12 @@ const STOPWORDS: &[&str] = &[
     "着",
     "过",
     "对",
+    "咋",
+    "啥",
+    "咋办",
+    "咋样",
+    "为啥",
+    "啥意思",
 ];
 
 pub fn is_stopword(word: &str) -> bool {
@@ -221,8 +310,17 @@ pub fn build_jieba(user_dict: Option<&Path>) -> Result<(Jieba, String)> {
         let normalized = normalize_dict(&text, p)?;
         hasher.update(b"\0user\0");
         hasher.update(normalized.as_bytes());
+        // Tags do not change segmentation (the hash above stays what it was); the admin's words are loaded tagged
+        // `ADMIN_TAG` so that query understanding knows them as the hospital's own vocabulary.
+        let tagged: String = normalized
+            .lines()
+            .map(|l| {
+                let mut f = l.split_whitespace();
+                format!("{} {} {ADMIN_TAG}\n", f.next().unwrap_or(""), f.next().unwrap_or("20000"))
+            })
+            .collect();
         jieba
-            .load_dict(&mut std::io::Cursor::new(normalized))
+            .load_dict(&mut std::io::Cursor::new(tagged))
             .map_err(|e| Error::InvalidInput(format!("{}: {e}", p.display())))?;
     }
     Ok((jieba, hex::encode(hasher.finalize())))

@@ -62,6 +62,10 @@ pub struct QueryPlan {
     pub terms: Vec<(String, f32)>,
     /// Content words of the folded query and the synonym-table terms in it, in order.
     pub salient: Vec<String>,
+    /// The salient terms whose absence a page states (未找到包含…): the synonym table's terms and
+    /// [`lexical::is_key_term`]'s. The others (everyday words, numbers) count where they match and are otherwise
+    /// passed over in silence.
+    pub key: Vec<String>,
     /// For a salient term of the synonym table: the other terms of its group (folded), which count as it.
     pub alternatives: HashMap<String, Vec<String>>,
     /// The synonym-table terms of the query as found, with their group's other terms as written (shown as
@@ -106,8 +110,13 @@ impl QueryPlan {
             alternatives.insert(found.clone(), others.iter().map(|t| fold(t)).collect());
             expansions.push((found, others.into_iter().cloned().collect()));
         }
-        let salient = salient_terms(&lexical::content_words(jieba, &folded), &lower, &matches);
-        QueryPlan { original, folded, terms, salient, alternatives, expansions }
+        let salient = salient_terms(&lexical::content_words(jieba, &without_urls(&folded)), &lower, &matches);
+        let key = salient
+            .iter()
+            .filter(|w| alternatives.contains_key(w.as_str()) || table.contains(w) || lexical::is_key_term(jieba, w))
+            .cloned()
+            .collect();
+        QueryPlan { original, folded, terms, salient, key, alternatives, expansions }
     }
 
     /// The folded query when folding changed it (shown as "已按简体检索").
@@ -126,6 +135,22 @@ impl QueryPlan {
         let f = fold(text);
         self.salient.iter().filter(|w| self.forms(w).any(|t| contains_term(&f, t))).cloned().collect()
     }
+}
+
+/// The text without its web addresses: a pasted link's pieces (clustered, query, %e6) are no terms of the
+/// question (the link is still searched as typed).
+fn without_urls(text: &str) -> String {
+    text.split_whitespace()
+        .map(|piece| {
+            let lower = piece.to_ascii_lowercase();
+            match ["http://", "https://", "www."].iter().filter_map(|p| lower.find(p)).min() {
+                // Addresses run to the next space; ASCII case-folding keeps byte offsets.
+                Some(at) => &piece[..at],
+                None => piece,
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Content words outside the synonym terms found, and those terms, in query order.
@@ -222,6 +247,42 @@ mod tests {
             "{:?}",
             QueryPlan::new(&jieba, "达格列净的剂量").salient
         );
+    }
+
+    #[test]
+    fn only_clinical_terms_can_be_reported_missing() {
+        let (jieba, _) = crate::lexical::build_jieba(None).unwrap();
+        let key = |q: &str| QueryPlan::new(&jieba, q).key;
+        // Drugs and diseases of the medical dictionary, clinical nouns by their ending, long unknown names.
+        assert!(key("替格瑞洛有什么副作用").contains(&"替格瑞洛".to_string()));
+        let k = key("支气管炎能吃柑子吗");
+        assert!(k.contains(&"支气管炎".to_string()) && !k.contains(&"柑子".to_string()), "{k:?}");
+        assert!(key("粘液腺癌术后").contains(&"粘液腺癌".to_string()));
+        // Drug names no dictionary holds, which jieba cuts into pieces or drops, are found by their spelling.
+        assert_eq!(key("服用瑞戈非尼后"), vec!["瑞戈非尼".to_string()]);
+        let v = QueryPlan::new(&jieba, "维奈克拉的用法");
+        assert!(v.key.contains(&"维奈克拉".to_string()) && !v.salient.contains(&"奈克".to_string()), "{:?}", v.salient);
+        let two = QueryPlan::new(&jieba, "吃奥美拉唑索马鲁肽行吗").key;
+        assert!(two.contains(&"奥美拉唑".to_string()) && two.contains(&"索马鲁肽".to_string()), "{two:?}");
+        // Everyday words, numbers, measurements and short unknown abbreviations are searched, never claimed
+        // missing: a narrative that mentions a mirror or a date is not unanswered for lack of one.
+        let everyday = QueryPlan::new(&jieba, "2013年照镜子发现175cm的孙子cdfi 咋办");
+        assert!(everyday.key.is_empty(), "{:?}", everyday.key);
+        assert!(everyday.salient.contains(&"镜子".to_string()) || everyday.salient.contains(&"照镜子".to_string()));
+        assert!(!everyday.salient.contains(&"咋办".to_string()), "a colloquial function word");
+        // A pasted link's pieces are no terms.
+        let link = QueryPlan::new(&jieba, "孕妇 http://mama.baidu.com/clustered/general?query=%E6%80%80");
+        assert_eq!(link.salient, vec!["孕妇".to_string()]);
+        // The synonym table's terms are key terms, expanded or not.
+        let table = SynonymTable::build(1, vec![vec!["慢性阻塞性肺疾病".into(), "COPD".into()]]);
+        assert_eq!(QueryPlan::with_synonyms(&jieba, "COPD", &table, 0.0).key, vec!["copd".to_string()]);
+        assert!(QueryPlan::new(&jieba, "COPD").key.is_empty(), "not in the table: a short unknown abbreviation");
+        // The admin's dictionary words are the hospital's own terms.
+        let dir = tempfile::tempdir().unwrap();
+        let dict = dir.path().join("user_dict.txt");
+        std::fs::write(&dict, "晨交 20000 v\n").unwrap();
+        let (admin, _) = crate::lexical::build_jieba(Some(&dict)).unwrap();
+        assert!(!jieba.has_word("晨交") && QueryPlan::new(&admin, "晨交记录").key.contains(&"晨交".to_string()));
     }
 
     #[test]

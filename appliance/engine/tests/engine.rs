@@ -2587,7 +2587,10 @@ fn synonyms_abbreviations_and_pinyin_find_what_clinicians_type() {
     let (rows, _) = e.synonyms_as(&admin, Some("COPD"), 10, 0).unwrap();
     let copd = rows.iter().find(|g| g.variants.iter().any(|v| v == "COPD")).expect("COPD is in the seed table");
     e.delete_synonym_as(&admin, copd.id).unwrap();
-    assert_eq!(page(&e, "COPD", 0, 10, false).missing_terms, vec!["copd".to_string()]);
+    // Out of the table, COPD is a short abbreviation no passage contains: nothing matches, and (as with any
+    // abbreviation the table does not know) it is not named as a missing clinical term.
+    let gone = page(&e, "COPD", 0, 10, false);
+    assert!(gone.not_found && gone.matched_terms.is_empty() && gone.missing_terms.is_empty(), "{gone:?}");
     let back = NewSynonym {
         preferred: "慢性阻塞性肺疾病".into(), variants: vec!["COPD".into()], note: "呼吸".into()
     };
@@ -2742,7 +2745,7 @@ fn search_trust_benchmark() {
             absent.iter().copied().filter(|a| !search(a, 0, 1).missing_terms.is_empty()).collect();
         assert!(!absent_here.is_empty());
         let (mut altered, mut altered_flagged, mut twins_flagged) = (0usize, 0usize, 0usize);
-        let mut twin_examples = Vec::new();
+        let (mut twin_examples, mut altered_misses) = (Vec::new(), Vec::new());
         for (i, (_, q)) in set.queries.iter().enumerate() {
             let r = search(q, 0, 10);
             if !r.missing_terms.is_empty() {
@@ -2755,8 +2758,11 @@ fn search_trust_benchmark() {
             let Some(at) = q.find(key.as_str()) else { continue };
             let swapped = format!("{}{}{}", &q[..at], absent_here[i % absent_here.len()], &q[at + key.len()..]);
             altered += 1;
-            if !search(&swapped, 0, 10).missing_terms.is_empty() {
+            let r = search(&swapped, 0, 10);
+            if !r.missing_terms.is_empty() {
                 altered_flagged += 1;
+            } else if altered_misses.len() < 15 {
+                altered_misses.push(format!("{swapped} → terms {:?}, matched {:?}", r.terms, r.matched_terms));
             }
         }
         // Paging: pages 1..50 of 10 are the top 500 of the one ranking, without a repeat.
@@ -2787,7 +2793,7 @@ fn search_trust_benchmark() {
             "absent_terms_used": absent_here, "altered_queries": altered,
             "altered_not_found_rate": altered_flagged as f64 / altered.max(1) as f64,
             "twins": set.queries.len(), "twins_not_found_rate": twins_flagged as f64 / set.queries.len().max(1) as f64,
-            "twin_examples": twin_examples,
+            "twin_examples": twin_examples, "altered_misses": altered_misses,
             "paging_queries": paged_queries, "paging_failures": paging_failures,
             "seconds": started.elapsed().as_secs_f64(),
         });
@@ -2833,4 +2839,73 @@ fn upload_folders_no_job_owns_are_swept_at_start_once_stale() {
     assert!(!stale.exists(), "an interrupted upload's folder is removed");
     assert!(fresh.exists(), "a recent folder may be another process's upload in progress");
     assert!(queued.exists(), "a queued job's files stay");
+}
+
+/// The key-term rule without an index: for a set's queries (train split unless told), which key terms occur
+/// nowhere in its corpus (a substring of the folded titles and texts, as the engine's fallback looks), and whether
+/// a query whose longest found term is replaced by an absent drug name is flagged. Seconds instead of the hour an
+/// ingest takes, so the rule is tuned here, on train, and `search_trust_benchmark` reports dev once.
+/// `CARE_PROBE_SETS=huatuo26m_test,toyhom_neike cargo test -p care-engine --test engine -- --ignored key_term_probe`
+#[test]
+#[ignore]
+fn key_term_probe() {
+    use care_engine::query::{QueryPlan, fold};
+    use care_engine::synonyms::{SEED_CSV, SynonymTable, parse_csv};
+    let sets = std::env::var("CARE_PROBE_SETS").unwrap_or_else(|_| "huatuo26m_test,toyhom_neike,kuake_qtr".into());
+    let split = std::env::var("CARE_PROBE_SPLIT").unwrap_or_else(|_| "train".into());
+    let n: usize = std::env::var("CARE_PROBE_QUERIES").ok().and_then(|v| v.parse().ok()).unwrap_or(3000);
+    let (jieba, _) = care_engine::lexical::build_jieba(None).unwrap();
+    let groups = parse_csv(SEED_CSV).unwrap().into_iter().map(|g| [vec![g.preferred], g.variants].concat()).collect();
+    let table = SynonymTable::build(1, groups);
+    let mut report = serde_json::Map::new();
+    for name in sets.split(',') {
+        let mut set = BeirSet::load(&shared().join("data/retrieval").join(name), &split).unwrap();
+        set.queries.truncate(n);
+        let mut corpus = String::new();
+        for line in std::fs::read_to_string(set.corpus_path()).unwrap().lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            for field in ["title", "text"] {
+                corpus.push_str(&fold(v[field].as_str().unwrap_or("")));
+                corpus.push('\n');
+            }
+        }
+        let absent: Vec<&str> = ["替格瑞洛", "达格列净", "恩格列净", "司美格鲁肽", "索马鲁肽"]
+            .into_iter()
+            .filter(|a| !corpus.contains(a))
+            .collect();
+        let plan = |q: &str| QueryPlan::with_synonyms(&jieba, q, &table, 0.35);
+        let occurs = |p: &QueryPlan, w: &str| p.forms(w).any(|f| corpus.contains(f));
+        let (mut flagged, mut altered, mut altered_flagged) = (0usize, 0usize, 0usize);
+        let (mut missing_words, mut misses) = (std::collections::BTreeMap::<String, usize>::new(), Vec::new());
+        for (i, (_, q)) in set.queries.iter().enumerate() {
+            let p = plan(q);
+            let missing: Vec<&String> = p.key.iter().filter(|w| !occurs(&p, w)).collect();
+            flagged += usize::from(!missing.is_empty());
+            for w in missing {
+                *missing_words.entry(w.clone()).or_default() += 1;
+            }
+            let Some(key) = p.salient.iter().filter(|w| occurs(&p, w)).max_by_key(|w| w.chars().count()) else {
+                continue;
+            };
+            let Some(at) = q.find(key.as_str()) else { continue };
+            let swapped = format!("{}{}{}", &q[..at], absent[i % absent.len()], &q[at + key.len()..]);
+            altered += 1;
+            let p2 = plan(&swapped);
+            if p2.key.iter().any(|w| !occurs(&p2, w)) {
+                altered_flagged += 1;
+            } else if misses.len() < 20 {
+                misses.push(swapped);
+            }
+        }
+        let v = serde_json::json!({
+            "split": split, "queries": set.queries.len(),
+            "twins_flagged_rate": flagged as f64 / set.queries.len().max(1) as f64,
+            "altered_queries": altered, "altered_flagged_rate": altered_flagged as f64 / altered.max(1) as f64,
+            "words_claimed_missing_in_twins": missing_words, "altered_misses": misses,
+        });
+        eprintln!("{name}: {}", serde_json::to_string_pretty(&v).unwrap());
+        report.insert(name.to_string(), v);
+    }
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/results/key-terms-{split}.json"));
+    std::fs::write(out, serde_json::to_string_pretty(&report).unwrap()).unwrap();
 }
