@@ -37,9 +37,10 @@
 //!   ├ hybrid    dense sync with SQLite, query encoding, retrieval (engine methods)
 //!   ├ vectors   document vectors computed offline: export chunks for the trainer, import its embedding shards
 //!   ├ eval      BEIR/STS sets and ranking metrics (nDCG, MAP, MRR, Recall), fusion tuning (eval/{metrics,sts}.rs)
-//!   ├ training  retraining as a job: data from approved collections + feedback, `care-train` child processes,
-//!   │           export → import → gate → promotion; schedules; offline embedding; the trainer's cached status
-//!   │           (training/{data,schedule,embed,status}.rs)
+//!   ├ training  retraining as a job: data from approved collections + feedback, `care-train run --spec` child
+//!   │           processes (a guard kills and reaps each; their events are the progress), export → import → gate →
+//!   │           promotion; schedules; offline embedding; the trainer's cached status
+//!   │           (training/{child,data,schedule,embed,status}.rs)
 //!   ├ chart     small SVG charts for reports
 //!   └ demo      the embedded demo collection
 //! ```
