@@ -584,3 +584,66 @@ fn schedules_and_feedback_are_capped_over_http() {
     alive(&mut served, &c);
 }
 
+/// Guard refusals are audited but rate-limited: 100 requests with a wrong API token leave at most
+/// `REFUSALS_PER_ADDRESS` `request.unauthenticated` records; a clinician on an admin route and a form post without
+/// its CSRF token leave theirs. An admin's failed model upload does not show the server's staging folder. The audit
+/// log is checkpointed when `care serve` stops and after a CLI write: cutting the last record off afterwards is
+/// detected by `care audit verify`.
+#[test]
+fn guard_refusals_are_audited_within_a_bound_staging_paths_stay_hidden_and_closing_checkpoints() {
+    let s = site(&[]);
+    let mut served = s.care.serve_full();
+    let base = served.https.clone();
+    let c = client();
+    let r = get(&c, &format!("{base}/api/v1/admin/users"), &s.clin);
+    assert_eq!(r.status(), 403);
+    let ck = session(&c, &base, "drwang", CLIN_PW);
+    let r = c.post(format!("{base}/logout")).header("cookie", &ck).send().unwrap();
+    assert_eq!(r.status(), 403);
+    for _ in 0..100 {
+        let r = get(&c, &format!("{base}/api/v1/search?q=x"), "care_not-a-real-token");
+        assert_eq!(r.status(), 401);
+    }
+
+    let part = "--b0\r\nContent-Disposition: form-data; name=\"file\"; filename=\"manifest.toml\"\r\n\r\nnot toml [\r\n--b0--\r\n";
+    let r = c.post(format!("{base}/api/v1/admin/models")).bearer_auth(&s.admin);
+    let r = r.header("content-type", "multipart/form-data; boundary=b0").body(part).send().unwrap();
+    assert!(r.status().is_client_error(), "{}", r.status());
+    let text = r.text().unwrap();
+    assert!(!text.contains(s.care.data_dir.to_str().unwrap()) && !text.contains("uploads/"), "{text}");
+    alive(&mut served, &c);
+
+    let records = s.care.json(&["audit", "list", "--json", "-n", "1000"]);
+    let count = |action: &str, actor: &str| {
+        records.as_array().unwrap().iter().filter(|r| r["action"] == action && r["actor"] == actor).count()
+    };
+    let unauth = count("request.unauthenticated", "anonymous");
+    assert!((1..=REFUSALS_PER_ADDRESS).contains(&unauth), "{unauth} records for 100 refusals");
+    assert_eq!(count("request.forbidden", "drwang"), 1);
+    assert_eq!(count("request.csrf_rejected", "drwang"), 1);
+
+    // Stop the server (SIGTERM: a graceful stop), then cut the last record off: the checkpoint taken at the stop
+    // names that record, so the cut is found.
+    let pid = served.child.0.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let _ = served.child.0.wait();
+    let db = s.care.data_dir.join("care.sqlite");
+    let cut = |db: &Path| {
+        let conn = rusqlite::Connection::open(db).unwrap();
+        conn.execute("DELETE FROM audit WHERE id = (SELECT max(id) FROM audit)", []).unwrap();
+    };
+    cut(&db);
+    let out = s.care.run(&["audit", "verify"]);
+    assert_eq!(out.status.code(), Some(4), "a tail cut after shutdown went unnoticed");
+    // The same after a CLI write, on a fresh data directory.
+    let t = tempfile::tempdir().unwrap();
+    let care = care_e2e::Care::new(&t.path().join("data"));
+    care.ok(&["init"]);
+    care.ok(&["collection", "create", "c1"]);
+    cut(&care.data_dir.join("care.sqlite"));
+    let out = care.run(&["audit", "verify"]);
+    assert_eq!(out.status.code(), Some(4), "a tail cut after a CLI write went unnoticed");
+}
+
+/// `care_engine::service::REFUSALS_PER_ADDRESS` (this crate reaches the engine only through the binary).
+const REFUSALS_PER_ADDRESS: usize = 20;

@@ -1137,6 +1137,7 @@ fn serve(engine: Engine, cfg: &config::AppConfig) -> Result<()> {
         SchedulerOptions { workers: engine.config().ingest.workers, housekeeping: Some(settings.housekeeping()) };
     let worker = Scheduler::start(engine.clone(), opts);
     tracing::info!(bind = %settings.server.bind, "starting HTTPS server");
+    let closing = engine.clone();
     let served = actix_web::rt::System::new().block_on(care_server::serve(engine, settings, |addr, redirect| {
         if let Some(r) = redirect {
             println!("redirecting http://{r}");
@@ -1146,6 +1147,11 @@ fn serve(engine: Engine, cfg: &config::AppConfig) -> Result<()> {
         let _ = std::io::stdout().flush();
     }));
     worker.shutdown();
+    // The records of the last minute before a shutdown are otherwise covered by no checkpoint until the next start.
+    match closing.audit_verify_as(&care_engine::Actor::system(), false) {
+        Ok(r) => tracing::info!(verified_through = r.verified_through, "final audit checkpoint"),
+        Err(e) => tracing::error!(error = %e, "final audit checkpoint failed"),
+    }
     served?;
     Ok(())
 }

@@ -18,6 +18,8 @@ pub struct Limits {
     pub sign_in_failures: RateLimiter,
     /// Feedback per user.
     pub feedback: RateLimiter,
+    /// Audit records of refused requests, per client address and in all.
+    pub refusals: RateLimiter,
 }
 
 /// Counts events per key in fixed windows of `window_seconds`; `limit` events fill a window.

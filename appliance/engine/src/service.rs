@@ -55,6 +55,11 @@ impl Actor {
     }
 }
 
+/// Refused requests audited per client address per ten minutes ([`Engine::audit_refusal`]).
+pub const REFUSALS_PER_ADDRESS: u32 = 20;
+/// Refused requests audited in all per ten minutes.
+pub const REFUSALS_IN_ALL: u32 = 200;
+
 /// A search as a client asks for it: named collections (pages and the API name at most one), else every
 /// collection the actor may read.
 #[derive(Debug, Clone, Default)]
@@ -159,6 +164,27 @@ impl Engine {
         audit::append(&tx, &actor.name, action, detail)?;
         tx.commit()?;
         Ok(())
+    }
+
+    /// Audits a request the HTTP layer refused before any operation ran: `request.unauthenticated` (no valid
+    /// sign-in or API token), `request.forbidden` (not an administrator) or `request.csrf_rejected` (a form without
+    /// its token). `actor` is the signed-in user, or `anonymous`. Rate-limited: at most [`REFUSALS_PER_ADDRESS`]
+    /// records per client address and [`REFUSALS_IN_ALL`] in all per ten minutes, so a flood of refused requests
+    /// cannot fill the audit log (the server's log still counts every one). Returns whether a record was written.
+    pub fn audit_refusal(&self, actor: &str, action: &str, client: &str, detail: &serde_json::Value) -> Result<bool> {
+        let (now, window) = (accounts::unix_now(), 600);
+        let limits = &self.store.limits.refusals;
+        let key = crate::limits::address_key(client);
+        if limits.admit(&key, REFUSALS_PER_ADDRESS, window, now).is_err()
+            || limits.admit("(all addresses)", REFUSALS_IN_ALL, window, now).is_err()
+        {
+            return Ok(false);
+        }
+        let mut detail = detail.clone();
+        detail["client"] = key.into();
+        let actor: String = actor.chars().take(64).collect();
+        self.audit_event(&Actor::console(actor), action, &detail)?;
+        Ok(true)
     }
 
     // -- reading ---------------------------------------------------------------------------------------------
@@ -823,6 +849,38 @@ mod tests {
         assert_eq!(err.code(), crate::ErrorCode::RateLimited, "{err}");
         assert!(err.to_string().contains("每人每小时最多 3 条"), "{err}");
         e.feedback_as(&li, "二甲双胍", chunk, true).unwrap();
+    }
+
+    /// Refusals of the server's guard are audited at most `REFUSALS_PER_ADDRESS` per address and `REFUSALS_IN_ALL`
+    /// in all per window, whatever the flood. An engine that appended records moves the audit anchor as it closes,
+    /// so cutting the last record off afterwards is found by the next check (before, the chain still verified).
+    #[test]
+    fn refusals_are_audited_within_a_bound_and_closing_checkpoints_the_log() {
+        let t = tempfile::tempdir().unwrap();
+        let e = engine(t.path());
+        let detail = serde_json::json!({"method": "GET", "route": "/api/v1/search"});
+        let refuse = |client: &str| e.audit_refusal("anonymous", "request.unauthenticated", client, &detail).unwrap();
+        let one = (0..100).filter(|_| refuse("10.0.0.1")).count();
+        assert_eq!(one, REFUSALS_PER_ADDRESS as usize);
+        let many = (0..1000).filter(|i| refuse(&format!("10.1.{}.{}", i / 256, i % 256))).count();
+        assert_eq!(one + many, REFUSALS_IN_ALL as usize);
+        let n: i64 = e
+            .store
+            .reader()
+            .query_row("SELECT COUNT(*) FROM audit WHERE action = 'request.unauthenticated'", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n as u32, REFUSALS_IN_ALL);
+
+        e.create_collection_as(&Actor::console("cli:root"), "c1", "").unwrap();
+        drop(e);
+        let conn = rusqlite::Connection::open(t.path().join("care.sqlite")).unwrap();
+        conn.execute("DELETE FROM audit WHERE id = (SELECT max(id) FROM audit)", []).unwrap();
+        drop(conn);
+        let mut cfg = EngineConfig::default();
+        cfg.storage.data_dir = t.path().to_path_buf();
+        let e = Engine::open(cfg, OpenMode::Existing).unwrap();
+        let err = e.audit_verify_as(&Actor::console("cli:root"), false).unwrap_err();
+        assert_eq!(err.code(), crate::ErrorCode::AuditTampered, "{err}");
     }
 
     fn audit_count(e: &Engine) -> i64 {

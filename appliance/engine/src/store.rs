@@ -69,6 +69,29 @@ pub struct Store {
     /// The serving process's in-memory rate limits (per client address, per user); one set per open store so
     /// two data directories in one process (tests) never share counters.
     pub(crate) limits: crate::limits::Limits,
+    /// The audit log's last record id when this store was opened: a store that appended records checkpoints the
+    /// log when it closes (see `Drop`).
+    audit_head_at_open: std::sync::atomic::AtomicI64,
+}
+
+/// Records appended after the last checkpoint are covered only by the chain, and a tail cut off the chain (the last
+/// records before a shutdown, or a CLI command's record) leaves a shorter chain that still verifies. So a process
+/// that wrote to the log checkpoints it as it closes: `care serve` at shutdown (explicitly, and here), every CLI
+/// command that changed something. A failure is logged, never raised: closing must not fail, and the next
+/// checkpoint or `care audit verify` reports a broken chain.
+impl Drop for Store {
+    fn drop(&mut self) {
+        let opened = self.audit_head_at_open.load(std::sync::atomic::Ordering::Relaxed);
+        let head: Option<i64> = self
+            .conn
+            .get_mut()
+            .map_or(None, |c| c.query_row("SELECT max(id) FROM audit", [], |r| r.get(0)).ok().flatten());
+        if head.is_some_and(|h| h > opened)
+            && let Err(e) = crate::audit::checkpoint(self)
+        {
+            tracing::warn!(error = %e, "audit checkpoint at close failed");
+        }
+    }
 }
 
 const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -281,10 +304,18 @@ impl Store {
         // Readers are opened on first use, which comes after the migration below: their schema caches and
         // prepared statements never predate it.
         let readers = ReaderPool::new(path, key, read_connections.max(1));
-        let store =
-            Store { conn: Mutex::new(conn), readers, dir, audit: Default::default(), limits: Default::default() };
+        let store = Store {
+            conn: Mutex::new(conn),
+            readers,
+            dir,
+            audit: Default::default(),
+            limits: Default::default(),
+            audit_head_at_open: i64::MAX.into(),
+        };
         store.migrate()?;
         crate::audit::ensure_keyed(&mut store.conn(), &store.dir)?;
+        let head: i64 = store.conn().query_row("SELECT ifnull(max(id), 0) FROM audit", [], |r| r.get(0))?;
+        store.audit_head_at_open.store(head, std::sync::atomic::Ordering::Relaxed);
         Ok(store)
     }
 

@@ -72,14 +72,51 @@ impl ApiError {
         self.code().class().is_server_error()
     }
     /// The message a client may see: internal details (paths, SQL) stay in the server log. A full disk and a
-    /// busy appliance are told as they are (their messages are written for people and say what to do).
+    /// busy appliance are told as they are (their messages are written for people and say what to do). Server
+    /// staging folders (an upload's, a model import's) are taken out of the message: they name the server's
+    /// layout and nothing the admin can act on; a file keeps its own name.
     pub fn public_message(&self) -> String {
         if self.is_server_error() && !matches!(self.code(), ErrorCode::DiskFull | ErrorCode::Overloaded) {
             "内部错误；管理员可在服务器日志中按请求编号查到详情 (internal error; see the server log)".to_string()
         } else {
-            self.to_string()
+            without_staging(&self.to_string())
         }
     }
+}
+
+/// Folders whose next path component is a staging token (`<data_dir>/uploads/`, `<data_dir>/models/.import-`),
+/// set once when the server starts.
+static STAGING_ROOTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+pub fn set_staging_roots(roots: Vec<String>) {
+    let _ = STAGING_ROOTS.set(roots.into_iter().filter(|r| !r.is_empty()).collect());
+}
+
+/// `msg` with each `<root><token>/` removed (the file name after it stays) and a bare `<root><token>` said as
+/// 上传的文件.
+pub fn without_staging(msg: &str) -> String {
+    let Some(roots) = STAGING_ROOTS.get() else { return msg.to_string() };
+    let mut out = msg.to_string();
+    for root in roots {
+        let mut done = String::with_capacity(out.len());
+        let mut rest = out.as_str();
+        while let Some(i) = rest.find(root.as_str()) {
+            done.push_str(&rest[..i]);
+            let after = &rest[i + root.len()..];
+            let token_end = after.find(|c: char| c == '/' || c == ':' || c == '"' || c == ')' || c.is_whitespace());
+            let after_token = &after[token_end.unwrap_or(after.len())..];
+            match after_token.strip_prefix('/') {
+                Some(file) => rest = file,
+                None => {
+                    done.push_str("上传的文件");
+                    rest = after_token;
+                }
+            }
+        }
+        done.push_str(rest);
+        out = done;
+    }
+    out
 }
 
 #[derive(askama::Template)]
@@ -134,6 +171,18 @@ impl ResponseError for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn staging_folders_are_taken_out_of_messages() {
+        set_staging_roots(vec!["/d/uploads/".into(), "/d/models/.import-".into()]);
+        assert_eq!(without_staging("/d/uploads/ab12/x.csv:3: 列数不对"), "x.csv:3: 列数不对");
+        assert_eq!(
+            without_staging("model package /d/uploads/ab12: bad manifest"),
+            "model package 上传的文件: bad manifest"
+        );
+        assert_eq!(without_staging("/d/models/.import-77-0/model.onnx: 读取失败"), "model.onnx: 读取失败");
+        assert_eq!(without_staging("/elsewhere/x.csv: 保留"), "/elsewhere/x.csv: 保留");
+    }
 
     #[test]
     fn every_code_has_a_status_and_server_classes_are_5xx() {

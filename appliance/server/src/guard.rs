@@ -288,6 +288,23 @@ fn security_headers(res: &mut HttpResponse, state: &AppState, embed: bool, cache
     }
 }
 
+/// Audits a refusal of the guard's own (no sign-in on an API route, not an administrator, no CSRF token): who,
+/// which route pattern (never the raw path, which is the client's to choose) and from which address. The engine
+/// rate-limits these records; a failure to write one is logged, not shown to the client.
+async fn audit_refusal(
+    state: &web::Data<AppState>,
+    req: &ServiceRequest,
+    actor: &str,
+    action: &'static str,
+    route: &str,
+) {
+    let (actor, client) = (actor.to_string(), client_address(req.request()));
+    let detail = serde_json::json!({"method": req.method().as_str(), "route": route});
+    if let Err(e) = crate::call::anon(state, move |en| en.audit_refusal(&actor, action, &client, &detail)).await {
+        tracing::warn!(error = %e, action, "could not audit a refused request");
+    }
+}
+
 fn is_page_path(path: &str) -> bool {
     !(path.starts_with("/api/") || path == "/metrics" || path == "/healthz" || path.ends_with(".csv"))
 }
@@ -350,6 +367,7 @@ pub async fn guard(
                 return Ok(finish(req.into_response(res), &state, route, started, &rid));
             }
             Err(None) => {
+                audit_refusal(&state, &req, "anonymous", "request.unauthenticated", r.pattern).await;
                 let res = denied(
                     ErrorCode::Unauthenticated,
                     "sign in first: send `Authorization: Bearer <API token>` or a session cookie",
@@ -357,6 +375,7 @@ pub async fn guard(
                 return Ok(finish(req.into_response(res), &state, route, started, &rid));
             }
             Err(Some(user)) => {
+                audit_refusal(&state, &req, &user, "request.forbidden", r.pattern).await;
                 let res = denied(ErrorCode::Forbidden, &format!("user '{user}' is not an administrator"));
                 return Ok(finish(req.into_response(res), &state, route, started, &rid));
             }
@@ -381,9 +400,13 @@ pub async fn guard(
         return Ok(finish(req.into_response(res), &state, route, started, &rid));
     }
     if !matches!(method, Method::GET | Method::HEAD | Method::OPTIONS)
-        && route.is_some()
+        && let Some(r) = route
         && let Err(e) = check_csrf(&mut req, caller.as_ref()).await
     {
+        if e.code() == ErrorCode::CsrfRejected {
+            let actor = caller.as_ref().map_or("anonymous", |c| c.name());
+            audit_refusal(&state, &req, actor, "request.csrf_rejected", r.pattern).await;
+        }
         let res = denied(e.code(), &e.public_message());
         return Ok(finish(req.into_response(res), &state, route, started, &rid));
     }

@@ -209,6 +209,11 @@ pub async fn serve(
     let cfg = settings.server.clone();
     let tls = tls::server_config(&cfg, &engine.data_dir().tls())?;
     engine.set_log_queries(settings.audit.log_queries);
+    let staging = |p: PathBuf| p.to_string_lossy().into_owned();
+    errors::set_staging_roots(vec![
+        format!("{}/", staging(engine.uploads_dir())),
+        staging(engine.data_dir().models().join(".import-")),
+    ]);
     // Starts the trainer check in the background, so the 训练 page already knows the answer when it is opened.
     engine.trainer_status();
     let state = web::Data::new(AppState { engine, settings, metrics: metrics::Metrics::default() });
