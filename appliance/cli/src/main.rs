@@ -457,6 +457,14 @@ enum DictCommand {
 }
 
 fn main() {
+    // The sandboxed parser (see care_engine::ingest::worker): a child this binary starts, not a command for people.
+    if std::env::args().nth(1).as_deref() == Some(care_engine::ingest::worker::SUBCOMMAND) {
+        std::process::exit(care_engine::ingest::worker::serve());
+    }
+    // Every command that reads uploaded files parses them in children of this executable.
+    if let Ok(exe) = std::env::current_exe() {
+        care_engine::ingest::worker::use_executable(exe);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("CARE_LOG").unwrap_or_else(|_| "warn,care=info".into()),

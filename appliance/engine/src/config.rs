@@ -101,6 +101,30 @@ pub struct IngestConfig {
     /// Files of ingestion jobs processed at once by the background worker (parsing runs in parallel; writes to
     /// the stores are serialised).
     pub workers: usize,
+    /// Where uploaded files are parsed: in a sandboxed child process, under these limits.
+    pub isolation: IsolationConfig,
+}
+
+/// The parser process (`[ingest.isolation]`). `care serve` and the CLI parse every uploaded file in a child
+/// (`care ingest-worker`) with an address-space, CPU-time and file-size limit, no network and no file access
+/// beyond the one file, so a hostile file that exhausts memory or loops costs one failed file, not the server.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct IsolationConfig {
+    /// Parse in a child process (off only for debugging a parser).
+    pub enabled: bool,
+    /// The child's address-space limit, in MiB.
+    pub memory_mb: u64,
+    /// The child's CPU-time limit, in seconds.
+    pub cpu_seconds: u64,
+    /// Wall-clock limit, in seconds (a child that sleeps or blocks is stopped too).
+    pub wall_seconds: u64,
+}
+
+impl Default for IsolationConfig {
+    fn default() -> Self {
+        IsolationConfig { enabled: true, memory_mb: 2048, cpu_seconds: 300, wall_seconds: 600 }
+    }
 }
 
 impl Default for IngestConfig {
@@ -110,6 +134,7 @@ impl Default for IngestConfig {
             batch_documents: 2000,
             limits: crate::ingest::IngestLimits::default(),
             workers: 2,
+            isolation: IsolationConfig::default(),
         }
     }
 }

@@ -20,7 +20,7 @@ use crate::datadir::DataDir;
 use crate::dense::DenseStore;
 use crate::error::{Error, Result};
 use crate::fusion::{Explained, ScoreParts};
-use crate::ingest::{IngestOptions, ParsedDocument, read_units};
+use crate::ingest::{IngestOptions, ParsedDocument};
 use crate::lexical::LexicalIndex;
 use crate::store::{Collection, CollectionStats, Store, now};
 use crate::text::{Chars, Chunk, Tokens, chunk_measured};
@@ -308,7 +308,9 @@ pub struct SearchResults {
     pub terms: Vec<String>,
     /// Salient terms that occur in the searched collections.
     pub matched_terms: Vec<String>,
-    /// Salient terms that occur nowhere in the searched collections: no hit answers them.
+    /// Key terms (drug, disease and other clinical terms, the synonym table's, the admin dictionary's) that occur
+    /// nowhere in the searched collections: no hit answers them. Other salient words that occur nowhere (everyday
+    /// words, numbers) are in neither list.
     pub missing_terms: Vec<String>,
     /// No salient term occurs anywhere (or the query has none): whatever is listed is only semantically near.
     pub not_found: bool,
@@ -741,7 +743,7 @@ impl Engine {
         opts: &IngestOptions,
         progress: &mut dyn FnMut(usize, usize) -> bool,
     ) -> Result<Vec<FileReport>> {
-        let units = match read_units(path, opts, &self.cfg.ingest.limits) {
+        let units = match crate::ingest::worker::read_units(path, opts, &self.cfg.ingest) {
             Ok(u) => u,
             Err(e) => {
                 return Ok(vec![FileReport {
@@ -1156,7 +1158,8 @@ impl Engine {
             .collect())
     }
 
-    /// (present, missing): the query's salient terms split by whether any chunk of `collections` holds them, in
+    /// (present, missing): the query's salient terms that some chunk of `collections` holds, and its key terms that
+    /// none holds, in
     /// either script (a passage in traditional characters holds 高血壓). A term is first looked up as an index term;
     /// one that is not (jieba segmented the passages around it differently) is looked for as a substring of the
     /// chunks' text, headings and titles, so "not found" is said only of text that truly occurs nowhere. The scan
@@ -1184,7 +1187,11 @@ impl Engine {
             for f in &forms {
                 found = found || self.store.any_chunk_contains(f, collections)?;
             }
-            if found { present.push(w.clone()) } else { missing.push(w.clone()) }
+            if found {
+                present.push(w.clone());
+            } else if plan.key.contains(w) {
+                missing.push(w.clone());
+            }
         }
         Ok((present, missing))
     }

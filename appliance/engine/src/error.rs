@@ -226,6 +226,9 @@ pub enum Error {
     /// The CUDA provider cannot be created (`model.device = "cuda"`): names the missing library and the install.
     #[error("model.device = \"cuda\": {0}")]
     CudaUnavailable(crate::encoders::CudaUnavailable),
+    /// A file's failure as the isolated parser process reported it (its code and message, already for people).
+    #[error("{message}")]
+    Parser { code: ErrorCode, message: String },
 }
 
 pub(crate) fn gib(bytes: u64) -> String {
@@ -341,6 +344,7 @@ impl Error {
             Error::LimitReached(_) => ErrorCode::LimitReached,
             Error::DiskFull { .. } | Error::NoSpace { .. } | Error::StoreFull { .. } => ErrorCode::DiskFull,
             Error::CudaUnavailable(_) => ErrorCode::Model,
+            Error::Parser { code, .. } => *code,
         }
     }
 }

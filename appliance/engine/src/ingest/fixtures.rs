@@ -16,6 +16,17 @@ pub fn pdf_bytes(pages: &[Vec<&str>]) -> Vec<u8> {
 
 /// [`pdf_bytes`] with `extra` CMap sections (e.g. a hostile bfrange) before the CMap's end.
 pub fn pdf_bytes_with_cmap(pages: &[Vec<&str>], extra: &str) -> Vec<u8> {
+    pdf_document(pages, extra, 1)
+}
+
+/// A hostile PDF of `pages` pages that all show one content stream of `lines` (compressed, so the file stays small
+/// while every page yields the whole stream's text).
+pub fn pdf_bytes_one_stream(lines: &[&str], pages: usize) -> Vec<u8> {
+    pdf_document(&[lines.to_vec()], "", pages.max(1))
+}
+
+/// The PDF writer: each entry of `pages` is a page, shown `repeat` times (the repeats share its content stream).
+fn pdf_document(pages: &[Vec<&str>], extra: &str, repeat: usize) -> Vec<u8> {
     let mut codes: BTreeMap<char, u16> = BTreeMap::new();
     for line in pages.iter().flatten() {
         for c in line.chars() {
@@ -76,14 +87,16 @@ pub fn pdf_bytes_with_cmap(pages: &[Vec<&str>], extra: &str) -> Vec<u8> {
         }
         let content = Content { operations: ops }.encode().expect("encode content");
         let content_id = doc.add_object(Stream::new(dictionary! {}, content));
-        let page = doc.add_object(dictionary! {
-            "Type" => "Page",
-            "Parent" => pages_id,
-            "Contents" => content_id,
-            "Resources" => resources,
-            "MediaBox" => vec![0.into(), 0.into(), 595.into(), 842.into()],
-        });
-        kids.push(page.into());
+        for _ in 0..repeat {
+            let page = doc.add_object(dictionary! {
+                "Type" => "Page",
+                "Parent" => pages_id,
+                "Contents" => content_id,
+                "Resources" => resources,
+                "MediaBox" => vec![0.into(), 0.into(), 595.into(), 842.into()],
+            });
+            kids.push(page.into());
+        }
     }
     let count = kids.len() as i64;
     doc.objects

@@ -19,6 +19,7 @@ pub mod fixtures;
 mod fuzz;
 mod html;
 mod pdf;
+pub mod worker;
 
 use std::path::{Path, PathBuf};
 
@@ -29,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::text::normalize;
 
 /// A document ready to be chunked and stored.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ParsedDocument {
     /// Identity inside the collection: the JSONL/CSV `id`, or the file name (for an archive member, its path
     /// inside the archive after the archive's name). Re-ingesting the same id replaces it.
@@ -50,7 +51,7 @@ impl ParsedDocument {
     }
 }
 
-#[derive(Debug, Default, Clone, PartialEq)]
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ParsedFile {
     pub documents: Vec<ParsedDocument>,
     /// Records that held no text after normalisation (kept out of the index, reported to the user).
@@ -87,6 +88,9 @@ pub struct IngestLimits {
     pub max_expansion_ratio: u64,
     /// How deep archives may nest inside archives.
     pub max_archive_depth: usize,
+    /// Most text a file (or archive member) may yield per byte of itself, beyond the first MiB: a small PDF whose
+    /// pages repeat one huge content stream is refused instead of filling the index.
+    pub max_text_ratio: u64,
 }
 
 impl Default for IngestLimits {
@@ -97,6 +101,7 @@ impl Default for IngestLimits {
             max_expanded_bytes: 2 << 30,
             max_expansion_ratio: 100,
             max_archive_depth: 3,
+            max_text_ratio: 64,
         }
     }
 }
@@ -191,11 +196,22 @@ pub fn read_units(path: &Path, opts: &IngestOptions, limits: &IngestLimits) -> R
         });
     }
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    units_of_bytes(path, kind, &bytes, opts, limits)
+}
+
+/// [`read_units`] once the file is read: the parsing half, which the isolated parser runs with no file access.
+pub(crate) fn units_of_bytes(
+    path: &Path,
+    kind: FileKind,
+    bytes: &[u8],
+    opts: &IngestOptions,
+    limits: &IngestLimits,
+) -> Result<Vec<Unit>> {
     let origin = Origin::of_file(path);
     if kind == FileKind::Zip {
-        return archive::expand(&origin, &bytes, opts, limits);
+        return archive::expand(&origin, bytes, opts, limits);
     }
-    Ok(vec![Unit { name: path.display().to_string(), result: parse_origin(&origin, kind, &bytes, opts, limits) }])
+    Ok(vec![Unit { name: path.display().to_string(), result: parse_origin(&origin, kind, bytes, opts, limits) }])
 }
 
 /// Reads and parses one non-archive file with default options (archives: use [`read_units`]).
@@ -231,7 +247,7 @@ pub fn parse_origin(
         return parse_inner(origin, kind, bytes, opts, limits);
     }
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parse_inner(origin, kind, bytes, opts, limits))) {
-        Ok(r) => r,
+        Ok(r) => r.and_then(|f| within_text_budget(origin, bytes.len(), limits, f)),
         Err(panic) => {
             let what = panic
                 .downcast_ref::<String>()
@@ -245,6 +261,31 @@ pub fn parse_origin(
             })
         }
     }
+}
+
+/// Refuses a file whose text is out of proportion to its size ([`IngestLimits::max_text_ratio`]).
+fn within_text_budget(origin: &Origin, size: usize, limits: &IngestLimits, f: ParsedFile) -> Result<ParsedFile> {
+    let text: u64 = f.documents.iter().map(|d| (d.text.len() + d.title.len()) as u64).sum();
+    text_budget_check(origin, size, limits, text)?;
+    Ok(f)
+}
+
+/// `text` bytes from a file of `size` bytes: within [`IngestLimits::max_text_ratio`], or a too-large error.
+pub(crate) fn text_budget_check(origin: &Origin, size: usize, limits: &IngestLimits, text: u64) -> Result<()> {
+    let budget = (size as u64).saturating_mul(limits.max_text_ratio).saturating_add(1 << 20);
+    if text > budget {
+        return Err(Error::TooLarge {
+            what: format!("{}: the text extracted from it", origin.path.display()),
+            size: text,
+            limit: budget,
+            hint: format!(
+                "a file may yield at most {}× its own size in text (ingest.limits.max_text_ratio); \
+                 a document that repeats one page stream is usually crafted",
+                limits.max_text_ratio
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn parse_inner(
@@ -491,6 +532,22 @@ mod tests {
         assert_eq!(j.documents.len(), 1);
         assert_eq!(j.documents[0].text, "孕妇出血");
         assert_eq!(j.skipped_empty, 1);
+    }
+
+    /// The finding: an 11 KB PDF whose 16 pages share one content stream indexed 128 MiB of text. The text a file
+    /// yields is bounded by its size.
+    #[test]
+    fn a_small_pdf_that_repeats_one_stream_is_refused_for_its_text() {
+        let line = "二甲双胍禁用于严重肾功能不全的患者";
+        let lines = vec![line; 5_000];
+        let bytes = fixtures::pdf_bytes_one_stream(&lines, 16);
+        assert!(bytes.len() < 64 << 10, "{} bytes", bytes.len());
+        let err = parse_bytes(Path::new("repeat.pdf"), FileKind::Pdf, &bytes).unwrap_err();
+        assert_eq!(err.code(), crate::error::ErrorCode::TooLarge, "{err}");
+        assert!(err.to_string().contains("max_text_ratio"), "{err}");
+        // The same page once is an ordinary document.
+        let once = fixtures::pdf_bytes_one_stream(&lines[..50], 1);
+        assert_eq!(parse_bytes(Path::new("once.pdf"), FileKind::Pdf, &once).unwrap().documents.len(), 1);
     }
 
     #[test]

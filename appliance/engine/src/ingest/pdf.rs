@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use super::IngestLimits;
+use super::{IngestLimits, Origin};
 use crate::error::{Error, Result};
 
 fn malformed(path: &Path, message: String) -> Error {
@@ -59,6 +59,9 @@ pub(super) fn extract(path: &Path, bytes: &[u8], limits: &IngestLimits) -> Resul
         if !text.ends_with('\n') {
             text.push('\n');
         }
+        // Pages that share one huge content stream would otherwise each add all of it (the finding: 11 KB, 128 MiB
+        // of text): stop at the budget instead of after the last page.
+        super::text_budget_check(&Origin::of_file(path), bytes.len(), limits, text.len() as u64)?;
     }
     if text.trim().is_empty() {
         return Err(match first_error {
