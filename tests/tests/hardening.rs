@@ -647,3 +647,63 @@ fn guard_refusals_are_audited_within_a_bound_staging_paths_stay_hidden_and_closi
 
 /// `care_engine::service::REFUSALS_PER_ADDRESS` (this crate reaches the engine only through the binary).
 const REFUSALS_PER_ADDRESS: usize = 20;
+
+/// Parsing runs in a sandboxed child (`care ingest-worker`): a file too big for the child's memory limit, and a
+/// small PDF whose pages repeat one content stream, fail alone with a Chinese message naming the limit; the rest of
+/// the upload is indexed, `care serve` stays up and its memory does not grow with the files.
+#[test]
+fn hostile_files_are_parsed_in_a_limited_child_and_fail_alone() {
+    use care_engine::ingest::fixtures::pdf_bytes_one_stream;
+    let s = site(&[("CARE__INGEST__ISOLATION__MEMORY_MB", "400")]);
+    let mut served = s.care.serve_full();
+    let base = served.https.clone();
+    let c = client();
+    let line = "二甲双胍禁用于严重肾功能不全的患者，用药前应评估肾功能。\n";
+    // 60 MB of text: reading and decoding it needs more than 400 MB in the child.
+    let big = line.repeat(700_000).into_bytes();
+    // 200 pages of one stream: far more text than a file of its size may yield (stopped at the budget).
+    let repeated = pdf_bytes_one_stream(&vec![line.trim_end(); 3_000], 200);
+    assert!(repeated.len() < 1 << 20, "{} bytes", repeated.len());
+    let mut body = Vec::new();
+    for (name, bytes) in
+        [("big.txt", big), ("repeated.pdf", repeated), ("ok.md", "# 胰岛素\n\n胰岛素注射部位应轮换。\n".into())]
+    {
+        body.extend(
+            format!("--b0\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\n\r\n").as_bytes(),
+        );
+        body.extend(bytes);
+        body.extend(b"\r\n");
+    }
+    body.extend(b"--b0--\r\n");
+    let before = peak_rss(served.child.0.id());
+    let r = c.post(format!("{base}/api/v1/admin/collections/granted/files")).bearer_auth(&s.admin);
+    let r = r.header("content-type", "multipart/form-data; boundary=b0").body(body).send().unwrap();
+    assert_eq!(r.status(), 202);
+    let job = r.json::<serde_json::Value>().unwrap()["job_id"].as_i64().unwrap();
+    let t0 = Instant::now();
+    let state = loop {
+        let j: serde_json::Value = get(&c, &format!("{base}/api/v1/admin/jobs/{job}"), &s.admin).json().unwrap();
+        if j["state"] == "done" || j["state"] == "failed" {
+            break j;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(300), "job did not end: {j}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    alive(&mut served, &c);
+    let errors = state["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 2, "{state}");
+    for e in errors {
+        assert_eq!(e["code"], "too_large", "{state}");
+    }
+    let message = |f: &str| {
+        let e = errors.iter().find(|e| e["file"].as_str().unwrap().contains(f)).unwrap();
+        e["message"].as_str().unwrap().to_string()
+    };
+    assert!(message("big.txt").contains("内存超过了 400 MB 的上限"), "{state}");
+    assert!(message("repeated.pdf").contains("max_text_ratio"), "{state}");
+    let grown = peak_rss(served.child.0.id()).saturating_sub(before);
+    assert!(grown < 64 * MIB, "care serve's peak RSS grew by {} MiB", grown / MIB);
+    let hits: serde_json::Value =
+        get(&c, &format!("{base}/api/v1/search?q=%E8%83%B0%E5%B2%9B%E7%B4%A0&method=bm25"), &s.admin).json().unwrap();
+    assert!(hits.to_string().contains("ok.md"), "{hits}");
+}

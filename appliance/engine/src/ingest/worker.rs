@@ -291,7 +291,7 @@ fn read_then_confine(req: &Request) -> Result<Vec<Unit>> {
 /// No further file access and no network for this process, as far as the kernel's Landlock allows (best effort:
 /// an older kernel keeps the resource limits only).
 fn confine() {
-    use landlock::{ABI, Access, AccessFs, AccessNet, Ruleset, RulesetAttr, RulesetCreatedAttr};
+    use landlock::{ABI, Access, AccessFs, AccessNet, Ruleset, RulesetAttr};
     let abi = ABI::V4;
     let status = Ruleset::default()
         .handle_access(AccessFs::from_all(abi))
