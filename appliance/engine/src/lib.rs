@@ -14,7 +14,8 @@
 //!   ├ feedback  the document view behind a hit and relevance feedback kept for training
 //!   ├ docview   the document view's structure (lists, tables from the stored light markup) and query marks
 //!   ├ ingest    files → ParsedDocument (pdf, docx, html, md, txt, csv, jsonl, zip; encodings; limits):
-//!   │           ingest/{pdf,docx,html,csv,archive,encoding}.rs; fuzz targets and fixture writers in
+//!   │           ingest/{pdf,docx,html,csv,archive,encoding}.rs, parsed in a sandboxed child by
+//!   │           ingest/worker.rs; fuzz targets and fixture writers in
 //!   │           ingest/{fuzz,fixtures}.rs
 //!   ├ jobs      durable ingestion jobs in SQLite: claiming, reading and confirming files, resumed after a crash
 //!   ├ tasks     the typed Task enum (stored as a job's kind and params), cancel tokens, and the one scheduler
