@@ -231,7 +231,7 @@ mod tests {
     /// by a child that prints it: parsed into the progress the pages show, ended by its `done`.
     #[test]
     fn a_recorded_event_stream_becomes_step_progress_and_ends_with_done() {
-        let recorded = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/training/testdata/stage2-events.jsonl");
+        let recorded = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/trainer-stage2-events.jsonl");
         let cmd = sh(&format!("echo 'a line that is no event'; cat '{}'", recorded.display()));
         let mut progress = StepProgress::default();
         let (mut texts, mut others, mut checkpoints) = (Vec::new(), Vec::new(), Vec::new());
