@@ -277,26 +277,23 @@ pub(crate) fn says_disk_full(text: &str) -> bool {
 
 impl From<rusqlite::Error> for Error {
     fn from(e: rusqlite::Error) -> Self {
-        match &e {
-            rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DiskFull => {
-                Error::StoreFull { store: "元数据库 (care.sqlite)", detail: e.to_string() }
-            }
-            _ => Error::Sqlite(e),
+        if let rusqlite::Error::SqliteFailure(f, _) = &e
+            && f.code == rusqlite::ErrorCode::DiskFull
+        {
+            return Error::StoreFull { store: "元数据库 (care.sqlite)", detail: e.to_string() };
         }
+        Error::Sqlite(e)
     }
 }
 
 impl From<tantivy::TantivyError> for Error {
     fn from(e: tantivy::TantivyError) -> Self {
-        match e {
-            tantivy::TantivyError::LockFailure(lock, detail) => Error::Locked {
-                what: "the lexical index".into(),
-                detail: detail.unwrap_or_else(|| format!("{lock:?}")),
-            },
-            e if says_disk_full(&format!("{e} {e:?}")) => {
-                Error::StoreFull { store: "检索索引", detail: e.to_string() }
-            }
-            e => Error::Tantivy(e),
+        if let tantivy::TantivyError::LockFailure(lock, detail) = e {
+            Error::Locked { what: "the lexical index".into(), detail: detail.unwrap_or_else(|| format!("{lock:?}")) }
+        } else if says_disk_full(&format!("{e} {e:?}")) {
+            Error::StoreFull { store: "检索索引", detail: e.to_string() }
+        } else {
+            Error::Tantivy(e)
         }
     }
 }
