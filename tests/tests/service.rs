@@ -12,7 +12,8 @@ const ADMIN_PW: &str = "admin-passphrase-1";
 const CLIN_PW: &str = "clinician-passphrase-1";
 
 /// Worker outcomes (`ingest.done` …) are the job's own later events, not a second record of the submission.
-const LATER_EVENTS: &[&str] = &["ingest.done", "ingest.failed", "ingest.cancelled"];
+const LATER_EVENTS: &[&str] =
+    &["ingest.done", "ingest.failed", "ingest.cancelled", "model.job_done", "model.job_failed", "model.job_cancelled"];
 
 /// The audit log, newest first, read through the API (the CLI would open the engine beside the server's worker).
 fn audit(api: &Api, limit: usize) -> serde_json::Value {

@@ -197,6 +197,9 @@ impl Engine {
         }
     }
 
+    /// Ends a model task with its audit record in the same transaction, so the log never misses an ended task
+    /// nor records one whose end was not written (an evaluation or promotion also records its own result, a
+    /// training run or an offline embedding nothing else: this record is how the log knows how they ended).
     fn end_model_job(&self, id: i64, outcome: Outcome) -> Result<()> {
         // The stage of an ended task is empty: its state says it, in words the pages and the CLI choose.
         let (state, result, errors) = match outcome {
@@ -209,12 +212,26 @@ impl Engine {
                 ("failed", String::new(), vec![err])
             }
         };
+        let detail_errors = serde_json::to_value(&errors).map_err(|e| Error::Internal(e.to_string()))?;
         let errors = serde_json::to_string(&errors).map_err(|e| Error::Internal(e.to_string()))?;
-        self.store.conn().execute(
-            "UPDATE jobs SET state = ?2, stage = '', result = ?3, errors = ?4, updated_at = ?5
-             WHERE id = ?1 AND state IN ('queued', 'running')",
-            params![id, state, result, errors, now()],
-        )?;
+        {
+            let mut conn = self.store.conn();
+            let tx = conn.transaction()?;
+            let n = tx.execute(
+                "UPDATE jobs SET state = ?2, stage = '', result = ?3, errors = ?4, updated_at = ?5
+                 WHERE id = ?1 AND state IN ('queued', 'running')",
+                params![id, state, result, errors, now()],
+            )?;
+            if n == 1 {
+                let (kind, actor): (String, String) =
+                    tx.query_row("SELECT kind, actor FROM jobs WHERE id = ?1", [id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                let result: serde_json::Value = serde_json::from_str(&result).unwrap_or_default();
+                let detail = serde_json::json!({"job": id, "kind": kind, "state": state, "result": result,
+                    "errors": detail_errors});
+                crate::audit::append(&tx, &actor, &format!("model.job_{state}"), &detail)?;
+            }
+            tx.commit()?;
+        }
         self.tasks.unregister(id);
         self.tasks_changed();
         Ok(())

@@ -46,6 +46,11 @@ fn actions(e: &Engine, prefix: &str) -> Vec<care_engine::audit::AuditRecord> {
     e.audit_records_as(&Actor::system(), &f, 1000, 0).unwrap()
 }
 
+/// The records of model tasks' ends (`model.job_done`, `_failed`, `_cancelled`), not of their submission.
+fn task_ends(e: &Engine) -> Vec<care_engine::audit::AuditRecord> {
+    actions(e, "model.job_").into_iter().filter(|r| r.action != "model.job_submit").collect()
+}
+
 #[test]
 fn a_submitted_task_starts_at_once_without_a_polling_tick() {
     let t = tempfile::tempdir().unwrap();
@@ -206,6 +211,13 @@ fn a_due_schedule_fires_exactly_once_across_restarts() {
         std::thread::sleep(Duration::from_millis(300));
         w.shutdown();
         assert_eq!(runs(&e), vec![job], "restart {restart}: exactly one run");
+        // Its end is audited with the state change (one transaction): readable as soon as the job reads ended.
+        let ends: Vec<_> = task_ends(&e).into_iter().filter(|r| r.detail["job"] == job).collect();
+        assert_eq!(ends.len(), 1, "restart {restart}: one end record: {ends:?}");
+        assert_eq!(ends[0].action, "model.job_failed", "{ends:?}");
+        assert_eq!(ends[0].actor, format!("schedule:{schedule}"));
+        assert_eq!((&ends[0].detail["kind"], &ends[0].detail["state"]), (&"model.train".into(), &"failed".into()));
+        assert!(ends[0].detail["errors"][0]["message"].as_str().is_some_and(|m| !m.is_empty()), "{ends:?}");
         let submits: Vec<_> = actions(&e, "training.submit")
             .into_iter()
             .filter(|r| r.detail["schedule"] == serde_json::json!(schedule))
@@ -301,4 +313,45 @@ fn a_cancel_reaches_a_running_evaluation_at_its_next_batch() {
     assert!(job.progress_done < job.progress_total, "stopped before the end of the embedding: {job:?}");
     assert_eq!(e.job_as(&admin, id).unwrap().stage, "已取消", "the state in words, rendered at the edge");
     assert!(e.evaluations_as(&admin, 10).unwrap().is_empty(), "no report from a cancelled evaluation");
+    let ends: Vec<_> = task_ends(&e).into_iter().filter(|r| r.detail["job"] == id).collect();
+    assert_eq!(ends.len(), 1, "{ends:?}");
+    assert_eq!((ends[0].action.as_str(), ends[0].actor.as_str()), ("model.job_cancelled", "admin"), "{ends:?}");
+    assert_eq!(ends[0].detail["kind"], "model.evaluate", "{ends:?}");
+}
+
+#[test]
+fn an_evaluation_and_a_promotion_that_ran_to_their_end_are_audited_with_their_results() {
+    let t = tempfile::tempdir().unwrap();
+    let (corpus, csv) = subset(t.path(), 20, 100);
+    let e = open(&config(&t.path().join("data")));
+    let admin = Actor::console("admin");
+    e.create_collection("kuake", "", "test").unwrap();
+    e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
+    e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+    e.sync_dense_indexes(&mut |_| {}).unwrap();
+    e.import_judgments_as(&admin, "kuake", "dev", care_engine::judgments::JudgmentSource::Csv(&csv)).unwrap();
+    e.import_model_as(&admin, &narrow_package(&e, t.path())).unwrap();
+
+    let w = Worker::start(e.clone(), 1);
+    let evaluation = e.submit_evaluate_as(&admin, "e5-w16@1").unwrap();
+    assert_eq!(finished(&e, evaluation).state, JobState::Done);
+    // The 16-dimension candidate is worse: only an override promotes it, and that task too ends as done.
+    let promotion = e.submit_promote_as(&admin, "e5-w16@1", Some("测试：覆盖评估结果")).unwrap();
+    assert_eq!(finished(&e, promotion).state, JobState::Done);
+    w.shutdown();
+    let ends = task_ends(&e);
+    let end = |id: i64| {
+        let mine: Vec<_> = ends.iter().filter(|r| r.detail["job"] == id).collect();
+        assert_eq!(mine.len(), 1, "job {id}: {ends:?}");
+        assert_eq!((mine[0].action.as_str(), mine[0].actor.as_str()), ("model.job_done", "admin"), "{ends:?}");
+        mine[0].detail.clone()
+    };
+    let d = end(evaluation);
+    assert_eq!((&d["kind"], &d["state"]), (&"model.evaluate".into(), &"done".into()));
+    let report = e.evaluations_as(&admin, 1).unwrap()[0].0.id;
+    assert_eq!(d["result"]["evaluation"], report, "{d}");
+    let d = end(promotion);
+    assert_eq!(d["kind"], "model.promote");
+    assert_eq!(d["result"]["live"], "e5-w16@1,e5-w16@1", "{d}");
+    assert_eq!(ends.len(), 2, "no other task ended: {ends:?}");
 }
