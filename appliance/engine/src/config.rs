@@ -32,11 +32,20 @@ pub struct LimitsConfig {
     pub max_queued_jobs: usize,
     /// Feedback clicks one user may give per hour; feedback can start a schedule's training run.
     pub feedback_per_user_per_hour: u32,
+    /// Feedback rows of one user that count in training data and evaluation (that user's newest, over all
+    /// collections): the rate limit bounds how fast feedback arrives, this bounds how far one account, careless
+    /// or hostile, can pull what the model learns and the gate that judges it. 0: feedback is not used.
+    pub max_feedback_per_user: u32,
 }
 
 impl Default for LimitsConfig {
     fn default() -> Self {
-        LimitsConfig { max_schedules: 20, max_queued_jobs: 200, feedback_per_user_per_hour: 300 }
+        LimitsConfig {
+            max_schedules: 20,
+            max_queued_jobs: 200,
+            feedback_per_user_per_hour: 300,
+            max_feedback_per_user: 200,
+        }
     }
 }
 

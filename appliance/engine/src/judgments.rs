@@ -352,16 +352,23 @@ impl Engine {
         Ok(merge(uploaded.iter().chain(feedback.iter().filter(|r| part_of(&r.0, fraction) == part))))
     }
 
-    /// Clinician feedback on a collection as (query, document external id, grade) rows, both parts.
+    /// Clinician feedback on a collection as (query, document external id, grade) rows, both parts: of each user,
+    /// only the newest `[limits] max_feedback_per_user` rows over all collections (ranked before the collection
+    /// is picked, so spreading feedback over collections gains nothing). Training and evaluation both read
+    /// feedback here, so one account weighs at most that much in either, whatever it clicked.
     pub(crate) fn feedback_rows(&self, collection_id: i64) -> Result<Vec<(String, String, i64)>> {
+        let cap = i64::from(self.cfg.limits.max_feedback_per_user);
         Ok(self
             .store
             .reader()
             .prepare(
-                "SELECT f.query, d.external_id, f.helpful FROM feedback f JOIN documents d ON d.id = f.document_id \
-                 WHERE d.collection_id = ?1",
+                "SELECT query, external_id, helpful FROM (
+                     SELECT f.query, d.external_id, f.helpful, d.collection_id,
+                            row_number() OVER (PARTITION BY f.username ORDER BY f.id DESC) AS newest
+                     FROM feedback f JOIN documents d ON d.id = f.document_id)
+                 WHERE collection_id = ?1 AND newest <= ?2",
             )?
-            .query_map([collection_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .query_map(params![collection_id, cap], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
             .collect::<Result<_, _>>()?)
     }
 }

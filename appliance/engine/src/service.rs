@@ -804,8 +804,12 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let mut cfg = EngineConfig::default();
         cfg.storage.data_dir = t.path().to_path_buf();
-        cfg.limits =
-            crate::config::LimitsConfig { max_schedules: 2, max_queued_jobs: 2, feedback_per_user_per_hour: 3 };
+        cfg.limits = crate::config::LimitsConfig {
+            max_schedules: 2,
+            max_queued_jobs: 2,
+            feedback_per_user_per_hour: 3,
+            ..Default::default()
+        };
         let e = Engine::open(cfg, OpenMode::Create).unwrap();
         let root = Actor::console("cli:root");
         let spec: crate::training::schedule::ScheduleSpec =
@@ -849,6 +853,57 @@ mod tests {
         assert_eq!(err.code(), crate::ErrorCode::RateLimited, "{err}");
         assert!(err.to_string().contains("每人每小时最多 3 条"), "{err}");
         e.feedback_as(&li, "二甲双胍", chunk, true).unwrap();
+    }
+
+    /// `[limits] max_feedback_per_user`: a user's 1,000 feedback rows (one judged query each) count 50 in what
+    /// training and evaluation read, that user's newest; another user's few count in full; spreading over a second
+    /// collection gains nothing.
+    #[test]
+    fn one_users_feedback_counts_at_most_the_cap_in_training_and_evaluation() {
+        let t = tempfile::tempdir().unwrap();
+        let mut cfg = EngineConfig::default();
+        cfg.storage.data_dir = t.path().to_path_buf();
+        cfg.limits.feedback_per_user_per_hour = 10_000;
+        cfg.limits.max_feedback_per_user = 50;
+        let e = Engine::open(cfg, OpenMode::Create).unwrap();
+        let root = Actor::console("cli:root");
+        let mut chunks = Vec::new();
+        for c in ["c1", "c2"] {
+            e.create_collection_as(&root, c, "").unwrap();
+            let doc = ParsedDocument {
+                external_id: format!("{c}-d1"),
+                title: "二甲双胍".into(),
+                text: "二甲双胍禁用于严重肾功能不全。".into(),
+                source: "d1.md".into(),
+            };
+            e.ingest_documents(c, &[doc]).unwrap();
+            let ask = SearchAs { query: "二甲双胍".into(), collection: Some(c.into()), ..Default::default() };
+            chunks.push(e.search_as(&root, &ask).unwrap().hits[0].chunk_id);
+        }
+        let (wang, li) = (Actor::console("drwang"), Actor::console("drli"));
+        // drwang's oldest 30 go to c2, the rest to c1: his newest 50 are all on c1, so c2 counts none of his.
+        for i in 0..1000 {
+            e.feedback_as(&wang, &format!("问题 {i}"), chunks[usize::from(i < 30)], i % 2 == 0).unwrap();
+        }
+        for i in 0..5 {
+            e.feedback_as(&li, &format!("李医生的问题 {i}"), chunks[1], true).unwrap();
+        }
+        let counted = |col: &str| -> Vec<String> {
+            let id = e.store.collection(col).unwrap().id;
+            let mut q: Vec<String> = ["train", "eval"]
+                .iter()
+                .flat_map(|part| e.judged(id, part).unwrap().queries.into_iter().map(|(_, q)| q))
+                .collect();
+            q.sort();
+            q
+        };
+        let c1 = counted("c1");
+        assert_eq!(c1.len(), 50, "{c1:?}");
+        assert!(c1.iter().all(|q| q.strip_prefix("问题 ").and_then(|n| n.parse::<u32>().ok()).unwrap() >= 950));
+        assert_eq!(counted("c2").len(), 5, "drli's 5 count in full; drwang's oldest 30 not at all");
+        // The listing says what training and evaluation will read.
+        let sets = e.judgment_sets_as(&root, Some("c1")).unwrap();
+        assert_eq!(sets[0].train_queries + sets[0].eval_queries, 50, "{sets:?}");
     }
 
     /// Refusals of the server's guard are audited at most `REFUSALS_PER_ADDRESS` per address and `REFUSALS_IN_ALL`
