@@ -880,6 +880,15 @@ mod tests {
             let ask = SearchAs { query: "二甲双胍".into(), collection: Some(c.into()), ..Default::default() };
             chunks.push(e.search_as(&root, &ask).unwrap().hits[0].chunk_id);
         }
+        // A schedule that fires on new feedback counts it the same way (checked below, before anything fires).
+        let spec = crate::training::schedule::ScheduleSpec {
+            weekday: None,
+            time: None,
+            min_new_feedback: Some(60),
+            recipe: Default::default(),
+            enabled: false,
+        };
+        e.set_schedule_as(&root, None, &spec).unwrap();
         let (wang, li) = (Actor::console("drwang"), Actor::console("drli"));
         // drwang's oldest 30 go to c2, the rest to c1: his newest 50 are all on c1, so c2 counts none of his.
         for i in 0..1000 {
@@ -904,6 +913,8 @@ mod tests {
         // The listing says what training and evaluation will read.
         let sets = e.judgment_sets_as(&root, Some("c1")).unwrap();
         assert_eq!(sets[0].train_queries + sets[0].eval_queries, 50, "{sets:?}");
+        // 1,005 new rows, but drwang's count 50: short of the schedule's 60, so his clicks alone start no run.
+        assert_eq!(e.schedules_as(&root).unwrap()[0].new_feedback, 55);
     }
 
     /// Refusals of the server's guard are audited at most `REFUSALS_PER_ADDRESS` per address and `REFUSALS_IN_ALL`

@@ -177,12 +177,16 @@ impl Engine {
     pub fn schedules_as(&self, actor: &Actor) -> Result<Vec<Schedule>> {
         actor.require_admin()?;
         let conn = self.store.reader();
+        // New feedback counts each user's rows only up to `[limits] max_feedback_per_user`, as training and the
+        // evaluation gate do: one clinician clicking 有帮助 a thousand times cannot start a run alone.
         let mut stmt = conn.prepare(
             "SELECT s.id, s.spec, s.next_due, s.last_fired_at, s.last_job, s.created_by,
-                    (SELECT count(*) FROM feedback f WHERE f.id > s.feedback_mark)
+                    (SELECT ifnull(sum(min(n, ?1)), 0) FROM
+                        (SELECT count(*) AS n FROM feedback f WHERE f.id > s.feedback_mark GROUP BY f.username))
              FROM training_schedules s ORDER BY s.id",
         )?;
-        let rows = stmt.query_map([], |r| {
+        let cap = i64::from(self.cfg.limits.max_feedback_per_user);
+        let rows = stmt.query_map([cap], |r| {
             let spec: String = r.get(1)?;
             Ok((r.get(0)?, spec, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?))
         })?;
