@@ -424,6 +424,36 @@ fn refused_attempts_are_audited_and_paths_redirects_and_messages_cannot_be_steer
     }
 }
 
+/// Uploads `files` (name, bytes) to the collection `granted` in one multipart request; returns the job's id.
+fn upload_files(c: &Client, base: &str, admin: &str, files: &[(&str, &[u8])]) -> i64 {
+    let mut body = Vec::new();
+    for (name, bytes) in files {
+        body.extend(
+            format!("--b0\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\n\r\n").as_bytes(),
+        );
+        body.extend(*bytes);
+        body.extend(b"\r\n");
+    }
+    body.extend(b"--b0--\r\n");
+    let r = c.post(format!("{base}/api/v1/admin/collections/granted/files")).bearer_auth(admin);
+    let r = r.header("content-type", "multipart/form-data; boundary=b0").body(body).send().unwrap();
+    assert_eq!(r.status(), 202);
+    r.json::<serde_json::Value>().unwrap()["job_id"].as_i64().unwrap()
+}
+
+/// Polls job `job` until it is done or failed (at most `limit`); returns its last view.
+fn job_end(c: &Client, base: &str, admin: &str, job: i64, limit: Duration) -> serde_json::Value {
+    let t0 = Instant::now();
+    loop {
+        let j: serde_json::Value = get(c, &format!("{base}/api/v1/admin/jobs/{job}"), admin).json().unwrap();
+        if j["state"] == "done" || j["state"] == "failed" {
+            return j;
+        }
+        assert!(t0.elapsed() < limit, "job did not end: {j}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// The finding: 50,000 nested `<div>` overflowed the ingest worker's stack and killed `care serve`, again at every
 /// restart. Now such a file is refused with its own error while the rest of its upload is indexed, and the server
 /// stays up.
@@ -435,23 +465,10 @@ fn deeply_nested_html_upload_does_not_kill_the_server() {
     let c = client();
     let n = 50_000;
     let html = format!("<html><body>{}<p>深层嵌套</p>{}</body></html>", "<div>".repeat(n), "</div>".repeat(n));
-    let part = |name: &str, content: &str| {
-        format!("--b0\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\n\r\n{content}\r\n")
-    };
-    let body = part("nested.html", &html) + &part("ok.md", "# 胰岛素\n\n胰岛素注射部位应轮换。\n") + "--b0--\r\n";
-    let r = c.post(format!("{base}/api/v1/admin/collections/granted/files")).bearer_auth(&s.admin);
-    let r = r.header("content-type", "multipart/form-data; boundary=b0").body(body).send().unwrap();
-    assert_eq!(r.status(), 202);
-    let job = r.json::<serde_json::Value>().unwrap()["job_id"].as_i64().unwrap();
-    let t0 = Instant::now();
-    let state = loop {
-        let j: serde_json::Value = get(&c, &format!("{base}/api/v1/admin/jobs/{job}"), &s.admin).json().unwrap();
-        if j["state"] == "done" || j["state"] == "failed" {
-            break j;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(120), "job did not end: {j}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let files: [(&str, &[u8]); 2] =
+        [("nested.html", html.as_bytes()), ("ok.md", "# 胰岛素\n\n胰岛素注射部位应轮换。\n".as_bytes())];
+    let job = upload_files(&c, &base, &s.admin, &files);
+    let state = job_end(&c, &base, &s.admin, job, Duration::from_secs(120));
     assert_eq!(state["state"], "done", "{state}");
     let errors = state["errors"].as_array().unwrap();
     assert_eq!(errors.len(), 1, "{state}");
@@ -664,31 +681,11 @@ fn hostile_files_are_parsed_in_a_limited_child_and_fail_alone() {
     // 200 pages of one stream: far more text than a file of its size may yield (stopped at the budget).
     let repeated = pdf_bytes_one_stream(&vec![line.trim_end(); 3_000], 200);
     assert!(repeated.len() < 1 << 20, "{} bytes", repeated.len());
-    let mut body = Vec::new();
-    for (name, bytes) in
-        [("big.txt", big), ("repeated.pdf", repeated), ("ok.md", "# 胰岛素\n\n胰岛素注射部位应轮换。\n".into())]
-    {
-        body.extend(
-            format!("--b0\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\n\r\n").as_bytes(),
-        );
-        body.extend(bytes);
-        body.extend(b"\r\n");
-    }
-    body.extend(b"--b0--\r\n");
     let before = peak_rss(served.child.0.id());
-    let r = c.post(format!("{base}/api/v1/admin/collections/granted/files")).bearer_auth(&s.admin);
-    let r = r.header("content-type", "multipart/form-data; boundary=b0").body(body).send().unwrap();
-    assert_eq!(r.status(), 202);
-    let job = r.json::<serde_json::Value>().unwrap()["job_id"].as_i64().unwrap();
-    let t0 = Instant::now();
-    let state = loop {
-        let j: serde_json::Value = get(&c, &format!("{base}/api/v1/admin/jobs/{job}"), &s.admin).json().unwrap();
-        if j["state"] == "done" || j["state"] == "failed" {
-            break j;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(300), "job did not end: {j}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let files: [(&str, &[u8]); 3] =
+        [("big.txt", &big), ("repeated.pdf", &repeated), ("ok.md", "# 胰岛素\n\n胰岛素注射部位应轮换。\n".as_bytes())];
+    let job = upload_files(&c, &base, &s.admin, &files);
+    let state = job_end(&c, &base, &s.admin, job, Duration::from_secs(300));
     alive(&mut served, &c);
     let errors = state["errors"].as_array().unwrap();
     assert_eq!(errors.len(), 2, "{state}");

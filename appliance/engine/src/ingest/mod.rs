@@ -182,6 +182,13 @@ impl Origin {
 /// Reads one uploaded file into units: one for a plain file, one per member for an archive. An `Err` rejects the
 /// whole file (too large, unreadable, an unsafe archive); a unit's own `Err` rejects only that unit.
 pub fn read_units(path: &Path, opts: &IngestOptions, limits: &IngestLimits) -> Result<Vec<Unit>> {
+    let (kind, bytes) = read_checked(path, limits)?;
+    units_of_bytes(path, kind, &bytes, opts, limits)
+}
+
+/// Reads an uploaded file after checking its kind, that it is a regular file, and its size (from metadata,
+/// before a byte is read).
+pub(crate) fn read_checked(path: &Path, limits: &IngestLimits) -> Result<(FileKind, Vec<u8>)> {
     let kind = FileKind::of(path)?;
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
     if !meta.is_file() {
@@ -196,7 +203,7 @@ pub fn read_units(path: &Path, opts: &IngestOptions, limits: &IngestLimits) -> R
         });
     }
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    units_of_bytes(path, kind, &bytes, opts, limits)
+    Ok((kind, bytes))
 }
 
 /// [`read_units`] once the file is read: the parsing half, which the isolated parser runs with no file access.

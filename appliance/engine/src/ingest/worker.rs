@@ -271,20 +271,7 @@ fn limit_self(memory_mb: u64, cpu_seconds: u64) -> nix::Result<()> {
 
 fn read_then_confine(req: &Request) -> Result<Vec<Unit>> {
     let path = &req.path;
-    let kind = FileKind::of(path)?;
-    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
-    if !meta.is_file() {
-        return Err(Error::InvalidInput(format!("{}: not a regular file", path.display())));
-    }
-    if meta.len() > req.limits.max_file_bytes {
-        return Err(Error::TooLarge {
-            what: path.display().to_string(),
-            size: meta.len(),
-            limit: req.limits.max_file_bytes,
-            hint: "split it into smaller files, or raise ingest.limits.max_file_bytes".into(),
-        });
-    }
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let (kind, bytes) = super::read_checked(path, &req.limits)?;
     confine();
     super::units_of_bytes(path, kind, &bytes, &req.options, &req.limits)
 }
