@@ -111,11 +111,7 @@ impl QueryPlan {
             expansions.push((found, others.into_iter().cloned().collect()));
         }
         let salient = salient_terms(&lexical::content_words(jieba, &without_urls(&folded)), &lower, &matches);
-        let key = salient
-            .iter()
-            .filter(|w| alternatives.contains_key(w.as_str()) || table.contains(w) || lexical::is_key_term(jieba, w))
-            .cloned()
-            .collect();
+        let key = salient.iter().filter(|w| table.contains(w) || lexical::is_key_term(jieba, w)).cloned().collect();
         QueryPlan { original, folded, terms, salient, key, alternatives, expansions }
     }
 
