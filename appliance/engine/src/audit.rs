@@ -6,7 +6,7 @@
 //! recompute the chain after rewriting records. The newest record's id and hash are kept in `audit_head`, updated in
 //! the same transaction, which catches a removed tail; `audit.anchor` (see [`anchor`]) catches a removed tail whose
 //! head was moved back too. Callers append inside the transaction that makes the change, so a change and its
-//! record commit together.
+//! record commit together; searches, which change nothing, append through the group-commit [`writer`].
 //!
 //! Records written before the key existed keep their plain SHA-256 hashes only if their chain was already broken
 //! when the key arrived (see [`chain::ensure_keyed`]); an intact old chain is re-chained with the key.
@@ -14,6 +14,7 @@
 mod anchor;
 mod chain;
 mod key;
+pub(crate) mod writer;
 
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};

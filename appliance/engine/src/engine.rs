@@ -28,6 +28,10 @@ use crate::text::{Chars, Chunk, Tokens, chunk_measured};
 pub struct Engine {
     pub(crate) cfg: EngineConfig,
     pub(crate) dir: DataDir,
+    /// The search path's group-commit audit writer ([`crate::audit::writer`]). Before `store`: fields drop in
+    /// order, so its thread commits what is queued and lets go of the writer connection before the store
+    /// checkpoints the log and closes.
+    pub(crate) audit_writer: crate::audit::writer::Writer,
     pub(crate) store: Store,
     pub(crate) lexical: LexicalIndex,
     pub(crate) dense: DenseStore,
@@ -360,9 +364,11 @@ impl Engine {
         let store = Store::open_with(&dir.sqlite(), cfg.storage.read_connections)?;
         let lexical = LexicalIndex::open(&dir.lexical(), Some(&dir.user_dict()))?;
         let dense = DenseStore::open(&dir.dense())?;
+        let audit_writer = crate::audit::writer::Writer::start(store.shared_writer())?;
         let engine = Engine {
             cfg,
             dir,
+            audit_writer,
             store,
             lexical,
             dense,

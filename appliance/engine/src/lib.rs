@@ -8,7 +8,8 @@
 //!   │           change commits with its one audit record
 //!   ├ store     SQLite metadata, embedded migrations from /migrations; the source of truth
 //!   ├ audit     append-only, hash-chained audit records written in the same transaction as the change: the key
-//!   │           outside SQLite, the chain walk and re-chaining, the anchor (audit/{key,chain,anchor}.rs)
+//!   │           outside SQLite, the chain walk and re-chaining, the anchor (audit/{key,chain,anchor}.rs); searches'
+//!   │           records by the group-commit writer thread, one transaction per batch (audit/writer.rs)
 //!   ├ accounts  users and roles (argon2), lockout, sessions, API tokens, per-collection read grants
 //!   ├ limits    in-memory rate limits per client address or user (sign-in failures, feedback, refusals)
 //!   ├ feedback  the document view behind a hit and relevance feedback kept for training

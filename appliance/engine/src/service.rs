@@ -3,8 +3,10 @@
 //! Each operation takes the [`Actor`] asking (the authorisation input), checks what that actor may do, and makes
 //! its change together with its one audit record in the same SQLite transaction (the free functions in
 //! `accounts`, `feedback`, `jobs` and `models` append inside their transactions; `audit::append` only accepts a
-//! transaction). Refused attempts, which change nothing, are audited in a transaction of their own. The HTTP layer
-//! and the CLI are adapters: they turn a request into a call here and the result into a response.
+//! transaction). Refused attempts, which change nothing, are audited in a transaction of their own; searches and
+//! refused searches through the group-commit audit writer (`audit/writer.rs`), in a transaction shared with other
+//! searches' records. The HTTP layer and the CLI are adapters: they turn a request into a call here and the result
+//! into a response.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -166,6 +168,12 @@ impl Engine {
         Ok(())
     }
 
+    /// A search's audit record (or a refused search's), committed together with the records of searches running at
+    /// the same time by the group-commit writer ([`audit::writer`]); returns once it is committed.
+    fn audit_search(&self, actor: &Actor, action: &str, detail: serde_json::Value) -> Result<()> {
+        self.audit_writer.append(&actor.name, action, detail).map(drop)
+    }
+
     /// Audits a request the HTTP layer refused before any operation ran: `request.unauthenticated` (no valid
     /// sign-in or API token), `request.forbidden` (not an administrator) or `request.csrf_rejected` (a form without
     /// its token). `actor` is the signed-in user, or `anonymous`. Rate-limited: at most [`REFUSALS_PER_ADDRESS`]
@@ -234,7 +242,7 @@ impl Engine {
             let detail = serde_json::json!({
                 "query": logged_query(&s.query), "collection": named, "offset": s.offset, "reason": reason,
             });
-            self.audit_event(actor, action, &detail)?;
+            self.audit_search(actor, action, detail)?;
             Err(err)
         };
         if let Err(e) = self.validate_search(&req) {
@@ -268,7 +276,7 @@ impl Engine {
             "query": logged_query(&res.query), "collections": cols, "results": res.hits.len(),
             "candidates": res.total_candidates, "offset": s.offset, "method": res.method,
         });
-        self.audit_event(actor, "search", &detail)?;
+        self.audit_search(actor, "search", detail)?;
         Ok(res)
     }
 

@@ -6,7 +6,7 @@
 
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
@@ -62,7 +62,9 @@ pub const DEFAULT_READ_CONNECTIONS: usize = 4;
 pub struct Store {
     /// Before `conn`: fields drop in order, and the writer closing last checkpoints and removes the WAL.
     readers: ReaderPool,
-    conn: Mutex<Connection>,
+    /// Shared only with the engine's audit writer thread (`audit/writer.rs`), which the engine stops before its
+    /// store closes.
+    conn: Arc<Mutex<Connection>>,
     /// The folder holding the database, `audit.key` and `audit.anchor`.
     dir: PathBuf,
     audit: crate::audit::Monitor,
@@ -82,10 +84,7 @@ pub struct Store {
 impl Drop for Store {
     fn drop(&mut self) {
         let opened = self.audit_head_at_open.load(std::sync::atomic::Ordering::Relaxed);
-        let head: Option<i64> = self
-            .conn
-            .get_mut()
-            .map_or(None, |c| c.query_row("SELECT max(id) FROM audit", [], |r| r.get(0)).ok().flatten());
+        let head: Option<i64> = self.conn().query_row("SELECT max(id) FROM audit", [], |r| r.get(0)).ok().flatten();
         if head.is_some_and(|h| h > opened)
             && let Err(e) = crate::audit::checkpoint(self)
         {
@@ -305,7 +304,7 @@ impl Store {
         // prepared statements never predate it.
         let readers = ReaderPool::new(path, key, read_connections.max(1));
         let store = Store {
-            conn: Mutex::new(conn),
+            conn: Arc::new(Mutex::new(conn)),
             readers,
             dir,
             audit: Default::default(),
@@ -331,6 +330,12 @@ impl Store {
     pub fn conn(&self) -> MutexGuard<'_, Connection> {
         // A poisoned lock only means another thread panicked mid-call; SQLite's own transaction state is intact.
         self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The writer connection itself, for the engine's audit writer thread (`audit/writer.rs`), which locks it like
+    /// [`Store::conn`] does.
+    pub(crate) fn shared_writer(&self) -> Arc<Mutex<Connection>> {
+        Arc::clone(&self.conn)
     }
 
     /// The same as [`Store::conn`], named for call sites that want to say so.
