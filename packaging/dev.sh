@@ -229,6 +229,12 @@ check_tests() {
     [ -f "${CARE_SHARED:-$ROOT/../shared}/models/e5-small-embedding-vectors.jsonl" ] && [ -d "${CARE_SHARED:-$ROOT/../shared}/data/retrieval" ] ||
         need "the shared data is missing at ${CARE_SHARED:-$ROOT/../shared} (models/, data/retrieval/)" "clone the repository beside ../shared, or export CARE_SHARED=/path/to/shared"
     check_lib "$LIBTORCH/lib/libtorch_cpu.so" "rm -rf $DEV/torch && packaging/dev.sh test (reinstalls torch==$TORCH_VERSION from PyPI)"
+    # Tests run in parallel, each with its own data dir, model copies and indexes under the temp dir: with too little
+    # room they fail at random places instead of here.
+    local tmp=${TMPDIR:-/tmp} free
+    free=$(df -Pk "$tmp" | awk 'NR == 2 { print int($4 / 1048576) }')
+    [ "${free:-0}" -ge 4 ] || need "only ${free:-0} GB free under $tmp; the tests need at least 4 GB for their data dirs" \
+        "free space there (an old target dir: rm -rf target/debug/incremental), or export TMPDIR=/a/roomier/dir"
 }
 report_prereqs() {
     [ ${#MISSING[@]} -eq 0 ] && return 0

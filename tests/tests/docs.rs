@@ -4,7 +4,7 @@
 //! engine's two module maps (lib.rs's and docs/dev/architecture.md) name every module it has and none it lacks.
 //! Dated write-ups of measurements live in docs/experiments/, which this check leaves alone.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -406,4 +406,129 @@ fn module_names_are_read_from_files_and_branches() {
     assert_eq!(declared_module("pub(crate) mod status;"), Some("status"));
     assert_eq!(declared_module("#[allow(unsafe_code)]"), None);
     assert_eq!(declared_module("mod tests {"), None);
+}
+
+// -- the engine's import map ---------------------------------------------------------------------------------------
+
+/// A file's code without comments and without its `#[cfg(test)]` module (tests may reach anywhere).
+fn code_of(text: &str) -> String {
+    let text = text.find("#[cfg(test)]\nmod tests").map_or(text, |at| &text[..at]);
+    text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n")
+}
+
+/// The top-level engine modules a piece of code uses: `crate::m…` paths, `use crate::{m, n::…}` groups, and
+/// `crate::Name` where lib.rs re-exports `Name` from `m` (`reexports`).
+fn modules_used(code: &str, modules: &BTreeSet<String>, reexports: &BTreeMap<String, String>) -> BTreeSet<String> {
+    let mut used = BTreeSet::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("crate::") {
+        rest = &rest[at + "crate::".len()..];
+        let names: Vec<&str> = match rest.strip_prefix('{') {
+            // `use crate::{a, b::c, d::{e, f}}`: the first segment of each top-level item.
+            Some(group) => {
+                let (mut depth, mut items, mut start) = (0, Vec::new(), 0);
+                for (i, c) in group.char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => {
+                            items.push(&group[start..i]);
+                            break;
+                        }
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => {
+                            items.push(&group[start..i]);
+                            start = i + 1;
+                        }
+                        _ => {}
+                    }
+                }
+                items
+            }
+            None => vec![rest],
+        };
+        for item in names {
+            let name: String = item.trim().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            if modules.contains(&name) {
+                used.insert(name);
+            } else if let Some(m) = reexports.get(&name) {
+                used.insert(m.clone());
+            }
+        }
+    }
+    used
+}
+
+/// Every import circle of `graph` (its strongly connected components with more than one module), sorted.
+fn circles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    // Two modules are in one circle when each reaches the other.
+    let reach = |from: &String| {
+        let (mut seen, mut todo) = (BTreeSet::new(), vec![from.clone()]);
+        while let Some(m) = todo.pop() {
+            for n in graph.get(&m).into_iter().flatten() {
+                if seen.insert(n.clone()) {
+                    todo.push(n.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reached: BTreeMap<&String, BTreeSet<String>> = graph.keys().map(|m| (m, reach(m))).collect();
+    let mut out: Vec<Vec<String>> = Vec::new();
+    for (m, r) in &reached {
+        let circle: Vec<String> = graph.keys().filter(|n| r.contains(*n) && reached[n].contains(*m)).cloned().collect();
+        if circle.len() > 1 && !out.contains(&circle) {
+            out.push(circle);
+        }
+    }
+    out
+}
+
+/// The engine's import map by top-level module (a folder module counts with its files).
+fn engine_import_map(root: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let src = root.join(ENGINE_SRC);
+    let lib = fs::read_to_string(src.join("lib.rs")).expect("the engine's lib.rs");
+    let top: BTreeSet<String> = lib.lines().filter_map(declared_module).map(str::to_string).collect();
+    // `pub use m::{A, B};` and `pub use m::sub::C;` in lib.rs: A, B and C are m's.
+    let mut reexports = BTreeMap::new();
+    for line in lib.split(';').map(str::trim).filter_map(|s| s.strip_prefix("pub use ")) {
+        let module: String = line.chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
+        let names = line.rsplit("::").next().unwrap_or("").trim_matches(['{', '}']);
+        for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            reexports.insert(name.to_string(), module.clone());
+        }
+    }
+    let mut graph = BTreeMap::new();
+    for m in &top {
+        let mut files = vec![src.join(format!("{m}.rs"))];
+        files_with_ext(&src.join(m), ".rs", &mut files);
+        let code: String = files.iter().filter_map(|f| fs::read_to_string(f).ok()).map(|t| code_of(&t)).collect();
+        let mut used = modules_used(&code, &top, &reexports);
+        used.remove(m);
+        graph.insert(m.clone(), used);
+    }
+    graph
+}
+
+/// The engine's modules form layers: no module reaches back to one that uses it (the engine's core does not know
+/// the tasks, training or service built on it; the error type and the audit log know nothing above them).
+#[test]
+fn the_engine_s_import_map_has_no_circle() {
+    let graph = engine_import_map(&repo_root());
+    assert!(graph.len() > 20 && graph["service"].contains("engine"), "the import map was not read: {graph:?}");
+    let found = circles(&graph);
+    assert!(found.is_empty(), "import circles among the engine's modules: {found:?}");
+}
+
+#[test]
+fn import_circles_are_found_through_groups_and_reexports() {
+    let modules: BTreeSet<String> = ["a", "b", "c", "d"].map(String::from).into();
+    let reexports = BTreeMap::from([("Thing".to_string(), "c".to_string())]);
+    let code = code_of("use crate::{a, b::{x, y}};\n// crate::d in a comment\nfn f(_: crate::Thing) {}\n");
+    assert_eq!(modules_used(&code, &modules, &reexports), ["a", "b", "c"].map(String::from).into());
+    let graph: BTreeMap<String, BTreeSet<String>> =
+        [("a", vec!["b"]), ("b", vec!["c"]), ("c", vec!["a"]), ("d", vec!["a"])]
+            .into_iter()
+            .map(|(m, uses)| (m.to_string(), uses.into_iter().map(String::from).collect()))
+            .collect();
+    assert_eq!(circles(&graph), vec![vec!["a".to_string(), "b".into(), "c".into()]]);
 }

@@ -507,7 +507,8 @@ fn kill_9_of_care_serve_mid_training_resumes_and_equals_an_uninterrupted_run() {
     let page = get(&url, "/api/v1/admin/training");
     let (needed, reserve) =
         (page["disk"]["needed_bytes"].as_u64().unwrap(), page["disk"]["reserve_bytes"].as_u64().unwrap());
-    assert!(needed > reserve && reserve == 2 << 30, "a run needs the live query encoder's weights: {}", page["disk"]);
+    // The tests keep no reserve (tests/src/lib.rs): what is needed is the run's own weights.
+    assert!(needed > 1 << 20 && reserve == 0, "a run needs the live query encoder's weights: {}", page["disk"]);
     let job = submit(&url);
     let run_dir = care.data_dir.join("train").join(format!("run-{job}"));
     let ckpts = run_dir.join("stage1/checkpoints");

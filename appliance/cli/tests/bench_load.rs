@@ -19,6 +19,7 @@ fn load_benchmark_runs_against_care_serve() {
     let empty = dir.path().join("empty.toml");
     std::fs::write(&empty, "").unwrap();
     let res = Command::new(env!("CARGO_BIN_EXE_care"))
+        .env("CARE__TRAINING__KEEP_FREE_GB", "0") // independent of the host's free disk
         .args(["--config", empty.to_str().unwrap(), "bench", "--load", "--set"])
         .arg(sets.join("kuake_qtr"))
         .arg("--ingest-set")

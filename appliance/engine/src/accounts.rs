@@ -884,6 +884,39 @@ pub fn bootstrap_admin(store: &Store, username: &str, password: Option<&str>) ->
     Ok(generated)
 }
 
+/// Who asks for an operation. Built from a signed-in [`User`], or for the shell on the appliance itself
+/// ([`Actor::console`]: whoever can run `care` against the data directory already owns it) and for the server's
+/// own housekeeping ([`Actor::system`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Actor {
+    pub name: String,
+    pub role: Role,
+    /// The account behind the actor; `None` for the console and the system.
+    pub user_id: Option<i64>,
+}
+
+impl Actor {
+    pub fn user(u: &User) -> Self {
+        Actor { name: u.username.clone(), role: u.role, user_id: Some(u.id) }
+    }
+    pub fn console(name: impl Into<String>) -> Self {
+        Actor { name: name.into(), role: Role::Admin, user_id: None }
+    }
+    pub fn system() -> Self {
+        Actor::console("system")
+    }
+    pub fn is_admin(&self) -> bool {
+        self.role == Role::Admin
+    }
+    pub(crate) fn require_admin(&self) -> Result<()> {
+        if self.is_admin() {
+            Ok(())
+        } else {
+            Err(Error::Forbidden("此操作需要管理员权限 (administrator role required)".into()))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,7 +24,6 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::store::{Store, now};
 
 pub use anchor::ANCHOR_FILE;
 pub(crate) use chain::ensure_keyed;
@@ -106,6 +105,23 @@ pub struct AuditStatus {
     pub error: Option<String>,
 }
 
+/// What the audit log needs of the database that holds it ([`crate::store::Store`] implements it): the one writer
+/// connection, the folder of `audit.key` and `audit.anchor`, and the verification state. A trait, so the log sits
+/// below the store that checkpoints it on close.
+pub trait LogStore {
+    fn writer(&self) -> MutexGuard<'_, Connection>;
+    fn dir(&self) -> &Path;
+    fn monitor(&self) -> &Monitor;
+    fn as_dyn(&self) -> &dyn LogStore;
+}
+
+/// Now, as every stored timestamp is written: RFC 3339, UTC (also [`crate::store::now`]).
+pub fn now() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".into())
+}
+
 /// Per-store verification state: one walk at a time, and the latest outcome.
 #[derive(Debug, Default)]
 pub struct Monitor {
@@ -135,8 +151,8 @@ impl Monitor {
 }
 
 /// The latest verification's outcome; cheap, walks nothing.
-pub fn status(store: &Store) -> AuditStatus {
-    store.audit_monitor().status.lock().unwrap_or_else(|p| p.into_inner()).clone()
+pub fn status(store: &impl LogStore) -> AuditStatus {
+    store.monitor().status.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
 /// Walks the whole log from the retention anchor to the head and checks it against `audit.anchor`. The first
@@ -147,10 +163,10 @@ pub fn status(store: &Store) -> AuditStatus {
 /// oldest records nor moving the anchor by hand goes unnoticed. The head must be at or past the anchor file's
 /// record, with that record's hash unchanged, so cutting off the newest records is noticed even when `audit_head`
 /// was moved back with them.
-pub fn verify_full(store: &Store) -> Result<VerifyReport> {
-    let _one_walk = store.audit_monitor().walking();
+pub fn verify_full(store: &impl LogStore) -> Result<VerifyReport> {
+    let _one_walk = store.monitor().walking();
     let outcome = paged_then_confirmed(store, |access| full_walk(access, store.dir()));
-    store.audit_monitor().record(&outcome);
+    store.monitor().record(&outcome);
     outcome
 }
 
@@ -164,16 +180,16 @@ fn full_walk(access: &Access<'_>, dir: &Path) -> Result<VerifyReport> {
 /// Verifies what was appended since the last checkpoint (everything, the first time) and moves `audit.anchor` to
 /// the head. Also checks that the anchor's record is still there with its hash and the head has not moved back
 /// past it. The server runs this every minute; it reads only new records, so it stays cheap on a large log.
-pub fn checkpoint(store: &Store) -> Result<VerifyReport> {
-    let _one_walk = store.audit_monitor().walking();
+pub fn checkpoint(store: &impl LogStore) -> Result<VerifyReport> {
+    let _one_walk = store.monitor().walking();
     let dir = store.dir();
     let outcome = paged_then_confirmed(store, |access| incremental_walk(access, dir)).and_then(|(report, hash)| {
         if report.verified_through > 0 {
-            anchor::store(&mut store.conn(), dir, report.verified_through, &hash)?;
+            anchor::store(&mut store.writer(), dir, report.verified_through, &hash)?;
         }
         Ok(report)
     });
-    store.audit_monitor().record(&outcome);
+    store.monitor().record(&outcome);
     outcome
 }
 
@@ -193,9 +209,9 @@ fn incremental_walk(access: &Access<'_>, dir: &Path) -> Result<(VerifyReport, St
 
 /// Pages first, so requests interleave with the walk. A purge committed between two pages looks like removed
 /// records, so a reported break is confirmed by walking again under one lock before it is believed.
-fn paged_then_confirmed<T>(store: &Store, walk: impl Fn(&Access<'_>) -> Result<T>) -> Result<T> {
-    match walk(&Access::Paged(store)) {
-        Err(Error::AuditTampered { .. }) => walk(&Access::Held(&store.conn())),
+fn paged_then_confirmed<T>(store: &impl LogStore, walk: impl Fn(&Access<'_>) -> Result<T>) -> Result<T> {
+    match walk(&Access::Paged(store.as_dyn())) {
+        Err(Error::AuditTampered { .. }) => walk(&Access::Held(&store.writer())),
         other => other,
     }
 }
@@ -321,6 +337,7 @@ pub fn head(conn: &Connection) -> Result<Option<i64>> {
 mod tests {
     use super::*;
     use crate::store::MIGRATIONS;
+    use crate::store::Store;
 
     fn store() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();

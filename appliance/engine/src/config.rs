@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use crate::encoders::ModelConfig;
-use crate::text::ChunkConfig;
+pub use crate::ingest::{IngestConfig, IsolationConfig};
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
@@ -18,7 +18,7 @@ pub struct EngineConfig {
     pub search: SearchConfig,
     pub model: ModelConfig,
     pub lifecycle: LifecycleConfig,
-    pub training: crate::training::TrainingConfig,
+    pub training: TrainingConfig,
     pub limits: LimitsConfig,
 }
 
@@ -101,55 +101,6 @@ impl Default for StorageConfig {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
-pub struct IngestConfig {
-    pub chunk: ChunkConfig,
-    /// Documents written per SQLite transaction and tantivy commit.
-    pub batch_documents: usize,
-    /// Size, archive and expansion limits applied to every uploaded file.
-    pub limits: crate::ingest::IngestLimits,
-    /// Files of ingestion jobs processed at once by the background worker (parsing runs in parallel; writes to
-    /// the stores are serialised).
-    pub workers: usize,
-    /// Where uploaded files are parsed: in a sandboxed child process, under these limits.
-    pub isolation: IsolationConfig,
-}
-
-/// The parser process (`[ingest.isolation]`). `care serve` and the CLI parse every uploaded file in a child
-/// (`care ingest-worker`) with an address-space, CPU-time and file-size limit, no network and no file access
-/// beyond the one file, so a hostile file that exhausts memory or loops costs one failed file, not the server.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default)]
-pub struct IsolationConfig {
-    /// Parse in a child process (off only for debugging a parser).
-    pub enabled: bool,
-    /// The child's address-space limit, in MiB.
-    pub memory_mb: u64,
-    /// The child's CPU-time limit, in seconds.
-    pub cpu_seconds: u64,
-    /// Wall-clock limit, in seconds (a child that sleeps or blocks is stopped too).
-    pub wall_seconds: u64,
-}
-
-impl Default for IsolationConfig {
-    fn default() -> Self {
-        IsolationConfig { enabled: true, memory_mb: 2048, cpu_seconds: 300, wall_seconds: 600 }
-    }
-}
-
-impl Default for IngestConfig {
-    fn default() -> Self {
-        IngestConfig {
-            chunk: ChunkConfig::default(),
-            batch_documents: 2000,
-            limits: crate::ingest::IngestLimits::default(),
-            workers: 2,
-            isolation: IsolationConfig::default(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default)]
 pub struct SearchConfig {
     pub default_limit: usize,
     pub max_limit: usize,
@@ -187,6 +138,35 @@ impl Default for SearchConfig {
             ann_nprobes: 64,
             ann_refine: 10,
             synonym_weight: 0.35,
+        }
+    }
+}
+
+/// `[training]` in care.toml.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct TrainingConfig {
+    /// The trainer executable (the .deb installs the `care-train` wrapper that finds libtorch).
+    pub trainer: PathBuf,
+    /// cpu, cuda or auto.
+    pub device: String,
+    /// Trainer threads (0: libtorch's default, every core).
+    pub threads: usize,
+    /// The hospital's offset from UTC in minutes, for schedules ("every Sunday 02:00" in local time).
+    pub utc_offset_minutes: i32,
+    /// Space (GB) a run must leave free on the data disk for ingest, search and SQLite: a run that would eat into
+    /// it is refused before it starts.
+    pub keep_free_gb: f64,
+}
+
+impl Default for TrainingConfig {
+    fn default() -> Self {
+        TrainingConfig {
+            trainer: "care-train".into(),
+            device: "auto".into(),
+            threads: 0,
+            utc_offset_minutes: 480,
+            keep_free_gb: 2.0,
         }
     }
 }

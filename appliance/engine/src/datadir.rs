@@ -37,7 +37,33 @@ pub struct DataDir {
     root: PathBuf,
 }
 
+/// A model import stages its copy in `models/.import-PID-N` and renames it into place; a folder whose process is
+/// gone is a crash's leftover.
+pub(crate) const IMPORT_STAGING: &str = ".import-";
+
 impl DataDir {
+    /// Where model imports take their per-`name@version` locks ([`crate::lifecycle`]).
+    pub(crate) fn import_locks(&self) -> PathBuf {
+        self.models().join(".locks")
+    }
+
+    /// Removes staging folders of model imports whose process is gone (a crash between copy and rename), and makes
+    /// the locks folder, so that an import, refused or not, adds nothing else to `models/`.
+    pub(crate) fn remove_stale_imports(&self) {
+        if let Err(e) = std::fs::create_dir_all(self.import_locks()) {
+            tracing::warn!(error = %e, "could not make the model import locks folder");
+        }
+        let Ok(entries) = std::fs::read_dir(self.models()) else { return };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name.strip_prefix(IMPORT_STAGING).and_then(|r| r.split('-').next()) else { continue };
+            if !Path::new("/proc").join(pid).exists() {
+                tracing::info!(folder = %name, "removing the staging folder of an interrupted model import");
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+
     /// Opens an existing data directory, or creates it when `create` is set.
     pub fn open(root: &Path, create: bool) -> Result<Self> {
         let version_file = root.join("VERSION");

@@ -47,9 +47,9 @@ pub struct Engine {
     /// The synonym table as of its version in SQLite ([`Engine::synonym_table`]).
     pub(crate) synonyms: std::sync::RwLock<Option<std::sync::Arc<crate::synonyms::SynonymTable>>>,
     /// The trainer's status as of its newest check ([`Engine::trainer_status`]).
-    pub(crate) trainer_check: crate::training::status::TrainerCheck,
+    pub(crate) trainer_check: crate::trainer::TrainerCheck,
     /// The scheduler's wake-up signal and the cancel tokens of running tasks ([`crate::tasks`]).
-    pub(crate) tasks: crate::tasks::Hub,
+    pub(crate) tasks: crate::cancel::Hub,
 }
 
 /// Age after which an upload folder no job owns is an interrupted upload's.
@@ -473,7 +473,7 @@ impl Engine {
             report.rebuilt = true;
         }
         report.dense_repaired = self.sync_dense_indexes(&mut |_| {})?;
-        crate::lifecycle::remove_stale_imports(&self.dir.models());
+        self.dir.remove_stale_imports();
         Ok(report)
     }
 

@@ -225,7 +225,7 @@ pub enum Error {
     StoreFull { store: &'static str, detail: String },
     /// The CUDA provider cannot be created (`model.device = "cuda"`): names the missing library and the install.
     #[error("model.device = \"cuda\": {0}")]
-    CudaUnavailable(crate::encoders::CudaUnavailable),
+    CudaUnavailable(crate::gpu::CudaUnavailable),
     /// A file's failure as the isolated parser process reported it (its code and message, already for people).
     #[error("{message}")]
     Parser { code: ErrorCode, message: String },

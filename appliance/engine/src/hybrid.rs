@@ -25,16 +25,13 @@ pub struct DenseProgress {
     pub total: usize,
 }
 
-/// What a job's operation ends with when the job was cancelled or the worker is stopping.
-pub(crate) fn interrupted() -> Error {
-    Error::Cancelled("任务已取消或服务正在停止 (the job was cancelled or the worker is stopping)".into())
-}
+pub(crate) use crate::cancel::interrupted;
 
 /// Reports `p` and ends the operation when the task running it was asked to stop (its cancel token, see
 /// [`crate::tasks::CancelToken`]): the check at each embedding and scoring batch.
 pub(crate) fn report(progress: &mut dyn FnMut(DenseProgress), p: DenseProgress) -> Result<()> {
     progress(p);
-    if crate::tasks::current_raised() {
+    if crate::cancel::current_raised() {
         return Err(interrupted());
     }
     Ok(())
@@ -79,7 +76,7 @@ impl Engine {
                 final_dir.display()
             )));
         }
-        let tmp = self.dir.models().join(format!(".import-{}", std::process::id()));
+        let tmp = self.dir.models().join(format!("{}{}", crate::datadir::IMPORT_STAGING, std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
         let report = care_modelio::import_e5s1_with(bin, &tmp, care_modelio::ImportOptions { int8_onnx: int8 })

@@ -14,10 +14,10 @@ use rusqlite::params;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use crate::accounts::Actor;
 use crate::engine::{Engine, MAX_QUERY_CHARS};
 use crate::error::{Error, Result};
 use crate::eval::metrics::Judgements;
-use crate::service::Actor;
 use crate::store::now;
 
 /// Most judgments one import may carry.

@@ -18,11 +18,14 @@
 //!   │           ingest/{pdf,docx,html,csv,archive,encoding}.rs, parsed in a sandboxed child by
 //!   │           ingest/worker.rs; fuzz targets and fixture writers in
 //!   │           ingest/{fuzz,fixtures}.rs
-//!   ├ jobs      durable ingestion jobs in SQLite: claiming, reading and confirming files, resumed after a crash
-//!   ├ tasks     the typed Task enum (stored as a job's kind and params), cancel tokens, and the one scheduler
-//!   │           (tasks/scheduler.rs): ingest lanes, the model lane, a timer lane for schedules and housekeeping,
-//!   │           woken on submit, cancel, a task's end and due times, never polling
-//!   ├ model_jobs the model lane: evaluation, promotion, training and offline embedding, one `match` on Task
+//!   ├ jobs      durable jobs in SQLite: rows, files, typed parameters (`JobParams`), cancel requests
+//!   ├ cancel    cancel tokens a task checks at each batch, and the hub that wakes the scheduler (held by the
+//!   │           engine, so below it)
+//!   ├ tasks     on top of everything it runs: the typed Task enum (stored as a job's kind and params) and the one
+//!   │           scheduler (tasks/scheduler.rs) with its lanes: ingest (tasks/ingest_lane.rs: claiming, reading
+//!   │           and confirming files, resumed after a crash), the model lane (tasks/model_lane.rs: evaluation,
+//!   │           promotion, training and offline embedding, one `match` on Task), a timer lane for schedules and
+//!   │           housekeeping; woken on submit, cancel, a task's end and due times, never polling
 //!   ├ text      normalisation (full/half width, controls) and sentence/heading-aware chunking
 //!   ├ lexical   tantivy BM25 with jieba search-mode tokens + medical dictionary; derived from SQLite
 //!   ├ query     query understanding: folding (full-width, traditional → simplified), salient terms, synonym
@@ -30,6 +33,8 @@
 //!   ├ synonyms  the admins' synonym and abbreviation table (seeded, CSV, audited, reloaded by version)
 //!   ├ encoders  ONNX Runtime encoders for model packages (pooling, Matryoshka width, prompts, batching); the
 //!   │           device decision by a real CUDA probe and one batching thread per model (encoders/{device,service}.rs)
+//!   ├ gpu       what the GPU path needs (install prefix, driver node) and why CUDA is unavailable: named by the
+//!   │           error type and the encoders alike
 //!   ├ models    model registry, active (query, document) pair and the pairing rule
 //!   ├ judgments labelled query sets per collection (uploads and clinician feedback), split train/eval by query
 //!   ├ lifecycle import of a verified model package (hashes, roles, ONNX Runtime parity with the trainer)
@@ -41,8 +46,8 @@
 //!   ├ eval      BEIR/STS sets and ranking metrics (nDCG, MAP, MRR, Recall), fusion tuning (eval/{metrics,sts}.rs)
 //!   ├ training  retraining as a job: data from approved collections + feedback, `care-train run --spec` child
 //!   │           processes (a guard kills and reaps each; their events are the progress), export → import → gate →
-//!   │           promotion; schedules; offline embedding; the trainer's cached status
-//!   │           (training/{child,data,schedule,embed,status}.rs)
+//!   │           promotion; schedules; offline embedding (training/{child,data,schedule,embed}.rs)
+//!   ├ trainer   whether `care-train` can run here: checked in the background, cached for pages
 //!   ├ chart     small SVG charts for reports
 //!   └ demo      the embedded demo collection
 //! ```
@@ -52,6 +57,7 @@
 
 pub mod accounts;
 pub mod audit;
+pub mod cancel;
 pub mod chart;
 pub mod config;
 pub mod datadir;
@@ -64,6 +70,7 @@ pub mod error;
 pub mod eval;
 pub mod feedback;
 pub mod fusion;
+pub mod gpu;
 pub mod hybrid;
 pub mod ingest;
 pub mod jobs;
@@ -74,7 +81,6 @@ pub mod kernels;
 pub mod lexical;
 pub mod lifecycle;
 pub mod limits;
-pub mod model_jobs;
 pub mod models;
 pub mod query;
 pub mod service;
@@ -82,6 +88,7 @@ pub mod store;
 pub mod synonyms;
 pub mod tasks;
 pub mod text;
+pub mod trainer;
 pub mod training;
 pub mod vectors;
 
@@ -91,7 +98,8 @@ pub use engine::{
 };
 pub use error::{Error, ErrorCode, Result};
 pub use ingest::{IngestLimits, IngestOptions};
-pub use jobs::{FileError, Job, JobState, Worker, WorkerHandle};
+pub use jobs::{FileError, Job, JobState};
 pub use service::{Actor, HealthReport, JobView, SearchAs, UserInfo, UserUpdate};
+pub use tasks::ingest_lane::{Worker, WorkerHandle};
 pub use tasks::scheduler::{Scheduler, SchedulerHandle, SchedulerOptions};
 pub use tasks::{CancelToken, Chore, Housekeeping, Task};

@@ -14,12 +14,12 @@ use std::path::{Path, PathBuf};
 use care_formats::{ModelManifest, ModelRole, Pooling};
 use serde::{Deserialize, Serialize};
 
+use crate::accounts::Actor;
 use crate::encoders::{OrtEncoder, TextKind};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::hybrid::{DenseProgress, report};
 use crate::models::{self, ActivePair, ModelRecord};
-use crate::service::Actor;
 use rusqlite::OptionalExtension;
 
 /// How close ONNX Runtime's vectors must come to the trainer's `parity.json` (the bar; fp32 exports
@@ -230,19 +230,6 @@ fn check_graph(
     Ok((p.texts.len(), Some(worst.0)))
 }
 
-/// Removes staging folders of imports whose process is gone (a crash between copy and rename).
-pub(crate) fn remove_stale_imports(models: &Path) {
-    let Ok(entries) = std::fs::read_dir(models) else { return };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name.strip_prefix(".import-").and_then(|r| r.split('-').next()) else { continue };
-        if !Path::new("/proc").join(pid).exists() {
-            tracing::info!(folder = %name, "removing the staging folder of an interrupted model import");
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
-}
-
 /// A per-process counter, so concurrent imports stage in different folders.
 fn next_staging() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -285,9 +272,8 @@ fn check_safetensors(staged: &Path, src: &Path, m: &ModelManifest) -> Result<()>
 /// `models/.locks/<name>@<version>.lock` (released when dropped, or by the kernel when the process dies). Two
 /// imports of one name and version used to race: both passed the registry check, and the loser's clean-up removed
 /// the winner's folder.
-fn import_lock(models: &Path, spec: &str) -> Result<std::fs::File> {
-    let dir = models.join(".locks");
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+fn import_lock(dir: &Path, spec: &str) -> Result<std::fs::File> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let p = dir.join(format!("{spec}.lock"));
     let f =
         std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&p).map_err(|e| Error::io(&p, e))?;
@@ -307,7 +293,7 @@ impl Engine {
         let m = ModelManifest::load(src).map_err(|e| manifest_err(src, e))?;
         check_manifest(src, &m)?;
         let spec = format!("{}@{}", m.name, m.version);
-        let _lock = import_lock(&self.dir.models(), &spec)?;
+        let _lock = import_lock(&self.dir.import_locks(), &spec)?;
         m.verify_files(src).map_err(|e| manifest_err(src, e))?;
         if models::find(&self.store, &spec).is_ok() {
             return Err(Error::InvalidInput(format!(
@@ -327,7 +313,12 @@ impl Engine {
             .map(|md| md.len())
             .fold(0u64, u64::saturating_add);
         self.ensure_free_space(&format!("导入模型 {spec}"), incoming)?;
-        let staged = self.dir.models().join(format!(".import-{}-{}", std::process::id(), next_staging()));
+        let staged = self.dir.models().join(format!(
+            "{}{}-{}",
+            crate::datadir::IMPORT_STAGING,
+            std::process::id(),
+            next_staging()
+        ));
         let result = self.stage_and_register(actor, src, &m, &staged, &final_dir);
         let _ = std::fs::remove_dir_all(&staged);
         result
@@ -1042,6 +1033,7 @@ mod tests {
     fn engine(dir: &Path) -> Engine {
         let mut cfg = crate::EngineConfig::default();
         cfg.storage.data_dir = dir.to_path_buf();
+        cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
         Engine::open(cfg, crate::engine::OpenMode::Create).unwrap()
     }
 
@@ -1072,7 +1064,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let e = std::sync::Arc::new(engine(&t.path().join("data")));
         let pkg = offline_package(t.path(), "twice", &good_weights());
-        let held = import_lock(&e.dir.models(), "twice@1").unwrap();
+        let held = import_lock(&e.dir.import_locks(), "twice@1").unwrap();
         let err = e.import_model_as(&Actor::console("cli:root"), &pkg).unwrap_err();
         assert_eq!(err.code(), crate::ErrorCode::Busy);
         assert!(err.to_string().contains("正在由另一个导入处理"), "{err}");

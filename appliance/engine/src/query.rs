@@ -12,43 +12,12 @@
 //! terms is.
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
 
-use ferrous_opencc::OpenCC;
-use ferrous_opencc::config::BuiltinConfig;
 use jieba_rs::Jieba;
 
 use crate::lexical;
 use crate::synonyms::SynonymTable;
-
-/// OpenCC's converters, built once (their dictionaries are compiled into the binary).
-fn converters() -> Option<&'static (OpenCC, OpenCC)> {
-    static CC: OnceLock<Option<(OpenCC, OpenCC)>> = OnceLock::new();
-    CC.get_or_init(|| match (OpenCC::from_config(BuiltinConfig::T2s), OpenCC::from_config(BuiltinConfig::S2t)) {
-        (Ok(t2s), Ok(s2t)) => Some((t2s, s2t)),
-        (a, b) => {
-            // Never happens with the built-in tables; searching unfolded is the safe fallback.
-            tracing::error!(t2s = a.is_ok(), s2t = b.is_ok(), "OpenCC tables failed to load; queries are not folded");
-            None
-        }
-    })
-    .as_ref()
-}
-
-/// Traditional → simplified.
-pub fn to_simplified(text: &str) -> String {
-    converters().map_or_else(|| text.to_string(), |c| c.0.convert(text))
-}
-
-/// Simplified → traditional.
-pub fn to_traditional(text: &str) -> String {
-    converters().map_or_else(|| text.to_string(), |c| c.1.convert(text))
-}
-
-/// What a passage's or a query's text is compared in: ingest's normalisation, simplified, lower-cased.
-pub fn fold(text: &str) -> String {
-    to_simplified(&crate::text::normalize(text)).to_lowercase()
-}
+pub use crate::text::{fold, to_simplified, to_traditional};
 
 /// A query as searched.
 #[derive(Debug, Clone)]

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::Serialize;
 
+pub use crate::accounts::Actor;
 use crate::accounts::{self, ApiToken, LoginPolicy, Role, Session, User};
 use crate::audit::{self, AuditRecord, AuditStatus, Filter, VerifyReport};
 use crate::engine::{Engine, MAX_QUERY_CHARS, SearchRequest, SearchResults};
@@ -23,39 +24,6 @@ use crate::jobs::{FileError, Job};
 use crate::models::{ActivePair, ModelRecord};
 use crate::store::{Collection, CollectionStats};
 use crate::synonyms::{self, ImportReport, NewSynonym, SynonymEntry};
-
-/// Who asks for an operation. Built from a signed-in [`User`], or for the shell on the appliance itself
-/// ([`Actor::console`]: whoever can run `care` against the data directory already owns it) and for the server's
-/// own housekeeping ([`Actor::system`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Actor {
-    pub name: String,
-    pub role: Role,
-    /// The account behind the actor; `None` for the console and the system.
-    pub user_id: Option<i64>,
-}
-
-impl Actor {
-    pub fn user(u: &User) -> Self {
-        Actor { name: u.username.clone(), role: u.role, user_id: Some(u.id) }
-    }
-    pub fn console(name: impl Into<String>) -> Self {
-        Actor { name: name.into(), role: Role::Admin, user_id: None }
-    }
-    pub fn system() -> Self {
-        Actor::console("system")
-    }
-    pub fn is_admin(&self) -> bool {
-        self.role == Role::Admin
-    }
-    pub(crate) fn require_admin(&self) -> Result<()> {
-        if self.is_admin() {
-            Ok(())
-        } else {
-            Err(Error::Forbidden("此操作需要管理员权限 (administrator role required)".into()))
-        }
-    }
-}
 
 /// Refused requests audited per client address per ten minutes ([`Engine::audit_refusal`]).
 pub const REFUSALS_PER_ADDRESS: u32 = 20;
@@ -748,6 +716,7 @@ mod tests {
     fn engine(dir: &std::path::Path) -> Engine {
         let mut cfg = EngineConfig::default();
         cfg.storage.data_dir = dir.to_path_buf();
+        cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
         Engine::open(cfg, OpenMode::Create).unwrap()
     }
 
@@ -812,6 +781,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let mut cfg = EngineConfig::default();
         cfg.storage.data_dir = t.path().to_path_buf();
+        cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
         cfg.limits = crate::config::LimitsConfig {
             max_schedules: 2,
             max_queued_jobs: 2,
@@ -871,6 +841,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let mut cfg = EngineConfig::default();
         cfg.storage.data_dir = t.path().to_path_buf();
+        cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
         cfg.limits.feedback_per_user_per_hour = 10_000;
         cfg.limits.max_feedback_per_user = 50;
         let e = Engine::open(cfg, OpenMode::Create).unwrap();
@@ -952,6 +923,7 @@ mod tests {
         drop(conn);
         let mut cfg = EngineConfig::default();
         cfg.storage.data_dir = t.path().to_path_buf();
+        cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
         let e = Engine::open(cfg, OpenMode::Existing).unwrap();
         let err = e.audit_verify_as(&Actor::console("cli:root"), false).unwrap_err();
         assert_eq!(err.code(), crate::ErrorCode::AuditTampered, "{err}");

@@ -11,6 +11,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
+pub use crate::audit::now;
 use crate::error::{Error, Result};
 
 /// (version, SQL). Append only; never edit a released migration.
@@ -274,12 +275,6 @@ pub struct ChunkView {
     pub ordinal: i64,
 }
 
-pub fn now() -> String {
-    time::OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".into())
-}
-
 impl Store {
     /// Opens (creating if needed) the database and the audit key beside it, migrates, and re-chains an audit log
     /// written before the key existed.
@@ -320,10 +315,6 @@ impl Store {
 
     pub fn dir(&self) -> &Path {
         &self.dir
-    }
-
-    pub(crate) fn audit_monitor(&self) -> &crate::audit::Monitor {
-        &self.audit
     }
 
     /// The one writer. Everything that writes, or must read inside a write transaction, goes through it.
@@ -612,6 +603,21 @@ pub fn validate_collection_name(name: &str) -> Result<()> {
         Err(Error::InvalidInput(format!(
             "collection name {name:?} is not allowed: use 1-64 letters, digits, '-' or '_' (not starting with '-')"
         )))
+    }
+}
+
+impl crate::audit::LogStore for Store {
+    fn writer(&self) -> MutexGuard<'_, Connection> {
+        self.conn()
+    }
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+    fn monitor(&self) -> &crate::audit::Monitor {
+        &self.audit
+    }
+    fn as_dyn(&self) -> &dyn crate::audit::LogStore {
+        self
     }
 }
 

@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::audit;
 use crate::error::{Error, Result};
-use crate::query::fold;
 use crate::store::{Store, now};
+use crate::text::fold;
 
 /// The table the project ships (preferred term, variants separated by `|`, a category).
 pub const SEED_CSV: &str = include_str!("../assets/synonyms_seed.csv");

@@ -2,13 +2,18 @@
 //!
 //! Normalisation folds full-width letters, digits and spaces to ASCII (so "ＣＴ" and "CT" index alike), drops
 //! control characters (exports often carry them, e.g. U+001A), and collapses runs of whitespace. Chinese
-//! punctuation is kept: clinicians read the snippets, and the chunker splits on it.
+//! punctuation is kept: clinicians read the snippets, and the chunker splits on it. Folding ([`fold`]) adds
+//! traditional → simplified and lower case: what passages and queries are compared in (query, synonyms, highlights).
 //!
 //! Chunking packs whole sentences (ending in 。！？；!?; or a line break) into chunks of at most a budget of
 //! characters, or of tokens of the active query encoder's tokenizer ([`Tokens`]), repeats the
 //! last sentences of a chunk (up to the overlap budget) at the start of the next so an answer spanning a boundary is still found, and starts a new chunk at every Markdown heading, keeping the
 //! heading path as the chunk's context.
 
+use std::sync::OnceLock;
+
+use ferrous_opencc::OpenCC;
+use ferrous_opencc::config::BuiltinConfig;
 use serde::{Deserialize, Serialize};
 
 pub fn normalize(text: &str) -> String {
@@ -262,6 +267,35 @@ fn push_raw(chars: &[char], out: &mut Vec<(usize, usize, usize)>, start: usize, 
     if start < end && chars[start..end].iter().any(|c| !c.is_whitespace()) {
         out.push((start, end, heading));
     }
+}
+
+/// OpenCC's converters, built once (their dictionaries are compiled into the binary).
+fn converters() -> Option<&'static (OpenCC, OpenCC)> {
+    static CC: OnceLock<Option<(OpenCC, OpenCC)>> = OnceLock::new();
+    CC.get_or_init(|| match (OpenCC::from_config(BuiltinConfig::T2s), OpenCC::from_config(BuiltinConfig::S2t)) {
+        (Ok(t2s), Ok(s2t)) => Some((t2s, s2t)),
+        (a, b) => {
+            // Never happens with the built-in tables; searching unfolded is the safe fallback.
+            tracing::error!(t2s = a.is_ok(), s2t = b.is_ok(), "OpenCC tables failed to load; queries are not folded");
+            None
+        }
+    })
+    .as_ref()
+}
+
+/// Traditional → simplified.
+pub fn to_simplified(text: &str) -> String {
+    converters().map_or_else(|| text.to_string(), |c| c.0.convert(text))
+}
+
+/// Simplified → traditional.
+pub fn to_traditional(text: &str) -> String {
+    converters().map_or_else(|| text.to_string(), |c| c.1.convert(text))
+}
+
+/// What a passage's or a query's text is compared in: ingest's normalisation, simplified, lower-cased.
+pub fn fold(text: &str) -> String {
+    to_simplified(&normalize(text)).to_lowercase()
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ fn shared() -> PathBuf {
 fn engine_in(dir: &Path) -> Engine {
     let mut cfg = EngineConfig::default();
     cfg.storage.data_dir = dir.to_path_buf();
+    cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
     Engine::open(cfg, OpenMode::Create).unwrap()
 }
 
@@ -177,6 +178,7 @@ fn stale_or_missing_index_is_rebuilt_from_sqlite() {
     // A dictionary word changes segmentation; the index is rebuilt so the new word is searchable as a whole.
     let mut cfg = EngineConfig::default();
     cfg.storage.data_dir = dir.clone();
+    cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
     Engine::add_dictionary_words(&cfg, &["替尔泊肽".into()]).unwrap();
     let e = Engine::open(cfg, OpenMode::Existing).unwrap();
     assert_eq!(search(&e, "替尔泊肽"), vec!["a.txt".to_string()]);
@@ -758,6 +760,7 @@ mod lifecycle_gate {
         // even between two identical graphs.
         let mut cfg = EngineConfig::default();
         cfg.storage.data_dir = t.path().join("data");
+        cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
         cfg.lifecycle.max_latency_ratio = 10.0;
         let e = Arc::new(Engine::open(cfg, OpenMode::Create).unwrap());
         let admin = Actor::console("admin");
@@ -1023,6 +1026,7 @@ mod training {
         let (corpus, csv, queries) = subset(t.path(), 300);
         let mut cfg = EngineConfig::default();
         cfg.storage.data_dir = t.path().join("data");
+        cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
         cfg.lifecycle.max_latency_ratio = 10.0;
         cfg.training.trainer = PathBuf::from(bin);
         cfg.training.device = "cpu".into();
@@ -1226,6 +1230,7 @@ mod jobs {
     fn engine(dir: &Path, max_chars: usize) -> Arc<Engine> {
         let mut cfg = EngineConfig::default();
         cfg.storage.data_dir = dir.to_path_buf();
+        cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
         cfg.ingest.chunk.max_chars = max_chars;
         cfg.ingest.chunk.overlap_chars = 0;
         Arc::new(Engine::open(cfg, OpenMode::Create).unwrap())
@@ -1965,6 +1970,7 @@ mod offline_vectors {
         let t = tempfile::tempdir().unwrap();
         let mut cfg = EngineConfig::default();
         cfg.storage.data_dir = t.path().join("data");
+        cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
         cfg.training.trainer = PathBuf::from(bin);
         cfg.training.device = "cpu".into();
         let e = std::sync::Arc::new(Engine::open(cfg, OpenMode::Create).unwrap());
@@ -2361,6 +2367,7 @@ mod load_benchmark {
         let t = tempfile::tempdir().unwrap();
         let mut cfg = EngineConfig::default();
         cfg.storage.data_dir = t.path().join("data");
+        cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
         cfg.model.threads = env("CARE_BENCH_THREADS", 0);
         cfg.model.document_piece_tokens = env("CARE_BENCH_PIECE", 0);
         let e = Arc::new(Engine::open(cfg, OpenMode::Create).unwrap());
@@ -2835,6 +2842,7 @@ fn upload_folders_no_job_owns_are_swept_at_start_once_stale() {
     drop(e);
     let mut cfg = EngineConfig::default();
     cfg.storage.data_dir = t.path().to_path_buf();
+    cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
     let _e = Engine::open(cfg, OpenMode::Existing).unwrap();
     assert!(!stale.exists(), "an interrupted upload's folder is removed");
     assert!(fresh.exists(), "a recent folder may be another process's upload in progress");

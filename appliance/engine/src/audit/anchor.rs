@@ -67,7 +67,7 @@ pub(crate) fn store(conn: &mut Connection, dir: &Path, id: i64, hash: &str) -> R
     if copy >= id {
         return Ok(());
     }
-    let at = crate::store::now();
+    let at = super::now();
     let a = Anchor { id, hash: hash.to_string(), mac: key::mac(&tx, &mac_text(id, hash, &at))?, at };
     let path = dir.join(ANCHOR_FILE);
     let tmp = dir.join(format!(".{ANCHOR_FILE}.{}.tmp", std::process::id()));

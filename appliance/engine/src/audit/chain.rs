@@ -4,10 +4,10 @@ use std::path::Path;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::LogStore;
 use super::anchor::{ANCHOR_FILE, Anchor};
 use super::{append, key, record_hash, record_text};
 use crate::error::{Error, Result};
-use crate::store::Store;
 
 /// Records read per lock of the store's connection: small enough that a request waiting for the lock waits
 /// milliseconds, large enough that a walk of 500k records takes a hundred lock round trips.
@@ -54,14 +54,14 @@ fn read_page(conn: &Connection, after: i64, until: i64, keyed_from: i64) -> Resu
 /// How a walk reaches the database: a page at a time through the store's lock, so requests interleave with it, or
 /// under one lock (or transaction) held throughout, for a consistent snapshot.
 pub(crate) enum Access<'a> {
-    Paged(&'a Store),
+    Paged(&'a dyn LogStore),
     Held(&'a Connection),
 }
 
 impl Access<'_> {
     pub fn with<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         match self {
-            Access::Paged(store) => f(&store.conn()),
+            Access::Paged(store) => f(&store.writer()),
             Access::Held(conn) => f(conn),
         }
     }

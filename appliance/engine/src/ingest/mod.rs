@@ -15,6 +15,55 @@ mod csv;
 mod docx;
 pub mod encoding;
 pub mod fixtures;
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct IngestConfig {
+    pub chunk: crate::text::ChunkConfig,
+    /// Documents written per SQLite transaction and tantivy commit.
+    pub batch_documents: usize,
+    /// Size, archive and expansion limits applied to every uploaded file.
+    pub limits: IngestLimits,
+    /// Files of ingestion jobs processed at once by the background worker (parsing runs in parallel; writes to
+    /// the stores are serialised).
+    pub workers: usize,
+    /// Where uploaded files are parsed: in a sandboxed child process, under these limits.
+    pub isolation: IsolationConfig,
+}
+
+/// The parser process (`[ingest.isolation]`). `care serve` and the CLI parse every uploaded file in a child
+/// (`care ingest-worker`) with an address-space, CPU-time and file-size limit, no network and no file access
+/// beyond the one file, so a hostile file that exhausts memory or loops costs one failed file, not the server.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct IsolationConfig {
+    /// Parse in a child process (off only for debugging a parser).
+    pub enabled: bool,
+    /// The child's address-space limit, in MiB.
+    pub memory_mb: u64,
+    /// The child's CPU-time limit, in seconds.
+    pub cpu_seconds: u64,
+    /// Wall-clock limit, in seconds (a child that sleeps or blocks is stopped too).
+    pub wall_seconds: u64,
+}
+
+impl Default for IsolationConfig {
+    fn default() -> Self {
+        IsolationConfig { enabled: true, memory_mb: 2048, cpu_seconds: 300, wall_seconds: 600 }
+    }
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        IngestConfig {
+            chunk: crate::text::ChunkConfig::default(),
+            batch_documents: 2000,
+            limits: IngestLimits::default(),
+            workers: 2,
+            isolation: IsolationConfig::default(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod fuzz;
 mod html;

@@ -22,7 +22,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{FileKind, IngestLimits, IngestOptions, ParsedFile, Unit};
-use crate::config::{IngestConfig, IsolationConfig};
+use super::{IngestConfig, IsolationConfig};
 use crate::error::{Error, ErrorCode, Result};
 
 /// The subcommand the parent runs.

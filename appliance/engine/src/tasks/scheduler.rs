@@ -202,7 +202,7 @@ fn lane(s: &Shared, step: impl Fn(&Shared) -> Lane) {
 }
 
 fn ingest_lane(s: &Shared) {
-    lane(s, crate::jobs::ingest_step);
+    lane(s, super::ingest_lane::ingest_step);
 }
 
 fn model_lane(s: &Shared) {

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use care_formats::trainer::Event;
 
+use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
-use crate::tasks::CancelToken;
 
 /// A running child whose standard output is read line by line on a thread of its own.
 #[derive(Debug)]

@@ -31,13 +31,13 @@ use care_modelio::tensor::{Tensor, TensorMap};
 use rusqlite::params;
 use serde::{Deserialize, Serialize};
 
+use crate::accounts::Actor;
 use crate::encoders::TextKind;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::hybrid::embedding_text;
 use crate::judgments::part_of;
 use crate::models::{ActivePair, ModelRecord};
-use crate::service::Actor;
 use crate::store::{ChunkRow, Collection};
 
 /// Candidates scoring above a query's positive, or within this many standard deviations (of the positives'

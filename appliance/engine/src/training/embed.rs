@@ -11,9 +11,9 @@ use care_formats::trainer::{EmbedCorpusSpec, EmbedOptions, Phase};
 use serde::{Deserialize, Serialize};
 
 use super::Run;
+use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
 use crate::models::ModelRecord;
-use crate::tasks::{CancelToken, Task};
 use crate::{Actor, Engine};
 
 pub const EMBED: &str = "model.embed_offline";
@@ -23,6 +23,10 @@ pub const EMBED: &str = "model.embed_offline";
 pub struct EmbedParams {
     /// `name@version` of the offline document model.
     pub model: String,
+}
+
+impl crate::jobs::JobParams for EmbedParams {
+    const KIND: &'static str = "model.embed_offline";
 }
 
 impl Engine {
@@ -44,8 +48,7 @@ impl Engine {
             let mut conn = self.store.conn();
             let tx = conn.transaction()?;
             self.queue_room(&tx)?;
-            let id =
-                crate::model_jobs::insert_job(&tx, &Task::EmbedPending(EmbedParams { model: model.clone() }), actor)?;
+            let id = crate::jobs::insert_job(&tx, &EmbedParams { model: model.clone() }, actor)?;
             crate::audit::append(
                 &tx,
                 &actor.name,

@@ -16,7 +16,6 @@ mod child;
 pub mod data;
 pub mod embed;
 pub mod schedule;
-pub(crate) mod status;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -30,15 +29,15 @@ use care_formats::trainer::{
 use rusqlite::{OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
+pub use crate::trainer::TrainerStatus;
 pub use data::{DataCounts, DataOptions};
-pub use status::TrainerStatus;
 
+use crate::accounts::Actor;
+use crate::cancel::CancelToken;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::hybrid::DenseProgress;
 use crate::lifecycle::pair_spec;
-use crate::service::Actor;
-use crate::tasks::{CancelToken, Task};
 
 pub const TRAIN: &str = "model.train";
 
@@ -173,34 +172,7 @@ impl Recipe {
     }
 }
 
-/// `[training]` in care.toml.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default)]
-pub struct TrainingConfig {
-    /// The trainer executable (the .deb installs the `care-train` wrapper that finds libtorch).
-    pub trainer: PathBuf,
-    /// cpu, cuda or auto.
-    pub device: String,
-    /// Trainer threads (0: libtorch's default, every core).
-    pub threads: usize,
-    /// The hospital's offset from UTC in minutes, for schedules ("every Sunday 02:00" in local time).
-    pub utc_offset_minutes: i32,
-    /// Space (GB) a run must leave free on the data disk for ingest, search and SQLite: a run that would eat into
-    /// it is refused before it starts.
-    pub keep_free_gb: f64,
-}
-
-impl Default for TrainingConfig {
-    fn default() -> Self {
-        TrainingConfig {
-            trainer: "care-train".into(),
-            device: "auto".into(),
-            threads: 0,
-            utc_offset_minutes: 480,
-            keep_free_gb: 2.0,
-        }
-    }
-}
+pub use crate::config::TrainingConfig;
 
 /// How many copies of the query encoder's weights a run holds on disk at its peak: Stage I's and Stage II's
 /// encoders, the merged one, the export (safetensors + ONNX) and its imported copy (two more), and the checkpoints
@@ -362,6 +334,10 @@ pub struct TrainParams {
     pub schedule: Option<i64>,
 }
 
+impl crate::jobs::JobParams for TrainParams {
+    const KIND: &'static str = "model.train";
+}
+
 /// How often a running phase writes its progress at most, and how long a cancel waits at most to be seen.
 const POLL: Duration = Duration::from_millis(500);
 
@@ -510,7 +486,7 @@ impl Engine {
         Ok((TrainParams { recipe: recipe.clone(), base: pair_spec(&pair), schedule }, st.device))
     }
 
-    /// Runs (or resumes) training job `id` to its end. Called by the model lane (see model_jobs.rs).
+    /// Runs (or resumes) training job `id` to its end. Called by the model lane (tasks/model_lane.rs).
     pub(crate) fn run_training_job(
         &self,
         id: i64,
@@ -741,7 +717,7 @@ pub(crate) fn insert_training(
              never overlap: wait for it or cancel it on the 任务 page)"
         )));
     }
-    let id = crate::model_jobs::insert_job(tx, &Task::Train(p.clone()), actor)?;
+    let id = crate::jobs::insert_job(tx, p, actor)?;
     tx.execute(
         "INSERT INTO training_runs (job_id, schedule_id, device) VALUES (?1, ?2, ?3)",
         params![id, p.schedule, device],
@@ -956,6 +932,20 @@ impl Engine {
             .query_row("SELECT loss_svg FROM training_runs WHERE job_id = ?1", [job], |r| r.get(0))
             .optional()?
             .ok_or_else(|| Error::NotFound { what: format!("training run #{job}") })
+    }
+}
+
+impl Engine {
+    /// Whether training can start here, and on which device, without waiting: the newest answer of a check
+    /// ([`crate::trainer`]), started in the background when there is none or it is older than ten minutes.
+    pub fn trainer_status(&self) -> TrainerStatus {
+        self.trainer_check.latest(&self.cfg.training.trainer, self.training_device())
+    }
+
+    /// Checks the trainer now and waits for the answer (at most 30 s), which pages then show too: for submitting
+    /// work to the trainer and for `care train status`.
+    pub fn refresh_trainer_status(&self) -> TrainerStatus {
+        self.trainer_check.refresh(&self.cfg.training.trainer, self.training_device())
     }
 }
 

@@ -11,9 +11,9 @@ use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime, UtcOffset};
 
 use super::Recipe;
+use crate::accounts::Actor;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::service::Actor;
 use crate::store::now;
 
 /// What an admin sets.

@@ -14,15 +14,15 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{OptionalExtension, params};
 
+use super::scheduler::Shared;
+use super::{CancelToken, CandidateParams, StopReason, Task};
+use crate::accounts::Actor;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::hybrid::DenseProgress;
 use crate::jobs::FileError;
 use crate::lifecycle::pair_spec;
-use crate::service::Actor;
 use crate::store::now;
-use crate::tasks::scheduler::Shared;
-use crate::tasks::{CancelToken, CandidateParams, StopReason, Task};
 
 pub const EVALUATE: &str = "model.evaluate";
 pub const PROMOTE: &str = "model.promote";
@@ -66,7 +66,8 @@ impl Engine {
             let mut conn = self.store.conn();
             let tx = conn.transaction()?;
             self.queue_room(&tx)?;
-            let id = insert_job(&tx, &task, actor)?;
+            let (kind, json) = task.to_row()?;
+            let id = crate::jobs::insert_row(&tx, kind, &json, actor)?;
             let mut detail = detail;
             detail["job"] = id.into();
             crate::audit::append(&tx, &actor.name, "model.job_submit", &detail)?;
@@ -111,7 +112,7 @@ impl Engine {
         tracing::info!(job = id, kind, "model task started");
         let token = s.token(id);
         let result = {
-            let _current = crate::tasks::enter(&token);
+            let _current = super::enter(&token);
             Task::from_row(id, &kind, &json).and_then(|task| self.run_task(id, task, &actor, &token))
         };
         let outcome = match result {
@@ -236,18 +237,6 @@ impl Engine {
         self.tasks_changed();
         Ok(())
     }
-}
-
-/// Queues `task` inside the caller's transaction, which also writes the audit record. Returns the job id. The
-/// caller wakes the scheduler after committing ([`Engine::tasks_changed`]).
-pub(crate) fn insert_job(tx: &rusqlite::Transaction<'_>, task: &Task, actor: &Actor) -> Result<i64> {
-    let (kind, json) = task.to_row()?;
-    tx.execute(
-        "INSERT INTO jobs (kind, state, params, actor, actor_user_id, stage, created_at, updated_at)
-         VALUES (?1, 'queued', ?2, ?3, ?4, '', ?5, ?5)",
-        params![kind, json, actor.name, actor.user_id, now()],
-    )?;
-    Ok(tx.last_insert_rowid())
 }
 
 enum Outcome {

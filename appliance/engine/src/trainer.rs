@@ -1,6 +1,6 @@
 //! Whether `care-train` can run here, known without making a page wait for it.
 //!
-//! Pages and the API read the engine's cached [`TrainerStatus`]: the first read (the server makes one when it
+//! The engine holds one [`TrainerCheck`]; pages and the API read its cached [`TrainerStatus`]: the first read (the server makes one when it
 //! starts) starts a check on a background thread and says 正在检测训练程序… until it ends, and a read of an answer
 //! older than [`MAX_AGE`] starts another while the old answer is still shown. Only submitting work for the trainer
 //! (a training run, an offline embedding) and `care train status` check again and wait for the answer.
@@ -12,8 +12,6 @@ use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-
-use crate::engine::Engine;
 
 /// How long an answer is shown before a read starts a background check again.
 pub(crate) const MAX_AGE: Duration = Duration::from_secs(10 * 60);
@@ -67,17 +65,16 @@ fn lock(m: &Mutex<Cached>) -> MutexGuard<'_, Cached> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl Engine {
-    /// Whether training can start here, and on which device, without waiting: the newest answer of a check. With
-    /// no answer yet, or one older than ten minutes, a check starts in the background; until the first one ends,
-    /// `checking` is set and the message says so.
-    pub fn trainer_status(&self) -> TrainerStatus {
-        let device = self.training_device();
-        let mut c = lock(&self.trainer_check.inner);
+impl TrainerCheck {
+    /// The newest answer for `bin` on `device`, without waiting. With no answer yet, or one older than ten
+    /// minutes, a check starts in the background; until the first one ends, `checking` is set and the message
+    /// says so.
+    pub(crate) fn latest(&self, bin: &Path, device: String) -> TrainerStatus {
+        let mut c = lock(&self.inner);
         let stale = c.known.as_ref().is_none_or(|(at, _)| at.elapsed() >= MAX_AGE);
         if stale && !c.refreshing {
-            let inner = self.trainer_check.inner.clone();
-            let (bin, dev) = (self.cfg.training.trainer.clone(), device.clone());
+            let inner = self.inner.clone();
+            let (bin, dev) = (bin.to_path_buf(), device.clone());
             let spawned = std::thread::Builder::new().name("care-trainer-check".into()).spawn(move || {
                 let started = Instant::now();
                 let st = check(&bin, dev);
@@ -96,12 +93,11 @@ impl Engine {
         }
     }
 
-    /// Checks the trainer now and waits for the answer (at most 30 s), which pages then show too: for submitting
-    /// work to the trainer and for `care train status`.
-    pub fn refresh_trainer_status(&self) -> TrainerStatus {
+    /// Checks now and waits for the answer (at most 30 s), which later reads show too.
+    pub(crate) fn refresh(&self, bin: &Path, device: String) -> TrainerStatus {
         let started = Instant::now();
-        let st = check(&self.cfg.training.trainer, self.training_device());
-        lock(&self.trainer_check.inner).store(started, st.clone());
+        let st = check(bin, device);
+        lock(&self.inner).store(started, st.clone());
         st
     }
 }
@@ -179,7 +175,7 @@ mod tests {
 
     use super::*;
     use crate::EngineConfig;
-    use crate::engine::OpenMode;
+    use crate::engine::{Engine, OpenMode};
 
     /// A fake `care-train` in `dir` that counts its starts in `dir/spawns`, takes `delay` to answer and exits with
     /// `code`.
@@ -203,6 +199,7 @@ mod tests {
     fn engine(dir: &Path, trainer: PathBuf) -> Engine {
         let mut cfg = EngineConfig::default();
         cfg.storage.data_dir = dir.join("data");
+        cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
         cfg.training.trainer = trainer;
         cfg.training.device = "cpu".into();
         Engine::open(cfg, OpenMode::Create).unwrap()
