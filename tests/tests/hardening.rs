@@ -704,3 +704,115 @@ fn hostile_files_are_parsed_in_a_limited_child_and_fail_alone() {
         get(&c, &format!("{base}/api/v1/search?q=%E8%83%B0%E5%B2%9B%E7%B4%A0&method=bm25"), &s.admin).json().unwrap();
     assert!(hits.to_string().contains("ok.md"), "{hits}");
 }
+
+/// The shell that runs `care serve` on a small tmpfs of its own (a user and mount namespace: no root needed), and
+/// obeys the test's commands on stdin: `fill` (a file takes every free byte), `free` (it goes), `check` (stop the
+/// server, run `care check`). What it does is echoed on stdout, after the server's own lines.
+const SMALL_DISK: &str = r#"set -u
+mount -t tmpfs -o "size=$SIZE" tmpfs "$SMALL"
+cp -a "$SRC" "$SMALL/data"
+"$CARE" --data-dir "$SMALL/data" --config "$CONF" serve --bind 127.0.0.1:0 --http-bind 127.0.0.1:0 &
+pid=$!
+while read -r cmd; do
+  case "$cmd" in
+    fill) dd if=/dev/zero of="$SMALL/filler" bs=64k 2>/dev/null; df -k "$SMALL" | tail -1 | sed 's/^/filled /' ;;
+    free) rm -f "$SMALL/filler"; echo freed ;;
+    check) kill "$pid"; wait "$pid"; "$CARE" --data-dir "$SMALL/data" --config "$CONF" check; echo "check-exit $?"; exit 0 ;;
+  esac
+done
+"#;
+
+/// A data disk that really fills (a tmpfs the test mounts, not a reserve set above the disk): search, sign-in pages
+/// and uploads answer without a 500, `/healthz` is unhealthy while nothing can be written, and after space is freed
+/// the same server ingests again and `care check` finds the stores consistent. Skipped, saying why, where the kernel
+/// gives no unprivileged user namespaces.
+#[test]
+fn a_data_disk_that_fills_up_is_no_outage_and_recovers() {
+    if !std::process::Command::new("unshare").args(["-rm", "true"]).status().is_ok_and(|s| s.success()) {
+        println!("skipped: `unshare -rm` (an unprivileged user and mount namespace) is not available here");
+        return;
+    }
+    let s = site(&[]);
+    let small = s.dir.join("small");
+    std::fs::create_dir_all(&small).unwrap();
+    let conf = s.dir.join("empty.toml");
+    std::fs::write(&conf, "").unwrap();
+    let used = dir_bytes(&s.care.data_dir);
+    let mut sh = std::process::Command::new("unshare")
+        .args(["-rm", "sh", "-c", SMALL_DISK])
+        .env("SIZE", format!("{}k", (used + (48 << 20)) / 1024))
+        .env("SMALL", &small)
+        .env("SRC", &s.care.data_dir)
+        .env("CARE", care_e2e::care_bin())
+        .env("CONF", &conf)
+        .env("CARE_LOG", "warn")
+        .env("CARE__TRAINING__KEEP_FREE_GB", "0")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = sh.stdin.take().unwrap();
+    let lines = {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let out = std::io::BufReader::new(sh.stdout.take().unwrap());
+        std::thread::spawn(move || {
+            for l in std::io::BufRead::lines(out).map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        rx
+    };
+    let wait_for = |prefix: &str| -> String {
+        loop {
+            let l = lines.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|e| panic!("no `{prefix}`: {e}"));
+            if let Some(rest) = l.strip_prefix(prefix) {
+                return rest.trim().to_string();
+            }
+        }
+    };
+    let mut say = |cmd: &str| std::io::Write::write_all(&mut stdin, format!("{cmd}\n").as_bytes()).unwrap();
+    let base = wait_for("listening on ");
+    let c = client();
+    let search = format!("{base}/api/v1/search?q=%E9%98%BF%E5%8F%B8%E5%8C%B9%E6%9E%97");
+    assert_eq!(get(&c, &search, &s.clin).status(), 200);
+
+    say("fill");
+    let filled = wait_for("filled ");
+    assert!(filled.split_whitespace().nth(3) == Some("0"), "the tmpfs is not full: {filled}");
+    // Search reads; its audit record cannot be written: refused as disk_full, never a 500, never a search without
+    // its record.
+    let r = get(&c, &search, &s.clin);
+    let status = r.status().as_u16();
+    let body: serde_json::Value = r.json().unwrap();
+    assert!(status == 200 || (status == 503 && body["code"] == "disk_full"), "search on a full disk: {status} {body}");
+    let page = c.get(format!("{base}/login")).send().unwrap();
+    assert_eq!(page.status(), 200, "the sign-in page is served from memory");
+    let part =
+        "--b0\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f.md\"\r\n\r\n# 阿司匹林\n\r\n--b0--\r\n";
+    let up = c.post(format!("{base}/api/v1/admin/collections/granted/files")).bearer_auth(&s.admin);
+    let up = up.header("content-type", "multipart/form-data; boundary=b0").body(part).send().unwrap();
+    assert_eq!(up.status(), 503, "an upload onto a full disk");
+    assert_eq!(up.json::<serde_json::Value>().unwrap()["code"], "disk_full");
+    let h = c.get(format!("{base}/healthz")).send().unwrap();
+    assert_eq!(h.status(), 503, "/healthz on a full disk");
+
+    say("free");
+    wait_for("freed");
+    assert_eq!(c.get(format!("{base}/healthz")).send().unwrap().status(), 200, "/healthz after space is freed");
+    assert_eq!(get(&c, &search, &s.clin).status(), 200);
+    let job = upload_files(&c, &base, &s.admin, &[("after.md", "# 华法林\n\n华法林用于抗凝治疗。\n".as_bytes())]);
+    assert_eq!(job_end(&c, &base, &s.admin, job, Duration::from_secs(120))["state"], "done");
+
+    say("check");
+    let exit = wait_for("check-exit ");
+    assert_eq!(exit, "0", "care check after the disk was full");
+    assert!(sh.wait().unwrap().success());
+}
+
+fn dir_bytes(p: &Path) -> u64 {
+    let Ok(md) = std::fs::symlink_metadata(p) else { return 0 };
+    if !md.is_dir() {
+        return md.len();
+    }
+    std::fs::read_dir(p).unwrap().filter_map(Result::ok).map(|e| dir_bytes(&e.path())).sum()
+}
