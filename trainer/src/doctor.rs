@@ -4,6 +4,7 @@
 //! GPU" has two causes that need different fixes: no GPU at all, or a GPU with a CPU-only (or unloaded) libtorch.
 //! The doctor tells them apart from the process's own mappings and the NVIDIA driver's view.
 
+use care_formats::trainer::{Hyper, Lora, Stage2Options};
 use serde::Serialize;
 
 /// A Qwen3 document encoder's shape (the published configurations, or a test's).
@@ -144,10 +145,13 @@ pub fn stage2_estimate(
     Stage2Estimate { document_weights, lora_state, query_state, document_activations, query_activations, total }
 }
 
-/// Bytes a Stage II step with LoRA r = 32 needs on the GPU for `texts` documents of `seq` tokens (padded
-/// batches), with an e5-small query encoder reading one query per 8 documents of 64 tokens.
+/// Bytes a Stage II step at the default LoRA rank (32) needs on the GPU for `texts` documents of `seq` tokens
+/// (padded batches), with an e5-small query encoder reading one query per group (8 documents) of the default
+/// query length (64 tokens): the defaults of care_formats::trainer.
 pub fn stage2_lora_bytes(m: &Qwen3Size, texts: f64, seq: f64) -> f64 {
-    stage2_estimate(m, &E5_SMALL, (texts, seq), ((texts / 8.0).ceil(), 64.0), 32.0, true).total
+    let (group, query_len) = (Stage2Options::default().group_size as f64, Hyper::default().query_max_length as f64);
+    stage2_estimate(m, &E5_SMALL, (texts, seq), ((texts / group).ceil(), query_len), Lora::default().rank as f64, true)
+        .total
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use care_formats::Pooling;
+use care_formats::trainer::{Hyper, Lora, Precision, Stage2Options};
 use care_formats::training::TrainingExample;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
@@ -28,7 +29,7 @@ use tch::{Device, Kind, Tensor};
 use crate::doctor::{self, BertSize, Qwen3Size};
 use crate::encoder::{Encoder, EncoderSettings, Model};
 use crate::models::{Bert, BertConfig, Qwen3, Qwen3Config};
-use crate::precision::{self, AutocastDevice, Precision};
+use crate::precision::{self, AutocastDevice};
 use crate::train::{DocSide, LossConfig, TrainConfig, Trainer, select_trainable};
 
 #[derive(clap::Args, Debug, Clone)]
@@ -312,21 +313,22 @@ fn examples(n: usize, query_len: usize, doc_len: usize, ragged: bool, seed: u64)
         .collect()
 }
 
+/// Stage II's defaults (care_formats::trainer) but for the batch, the steps, no warm-up and no checkpoints; groups of
+/// 8 documents, as [`examples`] writes them.
 fn train_config(batch: usize, steps: u64) -> TrainConfig {
-    TrainConfig {
+    let hyper = Hyper {
         steps,
         batch_size: batch,
-        sub_batch: 0,
-        lr: 1e-4,
         warmup_ratio: 0.0,
-        weight_decay: 0.05,
-        max_grad_norm: 1.0,
         seed: 7,
         checkpoint_every: 0,
         keep_checkpoints: 1,
-        loss: LossConfig { temperature: 0.02, group_size: 8, mse_weight: 0.0, matryoshka: Vec::new() },
-        batch_by_source: false,
-    }
+        ..Hyper::default()
+    };
+    TrainConfig::new(
+        hyper,
+        LossConfig { temperature: Stage2Options::default().temperature, group_size: 8, mse_weight: 0.0 },
+    )
 }
 
 /// Random weights on the CPU (seeded, fp32), so every device starts from the same numbers.
@@ -355,7 +357,8 @@ fn encoders(q: Bert, d: Qwen3, dev: Device, args: &Args) -> Result<(Encoder, Enc
     let mut d = encoder(Model::Qwen3(d), Pooling::LastToken, args.doc_len, Some(1), dev)?;
     tch::manual_seed(5);
     let targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"].map(String::from);
-    d.model.add_lora(&targets, 32, 64.0, 0.0);
+    let lora = Lora::default();
+    d.model.add_lora(&targets, lora.rank, lora.alpha, 0.0);
     Ok((q, d))
 }
 
@@ -439,7 +442,7 @@ fn timed_case(args: &Args, s: &Shapes, what: &str, tmp: &Path) -> Result<serde_j
         &s.query_size,
         ((batch * 8) as f64, args.doc_len as f64),
         (batch as f64, args.query_len as f64),
-        32.0,
+        Lora::default().rank as f64,
         false,
     );
     let mib = |b: f64| b / (1u64 << 20) as f64;
@@ -451,7 +454,7 @@ fn timed_case(args: &Args, s: &Shapes, what: &str, tmp: &Path) -> Result<serde_j
         "peak_mib": mib(peak as f64), "estimate_mib": mib(est.total), "estimate": est,
         "estimate_over_peak": est.total / peak as f64,
         "document_params": s.doc_size.params(), "query_params": s.query_size.params(),
-        "lora_params": s.doc_size.lora_params(32.0),
+        "lora_params": s.doc_size.lora_params(Lora::default().rank as f64),
     }))
 }
 

@@ -18,14 +18,15 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use care_formats::trainer::{
-    self as contract, EmbedCorpusSpec, EmbedOptions, Event, ExportOptions, ExportSpec, FailCode, Hyper, MergeSpec,
-    Phase, Precision, PruneSpec, Stage1Options, Stage1Spec, Stage2Options, Stage2Spec, TrainSpec,
+    self as contract, EmbedCorpusSpec, EmbedOptions, Event, ExportOptions, ExportSpec, FailCode, Hyper, InitOptions,
+    MergeSpec, Phase, Precision, PruneSpec, Stage1Options, Stage1Spec, Stage2Options, Stage2Spec, TrainSpec,
 };
 use care_formats::training::TrainingExample;
 use care_trainer::data;
 use care_trainer::encoder::{Encoder, write_json};
+use care_trainer::precision::PrecisionExt;
 use care_trainer::stages::{self, load_encoder};
-use care_trainer::train::{DocSide, LossConfig, Trainer, select_trainable};
+use care_trainer::train::{DocSide, LossConfig, TrainConfig, Trainer, select_trainable};
 use clap::{Args, Parser, Subcommand};
 use tch::{Device, Kind};
 
@@ -33,7 +34,7 @@ use tch::{Device, Kind};
 #[command(name = "care-train", version, about = "CARE two-stage asymmetric retriever training (libtorch)")]
 struct Cli {
     /// cpu, cuda or auto (CUDA when libtorch sees a GPU).
-    #[arg(long, global = true, default_value = "auto")]
+    #[arg(long, global = true, default_value = contract::DEFAULT_DEVICE)]
     device: String,
     /// Intra-op CPU threads (0: libtorch's default).
     #[arg(long, global = true, default_value_t = 0)]
@@ -187,9 +188,9 @@ enum Command {
         /// CARE JSONL or train_pairs.jsonl (repeatable).
         #[arg(long, required = true)]
         train: Vec<PathBuf>,
-        #[arg(long, default_value_t = 0.02)]
+        #[arg(long, default_value_t = InitOptions::default().temperature)]
         temperature: f64,
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = InitOptions::default().group_size)]
         group_size: usize,
         /// Train LoRA adapters instead of every weight: `auto` (the default) does so for an LLM (Qwen3), whose full
         /// fine-tune does not fit one GPU, and trains a BERT-sized encoder fully.
@@ -367,16 +368,17 @@ enum Command {
         set: PathBuf,
         #[arg(long, default_value = "dev")]
         split: String,
-        #[arg(long, default_value = "query: {text}")]
+        #[arg(long, default_value = contract::DEFAULT_QUERY_TEMPLATE)]
         query_template: String,
-        #[arg(long, default_value = "passage: {text}")]
+        #[arg(long, default_value = contract::DEFAULT_DOCUMENT_TEMPLATE)]
         document_template: String,
         /// Cache of the document vectors (safetensors), reused when present.
         #[arg(long)]
         cache: Option<PathBuf>,
-        #[arg(long, default_value_t = 512)]
+        // The corpus is embedded as `embed-corpus` embeds it, with its defaults.
+        #[arg(long, default_value_t = EmbedOptions::default().max_length)]
         document_max_length: usize,
-        #[arg(long, default_value_t = 64)]
+        #[arg(long, default_value_t = EmbedOptions::default().batch)]
         batch: usize,
         #[arg(long)]
         max_queries: Option<usize>,
@@ -394,7 +396,7 @@ enum Command {
         split: String,
         #[arg(long, default_value_t = 300)]
         queries: usize,
-        #[arg(long, default_value = "query: {text}")]
+        #[arg(long, default_value = contract::DEFAULT_QUERY_TEMPLATE)]
         query_template: String,
         #[arg(long)]
         out: Option<PathBuf>,
@@ -405,7 +407,7 @@ enum Command {
         /// Documents per Stage II step whose activations are alive at once (batch × group size, or the sub-batch).
         #[arg(long, default_value_t = 64)]
         texts: usize,
-        #[arg(long, default_value_t = 256)]
+        #[arg(long, default_value_t = Hyper::default().document_max_length)]
         document_max_length: usize,
         #[arg(long)]
         json: bool,
@@ -566,14 +568,27 @@ fn run(cli: Cli) -> Result<()> {
     }
     if let Command::Init { common, .. } | Command::Stage1 { common, .. } | Command::Stage2 { common, .. } = &cli.command
     {
-        stages::precision(common.precision).check_trainable().map_err(anyhow::Error::msg)?;
+        common.precision.check_trainable().map_err(anyhow::Error::msg)?;
     }
     if let Command::GpuCheck(args) = cli.command {
         return care_trainer::gpu_check::run(&args);
     }
     let dev = device(&cli.device)?;
-    // The phases the appliance runs: the flags become the spec `run --spec` would read.
-    let phase = match cli.command {
+    if let Command::Init { model, train, temperature, group_size, lora, lora_args, common } = &cli.command {
+        return init(dev, model, train, *temperature, *group_size, lora, lora_args, common);
+    }
+    let phase = match phase_of(cli.command) {
+        Ok(phase) => phase,
+        Err(other) => return tool(*other, dev),
+    };
+    let outcome = stages::run(&phase, dev, &mut |_| {})?;
+    println!("{}", outcome.message);
+    Ok(())
+}
+
+/// The phases the appliance runs: the flags become the spec `run --spec` would read. Any other command comes back.
+fn phase_of(command: Command) -> Result<Phase, Box<Command>> {
+    Ok(match command {
         Command::Prune { from, layers, pick, out } => {
             let pick = match pick {
                 care_trainer::export::LayerPick::First => contract::LayerPick::First,
@@ -682,20 +697,15 @@ fn run(cli: Cli) -> Result<()> {
             pairing_id,
             options: EmbedOptions { width, document_template, batch, rows_per_shard, max_length, precision },
         }),
-        Command::Init { model, train, temperature, group_size, lora, lora_args, common } => {
-            return init(dev, &model, &train, temperature, group_size, &lora, &lora_args, &common);
-        }
-        other @ (Command::ImportE5s1 { .. }
+        other @ (Command::Init { .. }
+        | Command::ImportE5s1 { .. }
         | Command::Eval { .. }
         | Command::BenchQuery { .. }
         | Command::Chart { .. }
         | Command::Doctor { .. }
         | Command::GpuCheck(_)
-        | Command::Run { .. }) => return tool(other, dev),
-    };
-    let outcome = stages::run(&phase, dev, &mut |_| {})?;
-    println!("{}", outcome.message);
-    Ok(())
+        | Command::Run { .. }) => return Err(Box::new(other)),
+    })
 }
 
 /// `care-train init`: a symmetric fine-tune of one encoder (an engineer's tool; the appliance does not run it).
@@ -731,10 +741,7 @@ fn init(
         select_trainable(&enc, "query.", &|n| !(common.freeze_embeddings && n.starts_with("embeddings.word")))
     };
     let n_params: i64 = params.values().map(tch::Tensor::numel).map(|n| n as i64).sum();
-    let cfg = stages::train_config(
-        &h,
-        LossConfig { temperature, group_size, mse_weight: 0.0, matryoshka: common.matryoshka.clone() },
-    );
+    let cfg = TrainConfig::new(h.clone(), LossConfig { temperature, group_size, mse_weight: 0.0 });
     let mut t = Trainer::new(&enc, DocSide::Same, &ex, cfg, params, &common.out)?;
     let summary = serde_json::json!({"stage": "init", "model": model, "examples": ex.len(),
         "lora": use_lora.then(|| serde_json::json!({"rank": lora_args.lora_rank, "alpha": lora_args.lora_alpha})),
@@ -780,7 +787,7 @@ fn tool(command: Command, dev: Device) -> Result<()> {
             let mut results = serde_json::Map::new();
             for spec in &query {
                 let (name, dir) = spec.split_once('=').map_or((spec.as_str(), spec.as_str()), |(n, d)| (n, d));
-                let q = load_encoder(Path::new(dir), dev, Kind::Float, Some(64))?;
+                let q = load_encoder(Path::new(dir), dev, Kind::Float, Some(Hyper::default().query_max_length))?;
                 let m = care_trainer::eval::evaluate(&q, &split_data, &query_template, &ids, &vecs, batch)?;
                 eprintln!(
                     "{name:<28} nDCG@10 {:.4}  MRR@10 {:.4}  Recall@100 {:.4}",
@@ -805,7 +812,8 @@ fn tool(command: Command, dev: Device) -> Result<()> {
             let mut encs = Vec::new();
             for spec in &encoder {
                 let (name, dir) = spec.split_once('=').context("--encoder takes name=DIR")?;
-                encs.push((name.to_string(), load_encoder(Path::new(dir), dev, Kind::Float, Some(64))?));
+                let max_length = Some(Hyper::default().query_max_length);
+                encs.push((name.to_string(), load_encoder(Path::new(dir), dev, Kind::Float, max_length)?));
             }
             let refs: Vec<(&str, &Encoder)> = encs.iter().map(|(n, e)| (n.as_str(), e)).collect();
             let lat = care_trainer::eval::query_latency(&refs, &texts, 20)?;
@@ -852,7 +860,10 @@ fn print_doctor(r: &care_trainer::doctor::Report, texts: usize, seq: usize) {
     for g in &r.gpus {
         println!("GPU             {} · {} MiB total · {} MiB free", g.name, g.total_mib, g.free_mib);
     }
-    println!("Stage II with LoRA r=32, {texts} documents of {seq} tokens alive per step (bf16 weights):");
+    println!(
+        "Stage II with LoRA r={}, {texts} documents of {seq} tokens alive per step (bf16 weights):",
+        contract::Lora::default().rank
+    );
     for (name, gib, fits) in &r.stage2_lora {
         let verdict = if r.gpus.is_empty() {
             ""
@@ -865,5 +876,89 @@ fn print_doctor(r: &care_trainer::doctor::Report, texts: usize, seq: usize) {
     }
     for a in &r.advice {
         println!("advice: {a}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("care-train").chain(args.iter().copied())).unwrap()
+    }
+
+    fn phase(args: &[&str]) -> Phase {
+        phase_of(parse(args).command).unwrap()
+    }
+
+    /// A flag left out means what a spec that leaves the field out means: the defaults of care_formats::trainer,
+    /// so a literal default in a clap attribute that drifts from them fails here.
+    #[test]
+    fn flags_left_out_give_the_contracts_defaults() {
+        Cli::command().debug_assert();
+        let (q, d, o) = (PathBuf::from("q"), PathBuf::from("d"), PathBuf::from("o"));
+        assert_eq!(
+            phase(&["stage1", "--query", "q", "--document", "d", "--corpus", "c", "--out", "o"]),
+            Phase::Stage1(Stage1Spec {
+                query: q.clone(),
+                document: d.clone(),
+                corpus: "c".into(),
+                out: o.clone(),
+                served: None,
+                options: Stage1Options::default(),
+                hyper: Hyper::default(),
+            })
+        );
+        assert_eq!(
+            phase(&["stage2", "--query", "q", "--document", "d", "--train", "t", "--out", "o"]),
+            Phase::Stage2(Stage2Spec {
+                query: q.clone(),
+                document: d.clone(),
+                train: vec!["t".into()],
+                out: o.clone(),
+                served: None,
+                options: Stage2Options::default(),
+                hyper: Hyper::default(),
+            })
+        );
+        assert_eq!(
+            phase(&["prune", "--from", "q", "--layers", "4", "--out", "o"]),
+            Phase::Prune(PruneSpec {
+                from: q.clone(),
+                layers: 4,
+                pick: contract::LayerPick::default(),
+                out: o.clone()
+            })
+        );
+        assert_eq!(
+            phase(&["export", "--query", "q", "--out", "o", "--pairing-id", "p"]),
+            Phase::Export(ExportSpec {
+                query: q,
+                out: o.clone(),
+                pairing_id: "p".into(),
+                options: ExportOptions::default(),
+            })
+        );
+        assert_eq!(
+            phase(&["embed-corpus", "--document", "d", "--corpus", "c", "--out", "o", "--pairing-id", "p"]),
+            Phase::EmbedCorpus(EmbedCorpusSpec {
+                document: d,
+                corpus: "c".into(),
+                out: o,
+                pairing_id: "p".into(),
+                options: EmbedOptions::default(),
+            })
+        );
+        let cli = parse(&["init", "--model", "m", "--train", "t", "--out", "o"]);
+        let spec = TrainSpec::from_json(
+            r#"{"version":1,"phase":{"stage":"merge","tuned":"t","base":"b","ratio":1,"out":"o"}}"#,
+        );
+        assert_eq!(cli.device, spec.unwrap().device);
+        let Command::Init { temperature, group_size, lora_args, common, .. } = cli.command else { panic!("init") };
+        assert_eq!(InitOptions { temperature, group_size }, InitOptions::default());
+        assert_eq!(lora_args.spec(), contract::Lora::default());
+        assert_eq!(common.hyper(), Hyper::default());
     }
 }

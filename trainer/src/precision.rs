@@ -14,31 +14,23 @@
 
 use std::sync::OnceLock;
 
+use care_formats::trainer::Precision;
 use tch::{Device, Kind};
 
-/// The numeric precision a run asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Precision {
-    Fp32,
-    Bf16,
-    Fp16,
-}
-
-impl std::str::FromStr for Precision {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "fp32" => Ok(Self::Fp32),
-            "bf16" => Ok(Self::Bf16),
-            "fp16" => Ok(Self::Fp16),
-            other => Err(format!("unknown precision {other:?}: use fp32, bf16 or fp16")),
-        }
-    }
-}
-
-impl Precision {
+/// What the trainer makes of a run's [`Precision`] (the contract's enum, `care_formats::trainer`): the autocast
+/// type, the storage type of frozen weights, and whether it can train.
+pub trait PrecisionExt: Copy {
     /// The autocast type, `None` for fp32.
-    pub fn autocast_kind(self) -> Option<Kind> {
+    fn autocast_kind(self) -> Option<Kind>;
+    /// The storage type of frozen weights on `dev` (the CPU stays fp32: its bf16 kernels are slow and the CPU path
+    /// is the reference).
+    fn frozen_kind(self, dev: Device) -> Kind;
+    /// Refuses precisions that cannot train (fp16 without loss scaling).
+    fn check_trainable(self) -> Result<(), String>;
+}
+
+impl PrecisionExt for Precision {
+    fn autocast_kind(self) -> Option<Kind> {
         match self {
             Self::Fp32 => None,
             Self::Bf16 => Some(Kind::BFloat16),
@@ -46,9 +38,7 @@ impl Precision {
         }
     }
 
-    /// The storage type of frozen weights on `dev` (the CPU stays fp32: its bf16 kernels are slow and the CPU path
-    /// is the reference).
-    pub fn frozen_kind(self, dev: Device) -> Kind {
+    fn frozen_kind(self, dev: Device) -> Kind {
         match (self, dev) {
             (_, Device::Cpu) | (Self::Fp32, _) => Kind::Float,
             (Self::Bf16, _) => Kind::BFloat16,
@@ -56,8 +46,7 @@ impl Precision {
         }
     }
 
-    /// Refuses precisions that cannot train (fp16 without loss scaling).
-    pub fn check_trainable(self) -> Result<(), String> {
+    fn check_trainable(self) -> Result<(), String> {
         match self {
             Self::Fp16 => Err("--precision fp16 cannot train: without loss scaling its gradients underflow to zero; \
                                use bf16 (every GPU since Ampere has it) or fp32"

@@ -9,14 +9,15 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use care_formats::trainer::{
-    EmbedCorpusSpec, Event, ExportSpec, FailCode, Hyper, LayerPick, Lora, MergeSpec, Phase, Precision, PruneSpec,
-    ServedVectors, Stage1Spec, Stage2Spec,
+    EmbedCorpusSpec, Event, ExportSpec, FailCode, Hyper, LayerPick, Lora, MergeSpec, Phase, PruneSpec, ServedVectors,
+    Stage1Spec, Stage2Spec,
 };
 use care_formats::training::TrainingExample;
 use tch::{Device, Kind};
 
 use crate::data::{self, MiningOptions};
 use crate::encoder::{Encoder, write_json};
+use crate::precision::PrecisionExt;
 use crate::train::{DocSide, LossConfig, TrainConfig, Trainer, frozen_doc_side_with, select_trainable};
 
 /// What a phase wrote: the line a person reads and the machine-readable summary (Stage I/II: their run.json).
@@ -64,18 +65,6 @@ pub fn fail_code(e: &anyhow::Error) -> FailCode {
     FailCode::Internal
 }
 
-pub fn precision(p: Precision) -> crate::precision::Precision {
-    match p {
-        Precision::Fp32 => crate::precision::Precision::Fp32,
-        Precision::Bf16 => crate::precision::Precision::Bf16,
-        Precision::Fp16 => crate::precision::Precision::Fp16,
-    }
-}
-
-fn frozen_kind(p: Precision, dev: Device) -> Kind {
-    precision(p).frozen_kind(dev)
-}
-
 pub fn load_encoder(dir: &Path, dev: Device, k: Kind, max_length: Option<usize>) -> Result<Encoder> {
     let mut e = Encoder::load(dir, dev, k).with_context(|| format!("loading {}", dir.display()))?;
     if let Some(m) = max_length {
@@ -88,23 +77,6 @@ pub fn load_encoder(dir: &Path, dev: Device, k: Kind, max_length: Option<usize>)
             .map_err(anyhow::Error::msg)?;
     }
     Ok(e)
-}
-
-pub fn train_config(h: &Hyper, loss: LossConfig) -> TrainConfig {
-    TrainConfig {
-        steps: h.steps,
-        batch_size: h.batch_size,
-        sub_batch: h.sub_batch,
-        lr: h.lr,
-        warmup_ratio: h.warmup_ratio,
-        weight_decay: h.weight_decay,
-        max_grad_norm: h.max_grad_norm,
-        seed: h.seed,
-        checkpoint_every: h.checkpoint_every,
-        keep_checkpoints: h.keep_checkpoints,
-        loss,
-        batch_by_source: false,
-    }
 }
 
 /// A seeded sample of at most `n` items (order kept).
@@ -169,10 +141,12 @@ pub fn finish_training(
     }
     let started = Instant::now();
     let dev = trainer.query.device;
-    let log = crate::precision::train_autocast(dev, precision(h.precision), || trainer.run(None))
-        .map_err(anyhow::Error::msg)??;
+    let log =
+        crate::precision::train_autocast(dev, h.precision, || trainer.run(None)).map_err(anyhow::Error::msg)??;
     let secs = started.elapsed().as_secs_f64();
-    if trainer.cfg.checkpoint_every > 0 && !trainer.cfg.steps.is_multiple_of(trainer.cfg.checkpoint_every) {
+    if trainer.cfg.hyper.checkpoint_every > 0
+        && !trainer.cfg.hyper.steps.is_multiple_of(trainer.cfg.hyper.checkpoint_every)
+    {
         let path = trainer.save_checkpoint()?;
         trainer.emit(Event::Checkpoint { step: trainer.opt.step, path });
     }
@@ -205,9 +179,9 @@ pub fn prune(s: &PruneSpec) -> Result<Outcome> {
 /// Stage I: document encoder frozen; query encoder aligned on self-pairs (contrastive + MSE).
 pub fn stage1(s: &Stage1Spec, dev: Device, emit: &mut dyn FnMut(Event)) -> Result<Outcome> {
     let (h, o) = (&s.hyper, &s.options);
-    precision(h.precision).check_trainable().map_err(anyhow::Error::msg)?;
+    h.precision.check_trainable().map_err(anyhow::Error::msg)?;
     let q = load_encoder(&s.query, dev, Kind::Float, Some(h.document_max_length))?;
-    let d = load_encoder(&s.document, dev, frozen_kind(h.precision, dev), Some(h.document_max_length))?;
+    let d = load_encoder(&s.document, dev, h.precision.frozen_kind(dev), Some(h.document_max_length))?;
     let mut docs = data::read_corpus(&s.corpus)?;
     if !o.kinds.is_empty() {
         docs.retain(|doc| doc.kind.as_ref().is_some_and(|k| o.kinds.contains(k)));
@@ -230,7 +204,7 @@ pub fn stage1(s: &Stage1Spec, dev: Device, emit: &mut dyn FnMut(Event)) -> Resul
         served.as_ref(),
     )?;
     if let Some(qt) = &o.query_teacher {
-        let qt = load_encoder(qt, dev, frozen_kind(h.precision, dev), Some(h.document_max_length))?;
+        let qt = load_encoder(qt, dev, h.precision.frozen_kind(dev), Some(h.document_max_length))?;
         let own = o.query_teacher_template.as_deref().unwrap_or(&h.query_template);
         let mut seen = std::collections::HashSet::new();
         // (the side's key, the text as stage1_pairs gave it to the document encoder; the text as the query
@@ -245,15 +219,8 @@ pub fn stage1(s: &Stage1Spec, dev: Device, emit: &mut dyn FnMut(Event)) -> Resul
         crate::train::realign_rows(&mut side, &qt, &rows, h.infer_batch)?;
     }
     let params = select_trainable(&q, "query.", &|n| !(h.freeze_embeddings && n.starts_with("embeddings.word")));
-    let cfg = train_config(
-        h,
-        LossConfig {
-            temperature: o.temperature,
-            group_size: 1,
-            mse_weight: o.mse_weight,
-            matryoshka: h.matryoshka.clone(),
-        },
-    );
+    let cfg =
+        TrainConfig::new(h.clone(), LossConfig { temperature: o.temperature, group_size: 1, mse_weight: o.mse_weight });
     let mut t = Trainer::new(&q, side, &ex, cfg, params, &s.out)?;
     t.events = Some(Box::new(emit));
     let summary = serde_json::json!({"stage": "stage1", "query": s.query, "document": s.document, "texts": texts.len(),
@@ -269,10 +236,10 @@ pub fn stage1(s: &Stage1Spec, dev: Device, emit: &mut dyn FnMut(Event)) -> Resul
 /// Stage II: joint training (document encoder through LoRA, or frozen), 1 positive + hard negatives.
 pub fn stage2(s: &Stage2Spec, dev: Device, emit: &mut dyn FnMut(Event)) -> Result<Outcome> {
     let (h, o) = (&s.hyper, &s.options);
-    precision(h.precision).check_trainable().map_err(anyhow::Error::msg)?;
+    h.precision.check_trainable().map_err(anyhow::Error::msg)?;
     let q = load_encoder(&s.query, dev, Kind::Float, Some(h.query_max_length))?;
     // Frozen or the base of LoRA adapters: either way these weights never train, so bf16 storage halves them.
-    let mut d = load_encoder(&s.document, dev, frozen_kind(h.precision, dev), Some(h.document_max_length))?;
+    let mut d = load_encoder(&s.document, dev, h.precision.frozen_kind(dev), Some(h.document_max_length))?;
     let mut ex = Vec::new();
     for t in &s.train {
         ex.extend(data::read_training_file(t)?);
@@ -358,16 +325,8 @@ pub fn stage2(s: &Stage2Spec, dev: Device, emit: &mut dyn FnMut(Event)) -> Resul
         params.extend(select_trainable(&d, "document.", &|n| n.contains("lora_")));
     }
     let n_params: i64 = params.values().map(tch::Tensor::numel).map(|n| n as i64).sum();
-    let cfg = train_config(
-        h,
-        LossConfig {
-            temperature: o.temperature,
-            group_size: o.group_size,
-            mse_weight: 0.0,
-            matryoshka: h.matryoshka.clone(),
-        },
-    );
-    let cfg = TrainConfig { batch_by_source: o.batch_by_source, ..cfg };
+    let loss = LossConfig { temperature: o.temperature, group_size: o.group_size, mse_weight: 0.0 };
+    let cfg = TrainConfig { batch_by_source: o.batch_by_source, ..TrainConfig::new(h.clone(), loss) };
     let mut t = Trainer::new(&q, side, &ex, cfg, params, &s.out)?;
     t.events = Some(Box::new(emit));
     let summary = serde_json::json!({
@@ -455,7 +414,7 @@ pub fn export(s: &ExportSpec) -> Result<Outcome> {
 
 pub fn embed_corpus(s: &EmbedCorpusSpec, dev: Device) -> Result<Outcome> {
     let o = &s.options;
-    let d = load_encoder(&s.document, dev, frozen_kind(o.precision, dev), Some(o.max_length))?;
+    let d = load_encoder(&s.document, dev, o.precision.frozen_kind(dev), Some(o.max_length))?;
     let docs = data::read_corpus(&s.corpus)?;
     let width = o.width.unwrap_or(d.hidden_size());
     let started = Instant::now();

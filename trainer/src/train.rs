@@ -18,7 +18,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use care_formats::trainer::{Event, StepKind};
+use care_formats::trainer::{Event, Hyper, StepKind};
 use care_formats::training::TrainingExample;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
@@ -40,6 +40,7 @@ pub enum DocSide<'a> {
     Same,
 }
 
+/// The loss of a stage (the step loop's other settings are its [`Hyper`]).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct LossConfig {
     pub temperature: f64,
@@ -47,27 +48,24 @@ pub struct LossConfig {
     pub group_size: usize,
     /// Weight of the MSE alignment term (Stage I: 1.0; 0 disables it).
     pub mse_weight: f64,
-    /// Matryoshka widths the contrastive loss is averaged over (empty: the query width only).
-    pub matryoshka: Vec<i64>,
 }
 
+/// What the step loop runs: the stage's hyper-parameters (the contract's [`Hyper`], flattened, so `run.json` and
+/// a checkpoint's `state.json` keep their fields at the top) and its loss.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct TrainConfig {
-    pub steps: u64,
-    pub batch_size: usize,
-    /// Encode at most this many texts with a graph at once (0: the whole batch).
-    pub sub_batch: usize,
-    pub lr: f64,
-    pub warmup_ratio: f64,
-    pub weight_decay: f64,
-    pub max_grad_norm: f64,
-    pub seed: u64,
-    pub checkpoint_every: u64,
-    pub keep_checkpoints: usize,
+    #[serde(flatten)]
+    pub hyper: Hyper,
     pub loss: LossConfig,
     /// Each batch from one source ([`crate::data::source_batch_indices`]); Stage II only.
     #[serde(default)]
     pub batch_by_source: bool,
+}
+
+impl TrainConfig {
+    pub fn new(hyper: Hyper, loss: LossConfig) -> Self {
+        TrainConfig { hyper, loss, batch_by_source: false }
+    }
 }
 
 /// One line of `metrics.jsonl`.
@@ -360,28 +358,34 @@ impl<'a> Trainer<'a> {
         if examples.is_empty() {
             return Err(Error::Data("no training examples".into()));
         }
-        if cfg.batch_size == 0 || cfg.loss.group_size == 0 {
+        if cfg.hyper.batch_size == 0 || cfg.loss.group_size == 0 {
             return Err(Error::Data("batch size and group size must be at least 1".into()));
         }
         std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
-        let opt = AdamW::new(AdamWConfig { lr: cfg.lr, weight_decay: cfg.weight_decay, ..Default::default() }, params);
+        let opt = AdamW::new(
+            AdamWConfig { lr: cfg.hyper.lr, weight_decay: cfg.hyper.weight_decay, ..Default::default() },
+            params,
+        );
         let filler = crate::data::document_pool(examples);
         let sources = cfg.batch_by_source.then(|| crate::data::source_ids(examples));
         Ok(Self { query, doc, examples, cfg, opt, out: out.to_path_buf(), filler, sources, events: None })
     }
 
     fn schedule(&self) -> Schedule {
-        Schedule { warmup: (self.cfg.steps as f64 * self.cfg.warmup_ratio).round() as u64, total: self.cfg.steps }
+        Schedule {
+            warmup: (self.cfg.hyper.steps as f64 * self.cfg.hyper.warmup_ratio).round() as u64,
+            total: self.cfg.hyper.steps,
+        }
     }
 
     /// Query texts and document groups (positive first) of step `step`.
     pub fn batch(&self, step: u64) -> (Vec<String>, Vec<String>) {
         let idx = match &self.sources {
-            Some(s) => source_batch_indices(s, self.cfg.batch_size, self.cfg.seed, step),
-            None => batch_indices(self.examples.len(), self.cfg.batch_size, self.cfg.seed, step),
+            Some(s) => source_batch_indices(s, self.cfg.hyper.batch_size, self.cfg.hyper.seed, step),
+            None => batch_indices(self.examples.len(), self.cfg.hyper.batch_size, self.cfg.hyper.seed, step),
         };
         let g = self.cfg.loss.group_size;
-        let mut rng = SplitMix::new(self.cfg.seed ^ step.wrapping_mul(0xD6E8_FEB8_6659_FD93));
+        let mut rng = SplitMix::new(self.cfg.hyper.seed ^ step.wrapping_mul(0xD6E8_FEB8_6659_FD93));
         let mut qs = Vec::with_capacity(idx.len());
         let mut ds = Vec::with_capacity(idx.len() * g);
         for &i in &idx {
@@ -405,10 +409,10 @@ impl<'a> Trainer<'a> {
 
     /// Encodes `texts` with a graph, in sub-batches re-seeded per part.
     fn encode_seeded(&self, enc: &Encoder, texts: &[String], step: u64, side: u64, grad: bool) -> Result<Vec<Tensor>> {
-        let sub = if self.cfg.sub_batch == 0 { texts.len() } else { self.cfg.sub_batch };
+        let sub = if self.cfg.hyper.sub_batch == 0 { texts.len() } else { self.cfg.hyper.sub_batch };
         let mut out = Vec::new();
         for (c, chunk) in texts.chunks(sub.max(1)).enumerate() {
-            tch::manual_seed(step_seed(self.cfg.seed, step, side * 10_000 + c as u64));
+            tch::manual_seed(step_seed(self.cfg.hyper.seed, step, side * 10_000 + c as u64));
             let t: Vec<&str> = chunk.iter().map(String::as_str).collect();
             let v = if grad { enc.embed(&t, true)? } else { tch::no_grad(|| enc.embed(&t, true))? };
             out.push(v);
@@ -425,10 +429,11 @@ impl<'a> Trainer<'a> {
     fn loss_fp32(&self, q: &Tensor, d: &Tensor) -> (Tensor, Tensor, Tensor) {
         let lc = &self.cfg.loss;
         let g = lc.group_size as i64;
-        let contrastive = if lc.matryoshka.is_empty() {
+        let widths = &self.cfg.hyper.matryoshka;
+        let contrastive = if widths.is_empty() {
             loss::asymmetric_info_nce(q, d, lc.temperature, g)
         } else {
-            loss::matryoshka(q, d, &lc.matryoshka, |a, b| loss::asymmetric_info_nce(a, b, lc.temperature, g))
+            loss::matryoshka(q, d, widths, |a, b| loss::asymmetric_info_nce(a, b, lc.temperature, g))
         };
         let mse = if lc.mse_weight > 0.0 {
             // The MSE term pairs each query with its own positive (row i·G).
@@ -462,7 +467,7 @@ impl<'a> Trainer<'a> {
                 .collect::<Result<_>>()?;
             Ok(vectors.index_select(0, &Tensor::from_slice(&rows).to_device(vectors.device())))
         };
-        let whole = self.cfg.sub_batch == 0 || self.cfg.sub_batch >= qs.len().max(ds.len());
+        let whole = self.cfg.hyper.sub_batch == 0 || self.cfg.hyper.sub_batch >= qs.len().max(ds.len());
         if whole {
             let q = Tensor::cat(&self.encode_seeded(self.query, &qs, step, 0, true)?, 0);
             let d = match doc_enc {
@@ -486,9 +491,9 @@ impl<'a> Trainer<'a> {
         let (total, c, m) = self.loss_of(&rq, &rd);
         total.backward();
         let gq = rq.grad();
-        let sub = self.cfg.sub_batch;
+        let sub = self.cfg.hyper.sub_batch;
         for (k, chunk) in qs.chunks(sub).enumerate() {
-            tch::manual_seed(step_seed(self.cfg.seed, step, k as u64));
+            tch::manual_seed(step_seed(self.cfg.hyper.seed, step, k as u64));
             let t: Vec<&str> = chunk.iter().map(String::as_str).collect();
             let v = self.query.embed(&t, true)?;
             let g = gq.narrow(0, (k * sub) as i64, chunk.len() as i64);
@@ -497,7 +502,7 @@ impl<'a> Trainer<'a> {
         if let (Some(e), Some(_)) = (doc_enc, d_parts) {
             let gd = rd.grad();
             for (k, chunk) in ds.chunks(sub).enumerate() {
-                tch::manual_seed(step_seed(self.cfg.seed, step, 10_000 + k as u64));
+                tch::manual_seed(step_seed(self.cfg.hyper.seed, step, 10_000 + k as u64));
                 let t: Vec<&str> = chunk.iter().map(String::as_str).collect();
                 let v = e.embed(&t, true)?;
                 let g = gd.narrow(0, (k * sub) as i64, chunk.len() as i64);
@@ -507,11 +512,11 @@ impl<'a> Trainer<'a> {
         Ok((total.double_value(&[]), c.double_value(&[]), m.double_value(&[])))
     }
 
-    /// Runs from the current step to `cfg.steps`, checkpointing every `checkpoint_every` steps and stopping
+    /// Runs from the current step to `cfg.hyper.steps`, checkpointing every `checkpoint_every` steps and stopping
     /// early after `stop_after` steps (tests use it to simulate an interruption).
     pub fn run(&mut self, stop_after: Option<u64>) -> Result<Vec<StepMetrics>> {
         let sched = self.schedule();
-        let mut pb = progress_bar(self.cfg.steps, "training");
+        let mut pb = progress_bar(self.cfg.hyper.steps, "training");
         pb.set_position(self.opt.step);
         let mut log = std::fs::OpenOptions::new()
             .create(true)
@@ -520,7 +525,7 @@ impl<'a> Trainer<'a> {
             .map_err(|e| Error::io(&self.out, e))?;
         let mut all = Vec::new();
         let mut done = 0;
-        while self.opt.step < self.cfg.steps {
+        while self.opt.step < self.cfg.hyper.steps {
             if stop_after.is_some_and(|n| done >= n) {
                 break;
             }
@@ -531,8 +536,8 @@ impl<'a> Trainer<'a> {
             if !l.is_finite() {
                 return Err(Error::Data(format!("loss is {l} at step {}; lower the learning rate", step + 1)));
             }
-            let grad_norm = self.opt.clip_grad_norm(self.cfg.max_grad_norm);
-            let lr = self.cfg.lr * sched.factor(step + 1);
+            let grad_norm = self.opt.clip_grad_norm(self.cfg.hyper.max_grad_norm);
+            let lr = self.cfg.hyper.lr * sched.factor(step + 1);
             self.opt.step(lr);
             let met = StepMetrics {
                 step: self.opt.step,
@@ -550,14 +555,14 @@ impl<'a> Trainer<'a> {
             self.emit(Event::Step {
                 phase: StepKind::Train,
                 step: met.step,
-                total: self.cfg.steps,
+                total: self.cfg.hyper.steps,
                 loss: l,
                 lr,
                 seconds: met.seconds,
             });
             all.push(met);
             done += 1;
-            if self.cfg.checkpoint_every > 0 && self.opt.step.is_multiple_of(self.cfg.checkpoint_every) {
+            if self.cfg.hyper.checkpoint_every > 0 && self.opt.step.is_multiple_of(self.cfg.hyper.checkpoint_every) {
                 let path = self.save_checkpoint()?;
                 self.emit(Event::Checkpoint { step: self.opt.step, path });
             }
@@ -593,13 +598,13 @@ impl<'a> Trainer<'a> {
             .map(|(n, t)| (format!("m.{n}"), t.shallow_clone()))
             .chain(self.opt.v.iter().map(|(n, t)| (format!("v.{n}"), t.shallow_clone())));
         crate::weights::save_tensors(moments, &tmp.join("optim.safetensors"))?;
-        let state = CheckpointState { step: self.opt.step, seed: self.cfg.seed, config: self.cfg.clone() };
+        let state = CheckpointState { step: self.opt.step, seed: self.cfg.hyper.seed, config: self.cfg.clone() };
         crate::encoder::write_json(&tmp.join("state.json"), &serde_json::to_value(&state).unwrap_or_default())?;
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::rename(&tmp, &dir).map_err(|e| Error::io(&dir, e))?;
         // Keep the newest `keep_checkpoints`.
         let mut all = list_checkpoints(&self.out);
-        while all.len() > self.cfg.keep_checkpoints.max(1) {
+        while all.len() > self.cfg.hyper.keep_checkpoints.max(1) {
             let old = all.remove(0);
             let _ = std::fs::remove_dir_all(old.1);
         }
@@ -612,14 +617,14 @@ impl<'a> Trainer<'a> {
         let state: CheckpointState =
             serde_json::from_str(&std::fs::read_to_string(dir.join("state.json")).map_err(|e| Error::io(&dir, e))?)
                 .map_err(|e| Error::Checkpoint(format!("{}: {e}", dir.display())))?;
-        if state.seed != self.cfg.seed || state.config.batch_size != self.cfg.batch_size {
+        if state.seed != self.cfg.hyper.seed || state.config.hyper.batch_size != self.cfg.hyper.batch_size {
             return Err(Error::Checkpoint(format!(
                 "{} was written with seed {} / batch {}, this run uses seed {} / batch {}; resume with the same settings",
                 dir.display(),
                 state.seed,
-                state.config.batch_size,
-                self.cfg.seed,
-                self.cfg.batch_size
+                state.config.hyper.batch_size,
+                self.cfg.hyper.seed,
+                self.cfg.hyper.batch_size
             )));
         }
         let params = crate::weights::load_tensors(&dir.join("params.safetensors"))?;

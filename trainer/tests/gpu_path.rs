@@ -6,13 +6,14 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use care_formats::trainer::{Hyper, Precision};
 use care_formats::training::TrainingExample;
 use care_trainer::doctor::{E5_SMALL, QWEN3_SIZES, stage2_estimate};
 use care_trainer::encoder::{Encoder, EncoderSettings, Model};
 use care_trainer::models::linear::Linear;
 use care_trainer::models::{Attention, Bert, BertConfig, Qwen3, Qwen3Config};
 use care_trainer::optim::{AdamW, AdamWConfig};
-use care_trainer::precision::{self, AutocastDevice, Precision};
+use care_trainer::precision::{self, AutocastDevice, PrecisionExt};
 use care_trainer::train::{DocSide, LossConfig, TrainConfig, Trainer, select_trainable};
 use care_trainer::weights::Weights;
 use tch::{Device, Kind, Tensor};
@@ -222,20 +223,22 @@ fn examples() -> Vec<TrainingExample> {
 }
 
 fn cfg() -> TrainConfig {
-    TrainConfig {
-        steps: 3,
-        batch_size: 4,
-        sub_batch: 0,
-        lr: 1e-3,
-        warmup_ratio: 0.0,
-        weight_decay: 0.05,
-        max_grad_norm: 1.0,
-        seed: 1,
-        checkpoint_every: 0,
-        keep_checkpoints: 1,
-        loss: LossConfig { temperature: 0.02, group_size: 3, mse_weight: 0.0, matryoshka: Vec::new() },
-        batch_by_source: false,
-    }
+    TrainConfig::new(
+        Hyper {
+            steps: 3,
+            batch_size: 4,
+            sub_batch: 0,
+            lr: 1e-3,
+            warmup_ratio: 0.0,
+            weight_decay: 0.05,
+            max_grad_norm: 1.0,
+            seed: 1,
+            checkpoint_every: 0,
+            keep_checkpoints: 1,
+            ..Hyper::default()
+        },
+        LossConfig { temperature: 0.02, group_size: 3, mse_weight: 0.0 },
+    )
 }
 
 #[test]

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use care_formats::trainer::Hyper;
 use care_formats::training::TrainingExample;
 use care_trainer::data::{
     MiningOptions, batch_indices, mine_hard_negatives, permutation, source_batch_indices, source_ids,
@@ -311,20 +312,23 @@ fn examples(n: usize) -> Vec<TrainingExample> {
 }
 
 fn config(steps: u64, sub_batch: usize) -> TrainConfig {
-    TrainConfig {
-        steps,
-        batch_size: 4,
-        sub_batch,
-        lr: 1e-3,
-        warmup_ratio: 0.25,
-        weight_decay: 0.01,
-        max_grad_norm: 1.0,
-        seed: 42,
-        checkpoint_every: 3,
-        keep_checkpoints: 2,
-        loss: LossConfig { temperature: 0.05, group_size: 3, mse_weight: 0.5, matryoshka: vec![8, 16] },
-        batch_by_source: false,
-    }
+    TrainConfig::new(
+        Hyper {
+            steps,
+            batch_size: 4,
+            sub_batch,
+            lr: 1e-3,
+            warmup_ratio: 0.25,
+            weight_decay: 0.01,
+            max_grad_norm: 1.0,
+            seed: 42,
+            checkpoint_every: 3,
+            keep_checkpoints: 2,
+            matryoshka: vec![8, 16],
+            ..Hyper::default()
+        },
+        LossConfig { temperature: 0.05, group_size: 3, mse_weight: 0.5 },
+    )
 }
 
 struct Models {
@@ -451,7 +455,7 @@ fn frozen_document_side_trains_only_the_query_encoder() {
     let doc_before = snapshot(&d.named_parameters());
     let side = care_trainer::train::frozen_doc_side(&d, care_trainer::data::document_pool(&ex), 4, None).unwrap();
     let mut cfg = config(5, 0);
-    cfg.lr = 5e-3;
+    cfg.hyper.lr = 5e-3;
     cfg.loss.group_size = 2;
     let params = select_trainable(&q, "query.", &|_| true);
     let mut t = Trainer::new(&q, side, &ex, cfg, params, &root.path().join("f")).unwrap();

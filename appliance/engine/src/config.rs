@@ -163,7 +163,7 @@ impl Default for TrainingConfig {
     fn default() -> Self {
         TrainingConfig {
             trainer: "care-train".into(),
-            device: "auto".into(),
+            device: care_formats::trainer::DEFAULT_DEVICE.into(),
             threads: 0,
             utc_offset_minutes: 480,
             keep_free_gb: 2.0,

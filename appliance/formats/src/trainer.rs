@@ -24,6 +24,9 @@ pub const SPEC_VERSION: u32 = 1;
 /// The version of the [`Event`] stream this crate writes and reads (carried by [`Event::Started`]).
 pub const EVENT_FORMAT: u32 = 1;
 
+/// The device a phase runs on unless told otherwise: CUDA when libtorch sees a GPU, else the CPU.
+pub const DEFAULT_DEVICE: &str = "auto";
+
 /// The template a query encoder reads its texts through unless told otherwise (e5's prompt).
 pub const DEFAULT_QUERY_TEMPLATE: &str = "query: {text}";
 /// The template a document encoder reads passages through unless told otherwise (e5's prompt).
@@ -47,7 +50,7 @@ pub struct TrainSpec {
 }
 
 fn default_device() -> String {
-    "auto".into()
+    DEFAULT_DEVICE.into()
 }
 
 impl TrainSpec {
@@ -384,6 +387,21 @@ impl Default for Stage2Options {
             batch_by_source: false,
             lora: Lora::default(),
         }
+    }
+}
+
+/// `care-train init` (independent initialisation: a symmetric contrastive fine-tune of one encoder, an engineer's
+/// tool the appliance does not run): its loss, beside Stage I's and Stage II's. Its step loop is a [`Hyper`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct InitOptions {
+    pub temperature: f64,
+    /// Documents per query: 1 positive + `group_size − 1` negatives.
+    pub group_size: usize,
+}
+
+impl Default for InitOptions {
+    fn default() -> Self {
+        InitOptions { temperature: 0.02, group_size: 2 }
     }
 }
 

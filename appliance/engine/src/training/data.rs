@@ -26,6 +26,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::Path;
 
+use care_formats::trainer::{Hyper, Stage2Options};
 use care_formats::training::TrainingExample;
 use care_modelio::tensor::{Tensor, TensorMap};
 use rusqlite::params;
@@ -78,9 +79,10 @@ impl Default for DataOptions {
         DataOptions {
             include_search_queries: false,
             max_heading_pairs: 2000,
-            negatives: 7,
+            // The trainer's Stage II group (1 positive + 7 negatives) and seed.
+            negatives: Stage2Options::default().group_size - 1,
             groups_per_query: 1,
-            seed: 42,
+            seed: Hyper::default().seed,
         }
     }
 }

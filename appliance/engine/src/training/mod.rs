@@ -111,7 +111,7 @@ impl Default for Recipe {
             // 1,500 steps on short texts (below) are about 11 minutes on 2 cores for a 4-layer student.
             stage1_steps: 1500,
             stage2_steps: 500,
-            batch_size: 32,
+            batch_size: Hyper::default().batch_size,
             // 32 groups (255 negatives per query in a step), not 8: on the real run's huatuo dev it gave +2.45
             // nDCG@10 against +0.64 (docs/experiments/2026-11-25-retraining-first-real-run.md); about 1.6 s a step
             // on 2 cores.
@@ -636,16 +636,16 @@ impl Engine {
                 pairing_id: base.document.pairing_id.clone(),
                 options: ExportOptions {
                     name: name.clone(),
-                    version: "1".into(),
                     query_template: query_template.clone(),
                     document_template: document_template.clone(),
-                    parity_texts: None,
+                    ..ExportOptions::default()
                 },
             }))
         })?;
         if !st.done("import") {
             // A crash between the import's commit and this marker: the package is registered already.
-            let spec = format!("{name}@1,{}@{}", base.document.name, base.document.version);
+            let spec =
+                format!("{name}@{},{}@{}", ExportOptions::default().version, base.document.name, base.document.version);
             if self.resolve_pair(&spec).is_err() {
                 self.import_model_as(actor, &export)?;
             }
