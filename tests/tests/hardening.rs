@@ -709,13 +709,13 @@ fn hostile_files_are_parsed_in_a_limited_child_and_fail_alone() {
 /// obeys the test's commands on stdin: `fill` (a file takes every free byte), `free` (it goes), `check` (stop the
 /// server, run `care check`). What it does is echoed on stdout, after the server's own lines.
 const SMALL_DISK: &str = r#"set -u
-mount -t tmpfs -o "size=$SIZE" tmpfs "$SMALL"
-cp -a "$SRC" "$SMALL/data"
+mount -t tmpfs -o "size=${SIZE}k" tmpfs "$SMALL" || { echo "no-mount"; exit 3; }
+cp -a "$SRC" "$SMALL/data" || exit 3
 "$CARE" --data-dir "$SMALL/data" --config "$CONF" serve --bind 127.0.0.1:0 --http-bind 127.0.0.1:0 &
 pid=$!
 while read -r cmd; do
   case "$cmd" in
-    fill) dd if=/dev/zero of="$SMALL/filler" bs=64k 2>/dev/null; df -k "$SMALL" | tail -1 | sed 's/^/filled /' ;;
+    fill) dd if=/dev/zero of="$SMALL/filler" bs=1k count="$SIZE" 2>/dev/null; df -k "$SMALL" | tail -1 | sed 's/^/filled /' ;;
     free) rm -f "$SMALL/filler"; echo freed ;;
     check) kill "$pid"; wait "$pid"; "$CARE" --data-dir "$SMALL/data" --config "$CONF" check; echo "check-exit $?"; exit 0 ;;
   esac
@@ -728,8 +728,14 @@ done
 /// gives no unprivileged user namespaces.
 #[test]
 fn a_data_disk_that_fills_up_is_no_outage_and_recovers() {
-    if !std::process::Command::new("unshare").args(["-rm", "true"]).status().is_ok_and(|s| s.success()) {
-        println!("skipped: `unshare -rm` (an unprivileged user and mount namespace) is not available here");
+    // The probe mounts a tmpfs the way the test does; never fill a disk that is not the test's own.
+    let probe = tempfile::tempdir().unwrap();
+    let mounts = std::process::Command::new("unshare")
+        .args(["-rm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs \"$0\"", probe.path().to_str().unwrap()])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounts {
+        println!("skipped: no tmpfs can be mounted in an unprivileged user and mount namespace (`unshare -rm`) here");
         return;
     }
     let s = site(&[]);
@@ -740,7 +746,7 @@ fn a_data_disk_that_fills_up_is_no_outage_and_recovers() {
     let used = dir_bytes(&s.care.data_dir);
     let mut sh = std::process::Command::new("unshare")
         .args(["-rm", "sh", "-c", SMALL_DISK])
-        .env("SIZE", format!("{}k", (used + (48 << 20)) / 1024))
+        .env("SIZE", ((used + (48 << 20)) / 1024).to_string())
         .env("SMALL", &small)
         .env("SRC", &s.care.data_dir)
         .env("CARE", care_e2e::care_bin())
