@@ -170,3 +170,13 @@ impl Default for TrainingConfig {
         }
     }
 }
+
+/// A configuration for tests: data in `dir`, and no disk reserve (tests must not depend on the host's free disk; the
+/// reserve's own tests set one).
+#[cfg(test)]
+pub(crate) fn test_config(dir: &std::path::Path) -> EngineConfig {
+    let mut cfg = EngineConfig::default();
+    cfg.storage.data_dir = dir.to_path_buf();
+    cfg.training.keep_free_gb = 0.0;
+    cfg
+}

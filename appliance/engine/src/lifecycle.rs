@@ -1031,9 +1031,7 @@ mod tests {
     }
 
     fn engine(dir: &Path) -> Engine {
-        let mut cfg = crate::EngineConfig::default();
-        cfg.storage.data_dir = dir.to_path_buf();
-        cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
+        let cfg = crate::config::test_config(dir);
         Engine::open(cfg, crate::engine::OpenMode::Create).unwrap()
     }
 

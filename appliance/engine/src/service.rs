@@ -714,9 +714,7 @@ mod tests {
     use crate::ingest::ParsedDocument;
 
     fn engine(dir: &std::path::Path) -> Engine {
-        let mut cfg = EngineConfig::default();
-        cfg.storage.data_dir = dir.to_path_buf();
-        cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
+        let cfg = crate::config::test_config(dir);
         Engine::open(cfg, OpenMode::Create).unwrap()
     }
 
@@ -779,9 +777,7 @@ mod tests {
     #[test]
     fn schedules_queued_jobs_and_feedback_are_capped() {
         let t = tempfile::tempdir().unwrap();
-        let mut cfg = EngineConfig::default();
-        cfg.storage.data_dir = t.path().to_path_buf();
-        cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
+        let mut cfg = crate::config::test_config(t.path());
         cfg.limits = crate::config::LimitsConfig {
             max_schedules: 2,
             max_queued_jobs: 2,
@@ -839,9 +835,7 @@ mod tests {
     #[test]
     fn one_users_feedback_counts_at_most_the_cap_in_training_and_evaluation() {
         let t = tempfile::tempdir().unwrap();
-        let mut cfg = EngineConfig::default();
-        cfg.storage.data_dir = t.path().to_path_buf();
-        cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
+        let mut cfg = crate::config::test_config(t.path());
         cfg.limits.feedback_per_user_per_hour = 10_000;
         cfg.limits.max_feedback_per_user = 50;
         let e = Engine::open(cfg, OpenMode::Create).unwrap();
@@ -921,9 +915,7 @@ mod tests {
         let conn = rusqlite::Connection::open(t.path().join("care.sqlite")).unwrap();
         conn.execute("DELETE FROM audit WHERE id = (SELECT max(id) FROM audit)", []).unwrap();
         drop(conn);
-        let mut cfg = EngineConfig::default();
-        cfg.storage.data_dir = t.path().to_path_buf();
-        cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
+        let cfg = crate::config::test_config(t.path());
         let e = Engine::open(cfg, OpenMode::Existing).unwrap();
         let err = e.audit_verify_as(&Actor::console("cli:root"), false).unwrap_err();
         assert_eq!(err.code(), crate::ErrorCode::AuditTampered, "{err}");

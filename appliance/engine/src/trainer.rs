@@ -174,7 +174,6 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::EngineConfig;
     use crate::engine::{Engine, OpenMode};
 
     /// A fake `care-train` in `dir` that counts its starts in `dir/spawns`, takes `delay` to answer and exits with
@@ -197,9 +196,7 @@ mod tests {
     }
 
     fn engine(dir: &Path, trainer: PathBuf) -> Engine {
-        let mut cfg = EngineConfig::default();
-        cfg.storage.data_dir = dir.join("data");
-        cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
+        let mut cfg = crate::config::test_config(&dir.join("data"));
         cfg.training.trainer = trainer;
         cfg.training.device = "cpu".into();
         Engine::open(cfg, OpenMode::Create).unwrap()

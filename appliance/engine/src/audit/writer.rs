@@ -158,14 +158,12 @@ fn same_error(e: &Error) -> Error {
 mod tests {
     use std::time::{Duration, Instant};
 
+    use crate::ErrorCode;
     use crate::engine::{Engine, OpenMode, SearchRequest};
     use crate::service::{Actor, SearchAs};
-    use crate::{EngineConfig, ErrorCode};
 
     fn demo_engine(dir: &std::path::Path) -> Engine {
-        let mut cfg = EngineConfig::default();
-        cfg.storage.data_dir = dir.to_path_buf();
-        cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
+        let cfg = crate::config::test_config(dir);
         let e = Engine::open(cfg, OpenMode::Create).unwrap();
         crate::demo::load_demo(&e).unwrap();
         e

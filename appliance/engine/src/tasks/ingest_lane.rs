@@ -373,14 +373,11 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::EngineConfig;
     use crate::engine::OpenMode;
     use crate::jobs::Job;
 
     fn engine(dir: &Path) -> Arc<Engine> {
-        let mut cfg = EngineConfig::default();
-        cfg.storage.data_dir = dir.to_path_buf();
-        cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
+        let cfg = crate::config::test_config(dir);
         Arc::new(Engine::open(cfg, OpenMode::Create).unwrap())
     }
 
