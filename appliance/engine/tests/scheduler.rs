@@ -283,18 +283,26 @@ fn narrow_package(e: &Engine, at: &Path) -> PathBuf {
     dir
 }
 
-#[test]
-fn a_cancel_reaches_a_running_evaluation_at_its_next_batch() {
-    let t = tempfile::tempdir().unwrap();
-    let (corpus, csv) = subset(t.path(), 60, 1500);
-    let e = open(&config(&t.path().join("data")));
+/// An engine in `at/data` with a kuake subset (`n` judged queries, `others` more passages), e5-small live, the
+/// judgments imported and the narrow e5-w16 candidate registered: what an evaluation or a promotion needs.
+fn with_candidate(at: &Path, n: usize, others: usize) -> Arc<Engine> {
+    let (corpus, csv) = subset(at, n, others);
+    let e = open(&config(&at.join("data")));
     let admin = Actor::console("admin");
     e.create_collection("kuake", "", "test").unwrap();
     e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
     e.import_e5s1(&e5s1(), "1", None, false).unwrap();
     e.sync_dense_indexes(&mut |_| {}).unwrap();
     e.import_judgments_as(&admin, "kuake", "dev", care_engine::judgments::JudgmentSource::Csv(&csv)).unwrap();
-    e.import_model_as(&admin, &narrow_package(&e, t.path())).unwrap();
+    e.import_model_as(&admin, &narrow_package(&e, at)).unwrap();
+    e
+}
+
+#[test]
+fn a_cancel_reaches_a_running_evaluation_at_its_next_batch() {
+    let t = tempfile::tempdir().unwrap();
+    let e = with_candidate(t.path(), 60, 1500);
+    let admin = Actor::console("admin");
 
     let w = Worker::start(e.clone(), 1);
     let id = e.submit_evaluate_as(&admin, "e5-w16@1").unwrap();
@@ -323,15 +331,8 @@ fn a_cancel_reaches_a_running_evaluation_at_its_next_batch() {
 #[test]
 fn an_evaluation_and_a_promotion_that_ran_to_their_end_are_audited_with_their_results() {
     let t = tempfile::tempdir().unwrap();
-    let (corpus, csv) = subset(t.path(), 20, 100);
-    let e = open(&config(&t.path().join("data")));
+    let e = with_candidate(t.path(), 20, 100);
     let admin = Actor::console("admin");
-    e.create_collection("kuake", "", "test").unwrap();
-    e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
-    e.import_e5s1(&e5s1(), "1", None, false).unwrap();
-    e.sync_dense_indexes(&mut |_| {}).unwrap();
-    e.import_judgments_as(&admin, "kuake", "dev", care_engine::judgments::JudgmentSource::Csv(&csv)).unwrap();
-    e.import_model_as(&admin, &narrow_package(&e, t.path())).unwrap();
 
     let w = Worker::start(e.clone(), 1);
     let evaluation = e.submit_evaluate_as(&admin, "e5-w16@1").unwrap();
