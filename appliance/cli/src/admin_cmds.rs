@@ -5,7 +5,7 @@ use std::io::Read;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use care_engine::{Actor, Engine, UserUpdate, audit};
+use care_engine::{Admin, Engine, UserUpdate, audit};
 use clap::Subcommand;
 
 /// Who the audit log names for CLI actions: the operating-system account running the command, from its real uid
@@ -116,7 +116,7 @@ fn read_password(file: Option<&PathBuf>) -> Result<String> {
 }
 
 pub fn run_user(e: &Engine, cmd: UserCommand) -> Result<i32> {
-    let who = Actor::console(actor());
+    let who = Admin::console(actor());
     match cmd {
         UserCommand::Add { username, role, password_file } => {
             let pw = read_password(password_file.as_ref())?;
@@ -170,7 +170,7 @@ pub fn run_user(e: &Engine, cmd: UserCommand) -> Result<i32> {
 }
 
 pub fn run_audit(e: &Engine, cmd: AuditCommand) -> Result<i32> {
-    let who = Actor::console(actor());
+    let who = Admin::console(actor());
     match cmd {
         // The full walk proves the whole log; the checkpoint then moves audit.anchor to what was just proven.
         AuditCommand::Verify => {
@@ -263,7 +263,7 @@ pub enum SynonymCommand {
 /// server uses a change at its next search.
 pub fn run_synonyms(e: &Engine, cmd: SynonymCommand) -> Result<i32> {
     use care_engine::synonyms::NewSynonym;
-    let who = Actor::console(actor());
+    let who = Admin::console(actor());
     match cmd {
         SynonymCommand::List { filter, json } => {
             let (rows, total) = e.synonyms_as(&who, filter.as_deref(), usize::MAX, 0)?;

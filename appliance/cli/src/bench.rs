@@ -246,7 +246,7 @@ fn http_latency(engine: Arc<Engine>, queries: &[&str]) -> Result<Latency> {
     let (tx, rx) = std::sync::mpsc::channel();
     // The API needs a caller: an administrator (reads every collection) with an API token, as a machine client has.
     engine.bootstrap_admin("bench", None)?;
-    let (_, token) = engine.create_token_as(&care_engine::Actor::console("bench"), "bench", "care bench")?;
+    let (_, token) = engine.create_token_as(&care_engine::Admin::console("bench"), "bench", "care bench")?;
     let settings = care_server::Settings {
         server: care_server::ServerConfig {
             bind: "127.0.0.1:0".into(),

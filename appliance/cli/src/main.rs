@@ -352,8 +352,8 @@ fn print_evaluation(r: &care_engine::lifecycle::EvaluationReport) {
     println!("  gate: {} (evaluation #{})", r.verdict(), r.id);
 }
 
-fn console() -> care_engine::Actor {
-    care_engine::Actor::console(cli_actor())
+fn console() -> care_engine::Admin {
+    care_engine::Admin::console(cli_actor())
 }
 
 #[derive(Subcommand, Debug)]
@@ -1156,7 +1156,7 @@ fn serve(engine: Engine, cfg: &config::AppConfig) -> Result<()> {
     }));
     worker.shutdown();
     // The records of the last minute before a shutdown are otherwise covered by no checkpoint until the next start.
-    match closing.audit_verify_as(&care_engine::Actor::system(), false) {
+    match closing.audit_verify_as(&care_engine::Admin::system(), false) {
         Ok(r) => tracing::info!(verified_through = r.verified_through, "final audit checkpoint"),
         Err(e) => tracing::error!(error = %e, "final audit checkpoint failed"),
     }

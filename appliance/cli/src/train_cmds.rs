@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use care_engine::training::schedule::ScheduleSpec;
 use care_engine::training::{Recipe, TrainingRun};
-use care_engine::{Actor, Engine, JobState};
+use care_engine::{Admin, Engine, JobState};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -129,7 +129,7 @@ impl RecipeArgs {
     }
 }
 
-pub fn run_train(e: Arc<Engine>, actor: &Actor, workers: usize, cmd: TrainCommand) -> Result<i32> {
+pub fn run_train(e: Arc<Engine>, actor: &Admin, workers: usize, cmd: TrainCommand) -> Result<i32> {
     match cmd {
         TrainCommand::Status => {
             let s = e.refresh_trainer_status();
@@ -217,7 +217,7 @@ pub fn run_train(e: Arc<Engine>, actor: &Actor, workers: usize, cmd: TrainComman
 }
 
 /// Follows a run with a progress bar; runs the queue in this process when no server holds it.
-fn follow(e: Arc<Engine>, actor: &Actor, workers: usize, job: i64) -> Result<i32> {
+fn follow(e: Arc<Engine>, actor: &Admin, workers: usize, job: i64) -> Result<i32> {
     run_with_bar(&e, workers, job)?;
     let run: TrainingRun = e.training_run_as(actor, job)?;
     let phases: Vec<String> = run.phases.iter().map(|(p, s)| format!("{p} {s:.0} s")).collect();

@@ -908,12 +908,54 @@ impl Actor {
     pub fn is_admin(&self) -> bool {
         self.role == Role::Admin
     }
-    pub(crate) fn require_admin(&self) -> Result<()> {
+    /// The proof an admin-only operation takes; refused with 403 for anyone else. Tasks call it again when they
+    /// run, so an administrator demoted after submitting loses the task too.
+    pub fn admin(&self) -> Result<Admin> {
         if self.is_admin() {
-            Ok(())
+            Ok(Admin(self.clone()))
         } else {
             Err(Error::Forbidden("此操作需要管理员权限 (administrator role required)".into()))
         }
+    }
+}
+
+/// An actor proven to be an administrator. Only [`Actor::admin`] (which checks the role) and [`Admin::console`]
+/// make one, and every admin-only operation takes `&Admin`: an operation whose caller forgot the check does not
+/// compile. It reads as the actor it proves (`Deref`), for audit records and ownership.
+///
+/// ```compile_fail
+/// # fn f(e: &care_engine::Engine, someone: &care_engine::Actor) -> care_engine::Result<()> {
+/// e.users_as(someone)?; // an actor is no proof: this does not compile
+/// # Ok(())
+/// # }
+/// ```
+/// ```no_run
+/// # fn f(e: &care_engine::Engine, someone: &care_engine::Actor) -> care_engine::Result<()> {
+/// e.users_as(&someone.admin()?)?; // checked: 403 unless `someone` is an administrator
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Admin(Actor);
+
+impl Admin {
+    /// The shell on the appliance itself (see [`Actor::console`]).
+    pub fn console(name: impl Into<String>) -> Self {
+        Admin(Actor::console(name))
+    }
+    /// The server's own housekeeping and the demo's setup.
+    pub fn system() -> Self {
+        Admin(Actor::system())
+    }
+    pub fn actor(&self) -> &Actor {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for Admin {
+    type Target = Actor;
+    fn deref(&self) -> &Actor {
+        &self.0
     }
 }
 

@@ -14,7 +14,7 @@ use rusqlite::params;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::accounts::Actor;
+use crate::accounts::Admin;
 use crate::engine::{Engine, MAX_QUERY_CHARS};
 use crate::error::{Error, Result};
 use crate::eval::metrics::Judgements;
@@ -161,12 +161,11 @@ impl Engine {
     /// id) or a passage (chunk id) of the collection, in one transaction with its audit record.
     pub fn import_judgments_as(
         &self,
-        actor: &Actor,
+        actor: &Admin,
         collection: &str,
         name: &str,
         src: JudgmentSource<'_>,
     ) -> Result<JudgmentSetInfo> {
-        actor.require_admin()?;
         check_name(name)?;
         let col = self.store.collection(collection)?;
         let (source, origin) = match src {
@@ -248,15 +247,14 @@ impl Engine {
     }
 
     fn judgment_set_info(&self, collection: &str, name: &str) -> Result<JudgmentSetInfo> {
-        self.judgment_sets_as(&Actor::system(), Some(collection))?
+        self.judgment_sets_as(&Admin::system(), Some(collection))?
             .into_iter()
             .find(|s| s.name == name)
             .ok_or_else(|| Error::NotFound { what: format!("judgment set '{name}' of collection '{collection}'") })
     }
 
     /// The uploaded sets and, per collection with feedback, the feedback set.
-    pub fn judgment_sets_as(&self, actor: &Actor, collection: Option<&str>) -> Result<Vec<JudgmentSetInfo>> {
-        actor.require_admin()?;
+    pub fn judgment_sets_as(&self, _admin: &Admin, collection: Option<&str>) -> Result<Vec<JudgmentSetInfo>> {
         let conn = self.store.reader();
         let mut stmt = conn.prepare(
             "SELECT c.name, s.name, s.source, s.created_by, s.created_at, COUNT(j.id), \
@@ -309,8 +307,7 @@ impl Engine {
     }
 
     /// Deletes an uploaded set (feedback is not a set: it goes with the feedback itself).
-    pub fn delete_judgments_as(&self, actor: &Actor, collection: &str, name: &str) -> Result<usize> {
-        actor.require_admin()?;
+    pub fn delete_judgments_as(&self, actor: &Admin, collection: &str, name: &str) -> Result<usize> {
         let col = self.store.collection(collection)?;
         let mut conn = self.store.conn();
         let tx = conn.transaction()?;

@@ -99,7 +99,7 @@ pub use engine::{
 pub use error::{Error, ErrorCode, Result};
 pub use ingest::{IngestLimits, IngestOptions};
 pub use jobs::{FileError, Job, JobState};
-pub use service::{Actor, HealthReport, JobView, SearchAs, UserInfo, UserUpdate};
+pub use service::{Actor, Admin, HealthReport, JobView, SearchAs, UserInfo, UserUpdate};
 pub use tasks::ingest_lane::{Worker, WorkerHandle};
 pub use tasks::scheduler::{Scheduler, SchedulerHandle, SchedulerOptions};
 pub use tasks::{CancelToken, Chore, Housekeeping, Task};

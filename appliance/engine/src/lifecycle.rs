@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use care_formats::{ModelManifest, ModelRole, Pooling};
 use serde::{Deserialize, Serialize};
 
-use crate::accounts::Actor;
+use crate::accounts::{Actor, Admin};
 use crate::encoders::{OrtEncoder, TextKind};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -288,8 +288,7 @@ fn import_lock(dir: &Path, spec: &str) -> Result<std::fs::File> {
 
 impl Engine {
     /// Verifies the package folder `src` and registers a copy of it (see the module docs). Admins only.
-    pub fn import_model_as(&self, actor: &Actor, src: &Path) -> Result<ImportReport> {
-        actor.require_admin()?;
+    pub fn import_model_as(&self, actor: &Admin, src: &Path) -> Result<ImportReport> {
         let m = ModelManifest::load(src).map_err(|e| manifest_err(src, e))?;
         check_manifest(src, &m)?;
         let spec = format!("{}@{}", m.name, m.version);
@@ -640,11 +639,10 @@ impl Engine {
     /// first; the live pair keeps serving meanwhile.
     pub fn evaluate_as(
         &self,
-        actor: &Actor,
+        actor: &Admin,
         candidate: &str,
         progress: &mut dyn FnMut(DenseProgress),
     ) -> Result<EvaluationReport> {
-        actor.require_admin()?;
         let live = models::active(&self.store)?
             .ok_or_else(|| Error::InvalidInput("没有在用的模型 (no live model pair to compare with)".into()))?;
         let cand = self.resolve_pair(candidate)?;
@@ -745,8 +743,7 @@ impl Engine {
     }
 
     /// Stored evaluations, newest first (reports with their chart).
-    pub fn evaluations_as(&self, actor: &Actor, limit: usize) -> Result<Vec<(EvaluationReport, String)>> {
-        actor.require_admin()?;
+    pub fn evaluations_as(&self, _admin: &Admin, limit: usize) -> Result<Vec<(EvaluationReport, String)>> {
         let conn = self.store.reader();
         let mut stmt = conn.prepare(
             "SELECT id, report, chart_svg, rejected_by, rejected_at, rejected_reason FROM model_evaluations \
@@ -848,8 +845,7 @@ impl Engine {
 
     /// Rejects an evaluated candidate pair: it cannot be promoted, not even with an override, until it is
     /// evaluated again. Its report stays, marked. Returns the evaluation that was marked.
-    pub fn reject_as(&self, actor: &Actor, candidate: &str, reason: &str) -> Result<i64> {
-        actor.require_admin()?;
+    pub fn reject_as(&self, actor: &Admin, candidate: &str, reason: &str) -> Result<i64> {
         let reason = reason.trim();
         if reason.is_empty() {
             return Err(Error::InvalidInput("请填写驳回理由 (a rejection needs a reason; it is audited)".into()));
@@ -892,12 +888,11 @@ impl Engine {
     /// transaction.
     pub fn promote_as(
         &self,
-        actor: &Actor,
+        actor: &Admin,
         candidate: &str,
         override_reason: Option<&str>,
         progress: &mut dyn FnMut(DenseProgress),
     ) -> Result<ActivePair> {
-        actor.require_admin()?;
         let (cand, verdict) = self.promotion_allowed(candidate, override_reason)?;
         let reason = override_reason.map(str::trim).unwrap_or("");
         let fusion = match verdict {
@@ -931,8 +926,7 @@ impl Engine {
 
     /// Returns to the pair that was live before the live one, with the fusion weights it served with. Its tables
     /// were kept, so only chunks ingested since are embedded before the switch.
-    pub fn rollback_as(&self, actor: &Actor, reason: &str) -> Result<ActivePair> {
-        actor.require_admin()?;
+    pub fn rollback_as(&self, actor: &Admin, reason: &str) -> Result<ActivePair> {
         let live = models::active(&self.store)?
             .ok_or_else(|| Error::InvalidInput("没有在用的模型 (no live model pair)".into()))?;
         let previous = models::history(&self.store, 1000)?
@@ -959,8 +953,7 @@ impl Engine {
     }
 
     /// The live-pair history, newest first.
-    pub fn model_history_as(&self, actor: &Actor, limit: usize) -> Result<Vec<models::HistoryEntry>> {
-        actor.require_admin()?;
+    pub fn model_history_as(&self, _admin: &Admin, limit: usize) -> Result<Vec<models::HistoryEntry>> {
         Ok(models::history(&self.store, limit.min(1000))?.into_iter().map(|h| h.2).collect())
     }
 }
@@ -1041,7 +1034,7 @@ mod tests {
     fn safetensors_headers_that_lie_about_the_file_are_refused_at_import() {
         let t = tempfile::tempdir().unwrap();
         let e = engine(&t.path().join("data"));
-        let admin = Actor::console("cli:root");
+        let admin = Admin::console("cli:root");
         let bad = offline_package(t.path(), "liar", &lying_weights(2 << 30, 64));
         let err = e.import_model_as(&admin, &bad).unwrap_err();
         assert_eq!(err.code(), crate::ErrorCode::InvalidPackage, "{err}");
@@ -1063,7 +1056,7 @@ mod tests {
         let e = std::sync::Arc::new(engine(&t.path().join("data")));
         let pkg = offline_package(t.path(), "twice", &good_weights());
         let held = import_lock(&e.dir.import_locks(), "twice@1").unwrap();
-        let err = e.import_model_as(&Actor::console("cli:root"), &pkg).unwrap_err();
+        let err = e.import_model_as(&Admin::console("cli:root"), &pkg).unwrap_err();
         assert_eq!(err.code(), crate::ErrorCode::Busy);
         assert!(err.to_string().contains("正在由另一个导入处理"), "{err}");
         drop(held);
@@ -1076,7 +1069,7 @@ mod tests {
                     let (e, pkg, barrier) = (e.clone(), pkg.clone(), barrier.clone());
                     std::thread::spawn(move || {
                         barrier.wait();
-                        e.import_model_as(&Actor::console("cli:root"), &pkg)
+                        e.import_model_as(&Admin::console("cli:root"), &pkg)
                     })
                 })
                 .collect();

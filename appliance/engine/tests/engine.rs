@@ -403,7 +403,7 @@ mod model_import {
 
     use care_engine::accounts::Role;
     use care_engine::audit::Filter;
-    use care_engine::{Actor, Engine, Error, ErrorCode};
+    use care_engine::{Actor, Admin, Engine, Error, ErrorCode};
     use care_formats::ModelManifest;
 
     use super::{e5s1, engine_in};
@@ -467,7 +467,7 @@ mod model_import {
             .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         dirs.sort();
-        let audit = e.audit_records_as(&Actor::console("t"), &Filter::default(), 10_000, 0).unwrap().len();
+        let audit = e.audit_records_as(&Admin::console("t"), &Filter::default(), 10_000, 0).unwrap().len();
         (models, dirs, audit)
     }
 
@@ -489,7 +489,7 @@ mod model_import {
         let t = tempfile::tempdir().unwrap();
         let e = engine_in(t.path());
         e.import_e5s1(&e5s1(), "1", Some(&src.active_models().unwrap().unwrap().query.pairing_id), false).unwrap();
-        let admin = Actor::console("admin");
+        let admin = Admin::console("admin");
 
         // Every refusal class, each on its own damaged copy of the good package.
         type Damage = fn(&Path);
@@ -622,7 +622,8 @@ mod model_import {
             std::fs::remove_dir_all(&d).unwrap();
         }
         let clinician = Actor { name: "dr".into(), role: Role::Clinician, user_id: Some(7) };
-        assert_eq!(e.import_model_as(&clinician, &good).unwrap_err().code(), ErrorCode::Forbidden);
+        // Admin-only operations take the proof only an administrator yields, so a clinician cannot even call this.
+        assert_eq!(clinician.admin().unwrap_err().code(), ErrorCode::Forbidden);
         assert_eq!(state(&e), before);
 
         // The good package: registered with its parity measured, one audit record, and it serves.
@@ -686,7 +687,7 @@ mod lifecycle_gate {
     use care_engine::engine::OpenMode;
     use care_engine::eval::BeirSet;
     use care_engine::judgments::{JudgmentSource, part_of};
-    use care_engine::{Actor, Engine, EngineConfig, ErrorCode, SearchRequest};
+    use care_engine::{Admin, Engine, EngineConfig, ErrorCode, SearchRequest};
     use care_formats::ModelManifest;
 
     use super::{e5s1, shared};
@@ -763,7 +764,7 @@ mod lifecycle_gate {
         cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
         cfg.lifecycle.max_latency_ratio = 10.0;
         let e = Arc::new(Engine::open(cfg, OpenMode::Create).unwrap());
-        let admin = Actor::console("admin");
+        let admin = Admin::console("admin");
         e.create_collection("kuake", "", "test").unwrap();
         e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
         e.import_e5s1(&e5s1(), "1", None, false).unwrap();
@@ -912,7 +913,7 @@ mod lifecycle_gate {
         assert_eq!(actions.iter().filter(|a| *a == "model.job_submit").count(), 4, "{actions:?}");
     }
 
-    fn wait_job(e: &Engine, admin: &Actor, id: i64) -> care_engine::JobView {
+    fn wait_job(e: &Engine, admin: &Admin, id: i64) -> care_engine::JobView {
         let started = std::time::Instant::now();
         loop {
             let j = e.job_as(admin, id).unwrap();
@@ -940,7 +941,7 @@ mod training {
     use care_engine::training::DataOptions;
     use care_engine::training::Recipe;
     use care_engine::training::schedule::ScheduleSpec;
-    use care_engine::{Actor, Engine, EngineConfig, ErrorCode, SearchRequest, Worker};
+    use care_engine::{Admin, Engine, EngineConfig, ErrorCode, SearchRequest, Worker};
     use care_formats::training::TrainingExample;
 
     use super::e5s1;
@@ -970,7 +971,7 @@ mod training {
 
     fn wait(
         e: &Engine,
-        admin: &Actor,
+        admin: &Admin,
         job: i64,
         until: &dyn Fn(&care_engine::JobView) -> bool,
     ) -> care_engine::JobView {
@@ -1031,7 +1032,7 @@ mod training {
         cfg.training.trainer = PathBuf::from(bin);
         cfg.training.device = "cpu".into();
         let e = Arc::new(Engine::open(cfg, OpenMode::Create).unwrap());
-        let admin = Actor::console("admin");
+        let admin = Admin::console("admin");
         e.create_collection("kuake", "", "test").unwrap();
         e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
         e.import_e5s1(&e5s1(), "1", None, false).unwrap();
@@ -1436,11 +1437,11 @@ mod jobs {
             action_prefix: Some("ingest.".into()),
             ..Default::default()
         };
-        let recs = e.audit_records_as(&care_engine::Actor::system(), &f, 10, 0).unwrap();
+        let recs = e.audit_records_as(&care_engine::Admin::system(), &f, 10, 0).unwrap();
         let actions: Vec<&str> = recs.iter().map(|r| r.action.as_str()).collect();
         assert_eq!(actions, vec!["ingest.done", "ingest.submit"]);
         assert_eq!(recs[0].detail["files_failed"], 7);
-        e.audit_verify_as(&care_engine::Actor::system(), true).unwrap();
+        e.audit_verify_as(&care_engine::Admin::system(), true).unwrap();
     }
 
     #[test]
@@ -1490,7 +1491,7 @@ mod jobs {
         assert_eq!((s.documents, s.chunks, s.lexical_docs), (0, 0, 0));
         let f = care_engine::audit::Filter { actor: Some("carol".into()), ..Default::default() };
         let actions: Vec<String> = e
-            .audit_records_as(&care_engine::Actor::system(), &f, 10, 0)
+            .audit_records_as(&care_engine::Admin::system(), &f, 10, 0)
             .unwrap()
             .into_iter()
             .map(|r| r.action)
@@ -1656,7 +1657,7 @@ mod offline_vectors {
     #[test]
     fn an_offline_document_model_goes_live_only_with_complete_vectors_and_later_ingests_queue_for_it() {
         let (t, e) = setup();
-        let admin = care_engine::Actor::console("admin");
+        let admin = care_engine::Admin::console("admin");
         let before = snapshot(&e);
         let qwen = relabelled(&e, t.path(), "qwen3-doc", &["tokenizer.json"], |m| {
             m.role = care_formats::ModelRole::Document;
@@ -1767,7 +1768,7 @@ mod offline_vectors {
             e.vector_sources("c").unwrap(),
             care_engine::vectors::VectorSources { imported: vec![("qwen3-doc-test@1".into(), rows.len())], online: 0 }
         );
-        e.audit_verify_as(&care_engine::Actor::system(), true).unwrap();
+        e.audit_verify_as(&care_engine::Admin::system(), true).unwrap();
 
         let refuse = |name: &str, prepare: &dyn Fn(&Path)| -> Error {
             let dir = t.path().join(name);
@@ -1977,7 +1978,7 @@ mod offline_vectors {
         e.import_e5s1(&e5s1(), "1", None, false).unwrap();
         e.create_collection("c", "", "test").unwrap();
         e.ingest_documents("c", &docs(None)).unwrap();
-        let admin = care_engine::Actor::console("admin");
+        let admin = care_engine::Admin::console("admin");
         let before = snapshot(&e);
         let err = e.submit_offline_embed_as(&admin, None).unwrap_err();
         assert!(err.to_string().contains("online"), "an online live model needs no offline embedding: {err}");
@@ -2590,7 +2591,7 @@ fn synonyms_abbreviations_and_pinyin_find_what_clinicians_type() {
     assert!(mi.missing_terms.is_empty(), "{:?}", mi.missing_terms);
     assert!(mi.hits.iter().take(3).any(|h| h.matched_terms.contains(&"心梗".to_string())), "{:?}", mi.hits[0]);
     // An admin's change is in force at the next search, without a restart, and audited.
-    let admin = care_engine::Actor::console("tester");
+    let admin = care_engine::Admin::console("tester");
     let (rows, _) = e.synonyms_as(&admin, Some("COPD"), 10, 0).unwrap();
     let copd = rows.iter().find(|g| g.variants.iter().any(|v| v == "COPD")).expect("COPD is in the seed table");
     e.delete_synonym_as(&admin, copd.id).unwrap();
@@ -2609,7 +2610,7 @@ fn synonyms_abbreviations_and_pinyin_find_what_clinicians_type() {
     assert!(err.contains("慢性阻塞性肺疾病"), "{err}");
     let clinician =
         care_engine::Actor { name: "drwang".into(), role: care_engine::accounts::Role::Clinician, user_id: None };
-    assert!(e.save_synonym_as(&clinician, None, &back).is_err(), "only admins edit the table");
+    assert!(clinician.admin().is_err(), "only admins edit the table");
     let actions: Vec<String> = e
         .audit_records_as(
             &admin,

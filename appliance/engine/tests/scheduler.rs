@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use care_engine::audit::Filter;
 use care_engine::engine::OpenMode;
-use care_engine::{Actor, Engine, EngineConfig, IngestOptions, Job, JobState, UserUpdate, Worker};
+use care_engine::{Actor, Admin, Engine, EngineConfig, IngestOptions, Job, JobState, UserUpdate, Worker};
 
 fn config(dir: &Path) -> EngineConfig {
     let mut cfg = EngineConfig::default();
@@ -44,7 +44,7 @@ fn finished(e: &Engine, id: i64) -> Job {
 
 fn actions(e: &Engine, prefix: &str) -> Vec<care_engine::audit::AuditRecord> {
     let f = Filter { action_prefix: Some(prefix.into()), ..Default::default() };
-    e.audit_records_as(&Actor::system(), &f, 1000, 0).unwrap()
+    e.audit_records_as(&Admin::system(), &f, 1000, 0).unwrap()
 }
 
 /// The records of model tasks' ends (`model.job_done`, `_failed`, `_cancelled`), not of their submission.
@@ -109,7 +109,7 @@ fn a_cancel_reaches_a_running_ingest_at_its_next_batch() {
     let w = Worker::start(e.clone(), 1);
     wait_until("the first batch", Duration::from_secs(120), || e.job(id).unwrap().documents_done > 0);
     let asked = Instant::now();
-    e.cancel_job_as(&Actor::console("admin"), id).unwrap();
+    e.cancel_job_as(&Admin::console("admin"), id).unwrap();
     let job = finished(&e, id);
     let took = asked.elapsed();
     w.shutdown();
@@ -124,12 +124,12 @@ fn a_cancel_reaches_a_running_ingest_at_its_next_batch() {
 fn a_task_runs_as_its_submitter_rechecked_when_it_starts() {
     let t = tempfile::tempdir().unwrap();
     let e = open(&config(&t.path().join("data")));
-    let root = Actor::console("root");
+    let root = Admin::console("root");
     e.create_collection_as(&root, "c", "").unwrap();
     // Another administrator stays, so demoting this one is allowed.
     e.create_user_as(&root, "li", "Kd3#wPq9!zXv-Ward", "admin").unwrap();
     let u = e.create_user_as(&root, "wang", "Zq8!vLm#2pRt-Hosp", "admin").unwrap();
-    let wang = Actor::user(&u);
+    let wang = Actor::user(&u).admin().unwrap();
     let up = e.new_upload_dir().unwrap();
     std::fs::write(up.join("a.md"), "# 标题\n正文。").unwrap();
     let id = e.submit_upload_as(&wang, "c", vec![up.join("a.md")]).unwrap();
@@ -172,7 +172,7 @@ fn a_due_schedule_fires_exactly_once_across_restarts() {
     let mut cfg = config(&t.path().join("data"));
     cfg.training.trainer = fake_trainer(t.path());
     cfg.training.keep_free_gb = 0.0;
-    let admin = Actor::console("admin");
+    let admin = Admin::console("admin");
     let schedule = {
         let e = open(&cfg);
         e.import_e5s1(&e5s1(), "1", None, false).unwrap();
@@ -288,7 +288,7 @@ fn narrow_package(e: &Engine, at: &Path) -> PathBuf {
 fn with_candidate(at: &Path, n: usize, others: usize) -> Arc<Engine> {
     let (corpus, csv) = subset(at, n, others);
     let e = open(&config(&at.join("data")));
-    let admin = Actor::console("admin");
+    let admin = Admin::console("admin");
     e.create_collection("kuake", "", "test").unwrap();
     e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
     e.import_e5s1(&e5s1(), "1", None, false).unwrap();
@@ -302,7 +302,7 @@ fn with_candidate(at: &Path, n: usize, others: usize) -> Arc<Engine> {
 fn a_cancel_reaches_a_running_evaluation_at_its_next_batch() {
     let t = tempfile::tempdir().unwrap();
     let e = with_candidate(t.path(), 60, 1500);
-    let admin = Actor::console("admin");
+    let admin = Admin::console("admin");
 
     let w = Worker::start(e.clone(), 1);
     let id = e.submit_evaluate_as(&admin, "e5-w16@1").unwrap();
@@ -332,7 +332,7 @@ fn a_cancel_reaches_a_running_evaluation_at_its_next_batch() {
 fn an_evaluation_and_a_promotion_that_ran_to_their_end_are_audited_with_their_results() {
     let t = tempfile::tempdir().unwrap();
     let e = with_candidate(t.path(), 20, 100);
-    let admin = Actor::console("admin");
+    let admin = Admin::console("admin");
 
     let w = Worker::start(e.clone(), 1);
     let evaluation = e.submit_evaluate_as(&admin, "e5-w16@1").unwrap();

@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use crate::AppState;
 use crate::api::{self, AuditQuery};
-use crate::call::call;
+use crate::call::{call, call_admin};
 use crate::errors::ApiError;
 use crate::guard::{Caller, percent_encode};
 use crate::pages::{Nav, render, see_other};
@@ -118,7 +118,7 @@ pub async fn create_collection(
     f: web::Form<CreateForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    match call(&state, &caller, move |e, a| e.create_collection_as(a, &f.name, &f.description)).await {
+    match call_admin(&state, &caller, move |e, a| e.create_collection_as(a, &f.name, &f.description)).await {
         Ok(c) => Ok(back_with("/admin/collections", &format!("已创建资料库 {}", c.name))),
         Err(e) => back_with_error("/admin/collections", e),
     }
@@ -154,7 +154,7 @@ pub async fn approve_collection(
 ) -> Result<HttpResponse, ApiError> {
     let approved = f.approved != 0;
     let n = name.to_string();
-    match call(&state, &caller, move |e, a| e.approve_as(a, &n, approved)).await {
+    match call_admin(&state, &caller, move |e, a| e.approve_as(a, &n, approved)).await {
         Ok(_) => Ok(back_with(
             "/admin/collections",
             &format!("资料库 {} {}", name, if approved { "已批准用于训练" } else { "已撤销训练批准" }),
@@ -180,7 +180,7 @@ pub async fn delete_collection(
         return back_with_error("/admin/collections", ApiError::invalid(format!("请输入资料库名称 {name} 以确认删除")));
     }
     let n = name.to_string();
-    match call(&state, &caller, move |e, a| e.delete_collection_as(a, &n)).await {
+    match call_admin(&state, &caller, move |e, a| e.delete_collection_as(a, &n)).await {
         Ok(_) => Ok(back_with("/admin/collections", &format!("已删除资料库 {name}"))),
         Err(e) => back_with_error("/admin/collections", e),
     }
@@ -205,7 +205,7 @@ pub async fn jobs_page(
     caller: Caller,
     f: web::Query<Flash>,
 ) -> Result<HttpResponse, ApiError> {
-    let jobs = call(&state, &caller, |e, a| e.jobs_as(a, 50)).await?;
+    let jobs = call_admin(&state, &caller, |e, a| e.jobs_as(a, 50)).await?;
     let f = f.into_inner();
     render(&JobsPage {
         nav: Nav::of(&caller),
@@ -223,7 +223,7 @@ pub async fn cancel_job(
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
-    match call(&state, &caller, move |e, a| e.cancel_job_as(a, id)).await {
+    match call_admin(&state, &caller, move |e, a| e.cancel_job_as(a, id)).await {
         Ok(()) => Ok(back_with("/admin/jobs", &format!("任务 #{id} 将在当前文件完成后取消"))),
         Err(e) => back_with_error("/admin/jobs", e),
     }
@@ -253,7 +253,7 @@ async fn users_page(
     new_token: Option<String>,
 ) -> Result<HttpResponse, ApiError> {
     let (users, collections, tokens) =
-        call(state, caller, |e, a| Ok((e.users_as(a)?, e.readable_collections(a)?, e.tokens_as(a, None)?))).await?;
+        call_admin(state, caller, |e, a| Ok((e.users_as(a)?, e.readable_collections(a)?, e.tokens_as(a, None)?))).await?;
     render(&UsersPage {
         nav: Nav::of(caller),
         flash,
@@ -289,7 +289,7 @@ pub async fn create_user(
     f: web::Form<NewUserForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    match call(&state, &caller, move |e, a| e.create_user_as(a, &f.username, &f.password, &f.role)).await {
+    match call_admin(&state, &caller, move |e, a| e.create_user_as(a, &f.username, &f.password, &f.role)).await {
         Ok(u) => Ok(back_with("/admin/users", &format!("已创建用户 {}", u.username))),
         Err(e) => back_with_error("/admin/users", e),
     }
@@ -323,7 +323,7 @@ pub async fn update_user(
         "reset_password" => u.password = Some(f.password),
         "delete" => {
             let n = name.clone();
-            return match call(&state, &caller, move |e, a| e.delete_user_as(a, &n)).await {
+            return match call_admin(&state, &caller, move |e, a| e.delete_user_as(a, &n)).await {
                 Ok(()) => Ok(back_with("/admin/users", &format!("已删除用户 {name}"))),
                 Err(e) => back_with_error("/admin/users", e),
             };
@@ -331,7 +331,7 @@ pub async fn update_user(
         other => return back_with_error("/admin/users", ApiError::invalid(format!("unknown action {other:?}"))),
     }
     let n = name.clone();
-    match call(&state, &caller, move |e, a| e.update_user_as(a, &n, &u)).await {
+    match call_admin(&state, &caller, move |e, a| e.update_user_as(a, &n, &u)).await {
         Ok(()) => Ok(back_with("/admin/users", &format!("已更新用户 {name}"))),
         Err(e) => back_with_error("/admin/users", e),
     }
@@ -353,7 +353,7 @@ pub async fn grants_form(
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
     let (n, c, grant) = (name.to_string(), f.collection.clone(), f.action == "grant");
-    let r = call(&state, &caller, move |e, a| if grant { e.grant_as(a, &n, &c) } else { e.revoke_as(a, &n, &c) }).await;
+    let r = call_admin(&state, &caller, move |e, a| if grant { e.grant_as(a, &n, &c) } else { e.revoke_as(a, &n, &c) }).await;
     match r {
         Ok(()) => Ok(back_with(
             "/admin/users",
@@ -377,7 +377,7 @@ pub async fn create_token(
     f: web::Form<TokenForm>,
 ) -> Result<HttpResponse, ApiError> {
     let (n, t) = (name.to_string(), f.into_inner().name);
-    match call(&state, &caller, move |e, a| e.create_token_as(a, &n, &t)).await {
+    match call_admin(&state, &caller, move |e, a| e.create_token_as(a, &n, &t)).await {
         Ok((_, secret)) => {
             users_page(
                 &state,
@@ -399,7 +399,7 @@ pub async fn revoke_token(
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
-    match call(&state, &caller, move |e, a| e.revoke_token_as(a, id)).await {
+    match call_admin(&state, &caller, move |e, a| e.revoke_token_as(a, id)).await {
         Ok(()) => Ok(back_with("/admin/users", &format!("已吊销令牌 #{id}"))),
         Err(e) => back_with_error("/admin/users", e),
     }
@@ -443,7 +443,7 @@ pub async fn synonyms_page(
     let filter: String = q.q.trim().chars().take(40).collect();
     let page = q.page.unwrap_or(1).clamp(1, 10_000);
     let f = filter.clone();
-    let (rows, total) = call(&state, &caller, move |e, a| {
+    let (rows, total) = call_admin(&state, &caller, move |e, a| {
         e.synonyms_as(a, Some(f.as_str()), SYNONYMS_PER_PAGE, (page - 1) * SYNONYMS_PER_PAGE)
     })
     .await?;
@@ -481,7 +481,7 @@ pub async fn add_synonym(
     f: web::Form<SynonymForm>,
 ) -> Result<HttpResponse, ApiError> {
     let g = f.into_inner().group();
-    match call(&state, &caller, move |e, a| e.save_synonym_as(a, None, &g)).await {
+    match call_admin(&state, &caller, move |e, a| e.save_synonym_as(a, None, &g)).await {
         Ok(s) => Ok(back_with("/admin/synonyms", &format!("已新增“{}”：{}", s.preferred, s.variants.join("、")))),
         Err(e) => back_with_error("/admin/synonyms", e),
     }
@@ -510,7 +510,7 @@ pub async fn update_synonym(
     f: web::Form<SynonymForm>,
 ) -> Result<HttpResponse, ApiError> {
     let (id, g) = (id.into_inner(), f.into_inner().group());
-    match call(&state, &caller, move |e, a| e.save_synonym_as(a, Some(id), &g)).await {
+    match call_admin(&state, &caller, move |e, a| e.save_synonym_as(a, Some(id), &g)).await {
         Ok(s) => Ok(back_with("/admin/synonyms", &format!("已保存“{}”", s.preferred))),
         Err(e) => back_with_error("/admin/synonyms", e),
     }
@@ -523,7 +523,7 @@ pub async fn delete_synonym(
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
-    match call(&state, &caller, move |e, a| e.delete_synonym_as(a, id)).await {
+    match call_admin(&state, &caller, move |e, a| e.delete_synonym_as(a, id)).await {
         Ok(s) => Ok(back_with("/admin/synonyms", &format!("已删除“{}”一组", s.preferred))),
         Err(e) => back_with_error("/admin/synonyms", e),
     }
@@ -594,16 +594,16 @@ pub async fn models_page(
     caller: Caller,
     f: web::Query<Flash>,
 ) -> Result<HttpResponse, ApiError> {
-    let (models, active) = call(&state, &caller, |e, a| e.models_as(a)).await?;
-    let history = call(&state, &caller, |e, a| e.model_history_as(a, 20)).await?;
-    let judgments = call(&state, &caller, |e, a| e.judgment_sets_as(a, None)).await?;
-    let model_jobs: Vec<JobView> = call(&state, &caller, |e, a| e.jobs_as(a, 100))
+    let (models, active) = call_admin(&state, &caller, |e, a| e.models_as(a)).await?;
+    let history = call_admin(&state, &caller, |e, a| e.model_history_as(a, 20)).await?;
+    let judgments = call_admin(&state, &caller, |e, a| e.judgment_sets_as(a, None)).await?;
+    let model_jobs: Vec<JobView> = call_admin(&state, &caller, |e, a| e.jobs_as(a, 100))
         .await?
         .into_iter()
         .filter(|j| j.kind.starts_with("model."))
         .take(10)
         .collect();
-    let evaluations = call(&state, &caller, |e, a| e.evaluations_as(a, 10))
+    let evaluations = call_admin(&state, &caller, |e, a| e.evaluations_as(a, 10))
         .await?
         .into_iter()
         .map(|(r, svg)| EvaluationRow {
@@ -681,7 +681,7 @@ pub async fn evaluate(
     f: web::Form<CandidateForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    match call(&state, &caller, move |e, a| e.submit_evaluate_as(a, &f.candidate)).await {
+    match call_admin(&state, &caller, move |e, a| e.submit_evaluate_as(a, &f.candidate)).await {
         Ok(id) => Ok(back_with("/admin/models", &format!("已提交评测任务 #{id}，进度见本页“模型任务”或“任务”页"))),
         Err(e) => back_with_error("/admin/models", e),
     }
@@ -695,7 +695,7 @@ pub async fn promote(
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
     let reason = Some(f.override_reason.trim().to_string()).filter(|r| !r.is_empty());
-    match call(&state, &caller, move |e, a| e.submit_promote_as(a, &f.candidate, reason.as_deref())).await {
+    match call_admin(&state, &caller, move |e, a| e.submit_promote_as(a, &f.candidate, reason.as_deref())).await {
         Ok(id) => {
             Ok(back_with("/admin/models", &format!("已提交上线任务 #{id}：新向量表生成完毕前，检索继续使用在用模型")))
         }
@@ -718,7 +718,7 @@ pub async fn reject(
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
     let candidate = f.candidate.clone();
-    match call(&state, &caller, move |e, a| e.reject_as(a, &f.candidate, &f.reason)).await {
+    match call_admin(&state, &caller, move |e, a| e.reject_as(a, &f.candidate, &f.reason)).await {
         Ok(_) => Ok(back_with("/admin/models", &format!("已驳回 {candidate}"))),
         Err(e) => back_with_error("/admin/models", e),
     }
@@ -737,7 +737,7 @@ pub async fn rollback(
     f: web::Form<RollbackForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    match call(&state, &caller, move |e, a| e.rollback_as(a, &f.reason)).await {
+    match call_admin(&state, &caller, move |e, a| e.rollback_as(a, &f.reason)).await {
         Ok(p) => Ok(back_with(
             "/admin/models",
             &format!("已回滚到 {}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version),
@@ -789,7 +789,7 @@ pub async fn activate(
     f: web::Form<ActivateForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    match call(&state, &caller, move |e, a| e.activate_as(a, &f.query, &f.document, &mut |_| {})).await {
+    match call_admin(&state, &caller, move |e, a| e.activate_as(a, &f.query, &f.document, &mut |_| {})).await {
         Ok(p) => Ok(back_with(
             "/admin/models",
             &format!("已启用 {}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version),
@@ -862,7 +862,7 @@ pub async fn audit_page(
     let limit = q.limit.unwrap_or(100).min(500);
     let records: Vec<AuditRecord> =
         api::audit_records(&state, &caller, &AuditQuery { limit: Some(limit), ..q.clone() }, 500).await?;
-    let (audit_state, audit_message) = audit_banner(&call(&state, &caller, |e, a| e.audit_status_as(a)).await?);
+    let (audit_state, audit_message) = audit_banner(&call_admin(&state, &caller, |e, a| e.audit_status_as(a)).await?);
     let qs = audit_query_string(&q);
     let next_url = (records.len() == limit)
         .then(|| format!("/admin/audit?{qs}&offset={}", q.offset.unwrap_or(0).saturating_add(limit)));
@@ -889,6 +889,6 @@ pub async fn audit_csv(
 ) -> Result<HttpResponse, ApiError> {
     let q = q.into_inner();
     let (f, limit, filter) = (q.filter(), q.limit.unwrap_or(1_000_000).min(1_000_000), audit_query_string(&q));
-    let csv = call(&state, &caller, move |e, a| e.audit_export_as(a, &f, limit, &filter)).await?;
+    let csv = call_admin(&state, &caller, move |e, a| e.audit_export_as(a, &f, limit, &filter)).await?;
     Ok(csv_download(csv, "care-audit.csv"))
 }

@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use crate::AppState;
 use crate::admin::{Flash, back_with, back_with_error};
-use crate::call::call;
+use crate::call::call_admin;
 use crate::errors::ApiError;
 use crate::guard::Caller;
 use crate::pages::{Nav, render};
@@ -68,7 +68,7 @@ fn describe(s: &Schedule) -> String {
     parts.join(" 或 ")
 }
 
-fn row(e: &care_engine::Engine, a: &care_engine::Actor, run: TrainingRun) -> RunRow {
+fn row(e: &care_engine::Engine, a: &care_engine::Admin, run: TrainingRun) -> RunRow {
     let percent = if run.progress_total > 0 { run.progress_done * 100 / run.progress_total } else { 0 };
     let counts = run.counts.as_ref().map_or_else(String::new, |c| {
         let cols: Vec<String> = c
@@ -114,7 +114,7 @@ pub async fn training_page(
     caller: Caller,
     f: web::Query<Flash>,
 ) -> Result<HttpResponse, ApiError> {
-    let (trainer, live, approved, schedules, runs, (estimate, disk)) = call(&state, &caller, |e, a| {
+    let (trainer, live, approved, schedules, runs, (estimate, disk)) = call_admin(&state, &caller, |e, a| {
         let runs: Vec<RunRow> = e.training_runs_as(a, 20)?.into_iter().map(|r| row(e, a, r)).collect();
         let live = e
             .active_models()?
@@ -207,7 +207,7 @@ pub async fn train_now(
     f: web::Form<RecipeForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    match call(&state, &caller, move |e, a| e.submit_training_as(a, &f.recipe()?, None)).await {
+    match call_admin(&state, &caller, move |e, a| e.submit_training_as(a, &f.recipe()?, None)).await {
         Ok(id) => Ok(back_with("/admin/training", &format!("已提交训练任务 #{id}，进度见本页"))),
         Err(e) => back_with_error("/admin/training", e),
     }
@@ -220,7 +220,7 @@ pub async fn add_schedule(
     f: web::Form<RecipeForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    let r = call(&state, &caller, move |e, a| {
+    let r = call_admin(&state, &caller, move |e, a| {
         let spec = ScheduleSpec {
             weekday: number("weekday", &f.weekday)?,
             time: Some(f.time.trim().to_string()).filter(|t| !t.is_empty()),
@@ -244,7 +244,7 @@ pub async fn delete_schedule(
     path: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = path.into_inner();
-    match call(&state, &caller, move |e, a| e.delete_schedule_as(a, id)).await {
+    match call_admin(&state, &caller, move |e, a| e.delete_schedule_as(a, id)).await {
         Ok(()) => Ok(back_with("/admin/training", &format!("已删除训练计划 #{id}"))),
         Err(e) => back_with_error("/admin/training", e),
     }

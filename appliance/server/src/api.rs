@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::AppState;
-use crate::call::{anon, call};
+use crate::call::{anon, call, call_admin};
 use crate::errors::ApiError;
 use crate::guard::Caller;
 
@@ -188,7 +188,7 @@ pub async fn admin_create_collection(
 ) -> Result<HttpResponse, ApiError> {
     let c = body.into_inner();
     Ok(HttpResponse::Created()
-        .json(call(&state, &caller, move |e, a| e.create_collection_as(a, &c.name, &c.description)).await?))
+        .json(call_admin(&state, &caller, move |e, a| e.create_collection_as(a, &c.name, &c.description)).await?))
 }
 
 #[utoipa::path(delete, path = "/api/v1/admin/collections/{name}", tag = "admin", params(("name" = String, Path)),
@@ -200,7 +200,7 @@ pub async fn admin_delete_collection(
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let name = name.into_inner();
-    call(&state, &caller, move |e, a| e.delete_collection_as(a, &name)).await?;
+    call_admin(&state, &caller, move |e, a| e.delete_collection_as(a, &name)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -233,7 +233,7 @@ pub async fn admin_approve(
     body: web::Json<Approval>,
 ) -> Result<HttpResponse, ApiError> {
     let (name, approved) = (name.into_inner(), body.approved);
-    call(&state, &caller, move |e, a| e.approve_as(a, &name, approved)).await?;
+    call_admin(&state, &caller, move |e, a| e.approve_as(a, &name, approved)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -252,7 +252,7 @@ pub async fn admin_jobs(
     q: web::Query<Limit>,
 ) -> Result<HttpResponse, ApiError> {
     let limit = q.limit.unwrap_or(50);
-    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.jobs_as(a, limit)).await?))
+    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.jobs_as(a, limit)).await?))
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/jobs/{id}", tag = "admin", params(("id" = i64, Path)), responses((status = 200, body = Object)))]
@@ -263,7 +263,7 @@ pub async fn admin_job(
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
-    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.job_as(a, id)).await?))
+    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.job_as(a, id)).await?))
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/jobs/{id}/cancel", tag = "admin", params(("id" = i64, Path)), responses((status = 204)))]
@@ -274,14 +274,14 @@ pub async fn admin_cancel_job(
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
-    call(&state, &caller, move |e, a| e.cancel_job_as(a, id)).await?;
+    call_admin(&state, &caller, move |e, a| e.cancel_job_as(a, id)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/users", tag = "admin", responses((status = 200, body = [UserInfo])))]
 #[get("/api/v1/admin/users")]
 pub async fn admin_users(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(call(&state, &caller, |e, a| e.users_as(a)).await?))
+    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, |e, a| e.users_as(a)).await?))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -300,7 +300,7 @@ pub async fn admin_create_user(
     body: web::Json<NewUser>,
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
-    let u = call(&state, &caller, move |e, a| e.create_user_as(a, &b.username, &b.password, &b.role)).await?;
+    let u = call_admin(&state, &caller, move |e, a| e.create_user_as(a, &b.username, &b.password, &b.role)).await?;
     Ok(HttpResponse::Created().json(serde_json::json!({"username": u.username, "role": u.role})))
 }
 
@@ -314,7 +314,7 @@ pub async fn admin_update_user(
     body: web::Json<UserUpdate>,
 ) -> Result<HttpResponse, ApiError> {
     let (name, u) = (name.into_inner(), body.into_inner());
-    call(&state, &caller, move |e, a| e.update_user_as(a, &name, &u)).await?;
+    call_admin(&state, &caller, move |e, a| e.update_user_as(a, &name, &u)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -326,7 +326,7 @@ pub async fn admin_delete_user(
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let name = name.into_inner();
-    call(&state, &caller, move |e, a| e.delete_user_as(a, &name)).await?;
+    call_admin(&state, &caller, move |e, a| e.delete_user_as(a, &name)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -339,7 +339,7 @@ pub async fn admin_grant(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (name, col) = path.into_inner();
-    call(&state, &caller, move |e, a| e.grant_as(a, &name, &col)).await?;
+    call_admin(&state, &caller, move |e, a| e.grant_as(a, &name, &col)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -352,7 +352,7 @@ pub async fn admin_revoke(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (name, col) = path.into_inner();
-    call(&state, &caller, move |e, a| e.revoke_as(a, &name, &col)).await?;
+    call_admin(&state, &caller, move |e, a| e.revoke_as(a, &name, &col)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -372,7 +372,7 @@ pub async fn admin_create_token(
     body: web::Json<NewToken>,
 ) -> Result<HttpResponse, ApiError> {
     let (name, tname) = (name.into_inner(), body.into_inner().name);
-    let (t, secret) = call(&state, &caller, move |e, a| e.create_token_as(a, &name, &tname)).await?;
+    let (t, secret) = call_admin(&state, &caller, move |e, a| e.create_token_as(a, &name, &tname)).await?;
     Ok(HttpResponse::Created().json(serde_json::json!({"id": t.id, "token": secret, "prefix": t.prefix})))
 }
 
@@ -384,14 +384,14 @@ pub async fn admin_revoke_token(
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
-    call(&state, &caller, move |e, a| e.revoke_token_as(a, id)).await?;
+    call_admin(&state, &caller, move |e, a| e.revoke_token_as(a, id)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/models", tag = "admin", responses((status = 200, description = "versions, roles, metrics and the active pair", body = Object)))]
 #[get("/api/v1/admin/models")]
 pub async fn admin_models(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
-    let (models, active) = call(&state, &caller, |e, a| e.models_as(a)).await?;
+    let (models, active) = call_admin(&state, &caller, |e, a| e.models_as(a)).await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"models": models, "active": active})))
 }
 
@@ -439,7 +439,7 @@ pub async fn admin_evaluate(
     body: web::Json<Candidate>,
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
-    Ok(accepted(call(&state, &caller, move |e, a| e.submit_evaluate_as(a, &b.candidate)).await?))
+    Ok(accepted(call_admin(&state, &caller, move |e, a| e.submit_evaluate_as(a, &b.candidate)).await?))
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/models/evaluations", tag = "admin", params(Limit),
@@ -451,7 +451,7 @@ pub async fn admin_evaluations(
     q: web::Query<Limit>,
 ) -> Result<HttpResponse, ApiError> {
     let limit = q.limit.unwrap_or(20).min(200);
-    let list = call(&state, &caller, move |e, a| e.evaluations_as(a, limit)).await?;
+    let list = call_admin(&state, &caller, move |e, a| e.evaluations_as(a, limit)).await?;
     let out: Vec<_> = list.into_iter().map(|(r, svg)| serde_json::json!({"report": r, "chart_svg": svg})).collect();
     Ok(HttpResponse::Ok().json(out))
 }
@@ -467,7 +467,7 @@ pub async fn admin_promote(
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
     Ok(accepted(
-        call(&state, &caller, move |e, a| e.submit_promote_as(a, &b.candidate, b.override_reason.as_deref())).await?,
+        call_admin(&state, &caller, move |e, a| e.submit_promote_as(a, &b.candidate, b.override_reason.as_deref())).await?,
     ))
 }
 
@@ -489,7 +489,7 @@ pub async fn admin_reject(
     body: web::Json<Reject>,
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
-    let id = call(&state, &caller, move |e, a| e.reject_as(a, &b.candidate, &b.reason)).await?;
+    let id = call_admin(&state, &caller, move |e, a| e.reject_as(a, &b.candidate, &b.reason)).await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"evaluation": id})))
 }
 
@@ -508,14 +508,14 @@ pub async fn admin_rollback(
     body: web::Json<Rollback>,
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
-    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.rollback_as(a, &b.reason)).await?))
+    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.rollback_as(a, &b.reason)).await?))
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/models/history", tag = "admin",
     responses((status = 200, description = "live pairs, newest first", body = Object)))]
 #[get("/api/v1/admin/models/history")]
 pub async fn admin_model_history(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(call(&state, &caller, |e, a| e.model_history_as(a, 100)).await?))
+    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, |e, a| e.model_history_as(a, 100)).await?))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -534,7 +534,7 @@ pub async fn admin_judgments(
     q: web::Query<JudgmentsQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let col = q.into_inner().collection;
-    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.judgment_sets_as(a, col.as_deref())).await?))
+    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.judgment_sets_as(a, col.as_deref())).await?))
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/collections/{name}/judgments/{set}", tag = "admin",
@@ -562,7 +562,7 @@ pub async fn admin_delete_judgments(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (name, set) = path.into_inner();
-    call(&state, &caller, move |e, a| e.delete_judgments_as(a, &name, &set)).await?;
+    call_admin(&state, &caller, move |e, a| e.delete_judgments_as(a, &name, &set)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -584,7 +584,7 @@ pub async fn admin_activate(
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
     Ok(HttpResponse::Ok()
-        .json(call(&state, &caller, move |e, a| e.activate_as(a, &b.query, &b.document, &mut |_| {})).await?))
+        .json(call_admin(&state, &caller, move |e, a| e.activate_as(a, &b.query, &b.document, &mut |_| {})).await?))
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, IntoParams)]
@@ -631,7 +631,7 @@ pub async fn audit_records(
     max: usize,
 ) -> Result<Vec<audit::AuditRecord>, ApiError> {
     let (f, limit, offset) = (q.filter(), q.limit.unwrap_or(100).min(max), q.offset.unwrap_or(0));
-    call(state, caller, move |e, a| e.audit_records_as(a, &f, limit, offset)).await
+    call_admin(state, caller, move |e, a| e.audit_records_as(a, &f, limit, offset)).await
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/audit", tag = "admin", params(AuditQuery), responses((status = 200, body = Object)))]
@@ -661,7 +661,7 @@ pub async fn admin_audit_verify(
     q: web::Query<VerifyQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let full = q.full;
-    let r = call(&state, &caller, move |e, a| e.audit_verify_as(a, full)).await?;
+    let r = call_admin(&state, &caller, move |e, a| e.audit_verify_as(a, full)).await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({
         "intact": true,
         "full": r.full,
@@ -688,7 +688,7 @@ pub async fn admin_feedback(
     q: web::Query<FeedbackQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let (col, limit) = (q.collection.clone(), q.limit.unwrap_or(1000));
-    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.feedback_list_as(a, col.as_deref(), limit)).await?))
+    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.feedback_list_as(a, col.as_deref(), limit)).await?))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -719,7 +719,7 @@ pub async fn admin_synonyms(
 ) -> Result<HttpResponse, ApiError> {
     let q = q.into_inner();
     let (limit, offset) = (q.limit.unwrap_or(100).min(10_000), q.offset.unwrap_or(0));
-    let (synonyms, total) = call(&state, &caller, move |e, a| e.synonyms_as(a, q.q.as_deref(), limit, offset)).await?;
+    let (synonyms, total) = call_admin(&state, &caller, move |e, a| e.synonyms_as(a, q.q.as_deref(), limit, offset)).await?;
     Ok(HttpResponse::Ok().json(SynonymList { total, synonyms }))
 }
 
@@ -733,7 +733,7 @@ pub async fn admin_add_synonym(
     body: web::Json<care_engine::synonyms::NewSynonym>,
 ) -> Result<HttpResponse, ApiError> {
     let g = body.into_inner();
-    let saved = call(&state, &caller, move |e, a| e.save_synonym_as(a, None, &g)).await?;
+    let saved = call_admin(&state, &caller, move |e, a| e.save_synonym_as(a, None, &g)).await?;
     Ok(HttpResponse::Created().json(saved))
 }
 
@@ -747,7 +747,7 @@ pub async fn admin_update_synonym(
     body: web::Json<care_engine::synonyms::NewSynonym>,
 ) -> Result<HttpResponse, ApiError> {
     let (id, g) = (id.into_inner(), body.into_inner());
-    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.save_synonym_as(a, Some(id), &g)).await?))
+    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.save_synonym_as(a, Some(id), &g)).await?))
 }
 
 #[utoipa::path(delete, path = "/api/v1/admin/synonyms/{id}", tag = "admin", params(("id" = i64, Path)),
@@ -759,7 +759,7 @@ pub async fn admin_delete_synonym(
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
-    call(&state, &caller, move |e, a| e.delete_synonym_as(a, id)).await?;
+    call_admin(&state, &caller, move |e, a| e.delete_synonym_as(a, id)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -775,7 +775,7 @@ pub(crate) async fn admin_export_synonyms_response(
     state: &web::Data<AppState>,
     caller: &Caller,
 ) -> Result<HttpResponse, ApiError> {
-    let csv = call(state, caller, |e, a| e.export_synonyms_as(a)).await?;
+    let csv = call_admin(state, caller, |e, a| e.export_synonyms_as(a)).await?;
     Ok(crate::admin::csv_download(csv, "care-synonyms.csv"))
 }
 
@@ -801,7 +801,7 @@ pub async fn admin_import_synonyms(
 ) -> Result<HttpResponse, ApiError> {
     let bytes = crate::uploads::read_body(payload, care_engine::synonyms::MAX_CSV_BYTES, "同义词 CSV").await?;
     let replace = q.replace;
-    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.import_synonyms_as(a, &bytes, replace)).await?))
+    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.import_synonyms_as(a, &bytes, replace)).await?))
 }
 
 #[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, body = Object)))]
@@ -842,7 +842,7 @@ pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiErro
     responses((status = 200, description = "whether care-train can run here (and why not), the default recipe and its expected wall time (`default_estimate`: from the newest finished run of its shape on this device, null before one), the data disk's free and needed bytes for a run (`disk`, null when no pair is live), schedules and the newest runs", body = Object)))]
 #[get("/api/v1/admin/training")]
 pub async fn admin_training(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
-    let (trainer, runs, schedules, (estimate, disk)) = call(&state, &caller, |e, a| {
+    let (trainer, runs, schedules, (estimate, disk)) = call_admin(&state, &caller, |e, a| {
         let runs = e.training_runs_as(a, 50)?;
         let estimate = (e.training_estimate_as(a, &Recipe::default())?, e.training_disk_as(a)?);
         Ok((e.trainer_status(), runs, e.schedules_as(a)?, estimate))
@@ -864,7 +864,7 @@ pub async fn admin_train(
     body: web::Json<Recipe>,
 ) -> Result<HttpResponse, ApiError> {
     let r = body.into_inner();
-    Ok(accepted(call(&state, &caller, move |e, a| e.submit_training_as(a, &r, None)).await?))
+    Ok(accepted(call_admin(&state, &caller, move |e, a| e.submit_training_as(a, &r, None)).await?))
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -885,7 +885,7 @@ pub async fn admin_embed_pending(
     body: web::Json<EmbedPending>,
 ) -> Result<HttpResponse, ApiError> {
     let model = body.into_inner().model;
-    Ok(accepted(call(&state, &caller, move |e, a| e.submit_offline_embed_as(a, model.as_deref())).await?))
+    Ok(accepted(call_admin(&state, &caller, move |e, a| e.submit_offline_embed_as(a, model.as_deref())).await?))
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/training/runs/{job}", tag = "admin",
@@ -898,7 +898,7 @@ pub async fn admin_training_run(
     path: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let job = path.into_inner();
-    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.training_run_as(a, job)).await?))
+    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.training_run_as(a, job)).await?))
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/training/runs/{job}/loss.svg", tag = "admin",
@@ -910,7 +910,7 @@ pub async fn admin_training_loss(
     path: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let job = path.into_inner();
-    let svg = call(&state, &caller, move |e, a| e.training_loss_svg_as(a, job)).await?;
+    let svg = call_admin(&state, &caller, move |e, a| e.training_loss_svg_as(a, job)).await?;
     Ok(HttpResponse::Ok().content_type("image/svg+xml").body(svg))
 }
 
@@ -923,7 +923,7 @@ pub async fn admin_add_schedule(
     body: web::Json<ScheduleSpec>,
 ) -> Result<HttpResponse, ApiError> {
     let s = body.into_inner();
-    let id = call(&state, &caller, move |e, a| e.set_schedule_as(a, None, &s)).await?;
+    let id = call_admin(&state, &caller, move |e, a| e.set_schedule_as(a, None, &s)).await?;
     Ok(HttpResponse::Created().json(serde_json::json!({"schedule": id})))
 }
 
@@ -936,6 +936,6 @@ pub async fn admin_delete_schedule(
     path: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = path.into_inner();
-    call(&state, &caller, move |e, a| e.delete_schedule_as(a, id)).await?;
+    call_admin(&state, &caller, move |e, a| e.delete_schedule_as(a, id)).await?;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -2,7 +2,7 @@
 //! synchronous), as the request's caller. Handlers hold no logic of their own beyond parsing and rendering.
 
 use actix_web::web;
-use care_engine::{Actor, Engine};
+use care_engine::{Actor, Admin, Engine};
 
 use crate::AppState;
 use crate::errors::ApiError;
@@ -16,6 +16,17 @@ pub async fn call<T: Send + 'static>(
 ) -> Result<T, ApiError> {
     let actor = caller.actor();
     anon(state, move |e| op(e, &actor)).await
+}
+
+/// Runs admin-only `op` as `caller`, proven an administrator first (the guard admits only administrators to
+/// these routes; the proof makes the engine's signature say so too).
+pub async fn call_admin<T: Send + 'static>(
+    state: &web::Data<AppState>,
+    caller: &Caller,
+    op: impl FnOnce(&Engine, &Admin) -> care_engine::Result<T> + Send + 'static,
+) -> Result<T, ApiError> {
+    let admin = caller.actor().admin()?;
+    anon(state, move |e| op(e, &admin)).await
 }
 
 /// The same for requests before anyone is signed in (login, session lookup, health).

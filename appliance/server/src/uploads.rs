@@ -12,7 +12,7 @@ use actix_web::web;
 use futures::StreamExt;
 
 use crate::AppState;
-use crate::call::call;
+use crate::call::call_admin;
 use crate::errors::ApiError;
 use crate::guard::Caller;
 
@@ -64,12 +64,12 @@ pub async fn upload(
     payload: actix_multipart::Multipart,
 ) -> Result<i64, ApiError> {
     let col = collection.to_string();
-    let mut staging = Staging::new(call(state, caller, move |e, a| e.new_upload_as(a, &col)).await?);
+    let mut staging = Staging::new(call_admin(state, caller, move |e, a| e.new_upload_as(a, &col)).await?);
     let limit = upload_limit(state, state.settings.server.max_upload_mib.saturating_mul(1 << 20));
     let queued = match receive(payload, &staging.dir, limit).await {
         Ok(files) => {
             let col = collection.to_string();
-            call(state, caller, move |e, a| e.submit_upload_as(a, &col, files)).await
+            call_admin(state, caller, move |e, a| e.submit_upload_as(a, &col, files)).await
         }
         Err(e) => Err(e),
     };
@@ -85,12 +85,12 @@ pub async fn import_model(
     caller: &Caller,
     payload: actix_multipart::Multipart,
 ) -> Result<care_engine::lifecycle::ImportReport, ApiError> {
-    let staging = Staging::new(call(state, caller, |e, a| e.new_staging_upload_as(a)).await?);
+    let staging = Staging::new(call_admin(state, caller, |e, a| e.new_staging_upload_as(a)).await?);
     let limit = upload_limit(state, state.settings.server.max_upload_mib.saturating_mul(1 << 20));
     match receive(payload, &staging.dir, limit).await {
         Ok(_) => {
             let d = staging.dir.clone();
-            call(state, caller, move |e, a| e.import_model_as(a, &d)).await
+            call_admin(state, caller, move |e, a| e.import_model_as(a, &d)).await
         }
         Err(e) => Err(e),
     }
@@ -106,7 +106,7 @@ pub async fn import_judgments(
     target: Option<(&str, &str)>,
     payload: actix_multipart::Multipart,
 ) -> Result<care_engine::judgments::JudgmentSetInfo, ApiError> {
-    let staging = Staging::new(call(state, caller, |e, a| e.new_staging_upload_as(a)).await?);
+    let staging = Staging::new(call_admin(state, caller, |e, a| e.new_staging_upload_as(a)).await?);
     let dir = staging.dir.clone();
     let limit = upload_limit(state, state.settings.server.max_upload_mib.saturating_mul(1 << 20));
     match receive_with(payload, &dir, limit, &["collection", "name"]).await {
@@ -117,7 +117,7 @@ pub async fn import_judgments(
                 None => (field("collection"), field("name")),
             };
             let d = dir.clone();
-            call(state, caller, move |e, a| {
+            call_admin(state, caller, move |e, a| {
                 use care_engine::judgments::JudgmentSource;
                 let is = |f: &PathBuf, ext: &str| f.extension().is_some_and(|x| x.eq_ignore_ascii_case(ext));
                 if files.iter().any(|f| f.file_name().is_some_and(|n| n == "queries.jsonl")) {
@@ -296,7 +296,7 @@ pub async fn import_synonyms(
     caller: &Caller,
     payload: actix_multipart::Multipart,
 ) -> Result<care_engine::synonyms::ImportReport, ApiError> {
-    let staging = Staging::new(call(state, caller, |e, a| e.new_staging_upload_as(a)).await?);
+    let staging = Staging::new(call_admin(state, caller, |e, a| e.new_staging_upload_as(a)).await?);
     let limit = upload_limit(state, care_engine::synonyms::MAX_CSV_BYTES as u64 + 4096);
     match receive_with(payload, &staging.dir, limit, &["replace"]).await {
         Ok((files, fields)) => {
@@ -305,7 +305,7 @@ pub async fn import_synonyms(
                 None => Err(ApiError::invalid("请选择一个 CSV 文件".to_string())),
                 Some(f) => {
                     let f = f.clone();
-                    call(state, caller, move |e, a| {
+                    call_admin(state, caller, move |e, a| {
                         let bytes = std::fs::read(&f).map_err(|err| care_engine::Error::io(&f, err))?;
                         e.import_synonyms_as(a, &bytes, replace)
                     })

@@ -160,7 +160,7 @@ mod tests {
 
     use crate::ErrorCode;
     use crate::engine::{Engine, OpenMode, SearchRequest};
-    use crate::service::{Actor, SearchAs};
+    use crate::service::{Admin, SearchAs};
 
     fn demo_engine(dir: &std::path::Path) -> Engine {
         let cfg = crate::config::test_config(dir);
@@ -169,8 +169,8 @@ mod tests {
         e
     }
 
-    fn root() -> Actor {
-        Actor::console("cli:root")
+    fn root() -> Admin {
+        Admin::console("cli:root")
     }
 
     fn search_for(q: &str) -> SearchAs {

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::accounts::Actor;
+use crate::accounts::{Actor, Admin};
 pub use crate::cancel::{CancelToken, StopReason};
 pub(crate) use crate::cancel::{enter, socket_path};
 use crate::error::{Error, Result};
@@ -129,12 +129,12 @@ impl crate::Engine {
     /// Whom job `job` runs as: its submitter, re-checked now. An account that was disabled, deleted or is no longer
     /// an administrator since it submitted is refused (`Forbidden`); the console and the system (no account) are
     /// whoever can open the data directory, as when they submitted.
-    pub(crate) fn submitter_of(&self, job: i64) -> Result<Actor> {
+    pub(crate) fn submitter_of(&self, job: i64) -> Result<Admin> {
         let (name, user_id): (String, Option<i64>) =
             self.store.reader().query_row("SELECT actor, actor_user_id FROM jobs WHERE id = ?1", [job], |r| {
                 Ok((r.get(0)?, r.get(1)?))
             })?;
-        let Some(id) = user_id else { return Ok(Actor::console(name)) };
+        let Some(id) = user_id else { return Ok(Admin::console(name)) };
         let refused = |why: &str| {
             Error::Forbidden(format!(
                 "提交任务 #{job} 的账号 {name} {why}，任务未运行；请由管理员重新提交 (the submitter {name} {why})"
@@ -142,8 +142,7 @@ impl crate::Engine {
         };
         match crate::accounts::user_by_id(&self.store, id) {
             Ok(u) if u.disabled => Err(refused("已停用")),
-            Ok(u) if !Actor::user(&u).is_admin() => Err(refused("已不是管理员")),
-            Ok(u) => Ok(Actor::user(&u)),
+            Ok(u) => Actor::user(&u).admin().map_err(|_| refused("已不是管理员")),
             Err(Error::NotFound { .. }) => Err(refused("已删除")),
             Err(e) => Err(e),
         }
@@ -186,7 +185,7 @@ impl crate::Engine {
     /// and tampering with the audit log is logged at error level every time it is seen, so it reaches the journal
     /// even if nobody opens the audit page.
     pub(crate) fn run_chore(&self, chore: Chore, hk: &Housekeeping) {
-        let system = Actor::system();
+        let system = Admin::system();
         match chore {
             Chore::AuditCheckpoint | Chore::AuditVerifyFull => {
                 let full = chore == Chore::AuditVerifyFull;
@@ -209,7 +208,7 @@ impl crate::Engine {
         if hk.audit_retention_days > 0 {
             let cutoff = time::OffsetDateTime::now_utc() - time::Duration::days(i64::from(hk.audit_retention_days));
             let cutoff = cutoff.format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
-            match self.audit_purge_as(&Actor::system(), &cutoff, hk.audit_retention_days) {
+            match self.audit_purge_as(&Admin::system(), &cutoff, hk.audit_retention_days) {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(removed = n, "purged audit records past retention"),
                 Err(e) => tracing::error!(error = %e, "audit retention purge failed"),

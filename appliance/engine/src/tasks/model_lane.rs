@@ -16,7 +16,7 @@ use rusqlite::{OptionalExtension, params};
 
 use super::scheduler::Shared;
 use super::{CancelToken, CandidateParams, StopReason, Task};
-use crate::accounts::Actor;
+use crate::accounts::{Actor, Admin};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::hybrid::DenseProgress;
@@ -35,8 +35,7 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
 impl Engine {
     /// Queues an evaluation of `candidate` (`Q@v,D@v`) against the live pair. Returns the job id.
-    pub fn submit_evaluate_as(&self, actor: &Actor, candidate: &str) -> Result<i64> {
-        actor.require_admin()?;
+    pub fn submit_evaluate_as(&self, actor: &Admin, candidate: &str) -> Result<i64> {
         if self.active_models()?.is_none() {
             return Err(Error::InvalidInput("没有在用的模型 (no live model pair to compare with)".into()));
         }
@@ -49,8 +48,7 @@ impl Engine {
 
     /// Queues the promotion of `candidate`. The gate is checked now, so a refusal comes at once, and again when
     /// the task runs, against the pair live then.
-    pub fn submit_promote_as(&self, actor: &Actor, candidate: &str, override_reason: Option<&str>) -> Result<i64> {
-        actor.require_admin()?;
+    pub fn submit_promote_as(&self, actor: &Admin, candidate: &str, override_reason: Option<&str>) -> Result<i64> {
         let (pair, _) = self.promotion_allowed(candidate, override_reason)?;
         let override_reason = override_reason.map(str::trim).filter(|r| !r.is_empty()).map(str::to_string);
         self.submit_model_task(actor, Task::Promote(CandidateParams { candidate: pair_spec(&pair), override_reason }))
@@ -130,7 +128,7 @@ impl Engine {
     }
 
     /// The one dispatch of stored tasks on the model lane.
-    fn run_task(&self, id: i64, task: Task, actor: &Actor, token: &CancelToken) -> Result<serde_json::Value> {
+    fn run_task(&self, id: i64, task: Task, actor: &Admin, token: &CancelToken) -> Result<serde_json::Value> {
         match task {
             Task::Evaluate(p) => {
                 let mut progress = self.job_dense_progress(id);

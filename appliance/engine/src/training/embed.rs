@@ -14,7 +14,7 @@ use super::Run;
 use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
 use crate::models::ModelRecord;
-use crate::{Actor, Engine};
+use crate::{Admin, Engine};
 
 pub const EMBED: &str = "model.embed_offline";
 
@@ -33,8 +33,7 @@ impl Engine {
     /// Queues a job that embeds every chunk still lacking a vector of offline document model `model` (default: the
     /// live document model) with `care-train embed-corpus` and imports the vectors. Refused before anything is
     /// queued when the model is online, its package has no trainer weights, or `care-train` cannot start.
-    pub fn submit_offline_embed_as(&self, actor: &Actor, model: Option<&str>) -> Result<i64> {
-        actor.require_admin()?;
+    pub fn submit_offline_embed_as(&self, actor: &Admin, model: Option<&str>) -> Result<i64> {
         let doc = self.document_model(model, || {
             Error::InvalidInput("没有在用的模型；请指定离线文档模型 (no live pair: name the document model)".into())
         })?;
@@ -68,7 +67,7 @@ impl Engine {
         &self,
         id: i64,
         p: &EmbedParams,
-        actor: &Actor,
+        actor: &Admin,
         token: &CancelToken,
     ) -> Result<serde_json::Value> {
         let doc = crate::models::find(&self.store, &p.model)?;

@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::trainer::TrainerStatus;
 pub use data::{DataCounts, DataOptions};
 
-use crate::accounts::Actor;
+use crate::accounts::{Actor, Admin};
 use crate::cancel::CancelToken;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -415,8 +415,7 @@ impl Engine {
 
     /// Said before an admin starts a run (the 训练 page, `care train status`): whether the data disk holds a run
     /// from the live pair. None when no pair is live.
-    pub fn training_disk_as(&self, actor: &Actor) -> Result<Option<TrainingDisk>> {
-        actor.require_admin()?;
+    pub fn training_disk_as(&self, _admin: &Admin) -> Result<Option<TrainingDisk>> {
         self.active_models()?.map(|p| self.training_disk(&p.query.dir)).transpose()
     }
 
@@ -445,14 +444,13 @@ impl Engine {
     }
 
     /// How long `recipe` should take here, judged from the newest finished run of its shape on this device.
-    pub fn training_estimate_as(&self, actor: &Actor, recipe: &Recipe) -> Result<Option<Estimate>> {
+    pub fn training_estimate_as(&self, actor: &Admin, recipe: &Recipe) -> Result<Option<Estimate>> {
         Ok(estimate(&self.training_runs_as(actor, 100)?, recipe, &self.training_device()))
     }
 
     /// Queues a training run from the live pair. Refused at once when the trainer cannot run, nothing is approved
     /// for training, or another run is queued or running (runs never overlap).
-    pub fn submit_training_as(&self, actor: &Actor, recipe: &Recipe, schedule: Option<i64>) -> Result<i64> {
-        actor.require_admin()?;
+    pub fn submit_training_as(&self, actor: &Admin, recipe: &Recipe, schedule: Option<i64>) -> Result<i64> {
         let (p, device) = self.prepare_training(recipe, schedule)?;
         let id = {
             let mut conn = self.store.conn();
@@ -491,7 +489,7 @@ impl Engine {
         &self,
         id: i64,
         p: &TrainParams,
-        actor: &Actor,
+        actor: &Admin,
         token: &CancelToken,
     ) -> Result<serde_json::Value> {
         let base = self.resolve_pair(&p.base)?;
@@ -901,8 +899,7 @@ fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TrainingRun> {
 
 impl Engine {
     /// The newest training runs, newest first.
-    pub fn training_runs_as(&self, actor: &Actor, limit: usize) -> Result<Vec<TrainingRun>> {
-        actor.require_admin()?;
+    pub fn training_runs_as(&self, _admin: &Admin, limit: usize) -> Result<Vec<TrainingRun>> {
         let conn = self.store.reader();
         let mut stmt = conn.prepare(&format!(
             "SELECT {RUN_COLS} FROM jobs j JOIN training_runs r ON r.job_id = j.id ORDER BY j.id DESC LIMIT ?1"
@@ -911,8 +908,7 @@ impl Engine {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    pub fn training_run_as(&self, actor: &Actor, job: i64) -> Result<TrainingRun> {
-        actor.require_admin()?;
+    pub fn training_run_as(&self, _admin: &Admin, job: i64) -> Result<TrainingRun> {
         self.store
             .reader()
             .query_row(
@@ -925,8 +921,7 @@ impl Engine {
     }
 
     /// The run's loss charts (Stage I and Stage II, SVG), once its training phases ended.
-    pub fn training_loss_svg_as(&self, actor: &Actor, job: i64) -> Result<String> {
-        actor.require_admin()?;
+    pub fn training_loss_svg_as(&self, _admin: &Admin, job: i64) -> Result<String> {
         self.store
             .reader()
             .query_row("SELECT loss_svg FROM training_runs WHERE job_id = ?1", [job], |r| r.get(0))
