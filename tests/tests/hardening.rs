@@ -822,3 +822,112 @@ fn dir_bytes(p: &Path) -> u64 {
     }
     std::fs::read_dir(p).unwrap().filter_map(Result::ok).map(|e| dir_bytes(&e.path())).sum()
 }
+
+/// A graph that asks ONNX Runtime for a 6.4 GB tensor (1.6 G float zeros per batch row, sized from the input so it
+/// cannot be folded at load): run inside the importing process it would take 6.4 GB of memory before the width
+/// check refused it.
+fn hostile_graph(path: &Path) {
+    use care_modelio::onnx::{Dim, GraphBuilder, Model};
+    const INT64: i32 = 7;
+    const FLOAT: i32 = 1;
+    let mut g = GraphBuilder::new("hostile");
+    let dims = vec![Dim::Param("batch".into()), Dim::Param("seq".into())];
+    let ids = g.input("input_ids", INT64, dims.clone());
+    g.input("attention_mask", INT64, dims);
+    let zero = g.scalar_i64("zero", 0);
+    let per_row = g.scalar_i64("per_row", 1_600_000_000);
+    let axes = g.vec_i64("axes", &[0]);
+    let shape = g.op("Shape", "shape", &[&ids], vec![]);
+    let batch = g.op("Gather", "batch", &[&shape, &zero], vec![]);
+    let n = g.op("Mul", "n", &[&batch, &per_row], vec![]);
+    let big_shape = g.op("Unsqueeze", "big_shape", &[&n, &axes], vec![]);
+    let big = g.op("ConstantOfShape", "big", &[&big_shape], vec![]);
+    g.op_named("ReduceSum", &[&big], "last_hidden_state", vec![]);
+    g.output("last_hidden_state", FLOAT, vec![]);
+    let model = Model {
+        ir_version: 8,
+        opsets: vec![(String::new(), 14)],
+        producer_name: "care-tests".into(),
+        producer_version: "0".into(),
+        doc_string: String::new(),
+        graph: g.finish(),
+    };
+    model.save(path).unwrap();
+}
+
+/// Issue 32: the import-time check of a package's ONNX graph runs in a child under an address-space limit, like
+/// the parsers. A graph that allocates 6.4 GB is refused with a message naming the memory limit, nothing is
+/// registered, and the same package with the real graph imports.
+#[test]
+fn a_hostile_onnx_graph_is_checked_in_a_limited_child_and_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let care = Care::new(&t.path().join("data"));
+    care.ok(&["init"]);
+    care.ok(&["model", "import-e5s1", care_e2e::e5s1().to_str().unwrap()]);
+    let live = care.data_dir.join("models/e5-small/1");
+    let package = |name: &str, graph: &dyn Fn(&Path)| -> PathBuf {
+        let pkg = t.path().join(name);
+        std::fs::create_dir_all(&pkg).unwrap();
+        let mut files = Vec::new();
+        for f in std::fs::read_dir(&live).unwrap() {
+            let f = f.unwrap().file_name().to_string_lossy().into_owned();
+            if f == "manifest.toml" || f == "parity.json" {
+                continue;
+            }
+            if f == "model.onnx" {
+                graph(&pkg.join(&f));
+            } else {
+                std::fs::hard_link(live.join(&f), pkg.join(&f)).unwrap();
+            }
+            files.push(f);
+        }
+        let mut m = care_formats::ModelManifest::load(&live).unwrap();
+        m.name = name.into();
+        m.pairing_id = format!("{name}-pairing");
+        let refs: Vec<&str> = files.iter().map(String::as_str).collect();
+        m.write(&pkg, &refs).unwrap();
+        pkg
+    };
+    let hostile = package("e5-hostile", &hostile_graph);
+    let started = Instant::now();
+    let out = care.run(&["model", "import", hostile.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the hostile graph imported: {stderr}");
+    assert!(stderr.contains("内存") && stderr.contains("MB 的上限"), "the refusal names the memory limit: {stderr}");
+    assert!(!stderr.contains("width"), "refused by the limit, not after allocating: {stderr}");
+    let models = care.ok(&["model", "list"]);
+    assert!(!models.contains("e5-hostile"), "{models}");
+    eprintln!("hostile graph refused in {:.1} s", started.elapsed().as_secs_f64());
+
+    // The sandbox passes a real graph: the same package with e5-small's graph imports.
+    let good = package("e5-copy", &|p: &Path| {
+        std::fs::hard_link(live.join("model.onnx"), p).unwrap();
+    });
+    care.ok(&["model", "import", good.to_str().unwrap()]);
+    assert!(care.ok(&["model", "list"]).contains("e5-copy"));
+}
+
+/// Microsoft's build of ONNX Runtime records usage events (process, model and session details, with a device id)
+/// in `~/.cache/Microsoft/DeveloperTools/.onnxruntime/` to send to Microsoft unless `ORT_DISABLE_TELEMETRY` is set.
+/// `care` sets it itself, so loading models, embedding and searching leave nothing there whatever environment it
+/// was started from (before the fix this test found `onnxruntime.db` and `deviceid` in the home folder).
+#[test]
+fn onnx_runtime_records_no_telemetry() {
+    let t = tempfile::tempdir().unwrap();
+    let home = t.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let mut care = Care::new(&t.path().join("data"));
+    care.env.push(("HOME".into(), home.display().to_string()));
+    care.env.push(("XDG_CACHE_HOME".into(), home.join(".cache").display().to_string()));
+    care.ok(&["demo", "--no-serve", "--e5s1", care_e2e::e5s1().to_str().unwrap()]);
+    assert!(care.ok(&["search", "二甲双胍的禁忌症"]).contains("二甲双胍"));
+    let mut left = Vec::new();
+    let mut stack = vec![home.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() { stack.push(p) } else { left.push(p) }
+        }
+    }
+    assert!(left.is_empty(), "ONNX Runtime wrote {left:?}");
+}

@@ -352,6 +352,19 @@ fn print_evaluation(r: &care_engine::lifecycle::EvaluationReport) {
     println!("  gate: {} (evaluation #{})", r.verdict(), r.id);
 }
 
+/// The ONNX Runtime wheel Microsoft builds records usage events (process, model and session details) in
+/// `~/.cache/Microsoft/DeveloperTools/.onnxruntime/onnxruntime.db` with a device id, to send to Microsoft: an
+/// appliance holding clinical knowledge sends nothing anywhere. The library reads `ORT_DISABLE_TELEMETRY` when it
+/// starts, so it is set before anything else runs (the sandboxed children get it from the engine explicitly).
+fn no_telemetry() {
+    // SAFETY: the first statement of `main`, before any thread exists, so nothing reads the environment
+    // concurrently.
+    #[allow(unsafe_code)]
+    unsafe {
+        std::env::set_var(care_engine::encoders::NO_TELEMETRY.0, care_engine::encoders::NO_TELEMETRY.1);
+    }
+}
+
 fn console() -> care_engine::Admin {
     care_engine::Admin::console(cli_actor())
 }
@@ -457,13 +470,18 @@ enum DictCommand {
 }
 
 fn main() {
+    no_telemetry();
     // The sandboxed parser (see care_engine::ingest::worker): a child this binary starts, not a command for people.
     if std::env::args().nth(1).as_deref() == Some(care_engine::ingest::worker::SUBCOMMAND) {
         std::process::exit(care_engine::ingest::worker::serve());
     }
-    // Every command that reads uploaded files parses them in children of this executable.
+    // The sandboxed check of an imported model's ONNX graph (care_engine::lifecycle::graph), likewise.
+    if std::env::args().nth(1).as_deref() == Some(care_engine::lifecycle::graph::SUBCOMMAND) {
+        std::process::exit(care_engine::lifecycle::graph::serve());
+    }
+    // Every command that reads uploaded files or imports models checks them in children of this executable.
     if let Ok(exe) = std::env::current_exe() {
-        care_engine::ingest::worker::use_executable(exe);
+        care_engine::sandbox::use_executable(exe);
     }
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -610,7 +628,7 @@ fn run(cli: Cli) -> Result<i32> {
                     );
                 }
                 CollectionCommand::ExportChunks { collection, out, pending_for } => {
-                    let r = e.export_chunks_for(&collection, &out, pending_for.as_deref())?;
+                    let r = e.export_chunks_as(&console(), &collection, &out, pending_for.as_deref())?;
                     println!("wrote {} chunks of '{}' to {}", r.chunks, r.collection, r.path.display());
                     println!(
                         "next: care-train embed-corpus --document <encoder> --corpus {} --out <dir> --pairing-id <pairing>, \

@@ -129,4 +129,13 @@ fn a_cli_search_and_a_cli_tune_fusion_each_leave_one_audit_record() {
     assert_eq!(d["method"], "weighted");
     assert_eq!(d["fitted_on"], "demo-set:train");
     assert_eq!(d["dense_weight"], tuned["dense_weight"], "{d} vs {tuned}");
+
+    // Clinical text leaving the data directory for offline embedding is a copy someone took: audited too.
+    let out = t.path().join("chunks.jsonl");
+    run(&["collection", "export-chunks", "demo", "--out", out.to_str().unwrap()]);
+    let exports = audit_records(data, "collection.export_chunks");
+    assert_eq!(exports.len(), 1, "{exports:?}");
+    let lines = std::fs::read_to_string(&out).unwrap().lines().count();
+    assert_eq!(exports[0]["detail"]["chunks"], lines, "{}", exports[0]);
+    assert!(exports[0]["actor"].as_str().unwrap().starts_with("cli:"), "{}", exports[0]);
 }

@@ -77,6 +77,11 @@ impl Default for ModelConfig {
     }
 }
 
+/// The environment variable (and value) that stops ONNX Runtime's own usage telemetry (Microsoft's build records
+/// events in the user's cache folder to send them): set by `care` at start, passed to sandboxed children, and in
+/// the systemd unit.
+pub const NO_TELEMETRY: (&str, &str) = ("ORT_DISABLE_TELEMETRY", "1");
+
 /// Where the .deb installs the library.
 pub const PACKAGED_ORT: &str = "/usr/lib/care/libonnxruntime.so.1.31.1";
 
@@ -86,26 +91,39 @@ static ORT: OnceLock<std::result::Result<(PathBuf, ort::environment::Environment
 /// library (docs/admin/gpu.md) goes before the packaged CPU one, so installing it is all it takes.
 pub fn init_runtime(cfg: &ModelConfig) -> Result<(PathBuf, ort::environment::Environment)> {
     ORT.get_or_init(|| {
-        let candidates: Vec<PathBuf> = cfg
-            .ort_library
-            .clone()
-            .into_iter()
-            .chain(std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from))
-            .chain([gpu_runtime_library(), PathBuf::from(PACKAGED_ORT)])
-            .collect();
-        let Some(path) = candidates.iter().find(|p| p.exists()).cloned() else {
-            return Err(format!(
-                "ONNX Runtime library not found (looked at {}); set model.ort_library or ORT_DYLIB_PATH \
-                 (`packaging/dev.sh setup` installs it from the onnxruntime PyPI wheel)",
-                candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
-            ));
-        };
+        let path = find_runtime(cfg)?;
         let builder = ort::init_from(&path).map_err(|e| format!("loading {}: {e}", path.display()))?;
-        let env = builder.with_name("care").build().map_err(|e| format!("starting ONNX Runtime: {e}"))?;
+        let env = builder
+            .with_name("care")
+            .with_telemetry(false)
+            .build()
+            .map_err(|e| format!("starting ONNX Runtime: {e}"))?;
         Ok((path, env))
     })
     .clone()
     .map_err(Error::Model)
+}
+
+/// The ONNX Runtime library `cfg` resolves to, without loading it (a sandboxed child loads it instead).
+pub fn runtime_library(cfg: &ModelConfig) -> Result<PathBuf> {
+    find_runtime(cfg).map_err(Error::Model)
+}
+
+fn find_runtime(cfg: &ModelConfig) -> std::result::Result<PathBuf, String> {
+    let candidates: Vec<PathBuf> = cfg
+        .ort_library
+        .clone()
+        .into_iter()
+        .chain(std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from))
+        .chain([gpu_runtime_library(), PathBuf::from(PACKAGED_ORT)])
+        .collect();
+    candidates.iter().find(|p| p.exists()).cloned().ok_or_else(|| {
+        format!(
+            "ONNX Runtime library not found (looked at {}); set model.ort_library or ORT_DYLIB_PATH \
+             (`packaging/dev.sh setup` installs it from the onnxruntime PyPI wheel)",
+            candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        )
+    })
 }
 
 pub use device::choose as choose_device;

@@ -37,7 +37,10 @@
 //!   │           error type and the encoders alike
 //!   ├ models    model registry, active (query, document) pair and the pairing rule
 //!   ├ judgments labelled query sets per collection (uploads and clinician feedback), split train/eval by query
-//!   ├ lifecycle import of a verified model package (hashes, roles, ONNX Runtime parity with the trainer)
+//!   ├ lifecycle import of a verified model package (hashes, roles, ONNX Runtime parity with the trainer;
+//!   │           the graph checked in a sandboxed child by lifecycle/graph.rs)
+//!   ├ sandbox   untrusted input handled in a child of `care` under address-space, CPU and wall-clock limits
+//!   │           and Landlock: the parsers (ingest/worker.rs) and the graph check
 //!   ├ dense     LanceDB tables per (collection, document model); exact scan or IVF-PQ
 //!   ├ kernels   the exact scan's inner products, AVX-512 / AVX2 / NEON picked at run time
 //!   ├ fusion    BM25 ∥ dense → RRF or weighted min-max, with per-hit score parts
@@ -83,6 +86,7 @@ pub mod lifecycle;
 pub mod limits;
 pub mod models;
 pub mod query;
+pub mod sandbox;
 pub mod service;
 pub mod store;
 pub mod synonyms;

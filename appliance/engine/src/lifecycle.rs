@@ -15,12 +15,14 @@ use care_formats::{ModelManifest, ModelRole, Pooling};
 use serde::{Deserialize, Serialize};
 
 use crate::accounts::{Actor, Admin};
-use crate::encoders::{OrtEncoder, TextKind};
+use crate::encoders::TextKind;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::hybrid::{DenseProgress, report};
 use crate::models::{self, ActivePair, ModelRecord};
 use rusqlite::OptionalExtension;
+
+pub mod graph;
 
 /// How close ONNX Runtime's vectors must come to the trainer's `parity.json` (the bar; fp32 exports
 /// measure ≥ 0.9999).
@@ -35,11 +37,6 @@ const MAX_PARITY_TEXTS: usize = 1_000;
 const MAX_PARITY_BYTES: u64 = 64 << 20;
 
 /// The trainer's vectors of sample texts, written beside the package by `care-train export`.
-#[derive(Debug, Deserialize)]
-struct ParityFile {
-    texts: Vec<String>,
-    embeddings: Vec<Vec<f32>>,
-}
 
 #[derive(Debug, Clone, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -154,82 +151,6 @@ fn role_name(r: ModelRole) -> &'static str {
     }
 }
 
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
-    let na: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-    let nb: f64 = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-    dot / (na * nb).max(f64::MIN_POSITIVE)
-}
-
-/// Loads the staged graph and, with `parity.json`, compares its vectors with the trainer's.
-fn check_graph(
-    staged: &Path,
-    src: &Path,
-    m: &ModelManifest,
-    cfg: &crate::encoders::ModelConfig,
-) -> Result<(usize, Option<f64>)> {
-    let enc = OrtEncoder::load_with_manifest(staged, m.clone(), cfg).map_err(|e| invalid(src, e.to_string()))?;
-    let kind = if m.role.encodes_queries() { TextKind::Query } else { TextKind::Document };
-    let probe =
-        enc.encode(&["二甲双胍的禁忌症"], kind).map_err(|e| invalid(src, format!("{ONNX_FILE} does not run: {e}")))?;
-    if probe.first().map(Vec::len) != Some(m.width) {
-        return Err(invalid(
-            src,
-            format!(
-                "{ONNX_FILE} produces vectors of width {:?}, the manifest says {}",
-                probe.first().map(Vec::len),
-                m.width
-            ),
-        ));
-    }
-    let path = staged.join(PARITY_FILE);
-    if !path.exists() {
-        return Ok((0, None));
-    }
-    let size = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?.len();
-    if size > MAX_PARITY_BYTES {
-        return Err(invalid(src, format!("{PARITY_FILE} is {size} bytes, over {MAX_PARITY_BYTES}")));
-    }
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    let p: ParityFile = serde_json::from_str(&text).map_err(|e| invalid(src, format!("{PARITY_FILE}: {e}")))?;
-    if p.texts.is_empty() || p.texts.len() != p.embeddings.len() || p.texts.len() > MAX_PARITY_TEXTS {
-        return Err(invalid(
-            src,
-            format!(
-                "{PARITY_FILE} must hold 1–{MAX_PARITY_TEXTS} texts with one vector each ({} texts, {} vectors)",
-                p.texts.len(),
-                p.embeddings.len()
-            ),
-        ));
-    }
-    let refs: Vec<&str> = p.texts.iter().map(String::as_str).collect();
-    let got = enc.encode(&refs, kind)?;
-    let mut worst = (f64::INFINITY, 0);
-    for (i, (g, want)) in got.iter().zip(&p.embeddings).enumerate() {
-        if want.len() != g.len() {
-            return Err(invalid(
-                src,
-                format!("{PARITY_FILE}: vector {i} has width {}, the model {}", want.len(), g.len()),
-            ));
-        }
-        let c = cosine(g, want);
-        if c < worst.0 || c.is_nan() {
-            worst = (c, i);
-        }
-    }
-    // NaN (a degenerate vector) fails too.
-    if worst.0.is_nan() || worst.0 < PARITY_MIN_COSINE {
-        return Err(Error::ParityFailed {
-            path: src.to_path_buf(),
-            worst: worst.0,
-            index: worst.1,
-            text: p.texts[worst.1].chars().take(80).collect(),
-            min: PARITY_MIN_COSINE,
-        });
-    }
-    Ok((p.texts.len(), Some(worst.0)))
-}
-
 /// A per-process counter, so concurrent imports stage in different folders.
 fn next_staging() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -337,7 +258,7 @@ impl Engine {
         check_safetensors(staged, src, m)?;
         let online = m.files.contains_key(ONNX_FILE);
         let (parity_texts, parity_min_cosine) =
-            if online { check_graph(staged, src, m, &self.cfg.model)? } else { (0, None) };
+            if online { graph::check(staged, src, m, &self.cfg.model)? } else { (0, None) };
         std::fs::create_dir_all(final_dir.parent().unwrap_or(final_dir)).map_err(|e| Error::io(final_dir, e))?;
         std::fs::rename(staged, final_dir).map_err(|e| Error::io(final_dir, e))?;
         let detail = serde_json::json!({

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::Serialize;
 
-pub use crate::accounts::{Actor, Admin};
 use crate::accounts::{self, ApiToken, LoginPolicy, Role, Session, User};
+pub use crate::accounts::{Actor, Admin};
 use crate::audit::{self, AuditRecord, AuditStatus, Filter, VerifyReport};
 use crate::engine::{Engine, MAX_QUERY_CHARS, SearchRequest, SearchResults};
 use crate::error::{Error, Result};
@@ -647,9 +647,33 @@ impl Engine {
 
     // -- audit -----------------------------------------------------------------------------------------------
 
-    pub fn audit_records_as(&self, _admin: &Admin, f: &Filter, limit: usize, offset: usize) -> Result<Vec<AuditRecord>> {
+    pub fn audit_records_as(
+        &self,
+        _admin: &Admin,
+        f: &Filter,
+        limit: usize,
+        offset: usize,
+    ) -> Result<Vec<AuditRecord>> {
         // SQLite takes the offset as i64; past the end is simply empty.
         audit::search(&self.store.reader(), f, limit, offset.min(i64::MAX as usize))
+    }
+
+    /// Writes `collection`'s chunks to `out` for offline embedding ([`Engine::export_chunks_for`]): clinical text
+    /// leaving the data directory, so the export is audited like the audit log's own (who took a copy of what).
+    pub fn export_chunks_as(
+        &self,
+        admin: &Admin,
+        collection: &str,
+        out: &std::path::Path,
+        pending_for: Option<&str>,
+    ) -> Result<crate::vectors::ChunkExport> {
+        let r = self.export_chunks_for(collection, out, pending_for)?;
+        let detail = serde_json::json!({
+            "collection": r.collection, "chunks": r.chunks, "path": r.path.display().to_string(),
+            "pending_for": pending_for,
+        });
+        self.audit_event(admin, "collection.export_chunks", &detail)?;
+        Ok(r)
     }
 
     /// The records matching `f` as CSV; the export itself is audited (who took a copy of what).
@@ -1001,7 +1025,8 @@ mod tests {
         assert!(matches!(clin.admin(), Err(Error::Forbidden(_))));
         let u = e.create_user_as(&root, "drwang", "admin-pass-12", "admin").unwrap();
         assert!(Actor::user(&u).admin().is_ok());
-        e.update_user_as(&root, "drwang", &UserUpdate { role: Some("clinician".into()), ..Default::default() }).unwrap();
+        e.update_user_as(&root, "drwang", &UserUpdate { role: Some("clinician".into()), ..Default::default() })
+            .unwrap();
         let demoted = e.users_as(&root).unwrap().into_iter().find(|x| x.username == "drwang").unwrap();
         assert_eq!(demoted.role, "clinician");
         assert!(e.readable_collections(&clin).unwrap().is_empty());

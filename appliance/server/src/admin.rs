@@ -253,7 +253,8 @@ async fn users_page(
     new_token: Option<String>,
 ) -> Result<HttpResponse, ApiError> {
     let (users, collections, tokens) =
-        call_admin(state, caller, |e, a| Ok((e.users_as(a)?, e.readable_collections(a)?, e.tokens_as(a, None)?))).await?;
+        call_admin(state, caller, |e, a| Ok((e.users_as(a)?, e.readable_collections(a)?, e.tokens_as(a, None)?)))
+            .await?;
     render(&UsersPage {
         nav: Nav::of(caller),
         flash,
@@ -353,7 +354,8 @@ pub async fn grants_form(
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
     let (n, c, grant) = (name.to_string(), f.collection.clone(), f.action == "grant");
-    let r = call_admin(&state, &caller, move |e, a| if grant { e.grant_as(a, &n, &c) } else { e.revoke_as(a, &n, &c) }).await;
+    let r = call_admin(&state, &caller, move |e, a| if grant { e.grant_as(a, &n, &c) } else { e.revoke_as(a, &n, &c) })
+        .await;
     match r {
         Ok(()) => Ok(back_with(
             "/admin/users",

@@ -467,7 +467,8 @@ pub async fn admin_promote(
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
     Ok(accepted(
-        call_admin(&state, &caller, move |e, a| e.submit_promote_as(a, &b.candidate, b.override_reason.as_deref())).await?,
+        call_admin(&state, &caller, move |e, a| e.submit_promote_as(a, &b.candidate, b.override_reason.as_deref()))
+            .await?,
     ))
 }
 
@@ -688,7 +689,8 @@ pub async fn admin_feedback(
     q: web::Query<FeedbackQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let (col, limit) = (q.collection.clone(), q.limit.unwrap_or(1000));
-    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.feedback_list_as(a, col.as_deref(), limit)).await?))
+    Ok(HttpResponse::Ok()
+        .json(call_admin(&state, &caller, move |e, a| e.feedback_list_as(a, col.as_deref(), limit)).await?))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -719,7 +721,8 @@ pub async fn admin_synonyms(
 ) -> Result<HttpResponse, ApiError> {
     let q = q.into_inner();
     let (limit, offset) = (q.limit.unwrap_or(100).min(10_000), q.offset.unwrap_or(0));
-    let (synonyms, total) = call_admin(&state, &caller, move |e, a| e.synonyms_as(a, q.q.as_deref(), limit, offset)).await?;
+    let (synonyms, total) =
+        call_admin(&state, &caller, move |e, a| e.synonyms_as(a, q.q.as_deref(), limit, offset)).await?;
     Ok(HttpResponse::Ok().json(SynonymList { total, synonyms }))
 }
 
@@ -801,7 +804,8 @@ pub async fn admin_import_synonyms(
 ) -> Result<HttpResponse, ApiError> {
     let bytes = crate::uploads::read_body(payload, care_engine::synonyms::MAX_CSV_BYTES, "同义词 CSV").await?;
     let replace = q.replace;
-    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.import_synonyms_as(a, &bytes, replace)).await?))
+    Ok(HttpResponse::Ok()
+        .json(call_admin(&state, &caller, move |e, a| e.import_synonyms_as(a, &bytes, replace)).await?))
 }
 
 #[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, body = Object)))]

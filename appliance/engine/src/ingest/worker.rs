@@ -1,22 +1,14 @@
-//! Uploaded files parsed in a sandboxed child process.
+//! Uploaded files parsed in a sandboxed child process ([`crate::sandbox`]).
 //!
-//! PDF, DOCX, HTML and archive readers are large third-party code fed hostile bytes: a file that makes one of them
-//! allocate gigabytes or loop would take the server (and search with it) down if it ran inside `care serve`. So
-//! `care` re-executes itself as `care ingest-worker` for every file: the parent sets an address-space, CPU-time
-//! and file-size limit before the child starts ([`IsolationConfig`]), the child reads the one file, then gives up
-//! all further file and network access (Landlock, where the kernel has it) and parses. A child that dies or
-//! exceeds a limit fails that file with a Chinese message naming the limit; the server notices nothing else.
+//! PDF, DOCX, HTML and archive readers are large third-party code fed hostile bytes. `care` re-executes itself as
+//! `care ingest-worker` for every file: the child limits itself ([`IsolationConfig`]), reads the one file, then
+//! gives up all further file and network access and parses. A child that dies or exceeds a limit fails that file
+//! with a Chinese message naming the limit; the server notices nothing else.
 //!
 //! The protocol is one JSON request on the child's standard input and one JSON reply on its standard output,
 //! read by the parent up to a bound derived from the file's size.
-//!
-//! Processes that did not register the executable ([`use_executable`]: the engine's own tests, embedders) parse
-//! in-process, as before.
 
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -27,13 +19,6 @@ use crate::error::{Error, ErrorCode, Result};
 
 /// The subcommand the parent runs.
 pub const SUBCOMMAND: &str = "ingest-worker";
-
-static EXECUTABLE: OnceLock<PathBuf> = OnceLock::new();
-
-/// Registers the `care` executable that serves [`SUBCOMMAND`]; from then on files are parsed in children.
-pub fn use_executable(exe: PathBuf) {
-    let _ = EXECUTABLE.set(exe);
-}
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Request {
@@ -75,7 +60,7 @@ impl Failure {
 
 /// [`super::read_units`], in a child process when the executable is registered and isolation is on.
 pub fn read_units(path: &Path, opts: &IngestOptions, cfg: &IngestConfig) -> Result<Vec<Unit>> {
-    match EXECUTABLE.get() {
+    match crate::sandbox::executable() {
         Some(exe) if cfg.isolation.enabled => read_units_isolated(exe, path, opts, &cfg.limits, &cfg.isolation),
         _ => super::read_units(path, opts, &cfg.limits),
     }
@@ -96,45 +81,21 @@ pub fn read_units_isolated(
     let request =
         serde_json::to_vec(&Request { path: path.to_path_buf(), options: opts.clone(), limits: limits.clone() })
             .map_err(|e| Error::Internal(format!("parser request: {e}")))?;
-    let mut cmd = Command::new(exe);
-    // The child limits itself first thing, before it reads the request or the file (see [`serve`]).
-    cmd.args([SUBCOMMAND, &iso.memory_mb.max(64).to_string(), &iso.cpu_seconds.max(1).to_string()])
-        .env_clear()
-        .env("CARE_LOG", "error")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child =
-        cmd.spawn().map_err(|e| Error::Internal(format!("starting the parser process {}: {e}", exe.display())))?;
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-    let (mut stdin, stdout, stderr) = match (child.stdin.take(), child.stdout.take(), child.stderr.take()) {
-        (Some(i), Some(o), Some(e)) => (i, o, e),
-        _ => return Err(Error::Internal("the parser process's pipes are missing".into())),
-    };
     // A reply is the file's text as JSON: bounded by the text budget, with room for escaping and names.
     let reply_cap =
         size.saturating_mul(limits.max_text_ratio).saturating_add(1 << 20).saturating_mul(7) / 2 + (1 << 20);
-    let out = std::thread::spawn(move || read_capped(stdout, reply_cap));
-    let err = std::thread::spawn(move || read_capped(stderr, 64 << 10));
-    let _ = stdin.write_all(&request);
-    drop(stdin);
-    // The child is waited on by a thread; the wall-clock limit kills it from here.
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait());
-    });
-    let wall = Duration::from_secs(iso.wall_seconds.max(1));
-    let (status, timed_out) = match rx.recv_timeout(wall) {
-        Ok(s) => (s, false),
-        Err(_) => {
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-            (rx.recv().unwrap_or_else(|_| Err(std::io::Error::other("the parser process was lost"))), true)
-        }
-    };
-    let status = status.map_err(|e| Error::Internal(format!("waiting for the parser process: {e}")))?;
-    let (out, out_overflow) = out.join().unwrap_or_default();
-    let (err, _) = err.join().unwrap_or_default();
-    let stderr_tail = String::from_utf8_lossy(&err);
+    // The child limits itself first thing, before it reads the request or the file (see [`serve`]).
+    let args = [SUBCOMMAND.to_string(), iso.memory_mb.max(64).to_string(), iso.cpu_seconds.max(1).to_string()];
+    let ended = crate::sandbox::run(
+        exe,
+        &args,
+        &[("CARE_LOG", "error".into())],
+        &request,
+        reply_cap,
+        Duration::from_secs(iso.wall_seconds.max(1)),
+    )?;
+    let (status, timed_out, out_overflow, out) = (ended.status, ended.timed_out, ended.reply_overflow, &ended.reply);
+    let stderr_tail = &ended.stderr;
     if timed_out {
         return Err(limit_error(
             path,
@@ -146,9 +107,9 @@ pub fn read_units_isolated(
     }
     if !status.success() {
         tracing::warn!(file = %path.display(), ?status, stderr = %stderr_tail.trim(), "the parser process failed");
-        return Err(died(path, status, &stderr_tail, iso));
+        return Err(died(path, &ended, iso));
     }
-    let reply: Reply = serde_json::from_slice(&out)
+    let reply: Reply = serde_json::from_slice(out)
         .map_err(|e| Error::Internal(format!("the parser process's reply for {}: {e}", path.display())))?;
     if let Some(f) = reply.failed {
         // Reading the file itself ran out of the address space.
@@ -171,15 +132,6 @@ pub fn read_units_isolated(
         .collect())
 }
 
-/// Reads `r` to its end, keeping at most `cap` bytes; whether more came.
-fn read_capped(mut r: impl Read, cap: u64) -> (Vec<u8>, bool) {
-    let mut buf = Vec::new();
-    let _ = (&mut r).take(cap).read_to_end(&mut buf);
-    // Drain the rest so the child never blocks on a full pipe.
-    let more = std::io::copy(&mut r, &mut std::io::sink()).unwrap_or(0) > 0;
-    (buf, more)
-}
-
 fn limit_error(path: &Path, what: &str) -> Error {
     Error::Parser {
         code: ErrorCode::TooLarge,
@@ -188,13 +140,12 @@ fn limit_error(path: &Path, what: &str) -> Error {
 }
 
 /// The failure of a child that did not reply: which limit ended it, when that can be told.
-fn died(path: &Path, status: ExitStatus, stderr: &str, iso: &IsolationConfig) -> Error {
-    use std::os::unix::process::ExitStatusExt;
-    let signal = status.signal();
-    if stderr.contains("memory allocation") || stderr.contains("out of memory") || stderr.contains("Cannot allocate") {
+fn died(path: &Path, ended: &crate::sandbox::Ended, iso: &IsolationConfig) -> Error {
+    let (status, signal) = (ended.status, ended.signal());
+    if ended.out_of_memory() {
         return memory_error(path, iso);
     }
-    if signal == Some(nix::libc::SIGXCPU) || signal == Some(nix::libc::SIGKILL) {
+    if ended.out_of_cpu() {
         return limit_error(
             path,
             &format!("解析超过了 {} 秒的 CPU 时间上限 (ingest.isolation.cpu_seconds)", iso.cpu_seconds),
@@ -221,20 +172,7 @@ fn file_name(path: &Path) -> String {
 /// The child's side (`care ingest-worker`): reads the request, the file, then drops file and network access and
 /// parses. Returns the process exit code.
 pub fn serve() -> i32 {
-    let arg = |i: usize| std::env::args().nth(i).and_then(|a| a.parse::<u64>().ok());
-    let (Some(memory_mb), Some(cpu_seconds)) = (arg(2), arg(3)) else {
-        eprintln!("usage: care {SUBCOMMAND} MEMORY_MB CPU_SECONDS (started by care itself)");
-        return 2;
-    };
-    // A seccomp filter that forbids setrlimit (an older unit file) must not stop every upload: the file is then
-    // parsed unconfined but still outside the server's process.
-    if let Err(e) = limit_self(memory_mb, cpu_seconds) {
-        eprintln!("care ingest-worker: setting resource limits failed ({e}); parsing without them");
-    }
-    let mut input = Vec::new();
-    if std::io::stdin().take(1 << 20).read_to_end(&mut input).is_err() {
-        return 2;
-    }
+    let Some(input) = crate::sandbox::child_start(SUBCOMMAND, 1 << 20) else { return 2 };
     let Ok(req) = serde_json::from_slice::<Request>(&input) else {
         eprintln!("care ingest-worker: malformed request");
         return 2;
@@ -252,43 +190,14 @@ pub fn serve() -> i32 {
                 .collect(),
         },
     };
-    let mut out = std::io::stdout().lock();
-    match serde_json::to_writer(&mut out, &reply).map_err(std::io::Error::from).and_then(|_| out.flush()) {
-        Ok(()) => 0,
-        Err(_) => 3,
-    }
-}
-
-/// Address space, CPU time (SIGXCPU at the soft limit, SIGKILL a second later), no file writes (standard output is
-/// a pipe, which the size limit does not cover), no core dumps.
-fn limit_self(memory_mb: u64, cpu_seconds: u64) -> nix::Result<()> {
-    use nix::sys::resource::{Resource, setrlimit};
-    setrlimit(Resource::RLIMIT_AS, memory_mb << 20, memory_mb << 20)?;
-    setrlimit(Resource::RLIMIT_CPU, cpu_seconds, cpu_seconds + 1)?;
-    setrlimit(Resource::RLIMIT_FSIZE, 0, 0)?;
-    setrlimit(Resource::RLIMIT_CORE, 0, 0)
+    crate::sandbox::child_reply(&reply)
 }
 
 fn read_then_confine(req: &Request) -> Result<Vec<Unit>> {
     let path = &req.path;
     let (kind, bytes) = super::read_checked(path, &req.limits)?;
-    confine();
+    crate::sandbox::confine(SUBCOMMAND);
     super::units_of_bytes(path, kind, &bytes, &req.options, &req.limits)
-}
-
-/// No further file access and no network for this process, as far as the kernel's Landlock allows (best effort:
-/// an older kernel keeps the resource limits only).
-fn confine() {
-    use landlock::{ABI, Access, AccessFs, AccessNet, Ruleset, RulesetAttr};
-    let abi = ABI::V4;
-    let status = Ruleset::default()
-        .handle_access(AccessFs::from_all(abi))
-        .and_then(|r| r.handle_access(AccessNet::from_all(abi)))
-        .and_then(|r| r.create())
-        .and_then(|r| r.restrict_self());
-    if let Err(e) = status {
-        eprintln!("care ingest-worker: landlock unavailable ({e}); resource limits only");
-    }
 }
 
 #[cfg(test)]
@@ -304,13 +213,5 @@ mod tests {
         assert_eq!(back.to_string(), e.to_string());
         let unknown = Failure { code: "no_such_code".into(), message: "x".into() }.into_error();
         assert_eq!(unknown.code(), ErrorCode::Internal);
-    }
-
-    #[test]
-    fn a_capped_read_drains_the_rest_and_says_so() {
-        let (buf, more) = read_capped(&b"0123456789"[..], 4);
-        assert_eq!((buf.as_slice(), more), (&b"0123"[..], true));
-        let (buf, more) = read_capped(&b"0123"[..], 4);
-        assert_eq!((buf.as_slice(), more), (&b"0123"[..], false));
     }
 }
