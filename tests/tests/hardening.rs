@@ -919,8 +919,14 @@ fn onnx_runtime_records_no_telemetry() {
     let mut care = Care::new(&t.path().join("data"));
     care.env.push(("HOME".into(), home.display().to_string()));
     care.env.push(("XDG_CACHE_HOME".into(), home.join(".cache").display().to_string()));
-    care.ok(&["demo", "--no-serve", "--e5s1", care_e2e::e5s1().to_str().unwrap()]);
-    assert!(care.ok(&["search", "二甲双胍的禁忌症"]).contains("二甲双胍"));
+    // Started without the variable (packaging/dev.sh exports it for the Python tools).
+    let run = |args: &[&str]| {
+        let out = care.command(args).env_remove("ORT_DISABLE_TELEMETRY").output().unwrap();
+        assert!(out.status.success(), "care {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run(&["demo", "--no-serve", "--e5s1", care_e2e::e5s1().to_str().unwrap()]);
+    assert!(run(&["search", "二甲双胍的禁忌症"]).contains("二甲双胍"));
     let mut left = Vec::new();
     let mut stack = vec![home.clone()];
     while let Some(d) = stack.pop() {
