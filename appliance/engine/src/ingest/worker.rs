@@ -94,22 +94,21 @@ pub fn read_units_isolated(
         reply_cap,
         Duration::from_secs(iso.wall_seconds.max(1)),
     )?;
-    let (status, timed_out, out_overflow, out) = (ended.status, ended.timed_out, ended.reply_overflow, &ended.reply);
-    let stderr_tail = &ended.stderr;
-    if timed_out {
+    if ended.timed_out {
         return Err(limit_error(
             path,
             &format!("解析超过了 {} 秒的时间上限 (ingest.isolation.wall_seconds)", iso.wall_seconds),
         ));
     }
-    if out_overflow {
+    if ended.reply_overflow {
         return Err(limit_error(path, "解析结果超出了文字上限 (ingest.limits.max_text_ratio)"));
     }
-    if !status.success() {
-        tracing::warn!(file = %path.display(), ?status, stderr = %stderr_tail.trim(), "the parser process failed");
+    if !ended.status.success() {
+        tracing::warn!(file = %path.display(), status = ?ended.status, stderr = %ended.stderr.trim(),
+            "the parser process failed");
         return Err(died(path, &ended, iso));
     }
-    let reply: Reply = serde_json::from_slice(out)
+    let reply: Reply = serde_json::from_slice(&ended.reply)
         .map_err(|e| Error::Internal(format!("the parser process's reply for {}: {e}", path.display())))?;
     if let Some(f) = reply.failed {
         // Reading the file itself ran out of the address space.
