@@ -8,6 +8,9 @@
 
 use ego_tree::iter::Edge;
 use ego_tree::{NodeId, NodeRef};
+use html5ever::tendril::StrTendril;
+use html5ever::tree_builder::{ElementFlags, NodeOrText, QuirksMode, TreeSink};
+use html5ever::{Attribute, QualName};
 use scraper::{ElementRef, Html, Node};
 
 use super::TableBuf;
@@ -55,31 +58,47 @@ pub(super) fn declared_charset(bytes: &[u8]) -> Option<&'static str> {
     encoding_rs::Encoding::for_label(label).map(|e| e.name())
 }
 
-/// Deeper than this, a page is refused before it reaches the HTML parser, whose scope checks walk the open-element
-/// stack at every tag (cost = tags × depth: minutes for a 2 MB file of nested `<div>`). Browsers stop nesting much
-/// earlier (Chrome's parser at 512 levels), so no real page comes near it.
+/// Deeper than this, a page is refused. The HTML parser's scope checks walk its open-element stack at every tag,
+/// so a page nested N deep costs N² (minutes for a 2 MB file of nested `<div>`, or of `<svg>` then `<div/>` × N,
+/// which breaks out of SVG and nests). Browsers stop nesting much earlier (Chrome's parser at 512 levels), so no
+/// real page comes near it.
 pub(super) const MAX_DEPTH: usize = 1024;
 
-const VOID: &[&str] = &[
-    "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr", "param",
-    "keygen", "basefont", "bgsound", "frame",
-];
-// Usually left unclosed in real pages; the parser closes them itself when the next one starts.
-const IMPLIED_END: &[&str] =
-    &["p", "li", "dt", "dd", "tr", "td", "th", "option", "optgroup", "thead", "tbody", "tfoot", "colgroup", "caption"];
-const RAW_TEXT: &[&str] =
-    &["script", "style", "textarea", "title", "xmp", "iframe", "noembed", "noframes", "noscript", "plaintext"];
+/// Input is fed to the parser in pieces of this many bytes and the depth checked after each: past the limit, a
+/// piece can nest at most this many levels more before parsing stops (a few milliseconds of scope checks).
+const PIECE: usize = 16 << 10;
 
-/// (title, text with Markdown heading lines), or the byte offset where elements nest deeper than [`MAX_DEPTH`].
+/// (title, text with Markdown heading lines), or the byte offset of the piece of input where elements nest deeper
+/// than [`MAX_DEPTH`].
 pub(super) fn extract(html: &str) -> Result<(String, String), usize> {
-    match too_deep(html) {
-        Some(at) => Err(at),
-        None => Ok(extract_tree(html)),
-    }
+    let doc = parse_bounded(html)?;
+    Ok(extract_tree(&doc))
 }
 
-fn extract_tree(html: &str) -> (String, String) {
-    let doc = Html::parse_document(html);
+/// Parses as browsers do, with the depth counted by the tree builder itself ([`DepthSink`]) rather than estimated
+/// from the tags: foster parenting, adoption and foreign-content breakout all nest where the builder puts them.
+fn parse_bounded(html: &str) -> Result<Html, usize> {
+    use html5ever::tendril::TendrilSink;
+    let sink = DepthSink { tree: scraper::HtmlTreeSink::new(Html::new_document()), deepest: Default::default() };
+    let deepest = std::rc::Rc::clone(&sink.deepest);
+    let mut parser = html5ever::driver::parse_document(sink, Default::default());
+    let mut at = 0;
+    while at < html.len() {
+        let mut end = (at + PIECE).min(html.len());
+        while !html.is_char_boundary(end) {
+            end += 1;
+        }
+        parser.process(html[at..end].into());
+        if deepest.get() > MAX_DEPTH {
+            return Err(at);
+        }
+        at = end;
+    }
+    let doc = parser.finish();
+    if deepest.get() > MAX_DEPTH { Err(html.len()) } else { Ok(doc) }
+}
+
+fn extract_tree(doc: &Html) -> (String, String) {
     let title = doc
         .select(&scraper::Selector::parse("title").expect("static selector"))
         .next()
@@ -90,76 +109,102 @@ fn extract_tree(html: &str) -> (String, String) {
     (title.split_whitespace().collect::<Vec<_>>().join(" "), out)
 }
 
-/// Where elements first nest deeper than [`MAX_DEPTH`], estimated from the tags alone in one linear pass, the way
-/// the parser nests them: an end tag closes up to the latest open element of its name and a stray one is ignored
-/// (so `<div></x>` cannot hide depth); `<div/>` opens a div as in browsers, except inside SVG/MathML.
-fn too_deep(html: &str) -> Option<usize> {
-    let b = html.as_bytes();
-    let mut open: Vec<String> = Vec::new();
-    let mut counts: std::collections::HashMap<String, usize> = Default::default();
-    let mut i = 0;
-    while let Some(off) = b[i..].iter().position(|&c| c == b'<') {
-        let lt = i + off;
-        if b[lt..].starts_with(b"<!--") {
-            i = find(b, lt + 4, b"-->").map_or(b.len(), |e| e + 3);
-            continue;
-        }
-        let end_tag = b.get(lt + 1) == Some(&b'/');
-        let start = lt + 1 + end_tag as usize;
-        let len = b[start..].iter().take_while(|c| c.is_ascii_alphanumeric()).count();
-        if len == 0 || !b[start].is_ascii_alphabetic() {
-            i = lt + 1;
-            continue;
-        }
-        let name = html[start..start + len].to_ascii_lowercase();
-        let gt = b[start..].iter().position(|&c| c == b'>').map_or(b.len(), |p| start + p);
-        i = (gt + 1).min(b.len());
-        if end_tag {
-            close_named(&mut open, &mut counts, &name);
-        } else if RAW_TEXT.contains(&name.as_str()) {
-            i = raw_text_end(b, i, &name);
-        } else if !VOID.contains(&name.as_str()) && !IMPLIED_END.contains(&name.as_str()) {
-            let foreign = counts.get("svg").copied().unwrap_or(0) + counts.get("math").copied().unwrap_or(0) > 0;
-            if foreign && b[..gt].ends_with(b"/") {
-                continue;
+/// scraper's tree sink, measuring how deep the builder attaches each node: the parent chain of the insertion
+/// point is walked (up to just past [`MAX_DEPTH`], so a walk costs no more than the builder's own scope check),
+/// which stays exact when adoption or foster parenting moves nodes.
+struct DepthSink {
+    tree: scraper::HtmlTreeSink,
+    deepest: std::rc::Rc<std::cell::Cell<usize>>,
+}
+
+impl DepthSink {
+    /// Records that a node is being attached as a child of `parent`.
+    fn attach_below(&self, parent: &NodeId) {
+        let html = self.tree.0.borrow();
+        let mut up = html.tree.get(*parent);
+        let mut depth = 0;
+        while let Some(node) = up {
+            depth += 1;
+            if depth > MAX_DEPTH {
+                break;
             }
-            *counts.entry(name.clone()).or_default() += 1;
-            open.push(name);
-            if open.len() > MAX_DEPTH {
-                return Some(lt);
-            }
+            up = node.parent();
+        }
+        self.deepest.set(self.deepest.get().max(depth));
+    }
+
+    fn parent_of(&self, node: &NodeId) -> Option<NodeId> {
+        self.tree.0.borrow().tree.get(*node).and_then(|n| n.parent()).map(|p| p.id())
+    }
+}
+
+impl TreeSink for DepthSink {
+    type Output = Html;
+    type Handle = NodeId;
+    type ElemName<'a> = <scraper::HtmlTreeSink as TreeSink>::ElemName<'a>;
+
+    fn finish(self) -> Html {
+        self.tree.finish()
+    }
+    fn parse_error(&self, msg: std::borrow::Cow<'static, str>) {
+        self.tree.parse_error(msg);
+    }
+    fn get_document(&self) -> NodeId {
+        self.tree.get_document()
+    }
+    fn elem_name<'a>(&'a self, target: &'a NodeId) -> Self::ElemName<'a> {
+        self.tree.elem_name(target)
+    }
+    fn create_element(&self, name: QualName, attrs: Vec<Attribute>, flags: ElementFlags) -> NodeId {
+        self.tree.create_element(name, attrs, flags)
+    }
+    fn create_comment(&self, text: StrTendril) -> NodeId {
+        self.tree.create_comment(text)
+    }
+    fn create_pi(&self, target: StrTendril, data: StrTendril) -> NodeId {
+        self.tree.create_pi(target, data)
+    }
+    fn append(&self, parent: &NodeId, child: NodeOrText<NodeId>) {
+        if matches!(child, NodeOrText::AppendNode(_)) {
+            self.attach_below(parent);
+        }
+        self.tree.append(parent, child);
+    }
+    fn append_based_on_parent_node(&self, element: &NodeId, prev_element: &NodeId, child: NodeOrText<NodeId>) {
+        if self.parent_of(element).is_some() {
+            self.append_before_sibling(element, child)
+        } else {
+            self.append(prev_element, child)
         }
     }
-    None
-}
-
-fn close_named(open: &mut Vec<String>, counts: &mut std::collections::HashMap<String, usize>, name: &str) {
-    if counts.get(name).copied().unwrap_or(0) == 0 {
-        return;
+    fn append_doctype_to_document(&self, name: StrTendril, public_id: StrTendril, system_id: StrTendril) {
+        self.tree.append_doctype_to_document(name, public_id, system_id);
     }
-    while let Some(top) = open.pop() {
-        let n = counts.entry(top.clone()).or_default();
-        *n = n.saturating_sub(1);
-        if top == name {
-            break;
+    fn get_template_contents(&self, target: &NodeId) -> NodeId {
+        self.tree.get_template_contents(target)
+    }
+    fn same_node(&self, x: &NodeId, y: &NodeId) -> bool {
+        self.tree.same_node(x, y)
+    }
+    fn set_quirks_mode(&self, mode: QuirksMode) {
+        self.tree.set_quirks_mode(mode);
+    }
+    fn append_before_sibling(&self, sibling: &NodeId, new_node: NodeOrText<NodeId>) {
+        if let (NodeOrText::AppendNode(_), Some(parent)) = (&new_node, self.parent_of(sibling)) {
+            self.attach_below(&parent);
         }
+        self.tree.append_before_sibling(sibling, new_node);
     }
-}
-
-fn find(b: &[u8], from: usize, needle: &[u8]) -> Option<usize> {
-    b.get(from..)?.windows(needle.len()).position(|w| w == needle).map(|p| from + p)
-}
-
-/// The offset of `</name` (any case) at or after `from`, where raw text such as a script's ends.
-fn raw_text_end(b: &[u8], from: usize, name: &str) -> usize {
-    let n = name.len();
-    (from..b.len())
-        .find(|&j| {
-            b[j] == b'<'
-                && b.get(j + 1) == Some(&b'/')
-                && b.get(j + 2..j + 2 + n).is_some_and(|t| t.eq_ignore_ascii_case(name.as_bytes()))
-        })
-        .unwrap_or(b.len())
+    fn add_attrs_if_missing(&self, target: &NodeId, attrs: Vec<Attribute>) {
+        self.tree.add_attrs_if_missing(target, attrs);
+    }
+    fn remove_from_parent(&self, target: &NodeId) {
+        self.tree.remove_from_parent(target);
+    }
+    fn reparent_children(&self, node: &NodeId, new_parent: &NodeId) {
+        self.attach_below(new_parent);
+        self.tree.reparent_children(node, new_parent);
+    }
 }
 
 /// Where text goes while the tree is walked: the page, or the cell of the innermost table being read; and the
@@ -376,21 +421,55 @@ mod tests {
         // Past the nesting bound, on a 2 MiB stack: a recursive walk overflows it (and aborts the test process).
         let n = 5_000;
         let page = format!("{}<h2>深</h2><script>x</script>文{}", "<div><span>".repeat(n), "</span></div>".repeat(n));
-        let run = move || extract_tree(&page);
+        let run = move || extract_tree(&Html::parse_document(&page));
         let (_, text) = std::thread::Builder::new().stack_size(2 << 20).spawn(run).unwrap().join().unwrap();
         assert_eq!(crate::text::normalize(&text), "## 深\n文");
     }
 
     #[test]
-    fn nesting_is_estimated_as_the_parser_nests() {
+    fn depth_is_counted_where_the_parser_nests() {
         let deep = |open: &str, close: &str, n: usize| format!("{}x{}", open.repeat(n), close.repeat(n));
-        assert_eq!(too_deep(&deep("<div>", "</div>", MAX_DEPTH)), None);
-        assert_eq!(too_deep(&deep("<div>", "</div>", MAX_DEPTH + 1)), Some(5 * MAX_DEPTH));
-        assert!(too_deep(&deep("<div></x>", "", MAX_DEPTH + 1)).is_some(), "stray end tags close nothing");
-        assert!(too_deep(&deep("<DIV/>", "", MAX_DEPTH + 1)).is_some(), "<div/> opens a div in HTML");
+        // <html> and <body> are two levels of their own.
+        assert!(extract(&deep("<div>", "</div>", MAX_DEPTH - 2)).is_ok());
+        assert_eq!(extract(&deep("<div>", "</div>", MAX_DEPTH - 1)), Err(0));
+        assert!(extract(&deep("<div></x>", "", MAX_DEPTH)).is_err(), "stray end tags close nothing");
+        assert!(extract(&deep("<DIV/>", "", MAX_DEPTH)).is_err(), "<div/> opens a div in HTML");
+        // The review's page: inside <svg> a <div/> breaks out of SVG and nests as an HTML div.
+        assert!(extract(&format!("<svg>{}", "<div/>".repeat(MAX_DEPTH))).is_err(), "foreign-content breakout");
+        assert!(
+            extract(&format!("<svg>{}</svg>", "<g/>".repeat(20_000))).is_ok(),
+            "self-closed SVG elements stay flat"
+        );
+        // Where the refusal is reported: the start of the piece of input in which the limit was passed.
+        let late = format!("{}{}", "<p>平</p>".repeat(10_000), "<div>".repeat(MAX_DEPTH));
+        assert!(matches!(extract(&late), Err(at) if at > PIECE && at < late.len()), "{:?}", extract(&late).err());
         // Real pages: many siblings, unclosed <p>/<li>/<td>, inline SVG icons, tags inside scripts and comments.
         let flat = "<p>a<li>b<td>c<br><img src=x><svg><path d='M0'/><g/></svg><div>d</div>".repeat(10_000);
         let script = format!("<script>{}</script><!-- {} -->", "<div>".repeat(5000), "<div>".repeat(5000));
-        assert_eq!(too_deep(&format!("<html><body>{flat}{script}</body></html>")), None);
+        assert!(extract(&format!("<html><body>{flat}{script}</body></html>")).is_ok());
+    }
+
+    /// Pages built to make the parser's work grow with the square of their size, each 1 MB: refused or read in
+    /// about a second (debug build), never minutes. `cargo test -p care-engine --lib hostile_shapes -- --nocapture`.
+    #[test]
+    fn hostile_shapes_cost_little() {
+        let shapes: [(&str, &str); 8] = [
+            ("nested div", "<div>"),
+            ("svg breakout", "<svg><div/>"),
+            ("math breakout", "<math><p/>"),
+            ("unclosed formatting", "<b><i><u>"),
+            ("misnested formatting", "<b><p></b>"),
+            ("anchor adoption", "<a><div>"),
+            ("table foster parenting", "<table><div>"),
+            ("nested tables", "<table><tr><td>"),
+        ];
+        for (what, unit) in shapes {
+            let page = unit.repeat((1 << 20) / unit.len());
+            let t = std::time::Instant::now();
+            let outcome = extract(&page).map(|_| ()).map_err(|_| "refused");
+            let took = t.elapsed();
+            println!("{what}: {outcome:?} in {took:?}");
+            assert!(took < std::time::Duration::from_secs(20), "{what} took {took:?}");
+        }
     }
 }
