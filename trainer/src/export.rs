@@ -1,6 +1,6 @@
 //! From trained weights to what the appliance serves.
 //!
-//! - [`export_query_package`]: the query encoder as a model package (`manifest.toml`, `model.onnx` written by
+//! - [`export_package`]: the query encoder (or a Stage II document encoder) as a model package (`manifest.toml`, `model.onnx` written by
 //!   `care-modelio`'s exporter — the same one the model-import path uses — `tokenizer.json`, `config.json`,
 //!   `model.safetensors`) plus `parity.json`: tch vectors of sample texts, which the appliance-side test
 //!   compares with ONNX Runtime's (cosine ≥ 0.9999).
@@ -46,17 +46,22 @@ pub struct PackageInfo {
     pub provenance: BTreeMap<String, String>,
 }
 
-/// Writes the query encoder (LoRA merged) as an appliance model package in `out`.
-pub fn export_query_package(
+/// Writes the encoder (LoRA merged) as an appliance model package in `out`: a query encoder, or a document
+/// encoder Stage II trained (`role`), whose parity vectors then read the texts as documents.
+pub fn export_package(
     enc: &mut Encoder,
     out: &Path,
     info: &PackageInfo,
+    role: ModelRole,
     parity_texts: &[String],
 ) -> Result<ModelManifest> {
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     enc.model.merge_lora();
     let Model::Bert(bert) = &enc.model else {
-        return Err(Error::Export("only BERT/XLM-R query encoders export to ONNX; Qwen3 document encoders are run by the trainer's embed-corpus".into()));
+        return Err(Error::Export(
+            "only BERT/XLM-R encoders export to ONNX; Qwen3 document encoders are run by the trainer's embed-corpus"
+                .into(),
+        ));
     };
     let cfg = bert.cfg.to_modelio();
     let tensors = bert.weights.to_modelio()?;
@@ -71,7 +76,7 @@ pub fn export_query_package(
         format: care_formats::manifest::MANIFEST_FORMAT,
         name: info.name.clone(),
         version: info.version.clone(),
-        role: ModelRole::Query,
+        role,
         architecture: if bert.cfg.is_xlm_roberta() { "xlm-roberta".into() } else { "bert".into() },
         pooling: enc.settings.pooling,
         width: hidden,
@@ -85,7 +90,10 @@ pub fn export_query_package(
         files: BTreeMap::new(),
         provenance: info.provenance.clone(),
     };
-    let rendered: Vec<String> = parity_texts.iter().map(|t| manifest.render_query(t)).collect();
+    let rendered: Vec<String> = parity_texts
+        .iter()
+        .map(|t| if role == ModelRole::Document { manifest.render_document(t) } else { manifest.render_query(t) })
+        .collect();
     let v = enc.embed_all(&rendered, 16, &mut |_| {})?;
     let embeddings = (0..v.size()[0])
         .map(|i| Vec::<f32>::try_from(v.get(i)).map_err(|e| Error::Export(e.to_string())))

@@ -333,6 +333,10 @@ enum Command {
         /// Texts for parity.json (one per line); default: built-in medical queries.
         #[arg(long)]
         parity_texts: Option<PathBuf>,
+        /// What the package encodes: query, or document (a document encoder trained in Stage II; --query then
+        /// names its folder).
+        #[arg(long, default_value = "query", value_parser = parse_role)]
+        role: care_formats::ModelRole,
     },
     /// Encode a corpus with the document encoder in batches and write embedding shards for the appliance.
     EmbedCorpus {
@@ -514,6 +518,14 @@ fn run_spec(path: &Path) -> i32 {
     }
 }
 
+fn parse_role(s: &str) -> Result<care_formats::ModelRole, String> {
+    match s {
+        "query" => Ok(care_formats::ModelRole::Query),
+        "document" => Ok(care_formats::ModelRole::Document),
+        _ => Err(format!("--role is query or document, not {s:?}")),
+    }
+}
+
 fn die_with_parent() -> Result<()> {
     let Ok(want) = std::env::var("CARE_TRAIN_PARENT") else { return Ok(()) };
     #[cfg(target_os = "linux")]
@@ -671,14 +683,22 @@ fn phase_of(command: Command) -> Result<Phase, Box<Command>> {
             hyper: common.hyper(),
         }),
         Command::Merge { tuned, base, ratio, out } => Phase::Merge(MergeSpec { tuned, base, ratio, out }),
-        Command::Export { query, out, name, version, pairing_id, query_template, document_template, parity_texts } => {
-            Phase::Export(ExportSpec {
-                query,
-                out,
-                pairing_id,
-                options: ExportOptions { name, version, query_template, document_template, parity_texts },
-            })
-        }
+        Command::Export {
+            query,
+            out,
+            name,
+            version,
+            pairing_id,
+            query_template,
+            document_template,
+            parity_texts,
+            role,
+        } => Phase::Export(ExportSpec {
+            query,
+            out,
+            pairing_id,
+            options: ExportOptions { name, version, query_template, document_template, parity_texts, role },
+        }),
         Command::EmbedCorpus {
             document,
             corpus,

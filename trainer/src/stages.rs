@@ -401,9 +401,10 @@ pub fn export(s: &ExportSpec) -> Result<Outcome> {
         instruction: String::new(),
         provenance,
     };
-    let m = crate::export::export_query_package(&mut q, &s.out, &info, &texts)?;
+    let m = crate::export::export_package(&mut q, &s.out, &info, o.role, &texts)?;
     Ok(Outcome::said(format!(
-        "wrote query package {}@{} ({}, pairing {}) to {}",
+        "wrote {:?} package {}@{} ({}, pairing {}) to {}",
+        m.role,
         m.name,
         m.version,
         m.architecture,

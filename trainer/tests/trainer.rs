@@ -554,7 +554,7 @@ fn query_package_export_writes_a_verified_manifest_and_parity_vectors() {
     };
     let out = root.path().join("pkg");
     let texts = vec!["w3 w4".to_string(), "w5".to_string()];
-    let m = care_trainer::export::export_query_package(&mut q, &out, &info, &texts).unwrap();
+    let m = care_trainer::export::export_package(&mut q, &out, &info, care_formats::ModelRole::Query, &texts).unwrap();
     m.verify_files(&out).unwrap();
     assert_eq!(m.role, care_formats::ModelRole::Query);
     let parity: care_trainer::export::ParityFile =

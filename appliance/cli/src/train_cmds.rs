@@ -141,7 +141,7 @@ pub fn run_train(e: Arc<Engine>, actor: &Admin, workers: usize, cmd: TrainComman
                     }
                     None => println!("本机尚无完成的同类训练运行，暂无法估算用时"),
                 }
-                if let Some(d) = e.training_disk_as(actor)? {
+                if let Some(d) = e.training_disk_as(actor, care_engine::training::Sides::QueryOnly)? {
                     println!("{}", d.describe());
                     if !d.enough() {
                         return Ok(2);

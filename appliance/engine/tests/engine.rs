@@ -937,15 +937,16 @@ mod training {
     use std::time::{Duration, Instant};
 
     use care_engine::engine::OpenMode;
+    use care_engine::fusion::Method;
     use care_engine::judgments::{JudgmentSource, part_of};
     use care_engine::training::DataOptions;
-    use care_engine::training::Recipe;
     use care_engine::training::schedule::ScheduleSpec;
+    use care_engine::training::{Recipe, Sides};
     use care_engine::{Admin, Engine, EngineConfig, ErrorCode, SearchRequest, Worker};
     use care_formats::training::TrainingExample;
 
-    use super::e5s1;
     use super::lifecycle_gate::subset;
+    use super::{cosine, e5s1};
 
     /// Small enough for CI on two cores; large enough that Stage I visibly aligns the pruned query encoder.
     fn recipe() -> Recipe {
@@ -1213,6 +1214,117 @@ mod training {
             .collect();
         assert_eq!(actions.iter().filter(|a| *a == "training.submit").count(), 3, "{actions:?}");
         assert!(actions.iter().any(|a| a == "training.schedule_set"));
+    }
+    /// CARE's full Stage II: the document encoder trains too (LoRA), a new pair with a new pairing id is exported
+    /// and imported, every collection is embedded into the candidate's own tables while the live pair serves, the
+    /// gate judges the candidate on its own vectors, promotion switches, and rollback restores the old answers
+    /// exactly from the kept tables. The gate is opened here (its judgement is the real run's business): this
+    /// checks the mechanics.
+    #[test]
+    fn both_sides_run_re_embeds_blue_green_promotes_and_rolls_back_exactly() {
+        let Some(bin) = std::env::var_os("CARE_TRAIN_BIN") else {
+            eprintln!("CARE_TRAIN_BIN not set (packaging/dev.sh test sets it); skipping");
+            return;
+        };
+        let t = tempfile::tempdir().unwrap();
+        let (corpus, csv, queries) = subset(t.path(), 300);
+        let mut cfg = EngineConfig::default();
+        cfg.storage.data_dir = t.path().join("data");
+        cfg.training.keep_free_gb = 0.0;
+        cfg.training.trainer = PathBuf::from(bin);
+        cfg.training.device = "cpu".into();
+        cfg.lifecycle.gate_margin = -1.0;
+        cfg.lifecycle.max_collection_loss = 1.0;
+        cfg.lifecycle.max_latency_ratio = 10.0;
+        let e = Arc::new(Engine::open(cfg, OpenMode::Create).unwrap());
+        let admin = Admin::console("admin");
+        e.create_collection("kuake", "", "test").unwrap();
+        e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
+        e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+        e.activate_as(&admin, "e5-small@1", "e5-small@1", &mut |_| {}).unwrap();
+        e.approve_as(&admin, "kuake", true).unwrap();
+        e.import_judgments_as(&admin, "kuake", "dev300", JudgmentSource::Csv(&csv)).unwrap();
+        let probes: Vec<String> = queries.iter().take(12).cloned().collect();
+        let dense = |e: &Engine, q: &str| -> care_engine::Result<Vec<(i64, u32)>> {
+            let req = SearchRequest { query: q.into(), method: Some(Method::Dense), ..Default::default() };
+            Ok(e.search(&req)?.hits.iter().map(|h| (h.chunk_id, h.score.to_bits())).collect())
+        };
+        let before: Vec<Vec<(i64, u32)>> = probes.iter().map(|q| dense(&e, q).unwrap()).collect();
+        let vectors_before = e.dense_vectors("kuake").unwrap();
+        let old_pairing = e.active_models().unwrap().unwrap().document.pairing_id;
+
+        let recipe = Recipe {
+            sides: Sides::Both,
+            stage2_steps: 12,
+            stage2_batch_size: 4,
+            stage2_max_groups: 100,
+            lr: 5e-4,
+            checkpoint_every: 6,
+            merge_ratio: 0.5,
+            ..recipe()
+        };
+        let job = e.submit_training_as(&admin, &recipe, None).unwrap();
+        let w = Worker::start(e.clone(), 1);
+        // Clinicians keep searching through the whole run: no search fails, and each answer is the old pair's
+        // until the switch.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let searcher = {
+            let (e, stop, probes) = (e.clone(), stop.clone(), probes.clone());
+            std::thread::spawn(move || {
+                let mut seen = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (i, q) in probes.iter().enumerate() {
+                        let live = e.active_models().unwrap().unwrap().document.name;
+                        seen.push((i, live, dense(&e, q).expect("a search failed during the run")));
+                    }
+                }
+                seen
+            })
+        };
+        let j = wait(&e, &admin, job, &finished);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let seen = searcher.join().unwrap();
+        w.shutdown();
+        assert_eq!(j.state, "done", "{j:?}");
+        let run = e.training_run_as(&admin, job).unwrap();
+        eprintln!("run: {run:?}");
+        assert_eq!(run.decision, "promoted", "{run:?}");
+        let phases: Vec<&str> = run.phases.iter().map(|(p, _)| p.as_str()).collect();
+        assert!(phases.contains(&"embed") && phases.contains(&"stage2") && phases.contains(&"merge"), "{phases:?}");
+        let live = e.active_models().unwrap().unwrap();
+        assert_eq!(live.query.name, format!("e5-small-r{job}"));
+        assert_eq!(live.document.name, format!("e5-small-r{job}-doc"), "a new document model");
+        assert_eq!(live.query.pairing_id, live.document.pairing_id);
+        assert_ne!(live.document.pairing_id, old_pairing, "a new pairing");
+        assert_ne!(live.document.id, live.query.id);
+        // The document encoder moved: the new tables hold every chunk, with vectors that differ from the old ones.
+        let col = e.collection("kuake").unwrap();
+        assert!(e.missing_vectors(&col, &live.document).unwrap().is_empty());
+        let vectors_after = e.dense_vectors("kuake").unwrap();
+        assert_eq!(vectors_after.len(), vectors_before.len());
+        let moved = vectors_before.iter().zip(&vectors_after).filter(|(a, b)| cosine(&a.1, &b.1) < 0.9999).count();
+        assert!(moved > vectors_before.len() / 2, "only {moved} of {} vectors changed", vectors_before.len());
+        // Every answer during the run came from one pair or the other; while the old document model was live
+        // (read just before the search; the switch is one transaction) the answers were exactly the old ones.
+        let after: Vec<Vec<(i64, u32)>> = probes.iter().map(|q| dense(&e, q).unwrap()).collect();
+        assert!(seen.len() >= probes.len(), "the searcher ran {} searches", seen.len());
+        let mut old_served = 0;
+        for (i, doc, got) in &seen {
+            assert!(*got == before[*i] || *got == after[*i], "probe {i} got an answer of neither pair");
+            if doc == "e5-small" && *got == before[*i] {
+                old_served += 1;
+            }
+        }
+        assert!(old_served > 0, "no search was served by the old pair during the run");
+        assert_ne!(before, after, "the candidate's answers equal the old pair's");
+
+        // Rollback: the old pair's tables were kept, so its answers come back exactly.
+        e.rollback_as(&admin, "测试回滚").unwrap();
+        let live = e.active_models().unwrap().unwrap();
+        assert_eq!((live.query.name.as_str(), live.document.name.as_str()), ("e5-small", "e5-small"));
+        let restored: Vec<Vec<(i64, u32)>> = probes.iter().map(|q| dense(&e, q).unwrap()).collect();
+        assert_eq!(restored, before);
+        assert_eq!(e.dense_vectors("kuake").unwrap(), vectors_before);
     }
 }
 

@@ -415,9 +415,11 @@ pub struct MergeSpec {
     pub out: PathBuf,
 }
 
-/// A trained query encoder as an appliance model package (ONNX) with parity vectors.
+/// A trained encoder as an appliance model package (ONNX) with parity vectors: the query encoder, or with
+/// `options.role = document` a document encoder trained in Stage II (its LoRA adapters merged).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExportSpec {
+    /// The encoder to export (a document encoder when `options.role` is `document`).
     pub query: PathBuf,
     pub out: PathBuf,
     /// Pairing id of the document model whose vectors this query encoder was aligned to.
@@ -435,6 +437,8 @@ pub struct ExportOptions {
     pub document_template: String,
     /// Texts for parity.json (one per line); none: built-in medical queries.
     pub parity_texts: Option<PathBuf>,
+    /// What the package encodes: `query`, or `document` (parity vectors then use the document template).
+    pub role: crate::ModelRole,
 }
 
 impl Default for ExportOptions {
@@ -445,6 +449,7 @@ impl Default for ExportOptions {
             query_template: DEFAULT_QUERY_TEMPLATE.into(),
             document_template: DEFAULT_DOCUMENT_TEMPLATE.into(),
             parity_texts: None,
+            role: crate::ModelRole::Query,
         }
     }
 }
@@ -633,6 +638,12 @@ mod tests {
                 out: "e".into(),
                 pairing_id: "e5-small-q4@1".into(),
                 options: ExportOptions { name: "x-r3".into(), ..Default::default() },
+            }),
+            Phase::Export(ExportSpec {
+                query: "s2/document".into(),
+                out: "ed".into(),
+                pairing_id: "e5-small-r3".into(),
+                options: ExportOptions { role: crate::ModelRole::Document, ..Default::default() },
             }),
             Phase::EmbedCorpus(EmbedCorpusSpec {
                 document: "d".into(),

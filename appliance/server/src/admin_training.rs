@@ -126,7 +126,8 @@ pub async fn training_page(
             .map(|c| c.collection.name)
             .collect();
         let schedules = e.schedules_as(a)?.into_iter().map(|s| ScheduleRow { when: describe(&s), s }).collect();
-        let estimate = (e.training_estimate_as(a, &Recipe::default())?, e.training_disk_as(a)?);
+        let estimate =
+            (e.training_estimate_as(a, &Recipe::default())?, e.training_disk_as(a, Recipe::default().sides)?);
         Ok((e.trainer_status(), live.unwrap_or_default(), approved, schedules, runs, estimate))
     })
     .await?;

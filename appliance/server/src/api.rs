@@ -848,7 +848,8 @@ pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiErro
 pub async fn admin_training(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
     let (trainer, runs, schedules, (estimate, disk)) = call_admin(&state, &caller, |e, a| {
         let runs = e.training_runs_as(a, 50)?;
-        let estimate = (e.training_estimate_as(a, &Recipe::default())?, e.training_disk_as(a)?);
+        let estimate =
+            (e.training_estimate_as(a, &Recipe::default())?, e.training_disk_as(a, Recipe::default().sides)?);
         Ok((e.trainer_status(), runs, e.schedules_as(a)?, estimate))
     })
     .await?;

@@ -21,10 +21,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use care_formats::ModelRole;
 use care_formats::manifest::ModelManifest;
 use care_formats::trainer::{
-    Event, ExportOptions, ExportSpec, FailCode, Hyper, LayerPick, MergeSpec, Phase, PruneSpec, ServedVectors, Stage,
-    Stage1Options, Stage1Spec, Stage2Options, Stage2Spec, TrainSpec,
+    Event, ExportOptions, ExportSpec, FailCode, Hyper, LayerPick, Lora, MergeSpec, Phase, PruneSpec, ServedVectors,
+    Stage, Stage1Options, Stage1Spec, Stage2Options, Stage2Spec, TrainSpec,
 };
 use rusqlite::{OptionalExtension, params};
 use serde::{Deserialize, Serialize};
@@ -38,6 +39,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::hybrid::DenseProgress;
 use crate::lifecycle::pair_spec;
+use crate::models::{self, ActivePair, ModelRecord};
 
 pub const TRAIN: &str = "model.train";
 
@@ -99,6 +101,11 @@ pub struct Recipe {
     pub merge_ratio: f64,
     /// Promote the candidate when it passes the gate; otherwise keep it with its report for an admin to decide.
     pub promote: bool,
+    /// With `sides = both`: the rank and scale of the LoRA adapters Stage II trains on the document encoder
+    /// (CARE: r = 32, α = 64) and the projections they sit on (empty: BERT's query, key, value and dense).
+    pub lora_rank: i64,
+    pub lora_alpha: f64,
+    pub lora_targets: Vec<String>,
     #[serde(flatten)]
     pub data: DataOptions,
 }
@@ -127,6 +134,9 @@ impl Default for Recipe {
             freeze_embeddings: true,
             merge_ratio: 0.4,
             promote: true,
+            lora_rank: Lora::default().rank,
+            lora_alpha: Lora::default().alpha,
+            lora_targets: Lora::default().targets,
             data: DataOptions::default(),
         }
     }
@@ -149,6 +159,17 @@ impl Recipe {
         if !(rate(self.lr) && rate(self.stage1_lr) && (0.0..=1e4).contains(&self.mse_weight)) {
             return bad("lr and stage1_lr must be in (0, 1) and mse_weight in [0, 10000]");
         }
+        let projection = |t: &String| {
+            !t.is_empty() && t.len() <= 64 && t.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+        };
+        let lora_ok = (1..=512).contains(&self.lora_rank)
+            && self.lora_alpha > 0.0
+            && self.lora_alpha <= 1e4
+            && self.lora_targets.len() <= 16
+            && self.lora_targets.iter().all(projection);
+        if !lora_ok {
+            return bad("lora_rank must be 1–512, lora_alpha in (0, 10000], lora_targets at most 16 projection names");
+        }
         if !(self.merge_ratio > 0.0 && self.merge_ratio <= 1.0) {
             return bad("merge_ratio must be in (0, 1]; 1 keeps the trained query encoder as it is");
         }
@@ -164,10 +185,6 @@ impl Recipe {
                  at most 10000, stage1_max_chars at most 100000",
             );
         }
-        if self.sides == Sides::Both {
-            return bad("训练文档编码器 (sides = both) 需要 GPU 训练机和离线文档向量流程，本版本只支持 query_only \
-                 (training the document side is not available in this release; use sides = query_only)");
-        }
         Ok(())
     }
 }
@@ -179,6 +196,23 @@ pub use crate::config::TrainingConfig;
 /// (trainable parameters with their AdamW moments). Measured on the real run: 7 copies of 470 MB plus 130 MB of
 /// data for the 12-layer e5-small, which skips Stage I.
 const RUN_WEIGHT_COPIES: u64 = 8;
+/// The same for the document encoder when Stage II trains it: Stage II's saved encoder, the export (safetensors +
+/// ONNX) and its imported copy (two more), and the checkpoints (LoRA adapters only: small).
+const DOCUMENT_WEIGHT_COPIES: u64 = 5;
+
+/// Stage II can train the document side only of a document encoder this appliance embeds with itself (an ONNX
+/// graph, BERT/XLM-R): an offline LLM document encoder is re-embedded by `care-train embed-corpus` on a GPU machine.
+fn trainable_document(document: &ModelRecord) -> Result<()> {
+    if !document.online || !document.dir.join("model.safetensors").exists() {
+        return Err(Error::InvalidInput(format!(
+            "文档编码器 {}@{} 是离线模型（无 ONNX 图），本机无法重新生成其文档向量；请改用 sides = query_only \
+             (the document encoder {}@{} is an offline model: training the document side needs one this appliance \
+             embeds with itself)",
+            document.name, document.version, document.name, document.version
+        )));
+    }
+    Ok(())
+}
 
 /// What a finished run keeps in its folder: what it trained on and how (data, logs, metrics, charts, state). The
 /// weights go: the import copied the candidate into `models/`, and a weekly run would otherwise leave about 2 GB
@@ -292,6 +326,7 @@ pub fn estimate(runs: &[TrainingRun], recipe: &Recipe, device: &str) -> Option<E
         r.state == "done"
             && r.device == device
             && r.recipe.query_layers == recipe.query_layers
+            && r.recipe.sides == recipe.sides
             && r.phases.iter().any(|(p, _)| p == "stage2")
     })?;
     let seen = |steps: u64, batch: usize| steps as f64 * batch as f64;
@@ -394,34 +429,54 @@ impl Engine {
         tracing::info!(job, freed_bytes = freed, "freed the run's weights");
     }
 
-    /// The data disk's free space against what a run from query encoder `query` needs: [`RUN_WEIGHT_COPIES`] of
-    /// its weights plus `[training] keep_free_gb` left for search and ingest.
-    fn training_disk(&self, query: &Path) -> Result<TrainingDisk> {
-        let weights: u64 = std::fs::read_dir(query)
-            .map_err(|e| Error::io(query, e))?
-            .flatten()
-            .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
-            .filter_map(|e| e.metadata().ok().map(|m| m.len()))
-            .sum();
+    /// The data disk's free space against what a run from `pair` needs: [`RUN_WEIGHT_COPIES`] of the query
+    /// encoder's weights; when the document side trains too, [`DOCUMENT_WEIGHT_COPIES`] of the document encoder's
+    /// and the candidate's dense tables (every chunk at the document model's width, known before the run); plus
+    /// `[training] keep_free_gb` left for search and ingest.
+    fn training_disk(&self, pair: &ActivePair, sides: Sides) -> Result<TrainingDisk> {
+        let weights = |dir: &Path| -> Result<u64> {
+            Ok(std::fs::read_dir(dir)
+                .map_err(|e| Error::io(dir, e))?
+                .flatten()
+                .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+                .filter_map(|e| e.metadata().ok().map(|m| m.len()))
+                .sum())
+        };
+        let mut weights = weights(&pair.query.dir)?.saturating_mul(RUN_WEIGHT_COPIES);
+        if sides == Sides::Both {
+            weights = weights.saturating_add(self.new_document_bytes(pair)?);
+        }
         let reserve_bytes = (self.cfg.training.keep_free_gb.max(0.0) * f64::from(1u32 << 30)) as u64;
         let root = &self.cfg.storage.data_dir;
         let (_, free_bytes) = crate::datadir::free_bytes(root).map_err(|e| Error::io(root, e))?;
-        Ok(TrainingDisk {
-            free_bytes,
-            needed_bytes: weights.saturating_mul(RUN_WEIGHT_COPIES).saturating_add(reserve_bytes),
-            reserve_bytes,
-        })
+        Ok(TrainingDisk { free_bytes, needed_bytes: weights.saturating_add(reserve_bytes), reserve_bytes })
     }
 
     /// Said before an admin starts a run (the 训练 page, `care train status`): whether the data disk holds a run
     /// from the live pair. None when no pair is live.
-    pub fn training_disk_as(&self, _admin: &Admin) -> Result<Option<TrainingDisk>> {
-        self.active_models()?.map(|p| self.training_disk(&p.query.dir)).transpose()
+    pub fn training_disk_as(&self, _admin: &Admin, sides: Sides) -> Result<Option<TrainingDisk>> {
+        self.active_models()?.map(|p| self.training_disk(&p, sides)).transpose()
+    }
+
+    /// What a both-sides run adds on disk: the document encoder's weights [`DOCUMENT_WEIGHT_COPIES`] times and
+    /// the candidate's dense tables (4 bytes per dimension of every chunk, twice for the table's own overhead and
+    /// the int8 copy the scan keeps).
+    fn new_document_bytes(&self, pair: &ActivePair) -> Result<u64> {
+        let dir = &pair.document.dir;
+        let weights: u64 = std::fs::read_dir(dir)
+            .map_err(|e| Error::io(dir, e))?
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+            .filter_map(|e| e.metadata().ok().map(|m| m.len()))
+            .sum();
+        let chunks: i64 = self.store.reader().query_row("SELECT COUNT(*) FROM chunks", [], |r| r.get(0))?;
+        let tables = (chunks.max(0) as u64).saturating_mul(pair.document.width as u64 * 4 * 2);
+        Ok(weights.saturating_mul(DOCUMENT_WEIGHT_COPIES).saturating_add(tables))
     }
 
     /// Refuses a run the data disk cannot hold (see [`Engine::training_disk`]).
-    fn check_training_disk(&self, query: &Path) -> Result<()> {
-        let d = self.training_disk(query)?;
+    fn check_training_disk(&self, pair: &ActivePair, sides: Sides) -> Result<()> {
+        let d = self.training_disk(pair, sides)?;
         if !d.enough() {
             return Err(Error::DiskFull {
                 path: self.cfg.storage.data_dir.clone(),
@@ -480,7 +535,10 @@ impl Engine {
             return Err(Error::TrainerUnavailable(st.message));
         }
         self.prune_finished_runs()?;
-        self.check_training_disk(&pair.query.dir)?;
+        if recipe.sides == Sides::Both {
+            trainable_document(&pair.document)?;
+        }
+        self.check_training_disk(&pair, recipe.sides)?;
         Ok((TrainParams { recipe: recipe.clone(), base: pair_spec(&pair), schedule }, st.device))
     }
 
@@ -499,7 +557,7 @@ impl Engine {
         self.prune_finished_runs()?;
         if st.phases.is_empty() {
             // Queued a while ago: the disk may have filled since it was submitted.
-            self.check_training_disk(&base.query.dir)?;
+            self.check_training_disk(&base, p.recipe.sides)?;
         }
         let run = Run { e: self, id, dir: &dir, token };
         let q_manifest = ModelManifest::load(&base.query.dir).map_err(|e| Error::Model(e.to_string()))?;
@@ -600,7 +658,14 @@ impl Engine {
                 out: s2.clone(),
                 served: served(),
                 options: Stage2Options {
-                    freeze_document: true,
+                    // Query-only keeps the served vectors valid; both trains LoRA adapters on the document encoder
+                    // (CARE's r = 32, α = 64), which re-embeds every collection before the gate.
+                    freeze_document: p.recipe.sides == Sides::QueryOnly,
+                    lora: Lora {
+                        rank: p.recipe.lora_rank,
+                        alpha: p.recipe.lora_alpha,
+                        targets: p.recipe.lora_targets.clone(),
+                    },
                     group_size: p.recipe.data.negatives + 1,
                     max_examples: Some(p.recipe.stage2_max_groups),
                     batch_by_source: p.recipe.stage2_batch_by_source,
@@ -612,7 +677,10 @@ impl Engine {
         self.store_loss_chart(id, &[&s1, &s2])?;
         // WiSE-FT: the trained encoder averaged with its starting point (the recipe's choice; 1 skips it).
         let merge = p.recipe.merge_ratio < 1.0;
+        let both = p.recipe.sides == Sides::Both;
         let trained = if merge { dir.join("merged") } else { s2.join("query") };
+        // Both sides are averaged with their starting points by the same ratio, so they move together.
+        let trained_document = if merge { dir.join("merged-document") } else { s2.join("document") };
         run.phase(&mut st, "merge", "合并权重", |r| {
             if !merge {
                 return Ok(());
@@ -622,28 +690,67 @@ impl Engine {
                 base: s1_query.clone(),
                 ratio: p.recipe.merge_ratio,
                 out: trained.clone(),
-            }))
+            }))?;
+            if both {
+                r.trainer(Phase::Merge(MergeSpec {
+                    tuned: s2.join("document"),
+                    base: base.document.dir.clone(),
+                    ratio: p.recipe.merge_ratio,
+                    out: trained_document.clone(),
+                }))?;
+            }
+            Ok(())
         })?;
         let export = dir.join("export");
         let name = format!("{}-r{id}", base.query.name);
+        // Both sides: a new document model, and with it a new pairing (its vectors are no longer the live one's).
+        let doc_export = dir.join("export-document");
+        // A symmetric pair (one model for both roles) becomes two: the document side's package gets its own name.
+        let doc_name = if base.document.name == base.query.name {
+            format!("{}-r{id}-doc", base.document.name)
+        } else {
+            format!("{}-r{id}", base.document.name)
+        };
+        let pairing_id =
+            if both { format!("{}-r{id}", base.document.pairing_id) } else { base.document.pairing_id.clone() };
+        let options = |name: &str, role| ExportOptions {
+            name: name.to_string(),
+            query_template: query_template.clone(),
+            document_template: document_template.clone(),
+            role,
+            ..ExportOptions::default()
+        };
         run.phase(&mut st, "export", "导出 ONNX", |r| {
             let _ = std::fs::remove_dir_all(&export);
             r.trainer(Phase::Export(ExportSpec {
                 query: trained.clone(),
                 out: export.clone(),
-                pairing_id: base.document.pairing_id.clone(),
-                options: ExportOptions {
-                    name: name.clone(),
-                    query_template: query_template.clone(),
-                    document_template: document_template.clone(),
-                    ..ExportOptions::default()
-                },
-            }))
+                pairing_id: pairing_id.clone(),
+                options: options(&name, ModelRole::Query),
+            }))?;
+            if both {
+                let _ = std::fs::remove_dir_all(&doc_export);
+                r.trainer(Phase::Export(ExportSpec {
+                    query: trained_document.clone(),
+                    out: doc_export.clone(),
+                    pairing_id: pairing_id.clone(),
+                    options: options(&doc_name, ModelRole::Document),
+                }))?;
+            }
+            Ok(())
         })?;
         if !st.done("import") {
-            // A crash between the import's commit and this marker: the package is registered already.
-            let spec =
-                format!("{name}@{},{}@{}", ExportOptions::default().version, base.document.name, base.document.version);
+            let version = ExportOptions::default().version;
+            let document = if both {
+                format!("{doc_name}@{version}")
+            } else {
+                format!("{}@{}", base.document.name, base.document.version)
+            };
+            // A crash between an import's commit and this marker: that package is registered already.
+            if both && models::find(&self.store, &document).is_err() {
+                self.import_model_as(actor, &doc_export)?;
+            }
+            let spec = format!("{name}@{version},{document}");
             if self.resolve_pair(&spec).is_err() {
                 self.import_model_as(actor, &export)?;
             }
@@ -654,6 +761,16 @@ impl Engine {
         self.store
             .conn()
             .execute("UPDATE training_runs SET candidate = ?2 WHERE job_id = ?1", params![id, candidate])?;
+        // Blue/green: every collection embedded into the candidate document model's own tables while the live pair
+        // serves (resumable: what was written stays; cancel stops at the next batch). The gate then judges the
+        // candidate on its own vectors; promotion switches in one transaction.
+        run.phase(&mut st, "embed", "重新生成文档向量", |r| {
+            if !both {
+                return Ok(());
+            }
+            let cand = self.resolve_pair(&candidate)?;
+            self.prepare_document_model(&cand.document, &mut r.dense_progress())
+        })?;
         let mut report = None;
         run.phase(&mut st, "evaluate", "评测候选模型", |r| {
             let rep = self.evaluate_as(actor, &candidate, &mut r.dense_progress())?;
