@@ -95,6 +95,12 @@ pub struct RecipeArgs {
     stage2_steps: Option<u64>,
     #[arg(long)]
     batch_size: Option<usize>,
+    /// Query groups per Stage II step (each 1 positive + 7 negatives).
+    #[arg(long)]
+    stage2_batch_size: Option<usize>,
+    /// Train the document encoder too (LoRA), re-embedding every collection before the gate: CARE's full Stage II.
+    #[arg(long)]
+    both_sides: bool,
     /// Average the trained query encoder with the one it started from: this share of the trained one (0–1, WiSE-FT;
     /// 1 keeps it as trained). Keeps collections the training data covers less from losing.
     #[arg(long)]
@@ -121,6 +127,10 @@ impl RecipeArgs {
         r.stage1_steps = self.stage1_steps.unwrap_or(r.stage1_steps);
         r.stage2_steps = self.stage2_steps.unwrap_or(r.stage2_steps);
         r.batch_size = self.batch_size.unwrap_or(r.batch_size);
+        r.stage2_batch_size = self.stage2_batch_size.unwrap_or(r.stage2_batch_size);
+        if self.both_sides {
+            r.sides = care_engine::training::Sides::Both;
+        }
         r.merge_ratio = self.merge_ratio.unwrap_or(r.merge_ratio);
         r.promote &= !self.no_promote;
         r.data.include_search_queries |= self.search_queries;

@@ -5,7 +5,7 @@
 use actix_web::{HttpResponse, get, post, web};
 use askama::Template;
 use care_engine::training::schedule::{Schedule, ScheduleSpec};
-use care_engine::training::{Estimate, Recipe, TrainerStatus, TrainingDisk, TrainingRun};
+use care_engine::training::{Estimate, Recipe, Sides, TrainerStatus, TrainingDisk, TrainingRun};
 use serde::Deserialize;
 
 use crate::AppState;
@@ -46,6 +46,8 @@ struct TrainingPage {
     estimate: Option<Estimate>,
     /// Free space on the data disk against a run's needs; None when no pair is live.
     disk: Option<TrainingDisk>,
+    /// The same for a run that trains the document side too (its weights and the new document vectors).
+    disk_both: Option<TrainingDisk>,
     schedules: Vec<ScheduleRow>,
     runs: Vec<RunRow>,
 }
@@ -99,7 +101,8 @@ fn row(e: &care_engine::Engine, a: &care_engine::Admin, run: TrainingRun) -> Run
             c.random_negatives
         )
     });
-    let phases = run.phases.iter().map(|(p, s)| format!("{p} {s:.0} 秒")).collect::<Vec<_>>().join(" · ");
+    let phases =
+        run.phases.iter().map(|(p, s)| format!("{} {s:.0} 秒", phase_label(p))).collect::<Vec<_>>().join(" · ");
     let loss_svg = if run.phases.iter().any(|p| p.0 == "stage2") {
         e.training_loss_svg_as(a, run.job).unwrap_or_default()
     } else {
@@ -108,29 +111,50 @@ fn row(e: &care_engine::Engine, a: &care_engine::Admin, run: TrainingRun) -> Run
     RunRow { run, percent, counts, phases, loss_svg }
 }
 
+/// A run's phase as the page names it.
+fn phase_label(phase: &str) -> &str {
+    match phase {
+        "data" => "整理数据",
+        "init" => "裁剪查询编码器",
+        "stage1" => "Stage I",
+        "stage2" => "Stage II",
+        "merge" => "合并权重",
+        "export" => "导出",
+        "import" => "导入",
+        "embed" => "重新生成文档向量",
+        "evaluate" => "评测",
+        "promote" => "上线",
+        other => other,
+    }
+}
+
 #[get("/admin/training")]
 pub async fn training_page(
     state: web::Data<AppState>,
     caller: Caller,
     f: web::Query<Flash>,
 ) -> Result<HttpResponse, ApiError> {
-    let (trainer, live, approved, schedules, runs, (estimate, disk)) = call_admin(&state, &caller, |e, a| {
-        let runs: Vec<RunRow> = e.training_runs_as(a, 20)?.into_iter().map(|r| row(e, a, r)).collect();
-        let live = e
-            .active_models()?
-            .map(|p| format!("{}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version));
-        let approved = e
-            .collections_as(a)?
-            .into_iter()
-            .filter(|c| c.collection.approved_for_training)
-            .map(|c| c.collection.name)
-            .collect();
-        let schedules = e.schedules_as(a)?.into_iter().map(|s| ScheduleRow { when: describe(&s), s }).collect();
-        let estimate =
-            (e.training_estimate_as(a, &Recipe::default())?, e.training_disk_as(a, Recipe::default().sides)?);
-        Ok((e.trainer_status(), live.unwrap_or_default(), approved, schedules, runs, estimate))
-    })
-    .await?;
+    let (trainer, live, approved, schedules, runs, (estimate, disk, disk_both)) =
+        call_admin(&state, &caller, |e, a| {
+            let runs: Vec<RunRow> = e.training_runs_as(a, 20)?.into_iter().map(|r| row(e, a, r)).collect();
+            let live = e
+                .active_models()?
+                .map(|p| format!("{}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version));
+            let approved = e
+                .collections_as(a)?
+                .into_iter()
+                .filter(|c| c.collection.approved_for_training)
+                .map(|c| c.collection.name)
+                .collect();
+            let schedules = e.schedules_as(a)?.into_iter().map(|s| ScheduleRow { when: describe(&s), s }).collect();
+            let estimate = (
+                e.training_estimate_as(a, &Recipe::default())?,
+                e.training_disk_as(a, Recipe::default().sides)?,
+                e.training_disk_as(a, Sides::Both)?,
+            );
+            Ok((e.trainer_status(), live.unwrap_or_default(), approved, schedules, runs, estimate))
+        })
+        .await?;
     let f = f.into_inner();
     render(&TrainingPage {
         nav: Nav::of(&caller),
@@ -143,6 +167,7 @@ pub async fn training_page(
         defaults: Recipe::default(),
         estimate,
         disk,
+        disk_both,
         schedules,
         runs,
     })
@@ -159,6 +184,10 @@ pub struct RecipeForm {
     stage2_steps: String,
     #[serde(default)]
     merge_ratio: String,
+    #[serde(default)]
+    sides: String,
+    #[serde(default)]
+    stage2_batch_size: String,
     #[serde(default)]
     promote: Option<String>,
     #[serde(default)]
@@ -187,6 +216,16 @@ impl RecipeForm {
         r.query_layers = number("query_layers", &self.query_layers)?;
         r.stage1_steps = number("stage1_steps", &self.stage1_steps)?.unwrap_or(r.stage1_steps);
         r.stage2_steps = number("stage2_steps", &self.stage2_steps)?.unwrap_or(r.stage2_steps);
+        r.stage2_batch_size = number("stage2_batch_size", &self.stage2_batch_size)?.unwrap_or(r.stage2_batch_size);
+        r.sides = match self.sides.trim() {
+            "" | "query_only" => Sides::QueryOnly,
+            "both" => Sides::Both,
+            other => {
+                return Err(care_engine::Error::InvalidInput(format!(
+                    "训练范围只能是 query_only 或 both (sides: {other:?})"
+                )));
+            }
+        };
         let ratio = self.merge_ratio.trim();
         if !ratio.is_empty() {
             r.merge_ratio = ratio.parse().map_err(|_| {
@@ -248,5 +287,32 @@ pub async fn delete_schedule(
     match call_admin(&state, &caller, move |e, a| e.delete_schedule_as(a, id)).await {
         Ok(()) => Ok(back_with("/admin/training", &format!("已删除训练计划 #{id}"))),
         Err(e) => back_with_error("/admin/training", e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A form as the browser posts it (`a=1&b=2`; values here need no escaping).
+    fn form(pairs: &str) -> RecipeForm {
+        let fields: serde_json::Map<String, serde_json::Value> = pairs
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), serde_json::Value::String(v.to_string())))
+            .collect();
+        serde_json::from_value(serde_json::Value::Object(fields)).unwrap()
+    }
+
+    #[test]
+    fn the_form_chooses_the_sides_and_the_stage_two_batch() {
+        let r = form("sides=both&stage2_steps=150&stage2_batch_size=8&promote=1").recipe().unwrap();
+        assert_eq!((r.sides, r.stage2_steps, r.stage2_batch_size, r.promote), (Sides::Both, 150, 8, true));
+        let r = form("stage2_batch_size=").recipe().unwrap();
+        assert_eq!((r.sides, r.stage2_batch_size), (Sides::QueryOnly, Recipe::default().stage2_batch_size));
+        let err = form("sides=documents").recipe().unwrap_err();
+        assert!(err.to_string().contains("训练范围"), "{err}");
+        assert!(form("stage2_batch_size=x").recipe().is_err());
+        assert_eq!(phase_label("embed"), "重新生成文档向量");
     }
 }
