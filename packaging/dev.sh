@@ -2,7 +2,7 @@
 # Developer and CI entry point. Usage:
 #   packaging/dev.sh setup   install prerequisites (idempotent; package registries only), then check them
 #   packaging/dev.sh check   check the prerequisites only: names the missing piece and the command that installs it
-#   packaging/dev.sh demo    build and start the appliance on https://127.0.0.1:8443 with the demo data
+#   packaging/dev.sh demo    build the appliance and its trainer and start it on https://127.0.0.1:8443 with the demo data
 #   packaging/dev.sh test    build and run the whole test suite
 #   packaging/dev.sh deb-tools  install what building and testing the .deb needs (cargo-deb; CI runs it)
 #   packaging/dev.sh env     print the environment for building/running the trainer: eval "$(packaging/dev.sh env)"
@@ -264,8 +264,13 @@ case "${1:-}" in
         ;;
     demo)
         setup
+        # The trainer too, so that the demo's 训练 page can run a retraining: libtorch from the PyPI torch wheel
+        # (about 1 GB, once, under .care-dev/torch) and a build of care-train.
+        install_torch
         check_prereqs; report_prereqs
         cargo build -p care
+        cargo build -p care-trainer
+        export CARE__TRAINING__TRAINER="${CARGO_TARGET_DIR:-$ROOT/target}/debug/care-train"
         exec "${CARGO_TARGET_DIR:-$ROOT/target}/debug/care" --data-dir "$DEV/data" demo --bind "${CARE_BIND:-127.0.0.1:8443}" --http-bind "${CARE_HTTP_BIND:-127.0.0.1:8080}"
         ;;
     test)

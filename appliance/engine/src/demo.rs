@@ -6,10 +6,15 @@ use std::path::Path;
 use crate::engine::{Engine, FileReport};
 use crate::error::{Error, Result};
 use crate::ingest::{FileKind, parse_bytes};
+use crate::judgments::JudgmentSource;
 
 include!(concat!(env!("OUT_DIR"), "/demo_articles.rs"));
 
 pub const DEMO_COLLECTION: &str = "demo";
+/// The demo's judgment set: queries written for the project with the article that answers each, so a new admin
+/// can evaluate models and run a retraining on the demo (the collection still has to be approved for training).
+pub const DEMO_JUDGMENTS: &str = "demo-judgments";
+const JUDGMENTS_CSV: &str = include_str!("../assets/demo/judgments.csv");
 
 /// Creates the `demo` collection if needed and (re)loads the articles; unchanged articles are no-ops.
 pub fn load_demo(engine: &Engine) -> Result<FileReport> {
@@ -23,5 +28,11 @@ pub fn load_demo(engine: &Engine) -> Result<FileReport> {
         let parsed = parse_bytes(Path::new(&format!("demo/{name}")), FileKind::Markdown, text.as_bytes())?;
         docs.extend(parsed.documents);
     }
-    engine.ingest_documents(DEMO_COLLECTION, &docs)
+    let report = engine.ingest_documents(DEMO_COLLECTION, &docs)?;
+    let admin = crate::accounts::Admin::system();
+    if !engine.judgment_sets_as(&admin, Some(DEMO_COLLECTION))?.iter().any(|s| s.name == DEMO_JUDGMENTS) {
+        let src = JudgmentSource::CsvText { name: "assets/demo/judgments.csv", text: JUDGMENTS_CSV };
+        engine.import_judgments_as(&admin, DEMO_COLLECTION, DEMO_JUDGMENTS, src)?;
+    }
+    Ok(report)
 }

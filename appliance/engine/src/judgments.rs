@@ -28,8 +28,16 @@ pub const FEEDBACK_SET: &str = "feedback";
 /// Where an uploaded set is read from.
 #[derive(Debug, Clone, Copy)]
 pub enum JudgmentSource<'a> {
-    Beir { dir: &'a Path, split: &'a str },
+    Beir {
+        dir: &'a Path,
+        split: &'a str,
+    },
     Csv(&'a Path),
+    /// CSV text already in memory (the demo's set compiled into the binary); `name` stands for it in messages.
+    CsvText {
+        name: &'a str,
+        text: &'a str,
+    },
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -104,16 +112,20 @@ fn read_rows(src: JudgmentSource<'_>) -> Result<Vec<(String, String, i64)>> {
             }
             Ok(rows)
         }
-        JudgmentSource::Csv(path) => read_csv(path),
+        JudgmentSource::Csv(path) => {
+            let file = std::fs::File::open(path).map_err(|e| Error::MalformedFile {
+                path: path.into(),
+                format: "CSV",
+                message: e.to_string(),
+            })?;
+            read_csv(path, file)
+        }
+        JudgmentSource::CsvText { name, text } => read_csv(Path::new(name), text.as_bytes()),
     }
 }
 
-fn read_csv(path: &Path) -> Result<Vec<(String, String, i64)>> {
-    let mut r = csv::ReaderBuilder::new()
-        .has_headers(false)
-        .flexible(true)
-        .from_path(path)
-        .map_err(|e| Error::MalformedFile { path: path.into(), format: "CSV", message: e.to_string() })?;
+fn read_csv(path: &Path, input: impl std::io::Read) -> Result<Vec<(String, String, i64)>> {
+    let mut r = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(input);
     let mut rows = Vec::new();
     for (i, rec) in r.records().enumerate() {
         let rec = rec.map_err(|e| Error::MalformedRecord { path: path.into(), line: i + 1, message: e.to_string() })?;
@@ -171,6 +183,7 @@ impl Engine {
         let (source, origin) = match src {
             JudgmentSource::Beir { dir, split } => ("beir", format!("{} ({split})", dir.display())),
             JudgmentSource::Csv(p) => ("csv", p.display().to_string()),
+            JudgmentSource::CsvText { name, .. } => ("csv", name.to_string()),
         };
         let rows = read_rows(src)?;
         if rows.len() > MAX_JUDGMENTS {

@@ -215,6 +215,15 @@ fn demo_collection_answers_the_example_query() {
     }
     let again = care_engine::demo::load_demo(&e).unwrap();
     assert_eq!((again.added, again.unchanged), (0, r.added));
+    // The demo's judgment set (so a new admin can evaluate and retrain on it): every row resolved to an article,
+    // loaded once however often the demo starts.
+    let admin = care_engine::Admin::system();
+    let sets = e.judgment_sets_as(&admin, Some("demo")).unwrap();
+    assert_eq!(sets.len(), 1, "{sets:?}");
+    let set = &sets[0];
+    assert_eq!(set.name, care_engine::demo::DEMO_JUDGMENTS);
+    assert_eq!(set.judgments, 152, "{set:?}");
+    assert!(set.train_queries > 60 && set.eval_queries > 20, "{set:?}");
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1281,14 +1290,40 @@ mod training {
                 seen
             })
         };
+        // A restart in the middle of the re-embedding: once the candidate's tables hold part of the chunks, the
+        // worker stops (as at a shutdown) and a new one resumes the run from the vectors written.
+        let col = e.collection("kuake").unwrap();
+        let total = vectors_before.len();
+        let doc_name = format!("e5-small-r{job}-doc");
+        let started = Instant::now();
+        let written = loop {
+            let cand = e.models().unwrap().into_iter().find(|m| m.name == doc_name);
+            if let Some(m) = cand {
+                let left = e.missing_vectors(&col, &m).unwrap().len();
+                if left < total {
+                    break total - left;
+                }
+            }
+            assert!(!finished(&e.job_as(&admin, job).unwrap()), "the run ended before its re-embedding was seen");
+            assert!(started.elapsed() < Duration::from_secs(1200), "{:?}", e.job_as(&admin, job).unwrap());
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        w.shutdown();
+        assert_eq!(e.job_as(&admin, job).unwrap().state, "queued", "a restart puts the run back in the queue");
+        let m = e.models().unwrap().into_iter().find(|m| m.name == doc_name).unwrap();
+        let kept = total - e.missing_vectors(&col, &m).unwrap().len();
+        assert!(kept >= written && kept < total, "{kept} of {total} vectors kept over the restart ({written} seen)");
+        let w = Worker::start(e.clone(), 1);
         let j = wait(&e, &admin, job, &finished);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let seen = searcher.join().unwrap();
         w.shutdown();
         assert_eq!(j.state, "done", "{j:?}");
         let run = e.training_run_as(&admin, job).unwrap();
-        eprintln!("run: {run:?}");
+        eprintln!("run: {run:?} ({kept} of {total} vectors written before the restart)");
         assert_eq!(run.decision, "promoted", "{run:?}");
+        let report = e.check().unwrap();
+        assert!(report.consistent && report.dense_duplicates == 0 && report.dense_vectors == total, "{report:?}");
         let phases: Vec<&str> = run.phases.iter().map(|(p, _)| p.as_str()).collect();
         assert!(phases.contains(&"embed") && phases.contains(&"stage2") && phases.contains(&"merge"), "{phases:?}");
         let live = e.active_models().unwrap().unwrap();
@@ -1298,7 +1333,6 @@ mod training {
         assert_ne!(live.document.pairing_id, old_pairing, "a new pairing");
         assert_ne!(live.document.id, live.query.id);
         // The document encoder moved: the new tables hold every chunk, with vectors that differ from the old ones.
-        let col = e.collection("kuake").unwrap();
         assert!(e.missing_vectors(&col, &live.document).unwrap().is_empty());
         let vectors_after = e.dense_vectors("kuake").unwrap();
         assert_eq!(vectors_after.len(), vectors_before.len());

@@ -200,6 +200,20 @@ const RUN_WEIGHT_COPIES: u64 = 8;
 /// ONNX) and its imported copy (two more), and the checkpoints (LoRA adapters only: small).
 const DOCUMENT_WEIGHT_COPIES: u64 = 5;
 
+/// Stage II sees each group at most this many times. CARE trains one epoch; the CPU default (500 steps of 32) is
+/// about two over the real run's 8,313 groups. Without a cap a small judgment set (the demo's 100 training
+/// queries) would be repeated 160 times, for a quarter of an hour, into a model that only learnt those queries.
+const STAGE2_MAX_EPOCHS: u64 = 4;
+
+/// The recipe's Stage II steps, capped at [`STAGE2_MAX_EPOCHS`] passes over the groups the data phase wrote
+/// (at most `stage2_max_groups` of them are used).
+fn capped_steps(recipe: &Recipe, stage2_file: &Path) -> u64 {
+    let groups = std::fs::read(stage2_file).map_or(0, |b| b.iter().filter(|&&c| c == b'\n').count());
+    let groups = groups.min(recipe.stage2_max_groups) as u64;
+    let per_epoch = groups.div_ceil(recipe.stage2_batch_size.max(1) as u64).max(1);
+    recipe.stage2_steps.min(per_epoch * STAGE2_MAX_EPOCHS)
+}
+
 /// Stage II can train the document side only of a document encoder this appliance embeds with itself (an ONNX
 /// graph, BERT/XLM-R): an offline LLM document encoder is re-embedded by `care-train embed-corpus` on a GPU machine.
 fn trainable_document(document: &ModelRecord) -> Result<()> {
@@ -650,6 +664,7 @@ impl Engine {
             }))
         })?;
         let s2 = dir.join("stage2");
+        let stage2_steps = capped_steps(&p.recipe, &dir.join("stage2.jsonl"));
         run.phase(&mut st, "stage2", "Stage II 训练", |r| {
             r.trainer(Phase::Stage2(Stage2Spec {
                 query: s1_query.clone(),
@@ -671,7 +686,7 @@ impl Engine {
                     batch_by_source: p.recipe.stage2_batch_by_source,
                     ..Stage2Options::default()
                 },
-                hyper: hyper(p.recipe.stage2_steps, p.recipe.stage2_batch_size, p.recipe.lr),
+                hyper: hyper(stage2_steps, p.recipe.stage2_batch_size, p.recipe.lr),
             }))
         })?;
         self.store_loss_chart(id, &[&s1, &s2])?;
@@ -1093,6 +1108,20 @@ mod tests {
         }
         assert!(!t.path().join("stage1/checkpoints").exists());
         assert_eq!(prune_run_dir(t.path()), 0, "pruning twice frees nothing more");
+    }
+
+    #[test]
+    fn stage_two_sees_each_group_at_most_four_times() {
+        let t = tempfile::tempdir().unwrap();
+        let file = t.path().join("stage2.jsonl");
+        let r = Recipe { stage2_steps: 500, stage2_batch_size: 32, ..Recipe::default() };
+        std::fs::write(&file, "{}\n".repeat(100)).unwrap();
+        assert_eq!(capped_steps(&r, &file), 16, "100 groups: 4 batches of 32 an epoch, 4 epochs");
+        std::fs::write(&file, "{}\n".repeat(8313)).unwrap();
+        assert_eq!(capped_steps(&r, &file), 500, "the real run's 8,313 groups: the recipe's steps");
+        let few = Recipe { stage2_max_groups: 64, ..r.clone() };
+        assert_eq!(capped_steps(&few, &file), 8, "only stage2_max_groups of the groups are used");
+        assert_eq!(capped_steps(&r, &t.path().join("none")), 4, "no file: one batch, four times");
     }
 
     #[test]
