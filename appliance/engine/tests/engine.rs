@@ -1142,6 +1142,8 @@ mod training {
         assert_eq!(counts.collections.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["kuake"]);
         assert!(counts.collections[0].eval_queries_left_out > 20, "{counts:?}");
         assert!(counts.mined_candidates > 0 && counts.stage2_groups > 50, "{counts:?}");
+        // The negatives were mined by the document model (it encodes queries too) over its served vectors.
+        assert_eq!((counts.mined_with.as_str(), counts.mined_from.as_str()), ("e5-small@1", "e5-small@1"));
         assert_eq!(counts.served_vectors, counts.stage1_passages, "every approved passage is in the index: {counts:?}");
         assert_eq!(counts.positives_encoded, 0, "positives' vectors come from the index: {counts:?}");
         assert!(counts.stage2_groups <= recipe().stage2_max_groups, "{counts:?}");
@@ -1324,6 +1326,8 @@ mod training {
         assert_eq!(run.decision, "promoted", "{run:?}");
         let report = e.check().unwrap();
         assert!(report.consistent && report.dense_duplicates == 0 && report.dense_vectors == total, "{report:?}");
+        let counts = run.counts.clone().unwrap();
+        assert_eq!(counts.mined_from, "e5-small@1", "{counts:?}");
         let phases: Vec<&str> = run.phases.iter().map(|(p, _)| p.as_str()).collect();
         assert!(phases.contains(&"embed") && phases.contains(&"stage2") && phases.contains(&"merge"), "{phases:?}");
         let live = e.active_models().unwrap().unwrap();

@@ -109,6 +109,12 @@ pub struct DataCounts {
     pub served_vectors: usize,
     /// Positives the index lacked, encoded while mining.
     pub positives_encoded: usize,
+    /// Where the mined negatives came from: the query encoder that searched (the guide) and the document model
+    /// whose served vectors it searched, as `NAME@VERSION`; empty when nothing was mined.
+    #[serde(default)]
+    pub mined_with: String,
+    #[serde(default)]
+    pub mined_from: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -393,6 +399,8 @@ impl Engine {
         // relevance), else the live query encoder. A small query encoder that is still poorly aligned ranks true
         // negatives above the positive, and its scores would make the false-negative filter drop nearly all of them.
         let guide = if pair.document.role == "both" { &pair.document } else { &pair.query };
+        counts.mined_with = format!("{}@{}", guide.name, guide.version);
+        counts.mined_from = format!("{}@{}", pair.document.name, pair.document.version);
         let qenc = self.encoder(guide)?;
         // Each distinct query is encoded once and searched once in each collection it is judged against.
         let mut keys: Vec<(&str, &str)> = groups.iter().map(|g| (g.query.as_str(), g.collection.as_str())).collect();
