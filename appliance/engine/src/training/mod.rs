@@ -791,13 +791,12 @@ impl Engine {
         // Blue/green: every collection embedded into the candidate document model's own tables while the live pair
         // serves (resumable: what was written stays; cancel stops at the next batch). The gate then judges the
         // candidate on its own vectors; promotion switches in one transaction.
-        run.phase(&mut st, "embed", "重新生成文档向量", |r| {
-            if !both {
-                return Ok(());
-            }
-            let cand = self.resolve_pair(&candidate)?;
-            self.prepare_document_model(&cand.document, &mut r.dense_progress())
-        })?;
+        if both {
+            run.phase(&mut st, "embed", "重新生成文档向量", |r| {
+                let cand = self.resolve_pair(&candidate)?;
+                self.prepare_document_model(&cand.document, &mut r.dense_progress())
+            })?;
+        }
         let mut report = None;
         run.phase(&mut st, "evaluate", "评测候选模型", |r| {
             let rep = self.evaluate_as(actor, &candidate, &mut r.dense_progress())?;
