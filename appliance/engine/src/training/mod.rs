@@ -262,6 +262,16 @@ fn prune_run_dir(dir: &Path) -> u64 {
     freed
 }
 
+/// Bytes of a model package's weights (its `*.safetensors` files).
+fn safetensors_bytes(dir: &Path) -> Result<u64> {
+    Ok(std::fs::read_dir(dir)
+        .map_err(|e| Error::io(dir, e))?
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+        .filter_map(|e| e.metadata().ok().map(|m| m.len()))
+        .sum())
+}
+
 fn dir_size(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .into_iter()
@@ -457,15 +467,7 @@ impl Engine {
     /// and the candidate's dense tables (every chunk at the document model's width, known before the run); plus
     /// `[training] keep_free_gb` left for search and ingest.
     fn training_disk(&self, pair: &ActivePair, sides: Sides) -> Result<TrainingDisk> {
-        let weights = |dir: &Path| -> Result<u64> {
-            Ok(std::fs::read_dir(dir)
-                .map_err(|e| Error::io(dir, e))?
-                .flatten()
-                .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
-                .filter_map(|e| e.metadata().ok().map(|m| m.len()))
-                .sum())
-        };
-        let mut weights = weights(&pair.query.dir)?.saturating_mul(RUN_WEIGHT_COPIES);
+        let mut weights = safetensors_bytes(&pair.query.dir)?.saturating_mul(RUN_WEIGHT_COPIES);
         if sides == Sides::Both {
             weights = weights.saturating_add(self.new_document_bytes(pair)?);
         }
@@ -485,13 +487,7 @@ impl Engine {
     /// the candidate's dense tables (4 bytes per dimension of every chunk, twice for the table's own overhead and
     /// the int8 copy the scan keeps).
     fn new_document_bytes(&self, pair: &ActivePair) -> Result<u64> {
-        let dir = &pair.document.dir;
-        let weights: u64 = std::fs::read_dir(dir)
-            .map_err(|e| Error::io(dir, e))?
-            .flatten()
-            .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
-            .filter_map(|e| e.metadata().ok().map(|m| m.len()))
-            .sum();
+        let weights = safetensors_bytes(&pair.document.dir)?;
         let chunks: i64 = self.store.reader().query_row("SELECT COUNT(*) FROM chunks", [], |r| r.get(0))?;
         let tables = (chunks.max(0) as u64).saturating_mul(pair.document.width as u64 * 4 * 2);
         Ok(weights.saturating_mul(DOCUMENT_WEIGHT_COPIES).saturating_add(tables))
@@ -740,29 +736,26 @@ impl Engine {
         };
         let pairing_id =
             if both { format!("{}-r{id}", base.document.pairing_id) } else { base.document.pairing_id.clone() };
-        let options = |name: &str, role| ExportOptions {
-            name: name.to_string(),
-            query_template: query_template.clone(),
-            document_template: document_template.clone(),
-            role,
-            ..ExportOptions::default()
+        // One package of the new pair: `from`'s weights as `name`, in a fresh `out`.
+        let export_one = |r: &Run<'_>, from: &Path, out: &Path, name: &str, role| {
+            let _ = std::fs::remove_dir_all(out);
+            r.trainer(Phase::Export(ExportSpec {
+                query: from.to_path_buf(),
+                out: out.to_path_buf(),
+                pairing_id: pairing_id.clone(),
+                options: ExportOptions {
+                    name: name.to_string(),
+                    query_template: query_template.clone(),
+                    document_template: document_template.clone(),
+                    role,
+                    ..ExportOptions::default()
+                },
+            }))
         };
         run.phase(&mut st, "export", "导出 ONNX", |r| {
-            let _ = std::fs::remove_dir_all(&export);
-            r.trainer(Phase::Export(ExportSpec {
-                query: trained.clone(),
-                out: export.clone(),
-                pairing_id: pairing_id.clone(),
-                options: options(&name, ModelRole::Query),
-            }))?;
+            export_one(r, &trained, &export, &name, ModelRole::Query)?;
             if both {
-                let _ = std::fs::remove_dir_all(&doc_export);
-                r.trainer(Phase::Export(ExportSpec {
-                    query: trained_document.clone(),
-                    out: doc_export.clone(),
-                    pairing_id: pairing_id.clone(),
-                    options: options(&doc_name, ModelRole::Document),
-                }))?;
+                export_one(r, &trained_document, &doc_export, &doc_name, ModelRole::Document)?;
             }
             Ok(())
         })?;
