@@ -120,11 +120,11 @@ pub fn run_user(e: &Engine, cmd: UserCommand) -> Result<i32> {
     match cmd {
         UserCommand::Add { username, role, password_file } => {
             let pw = read_password(password_file.as_ref())?;
-            let u = e.create_user_as(&who, &username, &pw, &role)?;
+            let u = e.accounts().create_user(&who, &username, &pw, &role)?;
             println!("created {} ({})", u.username, u.role.as_str());
         }
         UserCommand::List => {
-            for u in e.users_as(&who)? {
+            for u in e.accounts().users(&who)? {
                 let state = match (u.disabled, u.locked) {
                     (true, _) => "disabled",
                     (false, true) => "locked",
@@ -136,7 +136,7 @@ pub fn run_user(e: &Engine, cmd: UserCommand) -> Result<i32> {
         }
         UserCommand::Passwd { username, password_file } => {
             let password = Some(read_password(password_file.as_ref())?);
-            e.update_user_as(&who, &username, &UserUpdate { password, ..Default::default() })?;
+            e.accounts().update_user(&who, &username, &UserUpdate { password, ..Default::default() })?;
             println!("password of {username} changed; their sessions ended");
         }
         UserCommand::Set { username, role, unlock, disable, enable } => {
@@ -147,22 +147,22 @@ pub fn run_user(e: &Engine, cmd: UserCommand) -> Result<i32> {
             } else {
                 None
             };
-            e.update_user_as(&who, &username, &UserUpdate { role, disabled, unlock, password: None })?;
-            let u = e.users_as(&who)?.into_iter().find(|u| u.username == username);
+            e.accounts().update_user(&who, &username, &UserUpdate { role, disabled, unlock, password: None })?;
+            let u = e.accounts().users(&who)?.into_iter().find(|u| u.username == username);
             if let Some(u) = u {
                 println!("{}: role {}, {}", u.username, u.role, if u.disabled { "disabled" } else { "enabled" });
             }
         }
         UserCommand::Grant { username, collection } => {
-            e.grant_as(&who, &username, &collection)?;
+            e.accounts().grant(&who, &username, &collection)?;
             println!("{username} may now read '{collection}'");
         }
         UserCommand::Revoke { username, collection } => {
-            e.revoke_as(&who, &username, &collection)?;
+            e.accounts().revoke(&who, &username, &collection)?;
             println!("{username} may no longer read '{collection}'");
         }
         UserCommand::Token { username, name } => {
-            let (_, secret) = e.create_token_as(&who, &username, &name)?;
+            let (_, secret) = e.accounts().create_token(&who, &username, &name)?;
             println!("{secret}");
         }
     }
@@ -174,7 +174,7 @@ pub fn run_audit(e: &Engine, cmd: AuditCommand) -> Result<i32> {
     match cmd {
         // The full walk proves the whole log; the checkpoint then moves audit.anchor to what was just proven.
         AuditCommand::Verify => {
-            match e.audit_verify_as(&who, true).and_then(|r| e.audit_verify_as(&who, false).map(|_| r)) {
+            match e.audit().verify(&who, true).and_then(|r| e.audit().verify(&who, false).map(|_| r)) {
                 Ok(r) => {
                     println!(
                         "audit log intact: {} records, keyed hash chain verified; anchor at record {}",
@@ -191,7 +191,7 @@ pub fn run_audit(e: &Engine, cmd: AuditCommand) -> Result<i32> {
         }
         AuditCommand::List { actor, action, since, until, limit, json } => {
             let f = audit::Filter { actor, action_prefix: action, since, until, text: None };
-            let recs = e.audit_records_as(&who, &f, limit, 0)?;
+            let recs = e.audit().records(&who, &f, limit, 0)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&recs)?);
             } else {
@@ -203,7 +203,7 @@ pub fn run_audit(e: &Engine, cmd: AuditCommand) -> Result<i32> {
         }
         AuditCommand::Export { out, since, until } => {
             let f = audit::Filter { since, until, ..Default::default() };
-            let csv = e.audit_export_as(&who, &f, usize::MAX >> 1, &format!("file {}", out.display()))?;
+            let csv = e.audit().export(&who, &f, usize::MAX >> 1, &format!("file {}", out.display()))?;
             std::fs::write(&out, &csv).with_context(|| format!("writing {}", out.display()))?;
             println!("wrote {} records to {}", csv.lines().count().saturating_sub(1), out.display());
             Ok(0)
@@ -214,7 +214,7 @@ pub fn run_audit(e: &Engine, cmd: AuditCommand) -> Result<i32> {
             }
             let cutoff = time::OffsetDateTime::now_utc() - time::Duration::days(i64::from(days));
             let cutoff = cutoff.format(&time::format_description::well_known::Rfc3339)?;
-            let n = e.audit_purge_as(&who, &cutoff, days)?;
+            let n = e.audit().purge(&who, &cutoff, days)?;
             println!("removed {n} records older than {days} days; the chain stays verifiable from its anchor");
             Ok(0)
         }
@@ -266,7 +266,7 @@ pub fn run_synonyms(e: &Engine, cmd: SynonymCommand) -> Result<i32> {
     let who = Admin::console(actor());
     match cmd {
         SynonymCommand::List { filter, json } => {
-            let (rows, total) = e.synonyms_as(&who, filter.as_deref(), usize::MAX, 0)?;
+            let (rows, total) = e.search().synonyms(&who, filter.as_deref(), usize::MAX, 0)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
@@ -277,24 +277,24 @@ pub fn run_synonyms(e: &Engine, cmd: SynonymCommand) -> Result<i32> {
             }
         }
         SynonymCommand::Add { preferred, variants, note } => {
-            let s = e.save_synonym_as(&who, None, &NewSynonym { preferred, variants, note })?;
+            let s = e.search().save_synonym(&who, None, &NewSynonym { preferred, variants, note })?;
             println!("已新增第 {} 组：{}（{}）", s.id, s.preferred, s.variants.join("、"));
         }
         SynonymCommand::Set { id, preferred, variants, note } => {
-            let s = e.save_synonym_as(&who, Some(id), &NewSynonym { preferred, variants, note })?;
+            let s = e.search().save_synonym(&who, Some(id), &NewSynonym { preferred, variants, note })?;
             println!("已保存第 {} 组：{}（{}）", s.id, s.preferred, s.variants.join("、"));
         }
         SynonymCommand::Remove { id } => {
-            let s = e.delete_synonym_as(&who, id)?;
+            let s = e.search().delete_synonym(&who, id)?;
             println!("已删除第 {id} 组：{}", s.preferred);
         }
         SynonymCommand::Import { file, replace } => {
             let bytes = std::fs::read(&file).with_context(|| format!("读取 {}", file.display()))?;
-            let r = e.import_synonyms_as(&who, &bytes, replace)?;
+            let r = e.search().import_synonyms(&who, &bytes, replace)?;
             println!("已导入：新增 {} 组，更新 {} 组，删除 {} 组", r.added, r.updated, r.removed);
         }
         SynonymCommand::Export { file } => {
-            let csv = e.export_synonyms_as(&who)?;
+            let csv = e.search().export_synonyms(&who)?;
             match file {
                 Some(f) => std::fs::write(&f, csv).with_context(|| format!("写入 {}", f.display()))?,
                 None => print!("{csv}"),

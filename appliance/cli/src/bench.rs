@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use care_engine::engine::OpenMode;
 use care_engine::eval::BeirSet;
 use care_engine::fusion::{self, Method};
-use care_engine::{Engine, EngineConfig, SearchRequest};
+use care_engine::{Engine, EngineConfig, SearchAs};
 use serde::Serialize;
 
 #[derive(Debug, Serialize, Default)]
@@ -111,7 +111,7 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
     if opts.e5s1.is_some() {
         // A reused directory holds both query graphs: serve the one asked for (same pairing, nothing re-embedded).
         let query = if opts.int8 { "e5-small@1-int8" } else { "e5-small@1" };
-        e.activate_models(query, "e5-small@1", &mut |_| {})?;
+        e.models().activate(&bench_admin(), query, "e5-small@1", &mut |_| {})?;
     }
     let col = e.collection("bench")?;
     let cols = vec![col.clone()];
@@ -119,7 +119,7 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
     let queries: Vec<&str> = set.queries.iter().take(opts.queries).map(|(_, q)| q.as_str()).collect();
     // Warm-up: load the flat vectors, the ONNX session, tantivy's caches.
     for q in queries.iter().take(10) {
-        e.search(&SearchRequest { query: (*q).into(), ..Default::default() })?;
+        e.search().run(&bench_admin(), &SearchAs { query: (*q).into(), ..Default::default() })?;
     }
     let (mut enc, mut bm, mut de, mut fu, mut all) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut served_dense: Vec<(Vec<f32>, Vec<i64>)> = Vec::new();
@@ -146,7 +146,7 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
         fu.push(ms(t));
         std::hint::black_box(fused);
         let t = Instant::now();
-        std::hint::black_box(e.search(&SearchRequest { query: (*q).into(), ..Default::default() })?);
+        std::hint::black_box(e.search().run(&bench_admin(), &SearchAs { query: (*q).into(), ..Default::default() })?);
         all.push(ms(t));
     }
     let dense_agreement_at_100 = dense_agreement(&e, &served_dense)?;
@@ -186,9 +186,9 @@ fn prepare(cfg: &EngineConfig, set: &BeirSet, opts: &BenchOptions) -> Result<Pre
     // Ingest and embed with every core; queries are then measured with `threads` (1 = one core).
     cfg.model.threads = 0;
     let e = Engine::open(cfg, OpenMode::Create)?;
-    e.create_collection("bench", "benchmark corpus", "bench")?;
+    e.collections().create(&bench_admin(), "bench", "benchmark corpus")?;
     let t = Instant::now();
-    let r = e.ingest_files("bench", &[set.corpus_path()], &mut |_| {})?;
+    let r = e.ingest().files(&bench_admin(), "bench", &[set.corpus_path()], &mut |_| {})?;
     if let Some(err) = r.files.iter().find_map(|f| f.error.clone()) {
         bail!("ingest failed: {err}");
     }
@@ -245,8 +245,8 @@ fn ms(t: Instant) -> f64 {
 fn http_latency(engine: Arc<Engine>, queries: &[&str]) -> Result<Latency> {
     let (tx, rx) = std::sync::mpsc::channel();
     // The API needs a caller: an administrator (reads every collection) with an API token, as a machine client has.
-    engine.bootstrap_admin("bench", None)?;
-    let (_, token) = engine.create_token_as(&care_engine::Admin::console("bench"), "bench", "care bench")?;
+    engine.accounts().bootstrap_admin("bench", None)?;
+    let (_, token) = engine.accounts().create_token(&care_engine::Admin::console("bench"), "bench", "care bench")?;
     let settings = care_server::Settings {
         server: care_server::ServerConfig {
             bind: "127.0.0.1:0".into(),
@@ -287,4 +287,10 @@ pub fn write(report: &BenchReport, out: Option<&Path>) -> Result<()> {
     }
     println!("{text}");
     Ok(())
+}
+
+/// The benchmark's own console administrator: its data directory is a scratch one, but it goes through the same
+/// audited operations as everyone else.
+pub(crate) fn bench_admin() -> care_engine::Admin {
+    care_engine::Admin::console("bench")
 }

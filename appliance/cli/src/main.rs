@@ -601,19 +601,19 @@ fn run(cli: Cli) -> Result<i32> {
             let e = open(OpenMode::Existing)?;
             match command {
                 CollectionCommand::Create { name, description } => {
-                    let c = e.create_collection_as(&console(), &name, &description)?;
+                    let c = e.collections().create(&console(), &name, &description)?;
                     println!("created collection '{}'", c.name);
                 }
                 CollectionCommand::Approve { name, revoke } => {
-                    let c = e.approve_as(&console(), &name, !revoke)?;
+                    let c = e.collections().approve(&console(), &name, !revoke)?;
                     println!("collection '{}': approved for training = {}", c.name, c.approved_for_training);
                 }
                 CollectionCommand::Delete { name } => {
-                    let n = e.delete_collection_as(&console(), &name)?;
+                    let n = e.collections().delete(&console(), &name)?;
                     println!("deleted collection '{name}' and its {n} documents");
                 }
                 CollectionCommand::List => {
-                    for c in e.collections()? {
+                    for c in e.collection_stats()? {
                         println!("{}\t{} documents\t{} chunks", c.collection.name, c.documents, c.chunks);
                     }
                 }
@@ -628,7 +628,7 @@ fn run(cli: Cli) -> Result<i32> {
                     );
                 }
                 CollectionCommand::ExportChunks { collection, out, pending_for } => {
-                    let r = e.export_chunks_as(&console(), &collection, &out, pending_for.as_deref())?;
+                    let r = e.models().export_chunks(&console(), &collection, &out, pending_for.as_deref())?;
                     println!("wrote {} chunks of '{}' to {}", r.chunks, r.collection, r.path.display());
                     println!(
                         "next: care-train embed-corpus --document <encoder> --corpus {} --out <dir> --pairing-id <pairing>, \
@@ -655,13 +655,13 @@ fn run(cli: Cli) -> Result<i32> {
         } => {
             let e = Arc::new(open(OpenMode::Existing)?);
             if create {
-                match e.create_collection_as(&console(), &collection, "") {
+                match e.collections().create(&console(), &collection, "") {
                     Ok(_) | Err(care_engine::Error::CollectionExists(_)) => {}
                     Err(err) => return Err(err.into()),
                 }
             }
             let opts = IngestOptions { encoding, csv_text_column, csv_title_column, csv_id_column };
-            let id = e.submit_ingest_in_place(&collection, files, opts, &cli_actor())?;
+            let id = e.ingest().submit_in_place(&collection, files, opts, &cli_actor())?;
             if detach {
                 println!("queued job {id}");
                 return Ok(0);
@@ -696,7 +696,7 @@ fn run(cli: Cli) -> Result<i32> {
                     println!("{}", serde_json::to_string_pretty(&out)?);
                 }
                 JobsCommand::Cancel { id } => {
-                    e.cancel_job_as(&console(), id)?;
+                    e.tasks().cancel(&console(), id)?;
                     println!("cancellation of job {id} requested");
                 }
                 JobsCommand::Run => {
@@ -715,7 +715,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Command::Delete { collection, ids } => {
             let e = open(OpenMode::Existing)?;
-            let n = e.delete_documents(&collection, &ids, &cli_actor())?;
+            let n = e.collections().delete_documents(&collection, &ids, &cli_actor())?;
             println!("deleted {n} documents from '{collection}'");
         }
         Command::Search { query, collections, limit, method, json } => {
@@ -729,7 +729,7 @@ fn run(cli: Cli) -> Result<i32> {
                 group_by_document: false,
                 ..Default::default()
             };
-            let res = e.search_as(&console(), &req)?;
+            let res = e.search().run(&console(), &req)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&res)?);
             } else {
@@ -760,7 +760,7 @@ fn run(cli: Cli) -> Result<i32> {
                     }
                 }
                 ModelCommand::Import { dir, json } => {
-                    let r = e.import_model_as(&console(), &dir)?;
+                    let r = e.models().import(&console(), &dir)?;
                     if json {
                         println!("{}", serde_json::to_string_pretty(&r)?);
                     } else {
@@ -781,7 +781,7 @@ fn run(cli: Cli) -> Result<i32> {
                 }
                 ModelCommand::List => {
                     let active = e.active_models()?;
-                    for m in e.models()? {
+                    for m in e.model_records()? {
                         let mut tags = Vec::new();
                         if let Some(a) = &active {
                             if a.query.id == m.id {
@@ -805,7 +805,7 @@ fn run(cli: Cli) -> Result<i32> {
                 }
                 ModelCommand::Evaluate { candidate, out } => {
                     let pb = dense_bar();
-                    let r = e.evaluate_as(&console(), &candidate, &mut |p| dense_progress(&pb, &p))?;
+                    let r = e.models().evaluate(&console(), &candidate, &mut |p| dense_progress(&pb, &p))?;
                     pb.finish_and_clear();
                     print_evaluation(&r);
                     if let Some(out) = out {
@@ -821,7 +821,7 @@ fn run(cli: Cli) -> Result<i32> {
                 }
                 ModelCommand::Promote { candidate, override_reason } => {
                     let pb = dense_bar();
-                    let pair = e.promote_as(&console(), &candidate, override_reason.as_deref(), &mut |p| {
+                    let pair = e.models().promote(&console(), &candidate, override_reason.as_deref(), &mut |p| {
                         dense_progress(&pb, &p)
                     })?;
                     pb.finish_and_clear();
@@ -831,21 +831,21 @@ fn run(cli: Cli) -> Result<i32> {
                     );
                 }
                 ModelCommand::Reject { candidate, reason } => {
-                    let id = e.reject_as(&console(), &candidate, &reason)?;
+                    let id = e.models().reject(&console(), &candidate, &reason)?;
                     println!("rejected {candidate} (evaluation #{id})");
                 }
                 ModelCommand::Rollback { reason } => {
-                    let pair = e.rollback_as(&console(), &reason)?;
+                    let pair = e.models().rollback(&console(), &reason)?;
                     println!(
                         "rolled back; live: query {}@{}, document {}@{}",
                         pair.query.name, pair.query.version, pair.document.name, pair.document.version
                     );
                 }
                 ModelCommand::History => {
-                    for h in e.model_history_as(&console(), 50)? {
+                    for h in e.models().history(&console(), 50)? {
                         println!("{}  {} , {}  by {} {}", h.at, h.query, h.document, h.actor, h.reason);
                     }
-                    for (r, _) in e.evaluations_as(&console(), 20)? {
+                    for (r, _) in e.models().evaluations(&console(), 20)? {
                         let (gain, verdict) = (r.ndcg_gain(), r.verdict());
                         println!(
                             "evaluation #{} {}: {} vs {}, {gain} {verdict}",
@@ -855,7 +855,7 @@ fn run(cli: Cli) -> Result<i32> {
                 }
                 ModelCommand::Activate { query, document } => {
                     let pb = dense_bar();
-                    let pair = e.activate_as(&console(), &query, &document, &mut |p| dense_progress(&pb, &p))?;
+                    let pair = e.models().activate(&console(), &query, &document, &mut |p| dense_progress(&pb, &p))?;
                     pb.finish_and_clear();
                     println!(
                         "active: query {}@{}, document {}@{}",
@@ -873,14 +873,14 @@ fn run(cli: Cli) -> Result<i32> {
                         (None, Some(f)) => care_engine::judgments::JudgmentSource::Csv(f),
                         (None, None) => bail!("give --beir DIR or --csv FILE"),
                     };
-                    let s = e.import_judgments_as(&console(), &collection, &name, src)?;
+                    let s = e.models().import_judgments(&console(), &collection, &name, src)?;
                     println!(
                         "imported {} judgments into {}/{}: {} training queries, {} evaluation queries, {} ids not in the collection (skipped)",
                         s.judgments, s.collection, s.name, s.train_queries, s.eval_queries, s.unresolved
                     );
                 }
                 JudgmentsCommand::List { collection } => {
-                    for s in e.judgment_sets_as(&console(), collection.as_deref())? {
+                    for s in e.models().judgment_sets(&console(), collection.as_deref())? {
                         println!(
                             "{:<16} {:<16} {:<8} {:>8} judgments  {:>6} train / {:>6} eval queries  {} {}",
                             s.collection,
@@ -895,7 +895,7 @@ fn run(cli: Cli) -> Result<i32> {
                     }
                 }
                 JudgmentsCommand::Delete { collection, name } => {
-                    let n = e.delete_judgments_as(&console(), &collection, &name)?;
+                    let n = e.models().delete_judgments(&console(), &collection, &name)?;
                     println!("deleted {collection}/{name} ({n} judgments)");
                 }
             }
@@ -914,7 +914,7 @@ fn run(cli: Cli) -> Result<i32> {
             let (w, curve, report) = tune(&e, &s, &collection)?;
             let setting =
                 FusionSetting { method: Method::Weighted, dense_weight: w, fitted_on: format!("{}:{split}", s.name) };
-            e.tune_fusion_as(&console(), &collection, &setting, &report)?;
+            e.models().tune_fusion(&console(), &collection, &setting, &report)?;
             println!(
                 "{}",
                 serde_json::to_string_pretty(
@@ -937,7 +937,7 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Serve { .. } => {
             let e = open(OpenMode::Existing)?;
             let default_model = &cfg.engine.model.default_model;
-            if e.models()?.is_empty() && default_model.exists() {
+            if e.model_records()?.is_empty() && default_model.exists() {
                 let rec = e.import_e5s1(default_model, "1", None, false)?;
                 tracing::info!(model = %format!("{}@{}", rec.name, rec.version), "imported the default model");
             }
@@ -1067,7 +1067,7 @@ fn import_vectors(
         ProgressStyle::with_template("{spinner} {msg} {bar:30} {pos}/{len} vectors [{elapsed_precise}, eta {eta}]")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let r = e.import_vectors_for(collection, from, model, &cli_actor(), &mut |p| {
+    let r = e.models().import_vectors(collection, from, model, &cli_actor(), &mut |p| {
         pb.set_length(p.total as u64);
         pb.set_position(p.done as u64);
         pb.set_message(p.phase);
@@ -1174,7 +1174,7 @@ fn serve(engine: Engine, cfg: &config::AppConfig) -> Result<()> {
     }));
     worker.shutdown();
     // The records of the last minute before a shutdown are otherwise covered by no checkpoint until the next start.
-    match closing.audit_verify_as(&care_engine::Admin::system(), false) {
+    match closing.audit().verify(&care_engine::Admin::system(), false) {
         Ok(r) => tracing::info!(verified_through = r.verified_through, "final audit checkpoint"),
         Err(e) => tracing::error!(error = %e, "final audit checkpoint failed"),
     }
@@ -1278,7 +1278,7 @@ fn evaluate(
         let fp32 = e.import_e5s1(bin, "1", None, false)?;
         if opts.int8_queries {
             e.import_e5s1(bin, "1-int8", Some(&fp32.pairing_id), true)?;
-            e.activate_models("e5-small@1-int8", "e5-small@1", &mut |_| {})?;
+            e.models().activate(&console(), "e5-small@1-int8", "e5-small@1", &mut |_| {})?;
         }
     }
     let col = match &opts.collection {
@@ -1293,7 +1293,7 @@ fn evaluate(
     e.sync_dense_indexes(&mut |p| dense_progress(&pb, &p))?;
     pb.finish_and_clear();
     let corpus_documents =
-        e.collections()?.into_iter().find(|c| c.collection.name == col).map_or(0, |c| c.documents as usize);
+        e.collection_stats()?.into_iter().find(|c| c.collection.name == col).map_or(0, |c| c.documents as usize);
     // The weight search serves on this collection (stored by a promotion or `care tune-fusion`, else the default),
     // so that "weighted" is the live hybrid.
     let mut weight = e.fusion_for(e.collection(&col)?.id)?.dense_weight;
@@ -1347,10 +1347,10 @@ fn evaluate(
 fn ingest_eval_corpus(e: &Engine, set: &BeirSet) -> Result<String> {
     let col = format!("eval-{}", set.name);
     if e.collection(&col).is_err() {
-        e.create_collection(&col, "evaluation corpus", "eval")?;
+        e.collections().create(&console(), &col, "evaluation corpus")?;
     }
     eprintln!("ingesting {} ...", set.corpus_path().display());
-    let report = e.ingest_files(&col, &[set.corpus_path()], &mut |_| {})?;
+    let report = e.ingest().files(&console(), &col, &[set.corpus_path()], &mut |_| {})?;
     if let Some(err) = report.files.iter().find_map(|f| f.error.clone()) {
         bail!("ingesting the corpus failed: {err}");
     }

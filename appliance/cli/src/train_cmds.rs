@@ -145,13 +145,13 @@ pub fn run_train(e: Arc<Engine>, actor: &Admin, workers: usize, cmd: TrainComman
             let s = e.refresh_trainer_status();
             if s.ready {
                 println!("care-train ready: {} (device {})", s.version, s.device);
-                match e.training_estimate_as(actor, &Recipe::default())? {
+                match e.training().estimate(actor, &Recipe::default())? {
                     Some(x) => {
                         println!("默认配方预计约 {} 分钟（按本机运行 #{} 的各阶段用时估算）", x.minutes(), x.from_job)
                     }
                     None => println!("本机尚无完成的同类训练运行，暂无法估算用时"),
                 }
-                if let Some(d) = e.training_disk_as(actor, care_engine::training::Sides::QueryOnly)? {
+                if let Some(d) = e.training().disk(actor, care_engine::training::Sides::QueryOnly)? {
                     println!("{}", d.describe());
                     if !d.enough() {
                         return Ok(2);
@@ -163,21 +163,21 @@ pub fn run_train(e: Arc<Engine>, actor: &Admin, workers: usize, cmd: TrainComman
             }
         }
         TrainCommand::Run { recipe, detach } => {
-            let job = e.submit_training_as(actor, &recipe.recipe()?, None)?;
+            let job = e.training().submit(actor, &recipe.recipe()?, None)?;
             println!("queued training job {job}");
             if !detach {
                 return follow(e, actor, workers, job);
             }
         }
         TrainCommand::EmbedPending { model, detach } => {
-            let job = e.submit_offline_embed_as(actor, model.as_deref())?;
+            let job = e.models().submit_offline_embed(actor, model.as_deref())?;
             println!("queued embedding job {job}");
             if !detach {
                 return follow_job(e, workers, job);
             }
         }
         TrainCommand::List { json } => {
-            let runs = e.training_runs_as(actor, 50)?;
+            let runs = e.training().runs(actor, 50)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&runs)?);
             }
@@ -189,20 +189,20 @@ pub fn run_train(e: Arc<Engine>, actor: &Admin, workers: usize, cmd: TrainComman
             }
         }
         TrainCommand::Data { out, recipe } => {
-            let counts = e.training_data_as(actor, &out, &recipe.recipe()?)?;
+            let counts = e.training().data(actor, &out, &recipe.recipe()?)?;
             println!("{}", serde_json::to_string_pretty(&counts)?);
         }
-        TrainCommand::Show { job } => println!("{}", serde_json::to_string_pretty(&e.training_run_as(actor, job)?)?),
+        TrainCommand::Show { job } => println!("{}", serde_json::to_string_pretty(&e.training().run(actor, job)?)?),
         TrainCommand::Schedule { command } => match command {
             ScheduleCommand::Add { weekday, time, min_new_feedback, recipe, disabled } => {
                 let spec =
                     ScheduleSpec { weekday, time, min_new_feedback, recipe: recipe.recipe()?, enabled: !disabled };
-                let id = e.set_schedule_as(actor, None, &spec)?;
-                let s = e.schedules_as(actor)?.into_iter().find(|s| s.id == id);
+                let id = e.training().set_schedule(actor, None, &spec)?;
+                let s = e.training().schedules(actor)?.into_iter().find(|s| s.id == id);
                 println!("schedule {id} added; next due {}", s.map(|s| s.next_due).unwrap_or_default());
             }
             ScheduleCommand::List => {
-                for s in e.schedules_as(actor)? {
+                for s in e.training().schedules(actor)? {
                     println!(
                         "#{:<4} {:<8} weekday {:?} time {:?} feedback ≥ {:?} ({} new)  next {}  last {} (job {:?})",
                         s.id,
@@ -218,7 +218,7 @@ pub fn run_train(e: Arc<Engine>, actor: &Admin, workers: usize, cmd: TrainComman
                 }
             }
             ScheduleCommand::Delete { id } => {
-                e.delete_schedule_as(actor, id)?;
+                e.training().delete_schedule(actor, id)?;
                 println!("schedule {id} deleted");
             }
         },
@@ -229,7 +229,7 @@ pub fn run_train(e: Arc<Engine>, actor: &Admin, workers: usize, cmd: TrainComman
 /// Follows a run with a progress bar; runs the queue in this process when no server holds it.
 fn follow(e: Arc<Engine>, actor: &Admin, workers: usize, job: i64) -> Result<i32> {
     run_with_bar(&e, workers, job)?;
-    let run: TrainingRun = e.training_run_as(actor, job)?;
+    let run: TrainingRun = e.training().run(actor, job)?;
     let phases: Vec<String> = run.phases.iter().map(|(p, s)| format!("{p} {s:.0} s")).collect();
     println!("phases: {}", phases.join(", "));
     match run.state.as_str() {

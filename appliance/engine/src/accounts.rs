@@ -925,13 +925,13 @@ impl Actor {
 ///
 /// ```compile_fail
 /// # fn f(e: &care_engine::Engine, someone: &care_engine::Actor) -> care_engine::Result<()> {
-/// e.users_as(someone)?; // an actor is no proof: this does not compile
+/// e.accounts().users(someone)?; // an actor is no proof: this does not compile
 /// # Ok(())
 /// # }
 /// ```
 /// ```no_run
 /// # fn f(e: &care_engine::Engine, someone: &care_engine::Actor) -> care_engine::Result<()> {
-/// e.users_as(&someone.admin()?)?; // checked: 403 unless `someone` is an administrator
+/// e.accounts().users(&someone.admin()?)?; // checked: 403 unless `someone` is an administrator
 /// # Ok(())
 /// # }
 /// ```

@@ -30,9 +30,9 @@ pub fn load_demo(engine: &Engine) -> Result<FileReport> {
     }
     let report = engine.ingest_documents(DEMO_COLLECTION, &docs)?;
     let admin = crate::accounts::Admin::system();
-    if !engine.judgment_sets_as(&admin, Some(DEMO_COLLECTION))?.iter().any(|s| s.name == DEMO_JUDGMENTS) {
+    if !engine.models().judgment_sets(&admin, Some(DEMO_COLLECTION))?.iter().any(|s| s.name == DEMO_JUDGMENTS) {
         let src = JudgmentSource::CsvText { name: "assets/demo/judgments.csv", text: JUDGMENTS_CSV };
-        engine.import_judgments_as(&admin, DEMO_COLLECTION, DEMO_JUDGMENTS, src)?;
+        engine.models().import_judgments(&admin, DEMO_COLLECTION, DEMO_JUDGMENTS, src)?;
     }
     Ok(report)
 }

@@ -358,6 +358,53 @@ impl SearchResults {
     }
 }
 
+/// Declares the façade's handles (their operations are in `service.rs` and beside the code they drive): a `Copy`
+/// borrow of the engine each, reached by `Engine::<group>()`. Declared here, below every module that implements
+/// operations on them, so that none of those modules has to import the service layer.
+macro_rules! handles {
+    ($($(#[$doc:meta])* $name:ident => $group:ident;)*) => {
+        $(
+            $(#[$doc])*
+            #[derive(Clone, Copy)]
+            pub struct $name<'e>(&'e Engine);
+
+            impl std::ops::Deref for $name<'_> {
+                type Target = Engine;
+                fn deref(&self) -> &Engine {
+                    self.0
+                }
+            }
+        )*
+        impl Engine {
+            $(
+                $(#[$doc])*
+                pub fn $group(&self) -> $name<'_> {
+                    $name(self)
+                }
+            )*
+        }
+    };
+}
+
+handles! {
+    /// Searching, the document view behind a hit, relevance feedback, and the synonym table searches expand with.
+    Search => search;
+    /// Collections: listing what an actor may read, creating, approving for training, deleting.
+    Collections => collections;
+    /// Uploads and ingestion jobs.
+    Ingest => ingest;
+    /// Model packages, the active pair, evaluation, promotion and rollback, judgment sets, document vectors.
+    Models => models;
+    /// Retraining runs, their schedules, data and disk needs, and whether the trainer can run here.
+    Training => training;
+    /// Users, sign-in, API tokens and read grants.
+    Accounts => accounts;
+    /// The audit log: reading, exporting, verifying, purging, and the records of refused attempts.
+    Audit => audit;
+    /// Background tasks as the console lists them, and their cancellation.
+    Tasks => tasks;
+}
+
 impl Engine {
     pub fn open(cfg: EngineConfig, mode: OpenMode) -> Result<Self> {
         let dir = DataDir::open(&cfg.storage.data_dir, mode == OpenMode::Create)?;
@@ -445,7 +492,7 @@ impl Engine {
     }
 
     /// Brings the lexical index into agreement with SQLite after a crash, a format change or a dictionary edit.
-    pub fn recover(&self) -> Result<RecoveryReport> {
+    pub(crate) fn recover(&self) -> Result<RecoveryReport> {
         let mut report = RecoveryReport::default();
         if self.lexical.needs_rebuild && self.store.live_chunk_count()? > 0 {
             self.rebuild_lexical()?;
@@ -521,7 +568,7 @@ impl Engine {
     }
 
     /// Re-creates the lexical index content from SQLite.
-    pub fn rebuild_lexical(&self) -> Result<()> {
+    pub(crate) fn rebuild_lexical(&self) -> Result<()> {
         self.lexical.delete_all()?;
         let mut batch = Vec::with_capacity(4096);
         self.store.for_each_live_chunk(|row| {
@@ -540,7 +587,7 @@ impl Engine {
     }
 
     /// Creates a collection owned by `owner`, recorded in the audit log with `owner` as the actor.
-    pub fn create_collection(&self, name: &str, description: &str, owner: &str) -> Result<Collection> {
+    pub(crate) fn create_collection(&self, name: &str, description: &str, owner: &str) -> Result<Collection> {
         crate::store::validate_collection_name(name)?;
         {
             let mut conn = self.store.conn();
@@ -568,7 +615,12 @@ impl Engine {
     }
 
     /// Marks a collection as approved (or no longer approved) for training the encoders.
-    pub fn set_approved_for_training(&self, collection: &str, approved: bool, actor: &str) -> Result<Collection> {
+    pub(crate) fn set_approved_for_training(
+        &self,
+        collection: &str,
+        approved: bool,
+        actor: &str,
+    ) -> Result<Collection> {
         {
             let mut conn = self.store.conn();
             let tx = conn.transaction()?;
@@ -593,7 +645,7 @@ impl Engine {
     /// Deletes a collection everywhere: its documents from the lexical index, its dense tables, then its rows.
     /// The audit record commits with the first change, marking the documents `deleting`: from there the deletion
     /// is decided, and a crash part-way is finished by recovery (documents) or by deleting again (the empty row).
-    pub fn delete_collection(&self, name: &str, actor: &str) -> Result<usize> {
+    pub(crate) fn delete_collection(&self, name: &str, actor: &str) -> Result<usize> {
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         let col = self.store.collection(name)?;
         let (ids, tables) = {
@@ -642,13 +694,13 @@ impl Engine {
         self.store.collection(name)
     }
 
-    pub fn collections(&self) -> Result<Vec<CollectionStats>> {
+    pub fn collection_stats(&self) -> Result<Vec<CollectionStats>> {
         self.store.collections()
     }
 
     /// The chunker in force: tokens of the active query encoder's tokenizer when a model is active, else
     /// characters.
-    pub fn chunker(&self) -> Result<Chunker> {
+    pub(crate) fn chunker(&self) -> Result<Chunker> {
         let cfg = &self.cfg.ingest.chunk;
         let Some(pair) = crate::models::active(&self.store)? else {
             return Ok(Chunker {
@@ -687,7 +739,7 @@ impl Engine {
     /// Ingests files into an existing collection, synchronously (jobs use the same path file by file). A file that
     /// cannot be read or parsed is reported with its error and nothing from it is stored; the other files proceed.
     /// An archive reports each member on its own. An unknown collection fails the whole call.
-    pub fn ingest_files(
+    pub(crate) fn ingest_files(
         &self,
         collection: &str,
         files: &[PathBuf],
@@ -696,7 +748,7 @@ impl Engine {
         self.ingest_files_with(collection, files, &IngestOptions::default(), progress)
     }
 
-    pub fn ingest_files_with(
+    pub(crate) fn ingest_files_with(
         &self,
         collection: &str,
         files: &[PathBuf],
@@ -797,7 +849,7 @@ impl Engine {
     }
 
     /// Ingests already-parsed documents (used by the demo loader and by tests).
-    pub fn ingest_documents(&self, collection: &str, docs: &[ParsedDocument]) -> Result<FileReport> {
+    pub(crate) fn ingest_documents(&self, collection: &str, docs: &[ParsedDocument]) -> Result<FileReport> {
         let col = self.store.collection(collection)?;
         let chunker = self.chunker()?;
         let mut fr = FileReport::default();
@@ -909,48 +961,6 @@ impl Engine {
         Ok((touched, rows))
     }
 
-    /// Deletes documents of a collection by external id everywhere (SQLite, the lexical index, every dense table),
-    /// recorded in the audit log. Unknown ids are reported as not found and nothing is deleted.
-    pub fn delete_documents(&self, collection: &str, external_ids: &[String], actor: &str) -> Result<usize> {
-        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let col = self.store.collection(collection)?;
-        let mut ids = Vec::new();
-        {
-            let conn = self.store.conn();
-            let mut find =
-                conn.prepare_cached("SELECT id FROM documents WHERE collection_id = ?1 AND external_id = ?2")?;
-            for e in external_ids {
-                let id: Option<i64> = find.query_row(params![col.id, e], |r| r.get(0)).optional()?;
-                ids.push(
-                    id.ok_or_else(|| Error::NotFound { what: format!("document {e:?} in collection '{collection}'") })?,
-                );
-            }
-        }
-        // Marked `deleting` with the audit record: the deletion is decided here, and recovery finishes it.
-        {
-            let mut conn = self.store.conn();
-            let tx = conn.transaction()?;
-            {
-                let mut stmt = tx.prepare_cached("UPDATE documents SET state = 'deleting' WHERE id = ?1")?;
-                for id in &ids {
-                    stmt.execute([id])?;
-                }
-            }
-            crate::audit::append(
-                &tx,
-                actor,
-                "document.delete",
-                &serde_json::json!({"collection": collection, "documents": external_ids}),
-            )?;
-            tx.commit()?;
-        }
-        self.lexical.delete_documents(&ids)?;
-        self.lexical.commit()?;
-        self.delete_dense_documents(col.id, &ids)?;
-        self.store.delete_documents(&ids)?;
-        Ok(ids.len())
-    }
-
     pub fn stats(&self) -> Result<Stats> {
         let conn = self.store.conn();
         let documents: i64 = conn.query_row("SELECT COUNT(*) FROM documents", [], |r| r.get(0))?;
@@ -970,7 +980,7 @@ impl Engine {
     }
     /// Checks a search request's query text and paging before any work is done (also for callers that end up
     /// searching nothing, so every caller gets the same limits). Returns the trimmed query.
-    pub fn validate_search<'a>(&self, req: &'a SearchRequest) -> Result<&'a str> {
+    pub(crate) fn validate_search<'a>(&self, req: &'a SearchRequest) -> Result<&'a str> {
         let query = req.query.trim();
         if query.is_empty() {
             return Err(Error::InvalidInput("查询为空：请输入要搜索的词语 (the query is empty)".into()));
@@ -994,7 +1004,7 @@ impl Engine {
     /// Hybrid search with snippets: BM25 and dense candidates fused per the collection's setting (or the
     /// request's) into one ranking ([`Engine::rank`]) that every page is a slice of, with each hit's score parts
     /// and match evidence: which of the query's salient terms it contains, and which terms occur nowhere.
-    pub fn search(&self, req: &SearchRequest) -> Result<SearchResults> {
+    pub(crate) fn search_unaudited(&self, req: &SearchRequest) -> Result<SearchResults> {
         let started = Instant::now();
         let query = self.validate_search(req)?;
         let cols: Vec<Collection> = match &req.collections {
@@ -1241,4 +1251,48 @@ fn group_by_document(hits: &[Explained]) -> (Vec<&Explained>, Vec<usize>) {
         }
     }
     (out, more)
+}
+
+impl Collections<'_> {
+    /// Deletes documents of a collection by external id everywhere (SQLite, the lexical index, every dense table),
+    /// recorded in the audit log. Unknown ids are reported as not found and nothing is deleted.
+    pub fn delete_documents(&self, collection: &str, external_ids: &[String], actor: &str) -> Result<usize> {
+        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let col = self.store.collection(collection)?;
+        let mut ids = Vec::new();
+        {
+            let conn = self.store.conn();
+            let mut find =
+                conn.prepare_cached("SELECT id FROM documents WHERE collection_id = ?1 AND external_id = ?2")?;
+            for e in external_ids {
+                let id: Option<i64> = find.query_row(params![col.id, e], |r| r.get(0)).optional()?;
+                ids.push(
+                    id.ok_or_else(|| Error::NotFound { what: format!("document {e:?} in collection '{collection}'") })?,
+                );
+            }
+        }
+        // Marked `deleting` with the audit record: the deletion is decided here, and recovery finishes it.
+        {
+            let mut conn = self.store.conn();
+            let tx = conn.transaction()?;
+            {
+                let mut stmt = tx.prepare_cached("UPDATE documents SET state = 'deleting' WHERE id = ?1")?;
+                for id in &ids {
+                    stmt.execute([id])?;
+                }
+            }
+            crate::audit::append(
+                &tx,
+                actor,
+                "document.delete",
+                &serde_json::json!({"collection": collection, "documents": external_ids}),
+            )?;
+            tx.commit()?;
+        }
+        self.lexical.delete_documents(&ids)?;
+        self.lexical.commit()?;
+        self.delete_dense_documents(col.id, &ids)?;
+        self.store.delete_documents(&ids)?;
+        Ok(ids.len())
+    }
 }

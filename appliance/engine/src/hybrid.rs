@@ -124,7 +124,7 @@ impl Engine {
         Ok(pair)
     }
 
-    pub fn models(&self) -> Result<Vec<ModelRecord>> {
+    pub fn model_records(&self) -> Result<Vec<ModelRecord>> {
         models::list(&self.store)
     }
 
@@ -132,9 +132,10 @@ impl Engine {
         models::active(&self.store)
     }
 
+    #[cfg(test)] // the tests' shortcut; the façade's operation is audited
     /// Makes (query, document) the active pair. When the document model changes, every collection is embedded with
     /// it first (a new LanceDB table; the old one is kept for rollback), so search never mixes encoders.
-    pub fn activate_models(
+    pub(crate) fn activate_models(
         &self,
         query: &str,
         document: &str,
@@ -331,7 +332,7 @@ impl Engine {
     }
 
     /// Live chunks of `col` that `model`'s table has no vector for.
-    pub fn missing_vectors(&self, col: &Collection, model: &ModelRecord) -> Result<Vec<i64>> {
+    pub(crate) fn missing_vectors(&self, col: &Collection, model: &ModelRecord) -> Result<Vec<i64>> {
         let indexed: HashSet<i64> = match self.dense_table(col.id, model, false)? {
             Some((_, table)) => self.dense.all_ids(&table)?.into_iter().map(|p| p.0).collect(),
             None => HashSet::new(),
@@ -400,9 +401,10 @@ impl Engine {
         Ok((total, missing, extra, duplicates))
     }
 
+    #[cfg(test)] // the ANN recall test's; `care bench --ann` measures through its own tables
     /// Builds the IVF-PQ index on a collection's dense table (active document model) and returns its recall@k
     /// against the exact scan for the given query vectors. From then on the table is searched through the index.
-    pub fn build_ann_and_measure(&self, collection: &str, queries: &[Vec<f32>], k: usize) -> Result<f64> {
+    pub(crate) fn build_ann_and_measure(&self, collection: &str, queries: &[Vec<f32>], k: usize) -> Result<f64> {
         let col = self.store.collection(collection)?;
         let pair = models::active(&self.store)?.ok_or_else(|| Error::Model("no active model".into()))?;
         let (_, table) = self
@@ -468,7 +470,7 @@ impl Engine {
     }
 
     /// The row that stores `setting` for `collection`, checked (the collection exists, the weight is within 0..1);
-    /// [`Engine::tune_fusion_as`] writes it with its audit record.
+    /// [`Models::tune_fusion`] writes it with its audit record.
     pub(crate) fn fusion_row(
         &self,
         collection: &str,
@@ -574,7 +576,7 @@ impl Engine {
     /// tail is what the legs retrieve down to `depth` beyond that, fused over the whole depth and appended without
     /// repeating a head chunk. It depends on the query, the pair and the weights only, never on the page asked
     /// for, so pages are consecutive slices that never repeat a chunk.
-    pub fn rank(
+    pub(crate) fn rank(
         &self,
         terms: &[(String, f32)],
         qvec: Option<(&[f32], &ModelRecord)>,

@@ -182,7 +182,7 @@ impl Engine {
     }
 
     /// Creates `<data_dir>/uploads/<token>/` for the files of one upload.
-    pub fn new_upload_dir(&self) -> Result<PathBuf> {
+    pub(crate) fn new_upload_dir(&self) -> Result<PathBuf> {
         let p = self.uploads_dir().join(upload_token());
         std::fs::create_dir_all(&p).map_err(|e| Error::io(&p, e))?;
         Ok(p)
@@ -207,9 +207,10 @@ impl Engine {
         self.dir.root().join("jobs.lock")
     }
 
+    #[cfg(test)] // the tests' shortcut; the façade's operation is audited
     /// Queues an ingestion job for files already inside [`Engine::uploads_dir`]. The job owns them and deletes them
     /// when it ends. Returns the job id.
-    pub fn submit_ingest(
+    pub(crate) fn submit_ingest(
         &self,
         collection: &str,
         files: Vec<PathBuf>,
@@ -241,22 +242,6 @@ impl Engine {
             owned.push(c);
         }
         self.submit(collection, owned, opts, actor, true)
-    }
-
-    /// Queues an ingestion job for files that stay where they are (the CLI); they are read, never deleted.
-    pub fn submit_ingest_in_place(
-        &self,
-        collection: &str,
-        files: Vec<PathBuf>,
-        opts: IngestOptions,
-        actor: &str,
-    ) -> Result<i64> {
-        let mut abs = Vec::with_capacity(files.len());
-        for f in files {
-            // A missing file is reported by the job like any other bad file; only make the path absolute.
-            abs.push(std::path::absolute(&f).map_err(|e| Error::io(&f, e))?);
-        }
-        self.submit(collection, abs, opts, &Actor::console(actor), false)
     }
 
     fn submit(
@@ -385,7 +370,7 @@ impl Engine {
 
     /// Cancels a job: a queued job ends at once; a running job stops after the batch in progress and skips the
     /// files it has not started. Documents already indexed stay (delete them if unwanted).
-    pub fn cancel_job(&self, id: i64, actor: &str) -> Result<()> {
+    pub(crate) fn cancel_job(&self, id: i64, actor: &str) -> Result<()> {
         let job = self.job(id)?;
         if job.state.is_finished() {
             return Err(Error::InvalidInput(format!(
@@ -538,4 +523,22 @@ pub(crate) fn insert_row(tx: &rusqlite::Transaction<'_>, kind: &str, json: &str,
         params![kind, json, actor.name, actor.user_id, now()],
     )?;
     Ok(tx.last_insert_rowid())
+}
+
+impl crate::engine::Ingest<'_> {
+    /// Queues an ingestion job for files that stay where they are (the CLI); they are read, never deleted.
+    pub fn submit_in_place(
+        &self,
+        collection: &str,
+        files: Vec<PathBuf>,
+        opts: IngestOptions,
+        actor: &str,
+    ) -> Result<i64> {
+        let mut abs = Vec::with_capacity(files.len());
+        for f in files {
+            // A missing file is reported by the job like any other bad file; only make the path absolute.
+            abs.push(std::path::absolute(&f).map_err(|e| Error::io(&f, e))?);
+        }
+        self.submit(collection, abs, opts, &Actor::console(actor), false)
+    }
 }

@@ -169,9 +169,99 @@ fn check_name(name: &str) -> Result<()> {
 }
 
 impl Engine {
+    fn judgment_set_info(&self, collection: &str, name: &str) -> Result<JudgmentSetInfo> {
+        self.models()
+            .judgment_sets(&Admin::system(), Some(collection))?
+            .into_iter()
+            .find(|s| s.name == name)
+            .ok_or_else(|| Error::NotFound { what: format!("judgment set '{name}' of collection '{collection}'") })
+    }
+
+    /// Every judged query of one part of a collection: uploaded sets and feedback merged by query text (the
+    /// higher grade wins when two sources judge the same document).
+    pub(crate) fn judged(&self, collection_id: i64, part: &str) -> Result<Judged> {
+        let fraction = self.cfg.lifecycle.eval_fraction;
+        let uploaded: Vec<(String, String, i64)> = self
+            .store
+            .reader()
+            .prepare(
+                "SELECT j.query, j.external_id, j.grade FROM judgments j JOIN judgment_sets s ON s.id = j.set_id \
+                 WHERE s.collection_id = ?1 AND j.part = ?2",
+            )?
+            .query_map(params![collection_id, part], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .collect::<Result<_, _>>()?;
+        let feedback = self.feedback_rows(collection_id)?;
+        Ok(merge(uploaded.iter().chain(feedback.iter().filter(|r| part_of(&r.0, fraction) == part))))
+    }
+
+    /// Clinician feedback on a collection as (query, document external id, grade) rows, both parts: of each user,
+    /// only the newest `[limits] max_feedback_per_user` rows over all collections (ranked before the collection
+    /// is picked, so spreading feedback over collections gains nothing). Training and evaluation both read
+    /// feedback here, so one account weighs at most that much in either, whatever it clicked.
+    pub(crate) fn feedback_rows(&self, collection_id: i64) -> Result<Vec<(String, String, i64)>> {
+        let cap = i64::from(self.cfg.limits.max_feedback_per_user);
+        Ok(self
+            .store
+            .reader()
+            .prepare(
+                "SELECT query, external_id, helpful FROM (
+                     SELECT f.query, d.external_id, f.helpful, d.collection_id,
+                            row_number() OVER (PARTITION BY f.username ORDER BY f.id DESC) AS newest
+                     FROM feedback f JOIN documents d ON d.id = f.document_id)
+                 WHERE collection_id = ?1 AND newest <= ?2",
+            )?
+            .query_map(params![collection_id, cap], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .collect::<Result<_, _>>()?)
+    }
+}
+
+fn merge<'a>(rows: impl Iterator<Item = &'a (String, String, i64)>) -> Judged {
+    let mut by_query: BTreeMap<String, Judgements> = BTreeMap::new();
+    for (q, doc, grade) in rows {
+        let g = by_query.entry(q.trim().to_string()).or_default().entry(doc.clone()).or_insert(0);
+        *g = (*g).max(*grade as u32);
+    }
+    let mut j = Judged::default();
+    for (i, (q, judged)) in by_query.into_iter().enumerate() {
+        let id = format!("q{i}");
+        j.queries.push((id.clone(), q));
+        j.qrels.insert(id, judged);
+    }
+    j
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_beir_upload_repeating_one_query_id_counts_it_once() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("qrels")).unwrap();
+        let qrels: String = (0..50).map(|i| format!("q1\td{i}\t1\n")).collect();
+        std::fs::write(d.path().join("qrels/upload.tsv"), format!("query-id\tcorpus-id\tscore\n{qrels}")).unwrap();
+        let q = "{\"_id\": \"q1\", \"text\": \"二甲双胍的禁忌症\"}\n".repeat(2000);
+        std::fs::write(d.path().join("queries.jsonl"), q).unwrap();
+        let rows = read_rows(JudgmentSource::Beir { dir: d.path(), split: "upload" }).unwrap();
+        assert_eq!(rows.len(), 50, "2,000 copies of q1 are one query with its 50 judgments");
+    }
+
+    #[test]
+    fn parts_follow_the_query_text_and_the_fraction() {
+        let qs: Vec<String> = (0..2000).map(|i| format!("问题 {i}")).collect();
+        let eval = qs.iter().filter(|q| part_of(q, 0.3) == "eval").count();
+        assert!((500..700).contains(&eval), "{eval} of 2000 in eval at 0.3");
+        for q in &qs {
+            assert_eq!(part_of(q, 0.3), part_of(&format!("  {}  ", q.to_uppercase()), 0.3));
+        }
+        assert!(qs.iter().all(|q| part_of(q, 0.0) == "train"));
+    }
+}
+
+impl crate::engine::Models<'_> {
     /// Imports a judgment set for `collection` under `name`, each judgment resolved to a document (its external
     /// id) or a passage (chunk id) of the collection, in one transaction with its audit record.
-    pub fn import_judgments_as(
+    pub fn import_judgments(
         &self,
         actor: &Admin,
         collection: &str,
@@ -259,15 +349,8 @@ impl Engine {
         Ok(info)
     }
 
-    fn judgment_set_info(&self, collection: &str, name: &str) -> Result<JudgmentSetInfo> {
-        self.judgment_sets_as(&Admin::system(), Some(collection))?
-            .into_iter()
-            .find(|s| s.name == name)
-            .ok_or_else(|| Error::NotFound { what: format!("judgment set '{name}' of collection '{collection}'") })
-    }
-
     /// The uploaded sets and, per collection with feedback, the feedback set.
-    pub fn judgment_sets_as(&self, _admin: &Admin, collection: Option<&str>) -> Result<Vec<JudgmentSetInfo>> {
+    pub fn judgment_sets(&self, _admin: &Admin, collection: Option<&str>) -> Result<Vec<JudgmentSetInfo>> {
         let conn = self.store.reader();
         let mut stmt = conn.prepare(
             "SELECT c.name, s.name, s.source, s.created_by, s.created_at, COUNT(j.id), \
@@ -320,7 +403,7 @@ impl Engine {
     }
 
     /// Deletes an uploaded set (feedback is not a set: it goes with the feedback itself).
-    pub fn delete_judgments_as(&self, actor: &Admin, collection: &str, name: &str) -> Result<usize> {
+    pub fn delete_judgments(&self, actor: &Admin, collection: &str, name: &str) -> Result<usize> {
         let col = self.store.collection(collection)?;
         let mut conn = self.store.conn();
         let tx = conn.transaction()?;
@@ -343,85 +426,5 @@ impl Engine {
         )?;
         tx.commit()?;
         Ok(n as usize)
-    }
-
-    /// Every judged query of one part of a collection: uploaded sets and feedback merged by query text (the
-    /// higher grade wins when two sources judge the same document).
-    pub fn judged(&self, collection_id: i64, part: &str) -> Result<Judged> {
-        let fraction = self.cfg.lifecycle.eval_fraction;
-        let uploaded: Vec<(String, String, i64)> = self
-            .store
-            .reader()
-            .prepare(
-                "SELECT j.query, j.external_id, j.grade FROM judgments j JOIN judgment_sets s ON s.id = j.set_id \
-                 WHERE s.collection_id = ?1 AND j.part = ?2",
-            )?
-            .query_map(params![collection_id, part], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-            .collect::<Result<_, _>>()?;
-        let feedback = self.feedback_rows(collection_id)?;
-        Ok(merge(uploaded.iter().chain(feedback.iter().filter(|r| part_of(&r.0, fraction) == part))))
-    }
-
-    /// Clinician feedback on a collection as (query, document external id, grade) rows, both parts: of each user,
-    /// only the newest `[limits] max_feedback_per_user` rows over all collections (ranked before the collection
-    /// is picked, so spreading feedback over collections gains nothing). Training and evaluation both read
-    /// feedback here, so one account weighs at most that much in either, whatever it clicked.
-    pub(crate) fn feedback_rows(&self, collection_id: i64) -> Result<Vec<(String, String, i64)>> {
-        let cap = i64::from(self.cfg.limits.max_feedback_per_user);
-        Ok(self
-            .store
-            .reader()
-            .prepare(
-                "SELECT query, external_id, helpful FROM (
-                     SELECT f.query, d.external_id, f.helpful, d.collection_id,
-                            row_number() OVER (PARTITION BY f.username ORDER BY f.id DESC) AS newest
-                     FROM feedback f JOIN documents d ON d.id = f.document_id)
-                 WHERE collection_id = ?1 AND newest <= ?2",
-            )?
-            .query_map(params![collection_id, cap], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-            .collect::<Result<_, _>>()?)
-    }
-}
-
-fn merge<'a>(rows: impl Iterator<Item = &'a (String, String, i64)>) -> Judged {
-    let mut by_query: BTreeMap<String, Judgements> = BTreeMap::new();
-    for (q, doc, grade) in rows {
-        let g = by_query.entry(q.trim().to_string()).or_default().entry(doc.clone()).or_insert(0);
-        *g = (*g).max(*grade as u32);
-    }
-    let mut j = Judged::default();
-    for (i, (q, judged)) in by_query.into_iter().enumerate() {
-        let id = format!("q{i}");
-        j.queries.push((id.clone(), q));
-        j.qrels.insert(id, judged);
-    }
-    j
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_beir_upload_repeating_one_query_id_counts_it_once() {
-        let d = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(d.path().join("qrels")).unwrap();
-        let qrels: String = (0..50).map(|i| format!("q1\td{i}\t1\n")).collect();
-        std::fs::write(d.path().join("qrels/upload.tsv"), format!("query-id\tcorpus-id\tscore\n{qrels}")).unwrap();
-        let q = "{\"_id\": \"q1\", \"text\": \"二甲双胍的禁忌症\"}\n".repeat(2000);
-        std::fs::write(d.path().join("queries.jsonl"), q).unwrap();
-        let rows = read_rows(JudgmentSource::Beir { dir: d.path(), split: "upload" }).unwrap();
-        assert_eq!(rows.len(), 50, "2,000 copies of q1 are one query with its 50 judgments");
-    }
-
-    #[test]
-    fn parts_follow_the_query_text_and_the_fraction() {
-        let qs: Vec<String> = (0..2000).map(|i| format!("问题 {i}")).collect();
-        let eval = qs.iter().filter(|q| part_of(q, 0.3) == "eval").count();
-        assert!((500..700).contains(&eval), "{eval} of 2000 in eval at 0.3");
-        for q in &qs {
-            assert_eq!(part_of(q, 0.3), part_of(&format!("  {}  ", q.to_uppercase()), 0.3));
-        }
-        assert!(qs.iter().all(|q| part_of(q, 0.0) == "train"));
     }
 }

@@ -52,7 +52,9 @@
 //!   │           promotion; schedules; offline embedding (training/{child,data,schedule,embed}.rs)
 //!   ├ trainer   whether `care-train` can run here: checked in the background, cached for pages
 //!   ├ chart     small SVG charts for reports
-//!   └ demo      the embedded demo collection
+//!   ├ demo      the embedded demo collection
+//!   └ tests     (test builds only) the integration tests, inside the crate so they reach its crate-private
+//!               operations: tests/{engine,scheduler}.rs
 //! ```
 //!
 //! Callers (the `care` CLI and the HTTP server) use [`Engine`] and [`error::Error`]; error codes
@@ -95,6 +97,9 @@ pub mod text;
 pub mod trainer;
 pub mod training;
 pub mod vectors;
+
+#[cfg(test)]
+mod tests;
 
 pub use config::EngineConfig;
 pub use engine::{

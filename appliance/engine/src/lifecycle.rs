@@ -208,42 +208,6 @@ fn import_lock(dir: &Path, spec: &str) -> Result<std::fs::File> {
 }
 
 impl Engine {
-    /// Verifies the package folder `src` and registers a copy of it (see the module docs). Admins only.
-    pub fn import_model_as(&self, actor: &Admin, src: &Path) -> Result<ImportReport> {
-        let m = ModelManifest::load(src).map_err(|e| manifest_err(src, e))?;
-        check_manifest(src, &m)?;
-        let spec = format!("{}@{}", m.name, m.version);
-        let _lock = import_lock(&self.dir.import_locks(), &spec)?;
-        m.verify_files(src).map_err(|e| manifest_err(src, e))?;
-        if models::find(&self.store, &spec).is_ok() {
-            return Err(Error::InvalidInput(format!(
-                "模型 {spec} 已注册；新的模型包请换一个版本号 (model {spec} is already registered; give the new package another version)"
-            )));
-        }
-        let final_dir = self.dir.models().join(&m.name).join(&m.version);
-        // A folder without a registry row is what an import interrupted between rename and commit leaves.
-        if final_dir.exists() {
-            std::fs::remove_dir_all(&final_dir).map_err(|e| Error::io(&final_dir, e))?;
-        }
-        // The copy under models/ is as large as the listed files (their sizes as the hash check just read them).
-        let incoming = m
-            .files
-            .keys()
-            .filter_map(|f| std::fs::symlink_metadata(src.join(f)).ok())
-            .map(|md| md.len())
-            .fold(0u64, u64::saturating_add);
-        self.ensure_free_space(&format!("导入模型 {spec}"), incoming)?;
-        let staged = self.dir.models().join(format!(
-            "{}{}-{}",
-            crate::datadir::IMPORT_STAGING,
-            std::process::id(),
-            next_staging()
-        ));
-        let result = self.stage_and_register(actor, src, &m, &staged, &final_dir);
-        let _ = std::fs::remove_dir_all(&staged);
-        result
-    }
-
     fn stage_and_register(
         &self,
         actor: &Actor,
@@ -554,85 +518,6 @@ impl Engine {
         Ok((l, c))
     }
 
-    /// Scores the candidate pair `Q@v,D@v` against the live pair on every collection's evaluation part, through
-    /// the appliance's own hybrid search (weighted fusion, weight re-fitted per pair on the training part), and
-    /// stores the report with the gate's verdict. A candidate document model is embedded into its own tables
-    /// first; the live pair keeps serving meanwhile.
-    pub fn evaluate_as(
-        &self,
-        actor: &Admin,
-        candidate: &str,
-        progress: &mut dyn FnMut(DenseProgress),
-    ) -> Result<EvaluationReport> {
-        let live = models::active(&self.store)?
-            .ok_or_else(|| Error::InvalidInput("没有在用的模型 (no live model pair to compare with)".into()))?;
-        let cand = self.resolve_pair(candidate)?;
-        self.prepare_document_model(&cand.document, progress)?;
-        let lc = &self.cfg.lifecycle;
-        let mut collections = Vec::new();
-        let (mut all_live, mut all_cand) = (Vec::new(), Vec::new());
-        let mut eval_texts = Vec::new();
-        for col in self.store.collection_list()? {
-            let eval = self.judged(col.id, "eval")?.scorable();
-            if eval.queries.is_empty() {
-                continue;
-            }
-            let train = self.judged(col.id, "train")?.scorable();
-            let (train, eval) = (train.as_beir("train"), eval.as_beir("eval"));
-            let l = self.run_pair(&live, &col, (&train, &eval), progress)?;
-            let c = self.run_pair(&cand, &col, (&train, &eval), progress)?;
-            let metric = |k: usize| {
-                let (a, b): (Vec<f64>, Vec<f64>) =
-                    l.per_query.iter().zip(&c.per_query).map(|(x, y)| (x[k], y[k])).unzip();
-                compare(&a, &b, lc.bootstrap_samples, 0x5eed + k as u64)
-            };
-            collections.push(CollectionEvaluation {
-                collection: col.name.clone(),
-                eval_queries: eval.queries.len(),
-                train_queries: train.queries.len(),
-                live_dense_weight: l.weight,
-                candidate_dense_weight: c.weight,
-                ndcg_at_10: metric(0),
-                mrr_at_10: metric(1),
-                recall_at_100: metric(2),
-            });
-            all_live.extend(l.per_query.iter().map(|x| x[0]));
-            all_cand.extend(c.per_query.iter().map(|x| x[0]));
-            eval_texts.extend(eval.queries.iter().map(|(_, text)| text.clone()));
-        }
-        if collections.is_empty() {
-            return Err(Error::InvalidInput(
-                "没有可用于评测的标注查询：请先导入评测集 (no collection has judged evaluation queries; import a judgment \
-                 set with `care judgments import` or collect clinician feedback first)"
-                    .into(),
-            ));
-        }
-        let overall = compare(&all_live, &all_cand, lc.bootstrap_samples, 0x5eed);
-        let (live_encode, candidate_encode) = self.encode_latencies(&live, &cand, &eval_texts)?;
-        let per_collection: Vec<(String, f64)> =
-            collections.iter().map(|c| (c.collection.clone(), c.ndcg_at_10.gain)).collect();
-        let (passed, reasons) = gate(&overall, &per_collection, (&live_encode, &candidate_encode), lc);
-        let mut report = EvaluationReport {
-            id: 0,
-            candidate: pair_spec(&cand),
-            live: pair_spec(&live),
-            created_at: crate::store::now(),
-            created_by: actor.name.clone(),
-            collections,
-            overall_ndcg_at_10: overall,
-            live_encode,
-            candidate_encode,
-            gate_margin: lc.gate_margin,
-            max_latency_ratio: lc.max_latency_ratio,
-            bootstrap_samples: lc.bootstrap_samples,
-            passed,
-            reasons,
-            rejected: None,
-        };
-        report.id = self.store_evaluation(actor, &cand, &report)?;
-        Ok(report)
-    }
-
     fn store_evaluation(&self, actor: &Actor, cand: &ActivePair, r: &EvaluationReport) -> Result<i64> {
         let svg = evaluation_chart(r);
         let mut conn = self.store.conn();
@@ -661,29 +546,6 @@ impl Engine {
         )?;
         tx.commit()?;
         Ok(id)
-    }
-
-    /// Stored evaluations, newest first (reports with their chart).
-    pub fn evaluations_as(&self, _admin: &Admin, limit: usize) -> Result<Vec<(EvaluationReport, String)>> {
-        let conn = self.store.reader();
-        let mut stmt = conn.prepare(
-            "SELECT id, report, chart_svg, rejected_by, rejected_at, rejected_reason FROM model_evaluations \
-             ORDER BY id DESC LIMIT ?1",
-        )?;
-        let rows = stmt.query_map([limit.min(1000) as i64], |r| {
-            let rejection = Rejection { by: r.get(3)?, at: r.get(4)?, reason: r.get(5)? };
-            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, rejection))
-        })?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (id, json, svg, rejection) = row?;
-            let mut rep: EvaluationReport =
-                serde_json::from_str(&json).map_err(|e| Error::Internal(format!("evaluation {id}: {e}")))?;
-            rep.id = id;
-            rep.rejected = Some(rejection).filter(|r| !r.by.is_empty());
-            out.push((rep, svg));
-        }
-        Ok(out)
     }
 
     /// Resolves `candidate` and checks that it may go live: it passed its latest evaluation against the live pair,
@@ -764,69 +626,6 @@ impl Engine {
         Ok(r.filter(|r| !r.by.is_empty()))
     }
 
-    /// Rejects an evaluated candidate pair: it cannot be promoted, not even with an override, until it is
-    /// evaluated again. Its report stays, marked. Returns the evaluation that was marked.
-    pub fn reject_as(&self, actor: &Admin, candidate: &str, reason: &str) -> Result<i64> {
-        let reason = reason.trim();
-        if reason.is_empty() {
-            return Err(Error::InvalidInput("请填写驳回理由 (a rejection needs a reason; it is audited)".into()));
-        }
-        let cand = self.resolve_pair(candidate)?;
-        let mut conn = self.store.conn();
-        let tx = conn.transaction()?;
-        let id: i64 = tx
-            .query_row(
-                "SELECT id FROM model_evaluations WHERE query_model_id = ?1 AND document_model_id = ?2 \
-                 ORDER BY id DESC LIMIT 1",
-                rusqlite::params![cand.query.id, cand.document.id],
-                |r| r.get(0),
-            )
-            .optional()?
-            .ok_or_else(|| Error::NotFound {
-                what: format!(
-                    "候选模型 {} 的评测记录 (an evaluation of {} to reject)",
-                    pair_spec(&cand),
-                    pair_spec(&cand)
-                ),
-            })?;
-        tx.execute(
-            "UPDATE model_evaluations SET rejected_by = ?2, rejected_at = ?3, rejected_reason = ?4 WHERE id = ?1",
-            rusqlite::params![id, actor.name, crate::store::now(), reason],
-        )?;
-        crate::audit::append(
-            &tx,
-            &actor.name,
-            "model.reject",
-            &serde_json::json!({"evaluation": id, "candidate": pair_spec(&cand), "reason": reason}),
-        )?;
-        tx.commit()?;
-        Ok(id)
-    }
-
-    /// Makes the candidate pair live. It must have passed its latest evaluation against the pair live now, unless
-    /// an admin overrides the gate with a reason. When the document model changes, every collection is embedded
-    /// into the candidate's own tables first while the live pair keeps serving; the switch itself is one
-    /// transaction.
-    pub fn promote_as(
-        &self,
-        actor: &Admin,
-        candidate: &str,
-        override_reason: Option<&str>,
-        progress: &mut dyn FnMut(DenseProgress),
-    ) -> Result<ActivePair> {
-        let (cand, verdict) = self.promotion_allowed(candidate, override_reason)?;
-        let reason = override_reason.map(str::trim).unwrap_or("");
-        let fusion = match verdict {
-            Some((evaluation, _)) => self.gate_weights(evaluation)?,
-            None => models::FusionChange::Keep,
-        };
-        self.prepare_document_model(&cand.document, progress)?;
-        let action = if verdict.is_some_and(|v| v.1) { "model.promote" } else { "model.promote_override" };
-        models::set_active_as(&self.store, &cand.query, &cand.document, &actor.name, (action, reason), &fusion)?;
-        *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        Ok(cand)
-    }
-
     /// The dense weights evaluation `id` fitted for its candidate on each collection's training part: the
     /// weights it was judged with, so the ones it serves with once promoted. A collection without training
     /// queries was scored with its stored weight, which stays.
@@ -843,39 +642,6 @@ impl Engine {
             }
         }
         Ok(models::FusionChange::Set(weights))
-    }
-
-    /// Returns to the pair that was live before the live one, with the fusion weights it served with. Its tables
-    /// were kept, so only chunks ingested since are embedded before the switch.
-    pub fn rollback_as(&self, actor: &Admin, reason: &str) -> Result<ActivePair> {
-        let live = models::active(&self.store)?
-            .ok_or_else(|| Error::InvalidInput("没有在用的模型 (no live model pair)".into()))?;
-        let previous = models::history(&self.store, 1000)?
-            .into_iter()
-            .find(|(q, d, _)| (*q, *d) != (live.query.id, live.document.id))
-            .ok_or_else(|| Error::NotFound {
-                what: "可回滚的上一组模型 (a previous model pair to roll back to)".into(),
-            })?;
-        let pair = ActivePair {
-            query: models::get(&self.store, previous.0)?,
-            document: models::get(&self.store, previous.1)?,
-        };
-        self.prepare_document_model(&pair.document, &mut |_| {})?;
-        models::set_active_as(
-            &self.store,
-            &pair.query,
-            &pair.document,
-            &actor.name,
-            ("model.rollback", reason.trim()),
-            &models::FusionChange::RestoreBeforeLive,
-        )?;
-        *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        Ok(pair)
-    }
-
-    /// The live-pair history, newest first.
-    pub fn model_history_as(&self, _admin: &Admin, limit: usize) -> Result<Vec<models::HistoryEntry>> {
-        Ok(models::history(&self.store, limit.min(1000))?.into_iter().map(|h| h.2).collect())
     }
 }
 
@@ -957,7 +723,7 @@ mod tests {
         let e = engine(&t.path().join("data"));
         let admin = Admin::console("cli:root");
         let bad = offline_package(t.path(), "liar", &lying_weights(2 << 30, 64));
-        let err = e.import_model_as(&admin, &bad).unwrap_err();
+        let err = e.models().import(&admin, &bad).unwrap_err();
         assert_eq!(err.code(), crate::ErrorCode::InvalidPackage, "{err}");
         assert!(
             err.to_string().contains("model.safetensors 的头部与文件不符") && err.to_string().contains("超出数据区")
@@ -965,7 +731,7 @@ mod tests {
         assert!(models::find(&e.store, "liar@1").is_err());
         assert!(!e.dir.models().join("liar").join("1").exists());
         let good = offline_package(t.path(), "honest", &good_weights());
-        assert!(!e.import_model_as(&admin, &good).unwrap().online);
+        assert!(!e.models().import(&admin, &good).unwrap().online);
     }
 
     /// Two imports of one `name@version` at once: exactly one registers; the other is told, in Chinese, that
@@ -977,7 +743,7 @@ mod tests {
         let e = std::sync::Arc::new(engine(&t.path().join("data")));
         let pkg = offline_package(t.path(), "twice", &good_weights());
         let held = import_lock(&e.dir.import_locks(), "twice@1").unwrap();
-        let err = e.import_model_as(&Admin::console("cli:root"), &pkg).unwrap_err();
+        let err = e.models().import(&Admin::console("cli:root"), &pkg).unwrap_err();
         assert_eq!(err.code(), crate::ErrorCode::Busy);
         assert!(err.to_string().contains("正在由另一个导入处理"), "{err}");
         drop(held);
@@ -990,7 +756,7 @@ mod tests {
                     let (e, pkg, barrier) = (e.clone(), pkg.clone(), barrier.clone());
                     std::thread::spawn(move || {
                         barrier.wait();
-                        e.import_model_as(&Admin::console("cli:root"), &pkg)
+                        e.models().import(&Admin::console("cli:root"), &pkg)
                     })
                 })
                 .collect();
@@ -1035,5 +801,241 @@ mod tests {
         assert!(!ok && why[1].contains("kuake") && why[1].contains("-0.0120") && why[1].contains("超过"), "{why:?}");
         let (ok, why) = gate(&gain(0.006), &cols, (&live, &fast), &lc);
         assert!(ok && why[1].contains("kuake") && why[1].contains("未超过"), "{why:?}");
+    }
+}
+
+impl crate::engine::Models<'_> {
+    /// Verifies the package folder `src` and registers a copy of it (see the module docs). Admins only.
+    pub fn import(&self, actor: &Admin, src: &Path) -> Result<ImportReport> {
+        let m = ModelManifest::load(src).map_err(|e| manifest_err(src, e))?;
+        check_manifest(src, &m)?;
+        let spec = format!("{}@{}", m.name, m.version);
+        let _lock = import_lock(&self.dir.import_locks(), &spec)?;
+        m.verify_files(src).map_err(|e| manifest_err(src, e))?;
+        if models::find(&self.store, &spec).is_ok() {
+            return Err(Error::InvalidInput(format!(
+                "模型 {spec} 已注册；新的模型包请换一个版本号 (model {spec} is already registered; give the new package another version)"
+            )));
+        }
+        let final_dir = self.dir.models().join(&m.name).join(&m.version);
+        // A folder without a registry row is what an import interrupted between rename and commit leaves.
+        if final_dir.exists() {
+            std::fs::remove_dir_all(&final_dir).map_err(|e| Error::io(&final_dir, e))?;
+        }
+        // The copy under models/ is as large as the listed files (their sizes as the hash check just read them).
+        let incoming = m
+            .files
+            .keys()
+            .filter_map(|f| std::fs::symlink_metadata(src.join(f)).ok())
+            .map(|md| md.len())
+            .fold(0u64, u64::saturating_add);
+        self.ensure_free_space(&format!("导入模型 {spec}"), incoming)?;
+        let staged = self.dir.models().join(format!(
+            "{}{}-{}",
+            crate::datadir::IMPORT_STAGING,
+            std::process::id(),
+            next_staging()
+        ));
+        let result = self.stage_and_register(actor, src, &m, &staged, &final_dir);
+        let _ = std::fs::remove_dir_all(&staged);
+        result
+    }
+
+    /// Scores the candidate pair `Q@v,D@v` against the live pair on every collection's evaluation part, through
+    /// the appliance's own hybrid search (weighted fusion, weight re-fitted per pair on the training part), and
+    /// stores the report with the gate's verdict. A candidate document model is embedded into its own tables
+    /// first; the live pair keeps serving meanwhile.
+    pub fn evaluate(
+        &self,
+        actor: &Admin,
+        candidate: &str,
+        progress: &mut dyn FnMut(DenseProgress),
+    ) -> Result<EvaluationReport> {
+        let live = models::active(&self.store)?
+            .ok_or_else(|| Error::InvalidInput("没有在用的模型 (no live model pair to compare with)".into()))?;
+        let cand = self.resolve_pair(candidate)?;
+        self.prepare_document_model(&cand.document, progress)?;
+        let lc = &self.cfg.lifecycle;
+        let mut collections = Vec::new();
+        let (mut all_live, mut all_cand) = (Vec::new(), Vec::new());
+        let mut eval_texts = Vec::new();
+        for col in self.store.collection_list()? {
+            let eval = self.judged(col.id, "eval")?.scorable();
+            if eval.queries.is_empty() {
+                continue;
+            }
+            let train = self.judged(col.id, "train")?.scorable();
+            let (train, eval) = (train.as_beir("train"), eval.as_beir("eval"));
+            let l = self.run_pair(&live, &col, (&train, &eval), progress)?;
+            let c = self.run_pair(&cand, &col, (&train, &eval), progress)?;
+            let metric = |k: usize| {
+                let (a, b): (Vec<f64>, Vec<f64>) =
+                    l.per_query.iter().zip(&c.per_query).map(|(x, y)| (x[k], y[k])).unzip();
+                compare(&a, &b, lc.bootstrap_samples, 0x5eed + k as u64)
+            };
+            collections.push(CollectionEvaluation {
+                collection: col.name.clone(),
+                eval_queries: eval.queries.len(),
+                train_queries: train.queries.len(),
+                live_dense_weight: l.weight,
+                candidate_dense_weight: c.weight,
+                ndcg_at_10: metric(0),
+                mrr_at_10: metric(1),
+                recall_at_100: metric(2),
+            });
+            all_live.extend(l.per_query.iter().map(|x| x[0]));
+            all_cand.extend(c.per_query.iter().map(|x| x[0]));
+            eval_texts.extend(eval.queries.iter().map(|(_, text)| text.clone()));
+        }
+        if collections.is_empty() {
+            return Err(Error::InvalidInput(
+                "没有可用于评测的标注查询：请先导入评测集 (no collection has judged evaluation queries; import a judgment \
+                 set with `care judgments import` or collect clinician feedback first)"
+                    .into(),
+            ));
+        }
+        let overall = compare(&all_live, &all_cand, lc.bootstrap_samples, 0x5eed);
+        let (live_encode, candidate_encode) = self.encode_latencies(&live, &cand, &eval_texts)?;
+        let per_collection: Vec<(String, f64)> =
+            collections.iter().map(|c| (c.collection.clone(), c.ndcg_at_10.gain)).collect();
+        let (passed, reasons) = gate(&overall, &per_collection, (&live_encode, &candidate_encode), lc);
+        let mut report = EvaluationReport {
+            id: 0,
+            candidate: pair_spec(&cand),
+            live: pair_spec(&live),
+            created_at: crate::store::now(),
+            created_by: actor.name.clone(),
+            collections,
+            overall_ndcg_at_10: overall,
+            live_encode,
+            candidate_encode,
+            gate_margin: lc.gate_margin,
+            max_latency_ratio: lc.max_latency_ratio,
+            bootstrap_samples: lc.bootstrap_samples,
+            passed,
+            reasons,
+            rejected: None,
+        };
+        report.id = self.store_evaluation(actor, &cand, &report)?;
+        Ok(report)
+    }
+
+    /// Stored evaluations, newest first (reports with their chart).
+    pub fn evaluations(&self, _admin: &Admin, limit: usize) -> Result<Vec<(EvaluationReport, String)>> {
+        let conn = self.store.reader();
+        let mut stmt = conn.prepare(
+            "SELECT id, report, chart_svg, rejected_by, rejected_at, rejected_reason FROM model_evaluations \
+             ORDER BY id DESC LIMIT ?1",
+        )?;
+        let rows = stmt.query_map([limit.min(1000) as i64], |r| {
+            let rejection = Rejection { by: r.get(3)?, at: r.get(4)?, reason: r.get(5)? };
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, rejection))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, json, svg, rejection) = row?;
+            let mut rep: EvaluationReport =
+                serde_json::from_str(&json).map_err(|e| Error::Internal(format!("evaluation {id}: {e}")))?;
+            rep.id = id;
+            rep.rejected = Some(rejection).filter(|r| !r.by.is_empty());
+            out.push((rep, svg));
+        }
+        Ok(out)
+    }
+
+    /// Rejects an evaluated candidate pair: it cannot be promoted, not even with an override, until it is
+    /// evaluated again. Its report stays, marked. Returns the evaluation that was marked.
+    pub fn reject(&self, actor: &Admin, candidate: &str, reason: &str) -> Result<i64> {
+        let reason = reason.trim();
+        if reason.is_empty() {
+            return Err(Error::InvalidInput("请填写驳回理由 (a rejection needs a reason; it is audited)".into()));
+        }
+        let cand = self.resolve_pair(candidate)?;
+        let mut conn = self.store.conn();
+        let tx = conn.transaction()?;
+        let id: i64 = tx
+            .query_row(
+                "SELECT id FROM model_evaluations WHERE query_model_id = ?1 AND document_model_id = ?2 \
+                 ORDER BY id DESC LIMIT 1",
+                rusqlite::params![cand.query.id, cand.document.id],
+                |r| r.get(0),
+            )
+            .optional()?
+            .ok_or_else(|| Error::NotFound {
+                what: format!(
+                    "候选模型 {} 的评测记录 (an evaluation of {} to reject)",
+                    pair_spec(&cand),
+                    pair_spec(&cand)
+                ),
+            })?;
+        tx.execute(
+            "UPDATE model_evaluations SET rejected_by = ?2, rejected_at = ?3, rejected_reason = ?4 WHERE id = ?1",
+            rusqlite::params![id, actor.name, crate::store::now(), reason],
+        )?;
+        crate::audit::append(
+            &tx,
+            &actor.name,
+            "model.reject",
+            &serde_json::json!({"evaluation": id, "candidate": pair_spec(&cand), "reason": reason}),
+        )?;
+        tx.commit()?;
+        Ok(id)
+    }
+
+    /// Makes the candidate pair live. It must have passed its latest evaluation against the pair live now, unless
+    /// an admin overrides the gate with a reason. When the document model changes, every collection is embedded
+    /// into the candidate's own tables first while the live pair keeps serving; the switch itself is one
+    /// transaction.
+    pub fn promote(
+        &self,
+        actor: &Admin,
+        candidate: &str,
+        override_reason: Option<&str>,
+        progress: &mut dyn FnMut(DenseProgress),
+    ) -> Result<ActivePair> {
+        let (cand, verdict) = self.promotion_allowed(candidate, override_reason)?;
+        let reason = override_reason.map(str::trim).unwrap_or("");
+        let fusion = match verdict {
+            Some((evaluation, _)) => self.gate_weights(evaluation)?,
+            None => models::FusionChange::Keep,
+        };
+        self.prepare_document_model(&cand.document, progress)?;
+        let action = if verdict.is_some_and(|v| v.1) { "model.promote" } else { "model.promote_override" };
+        models::set_active_as(&self.store, &cand.query, &cand.document, &actor.name, (action, reason), &fusion)?;
+        *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        Ok(cand)
+    }
+
+    /// Returns to the pair that was live before the live one, with the fusion weights it served with. Its tables
+    /// were kept, so only chunks ingested since are embedded before the switch.
+    pub fn rollback(&self, actor: &Admin, reason: &str) -> Result<ActivePair> {
+        let live = models::active(&self.store)?
+            .ok_or_else(|| Error::InvalidInput("没有在用的模型 (no live model pair)".into()))?;
+        let previous = models::history(&self.store, 1000)?
+            .into_iter()
+            .find(|(q, d, _)| (*q, *d) != (live.query.id, live.document.id))
+            .ok_or_else(|| Error::NotFound {
+                what: "可回滚的上一组模型 (a previous model pair to roll back to)".into(),
+            })?;
+        let pair = ActivePair {
+            query: models::get(&self.store, previous.0)?,
+            document: models::get(&self.store, previous.1)?,
+        };
+        self.prepare_document_model(&pair.document, &mut |_| {})?;
+        models::set_active_as(
+            &self.store,
+            &pair.query,
+            &pair.document,
+            &actor.name,
+            ("model.rollback", reason.trim()),
+            &models::FusionChange::RestoreBeforeLive,
+        )?;
+        *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        Ok(pair)
+    }
+
+    /// The live-pair history, newest first.
+    pub fn history(&self, _admin: &Admin, limit: usize) -> Result<Vec<models::HistoryEntry>> {
+        Ok(models::history(&self.store, limit.min(1000))?.into_iter().map(|h| h.2).collect())
     }
 }

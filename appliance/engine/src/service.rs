@@ -7,6 +7,11 @@
 //! refused searches through the group-commit audit writer (`audit/writer.rs`), in a transaction shared with other
 //! searches' records. The HTTP layer and the CLI are adapters: they turn a request into a call here and the result
 //! into a response.
+//!
+//! The operations are grouped into handles by concept: `engine.search()`, `.collections()`, `.ingest()`,
+//! `.models()`, `.training()`, `.accounts()`, `.audit()` and `.tasks()` (e.g. `engine.accounts().users(&admin)`).
+//! A handle is a borrowed engine; each group's operations live beside the code they drive (`impl Models<'_>` in
+//! lifecycle.rs, `impl Training<'_>` in training/), and the engine's own methods under them are crate-private.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -15,6 +20,7 @@ use serde::Serialize;
 use crate::accounts::{self, ApiToken, LoginPolicy, Role, Session, User};
 pub use crate::accounts::{Actor, Admin};
 use crate::audit::{self, AuditRecord, AuditStatus, Filter, VerifyReport};
+pub use crate::engine::{Accounts, Audit, Collections, Ingest, Models, Search, Tasks, Training};
 use crate::engine::{Engine, MAX_QUERY_CHARS, SearchRequest, SearchResults};
 use crate::error::{Error, Result};
 use crate::feedback::{self, DocumentView, Feedback};
@@ -25,7 +31,7 @@ use crate::models::{ActivePair, ModelRecord};
 use crate::store::{Collection, CollectionStats};
 use crate::synonyms::{self, ImportReport, NewSynonym, SynonymEntry};
 
-/// Refused requests audited per client address per ten minutes ([`Engine::audit_refusal`]).
+/// Refused requests audited per client address per ten minutes ([`Audit::refusal`]).
 pub const REFUSALS_PER_ADDRESS: u32 = 20;
 /// Refused requests audited in all per ten minutes.
 pub const REFUSALS_IN_ALL: u32 = 200;
@@ -123,12 +129,8 @@ fn not_found_document(id: i64) -> Error {
 }
 
 impl Engine {
-    pub fn set_log_queries(&self, on: bool) {
-        LOG_QUERIES.store(on, Ordering::Relaxed);
-    }
-
     /// Appends one audit record on its own, for an attempt that changes nothing (a refused read, an export).
-    pub fn audit_event(&self, actor: &Actor, action: &str, detail: &serde_json::Value) -> Result<()> {
+    pub(crate) fn audit_event(&self, actor: &Actor, action: &str, detail: &serde_json::Value) -> Result<()> {
         let mut conn = self.store.conn();
         let tx = conn.transaction()?;
         audit::append(&tx, &actor.name, action, detail)?;
@@ -142,116 +144,14 @@ impl Engine {
         self.audit_writer.append(&actor.name, action, detail).map(drop)
     }
 
-    /// Audits a request the HTTP layer refused before any operation ran: `request.unauthenticated` (no valid
-    /// sign-in or API token), `request.forbidden` (not an administrator) or `request.csrf_rejected` (a form without
-    /// its token). `actor` is the signed-in user, or `anonymous`. Rate-limited: at most [`REFUSALS_PER_ADDRESS`]
-    /// records per client address and [`REFUSALS_IN_ALL`] in all per ten minutes, so a flood of refused requests
-    /// cannot fill the audit log (the server's log still counts every one). Returns whether a record was written.
-    pub fn audit_refusal(&self, actor: &str, action: &str, client: &str, detail: &serde_json::Value) -> Result<bool> {
-        let (now, window) = (accounts::unix_now(), 600);
-        let limits = &self.store.limits.refusals;
-        let key = crate::limits::address_key(client);
-        if limits.admit(&key, REFUSALS_PER_ADDRESS, window, now).is_err()
-            || limits.admit("(all addresses)", REFUSALS_IN_ALL, window, now).is_err()
-        {
-            return Ok(false);
-        }
-        let mut detail = detail.clone();
-        detail["client"] = key.into();
-        let actor: String = actor.chars().take(64).collect();
-        self.audit_event(&Actor::console(actor), action, &detail)?;
-        Ok(true)
-    }
-
-    // -- reading ---------------------------------------------------------------------------------------------
-
-    /// What `actor` may read: every collection for an admin, the granted ones for a clinician.
-    pub fn readable_collections(&self, actor: &Actor) -> Result<Vec<String>> {
-        match actor.user_id {
-            Some(id) if !actor.is_admin() => accounts::granted_collections(&self.store, id),
-            _ if actor.is_admin() => Ok(self.store.collection_list()?.into_iter().map(|c| c.name).collect()),
-            _ => Ok(Vec::new()),
-        }
-    }
-
     fn may_read(&self, actor: &Actor, collection: &str) -> Result<bool> {
-        Ok(actor.is_admin() || self.readable_collections(actor)?.iter().any(|c| c == collection))
-    }
-
-    /// Collections with counts, only those `actor` may read.
-    pub fn collections_as(&self, actor: &Actor) -> Result<Vec<CollectionStats>> {
-        let readable = self.readable_collections(actor)?;
-        Ok(self.collections()?.into_iter().filter(|c| readable.contains(&c.collection.name)).collect())
-    }
-
-    /// Search as `actor`: only collections the actor may read are searched; naming another one is refused (a
-    /// clinician cannot learn whether it exists). Every search is audited, and so is every refused one.
-    pub fn search_as(&self, actor: &Actor, s: &SearchAs) -> Result<SearchResults> {
-        let mut req = SearchRequest {
-            query: s.query.clone(),
-            collections: None,
-            limit: s.limit,
-            offset: s.offset,
-            method: s.method,
-            dense_weight: None,
-            group_by_document: s.group_by_document,
-            exact: s.exact,
-            synonym_weight: None,
-        };
-        let wanted: Vec<String> =
-            s.collection.iter().chain(&s.more_collections).filter(|c| !c.is_empty()).cloned().collect();
-        let refused = |action: &str, reason: &str, err: Error| -> Result<SearchResults> {
-            // One named collection is recorded as its name (null for none), several as a list.
-            let named = match wanted.as_slice() {
-                [] => serde_json::Value::Null,
-                [one] => serde_json::json!(one),
-                many => serde_json::json!(many),
-            };
-            let detail = serde_json::json!({
-                "query": logged_query(&s.query), "collection": named, "offset": s.offset, "reason": reason,
-            });
-            self.audit_search(actor, action, detail)?;
-            Err(err)
-        };
-        if let Err(e) = self.validate_search(&req) {
-            return refused("search.rejected", &e.to_string(), e);
-        }
-        let readable = self.readable_collections(actor)?;
-        if let Some(c) = wanted.iter().find(|c| !(actor.is_admin() || readable.contains(*c))) {
-            let e = Error::Forbidden(format!("你没有访问知识库「{c}」的权限；请联系管理员开通"));
-            return refused("search.denied", "collection not granted", e);
-        }
-        let cols = if wanted.is_empty() { readable } else { wanted.clone() };
-        let res = if cols.is_empty() {
-            SearchResults::empty(req.query.trim())
-        } else {
-            req.collections = Some(cols.clone());
-            match self.search_caught(&req) {
-                Ok(r) => r,
-                Err(e) if e.code().class() == crate::error::StatusClass::Internal => {
-                    // A failure of ours, not of the request: audited, and the person gets words to pass on (the
-                    // server adds the request id to every error it renders).
-                    let _ = refused("search.failed", &e.to_string(), e);
-                    return Err(Error::Internal(
-                        "检索时发生内部错误，已记录在审计日志（search.failed）；请稍后重试，或把页面上的请求编号告诉管理员                          (the search failed; it was audited)"
-                            .into(),
-                    ));
-                }
-                Err(e) => return Err(e),
-            }
-        };
-        let detail = serde_json::json!({
-            "query": logged_query(&res.query), "collections": cols, "results": res.hits.len(),
-            "candidates": res.total_candidates, "offset": s.offset, "method": res.method,
-        });
-        self.audit_search(actor, "search", detail)?;
-        Ok(res)
+        Ok(actor.is_admin() || self.search().readable_collections(actor)?.iter().any(|c| c == collection))
     }
 
     /// [`Engine::search`] with any panic inside a search stage caught and turned into an error: one bad input
     /// (a snippet of an odd passage, a tokenizer corner) must cost that search, not the request's worker.
     fn search_caught(&self, req: &SearchRequest) -> Result<SearchResults> {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.search(req))) {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.search_unaudited(req))) {
             Ok(r) => r,
             Err(panic) => {
                 let what = panic
@@ -265,207 +165,6 @@ impl Engine {
         }
     }
 
-    /// A document, if `actor` may read its collection (otherwise not found, never forbidden: ids must not reveal
-    /// what exists). A refused read is audited.
-    pub fn document_as(&self, actor: &Actor, id: i64) -> Result<DocumentView> {
-        let denied = |detail: serde_json::Value| -> Result<DocumentView> {
-            self.audit_event(actor, "document.denied", &detail)?;
-            Err(not_found_document(id))
-        };
-        let doc = match feedback::document(&self.store, id) {
-            Ok(d) => d,
-            Err(Error::NotFound { .. }) => {
-                return denied(serde_json::json!({"document": id, "reason": "no such document"}));
-            }
-            Err(e) => return Err(e),
-        };
-        if !self.may_read(actor, &doc.collection)? {
-            let reason = "collection not granted";
-            return denied(serde_json::json!({"document": id, "collection": doc.collection, "reason": reason}));
-        }
-        Ok(doc)
-    }
-
-    /// Stores a clinician's judgement of a passage for training, audited with it.
-    pub fn feedback_as(&self, actor: &Actor, query: &str, chunk_id: i64, helpful: bool) -> Result<i64> {
-        let n = query.trim().chars().count();
-        if n == 0 || n > MAX_QUERY_CHARS {
-            let detail = serde_json::json!({"chunk": chunk_id, "query_chars": n, "reason": "query empty or too long"});
-            self.audit_event(actor, "feedback.rejected", &detail)?;
-            return Err(Error::InvalidInput(format!(
-                "反馈所针对的查询须为 1 到 {MAX_QUERY_CHARS} 个字符 (feedback query must be 1-{MAX_QUERY_CHARS} characters)"
-            )));
-        }
-        let denied = |reason: &str| -> Result<i64> {
-            let detail = serde_json::json!({"chunk": chunk_id, "query": logged_query(query), "reason": reason});
-            self.audit_event(actor, "feedback.denied", &detail)?;
-            Err(Error::NotFound { what: format!("passage #{chunk_id}") })
-        };
-        let collection = match feedback::chunk_collection(&self.store, chunk_id) {
-            Ok((c, _, _)) => c,
-            Err(Error::NotFound { .. }) => return denied("no such passage"),
-            Err(e) => return Err(e),
-        };
-        if !self.may_read(actor, &collection)? {
-            return denied("collection not granted");
-        }
-        // Feedback feeds training and can start a schedule's run (min_new_feedback): one account must not be able
-        // to flood it. Counted after the checks above, so refused clicks do not use up the allowance.
-        let per_hour = self.cfg.limits.feedback_per_user_per_hour.max(1);
-        if let Err(wait) = self.store.limits.feedback.admit(&actor.name, per_hour, 3600, accounts::unix_now()) {
-            return Err(Error::RateLimited(format!(
-                "反馈过于频繁：每人每小时最多 {per_hour} 条，请 {} 后再试 (too much feedback from one user)",
-                crate::limits::minutes_zh(wait)
-            )));
-        }
-        let id = feedback::record(&self.store, &actor.name, query, chunk_id, helpful, &logged_query(query))?;
-        // A schedule may fire on the count of new feedback.
-        self.tasks_changed();
-        Ok(id)
-    }
-
-    pub fn feedback_list_as(&self, _admin: &Admin, collection: Option<&str>, limit: usize) -> Result<Vec<Feedback>> {
-        feedback::list(&self.store, collection, limit.min(100_000))
-    }
-
-    // -- accounts and sessions -------------------------------------------------------------------------------
-
-    /// Creates the first administrator when there is no user; returns a generated password to show once.
-    pub fn bootstrap_admin(&self, username: &str, password: Option<&str>) -> Result<Option<String>> {
-        accounts::bootstrap_admin(&self.store, username, password)
-    }
-
-    /// Checks a password (lockout, throttling and audit included) and opens a session: (user, cookie, CSRF token).
-    pub fn login(
-        &self,
-        username: &str,
-        password: &str,
-        policy: LoginPolicy,
-        client: &str,
-    ) -> Result<(User, String, String)> {
-        let u = accounts::authenticate(&self.store, username, password, policy, client)?;
-        let (cookie, csrf) = accounts::create_session(&self.store, &u)?;
-        Ok((u, cookie, csrf))
-    }
-
-    pub fn logout(&self, actor: &Actor, cookie: &str) -> Result<()> {
-        accounts::end_session(&self.store, cookie, &actor.name)
-    }
-
-    pub fn session(&self, cookie: &str, idle_seconds: i64, max_seconds: i64) -> Result<Option<Session>> {
-        accounts::session(&self.store, cookie, idle_seconds, max_seconds)
-    }
-
-    pub fn token_user(&self, secret: &str) -> Result<Option<User>> {
-        accounts::token_user(&self.store, secret)
-    }
-
-    pub fn purge_sessions(&self, idle_seconds: i64, max_seconds: i64) -> Result<usize> {
-        accounts::purge_sessions(&self.store, idle_seconds, max_seconds)
-    }
-
-    /// A user's own password change; the current password is checked and throttled like a sign-in from `client`.
-    pub fn change_own_password(
-        &self,
-        actor: &Actor,
-        current: &str,
-        new: &str,
-        policy: LoginPolicy,
-        client: &str,
-    ) -> Result<()> {
-        let current = accounts::CurrentPassword { password: current, policy, client };
-        accounts::set_password(&self.store, &actor.name, &actor.name, Some(current), new)
-    }
-
-    pub fn users_as(&self, _admin: &Admin) -> Result<Vec<UserInfo>> {
-        let now = accounts::unix_now();
-        accounts::list_users(&self.store)?
-            .into_iter()
-            .map(|u| {
-                Ok(UserInfo {
-                    collections: accounts::granted_collections(&self.store, u.id)?,
-                    locked: u.is_locked(now),
-                    username: u.username,
-                    role: u.role.as_str().into(),
-                    created_at: u.created_at,
-                    disabled: u.disabled,
-                    failed_logins: u.failed_logins,
-                })
-            })
-            .collect()
-    }
-
-    pub fn create_user_as(&self, actor: &Admin, username: &str, password: &str, role: &str) -> Result<User> {
-        accounts::create_user(&self.store, &actor.name, username.trim(), password, Role::parse(role)?)
-    }
-
-    /// Role, disabled flag, lock, or a password reset: each a separate change with its own audit record.
-    pub fn update_user_as(&self, actor: &Admin, username: &str, u: &UserUpdate) -> Result<()> {
-        let role = u.role.as_deref().filter(|r| !r.is_empty()).map(Role::parse).transpose()?;
-        if role.is_some() || u.disabled.is_some() || u.unlock {
-            accounts::update_user(&self.store, &actor.name, username, role, u.disabled, u.unlock)?;
-        }
-        if let Some(pw) = u.password.as_deref().filter(|p| !p.is_empty()) {
-            accounts::set_password(&self.store, &actor.name, username, None, pw)?;
-        }
-        Ok(())
-    }
-
-    pub fn delete_user_as(&self, actor: &Admin, username: &str) -> Result<()> {
-        accounts::delete_user(&self.store, &actor.name, username)
-    }
-
-    pub fn grant_as(&self, actor: &Admin, username: &str, collection: &str) -> Result<()> {
-        accounts::grant(&self.store, &actor.name, username, collection)
-    }
-
-    pub fn revoke_as(&self, actor: &Admin, username: &str, collection: &str) -> Result<()> {
-        accounts::revoke(&self.store, &actor.name, username, collection)
-    }
-
-    /// Issues an API token for `username`; the secret is returned once.
-    pub fn create_token_as(&self, actor: &Admin, username: &str, name: &str) -> Result<(ApiToken, String)> {
-        accounts::create_token(&self.store, &actor.name, username, name)
-    }
-
-    pub fn revoke_token_as(&self, actor: &Admin, id: i64) -> Result<()> {
-        accounts::revoke_token(&self.store, &actor.name, id)
-    }
-
-    pub fn tokens_as(&self, _admin: &Admin, username: Option<&str>) -> Result<Vec<ApiToken>> {
-        accounts::list_tokens(&self.store, username)
-    }
-
-    // -- collections, uploads, jobs --------------------------------------------------------------------------
-
-    pub fn create_collection_as(&self, actor: &Admin, name: &str, description: &str) -> Result<Collection> {
-        self.create_collection(name.trim(), description, &actor.name)
-    }
-
-    pub fn approve_as(&self, actor: &Admin, collection: &str, approved: bool) -> Result<Collection> {
-        self.set_approved_for_training(collection, approved, &actor.name)
-    }
-
-    /// Deletes a collection with its documents, indexes and grants; returns how many documents went.
-    pub fn delete_collection_as(&self, actor: &Admin, collection: &str) -> Result<usize> {
-        self.delete_collection(collection, &actor.name)
-    }
-
-    /// A fresh folder for an upload's files, after checking the collection exists (so nothing is written for a
-    /// typo). The job created by [`Engine::submit_upload_as`] owns the folder.
-    pub fn new_upload_as(&self, _admin: &Admin, collection: &str) -> Result<std::path::PathBuf> {
-        self.store.collection(collection)?;
-        self.ensure_free_space("上传文件", 0)?;
-        self.new_upload_dir()
-    }
-
-    /// A fresh folder for uploaded files an operation reads once (a model package for [`Engine::import_model_as`],
-    /// a judgment set); the caller removes it afterwards, whatever the outcome.
-    pub fn new_staging_upload_as(&self, _admin: &Admin) -> Result<std::path::PathBuf> {
-        self.ensure_free_space("上传文件", 0)?;
-        self.new_upload_dir()
-    }
-
     /// Bytes `[training] keep_free_gb` keeps free on the data disk for search, sign-in and SQLite.
     pub fn disk_reserve_bytes(&self) -> u64 {
         (self.cfg.training.keep_free_gb.max(0.0) * f64::from(1u32 << 30)) as u64
@@ -474,18 +173,13 @@ impl Engine {
     /// Refuses `what`, which would write about `incoming` bytes to the data disk, when that would leave less than
     /// the reserve free: a full disk fails every write (audit records, so sign-ins and searches too), so uploads and
     /// imports stop at the reserve instead of at zero. Free space that cannot be measured is no reason to refuse.
-    pub fn ensure_free_space(&self, what: &str, incoming: u64) -> Result<()> {
+    pub(crate) fn ensure_free_space(&self, what: &str, incoming: u64) -> Result<()> {
         let reserve = self.disk_reserve_bytes();
         let Ok((_, available)) = crate::datadir::free_bytes(self.dir.root()) else { return Ok(()) };
         if available < incoming.saturating_add(reserve) {
             return Err(Error::NoSpace { what: what.to_string(), needed: incoming, available, reserve });
         }
         Ok(())
-    }
-
-    /// Queues an ingest job for uploaded files (audited as `ingest.submit` in the job's transaction).
-    pub fn submit_upload_as(&self, actor: &Admin, collection: &str, files: Vec<std::path::PathBuf>) -> Result<i64> {
-        self.submit_ingest_as_user(collection, files, crate::IngestOptions::default(), actor)
     }
 
     fn job_view(&self, j: Job) -> Result<JobView> {
@@ -507,31 +201,6 @@ impl Engine {
             stage,
             result: serde_json::from_str(&j.result).ok(),
         })
-    }
-
-    pub fn jobs_as(&self, _admin: &Admin, limit: usize) -> Result<Vec<JobView>> {
-        self.jobs(limit.clamp(1, 500))?.into_iter().map(|j| self.job_view(j)).collect()
-    }
-
-    pub fn job_as(&self, _admin: &Admin, id: i64) -> Result<JobView> {
-        self.job_view(self.job(id)?)
-    }
-
-    pub fn cancel_job_as(&self, actor: &Admin, id: i64) -> Result<()> {
-        self.cancel_job(id, &actor.name)
-    }
-
-    /// Jobs per state, for the metrics endpoint.
-    pub fn job_counts(&self) -> Result<Vec<(String, i64)>> {
-        let conn = self.store.reader();
-        let mut st = conn.prepare_cached("SELECT state, COUNT(*) FROM jobs GROUP BY state")?;
-        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
-        Ok(rows.collect::<std::result::Result<Vec<_>, _>>()?)
-    }
-
-    /// The metadata schema version; answering proves the store is readable (health checks).
-    pub fn health(&self) -> Result<u32> {
-        self.store.schema_version()
     }
 
     /// What `/healthz` answers: the metadata store readable, a small write to the data disk succeeding (fsynced),
@@ -563,139 +232,6 @@ impl Engine {
             ));
         }
         HealthReport { ok: problems.is_empty(), schema_version, free_bytes, reserve_bytes, problems }
-    }
-
-    // -- models ----------------------------------------------------------------------------------------------
-
-    pub fn models_as(&self, _admin: &Admin) -> Result<(Vec<ModelRecord>, Option<ActivePair>)> {
-        Ok((self.models()?, self.active_models()?))
-    }
-
-    /// Makes (query, document) the live pair, audited with the previous pair in the activation's transaction.
-    pub fn activate_as(
-        &self,
-        actor: &Admin,
-        query: &str,
-        document: &str,
-        progress: &mut dyn FnMut(crate::hybrid::DenseProgress),
-    ) -> Result<ActivePair> {
-        self.activate_models_by(query, document, &actor.name, progress)
-    }
-
-    /// Stores the fusion setting fitted on labelled queries for `collection` (`care tune-fusion`); the weights and
-    /// their `fusion.tune` audit record are written in one transaction.
-    pub fn tune_fusion_as(
-        &self,
-        actor: &Admin,
-        collection: &str,
-        setting: &FusionSetting,
-        metrics: &serde_json::Value,
-    ) -> Result<()> {
-        let row = self.fusion_row(collection, setting, metrics)?;
-        let mut conn = self.store.conn();
-        let tx = conn.transaction()?;
-        crate::models::upsert_fusion(&tx, &row)?;
-        let detail = serde_json::json!({
-            "collection": collection, "method": row.method, "dense_weight": setting.dense_weight,
-            "fitted_on": row.fitted_on,
-        });
-        audit::append(&tx, &actor.name, "fusion.tune", &detail)?;
-        tx.commit()?;
-        Ok(())
-    }
-
-    // -- synonym table ---------------------------------------------------------------------------------------
-
-    /// Groups whose terms or note contain `filter`, a page of them, and how many match.
-    pub fn synonyms_as(
-        &self,
-        _admin: &Admin,
-        filter: Option<&str>,
-        limit: usize,
-        offset: usize,
-    ) -> Result<(Vec<SynonymEntry>, usize)> {
-        synonyms::list(&self.store, filter, limit, offset)
-    }
-
-    /// Adds a group, or replaces group `id`; in force at the next search of every process.
-    pub fn save_synonym_as(&self, actor: &Admin, id: Option<i64>, group: &NewSynonym) -> Result<SynonymEntry> {
-        synonyms::save(&self.store, &actor.name, id, group)
-    }
-
-    pub fn delete_synonym_as(&self, actor: &Admin, id: i64) -> Result<SynonymEntry> {
-        synonyms::delete(&self.store, &actor.name, id)
-    }
-
-    /// Imports a CSV file's bytes (UTF-8 or GB18030, as spreadsheets in China save it); all or nothing.
-    pub fn import_synonyms_as(&self, actor: &Admin, bytes: &[u8], replace: bool) -> Result<ImportReport> {
-        if bytes.len() > synonyms::MAX_CSV_BYTES {
-            return Err(Error::TooLarge {
-                what: "同义词 CSV".into(),
-                size: bytes.len() as u64,
-                limit: synonyms::MAX_CSV_BYTES as u64,
-                hint: "请拆分后分批导入".into(),
-            });
-        }
-        let text = crate::ingest::encoding::decode(std::path::Path::new("synonyms.csv"), bytes, None)?;
-        let groups = synonyms::parse_csv(&text)?;
-        synonyms::import(&self.store, &actor.name, &groups, replace, "import")
-    }
-
-    pub fn export_synonyms_as(&self, _admin: &Admin) -> Result<String> {
-        synonyms::export_csv(&self.store)
-    }
-
-    // -- audit -----------------------------------------------------------------------------------------------
-
-    pub fn audit_records_as(
-        &self,
-        _admin: &Admin,
-        f: &Filter,
-        limit: usize,
-        offset: usize,
-    ) -> Result<Vec<AuditRecord>> {
-        // SQLite takes the offset as i64; past the end is simply empty.
-        audit::search(&self.store.reader(), f, limit, offset.min(i64::MAX as usize))
-    }
-
-    /// Writes `collection`'s chunks to `out` for offline embedding ([`Engine::export_chunks_for`]): clinical text
-    /// leaving the data directory, so the export is audited like the audit log's own (who took a copy of what).
-    pub fn export_chunks_as(
-        &self,
-        admin: &Admin,
-        collection: &str,
-        out: &std::path::Path,
-        pending_for: Option<&str>,
-    ) -> Result<crate::vectors::ChunkExport> {
-        let r = self.export_chunks_for(collection, out, pending_for)?;
-        let detail = serde_json::json!({
-            "collection": r.collection, "chunks": r.chunks, "path": r.path.display().to_string(),
-            "pending_for": pending_for,
-        });
-        self.audit_event(admin, "collection.export_chunks", &detail)?;
-        Ok(r)
-    }
-
-    /// The records matching `f` as CSV; the export itself is audited (who took a copy of what).
-    pub fn audit_export_as(&self, actor: &Admin, f: &Filter, limit: usize, filter_text: &str) -> Result<String> {
-        let records = self.audit_records_as(actor, f, limit, 0)?;
-        let detail = serde_json::json!({"records": records.len(), "filter": filter_text});
-        self.audit_event(actor, "audit.export", &detail)?;
-        Ok(audit::to_csv(&records))
-    }
-
-    /// `full`: walk the whole log; otherwise verify what was appended since the last checkpoint.
-    pub fn audit_verify_as(&self, _admin: &Admin, full: bool) -> Result<VerifyReport> {
-        if full { audit::verify_full(&self.store) } else { audit::checkpoint(&self.store) }
-    }
-
-    pub fn audit_status_as(&self, _admin: &Admin) -> Result<AuditStatus> {
-        Ok(audit::status(&self.store))
-    }
-
-    /// Retention: removes records before `cutoff` (RFC 3339), recording the purge in the same transaction.
-    pub fn audit_purge_as(&self, actor: &Admin, cutoff: &str, retention_days: u32) -> Result<u64> {
-        audit::purge_before(&mut self.store.conn(), &actor.name, cutoff, retention_days)
     }
 }
 
@@ -735,7 +271,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let root = Admin::console("cli:root");
         let e = engine(t.path());
-        e.create_collection_as(&root, "c1", "").unwrap();
+        e.collections().create(&root, "c1", "").unwrap();
         e.ensure_free_space("上传文件", 0).unwrap();
         drop(e);
         let mut cfg = EngineConfig::default();
@@ -744,22 +280,22 @@ mod tests {
         let e = Engine::open(cfg, OpenMode::Existing).unwrap();
         let uploads_before = std::fs::read_dir(e.uploads_dir()).map(|d| d.count()).unwrap_or(0);
         for err in [
-            e.new_upload_as(&root, "c1").unwrap_err(),
-            e.new_staging_upload_as(&root).unwrap_err(),
-            e.import_model_as(&root, &t.path().join("no-package")).unwrap_err(),
+            e.ingest().new_upload(&root, "c1").unwrap_err(),
+            e.ingest().new_staging_upload(&root).unwrap_err(),
+            e.models().import(&root, &t.path().join("no-package")).unwrap_err(),
         ] {
             // A missing package is found before space matters; the other two say the disk is short.
             if err.code() == crate::ErrorCode::DiskFull {
                 assert!(err.to_string().contains("磁盘空间不足") && err.to_string().contains("keep_free_gb"), "{err}");
             }
         }
-        assert_eq!(e.new_upload_as(&root, "c1").unwrap_err().code(), crate::ErrorCode::DiskFull);
+        assert_eq!(e.ingest().new_upload(&root, "c1").unwrap_err().code(), crate::ErrorCode::DiskFull);
         assert_eq!(std::fs::read_dir(e.uploads_dir()).map(|d| d.count()).unwrap_or(0), uploads_before);
 
         let pages: i64 = e.store.conn().query_row("PRAGMA page_count", [], |r| r.get(0)).unwrap();
         e.store.conn().execute_batch(&format!("PRAGMA max_page_count = {pages}")).unwrap();
         let long = "很长的说明".repeat(20_000);
-        let err = (0..50).find_map(|i| e.create_collection_as(&root, &format!("full{i}"), &long).err()).unwrap();
+        let err = (0..50).find_map(|i| e.collections().create(&root, &format!("full{i}"), &long).err()).unwrap();
         assert_eq!(err.code(), crate::ErrorCode::DiskFull, "{err}");
         assert!(err.to_string().contains("磁盘空间不足"), "{err}");
     }
@@ -781,19 +317,19 @@ mod tests {
         let root = Admin::console("cli:root");
         let spec: crate::training::schedule::ScheduleSpec =
             serde_json::from_str(r#"{"weekday": 6, "time": "02:00"}"#).unwrap();
-        let first = e.set_schedule_as(&root, None, &spec).unwrap();
-        e.set_schedule_as(&root, None, &spec).unwrap();
-        let err = e.set_schedule_as(&root, None, &spec).unwrap_err();
+        let first = e.training().set_schedule(&root, None, &spec).unwrap();
+        e.training().set_schedule(&root, None, &spec).unwrap();
+        let err = e.training().set_schedule(&root, None, &spec).unwrap_err();
         assert_eq!(err.code(), crate::ErrorCode::LimitReached, "{err}");
         assert!(err.to_string().contains("训练计划已达上限 2 个") && err.to_string().contains("max_schedules"));
-        e.set_schedule_as(&root, Some(first), &spec).unwrap();
+        e.training().set_schedule(&root, Some(first), &spec).unwrap();
 
-        e.create_collection_as(&root, "c1", "").unwrap();
+        e.collections().create(&root, "c1", "").unwrap();
         for i in 0..3 {
-            let up = e.new_upload_as(&root, "c1").unwrap();
+            let up = e.ingest().new_upload(&root, "c1").unwrap();
             let f = up.join(format!("d{i}.md"));
             std::fs::write(&f, "# 二甲双胍\n二甲双胍禁用于严重肾功能不全。\n").unwrap();
-            let r = e.submit_upload_as(&root, "c1", vec![f]);
+            let r = e.ingest().submit_upload(&root, "c1", vec![f]);
             if i < 2 {
                 r.unwrap();
             } else {
@@ -811,15 +347,16 @@ mod tests {
         };
         e.ingest_documents("c1", &[doc]).unwrap();
         let (wang, li) = (Admin::console("drwang"), Admin::console("drli"));
-        let chunk =
-            e.search_as(&root, &SearchAs { query: "二甲双胍".into(), ..Default::default() }).unwrap().hits[0].chunk_id;
+        let chunk = e.search().run(&root, &SearchAs { query: "二甲双胍".into(), ..Default::default() }).unwrap().hits
+            [0]
+        .chunk_id;
         for _ in 0..3 {
-            e.feedback_as(&wang, "二甲双胍", chunk, true).unwrap();
+            e.search().feedback(&wang, "二甲双胍", chunk, true).unwrap();
         }
-        let err = e.feedback_as(&wang, "二甲双胍", chunk, false).unwrap_err();
+        let err = e.search().feedback(&wang, "二甲双胍", chunk, false).unwrap_err();
         assert_eq!(err.code(), crate::ErrorCode::RateLimited, "{err}");
         assert!(err.to_string().contains("每人每小时最多 3 条"), "{err}");
-        e.feedback_as(&li, "二甲双胍", chunk, true).unwrap();
+        e.search().feedback(&li, "二甲双胍", chunk, true).unwrap();
     }
 
     /// `[limits] max_feedback_per_user`: a user's 1,000 feedback rows (one judged query each) count 50 in what
@@ -835,7 +372,7 @@ mod tests {
         let root = Admin::console("cli:root");
         let mut chunks = Vec::new();
         for c in ["c1", "c2"] {
-            e.create_collection_as(&root, c, "").unwrap();
+            e.collections().create(&root, c, "").unwrap();
             let doc = ParsedDocument {
                 external_id: format!("{c}-d1"),
                 title: "二甲双胍".into(),
@@ -844,7 +381,7 @@ mod tests {
             };
             e.ingest_documents(c, &[doc]).unwrap();
             let ask = SearchAs { query: "二甲双胍".into(), collection: Some(c.into()), ..Default::default() };
-            chunks.push(e.search_as(&root, &ask).unwrap().hits[0].chunk_id);
+            chunks.push(e.search().run(&root, &ask).unwrap().hits[0].chunk_id);
         }
         // A schedule that fires on new feedback counts it the same way (checked below, before anything fires).
         let spec = crate::training::schedule::ScheduleSpec {
@@ -854,14 +391,14 @@ mod tests {
             recipe: Default::default(),
             enabled: false,
         };
-        e.set_schedule_as(&root, None, &spec).unwrap();
+        e.training().set_schedule(&root, None, &spec).unwrap();
         let (wang, li) = (Admin::console("drwang"), Admin::console("drli"));
         // drwang's oldest 30 go to c2, the rest to c1: his newest 50 are all on c1, so c2 counts none of his.
         for i in 0..1000 {
-            e.feedback_as(&wang, &format!("问题 {i}"), chunks[usize::from(i < 30)], i % 2 == 0).unwrap();
+            e.search().feedback(&wang, &format!("问题 {i}"), chunks[usize::from(i < 30)], i % 2 == 0).unwrap();
         }
         for i in 0..5 {
-            e.feedback_as(&li, &format!("李医生的问题 {i}"), chunks[1], true).unwrap();
+            e.search().feedback(&li, &format!("李医生的问题 {i}"), chunks[1], true).unwrap();
         }
         let counted = |col: &str| -> Vec<String> {
             let id = e.store.collection(col).unwrap().id;
@@ -877,10 +414,10 @@ mod tests {
         assert!(c1.iter().all(|q| q.strip_prefix("问题 ").and_then(|n| n.parse::<u32>().ok()).unwrap() >= 950));
         assert_eq!(counted("c2").len(), 5, "drli's 5 count in full; drwang's oldest 30 not at all");
         // The listing says what training and evaluation will read.
-        let sets = e.judgment_sets_as(&root, Some("c1")).unwrap();
+        let sets = e.models().judgment_sets(&root, Some("c1")).unwrap();
         assert_eq!(sets[0].train_queries + sets[0].eval_queries, 50, "{sets:?}");
         // 1,005 new rows, but drwang's count 50: short of the schedule's 60, so his clicks alone start no run.
-        assert_eq!(e.schedules_as(&root).unwrap()[0].new_feedback, 55);
+        assert_eq!(e.training().schedules(&root).unwrap()[0].new_feedback, 55);
     }
 
     /// Refusals of the server's guard are audited at most `REFUSALS_PER_ADDRESS` per address and `REFUSALS_IN_ALL`
@@ -891,7 +428,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let e = engine(t.path());
         let detail = serde_json::json!({"method": "GET", "route": "/api/v1/search"});
-        let refuse = |client: &str| e.audit_refusal("anonymous", "request.unauthenticated", client, &detail).unwrap();
+        let refuse = |client: &str| e.audit().refusal("anonymous", "request.unauthenticated", client, &detail).unwrap();
         let one = (0..100).filter(|_| refuse("10.0.0.1")).count();
         assert_eq!(one, REFUSALS_PER_ADDRESS as usize);
         let many = (0..1000).filter(|i| refuse(&format!("10.1.{}.{}", i / 256, i % 256))).count();
@@ -903,14 +440,14 @@ mod tests {
             .unwrap();
         assert_eq!(n as u32, REFUSALS_IN_ALL);
 
-        e.create_collection_as(&Admin::console("cli:root"), "c1", "").unwrap();
+        e.collections().create(&Admin::console("cli:root"), "c1", "").unwrap();
         drop(e);
         let conn = rusqlite::Connection::open(t.path().join("care.sqlite")).unwrap();
         conn.execute("DELETE FROM audit WHERE id = (SELECT max(id) FROM audit)", []).unwrap();
         drop(conn);
         let cfg = crate::config::test_config(t.path());
         let e = Engine::open(cfg, OpenMode::Existing).unwrap();
-        let err = e.audit_verify_as(&Admin::console("cli:root"), false).unwrap_err();
+        let err = e.audit().verify(&Admin::console("cli:root"), false).unwrap_err();
         assert_eq!(err.code(), crate::ErrorCode::AuditTampered, "{err}");
     }
 
@@ -967,20 +504,21 @@ mod tests {
         let e = engine(t.path());
         let root = Admin::console("cli:root");
         let policy = LoginPolicy { max_failed: 5, lock_seconds: 60, ..LoginPolicy::default() };
-        e.create_user_as(&root, "admin", "admin-pass-1", "admin").unwrap();
-        atomic(&e, "create collection", || e.create_collection_as(&root, "c1", ""));
-        atomic(&e, "approve", || e.approve_as(&root, "c1", true));
-        atomic(&e, "create user", || e.create_user_as(&root, "drwang", "clinician-pass-1", "clinician"));
+        e.accounts().create_user(&root, "admin", "admin-pass-1", "admin").unwrap();
+        atomic(&e, "create collection", || e.collections().create(&root, "c1", ""));
+        atomic(&e, "approve", || e.collections().approve(&root, "c1", true));
+        atomic(&e, "create user", || e.accounts().create_user(&root, "drwang", "clinician-pass-1", "clinician"));
         let upd = UserUpdate { disabled: Some(true), ..Default::default() };
-        atomic(&e, "disable user", || e.update_user_as(&root, "drwang", &upd));
+        atomic(&e, "disable user", || e.accounts().update_user(&root, "drwang", &upd));
         let upd = UserUpdate { disabled: Some(false), password: None, ..Default::default() };
-        e.update_user_as(&root, "drwang", &upd).unwrap();
+        e.accounts().update_user(&root, "drwang", &upd).unwrap();
         let upd = UserUpdate { password: Some("clinician-pass-2".into()), ..Default::default() };
-        atomic(&e, "reset password", || e.update_user_as(&root, "drwang", &upd));
-        atomic(&e, "grant", || e.grant_as(&root, "drwang", "c1"));
-        let (tok, _) = atomic(&e, "create token", || e.create_token_as(&root, "drwang", "his"));
-        atomic(&e, "revoke token", || e.revoke_token_as(&root, tok.id));
-        let (user, cookie, _) = atomic(&e, "login", || e.login("drwang", "clinician-pass-2", policy, "test"));
+        atomic(&e, "reset password", || e.accounts().update_user(&root, "drwang", &upd));
+        atomic(&e, "grant", || e.accounts().grant(&root, "drwang", "c1"));
+        let (tok, _) = atomic(&e, "create token", || e.accounts().create_token(&root, "drwang", "his"));
+        atomic(&e, "revoke token", || e.accounts().revoke_token(&root, tok.id));
+        let (user, cookie, _) =
+            atomic(&e, "login", || e.accounts().login("drwang", "clinician-pass-2", policy, "test"));
         let doc = ParsedDocument {
             external_id: "d1".into(),
             title: "二甲双胍".into(),
@@ -989,27 +527,28 @@ mod tests {
         };
         e.ingest_documents("c1", &[doc]).unwrap();
         let clin = Actor::user(&user);
-        let chunk =
-            e.search_as(&clin, &SearchAs { query: "二甲双胍".into(), ..Default::default() }).unwrap().hits[0].chunk_id;
-        atomic(&e, "feedback", || e.feedback_as(&clin, "二甲双胍", chunk, true));
+        let chunk = e.search().run(&clin, &SearchAs { query: "二甲双胍".into(), ..Default::default() }).unwrap().hits
+            [0]
+        .chunk_id;
+        atomic(&e, "feedback", || e.search().feedback(&clin, "二甲双胍", chunk, true));
         let csv = t.path().join("judgments.csv");
         std::fs::write(&csv, "query,id,grade\n二甲双胍的禁忌症,d1,2\n").unwrap();
         let src = crate::judgments::JudgmentSource::Csv(&csv);
-        atomic(&e, "import judgments", || e.import_judgments_as(&root, "c1", "set1", src));
-        atomic(&e, "delete judgments", || e.delete_judgments_as(&root, "c1", "set1"));
+        atomic(&e, "import judgments", || e.models().import_judgments(&root, "c1", "set1", src));
+        atomic(&e, "delete judgments", || e.models().delete_judgments(&root, "c1", "set1"));
         let spec: crate::training::schedule::ScheduleSpec =
             serde_json::from_str(r#"{"weekday": 6, "time": "02:00", "min_new_feedback": 100}"#).unwrap();
-        let sid = atomic(&e, "add training schedule", || e.set_schedule_as(&root, None, &spec));
+        let sid = atomic(&e, "add training schedule", || e.training().set_schedule(&root, None, &spec));
         let spec = crate::training::schedule::ScheduleSpec { weekday: Some(0), ..spec };
-        atomic(&e, "change training schedule", || e.set_schedule_as(&root, Some(sid), &spec));
-        atomic(&e, "delete training schedule", || e.delete_schedule_as(&root, sid));
-        atomic(&e, "logout", || e.logout(&clin, &cookie));
+        atomic(&e, "change training schedule", || e.training().set_schedule(&root, Some(sid), &spec));
+        atomic(&e, "delete training schedule", || e.training().delete_schedule(&root, sid));
+        atomic(&e, "logout", || e.accounts().logout(&clin, &cookie));
         atomic(&e, "own password", || {
-            e.change_own_password(&clin, "clinician-pass-2", "clinician-pass-3", policy, "test")
+            e.accounts().change_own_password(&clin, "clinician-pass-2", "clinician-pass-3", policy, "test")
         });
-        atomic(&e, "revoke grant", || e.revoke_as(&root, "drwang", "c1"));
-        atomic(&e, "delete user", || e.delete_user_as(&root, "drwang"));
-        atomic(&e, "delete collection", || e.delete_collection_as(&root, "c1"));
+        atomic(&e, "revoke grant", || e.accounts().revoke(&root, "drwang", "c1"));
+        atomic(&e, "delete user", || e.accounts().delete_user(&root, "drwang"));
+        atomic(&e, "delete collection", || e.collections().delete(&root, "c1"));
         assert!(e.check().unwrap().consistent);
     }
 
@@ -1018,19 +557,513 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let e = engine(t.path());
         let root = Admin::console("cli:root");
-        let u = e.create_user_as(&root, "drli", "clinician-pass-1", "clinician").unwrap();
+        let u = e.accounts().create_user(&root, "drli", "clinician-pass-1", "clinician").unwrap();
         let clin = Actor::user(&u);
         // Every admin-only operation takes `&Admin` (a clinician's call does not compile); the one way to one is
         // refused for a clinician, and a demoted administrator's account yields none either.
         assert!(matches!(clin.admin(), Err(Error::Forbidden(_))));
         // Another administrator stays, so demoting this one is allowed.
-        e.create_user_as(&root, "li", "admin-pass-34", "admin").unwrap();
-        let u = e.create_user_as(&root, "drwang", "admin-pass-12", "admin").unwrap();
+        e.accounts().create_user(&root, "li", "admin-pass-34", "admin").unwrap();
+        let u = e.accounts().create_user(&root, "drwang", "admin-pass-12", "admin").unwrap();
         assert!(Actor::user(&u).admin().is_ok());
-        e.update_user_as(&root, "drwang", &UserUpdate { role: Some("clinician".into()), ..Default::default() })
+        e.accounts()
+            .update_user(&root, "drwang", &UserUpdate { role: Some("clinician".into()), ..Default::default() })
             .unwrap();
         let demoted = crate::accounts::user_by_id(&e.store, u.id).unwrap();
         assert!(matches!(Actor::user(&demoted).admin(), Err(Error::Forbidden(_))));
-        assert!(e.readable_collections(&clin).unwrap().is_empty());
+        assert!(e.search().readable_collections(&clin).unwrap().is_empty());
+    }
+}
+
+impl crate::engine::Audit<'_> {
+    pub fn set_log_queries(&self, on: bool) {
+        LOG_QUERIES.store(on, Ordering::Relaxed);
+    }
+
+    /// Audits a request the HTTP layer refused before any operation ran: `request.unauthenticated` (no valid
+    /// sign-in or API token), `request.forbidden` (not an administrator) or `request.csrf_rejected` (a form without
+    /// its token). `actor` is the signed-in user, or `anonymous`. Rate-limited: at most [`REFUSALS_PER_ADDRESS`]
+    /// records per client address and [`REFUSALS_IN_ALL`] in all per ten minutes, so a flood of refused requests
+    /// cannot fill the audit log (the server's log still counts every one). Returns whether a record was written.
+    pub fn refusal(&self, actor: &str, action: &str, client: &str, detail: &serde_json::Value) -> Result<bool> {
+        let (now, window) = (accounts::unix_now(), 600);
+        let limits = &self.store.limits.refusals;
+        let key = crate::limits::address_key(client);
+        if limits.admit(&key, REFUSALS_PER_ADDRESS, window, now).is_err()
+            || limits.admit("(all addresses)", REFUSALS_IN_ALL, window, now).is_err()
+        {
+            return Ok(false);
+        }
+        let mut detail = detail.clone();
+        detail["client"] = key.into();
+        let actor: String = actor.chars().take(64).collect();
+        self.audit_event(&Actor::console(actor), action, &detail)?;
+        Ok(true)
+    }
+
+    // -- audit -----------------------------------------------------------------------------------------------
+
+    pub fn records(&self, _admin: &Admin, f: &Filter, limit: usize, offset: usize) -> Result<Vec<AuditRecord>> {
+        // SQLite takes the offset as i64; past the end is simply empty.
+        audit::search(&self.store.reader(), f, limit, offset.min(i64::MAX as usize))
+    }
+
+    /// The records matching `f` as CSV; the export itself is audited (who took a copy of what).
+    pub fn export(&self, actor: &Admin, f: &Filter, limit: usize, filter_text: &str) -> Result<String> {
+        let records = self.audit().records(actor, f, limit, 0)?;
+        let detail = serde_json::json!({"records": records.len(), "filter": filter_text});
+        self.audit_event(actor, "audit.export", &detail)?;
+        Ok(audit::to_csv(&records))
+    }
+
+    /// `full`: walk the whole log; otherwise verify what was appended since the last checkpoint.
+    pub fn verify(&self, _admin: &Admin, full: bool) -> Result<VerifyReport> {
+        if full { audit::verify_full(&self.store) } else { audit::checkpoint(&self.store) }
+    }
+
+    pub fn status(&self, _admin: &Admin) -> Result<AuditStatus> {
+        Ok(audit::status(&self.store))
+    }
+
+    /// Retention: removes records before `cutoff` (RFC 3339), recording the purge in the same transaction.
+    pub fn purge(&self, actor: &Admin, cutoff: &str, retention_days: u32) -> Result<u64> {
+        audit::purge_before(&mut self.store.conn(), &actor.name, cutoff, retention_days)
+    }
+}
+
+impl crate::engine::Search<'_> {
+    // -- reading ---------------------------------------------------------------------------------------------
+
+    /// What `actor` may read: every collection for an admin, the granted ones for a clinician.
+    pub fn readable_collections(&self, actor: &Actor) -> Result<Vec<String>> {
+        match actor.user_id {
+            Some(id) if !actor.is_admin() => accounts::granted_collections(&self.store, id),
+            _ if actor.is_admin() => Ok(self.store.collection_list()?.into_iter().map(|c| c.name).collect()),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// Search as `actor`: only collections the actor may read are searched; naming another one is refused (a
+    /// clinician cannot learn whether it exists). Every search is audited, and so is every refused one.
+    pub fn run(&self, actor: &Actor, s: &SearchAs) -> Result<SearchResults> {
+        let mut req = SearchRequest {
+            query: s.query.clone(),
+            collections: None,
+            limit: s.limit,
+            offset: s.offset,
+            method: s.method,
+            dense_weight: None,
+            group_by_document: s.group_by_document,
+            exact: s.exact,
+            synonym_weight: None,
+        };
+        let wanted: Vec<String> =
+            s.collection.iter().chain(&s.more_collections).filter(|c| !c.is_empty()).cloned().collect();
+        let refused = |action: &str, reason: &str, err: Error| -> Result<SearchResults> {
+            // One named collection is recorded as its name (null for none), several as a list.
+            let named = match wanted.as_slice() {
+                [] => serde_json::Value::Null,
+                [one] => serde_json::json!(one),
+                many => serde_json::json!(many),
+            };
+            let detail = serde_json::json!({
+                "query": logged_query(&s.query), "collection": named, "offset": s.offset, "reason": reason,
+            });
+            self.audit_search(actor, action, detail)?;
+            Err(err)
+        };
+        if let Err(e) = self.validate_search(&req) {
+            return refused("search.rejected", &e.to_string(), e);
+        }
+        let readable = self.search().readable_collections(actor)?;
+        if let Some(c) = wanted.iter().find(|c| !(actor.is_admin() || readable.contains(*c))) {
+            let e = Error::Forbidden(format!("你没有访问知识库「{c}」的权限；请联系管理员开通"));
+            return refused("search.denied", "collection not granted", e);
+        }
+        let cols = if wanted.is_empty() { readable } else { wanted.clone() };
+        let res = if cols.is_empty() {
+            SearchResults::empty(req.query.trim())
+        } else {
+            req.collections = Some(cols.clone());
+            match self.search_caught(&req) {
+                Ok(r) => r,
+                Err(e) if e.code().class() == crate::error::StatusClass::Internal => {
+                    // A failure of ours, not of the request: audited, and the person gets words to pass on (the
+                    // server adds the request id to every error it renders).
+                    let _ = refused("search.failed", &e.to_string(), e);
+                    return Err(Error::Internal(
+                        "检索时发生内部错误，已记录在审计日志（search.failed）；请稍后重试，或把页面上的请求编号告诉管理员                          (the search failed; it was audited)"
+                            .into(),
+                    ));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let detail = serde_json::json!({
+            "query": logged_query(&res.query), "collections": cols, "results": res.hits.len(),
+            "candidates": res.total_candidates, "offset": s.offset, "method": res.method,
+        });
+        self.audit_search(actor, "search", detail)?;
+        Ok(res)
+    }
+
+    /// A document, if `actor` may read its collection (otherwise not found, never forbidden: ids must not reveal
+    /// what exists). A refused read is audited.
+    pub fn document(&self, actor: &Actor, id: i64) -> Result<DocumentView> {
+        let denied = |detail: serde_json::Value| -> Result<DocumentView> {
+            self.audit_event(actor, "document.denied", &detail)?;
+            Err(not_found_document(id))
+        };
+        let doc = match feedback::document(&self.store, id) {
+            Ok(d) => d,
+            Err(Error::NotFound { .. }) => {
+                return denied(serde_json::json!({"document": id, "reason": "no such document"}));
+            }
+            Err(e) => return Err(e),
+        };
+        if !self.may_read(actor, &doc.collection)? {
+            let reason = "collection not granted";
+            return denied(serde_json::json!({"document": id, "collection": doc.collection, "reason": reason}));
+        }
+        Ok(doc)
+    }
+
+    /// Stores a clinician's judgement of a passage for training, audited with it.
+    pub fn feedback(&self, actor: &Actor, query: &str, chunk_id: i64, helpful: bool) -> Result<i64> {
+        let n = query.trim().chars().count();
+        if n == 0 || n > MAX_QUERY_CHARS {
+            let detail = serde_json::json!({"chunk": chunk_id, "query_chars": n, "reason": "query empty or too long"});
+            self.audit_event(actor, "feedback.rejected", &detail)?;
+            return Err(Error::InvalidInput(format!(
+                "反馈所针对的查询须为 1 到 {MAX_QUERY_CHARS} 个字符 (feedback query must be 1-{MAX_QUERY_CHARS} characters)"
+            )));
+        }
+        let denied = |reason: &str| -> Result<i64> {
+            let detail = serde_json::json!({"chunk": chunk_id, "query": logged_query(query), "reason": reason});
+            self.audit_event(actor, "feedback.denied", &detail)?;
+            Err(Error::NotFound { what: format!("passage #{chunk_id}") })
+        };
+        let collection = match feedback::chunk_collection(&self.store, chunk_id) {
+            Ok((c, _, _)) => c,
+            Err(Error::NotFound { .. }) => return denied("no such passage"),
+            Err(e) => return Err(e),
+        };
+        if !self.may_read(actor, &collection)? {
+            return denied("collection not granted");
+        }
+        // Feedback feeds training and can start a schedule's run (min_new_feedback): one account must not be able
+        // to flood it. Counted after the checks above, so refused clicks do not use up the allowance.
+        let per_hour = self.cfg.limits.feedback_per_user_per_hour.max(1);
+        if let Err(wait) = self.store.limits.feedback.admit(&actor.name, per_hour, 3600, accounts::unix_now()) {
+            return Err(Error::RateLimited(format!(
+                "反馈过于频繁：每人每小时最多 {per_hour} 条，请 {} 后再试 (too much feedback from one user)",
+                crate::limits::minutes_zh(wait)
+            )));
+        }
+        let id = feedback::record(&self.store, &actor.name, query, chunk_id, helpful, &logged_query(query))?;
+        // A schedule may fire on the count of new feedback.
+        self.tasks_changed();
+        Ok(id)
+    }
+
+    pub fn feedback_list(&self, _admin: &Admin, collection: Option<&str>, limit: usize) -> Result<Vec<Feedback>> {
+        feedback::list(&self.store, collection, limit.min(100_000))
+    }
+
+    // -- synonym table ---------------------------------------------------------------------------------------
+
+    /// Groups whose terms or note contain `filter`, a page of them, and how many match.
+    pub fn synonyms(
+        &self,
+        _admin: &Admin,
+        filter: Option<&str>,
+        limit: usize,
+        offset: usize,
+    ) -> Result<(Vec<SynonymEntry>, usize)> {
+        synonyms::list(&self.store, filter, limit, offset)
+    }
+
+    /// Adds a group, or replaces group `id`; in force at the next search of every process.
+    pub fn save_synonym(&self, actor: &Admin, id: Option<i64>, group: &NewSynonym) -> Result<SynonymEntry> {
+        synonyms::save(&self.store, &actor.name, id, group)
+    }
+
+    pub fn delete_synonym(&self, actor: &Admin, id: i64) -> Result<SynonymEntry> {
+        synonyms::delete(&self.store, &actor.name, id)
+    }
+
+    /// Imports a CSV file's bytes (UTF-8 or GB18030, as spreadsheets in China save it); all or nothing.
+    pub fn import_synonyms(&self, actor: &Admin, bytes: &[u8], replace: bool) -> Result<ImportReport> {
+        if bytes.len() > synonyms::MAX_CSV_BYTES {
+            return Err(Error::TooLarge {
+                what: "同义词 CSV".into(),
+                size: bytes.len() as u64,
+                limit: synonyms::MAX_CSV_BYTES as u64,
+                hint: "请拆分后分批导入".into(),
+            });
+        }
+        let text = crate::ingest::encoding::decode(std::path::Path::new("synonyms.csv"), bytes, None)?;
+        let groups = synonyms::parse_csv(&text)?;
+        synonyms::import(&self.store, &actor.name, &groups, replace, "import")
+    }
+
+    pub fn export_synonyms(&self, _admin: &Admin) -> Result<String> {
+        synonyms::export_csv(&self.store)
+    }
+}
+
+impl crate::engine::Collections<'_> {
+    /// Collections with counts, only those `actor` may read.
+    pub fn list(&self, actor: &Actor) -> Result<Vec<CollectionStats>> {
+        let readable = self.search().readable_collections(actor)?;
+        Ok(self.collection_stats()?.into_iter().filter(|c| readable.contains(&c.collection.name)).collect())
+    }
+
+    // -- collections, uploads, jobs --------------------------------------------------------------------------
+
+    pub fn create(&self, actor: &Admin, name: &str, description: &str) -> Result<Collection> {
+        self.create_collection(name.trim(), description, &actor.name)
+    }
+
+    pub fn approve(&self, actor: &Admin, collection: &str, approved: bool) -> Result<Collection> {
+        self.set_approved_for_training(collection, approved, &actor.name)
+    }
+
+    /// Deletes a collection with its documents, indexes and grants; returns how many documents went.
+    pub fn delete(&self, actor: &Admin, collection: &str) -> Result<usize> {
+        self.delete_collection(collection, &actor.name)
+    }
+}
+
+impl crate::engine::Accounts<'_> {
+    // -- accounts and sessions -------------------------------------------------------------------------------
+
+    /// Creates the first administrator when there is no user; returns a generated password to show once.
+    pub fn bootstrap_admin(&self, username: &str, password: Option<&str>) -> Result<Option<String>> {
+        accounts::bootstrap_admin(&self.store, username, password)
+    }
+
+    /// Checks a password (lockout, throttling and audit included) and opens a session: (user, cookie, CSRF token).
+    pub fn login(
+        &self,
+        username: &str,
+        password: &str,
+        policy: LoginPolicy,
+        client: &str,
+    ) -> Result<(User, String, String)> {
+        let u = accounts::authenticate(&self.store, username, password, policy, client)?;
+        let (cookie, csrf) = accounts::create_session(&self.store, &u)?;
+        Ok((u, cookie, csrf))
+    }
+
+    pub fn logout(&self, actor: &Actor, cookie: &str) -> Result<()> {
+        accounts::end_session(&self.store, cookie, &actor.name)
+    }
+
+    pub fn session(&self, cookie: &str, idle_seconds: i64, max_seconds: i64) -> Result<Option<Session>> {
+        accounts::session(&self.store, cookie, idle_seconds, max_seconds)
+    }
+
+    pub fn token_user(&self, secret: &str) -> Result<Option<User>> {
+        accounts::token_user(&self.store, secret)
+    }
+
+    pub fn purge_sessions(&self, idle_seconds: i64, max_seconds: i64) -> Result<usize> {
+        accounts::purge_sessions(&self.store, idle_seconds, max_seconds)
+    }
+
+    /// A user's own password change; the current password is checked and throttled like a sign-in from `client`.
+    pub fn change_own_password(
+        &self,
+        actor: &Actor,
+        current: &str,
+        new: &str,
+        policy: LoginPolicy,
+        client: &str,
+    ) -> Result<()> {
+        let current = accounts::CurrentPassword { password: current, policy, client };
+        accounts::set_password(&self.store, &actor.name, &actor.name, Some(current), new)
+    }
+
+    pub fn users(&self, _admin: &Admin) -> Result<Vec<UserInfo>> {
+        let now = accounts::unix_now();
+        accounts::list_users(&self.store)?
+            .into_iter()
+            .map(|u| {
+                Ok(UserInfo {
+                    collections: accounts::granted_collections(&self.store, u.id)?,
+                    locked: u.is_locked(now),
+                    username: u.username,
+                    role: u.role.as_str().into(),
+                    created_at: u.created_at,
+                    disabled: u.disabled,
+                    failed_logins: u.failed_logins,
+                })
+            })
+            .collect()
+    }
+
+    pub fn create_user(&self, actor: &Admin, username: &str, password: &str, role: &str) -> Result<User> {
+        accounts::create_user(&self.store, &actor.name, username.trim(), password, Role::parse(role)?)
+    }
+
+    /// Role, disabled flag, lock, or a password reset: each a separate change with its own audit record.
+    pub fn update_user(&self, actor: &Admin, username: &str, u: &UserUpdate) -> Result<()> {
+        let role = u.role.as_deref().filter(|r| !r.is_empty()).map(Role::parse).transpose()?;
+        if role.is_some() || u.disabled.is_some() || u.unlock {
+            accounts::update_user(&self.store, &actor.name, username, role, u.disabled, u.unlock)?;
+        }
+        if let Some(pw) = u.password.as_deref().filter(|p| !p.is_empty()) {
+            accounts::set_password(&self.store, &actor.name, username, None, pw)?;
+        }
+        Ok(())
+    }
+
+    pub fn delete_user(&self, actor: &Admin, username: &str) -> Result<()> {
+        accounts::delete_user(&self.store, &actor.name, username)
+    }
+
+    pub fn grant(&self, actor: &Admin, username: &str, collection: &str) -> Result<()> {
+        accounts::grant(&self.store, &actor.name, username, collection)
+    }
+
+    pub fn revoke(&self, actor: &Admin, username: &str, collection: &str) -> Result<()> {
+        accounts::revoke(&self.store, &actor.name, username, collection)
+    }
+
+    /// Issues an API token for `username`; the secret is returned once.
+    pub fn create_token(&self, actor: &Admin, username: &str, name: &str) -> Result<(ApiToken, String)> {
+        accounts::create_token(&self.store, &actor.name, username, name)
+    }
+
+    pub fn revoke_token(&self, actor: &Admin, id: i64) -> Result<()> {
+        accounts::revoke_token(&self.store, &actor.name, id)
+    }
+
+    pub fn tokens(&self, _admin: &Admin, username: Option<&str>) -> Result<Vec<ApiToken>> {
+        accounts::list_tokens(&self.store, username)
+    }
+}
+
+impl crate::engine::Ingest<'_> {
+    /// A fresh folder for an upload's files, after checking the collection exists (so nothing is written for a
+    /// typo). The job created by [`Ingest::submit_upload`] owns the folder.
+    pub fn new_upload(&self, _admin: &Admin, collection: &str) -> Result<std::path::PathBuf> {
+        self.store.collection(collection)?;
+        self.ensure_free_space("上传文件", 0)?;
+        self.new_upload_dir()
+    }
+
+    /// A fresh folder for uploaded files an operation reads once (a model package for [`Models::import`],
+    /// a judgment set); the caller removes it afterwards, whatever the outcome.
+    pub fn new_staging_upload(&self, _admin: &Admin) -> Result<std::path::PathBuf> {
+        self.ensure_free_space("上传文件", 0)?;
+        self.new_upload_dir()
+    }
+
+    /// Queues an ingest job for uploaded files (audited as `ingest.submit` in the job's transaction).
+    pub fn submit_upload(&self, actor: &Admin, collection: &str, files: Vec<std::path::PathBuf>) -> Result<i64> {
+        self.submit_ingest_as_user(collection, files, crate::IngestOptions::default(), actor)
+    }
+
+    /// Ingests files on this machine synchronously, in the caller's thread (evaluation and benchmark corpora);
+    /// audited as `ingest.files` with what was written once it ends.
+    pub fn files(
+        &self,
+        actor: &Admin,
+        collection: &str,
+        files: &[std::path::PathBuf],
+        progress: &mut dyn FnMut(crate::engine::IngestProgress),
+    ) -> Result<crate::engine::IngestReport> {
+        let report = self.ingest_files(collection, files, progress)?;
+        let detail = serde_json::json!({
+            "collection": collection,
+            "files": files.len(),
+            "failed": report.failed(),
+            "documents": report.documents_written(),
+        });
+        self.audit_event(actor, "ingest.files", &detail)?;
+        Ok(report)
+    }
+}
+
+impl crate::engine::Tasks<'_> {
+    pub fn jobs(&self, _admin: &Admin, limit: usize) -> Result<Vec<JobView>> {
+        Engine::jobs(self, limit.clamp(1, 500))?.into_iter().map(|j| self.job_view(j)).collect()
+    }
+
+    pub fn job(&self, _admin: &Admin, id: i64) -> Result<JobView> {
+        self.job_view(Engine::job(self, id)?)
+    }
+
+    pub fn cancel(&self, actor: &Admin, id: i64) -> Result<()> {
+        self.cancel_job(id, &actor.name)
+    }
+
+    /// Jobs per state, for the metrics endpoint.
+    pub fn counts(&self) -> Result<Vec<(String, i64)>> {
+        let conn = self.store.reader();
+        let mut st = conn.prepare_cached("SELECT state, COUNT(*) FROM jobs GROUP BY state")?;
+        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        Ok(rows.collect::<std::result::Result<Vec<_>, _>>()?)
+    }
+}
+
+impl crate::engine::Models<'_> {
+    // -- models ----------------------------------------------------------------------------------------------
+
+    pub fn list(&self, _admin: &Admin) -> Result<(Vec<ModelRecord>, Option<ActivePair>)> {
+        Ok((self.model_records()?, self.active_models()?))
+    }
+
+    /// Makes (query, document) the live pair, audited with the previous pair in the activation's transaction.
+    pub fn activate(
+        &self,
+        actor: &Admin,
+        query: &str,
+        document: &str,
+        progress: &mut dyn FnMut(crate::hybrid::DenseProgress),
+    ) -> Result<ActivePair> {
+        self.activate_models_by(query, document, &actor.name, progress)
+    }
+
+    /// Stores the fusion setting fitted on labelled queries for `collection` (`care tune-fusion`); the weights and
+    /// their `fusion.tune` audit record are written in one transaction.
+    pub fn tune_fusion(
+        &self,
+        actor: &Admin,
+        collection: &str,
+        setting: &FusionSetting,
+        metrics: &serde_json::Value,
+    ) -> Result<()> {
+        let row = self.fusion_row(collection, setting, metrics)?;
+        let mut conn = self.store.conn();
+        let tx = conn.transaction()?;
+        crate::models::upsert_fusion(&tx, &row)?;
+        let detail = serde_json::json!({
+            "collection": collection, "method": row.method, "dense_weight": setting.dense_weight,
+            "fitted_on": row.fitted_on,
+        });
+        audit::append(&tx, &actor.name, "fusion.tune", &detail)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Writes `collection`'s chunks to `out` for offline embedding ([`Engine::export_chunks_for`]): clinical text
+    /// leaving the data directory, so the export is audited like the audit log's own (who took a copy of what).
+    pub fn export_chunks(
+        &self,
+        admin: &Admin,
+        collection: &str,
+        out: &std::path::Path,
+        pending_for: Option<&str>,
+    ) -> Result<crate::vectors::ChunkExport> {
+        let r = self.export_chunks_for(collection, out, pending_for)?;
+        let detail = serde_json::json!({
+            "collection": r.collection, "chunks": r.chunks, "path": r.path.display().to_string(),
+            "pending_for": pending_for,
+        });
+        self.audit_event(admin, "collection.export_chunks", &detail)?;
+        Ok(r)
     }
 }

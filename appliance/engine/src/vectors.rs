@@ -113,7 +113,8 @@ impl Engine {
 
     /// Writes every live chunk of `collection` to `out` as JSONL `{"id", "text"}` (the layout the trainer's
     /// `embed-corpus` reads; no title field, so it embeds exactly `text`). Written to a temporary file and renamed.
-    pub fn export_chunks(&self, collection: &str, out: &Path) -> Result<ChunkExport> {
+    #[cfg(test)]
+    pub(crate) fn export_chunks(&self, collection: &str, out: &Path) -> Result<ChunkExport> {
         self.export_chunks_for(collection, out, None)
     }
 
@@ -137,7 +138,12 @@ impl Engine {
     }
 
     /// [`Engine::export_chunks`], only the chunks still pending for document model `pending_for` when given.
-    pub fn export_chunks_for(&self, collection: &str, out: &Path, pending_for: Option<&str>) -> Result<ChunkExport> {
+    pub(crate) fn export_chunks_for(
+        &self,
+        collection: &str,
+        out: &Path,
+        pending_for: Option<&str>,
+    ) -> Result<ChunkExport> {
         self.store.collection(collection)?;
         let only: Option<std::collections::HashSet<i64>> = match pending_for {
             Some(m) => Some(self.pending_vectors(collection, Some(m))?.1.into_iter().collect()),
@@ -184,19 +190,84 @@ impl Engine {
     /// Loads document vectors computed offline (a folder written by `care-train embed-corpus`) into the active
     /// document model's dense index of `collection`. Verifies the whole folder first; a refused import changes
     /// nothing. See the module documentation for what happens to chunks the shards do not cover.
-    pub fn import_vectors(
+    #[cfg(test)]
+    pub(crate) fn import_vectors(
         &self,
         collection: &str,
         dir: &Path,
         actor: &str,
         progress: &mut dyn FnMut(ImportProgress),
     ) -> Result<VectorImport> {
-        self.import_vectors_for(collection, dir, None, actor, progress)
+        self.models().import_vectors(collection, dir, None, actor, progress)
     }
 
+    /// Every vector in a collection's dense index of the active document model, by chunk id (loads the table).
+    pub fn dense_vectors(&self, collection: &str) -> Result<Vec<(i64, Vec<f32>)>> {
+        let col = self.store.collection(collection)?;
+        let Some(pair) = models::active(&self.store)? else { return Ok(Vec::new()) };
+        let mut v = self.dense_vectors_of(col.id, &pair.document)?;
+        v.sort_by_key(|p| p.0);
+        Ok(v)
+    }
+
+    /// Every vector in the dense index of (collection, document model), by chunk id, in table order; none when
+    /// that index does not exist.
+    pub(crate) fn dense_vectors_of(&self, collection_id: i64, model: &ModelRecord) -> Result<Vec<(i64, Vec<f32>)>> {
+        match self.dense_table(collection_id, model, false)? {
+            Some((_, table)) => self.dense.vectors(&table),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Where the current vectors of a collection's dense index (active document model) came from.
+    #[cfg(test)]
+    pub(crate) fn vector_sources(&self, collection: &str) -> Result<VectorSources> {
+        let col = self.store.collection(collection)?;
+        let live = self.live_chunks_of(collection)?.len();
+        let Some(pair) = models::active(&self.store)? else {
+            return Ok(VectorSources { imported: Vec::new(), online: live });
+        };
+        let conn = self.store.reader();
+        let mut stmt = conn.prepare(
+            "SELECT i.source_model, COUNT(*) FROM dense_vector_sources s
+               JOIN dense_imports i ON i.id = s.import_id
+               JOIN dense_indexes x ON x.id = s.dense_index_id
+             WHERE x.collection_id = ?1 AND x.model_id = ?2
+             GROUP BY i.source_model ORDER BY i.source_model",
+        )?;
+        let rows = stmt.query_map(params![col.id, pair.document.id], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as usize))
+        })?;
+        let imported: Vec<(String, usize)> = rows.collect::<Result<_, _>>()?;
+        let n: usize = imported.iter().map(|p| p.1).sum();
+        Ok(VectorSources { imported, online: live.saturating_sub(n) })
+    }
+}
+
+/// Whether a model package can embed text in the appliance (it ships an ONNX graph), as opposed to a document
+/// encoder that only runs offline in the trainer.
+pub fn has_online_encoder(package_dir: &Path) -> bool {
+    package_dir.join("model.onnx").exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn export_ids_change_with_the_text() {
+        let a = export_id(7, "二甲双胍");
+        assert_eq!(a, export_id(7, "二甲双胍"));
+        assert!(a.starts_with("7:") && a.len() == 2 + 16, "{a}");
+        assert_ne!(a, export_id(7, "二甲双胍。"));
+        assert_ne!(a, export_id(8, "二甲双胍"));
+    }
+}
+
+impl crate::engine::Models<'_> {
     /// [`Engine::import_vectors`] into the tables of document model `model` (`name@version`), live or not: an
     /// offline document model gets its vectors this way before it can go live.
-    pub fn import_vectors_for(
+    pub fn import_vectors(
         &self,
         collection: &str,
         dir: &Path,
@@ -455,66 +526,5 @@ impl Engine {
             online_document_encoder: has_online_encoder(&doc.dir),
             import_id,
         })
-    }
-
-    /// Every vector in a collection's dense index of the active document model, by chunk id (loads the table).
-    pub fn dense_vectors(&self, collection: &str) -> Result<Vec<(i64, Vec<f32>)>> {
-        let col = self.store.collection(collection)?;
-        let Some(pair) = models::active(&self.store)? else { return Ok(Vec::new()) };
-        let mut v = self.dense_vectors_of(col.id, &pair.document)?;
-        v.sort_by_key(|p| p.0);
-        Ok(v)
-    }
-
-    /// Every vector in the dense index of (collection, document model), by chunk id, in table order; none when
-    /// that index does not exist.
-    pub(crate) fn dense_vectors_of(&self, collection_id: i64, model: &ModelRecord) -> Result<Vec<(i64, Vec<f32>)>> {
-        match self.dense_table(collection_id, model, false)? {
-            Some((_, table)) => self.dense.vectors(&table),
-            None => Ok(Vec::new()),
-        }
-    }
-
-    /// Where the current vectors of a collection's dense index (active document model) came from.
-    pub fn vector_sources(&self, collection: &str) -> Result<VectorSources> {
-        let col = self.store.collection(collection)?;
-        let live = self.live_chunks_of(collection)?.len();
-        let Some(pair) = models::active(&self.store)? else {
-            return Ok(VectorSources { imported: Vec::new(), online: live });
-        };
-        let conn = self.store.reader();
-        let mut stmt = conn.prepare(
-            "SELECT i.source_model, COUNT(*) FROM dense_vector_sources s
-               JOIN dense_imports i ON i.id = s.import_id
-               JOIN dense_indexes x ON x.id = s.dense_index_id
-             WHERE x.collection_id = ?1 AND x.model_id = ?2
-             GROUP BY i.source_model ORDER BY i.source_model",
-        )?;
-        let rows = stmt.query_map(params![col.id, pair.document.id], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as usize))
-        })?;
-        let imported: Vec<(String, usize)> = rows.collect::<Result<_, _>>()?;
-        let n: usize = imported.iter().map(|p| p.1).sum();
-        Ok(VectorSources { imported, online: live.saturating_sub(n) })
-    }
-}
-
-/// Whether a model package can embed text in the appliance (it ships an ONNX graph), as opposed to a document
-/// encoder that only runs offline in the trainer.
-pub fn has_online_encoder(package_dir: &Path) -> bool {
-    package_dir.join("model.onnx").exists()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn export_ids_change_with_the_text() {
-        let a = export_id(7, "二甲双胍");
-        assert_eq!(a, export_id(7, "二甲双胍"));
-        assert!(a.starts_with("7:") && a.len() == 2 + 16, "{a}");
-        assert_ne!(a, export_id(7, "二甲双胍。"));
-        assert_ne!(a, export_id(8, "二甲双胍"));
     }
 }

@@ -92,7 +92,7 @@ pub async fn collections_page(
     caller: Caller,
     f: web::Query<Flash>,
 ) -> Result<HttpResponse, ApiError> {
-    let collections = call(&state, &caller, |e, a| e.collections_as(a)).await?;
+    let collections = call(&state, &caller, |e, a| e.collections().list(a)).await?;
     let f = f.into_inner();
     render(&CollectionsPage {
         nav: Nav::of(&caller),
@@ -118,7 +118,7 @@ pub async fn create_collection(
     f: web::Form<CreateForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    match call_admin(&state, &caller, move |e, a| e.create_collection_as(a, &f.name, &f.description)).await {
+    match call_admin(&state, &caller, move |e, a| e.collections().create(a, &f.name, &f.description)).await {
         Ok(c) => Ok(back_with("/admin/collections", &format!("已创建资料库 {}", c.name))),
         Err(e) => back_with_error("/admin/collections", e),
     }
@@ -154,7 +154,7 @@ pub async fn approve_collection(
 ) -> Result<HttpResponse, ApiError> {
     let approved = f.approved != 0;
     let n = name.to_string();
-    match call_admin(&state, &caller, move |e, a| e.approve_as(a, &n, approved)).await {
+    match call_admin(&state, &caller, move |e, a| e.collections().approve(a, &n, approved)).await {
         Ok(_) => Ok(back_with(
             "/admin/collections",
             &format!("资料库 {} {}", name, if approved { "已批准用于训练" } else { "已撤销训练批准" }),
@@ -180,7 +180,7 @@ pub async fn delete_collection(
         return back_with_error("/admin/collections", ApiError::invalid(format!("请输入资料库名称 {name} 以确认删除")));
     }
     let n = name.to_string();
-    match call_admin(&state, &caller, move |e, a| e.delete_collection_as(a, &n)).await {
+    match call_admin(&state, &caller, move |e, a| e.collections().delete(a, &n)).await {
         Ok(_) => Ok(back_with("/admin/collections", &format!("已删除资料库 {name}"))),
         Err(e) => back_with_error("/admin/collections", e),
     }
@@ -205,7 +205,7 @@ pub async fn jobs_page(
     caller: Caller,
     f: web::Query<Flash>,
 ) -> Result<HttpResponse, ApiError> {
-    let jobs = call_admin(&state, &caller, |e, a| e.jobs_as(a, 50)).await?;
+    let jobs = call_admin(&state, &caller, |e, a| e.tasks().jobs(a, 50)).await?;
     let f = f.into_inner();
     render(&JobsPage {
         nav: Nav::of(&caller),
@@ -223,7 +223,7 @@ pub async fn cancel_job(
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
-    match call_admin(&state, &caller, move |e, a| e.cancel_job_as(a, id)).await {
+    match call_admin(&state, &caller, move |e, a| e.tasks().cancel(a, id)).await {
         Ok(()) => Ok(back_with("/admin/jobs", &format!("任务 #{id} 将在当前文件完成后取消"))),
         Err(e) => back_with_error("/admin/jobs", e),
     }
@@ -252,9 +252,10 @@ async fn users_page(
     error: Option<String>,
     new_token: Option<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let (users, collections, tokens) =
-        call_admin(state, caller, |e, a| Ok((e.users_as(a)?, e.readable_collections(a)?, e.tokens_as(a, None)?)))
-            .await?;
+    let (users, collections, tokens) = call_admin(state, caller, |e, a| {
+        Ok((e.accounts().users(a)?, e.search().readable_collections(a)?, e.accounts().tokens(a, None)?))
+    })
+    .await?;
     render(&UsersPage {
         nav: Nav::of(caller),
         flash,
@@ -290,7 +291,8 @@ pub async fn create_user(
     f: web::Form<NewUserForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    match call_admin(&state, &caller, move |e, a| e.create_user_as(a, &f.username, &f.password, &f.role)).await {
+    match call_admin(&state, &caller, move |e, a| e.accounts().create_user(a, &f.username, &f.password, &f.role)).await
+    {
         Ok(u) => Ok(back_with("/admin/users", &format!("已创建用户 {}", u.username))),
         Err(e) => back_with_error("/admin/users", e),
     }
@@ -324,7 +326,7 @@ pub async fn update_user(
         "reset_password" => u.password = Some(f.password),
         "delete" => {
             let n = name.clone();
-            return match call_admin(&state, &caller, move |e, a| e.delete_user_as(a, &n)).await {
+            return match call_admin(&state, &caller, move |e, a| e.accounts().delete_user(a, &n)).await {
                 Ok(()) => Ok(back_with("/admin/users", &format!("已删除用户 {name}"))),
                 Err(e) => back_with_error("/admin/users", e),
             };
@@ -332,7 +334,7 @@ pub async fn update_user(
         other => return back_with_error("/admin/users", ApiError::invalid(format!("unknown action {other:?}"))),
     }
     let n = name.clone();
-    match call_admin(&state, &caller, move |e, a| e.update_user_as(a, &n, &u)).await {
+    match call_admin(&state, &caller, move |e, a| e.accounts().update_user(a, &n, &u)).await {
         Ok(()) => Ok(back_with("/admin/users", &format!("已更新用户 {name}"))),
         Err(e) => back_with_error("/admin/users", e),
     }
@@ -354,7 +356,12 @@ pub async fn grants_form(
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
     let (n, c, grant) = (name.to_string(), f.collection.clone(), f.action == "grant");
-    let r = call_admin(&state, &caller, move |e, a| if grant { e.grant_as(a, &n, &c) } else { e.revoke_as(a, &n, &c) })
+    let r =
+        call_admin(
+            &state,
+            &caller,
+            move |e, a| if grant { e.accounts().grant(a, &n, &c) } else { e.accounts().revoke(a, &n, &c) },
+        )
         .await;
     match r {
         Ok(()) => Ok(back_with(
@@ -379,7 +386,7 @@ pub async fn create_token(
     f: web::Form<TokenForm>,
 ) -> Result<HttpResponse, ApiError> {
     let (n, t) = (name.to_string(), f.into_inner().name);
-    match call_admin(&state, &caller, move |e, a| e.create_token_as(a, &n, &t)).await {
+    match call_admin(&state, &caller, move |e, a| e.accounts().create_token(a, &n, &t)).await {
         Ok((_, secret)) => {
             users_page(
                 &state,
@@ -401,7 +408,7 @@ pub async fn revoke_token(
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
-    match call_admin(&state, &caller, move |e, a| e.revoke_token_as(a, id)).await {
+    match call_admin(&state, &caller, move |e, a| e.accounts().revoke_token(a, id)).await {
         Ok(()) => Ok(back_with("/admin/users", &format!("已吊销令牌 #{id}"))),
         Err(e) => back_with_error("/admin/users", e),
     }
@@ -446,7 +453,7 @@ pub async fn synonyms_page(
     let page = q.page.unwrap_or(1).clamp(1, 10_000);
     let f = filter.clone();
     let (rows, total) = call_admin(&state, &caller, move |e, a| {
-        e.synonyms_as(a, Some(f.as_str()), SYNONYMS_PER_PAGE, (page - 1) * SYNONYMS_PER_PAGE)
+        e.search().synonyms(a, Some(f.as_str()), SYNONYMS_PER_PAGE, (page - 1) * SYNONYMS_PER_PAGE)
     })
     .await?;
     render(&SynonymsPage {
@@ -483,7 +490,7 @@ pub async fn add_synonym(
     f: web::Form<SynonymForm>,
 ) -> Result<HttpResponse, ApiError> {
     let g = f.into_inner().group();
-    match call_admin(&state, &caller, move |e, a| e.save_synonym_as(a, None, &g)).await {
+    match call_admin(&state, &caller, move |e, a| e.search().save_synonym(a, None, &g)).await {
         Ok(s) => Ok(back_with("/admin/synonyms", &format!("已新增“{}”：{}", s.preferred, s.variants.join("、")))),
         Err(e) => back_with_error("/admin/synonyms", e),
     }
@@ -512,7 +519,7 @@ pub async fn update_synonym(
     f: web::Form<SynonymForm>,
 ) -> Result<HttpResponse, ApiError> {
     let (id, g) = (id.into_inner(), f.into_inner().group());
-    match call_admin(&state, &caller, move |e, a| e.save_synonym_as(a, Some(id), &g)).await {
+    match call_admin(&state, &caller, move |e, a| e.search().save_synonym(a, Some(id), &g)).await {
         Ok(s) => Ok(back_with("/admin/synonyms", &format!("已保存“{}”", s.preferred))),
         Err(e) => back_with_error("/admin/synonyms", e),
     }
@@ -525,7 +532,7 @@ pub async fn delete_synonym(
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
-    match call_admin(&state, &caller, move |e, a| e.delete_synonym_as(a, id)).await {
+    match call_admin(&state, &caller, move |e, a| e.search().delete_synonym(a, id)).await {
         Ok(s) => Ok(back_with("/admin/synonyms", &format!("已删除“{}”一组", s.preferred))),
         Err(e) => back_with_error("/admin/synonyms", e),
     }
@@ -596,16 +603,16 @@ pub async fn models_page(
     caller: Caller,
     f: web::Query<Flash>,
 ) -> Result<HttpResponse, ApiError> {
-    let (models, active) = call_admin(&state, &caller, |e, a| e.models_as(a)).await?;
-    let history = call_admin(&state, &caller, |e, a| e.model_history_as(a, 20)).await?;
-    let judgments = call_admin(&state, &caller, |e, a| e.judgment_sets_as(a, None)).await?;
-    let model_jobs: Vec<JobView> = call_admin(&state, &caller, |e, a| e.jobs_as(a, 100))
+    let (models, active) = call_admin(&state, &caller, |e, a| e.models().list(a)).await?;
+    let history = call_admin(&state, &caller, |e, a| e.models().history(a, 20)).await?;
+    let judgments = call_admin(&state, &caller, |e, a| e.models().judgment_sets(a, None)).await?;
+    let model_jobs: Vec<JobView> = call_admin(&state, &caller, |e, a| e.tasks().jobs(a, 100))
         .await?
         .into_iter()
         .filter(|j| j.kind.starts_with("model."))
         .take(10)
         .collect();
-    let evaluations = call_admin(&state, &caller, |e, a| e.evaluations_as(a, 10))
+    let evaluations = call_admin(&state, &caller, |e, a| e.models().evaluations(a, 10))
         .await?
         .into_iter()
         .map(|(r, svg)| EvaluationRow {
@@ -683,7 +690,7 @@ pub async fn evaluate(
     f: web::Form<CandidateForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    match call_admin(&state, &caller, move |e, a| e.submit_evaluate_as(a, &f.candidate)).await {
+    match call_admin(&state, &caller, move |e, a| e.models().submit_evaluate(a, &f.candidate)).await {
         Ok(id) => Ok(back_with("/admin/models", &format!("已提交评测任务 #{id}，进度见本页“模型任务”或“任务”页"))),
         Err(e) => back_with_error("/admin/models", e),
     }
@@ -697,7 +704,7 @@ pub async fn promote(
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
     let reason = Some(f.override_reason.trim().to_string()).filter(|r| !r.is_empty());
-    match call_admin(&state, &caller, move |e, a| e.submit_promote_as(a, &f.candidate, reason.as_deref())).await {
+    match call_admin(&state, &caller, move |e, a| e.models().submit_promote(a, &f.candidate, reason.as_deref())).await {
         Ok(id) => {
             Ok(back_with("/admin/models", &format!("已提交上线任务 #{id}：新向量表生成完毕前，检索继续使用在用模型")))
         }
@@ -720,7 +727,7 @@ pub async fn reject(
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
     let candidate = f.candidate.clone();
-    match call_admin(&state, &caller, move |e, a| e.reject_as(a, &f.candidate, &f.reason)).await {
+    match call_admin(&state, &caller, move |e, a| e.models().reject(a, &f.candidate, &f.reason)).await {
         Ok(_) => Ok(back_with("/admin/models", &format!("已驳回 {candidate}"))),
         Err(e) => back_with_error("/admin/models", e),
     }
@@ -739,7 +746,7 @@ pub async fn rollback(
     f: web::Form<RollbackForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    match call_admin(&state, &caller, move |e, a| e.rollback_as(a, &f.reason)).await {
+    match call_admin(&state, &caller, move |e, a| e.models().rollback(a, &f.reason)).await {
         Ok(p) => Ok(back_with(
             "/admin/models",
             &format!("已回滚到 {}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version),
@@ -791,7 +798,7 @@ pub async fn activate(
     f: web::Form<ActivateForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    match call_admin(&state, &caller, move |e, a| e.activate_as(a, &f.query, &f.document, &mut |_| {})).await {
+    match call_admin(&state, &caller, move |e, a| e.models().activate(a, &f.query, &f.document, &mut |_| {})).await {
         Ok(p) => Ok(back_with(
             "/admin/models",
             &format!("已启用 {}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version),
@@ -864,7 +871,7 @@ pub async fn audit_page(
     let limit = q.limit.unwrap_or(100).min(500);
     let records: Vec<AuditRecord> =
         api::audit_records(&state, &caller, &AuditQuery { limit: Some(limit), ..q.clone() }, 500).await?;
-    let (audit_state, audit_message) = audit_banner(&call_admin(&state, &caller, |e, a| e.audit_status_as(a)).await?);
+    let (audit_state, audit_message) = audit_banner(&call_admin(&state, &caller, |e, a| e.audit().status(a)).await?);
     let qs = audit_query_string(&q);
     let next_url = (records.len() == limit)
         .then(|| format!("/admin/audit?{qs}&offset={}", q.offset.unwrap_or(0).saturating_add(limit)));
@@ -891,6 +898,6 @@ pub async fn audit_csv(
 ) -> Result<HttpResponse, ApiError> {
     let q = q.into_inner();
     let (f, limit, filter) = (q.filter(), q.limit.unwrap_or(1_000_000).min(1_000_000), audit_query_string(&q));
-    let csv = call_admin(&state, &caller, move |e, a| e.audit_export_as(a, &f, limit, &filter)).await?;
+    let csv = call_admin(&state, &caller, move |e, a| e.audit().export(a, &f, limit, &filter)).await?;
     Ok(csv_download(csv, "care-audit.csv"))
 }

@@ -109,7 +109,7 @@ fn row(e: &care_engine::Engine, a: &care_engine::Admin, run: TrainingRun) -> Run
     let phases =
         run.phases.iter().map(|(p, s)| format!("{} {s:.0} 秒", phase_label(p))).collect::<Vec<_>>().join(" · ");
     let loss_svg = if run.phases.iter().any(|p| p.0 == "stage2") {
-        e.training_loss_svg_as(a, run.job).unwrap_or_default()
+        e.training().loss_svg(a, run.job).unwrap_or_default()
     } else {
         String::new()
     };
@@ -141,21 +141,23 @@ pub async fn training_page(
 ) -> Result<HttpResponse, ApiError> {
     let (trainer, live, approved, schedules, runs, (estimate, disk, disk_both)) =
         call_admin(&state, &caller, |e, a| {
-            let runs: Vec<RunRow> = e.training_runs_as(a, 20)?.into_iter().map(|r| row(e, a, r)).collect();
+            let runs: Vec<RunRow> = e.training().runs(a, 20)?.into_iter().map(|r| row(e, a, r)).collect();
             let live = e
                 .active_models()?
                 .map(|p| format!("{}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version));
             let approved = e
-                .collections_as(a)?
+                .collections()
+                .list(a)?
                 .into_iter()
                 .filter(|c| c.collection.approved_for_training)
                 .map(|c| c.collection.name)
                 .collect();
-            let schedules = e.schedules_as(a)?.into_iter().map(|s| ScheduleRow { when: describe(&s), s }).collect();
+            let schedules =
+                e.training().schedules(a)?.into_iter().map(|s| ScheduleRow { when: describe(&s), s }).collect();
             let estimate = (
-                e.training_estimate_as(a, &Recipe::default())?,
-                e.training_disk_as(a, Recipe::default().sides)?,
-                e.training_disk_as(a, Sides::Both)?,
+                e.training().estimate(a, &Recipe::default())?,
+                e.training().disk(a, Recipe::default().sides)?,
+                e.training().disk(a, Sides::Both)?,
             );
             Ok((e.trainer_status(), live.unwrap_or_default(), approved, schedules, runs, estimate))
         })
@@ -252,7 +254,7 @@ pub async fn train_now(
     f: web::Form<RecipeForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    match call_admin(&state, &caller, move |e, a| e.submit_training_as(a, &f.recipe()?, None)).await {
+    match call_admin(&state, &caller, move |e, a| e.training().submit(a, &f.recipe()?, None)).await {
         Ok(id) => Ok(back_with("/admin/training", &format!("已提交训练任务 #{id}，进度见本页"))),
         Err(e) => back_with_error("/admin/training", e),
     }
@@ -273,7 +275,7 @@ pub async fn add_schedule(
             recipe: f.recipe()?,
             enabled: true,
         };
-        e.set_schedule_as(a, None, &spec)
+        e.training().set_schedule(a, None, &spec)
     })
     .await;
     match r {
@@ -289,7 +291,7 @@ pub async fn delete_schedule(
     path: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = path.into_inner();
-    match call_admin(&state, &caller, move |e, a| e.delete_schedule_as(a, id)).await {
+    match call_admin(&state, &caller, move |e, a| e.training().delete_schedule(a, id)).await {
         Ok(()) => Ok(back_with("/admin/training", &format!("已删除训练计划 #{id}"))),
         Err(e) => back_with_error("/admin/training", e),
     }

@@ -63,7 +63,7 @@ pub async fn search_as(
     p: &SearchParams,
 ) -> Result<care_engine::SearchResults, ApiError> {
     let s = p.to_search();
-    let res = call(state, caller, move |e, a| e.search_as(a, &s)).await?;
+    let res = call(state, caller, move |e, a| e.search().run(a, &s)).await?;
     state.metrics.search(res.method.as_str(), res.took_ms / 1e3);
     Ok(res)
 }
@@ -79,7 +79,7 @@ pub struct Me {
 #[utoipa::path(get, path = "/api/v1/me", tag = "account", responses((status = 200, body = Me)))]
 #[get("/api/v1/me")]
 pub async fn me(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
-    let cols = call(&state, &caller, |e, a| e.readable_collections(a)).await?;
+    let cols = call(&state, &caller, |e, a| e.search().readable_collections(a)).await?;
     Ok(HttpResponse::Ok().json(Me {
         username: caller.user.username.clone(),
         role: caller.user.role.as_str().into(),
@@ -104,7 +104,7 @@ pub async fn me_password(
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
     let (policy, client) = (state.settings.auth.policy(), crate::guard::client_address(&req));
-    call(&state, &caller, move |e, a| e.change_own_password(a, &b.current, &b.new, policy, &client)).await?;
+    call(&state, &caller, move |e, a| e.accounts().change_own_password(a, &b.current, &b.new, policy, &client)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -126,7 +126,7 @@ pub async fn search(
     responses((status = 200, description = "collections the caller may read, with counts", body = Object)))]
 #[get("/api/v1/collections")]
 pub async fn collections(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(call(&state, &caller, |e, a| e.collections_as(a)).await?))
+    Ok(HttpResponse::Ok().json(call(&state, &caller, |e, a| e.collections().list(a)).await?))
 }
 
 #[utoipa::path(get, path = "/api/v1/documents/{id}", tag = "search", params(("id" = i64, Path)),
@@ -138,7 +138,7 @@ pub async fn document(
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
-    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.document_as(a, id)).await?))
+    Ok(HttpResponse::Ok().json(call(&state, &caller, move |e, a| e.search().document(a, id)).await?))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -158,7 +158,7 @@ pub async fn post_feedback(
     body: web::Json<FeedbackBody>,
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
-    let id = call(&state, &caller, move |e, a| e.feedback_as(a, &b.query, b.chunk_id, b.helpful)).await?;
+    let id = call(&state, &caller, move |e, a| e.search().feedback(a, &b.query, b.chunk_id, b.helpful)).await?;
     Ok(HttpResponse::Created().json(serde_json::json!({"id": id})))
 }
 
@@ -168,7 +168,7 @@ pub async fn post_feedback(
 #[utoipa::path(get, path = "/api/v1/admin/collections", tag = "admin", responses((status = 200, body = Object)))]
 #[get("/api/v1/admin/collections")]
 pub async fn admin_collections(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(call(&state, &caller, |e, a| e.collections_as(a)).await?))
+    Ok(HttpResponse::Ok().json(call(&state, &caller, |e, a| e.collections().list(a)).await?))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -188,7 +188,7 @@ pub async fn admin_create_collection(
 ) -> Result<HttpResponse, ApiError> {
     let c = body.into_inner();
     Ok(HttpResponse::Created()
-        .json(call_admin(&state, &caller, move |e, a| e.create_collection_as(a, &c.name, &c.description)).await?))
+        .json(call_admin(&state, &caller, move |e, a| e.collections().create(a, &c.name, &c.description)).await?))
 }
 
 #[utoipa::path(delete, path = "/api/v1/admin/collections/{name}", tag = "admin", params(("name" = String, Path)),
@@ -200,7 +200,7 @@ pub async fn admin_delete_collection(
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let name = name.into_inner();
-    call_admin(&state, &caller, move |e, a| e.delete_collection_as(a, &name)).await?;
+    call_admin(&state, &caller, move |e, a| e.collections().delete(a, &name)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -233,7 +233,7 @@ pub async fn admin_approve(
     body: web::Json<Approval>,
 ) -> Result<HttpResponse, ApiError> {
     let (name, approved) = (name.into_inner(), body.approved);
-    call_admin(&state, &caller, move |e, a| e.approve_as(a, &name, approved)).await?;
+    call_admin(&state, &caller, move |e, a| e.collections().approve(a, &name, approved)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -252,7 +252,7 @@ pub async fn admin_jobs(
     q: web::Query<Limit>,
 ) -> Result<HttpResponse, ApiError> {
     let limit = q.limit.unwrap_or(50);
-    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.jobs_as(a, limit)).await?))
+    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.tasks().jobs(a, limit)).await?))
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/jobs/{id}", tag = "admin", params(("id" = i64, Path)), responses((status = 200, body = Object)))]
@@ -263,7 +263,7 @@ pub async fn admin_job(
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
-    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.job_as(a, id)).await?))
+    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.tasks().job(a, id)).await?))
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/jobs/{id}/cancel", tag = "admin", params(("id" = i64, Path)), responses((status = 204)))]
@@ -274,14 +274,14 @@ pub async fn admin_cancel_job(
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
-    call_admin(&state, &caller, move |e, a| e.cancel_job_as(a, id)).await?;
+    call_admin(&state, &caller, move |e, a| e.tasks().cancel(a, id)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/users", tag = "admin", responses((status = 200, body = [UserInfo])))]
 #[get("/api/v1/admin/users")]
 pub async fn admin_users(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, |e, a| e.users_as(a)).await?))
+    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, |e, a| e.accounts().users(a)).await?))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -300,7 +300,8 @@ pub async fn admin_create_user(
     body: web::Json<NewUser>,
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
-    let u = call_admin(&state, &caller, move |e, a| e.create_user_as(a, &b.username, &b.password, &b.role)).await?;
+    let u =
+        call_admin(&state, &caller, move |e, a| e.accounts().create_user(a, &b.username, &b.password, &b.role)).await?;
     Ok(HttpResponse::Created().json(serde_json::json!({"username": u.username, "role": u.role})))
 }
 
@@ -314,7 +315,7 @@ pub async fn admin_update_user(
     body: web::Json<UserUpdate>,
 ) -> Result<HttpResponse, ApiError> {
     let (name, u) = (name.into_inner(), body.into_inner());
-    call_admin(&state, &caller, move |e, a| e.update_user_as(a, &name, &u)).await?;
+    call_admin(&state, &caller, move |e, a| e.accounts().update_user(a, &name, &u)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -326,7 +327,7 @@ pub async fn admin_delete_user(
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let name = name.into_inner();
-    call_admin(&state, &caller, move |e, a| e.delete_user_as(a, &name)).await?;
+    call_admin(&state, &caller, move |e, a| e.accounts().delete_user(a, &name)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -339,7 +340,7 @@ pub async fn admin_grant(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (name, col) = path.into_inner();
-    call_admin(&state, &caller, move |e, a| e.grant_as(a, &name, &col)).await?;
+    call_admin(&state, &caller, move |e, a| e.accounts().grant(a, &name, &col)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -352,7 +353,7 @@ pub async fn admin_revoke(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (name, col) = path.into_inner();
-    call_admin(&state, &caller, move |e, a| e.revoke_as(a, &name, &col)).await?;
+    call_admin(&state, &caller, move |e, a| e.accounts().revoke(a, &name, &col)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -372,7 +373,7 @@ pub async fn admin_create_token(
     body: web::Json<NewToken>,
 ) -> Result<HttpResponse, ApiError> {
     let (name, tname) = (name.into_inner(), body.into_inner().name);
-    let (t, secret) = call_admin(&state, &caller, move |e, a| e.create_token_as(a, &name, &tname)).await?;
+    let (t, secret) = call_admin(&state, &caller, move |e, a| e.accounts().create_token(a, &name, &tname)).await?;
     Ok(HttpResponse::Created().json(serde_json::json!({"id": t.id, "token": secret, "prefix": t.prefix})))
 }
 
@@ -384,14 +385,14 @@ pub async fn admin_revoke_token(
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
-    call_admin(&state, &caller, move |e, a| e.revoke_token_as(a, id)).await?;
+    call_admin(&state, &caller, move |e, a| e.accounts().revoke_token(a, id)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/models", tag = "admin", responses((status = 200, description = "versions, roles, metrics and the active pair", body = Object)))]
 #[get("/api/v1/admin/models")]
 pub async fn admin_models(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
-    let (models, active) = call_admin(&state, &caller, |e, a| e.models_as(a)).await?;
+    let (models, active) = call_admin(&state, &caller, |e, a| e.models().list(a)).await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"models": models, "active": active})))
 }
 
@@ -439,7 +440,7 @@ pub async fn admin_evaluate(
     body: web::Json<Candidate>,
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
-    Ok(accepted(call_admin(&state, &caller, move |e, a| e.submit_evaluate_as(a, &b.candidate)).await?))
+    Ok(accepted(call_admin(&state, &caller, move |e, a| e.models().submit_evaluate(a, &b.candidate)).await?))
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/models/evaluations", tag = "admin", params(Limit),
@@ -451,7 +452,7 @@ pub async fn admin_evaluations(
     q: web::Query<Limit>,
 ) -> Result<HttpResponse, ApiError> {
     let limit = q.limit.unwrap_or(20).min(200);
-    let list = call_admin(&state, &caller, move |e, a| e.evaluations_as(a, limit)).await?;
+    let list = call_admin(&state, &caller, move |e, a| e.models().evaluations(a, limit)).await?;
     let out: Vec<_> = list.into_iter().map(|(r, svg)| serde_json::json!({"report": r, "chart_svg": svg})).collect();
     Ok(HttpResponse::Ok().json(out))
 }
@@ -467,8 +468,10 @@ pub async fn admin_promote(
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
     Ok(accepted(
-        call_admin(&state, &caller, move |e, a| e.submit_promote_as(a, &b.candidate, b.override_reason.as_deref()))
-            .await?,
+        call_admin(&state, &caller, move |e, a| {
+            e.models().submit_promote(a, &b.candidate, b.override_reason.as_deref())
+        })
+        .await?,
     ))
 }
 
@@ -490,7 +493,7 @@ pub async fn admin_reject(
     body: web::Json<Reject>,
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
-    let id = call_admin(&state, &caller, move |e, a| e.reject_as(a, &b.candidate, &b.reason)).await?;
+    let id = call_admin(&state, &caller, move |e, a| e.models().reject(a, &b.candidate, &b.reason)).await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"evaluation": id})))
 }
 
@@ -509,14 +512,14 @@ pub async fn admin_rollback(
     body: web::Json<Rollback>,
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
-    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.rollback_as(a, &b.reason)).await?))
+    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.models().rollback(a, &b.reason)).await?))
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/models/history", tag = "admin",
     responses((status = 200, description = "live pairs, newest first", body = Object)))]
 #[get("/api/v1/admin/models/history")]
 pub async fn admin_model_history(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, |e, a| e.model_history_as(a, 100)).await?))
+    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, |e, a| e.models().history(a, 100)).await?))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -535,7 +538,8 @@ pub async fn admin_judgments(
     q: web::Query<JudgmentsQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let col = q.into_inner().collection;
-    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.judgment_sets_as(a, col.as_deref())).await?))
+    Ok(HttpResponse::Ok()
+        .json(call_admin(&state, &caller, move |e, a| e.models().judgment_sets(a, col.as_deref())).await?))
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/collections/{name}/judgments/{set}", tag = "admin",
@@ -563,7 +567,7 @@ pub async fn admin_delete_judgments(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (name, set) = path.into_inner();
-    call_admin(&state, &caller, move |e, a| e.delete_judgments_as(a, &name, &set)).await?;
+    call_admin(&state, &caller, move |e, a| e.models().delete_judgments(a, &name, &set)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -584,8 +588,9 @@ pub async fn admin_activate(
     body: web::Json<Activate>,
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
-    Ok(HttpResponse::Ok()
-        .json(call_admin(&state, &caller, move |e, a| e.activate_as(a, &b.query, &b.document, &mut |_| {})).await?))
+    Ok(HttpResponse::Ok().json(
+        call_admin(&state, &caller, move |e, a| e.models().activate(a, &b.query, &b.document, &mut |_| {})).await?,
+    ))
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, IntoParams)]
@@ -632,7 +637,7 @@ pub async fn audit_records(
     max: usize,
 ) -> Result<Vec<audit::AuditRecord>, ApiError> {
     let (f, limit, offset) = (q.filter(), q.limit.unwrap_or(100).min(max), q.offset.unwrap_or(0));
-    call_admin(state, caller, move |e, a| e.audit_records_as(a, &f, limit, offset)).await
+    call_admin(state, caller, move |e, a| e.audit().records(a, &f, limit, offset)).await
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/audit", tag = "admin", params(AuditQuery), responses((status = 200, body = Object)))]
@@ -662,7 +667,7 @@ pub async fn admin_audit_verify(
     q: web::Query<VerifyQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let full = q.full;
-    let r = call_admin(&state, &caller, move |e, a| e.audit_verify_as(a, full)).await?;
+    let r = call_admin(&state, &caller, move |e, a| e.audit().verify(a, full)).await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({
         "intact": true,
         "full": r.full,
@@ -690,7 +695,7 @@ pub async fn admin_feedback(
 ) -> Result<HttpResponse, ApiError> {
     let (col, limit) = (q.collection.clone(), q.limit.unwrap_or(1000));
     Ok(HttpResponse::Ok()
-        .json(call_admin(&state, &caller, move |e, a| e.feedback_list_as(a, col.as_deref(), limit)).await?))
+        .json(call_admin(&state, &caller, move |e, a| e.search().feedback_list(a, col.as_deref(), limit)).await?))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -722,7 +727,7 @@ pub async fn admin_synonyms(
     let q = q.into_inner();
     let (limit, offset) = (q.limit.unwrap_or(100).min(10_000), q.offset.unwrap_or(0));
     let (synonyms, total) =
-        call_admin(&state, &caller, move |e, a| e.synonyms_as(a, q.q.as_deref(), limit, offset)).await?;
+        call_admin(&state, &caller, move |e, a| e.search().synonyms(a, q.q.as_deref(), limit, offset)).await?;
     Ok(HttpResponse::Ok().json(SynonymList { total, synonyms }))
 }
 
@@ -736,7 +741,7 @@ pub async fn admin_add_synonym(
     body: web::Json<care_engine::synonyms::NewSynonym>,
 ) -> Result<HttpResponse, ApiError> {
     let g = body.into_inner();
-    let saved = call_admin(&state, &caller, move |e, a| e.save_synonym_as(a, None, &g)).await?;
+    let saved = call_admin(&state, &caller, move |e, a| e.search().save_synonym(a, None, &g)).await?;
     Ok(HttpResponse::Created().json(saved))
 }
 
@@ -750,7 +755,8 @@ pub async fn admin_update_synonym(
     body: web::Json<care_engine::synonyms::NewSynonym>,
 ) -> Result<HttpResponse, ApiError> {
     let (id, g) = (id.into_inner(), body.into_inner());
-    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.save_synonym_as(a, Some(id), &g)).await?))
+    Ok(HttpResponse::Ok()
+        .json(call_admin(&state, &caller, move |e, a| e.search().save_synonym(a, Some(id), &g)).await?))
 }
 
 #[utoipa::path(delete, path = "/api/v1/admin/synonyms/{id}", tag = "admin", params(("id" = i64, Path)),
@@ -762,7 +768,7 @@ pub async fn admin_delete_synonym(
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
-    call_admin(&state, &caller, move |e, a| e.delete_synonym_as(a, id)).await?;
+    call_admin(&state, &caller, move |e, a| e.search().delete_synonym(a, id)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -778,7 +784,7 @@ pub(crate) async fn admin_export_synonyms_response(
     state: &web::Data<AppState>,
     caller: &Caller,
 ) -> Result<HttpResponse, ApiError> {
-    let csv = call_admin(state, caller, |e, a| e.export_synonyms_as(a)).await?;
+    let csv = call_admin(state, caller, |e, a| e.search().export_synonyms(a)).await?;
     Ok(crate::admin::csv_download(csv, "care-synonyms.csv"))
 }
 
@@ -805,7 +811,7 @@ pub async fn admin_import_synonyms(
     let bytes = crate::uploads::read_body(payload, care_engine::synonyms::MAX_CSV_BYTES, "同义词 CSV").await?;
     let replace = q.replace;
     Ok(HttpResponse::Ok()
-        .json(call_admin(&state, &caller, move |e, a| e.import_synonyms_as(a, &bytes, replace)).await?))
+        .json(call_admin(&state, &caller, move |e, a| e.search().import_synonyms(a, &bytes, replace)).await?))
 }
 
 #[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, body = Object)))]
@@ -825,7 +831,7 @@ pub async fn healthz(state: web::Data<AppState>) -> HttpResponse {
 #[utoipa::path(get, path = "/metrics", tag = "ops", responses((status = 200, description = "Prometheus text format")))]
 #[get("/metrics")]
 pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let (jobs, health) = anon(&state, |e| Ok((e.job_counts()?, e.health_report()))).await?;
+    let (jobs, health) = anon(&state, |e| Ok((e.tasks().counts()?, e.health_report()))).await?;
     let mut body = state.metrics.render(&jobs, &care_engine::encoders::served_device());
     if let Some(free) = health.free_bytes {
         body.push_str(&format!(
@@ -847,10 +853,9 @@ pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiErro
 #[get("/api/v1/admin/training")]
 pub async fn admin_training(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
     let (trainer, runs, schedules, (estimate, disk)) = call_admin(&state, &caller, |e, a| {
-        let runs = e.training_runs_as(a, 50)?;
-        let estimate =
-            (e.training_estimate_as(a, &Recipe::default())?, e.training_disk_as(a, Recipe::default().sides)?);
-        Ok((e.trainer_status(), runs, e.schedules_as(a)?, estimate))
+        let runs = e.training().runs(a, 50)?;
+        let estimate = (e.training().estimate(a, &Recipe::default())?, e.training().disk(a, Recipe::default().sides)?);
+        Ok((e.trainer_status(), runs, e.training().schedules(a)?, estimate))
     })
     .await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"trainer": trainer, "default_recipe": Recipe::default(),
@@ -869,7 +874,7 @@ pub async fn admin_train(
     body: web::Json<Recipe>,
 ) -> Result<HttpResponse, ApiError> {
     let r = body.into_inner();
-    Ok(accepted(call_admin(&state, &caller, move |e, a| e.submit_training_as(a, &r, None)).await?))
+    Ok(accepted(call_admin(&state, &caller, move |e, a| e.training().submit(a, &r, None)).await?))
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -890,7 +895,7 @@ pub async fn admin_embed_pending(
     body: web::Json<EmbedPending>,
 ) -> Result<HttpResponse, ApiError> {
     let model = body.into_inner().model;
-    Ok(accepted(call_admin(&state, &caller, move |e, a| e.submit_offline_embed_as(a, model.as_deref())).await?))
+    Ok(accepted(call_admin(&state, &caller, move |e, a| e.models().submit_offline_embed(a, model.as_deref())).await?))
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/training/runs/{job}", tag = "admin",
@@ -903,7 +908,7 @@ pub async fn admin_training_run(
     path: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let job = path.into_inner();
-    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.training_run_as(a, job)).await?))
+    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.training().run(a, job)).await?))
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/training/runs/{job}/loss.svg", tag = "admin",
@@ -915,7 +920,7 @@ pub async fn admin_training_loss(
     path: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let job = path.into_inner();
-    let svg = call_admin(&state, &caller, move |e, a| e.training_loss_svg_as(a, job)).await?;
+    let svg = call_admin(&state, &caller, move |e, a| e.training().loss_svg(a, job)).await?;
     Ok(HttpResponse::Ok().content_type("image/svg+xml").body(svg))
 }
 
@@ -928,7 +933,7 @@ pub async fn admin_add_schedule(
     body: web::Json<ScheduleSpec>,
 ) -> Result<HttpResponse, ApiError> {
     let s = body.into_inner();
-    let id = call_admin(&state, &caller, move |e, a| e.set_schedule_as(a, None, &s)).await?;
+    let id = call_admin(&state, &caller, move |e, a| e.training().set_schedule(a, None, &s)).await?;
     Ok(HttpResponse::Created().json(serde_json::json!({"schedule": id})))
 }
 
@@ -941,6 +946,6 @@ pub async fn admin_delete_schedule(
     path: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = path.into_inner();
-    call_admin(&state, &caller, move |e, a| e.delete_schedule_as(a, id)).await?;
+    call_admin(&state, &caller, move |e, a| e.training().delete_schedule(a, id)).await?;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -174,10 +174,11 @@ async fn identify(req: &ServiceRequest, state: &web::Data<AppState>) -> Result<O
     let (idle, max) = (state.settings.auth.idle_seconds(), state.settings.auth.max_seconds());
     crate::call::anon(state, move |engine| {
         if let Some(t) = bearer {
-            return Ok(engine.token_user(&t)?.map(|user| Caller { user, via: Via::Token }));
+            return Ok(engine.accounts().token_user(&t)?.map(|user| Caller { user, via: Via::Token }));
         }
         let cookie = session.unwrap_or_default();
         Ok(engine
+            .accounts()
             .session(&cookie, idle, max)?
             .map(|s| Caller { user: s.user, via: Via::Session { cookie, csrf: s.csrf_token } }))
     })
@@ -300,7 +301,7 @@ async fn audit_refusal(
 ) {
     let (actor, client) = (actor.to_string(), client_address(req.request()));
     let detail = serde_json::json!({"method": req.method().as_str(), "route": route});
-    if let Err(e) = crate::call::anon(state, move |en| en.audit_refusal(&actor, action, &client, &detail)).await {
+    if let Err(e) = crate::call::anon(state, move |en| en.audit().refusal(&actor, action, &client, &detail)).await {
         tracing::warn!(error = %e, action, "could not audit a refused request");
     }
 }

@@ -196,7 +196,10 @@ pub fn bootstrap(engine: &Engine, auth: &AuthConfig) -> Result<Option<String>, S
         ),
         None => None,
     };
-    engine.bootstrap_admin(&auth.bootstrap_admin, pw.as_deref()).map_err(|e| ServeError::Bootstrap(e.to_string()))
+    engine
+        .accounts()
+        .bootstrap_admin(&auth.bootstrap_admin, pw.as_deref())
+        .map_err(|e| ServeError::Bootstrap(e.to_string()))
 }
 
 /// Runs the HTTPS server (and the plain-HTTP redirector) until stopped (Ctrl-C / SIGTERM). `on_ready` gets the
@@ -208,7 +211,7 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let cfg = settings.server.clone();
     let tls = tls::server_config(&cfg, &engine.data_dir().tls())?;
-    engine.set_log_queries(settings.audit.log_queries);
+    engine.audit().set_log_queries(settings.audit.log_queries);
     let staging = |p: PathBuf| p.to_string_lossy().into_owned();
     errors::set_staging_roots(vec![
         format!("{}/", staging(engine.uploads_dir())),

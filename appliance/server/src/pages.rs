@@ -200,7 +200,7 @@ pub async fn login(
     let policy = state.settings.auth.policy();
     let client = guard::client_address(&req);
     let (user, pw) = (f.username.trim().to_string(), f.password);
-    match anon(&state, move |e| e.login(&user, &pw, policy, &client)).await {
+    match anon(&state, move |e| e.accounts().login(&user, &pw, policy, &client)).await {
         Ok((_, cookie, _csrf)) => Ok(HttpResponse::SeeOther()
             .insert_header((header::LOCATION, next))
             .insert_header(guard::set_cookie(guard::SESSION_COOKIE, &cookie, state.settings.auth.max_seconds()))
@@ -228,7 +228,7 @@ pub async fn login(
 pub async fn logout(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
     if let guard::Via::Session { cookie, .. } = &caller.via {
         let cookie = cookie.clone();
-        call(&state, &caller, move |e, a| e.logout(a, &cookie)).await?;
+        call(&state, &caller, move |e, a| e.accounts().logout(a, &cookie)).await?;
     }
     Ok(HttpResponse::SeeOther()
         .insert_header((header::LOCATION, "/login"))
@@ -322,7 +322,7 @@ pub async fn search_page(
     p: web::Query<PageParams>,
 ) -> Result<HttpResponse, ApiError> {
     let p = p.into_inner();
-    let collections = call(&state, &caller, |e, a| e.readable_collections(a)).await?;
+    let collections = call(&state, &caller, |e, a| e.search().readable_collections(a)).await?;
     let page_no = p.page.unwrap_or(1).clamp(1, MAX_PAGES);
     let mut page = SearchPage {
         nav: Nav::of(&caller),
@@ -418,7 +418,7 @@ pub async fn feedback(
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
     let (q, chunk, helpful) = (f.q.clone(), f.chunk, f.helpful != 0);
-    call(&state, &caller, move |e, a| e.feedback_as(a, &q, chunk, helpful)).await?;
+    call(&state, &caller, move |e, a| e.search().feedback(a, &q, chunk, helpful)).await?;
     let back = local_path(&f.back, "/search");
     let sep = if back.contains('?') { '&' } else { '?' };
     Ok(see_other(&format!("{back}{sep}judged={}#hit-{}", f.chunk, f.chunk)))
@@ -472,7 +472,7 @@ pub async fn document(
     let query: String = p.into_inner().q.trim().chars().take(care_engine::MAX_QUERY_CHARS).collect();
     let q = query.clone();
     let (doc, sections) = call(&state, &caller, move |e, a| {
-        let doc = e.document_as(a, id)?;
+        let doc = e.search().document(a, id)?;
         let sections = e.document_sections(&doc, &q);
         Ok((doc, sections))
     })
@@ -511,7 +511,7 @@ async fn account_page(
     flash: Option<String>,
     error: Option<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let collections = call(state, caller, |e, a| e.readable_collections(a)).await?;
+    let collections = call(state, caller, |e, a| e.search().readable_collections(a)).await?;
     render(&AccountPage {
         nav: Nav::of(caller),
         flash,
@@ -547,7 +547,9 @@ pub async fn change_password(
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
     let (policy, client) = (state.settings.auth.policy(), guard::client_address(&req));
-    match call(&state, &caller, move |e, a| e.change_own_password(a, &f.current, &f.new, policy, &client)).await {
+    match call(&state, &caller, move |e, a| e.accounts().change_own_password(a, &f.current, &f.new, policy, &client))
+        .await
+    {
         // Changing the password ends every session, this one included: sign in again.
         Ok(()) => Ok(HttpResponse::SeeOther()
             .insert_header((header::LOCATION, "/login"))

@@ -64,12 +64,12 @@ pub async fn upload(
     payload: actix_multipart::Multipart,
 ) -> Result<i64, ApiError> {
     let col = collection.to_string();
-    let mut staging = Staging::new(call_admin(state, caller, move |e, a| e.new_upload_as(a, &col)).await?);
+    let mut staging = Staging::new(call_admin(state, caller, move |e, a| e.ingest().new_upload(a, &col)).await?);
     let limit = upload_limit(state, state.settings.server.max_upload_mib.saturating_mul(1 << 20));
     let queued = match receive(payload, &staging.dir, limit).await {
         Ok(files) => {
             let col = collection.to_string();
-            call_admin(state, caller, move |e, a| e.submit_upload_as(a, &col, files)).await
+            call_admin(state, caller, move |e, a| e.ingest().submit_upload(a, &col, files)).await
         }
         Err(e) => Err(e),
     };
@@ -85,12 +85,12 @@ pub async fn import_model(
     caller: &Caller,
     payload: actix_multipart::Multipart,
 ) -> Result<care_engine::lifecycle::ImportReport, ApiError> {
-    let staging = Staging::new(call_admin(state, caller, |e, a| e.new_staging_upload_as(a)).await?);
+    let staging = Staging::new(call_admin(state, caller, |e, a| e.ingest().new_staging_upload(a)).await?);
     let limit = upload_limit(state, state.settings.server.max_upload_mib.saturating_mul(1 << 20));
     match receive(payload, &staging.dir, limit).await {
         Ok(_) => {
             let d = staging.dir.clone();
-            call_admin(state, caller, move |e, a| e.import_model_as(a, &d)).await
+            call_admin(state, caller, move |e, a| e.models().import(a, &d)).await
         }
         Err(e) => Err(e),
     }
@@ -106,7 +106,7 @@ pub async fn import_judgments(
     target: Option<(&str, &str)>,
     payload: actix_multipart::Multipart,
 ) -> Result<care_engine::judgments::JudgmentSetInfo, ApiError> {
-    let staging = Staging::new(call_admin(state, caller, |e, a| e.new_staging_upload_as(a)).await?);
+    let staging = Staging::new(call_admin(state, caller, |e, a| e.ingest().new_staging_upload(a)).await?);
     let dir = staging.dir.clone();
     let limit = upload_limit(state, state.settings.server.max_upload_mib.saturating_mul(1 << 20));
     match receive_with(payload, &dir, limit, &["collection", "name"]).await {
@@ -128,12 +128,12 @@ pub async fn import_judgments(
                     let qrels = d.join("qrels");
                     std::fs::create_dir_all(&qrels).map_err(|e| care_engine::Error::io(&qrels, e))?;
                     std::fs::rename(tsv, qrels.join("upload.tsv")).map_err(|e| care_engine::Error::io(tsv, e))?;
-                    e.import_judgments_as(a, &col, &set, JudgmentSource::Beir { dir: &d, split: "upload" })
+                    e.models().import_judgments(a, &col, &set, JudgmentSource::Beir { dir: &d, split: "upload" })
                 } else {
                     let csv = files.iter().find(|f| is(f, "csv")).ok_or_else(|| {
                         care_engine::Error::InvalidInput("请上传 CSV 文件，或 BEIR 的 queries.jsonl 与 qrels .tsv (upload a .csv, or queries.jsonl with a qrels .tsv)".into())
                     })?;
-                    e.import_judgments_as(a, &col, &set, JudgmentSource::Csv(csv))
+                    e.models().import_judgments(a, &col, &set, JudgmentSource::Csv(csv))
                 }
             })
             .await
@@ -296,7 +296,7 @@ pub async fn import_synonyms(
     caller: &Caller,
     payload: actix_multipart::Multipart,
 ) -> Result<care_engine::synonyms::ImportReport, ApiError> {
-    let staging = Staging::new(call_admin(state, caller, |e, a| e.new_staging_upload_as(a)).await?);
+    let staging = Staging::new(call_admin(state, caller, |e, a| e.ingest().new_staging_upload(a)).await?);
     let limit = upload_limit(state, care_engine::synonyms::MAX_CSV_BYTES as u64 + 4096);
     match receive_with(payload, &staging.dir, limit, &["replace"]).await {
         Ok((files, fields)) => {
@@ -307,7 +307,7 @@ pub async fn import_synonyms(
                     let f = f.clone();
                     call_admin(state, caller, move |e, a| {
                         let bytes = std::fs::read(&f).map_err(|err| care_engine::Error::io(&f, err))?;
-                        e.import_synonyms_as(a, &bytes, replace)
+                        e.search().import_synonyms(a, &bytes, replace)
                     })
                     .await
                 }

@@ -209,7 +209,7 @@ mod tests {
                 s.spawn(move || {
                     for i in 0..each {
                         let q = format!("{} t{th}n{i}", QUERIES[(th + i) % QUERIES.len()]);
-                        e.search_as(&root(), &search_for(&q)).unwrap();
+                        e.search().run(&root(), &search_for(&q)).unwrap();
                     }
                 });
             }
@@ -223,7 +223,7 @@ mod tests {
         assert_eq!(got, want, "exactly one record per search, each with its own query");
         let commits = e.audit_writer.commits() - before;
         assert!((1..=(threads * each) as u64).contains(&commits), "{commits} commits");
-        let report = e.audit_verify_as(&root(), true).unwrap();
+        let report = e.audit().verify(&root(), true).unwrap();
         assert_eq!(report.verified_through, last_id(&e));
     }
 
@@ -246,7 +246,7 @@ mod tests {
         assert!(e.audit_writer.commits() - before <= 2, "{} commits for 40 records", e.audit_writer.commits() - before);
         let queries: Vec<String> = records(&e, "search").into_iter().map(|(_, q)| q).collect();
         assert_eq!(queries, (0..40).map(|i| format!("q{i}")).collect::<Vec<_>>());
-        e.audit_verify_as(&root(), true).unwrap();
+        e.audit().verify(&root(), true).unwrap();
     }
 
     #[test]
@@ -254,7 +254,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let e = demo_engine(t.path());
         for (i, q) in QUERIES.iter().enumerate() {
-            e.search_as(&root(), &search_for(q)).unwrap();
+            e.search().run(&root(), &search_for(q)).unwrap();
             // Another connection to the file sees it: committed, not only written inside a transaction.
             let other = rusqlite::Connection::open(e.data_dir().sqlite()).unwrap();
             let (action, detail): (String, String) = other
@@ -266,7 +266,7 @@ mod tests {
             assert_eq!((action.as_str(), detail["query"].as_str()), ("search", Some(*q)), "search {i}");
         }
         // A refused search goes the same way.
-        let err = e.search_as(&root(), &search_for("")).unwrap_err();
+        let err = e.search().run(&root(), &search_for("")).unwrap_err();
         assert_eq!(err.code(), ErrorCode::InvalidInput);
         assert_eq!(records(&e, "search.rejected").len(), 1);
         // The engine closing lets the writer finish, and the store's checkpoint at close covers the last record.
@@ -281,7 +281,7 @@ mod tests {
     fn a_failed_batch_fails_every_caller_in_it_and_writes_nothing() {
         let t = tempfile::tempdir().unwrap();
         let e = demo_engine(t.path());
-        e.search_as(&root(), &search_for("高血压")).unwrap();
+        e.search().run(&root(), &search_for("高血压")).unwrap();
         let head_before = records(&e, "search");
         e.store
             .conn()
@@ -295,7 +295,7 @@ mod tests {
             let handles: Vec<_> = (0..8)
                 .map(|i| {
                     let e = &e;
-                    s.spawn(move || e.search_as(&root(), &search_for(&format!("糖尿病 {i}"))).unwrap_err())
+                    s.spawn(move || e.search().run(&root(), &search_for(&format!("糖尿病 {i}"))).unwrap_err())
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -316,11 +316,11 @@ mod tests {
         }
         assert_eq!(records(&e, "search"), head_before, "nothing of a failed batch is written");
         e.store.conn().execute_batch("DROP TRIGGER audit_read_only").unwrap();
-        e.search_as(&root(), &search_for("二甲双胍")).unwrap();
+        e.search().run(&root(), &search_for("二甲双胍")).unwrap();
         let after = records(&e, "search");
         assert_eq!(after.len(), 2);
         assert_eq!(after[1].1, "二甲双胍");
-        e.audit_verify_as(&root(), true).unwrap();
+        e.audit().verify(&root(), true).unwrap();
     }
 
     /// p50/p99 of search latency under 16 threads, with the record written by the group-commit writer and by a
@@ -347,7 +347,7 @@ mod tests {
                                 i += 1;
                                 let start = Instant::now();
                                 let req = SearchRequest { query: q.into(), limit: Some(10), ..Default::default() };
-                                let res = e.search(&req).unwrap();
+                                let res = e.search_unaudited(&req).unwrap();
                                 let detail = serde_json::json!({"query": q, "results": res.hits.len()});
                                 if group {
                                     e.audit_writer.append("cli:root", "search", detail).unwrap();
@@ -375,6 +375,6 @@ mod tests {
                 if group { commits.to_string() } else { lat.len().to_string() },
             );
         }
-        e.audit_verify_as(&root(), true).unwrap();
+        e.audit().verify(&root(), true).unwrap();
     }
 }

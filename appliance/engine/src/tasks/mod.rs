@@ -189,7 +189,7 @@ impl crate::Engine {
         match chore {
             Chore::AuditCheckpoint | Chore::AuditVerifyFull => {
                 let full = chore == Chore::AuditVerifyFull;
-                match self.audit_verify_as(&system, full) {
+                match self.audit().verify(&system, full) {
                     Ok(r) if r.full => tracing::info!(checked = r.records_checked, "audit log verified in full"),
                     Ok(_) => {}
                     Err(e) => tracing::error!(full, error = %e, "audit log verification failed"),
@@ -208,13 +208,13 @@ impl crate::Engine {
         if hk.audit_retention_days > 0 {
             let cutoff = time::OffsetDateTime::now_utc() - time::Duration::days(i64::from(hk.audit_retention_days));
             let cutoff = cutoff.format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
-            match self.audit_purge_as(&Admin::system(), &cutoff, hk.audit_retention_days) {
+            match self.audit().purge(&Admin::system(), &cutoff, hk.audit_retention_days) {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(removed = n, "purged audit records past retention"),
                 Err(e) => tracing::error!(error = %e, "audit retention purge failed"),
             }
         }
-        if let Err(e) = self.purge_sessions(hk.sign_in_idle_seconds, hk.sign_in_max_seconds) {
+        if let Err(e) = self.accounts().purge_sessions(hk.sign_in_idle_seconds, hk.sign_in_max_seconds) {
             tracing::error!(error = %e, "sign-in clean-up failed");
         }
     }

@@ -3,7 +3,7 @@
 //!
 //! They can take many minutes (a candidate document model embeds every collection into its own tables first), so
 //! the console and the API submit a task and show its progress instead of holding a request open. The lane runs
-//! them through the same engine operations the CLI calls ([`Engine::evaluate_as`], [`Engine::promote_as`]), as
+//! them through the same engine operations the CLI calls ([`Models::evaluate`], [`Models::promote`]), as
 //! their submitter, re-checked when the task starts. A crash or restart puts a running task back in the queue and
 //! the next start runs it again: embedding resumes from the vectors already written (the candidate's tables are
 //! only ever added to), and the live pair keeps serving until the switch, which is one transaction. Cancelling a
@@ -34,26 +34,6 @@ const MODEL_KINDS: [&str; 4] = [EVALUATE, PROMOTE, crate::training::TRAIN, crate
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
 impl Engine {
-    /// Queues an evaluation of `candidate` (`Q@v,D@v`) against the live pair. Returns the job id.
-    pub fn submit_evaluate_as(&self, actor: &Admin, candidate: &str) -> Result<i64> {
-        if self.active_models()?.is_none() {
-            return Err(Error::InvalidInput("没有在用的模型 (no live model pair to compare with)".into()));
-        }
-        let pair = self.resolve_pair(candidate)?;
-        self.submit_model_task(
-            actor,
-            Task::Evaluate(CandidateParams { candidate: pair_spec(&pair), override_reason: None }),
-        )
-    }
-
-    /// Queues the promotion of `candidate`. The gate is checked now, so a refusal comes at once, and again when
-    /// the task runs, against the pair live then.
-    pub fn submit_promote_as(&self, actor: &Admin, candidate: &str, override_reason: Option<&str>) -> Result<i64> {
-        let (pair, _) = self.promotion_allowed(candidate, override_reason)?;
-        let override_reason = override_reason.map(str::trim).filter(|r| !r.is_empty()).map(str::to_string);
-        self.submit_model_task(actor, Task::Promote(CandidateParams { candidate: pair_spec(&pair), override_reason }))
-    }
-
     fn submit_model_task(&self, actor: &Actor, task: Task) -> Result<i64> {
         let (Task::Evaluate(p) | Task::Promote(p)) = &task else {
             return Err(Error::Internal(format!("{} is not an evaluation or a promotion", task.kind())));
@@ -132,7 +112,8 @@ impl Engine {
         match task {
             Task::Evaluate(p) => {
                 let mut progress = self.job_dense_progress(id);
-                self.evaluate_as(actor, &p.candidate, &mut progress)
+                self.models()
+                    .evaluate(actor, &p.candidate, &mut progress)
                     .map(|r| serde_json::json!({"evaluation": r.id, "passed": r.passed, "ndcg_gain": r.ndcg_gain()}))
             }
             Task::Promote(p) => {
@@ -142,7 +123,8 @@ impl Engine {
                     return Ok(serde_json::json!({"live": p.candidate}));
                 }
                 let mut progress = self.job_dense_progress(id);
-                self.promote_as(actor, &p.candidate, p.override_reason.as_deref(), &mut progress)
+                self.models()
+                    .promote(actor, &p.candidate, p.override_reason.as_deref(), &mut progress)
                     .map(|pair| serde_json::json!({"live": pair_spec(&pair)}))
             }
             Task::Train(p) => self.run_training_job(id, &p, actor, token),
@@ -241,4 +223,26 @@ enum Outcome {
     Done(serde_json::Value),
     Cancelled,
     Failed(Error),
+}
+
+impl crate::engine::Models<'_> {
+    /// Queues an evaluation of `candidate` (`Q@v,D@v`) against the live pair. Returns the job id.
+    pub fn submit_evaluate(&self, actor: &Admin, candidate: &str) -> Result<i64> {
+        if self.active_models()?.is_none() {
+            return Err(Error::InvalidInput("没有在用的模型 (no live model pair to compare with)".into()));
+        }
+        let pair = self.resolve_pair(candidate)?;
+        self.submit_model_task(
+            actor,
+            Task::Evaluate(CandidateParams { candidate: pair_spec(&pair), override_reason: None }),
+        )
+    }
+
+    /// Queues the promotion of `candidate`. The gate is checked now, so a refusal comes at once, and again when
+    /// the task runs, against the pair live then.
+    pub fn submit_promote(&self, actor: &Admin, candidate: &str, override_reason: Option<&str>) -> Result<i64> {
+        let (pair, _) = self.promotion_allowed(candidate, override_reason)?;
+        let override_reason = override_reason.map(str::trim).filter(|r| !r.is_empty()).map(str::to_string);
+        self.submit_model_task(actor, Task::Promote(CandidateParams { candidate: pair_spec(&pair), override_reason }))
+    }
 }

@@ -30,37 +30,6 @@ impl crate::jobs::JobParams for EmbedParams {
 }
 
 impl Engine {
-    /// Queues a job that embeds every chunk still lacking a vector of offline document model `model` (default: the
-    /// live document model) with `care-train embed-corpus` and imports the vectors. Refused before anything is
-    /// queued when the model is online, its package has no trainer weights, or `care-train` cannot start.
-    pub fn submit_offline_embed_as(&self, actor: &Admin, model: Option<&str>) -> Result<i64> {
-        let doc = self.document_model(model, || {
-            Error::InvalidInput("没有在用的模型；请指定离线文档模型 (no live pair: name the document model)".into())
-        })?;
-        embeddable(&doc)?;
-        let st = self.refresh_trainer_status();
-        if !st.ready {
-            return Err(Error::TrainerUnavailable(st.message));
-        }
-        let model = format!("{}@{}", doc.name, doc.version);
-        let id = {
-            let mut conn = self.store.conn();
-            let tx = conn.transaction()?;
-            self.queue_room(&tx)?;
-            let id = crate::jobs::insert_job(&tx, &EmbedParams { model: model.clone() }, actor)?;
-            crate::audit::append(
-                &tx,
-                &actor.name,
-                "model.embed_offline",
-                &serde_json::json!({"job": id, "model": model}),
-            )?;
-            tx.commit()?;
-            id
-        };
-        self.tasks_changed();
-        Ok(id)
-    }
-
     /// Runs job `id`: per collection, export the pending chunks, embed them, import the shards. Restartable: a
     /// collection whose vectors were imported has nothing pending any more.
     pub(crate) fn run_offline_embed_job(
@@ -100,7 +69,7 @@ impl Engine {
                     ..EmbedOptions::default()
                 },
             }))?;
-            self.import_vectors_for(&col.name, &vecs, Some(&p.model), &actor.name, &mut |_| {})?;
+            self.models().import_vectors(&col.name, &vecs, Some(&p.model), &actor.name, &mut |_| {})?;
             embedded += pending;
         }
         let _ = std::fs::remove_dir_all(&dir);
@@ -127,4 +96,37 @@ fn embeddable(doc: &ModelRecord) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+impl crate::engine::Models<'_> {
+    /// Queues a job that embeds every chunk still lacking a vector of offline document model `model` (default: the
+    /// live document model) with `care-train embed-corpus` and imports the vectors. Refused before anything is
+    /// queued when the model is online, its package has no trainer weights, or `care-train` cannot start.
+    pub fn submit_offline_embed(&self, actor: &Admin, model: Option<&str>) -> Result<i64> {
+        let doc = self.document_model(model, || {
+            Error::InvalidInput("没有在用的模型；请指定离线文档模型 (no live pair: name the document model)".into())
+        })?;
+        embeddable(&doc)?;
+        let st = self.refresh_trainer_status();
+        if !st.ready {
+            return Err(Error::TrainerUnavailable(st.message));
+        }
+        let model = format!("{}@{}", doc.name, doc.version);
+        let id = {
+            let mut conn = self.store.conn();
+            let tx = conn.transaction()?;
+            self.queue_room(&tx)?;
+            let id = crate::jobs::insert_job(&tx, &EmbedParams { model: model.clone() }, actor)?;
+            crate::audit::append(
+                &tx,
+                &actor.name,
+                "model.embed_offline",
+                &serde_json::json!({"job": id, "model": model}),
+            )?;
+            tx.commit()?;
+            id
+        };
+        self.tasks_changed();
+        Ok(id)
+    }
 }

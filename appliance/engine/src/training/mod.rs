@@ -477,12 +477,6 @@ impl Engine {
         Ok(TrainingDisk { free_bytes, needed_bytes: weights.saturating_add(reserve_bytes), reserve_bytes })
     }
 
-    /// Said before an admin starts a run (the 训练 page, `care train status`): whether the data disk holds a run
-    /// from the live pair. None when no pair is live.
-    pub fn training_disk_as(&self, _admin: &Admin, sides: Sides) -> Result<Option<TrainingDisk>> {
-        self.active_models()?.map(|p| self.training_disk(&p, sides)).transpose()
-    }
-
     /// What a both-sides run adds on disk: the document encoder's weights [`DOCUMENT_WEIGHT_COPIES`] times and
     /// the candidate's dense tables (4 bytes per dimension of every chunk, twice for the table's own overhead and
     /// the int8 copy the scan keeps).
@@ -515,26 +509,6 @@ impl Engine {
             _ => "cpu",
         }
         .to_string()
-    }
-
-    /// How long `recipe` should take here, judged from the newest finished run of its shape on this device.
-    pub fn training_estimate_as(&self, actor: &Admin, recipe: &Recipe) -> Result<Option<Estimate>> {
-        Ok(estimate(&self.training_runs_as(actor, 100)?, recipe, &self.training_device()))
-    }
-
-    /// Queues a training run from the live pair. Refused at once when the trainer cannot run, nothing is approved
-    /// for training, or another run is queued or running (runs never overlap).
-    pub fn submit_training_as(&self, actor: &Admin, recipe: &Recipe, schedule: Option<i64>) -> Result<i64> {
-        let (p, device) = self.prepare_training(recipe, schedule)?;
-        let id = {
-            let mut conn = self.store.conn();
-            let tx = conn.transaction()?;
-            let id = insert_training(&tx, actor, &p, &device)?;
-            tx.commit()?;
-            id
-        };
-        self.tasks_changed();
-        Ok(id)
     }
 
     /// The checks a run must pass before it is queued (they read the disk and start `care-train --version`, so
@@ -768,11 +742,11 @@ impl Engine {
             };
             // A crash between an import's commit and this marker: that package is registered already.
             if both && models::find(&self.store, &document).is_err() {
-                self.import_model_as(actor, &doc_export)?;
+                self.models().import(actor, &doc_export)?;
             }
             let spec = format!("{name}@{version},{document}");
             if self.resolve_pair(&spec).is_err() {
-                self.import_model_as(actor, &export)?;
+                self.models().import(actor, &export)?;
             }
             st.candidate = spec;
         }
@@ -792,7 +766,7 @@ impl Engine {
         }
         let mut report = None;
         run.phase(&mut st, "evaluate", "评测候选模型", |r| {
-            let rep = self.evaluate_as(actor, &candidate, &mut r.dense_progress())?;
+            let rep = self.models().evaluate(actor, &candidate, &mut r.dense_progress())?;
             self.store.conn().execute(
                 "UPDATE training_runs SET evaluation_id = ?2, decision = ?3 WHERE job_id = ?1",
                 params![id, rep.id, if rep.passed { "passed" } else { "gated_out" }],
@@ -812,7 +786,7 @@ impl Engine {
             let live = self.active_models()?.map(|a| pair_spec(&a));
             if live.as_deref() != Some(candidate.as_str()) {
                 run.phase(&mut st, "promote", "上线候选模型", |r| {
-                    self.promote_as(actor, &candidate, None, &mut r.dense_progress()).map(|_| ())
+                    self.models().promote(actor, &candidate, None, &mut r.dense_progress()).map(|_| ())
                 })?;
             }
             "promoted"
@@ -1034,39 +1008,6 @@ fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TrainingRun> {
 }
 
 impl Engine {
-    /// The newest training runs, newest first.
-    pub fn training_runs_as(&self, _admin: &Admin, limit: usize) -> Result<Vec<TrainingRun>> {
-        let conn = self.store.reader();
-        let mut stmt = conn.prepare(&format!(
-            "SELECT {RUN_COLS} FROM jobs j JOIN training_runs r ON r.job_id = j.id ORDER BY j.id DESC LIMIT ?1"
-        ))?;
-        let rows = stmt.query_map([limit.min(1000) as i64], run_row)?;
-        Ok(rows.collect::<Result<_, _>>()?)
-    }
-
-    pub fn training_run_as(&self, _admin: &Admin, job: i64) -> Result<TrainingRun> {
-        self.store
-            .reader()
-            .query_row(
-                &format!("SELECT {RUN_COLS} FROM jobs j JOIN training_runs r ON r.job_id = j.id WHERE j.id = ?1"),
-                [job],
-                run_row,
-            )
-            .optional()?
-            .ok_or_else(|| Error::NotFound { what: format!("training run #{job}") })
-    }
-
-    /// The run's loss charts (Stage I and Stage II, SVG), once its training phases ended.
-    pub fn training_loss_svg_as(&self, _admin: &Admin, job: i64) -> Result<String> {
-        self.store
-            .reader()
-            .query_row("SELECT loss_svg FROM training_runs WHERE job_id = ?1", [job], |r| r.get(0))
-            .optional()?
-            .ok_or_else(|| Error::NotFound { what: format!("training run #{job}") })
-    }
-}
-
-impl Engine {
     /// Whether training can start here, and on which device, without waiting: the newest answer of a check
     /// ([`crate::trainer`]), started in the background when there is none or it is older than ten minutes.
     pub fn trainer_status(&self) -> TrainerStatus {
@@ -1182,5 +1123,63 @@ mod tests {
         assert_eq!(estimate(&runs, &longer, "cpu"), Some(Estimate { from_job: 10, seconds: 100.0 + 1800.0 + 150.0 }));
         assert_eq!(estimate(&runs, &d, "cuda").unwrap().from_job, 11);
         assert_eq!(estimate(&runs[..1], &d, "cpu"), None, "nothing finished: no estimate");
+    }
+}
+
+impl crate::engine::Training<'_> {
+    /// Said before an admin starts a run (the 训练 page, `care train status`): whether the data disk holds a run
+    /// from the live pair. None when no pair is live.
+    pub fn disk(&self, _admin: &Admin, sides: Sides) -> Result<Option<TrainingDisk>> {
+        self.active_models()?.map(|p| self.training_disk(&p, sides)).transpose()
+    }
+
+    /// How long `recipe` should take here, judged from the newest finished run of its shape on this device.
+    pub fn estimate(&self, actor: &Admin, recipe: &Recipe) -> Result<Option<Estimate>> {
+        Ok(estimate(&self.training().runs(actor, 100)?, recipe, &self.training_device()))
+    }
+
+    /// Queues a training run from the live pair. Refused at once when the trainer cannot run, nothing is approved
+    /// for training, or another run is queued or running (runs never overlap).
+    pub fn submit(&self, actor: &Admin, recipe: &Recipe, schedule: Option<i64>) -> Result<i64> {
+        let (p, device) = self.prepare_training(recipe, schedule)?;
+        let id = {
+            let mut conn = self.store.conn();
+            let tx = conn.transaction()?;
+            let id = insert_training(&tx, actor, &p, &device)?;
+            tx.commit()?;
+            id
+        };
+        self.tasks_changed();
+        Ok(id)
+    }
+    /// The newest training runs, newest first.
+    pub fn runs(&self, _admin: &Admin, limit: usize) -> Result<Vec<TrainingRun>> {
+        let conn = self.store.reader();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {RUN_COLS} FROM jobs j JOIN training_runs r ON r.job_id = j.id ORDER BY j.id DESC LIMIT ?1"
+        ))?;
+        let rows = stmt.query_map([limit.min(1000) as i64], run_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    pub fn run(&self, _admin: &Admin, job: i64) -> Result<TrainingRun> {
+        self.store
+            .reader()
+            .query_row(
+                &format!("SELECT {RUN_COLS} FROM jobs j JOIN training_runs r ON r.job_id = j.id WHERE j.id = ?1"),
+                [job],
+                run_row,
+            )
+            .optional()?
+            .ok_or_else(|| Error::NotFound { what: format!("training run #{job}") })
+    }
+
+    /// The run's loss charts (Stage I and Stage II, SVG), once its training phases ended.
+    pub fn loss_svg(&self, _admin: &Admin, job: i64) -> Result<String> {
+        self.store
+            .reader()
+            .query_row("SELECT loss_svg FROM training_runs WHERE job_id = ?1", [job], |r| r.get(0))
+            .optional()?
+            .ok_or_else(|| Error::NotFound { what: format!("training run #{job}") })
     }
 }

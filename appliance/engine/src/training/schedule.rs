@@ -112,99 +112,14 @@ impl Engine {
             .unwrap_or(UtcOffset::UTC)
     }
 
-    /// Creates a schedule (`id = None`) or replaces one, audited in the same transaction.
-    pub fn set_schedule_as(&self, actor: &Admin, id: Option<i64>, spec: &ScheduleSpec) -> Result<i64> {
-        let minute = spec.check()?;
-        let next = minute.map(|m| rfc3339(next_occurrence(spec.weekday, m, self.offset(), OffsetDateTime::now_utc())));
-        let json = serde_json::to_string(spec).map_err(|e| Error::Internal(e.to_string()))?;
-        let mut conn = self.store.conn();
-        let tx = conn.transaction()?;
-        let mark: i64 = tx.query_row("SELECT ifnull(max(id), 0) FROM feedback", [], |r| r.get(0))?;
-        let id = match id {
-            Some(id) => {
-                let n = tx.execute(
-                    "UPDATE training_schedules SET spec = ?2, next_due = ?3 WHERE id = ?1",
-                    params![id, json, next.clone().unwrap_or_default()],
-                )?;
-                if n == 0 {
-                    return Err(Error::NotFound { what: format!("training schedule #{id}") });
-                }
-                id
-            }
-            None => {
-                // Each schedule can start a training run; [limits] max_schedules bounds how many exist.
-                let cap = self.cfg.limits.max_schedules.max(1);
-                let n: i64 = tx.query_row("SELECT COUNT(*) FROM training_schedules", [], |r| r.get(0))?;
-                if n as usize >= cap {
-                    return Err(Error::LimitReached(format!(
-                        "训练计划已达上限 {cap} 个；请先删除不再需要的计划（care.toml 的 [limits] max_schedules）(too many schedules)"
-                    )));
-                }
-                tx.execute(
-                    "INSERT INTO training_schedules (spec, next_due, feedback_mark, created_by, created_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5)",
-                    params![json, next.clone().unwrap_or_default(), mark, actor.name, now()],
-                )?;
-                tx.last_insert_rowid()
-            }
-        };
-        crate::audit::append(
-            &tx,
-            &actor.name,
-            "training.schedule_set",
-            &serde_json::json!({"schedule": id, "spec": spec, "next_due": next}),
-        )?;
-        tx.commit()?;
-        // The timer lane sleeps until the earliest due time it knew of.
-        self.tasks_changed();
-        Ok(id)
-    }
-
-    pub fn delete_schedule_as(&self, actor: &Admin, id: i64) -> Result<()> {
-        let mut conn = self.store.conn();
-        let tx = conn.transaction()?;
-        if tx.execute("DELETE FROM training_schedules WHERE id = ?1", [id])? == 0 {
-            return Err(Error::NotFound { what: format!("training schedule #{id}") });
-        }
-        crate::audit::append(&tx, &actor.name, "training.schedule_delete", &serde_json::json!({"schedule": id}))?;
-        tx.commit()?;
-        self.tasks_changed();
-        Ok(())
-    }
-
-    pub fn schedules_as(&self, _admin: &Admin) -> Result<Vec<Schedule>> {
-        let conn = self.store.reader();
-        // New feedback counts each user's rows only up to `[limits] max_feedback_per_user`, as training and the
-        // evaluation gate do: one clinician clicking 有帮助 a thousand times cannot start a run alone.
-        let mut stmt = conn.prepare(
-            "SELECT s.id, s.spec, s.next_due, s.last_fired_at, s.last_job, s.created_by,
-                    (SELECT ifnull(sum(min(n, ?1)), 0) FROM
-                        (SELECT count(*) AS n FROM feedback f WHERE f.id > s.feedback_mark GROUP BY f.username))
-             FROM training_schedules s ORDER BY s.id",
-        )?;
-        let cap = i64::from(self.cfg.limits.max_feedback_per_user);
-        let rows = stmt.query_map([cap], |r| {
-            let spec: String = r.get(1)?;
-            Ok((r.get(0)?, spec, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?))
-        })?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (id, spec, next_due, last_fired_at, last_job, created_by, new_feedback) = row?;
-            let spec: ScheduleSpec = serde_json::from_str(&spec)
-                .map_err(|e| Error::Internal(format!("training schedule {id}: unreadable spec: {e}")))?;
-            out.push(Schedule { id, spec, next_due, last_fired_at, last_job, new_feedback, created_by });
-        }
-        Ok(out)
-    }
-
     /// Submits a run for the first enabled schedule (oldest first) that is due at `at`, unless a run is queued or
     /// running. Returns the job submitted, if any. Called by the scheduler's timer lane whenever something changes
     /// and at each schedule's due time.
-    pub fn fire_due_schedules(&self, at: OffsetDateTime) -> Result<Option<i64>> {
+    pub(crate) fn fire_due_schedules(&self, at: OffsetDateTime) -> Result<Option<i64>> {
         if super::unfinished_run(&self.store.reader())?.is_some() {
             return Ok(None);
         }
-        for s in self.schedules_as(&Admin::system())? {
+        for s in self.training().schedules(&Admin::system())? {
             let time_due = parse_rfc3339(&s.next_due).is_some_and(|t| t <= at);
             let feedback_due = s.spec.min_new_feedback.is_some_and(|n| s.new_feedback >= i64::from(n));
             if !s.spec.enabled || !(time_due || feedback_due) {
@@ -275,7 +190,8 @@ impl Engine {
     /// Triggers already past are left out: they wait for the run that blocks them, whose end wakes the lane.
     pub(crate) fn next_schedule_due(&self, now: OffsetDateTime) -> Result<Option<std::time::Instant>> {
         let next = self
-            .schedules_as(&Admin::system())?
+            .training()
+            .schedules(&Admin::system())?
             .into_iter()
             .filter(|s| s.spec.enabled)
             .filter_map(|s| parse_rfc3339(&s.next_due))
@@ -325,5 +241,92 @@ mod tests {
         ] {
             assert_eq!(bad.check().unwrap_err().code(), crate::ErrorCode::InvalidInput, "{bad:?}");
         }
+    }
+}
+
+impl crate::engine::Training<'_> {
+    /// Creates a schedule (`id = None`) or replaces one, audited in the same transaction.
+    pub fn set_schedule(&self, actor: &Admin, id: Option<i64>, spec: &ScheduleSpec) -> Result<i64> {
+        let minute = spec.check()?;
+        let next = minute.map(|m| rfc3339(next_occurrence(spec.weekday, m, self.offset(), OffsetDateTime::now_utc())));
+        let json = serde_json::to_string(spec).map_err(|e| Error::Internal(e.to_string()))?;
+        let mut conn = self.store.conn();
+        let tx = conn.transaction()?;
+        let mark: i64 = tx.query_row("SELECT ifnull(max(id), 0) FROM feedback", [], |r| r.get(0))?;
+        let id = match id {
+            Some(id) => {
+                let n = tx.execute(
+                    "UPDATE training_schedules SET spec = ?2, next_due = ?3 WHERE id = ?1",
+                    params![id, json, next.clone().unwrap_or_default()],
+                )?;
+                if n == 0 {
+                    return Err(Error::NotFound { what: format!("training schedule #{id}") });
+                }
+                id
+            }
+            None => {
+                // Each schedule can start a training run; [limits] max_schedules bounds how many exist.
+                let cap = self.cfg.limits.max_schedules.max(1);
+                let n: i64 = tx.query_row("SELECT COUNT(*) FROM training_schedules", [], |r| r.get(0))?;
+                if n as usize >= cap {
+                    return Err(Error::LimitReached(format!(
+                        "训练计划已达上限 {cap} 个；请先删除不再需要的计划（care.toml 的 [limits] max_schedules）(too many schedules)"
+                    )));
+                }
+                tx.execute(
+                    "INSERT INTO training_schedules (spec, next_due, feedback_mark, created_by, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![json, next.clone().unwrap_or_default(), mark, actor.name, now()],
+                )?;
+                tx.last_insert_rowid()
+            }
+        };
+        crate::audit::append(
+            &tx,
+            &actor.name,
+            "training.schedule_set",
+            &serde_json::json!({"schedule": id, "spec": spec, "next_due": next}),
+        )?;
+        tx.commit()?;
+        // The timer lane sleeps until the earliest due time it knew of.
+        self.tasks_changed();
+        Ok(id)
+    }
+
+    pub fn delete_schedule(&self, actor: &Admin, id: i64) -> Result<()> {
+        let mut conn = self.store.conn();
+        let tx = conn.transaction()?;
+        if tx.execute("DELETE FROM training_schedules WHERE id = ?1", [id])? == 0 {
+            return Err(Error::NotFound { what: format!("training schedule #{id}") });
+        }
+        crate::audit::append(&tx, &actor.name, "training.schedule_delete", &serde_json::json!({"schedule": id}))?;
+        tx.commit()?;
+        self.tasks_changed();
+        Ok(())
+    }
+
+    pub fn schedules(&self, _admin: &Admin) -> Result<Vec<Schedule>> {
+        let conn = self.store.reader();
+        // New feedback counts each user's rows only up to `[limits] max_feedback_per_user`, as training and the
+        // evaluation gate do: one clinician clicking 有帮助 a thousand times cannot start a run alone.
+        let mut stmt = conn.prepare(
+            "SELECT s.id, s.spec, s.next_due, s.last_fired_at, s.last_job, s.created_by,
+                    (SELECT ifnull(sum(min(n, ?1)), 0) FROM
+                        (SELECT count(*) AS n FROM feedback f WHERE f.id > s.feedback_mark GROUP BY f.username))
+             FROM training_schedules s ORDER BY s.id",
+        )?;
+        let cap = i64::from(self.cfg.limits.max_feedback_per_user);
+        let rows = stmt.query_map([cap], |r| {
+            let spec: String = r.get(1)?;
+            Ok((r.get(0)?, spec, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, spec, next_due, last_fired_at, last_job, created_by, new_feedback) = row?;
+            let spec: ScheduleSpec = serde_json::from_str(&spec)
+                .map_err(|e| Error::Internal(format!("training schedule {id}: unreadable spec: {e}")))?;
+            out.push(Schedule { id, spec, next_due, last_fired_at, last_job, new_feedback, created_by });
+        }
+        Ok(out)
     }
 }

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use care_engine::audit::Filter;
-use care_engine::engine::OpenMode;
-use care_engine::{Actor, Admin, Engine, EngineConfig, IngestOptions, Job, JobState, UserUpdate, Worker};
+use crate::audit::Filter;
+use crate::engine::OpenMode;
+use crate::{Actor, Admin, Engine, EngineConfig, IngestOptions, Job, JobState, UserUpdate, Worker};
 
 fn config(dir: &Path) -> EngineConfig {
     let mut cfg = EngineConfig::default();
@@ -42,13 +42,13 @@ fn finished(e: &Engine, id: i64) -> Job {
     job.unwrap()
 }
 
-fn actions(e: &Engine, prefix: &str) -> Vec<care_engine::audit::AuditRecord> {
+fn actions(e: &Engine, prefix: &str) -> Vec<crate::audit::AuditRecord> {
     let f = Filter { action_prefix: Some(prefix.into()), ..Default::default() };
-    e.audit_records_as(&Admin::system(), &f, 1000, 0).unwrap()
+    e.audit().records(&Admin::system(), &f, 1000, 0).unwrap()
 }
 
 /// The records of model tasks' ends (`model.job_done`, `_failed`, `_cancelled`), not of their submission.
-fn task_ends(e: &Engine) -> Vec<care_engine::audit::AuditRecord> {
+fn task_ends(e: &Engine) -> Vec<crate::audit::AuditRecord> {
     actions(e, "model.job_").into_iter().filter(|r| r.action != "model.job_submit").collect()
 }
 
@@ -67,7 +67,7 @@ fn a_submitted_task_starts_at_once_without_a_polling_tick() {
         // Idle for a while first, so a tick-driven loop would be mid-sleep.
         std::thread::sleep(Duration::from_millis(37));
         let submitted = Instant::now();
-        let id = e.submit_ingest_in_place("c", vec![f], IngestOptions::default(), "admin").unwrap();
+        let id = e.ingest().submit_in_place("c", vec![f], IngestOptions::default(), "admin").unwrap();
         let mut started = None;
         wait_until("the job to start", Duration::from_secs(10), || {
             let running = e.job(id).unwrap().state != JobState::Queued;
@@ -105,11 +105,11 @@ fn a_cancel_reaches_a_running_ingest_at_its_next_batch() {
         .unwrap();
     }
     drop(out);
-    let id = e.submit_ingest_in_place("c", vec![f], IngestOptions::default(), "admin").unwrap();
+    let id = e.ingest().submit_in_place("c", vec![f], IngestOptions::default(), "admin").unwrap();
     let w = Worker::start(e.clone(), 1);
     wait_until("the first batch", Duration::from_secs(120), || e.job(id).unwrap().documents_done > 0);
     let asked = Instant::now();
-    e.cancel_job_as(&Admin::console("admin"), id).unwrap();
+    e.tasks().cancel(&Admin::console("admin"), id).unwrap();
     let job = finished(&e, id);
     let took = asked.elapsed();
     w.shutdown();
@@ -125,17 +125,17 @@ fn a_task_runs_as_its_submitter_rechecked_when_it_starts() {
     let t = tempfile::tempdir().unwrap();
     let e = open(&config(&t.path().join("data")));
     let root = Admin::console("root");
-    e.create_collection_as(&root, "c", "").unwrap();
+    e.collections().create(&root, "c", "").unwrap();
     // Another administrator stays, so demoting this one is allowed.
-    e.create_user_as(&root, "li", "Kd3#wPq9!zXv-Ward", "admin").unwrap();
-    let u = e.create_user_as(&root, "wang", "Zq8!vLm#2pRt-Hosp", "admin").unwrap();
+    e.accounts().create_user(&root, "li", "Kd3#wPq9!zXv-Ward", "admin").unwrap();
+    let u = e.accounts().create_user(&root, "wang", "Zq8!vLm#2pRt-Hosp", "admin").unwrap();
     let wang = Actor::user(&u).admin().unwrap();
     let up = e.new_upload_dir().unwrap();
     std::fs::write(up.join("a.md"), "# 标题\n正文。").unwrap();
-    let id = e.submit_upload_as(&wang, "c", vec![up.join("a.md")]).unwrap();
+    let id = e.ingest().submit_upload(&wang, "c", vec![up.join("a.md")]).unwrap();
     // Demoted after submitting, before the scheduler runs the task.
     let demote = UserUpdate { role: Some("clinician".into()), ..Default::default() };
-    e.update_user_as(&root, "wang", &demote).unwrap();
+    e.accounts().update_user(&root, "wang", &demote).unwrap();
     let w = Worker::start(e.clone(), 1);
     let job = finished(&e, id);
     w.shutdown();
@@ -166,8 +166,8 @@ fn e5s1() -> PathBuf {
 
 #[test]
 fn a_due_schedule_fires_exactly_once_across_restarts() {
-    use care_engine::training::Recipe;
-    use care_engine::training::schedule::ScheduleSpec;
+    use crate::training::Recipe;
+    use crate::training::schedule::ScheduleSpec;
     let t = tempfile::tempdir().unwrap();
     let mut cfg = config(&t.path().join("data"));
     cfg.training.trainer = fake_trainer(t.path());
@@ -176,9 +176,9 @@ fn a_due_schedule_fires_exactly_once_across_restarts() {
     let schedule = {
         let e = open(&cfg);
         e.import_e5s1(&e5s1(), "1", None, false).unwrap();
-        care_engine::demo::load_demo(&e).unwrap();
-        for c in e.collections().unwrap() {
-            e.approve_as(&admin, &c.collection.name, true).unwrap();
+        crate::demo::load_demo(&e).unwrap();
+        for c in e.collection_stats().unwrap() {
+            e.collections().approve(&admin, &c.collection.name, true).unwrap();
         }
         let spec = ScheduleSpec {
             weekday: None,
@@ -187,7 +187,7 @@ fn a_due_schedule_fires_exactly_once_across_restarts() {
             recipe: Recipe::default(),
             enabled: true,
         };
-        let id = e.set_schedule_as(&admin, None, &spec).unwrap();
+        let id = e.training().set_schedule(&admin, None, &spec).unwrap();
         // Due an hour ago: the appliance was down when it came due. The engine goes away before anything fires.
         let past = (time::OffsetDateTime::now_utc() - time::Duration::hours(1))
             .format(&time::format_description::well_known::Rfc3339)
@@ -225,7 +225,7 @@ fn a_due_schedule_fires_exactly_once_across_restarts() {
             .collect();
         assert_eq!(submits.len(), 1, "restart {restart}: one audit record: {submits:?}");
         assert_eq!(submits[0].actor, format!("schedule:{schedule}"));
-        let s = e.schedules_as(&admin).unwrap().into_iter().find(|s| s.id == schedule).unwrap();
+        let s = e.training().schedules(&admin).unwrap().into_iter().find(|s| s.id == schedule).unwrap();
         assert_eq!(s.last_job, Some(job));
         let next = time::OffsetDateTime::parse(&s.next_due, &time::format_description::well_known::Rfc3339).unwrap();
         assert!(next > time::OffsetDateTime::now_utc(), "moved to its next occurrence: {}", s.next_due);
@@ -242,7 +242,7 @@ fn shared() -> PathBuf {
 
 /// kuake_qtr dev: the first `n` judged queries, their judged passages plus the first `others` passages.
 fn subset(dir: &Path, n: usize, others: usize) -> (PathBuf, PathBuf) {
-    let set = care_engine::eval::BeirSet::load(&shared().join("data/retrieval/kuake_qtr"), "dev").unwrap();
+    let set = crate::eval::BeirSet::load(&shared().join("data/retrieval/kuake_qtr"), "dev").unwrap();
     let queries: Vec<(String, String)> = set.queries.iter().take(n).cloned().collect();
     let judged: HashSet<String> = queries.iter().flat_map(|(q, _)| set.qrels[q].keys().cloned()).collect();
     let corpus = std::fs::read_to_string(set.corpus_path()).unwrap();
@@ -293,8 +293,8 @@ fn with_candidate(at: &Path, n: usize, others: usize) -> Arc<Engine> {
     e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
     e.import_e5s1(&e5s1(), "1", None, false).unwrap();
     e.sync_dense_indexes(&mut |_| {}).unwrap();
-    e.import_judgments_as(&admin, "kuake", "dev", care_engine::judgments::JudgmentSource::Csv(&csv)).unwrap();
-    e.import_model_as(&admin, &narrow_package(&e, at)).unwrap();
+    e.models().import_judgments(&admin, "kuake", "dev", crate::judgments::JudgmentSource::Csv(&csv)).unwrap();
+    e.models().import(&admin, &narrow_package(&e, at)).unwrap();
     e
 }
 
@@ -305,14 +305,14 @@ fn a_cancel_reaches_a_running_evaluation_at_its_next_batch() {
     let admin = Admin::console("admin");
 
     let w = Worker::start(e.clone(), 1);
-    let id = e.submit_evaluate_as(&admin, "e5-w16@1").unwrap();
+    let id = e.models().submit_evaluate(&admin, "e5-w16@1").unwrap();
     wait_until("embedding progress", Duration::from_secs(300), || {
-        let j = e.job_as(&admin, id).unwrap();
-        assert!(!care_engine::JobState::parse(&j.state).unwrap().is_finished(), "ended before the cancel: {j:?}");
+        let j = e.tasks().job(&admin, id).unwrap();
+        assert!(!crate::JobState::parse(&j.state).unwrap().is_finished(), "ended before the cancel: {j:?}");
         j.progress_done > 0 && j.stage.starts_with("嵌入")
     });
     let asked = Instant::now();
-    e.cancel_job_as(&admin, id).unwrap();
+    e.tasks().cancel(&admin, id).unwrap();
     let job = finished(&e, id);
     let took = asked.elapsed();
     w.shutdown();
@@ -320,8 +320,8 @@ fn a_cancel_reaches_a_running_evaluation_at_its_next_batch() {
     assert_eq!(job.state, JobState::Cancelled, "{job:?}");
     assert!(took < Duration::from_secs(20), "cancel took {took:?}");
     assert!(job.progress_done < job.progress_total, "stopped before the end of the embedding: {job:?}");
-    assert_eq!(e.job_as(&admin, id).unwrap().stage, "已取消", "the state in words, rendered at the edge");
-    assert!(e.evaluations_as(&admin, 10).unwrap().is_empty(), "no report from a cancelled evaluation");
+    assert_eq!(e.tasks().job(&admin, id).unwrap().stage, "已取消", "the state in words, rendered at the edge");
+    assert!(e.models().evaluations(&admin, 10).unwrap().is_empty(), "no report from a cancelled evaluation");
     let ends: Vec<_> = task_ends(&e).into_iter().filter(|r| r.detail["job"] == id).collect();
     assert_eq!(ends.len(), 1, "{ends:?}");
     assert_eq!((ends[0].action.as_str(), ends[0].actor.as_str()), ("model.job_cancelled", "admin"), "{ends:?}");
@@ -335,10 +335,10 @@ fn an_evaluation_and_a_promotion_that_ran_to_their_end_are_audited_with_their_re
     let admin = Admin::console("admin");
 
     let w = Worker::start(e.clone(), 1);
-    let evaluation = e.submit_evaluate_as(&admin, "e5-w16@1").unwrap();
+    let evaluation = e.models().submit_evaluate(&admin, "e5-w16@1").unwrap();
     assert_eq!(finished(&e, evaluation).state, JobState::Done);
     // The 16-dimension candidate is worse: only an override promotes it, and that task too ends as done.
-    let promotion = e.submit_promote_as(&admin, "e5-w16@1", Some("测试：覆盖评估结果")).unwrap();
+    let promotion = e.models().submit_promote(&admin, "e5-w16@1", Some("测试：覆盖评估结果")).unwrap();
     assert_eq!(finished(&e, promotion).state, JobState::Done);
     w.shutdown();
     let ends = task_ends(&e);
@@ -350,7 +350,7 @@ fn an_evaluation_and_a_promotion_that_ran_to_their_end_are_audited_with_their_re
     };
     let d = end(evaluation);
     assert_eq!((&d["kind"], &d["state"]), (&"model.evaluate".into(), &"done".into()));
-    let report = e.evaluations_as(&admin, 1).unwrap()[0].0.id;
+    let report = e.models().evaluations(&admin, 1).unwrap()[0].0.id;
     assert_eq!(d["result"]["evaluation"], report, "{d}");
     let d = end(promotion);
     assert_eq!(d["kind"], "model.promote");
