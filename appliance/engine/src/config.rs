@@ -66,6 +66,9 @@ pub struct LifecycleConfig {
     pub max_collection_loss: f64,
     /// Resamples of the paired bootstrap.
     pub bootstrap_samples: usize,
+    /// Vector tables kept for rollback: besides the live pair's, those of the document models of this many earlier
+    /// live pairs. Older ones are dropped by housekeeping; rolling back that far re-embeds first.
+    pub keep_rollback_tables: usize,
 }
 
 impl Default for LifecycleConfig {
@@ -76,6 +79,7 @@ impl Default for LifecycleConfig {
             max_latency_ratio: 1.25,
             max_collection_loss: 0.01,
             bootstrap_samples: 1000,
+            keep_rollback_tables: 2,
         }
     }
 }

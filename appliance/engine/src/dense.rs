@@ -123,6 +123,11 @@ impl DenseStore {
         Ok(t)
     }
 
+    /// The names of every table in the database, recorded in SQLite or not.
+    pub fn table_names(&self) -> Result<Vec<String>> {
+        self.rt.block_on(self.db.table_names().execute()).map_err(dense_err)
+    }
+
     pub fn drop_table(&self, name: &str) -> Result<()> {
         self.tables.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
         let names = self.rt.block_on(self.db.table_names().execute()).map_err(dense_err)?;

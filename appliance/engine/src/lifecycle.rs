@@ -438,6 +438,96 @@ struct PairRun {
     per_query: Vec<[f64; 3]>,
 }
 
+/// A vector table the retention rule dropped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PrunedTable {
+    pub table: String,
+    /// `name@version` of its document model, or `None` for a table SQLite did not record (left by a crash).
+    pub model: Option<String>,
+}
+
+impl Engine {
+    /// The retention rule for vector tables: a rollback needs the tables of the document models of recent live
+    /// pairs, not of every pair ever live. Keeps the live pair's, those of the newest
+    /// `[lifecycle] keep_rollback_tables` earlier document models in the history, every candidate's (never live)
+    /// and every offline model's (its vectors cannot be recomputed here); drops the rest, each with a
+    /// `vectors.prune` audit record, and the tables SQLite does not know. Does nothing while a model task is queued
+    /// or running, so no evaluation or promotion loses a table it reads.
+    pub(crate) fn prune_vector_tables(&self) -> Result<Vec<PrunedTable>> {
+        let busy: i64 = self.store.reader().query_row(
+            "SELECT COUNT(*) FROM jobs WHERE kind LIKE 'model.%' AND state IN ('queued', 'running')",
+            [],
+            |r| r.get(0),
+        )?;
+        if busy > 0 {
+            return Ok(Vec::new());
+        }
+        let Some(live) = models::active(&self.store)? else { return Ok(Vec::new()) };
+        let mut keep = vec![live.document.id];
+        let mut ever_live = std::collections::HashSet::new();
+        for (_, document, _) in models::history(&self.store, 10_000)? {
+            ever_live.insert(document);
+            if !keep.contains(&document) && keep.len() <= self.cfg.lifecycle.keep_rollback_tables {
+                keep.push(document);
+            }
+        }
+        let rows: Vec<(i64, String, i64, String, bool)> = {
+            let conn = self.store.reader();
+            let mut stmt = conn.prepare(
+                "SELECT d.id, d.table_name, d.model_id, m.name || '@' || m.version, m.dir FROM dense_indexes d \
+                 JOIN models m ON m.id = d.model_id",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                let dir: String = r.get(4)?;
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, Path::new(&dir).join("model.onnx").exists()))
+            })?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let mut pruned = Vec::new();
+        for (id, table, model, name, online) in &rows {
+            if keep.contains(model) || !ever_live.contains(model) || !online {
+                continue;
+            }
+            let mut conn = self.store.conn();
+            let tx = conn.transaction()?;
+            tx.execute("DELETE FROM dense_indexes WHERE id = ?1", [id])?;
+            let detail = serde_json::json!({"table": table, "model": name, "reason": "retention"});
+            crate::audit::append(&tx, "system", "vectors.prune", &detail)?;
+            tx.commit()?;
+            drop(conn);
+            // Recorded first, dropped second: a crash in between leaves a table nothing records, dropped below on
+            // the next run.
+            self.dense.drop_table(table)?;
+            pruned.push(PrunedTable { table: table.clone(), model: Some(name.clone()) });
+        }
+        // Listed before SQLite is read: a table is created after its row, so one listed here and not recorded
+        // below was left by a crash, never one being created now.
+        let present = self.dense.table_names()?;
+        let recorded: std::collections::HashSet<String> = {
+            let conn = self.store.reader();
+            let mut stmt = conn.prepare("SELECT table_name FROM dense_indexes")?;
+            let names = stmt.query_map([], |r| r.get(0))?;
+            names.collect::<Result<_, _>>()?
+        };
+        for table in present {
+            if !recorded.contains(&table) && is_dense_table_name(&table) {
+                self.dense.drop_table(&table)?;
+                pruned.push(PrunedTable { table, model: None });
+            }
+        }
+        Ok(pruned)
+    }
+}
+
+/// Whether `name` has the shape the engine gives its vector tables (`c<collection>_m<model>_v1`), so that nothing
+/// else in the folder is ever dropped.
+fn is_dense_table_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix('c') else { return false };
+    let Some((collection, rest)) = rest.split_once("_m") else { return false };
+    let Some((model, version)) = rest.split_once("_v") else { return false };
+    [collection, model, version].iter().all(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+}
+
 impl Engine {
     /// Candidate lists of `set`'s queries under `pair` (queries encoded one at a time, as a search does).
     fn pair_candidates(

@@ -48,6 +48,8 @@ struct TrainingPage {
     disk: Option<TrainingDisk>,
     /// The same for a run that trains the document side too (its weights and the new document vectors).
     disk_both: Option<TrainingDisk>,
+    /// The default recipe with `sides = both`, judged from past runs of that shape (re-embedding included).
+    estimate_both: Option<Estimate>,
     schedules: Vec<ScheduleRow>,
     runs: Vec<RunRow>,
 }
@@ -139,7 +141,7 @@ pub async fn training_page(
     caller: Caller,
     f: web::Query<Flash>,
 ) -> Result<HttpResponse, ApiError> {
-    let (trainer, live, approved, schedules, runs, (estimate, disk, disk_both)) =
+    let (trainer, live, approved, schedules, runs, (estimate, disk, disk_both, estimate_both)) =
         call_admin(&state, &caller, |e, a| {
             let runs: Vec<RunRow> = e.training().runs(a, 20)?.into_iter().map(|r| row(e, a, r)).collect();
             let live = e
@@ -158,6 +160,7 @@ pub async fn training_page(
                 e.training().estimate(a, &Recipe::default())?,
                 e.training().disk(a, Recipe::default().sides)?,
                 e.training().disk(a, Sides::Both)?,
+                e.training().estimate(a, &Recipe { sides: Sides::Both, ..Recipe::default() })?,
             );
             Ok((e.trainer_status(), live.unwrap_or_default(), approved, schedules, runs, estimate))
         })
@@ -175,6 +178,7 @@ pub async fn training_page(
         estimate,
         disk,
         disk_both,
+        estimate_both,
         schedules,
         runs,
     })

@@ -849,17 +849,25 @@ pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiErro
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/training", tag = "admin",
-    responses((status = 200, description = "whether care-train can run here (and why not), the default recipe and its expected wall time (`default_estimate`: from the newest finished run of its shape on this device, null before one), the data disk's free and needed bytes for a run (`disk`, null when no pair is live), schedules and the newest runs", body = Object)))]
+    responses((status = 200, description = "whether care-train can run here (and why not), the default recipe and its expected wall time (`default_estimate`: from the newest finished run of its shape on this device, null before one), the data disk's free and needed bytes for a run (`disk`, null when no pair is live), the same two for the default recipe with `sides = both` (`both_estimate`, `both_disk`: its weights, the document encoder's and the new document vectors, re-embedding included), schedules and the newest runs", body = Object)))]
 #[get("/api/v1/admin/training")]
 pub async fn admin_training(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
-    let (trainer, runs, schedules, (estimate, disk)) = call_admin(&state, &caller, |e, a| {
+    let both = Recipe { sides: care_engine::training::Sides::Both, ..Recipe::default() };
+    let (trainer, runs, schedules, (estimate, disk, both_estimate, both_disk)) = call_admin(&state, &caller, |e, a| {
         let runs = e.training().runs(a, 50)?;
-        let estimate = (e.training().estimate(a, &Recipe::default())?, e.training().disk(a, Recipe::default().sides)?);
-        Ok((e.trainer_status(), runs, e.training().schedules(a)?, estimate))
+        let t = e.training();
+        let estimate = (
+            t.estimate(a, &Recipe::default())?,
+            t.disk(a, Recipe::default().sides)?,
+            t.estimate(a, &both)?,
+            t.disk(a, both.sides)?,
+        );
+        Ok((e.trainer_status(), runs, t.schedules(a)?, estimate))
     })
     .await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"trainer": trainer, "default_recipe": Recipe::default(),
-        "default_estimate": estimate, "disk": disk, "schedules": schedules, "runs": runs})))
+        "default_estimate": estimate, "disk": disk, "both_estimate": both_estimate, "both_disk": both_disk,
+        "schedules": schedules, "runs": runs})))
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/training/runs", tag = "admin", request_body = Recipe,

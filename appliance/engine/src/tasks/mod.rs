@@ -61,7 +61,8 @@ pub enum Chore {
     AuditVerifyFull,
     /// Audit retention and the purge of ended sign-ins.
     Retention,
-    /// Frees the weights of ended training runs (repairs a crash between a run's end and its clean-up).
+    /// Frees the weights of ended training runs (repairs a crash between a run's end and its clean-up) and drops
+    /// the vector tables no rollback needs any more (the retention rule, `[lifecycle] keep_rollback_tables`).
     PruneRuns,
 }
 
@@ -199,6 +200,11 @@ impl crate::Engine {
             Chore::PruneRuns => {
                 if let Err(e) = self.prune_finished_runs() {
                     tracing::warn!(error = %e, "could not free the weights of ended training runs");
+                }
+                match self.prune_vector_tables() {
+                    Ok(p) if p.is_empty() => {}
+                    Ok(p) => tracing::info!(tables = ?p, "dropped vector tables past the rollback retention"),
+                    Err(e) => tracing::warn!(error = %e, "could not apply the vector-table retention"),
                 }
             }
         }

@@ -3063,3 +3063,61 @@ fn key_term_probe() {
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/results/key-terms-{split}.json"));
     std::fs::write(out, serde_json::to_string_pretty(&report).unwrap()).unwrap();
 }
+
+/// The retention rule for vector tables (issue 33): the live pair's table, the newest earlier live document models'
+/// (`keep_rollback_tables`), candidates' and tables being read stay; older ones and tables SQLite does not know go,
+/// each audited; search and rollback work afterwards.
+#[test]
+fn vector_tables_past_the_rollback_retention_are_dropped_and_the_rest_serve() {
+    let t = tempfile::tempdir().unwrap();
+    let mut cfg = EngineConfig::default();
+    cfg.storage.data_dir = t.path().to_path_buf();
+    cfg.training.keep_free_gb = 0.0;
+    cfg.lifecycle.keep_rollback_tables = 1;
+    let e = Engine::open(cfg, OpenMode::Create).unwrap();
+    e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+    crate::demo::load_demo(&e).unwrap();
+    let admin = crate::Admin::console("cli:root");
+    for v in ["2", "3"] {
+        e.import_e5s1(&e5s1(), v, Some(&format!("pairing-{v}")), false).unwrap();
+        let m = format!("e5-small@{v}");
+        e.models().activate(&admin, &m, &m, &mut |_| {}).unwrap();
+    }
+    // A candidate never live, with a table of its own (as an evaluation makes), and a table nothing records.
+    let candidate = e.import_e5s1(&e5s1(), "4", Some("pairing-4"), false).unwrap();
+    let col = e.collection(crate::demo::DEMO_COLLECTION).unwrap();
+    e.dense_table(col.id, &candidate, true).unwrap();
+    e.dense.table("c99_m99_v1", 384).unwrap();
+    e.dense.table("notes", 384).unwrap();
+    let tables = |e: &Engine| -> Vec<String> {
+        let conn = db(e);
+        let mut stmt = conn
+            .prepare("SELECT m.version FROM dense_indexes d JOIN models m ON m.id = d.model_id ORDER BY 1")
+            .unwrap();
+        stmt.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect()
+    };
+    assert_eq!(tables(&e), ["1", "2", "3", "4"]);
+
+    let pruned = e.prune_vector_tables().unwrap();
+    let named: Vec<Option<String>> = pruned.iter().map(|p| p.model.clone()).collect();
+    assert_eq!(named, [Some("e5-small@1".to_string()), None], "{pruned:?}");
+    assert_eq!(pruned[1].table, "c99_m99_v1", "only tables of the engine's naming are swept");
+    assert_eq!(tables(&e), ["2", "3", "4"], "live, one rollback step and the candidate stay");
+    let present = e.dense.table_names().unwrap();
+    assert!(!present.contains(&pruned[0].table) && !present.contains(&"c99_m99_v1".to_string()));
+    assert!(present.contains(&"notes".to_string()));
+    let audited: i64 =
+        db(&e).query_row("SELECT COUNT(*) FROM audit WHERE action = 'vectors.prune'", [], |r| r.get(0)).unwrap();
+    assert_eq!(audited, 1);
+    assert!(e.prune_vector_tables().unwrap().is_empty(), "a second pass finds nothing");
+
+    let hybrid = |e: &Engine| {
+        let r = e.search_unaudited(&SearchRequest { query: "二甲双胍的禁忌症".into(), ..Default::default() }).unwrap();
+        assert!(r.hits.iter().any(|h| h.parts.dense.is_some()), "dense retrieval answers");
+    };
+    hybrid(&e);
+    e.models().rollback(&admin, "测试回滚").unwrap();
+    assert_eq!(e.active_models().unwrap().unwrap().document.version, "2");
+    hybrid(&e);
+    assert_eq!(tables(&e), ["2", "3", "4"], "rolling back one step needed no re-embedding");
+}
