@@ -853,18 +853,19 @@ pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiErro
 #[get("/api/v1/admin/training")]
 pub async fn admin_training(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
     let both = Recipe { sides: care_engine::training::Sides::Both, ..Recipe::default() };
-    let (trainer, runs, schedules, (estimate, disk, both_estimate, both_disk)) = call_admin(&state, &caller, |e, a| {
-        let runs = e.training().runs(a, 50)?;
-        let t = e.training();
-        let estimate = (
-            t.estimate(a, &Recipe::default())?,
-            t.disk(a, Recipe::default().sides)?,
-            t.estimate(a, &both)?,
-            t.disk(a, both.sides)?,
-        );
-        Ok((e.trainer_status(), runs, t.schedules(a)?, estimate))
-    })
-    .await?;
+    let (trainer, runs, schedules, (estimate, disk, both_estimate, both_disk)) =
+        call_admin(&state, &caller, move |e, a| {
+            let runs = e.training().runs(a, 50)?;
+            let t = e.training();
+            let estimate = (
+                t.estimate(a, &Recipe::default())?,
+                t.disk(a, Recipe::default().sides)?,
+                t.estimate(a, &both)?,
+                t.disk(a, both.sides)?,
+            );
+            Ok((e.trainer_status(), runs, t.schedules(a)?, estimate))
+        })
+        .await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"trainer": trainer, "default_recipe": Recipe::default(),
         "default_estimate": estimate, "disk": disk, "both_estimate": both_estimate, "both_disk": both_disk,
         "schedules": schedules, "runs": runs})))
