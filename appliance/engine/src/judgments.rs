@@ -230,34 +230,6 @@ fn merge<'a>(rows: impl Iterator<Item = &'a (String, String, i64)>) -> Judged {
     j
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_beir_upload_repeating_one_query_id_counts_it_once() {
-        let d = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(d.path().join("qrels")).unwrap();
-        let qrels: String = (0..50).map(|i| format!("q1\td{i}\t1\n")).collect();
-        std::fs::write(d.path().join("qrels/upload.tsv"), format!("query-id\tcorpus-id\tscore\n{qrels}")).unwrap();
-        let q = "{\"_id\": \"q1\", \"text\": \"二甲双胍的禁忌症\"}\n".repeat(2000);
-        std::fs::write(d.path().join("queries.jsonl"), q).unwrap();
-        let rows = read_rows(JudgmentSource::Beir { dir: d.path(), split: "upload" }).unwrap();
-        assert_eq!(rows.len(), 50, "2,000 copies of q1 are one query with its 50 judgments");
-    }
-
-    #[test]
-    fn parts_follow_the_query_text_and_the_fraction() {
-        let qs: Vec<String> = (0..2000).map(|i| format!("问题 {i}")).collect();
-        let eval = qs.iter().filter(|q| part_of(q, 0.3) == "eval").count();
-        assert!((500..700).contains(&eval), "{eval} of 2000 in eval at 0.3");
-        for q in &qs {
-            assert_eq!(part_of(q, 0.3), part_of(&format!("  {}  ", q.to_uppercase()), 0.3));
-        }
-        assert!(qs.iter().all(|q| part_of(q, 0.0) == "train"));
-    }
-}
-
 impl crate::engine::Models<'_> {
     /// Imports a judgment set for `collection` under `name`, each judgment resolved to a document (its external
     /// id) or a passage (chunk id) of the collection, in one transaction with its audit record.
@@ -426,5 +398,33 @@ impl crate::engine::Models<'_> {
         )?;
         tx.commit()?;
         Ok(n as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_beir_upload_repeating_one_query_id_counts_it_once() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("qrels")).unwrap();
+        let qrels: String = (0..50).map(|i| format!("q1\td{i}\t1\n")).collect();
+        std::fs::write(d.path().join("qrels/upload.tsv"), format!("query-id\tcorpus-id\tscore\n{qrels}")).unwrap();
+        let q = "{\"_id\": \"q1\", \"text\": \"二甲双胍的禁忌症\"}\n".repeat(2000);
+        std::fs::write(d.path().join("queries.jsonl"), q).unwrap();
+        let rows = read_rows(JudgmentSource::Beir { dir: d.path(), split: "upload" }).unwrap();
+        assert_eq!(rows.len(), 50, "2,000 copies of q1 are one query with its 50 judgments");
+    }
+
+    #[test]
+    fn parts_follow_the_query_text_and_the_fraction() {
+        let qs: Vec<String> = (0..2000).map(|i| format!("问题 {i}")).collect();
+        let eval = qs.iter().filter(|q| part_of(q, 0.3) == "eval").count();
+        assert!((500..700).contains(&eval), "{eval} of 2000 in eval at 0.3");
+        for q in &qs {
+            assert_eq!(part_of(q, 0.3), part_of(&format!("  {}  ", q.to_uppercase()), 0.3));
+        }
+        assert!(qs.iter().all(|q| part_of(q, 0.0) == "train"));
     }
 }

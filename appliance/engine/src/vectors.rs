@@ -250,20 +250,6 @@ pub fn has_online_encoder(package_dir: &Path) -> bool {
     package_dir.join("model.onnx").exists()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn export_ids_change_with_the_text() {
-        let a = export_id(7, "二甲双胍");
-        assert_eq!(a, export_id(7, "二甲双胍"));
-        assert!(a.starts_with("7:") && a.len() == 2 + 16, "{a}");
-        assert_ne!(a, export_id(7, "二甲双胍。"));
-        assert_ne!(a, export_id(8, "二甲双胍"));
-    }
-}
-
 impl crate::engine::Models<'_> {
     /// [`Engine::import_vectors`] into the tables of document model `model` (`name@version`), live or not: an
     /// offline document model gets its vectors this way before it can go live.
@@ -526,5 +512,19 @@ impl crate::engine::Models<'_> {
             online_document_encoder: has_online_encoder(&doc.dir),
             import_id,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn export_ids_change_with_the_text() {
+        let a = export_id(7, "二甲双胍");
+        assert_eq!(a, export_id(7, "二甲双胍"));
+        assert!(a.starts_with("7:") && a.len() == 2 + 16, "{a}");
+        assert_ne!(a, export_id(7, "二甲双胍。"));
+        assert_ne!(a, export_id(8, "二甲双胍"));
     }
 }

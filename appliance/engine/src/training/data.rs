@@ -588,6 +588,17 @@ impl SplitMix {
     }
 }
 
+impl crate::engine::Training<'_> {
+    /// Writes what the next run would train on into `dir` (`corpus.jsonl`, `stage2.jsonl`) and returns the counts:
+    /// `care train data`, for an admin who wants to see it before a run. Without a live pair nothing is mined
+    /// (groups are topped up at random).
+    pub fn data(&self, _admin: &Admin, dir: &Path, recipe: &super::Recipe) -> Result<DataCounts> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let pair = self.active_models()?;
+        self.assemble_training_data(dir, pair.as_ref(), &recipe.data, recipe.stage2_max_groups)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -652,16 +663,5 @@ mod tests {
         assert_eq!(a, sample_groups(groups(), 5, 1).iter().map(|g| g.positive).collect::<Vec<_>>());
         assert_ne!(a, sample_groups(groups(), 5, 2).iter().map(|g| g.positive).collect::<Vec<_>>());
         assert_eq!(sample_groups(groups(), 100, 1).len(), 40);
-    }
-}
-
-impl crate::engine::Training<'_> {
-    /// Writes what the next run would train on into `dir` (`corpus.jsonl`, `stage2.jsonl`) and returns the counts:
-    /// `care train data`, for an admin who wants to see it before a run. Without a live pair nothing is mined
-    /// (groups are topped up at random).
-    pub fn data(&self, _admin: &Admin, dir: &Path, recipe: &super::Recipe) -> Result<DataCounts> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let pair = self.active_models()?;
-        self.assemble_training_data(dir, pair.as_ref(), &recipe.data, recipe.stage2_max_groups)
     }
 }

@@ -1021,6 +1021,64 @@ impl Engine {
     }
 }
 
+impl crate::engine::Training<'_> {
+    /// Said before an admin starts a run (the 训练 page, `care train status`): whether the data disk holds a run
+    /// from the live pair. None when no pair is live.
+    pub fn disk(&self, _admin: &Admin, sides: Sides) -> Result<Option<TrainingDisk>> {
+        self.active_models()?.map(|p| self.training_disk(&p, sides)).transpose()
+    }
+
+    /// How long `recipe` should take here, judged from the newest finished run of its shape on this device.
+    pub fn estimate(&self, actor: &Admin, recipe: &Recipe) -> Result<Option<Estimate>> {
+        Ok(estimate(&self.training().runs(actor, 100)?, recipe, &self.training_device()))
+    }
+
+    /// Queues a training run from the live pair. Refused at once when the trainer cannot run, nothing is approved
+    /// for training, or another run is queued or running (runs never overlap).
+    pub fn submit(&self, actor: &Admin, recipe: &Recipe, schedule: Option<i64>) -> Result<i64> {
+        let (p, device) = self.prepare_training(recipe, schedule)?;
+        let id = {
+            let mut conn = self.store.conn();
+            let tx = conn.transaction()?;
+            let id = insert_training(&tx, actor, &p, &device)?;
+            tx.commit()?;
+            id
+        };
+        self.tasks_changed();
+        Ok(id)
+    }
+    /// The newest training runs, newest first.
+    pub fn runs(&self, _admin: &Admin, limit: usize) -> Result<Vec<TrainingRun>> {
+        let conn = self.store.reader();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {RUN_COLS} FROM jobs j JOIN training_runs r ON r.job_id = j.id ORDER BY j.id DESC LIMIT ?1"
+        ))?;
+        let rows = stmt.query_map([limit.min(1000) as i64], run_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    pub fn run(&self, _admin: &Admin, job: i64) -> Result<TrainingRun> {
+        self.store
+            .reader()
+            .query_row(
+                &format!("SELECT {RUN_COLS} FROM jobs j JOIN training_runs r ON r.job_id = j.id WHERE j.id = ?1"),
+                [job],
+                run_row,
+            )
+            .optional()?
+            .ok_or_else(|| Error::NotFound { what: format!("training run #{job}") })
+    }
+
+    /// The run's loss charts (Stage I and Stage II, SVG), once its training phases ended.
+    pub fn loss_svg(&self, _admin: &Admin, job: i64) -> Result<String> {
+        self.store
+            .reader()
+            .query_row("SELECT loss_svg FROM training_runs WHERE job_id = ?1", [job], |r| r.get(0))
+            .optional()?
+            .ok_or_else(|| Error::NotFound { what: format!("training run #{job}") })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1123,63 +1181,5 @@ mod tests {
         assert_eq!(estimate(&runs, &longer, "cpu"), Some(Estimate { from_job: 10, seconds: 100.0 + 1800.0 + 150.0 }));
         assert_eq!(estimate(&runs, &d, "cuda").unwrap().from_job, 11);
         assert_eq!(estimate(&runs[..1], &d, "cpu"), None, "nothing finished: no estimate");
-    }
-}
-
-impl crate::engine::Training<'_> {
-    /// Said before an admin starts a run (the 训练 page, `care train status`): whether the data disk holds a run
-    /// from the live pair. None when no pair is live.
-    pub fn disk(&self, _admin: &Admin, sides: Sides) -> Result<Option<TrainingDisk>> {
-        self.active_models()?.map(|p| self.training_disk(&p, sides)).transpose()
-    }
-
-    /// How long `recipe` should take here, judged from the newest finished run of its shape on this device.
-    pub fn estimate(&self, actor: &Admin, recipe: &Recipe) -> Result<Option<Estimate>> {
-        Ok(estimate(&self.training().runs(actor, 100)?, recipe, &self.training_device()))
-    }
-
-    /// Queues a training run from the live pair. Refused at once when the trainer cannot run, nothing is approved
-    /// for training, or another run is queued or running (runs never overlap).
-    pub fn submit(&self, actor: &Admin, recipe: &Recipe, schedule: Option<i64>) -> Result<i64> {
-        let (p, device) = self.prepare_training(recipe, schedule)?;
-        let id = {
-            let mut conn = self.store.conn();
-            let tx = conn.transaction()?;
-            let id = insert_training(&tx, actor, &p, &device)?;
-            tx.commit()?;
-            id
-        };
-        self.tasks_changed();
-        Ok(id)
-    }
-    /// The newest training runs, newest first.
-    pub fn runs(&self, _admin: &Admin, limit: usize) -> Result<Vec<TrainingRun>> {
-        let conn = self.store.reader();
-        let mut stmt = conn.prepare(&format!(
-            "SELECT {RUN_COLS} FROM jobs j JOIN training_runs r ON r.job_id = j.id ORDER BY j.id DESC LIMIT ?1"
-        ))?;
-        let rows = stmt.query_map([limit.min(1000) as i64], run_row)?;
-        Ok(rows.collect::<Result<_, _>>()?)
-    }
-
-    pub fn run(&self, _admin: &Admin, job: i64) -> Result<TrainingRun> {
-        self.store
-            .reader()
-            .query_row(
-                &format!("SELECT {RUN_COLS} FROM jobs j JOIN training_runs r ON r.job_id = j.id WHERE j.id = ?1"),
-                [job],
-                run_row,
-            )
-            .optional()?
-            .ok_or_else(|| Error::NotFound { what: format!("training run #{job}") })
-    }
-
-    /// The run's loss charts (Stage I and Stage II, SVG), once its training phases ended.
-    pub fn loss_svg(&self, _admin: &Admin, job: i64) -> Result<String> {
-        self.store
-            .reader()
-            .query_row("SELECT loss_svg FROM training_runs WHERE job_id = ?1", [job], |r| r.get(0))
-            .optional()?
-            .ok_or_else(|| Error::NotFound { what: format!("training run #{job}") })
     }
 }

@@ -204,46 +204,6 @@ impl Engine {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use time::macros::datetime;
-
-    use super::*;
-
-    #[test]
-    fn next_sunday_two_am_in_beijing() {
-        let cst = UtcOffset::from_hms(8, 0, 0).unwrap();
-        // Wednesday 2026-11-25 10:00 UTC = 18:00 CST; next Sunday 02:00 CST is 2026-11-29, = Saturday 18:00 UTC.
-        let t = next_occurrence(Some(6), 120, cst, datetime!(2026-11-25 10:00 UTC));
-        assert_eq!(t, datetime!(2026-11-28 18:00 UTC));
-        // Exactly at the occurrence: the next one is a week later.
-        assert_eq!(next_occurrence(Some(6), 120, cst, t), datetime!(2026-12-05 18:00 UTC));
-        // Every day at 02:00 CST, asked at 17:59 UTC (01:59 CST): one minute later.
-        assert_eq!(next_occurrence(None, 120, cst, datetime!(2026-11-25 17:59 UTC)), datetime!(2026-11-25 18:00 UTC));
-    }
-
-    #[test]
-    fn specs_are_checked() {
-        let ok = ScheduleSpec {
-            weekday: Some(6),
-            time: Some("02:00".into()),
-            min_new_feedback: None,
-            recipe: Recipe::default(),
-            enabled: true,
-        };
-        assert_eq!(ok.check().unwrap(), Some(120));
-        for bad in [
-            ScheduleSpec { time: Some("25:00".into()), ..ok.clone() },
-            ScheduleSpec { weekday: Some(7), ..ok.clone() },
-            ScheduleSpec { time: None, min_new_feedback: None, ..ok.clone() },
-            ScheduleSpec { time: None, weekday: Some(1), min_new_feedback: Some(5), ..ok.clone() },
-            ScheduleSpec { min_new_feedback: Some(0), ..ok.clone() },
-        ] {
-            assert_eq!(bad.check().unwrap_err().code(), crate::ErrorCode::InvalidInput, "{bad:?}");
-        }
-    }
-}
-
 impl crate::engine::Training<'_> {
     /// Creates a schedule (`id = None`) or replaces one, audited in the same transaction.
     pub fn set_schedule(&self, actor: &Admin, id: Option<i64>, spec: &ScheduleSpec) -> Result<i64> {
@@ -328,5 +288,45 @@ impl crate::engine::Training<'_> {
             out.push(Schedule { id, spec, next_due, last_fired_at, last_job, new_feedback, created_by });
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use time::macros::datetime;
+
+    use super::*;
+
+    #[test]
+    fn next_sunday_two_am_in_beijing() {
+        let cst = UtcOffset::from_hms(8, 0, 0).unwrap();
+        // Wednesday 2026-11-25 10:00 UTC = 18:00 CST; next Sunday 02:00 CST is 2026-11-29, = Saturday 18:00 UTC.
+        let t = next_occurrence(Some(6), 120, cst, datetime!(2026-11-25 10:00 UTC));
+        assert_eq!(t, datetime!(2026-11-28 18:00 UTC));
+        // Exactly at the occurrence: the next one is a week later.
+        assert_eq!(next_occurrence(Some(6), 120, cst, t), datetime!(2026-12-05 18:00 UTC));
+        // Every day at 02:00 CST, asked at 17:59 UTC (01:59 CST): one minute later.
+        assert_eq!(next_occurrence(None, 120, cst, datetime!(2026-11-25 17:59 UTC)), datetime!(2026-11-25 18:00 UTC));
+    }
+
+    #[test]
+    fn specs_are_checked() {
+        let ok = ScheduleSpec {
+            weekday: Some(6),
+            time: Some("02:00".into()),
+            min_new_feedback: None,
+            recipe: Recipe::default(),
+            enabled: true,
+        };
+        assert_eq!(ok.check().unwrap(), Some(120));
+        for bad in [
+            ScheduleSpec { time: Some("25:00".into()), ..ok.clone() },
+            ScheduleSpec { weekday: Some(7), ..ok.clone() },
+            ScheduleSpec { time: None, min_new_feedback: None, ..ok.clone() },
+            ScheduleSpec { time: None, weekday: Some(1), min_new_feedback: Some(5), ..ok.clone() },
+            ScheduleSpec { min_new_feedback: Some(0), ..ok.clone() },
+        ] {
+            assert_eq!(bad.check().unwrap_err().code(), crate::ErrorCode::InvalidInput, "{bad:?}");
+        }
     }
 }
