@@ -931,7 +931,7 @@ fn run(cli: Cli) -> Result<i32> {
             }
         }
         Command::Dict { command: DictCommand::Add { words } } => {
-            Engine::add_dictionary_words(&cfg.engine, &words)?;
+            Engine::add_dictionary_words(&cfg.engine, &words, &console())?;
             println!("added {} word(s); the lexical index was rebuilt", words.len());
         }
         Command::Serve { .. } => {

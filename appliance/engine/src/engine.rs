@@ -1212,8 +1212,9 @@ impl Engine {
         Ok((present, missing))
     }
 
-    /// Adds words to the admin's dictionary and rebuilds the lexical index with it.
-    pub fn add_dictionary_words(cfg: &EngineConfig, words: &[String]) -> Result<()> {
+    /// Adds words to the admin's dictionary and rebuilds the lexical index with it, audited as `dictionary.add`.
+    /// Takes the configuration rather than an open engine: opening one is what rebuilds the index.
+    pub fn add_dictionary_words(cfg: &EngineConfig, words: &[String], actor: &crate::Admin) -> Result<()> {
         let dir = DataDir::open(&cfg.storage.data_dir, false)?;
         let path = dir.user_dict();
         let mut text = std::fs::read_to_string(&path).unwrap_or_default();
@@ -1231,7 +1232,8 @@ impl Engine {
         std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
         std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
         // Opening the engine notices the new dictionary hash and rebuilds the index.
-        Engine::open(cfg.clone(), OpenMode::Existing).map(|_| ())
+        let e = Engine::open(cfg.clone(), OpenMode::Existing)?;
+        e.audit_event(actor, "dictionary.add", &serde_json::json!({ "words": words }))
     }
 }
 

@@ -185,9 +185,15 @@ fn stale_or_missing_index_is_rebuilt_from_sqlite() {
     let mut cfg = EngineConfig::default();
     cfg.storage.data_dir = dir.clone();
     cfg.training.keep_free_gb = 0.0; // independent of the host's free disk
-    Engine::add_dictionary_words(&cfg, &["替尔泊肽".into()]).unwrap();
+    Engine::add_dictionary_words(&cfg, &["替尔泊肽".into()], &crate::Admin::console("cli:root")).unwrap();
     let e = Engine::open(cfg, OpenMode::Existing).unwrap();
     assert_eq!(search(&e, "替尔泊肽"), vec!["a.txt".to_string()]);
+    let (actor, detail): (String, String) = db(&e)
+        .query_row("SELECT actor, detail FROM audit WHERE action = 'dictionary.add'", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert!(actor == "cli:root" && detail.contains("替尔泊肽"), "{actor} {detail}");
     assert!(e.check().unwrap().consistent);
 }
 
