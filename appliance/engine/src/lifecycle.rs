@@ -471,23 +471,22 @@ impl Engine {
                 keep.push(document);
             }
         }
-        let rows: Vec<(i64, String, i64, String, bool)> = {
+        let rows: Vec<(i64, String, i64)> = {
             let conn = self.store.reader();
-            let mut stmt = conn.prepare(
-                "SELECT d.id, d.table_name, d.model_id, m.name || '@' || m.version, m.dir FROM dense_indexes d \
-                 JOIN models m ON m.id = d.model_id",
-            )?;
-            let rows = stmt.query_map([], |r| {
-                let dir: String = r.get(4)?;
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, Path::new(&dir).join("model.onnx").exists()))
-            })?;
+            let mut stmt = conn.prepare("SELECT id, table_name, model_id FROM dense_indexes")?;
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
             rows.collect::<Result<_, _>>()?
         };
         let mut pruned = Vec::new();
-        for (id, table, model, name, online) in &rows {
-            if keep.contains(model) || !ever_live.contains(model) || !online {
+        for (id, table, model) in &rows {
+            if keep.contains(model) || !ever_live.contains(model) {
                 continue;
             }
+            let m = models::get(&self.store, *model)?;
+            if !m.online {
+                continue;
+            }
+            let name = format!("{}@{}", m.name, m.version);
             let mut conn = self.store.conn();
             let tx = conn.transaction()?;
             tx.execute("DELETE FROM dense_indexes WHERE id = ?1", [id])?;
@@ -498,7 +497,7 @@ impl Engine {
             // Recorded first, dropped second: a crash in between leaves a table nothing records, dropped below on
             // the next run.
             self.dense.drop_table(table)?;
-            pruned.push(PrunedTable { table: table.clone(), model: Some(name.clone()) });
+            pruned.push(PrunedTable { table: table.clone(), model: Some(name) });
         }
         // Listed before SQLite is read: a table is created after its row, so one listed here and not recorded
         // below was left by a crash, never one being created now.
