@@ -1214,7 +1214,7 @@ impl Engine {
 
     /// Adds words to the admin's dictionary and rebuilds the lexical index with it, audited as `dictionary.add`.
     /// Takes the configuration rather than an open engine: opening one is what rebuilds the index.
-    pub fn add_dictionary_words(cfg: &EngineConfig, words: &[String], actor: &crate::Admin) -> Result<()> {
+    pub fn add_dictionary_words(cfg: &EngineConfig, words: &[String], actor: &crate::accounts::Admin) -> Result<()> {
         let dir = DataDir::open(&cfg.storage.data_dir, false)?;
         let path = dir.user_dict();
         let mut text = std::fs::read_to_string(&path).unwrap_or_default();
