@@ -25,18 +25,6 @@ pub struct DenseProgress {
     pub total: usize,
 }
 
-pub(crate) use crate::cancel::interrupted;
-
-/// Reports `p` and ends the operation when the task running it was asked to stop (its cancel token, see
-/// [`crate::tasks::CancelToken`]): the check at each embedding and scoring batch.
-pub(crate) fn report(progress: &mut dyn FnMut(DenseProgress), p: DenseProgress) -> Result<()> {
-    progress(p);
-    if crate::cancel::current_raised() {
-        return Err(interrupted());
-    }
-    Ok(())
-}
-
 #[derive(Debug, Clone, Serialize)]
 pub struct FusionSetting {
     pub method: Method,
@@ -139,7 +127,7 @@ impl Engine {
         &self,
         query: &str,
         document: &str,
-        progress: &mut dyn FnMut(DenseProgress),
+        progress: &mut dyn FnMut(DenseProgress) -> Result<()>,
     ) -> Result<ActivePair> {
         self.activate_models_by(query, document, "system", progress)
     }
@@ -150,7 +138,7 @@ impl Engine {
         query: &str,
         document: &str,
         actor: &str,
-        progress: &mut dyn FnMut(DenseProgress),
+        progress: &mut dyn FnMut(DenseProgress) -> Result<()>,
     ) -> Result<ActivePair> {
         let q = models::find(&self.store, query)?;
         let d = models::find(&self.store, document)?;
@@ -241,7 +229,7 @@ impl Engine {
 
     /// Brings the active document model's table of every collection in line with SQLite. Returns how many
     /// chunks were embedded or removed.
-    pub fn sync_dense_indexes(&self, progress: &mut dyn FnMut(DenseProgress)) -> Result<usize> {
+    pub fn sync_dense_indexes(&self, progress: &mut dyn FnMut(DenseProgress) -> Result<()>) -> Result<usize> {
         let Some(pair) = models::active(&self.store)? else { return Ok(0) };
         let mut n = 0;
         for col in self.store.collection_list()? {
@@ -254,7 +242,7 @@ impl Engine {
         &self,
         col: &Collection,
         model: &ModelRecord,
-        progress: &mut dyn FnMut(DenseProgress),
+        progress: &mut dyn FnMut(DenseProgress) -> Result<()>,
     ) -> Result<usize> {
         let Some((_, table)) = self.dense_table(col.id, model, true)? else { return Ok(0) };
         let in_index: Vec<(i64, i64)> = self.dense.all_ids(&table)?;
@@ -300,7 +288,8 @@ impl Engine {
             changed += data.len().max(batch.len());
             self.dense.replace_documents(&table, batch, &data)?;
             let done = ((i + 1) * 256).min(total);
-            report(progress, DenseProgress { stage: "嵌入", collection: col.name.clone(), done, total })?;
+            // The sink ends the operation when its task was asked to stop (a task's sink checks its token).
+            progress(DenseProgress { stage: "嵌入", collection: col.name.clone(), done, total })?;
         }
         if self.dense.count(&table)? > self.cfg.search.ann_threshold {
             self.dense.build_ann(&table)?;
@@ -352,7 +341,7 @@ impl Engine {
     pub(crate) fn prepare_document_model(
         &self,
         document: &ModelRecord,
-        progress: &mut dyn FnMut(DenseProgress),
+        progress: &mut dyn FnMut(DenseProgress) -> Result<()>,
     ) -> Result<()> {
         for col in self.store.collection_list()? {
             self.sync_collection(&col, document, progress)?;
@@ -573,9 +562,11 @@ impl Engine {
 
     /// The one ranking every page of a query is cut from. Its head is the fusion of each leg's top
     /// `search.candidates` (what the first pages always showed, and what the fusion weights were fitted on); its
-    /// tail is what the legs retrieve down to `depth` beyond that, fused over the whole depth and appended without
-    /// repeating a head chunk. It depends on the query, the pair and the weights only, never on the page asked
-    /// for, so pages are consecutive slices that never repeat a chunk.
+    /// tail is the keyword matches BM25 finds down to `depth` beyond that, in BM25 order, appended without
+    /// repeating a head chunk. The dense leg stops at the head: past it, a passage that is only near in meaning
+    /// answers nothing a clinician asked, and scoring a thousand of them per query cost every search (a tenth of
+    /// a core under load). The ranking depends on the query, the pair and the weights only, never on the page
+    /// asked for, so pages are consecutive slices that never repeat a chunk.
     pub(crate) fn rank(
         &self,
         terms: &[(String, f32)],
@@ -600,14 +591,15 @@ impl Engine {
         let dense: Vec<Ranked> = match (method, qvec) {
             (Method::Bm25, _) | (_, None) => Vec::new(),
             (_, Some((v, m))) => self
-                .dense_search(v, m, cols, depth)?
+                .dense_search(v, m, cols, head_depth)?
                 .into_iter()
                 .map(|h| (h.chunk_id, h.document_id, h.score))
                 .collect(),
         };
         // Without a query vector the ranking is BM25's (a dense-only request then finds nothing).
         let method = if qvec.is_none() && method != Method::Bm25 { Method::Bm25 } else { method };
-        let capped = bm25.len() >= depth || dense.len() >= depth;
+        // More keyword matches exist than the ranking holds.
+        let capped = bm25.len() >= depth;
         let cut = |l: &[Ranked]| l[..l.len().min(head_depth)].to_vec();
         let mut hits = fusion::fuse(&cut(&bm25), &cut(&dense), method, weight);
         let seen: HashSet<i64> = hits.iter().map(|h| h.chunk_id).collect();

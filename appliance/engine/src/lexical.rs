@@ -594,11 +594,8 @@ impl LexicalIndex {
         Box::new(ConstScoreQuery::new(Box::new(BooleanQuery::new(filter)), 0.0))
     }
 
-    /// How many chunks of `collections` hold `word` (one index term, lower-cased) in their body or title.
-    pub fn chunks_with(&self, word: &str, collections: &[String]) -> Result<usize> {
-        if collections.is_empty() {
-            return Ok(0);
-        }
+    /// The query matching chunks of `collections` that hold `word` as an index term (body or title).
+    fn word_in(&self, word: &str, collections: &[String]) -> BooleanQuery {
         let term = |f: Field| -> Box<dyn Query> {
             Box::new(TermQuery::new(Term::from_field_text(f, word), IndexRecordOption::Basic))
         };
@@ -606,8 +603,43 @@ impl LexicalIndex {
             (Occur::Should, term(self.fields.body)),
             (Occur::Should, term(self.fields.title)),
         ]));
-        let q = BooleanQuery::new(vec![(Occur::Must, either), (Occur::Must, self.collection_filter(collections))]);
-        Ok(self.reader.searcher().search(&q, &tantivy::collector::Count)?)
+        BooleanQuery::new(vec![(Occur::Must, either), (Occur::Must, self.collection_filter(collections))])
+    }
+
+    /// How many chunks of `collections` hold `word` as an index term (body or title).
+    pub fn chunks_with(&self, word: &str, collections: &[String]) -> Result<usize> {
+        if collections.is_empty() {
+            return Ok(0);
+        }
+        Ok(self.reader.searcher().search(&self.word_in(word, collections), &tantivy::collector::Count)?)
+    }
+
+    /// Whether any chunk of `collections` holds `word` as an index term. Every search asks this for each of its
+    /// words, so it stops at the first live match instead of counting a common word's whole posting list.
+    pub fn any_chunk_with(&self, word: &str, collections: &[String]) -> Result<bool> {
+        if collections.is_empty() {
+            return Ok(false);
+        }
+        let searcher = self.reader.searcher();
+        let df = searcher.doc_freq(&Term::from_field_text(self.fields.body, word))?
+            + searcher.doc_freq(&Term::from_field_text(self.fields.title, word))?;
+        if df == 0 {
+            return Ok(false);
+        }
+        let query = self.word_in(word, collections);
+        let weight = query.weight(tantivy::query::EnableScoring::disabled_from_searcher(&searcher))?;
+        for segment in searcher.segment_readers() {
+            let mut scorer = weight.scorer(segment, 1.0)?;
+            let alive = segment.alive_bitset();
+            let mut doc = scorer.doc();
+            while doc != tantivy::TERMINATED {
+                if alive.is_none_or(|a| a.is_alive(doc)) {
+                    return Ok(true);
+                }
+                doc = scorer.advance();
+            }
+        }
+        Ok(false)
     }
 
     /// BM25 top `limit` chunks for `text`, optionally restricted to `collections`.

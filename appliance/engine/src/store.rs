@@ -526,10 +526,17 @@ impl Store {
         }
         let conn = self.reader();
         let marks = vec!["?"; collections.len()].join(",");
+        // lower() copies every text it reads; a needle without ASCII letters (most Chinese terms) needs no folding
+        // and the scan reads the texts in place.
+        let col =
+            |c: &str| if needle.bytes().any(|b| b.is_ascii_alphabetic()) { format!("lower({c})") } else { c.into() };
         let sql = format!(
             "SELECT EXISTS (SELECT 1 FROM chunks k JOIN documents d ON d.id = k.document_id \
              JOIN collections c ON c.id = d.collection_id WHERE c.name IN ({marks}) AND \
-             (instr(lower(k.text), ?) > 0 OR instr(lower(k.heading), ?) > 0 OR instr(lower(d.title), ?) > 0))"
+             (instr({}, ?) > 0 OR instr({}, ?) > 0 OR instr({}, ?) > 0))",
+            col("k.text"),
+            col("k.heading"),
+            col("d.title")
         );
         let mut stmt = conn.prepare_cached(&sql)?;
         let mut args: Vec<&dyn rusqlite::ToSql> = collections.iter().map(|c| c as &dyn rusqlite::ToSql).collect();
