@@ -111,7 +111,7 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
     if opts.e5s1.is_some() {
         // A reused directory holds both query graphs: serve the one asked for (same pairing, nothing re-embedded).
         let query = if opts.int8 { "e5-small@1-int8" } else { "e5-small@1" };
-        e.models().activate(&bench_admin(), query, "e5-small@1", &mut |_| {})?;
+        e.models().activate(&bench_admin(), query, "e5-small@1", &mut |_| Ok(()))?;
     }
     let col = e.collection("bench")?;
     let cols = vec![col.clone()];
@@ -202,7 +202,7 @@ fn prepare(cfg: &EngineConfig, set: &BeirSet, opts: &BenchOptions) -> Result<Pre
         // Documents stay fp32 (embedded offline); only the online query encoder may be the int8 graph. Same
         // weights, so the same pairing.
         e.import_e5s1(bin, "1-int8", Some(&fp32.pairing_id), true)?;
-        e.sync_dense_indexes(&mut |_| {})?;
+        e.sync_dense_indexes(&mut |_| Ok(()))?;
         embed_seconds = t.elapsed().as_secs_f64();
     }
     Ok(Prepared { set: opts.set.clone(), docs, chunks, ingest_seconds, embed_seconds })

@@ -72,7 +72,7 @@ pub fn run(base: &EngineConfig, set_dir: &Path, reuse: &Path, queries: usize, a:
     let e = Engine::open(cfg.clone(), OpenMode::Existing).with_context(|| {
         format!("{} is not a prepared benchmark directory (run care bench --reuse first)", reuse.display())
     })?;
-    e.models().activate(&crate::bench::bench_admin(), "e5-small@1", "e5-small@1", &mut |_| {})?;
+    e.models().activate(&crate::bench::bench_admin(), "e5-small@1", "e5-small@1", &mut |_| Ok(()))?;
     let base_rows = e.dense_vectors("bench")?;
     let Some(width) = base_rows.first().map(|r| r.1.len()) else { bail!("{} holds no dense vectors", reuse.display()) };
     let texts: Vec<&str> = set.queries.iter().take(queries).map(|(_, q)| q.as_str()).collect();

@@ -1226,10 +1226,12 @@ fn dense_bar() -> ProgressBar {
     pb
 }
 
-fn dense_progress(pb: &ProgressBar, p: &DenseProgress) {
+/// The CLI's progress sink: a bar. It never stops the loop (Ctrl-C ends the process; its work resumes or is redone).
+fn dense_progress(pb: &ProgressBar, p: &DenseProgress) -> care_engine::Result<()> {
     pb.set_length(p.total as u64);
     pb.set_position(p.done as u64);
     pb.set_message(format!("{} {}", p.stage, p.collection));
+    Ok(())
 }
 
 /// Fits the dense weight on `set` for `collection`; returns the weight, the nDCG curve and per-method metrics.
@@ -1278,7 +1280,7 @@ fn evaluate(
         let fp32 = e.import_e5s1(bin, "1", None, false)?;
         if opts.int8_queries {
             e.import_e5s1(bin, "1-int8", Some(&fp32.pairing_id), true)?;
-            e.models().activate(&console(), "e5-small@1-int8", "e5-small@1", &mut |_| {})?;
+            e.models().activate(&console(), "e5-small@1-int8", "e5-small@1", &mut |_| Ok(()))?;
         }
     }
     let col = match &opts.collection {

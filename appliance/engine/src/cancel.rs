@@ -97,32 +97,6 @@ impl CancelToken {
     }
 }
 
-thread_local! {
-    /// The token of the task this thread runs. The embedding and scoring loops sit under operations the CLI and
-    /// the tests also call directly, with no task around them; they read the token here rather than through
-    /// every signature in between (see [`crate::hybrid::report`]).
-    static CURRENT: std::cell::RefCell<Option<CancelToken>> = const { std::cell::RefCell::new(None) };
-}
-
-/// Installs `token` as this thread's current task token until the guard drops.
-pub(crate) fn enter(token: &CancelToken) -> CurrentGuard {
-    CURRENT.with(|c| *c.borrow_mut() = Some(token.clone()));
-    CurrentGuard
-}
-
-pub(crate) struct CurrentGuard;
-
-impl Drop for CurrentGuard {
-    fn drop(&mut self) {
-        CURRENT.with(|c| *c.borrow_mut() = None);
-    }
-}
-
-/// Whether the task this thread runs was asked to stop (false outside a task).
-pub(crate) fn current_raised() -> bool {
-    CURRENT.with(|c| c.borrow().as_ref().is_some_and(CancelToken::is_raised))
-}
-
 /// What the engine keeps for the scheduler: the wake-up signal and the tokens of running tasks.
 #[derive(Debug, Default)]
 pub(crate) struct Hub {

@@ -304,7 +304,8 @@ pub struct SearchResults {
     pub dense_weight: f32,
     /// Hits in the ranking (documents when grouped): pages are consecutive slices of it.
     pub total: usize,
-    /// More matched than the ranking holds (`search.ranking_depth`): `total` is a lower bound (约).
+    /// More passages contain the query's words than the ranking holds (`search.max_offset` + `search.max_limit`):
+    /// `total` is a lower bound (约).
     pub total_is_lower_bound: bool,
     /// Same as `total` (kept for older clients).
     pub total_candidates: usize,
@@ -519,7 +520,7 @@ impl Engine {
             self.rebuild_lexical()?;
             report.rebuilt = true;
         }
-        report.dense_repaired = self.sync_dense_indexes(&mut |_| {})?;
+        report.dense_repaired = self.sync_dense_indexes(&mut |_| Ok(()))?;
         self.dir.remove_stale_imports();
         Ok(report)
     }
@@ -1121,7 +1122,7 @@ impl Engine {
 
     /// Whether `word` occurs in `collections`, as an index term or as text.
     fn occurs(&self, word: &str, collections: &[String]) -> Result<bool> {
-        Ok(self.lexical.chunks_with(word, collections)? > 0 || self.store.any_chunk_contains(word, collections)?)
+        Ok(self.lexical.any_chunk_with(word, collections)? || self.store.any_chunk_contains(word, collections)?)
     }
 
     /// How deep the one ranking of a query goes: the deepest hit a page may ask for.
@@ -1198,7 +1199,7 @@ impl Engine {
             }
             let mut found = false;
             for f in &forms {
-                found = found || self.lexical.chunks_with(f, collections)? > 0;
+                found = found || self.lexical.any_chunk_with(f, collections)?;
             }
             for f in &forms {
                 found = found || self.store.any_chunk_contains(f, collections)?;

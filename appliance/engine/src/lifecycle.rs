@@ -18,7 +18,7 @@ use crate::accounts::{Actor, Admin};
 use crate::encoders::TextKind;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::hybrid::{DenseProgress, report};
+use crate::hybrid::DenseProgress;
 use crate::models::{self, ActivePair, ModelRecord};
 use rusqlite::OptionalExtension;
 
@@ -534,7 +534,7 @@ impl Engine {
         pair: &ActivePair,
         set: &crate::eval::BeirSet,
         col: &crate::store::Collection,
-        progress: &mut dyn FnMut(DenseProgress),
+        progress: &mut dyn FnMut(DenseProgress) -> Result<()>,
     ) -> Result<crate::eval::Candidates2> {
         let enc = self.encoder(&pair.query)?;
         let names = [col.name.clone()];
@@ -542,7 +542,7 @@ impl Engine {
         let total = set.queries.len();
         for (i, (qid, text)) in set.queries.iter().enumerate() {
             if i % 50 == 0 {
-                report(progress, DenseProgress { stage: "评测", collection: col.name.clone(), done: i, total })?;
+                progress(DenseProgress { stage: "评测", collection: col.name.clone(), done: i, total })?;
             }
             let v = enc.encode(&[text.as_str()], TextKind::Query)?;
             let bm25 = self
@@ -567,7 +567,7 @@ impl Engine {
         pair: &ActivePair,
         col: &crate::store::Collection,
         (train, eval): (&crate::eval::BeirSet, &crate::eval::BeirSet),
-        progress: &mut dyn FnMut(DenseProgress),
+        progress: &mut dyn FnMut(DenseProgress) -> Result<()>,
     ) -> Result<PairRun> {
         let weight = if train.queries.is_empty() {
             self.fusion_for(col.id)?.dense_weight
@@ -791,7 +791,7 @@ impl crate::engine::Models<'_> {
         &self,
         actor: &Admin,
         candidate: &str,
-        progress: &mut dyn FnMut(DenseProgress),
+        progress: &mut dyn FnMut(DenseProgress) -> Result<()>,
     ) -> Result<EvaluationReport> {
         let live = models::active(&self.store)?
             .ok_or_else(|| Error::InvalidInput("没有在用的模型 (no live model pair to compare with)".into()))?;
@@ -933,7 +933,7 @@ impl crate::engine::Models<'_> {
         actor: &Admin,
         candidate: &str,
         override_reason: Option<&str>,
-        progress: &mut dyn FnMut(DenseProgress),
+        progress: &mut dyn FnMut(DenseProgress) -> Result<()>,
     ) -> Result<ActivePair> {
         let (cand, verdict) = self.promotion_allowed(candidate, override_reason)?;
         let reason = override_reason.map(str::trim).unwrap_or("");
@@ -963,7 +963,7 @@ impl crate::engine::Models<'_> {
             query: models::get(&self.store, previous.0)?,
             document: models::get(&self.store, previous.1)?,
         };
-        self.prepare_document_model(&pair.document, &mut |_| {})?;
+        self.prepare_document_model(&pair.document, &mut |_| Ok(()))?;
         models::set_active_as(
             &self.store,
             &pair.query,

@@ -682,7 +682,7 @@ impl crate::engine::Models<'_> {
         actor: &Admin,
         query: &str,
         document: &str,
-        progress: &mut dyn FnMut(crate::hybrid::DenseProgress),
+        progress: &mut dyn FnMut(crate::hybrid::DenseProgress) -> Result<()>,
     ) -> Result<ActivePair> {
         self.activate_models_by(query, document, &actor.name, progress)
     }

@@ -798,7 +798,8 @@ pub async fn activate(
     f: web::Form<ActivateForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    match call_admin(&state, &caller, move |e, a| e.models().activate(a, &f.query, &f.document, &mut |_| {})).await {
+    match call_admin(&state, &caller, move |e, a| e.models().activate(a, &f.query, &f.document, &mut |_| Ok(()))).await
+    {
         Ok(p) => Ok(back_with(
             "/admin/models",
             &format!("已启用 {}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version),

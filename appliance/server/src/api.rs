@@ -589,7 +589,7 @@ pub async fn admin_activate(
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
     Ok(HttpResponse::Ok().json(
-        call_admin(&state, &caller, move |e, a| e.models().activate(a, &b.query, &b.document, &mut |_| {})).await?,
+        call_admin(&state, &caller, move |e, a| e.models().activate(a, &b.query, &b.document, &mut |_| Ok(()))).await?,
     ))
 }
 

@@ -19,8 +19,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::accounts::{Actor, Admin};
+pub(crate) use crate::cancel::socket_path;
 pub use crate::cancel::{CancelToken, StopReason};
-pub(crate) use crate::cancel::{enter, socket_path};
 use crate::error::{Error, Result};
 use crate::jobs::JobParams;
 

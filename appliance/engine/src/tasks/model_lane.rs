@@ -89,10 +89,7 @@ impl Engine {
         )?;
         tracing::info!(job = id, kind, "model task started");
         let token = s.token(id);
-        let result = {
-            let _current = super::enter(&token);
-            Task::from_row(id, &kind, &json).and_then(|task| self.run_task(id, task, &actor, &token))
-        };
+        let result = Task::from_row(id, &kind, &json).and_then(|task| self.run_task(id, task, &actor, &token));
         let outcome = match result {
             Ok(result) => Outcome::Done(result),
             Err(Error::Cancelled(_)) if token.stop_reason() == Some(StopReason::Shutdown) => {
@@ -111,7 +108,7 @@ impl Engine {
     fn run_task(&self, id: i64, task: Task, actor: &Admin, token: &CancelToken) -> Result<serde_json::Value> {
         match task {
             Task::Evaluate(p) => {
-                let mut progress = self.job_dense_progress(id);
+                let mut progress = self.job_dense_progress(id, token);
                 self.models()
                     .evaluate(actor, &p.candidate, &mut progress)
                     .map(|r| serde_json::json!({"evaluation": r.id, "passed": r.passed, "ndcg_gain": r.ndcg_gain()}))
@@ -122,7 +119,7 @@ impl Engine {
                 if live.as_deref() == Some(p.candidate.as_str()) {
                     return Ok(serde_json::json!({"live": p.candidate}));
                 }
-                let mut progress = self.job_dense_progress(id);
+                let mut progress = self.job_dense_progress(id, token);
                 self.models()
                     .promote(actor, &p.candidate, p.override_reason.as_deref(), &mut progress)
                     .map(|pair| serde_json::json!({"live": pair_spec(&pair)}))
@@ -163,18 +160,22 @@ impl Engine {
     }
 
     /// The progress sink of a task's embedding and scoring loops: writes at most every [`PROGRESS_EVERY`] (and at
-    /// the end). Cancellation does not pass through here: the loops check the task's token themselves.
-    pub(crate) fn job_dense_progress(&self, id: i64) -> impl FnMut(DenseProgress) + '_ {
+    /// the end), and ends the loop with `Cancelled` once `token` is raised (the check at each batch).
+    pub(crate) fn job_dense_progress<'a>(
+        &'a self,
+        id: i64,
+        token: &'a CancelToken,
+    ) -> impl FnMut(DenseProgress) -> Result<()> + 'a {
         let mut last = Instant::now() - PROGRESS_EVERY;
         move |d: DenseProgress| {
-            if last.elapsed() < PROGRESS_EVERY && d.done < d.total {
-                return;
+            if last.elapsed() >= PROGRESS_EVERY || d.done >= d.total {
+                last = Instant::now();
+                let stage = format!("{} {}", d.stage, d.collection);
+                if let Err(e) = self.job_progress(id, &stage, d.done as u64, d.total as u64) {
+                    tracing::warn!(job = id, error = %e, "could not record progress");
+                }
             }
-            last = Instant::now();
-            let stage = format!("{} {}", d.stage, d.collection);
-            if let Err(e) = self.job_progress(id, &stage, d.done as u64, d.total as u64) {
-                tracing::warn!(job = id, error = %e, "could not record progress");
-            }
+            token.check()
         }
     }
 

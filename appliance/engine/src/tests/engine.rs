@@ -316,10 +316,10 @@ fn a_query_encoder_of_another_pairing_is_refused() {
     std::fs::write(&f, "二甲双胍禁用于严重肾功能不全的患者。").unwrap();
     e.ingest_files("c", &[f], &mut |_| {}).unwrap();
     let a = e.import_e5s1(&e5s1(), "1", None, false).unwrap();
-    e.sync_dense_indexes(&mut |_| {}).unwrap();
+    e.sync_dense_indexes(&mut |_| Ok(())).unwrap();
     let other = e.import_e5s1(&e5s1(), "other", Some("someone-elses-pairing"), false).unwrap();
     // Same weights, different pairing id: the rule is about provenance, not luck.
-    let err = e.activate_models("e5-small@other", "e5-small@1", &mut |_| {}).unwrap_err();
+    let err = e.activate_models("e5-small@other", "e5-small@1", &mut |_| Ok(())).unwrap_err();
     assert!(matches!(err, Error::ModelMismatch(_)), "{err}");
     assert!(err.to_string().contains("was not trained with document encoder"), "{err}");
     // A pair activated behind the engine's back (e.g. an edited database) is still refused at query time.
@@ -332,7 +332,7 @@ fn a_query_encoder_of_another_pairing_is_refused() {
     assert!(matches!(err, Error::ModelMismatch(_)), "{err}");
     assert!(err.to_string().contains("is refused"), "{err}");
     // The matching pair works and says it used dense retrieval.
-    e.activate_models("e5-small@1", &format!("e5-small@{}", a.version), &mut |_| {}).unwrap();
+    e.activate_models("e5-small@1", &format!("e5-small@{}", a.version), &mut |_| Ok(())).unwrap();
     let r = e.search_unaudited(&SearchRequest { query: "二甲双胍".into(), ..Default::default() }).unwrap();
     assert_eq!(r.method.as_str(), "weighted");
     assert!(r.hits[0].parts.dense.is_some() && r.hits[0].parts.bm25.is_some());
@@ -666,7 +666,7 @@ mod model_import {
         assert!(rec[0].detail.to_string().contains("hospital-e5@2"), "{:?}", rec[0].detail);
         assert!(r.model.dir.starts_with(e.data_dir().models()), "served from the appliance's own copy");
         // Same pairing as the live document model: it can serve queries against the stored vectors.
-        e.activate_models("hospital-e5@2", "e5-small@1", &mut |_| {}).unwrap();
+        e.activate_models("hospital-e5@2", "e5-small@1", &mut |_| Ok(())).unwrap();
         let (v, m) = e.encode_queries(&["二甲双胍的禁忌症"]).unwrap().unwrap();
         assert_eq!(m.name, "hospital-e5");
         assert_eq!(v[0].len(), 384);
@@ -785,7 +785,7 @@ mod lifecycle_gate {
         e.create_collection("kuake", "", "test").unwrap();
         e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
         e.import_e5s1(&e5s1(), "1", None, false).unwrap();
-        e.sync_dense_indexes(&mut |_| {}).unwrap();
+        e.sync_dense_indexes(&mut |_| Ok(())).unwrap();
 
         let info = e.models().import_judgments(&admin, "kuake", "dev400", JudgmentSource::Csv(&csv)).unwrap();
         eprintln!("judgments: {info:?}");
@@ -822,14 +822,14 @@ mod lifecycle_gate {
                 seen
             })
         };
-        let worse = e.models().evaluate(&admin, "e5-w16@1", &mut |_| {}).unwrap();
+        let worse = e.models().evaluate(&admin, "e5-w16@1", &mut |_| Ok(())).unwrap();
         eprintln!("worse candidate: {:?} reasons {:?}", worse.overall_ndcg_at_10, worse.reasons);
         assert!(!worse.passed);
         assert!(worse.overall_ndcg_at_10.gain_hi < 0.0, "clearly worse: {:?}", worse.overall_ndcg_at_10);
-        let err = e.models().promote(&admin, "e5-w16@1", None, &mut |_| {}).unwrap_err();
+        let err = e.models().promote(&admin, "e5-w16@1", None, &mut |_| Ok(())).unwrap_err();
         assert_eq!(err.code(), ErrorCode::Forbidden, "{err}");
         // An admin may override the gate with a reason; the switch happens while the loop searches.
-        e.models().promote(&admin, "e5-w16@1", Some("test of the override"), &mut |_| {}).unwrap();
+        e.models().promote(&admin, "e5-w16@1", Some("test of the override"), &mut |_| Ok(())).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(1500));
         stop.store(true, Ordering::Relaxed);
         let seen = looper.join().unwrap();
@@ -855,7 +855,7 @@ mod lifecycle_gate {
 
         // Now the full model is the candidate: it passes and is promoted; rollback restores the narrow pair's
         // results exactly.
-        let better = e.models().evaluate(&admin, "e5-small@1,e5-small@1", &mut |_| {}).unwrap();
+        let better = e.models().evaluate(&admin, "e5-small@1,e5-small@1", &mut |_| Ok(())).unwrap();
         eprintln!("better candidate: {:?} reasons {:?}", better.overall_ndcg_at_10, better.reasons);
         assert!(better.passed, "{:?}", better.reasons);
         assert!(better.collections[0].ndcg_at_10.gain_lo > 0.0);
@@ -863,7 +863,7 @@ mod lifecycle_gate {
         // one: the pair serves as it was judged. The override above did the same for the narrow pair.
         let narrow_weight = e.fusion_for(col.id).unwrap();
         assert_eq!(narrow_weight.dense_weight, worse.collections[0].candidate_dense_weight, "{narrow_weight:?}");
-        e.models().promote(&admin, "e5-small@1,e5-small@1", None, &mut |_| {}).unwrap();
+        e.models().promote(&admin, "e5-small@1,e5-small@1", None, &mut |_| Ok(())).unwrap();
         let fitted = better.collections[0].candidate_dense_weight;
         let served = e.fusion_for(col.id).unwrap();
         assert_eq!(served.dense_weight, fitted);
@@ -1052,11 +1052,11 @@ mod training {
         e.create_collection("kuake", "", "test").unwrap();
         e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
         e.import_e5s1(&e5s1(), "1", None, false).unwrap();
-        e.sync_dense_indexes(&mut |_| {}).unwrap();
+        e.sync_dense_indexes(&mut |_| Ok(())).unwrap();
         // The live query encoder: e5-small cut to its first 4 layers and not trained since (CARE's small query
         // encoder before alignment), beside the full e5-small document encoder.
         e.models().import(&admin, Path::new(&l4)).unwrap();
-        e.models().activate(&admin, "e5-small-l4@1", "e5-small@1", &mut |_| {}).unwrap();
+        e.models().activate(&admin, "e5-small-l4@1", "e5-small@1", &mut |_| Ok(())).unwrap();
         // Nothing approved yet: refused before anything is queued.
         let err = e.training().submit(&admin, &recipe(), None).unwrap_err();
         assert_eq!(err.code(), ErrorCode::InvalidInput, "{err}");
@@ -1261,7 +1261,7 @@ mod training {
         e.create_collection("kuake", "", "test").unwrap();
         e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
         e.import_e5s1(&e5s1(), "1", None, false).unwrap();
-        e.models().activate(&admin, "e5-small@1", "e5-small@1", &mut |_| {}).unwrap();
+        e.models().activate(&admin, "e5-small@1", "e5-small@1", &mut |_| Ok(())).unwrap();
         e.collections().approve(&admin, "kuake", true).unwrap();
         e.models().import_judgments(&admin, "kuake", "dev300", JudgmentSource::Csv(&csv)).unwrap();
         let probes: Vec<String> = queries.iter().take(12).cloned().collect();
@@ -1828,7 +1828,7 @@ mod offline_vectors {
         e.models().import(&admin, &query).unwrap();
 
         // No vectors yet: refused with the way out, and the live pair is untouched.
-        let err = e.models().activate(&admin, "q-for-qwen3@1", "qwen3-doc@1", &mut |_| {}).unwrap_err();
+        let err = e.models().activate(&admin, "q-for-qwen3@1", "qwen3-doc@1", &mut |_| Ok(())).unwrap_err();
         assert!(err.to_string().contains("export-chunks c --pending-for qwen3-doc@1"), "{err}");
         assert_eq!(e.active_models().unwrap().unwrap().document.name, "e5-small");
         let (_, pending) = e.pending_vectors("c", Some("qwen3-doc@1")).unwrap();
@@ -1840,7 +1840,7 @@ mod offline_vectors {
         let vecs = t.path().join("vecs");
         embed_export(&e, &export, &vecs, "qwen3-test");
         e.models().import_vectors("c", &vecs, Some("qwen3-doc@1"), "test", &mut |_| {}).unwrap();
-        e.models().activate(&admin, "q-for-qwen3@1", "qwen3-doc@1", &mut |_| {}).unwrap();
+        e.models().activate(&admin, "q-for-qwen3@1", "qwen3-doc@1", &mut |_| Ok(())).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(1100)); // the active-pair cache
         assert_same_results(&before.0, &snapshot(&e).0, 1e-5);
 
@@ -2181,7 +2181,7 @@ mod offline_vectors {
         assert_eq!(j.state, crate::JobState::Done, "{j:?}");
         assert!(j.result.contains(&format!("\"embedded\":{}", before.1.len())), "{}", j.result);
         assert!(e.pending_vectors("c", Some("e5-offline@1")).unwrap().1.is_empty());
-        e.models().activate(&admin, "q-offline@1", "e5-offline@1", &mut |_| {}).unwrap();
+        e.models().activate(&admin, "q-offline@1", "e5-offline@1", &mut |_| Ok(())).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(1100)); // the active-pair cache
         // Same weights through tch instead of ORT: the same answers.
         assert_same_results(&before.0, &snapshot(&e).0, 2e-3);
@@ -3087,7 +3087,7 @@ fn vector_tables_past_the_rollback_retention_are_dropped_and_the_rest_serve() {
     for v in ["2", "3"] {
         e.import_e5s1(&e5s1(), v, Some(&format!("pairing-{v}")), false).unwrap();
         let m = format!("e5-small@{v}");
-        e.models().activate(&admin, &m, &m, &mut |_| {}).unwrap();
+        e.models().activate(&admin, &m, &m, &mut |_| Ok(())).unwrap();
     }
     // A candidate never live, with a table of its own (as an evaluation makes), and a table nothing records.
     let candidate = e.import_e5s1(&e5s1(), "4", Some("pairing-4"), false).unwrap();

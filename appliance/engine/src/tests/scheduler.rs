@@ -292,7 +292,7 @@ fn with_candidate(at: &Path, n: usize, others: usize) -> Arc<Engine> {
     e.create_collection("kuake", "", "test").unwrap();
     e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
     e.import_e5s1(&e5s1(), "1", None, false).unwrap();
-    e.sync_dense_indexes(&mut |_| {}).unwrap();
+    e.sync_dense_indexes(&mut |_| Ok(())).unwrap();
     e.models().import_judgments(&admin, "kuake", "dev", crate::judgments::JudgmentSource::Csv(&csv)).unwrap();
     e.models().import(&admin, &narrow_package(&e, at)).unwrap();
     e

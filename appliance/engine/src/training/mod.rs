@@ -872,8 +872,8 @@ impl Run<'_> {
         self.token.check()
     }
 
-    fn dense_progress(&self) -> impl FnMut(DenseProgress) + '_ {
-        self.e.job_dense_progress(self.id)
+    fn dense_progress(&self) -> impl FnMut(DenseProgress) -> Result<()> + '_ {
+        self.e.job_dense_progress(self.id, self.token)
     }
 
     /// Runs `phase` as `care-train run --spec FILE` to its end, its step events shown as the job's progress (step,
