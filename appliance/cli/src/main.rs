@@ -661,7 +661,7 @@ fn run(cli: Cli) -> Result<i32> {
                 }
             }
             let opts = IngestOptions { encoding, csv_text_column, csv_title_column, csv_id_column };
-            let id = e.ingest().submit_in_place(&collection, files, opts, &cli_actor())?;
+            let id = e.ingest().submit_in_place(&collection, files, opts, &console())?;
             if detach {
                 println!("queued job {id}");
                 return Ok(0);
@@ -715,7 +715,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Command::Delete { collection, ids } => {
             let e = open(OpenMode::Existing)?;
-            let n = e.collections().delete_documents(&collection, &ids, &cli_actor())?;
+            let n = e.collections().delete_documents(&collection, &ids, &console())?;
             println!("deleted {n} documents from '{collection}'");
         }
         Command::Search { query, collections, limit, method, json } => {
@@ -1067,7 +1067,7 @@ fn import_vectors(
         ProgressStyle::with_template("{spinner} {msg} {bar:30} {pos}/{len} vectors [{elapsed_precise}, eta {eta}]")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let r = e.models().import_vectors(collection, from, model, &cli_actor(), &mut |p| {
+    let r = e.models().import_vectors(collection, from, model, &console(), &mut |p| {
         pb.set_length(p.total as u64);
         pb.set_position(p.done as u64);
         pb.set_message(p.phase);

@@ -1259,7 +1259,13 @@ fn group_by_document(hits: &[Explained]) -> (Vec<&Explained>, Vec<usize>) {
 impl Collections<'_> {
     /// Deletes documents of a collection by external id everywhere (SQLite, the lexical index, every dense table),
     /// recorded in the audit log. Unknown ids are reported as not found and nothing is deleted.
-    pub fn delete_documents(&self, collection: &str, external_ids: &[String], actor: &str) -> Result<usize> {
+    pub fn delete_documents(
+        &self,
+        collection: &str,
+        external_ids: &[String],
+        actor: &crate::accounts::Admin,
+    ) -> Result<usize> {
+        let actor = actor.name.as_str();
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         let col = self.store.collection(collection)?;
         let mut ids = Vec::new();

@@ -532,13 +532,13 @@ impl crate::engine::Ingest<'_> {
         collection: &str,
         files: Vec<PathBuf>,
         opts: IngestOptions,
-        actor: &str,
+        actor: &crate::accounts::Admin,
     ) -> Result<i64> {
         let mut abs = Vec::with_capacity(files.len());
         for f in files {
             // A missing file is reported by the job like any other bad file; only make the path absolute.
             abs.push(std::path::absolute(&f).map_err(|e| Error::io(&f, e))?);
         }
-        self.submit(collection, abs, opts, &Actor::console(actor), false)
+        self.submit(collection, abs, opts, actor, false)
     }
 }

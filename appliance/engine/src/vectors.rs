@@ -198,7 +198,7 @@ impl Engine {
         actor: &str,
         progress: &mut dyn FnMut(ImportProgress),
     ) -> Result<VectorImport> {
-        self.models().import_vectors(collection, dir, None, actor, progress)
+        self.models().import_vectors(collection, dir, None, &crate::accounts::Admin::console(actor), progress)
     }
 
     /// Every vector in a collection's dense index of the active document model, by chunk id (loads the table).
@@ -258,9 +258,10 @@ impl crate::engine::Models<'_> {
         collection: &str,
         dir: &Path,
         model: Option<&str>,
-        actor: &str,
+        actor: &crate::accounts::Admin,
         progress: &mut dyn FnMut(ImportProgress),
     ) -> Result<VectorImport> {
+        let actor = actor.name.as_str();
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         let col = self.store.collection(collection)?;
         let doc = self.document_model(model, || {

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use crate::engine::OpenMode;
 use crate::eval::{self, BeirSet};
-use crate::{Engine, EngineConfig, Error, SearchRequest};
+use crate::{Admin, Engine, EngineConfig, Error, SearchRequest};
 
 /// A connection of the test's own to the engine's metadata file (WAL lets it read and write beside the engine).
 fn db(e: &Engine) -> rusqlite::Connection {
@@ -130,10 +130,10 @@ fn reingest_is_idempotent_edits_replace_and_deletes_remove_everywhere() {
     assert_eq!(search(&e, "高嘌呤饮食"), vec!["doc.txt".to_string()]);
     let s = e.stats().unwrap();
     assert_eq!((s.documents, s.chunks, s.lexical_docs), (1, 1, 1));
-    assert_eq!(e.collections().delete_documents("c", &["doc.txt".into()], "test").unwrap(), 1);
+    assert_eq!(e.collections().delete_documents("c", &["doc.txt".into()], &Admin::console("test")).unwrap(), 1);
     assert!(search(&e, "高嘌呤饮食").is_empty());
     assert!(e.check().unwrap().consistent);
-    assert!(e.collections().delete_documents("c", &["doc.txt".into()], "test").is_err());
+    assert!(e.collections().delete_documents("c", &["doc.txt".into()], &Admin::console("test")).is_err());
 }
 
 #[test]
@@ -1839,7 +1839,9 @@ mod offline_vectors {
         assert_eq!(e.export_chunks_for("c", &export, Some("qwen3-doc@1")).unwrap().chunks, before.1.len());
         let vecs = t.path().join("vecs");
         embed_export(&e, &export, &vecs, "qwen3-test");
-        e.models().import_vectors("c", &vecs, Some("qwen3-doc@1"), "test", &mut |_| {}).unwrap();
+        e.models()
+            .import_vectors("c", &vecs, Some("qwen3-doc@1"), &crate::Admin::console("test"), &mut |_| {})
+            .unwrap();
         e.models().activate(&admin, "q-for-qwen3@1", "qwen3-doc@1", &mut |_| Ok(())).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(1100)); // the active-pair cache
         assert_same_results(&before.0, &snapshot(&e).0, 1e-5);
@@ -1869,7 +1871,7 @@ mod offline_vectors {
         assert_eq!(read_export(&export).len(), 1);
         let vecs = t.path().join("vecs2");
         embed_export(&e, &export, &vecs, "qwen3-test");
-        e.models().import_vectors("c", &vecs, None, "test", &mut |_| {}).unwrap();
+        e.models().import_vectors("c", &vecs, None, &crate::Admin::console("test"), &mut |_| {}).unwrap();
         assert!(e.pending_vectors("c", None).unwrap().1.is_empty());
         assert!(dense(&e, "布洛芬 退热").iter().any(|h| h.0 == pending[0]), "joins dense search after the import");
     }

@@ -67,7 +67,7 @@ fn a_submitted_task_starts_at_once_without_a_polling_tick() {
         // Idle for a while first, so a tick-driven loop would be mid-sleep.
         std::thread::sleep(Duration::from_millis(37));
         let submitted = Instant::now();
-        let id = e.ingest().submit_in_place("c", vec![f], IngestOptions::default(), "admin").unwrap();
+        let id = e.ingest().submit_in_place("c", vec![f], IngestOptions::default(), &Admin::console("admin")).unwrap();
         let mut started = None;
         wait_until("the job to start", Duration::from_secs(10), || {
             let running = e.job(id).unwrap().state != JobState::Queued;
@@ -105,7 +105,7 @@ fn a_cancel_reaches_a_running_ingest_at_its_next_batch() {
         .unwrap();
     }
     drop(out);
-    let id = e.ingest().submit_in_place("c", vec![f], IngestOptions::default(), "admin").unwrap();
+    let id = e.ingest().submit_in_place("c", vec![f], IngestOptions::default(), &Admin::console("admin")).unwrap();
     let w = Worker::start(e.clone(), 1);
     wait_until("the first batch", Duration::from_secs(120), || e.job(id).unwrap().documents_done > 0);
     let asked = Instant::now();

@@ -69,7 +69,7 @@ impl Engine {
                     ..EmbedOptions::default()
                 },
             }))?;
-            self.models().import_vectors(&col.name, &vecs, Some(&p.model), &actor.name, &mut |_| {})?;
+            self.models().import_vectors(&col.name, &vecs, Some(&p.model), actor, &mut |_| {})?;
             embedded += pending;
         }
         let _ = std::fs::remove_dir_all(&dir);
