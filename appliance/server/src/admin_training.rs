@@ -88,7 +88,7 @@ fn row(e: &care_engine::Engine, a: &care_engine::Admin, run: TrainingRun) -> Run
         format!(
             "{}；Stage I {} 段落 + {} 条查询（标注训练部分与检索记录）；Stage II {} 组（标注 {}、标题路径 {}），\
              负例：标注 {}、挖掘候选 {}、\
-             疑似假负例剔除 {}（阈值 正例分 − {:.3}）、随机补足 {} 组 {} 个{}",
+             疑似假负例剔除 {}（阈值 正例分 − {:.3}）、关键词匹配补足 {} 个（剔除 {}）、随机补足 {} 组 {} 个{}",
             cols.join("；"),
             c.stage1_passages,
             c.stage1_queries,
@@ -99,6 +99,8 @@ fn row(e: &care_engine::Engine, a: &care_engine::Admin, run: TrainingRun) -> Run
             c.mined_candidates,
             c.false_negatives_dropped,
             c.false_negative_margin,
+            c.lexical_negatives,
+            c.lexical_dropped,
             c.groups_topped_up,
             c.random_negatives,
             if c.mined_from.is_empty() {
