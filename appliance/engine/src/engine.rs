@@ -46,11 +46,27 @@ pub struct Engine {
     pub(crate) tokenizers: std::sync::Mutex<HashMap<i64, std::sync::Arc<tokenizers::Tokenizer>>>,
     /// The synonym table as of its version in SQLite ([`Engine::synonym_table`]).
     pub(crate) synonyms: std::sync::RwLock<Option<std::sync::Arc<crate::synonyms::SynonymTable>>>,
+    /// Words a full scan found in no chunk text ([`Engine::text_contains`]).
+    pub(crate) absent_words: std::sync::Mutex<HashMap<(String, String), AbsentWord>>,
     /// The trainer's status as of its newest check ([`Engine::trainer_status`]).
     pub(crate) trainer_check: crate::trainer::TrainerCheck,
     /// The scheduler's wake-up signal and the cancel tokens of running tasks ([`crate::tasks`]).
     pub(crate) tasks: crate::cancel::Hub,
 }
+
+/// A word no chunk contained: the chunks scanned (ids up to `scanned_to`) and when the last full scan ran.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AbsentWord {
+    scanned_to: i64,
+    full_scan_at: Instant,
+}
+
+/// How long a word found absent is trusted to stay absent in the chunks already scanned. Chunk ids are not
+/// AUTOINCREMENT, so after the newest chunks are deleted a new chunk can take an id already scanned: a full scan at
+/// this age covers it.
+const ABSENT_FULL_SCAN_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+/// Words remembered as absent, at most (the map is emptied when full).
+const ABSENT_WORDS_MAX: usize = 20_000;
 
 /// Age after which an upload folder no job owns is an interrupted upload's.
 const STALE_UPLOAD: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
@@ -425,6 +441,7 @@ impl Engine {
             write_lock: Default::default(),
             tokenizers: Default::default(),
             synonyms: Default::default(),
+            absent_words: Default::default(),
             trainer_check: Default::default(),
             tasks: Default::default(),
         };
@@ -1102,7 +1119,7 @@ impl Engine {
         for list in [common, other] {
             for w in list {
                 let n = self.lexical.chunks_with(&w, collections)?;
-                if n > 0 || self.store.any_chunk_contains(&w, collections)? {
+                if n > 0 || self.text_contains(&w, collections)? {
                     readings.push((n.max(1), w));
                 }
             }
@@ -1122,7 +1139,30 @@ impl Engine {
 
     /// Whether `word` occurs in `collections`, as an index term or as text.
     fn occurs(&self, word: &str, collections: &[String]) -> Result<bool> {
-        Ok(self.lexical.any_chunk_with(word, collections)? || self.store.any_chunk_contains(word, collections)?)
+        Ok(self.lexical.any_chunk_with(word, collections)? || self.text_contains(word, collections)?)
+    }
+
+    /// Whether some chunk text, heading or title of `collections` contains `word` ([`Store::any_chunk_contains`]).
+    /// A word found absent is remembered with the newest chunk id scanned, so asking again scans only the chunks
+    /// added since: clinicians' words that occur nowhere recur across queries, and each full scan reads every
+    /// passage of the collections.
+    pub(crate) fn text_contains(&self, word: &str, collections: &[String]) -> Result<bool> {
+        let key = (word.to_string(), collections.join("\u{1f}"));
+        let lock = || self.absent_words.lock().unwrap_or_else(|p| p.into_inner());
+        let known = lock().get(&key).copied().filter(|a| a.full_scan_at.elapsed() < ABSENT_FULL_SCAN_EVERY);
+        let newest = self.store.newest_chunk_id()?;
+        let found = self.store.any_chunk_contains(word, collections, known.map_or(0, |a| a.scanned_to))?;
+        let mut absent = lock();
+        if found {
+            absent.remove(&key);
+        } else {
+            if absent.len() >= ABSENT_WORDS_MAX {
+                absent.clear();
+            }
+            let full_scan_at = known.map_or_else(Instant::now, |a| a.full_scan_at);
+            absent.insert(key, AbsentWord { scanned_to: newest, full_scan_at });
+        }
+        Ok(found)
     }
 
     /// How deep the one ranking of a query goes: the deepest hit a page may ask for.
@@ -1202,7 +1242,7 @@ impl Engine {
                 found = found || self.lexical.any_chunk_with(f, collections)?;
             }
             for f in &forms {
-                found = found || self.store.any_chunk_contains(f, collections)?;
+                found = found || self.text_contains(f, collections)?;
             }
             if found {
                 present.push(w.clone());

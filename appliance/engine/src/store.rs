@@ -517,10 +517,10 @@ impl Store {
         Ok(n as u64)
     }
 
-    /// Whether any chunk of `collections` contains `needle` in its text, heading or document title (ASCII case
-    /// folded). A full scan that stops at the first match: the search page calls it only for a query term the
+    /// Whether any chunk of `collections` newer than `after_chunk` contains `needle` in its text, heading or
+    /// document title (ASCII case folded). A full scan that stops at the first match: the search page calls it only for a query term the
     /// lexical index does not hold as a term.
-    pub fn any_chunk_contains(&self, needle: &str, collections: &[String]) -> Result<bool> {
+    pub fn any_chunk_contains(&self, needle: &str, collections: &[String], after_chunk: i64) -> Result<bool> {
         if collections.is_empty() || needle.is_empty() {
             return Ok(false);
         }
@@ -532,7 +532,7 @@ impl Store {
             |c: &str| if needle.bytes().any(|b| b.is_ascii_alphabetic()) { format!("lower({c})") } else { c.into() };
         let sql = format!(
             "SELECT EXISTS (SELECT 1 FROM chunks k JOIN documents d ON d.id = k.document_id \
-             JOIN collections c ON c.id = d.collection_id WHERE c.name IN ({marks}) AND \
+             JOIN collections c ON c.id = d.collection_id WHERE c.name IN ({marks}) AND k.id > ? AND \
              (instr({}, ?) > 0 OR instr({}, ?) > 0 OR instr({}, ?) > 0))",
             col("k.text"),
             col("k.heading"),
@@ -540,8 +540,13 @@ impl Store {
         );
         let mut stmt = conn.prepare_cached(&sql)?;
         let mut args: Vec<&dyn rusqlite::ToSql> = collections.iter().map(|c| c as &dyn rusqlite::ToSql).collect();
-        args.extend([&needle as &dyn rusqlite::ToSql, &needle, &needle]);
+        args.extend([&after_chunk as &dyn rusqlite::ToSql, &needle, &needle, &needle]);
         Ok(stmt.query_row(args.as_slice(), |r| r.get::<_, bool>(0))?)
+    }
+
+    /// The newest chunk's id (0 when there is none).
+    pub fn newest_chunk_id(&self) -> Result<i64> {
+        Ok(self.reader().query_row("SELECT COALESCE(MAX(id), 0) FROM chunks", [], |r| r.get(0))?)
     }
 
     pub fn chunk_views(&self, chunk_ids: &[i64]) -> Result<Vec<ChunkView>> {

@@ -1183,7 +1183,8 @@ mod training {
         // Groups the dense candidates leave short are filled from BM25 matches before random passages.
         assert!(capped.lexical_negatives > 0 && capped.lexical_candidates >= capped.lexical_negatives, "{capped:?}");
         let plain_dir = tempfile::tempdir().unwrap();
-        let no_lexical = Recipe { data: DataOptions { lexical_negatives: false, ..DataOptions::default() }, ..Recipe::default() };
+        let no_lexical =
+            Recipe { data: DataOptions { lexical_negatives: false, ..DataOptions::default() }, ..Recipe::default() };
         let plain = e.training().data(&admin, plain_dir.path(), &no_lexical).unwrap();
         assert_eq!((plain.lexical_candidates, plain.lexical_negatives), (0, 0));
         assert_eq!(plain.random_negatives, capped.random_negatives + capped.lexical_negatives, "{plain:?} {capped:?}");
@@ -2715,6 +2716,16 @@ fn results_say_which_terms_matched_and_which_occur_nowhere() {
     assert!(!ok.not_found && ok.missing_terms.is_empty(), "{:?}", ok.missing_terms);
     assert!(ok.hits[0].matched_terms.contains(&"二甲双胍".to_string()), "{:?}", ok.hits[0].matched_terms);
     assert!(ok.hits.iter().filter(|h| !h.dense_only).all(|h| h.parts.bm25.is_some()));
+    // A word found in no text is remembered as absent with the newest chunk scanned; a passage added later that
+    // holds it is still found (only the newer chunks are scanned again).
+    let demo = vec![crate::demo::DEMO_COLLECTION.to_string()];
+    assert!(!e.text_contains("qzx替格瑞洛", &demo).unwrap());
+    assert!(e.absent_words.lock().unwrap().keys().any(|k| k.0 == "qzx替格瑞洛"));
+    let f = t.path().join("new.txt");
+    std::fs::write(&f, "新到的说明：qzx替格瑞洛片的用法。").unwrap();
+    e.ingest_files(&demo[0], &[f], &mut |_| {}).unwrap();
+    assert!(e.text_contains("qzx替格瑞洛", &demo).unwrap(), "a passage added after the word was found absent");
+    assert!(!e.absent_words.lock().unwrap().keys().any(|k| k.0 == "qzx替格瑞洛"));
 }
 
 #[test]
