@@ -1180,14 +1180,17 @@ mod training {
         assert_eq!(queries.len(), capped_examples.len(), "a query has two groups under groups_per_query = 1");
         assert_eq!(capped.stage2_groups, capped.collections[0].train_queries, "{capped:?}");
         assert!(counts.stage2_groups > capped.stage2_groups, "the fixture has queries with several relevant titles");
-        // Groups the dense candidates leave short are filled from BM25 matches before random passages.
-        assert!(capped.lexical_negatives > 0 && capped.lexical_candidates >= capped.lexical_negatives, "{capped:?}");
-        let plain_dir = tempfile::tempdir().unwrap();
-        let no_lexical =
-            Recipe { data: DataOptions { lexical_negatives: false, ..DataOptions::default() }, ..Recipe::default() };
-        let plain = e.training().data(&admin, plain_dir.path(), &no_lexical).unwrap();
-        assert_eq!((plain.lexical_candidates, plain.lexical_negatives), (0, 0));
-        assert_eq!(plain.random_negatives, capped.random_negatives + capped.lexical_negatives, "{plain:?} {capped:?}");
+        // Asked for, groups the dense candidates leave short are filled from BM25 matches before random passages.
+        assert_eq!((capped.lexical_candidates, capped.lexical_negatives), (0, 0), "off by default: {capped:?}");
+        let lexical_dir = tempfile::tempdir().unwrap();
+        let with_lexical =
+            Recipe { data: DataOptions { lexical_negatives: true, ..DataOptions::default() }, ..Recipe::default() };
+        let lexical = e.training().data(&admin, lexical_dir.path(), &with_lexical).unwrap();
+        assert!(
+            lexical.lexical_negatives > 0 && lexical.lexical_candidates >= lexical.lexical_negatives,
+            "{lexical:?}"
+        );
+        assert_eq!(capped.random_negatives, lexical.random_negatives + lexical.lexical_negatives, "{lexical:?}");
 
         // Shuffled labels: the training part pairs queries with other queries' documents; the run is gated out
         // and the live pair stays. This run also averages what it trained with its start (merge_ratio, WiSE-FT).

@@ -6,8 +6,8 @@
 //! - Stage II (`stage2.jsonl`, CARE JSONL): the training part of every judgment set of an approved collection
 //!   (uploads and clinician feedback), plus heading-path → passage pairs of structured documents. Each group gets
 //!   up to [`DataOptions::negatives`] negatives: judged non-relevant passages first, then hard negatives mined from
-//!   the served dense index, then the query's BM25 matches ([`DataOptions::lexical_negatives`]), then random
-//!   passages to top the group up.
+//!   the served dense index, then (when the recipe asks) the query's BM25 matches
+//!   ([`DataOptions::lexical_negatives`]), then random passages to top the group up.
 //!
 //! The evaluation part of a judgment set never enters either file: judgments are read by part, and search queries
 //! are kept only when [`part_of`] puts them in the training part, so a query asked by a clinician and later judged
@@ -77,7 +77,9 @@ pub struct DataOptions {
     /// A group the dense candidates leave short is filled from the query's BM25 matches (same false-negative
     /// filter) before random passages: passages that share the query's words but not its answer. Short groups are
     /// those whose positive the guide ranks low (every candidate above it is dropped as a likely false negative):
-    /// 3,809 of 8,313 on the real run, each then learning from random passages that teach little.
+    /// 3,809 of 8,313 on the real run. Off by default: on the real run it cut the random negatives from 26,532 to
+    /// 5,523 and changed dev nDCG@10 by −0.62 / +0.03 / +0.04 (huatuo / toyhom / kuake) against the same recipe
+    /// without it (docs/experiments/2026-11-27-retraining-lexical-negatives.md).
     pub lexical_negatives: bool,
     pub seed: u64,
 }
@@ -90,7 +92,7 @@ impl Default for DataOptions {
             // The trainer's Stage II group (1 positive + 7 negatives) and seed.
             negatives: Stage2Options::default().group_size - 1,
             groups_per_query: 1,
-            lexical_negatives: true,
+            lexical_negatives: false,
             seed: Hyper::default().seed,
         }
     }
