@@ -600,10 +600,10 @@ impl Engine {
         let method = if qvec.is_none() && method != Method::Bm25 { Method::Bm25 } else { method };
         // More keyword matches exist than the ranking holds.
         let capped = bm25.len() >= depth;
-        let cut = |l: &[Ranked]| l[..l.len().min(head_depth)].to_vec();
-        let mut hits = fusion::fuse(&cut(&bm25), &cut(&dense), method, weight);
+        // The dense leg holds its head only; BM25's is its top `head_depth`.
+        let mut hits = fusion::fuse(&bm25[..bm25.len().min(head_depth)], &dense, method, weight);
         let seen: HashSet<i64> = hits.iter().map(|h| h.chunk_id).collect();
-        if bm25.len() > head_depth || dense.len() > head_depth {
+        if bm25.len() > head_depth {
             hits.extend(
                 fusion::fuse(&bm25, &dense, method, weight).into_iter().filter(|h| !seen.contains(&h.chunk_id)),
             );

@@ -518,8 +518,9 @@ impl Store {
     }
 
     /// Whether any chunk of `collections` newer than `after_chunk` contains `needle` in its text, heading or
-    /// document title (ASCII case folded). A full scan that stops at the first match: the search page calls it only for a query term the
-    /// lexical index does not hold as a term.
+    /// document title (ASCII case folded). A scan that stops at the first match: the search page calls it only for
+    /// a query term the lexical index does not hold as a term (through `Engine::text_contains`, which passes the
+    /// newest chunk an earlier scan found it absent in).
     pub fn any_chunk_contains(&self, needle: &str, collections: &[String], after_chunk: i64) -> Result<bool> {
         if collections.is_empty() || needle.is_empty() {
             return Ok(false);
