@@ -48,23 +48,21 @@ pub struct Engine {
     pub(crate) synonyms: std::sync::RwLock<Option<std::sync::Arc<crate::synonyms::SynonymTable>>>,
     /// Words a full scan found in no chunk text ([`Engine::text_contains`]).
     pub(crate) absent_words: std::sync::Mutex<HashMap<(String, String), AbsentWord>>,
+    /// The chunks' text in memory for those scans.
+    pub(crate) texts: crate::store::texts::TextImage,
     /// The trainer's status as of its newest check ([`Engine::trainer_status`]).
     pub(crate) trainer_check: crate::trainer::TrainerCheck,
     /// The scheduler's wake-up signal and the cancel tokens of running tasks ([`crate::tasks`]).
     pub(crate) tasks: crate::cancel::Hub,
 }
 
-/// A word no chunk contained: the chunks scanned (ids up to `scanned_to`) and when the last full scan ran.
+/// A word no chunk contained, as of the chunks' stamp then: still absent from those chunks while no chunk row has
+/// been deleted since (a new chunk could then reuse a scanned id), so asking again reads only newer chunks.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AbsentWord {
-    scanned_to: i64,
-    full_scan_at: Instant,
+    scanned: crate::store::texts::ChunkStamp,
 }
 
-/// How long a word found absent is trusted to stay absent in the chunks already scanned. Chunk ids are not
-/// AUTOINCREMENT, so after the newest chunks are deleted a new chunk can take an id already scanned: a full scan at
-/// this age covers it.
-const ABSENT_FULL_SCAN_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 /// Words remembered as absent, at most (the map is emptied when full).
 const ABSENT_WORDS_MAX: usize = 20_000;
 
@@ -442,6 +440,7 @@ impl Engine {
             tokenizers: Default::default(),
             synonyms: Default::default(),
             absent_words: Default::default(),
+            texts: Default::default(),
             trainer_check: Default::default(),
             tasks: Default::default(),
         };
@@ -1142,16 +1141,25 @@ impl Engine {
         Ok(self.lexical.any_chunk_with(word, collections)? || self.text_contains(word, collections)?)
     }
 
-    /// Whether some chunk text, heading or title of `collections` contains `word` ([`Store::any_chunk_contains`]).
-    /// A word found absent is remembered with the newest chunk id scanned, so asking again scans only the chunks
-    /// added since: clinicians' words that occur nowhere recur across queries, and each full scan reads every
-    /// passage of the collections.
+    /// Whether some chunk text, heading or title of `collections` contains `word`: a substring search of the
+    /// chunks' text kept in memory ([`crate::store::texts`]), or of SQLite when that is too large to keep. A word
+    /// found absent is remembered with the chunks' stamp, so asking again reads only the chunks added since:
+    /// clinicians' words that occur nowhere recur across queries.
     pub(crate) fn text_contains(&self, word: &str, collections: &[String]) -> Result<bool> {
         let key = (word.to_string(), collections.join("\u{1f}"));
         let lock = || self.absent_words.lock().unwrap_or_else(|p| p.into_inner());
-        let known = lock().get(&key).copied().filter(|a| a.full_scan_at.elapsed() < ABSENT_FULL_SCAN_EVERY);
-        let newest = self.store.newest_chunk_id()?;
-        let found = self.store.any_chunk_contains(word, collections, known.map_or(0, |a| a.scanned_to))?;
+        let stamp = self.store.chunk_stamp()?;
+        let after = lock()
+            .get(&key)
+            .filter(|a| a.scanned.deletions == stamp.deletions)
+            .map_or(0, |a| a.scanned.newest.min(stamp.newest));
+        if after == stamp.newest {
+            return Ok(false);
+        }
+        let found = match self.texts.contains(&self.store, stamp, word, collections, after)? {
+            Some(found) => found,
+            None => self.store.any_chunk_contains(word, collections, after)?,
+        };
         let mut absent = lock();
         if found {
             absent.remove(&key);
@@ -1159,8 +1167,7 @@ impl Engine {
             if absent.len() >= ABSENT_WORDS_MAX {
                 absent.clear();
             }
-            let full_scan_at = known.map_or_else(Instant::now, |a| a.full_scan_at);
-            absent.insert(key, AbsentWord { scanned_to: newest, full_scan_at });
+            absent.insert(key, AbsentWord { scanned: stamp });
         }
         Ok(found)
     }

@@ -7,6 +7,7 @@
 //!   ├ service   every operation pages, API and CLI call: the asking Actor is its authorisation input, and its
 //!   │           change commits with its one audit record
 //!   ├ store     SQLite metadata, embedded migrations from /migrations; the source of truth
+//!   │           (the chunks' text kept in memory for the "not found" check: store/texts.rs)
 //!   ├ audit     append-only, hash-chained audit records written in the same transaction as the change: the key
 //!   │           outside SQLite, the chain walk and re-chaining, the anchor (audit/{key,chain,anchor}.rs); searches'
 //!   │           records by the group-commit writer thread, one transaction per batch (audit/writer.rs)

@@ -14,6 +14,8 @@ use serde::Serialize;
 pub use crate::audit::now;
 use crate::error::{Error, Result};
 
+pub mod texts;
+
 /// (version, SQL). Append only; never edit a released migration.
 pub const MIGRATIONS: &[(u32, &str)] = &[
     (1, include_str!("../../../migrations/0001_init.sql")),
@@ -31,6 +33,7 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (13, include_str!("../../../migrations/0013_pair_fusion.sql")),
     (14, include_str!("../../../migrations/0014_synonyms.sql")),
     (15, include_str!("../../../migrations/0015_task_submitter.sql")),
+    (16, include_str!("../../../migrations/0016_chunk_deletions.sql")),
 ];
 
 /// The metadata file is the appliance's alone (SQLite gives its -wal and -shm files the same mode).
@@ -518,9 +521,8 @@ impl Store {
     }
 
     /// Whether any chunk of `collections` newer than `after_chunk` contains `needle` in its text, heading or
-    /// document title (ASCII case folded). A scan that stops at the first match: the search page calls it only for
-    /// a query term the lexical index does not hold as a term (through `Engine::text_contains`, which passes the
-    /// newest chunk an earlier scan found it absent in).
+    /// document title (ASCII case folded). A scan that stops at the first match: `Engine::text_contains` uses it when
+    /// the collections' text is too large to keep in memory ([`texts::TextImage`]).
     pub fn any_chunk_contains(&self, needle: &str, collections: &[String], after_chunk: i64) -> Result<bool> {
         if collections.is_empty() || needle.is_empty() {
             return Ok(false);
@@ -545,9 +547,35 @@ impl Store {
         Ok(stmt.query_row(args.as_slice(), |r| r.get::<_, bool>(0))?)
     }
 
-    /// The newest chunk's id (0 when there is none).
-    pub fn newest_chunk_id(&self) -> Result<i64> {
-        Ok(self.reader().query_row("SELECT COALESCE(MAX(id), 0) FROM chunks", [], |r| r.get(0))?)
+    /// The newest chunk id and the count of chunk rows ever deleted: equal stamps mean the same chunks.
+    pub fn chunk_stamp(&self) -> Result<texts::ChunkStamp> {
+        Ok(self.reader().query_row(
+            "SELECT (SELECT COALESCE(MAX(id), 0) FROM chunks), (SELECT deletions FROM chunk_state WHERE id = 1)",
+            [],
+            |r| Ok(texts::ChunkStamp { newest: r.get(0)?, deletions: r.get(1)? }),
+        )?)
+    }
+
+    /// Calls `f(chunk id, collection, [title, heading, text])` for every chunk newer than `after_chunk`, in id order,
+    /// until it returns false.
+    pub(crate) fn for_each_chunk_text(
+        &self,
+        after_chunk: i64,
+        mut f: impl FnMut(i64, &str, [&str; 3]) -> bool,
+    ) -> Result<()> {
+        let conn = self.reader();
+        let mut stmt = conn.prepare_cached(
+            "SELECT k.id, c.name, d.title, k.heading, k.text FROM chunks k JOIN documents d ON d.id = k.document_id \
+             JOIN collections c ON c.id = d.collection_id WHERE k.id > ?1 ORDER BY k.id",
+        )?;
+        let mut rows = stmt.query([after_chunk])?;
+        while let Some(r) = rows.next()? {
+            let (c, t, h, x): (String, String, String, String) = (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?);
+            if !f(r.get(0)?, &c, [&t, &h, &x]) {
+                break;
+            }
+        }
+        Ok(())
     }
 
     pub fn chunk_views(&self, chunk_ids: &[i64]) -> Result<Vec<ChunkView>> {

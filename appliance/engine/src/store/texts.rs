@@ -1,0 +1,218 @@
+//! The chunks' text in memory, for the search page's "not found" check.
+//!
+//! A query term that the lexical index does not hold as a term (jieba cut the passages around it differently) is
+//! looked for as a substring of the text, heading and title of every chunk of the readable collections
+//! (`Engine::text_contains`). In SQLite that reads every row: 30–40 ms per term for kuake_qtr's 32,171 short
+//! passages in a release build, paid again for the term's traditional form and its synonyms, on every search with
+//! such a term. Here it is one SIMD substring search (`memchr::memmem`) over a buffer per collection.
+//!
+//! The copy follows the table: chunks added since are appended (ingest only adds rows); a deletion, counted by a
+//! trigger (migration 16), rebuilds it. Beyond [`MAX_BYTES`] of text no copy is kept and SQLite answers.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+
+use super::Store;
+use crate::error::Result;
+
+/// Text kept in memory at most, all collections together; beyond it the check scans SQLite.
+pub const MAX_BYTES: usize = 512 << 20;
+
+/// The newest chunk id and the number of chunk rows ever deleted: equal stamps, the same chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkStamp {
+    pub newest: i64,
+    pub deletions: i64,
+}
+
+#[derive(Default)]
+pub(crate) struct TextImage {
+    inner: RwLock<Image>,
+}
+
+#[derive(Default)]
+struct Image {
+    stamp: Option<ChunkStamp>,
+    /// The newest chunk copied; can be newer than `stamp` (rows committed between the two reads).
+    copied_to: i64,
+    bytes: usize,
+    too_large: bool,
+    collections: HashMap<String, Texts>,
+}
+
+#[derive(Default)]
+struct Texts {
+    /// `title \0 heading \0 text \0` of each chunk, ASCII letters lower-cased (as SQLite's `lower()` folds).
+    buf: Vec<u8>,
+    /// (chunk id, offset of its title in `buf`), ids ascending.
+    starts: Vec<(i64, usize)>,
+}
+
+impl TextImage {
+    /// Whether a chunk of `collections` newer than `after_chunk` contains `needle`, ASCII case folded (what
+    /// [`Store::any_chunk_contains`] answers), as of `stamp`; None when the text is too large to keep.
+    pub(crate) fn contains(
+        &self,
+        store: &Store,
+        stamp: ChunkStamp,
+        needle: &str,
+        collections: &[String],
+        after_chunk: i64,
+    ) -> Result<Option<bool>> {
+        {
+            let image = self.inner.read().unwrap_or_else(|p| p.into_inner());
+            if image.stamp == Some(stamp) {
+                return Ok(image.find(needle, collections, after_chunk));
+            }
+        }
+        let mut image = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        if image.stamp != Some(stamp) {
+            image.refresh(store, stamp)?;
+        }
+        Ok(image.find(needle, collections, after_chunk))
+    }
+}
+
+impl Image {
+    fn refresh(&mut self, store: &Store, stamp: ChunkStamp) -> Result<()> {
+        let same_rows = self.stamp.is_some_and(|s| s.deletions == stamp.deletions);
+        if !same_rows {
+            *self = Image::default();
+        } else if self.too_large {
+            // Rows were only added: still too large, and nothing to read.
+            self.stamp = Some(stamp);
+            return Ok(());
+        }
+        let (mut bytes, mut copied_to, mut too_large) = (self.bytes, self.copied_to, false);
+        let collections = &mut self.collections;
+        store.for_each_chunk_text(self.copied_to, |id, collection, parts| {
+            let add = parts.iter().map(|p| p.len() + 1).sum::<usize>();
+            if bytes + add > MAX_BYTES {
+                too_large = true;
+                return false;
+            }
+            bytes += add;
+            copied_to = id;
+            let texts = match collections.get_mut(collection) {
+                Some(t) => t,
+                None => collections.entry(collection.to_string()).or_default(),
+            };
+            texts.starts.push((id, texts.buf.len()));
+            for part in parts {
+                texts.buf.extend(part.bytes().map(|b| b.to_ascii_lowercase()));
+                texts.buf.push(0);
+            }
+            true
+        })?;
+        if too_large {
+            tracing::info!(max_bytes = MAX_BYTES, "chunk texts too large to keep in memory; absent terms scan SQLite");
+            *self = Image { too_large: true, ..Image::default() };
+        } else {
+            (self.bytes, self.copied_to) = (bytes, copied_to);
+        }
+        self.stamp = Some(stamp);
+        Ok(())
+    }
+
+    fn find(&self, needle: &str, collections: &[String], after_chunk: i64) -> Option<bool> {
+        if self.too_large {
+            return None;
+        }
+        // A NUL cannot be in a needle: it separates the fields, which SQLite compares one by one.
+        if needle.is_empty() || needle.contains('\0') {
+            return Some(false);
+        }
+        let folded: Vec<u8> = needle.bytes().map(|b| b.to_ascii_lowercase()).collect();
+        let finder = memchr::memmem::Finder::new(&folded);
+        Some(collections.iter().filter_map(|c| self.collections.get(c)).any(|t| {
+            let first = t.starts.partition_point(|&(id, _)| id <= after_chunk);
+            t.starts.get(first).is_some_and(|&(_, from)| finder.find(&t.buf[from..]).is_some())
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rusqlite::params;
+
+    /// Texts and needles from a small alphabet, so that substrings recur and absent ones are near misses.
+    struct Gen(u64);
+    impl Gen {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            self.0 >> 33
+        }
+        fn text(&mut self, max: u64, lower: bool) -> String {
+            const ALPHABET: [char; 10] = ['糖', '尿', '病', '压', '根', '高', '血', 'a', 'B', 'c'];
+            let n = 1 + self.next() % max;
+            (0..n)
+                .map(|_| ALPHABET[(self.next() % 10) as usize])
+                .map(|c| if lower { c.to_ascii_lowercase() } else { c })
+                .collect()
+        }
+    }
+
+    fn add_document(s: &Store, g: &mut Gen, collection: i64, n: usize) -> i64 {
+        let c = s.conn();
+        c.execute(
+            "INSERT INTO documents (collection_id, external_id, title, content_hash, created_at) VALUES (?1, ?2, ?3, '', '')",
+            params![collection, format!("d{}", g.next()), g.text(4, false)],
+        )
+        .unwrap();
+        let doc = c.last_insert_rowid();
+        for i in 0..n {
+            c.execute(
+                "INSERT INTO chunks (document_id, ordinal, heading, text, char_start, char_end) VALUES (?1, ?2, ?3, ?4, 0, 0)",
+                params![doc, i as i64, g.text(3, false), g.text(12, false)],
+            )
+            .unwrap();
+        }
+        doc
+    }
+
+    /// The image answers exactly what the SQLite scan answers, for every collection set and starting chunk, after
+    /// additions, deletions (also through a document's cascade) and a new chunk taking a deleted chunk's id.
+    #[test]
+    fn the_image_answers_what_the_sqlite_scan_answers_as_the_chunks_change() {
+        let t = tempfile::tempdir().unwrap();
+        let s = Store::open_with(&t.path().join("care.sqlite"), 2).unwrap();
+        let (a, b) = (s.create_collection("a", "", "t").unwrap().id, s.create_collection("b", "", "t").unwrap().id);
+        let mut g = Gen(7);
+        let image = TextImage::default();
+        let sets: Vec<Vec<String>> = vec![vec!["a".into()], vec!["b".into()], vec!["a".into(), "b".into()], vec![]];
+        let compare = |s: &Store, g: &mut Gen, round: &str| {
+            let stamp = s.chunk_stamp().unwrap();
+            let (mut found, mut checked) = (0, 0);
+            for _ in 0..300 {
+                let needle = g.text(5, true);
+                for cols in &sets {
+                    for after in [0, stamp.newest / 2, stamp.newest] {
+                        let want = s.any_chunk_contains(&needle, cols, after).unwrap();
+                        let got = image.contains(s, stamp, &needle, cols, after).unwrap();
+                        assert_eq!(got, Some(want), "{round}: {needle:?} in {cols:?} after chunk {after}");
+                        found += usize::from(want);
+                        checked += 1;
+                    }
+                }
+            }
+            assert!(found > checked / 10 && found < checked * 9 / 10, "{round}: {found} of {checked} found");
+            stamp
+        };
+        let mut docs: Vec<i64> = (0..40).map(|i| add_document(&s, &mut g, if i % 2 == 0 { a } else { b }, 3)).collect();
+        let first = compare(&s, &mut g, "first copy");
+        docs.extend((0..10).map(|_| add_document(&s, &mut g, a, 2)));
+        let grown = compare(&s, &mut g, "chunks added");
+        assert_eq!((grown.deletions, grown.newest > first.newest), (0, true));
+        s.conn().execute("DELETE FROM documents WHERE id = ?1", [docs[3]]).unwrap();
+        let cascaded = compare(&s, &mut g, "a document deleted");
+        assert_eq!(cascaded.deletions, 3, "the cascade's chunk deletions are counted");
+        // The newest chunks deleted, then new ones taking their ids: the stamp's newest id comes back the same.
+        let last = *docs.last().unwrap();
+        s.conn().execute("DELETE FROM documents WHERE id = ?1", [last]).unwrap();
+        add_document(&s, &mut g, b, 2);
+        let reused = compare(&s, &mut g, "ids reused");
+        assert_eq!(reused.newest, cascaded.newest, "the new chunks took the deleted ids");
+        assert_ne!(reused, cascaded);
+    }
+}
