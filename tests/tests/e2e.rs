@@ -591,3 +591,100 @@ fn kill_9_of_care_serve_mid_training_resumes_and_equals_an_uninterrupted_run() {
         second["phases"]
     );
 }
+
+/// Issue 33's crash test: `kill -9` of `care serve` while a both-sides run re-embeds the collection into the
+/// candidate document model's own tables. The restarted server resumes the re-embedding from the vectors written
+/// (the phase's total is then what was left), the run promotes, and SQLite and the new tables agree with no
+/// duplicate vector.
+#[test]
+fn kill_9_during_both_sides_re_embedding_resumes_from_the_vectors_written() {
+    let (Some(bin), Some(l4)) = (std::env::var_os("CARE_TRAIN_BIN"), std::env::var_os("CARE_TRAINER_EXPORT")) else {
+        eprintln!("CARE_TRAIN_BIN / CARE_TRAINER_EXPORT not set (packaging/dev.sh test sets them); skipping");
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let mut care = Care::new(&t.path().join("data"));
+    for (k, v) in [
+        ("CARE__TRAINING__TRAINER", std::path::PathBuf::from(&bin).display().to_string()),
+        ("CARE__TRAINING__DEVICE", "cpu".into()),
+        ("CARE__LIFECYCLE__MAX_LATENCY_RATIO", "10.0".into()),
+        // The gate is not what this test is about: a few steps on 150 judged queries cannot show a gain.
+        ("CARE__LIFECYCLE__GATE_MARGIN", "-1.0".into()),
+        ("CARE__LIFECYCLE__MAX_COLLECTION_LOSS", "1.0".into()),
+    ] {
+        care.env.push((k.into(), v));
+    }
+    training_site(&care, t.path(), std::path::Path::new(&l4));
+    // A symmetric live pair: the document side that Stage II trains is the full e5-small.
+    care.ok(&["model", "activate", "--query", "e5-small", "--document", "e5-small"]);
+    care_e2e::add_user(&care, t.path(), "ops", "admin", "ops-password-123");
+    let bearer = format!("Bearer {}", care_e2e::token(&care, "ops", "e2e"));
+    let client = care_e2e::https_client();
+    let recipe = serde_json::json!({"sides": "both", "stage2_steps": 4, "stage2_batch_size": 4,
+        "stage2_max_groups": 40, "lr": 5e-4, "checkpoint_every": 2, "merge_ratio": 0.5});
+    let run = |url: &str, job: i64| -> serde_json::Value {
+        client
+            .get(format!("{url}/api/v1/admin/training/runs/{job}"))
+            .header("Authorization", &bearer)
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    };
+    let finished = |r: &serde_json::Value| ["done", "failed", "cancelled"].iter().any(|s| r["state"] == *s);
+    // (done, total) of the re-embedding phase ("重新生成文档向量", then "嵌入 kuake" per batch written), once seen.
+    let mut in_phase = false;
+    let mut embedding = |r: &serde_json::Value| -> Option<(u64, u64)> {
+        let stage = r["stage"].as_str().unwrap_or_default();
+        in_phase = (in_phase || stage == "重新生成文档向量") && !stage.starts_with("评测");
+        let (done, total) = (r["progress_done"].as_u64()?, r["progress_total"].as_u64()?);
+        (in_phase && stage.starts_with("嵌入") && total > 0).then_some((done, total))
+    };
+
+    let (mut server, url) = care.serve();
+    let resp = client
+        .post(format!("{url}/api/v1/admin/training/runs"))
+        .header("Authorization", &bearer)
+        .json(&recipe)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 202, "{:?}", resp.text());
+    let job = resp.json::<serde_json::Value>().unwrap()["job"].as_i64().unwrap();
+    let until = Instant::now() + Duration::from_secs(900);
+    let (written, total) = loop {
+        let r = run(&url, job);
+        assert!(!finished(&r), "the run ended before its re-embedding was seen: {r}");
+        assert!(Instant::now() < until, "no re-embedding within 900 s: {r}");
+        match embedding(&r) {
+            Some((done, total)) if done > 0 && done < total => break (done, total),
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    server.0.kill().unwrap(); // SIGKILL, between two batches' writes or in the middle of one
+    server.0.wait().unwrap();
+
+    let (_server, url) = care.serve();
+    let until = Instant::now() + Duration::from_secs(900);
+    let mut resumed = None;
+    let last = loop {
+        let r = run(&url, job);
+        if resumed.is_none() {
+            resumed = embedding(&r);
+        }
+        if finished(&r) {
+            break r;
+        }
+        assert!(Instant::now() < until, "the resumed run did not finish: {r}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(last["state"], "done", "{last}");
+    assert_eq!(last["decision"], "promoted", "{last}");
+    let (_, left) = resumed.expect("the restarted run was not seen re-embedding");
+    assert!(left + written <= total, "the restart re-embedded {left} of {total} documents ({written} were written before)");
+    // The promoted document model is live and its tables hold every chunk exactly once.
+    let check: serde_json::Value = serde_json::from_str(&care.ok(&["check"])).unwrap();
+    assert_eq!(check["consistent"], true, "{check}");
+    assert_eq!(check["dense_duplicates"], 0, "{check}");
+    assert!(care.ok(&["model", "list"]).contains(&format!("e5-small-r{job}-doc")));
+    eprintln!("killed after {written} of {total} documents re-embedded; the restart re-embedded {left}; {}", last["phases"]);
+}
