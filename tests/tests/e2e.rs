@@ -444,23 +444,31 @@ fn training_site(care: &Care, dir: &std::path::Path, l4: &std::path::Path) {
     care.ok(&["judgments", "import", "kuake", "dev150", "--csv", csv.to_str().unwrap()]);
 }
 
-/// Issue 16's crash test: `kill -9` of `care serve` while Stage I trains. The trainer dies with the server (no
-/// orphan keeps writing into the run folder), the restarted server resumes Stage I from its last checkpoint, and
-/// the finished query encoder is byte for byte the one an uninterrupted run of the same recipe produces.
-#[test]
-fn kill_9_of_care_serve_mid_training_resumes_and_equals_an_uninterrupted_run() {
+/// The kill -9 tests' site: [`training_site`] with the trainer that `packaging/dev.sh test` builds (CARE_TRAIN_BIN),
+/// `env` on top of the trainer's settings, and an admin's bearer token. None, the test skipped, without the trainer.
+fn trainer_care(env: &[(&str, &str)]) -> Option<(tempfile::TempDir, Care, String)> {
     let (Some(bin), Some(l4)) = (std::env::var_os("CARE_TRAIN_BIN"), std::env::var_os("CARE_TRAINER_EXPORT")) else {
         eprintln!("CARE_TRAIN_BIN / CARE_TRAINER_EXPORT not set (packaging/dev.sh test sets them); skipping");
-        return;
+        return None;
     };
     let t = tempfile::tempdir().unwrap();
     let mut care = Care::new(&t.path().join("data"));
     care.env.push(("CARE__TRAINING__TRAINER".into(), std::path::PathBuf::from(&bin).display().to_string()));
     care.env.push(("CARE__TRAINING__DEVICE".into(), "cpu".into()));
     care.env.push(("CARE__LIFECYCLE__MAX_LATENCY_RATIO".into(), "10.0".into()));
+    care.env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     training_site(&care, t.path(), std::path::Path::new(&l4));
     care_e2e::add_user(&care, t.path(), "ops", "admin", "ops-password-123");
     let bearer = format!("Bearer {}", care_e2e::token(&care, "ops", "e2e"));
+    Some((t, care, bearer))
+}
+
+/// Issue 16's crash test: `kill -9` of `care serve` while Stage I trains. The trainer dies with the server (no
+/// orphan keeps writing into the run folder), the restarted server resumes Stage I from its last checkpoint, and
+/// the finished query encoder is byte for byte the one an uninterrupted run of the same recipe produces.
+#[test]
+fn kill_9_of_care_serve_mid_training_resumes_and_equals_an_uninterrupted_run() {
+    let Some((_t, care, bearer)) = trainer_care(&[]) else { return };
     let client = care_e2e::https_client();
     // Kept for the admin to judge (promote: false), so the second run starts from the same live pair.
     let recipe = serde_json::json!({"stage1_steps": 30, "stage2_steps": 6, "batch_size": 16, "stage2_batch_size": 4,
@@ -598,27 +606,11 @@ fn kill_9_of_care_serve_mid_training_resumes_and_equals_an_uninterrupted_run() {
 /// duplicate vector.
 #[test]
 fn kill_9_during_both_sides_re_embedding_resumes_from_the_vectors_written() {
-    let (Some(bin), Some(l4)) = (std::env::var_os("CARE_TRAIN_BIN"), std::env::var_os("CARE_TRAINER_EXPORT")) else {
-        eprintln!("CARE_TRAIN_BIN / CARE_TRAINER_EXPORT not set (packaging/dev.sh test sets them); skipping");
-        return;
-    };
-    let t = tempfile::tempdir().unwrap();
-    let mut care = Care::new(&t.path().join("data"));
-    for (k, v) in [
-        ("CARE__TRAINING__TRAINER", std::path::PathBuf::from(&bin).display().to_string()),
-        ("CARE__TRAINING__DEVICE", "cpu".into()),
-        ("CARE__LIFECYCLE__MAX_LATENCY_RATIO", "10.0".into()),
-        // The gate is not what this test is about: a few steps on 150 judged queries cannot show a gain.
-        ("CARE__LIFECYCLE__GATE_MARGIN", "-1.0".into()),
-        ("CARE__LIFECYCLE__MAX_COLLECTION_LOSS", "1.0".into()),
-    ] {
-        care.env.push((k.into(), v));
-    }
-    training_site(&care, t.path(), std::path::Path::new(&l4));
+    // The gate is not what this test is about: a few steps on 150 judged queries cannot show a gain.
+    let gate = [("CARE__LIFECYCLE__GATE_MARGIN", "-1.0"), ("CARE__LIFECYCLE__MAX_COLLECTION_LOSS", "1.0")];
+    let Some((_t, care, bearer)) = trainer_care(&gate) else { return };
     // A symmetric live pair: the document side that Stage II trains is the full e5-small.
     care.ok(&["model", "activate", "--query", "e5-small", "--document", "e5-small"]);
-    care_e2e::add_user(&care, t.path(), "ops", "admin", "ops-password-123");
-    let bearer = format!("Bearer {}", care_e2e::token(&care, "ops", "e2e"));
     let client = care_e2e::https_client();
     let recipe = serde_json::json!({"sides": "both", "stage2_steps": 4, "stage2_batch_size": 4,
         "stage2_max_groups": 40, "lr": 5e-4, "checkpoint_every": 2, "merge_ratio": 0.5});
