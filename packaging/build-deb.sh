@@ -2,7 +2,7 @@
 # Builds care-appliance_<version>_amd64.deb into dist/.
 #
 #   packaging/build-deb.sh                      release build (≈60 min from clean on 2 cores; what ships)
-#   packaging/build-deb.sh --profile dev        the debug build the tests use (what CI installs and smoke-tests)
+#   packaging/build-deb.sh --profile dev        a debug build of `care` alone (CI packages the tests' own binary instead)
 #   packaging/build-deb.sh --binary PATH --version V   package an existing `care` binary as version V-1
 #   --fast                                      quicker, larger compression (CI)
 #                                               (the upgrade test packages the previous release this way)
