@@ -6,6 +6,7 @@
 #
 #   tests/bench/retrain_real.sh DATA_DIR [OUT_NAME]     (OUT_NAME defaults to retrain-real)
 #
+#   RECIPE, ABLATION_RECIPE, PRUNED_RECIPE: see below.
 # Needs: CARE_BIN (default $CARGO_TARGET_DIR/debug/care), CARE_TRAIN_BIN, CARE_SHARED. Writes
 # tests/results/OUT_NAME.json and .svg; DATA_DIR keeps the appliance (re-running skips finished steps).
 set -euo pipefail
@@ -63,6 +64,20 @@ recipe_args=()
 [ -n "${RECIPE:-}" ] && recipe_args=(--recipe "$RECIPE")
 # Exit 3: the candidate was gated out (kept with its report); the run itself finished.
 train() { c train run "$@" || [ $? -eq 3 ]; }
+# An ablation, when ABLATION_RECIPE names a recipe with "promote": false: a run from the same live pair before the
+# main one (say, the main recipe with one thing changed); its candidate is made live only to score the dev splits,
+# then the pair live before it is live again, so the main run starts from the same "before".
+if [ -n "${ABLATION_RECIPE:-}" ]; then
+    step train-ablation train --recipe "$ABLATION_RECIPE"
+    c train list --json >"$work/runs-ablation.json"
+    jobA=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[0]["job"])' "$work/runs-ablation.json")
+    c train show "$jobA" >"$work/run-ablation.json"
+    candA=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["candidate"])' "$work/run-ablation.json")
+    baseA=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["base"])' "$work/run-ablation.json")
+    step activate-ablation c model activate --query "${candA%%,*}" --document "${candA#*,}"
+    evals ablation
+    step activate-ablation-back c model activate --query "${baseA%%,*}" --document "${baseA#*,}"
+fi
 step train train "${recipe_args[@]}"
 c train list --json >"$work/runs.json"
 job=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[0]["job"])' "$work/runs.json")
@@ -118,6 +133,13 @@ if os.path.exists(f"{work}/run-pruned.json"):
                            for s in sets if os.path.exists(f"{work}/pruned-{s}.json")},
         "bench_query": json.load(open(f"{work}/bench-query.json")) if os.path.exists(f"{work}/bench-query.json") else None,
     }
+ablation = None
+if os.path.exists(f"{work}/run-ablation.json"):
+    ablation = {
+        "run": json.load(open(f"{work}/run-ablation.json")),
+        "dev_ndcg_at_10": {s: {m: v["ndcg_at_10"] for m, v in json.load(open(f"{work}/ablation-{s}.json"))["methods"].items()}
+                           for s in sets if os.path.exists(f"{work}/ablation-{s}.json")},
+    }
 result = {
     "what": "issue 16 real run: dev nDCG@10 of the live pair before and after one retraining job",
     "machine": {"cpu": cpu, "cores": int(cores), "gpu": None},
@@ -125,6 +147,7 @@ result = {
     "dev_ndcg_at_10": rows,
     "run": run,
     "pruned": pruned,
+    "ablation": ablation,
     "history": open(f"{work}/history.txt").read().splitlines(),
     "judgments": open(f"{work}/judgments.txt").read().splitlines(),
 }
