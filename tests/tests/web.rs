@@ -892,6 +892,10 @@ fn browser_login_upload_search_document_feedback_logout() {
     b.wait_for("the new collection", Duration::from_secs(20), |s| s.contains("id=\"col-guidelines\""));
     let input = b.find("#col-guidelines input[type=file]");
     b.send_keys(&input, &format!("{}\n{}", md.display(), bad.display()));
+    // The upload form's department and type, for documents that do not name their own.
+    b.click("#col-guidelines details.upload-meta summary");
+    b.type_into("#col-guidelines input[name=department]", "内分泌科");
+    b.type_into("#col-guidelines input[name=doc_type]", "指南");
     b.click("#col-guidelines form[data-upload] button[type=submit]");
     // app.js uploads with progress, then follows the redirect to the jobs page, which polls the jobs API.
     let src = b.wait_for("the job to finish", Duration::from_secs(60), |s| {
@@ -907,6 +911,7 @@ fn browser_login_upload_search_document_feedback_logout() {
     let src = b.wait_for("results", Duration::from_secs(30), |s| s.contains("class=\"results\""));
     assert!(src.contains("<mark>") && src.contains("二甲双胍用药指南") && src.contains("禁忌症"), "{src}");
     assert!(src.contains("资料库：guidelines"));
+    assert!(src.contains("<span class=\"filed\">内分泌科 · 指南</span>"), "the form's department and type: {src}");
     let search_png = keep_screenshot(&b, "search.png");
 
     // Open the document from the first result.

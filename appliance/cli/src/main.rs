@@ -71,6 +71,16 @@ enum Command {
         /// CSV/TSV column holding a stable document id (default: id, else file:line).
         #[arg(long)]
         csv_id_column: Option<String>,
+        /// Department (科室) of the documents that do not name their own (JSONL field or CSV column
+        /// department/科室, or a ZIP folder such as 心内科/).
+        #[arg(long)]
+        department: Option<String>,
+        /// Document type (指南, 药品说明书, 护理规范, …) of the documents that do not name their own.
+        #[arg(long)]
+        doc_type: Option<String>,
+        /// Publication or revision date (2023, 2023-05 or 2023-05-12) of the documents that do not give their own.
+        #[arg(long)]
+        date: Option<String>,
         /// Only queue the job (a running `care serve`, or `care jobs run`, executes it).
         #[arg(long)]
         detach: bool,
@@ -651,6 +661,9 @@ fn run(cli: Cli) -> Result<i32> {
             csv_text_column,
             csv_title_column,
             csv_id_column,
+            department,
+            doc_type,
+            date,
             detach,
         } => {
             let e = Arc::new(open(OpenMode::Existing)?);
@@ -660,7 +673,12 @@ fn run(cli: Cli) -> Result<i32> {
                     Err(err) => return Err(err.into()),
                 }
             }
-            let opts = IngestOptions { encoding, csv_text_column, csv_title_column, csv_id_column };
+            let meta = care_engine::ingest::meta::DocMeta::from_values(
+                department.as_deref().unwrap_or(""),
+                doc_type.as_deref().unwrap_or(""),
+                date.as_deref().unwrap_or(""),
+            )?;
+            let opts = IngestOptions { encoding, csv_text_column, csv_title_column, csv_id_column, meta };
             let id = e.ingest().submit_in_place(&collection, files, opts, &console())?;
             if detach {
                 println!("queued job {id}");

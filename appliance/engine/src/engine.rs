@@ -133,19 +133,41 @@ fn upsert_document(
         }
         Some((id, _, _)) => {
             tx.prepare_cached(
-                "UPDATE documents SET title = ?2, source = ?3, content_hash = ?4, state = 'pending', chunker = ?5 WHERE id = ?1",
+                "UPDATE documents SET title = ?2, source = ?3, content_hash = ?4, state = 'pending', chunker = ?5,
+                 department = ?6, doc_type = ?7, doc_date = ?8 WHERE id = ?1",
             )?
-            .execute(params![id, d.title, d.source, p.hash, chunker_id])?;
+            .execute(params![
+                id,
+                d.title,
+                d.source,
+                p.hash,
+                chunker_id,
+                d.meta.department,
+                d.meta.doc_type,
+                d.meta.date
+            ])?;
             tx.prepare_cached("DELETE FROM chunks WHERE document_id = ?1")?.execute([id])?;
             fr.replaced += 1;
             id
         }
         None => {
             tx.prepare_cached(
-                "INSERT INTO documents (collection_id, external_id, title, source, content_hash, state, created_at, chunker)
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7)",
+                "INSERT INTO documents (collection_id, external_id, title, source, content_hash, state, created_at, chunker,
+                                        department, doc_type, doc_date)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?9, ?10)",
             )?
-            .execute(params![collection_id, d.external_id, d.title, d.source, p.hash, ts, chunker_id])?;
+            .execute(params![
+                collection_id,
+                d.external_id,
+                d.title,
+                d.source,
+                p.hash,
+                ts,
+                chunker_id,
+                d.meta.department,
+                d.meta.doc_type,
+                d.meta.date
+            ])?;
             fr.added += 1;
             tx.last_insert_rowid()
         }
@@ -297,6 +319,8 @@ pub struct SearchHit {
     pub dense_only: bool,
     /// With `group_by_document`: how many more passages of this document are in the ranking.
     pub more_in_document: usize,
+    /// The document's department, type and date (empty where unknown).
+    pub meta: crate::ingest::meta::DocMeta,
 }
 
 /// A synonym-table term found in a query and the other terms of its group, searched at a lower weight.
@@ -1218,6 +1242,7 @@ impl Engine {
                 matched_terms: plan.terms_in(&format!("{}\n{}\n{}", v.title, v.heading, v.text)),
                 dense_only: h.parts.bm25.is_none(),
                 more_in_document: more,
+                meta: v.meta.clone(),
             })
             .collect())
     }

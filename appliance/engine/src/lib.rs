@@ -16,7 +16,8 @@
 //!   ├ feedback  the document view behind a hit and relevance feedback kept for training
 //!   ├ docview   the document view's structure (lists, tables from the stored light markup) and query marks
 //!   ├ ingest    files → ParsedDocument (pdf, docx, html, md, txt, csv, jsonl, zip; encodings; limits):
-//!   │           ingest/{pdf,docx,html,csv,archive,encoding}.rs, parsed in a sandboxed child by
+//!   │           ingest/{pdf,docx,html,csv,archive,encoding}.rs, a document's department, type and date
+//!   │           from its record, folders or upload form in ingest/meta.rs, parsed in a sandboxed child by
 //!   │           ingest/worker.rs; fuzz targets and fixture writers in
 //!   │           ingest/{fuzz,fixtures}.rs
 //!   ├ jobs      durable jobs in SQLite: rows, files, typed parameters (`JobParams`), cancel requests

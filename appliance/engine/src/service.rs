@@ -621,9 +621,16 @@ impl crate::engine::Ingest<'_> {
         self.new_upload_dir()
     }
 
-    /// Queues an ingest job for uploaded files (audited as `ingest.submit` in the job's transaction).
-    pub fn submit_upload(&self, actor: &Admin, collection: &str, files: Vec<std::path::PathBuf>) -> Result<i64> {
-        self.submit_ingest_as_user(collection, files, crate::IngestOptions::default(), actor)
+    /// Queues an ingest job for uploaded files (audited as `ingest.submit` in the job's transaction). `meta` is
+    /// the upload form's department, type and date, for the documents that do not say their own.
+    pub fn submit_upload(
+        &self,
+        actor: &Admin,
+        collection: &str,
+        files: Vec<std::path::PathBuf>,
+        meta: crate::ingest::meta::DocMeta,
+    ) -> Result<i64> {
+        self.submit_ingest_as_user(collection, files, crate::IngestOptions { meta, ..Default::default() }, actor)
     }
 
     /// Ingests files on this machine synchronously, in the caller's thread (evaluation and benchmark corpora);
@@ -822,7 +829,7 @@ mod tests {
             let up = e.ingest().new_upload(&root, "c1").unwrap();
             let f = up.join(format!("d{i}.md"));
             std::fs::write(&f, "# 二甲双胍\n二甲双胍禁用于严重肾功能不全。\n").unwrap();
-            let r = e.ingest().submit_upload(&root, "c1", vec![f]);
+            let r = e.ingest().submit_upload(&root, "c1", vec![f], Default::default());
             if i < 2 {
                 r.unwrap();
             } else {
@@ -837,6 +844,7 @@ mod tests {
             title: "二甲双胍".into(),
             text: "二甲双胍禁用于严重肾功能不全。".into(),
             source: "d1.md".into(),
+            ..Default::default()
         };
         e.ingest_documents("c1", &[doc]).unwrap();
         let (wang, li) = (Admin::console("drwang"), Admin::console("drli"));
@@ -871,6 +879,7 @@ mod tests {
                 title: "二甲双胍".into(),
                 text: "二甲双胍禁用于严重肾功能不全。".into(),
                 source: "d1.md".into(),
+                ..Default::default()
             };
             e.ingest_documents(c, &[doc]).unwrap();
             let ask = SearchAs { query: "二甲双胍".into(), collection: Some(c.into()), ..Default::default() };
@@ -1017,6 +1026,7 @@ mod tests {
             title: "二甲双胍".into(),
             text: "二甲双胍禁用于严重肾功能不全。".into(),
             source: "d1.md".into(),
+            ..Default::default()
         };
         e.ingest_documents("c1", &[doc]).unwrap();
         let clin = Actor::user(&user);

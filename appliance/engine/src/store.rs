@@ -34,6 +34,7 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (14, include_str!("../../../migrations/0014_synonyms.sql")),
     (15, include_str!("../../../migrations/0015_task_submitter.sql")),
     (16, include_str!("../../../migrations/0016_chunk_deletions.sql")),
+    (17, include_str!("../../../migrations/0017_document_meta.sql")),
 ];
 
 /// The metadata file is the appliance's alone (SQLite gives its -wal and -shm files the same mode).
@@ -276,6 +277,7 @@ pub struct ChunkView {
     pub heading: String,
     pub text: String,
     pub ordinal: i64,
+    pub meta: crate::ingest::meta::DocMeta,
 }
 
 impl Store {
@@ -581,7 +583,8 @@ impl Store {
     pub fn chunk_views(&self, chunk_ids: &[i64]) -> Result<Vec<ChunkView>> {
         let conn = self.reader();
         let mut stmt = conn.prepare_cached(
-            "SELECT k.id, k.document_id, d.external_id, c.name, d.title, d.source, k.heading, k.text, k.ordinal
+            "SELECT k.id, k.document_id, d.external_id, c.name, d.title, d.source, k.heading, k.text, k.ordinal,
+                    d.department, d.doc_type, d.doc_date
              FROM chunks k JOIN documents d ON d.id = k.document_id JOIN collections c ON c.id = d.collection_id
              WHERE k.id = ?1",
         )?;
@@ -599,6 +602,11 @@ impl Store {
                         heading: r.get(6)?,
                         text: r.get(7)?,
                         ordinal: r.get(8)?,
+                        meta: crate::ingest::meta::DocMeta {
+                            department: r.get(9)?,
+                            doc_type: r.get(10)?,
+                            date: r.get(11)?,
+                        },
                     })
                 })
                 .optional()?

@@ -84,6 +84,7 @@ struct CollectionsPage {
     csrf: String,
     collections: Vec<care_engine::store::CollectionStats>,
     max_upload_mib: u64,
+    doc_types: &'static [&'static str],
 }
 
 #[get("/admin/collections")]
@@ -101,6 +102,7 @@ pub async fn collections_page(
         csrf: caller.csrf().to_string(),
         collections,
         max_upload_mib: state.settings.server.max_upload_mib,
+        doc_types: care_engine::ingest::meta::DOC_TYPES,
     })
 }
 

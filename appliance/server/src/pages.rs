@@ -74,6 +74,8 @@ pub struct HitView {
     pub weak: bool,
     /// More passages of the same document in the ranking (grouped results).
     pub more_in_document: usize,
+    /// "心内科 · 指南 · 2023-05": what the document is filed under, empty when unknown.
+    pub filed: String,
 }
 
 impl HitView {
@@ -113,6 +115,12 @@ impl HitView {
             dense_only: h.dense_only,
             weak: h.matched_terms.is_empty(),
             more_in_document: h.more_in_document,
+            filed: [&h.meta.department, &h.meta.doc_type, &h.meta.date]
+                .into_iter()
+                .filter(|s| !s.is_empty())
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(" · "),
         }
     }
 }

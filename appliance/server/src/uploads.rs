@@ -66,10 +66,18 @@ pub async fn upload(
     let col = collection.to_string();
     let mut staging = Staging::new(call_admin(state, caller, move |e, a| e.ingest().new_upload(a, &col)).await?);
     let limit = upload_limit(state, state.settings.server.max_upload_mib.saturating_mul(1 << 20));
-    let queued = match receive(payload, &staging.dir, limit).await {
-        Ok(files) => {
-            let col = collection.to_string();
-            call_admin(state, caller, move |e, a| e.ingest().submit_upload(a, &col, files)).await
+    let queued = match receive_with(payload, &staging.dir, limit, &["department", "doc_type", "date"]).await {
+        Ok((files, fields)) => {
+            let field = |k: &str| fields.get(k).map_or("", String::as_str);
+            // The form's department, type and date, for the documents that do not say their own.
+            match care_engine::ingest::meta::DocMeta::from_values(field("department"), field("doc_type"), field("date"))
+            {
+                Ok(meta) => {
+                    let col = collection.to_string();
+                    call_admin(state, caller, move |e, a| e.ingest().submit_upload(a, &col, files, meta)).await
+                }
+                Err(m) => Err(ApiError::invalid(m.to_string())),
+            }
         }
         Err(e) => Err(e),
     };

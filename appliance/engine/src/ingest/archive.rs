@@ -14,6 +14,7 @@ use std::path::Path;
 
 use zip::ZipArchive;
 
+use super::meta::DocMeta;
 use super::{FileKind, IngestLimits, IngestOptions, Origin, Unit, parse_origin};
 use crate::error::{Error, Result};
 
@@ -279,7 +280,10 @@ fn expand_into(
             }
             continue;
         }
-        out.push(Unit { name: unit_name, result: parse_origin(&member, kind, &data, opts, limits) });
+        // The member's folders (outer archives' too) may name its department, type and year.
+        let folders = DocMeta::from_folders(member.ident.rsplit_once('/').map_or("", |(dirs, _)| dirs).split('/'));
+        let opts = IngestOptions { meta: folders.or(&opts.meta), ..opts.clone() };
+        out.push(Unit { name: unit_name, result: parse_origin(&member, kind, &data, &opts, limits) });
     }
     Ok(())
 }
@@ -323,6 +327,30 @@ mod tests {
         assert_eq!(u[2].result.as_ref().unwrap_err().code().as_str(), "malformed_record");
         assert_eq!(u[3].result.as_ref().unwrap_err().code().as_str(), "unsupported_format");
         assert_eq!(u[4].result.as_ref().unwrap().documents[0].external_id, "bundle.zip/nested.zip/deep/c.md");
+        // Folders name the type; nothing else says more.
+        assert_eq!(a.documents[0].meta.doc_type, "指南");
+        assert_eq!(u[4].result.as_ref().unwrap().documents[0].meta, DocMeta::default());
+    }
+
+    #[test]
+    fn folders_give_department_type_and_year_and_the_upload_form_fills_the_rest() {
+        let z = zip_bytes(&[
+            ("心内科/2021/指南/a.txt", "高血压患者应限盐。".as_bytes()),
+            ("护理部/b.jsonl", "{\"text\":\"翻身\",\"类型\":\"护理规范\",\"date\":\"2023/5/12\"}\n".as_bytes()),
+            ("c.csv", "text,科室,日期\n胸痛,急诊科,2022年3月\n".as_bytes()),
+            ("d.jsonl", "{\"text\":\"x\",\"date\":\"2023-13-01\"}\n".as_bytes()),
+        ]);
+        let form = DocMeta { department: "医务部".into(), doc_type: "制度".into(), date: String::new() };
+        let opts = IngestOptions { meta: form, ..Default::default() };
+        let u = expand(&Origin::of_file(Path::new("up/bundle.zip")), &z, &opts, &IngestLimits::default()).unwrap();
+        let meta = |i: usize| u[i].result.as_ref().unwrap().documents[0].meta.clone();
+        let m = |d: &str, t: &str, y: &str| DocMeta { department: d.into(), doc_type: t.into(), date: y.into() };
+        assert_eq!(meta(0), m("心内科", "指南", "2021"));
+        assert_eq!(meta(1), m("护理部", "护理规范", "2023-05-12"));
+        assert_eq!(meta(2), m("急诊科", "制度", "2022-03"));
+        let e = u[3].result.as_ref().unwrap_err();
+        assert_eq!(e.code().as_str(), "malformed_record");
+        assert!(e.to_string().contains("2023-13-01"), "{e}");
     }
 
     #[test]

@@ -67,6 +67,7 @@ impl Default for IngestConfig {
 #[cfg(test)]
 mod fuzz;
 mod html;
+pub mod meta;
 mod pdf;
 pub mod worker;
 
@@ -79,7 +80,7 @@ use crate::error::{Error, Result};
 use crate::text::normalize;
 
 /// A document ready to be chunked and stored.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ParsedDocument {
     /// Identity inside the collection: the JSONL/CSV `id`, or the file name (for an archive member, its path
     /// inside the archive after the archive's name). Re-ingesting the same id replaces it.
@@ -88,6 +89,9 @@ pub struct ParsedDocument {
     /// Normalised text (see [`crate::text::normalize`]).
     pub text: String,
     pub source: String,
+    /// Department, type and date ([`meta`]); empty when neither the file nor the upload says.
+    #[serde(default)]
+    pub meta: meta::DocMeta,
 }
 
 impl ParsedDocument {
@@ -96,6 +100,7 @@ impl ParsedDocument {
         h.update(self.title.as_bytes());
         h.update([0u8]);
         h.update(self.text.as_bytes());
+        h.update(self.meta.hash_bytes());
         hex::encode(h.finalize())
     }
 }
@@ -121,6 +126,8 @@ pub struct IngestOptions {
     pub csv_title_column: Option<String>,
     /// CSV/TSV: the column holding a stable id (default: id or _id when present, else `<file>:<line>`).
     pub csv_id_column: Option<String>,
+    /// Department, type and date for every document of the upload that does not say its own (the upload form).
+    pub meta: meta::DocMeta,
 }
 
 /// Bounds on what one upload may make the appliance read.
@@ -298,12 +305,21 @@ pub fn parse_origin(
     opts: &IngestOptions,
     limits: &IngestLimits,
 ) -> Result<ParsedFile> {
+    // What the record does not say of its department, type or date, the upload (and an archive's folders) may.
+    let fill = |mut f: ParsedFile| {
+        if !opts.meta.is_empty() {
+            for d in &mut f.documents {
+                d.meta = std::mem::take(&mut d.meta).or(&opts.meta);
+            }
+        }
+        f
+    };
     #[cfg(test)]
     if UNGUARDED.with(|u| u.get()) {
-        return parse_inner(origin, kind, bytes, opts, limits);
+        return parse_inner(origin, kind, bytes, opts, limits).map(fill);
     }
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parse_inner(origin, kind, bytes, opts, limits))) {
-        Ok(r) => r.and_then(|f| within_text_budget(origin, bytes.len(), limits, f)),
+        Ok(r) => r.and_then(|f| within_text_budget(origin, bytes.len(), limits, f)).map(fill),
         Err(panic) => {
             let what = panic
                 .downcast_ref::<String>()
@@ -362,7 +378,13 @@ fn parse_inner(
         }
         let title = if title.is_empty() { origin.stem() } else { title };
         Ok(ParsedFile {
-            documents: vec![ParsedDocument { external_id: origin.ident.clone(), title, text, source: source.clone() }],
+            documents: vec![ParsedDocument {
+                external_id: origin.ident.clone(),
+                title,
+                text,
+                source: source.clone(),
+                meta: meta::DocMeta::default(),
+            }],
             skipped_empty: 0,
         })
     };
@@ -490,6 +512,24 @@ struct JsonlRecord {
     title: Option<String>,
     #[serde(alias = "content", alias = "body")]
     text: String,
+    /// Every other field: department, type and date are looked up here ([`meta`]).
+    #[serde(flatten)]
+    rest: serde_json::Map<String, serde_json::Value>,
+}
+
+impl JsonlRecord {
+    /// The first of `names` among the record's other fields (ASCII case-insensitive), as text.
+    fn other(&self, names: &[&str]) -> String {
+        names
+            .iter()
+            .find_map(|n| self.rest.iter().find(|(k, _)| k.eq_ignore_ascii_case(n)))
+            .map(|(_, v)| match v {
+                serde_json::Value::String(s) => s.clone(),
+                serde_json::Value::Number(n) => n.to_string(),
+                _ => String::new(),
+            })
+            .unwrap_or_default()
+    }
 }
 
 fn parse_jsonl(path: &Path, text: &str, file_name: &str, source: &str) -> Result<ParsedFile> {
@@ -504,6 +544,16 @@ fn parse_jsonl(path: &Path, text: &str, file_name: &str, source: &str) -> Result
             path: path.to_path_buf(),
             line: line_no,
             message: format!("not a JSON object with a string `text` field: {e}"),
+        })?;
+        let meta = meta::DocMeta::from_values(
+            &rec.other(meta::DEPARTMENT_FIELDS),
+            &rec.other(meta::TYPE_FIELDS),
+            &rec.other(meta::DATE_FIELDS),
+        )
+        .map_err(|e| Error::MalformedRecord {
+            path: path.to_path_buf(),
+            line: line_no,
+            message: e.to_string(),
         })?;
         let id = match rec.id {
             None => format!("{file_name}:{line_no}"),
@@ -534,6 +584,7 @@ fn parse_jsonl(path: &Path, text: &str, file_name: &str, source: &str) -> Result
             title: normalize(rec.title.as_deref().unwrap_or("")),
             text: body,
             source: format!("{source}:{line_no}"),
+            meta,
         });
     }
     if out.documents.is_empty() && out.skipped_empty == 0 {

@@ -1664,6 +1664,65 @@ mod jobs {
             e.audit().records(&crate::Admin::system(), &f, 10, 0).unwrap().into_iter().map(|r| r.action).collect();
         assert_eq!(actions, vec!["collection.delete", "collection.approve", "job.cancel"]);
     }
+
+    #[test]
+    fn department_type_and_date_come_from_the_record_its_folders_and_the_upload_form_and_reach_the_hits() {
+        use crate::ingest::meta::DocMeta;
+        use crate::service::SearchAs;
+        let t = tempfile::tempdir().unwrap();
+        let e = engine(&t.path().join("data"), 400);
+        let bob = crate::Admin::console("bob");
+        e.collections().create(&bob, "c", "").unwrap();
+        let jsonl = "{\"id\":\"met\",\"title\":\"二甲双胍\",\"text\":\"二甲双胍禁用于严重肾功能不全。\",\"科室\":\"内分泌科\",\"type\":\"药品说明书\",\"date\":\"2022/3/1\"}\n";
+        let zip = zip_bytes(&[("心内科/指南/htn.md", "# 高血压\n限制钠盐摄入。".as_bytes())]);
+        let meta_of = |id: &str| -> (String, String, String) {
+            crate::tests::engine::db(&e)
+                .query_row("SELECT department, doc_type, doc_date FROM documents WHERE external_id = ?1", [id], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })
+                .unwrap()
+        };
+        let s = |a: &str, b: &str, c: &str| (a.to_string(), b.to_string(), c.to_string());
+        let run = |form: DocMeta, jsonl: &str| {
+            let up = e.ingest().new_upload(&bob, "c").unwrap();
+            let files = vec![put(&up, "drugs.jsonl", jsonl.as_bytes()), put(&up, "bundle.zip", &zip)];
+            let id = e.ingest().submit_upload(&bob, "c", files, form).unwrap();
+            let w = Worker::start(e.clone(), 1);
+            let j = wait(&e, id);
+            w.shutdown();
+            assert_eq!(j.state, JobState::Done, "{j:?}");
+            e.job_files(id).unwrap()
+        };
+        // The record's own fields, then the archive's folders, then the form (which only fills gaps).
+        let form = DocMeta { department: "医务部".into(), date: "2023".into(), ..Default::default() };
+        run(form.clone(), jsonl);
+        assert_eq!(meta_of("met"), s("内分泌科", "药品说明书", "2022-03-01"));
+        assert_eq!(meta_of("bundle.zip/心内科/指南/htn.md"), s("心内科", "指南", "2023"));
+        let hits = e.search().run(&bob, &SearchAs { query: "二甲双胍".into(), ..Default::default() }).unwrap().hits;
+        assert_eq!(
+            hits[0].meta,
+            DocMeta {
+                department: "内分泌科".into(), doc_type: "药品说明书".into(), date: "2022-03-01".into()
+            }
+        );
+        // The same upload again is a no-op; a changed date alone replaces the document.
+        let f = run(form.clone(), jsonl);
+        assert_eq!((f[0].added, f[0].replaced, f[0].unchanged), (0, 0, 1));
+        let f = run(form, &jsonl.replace("2022/3/1", "2024-01"));
+        assert_eq!((f[0].added, f[0].replaced), (0, 1));
+        assert_eq!(meta_of("met").2, "2024-01");
+        assert!(e.check().unwrap().consistent);
+        // A date nobody can read fails that file with its line; the other file of the upload still goes in.
+        let up = e.ingest().new_upload(&bob, "c").unwrap();
+        let bad = put(&up, "bad.jsonl", "{\"text\":\"x\",\"日期\":\"2023-13-01\"}\n".as_bytes());
+        let id = e.ingest().submit_upload(&bob, "c", vec![bad], DocMeta::default()).unwrap();
+        let w = Worker::start(e.clone(), 1);
+        wait(&e, id);
+        w.shutdown();
+        let f = e.job_files(id).unwrap().remove(0);
+        let msg = &f.errors[0].message;
+        assert!(msg.contains("2023-13-01") && msg.contains("无法识别"), "{msg}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1700,6 +1759,7 @@ mod offline_vectors {
                     _ => text.to_string(),
                 },
                 source: format!("{id}.txt"),
+                ..Default::default()
             })
             .collect()
     }
@@ -1863,6 +1923,7 @@ mod offline_vectors {
             title: "布洛芬".into(),
             text: "布洛芬用于发热和轻中度疼痛，消化性溃疡患者慎用。".into(),
             source: "ibuprofen.txt".into(),
+            ..Default::default()
         };
         e.ingest_documents("c", std::slice::from_ref(&new)).unwrap();
         let (doc, pending) = e.pending_vectors("c", None).unwrap();
@@ -2058,6 +2119,7 @@ mod offline_vectors {
             title: "脑卒中".into(),
             text: "急性缺血性脑卒中在发病4.5小时内可考虑静脉溶栓。".into(),
             source: "stroke.txt".into(),
+            ..Default::default()
         });
         let fr = e.ingest_documents("c", &d).unwrap();
         assert_eq!((fr.added, fr.replaced), (1, 1));
@@ -2338,6 +2400,7 @@ mod concurrency {
             title: String::new(),
             text: text.into(),
             source: format!("{id}.txt"),
+            ..Default::default()
         };
         e.ingest_documents(
             "c",

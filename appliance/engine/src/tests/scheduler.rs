@@ -132,7 +132,7 @@ fn a_task_runs_as_its_submitter_rechecked_when_it_starts() {
     let wang = Actor::user(&u).admin().unwrap();
     let up = e.new_upload_dir().unwrap();
     std::fs::write(up.join("a.md"), "# 标题\n正文。").unwrap();
-    let id = e.ingest().submit_upload(&wang, "c", vec![up.join("a.md")]).unwrap();
+    let id = e.ingest().submit_upload(&wang, "c", vec![up.join("a.md")], Default::default()).unwrap();
     // Demoted after submitting, before the scheduler runs the task.
     let demote = UserUpdate { role: Some("clinician".into()), ..Default::default() };
     e.accounts().update_user(&root, "wang", &demote).unwrap();

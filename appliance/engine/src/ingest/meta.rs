@@ -1,0 +1,229 @@
+//! What a hospital files a document under: its department (科室), its type (指南, 药品说明书, …) and its date.
+//!
+//! Taken, in this order of precedence, from the record itself (JSONL fields, CSV columns), from the folders an
+//! archive member sits in, and from the upload form (which fills only what the file does not say). A value that is
+//! present but not understood (a date such as 2023-13-01) rejects the record with its line, like any malformed
+//! field: a clinician filtering by year must not miss a guideline because its date was silently dropped.
+
+use serde::{Deserialize, Serialize};
+
+/// Document types a folder name is recognised as (any other folder that names a department is taken as one).
+pub const DOC_TYPES: &[&str] = &[
+    "指南",
+    "共识",
+    "药品说明书",
+    "说明书",
+    "护理规范",
+    "操作规范",
+    "规范",
+    "制度",
+    "流程",
+    "模板",
+    "手册",
+    "路径",
+    "临床路径",
+    "标准",
+    "教材",
+    "文献",
+    "问答",
+];
+
+/// Field and column names read as each piece of metadata (ASCII case-insensitive).
+pub const DEPARTMENT_FIELDS: &[&str] = &["department", "dept", "科室", "部门"];
+pub const TYPE_FIELDS: &[&str] = &["doc_type", "type", "category", "类型", "文档类型", "类别"];
+pub const DATE_FIELDS: &[&str] = &["date", "published", "revised", "日期", "发布日期", "修订日期", "发布时间"];
+
+/// Longest department or type name kept (longer is not a name but a misplaced text column).
+const MAX_NAME_CHARS: usize = 40;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DocMeta {
+    /// 科室, e.g. 心内科.
+    pub department: String,
+    /// Document type, e.g. 指南.
+    pub doc_type: String,
+    /// Publication or revision date as `YYYY`, `YYYY-MM` or `YYYY-MM-DD` (as precise as the source was).
+    pub date: String,
+}
+
+/// Why a metadata value was refused (the caller adds the file and line).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MetaError {
+    #[error("日期「{0}」无法识别：请写成 2023、2023-05 或 2023-05-12（也可写 2023年5月12日、2023/5/12）")]
+    Date(String),
+    #[error("{what}「{value}」过长（最多 {MAX_NAME_CHARS} 个字）：这一列可能不是{what}")]
+    TooLong { what: &'static str, value: String },
+}
+
+impl DocMeta {
+    pub fn is_empty(&self) -> bool {
+        self.department.is_empty() && self.doc_type.is_empty() && self.date.is_empty()
+    }
+
+    /// Builds metadata from raw values (a record's fields), checking each.
+    pub fn from_values(department: &str, doc_type: &str, date: &str) -> Result<DocMeta, MetaError> {
+        Ok(DocMeta {
+            department: name("科室", department)?,
+            doc_type: name("类型", doc_type)?,
+            date: parse_date(date)?,
+        })
+    }
+
+    /// Fills what `self` lacks from `other` (the record wins over its folders, both over the upload form).
+    pub fn or(mut self, other: &DocMeta) -> DocMeta {
+        for (mine, theirs) in [
+            (&mut self.department, &other.department),
+            (&mut self.doc_type, &other.doc_type),
+            (&mut self.date, &other.date),
+        ] {
+            if mine.is_empty() {
+                mine.clone_from(theirs);
+            }
+        }
+        self
+    }
+
+    /// What the folders of an archive member say: a folder named as a document type is its type, one ending in a
+    /// department's suffix (科, 室, 中心, 部) its department, a four-digit year (2000–2099) its date. The innermost
+    /// folder wins; other folder names say nothing.
+    pub fn from_folders<'a>(folders: impl IntoIterator<Item = &'a str>) -> DocMeta {
+        let mut m = DocMeta::default();
+        for f in folders {
+            let f = f.trim();
+            if f.is_empty() || f.chars().count() > MAX_NAME_CHARS {
+                continue;
+            }
+            if DOC_TYPES.contains(&f) {
+                m.doc_type = f.to_string();
+            } else if ["科", "室", "中心", "部"].iter().any(|s| f.ends_with(s)) {
+                m.department = f.to_string();
+            } else if f.len() == 4 && f.starts_with("20") && f.bytes().all(|b| b.is_ascii_digit()) {
+                m.date = f.to_string();
+            }
+        }
+        m
+    }
+
+    /// The year, for facets: the first four characters of the date.
+    pub fn year(&self) -> Option<&str> {
+        self.date.get(..4)
+    }
+
+    /// Bytes folded into a document's content hash, so that a changed department or date re-indexes the
+    /// document; empty when there is no metadata, so hashes of documents without any stay as they were.
+    pub fn hash_bytes(&self) -> Vec<u8> {
+        if self.is_empty() {
+            return Vec::new();
+        }
+        format!("\u{0}meta\u{0}{}\u{0}{}\u{0}{}", self.department, self.doc_type, self.date).into_bytes()
+    }
+}
+
+fn name(what: &'static str, value: &str) -> Result<String, MetaError> {
+    let v = value.trim();
+    if v.chars().count() > MAX_NAME_CHARS {
+        return Err(MetaError::TooLong { what, value: v.chars().take(MAX_NAME_CHARS).collect::<String>() + "…" });
+    }
+    Ok(v.to_string())
+}
+
+/// Reads a date as hospitals write them: 2023, 2023-05, 2023-05-12, 2023/5/12, 2023.5.12, 2023年5月12日, 20230512,
+/// or an ISO timestamp (its date part). Returns `YYYY[-MM[-DD]]`; an empty value is no date.
+pub fn parse_date(raw: &str) -> Result<String, MetaError> {
+    let s = raw.trim();
+    if s.is_empty() {
+        return Ok(String::new());
+    }
+    let bad = || MetaError::Date(s.chars().take(40).collect());
+    // An ISO timestamp: keep its date.
+    let s2 = s.split(['T', ' ']).next().unwrap_or(s);
+    let parts: Vec<&str> = if s2.len() == 8 && s2.bytes().all(|b| b.is_ascii_digit()) {
+        vec![&s2[..4], &s2[4..6], &s2[6..]]
+    } else {
+        s2.trim_end_matches('日').split(['-', '/', '.', '年', '月']).filter(|p| !p.is_empty()).collect()
+    };
+    if parts.is_empty() || parts.len() > 3 || parts.iter().any(|p| !p.bytes().all(|b| b.is_ascii_digit())) {
+        return Err(bad());
+    }
+    let num = |p: &str| p.parse::<u32>().map_err(|_| bad());
+    let year = num(parts[0])?;
+    if parts[0].len() != 4 || !(1900..=2100).contains(&year) {
+        return Err(bad());
+    }
+    let mut out = format!("{year:04}");
+    if let Some(m) = parts.get(1) {
+        let month = num(m)?;
+        if !(1..=12).contains(&month) || m.len() > 2 {
+            return Err(bad());
+        }
+        out.push_str(&format!("-{month:02}"));
+        if let Some(d) = parts.get(2) {
+            let day = num(d)?;
+            if day == 0 || d.len() > 2 || day > days_in_month(year, month) {
+                return Err(bad());
+            }
+            out.push_str(&format!("-{day:02}"));
+        }
+    }
+    Ok(out)
+}
+
+fn days_in_month(year: u32, month: u32) -> u32 {
+    match month {
+        2 if (year % 4 == 0 && year % 100 != 0) || year % 400 == 0 => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+/// The first of `names` present in `get` (a record's field lookup), as text.
+pub fn field<'a>(names: &[&str], get: impl Fn(&str) -> Option<&'a str>) -> &'a str {
+    names.iter().find_map(|n| get(n)).unwrap_or("")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_are_read_as_hospitals_write_them_and_nonsense_is_refused() {
+        for (raw, want) in [
+            ("2023", "2023"),
+            ("2023-5", "2023-05"),
+            ("2023-05-12", "2023-05-12"),
+            ("2023/5/12", "2023-05-12"),
+            ("2023.05.12", "2023-05-12"),
+            ("2023年5月12日", "2023-05-12"),
+            ("2023年5月", "2023-05"),
+            ("20230512", "2023-05-12"),
+            ("2024-02-29", "2024-02-29"),
+            ("2023-05-12T08:00:00Z", "2023-05-12"),
+            (" 2023-05-12 10:00 ", "2023-05-12"),
+            ("", ""),
+        ] {
+            assert_eq!(parse_date(raw).as_deref(), Ok(want), "{raw}");
+        }
+        for raw in ["2023-13-01", "2023-02-29", "23-05-12", "去年", "2023-05-12-01", "1066", "2023-005", "五月"] {
+            assert!(matches!(parse_date(raw), Err(MetaError::Date(_))), "{raw} should be refused");
+        }
+        assert!(MetaError::Date("x".into()).to_string().contains("无法识别"));
+    }
+
+    #[test]
+    fn folders_name_department_type_and_year_and_the_record_wins() {
+        let f = DocMeta::from_folders(["心内科", "2021", "指南", "杂项"]);
+        assert_eq!(f, DocMeta { department: "心内科".into(), doc_type: "指南".into(), date: "2021".into() });
+        assert_eq!(f.year(), Some("2021"));
+        let rec = DocMeta::from_values("", "药品说明书", "2023-05").unwrap();
+        let form = DocMeta { department: "药剂科".into(), doc_type: "制度".into(), date: "2020".into() };
+        let m = rec.or(&f).or(&form);
+        assert_eq!(m, DocMeta { department: "心内科".into(), doc_type: "药品说明书".into(), date: "2023-05".into() });
+        assert_eq!(DocMeta::default().or(&form), form);
+        assert!(DocMeta::from_values(&"长".repeat(41), "", "").is_err());
+        assert!(DocMeta::default().hash_bytes().is_empty());
+        assert_ne!(form.hash_bytes(), m.hash_bytes());
+    }
+}
