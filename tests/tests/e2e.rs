@@ -672,11 +672,17 @@ fn kill_9_during_both_sides_re_embedding_resumes_from_the_vectors_written() {
     assert_eq!(last["state"], "done", "{last}");
     assert_eq!(last["decision"], "promoted", "{last}");
     let (_, left) = resumed.expect("the restarted run was not seen re-embedding");
-    assert!(left + written <= total, "the restart re-embedded {left} of {total} documents ({written} were written before)");
+    assert!(
+        left + written <= total,
+        "the restart re-embedded {left} of {total} documents ({written} were written before)"
+    );
     // The promoted document model is live and its tables hold every chunk exactly once.
     let check: serde_json::Value = serde_json::from_str(&care.ok(&["check"])).unwrap();
     assert_eq!(check["consistent"], true, "{check}");
     assert_eq!(check["dense_duplicates"], 0, "{check}");
     assert!(care.ok(&["model", "list"]).contains(&format!("e5-small-r{job}-doc")));
-    eprintln!("killed after {written} of {total} documents re-embedded; the restart re-embedded {left}; {}", last["phases"]);
+    eprintln!(
+        "killed after {written} of {total} documents re-embedded; the restart re-embedded {left}; {}",
+        last["phases"]
+    );
 }
