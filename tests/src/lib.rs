@@ -149,6 +149,11 @@ pub fn https_client() -> reqwest::blocking::Client {
         .expect("client")
 }
 
+/// GET `url` with an `Authorization` header (`Bearer …`) and parse the answer as JSON.
+pub fn get_json(client: &reqwest::blocking::Client, url: &str, bearer: &str) -> serde_json::Value {
+    client.get(url).header("Authorization", bearer).send().unwrap().json().unwrap()
+}
+
 /// An HTTPS client for the self-signed certificate that follows no redirects, so 302/303 are visible.
 pub fn no_redirect_client(timeout: Duration) -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder()

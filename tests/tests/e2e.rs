@@ -276,15 +276,7 @@ fn kill_9_during_ingest_jobs_resumes_without_duplicates() {
         .unwrap();
     assert_eq!(resp.status().as_u16(), 202, "{:?}", resp.text());
     let job = resp.json::<serde_json::Value>().unwrap()["job"].as_i64().unwrap();
-    let job_state = |url: &str| -> serde_json::Value {
-        client
-            .get(format!("{url}/api/v1/admin/jobs/{job}"))
-            .header("Authorization", &bearer)
-            .send()
-            .unwrap()
-            .json()
-            .unwrap()
-    };
+    let job_state = |url: &str| care_e2e::get_json(&client, &format!("{url}/api/v1/admin/jobs/{job}"), &bearer);
     let until = Instant::now() + Duration::from_secs(60);
     let mut seen = job_state(&url);
     while seen["progress_done"].as_i64().unwrap_or(0) == 0 && Instant::now() < until {
@@ -484,9 +476,7 @@ fn kill_9_of_care_serve_mid_training_resumes_and_equals_an_uninterrupted_run() {
         assert_eq!(resp.status().as_u16(), 202, "{:?}", resp.text());
         resp.json::<serde_json::Value>().unwrap()["job"].as_i64().unwrap()
     };
-    let get = |url: &str, path: &str| -> serde_json::Value {
-        client.get(format!("{url}{path}")).header("Authorization", &bearer).send().unwrap().json().unwrap()
-    };
+    let get = |url: &str, path: &str| care_e2e::get_json(&client, &format!("{url}{path}"), &bearer);
     let run = |url: &str, job: i64| get(url, &format!("/api/v1/admin/training/runs/{job}"));
     let until_finished = |url: &str, job: i64| -> serde_json::Value {
         let until = Instant::now() + Duration::from_secs(900);
@@ -614,15 +604,8 @@ fn kill_9_during_both_sides_re_embedding_resumes_from_the_vectors_written() {
     let client = care_e2e::https_client();
     let recipe = serde_json::json!({"sides": "both", "stage2_steps": 4, "stage2_batch_size": 4,
         "stage2_max_groups": 40, "lr": 5e-4, "checkpoint_every": 2, "merge_ratio": 0.5});
-    let run = |url: &str, job: i64| -> serde_json::Value {
-        client
-            .get(format!("{url}/api/v1/admin/training/runs/{job}"))
-            .header("Authorization", &bearer)
-            .send()
-            .unwrap()
-            .json()
-            .unwrap()
-    };
+    let run =
+        |url: &str, job: i64| care_e2e::get_json(&client, &format!("{url}/api/v1/admin/training/runs/{job}"), &bearer);
     let finished = |r: &serde_json::Value| ["done", "failed", "cancelled"].iter().any(|s| r["state"] == *s);
     // (done, total) of the re-embedding phase ("重新生成文档向量", then "嵌入 kuake" per batch written), once seen.
     let mut in_phase = false;
