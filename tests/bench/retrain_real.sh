@@ -64,45 +64,46 @@ recipe_args=()
 [ -n "${RECIPE:-}" ] && recipe_args=(--recipe "$RECIPE")
 # Exit 3: the candidate was gated out (kept with its report); the run itself finished.
 train() { c train run "$@" || [ $? -eq 3 ]; }
+# field FILE KEY: a key of a JSON file (of the first element when it is a list), as text.
+field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print((d[0] if isinstance(d, list) else d)[sys.argv[2]])' "$1" "$2"; }
+# shown FILE: the run a step has just finished (the newest), kept in FILE.json; once, so that re-running the
+# script after later runs does not take theirs.
+shown() {
+    [ -f "$work/$1.json" ] && return 0
+    c train list --json >"$work/runs-list.json"
+    c train show "$(field "$work/runs-list.json" job)" >"$work/$1.json"
+}
+# scored NAME RECIPE: a run with "promote": false from the live pair; its candidate is made live only to score the
+# dev splits (evals NAME), then the pair live before it is live again. Leaves the run in run-NAME.json.
+scored() {
+    local name=$1 cand base
+    step "train-$name" train --recipe "$2"
+    shown "run-$name"
+    cand=$(field "$work/run-$name.json" candidate)
+    base=$(field "$work/run-$name.json" base)
+    step "activate-$name" c model activate --query "${cand%%,*}" --document "${cand#*,}"
+    evals "$name"
+    step "activate-$name-back" c model activate --query "${base%%,*}" --document "${base#*,}"
+}
 # An ablation, when ABLATION_RECIPE names a recipe with "promote": false: a run from the same live pair before the
-# main one (say, the main recipe with one thing changed); its candidate is made live only to score the dev splits,
-# then the pair live before it is live again, so the main run starts from the same "before".
-if [ -n "${ABLATION_RECIPE:-}" ]; then
-    step train-ablation train --recipe "$ABLATION_RECIPE"
-    c train list --json >"$work/runs-ablation.json"
-    jobA=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[0]["job"])' "$work/runs-ablation.json")
-    c train show "$jobA" >"$work/run-ablation.json"
-    candA=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["candidate"])' "$work/run-ablation.json")
-    baseA=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["base"])' "$work/run-ablation.json")
-    step activate-ablation c model activate --query "${candA%%,*}" --document "${candA#*,}"
-    evals ablation
-    step activate-ablation-back c model activate --query "${baseA%%,*}" --document "${baseA#*,}"
-fi
+# main one (say, the main recipe with one thing changed), so the main run starts from the same "before".
+[ -n "${ABLATION_RECIPE:-}" ] && scored ablation "$ABLATION_RECIPE"
 step train train "${recipe_args[@]}"
-c train list --json >"$work/runs.json"
-job=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[0]["job"])' "$work/runs.json")
-c train show "$job" >"$work/run.json"
+shown run
 c model history >"$work/history.txt"
 evals after
 
 # Target (b), when PRUNED_RECIPE names a recipe with "query_layers" (and "promote": false): a second run prunes
-# the live query encoder and trains it; its candidate is made live only to score the dev splits, then the pair
-# live before it is live again. Query latency of the three query encoders (the original,
+# the live query encoder and trains it, scored as above. Query latency of the three query encoders (the original,
 # the retrained 12-layer one, the pruned one) is measured side by side, one pinned core, one libtorch thread.
 spec_dir() { # NAME@VERSION → its package folder
     echo "$data/models/${1%@*}/${1#*@}"
 }
 if [ -n "${PRUNED_RECIPE:-}" ]; then
-    retrained=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["candidate"])' "$work/run.json")
-    step train-pruned train --recipe "$PRUNED_RECIPE"
-    c train list --json >"$work/runs-pruned.json"
-    job2=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[0]["job"])' "$work/runs-pruned.json")
-    c train show "$job2" >"$work/run-pruned.json"
-    cand=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["candidate"])' "$work/run-pruned.json")
-    base=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["base"])' "$work/run-pruned.json")
-    step activate-pruned c model activate --query "${cand%%,*}" --document "${cand#*,}"
-    evals pruned
-    step activate-back c model activate --query "${base%%,*}" --document "${base#*,}"
+    retrained=$(field "$work/run.json" candidate)
+    scored pruned "$PRUNED_RECIPE"
+    cand=$(field "$work/run-pruned.json" candidate)
+    base=$(field "$work/run-pruned.json" base)
     step bench-query taskset -c 1 "$CARE_TRAIN_BIN" --device cpu --threads 1 bench-query \
         --encoder "original=$(spec_dir "${base%%,*}")" --encoder "retrained=$(spec_dir "${retrained%%,*}")" \
         --encoder "pruned=$(spec_dir "${cand%%,*}")" --set "$sets/huatuo26m_test" --out "$work/bench-query.json"
