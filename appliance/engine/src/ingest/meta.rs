@@ -179,11 +179,6 @@ fn days_in_month(year: u32, month: u32) -> u32 {
     }
 }
 
-/// The first of `names` present in `get` (a record's field lookup), as text.
-pub fn field<'a>(names: &[&str], get: impl Fn(&str) -> Option<&'a str>) -> &'a str {
-    names.iter().find_map(|n| get(n)).unwrap_or("")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
