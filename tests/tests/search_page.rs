@@ -124,3 +124,84 @@ fn admins_edit_the_synonym_table_and_the_next_search_uses_it() {
     let src = search(&b, &base, "降糖一线药X", 1);
     assert!(b.text("#expansions").contains("降糖首选药X"), "{src}");
 }
+
+/// What each hit on the page is filed under ("心内科 · 指南 · 2023-05").
+fn filed(src: &str) -> Vec<String> {
+    src.split("<span class=\"filed\">").skip(1).filter_map(|s| Some(s[..s.find('<')?].to_string())).collect()
+}
+
+/// Facets, filters and date order on the demo (its articles are filed under departments, types and dates): each
+/// click keeps the state in the URL, so a reloaded or shared link shows the same page.
+#[test]
+fn facets_filter_by_department_type_and_date_and_the_url_keeps_the_state() {
+    if !care_e2e::webdriver::available() {
+        panic!("chromium and chromedriver are required (packaging/dev.sh setup installs them)");
+    }
+    let t = tempfile::tempdir().unwrap();
+    let (_care, served, b) = demo_browser(t.path());
+    let base = served.https.clone();
+    let src = search(&b, &base, "高血压", 1);
+    assert!(b.text("#facet-department").contains("心内科"), "{src}");
+    assert!(b.text("#facet-type").contains("指南") && b.text("#facet-year").contains("20"), "{src}");
+    let unfiltered = filed(&src);
+    assert!(unfiltered.iter().any(|f| !f.starts_with("心内科")), "other departments before filtering: {unfiltered:?}");
+
+    // A department: every hit is filed under it, the value is marked picked, the total says filtered.
+    b.click("#facet-department a[data-value='心内科']");
+    let src = b.wait_for("the filtered page", Duration::from_secs(60), |s| s.contains("（已筛选）"));
+    assert!(b.url().contains("department=%E5%BF%83%E5%86%85%E7%A7%91"), "{}", b.url());
+    let f = filed(&src);
+    assert!(!f.is_empty() && f.iter().all(|x| x.starts_with("心内科")), "{f:?}");
+    assert!(src.contains("data-value=\"心内科\" class=\"selected\""), "{src}");
+    // The other departments are still offered, with their counts.
+    assert!(b.find_all("#facet-department a").len() > 1, "{src}");
+
+    // And a type: both filters hold.
+    b.click("#facet-type a[data-value='药品说明书']");
+    let src = b.wait_for("two filters", Duration::from_secs(60), |s| {
+        s.contains("data-value=\"药品说明书\" class=\"selected\"")
+    });
+    let f = filed(&src);
+    assert!(!f.is_empty() && f.iter().all(|x| x.starts_with("心内科 · 药品说明书")), "{f:?}");
+
+    // Newest first.
+    b.click("#sort-toggle");
+    let src = b.wait_for("date order", Duration::from_secs(60), |s| s.contains("日期（最新在前）"));
+    assert!(b.url().contains("sort=date"), "{}", b.url());
+    // Within the hits that contain the query's words (those that only resemble it stay folded below, in the same
+    // order).
+    let strong = src.split("id=\"weak-hits\"").next().unwrap();
+    let dates: Vec<String> = filed(strong).iter().map(|x| x.rsplit(" · ").next().unwrap().to_string()).collect();
+    assert!(dates.len() > 1 && dates.windows(2).all(|w| w[0] >= w[1]), "{dates:?}");
+
+    // A date range typed into the form keeps the other filters and the order.
+    b.type_into("#from", "2021");
+    b.type_into("#to", "2022");
+    b.click("#date-filter button[type=submit]");
+    let src = b.wait_for("the date range", Duration::from_secs(60), |s| s.contains("value=\"2021\""));
+    let url = b.url();
+    assert!(url.contains("from=2021") && url.contains("to=2022") && url.contains("sort=date"), "{url}");
+    let f = filed(&src);
+    assert!(!f.is_empty(), "{src}");
+    for x in &f {
+        let date = x.rsplit(" · ").next().unwrap();
+        assert!(x.starts_with("心内科 · 药品说明书") && ("2021".."2023").contains(&date), "{x}");
+    }
+
+    // The URL is the state: opened again, the same page.
+    b.goto(&url);
+    let again = b.wait_for("the same page", Duration::from_secs(60), |s| s.contains("id=\"result-meta\""));
+    assert_eq!(filed(&again), f);
+
+    // Clearing drops every filter but keeps the query.
+    b.click("#clear-filters");
+    let src =
+        b.wait_for("unfiltered", Duration::from_secs(60), |s| !s.contains("（已筛选）") && s.contains("result-meta"));
+    assert!(!b.url().contains("department=") && b.url().contains("q="), "{}", b.url());
+    assert!(filed(&src).iter().any(|f| !f.starts_with("心内科")));
+
+    // A date nobody can read: a Chinese error, not a crash.
+    b.goto(&format!("{base}/search?q=%E9%AB%98%E8%A1%80%E5%8E%8B&from=last-year"));
+    let src = b.wait_for("the error", Duration::from_secs(60), |s| s.contains("class=\"error\""));
+    assert!(b.text("p.error").contains("日期筛选"), "{src}");
+}

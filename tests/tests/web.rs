@@ -343,6 +343,18 @@ fn authorisation_matrix_and_collection_isolation() {
         ),
     );
     m.insert(("DELETE", "/api/v1/admin/synonyms/{id}"), case("/api/v1/admin/synonyms/999999", Empty, 401, 403, &[404]));
+    m.insert(
+        ("GET", "/admin/collections/{name}/documents"),
+        case("/admin/collections/granted/documents?title=%E9%98%BF", Empty, 302, 403, &[200]),
+    );
+    m.insert(
+        ("POST", "/admin/collections/{name}/documents/file"),
+        case("/admin/collections/granted/documents/file", Form("external_id=nope&department=x"), 302, 403, &[303]),
+    );
+    m.insert(
+        ("POST", "/admin/collections/{name}/documents/delete"),
+        case("/admin/collections/granted/documents/delete", Form("external_id=nope"), 302, 403, &[303]),
+    );
     m.insert(("GET", "/admin/training"), case("/admin/training", Empty, 302, 403, &[200]));
     m.insert(("POST", "/admin/training/run"), case("/admin/training/run", Form("stage1_steps=1"), 302, 403, &[303]));
     m.insert(
@@ -914,6 +926,22 @@ fn browser_login_upload_search_document_feedback_logout() {
     assert!(src.contains("<span class=\"filed\">内分泌科 · 指南</span>"), "the form's department and type: {src}");
     let search_png = keep_screenshot(&b, "search.png");
 
+    // The collection's documents: found by title, re-filed, and the next search shows the new filing.
+    b.goto(&format!("{base}/admin/collections"));
+    b.click("#col-guidelines a.doc-list");
+    b.wait_for("the document list", Duration::from_secs(20), |s| s.contains("id=\"documents\""));
+    b.type_into("#doc-filter input[name=title]", "二甲双胍");
+    b.click("#doc-filter button[type=submit]");
+    b.wait_for("the filtered list", Duration::from_secs(20), |s| s.contains("value=\"二甲双胍\""));
+    assert!(b.text("#doc-count").contains("共 1 篇"), "{}", b.text("#doc-count"));
+    b.type_into("#documents form.filing input[name=department]", "心内科");
+    b.click("#documents form.filing button[type=submit]");
+    let src = b.wait_for("the saved filing", Duration::from_secs(20), |s| s.contains("的科室、类型和日期"));
+    assert!(src.contains("value=\"心内科\"") && b.url().contains("title="), "back on the same list: {}", b.url());
+    b.goto(&format!("{base}/search?q=%E4%BA%8C%E7%94%B2%E5%8F%8C%E8%83%8D"));
+    let src = b.wait_for("results", Duration::from_secs(30), |s| s.contains("class=\"results\""));
+    assert!(src.contains("<span class=\"filed\">心内科 · 指南</span>"), "the new filing: {src}");
+
     // Open the document from the first result.
     b.click("li.hit h2 a");
     let src = b.wait_for("the document", Duration::from_secs(20), |s| s.contains("class=\"document\""));
@@ -948,7 +976,9 @@ fn browser_login_upload_search_document_feedback_logout() {
     assert_eq!(search["actor"], "admin");
     assert_eq!(search["detail"]["query"], "二甲双胍的禁忌症");
     assert!(search["detail"]["results"].as_u64().unwrap() >= 1, "{search}");
-    for a in ["auth.login", "auth.logout", "collection.create", "ingest.submit", "ingest.done", "feedback"] {
+    for a in
+        ["auth.login", "auth.logout", "collection.create", "ingest.submit", "ingest.done", "feedback", "document.file"]
+    {
         assert!(recs.iter().any(|r| r["action"] == a), "{a} not audited");
     }
     let out = care.ok(&["audit", "verify"]);

@@ -3,6 +3,7 @@
 mod admin_cmds;
 mod bench;
 mod bench_ann;
+mod bench_filters;
 mod bench_load;
 
 mod config;
@@ -262,6 +263,8 @@ enum Command {
         load: Box<bench_load::LoadArgs>,
         #[command(flatten)]
         ann: bench_ann::AnnArgs,
+        #[command(flatten)]
+        filters: bench_filters::FilterArgs,
     },
 }
 
@@ -283,6 +286,9 @@ enum CollectionCommand {
     },
     /// Delete a collection and all its documents everywhere.
     Delete { name: String },
+    /// File documents under a department, type and date from a CSV (UTF-8): an id column (id, external_id, 编号)
+    /// and any of 科室/department, 类型/doc_type, 日期/date. Replaces their filing; re-indexes nothing.
+    File { name: String, csv: PathBuf },
     /// Write every chunk of a collection as JSONL ({"id", "text"}) for `care-train embed-corpus` to embed offline
     /// with the large document encoder.
     ExportChunks {
@@ -524,6 +530,11 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Bench { set, e5s1, int8, out, load, .. } if load.load => {
             return bench_load::run(&set, e5s1.as_deref(), int8, out.as_deref(), &load);
         }
+        Command::Bench { set, queries, reuse: Some(reuse), out, filters, .. } if filters.filters => {
+            let report = bench_filters::run(&cfg.engine, &set, &reuse, queries)?;
+            bench_filters::write(&report, out.as_ref())?;
+            return Ok(0);
+        }
         Command::Bench { set, queries, reuse: Some(reuse), out, ann, .. } if ann.ann => {
             let report = bench_ann::run(&cfg.engine, &set, &reuse, queries, &ann)?;
             let json = serde_json::to_string_pretty(&report)?;
@@ -621,6 +632,16 @@ fn run(cli: Cli) -> Result<i32> {
                 CollectionCommand::Delete { name } => {
                     let n = e.collections().delete(&console(), &name)?;
                     println!("deleted collection '{name}' and its {n} documents");
+                }
+                CollectionCommand::File { name, csv } => {
+                    let text = std::fs::read_to_string(&csv).with_context(|| format!("reading {}", csv.display()))?;
+                    let rows = care_engine::ingest::meta::read_filing(&text)?;
+                    let (changed, unknown) = e.collections().file_documents(&console(), &name, &rows)?;
+                    println!("已更新 {changed} 篇文档的科室、类型和日期");
+                    if !unknown.is_empty() {
+                        let shown: Vec<&str> = unknown.iter().take(10).map(String::as_str).collect();
+                        println!("{} 个编号不是知识库「{name}」的文档：{}", unknown.len(), shown.join("、"));
+                    }
                 }
                 CollectionCommand::List => {
                     for c in e.collection_stats()? {

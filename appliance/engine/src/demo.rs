@@ -16,6 +16,76 @@ pub const DEMO_COLLECTION: &str = "demo";
 pub const DEMO_JUDGMENTS: &str = "demo-judgments";
 const JUDGMENTS_CSV: &str = include_str!("../assets/demo/judgments.csv");
 
+/// Departments of the demo's articles by number (01–24 drug articles, 25–48 disease articles), so that the
+/// search page's department, type and year filters have something to show.
+const DEPARTMENTS: [&str; 48] = [
+    "内分泌科",
+    "心内科",
+    "心内科",
+    "心内科",
+    "心内科",
+    "心内科",
+    "心内科",
+    "内分泌科",
+    "心内科",
+    "心内科",
+    "心内科",
+    "消化内科",
+    "药剂科",
+    "药剂科",
+    "感染科",
+    "感染科",
+    "感染科",
+    "感染科",
+    "风湿免疫科",
+    "内分泌科",
+    "呼吸内科",
+    "肾内科",
+    "心内科",
+    "心内科",
+    "内分泌科",
+    "心内科",
+    "心内科",
+    "心内科",
+    "心内科",
+    "神经内科",
+    "呼吸内科",
+    "呼吸内科",
+    "呼吸内科",
+    "呼吸内科",
+    "消化内科",
+    "消化内科",
+    "感染科",
+    "消化内科",
+    "肾内科",
+    "风湿免疫科",
+    "内分泌科",
+    "内分泌科",
+    "内分泌科",
+    "风湿免疫科",
+    "血液科",
+    "精神心理科",
+    "精神心理科",
+    "皮肤科",
+];
+
+/// The demo article `NN-name.md`'s department, type (drug articles are 药品说明书, disease articles 指南) and a
+/// date spread over 2019–2024.
+fn filed_under(name: &str) -> crate::ingest::meta::DocMeta {
+    let n: usize = name.get(..2).and_then(|p| p.parse().ok()).unwrap_or(0);
+    crate::ingest::meta::DocMeta {
+        department: DEPARTMENTS.get(n.wrapping_sub(1)).map_or(String::new(), |d| d.to_string()),
+        doc_type: if n == 0 {
+            String::new()
+        } else if n <= 24 {
+            "药品说明书".into()
+        } else {
+            "指南".into()
+        },
+        date: if n == 0 { String::new() } else { format!("{}-{:02}", 2019 + n % 6, 1 + (n * 5) % 12) },
+    }
+}
+
 /// Creates the `demo` collection if needed and (re)loads the articles; unchanged articles are no-ops.
 pub fn load_demo(engine: &Engine) -> Result<FileReport> {
     match engine.create_collection(DEMO_COLLECTION, "演示数据：常见疾病与常用药物（项目编写，非医疗建议）", "system")
@@ -26,7 +96,11 @@ pub fn load_demo(engine: &Engine) -> Result<FileReport> {
     let mut docs = Vec::new();
     for (name, text) in DEMO_ARTICLES {
         let parsed = parse_bytes(Path::new(&format!("demo/{name}")), FileKind::Markdown, text.as_bytes())?;
-        docs.extend(parsed.documents);
+        let meta = filed_under(name);
+        docs.extend(parsed.documents.into_iter().map(|mut d| {
+            d.meta = meta.clone();
+            d
+        }));
     }
     let report = engine.ingest_documents(DEMO_COLLECTION, &docs)?;
     let admin = crate::accounts::Admin::system();

@@ -50,6 +50,8 @@ pub struct Engine {
     pub(crate) absent_words: std::sync::Mutex<HashMap<(String, String), AbsentWord>>,
     /// The chunks' text in memory for those scans.
     pub(crate) texts: crate::store::texts::TextImage,
+    /// Documents' department, type and date as of their version in SQLite ([`Engine::meta_index`]).
+    pub(crate) meta_index: std::sync::RwLock<Option<std::sync::Arc<crate::facets::MetaIndex>>>,
     /// The trainer's status as of its newest check ([`Engine::trainer_status`]).
     pub(crate) trainer_check: crate::trainer::TrainerCheck,
     /// The scheduler's wake-up signal and the cancel tokens of running tasks ([`crate::tasks`]).
@@ -134,7 +136,9 @@ fn upsert_document(
         Some((id, _, _)) => {
             tx.prepare_cached(
                 "UPDATE documents SET title = ?2, source = ?3, content_hash = ?4, state = 'pending', chunker = ?5,
-                 department = ?6, doc_type = ?7, doc_date = ?8 WHERE id = ?1",
+                 department = CASE WHEN ?6 != '' THEN ?6 ELSE department END,
+                 doc_type = CASE WHEN ?7 != '' THEN ?7 ELSE doc_type END,
+                 doc_date = CASE WHEN ?8 != '' THEN ?8 ELSE doc_date END WHERE id = ?1",
             )?
             .execute(params![
                 id,
@@ -290,6 +294,11 @@ pub struct SearchRequest {
     /// Synonym weight instead of `search.synonym_weight` (benchmarks compare weights on one index).
     #[serde(default)]
     pub synonym_weight: Option<f32>,
+    /// Only documents of these departments, types and dates.
+    #[serde(default)]
+    pub filter: crate::facets::SearchFilter,
+    #[serde(default)]
+    pub sort: crate::facets::Sort,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -364,9 +373,17 @@ pub struct SearchResults {
     /// Words the query may have meant (您是不是要找), e.g. the readings of ambiguous pinyin initials.
     pub did_you_mean: Vec<String>,
     pub grouped: bool,
+    /// The filter as applied (dates in stored form) and the order.
+    pub filter: crate::facets::SearchFilter,
+    pub sort: crate::facets::Sort,
+    /// Documents of the query's ranking per department, type and year; each dimension counted under the other
+    /// dimensions' filters (so a chosen department still shows the others' counts).
+    pub facets: crate::facets::Facets,
     pub hits: Vec<SearchHit>,
     pub encode_ms: f64,
     pub retrieve_ms: f64,
+    /// Counting the facets (part of `retrieve_ms`).
+    pub facets_ms: f64,
     pub took_ms: f64,
 }
 
@@ -389,9 +406,13 @@ impl SearchResults {
             pinyin_of: None,
             did_you_mean: Vec::new(),
             grouped: false,
+            filter: Default::default(),
+            sort: Default::default(),
+            facets: Default::default(),
             hits: Vec::new(),
             encode_ms: 0.0,
             retrieve_ms: 0.0,
+            facets_ms: 0.0,
             took_ms: 0.0,
         }
     }
@@ -465,6 +486,7 @@ impl Engine {
             synonyms: Default::default(),
             absent_words: Default::default(),
             texts: Default::default(),
+            meta_index: Default::default(),
             trainer_check: Default::default(),
             tasks: Default::default(),
         };
@@ -1039,6 +1061,7 @@ impl Engine {
                 req.offset
             )));
         }
+        req.filter.normalized()?;
         Ok(query)
     }
 
@@ -1064,7 +1087,41 @@ impl Engine {
         let encode_ms = t0.elapsed().as_secs_f64() * 1e3;
         let qvec = encoded.as_ref().and_then(|(v, m)| v.first().map(|v| (v.as_slice(), m)));
         let t1 = Instant::now();
-        let ranking = self.rank(&plan.terms, qvec, &cols, req.method, req.dense_weight, self.ranking_depth())?;
+        let filter = req.filter.normalized()?;
+        let metas = self.meta_index()?;
+        let mut spec = crate::fusion::RankSpec {
+            method: req.method,
+            dense_weight: req.dense_weight,
+            depth: self.ranking_depth(),
+            keep: None,
+        };
+        // With a filter, the page comes from a second ranking whose legs see only the admitted documents (the query
+        // vector is shared); the unfiltered one counts the filtered dimensions' other values.
+        let everything = self.rank(&plan.terms, qvec, &cols, &spec)?;
+        let docs_of = |hits: &[Explained]| hits.iter().map(|h| h.document_id).collect::<Vec<i64>>();
+        let mut facets_ms = 0.0;
+        let mut count = |unfiltered: &[i64], filtered: &[i64]| {
+            let t = Instant::now();
+            let f = metas.facets(unfiltered, filtered, &filter);
+            facets_ms += t.elapsed().as_secs_f64() * 1e3;
+            f
+        };
+        let (mut ranking, facets) = if filter.is_empty() {
+            let facets = count(&[], &docs_of(&everything.hits));
+            (everything, facets)
+        } else {
+            let ids: Vec<i64> = cols.iter().map(|c| c.id).collect();
+            let admitted = std::sync::Arc::new(metas.admitted(&filter, &ids));
+            spec.keep = Some(&admitted);
+            let filtered = self.rank(&plan.terms, qvec, &cols, &spec)?;
+            let facets = count(&docs_of(&everything.hits), &docs_of(&filtered.hits));
+            (filtered, facets)
+        };
+        if req.sort == crate::facets::Sort::Date {
+            // Newest first; the ranking's order within a date (a stable sort), undated documents last.
+            let date = |h: &Explained| metas.meta(h.document_id).map_or(String::new(), |m| m.date.clone());
+            ranking.hits.sort_by_cached_key(|h| std::cmp::Reverse(date(h)));
+        }
         let retrieve_ms = t1.elapsed().as_secs_f64() * 1e3;
         let (ranked, more) = if req.group_by_document {
             group_by_document(&ranking.hits)
@@ -1099,9 +1156,13 @@ impl Engine {
             matched_terms,
             missing_terms,
             grouped: req.group_by_document,
+            filter,
+            sort: req.sort,
+            facets,
             hits,
             encode_ms,
             retrieve_ms,
+            facets_ms,
             took_ms: started.elapsed().as_secs_f64() * 1e3,
         })
     }
@@ -1115,6 +1176,20 @@ impl Engine {
         }
         let fresh = std::sync::Arc::new(crate::synonyms::SynonymTable::load(&self.store)?);
         *self.synonyms.write().unwrap_or_else(|p| p.into_inner()) = Some(fresh.clone());
+        Ok(fresh)
+    }
+
+    /// Every document's department, type and date, reloaded when the version in SQLite moved (an ingest, an edit
+    /// or a deletion from any process).
+    pub(crate) fn meta_index(&self) -> Result<std::sync::Arc<crate::facets::MetaIndex>> {
+        let version: i64 =
+            self.store.reader().query_row("SELECT version FROM document_meta_state WHERE id = 1", [], |r| r.get(0))?;
+        let held = self.meta_index.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(m) = held.filter(|m| m.version == version) {
+            return Ok(m);
+        }
+        let fresh = std::sync::Arc::new(crate::facets::MetaIndex::load(&self.store)?);
+        *self.meta_index.write().unwrap_or_else(|p| p.into_inner()) = Some(fresh.clone());
         Ok(fresh)
     }
 

@@ -56,6 +56,16 @@ pub struct ScoreParts {
     pub dense_norm: f32,
 }
 
+/// What a ranking is asked for besides the query: the request's method and weight (else the collection's tuned
+/// ones), its depth, and the documents a filter admits (none: every document).
+#[derive(Debug, Clone, Copy)]
+pub struct RankSpec<'a> {
+    pub method: Option<Method>,
+    pub dense_weight: Option<f32>,
+    pub depth: usize,
+    pub keep: Option<&'a std::sync::Arc<crate::facets::DocSet>>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Explained {
     pub chunk_id: i64,

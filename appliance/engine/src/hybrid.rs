@@ -12,6 +12,7 @@ use crate::dense::{DenseHit, DenseTable};
 use crate::encoders::{OrtEncoder, TextKind};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::facets::DocSet;
 use crate::fusion::{self, Explained, Method, Ranked};
 use crate::models::{self, ActivePair, ModelRecord};
 use crate::store::{ChunkRow, Collection, now};
@@ -496,9 +497,21 @@ impl Engine {
         cols: &[Collection],
         depth: usize,
     ) -> Result<Vec<DenseHit>> {
+        self.dense_search_where(qvec, query_model, cols, depth, None)
+    }
+
+    /// [`Engine::dense_search`] among the documents in `keep` (a search filter), when given.
+    pub fn dense_search_where(
+        &self,
+        qvec: &[f32],
+        query_model: &ModelRecord,
+        cols: &[Collection],
+        depth: usize,
+        keep: Option<&DocSet>,
+    ) -> Result<Vec<DenseHit>> {
         let Some(pair) = self.active_pair_cached()? else { return Ok(Vec::new()) };
         if pair.query.id == query_model.id {
-            return self.dense_search_in(qvec, query_model, &pair.document, cols, depth);
+            return self.dense_search_in(qvec, query_model, &pair.document, cols, depth, keep);
         }
         // The live pair switched between encoding this query and searching: finish the search with the document
         // model the query encoder was live with (its tables are kept), so a search never fails across a switch.
@@ -506,7 +519,7 @@ impl Engine {
             Some(d) => d,
             None => pair.document,
         };
-        self.dense_search_in(qvec, query_model, &document, cols, depth)
+        self.dense_search_in(qvec, query_model, &document, cols, depth, keep)
     }
 
     /// [`Engine::dense_search`] over the tables of `document_model`, live or not (evaluating a candidate pair).
@@ -517,6 +530,7 @@ impl Engine {
         document_model: &ModelRecord,
         cols: &[Collection],
         depth: usize,
+        keep: Option<&DocSet>,
     ) -> Result<Vec<DenseHit>> {
         let mut hits = Vec::new();
         for col in cols {
@@ -528,10 +542,11 @@ impl Engine {
                     col.name, query_model.name, query_model.version, query_model.pairing_id
                 )));
             }
+            let s = &self.cfg.search;
             let found = if self.dense.has_ann(&table) {
-                self.dense.search_ann(&table, qvec, depth, self.cfg.search.ann_nprobes, self.cfg.search.ann_refine)?
+                self.dense.search_ann_where(&table, qvec, depth, s.ann_nprobes, s.ann_refine, keep)?
             } else {
-                self.dense.search_exact(&table, qvec, depth)?
+                self.dense.search_exact_where(&table, qvec, depth, keep)?
             };
             hits.extend(found);
         }
@@ -572,18 +587,17 @@ impl Engine {
         terms: &[(String, f32)],
         qvec: Option<(&[f32], &ModelRecord)>,
         cols: &[Collection],
-        method: Option<Method>,
-        dense_weight: Option<f32>,
-        depth: usize,
+        spec: &fusion::RankSpec<'_>,
     ) -> Result<Ranking> {
-        let (method, weight) = self.setting_for(cols, qvec, method, dense_weight)?;
+        let (depth, keep) = (spec.depth, spec.keep);
+        let (method, weight) = self.setting_for(cols, qvec, spec.method, spec.dense_weight)?;
         let head_depth = self.cfg.search.candidates.min(depth);
         let names: Vec<String> = cols.iter().map(|c| c.name.clone()).collect();
         let bm25: Vec<Ranked> = if method == Method::Dense {
             Vec::new()
         } else {
             self.lexical
-                .search_weighted(terms, Some(&names), depth, self.cfg.search.title_boost)?
+                .search_where(terms, Some(&names), depth, self.cfg.search.title_boost, keep)?
                 .into_iter()
                 .map(|h| (h.chunk_id, h.document_id, h.score))
                 .collect()
@@ -591,7 +605,7 @@ impl Engine {
         let dense: Vec<Ranked> = match (method, qvec) {
             (Method::Bm25, _) | (_, None) => Vec::new(),
             (_, Some((v, m))) => self
-                .dense_search(v, m, cols, head_depth)?
+                .dense_search_where(v, m, cols, head_depth, keep.map(|k| k.as_ref()))?
                 .into_iter()
                 .map(|h| (h.chunk_id, h.document_id, h.score))
                 .collect(),

@@ -129,15 +129,34 @@ impl Int8Rows {
 /// whenever the true top k lie among those candidates (the quantisation error is far below the score gaps that
 /// matter; `dense_int8_scan_finds_the_exact_top_k` measures it).
 pub fn top_k_int8(approx: &Int8Rows, rows: &[f32], q: &[f32], k: usize, oversample: usize) -> Vec<(f32, usize)> {
+    top_k_int8_where(approx, rows, q, k, oversample, |_| true)
+}
+
+/// [`top_k_int8`] over the rows `keep` admits only (a search filter): rejected rows never take a place among the
+/// candidates, so the k best admitted rows come back however rare they are.
+pub fn top_k_int8_where(
+    approx: &Int8Rows,
+    rows: &[f32],
+    q: &[f32],
+    k: usize,
+    oversample: usize,
+    keep: impl Fn(usize) -> bool,
+) -> Vec<(f32, usize)> {
     let w = q.len();
     let n = approx.len().min(rows.len() / w.max(1));
     let k = k.min(n);
     if k == 0 || approx.width != w {
-        return top_k(rows, q, k);
+        return top_k_where(rows, q, k, keep);
     }
     let m = (k * oversample.max(1)).min(n);
-    let best =
-        scan_best(&approx.codes[..n * w], w, m, |block, out| scores_i8(block, q, out), |row, s| s * approx.scales[row]);
+    let best = scan_best(
+        &approx.codes[..n * w],
+        w,
+        m,
+        |block, out| scores_i8(block, q, out),
+        |row, s| s * approx.scales[row],
+        keep,
+    );
     let mut exact = TopK::new(k);
     for (_, row) in best.heap {
         exact.offer(dot(&rows[row * w..(row + 1) * w], q), row);
@@ -177,24 +196,30 @@ pub fn scores_i8(codes: &[i8], q: &[f32], out: &mut [f32]) {
 
 /// Exact top-k rows of a row-major matrix by inner product with `q`: (score, row), best first, ties by row.
 pub fn top_k(rows: &[f32], q: &[f32], k: usize) -> Vec<(f32, usize)> {
+    top_k_where(rows, q, k, |_| true)
+}
+
+/// [`top_k`] over the rows `keep` admits only.
+pub fn top_k_where(rows: &[f32], q: &[f32], k: usize, keep: impl Fn(usize) -> bool) -> Vec<(f32, usize)> {
     let n = rows.len() / q.len().max(1);
     let k = k.min(n);
     if k == 0 {
         return Vec::new();
     }
     let w = q.len();
-    scan_best(&rows[..n * w], w, k, |block, out| scores(block, q, out), |_, s| s).into_sorted()
+    scan_best(&rows[..n * w], w, k, |block, out| scores(block, q, out), |_, s| s, keep).into_sorted()
 }
 
 /// The `keep` best rows of a row-major matrix (width `w`) by `score_block`'s scores, each adjusted by
-/// `adjust(row, score)`. Scores a block of rows at a time: the block stays in L1 while the selection reads it back,
-/// and the scan never allocates per row.
+/// `adjust(row, score)`, among the rows `admit` accepts. Scores a block of rows at a time: the block stays in L1
+/// while the selection reads it back, and the scan never allocates per row.
 fn scan_best<T>(
     rows: &[T],
     w: usize,
     keep: usize,
     score_block: impl Fn(&[T], &mut [f32]),
     adjust: impl Fn(usize, f32) -> f32,
+    admit: impl Fn(usize) -> bool,
 ) -> TopK {
     const BLOCK: usize = 1024;
     let mut buf = vec![0f32; BLOCK.min(rows.len() / w)];
@@ -204,7 +229,9 @@ fn scan_best<T>(
         score_block(chunk, out);
         for (i, &s) in out.iter().enumerate() {
             let row = b * BLOCK + i;
-            best.offer(adjust(row, s), row);
+            if admit(row) {
+                best.offer(adjust(row, s), row);
+            }
         }
     }
     best
@@ -498,6 +525,28 @@ mod tests {
             assert_eq!(top_k(&rows, &q, k), want[..k.min(n)], "k={k}");
         }
         assert!(top_k(&[], &q, 3).is_empty());
+    }
+
+    #[test]
+    fn filtered_scans_return_the_best_admitted_rows_however_rare() {
+        let (n, w) = (5000, 64);
+        let mut rows = matrix(n, w, 11);
+        for r in rows.chunks_exact_mut(w) {
+            let norm = r.iter().map(|x| x * x).sum::<f32>().sqrt();
+            r.iter_mut().for_each(|x| *x /= norm);
+        }
+        let q = matrix(1, w, 12);
+        // One row in 97 admitted: an unfiltered top 100 would hold about one of them.
+        let keep = |row: usize| row % 97 == 5;
+        let mut want: Vec<(f32, usize)> =
+            (0..n).filter(|r| keep(*r)).map(|r| (dot(&rows[r * w..(r + 1) * w], &q), r)).collect();
+        want.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let got = top_k_where(&rows, &q, 20, keep);
+        assert_eq!(got.iter().map(|g| g.1).collect::<Vec<_>>(), want[..20].iter().map(|g| g.1).collect::<Vec<_>>());
+        let codes = Int8Rows::quantize(&rows, w);
+        let got8 = top_k_int8_where(&codes, &rows, &q, 20, 4, keep);
+        assert_eq!(got8.iter().map(|g| g.1).collect::<Vec<_>>(), want[..20].iter().map(|g| g.1).collect::<Vec<_>>());
+        assert_eq!(top_k_where(&rows, &q, 100, keep).len(), want.len(), "fewer admitted rows than k: all of them");
     }
 
     #[test]

@@ -661,11 +661,33 @@ impl LexicalIndex {
         limit: usize,
         title_boost: f32,
     ) -> Result<Vec<LexicalHit>> {
+        self.search_where(terms, collections, limit, title_boost, None)
+    }
+
+    /// [`LexicalIndex::search_weighted`] among the chunks of the documents in `keep` (a search filter): tested on
+    /// the `document_id` fast field as hits are collected, before the top `limit` is cut.
+    pub fn search_where(
+        &self,
+        terms: &[(String, f32)],
+        collections: Option<&[String]>,
+        limit: usize,
+        title_boost: f32,
+        keep: Option<&Arc<crate::facets::DocSet>>,
+    ) -> Result<Vec<LexicalHit>> {
         let Some(query) = self.build_weighted(terms, collections, title_boost) else {
             return Ok(Vec::new());
         };
         let searcher = self.reader.searcher();
-        let top = searcher.search(&query, &TopDocs::with_limit(limit.max(1)).order_by_score())?;
+        let top_docs = TopDocs::with_limit(limit.max(1)).order_by_score();
+        let top = match keep {
+            None => searcher.search(&query, &top_docs)?,
+            Some(set) => {
+                let set = set.clone();
+                let admit = move |doc: u64| i64::try_from(doc).is_ok_and(|d| set.contains(d));
+                let filtered = tantivy::collector::FilterCollector::new("document_id".to_string(), admit, top_docs);
+                searcher.search(&query, &filtered)?
+            }
+        };
         let mut out = Vec::with_capacity(top.len());
         let mut columns: Vec<Option<(tantivy::columnar::Column<u64>, tantivy::columnar::Column<u64>)>> =
             vec![None; searcher.segment_readers().len()];

@@ -46,6 +46,8 @@
 //!   ├ dense     LanceDB tables per (collection, document model); exact scan or IVF-PQ
 //!   ├ kernels   the exact scan's inner products, AVX-512 / AVX2 / NEON picked at run time
 //!   ├ fusion    BM25 ∥ dense → RRF or weighted min-max, with per-hit score parts
+//!   ├ facets    filters by department, type and date (applied inside both legs), disjunctive facet counts,
+//!   │           date order; the metadata kept in memory by version
 //!   ├ hybrid    dense sync with SQLite, query encoding, retrieval (engine methods)
 //!   ├ vectors   document vectors computed offline: export chunks for the trainer, import its embedding shards
 //!   ├ eval      BEIR/STS sets and ranking metrics (nDCG, MAP, MRR, Recall), fusion tuning (eval/{metrics,sts}.rs)
@@ -75,6 +77,7 @@ pub mod encoders;
 pub mod engine;
 pub mod error;
 pub mod eval;
+pub mod facets;
 pub mod feedback;
 pub mod fusion;
 pub mod gpu;
@@ -110,7 +113,7 @@ pub use engine::{
 pub use error::{Error, ErrorCode, Result};
 pub use ingest::{IngestLimits, IngestOptions};
 pub use jobs::{FileError, Job, JobState};
-pub use service::{Actor, Admin, HealthReport, JobView, SearchAs, UserInfo, UserUpdate};
+pub use service::{Actor, Admin, DocumentQuery, DocumentRow, HealthReport, JobView, SearchAs, UserInfo, UserUpdate};
 pub use tasks::ingest_lane::{Worker, WorkerHandle};
 pub use tasks::scheduler::{Scheduler, SchedulerHandle, SchedulerOptions};
 pub use tasks::{CancelToken, Chore, Housekeeping, Task};

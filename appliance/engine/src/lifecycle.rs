@@ -552,7 +552,7 @@ impl Engine {
                 .map(|h| (h.chunk_id, h.document_id, h.score))
                 .collect();
             let dense = self
-                .dense_search_in(&v[0], &pair.query, &pair.document, std::slice::from_ref(col), 100)?
+                .dense_search_in(&v[0], &pair.query, &pair.document, std::slice::from_ref(col), 100, None)?
                 .into_iter()
                 .map(|h| (h.chunk_id, h.document_id, h.score))
                 .collect();

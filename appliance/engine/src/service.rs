@@ -26,6 +26,7 @@ use crate::error::{Error, Result};
 use crate::feedback::{self, DocumentView, Feedback};
 use crate::fusion::Method;
 use crate::hybrid::FusionSetting;
+use crate::ingest::meta::DocMeta;
 use crate::jobs::{FileError, Job};
 use crate::models::{ActivePair, ModelRecord};
 use crate::store::{Collection, CollectionStats};
@@ -51,6 +52,31 @@ pub struct SearchAs {
     pub group_by_document: bool,
     /// The words as typed: no synonyms, no pinyin reading.
     pub exact: bool,
+    /// Only documents of these departments, types and dates (within the readable collections).
+    pub filter: crate::facets::SearchFilter,
+    pub sort: crate::facets::Sort,
+}
+
+/// What the console's document list asks for.
+#[derive(Debug, Clone, Default)]
+pub struct DocumentQuery {
+    pub title: String,
+    pub department: String,
+    pub doc_type: String,
+    pub offset: usize,
+    pub limit: usize,
+}
+
+/// One document in the console's list.
+#[derive(Debug, Clone, Serialize)]
+pub struct DocumentRow {
+    pub id: i64,
+    pub external_id: String,
+    pub title: String,
+    pub source: String,
+    pub meta: DocMeta,
+    pub created_at: String,
+    pub chunks: usize,
 }
 
 /// The appliance's health as `/healthz` reports it.
@@ -316,6 +342,8 @@ impl crate::engine::Search<'_> {
             group_by_document: s.group_by_document,
             exact: s.exact,
             synonym_weight: None,
+            filter: s.filter.clone(),
+            sort: s.sort,
         };
         let wanted: Vec<String> =
             s.collection.iter().chain(&s.more_collections).filter(|c| !c.is_empty()).cloned().collect();
@@ -359,10 +387,13 @@ impl crate::engine::Search<'_> {
                 Err(e) => return Err(e),
             }
         };
-        let detail = serde_json::json!({
+        let mut detail = serde_json::json!({
             "query": logged_query(&res.query), "collections": cols, "results": res.hits.len(),
             "candidates": res.total_candidates, "offset": s.offset, "method": res.method,
         });
+        if !res.filter.is_empty() {
+            detail["filter"] = serde_json::json!(res.filter);
+        }
         self.audit_search(actor, "search", detail)?;
         Ok(res)
     }
@@ -492,6 +523,108 @@ impl crate::engine::Collections<'_> {
     /// Deletes a collection with its documents, indexes and grants; returns how many documents went.
     pub fn delete(&self, actor: &Admin, collection: &str) -> Result<usize> {
         self.delete_collection(collection, &actor.name)
+    }
+
+    /// A page of `collection`'s documents, newest first, with how many match: title (or id) containing
+    /// `q.title`, and the department and type named (empty: any; `-` for "not filed").
+    pub fn documents(&self, _admin: &Admin, collection: &str, q: &DocumentQuery) -> Result<(Vec<DocumentRow>, usize)> {
+        let col = self.store.collection(collection)?;
+        let conn = self.store.reader();
+        let like = format!("%{}%", q.title.trim().replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));
+        let wanted = |v: &str| match v.trim() {
+            "-" => Some(String::new()),
+            "" => None,
+            v => Some(v.to_string()),
+        };
+        let (dept, kind) = (wanted(&q.department), wanted(&q.doc_type));
+        let filter = "d.collection_id = ?1 AND d.state != 'deleting'
+             AND (?2 = '%%' OR d.title LIKE ?2 ESCAPE '\\' OR d.external_id LIKE ?2 ESCAPE '\\')
+             AND (?3 IS NULL OR d.department = ?3) AND (?4 IS NULL OR d.doc_type = ?4)";
+        let args = rusqlite::params![col.id, like, dept, kind];
+        let total: i64 =
+            conn.query_row(&format!("SELECT COUNT(*) FROM documents d WHERE {filter}"), args, |r| r.get(0))?;
+        let sql = format!(
+            "SELECT d.id, d.external_id, d.title, d.source, d.department, d.doc_type, d.doc_date, d.created_at,
+                    (SELECT COUNT(*) FROM chunks k WHERE k.document_id = d.id)
+             FROM documents d WHERE {filter} ORDER BY d.id DESC LIMIT {} OFFSET {}",
+            q.limit.clamp(1, 500),
+            q.offset.min(1_000_000)
+        );
+        let mut stmt = conn.prepare(&sql)?;
+        let rows = stmt.query_map(args, |r| {
+            Ok(DocumentRow {
+                id: r.get(0)?,
+                external_id: r.get(1)?,
+                title: r.get(2)?,
+                source: r.get(3)?,
+                meta: DocMeta { department: r.get(4)?, doc_type: r.get(5)?, date: r.get(6)? },
+                created_at: r.get(7)?,
+                chunks: r.get::<_, i64>(8)? as usize,
+            })
+        })?;
+        Ok((rows.collect::<std::result::Result<_, _>>()?, total as usize))
+    }
+
+    /// The departments and types `collection`'s documents are filed under, with counts (the list page's choices).
+    pub fn filing_values(
+        &self,
+        _admin: &Admin,
+        collection: &str,
+    ) -> Result<(Vec<(String, usize)>, Vec<(String, usize)>)> {
+        let col = self.store.collection(collection)?;
+        let conn = self.store.reader();
+        let values = |column: &str| -> Result<Vec<(String, usize)>> {
+            let mut stmt = conn.prepare(&format!(
+                "SELECT {column}, COUNT(*) FROM documents WHERE collection_id = ?1 AND {column} != ''
+                 GROUP BY {column} ORDER BY COUNT(*) DESC, {column} LIMIT 200"
+            ))?;
+            let rows = stmt.query_map([col.id], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as usize)))?;
+            Ok(rows.collect::<std::result::Result<_, _>>()?)
+        };
+        Ok((values("department")?, values("doc_type")?))
+    }
+
+    /// Files documents of `collection` under a department, type and date, by external id (an admin's edit of one
+    /// document, or a spreadsheet of many): the values replace the stored ones, an empty value clears one. Only
+    /// SQLite changes (searches read the filing from there), so no document is re-indexed; a later re-ingest of
+    /// the same file keeps it. One audit record for the lot. Returns how many documents changed and the ids that
+    /// name no document of the collection.
+    pub fn file_documents(
+        &self,
+        actor: &Admin,
+        collection: &str,
+        entries: &[(String, DocMeta)],
+    ) -> Result<(usize, Vec<String>)> {
+        let col = self.store.collection(collection)?;
+        let mut clean = Vec::with_capacity(entries.len());
+        for (id, m) in entries {
+            let m = DocMeta::from_values(&m.department, &m.doc_type, &m.date)
+                .map_err(|e| Error::InvalidInput(format!("文档「{id}」：{e}")))?;
+            clean.push((id, m));
+        }
+        let mut conn = self.store.conn();
+        let tx = conn.transaction()?;
+        let (mut changed, mut unknown) = (0, Vec::new());
+        {
+            let mut stmt = tx.prepare_cached(
+                "UPDATE documents SET department = ?3, doc_type = ?4, doc_date = ?5
+                 WHERE collection_id = ?1 AND external_id = ?2",
+            )?;
+            for (id, m) in &clean {
+                match stmt.execute(rusqlite::params![col.id, id, m.department, m.doc_type, m.date])? {
+                    0 => unknown.push(id.to_string()),
+                    _ => changed += 1,
+                }
+            }
+        }
+        let mut detail = serde_json::json!({"collection": collection, "documents": changed, "unknown": unknown.len()});
+        if let [(id, m)] = clean.as_slice() {
+            detail["document"] = serde_json::json!(id);
+            detail["meta"] = serde_json::json!(m);
+        }
+        crate::audit::append(&tx, &actor.name, "document.file", &detail)?;
+        tx.commit()?;
+        Ok((changed, unknown))
     }
 }
 

@@ -35,6 +35,7 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (15, include_str!("../../../migrations/0015_task_submitter.sql")),
     (16, include_str!("../../../migrations/0016_chunk_deletions.sql")),
     (17, include_str!("../../../migrations/0017_document_meta.sql")),
+    (18, include_str!("../../../migrations/0018_document_meta_version.sql")),
 ];
 
 /// The metadata file is the appliance's alone (SQLite gives its -wal and -shm files the same mode).

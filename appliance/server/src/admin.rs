@@ -189,6 +189,176 @@ pub async fn delete_collection(
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// The documents of a collection
+
+const DOCS_PER_PAGE: usize = 50;
+
+#[derive(Template)]
+#[template(path = "admin_documents.html")]
+struct DocumentsPage {
+    nav: Option<Nav>,
+    flash: Option<String>,
+    error: Option<String>,
+    csrf: String,
+    collection: String,
+    title: String,
+    department: String,
+    doc_type: String,
+    departments: Vec<(String, usize)>,
+    types: Vec<(String, usize)>,
+    docs: Vec<care_engine::DocumentRow>,
+    total: usize,
+    first: usize,
+    last: usize,
+    prev_url: Option<String>,
+    next_url: Option<String>,
+    /// This page's URL, where an edit or a deletion returns.
+    back: String,
+    doc_type_names: &'static [&'static str],
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct DocListParams {
+    #[serde(default)]
+    title: String,
+    #[serde(default)]
+    department: String,
+    #[serde(default)]
+    doc_type: String,
+    #[serde(default)]
+    page: Option<usize>,
+}
+
+impl DocListParams {
+    fn url(&self, collection: &str, page: usize) -> String {
+        let mut u = format!("/admin/collections/{}/documents?page={page}", percent_encode(collection));
+        for (k, v) in [("title", &self.title), ("department", &self.department), ("doc_type", &self.doc_type)] {
+            if !v.trim().is_empty() {
+                u.push_str(&format!("&{k}={}", percent_encode(v.trim())));
+            }
+        }
+        u
+    }
+}
+
+/// A collection's documents, newest first: find by title or id, filter by department and type, open, re-file,
+/// delete.
+#[get("/admin/collections/{name}/documents")]
+pub async fn documents_page(
+    state: web::Data<AppState>,
+    caller: Caller,
+    name: web::Path<String>,
+    p: web::Query<DocListParams>,
+    f: web::Query<Flash>,
+) -> Result<HttpResponse, ApiError> {
+    let (name, p) = (name.into_inner(), p.into_inner());
+    let page = p.page.unwrap_or(1).max(1);
+    let q = care_engine::DocumentQuery {
+        title: p.title.clone(),
+        department: p.department.clone(),
+        doc_type: p.doc_type.clone(),
+        offset: (page - 1) * DOCS_PER_PAGE,
+        limit: DOCS_PER_PAGE,
+    };
+    let n = name.clone();
+    let ((docs, total), (departments, types)) = call_admin(&state, &caller, move |e, a| {
+        Ok((e.collections().documents(a, &n, &q)?, e.collections().filing_values(a, &n)?))
+    })
+    .await?;
+    let f = f.into_inner();
+    let first = (page - 1) * DOCS_PER_PAGE + 1;
+    render(&DocumentsPage {
+        nav: Nav::of(&caller),
+        flash: f.flash(),
+        error: f.error(),
+        csrf: caller.csrf().to_string(),
+        title: p.title.clone(),
+        department: p.department.clone(),
+        doc_type: p.doc_type.clone(),
+        departments,
+        types,
+        last: (first + docs.len()).saturating_sub(1),
+        first,
+        prev_url: (page > 1).then(|| p.url(&name, page - 1)),
+        next_url: (page * DOCS_PER_PAGE < total).then(|| p.url(&name, page + 1)),
+        back: p.url(&name, page),
+        docs,
+        total,
+        collection: name,
+        doc_type_names: care_engine::ingest::meta::DOC_TYPES,
+    })
+}
+
+/// Where a form on the document list returns: its own list page (filters and page kept), never elsewhere.
+fn documents_back(name: &str, back: &str) -> String {
+    let own = format!("/admin/collections/{}/documents", percent_encode(name));
+    let b = crate::pages::local_path(back, &own);
+    if b.starts_with(&own) { b } else { own }
+}
+
+/// `back` with a signed message added (it may already hold a query).
+fn back_to(back: &str, kind: &str, msg: &str) -> HttpResponse {
+    let sep = if back.contains('?') { '&' } else { '?' };
+    see_other(&format!("{back}{sep}{kind}={}&sig={}", percent_encode(msg), flash_sig(kind, msg)))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FilingForm {
+    external_id: String,
+    #[serde(default)]
+    department: String,
+    #[serde(default)]
+    doc_type: String,
+    #[serde(default)]
+    date: String,
+    #[serde(default)]
+    back: String,
+}
+
+#[post("/admin/collections/{name}/documents/file")]
+pub async fn file_document(
+    state: web::Data<AppState>,
+    caller: Caller,
+    name: web::Path<String>,
+    f: web::Form<FilingForm>,
+) -> Result<HttpResponse, ApiError> {
+    let (name, f) = (name.into_inner(), f.into_inner());
+    let back = documents_back(&name, &f.back);
+    let meta = care_engine::ingest::meta::DocMeta { department: f.department, doc_type: f.doc_type, date: f.date };
+    let (n, id) = (name.clone(), f.external_id.clone());
+    match call_admin(&state, &caller, move |e, a| e.collections().file_documents(a, &n, &[(id, meta)])).await {
+        Ok((1, _)) => Ok(back_to(&back, "flash", &format!("已保存文档 {} 的科室、类型和日期", f.external_id))),
+        Ok(_) => Ok(back_to(&back, "error", &format!("资料库 {name} 中没有文档 {}", f.external_id))),
+        Err(e) if !e.is_server_error() => Ok(back_to(&back, "error", &e.public_message())),
+        Err(e) => Err(e),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct DocDeleteForm {
+    external_id: String,
+    #[serde(default)]
+    back: String,
+}
+
+#[post("/admin/collections/{name}/documents/delete")]
+pub async fn delete_document(
+    state: web::Data<AppState>,
+    caller: Caller,
+    name: web::Path<String>,
+    f: web::Form<DocDeleteForm>,
+) -> Result<HttpResponse, ApiError> {
+    let (name, f) = (name.into_inner(), f.into_inner());
+    let back = documents_back(&name, &f.back);
+    let (n, ids) = (name.clone(), vec![f.external_id.clone()]);
+    match call_admin(&state, &caller, move |e, a| e.collections().delete_documents(&n, &ids, a)).await {
+        Ok(_) => Ok(back_to(&back, "flash", &format!("已删除文档 {}", f.external_id))),
+        Err(e) if !e.is_server_error() => Ok(back_to(&back, "error", &e.public_message())),
+        Err(e) => Err(e),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Jobs
 
 #[derive(Template)]

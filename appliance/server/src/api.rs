@@ -39,11 +39,39 @@ pub struct SearchParams {
     /// `true`: search the words as typed, without the synonym table's expansion or a pinyin reading.
     #[serde(default)]
     pub exact: Option<bool>,
+    /// Only documents of these departments (科室), comma-separated.
+    #[serde(default)]
+    pub department: Option<String>,
+    /// Only documents of these types (指南, 药品说明书, …), comma-separated.
+    #[serde(default)]
+    pub doc_type: Option<String>,
+    /// Dated on or after (`2021`, `2021-06` or `2021-06-01`).
+    #[serde(default)]
+    pub from: Option<String>,
+    /// Dated on or before.
+    #[serde(default)]
+    pub to: Option<String>,
+    /// `relevance` (default) or `date` (newest first).
+    #[serde(default)]
+    pub sort: Option<String>,
+}
+
+/// A comma-separated list (full-width commas and 、 too, as typed in Chinese).
+fn list(v: &Option<String>) -> Vec<String> {
+    v.as_deref()
+        .unwrap_or("")
+        .split([',', '，', '、'])
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
 }
 
 impl SearchParams {
-    pub fn to_search(&self) -> SearchAs {
-        SearchAs {
+    pub fn to_search(&self) -> Result<SearchAs, care_engine::Error> {
+        let sort = care_engine::facets::Sort::parse(self.sort.as_deref().unwrap_or("").trim()).ok_or_else(|| {
+            care_engine::Error::InvalidInput("排序方式只能是 relevance（相关度）或 date（日期，最新在前）".into())
+        })?;
+        Ok(SearchAs {
             query: self.q.clone(),
             collection: self.collection.clone(),
             more_collections: Vec::new(),
@@ -52,7 +80,14 @@ impl SearchParams {
             method: self.method,
             group_by_document: self.group.as_deref() == Some("document"),
             exact: self.exact.unwrap_or(false),
-        }
+            filter: care_engine::facets::SearchFilter {
+                departments: list(&self.department),
+                doc_types: list(&self.doc_type),
+                date_from: self.from.clone().unwrap_or_default(),
+                date_to: self.to.clone().unwrap_or_default(),
+            },
+            sort,
+        })
     }
 }
 
@@ -62,7 +97,7 @@ pub async fn search_as(
     caller: &Caller,
     p: &SearchParams,
 ) -> Result<care_engine::SearchResults, ApiError> {
-    let s = p.to_search();
+    let s = p.to_search()?;
     let res = call(state, caller, move |e, a| e.search().run(a, &s)).await?;
     state.metrics.search(res.method.as_str(), res.took_ms / 1e3);
     Ok(res)

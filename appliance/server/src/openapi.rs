@@ -30,7 +30,8 @@ use crate::api;
         care_engine::lifecycle::CollectionEvaluation, care_engine::lifecycle::Compared, care_engine::lifecycle::EncodeLatency,
         care_engine::judgments::JudgmentSetInfo, care_engine::training::Recipe, care_engine::training::Sides,
         care_engine::training::DataOptions, care_engine::training::schedule::ScheduleSpec,
-        care_engine::SearchResults, care_engine::SearchHit, care_engine::ingest::meta::DocMeta, care_engine::Expansion, api::SynonymList,
+        care_engine::SearchResults, care_engine::SearchHit, care_engine::ingest::meta::DocMeta, care_engine::Expansion,
+        care_engine::facets::SearchFilter, care_engine::facets::Sort, care_engine::facets::Facets, care_engine::facets::FacetCount, api::SynonymList,
         care_engine::synonyms::SynonymEntry, care_engine::synonyms::NewSynonym, care_engine::synonyms::ImportReport, care_engine::fusion::ScoreParts, care_engine::fusion::Method)),
     modifiers(&BearerAuth),
     security(("bearer" = []))

@@ -262,6 +262,75 @@ pub struct PageParams {
     /// Set after a feedback post: the chunk just judged.
     #[serde(default)]
     judged: Option<i64>,
+    #[serde(default)]
+    department: String,
+    #[serde(default)]
+    doc_type: String,
+    #[serde(default)]
+    from: String,
+    #[serde(default)]
+    to: String,
+    #[serde(default)]
+    sort: String,
+}
+
+impl PageParams {
+    /// The page's state as a search URL (shareable: query, collection, filters, order, page).
+    fn url(&self, q: &str, page: usize) -> String {
+        let mut u = format!("/search?q={}", percent_encode(q));
+        for (k, v) in [
+            ("collection", &self.collection),
+            ("department", &self.department),
+            ("doc_type", &self.doc_type),
+            ("from", &self.from),
+            ("to", &self.to),
+            ("sort", &self.sort),
+        ] {
+            if !v.trim().is_empty() {
+                u.push_str(&format!("&{k}={}", percent_encode(v.trim())));
+            }
+        }
+        if page > 1 {
+            u.push_str(&format!("&page={page}"));
+        }
+        u
+    }
+
+    /// This state changed by `f`, from its first page.
+    fn with(&self, f: impl FnOnce(&mut PageParams)) -> String {
+        let mut p = PageParams {
+            q: self.q.clone(),
+            collection: self.collection.clone(),
+            page: None,
+            judged: None,
+            department: self.department.clone(),
+            doc_type: self.doc_type.clone(),
+            from: self.from.clone(),
+            to: self.to.clone(),
+            sort: self.sort.clone(),
+        };
+        f(&mut p);
+        p.url(&p.q, 1)
+    }
+
+    fn filtered(&self) -> bool {
+        [&self.department, &self.doc_type, &self.from, &self.to].iter().any(|v| !v.trim().is_empty())
+    }
+}
+
+/// One facet value as a link that picks it (or, when picked, drops it).
+struct FacetLink {
+    value: String,
+    count: usize,
+    selected: bool,
+    url: String,
+}
+
+/// A facet's heading and values (科室, 类型, 年份).
+struct FacetGroup {
+    id: &'static str,
+    label: &'static str,
+    links: Vec<FacetLink>,
 }
 
 #[derive(Template)]
@@ -301,6 +370,17 @@ struct SearchPage {
     expansions: Vec<String>,
     /// 您是不是要找 suggestions, with their search URLs.
     did_you_mean: Vec<(String, String)>,
+    /// Counts per department, type and year for this query, as links that filter.
+    facets: Vec<FacetGroup>,
+    department: String,
+    doc_type: String,
+    from: String,
+    to: String,
+    sort_by_date: bool,
+    /// The same search in the other order.
+    sort_url: String,
+    /// The same search without filters, when some are set.
+    clear_url: Option<String>,
 }
 
 fn search_url(q: &str, collection: &str, page: usize) -> String {
@@ -350,7 +430,7 @@ pub async fn search_page(
         first_rank: (page_no - 1) * PAGE_SIZE + 1,
         prev_url: None,
         next_url: None,
-        back: search_url(&p.q, &p.collection, page_no),
+        back: p.url(&p.q, page_no),
         total: String::new(),
         last_page: 0,
         missing: Vec::new(),
@@ -359,16 +439,30 @@ pub async fn search_page(
         pinyin_of: None,
         expansions: Vec::new(),
         did_you_mean: Vec::new(),
+        facets: Vec::new(),
+        department: p.department.clone(),
+        doc_type: p.doc_type.clone(),
+        from: p.from.clone(),
+        to: p.to.clone(),
+        sort_by_date: p.sort == "date",
+        sort_url: p.with(|n| n.sort = if p.sort == "date" { String::new() } else { "date".into() }),
+        clear_url: p.filtered().then(|| p.with(|n| (n.department, n.doc_type, n.from, n.to) = Default::default())),
     };
     if !p.q.trim().is_empty() {
+        let some = |v: &str| Some(v.trim().to_string()).filter(|v| !v.is_empty());
         let params = SearchParams {
             q: p.q.clone(),
-            collection: Some(p.collection.clone()).filter(|c| !c.is_empty()),
+            collection: some(&p.collection),
             limit: Some(PAGE_SIZE),
             offset: Some((page_no - 1) * PAGE_SIZE),
             method: None,
             group: Some("document".into()),
             exact: None,
+            department: some(&p.department),
+            doc_type: some(&p.doc_type),
+            from: some(&p.from),
+            to: some(&p.to),
+            sort: some(&p.sort),
         };
         match api::search_as(&state, &caller, &params).await {
             Ok(r) => fill_results(&mut page, &r, &p, page_no),
@@ -397,16 +491,47 @@ fn fill_results(page: &mut SearchPage, r: &care_engine::SearchResults, p: &PageP
     page.pinyin_of = r.pinyin_of.clone();
     page.expansions = r.expansions.iter().map(|x| format!("{}：{}", x.term, x.synonyms.join("、"))).collect();
     if r.pinyin_of.is_none() {
-        page.did_you_mean = r.did_you_mean.iter().map(|w| (w.clone(), search_url(w, &p.collection, 1))).collect();
+        page.did_you_mean = r.did_you_mean.iter().map(|w| (w.clone(), p.url(w, 1))).collect();
     }
+    page.facets = facet_groups(&r.facets, p);
     page.last_page = r.total.div_ceil(PAGE_SIZE).clamp(1, MAX_PAGES);
     page.total = if r.total_is_lower_bound { format!("约 {}", r.total) } else { r.total.to_string() };
     if page_no > 1 {
-        page.prev_url = Some(search_url(&p.q, &p.collection, page_no - 1));
+        page.prev_url = Some(p.url(&p.q, page_no - 1));
     }
     if page_no < page.last_page {
-        page.next_url = Some(search_url(&p.q, &p.collection, page_no + 1));
+        page.next_url = Some(p.url(&p.q, page_no + 1));
     }
+}
+
+/// The facet counts as links: a value picks it (one per facet on this page; the API takes lists), a picked value
+/// drops it; a year sets the date range to that year.
+fn facet_groups(f: &care_engine::facets::Facets, p: &PageParams) -> Vec<FacetGroup> {
+    let links = |counts: &[care_engine::facets::FacetCount], set: &dyn Fn(&mut PageParams, String)| {
+        counts
+            .iter()
+            .take(12)
+            .map(|c| FacetLink {
+                value: c.value.clone(),
+                count: c.count,
+                selected: c.selected,
+                url: p.with(|n| set(n, if c.selected { String::new() } else { c.value.clone() })),
+            })
+            .collect::<Vec<_>>()
+    };
+    let groups = [
+        ("facet-department", "科室", links(&f.departments, &|n, v| n.department = v)),
+        ("facet-type", "类型", links(&f.doc_types, &|n, v| n.doc_type = v)),
+        (
+            "facet-year",
+            "年份",
+            links(&f.years, &|n, v| {
+                n.from = v.clone();
+                n.to = v;
+            }),
+        ),
+    ];
+    groups.into_iter().filter(|g| !g.2.is_empty()).map(|(id, label, links)| FacetGroup { id, label, links }).collect()
 }
 
 #[derive(Debug, Deserialize)]
@@ -613,15 +738,8 @@ pub async fn embed(
         not_found: false,
     };
     if let (Some(c), false) = (&who.0, p.q.trim().is_empty()) {
-        let params = SearchParams {
-            q: p.q.clone(),
-            collection: None,
-            limit: Some(5),
-            offset: None,
-            method: None,
-            group: Some("document".into()),
-            exact: None,
-        };
+        let params =
+            SearchParams { q: p.q.clone(), limit: Some(5), group: Some("document".into()), ..Default::default() };
         match api::search_as(&state, c, &params).await {
             Ok(r) => {
                 page.hits = r.hits.iter().map(HitView::from_hit).collect();

@@ -10,7 +10,7 @@ use crate::text::normalize;
 
 const TEXT_COLUMNS: &[&str] = &["text", "content", "body", "正文", "内容", "answer", "答案", "question", "问题"];
 const TITLE_COLUMNS: &[&str] = &["title", "标题", "题目"];
-const ID_COLUMNS: &[&str] = &["id", "_id", "编号"];
+pub(super) const ID_COLUMNS: &[&str] = &["id", "_id", "external_id", "编号"];
 
 pub(super) fn parse(
     path: &Path,

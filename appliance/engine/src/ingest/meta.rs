@@ -121,6 +121,47 @@ impl DocMeta {
     }
 }
 
+/// Rows a filing spreadsheet may hold (a hospital's whole library is tens of thousands of documents).
+const MAX_FILING_ROWS: usize = 1_000_000;
+
+/// Reads a filing spreadsheet (CSV, UTF-8): a header with an id column (`id`, `external_id`, `编号`, …) and any
+/// of the department, type and date columns; one row per document. Returns (external id, filing) per row, or a
+/// Chinese message naming the line.
+pub fn read_filing(text: &str) -> Result<Vec<(String, DocMeta)>, crate::Error> {
+    let bad = |m: String| crate::Error::InvalidInput(m);
+    let mut rdr = ::csv::ReaderBuilder::new().has_headers(true).flexible(false).from_reader(text.as_bytes());
+    let header: Vec<String> = rdr
+        .headers()
+        .map_err(|e| bad(format!("表头无法读取：{e}")))?
+        .iter()
+        .map(|h| h.trim().trim_start_matches('\u{feff}').to_string())
+        .collect();
+    let col = |names: &[&str]| names.iter().find_map(|d| header.iter().position(|h| h.eq_ignore_ascii_case(d)));
+    let id = col(super::csv::ID_COLUMNS).ok_or_else(|| {
+        bad(format!("表头没有编号列（{}）；表头为：{}", super::csv::ID_COLUMNS.join("、"), header.join("、")))
+    })?;
+    let (dept, kind, date) = (col(DEPARTMENT_FIELDS), col(TYPE_FIELDS), col(DATE_FIELDS));
+    if dept.is_none() && kind.is_none() && date.is_none() {
+        return Err(bad(format!("表头没有科室、类型或日期列；表头为：{}", header.join("、"))));
+    }
+    let mut out = Vec::new();
+    for rec in rdr.records() {
+        let rec = rec.map_err(|e| bad(format!("第 {} 行无法读取：{e}", e.position().map_or(0, |p| p.line()))))?;
+        let line = rec.position().map_or(0, |p| p.line());
+        if out.len() >= MAX_FILING_ROWS {
+            return Err(bad(format!("行数超过 {MAX_FILING_ROWS}：请分批导入")));
+        }
+        let get = |c: Option<usize>| c.and_then(|i| rec.get(i)).unwrap_or("");
+        let key = get(Some(id)).trim();
+        if key.is_empty() {
+            return Err(bad(format!("第 {line} 行的编号为空")));
+        }
+        let m = DocMeta::from_values(get(dept), get(kind), get(date)).map_err(|e| bad(format!("第 {line} 行：{e}")))?;
+        out.push((key.to_string(), m));
+    }
+    Ok(out)
+}
+
 fn name(what: &'static str, value: &str) -> Result<String, MetaError> {
     let v = value.trim();
     if v.chars().count() > MAX_NAME_CHARS {

@@ -1722,6 +1722,36 @@ mod jobs {
         let f = e.job_files(id).unwrap().remove(0);
         let msg = &f.errors[0].message;
         assert!(msg.contains("2023-13-01") && msg.contains("无法识别"), "{msg}");
+
+        // An admin re-files documents (a spreadsheet, or one row of the console's list); the filing survives the
+        // same upload again, and the list finds documents by title and filing.
+        let csv = "编号,科室,类型,日期\nmet,肾内科,药品说明书,2021年6月\nnope,心内科,,\n";
+        let rows = crate::ingest::meta::read_filing(csv).unwrap();
+        let (changed, unknown) = e.collections().file_documents(&bob, "c", &rows).unwrap();
+        assert_eq!((changed, unknown), (1, vec!["nope".to_string()]));
+        assert_eq!(meta_of("met"), s("肾内科", "药品说明书", "2021-06"));
+        let f = run(DocMeta::default(), &jsonl.replace("2022/3/1", "2024-01"));
+        assert_eq!(f[0].unchanged, 1);
+        assert_eq!(meta_of("met").0, "肾内科", "an unchanged file keeps the admin's filing");
+        let hits = e.search().run(&bob, &SearchAs { query: "二甲双胍".into(), ..Default::default() }).unwrap().hits;
+        assert_eq!(hits[0].meta.department, "肾内科", "the next search reads the new filing");
+        let bad = crate::ingest::meta::read_filing("编号,日期\nmet,2021-02-30\n").unwrap_err().to_string();
+        assert!(bad.contains("第 2 行") && bad.contains("2021-02-30"), "{bad}");
+        assert!(crate::ingest::meta::read_filing("标题,科室\nx,y\n").unwrap_err().to_string().contains("编号列"));
+        let q = |title: &str, department: &str| crate::service::DocumentQuery {
+            title: title.into(),
+            department: department.into(),
+            limit: 10,
+            ..Default::default()
+        };
+        let (docs, total) = e.collections().documents(&bob, "c", &q("二甲", "")).unwrap();
+        assert_eq!((total, docs[0].external_id.as_str(), docs[0].chunks > 0), (1, "met", true));
+        assert_eq!(e.collections().documents(&bob, "c", &q("", "心内科")).unwrap().1, 1, "the archive's guideline");
+        assert_eq!(e.collections().documents(&bob, "c", &q("100%_", "")).unwrap().1, 0, "LIKE wildcards are text");
+        let (depts, _) = e.collections().filing_values(&bob, "c").unwrap();
+        assert!(depts.contains(&("肾内科".to_string(), 1)), "{depts:?}");
+        let audit = e.audit().records(&bob, &Default::default(), 50, 0).unwrap();
+        assert!(audit.iter().any(|r| r.action == "document.file" && r.detail["unknown"] == 1), "{audit:?}");
     }
 }
 
@@ -2757,6 +2787,101 @@ fn pages_are_slices_of_one_ranking_and_page_11_answers() {
         assert_eq!(g.hits.iter().map(|h| h.more_in_document + 1).sum::<usize>(), whole, "{q}: every passage counted");
         assert!(g.grouped && g.total == g.hits.len());
     }
+}
+
+#[test]
+fn filters_apply_inside_both_legs_facets_count_the_rest_and_date_order_holds() {
+    use crate::facets::{SearchFilter, Sort};
+    let t = tempfile::tempdir().unwrap();
+    let e = demo_with_e5(t.path());
+    let run = |q: &str, filter: SearchFilter, sort: Sort, limit: usize| {
+        e.search_unaudited(&SearchRequest {
+            query: q.into(),
+            limit: Some(limit),
+            group_by_document: true,
+            filter,
+            sort,
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let q = "二甲双胍的禁忌症";
+    let all = run(q, SearchFilter::default(), Sort::Relevance, 100);
+    // The demo's articles are filed under departments and types: the facets count this query's documents.
+    let count = |v: &[crate::facets::FacetCount], name: &str| v.iter().find(|c| c.value == name).map_or(0, |c| c.count);
+    assert!(
+        count(&all.facets.doc_types, "药品说明书") > 0 && count(&all.facets.doc_types, "指南") > 0,
+        "{:?}",
+        all.facets
+    );
+    let in_ranking = |f: &dyn Fn(&crate::ingest::meta::DocMeta) -> bool| all.hits.iter().filter(|h| f(&h.meta)).count();
+    assert_eq!(count(&all.facets.departments, "心内科"), in_ranking(&|m| m.department == "心内科"));
+    // A rare department: 皮肤科 holds one article (herpes zoster), far down this query's ranking, if in it at all.
+    // Filtered, both legs search its documents only: the page is never empty and holds nothing else.
+    let derm = SearchFilter { departments: vec!["皮肤科".into()], ..Default::default() };
+    let r = run(q, derm.clone(), Sort::Relevance, 10);
+    assert!(!r.hits.is_empty(), "a filter never empties a page that has matches");
+    assert!(r.hits.iter().all(|h| h.meta.department == "皮肤科"), "{:?}", r.hits);
+    assert_eq!(r.total, 1, "one document");
+    // Its dense leg is pre-filtered too: a dense-only ranking of the filter still finds the one article.
+    let dense = e
+        .search_unaudited(&SearchRequest {
+            query: q.into(),
+            method: Some(crate::fusion::Method::Dense),
+            filter: derm,
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(!dense.hits.is_empty() && dense.hits.iter().all(|h| h.meta.department == "皮肤科"));
+    // Facets are disjunctive: with a department chosen, the departments still show the others' counts, the
+    // types count the chosen department's only.
+    let card = SearchFilter { departments: vec!["心内科".into()], ..Default::default() };
+    let c = run(q, card.clone(), Sort::Relevance, 100);
+    assert_eq!(
+        c.facets.departments,
+        all.facets
+            .departments
+            .iter()
+            .map(|f| crate::facets::FacetCount { selected: f.value == "心内科", ..f.clone() })
+            .collect::<Vec<_>>()
+    );
+    let types: usize = c.facets.doc_types.iter().map(|f| f.count).sum();
+    assert_eq!(types, c.total, "every 心内科 document of the ranking has a type");
+    assert!(c.hits.iter().all(|h| h.meta.department == "心内科"));
+    // Combined with a type and a date range (a partial date overlaps its whole period).
+    let narrow = SearchFilter {
+        departments: vec!["心内科".into(), "内分泌科".into()],
+        doc_types: vec!["药品说明书".into()],
+        date_from: "2020".into(),
+        date_to: "2022-06".into(),
+        ..Default::default()
+    };
+    let n = run(q, narrow.clone(), Sort::Relevance, 100);
+    assert!(n.total > 0);
+    for h in &n.hits {
+        assert!(["心内科", "内分泌科"].contains(&h.meta.department.as_str()) && h.meta.doc_type == "药品说明书");
+        assert!(h.meta.date.as_str() >= "2020" && h.meta.date.as_str() <= "2022-06", "{}", h.meta.date);
+    }
+    assert_eq!(n.filter, narrow.normalized().unwrap(), "the filter as applied, values in order");
+    // Newest first: dates never rise down the ranking, and the same documents as by relevance.
+    let d = run(q, SearchFilter::default(), Sort::Date, 100);
+    let dates: Vec<&str> = d.hits.iter().map(|h| h.meta.date.as_str()).collect();
+    assert!(dates.windows(2).all(|w| w[0] >= w[1]), "{dates:?}");
+    let ids =
+        |r: &crate::SearchResults| r.hits.iter().map(|h| h.document_id).collect::<std::collections::BTreeSet<_>>();
+    assert_eq!(ids(&d), ids(&all));
+    // A date that is not one, and a range that ends before it starts, are refused in Chinese.
+    let bad = SearchRequest {
+        query: q.into(),
+        filter: SearchFilter { date_from: "上个月".into(), ..Default::default() },
+        ..Default::default()
+    };
+    assert!(e.search_unaudited(&bad).unwrap_err().to_string().contains("日期筛选"));
+    // An admin's edit of a document's filing reaches the next search (the metadata version moved).
+    let zoster = r.hits[0].document_id;
+    db(&e).execute("UPDATE documents SET department = '急诊科' WHERE id = ?1", [zoster]).unwrap();
+    let er = run(q, SearchFilter { departments: vec!["急诊科".into()], ..Default::default() }, Sort::Relevance, 10);
+    assert_eq!(er.hits.iter().map(|h| h.document_id).collect::<Vec<_>>(), vec![zoster]);
 }
 
 #[test]

@@ -459,7 +459,7 @@ impl Engine {
         let mut hits_of: HashMap<(&str, &str), Candidates> = HashMap::with_capacity(keys.len());
         for &(q, c) in &keys {
             let col = cols.iter().find(|x| x.name == c).map_or(&[][..], std::slice::from_ref);
-            let hits = self.dense_search_in(&vec_of[q], guide, &pair.document, col, MINE_DEPTH)?;
+            let hits = self.dense_search_in(&vec_of[q], guide, &pair.document, col, MINE_DEPTH, None)?;
             hits_of.insert((q, c), hits.into_iter().map(|h| (h.chunk_id, h.score)).collect());
         }
         // Positives the index lacks (a chunk ingested but not yet embedded): encoded, as the index would.

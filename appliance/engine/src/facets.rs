@@ -1,0 +1,345 @@
+//! Filters, facet counts and date order over document metadata (department, type, date).
+//!
+//! Metadata lives in SQLite (`documents.department/doc_type/doc_date`); searches read it from an in-memory copy,
+//! [`MetaIndex`], reloaded when a trigger-maintained version changes (ingest, edit, delete). A filter becomes a
+//! [`DocSet`] of the documents it admits, and both legs apply it while they collect (tantivy's fast-field filter,
+//! the dense scan's row test), before any top-k cut: a rare department is never emptied out of a page by better
+//! passages of other departments. Metadata is kept out of the index files so that an admin's edit is a row update,
+//! not a re-index.
+//!
+//! Facet counts are disjunctive, as in Elasticsearch's and Meilisearch's faceted search: each dimension counts the
+//! documents of the unfiltered ranking that pass the *other* dimensions' filters, so a clinician who picked 心内科
+//! still sees how many the other departments hold.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::ingest::meta::{DocMeta, parse_date};
+
+/// Which documents a search may return (every field empty: all).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SearchFilter {
+    /// Any of these departments (科室).
+    pub departments: Vec<String>,
+    /// Any of these document types.
+    pub doc_types: Vec<String>,
+    /// Dated on or after (`YYYY`, `YYYY-MM` or `YYYY-MM-DD`; a document dated 2021 is in a range from 2021-06).
+    pub date_from: String,
+    /// Dated on or before.
+    pub date_to: String,
+}
+
+/// The order of a ranking.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum Sort {
+    /// Best match first.
+    #[default]
+    Relevance,
+    /// Newest first (undated last), best match first within a date.
+    Date,
+}
+
+impl Sort {
+    pub fn parse(s: &str) -> Option<Sort> {
+        match s {
+            "" | "relevance" => Some(Sort::Relevance),
+            "date" => Some(Sort::Date),
+            _ => None,
+        }
+    }
+}
+
+/// Most values a filter may name per dimension (a URL is not a place for a department list).
+const MAX_VALUES: usize = 50;
+
+impl SearchFilter {
+    pub fn is_empty(&self) -> bool {
+        self.departments.is_empty() && self.doc_types.is_empty() && self.date_from.is_empty() && self.date_to.is_empty()
+    }
+
+    /// The filter with its dates in the stored form, blank values dropped; a date that is not one is refused.
+    pub fn normalized(&self) -> Result<SearchFilter> {
+        let clean = |v: &[String], what: &str| -> Result<Vec<String>> {
+            let mut out: Vec<String> = v.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+            out.sort();
+            out.dedup();
+            if out.len() > MAX_VALUES {
+                return Err(Error::InvalidInput(format!("{what}筛选最多 {MAX_VALUES} 项，收到 {} 项", out.len())));
+            }
+            Ok(out)
+        };
+        let date = |s: &str| parse_date(s).map_err(|e| Error::InvalidInput(format!("日期筛选：{e}")));
+        let f = SearchFilter {
+            departments: clean(&self.departments, "科室")?,
+            doc_types: clean(&self.doc_types, "类型")?,
+            date_from: date(&self.date_from)?,
+            date_to: date(&self.date_to)?,
+        };
+        if !f.date_from.is_empty() && !f.date_to.is_empty() && f.date_from > upper(&f.date_to) {
+            return Err(Error::InvalidInput(format!("日期范围有误：起始 {} 晚于截止 {}", f.date_from, f.date_to)));
+        }
+        Ok(f)
+    }
+
+    fn dept_ok(&self, m: &DocMeta) -> bool {
+        self.departments.is_empty() || self.departments.iter().any(|d| *d == m.department)
+    }
+
+    fn type_ok(&self, m: &DocMeta) -> bool {
+        self.doc_types.is_empty() || self.doc_types.iter().any(|t| *t == m.doc_type)
+    }
+
+    /// Whether a document's date overlaps the range; an undated document is in no range.
+    fn date_ok(&self, m: &DocMeta) -> bool {
+        if self.date_from.is_empty() && self.date_to.is_empty() {
+            return true;
+        }
+        !m.date.is_empty()
+            && (self.date_from.is_empty() || upper(&m.date) >= self.date_from)
+            && (self.date_to.is_empty() || m.date <= upper(&self.date_to))
+    }
+
+    pub fn admits(&self, m: &DocMeta) -> bool {
+        self.dept_ok(m) && self.type_ok(m) && self.date_ok(m)
+    }
+}
+
+/// The latest date a partial date stands for, in string order: 2021 → "2021~" sorts after every 2021-MM-DD ('~'
+/// is after the digits and '-').
+fn upper(date: &str) -> String {
+    format!("{date}~")
+}
+
+/// A set of document ids, one bit each (ids are SQLite row ids: dense and small).
+#[derive(Debug, Clone, Default)]
+pub struct DocSet {
+    bits: Vec<u64>,
+}
+
+impl DocSet {
+    pub fn insert(&mut self, id: i64) {
+        let Ok(i) = usize::try_from(id) else { return };
+        if self.bits.len() <= i / 64 {
+            self.bits.resize(i / 64 + 1, 0);
+        }
+        self.bits[i / 64] |= 1 << (i % 64);
+    }
+
+    pub fn contains(&self, id: i64) -> bool {
+        usize::try_from(id).is_ok_and(|i| self.bits.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0))
+    }
+
+    pub fn len(&self) -> usize {
+        self.bits.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bits.iter().all(|w| *w == 0)
+    }
+
+    /// The ids, ascending.
+    pub fn ids(&self) -> impl Iterator<Item = i64> + '_ {
+        self.bits
+            .iter()
+            .enumerate()
+            .flat_map(|(i, w)| (0..64).filter(move |b| w & (1 << b) != 0).map(move |b| (i * 64 + b) as i64))
+    }
+}
+
+/// One value of a facet and how many documents of the query's ranking have it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FacetCount {
+    pub value: String,
+    pub count: usize,
+    /// The current filter names this value.
+    pub selected: bool,
+}
+
+/// Counts per department, type and year for the current query (documents, not passages), most first.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Facets {
+    pub departments: Vec<FacetCount>,
+    pub doc_types: Vec<FacetCount>,
+    /// Newest year first.
+    pub years: Vec<FacetCount>,
+}
+
+impl Facets {
+    pub fn is_empty(&self) -> bool {
+        self.departments.is_empty() && self.doc_types.is_empty() && self.years.is_empty()
+    }
+}
+
+/// Every document's metadata and collection, as of `version`.
+#[derive(Debug, Default)]
+pub struct MetaIndex {
+    pub version: i64,
+    docs: HashMap<i64, (i64, DocMeta)>,
+}
+
+impl MetaIndex {
+    pub fn load(store: &crate::store::Store) -> Result<MetaIndex> {
+        let conn = store.reader();
+        let version: i64 = conn.query_row("SELECT version FROM document_meta_state WHERE id = 1", [], |r| r.get(0))?;
+        let mut stmt = conn.prepare("SELECT id, collection_id, department, doc_type, doc_date FROM documents")?;
+        let rows = stmt.query_map([], |r| {
+            Ok((r.get(0)?, (r.get(1)?, DocMeta { department: r.get(2)?, doc_type: r.get(3)?, date: r.get(4)? })))
+        })?;
+        Ok(MetaIndex { version, docs: rows.collect::<std::result::Result<_, _>>()? })
+    }
+
+    pub fn meta(&self, doc: i64) -> Option<&DocMeta> {
+        self.docs.get(&doc).map(|d| &d.1)
+    }
+
+    /// The documents of `collections` that `filter` admits.
+    pub fn admitted(&self, filter: &SearchFilter, collections: &[i64]) -> DocSet {
+        let mut set = DocSet::default();
+        for (id, (col, m)) in &self.docs {
+            if collections.contains(col) && filter.admits(m) {
+                set.insert(*id);
+            }
+        }
+        set
+    }
+
+    /// Facet counts: a dimension the filter constrains counts the distinct documents of `unfiltered` (the
+    /// query's ranking without filters) that pass the other dimensions' filters; any other dimension counts the
+    /// documents of `filtered` (the ranking the page shows), so the values' counts add up to its total.
+    pub fn facets(&self, unfiltered: &[i64], filtered: &[i64], filter: &SearchFilter) -> Facets {
+        let (mut dept, mut kind, mut year) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+        let dated = !filter.date_from.is_empty() || !filter.date_to.is_empty();
+        let constrained = [!filter.departments.is_empty(), !filter.doc_types.is_empty(), dated];
+        for (ranking, own) in [(unfiltered, true), (filtered, false)] {
+            let mut seen = std::collections::HashSet::new();
+            for &doc in ranking {
+                let Some(m) = self.meta(doc) else { continue };
+                if !seen.insert(doc) {
+                    continue;
+                }
+                let (d, t, y) = (filter.dept_ok(m), filter.type_ok(m), filter.date_ok(m));
+                if constrained[0] == own && (!own || (t && y)) && !m.department.is_empty() {
+                    *dept.entry(m.department.clone()).or_insert(0) += 1;
+                }
+                if constrained[1] == own && (!own || (d && y)) && !m.doc_type.is_empty() {
+                    *kind.entry(m.doc_type.clone()).or_insert(0) += 1;
+                }
+                if let (true, true, Some(yr)) = (constrained[2] == own, !own || (d && t), m.year()) {
+                    *year.entry(yr.to_string()).or_insert(0) += 1;
+                }
+            }
+        }
+        let counts = |m: BTreeMap<String, usize>, chosen: &dyn Fn(&str) -> bool| -> Vec<FacetCount> {
+            let mut v: Vec<FacetCount> =
+                m.into_iter().map(|(value, count)| FacetCount { selected: chosen(&value), value, count }).collect();
+            v.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.value.cmp(&b.value)));
+            v
+        };
+        let mut years = counts(year, &|y| {
+            !filter.date_from.is_empty() && filter.date_from.starts_with(y) && filter.date_to.starts_with(y)
+        });
+        years.sort_by(|a, b| b.value.cmp(&a.value));
+        Facets {
+            departments: counts(dept, &|v| filter.departments.iter().any(|d| d == v)),
+            doc_types: counts(kind, &|v| filter.doc_types.iter().any(|d| d == v)),
+            years,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(d: &str, t: &str, date: &str) -> DocMeta {
+        DocMeta { department: d.into(), doc_type: t.into(), date: date.into() }
+    }
+
+    #[test]
+    fn date_ranges_overlap_partial_dates() {
+        let f = SearchFilter { date_from: "2021-06".into(), date_to: "2022".into(), ..Default::default() };
+        assert!(f.admits(&m("", "", "2021")), "2021 overlaps June 2021 onwards");
+        assert!(f.admits(&m("", "", "2022-12-31")));
+        assert!(!f.admits(&m("", "", "2021-05-31")));
+        assert!(!f.admits(&m("", "", "2023-01")));
+        assert!(!f.admits(&m("", "", "")), "an undated document is in no range");
+        assert!(SearchFilter::default().admits(&m("", "", "")));
+    }
+
+    #[test]
+    fn normalized_reads_dates_and_refuses_nonsense() {
+        let f = SearchFilter {
+            departments: vec![" 心内科".into(), "".into(), "心内科".into()],
+            date_from: "2021年5月".into(),
+            ..Default::default()
+        }
+        .normalized()
+        .unwrap();
+        assert_eq!(f.departments, vec!["心内科"]);
+        assert_eq!(f.date_from, "2021-05");
+        let bad = SearchFilter { date_to: "去年".into(), ..Default::default() }.normalized().unwrap_err();
+        assert!(bad.to_string().contains("日期筛选"), "{bad}");
+        let reversed = SearchFilter { date_from: "2023".into(), date_to: "2021".into(), ..Default::default() };
+        assert!(reversed.normalized().unwrap_err().to_string().contains("晚于"));
+        assert!(
+            SearchFilter { date_from: "2021-05".into(), date_to: "2021".into(), ..Default::default() }
+                .normalized()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn doc_set_holds_what_was_inserted() {
+        let mut s = DocSet::default();
+        for id in [3, 64, 65, 1000, -1] {
+            s.insert(id);
+        }
+        assert!(s.contains(3) && s.contains(64) && s.contains(1000));
+        assert!(!s.contains(4) && !s.contains(-1) && !s.contains(100_000));
+        assert_eq!(s.len(), 4);
+        assert_eq!(s.ids().collect::<Vec<_>>(), vec![3, 64, 65, 1000]);
+    }
+
+    #[test]
+    fn facets_count_documents_disjunctively() {
+        let mut idx = MetaIndex::default();
+        for (id, meta) in [
+            (1, m("心内科", "指南", "2021-03")),
+            (2, m("心内科", "药品说明书", "2023")),
+            (3, m("内分泌科", "指南", "2023-01-02")),
+            (4, m("", "", "")),
+        ] {
+            idx.docs.insert(id, (1, meta));
+        }
+        let f = SearchFilter { departments: vec!["心内科".into()], ..Default::default() };
+        // The filtered ranking holds 1 and 2 (and a chunk of 1 twice).
+        let got = idx.facets(&[1, 1, 2, 3, 4], &[1, 2, 1], &f);
+        // Departments ignore their own filter; types and years count the chosen department only.
+        assert_eq!(
+            got.departments,
+            vec![
+                FacetCount { value: "心内科".into(), count: 2, selected: true },
+                FacetCount { value: "内分泌科".into(), count: 1, selected: false },
+            ]
+        );
+        assert_eq!(
+            got.doc_types.iter().map(|c| (c.value.as_str(), c.count)).collect::<Vec<_>>(),
+            [("指南", 1), ("药品说明书", 1)]
+        );
+        assert_eq!(
+            got.years.iter().map(|c| (c.value.as_str(), c.count)).collect::<Vec<_>>(),
+            [("2023", 1), ("2021", 1)]
+        );
+        let set = idx.admitted(&f, &[1]);
+        assert_eq!(set.ids().collect::<Vec<_>>(), vec![1, 2]);
+        assert!(idx.admitted(&f, &[2]).is_empty(), "another collection's documents are never admitted");
+    }
+}
