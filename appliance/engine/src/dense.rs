@@ -272,6 +272,19 @@ impl DenseStore {
         k: usize,
         keep: Option<&crate::facets::DocSet>,
     ) -> Result<Vec<DenseHit>> {
+        Ok(self.search_exact_pair(t, q, k, None, keep)?.1)
+    }
+
+    /// One scan, two rankings: the top `all` chunks of every document (when asked) and the top `k` of the
+    /// documents in `keep`.
+    pub fn search_exact_pair(
+        &self,
+        t: &DenseTable,
+        q: &[f32],
+        k: usize,
+        all: Option<usize>,
+        keep: Option<&crate::facets::DocSet>,
+    ) -> Result<(Vec<DenseHit>, Vec<DenseHit>)> {
         let flat = self.load_flat(t)?;
         let w = t.width;
         if q.len() != w {
@@ -281,14 +294,16 @@ impl DenseStore {
         // The scan is bound by memory bandwidth: on a 2-core EPYC VM the f32 rows of kuake_qtr (32k × 384, 49 MB)
         // took 5.6 ms, so large tables are read as int8 first (a quarter of the bytes) and the candidates re-scored
         // exactly; the result is the exact top k unless the true top k fall outside 4k int8 candidates.
-        let scores = match &flat.approx {
-            Some(approx) => crate::kernels::top_k_int8_where(approx, &flat.vectors, q, k, INT8_OVERSAMPLE, admit),
-            None => crate::kernels::top_k_where(&flat.vectors, q, k, admit),
+        let (every, kept) = match &flat.approx {
+            Some(approx) => crate::kernels::top_k_int8_pair(approx, &flat.vectors, q, k, INT8_OVERSAMPLE, all, admit),
+            None => crate::kernels::top_k_pair(&flat.vectors, q, k, all, admit),
         };
-        Ok(scores
-            .into_iter()
-            .map(|(s, i)| DenseHit { chunk_id: flat.chunk_ids[i], document_id: flat.doc_ids[i], score: s })
-            .collect())
+        let hits = |v: Vec<(f32, usize)>| -> Vec<DenseHit> {
+            v.into_iter()
+                .map(|(s, i)| DenseHit { chunk_id: flat.chunk_ids[i], document_id: flat.doc_ids[i], score: s })
+                .collect()
+        };
+        Ok((hits(every), hits(kept)))
     }
 
     /// Approximate top-k through the table's IVF-PQ index, re-ranked with full vectors.

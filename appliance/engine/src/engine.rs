@@ -1095,9 +1095,8 @@ impl Engine {
             depth: self.ranking_depth(),
             keep: None,
         };
-        // With a filter, the page comes from a second ranking whose legs see only the admitted documents (the query
-        // vector is shared); the unfiltered one counts the filtered dimensions' other values.
-        let everything = self.rank(&plan.terms, qvec, &cols, &spec)?;
+        // With a filter the page is the ranking of the admitted documents; the unfiltered ranking, which counts the
+        // filtered dimensions' other values, comes from the same pass of each leg (`rank_filtered`).
         let docs_of = |hits: &[Explained]| hits.iter().map(|h| h.document_id).collect::<Vec<i64>>();
         let mut facets_ms = 0.0;
         let mut count = |unfiltered: &[i64], filtered: &[i64]| {
@@ -1107,13 +1106,14 @@ impl Engine {
             f
         };
         let (mut ranking, facets) = if filter.is_empty() {
-            let facets = count(&[], &docs_of(&everything.hits));
-            (everything, facets)
+            let ranking = self.rank(&plan.terms, qvec, &cols, &spec)?;
+            let facets = count(&[], &docs_of(&ranking.hits));
+            (ranking, facets)
         } else {
             let ids: Vec<i64> = cols.iter().map(|c| c.id).collect();
-            let admitted = std::sync::Arc::new(metas.admitted(&filter, &ids));
+            let admitted = metas.admitted(&filter, &ids);
             spec.keep = Some(&admitted);
-            let filtered = self.rank(&plan.terms, qvec, &cols, &spec)?;
+            let (everything, filtered) = self.rank_filtered(&plan.terms, qvec, &cols, &spec)?;
             let facets = count(&docs_of(&everything.hits), &docs_of(&filtered.hits));
             (filtered, facets)
         };

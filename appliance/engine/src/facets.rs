@@ -12,6 +12,7 @@
 //! still sees how many the other departments hold.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -178,12 +179,29 @@ impl Facets {
     }
 }
 
-/// Every document's metadata and collection, as of `version`.
+/// Every document's metadata and collection, as of `version`, with department and type names numbered so that
+/// filtering 30,000 documents and counting a ranking's facets compare integers.
 #[derive(Debug, Default)]
 pub struct MetaIndex {
     pub version: i64,
-    docs: HashMap<i64, (i64, DocMeta)>,
+    docs: HashMap<i64, Entry>,
+    /// Department and type names by number, and back (0 is "none").
+    names: Vec<String>,
+    numbers: HashMap<String, u32>,
+    /// The admitted sets of recent filters: clinicians page through and refine one filter.
+    recent: Mutex<Vec<(SearchFilter, Vec<i64>, Arc<DocSet>)>>,
 }
+
+#[derive(Debug)]
+struct Entry {
+    collection: i64,
+    department: u32,
+    doc_type: u32,
+    meta: DocMeta,
+}
+
+/// Admitted sets kept per metadata version.
+const RECENT_FILTERS: usize = 16;
 
 impl MetaIndex {
     pub fn load(store: &crate::store::Store) -> Result<MetaIndex> {
@@ -191,23 +209,72 @@ impl MetaIndex {
         let version: i64 = conn.query_row("SELECT version FROM document_meta_state WHERE id = 1", [], |r| r.get(0))?;
         let mut stmt = conn.prepare("SELECT id, collection_id, department, doc_type, doc_date FROM documents")?;
         let rows = stmt.query_map([], |r| {
-            Ok((r.get(0)?, (r.get(1)?, DocMeta { department: r.get(2)?, doc_type: r.get(3)?, date: r.get(4)? })))
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                DocMeta { department: r.get(2)?, doc_type: r.get(3)?, date: r.get(4)? },
+            ))
         })?;
-        Ok(MetaIndex { version, docs: rows.collect::<std::result::Result<_, _>>()? })
+        let mut idx = MetaIndex { version, names: vec![String::new()], ..Default::default() };
+        idx.numbers.insert(String::new(), 0);
+        for row in rows {
+            let (id, collection, meta) = row?;
+            idx.insert(id, collection, meta);
+        }
+        Ok(idx)
+    }
+
+    fn number(&mut self, name: &str) -> u32 {
+        if let Some(n) = self.numbers.get(name) {
+            return *n;
+        }
+        let n = self.names.len() as u32;
+        self.names.push(name.to_string());
+        self.numbers.insert(name.to_string(), n);
+        n
+    }
+
+    fn insert(&mut self, id: i64, collection: i64, meta: DocMeta) {
+        if self.names.is_empty() {
+            self.names.push(String::new());
+            self.numbers.insert(String::new(), 0);
+        }
+        let (department, doc_type) = (self.number(&meta.department), self.number(&meta.doc_type));
+        self.docs.insert(id, Entry { collection, department, doc_type, meta });
     }
 
     pub fn meta(&self, doc: i64) -> Option<&DocMeta> {
-        self.docs.get(&doc).map(|d| &d.1)
+        self.docs.get(&doc).map(|d| &d.meta)
     }
 
-    /// The documents of `collections` that `filter` admits.
-    pub fn admitted(&self, filter: &SearchFilter, collections: &[i64]) -> DocSet {
+    /// The numbers of a filter's names (a name no document has gets none: it admits nothing).
+    fn numbered(&self, names: &[String]) -> Vec<u32> {
+        names.iter().filter_map(|n| self.numbers.get(n).copied()).collect()
+    }
+
+    /// The documents of `collections` that `filter` admits (kept for the next searches with the same filter).
+    pub fn admitted(&self, filter: &SearchFilter, collections: &[i64]) -> Arc<DocSet> {
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, _, set)) = recent.iter().find(|(f, c, _)| f == filter && c == collections) {
+            return set.clone();
+        }
+        let (depts, kinds) = (self.numbered(&filter.departments), self.numbered(&filter.doc_types));
+        let dated = !filter.date_from.is_empty() || !filter.date_to.is_empty();
         let mut set = DocSet::default();
-        for (id, (col, m)) in &self.docs {
-            if collections.contains(col) && filter.admits(m) {
+        for (id, e) in &self.docs {
+            if collections.contains(&e.collection)
+                && (filter.departments.is_empty() || depts.contains(&e.department))
+                && (filter.doc_types.is_empty() || kinds.contains(&e.doc_type))
+                && (!dated || filter.date_ok(&e.meta))
+            {
                 set.insert(*id);
             }
         }
+        let set = Arc::new(set);
+        if recent.len() >= RECENT_FILTERS {
+            recent.remove(0);
+        }
+        recent.push((filter.clone(), collections.to_vec(), set.clone()));
         set
     }
 
@@ -215,41 +282,48 @@ impl MetaIndex {
     /// query's ranking without filters) that pass the other dimensions' filters; any other dimension counts the
     /// documents of `filtered` (the ranking the page shows), so the values' counts add up to its total.
     pub fn facets(&self, unfiltered: &[i64], filtered: &[i64], filter: &SearchFilter) -> Facets {
-        let (mut dept, mut kind, mut year) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+        let n = self.names.len();
+        let (mut dept, mut kind) = (vec![0usize; n], vec![0usize; n]);
+        let mut year: BTreeMap<&str, usize> = BTreeMap::new();
+        let (depts, kinds) = (self.numbered(&filter.departments), self.numbered(&filter.doc_types));
         let dated = !filter.date_from.is_empty() || !filter.date_to.is_empty();
         let constrained = [!filter.departments.is_empty(), !filter.doc_types.is_empty(), dated];
         for (ranking, own) in [(unfiltered, true), (filtered, false)] {
-            let mut seen = std::collections::HashSet::new();
-            for &doc in ranking {
-                let Some(m) = self.meta(doc) else { continue };
-                if !seen.insert(doc) {
-                    continue;
+            let mut docs = ranking.to_vec();
+            docs.sort_unstable();
+            docs.dedup();
+            for doc in docs {
+                let Some(e) = self.docs.get(&doc) else { continue };
+                let d = !constrained[0] || depts.contains(&e.department);
+                let t = !constrained[1] || kinds.contains(&e.doc_type);
+                let y = !dated || filter.date_ok(&e.meta);
+                if constrained[0] == own && (!own || (t && y)) && e.department != 0 {
+                    dept[e.department as usize] += 1;
                 }
-                let (d, t, y) = (filter.dept_ok(m), filter.type_ok(m), filter.date_ok(m));
-                if constrained[0] == own && (!own || (t && y)) && !m.department.is_empty() {
-                    *dept.entry(m.department.clone()).or_insert(0) += 1;
+                if constrained[1] == own && (!own || (d && y)) && e.doc_type != 0 {
+                    kind[e.doc_type as usize] += 1;
                 }
-                if constrained[1] == own && (!own || (d && y)) && !m.doc_type.is_empty() {
-                    *kind.entry(m.doc_type.clone()).or_insert(0) += 1;
-                }
-                if let (true, true, Some(yr)) = (constrained[2] == own, !own || (d && t), m.year()) {
-                    *year.entry(yr.to_string()).or_insert(0) += 1;
+                if let (true, true, Some(yr)) = (constrained[2] == own, !own || (d && t), e.meta.year()) {
+                    *year.entry(yr).or_insert(0) += 1;
                 }
             }
         }
-        let counts = |m: BTreeMap<String, usize>, chosen: &dyn Fn(&str) -> bool| -> Vec<FacetCount> {
+        let counts = |m: Vec<(String, usize)>, chosen: &dyn Fn(&str) -> bool| -> Vec<FacetCount> {
             let mut v: Vec<FacetCount> =
                 m.into_iter().map(|(value, count)| FacetCount { selected: chosen(&value), value, count }).collect();
             v.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.value.cmp(&b.value)));
             v
         };
-        let mut years = counts(year, &|y| {
+        let named = |c: Vec<usize>| -> Vec<(String, usize)> {
+            c.into_iter().enumerate().filter(|(_, n)| *n > 0).map(|(i, n)| (self.names[i].clone(), n)).collect()
+        };
+        let mut years = counts(year.into_iter().map(|(y, n)| (y.to_string(), n)).collect(), &|y| {
             !filter.date_from.is_empty() && filter.date_from.starts_with(y) && filter.date_to.starts_with(y)
         });
         years.sort_by(|a, b| b.value.cmp(&a.value));
         Facets {
-            departments: counts(dept, &|v| filter.departments.iter().any(|d| d == v)),
-            doc_types: counts(kind, &|v| filter.doc_types.iter().any(|d| d == v)),
+            departments: counts(named(dept), &|v| filter.departments.iter().any(|d| d == v)),
+            doc_types: counts(named(kind), &|v| filter.doc_types.iter().any(|d| d == v)),
             years,
         }
     }
@@ -317,7 +391,7 @@ mod tests {
             (3, m("内分泌科", "指南", "2023-01-02")),
             (4, m("", "", "")),
         ] {
-            idx.docs.insert(id, (1, meta));
+            idx.insert(id, 1, meta);
         }
         let f = SearchFilter { departments: vec!["心内科".into()], ..Default::default() };
         // The filtered ranking holds 1 and 2 (and a chunk of 1 twice).

@@ -509,17 +509,29 @@ impl Engine {
         depth: usize,
         keep: Option<&DocSet>,
     ) -> Result<Vec<DenseHit>> {
-        let Some(pair) = self.active_pair_cached()? else { return Ok(Vec::new()) };
-        if pair.query.id == query_model.id {
-            return self.dense_search_in(qvec, query_model, &pair.document, cols, depth, keep);
-        }
-        // The live pair switched between encoding this query and searching: finish the search with the document
-        // model the query encoder was live with (its tables are kept), so a search never fails across a switch.
-        let document = match models::last_document_for(&self.store, query_model.id)? {
-            Some(d) => d,
-            None => pair.document,
+        Ok(self.dense_legs(qvec, query_model, cols, depth, false, keep)?.1)
+    }
+
+    /// The dense top `depth` of every document (when `all`) and of the documents in `keep`, from one scan of each
+    /// table, over the tables of the document model `query_model` is live with.
+    fn dense_legs(
+        &self,
+        qvec: &[f32],
+        query_model: &ModelRecord,
+        cols: &[Collection],
+        depth: usize,
+        all: bool,
+        keep: Option<&DocSet>,
+    ) -> Result<(Vec<DenseHit>, Vec<DenseHit>)> {
+        let Some(pair) = self.active_pair_cached()? else { return Ok((Vec::new(), Vec::new())) };
+        // The live pair may have switched between encoding this query and searching: then the search finishes
+        // with the document model the query encoder was live with (its tables are kept), so it never fails.
+        let document = if pair.query.id == query_model.id {
+            pair.document
+        } else {
+            models::last_document_for(&self.store, query_model.id)?.unwrap_or(pair.document)
         };
-        self.dense_search_in(qvec, query_model, &document, cols, depth, keep)
+        self.dense_legs_in(qvec, query_model, &document, cols, depth, all, keep)
     }
 
     /// [`Engine::dense_search`] over the tables of `document_model`, live or not (evaluating a candidate pair).
@@ -532,7 +544,21 @@ impl Engine {
         depth: usize,
         keep: Option<&DocSet>,
     ) -> Result<Vec<DenseHit>> {
-        let mut hits = Vec::new();
+        Ok(self.dense_legs_in(qvec, query_model, document_model, cols, depth, false, keep)?.1)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn dense_legs_in(
+        &self,
+        qvec: &[f32],
+        query_model: &ModelRecord,
+        document_model: &ModelRecord,
+        cols: &[Collection],
+        depth: usize,
+        all: bool,
+        keep: Option<&DocSet>,
+    ) -> Result<(Vec<DenseHit>, Vec<DenseHit>)> {
+        let (mut every, mut kept) = (Vec::new(), Vec::new());
         for col in cols {
             let Some((pairing, table)) = self.dense_table(col.id, document_model, false)? else { continue };
             if pairing != query_model.pairing_id {
@@ -543,16 +569,22 @@ impl Engine {
                 )));
             }
             let s = &self.cfg.search;
-            let found = if self.dense.has_ann(&table) {
-                self.dense.search_ann_where(&table, qvec, depth, s.ann_nprobes, s.ann_refine, keep)?
+            if self.dense.has_ann(&table) {
+                if all {
+                    every.extend(self.dense.search_ann(&table, qvec, depth, s.ann_nprobes, s.ann_refine)?);
+                }
+                kept.extend(self.dense.search_ann_where(&table, qvec, depth, s.ann_nprobes, s.ann_refine, keep)?);
             } else {
-                self.dense.search_exact_where(&table, qvec, depth, keep)?
-            };
-            hits.extend(found);
+                let (e, k) = self.dense.search_exact_pair(&table, qvec, depth, all.then_some(depth), keep)?;
+                every.extend(e);
+                kept.extend(k);
+            }
         }
-        hits.sort_by(|a, b| b.score.total_cmp(&a.score));
-        hits.truncate(depth);
-        Ok(hits)
+        for hits in [&mut every, &mut kept] {
+            hits.sort_by(|a, b| b.score.total_cmp(&a.score));
+            hits.truncate(depth);
+        }
+        Ok((every, kept))
     }
 
     /// The fusion setting a search uses: the request's method and weight, else the collection's tuned ones.
@@ -589,41 +621,76 @@ impl Engine {
         cols: &[Collection],
         spec: &fusion::RankSpec<'_>,
     ) -> Result<Ranking> {
+        Ok(self.rankings(terms, qvec, cols, spec, false)?.1)
+    }
+
+    /// The ranking of every document and the ranking of the documents `spec.keep` admits, from one pass of each
+    /// leg (tantivy collects both top lists from one walk of the postings; the dense scan reads the rows once).
+    pub(crate) fn rank_filtered(
+        &self,
+        terms: &[(String, f32)],
+        qvec: Option<(&[f32], &ModelRecord)>,
+        cols: &[Collection],
+        spec: &fusion::RankSpec<'_>,
+    ) -> Result<(Ranking, Ranking)> {
+        let (all, kept) = self.rankings(terms, qvec, cols, spec, true)?;
+        Ok((all.unwrap_or_else(|| kept.clone()), kept))
+    }
+
+    fn rankings(
+        &self,
+        terms: &[(String, f32)],
+        qvec: Option<(&[f32], &ModelRecord)>,
+        cols: &[Collection],
+        spec: &fusion::RankSpec<'_>,
+        all: bool,
+    ) -> Result<(Option<Ranking>, Ranking)> {
         let (depth, keep) = (spec.depth, spec.keep);
+        // Without a filter the two rankings are one.
+        let all = all && keep.is_some();
         let (method, weight) = self.setting_for(cols, qvec, spec.method, spec.dense_weight)?;
         let head_depth = self.cfg.search.candidates.min(depth);
         let names: Vec<String> = cols.iter().map(|c| c.name.clone()).collect();
-        let bm25: Vec<Ranked> = if method == Method::Dense {
-            Vec::new()
-        } else {
-            self.lexical
-                .search_where(terms, Some(&names), depth, self.cfg.search.title_boost, keep)?
-                .into_iter()
-                .map(|h| (h.chunk_id, h.document_id, h.score))
-                .collect()
+        let ranked = |hits: Vec<crate::lexical::LexicalHit>| -> Vec<Ranked> {
+            hits.into_iter().map(|h| (h.chunk_id, h.document_id, h.score)).collect()
         };
-        let dense: Vec<Ranked> = match (method, qvec) {
-            (Method::Bm25, _) | (_, None) => Vec::new(),
-            (_, Some((v, m))) => self
-                .dense_search_where(v, m, cols, head_depth, keep.map(|k| k.as_ref()))?
-                .into_iter()
-                .map(|h| (h.chunk_id, h.document_id, h.score))
-                .collect(),
+        let (bm25_all, bm25) = if method == Method::Dense {
+            (Vec::new(), Vec::new())
+        } else {
+            let (a, k) =
+                self.lexical.search_pair(terms, Some(&names), depth, self.cfg.search.title_boost, all, keep)?;
+            (ranked(a), ranked(k))
+        };
+        let (dense_all, dense): (Vec<Ranked>, Vec<Ranked>) = match (method, qvec) {
+            (Method::Bm25, _) | (_, None) => (Vec::new(), Vec::new()),
+            (_, Some((v, m))) => {
+                let (a, k) = self.dense_legs(v, m, cols, head_depth, all, keep.map(|k| k.as_ref()))?;
+                let r = |hits: Vec<DenseHit>| hits.into_iter().map(|h| (h.chunk_id, h.document_id, h.score)).collect();
+                (r(a), r(k))
+            }
         };
         // Without a query vector the ranking is BM25's (a dense-only request then finds nothing).
         let method = if qvec.is_none() && method != Method::Bm25 { Method::Bm25 } else { method };
-        // More keyword matches exist than the ranking holds.
-        let capped = bm25.len() >= depth;
-        // The dense leg holds its head only; BM25's is its top `head_depth`.
-        let mut hits = fusion::fuse(&bm25[..bm25.len().min(head_depth)], &dense, method, weight);
-        let seen: HashSet<i64> = hits.iter().map(|h| h.chunk_id).collect();
-        if bm25.len() > head_depth {
-            hits.extend(
-                fusion::fuse(&bm25, &dense, method, weight).into_iter().filter(|h| !seen.contains(&h.chunk_id)),
-            );
-        }
-        Ok(Ranking { hits, method, dense_weight: weight, capped })
+        let fused = |bm25: &[Ranked], dense: &[Ranked]| Ranking {
+            hits: fuse_ranking(bm25, dense, method, weight, head_depth),
+            method,
+            dense_weight: weight,
+            // More keyword matches exist than the ranking holds.
+            capped: bm25.len() >= depth,
+        };
+        Ok((all.then(|| fused(&bm25_all, &dense_all)), fused(&bm25, &dense)))
     }
+}
+
+/// The head is the fusion of both legs' top `head_depth`; the tail is BM25's further matches in BM25 order, never
+/// repeating a head chunk.
+fn fuse_ranking(bm25: &[Ranked], dense: &[Ranked], method: Method, weight: f32, head_depth: usize) -> Vec<Explained> {
+    let mut hits = fusion::fuse(&bm25[..bm25.len().min(head_depth)], dense, method, weight);
+    let seen: HashSet<i64> = hits.iter().map(|h| h.chunk_id).collect();
+    if bm25.len() > head_depth {
+        hits.extend(fusion::fuse(bm25, dense, method, weight).into_iter().filter(|h| !seen.contains(&h.chunk_id)));
+    }
+    hits
 }
 
 /// A query's fused ranking (see [`Engine::rank`]).

@@ -142,26 +142,48 @@ pub fn top_k_int8_where(
     oversample: usize,
     keep: impl Fn(usize) -> bool,
 ) -> Vec<(f32, usize)> {
+    top_k_int8_pair(approx, rows, q, k, oversample, None, keep).1
+}
+
+/// One int8 scan, two rankings: the k best of every row (when `all` asks for it: `Some(k)`) and the k best of the rows
+/// `keep` admits. A filtered search needs both (the facet counts come from the unfiltered one), and the scan's cost
+/// is reading the rows, not ranking them.
+pub fn top_k_int8_pair(
+    approx: &Int8Rows,
+    rows: &[f32],
+    q: &[f32],
+    k: usize,
+    oversample: usize,
+    all: Option<usize>,
+    keep: impl Fn(usize) -> bool,
+) -> (Vec<(f32, usize)>, Vec<(f32, usize)>) {
     let w = q.len();
     let n = approx.len().min(rows.len() / w.max(1));
-    let k = k.min(n);
-    if k == 0 || approx.width != w {
-        return top_k_where(rows, q, k, keep);
+    if approx.width != w || n == 0 {
+        return top_k_pair(rows, q, k, all, keep);
     }
-    let m = (k * oversample.max(1)).min(n);
-    let best = scan_best(
+    let m = |k: usize| (k.min(n) * oversample.max(1)).min(n);
+    let (mut every, mut kept) = (TopK::new(all.map_or(0, m)), TopK::new(m(k)));
+    scan(
         &approx.codes[..n * w],
         w,
-        m,
         |block, out| scores_i8(block, q, out),
-        |row, s| s * approx.scales[row],
-        keep,
+        |row, s| {
+            let s = s * approx.scales[row];
+            every.offer(s, row);
+            if keep(row) {
+                kept.offer(s, row);
+            }
+        },
     );
-    let mut exact = TopK::new(k);
-    for (_, row) in best.heap {
-        exact.offer(dot(&rows[row * w..(row + 1) * w], q), row);
-    }
-    exact.into_sorted()
+    let rescore = |best: TopK, k: usize| {
+        let mut exact = TopK::new(k);
+        for (_, row) in best.heap {
+            exact.offer(dot(&rows[row * w..(row + 1) * w], q), row);
+        }
+        exact.into_sorted()
+    };
+    (rescore(every, all.unwrap_or(0)), rescore(kept, k))
 }
 
 /// `out[i]` = inner product of int8 row `i` of `codes` with the f32 query `q` (unscaled).
@@ -201,40 +223,48 @@ pub fn top_k(rows: &[f32], q: &[f32], k: usize) -> Vec<(f32, usize)> {
 
 /// [`top_k`] over the rows `keep` admits only.
 pub fn top_k_where(rows: &[f32], q: &[f32], k: usize, keep: impl Fn(usize) -> bool) -> Vec<(f32, usize)> {
-    let n = rows.len() / q.len().max(1);
-    let k = k.min(n);
-    if k == 0 {
-        return Vec::new();
-    }
-    let w = q.len();
-    scan_best(&rows[..n * w], w, k, |block, out| scores(block, q, out), |_, s| s, keep).into_sorted()
+    top_k_pair(rows, q, k, None, keep).1
 }
 
-/// The `keep` best rows of a row-major matrix (width `w`) by `score_block`'s scores, each adjusted by
-/// `adjust(row, score)`, among the rows `admit` accepts. Scores a block of rows at a time: the block stays in L1
-/// while the selection reads it back, and the scan never allocates per row.
-fn scan_best<T>(
-    rows: &[T],
-    w: usize,
-    keep: usize,
-    score_block: impl Fn(&[T], &mut [f32]),
-    adjust: impl Fn(usize, f32) -> f32,
-    admit: impl Fn(usize) -> bool,
-) -> TopK {
+/// [`top_k_int8_pair`] on the f32 rows.
+pub fn top_k_pair(
+    rows: &[f32],
+    q: &[f32],
+    k: usize,
+    all: Option<usize>,
+    keep: impl Fn(usize) -> bool,
+) -> (Vec<(f32, usize)>, Vec<(f32, usize)>) {
+    let w = q.len();
+    let n = rows.len() / w.max(1);
+    let (mut every, mut kept) = (TopK::new(all.unwrap_or(0).min(n)), TopK::new(k.min(n)));
+    if n > 0 {
+        scan(
+            &rows[..n * w],
+            w,
+            |block, out| scores(block, q, out),
+            |row, s| {
+                every.offer(s, row);
+                if keep(row) {
+                    kept.offer(s, row);
+                }
+            },
+        );
+    }
+    (every.into_sorted(), kept.into_sorted())
+}
+
+/// Scores a row-major matrix (width `w`) a block of rows at a time and hands each (row, score) to `visit`: the block
+/// stays in L1 while the selection reads it back, and the scan never allocates per row.
+fn scan<T>(rows: &[T], w: usize, score_block: impl Fn(&[T], &mut [f32]), mut visit: impl FnMut(usize, f32)) {
     const BLOCK: usize = 1024;
     let mut buf = vec![0f32; BLOCK.min(rows.len() / w)];
-    let mut best = TopK::new(keep);
     for (b, chunk) in rows.chunks(BLOCK * w).enumerate() {
         let out = &mut buf[..chunk.len() / w];
         score_block(chunk, out);
         for (i, &s) in out.iter().enumerate() {
-            let row = b * BLOCK + i;
-            if admit(row) {
-                best.offer(adjust(row, s), row);
-            }
+            visit(b * BLOCK + i, s);
         }
     }
-    best
 }
 
 /// The k best (score, row) pairs seen, kept as a min-heap on score so a candidate below the k-th costs one compare.
@@ -254,6 +284,9 @@ impl TopK {
     }
 
     fn offer(&mut self, s: f32, row: usize) {
+        if self.k == 0 {
+            return;
+        }
         if self.heap.len() < self.k {
             self.heap.push((s, row));
             let mut i = self.heap.len() - 1;
@@ -547,6 +580,11 @@ mod tests {
         let got8 = top_k_int8_where(&codes, &rows, &q, 20, 4, keep);
         assert_eq!(got8.iter().map(|g| g.1).collect::<Vec<_>>(), want[..20].iter().map(|g| g.1).collect::<Vec<_>>());
         assert_eq!(top_k_where(&rows, &q, 100, keep).len(), want.len(), "fewer admitted rows than k: all of them");
+        // One scan, both rankings: the unfiltered one equals the plain scan's.
+        let (every, kept) = top_k_int8_pair(&codes, &rows, &q, 20, 4, Some(100), keep);
+        assert_eq!(every, top_k_int8(&codes, &rows, &q, 100, 4));
+        assert_eq!(kept, got8);
+        assert_eq!(top_k_pair(&rows, &q, 20, Some(30), keep), (top_k(&rows, &q, 30), got));
     }
 
     #[test]

@@ -674,20 +674,40 @@ impl LexicalIndex {
         title_boost: f32,
         keep: Option<&Arc<crate::facets::DocSet>>,
     ) -> Result<Vec<LexicalHit>> {
+        Ok(self.search_pair(terms, collections, limit, title_boost, false, keep)?.1)
+    }
+
+    /// The top `limit` of every chunk (when `all`; else empty) and of the chunks of the documents in `keep`, from one
+    /// walk of the postings (a pair of collectors).
+    pub fn search_pair(
+        &self,
+        terms: &[(String, f32)],
+        collections: Option<&[String]>,
+        limit: usize,
+        title_boost: f32,
+        all: bool,
+        keep: Option<&Arc<crate::facets::DocSet>>,
+    ) -> Result<(Vec<LexicalHit>, Vec<LexicalHit>)> {
         let Some(query) = self.build_weighted(terms, collections, title_boost) else {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         };
         let searcher = self.reader.searcher();
-        let top_docs = TopDocs::with_limit(limit.max(1)).order_by_score();
-        let top = match keep {
-            None => searcher.search(&query, &top_docs)?,
-            Some(set) => {
-                let set = set.clone();
-                let admit = move |doc: u64| i64::try_from(doc).is_ok_and(|d| set.contains(d));
-                let filtered = tantivy::collector::FilterCollector::new("document_id".to_string(), admit, top_docs);
-                searcher.search(&query, &filtered)?
-            }
+        let top_docs = || TopDocs::with_limit(limit.max(1)).order_by_score();
+        let filtered = |set: &Arc<crate::facets::DocSet>| {
+            let set = set.clone();
+            let admit = move |doc: u64| i64::try_from(doc).is_ok_and(|d| set.contains(d));
+            tantivy::collector::FilterCollector::new("document_id".to_string(), admit, top_docs())
         };
+        let (every, kept) = match keep {
+            None => (Vec::new(), searcher.search(&query, &top_docs())?),
+            Some(set) if all => searcher.search(&query, &(top_docs(), filtered(set)))?,
+            Some(set) => (Vec::new(), searcher.search(&query, &filtered(set))?),
+        };
+        Ok((self.hits_of(&searcher, every)?, self.hits_of(&searcher, kept)?))
+    }
+
+    /// Chunk and document ids of collected top docs (read from the fast fields, a column per segment).
+    fn hits_of(&self, searcher: &tantivy::Searcher, top: Vec<(f32, tantivy::DocAddress)>) -> Result<Vec<LexicalHit>> {
         let mut out = Vec::with_capacity(top.len());
         let mut columns: Vec<Option<(tantivy::columnar::Column<u64>, tantivy::columnar::Column<u64>)>> =
             vec![None; searcher.segment_readers().len()];
