@@ -178,7 +178,7 @@ fn facets_filter_by_department_type_and_date_and_the_url_keeps_the_state() {
     b.type_into("#from", "2021");
     b.type_into("#to", "2022");
     b.click("#date-filter button[type=submit]");
-    let src = b.wait_for("the date range", Duration::from_secs(60), |s| s.contains("value=\"2021\""));
+    let src = b.wait_for("the date range", Duration::from_secs(60), |s| s.contains("name=\"from\" value=\"2021\""));
     let url = b.url();
     assert!(url.contains("from=2021") && url.contains("to=2022") && url.contains("sort=date"), "{url}");
     let f = filed(&src);
@@ -204,4 +204,16 @@ fn facets_filter_by_department_type_and_date_and_the_url_keeps_the_state() {
     b.goto(&format!("{base}/search?q=%E9%AB%98%E8%A1%80%E5%8E%8B&from=last-year"));
     let src = b.wait_for("the error", Duration::from_secs(60), |s| s.contains("class=\"error\""));
     assert!(b.text("p.error").contains("日期筛选"), "{src}");
+
+    // The admin's analytics: what was searched, what found nothing, and a zero-result query proposed as a synonym.
+    search(&b, &base, "qwzxv喵喵", 1);
+    b.goto(&format!("{base}/admin/analytics?days=7"));
+    let src = b.wait_for("the analytics page", Duration::from_secs(30), |s| s.contains("id=\"analytics-headline\""));
+    assert!(b.text("#top-queries").contains("高血压"), "{src}");
+    assert!(b.text("#not-found-queries").contains("qwzxv喵喵"), "{src}");
+    assert!(src.contains("<svg") && src.contains("每日检索"), "the chart: {src}");
+    assert!(b.text("#analytics-headline").contains("使用筛选"), "{src}");
+    b.click("#not-found-queries a.propose");
+    let src = b.wait_for("the synonym form", Duration::from_secs(30), |s| s.contains("id=\"proposed\""));
+    assert!(src.contains("value=\"qwzxv喵喵\""), "the query fills the variants: {src}");
 }

@@ -100,6 +100,13 @@ fn authorisation_matrix_and_collection_isolation() {
     let secret = care.json(&["search", "--json", "-c", "secret", "阿司匹林"]);
     let secret_doc = secret["hits"][0]["document_id"].as_i64().unwrap();
     let secret_chunk = secret["hits"][0]["chunk_id"].as_i64().unwrap();
+    // The secret document is filed under a department of its own: its name must not leak through facets.
+    let filing = write(
+        &t.path().join("filing.csv"),
+        &format!("id,科室\n{},机密科\n", secret["hits"][0]["external_id"].as_str().unwrap()),
+    );
+    let out = care.ok(&["collection", "file", "secret", filing.to_str().unwrap()]);
+    assert!(out.contains("已更新 1 篇"), "{out}");
 
     let Served { child: _server, https: base, .. } = care.serve_full();
     let c = client();
@@ -355,6 +362,9 @@ fn authorisation_matrix_and_collection_isolation() {
         ("POST", "/admin/collections/{name}/documents/delete"),
         case("/admin/collections/granted/documents/delete", Form("external_id=nope"), 302, 403, &[303]),
     );
+    m.insert(("GET", "/admin/analytics"), case("/admin/analytics?days=7", Empty, 302, 403, &[200]));
+    m.insert(("GET", "/admin/analytics.csv"), case("/admin/analytics.csv", Empty, 401, 403, &[200]));
+    m.insert(("GET", "/api/v1/admin/analytics"), case("/api/v1/admin/analytics?days=400", Empty, 401, 403, &[200]));
     m.insert(("GET", "/admin/training"), case("/admin/training", Empty, 302, 403, &[200]));
     m.insert(("POST", "/admin/training/run"), case("/admin/training/run", Form("stage1_steps=1"), 302, 403, &[303]));
     m.insert(
@@ -462,6 +472,21 @@ fn authorisation_matrix_and_collection_isolation() {
     );
     let res = get(&format!("/api/v1/search?{q}&collection=secret"), &clin);
     assert_eq!(res.status(), 403);
+    // Facets and filters see only what the caller may read.
+    let r: serde_json::Value = get(&format!("/api/v1/search?{q}&limit=50"), &clin).json().unwrap();
+    assert!(!r["facets"].to_string().contains("机密科"), "{}", r["facets"]);
+    let r: serde_json::Value =
+        get(&format!("/api/v1/search?{q}&department=%E6%9C%BA%E5%AF%86%E7%A7%91"), &clin).json().unwrap();
+    assert!(r["hits"].as_array().unwrap().is_empty() && r["total"] == 0, "{r}");
+    let r: serde_json::Value =
+        get(&format!("/api/v1/search?{q}&department=%E6%9C%BA%E5%AF%86%E7%A7%91"), &admin).json().unwrap();
+    let hits = r["hits"].as_array().unwrap();
+    assert!(!hits.is_empty() && hits.iter().all(|h| h["collection"] == "secret"), "{r}");
+    let r: serde_json::Value = get(&format!("/api/v1/search?{q}"), &admin).json().unwrap();
+    assert!(r["facets"]["departments"].to_string().contains("机密科"), "{}", r["facets"]);
+    let res = get(&format!("/api/v1/search?{q}&from=2023-13"), &clin);
+    assert_eq!(res.status(), 400, "an unreadable date is the caller's error");
+    assert!(res.text().unwrap().contains("日期筛选"));
     let html = get(&format!("/search?{q}&collection=secret"), &clin).text().unwrap();
     assert!(!html.contains("机密病例") && html.contains("没有访问"), "{html}");
     let html = get(&format!("/search?{q}"), &clin).text().unwrap();

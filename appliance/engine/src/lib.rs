@@ -12,6 +12,8 @@
 //!   │           outside SQLite, the chain walk and re-chaining, the anchor (audit/{key,chain,anchor}.rs); searches'
 //!   │           records by the group-commit writer thread, one transaction per batch (audit/writer.rs)
 //!   ├ accounts  users and roles (argon2), lockout, sessions, API tokens, per-collection read grants
+//!   ├ analytics what clinicians search and where they fail: searches per day, top, not-found and 没帮助 queries,
+//!   │           latency, aggregated from the searches' audit records and feedback (CSV export audited)
 //!   ├ limits    in-memory rate limits per client address or user (sign-in failures, feedback, refusals)
 //!   ├ feedback  the document view behind a hit and relevance feedback kept for training
 //!   ├ docview   the document view's structure (lists, tables from the stored light markup) and query marks
@@ -65,6 +67,7 @@
 //! ([`error::ErrorCode`]) are stable and mapped to HTTP statuses by the server alone.
 
 pub mod accounts;
+pub mod analytics;
 pub mod audit;
 pub mod cancel;
 pub mod chart;

@@ -294,6 +294,19 @@ impl crate::engine::Audit<'_> {
         audit::search(&self.store.reader(), f, limit, offset.min(i64::MAX as usize))
     }
 
+    /// Search analytics of the last `days` days (see [`crate::analytics`]).
+    pub fn analytics(&self, _admin: &Admin, days: u32) -> Result<crate::analytics::Analytics> {
+        crate::analytics::report(&self.store, days, accounts::unix_now())
+    }
+
+    /// The analytics as CSV; the export is audited (queries clinicians typed leave the appliance).
+    pub fn export_analytics(&self, actor: &Admin, days: u32) -> Result<String> {
+        let a = self.audit().analytics(actor, days)?;
+        let detail = serde_json::json!({"days": a.days, "searches": a.searches});
+        self.audit_event(actor, "analytics.export", &detail)?;
+        Ok(crate::analytics::to_csv(&a))
+    }
+
     /// The records matching `f` as CSV; the export itself is audited (who took a copy of what).
     pub fn export(&self, actor: &Admin, f: &Filter, limit: usize, filter_text: &str) -> Result<String> {
         let records = self.audit().records(actor, f, limit, 0)?;
@@ -390,6 +403,7 @@ impl crate::engine::Search<'_> {
         let mut detail = serde_json::json!({
             "query": logged_query(&res.query), "collections": cols, "results": res.hits.len(),
             "candidates": res.total_candidates, "offset": s.offset, "method": res.method,
+            "not_found": res.not_found, "took_ms": (res.took_ms * 10.0).round() / 10.0,
         });
         if !res.filter.is_empty() {
             detail["filter"] = serde_json::json!(res.filter);

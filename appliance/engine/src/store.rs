@@ -36,6 +36,7 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (16, include_str!("../../../migrations/0016_chunk_deletions.sql")),
     (17, include_str!("../../../migrations/0017_document_meta.sql")),
     (18, include_str!("../../../migrations/0018_document_meta_version.sql")),
+    (19, include_str!("../../../migrations/0019_audit_action_index.sql")),
 ];
 
 /// The metadata file is the appliance's alone (SQLite gives its -wal and -shm files the same mode).

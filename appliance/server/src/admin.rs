@@ -359,6 +359,70 @@ pub async fn delete_document(
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Search analytics
+
+#[derive(Template)]
+#[template(path = "admin_analytics.html")]
+struct AnalyticsPage {
+    nav: Option<Nav>,
+    flash: Option<String>,
+    a: care_engine::analytics::Analytics,
+    chart: String,
+    not_found_pct: String,
+    latency: String,
+    /// The windows offered, and whether each is the one shown.
+    choices: Vec<(u32, bool)>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct DaysParam {
+    #[serde(default)]
+    pub days: Option<u32>,
+}
+
+impl DaysParam {
+    pub fn days(&self) -> u32 {
+        self.days.unwrap_or(30).clamp(1, care_engine::analytics::MAX_DAYS)
+    }
+}
+
+/// What clinicians search and where they fail: searches per day, the most frequent queries, those that found
+/// nothing (each with a link that proposes it as a synonym entry), those marked 没帮助, latency.
+#[get("/admin/analytics")]
+pub async fn analytics_page(
+    state: web::Data<AppState>,
+    caller: Caller,
+    q: web::Query<DaysParam>,
+) -> Result<HttpResponse, ApiError> {
+    let days = q.days();
+    let a = call_admin(&state, &caller, move |e, admin| e.audit().analytics(admin, days)).await?;
+    let pct = if a.searches == 0 { 0.0 } else { 100.0 * a.not_found as f64 / a.searches as f64 };
+    render(&AnalyticsPage {
+        nav: Nav::of(&caller),
+        flash: None,
+        chart: care_engine::analytics::chart(&a),
+        not_found_pct: format!("{pct:.1}"),
+        choices: [7, 30, 90, 365].into_iter().map(|d| (d, d == a.days)).collect(),
+        latency: match (a.latency_p50_ms, a.latency_p99_ms) {
+            (Some(p50), Some(p99)) => format!("{p50:.0} / {p99:.0} 毫秒"),
+            _ => "—".into(),
+        },
+        a,
+    })
+}
+
+#[get("/admin/analytics.csv")]
+pub async fn analytics_csv(
+    state: web::Data<AppState>,
+    caller: Caller,
+    q: web::Query<DaysParam>,
+) -> Result<HttpResponse, ApiError> {
+    let days = q.days();
+    let csv = call_admin(&state, &caller, move |e, a| e.audit().export_analytics(a, days)).await?;
+    Ok(csv_download(csv, "care-analytics.csv"))
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Jobs
 
 #[derive(Template)]
@@ -601,6 +665,7 @@ struct SynonymsPage {
     filter: String,
     page: usize,
     pages: usize,
+    propose: String,
 }
 
 const SYNONYMS_PER_PAGE: usize = 50;
@@ -611,6 +676,9 @@ pub struct SynonymsQuery {
     q: String,
     #[serde(default)]
     page: Option<usize>,
+    /// A query that found nothing, proposed as a variant of a group the admin names (from the analytics page).
+    #[serde(default)]
+    propose: String,
 }
 
 #[get("/admin/synonyms")]
@@ -638,6 +706,7 @@ pub async fn synonyms_page(
         filter,
         page,
         pages: total.div_ceil(SYNONYMS_PER_PAGE).max(1),
+        propose: q.propose.trim().chars().take(40).collect(),
     })
 }
 

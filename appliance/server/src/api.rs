@@ -687,6 +687,27 @@ pub async fn admin_audit(
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
+pub struct AnalyticsQuery {
+    /// The last N days (1–366, default 30).
+    #[serde(default)]
+    pub days: Option<u32>,
+}
+
+#[utoipa::path(get, path = "/api/v1/admin/analytics", tag = "admin", params(AnalyticsQuery),
+    responses((status = 200, description = "searches per day, top, not-found and 没帮助 queries, latency",
+        body = care_engine::analytics::Analytics)))]
+#[get("/api/v1/admin/analytics")]
+pub async fn admin_analytics(
+    state: web::Data<AppState>,
+    caller: Caller,
+    q: web::Query<AnalyticsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let days = q.days.unwrap_or(30);
+    Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.audit().analytics(a, days)).await?))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct VerifyQuery {
     /// Walk the whole log instead of only the records since the last checkpoint.
     #[serde(default)]

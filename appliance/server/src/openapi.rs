@@ -18,7 +18,7 @@ use crate::api;
         api::admin_create_user, api::admin_update_user, api::admin_delete_user, api::admin_grant, api::admin_revoke,
         api::admin_create_token, api::admin_revoke_token, api::admin_models, api::admin_import_model, api::admin_evaluate, api::admin_evaluations, api::admin_promote, api::admin_reject,
         api::admin_rollback, api::admin_model_history, api::admin_judgments, api::admin_import_judgments,
-        api::admin_delete_judgments, api::admin_activate, api::admin_audit,
+        api::admin_delete_judgments, api::admin_activate, api::admin_audit, api::admin_analytics,
         api::admin_audit_verify, api::admin_feedback, api::healthz, api::metrics, api::admin_training, api::admin_train, api::admin_embed_pending,
         api::admin_training_run, api::admin_training_loss, api::admin_add_schedule, api::admin_delete_schedule,
         api::admin_synonyms, api::admin_add_synonym, api::admin_update_synonym, api::admin_delete_synonym,
@@ -31,7 +31,7 @@ use crate::api;
         care_engine::judgments::JudgmentSetInfo, care_engine::training::Recipe, care_engine::training::Sides,
         care_engine::training::DataOptions, care_engine::training::schedule::ScheduleSpec,
         care_engine::SearchResults, care_engine::SearchHit, care_engine::ingest::meta::DocMeta, care_engine::Expansion,
-        care_engine::facets::SearchFilter, care_engine::facets::Sort, care_engine::facets::Facets, care_engine::facets::FacetCount, api::SynonymList,
+        care_engine::facets::SearchFilter, care_engine::facets::Sort, care_engine::facets::Facets, care_engine::facets::FacetCount, care_engine::analytics::Analytics, care_engine::analytics::QueryCount, care_engine::analytics::DayCount, api::SynonymList,
         care_engine::synonyms::SynonymEntry, care_engine::synonyms::NewSynonym, care_engine::synonyms::ImportReport, care_engine::fusion::ScoreParts, care_engine::fusion::Method)),
     modifiers(&BearerAuth),
     security(("bearer" = []))

@@ -99,6 +99,9 @@ pub const ROUTES: &[Route] = &[
     r("GET", "/admin/synonyms.csv", Admin, Api),
     r("GET", "/admin/audit", Admin, Page),
     r("GET", "/admin/audit.csv", Admin, Api),
+    r("GET", "/admin/analytics", Admin, Page),
+    r("GET", "/admin/analytics.csv", Admin, Api),
+    r("GET", "/api/v1/admin/analytics", Admin, Api),
     r("GET", "/metrics", Admin, Api),
     // Administrators: JSON API
     r("GET", "/api/v1/admin/collections", Admin, Api),

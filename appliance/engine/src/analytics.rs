@@ -1,0 +1,172 @@
+//! What clinicians search and where they fail, for admins: aggregated from the searches' audit records (so the
+//! audit retention, `[audit] retention_days`, is this data's retention too) and from 没帮助 feedback. Query texts
+//! appear only when the appliance logs them (`[audit] log_queries`); otherwise the counts stand without them.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::store::Store;
+
+/// Most days a report covers.
+pub const MAX_DAYS: u32 = 366;
+/// Queries listed per table.
+const TOP: usize = 20;
+
+/// One query and how often it was searched in the window (for feedback: marked 没帮助).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct QueryCount {
+    pub query: String,
+    pub count: usize,
+}
+
+/// Searches on one day (UTC).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DayCount {
+    pub day: String,
+    pub searches: usize,
+    /// Searches whose words occur in no readable document (the page's "not found" statement) or that found nothing.
+    pub not_found: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Analytics {
+    pub days: u32,
+    /// The window's first instant (UTC, RFC 3339).
+    pub since: String,
+    pub searches: usize,
+    pub not_found: usize,
+    /// Searches with a department, type or date filter.
+    pub filtered: usize,
+    /// Whether query texts are in the audit log (`[audit] log_queries`): without them the query lists are empty.
+    pub queries_logged: bool,
+    pub per_day: Vec<DayCount>,
+    pub top_queries: Vec<QueryCount>,
+    /// The most frequent queries that found nothing or whose words occur nowhere: candidates for a synonym entry.
+    pub not_found_queries: Vec<QueryCount>,
+    /// Queries whose results clinicians marked 没帮助 most often.
+    pub unhelpful_queries: Vec<QueryCount>,
+    /// Search latency in the engine (ms), where recorded.
+    pub latency_p50_ms: Option<f64>,
+    pub latency_p99_ms: Option<f64>,
+}
+
+/// The last `days` days' search analytics, as of `now` (Unix seconds).
+pub fn report(store: &Store, days: u32, now: i64) -> Result<Analytics> {
+    let days = days.clamp(1, MAX_DAYS);
+    let since = time::OffsetDateTime::from_unix_timestamp(now - i64::from(days) * 86_400)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_default();
+    let conn = store.reader();
+    let mut stmt = conn.prepare_cached(
+        "SELECT substr(at, 1, 10), json_extract(detail, '$.query'), json_extract(detail, '$.candidates'),
+                json_extract(detail, '$.not_found'), json_extract(detail, '$.took_ms'), json_extract(detail, '$.filter') IS NOT NULL
+         FROM audit WHERE action = 'search' AND at >= ?1",
+    )?;
+    let mut rows = stmt.query([&since])?;
+    let (mut searches, mut not_found, mut filtered, mut logged) = (0, 0, 0, false);
+    let mut per_day: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    let (mut top, mut failed): (HashMap<String, usize>, HashMap<String, usize>) = Default::default();
+    let mut took = Vec::new();
+    while let Some(r) = rows.next()? {
+        let day: String = r.get(0)?;
+        // A query is text when logged, an object ({"chars": n}) when not.
+        let query: Option<String> = r.get::<_, Option<String>>(1).ok().flatten().filter(|q| !q.starts_with('{'));
+        let candidates: Option<i64> = r.get(2)?;
+        let missing = r.get::<_, Option<i64>>(3)?.unwrap_or(0) != 0 || candidates == Some(0);
+        if let Some(ms) = r.get::<_, Option<f64>>(4)? {
+            took.push(ms);
+        }
+        searches += 1;
+        filtered += usize::from(r.get::<_, bool>(5)?);
+        let d = per_day.entry(day).or_default();
+        d.0 += 1;
+        if missing {
+            not_found += 1;
+            d.1 += 1;
+        }
+        if let Some(q) = query {
+            logged = true;
+            let q = q.trim().to_string();
+            if missing {
+                *failed.entry(q.clone()).or_default() += 1;
+            }
+            *top.entry(q).or_default() += 1;
+        }
+    }
+    let mut fb =
+        conn.prepare_cached("SELECT query, COUNT(*) FROM feedback WHERE helpful = 0 AND at >= ?1 GROUP BY query")?;
+    let unhelpful: HashMap<String, usize> = fb
+        .query_map([&since], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as usize)))?
+        .collect::<std::result::Result<_, _>>()?;
+    took.sort_by(f64::total_cmp);
+    let pct = |p: f64| (!took.is_empty()).then(|| took[((took.len() - 1) as f64 * p).round() as usize]);
+    Ok(Analytics {
+        days,
+        since,
+        searches,
+        not_found,
+        filtered,
+        queries_logged: logged || searches == 0,
+        per_day: per_day.into_iter().map(|(day, (s, n))| DayCount { day, searches: s, not_found: n }).collect(),
+        top_queries: ranked(top),
+        not_found_queries: ranked(failed),
+        unhelpful_queries: ranked(unhelpful),
+        latency_p50_ms: pct(0.5),
+        latency_p99_ms: pct(0.99),
+    })
+}
+
+/// The most frequent first (ties by text), at most [`TOP`].
+fn ranked(m: HashMap<String, usize>) -> Vec<QueryCount> {
+    let mut v: Vec<QueryCount> = m.into_iter().map(|(query, count)| QueryCount { query, count }).collect();
+    v.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.query.cmp(&b.query)));
+    v.truncate(TOP);
+    v
+}
+
+/// The report as CSV (UTF-8 with a byte-order mark, so spreadsheet programs read the Chinese): one section per
+/// table, `section,key,value` rows.
+pub fn to_csv(a: &Analytics) -> String {
+    let mut w = csv::Writer::from_writer(vec![0xEF, 0xBB, 0xBF]);
+    let mut row = |s: &str, k: &str, v: String| {
+        let _ = w.write_record([s, k, v.as_str()]);
+    };
+    row("项目", "键", "值".into());
+    row("概况", "天数", a.days.to_string());
+    row("概况", "起始", a.since.clone());
+    row("概况", "检索次数", a.searches.to_string());
+    row("概况", "未找到", a.not_found.to_string());
+    row("概况", "使用筛选", a.filtered.to_string());
+    for d in &a.per_day {
+        row("每日检索", &d.day, d.searches.to_string());
+        row("每日未找到", &d.day, d.not_found.to_string());
+    }
+    for (section, list) in
+        [("热门检索", &a.top_queries), ("未找到的检索", &a.not_found_queries), ("标为没帮助", &a.unhelpful_queries)]
+    {
+        for q in list {
+            row(section, &q.query, q.count.to_string());
+        }
+    }
+    drop(row);
+    String::from_utf8(w.into_inner().unwrap_or_default()).unwrap_or_default()
+}
+
+/// Searches and not-found searches per day as a bar chart.
+pub fn chart(a: &Analytics) -> String {
+    let rows: Vec<(String, Vec<f64>)> = a
+        .per_day
+        .iter()
+        .rev()
+        .take(31)
+        .rev()
+        .map(|d| (d.day.clone(), vec![d.searches as f64, d.not_found as f64]))
+        .collect();
+    crate::chart::grouped_bars(&format!("每日检索（近 {} 天）", a.days), "", &["检索", "未找到"], &rows)
+}
