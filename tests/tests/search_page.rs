@@ -216,4 +216,12 @@ fn facets_filter_by_department_type_and_date_and_the_url_keeps_the_state() {
     b.click("#not-found-queries a.propose");
     let src = b.wait_for("the synonym form", Duration::from_secs(30), |s| s.contains("id=\"proposed\""));
     assert!(src.contains("value=\"qwzxv喵喵\""), "the query fills the variants: {src}");
+
+    // The console opens on the overview: collections, documents, the live pair, the week's searches.
+    b.goto(&format!("{base}/admin"));
+    let src = b.wait_for("the overview", Duration::from_secs(30), |s| s.contains("id=\"overview-headline\""));
+    let head = b.text("#overview-headline");
+    assert!(head.contains("1 个资料库") && head.contains("48 篇文档"), "{head}");
+    assert!(head.contains("e5-small") && head.contains("次检索"), "{head}");
+    assert!(src.contains("各资料库文档数"), "{src}");
 }

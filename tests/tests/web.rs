@@ -362,6 +362,7 @@ fn authorisation_matrix_and_collection_isolation() {
         ("POST", "/admin/collections/{name}/documents/delete"),
         case("/admin/collections/granted/documents/delete", Form("external_id=nope"), 302, 403, &[303]),
     );
+    m.insert(("GET", "/admin/overview"), case("/admin/overview", Empty, 302, 403, &[200]));
     m.insert(("GET", "/admin/analytics"), case("/admin/analytics?days=7", Empty, 302, 403, &[200]));
     m.insert(("GET", "/admin/analytics.csv"), case("/admin/analytics.csv", Empty, 401, 403, &[200]));
     m.insert(("GET", "/api/v1/admin/analytics"), case("/api/v1/admin/analytics?days=400", Empty, 401, 403, &[200]));

@@ -69,7 +69,79 @@ pub(crate) fn back_with_error(path: &str, e: ApiError) -> Result<HttpResponse, A
 
 #[get("/admin")]
 pub async fn admin_home() -> HttpResponse {
-    HttpResponse::Found().insert_header((header::LOCATION, "/admin/collections")).finish()
+    HttpResponse::Found().insert_header((header::LOCATION, "/admin/overview")).finish()
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Overview: the console's landing
+
+#[derive(Template)]
+#[template(path = "admin_overview.html")]
+struct OverviewPage {
+    nav: Option<Nav>,
+    flash: Option<String>,
+    collections: Vec<care_engine::store::CollectionStats>,
+    documents: u64,
+    chunks: u64,
+    /// Queued and running jobs.
+    active_jobs: Vec<JobView>,
+    live: String,
+    /// The newest evaluation: candidate, decision and nDCG@10 change, when there is one.
+    last_evaluation: Option<(i64, String, bool, String)>,
+    health: care_engine::HealthReport,
+    free: String,
+    analytics: care_engine::analytics::Analytics,
+    not_found_pct: String,
+    searches_chart: String,
+    documents_chart: String,
+}
+
+/// Collections, documents, jobs running, the live model pair and its last evaluation, disk, and the week's
+/// searches, on one page.
+#[get("/admin/overview")]
+pub async fn overview_page(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
+    let (collections, jobs, (_, live), evals, health, analytics) = call_admin(&state, &caller, |e, a| {
+        Ok((
+            e.collections().list(a)?,
+            e.tasks().jobs(a, 100)?,
+            e.models().list(a)?,
+            e.models().evaluations(a, 1)?,
+            e.health_report(),
+            e.audit().analytics(a, 7)?,
+        ))
+    })
+    .await?;
+    let rows: Vec<(String, Vec<f64>)> =
+        collections.iter().map(|c| (c.collection.name.clone(), vec![c.documents as f64])).collect();
+    let pct =
+        if analytics.searches == 0 { 0.0 } else { 100.0 * analytics.not_found as f64 / analytics.searches as f64 };
+    render(&OverviewPage {
+        nav: Nav::of(&caller),
+        flash: None,
+        documents: collections.iter().map(|c| c.documents).sum(),
+        chunks: collections.iter().map(|c| c.chunks).sum(),
+        documents_chart: care_engine::chart::grouped_bars("各资料库文档数", "", &["文档"], &rows),
+        collections,
+        active_jobs: jobs.into_iter().filter(|j| j.state == "queued" || j.state == "running").collect(),
+        live: live.map_or_else(
+            || "未启用（仅关键词检索）".to_string(),
+            |p| format!("查询 {}@{} · 文档 {}@{}", p.query.name, p.query.version, p.document.name, p.document.version),
+        ),
+        last_evaluation: evals.into_iter().next().map(|(r, _)| {
+            let g = &r.overall_ndcg_at_10;
+            (
+                r.id,
+                r.candidate.clone(),
+                r.passed,
+                format!("{:+.4}（95% 区间 {:+.4} ~ {:+.4}）", g.gain, g.gain_lo, g.gain_hi),
+            )
+        }),
+        free: health.free_bytes.map_or("未知".into(), |b| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)),
+        health,
+        not_found_pct: format!("{pct:.1}"),
+        searches_chart: care_engine::analytics::chart(&analytics),
+        analytics,
+    })
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(api::document)
         .service(api::post_feedback)
         .service(admin::admin_home)
+        .service(admin::overview_page)
         .service(admin::collections_page)
         .service(admin::create_collection)
         .service(admin::upload_files)

@@ -63,6 +63,7 @@ pub const ROUTES: &[Route] = &[
     r("POST", "/api/v1/feedback", User, Api),
     // Administrators: console pages
     r("GET", "/admin", Admin, Page),
+    r("GET", "/admin/overview", Admin, Page),
     r("GET", "/admin/collections", Admin, Page),
     r("POST", "/admin/collections", Admin, Page),
     r("POST", "/admin/collections/{name}/upload", Admin, Page),

@@ -855,6 +855,25 @@ mod lifecycle_gate {
 
         // Now the full model is the candidate: it passes and is promoted; rollback restores the narrow pair's
         // results exactly.
+        // A department filed before the switch (SQLite only) filters the same documents on every pair.
+        let filed: Vec<(String, crate::ingest::meta::DocMeta)> = ["qtr-d00000", "qtr-d00001", "qtr-d00002"]
+            .iter()
+            .map(|id| {
+                (id.to_string(), crate::ingest::meta::DocMeta { department: "测试科".into(), ..Default::default() })
+            })
+            .collect();
+        assert_eq!(e.collections().file_documents(&admin, "kuake", &filed).unwrap().0, 3);
+        let filtered = |e: &Engine| -> std::collections::BTreeSet<String> {
+            let req = SearchRequest {
+                query: queries[0].clone(),
+                filter: crate::facets::SearchFilter { departments: vec!["测试科".into()], ..Default::default() },
+                ..Default::default()
+            };
+            e.search_unaudited(&req).unwrap().hits.into_iter().map(|h| h.external_id).collect()
+        };
+        let three: std::collections::BTreeSet<String> =
+            ["qtr-d00000", "qtr-d00001", "qtr-d00002"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(filtered(&e), three, "the filter's documents, found by the dense leg whatever the query");
         let better = e.models().evaluate(&admin, "e5-small@1,e5-small@1", &mut |_| Ok(())).unwrap();
         eprintln!("better candidate: {:?} reasons {:?}", better.overall_ndcg_at_10, better.reasons);
         assert!(better.passed, "{:?}", better.reasons);
@@ -872,8 +891,10 @@ mod lifecycle_gate {
         let promoted = top(&e, &queries[..40]);
         assert_eq!(promoted, top_at(&e, &queries[..40], Some(fitted)));
         assert_eq!(top_at(&e, &queries[..40], Some(0.7)), old, "the same pair as before, at the default weight");
+        assert_eq!(filtered(&e), three, "the filing survives promotion to new vector tables");
         e.models().rollback(&admin, "test").unwrap();
         assert_eq!(top(&e, &queries[..40]), new, "rollback restores exactly the previous results");
+        assert_eq!(filtered(&e), three, "and rollback");
         let restored = e.fusion_for(col.id).unwrap();
         assert_eq!(
             (restored.dense_weight, &restored.fitted_on),
