@@ -205,14 +205,20 @@ fn facets_filter_by_department_type_and_date_and_the_url_keeps_the_state() {
     let src = b.wait_for("the error", Duration::from_secs(60), |s| s.contains("class=\"error\""));
     assert!(b.text("p.error").contains("日期筛选"), "{src}");
 
-    // The admin's analytics: what was searched, what found nothing, and a zero-result query proposed as a synonym.
+    // The admin's analytics: what was searched, what found nothing, which results were opened, and a zero-result
+    // query proposed as a synonym.
     search(&b, &base, "qwzxv喵喵", 1);
+    search(&b, &base, "高血压", 1);
+    b.click("li.hit h2 a");
+    b.wait_for("the document", Duration::from_secs(30), |s| s.contains("class=\"document\""));
     b.goto(&format!("{base}/admin/analytics?days=7"));
     let src = b.wait_for("the analytics page", Duration::from_secs(30), |s| s.contains("id=\"analytics-headline\""));
     assert!(b.text("#top-queries").contains("高血压"), "{src}");
     assert!(b.text("#not-found-queries").contains("qwzxv喵喵"), "{src}");
     assert!(src.contains("<svg") && src.contains("每日检索"), "the chart: {src}");
-    assert!(b.text("#analytics-headline").contains("使用筛选"), "{src}");
+    let head = b.text("#analytics-headline");
+    assert!(head.contains("使用筛选") && head.contains("打开结果 1 次（平均第 1.0 条）"), "{head}");
+    assert!(b.text("#low-click-queries").contains("高血压"), "searched often, opened once: {src}");
     b.click("#not-found-queries a.propose");
     let src = b.wait_for("the synonym form", Duration::from_secs(30), |s| s.contains("id=\"proposed\""));
     assert!(src.contains("value=\"qwzxv喵喵\""), "the query fills the variants: {src}");

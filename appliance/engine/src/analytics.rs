@@ -22,6 +22,19 @@ pub struct QueryCount {
     pub count: usize,
 }
 
+/// A query searched often whose results were seldom opened.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct QueryClicks {
+    pub query: String,
+    pub searches: usize,
+    /// Results opened from its pages.
+    pub clicks: usize,
+}
+
+/// Searches a query needs before its click-through is listed (once is no pattern).
+const MIN_SEARCHES_FOR_RATE: usize = 3;
+
 /// Searches on one day (UTC).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -50,6 +63,11 @@ pub struct Analytics {
     pub not_found_queries: Vec<QueryCount>,
     /// Queries whose results clinicians marked 没帮助 most often.
     pub unhelpful_queries: Vec<QueryCount>,
+    /// Results opened from a search page, and their mean rank (1 = the first hit).
+    pub clicks: usize,
+    pub mean_click_rank: Option<f64>,
+    /// Queries searched at least three times whose results were opened least often (per search).
+    pub low_click_queries: Vec<QueryClicks>,
     /// Search latency in the engine (ms), where recorded.
     pub latency_p50_ms: Option<f64>,
     pub latency_p99_ms: Option<f64>,
@@ -99,6 +117,33 @@ pub fn report(store: &Store, days: u32, now: i64) -> Result<Analytics> {
             *top.entry(q).or_default() += 1;
         }
     }
+    let mut cl = conn.prepare_cached(
+        "SELECT json_extract(detail, '$.query'), json_extract(detail, '$.rank') FROM audit
+         WHERE action = 'search.click' AND at >= ?1",
+    )?;
+    let mut clicked: HashMap<String, usize> = HashMap::new();
+    let (mut clicks, mut rank_sum) = (0usize, 0f64);
+    let mut rows = cl.query([&since])?;
+    while let Some(r) = rows.next()? {
+        clicks += 1;
+        rank_sum += r.get::<_, Option<f64>>(1)?.unwrap_or(0.0);
+        if let Some(q) = r.get::<_, Option<String>>(0).ok().flatten().filter(|q| !q.starts_with('{')) {
+            *clicked.entry(q.trim().to_string()).or_default() += 1;
+        }
+    }
+    let mut low: Vec<QueryClicks> = top
+        .iter()
+        .filter(|(_, n)| **n >= MIN_SEARCHES_FOR_RATE)
+        .map(|(q, n)| QueryClicks { query: q.clone(), searches: *n, clicks: clicked.get(q).copied().unwrap_or(0) })
+        .collect();
+    // Lowest rate first (clicks / searches, compared without division), then the most searched.
+    low.sort_by(|a, b| {
+        (a.clicks * b.searches)
+            .cmp(&(b.clicks * a.searches))
+            .then(b.searches.cmp(&a.searches))
+            .then(a.query.cmp(&b.query))
+    });
+    low.truncate(TOP);
     let mut fb =
         conn.prepare_cached("SELECT query, COUNT(*) FROM feedback WHERE helpful = 0 AND at >= ?1 GROUP BY query")?;
     let unhelpful: HashMap<String, usize> = fb
@@ -117,6 +162,9 @@ pub fn report(store: &Store, days: u32, now: i64) -> Result<Analytics> {
         top_queries: ranked(top),
         not_found_queries: ranked(failed),
         unhelpful_queries: ranked(unhelpful),
+        clicks,
+        mean_click_rank: (clicks > 0).then(|| rank_sum / clicks as f64),
+        low_click_queries: low,
         latency_p50_ms: pct(0.5),
         latency_p99_ms: pct(0.99),
     })
@@ -143,6 +191,7 @@ pub fn to_csv(a: &Analytics) -> String {
     row("概况", "检索次数", a.searches.to_string());
     row("概况", "未找到", a.not_found.to_string());
     row("概况", "使用筛选", a.filtered.to_string());
+    row("概况", "打开结果", a.clicks.to_string());
     for d in &a.per_day {
         row("每日检索", &d.day, d.searches.to_string());
         row("每日未找到", &d.day, d.not_found.to_string());
@@ -153,6 +202,9 @@ pub fn to_csv(a: &Analytics) -> String {
         for q in list {
             row(section, &q.query, q.count.to_string());
         }
+    }
+    for q in &a.low_click_queries {
+        row("很少打开结果的检索", &q.query, format!("{}/{}", q.clicks, q.searches));
     }
     drop(row);
     String::from_utf8(w.into_inner().unwrap_or_default()).unwrap_or_default()

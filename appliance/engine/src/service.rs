@@ -412,6 +412,15 @@ impl crate::engine::Search<'_> {
         Ok(res)
     }
 
+    /// A result the actor opened from a search (its rank on the page's ranking, 1-based): an audit record through
+    /// the group-commit writer, read by the search analytics (click-through per query).
+    pub fn click(&self, actor: &Actor, query: &str, document: i64, chunk: Option<i64>, rank: usize) -> Result<()> {
+        let detail = serde_json::json!({
+            "query": logged_query(query), "document": document, "chunk": chunk, "rank": rank.min(100_000),
+        });
+        self.audit_search(actor, "search.click", detail)
+    }
+
     /// A document, if `actor` may read its collection (otherwise not found, never forbidden: ids must not reveal
     /// what exists). A refused read is audited.
     pub fn document(&self, actor: &Actor, id: i64) -> Result<DocumentView> {

@@ -582,6 +582,11 @@ pub struct DocParams {
     /// The query that led here (from a search hit): its terms are marked in the text.
     #[serde(default)]
     q: String,
+    /// The hit's rank and passage, when a result was clicked: recorded for the search analytics.
+    #[serde(default)]
+    r: Option<usize>,
+    #[serde(default)]
+    c: Option<i64>,
 }
 
 /// Where a search hit links: its passage in the document, with the query so the view marks its terms.
@@ -602,10 +607,15 @@ pub async fn document(
     p: web::Query<DocParams>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
-    let query: String = p.into_inner().q.trim().chars().take(care_engine::MAX_QUERY_CHARS).collect();
+    let p = p.into_inner();
+    let query: String = p.q.trim().chars().take(care_engine::MAX_QUERY_CHARS).collect();
     let q = query.clone();
     let (doc, sections) = call(&state, &caller, move |e, a| {
         let doc = e.search().document(a, id)?;
+        if let (false, Some(rank)) = (q.is_empty(), p.r) {
+            // Only after the document was allowed; through the audit writer, so the page does not wait for it.
+            e.search().click(a, &q, id, p.c, rank)?;
+        }
         let sections = e.document_sections(&doc, &q);
         Ok((doc, sections))
     })
