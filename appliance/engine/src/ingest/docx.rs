@@ -20,8 +20,12 @@ fn malformed(path: &Path, message: String) -> Error {
     Error::MalformedFile { path: path.to_path_buf(), format: "DOCX", message }
 }
 
-/// (title, text).
-pub(super) fn extract(path: &Path, bytes: &[u8], limits: &IngestLimits) -> Result<(String, String)> {
+/// (title, text, filing from the document's properties).
+pub(super) fn extract(
+    path: &Path,
+    bytes: &[u8],
+    limits: &IngestLimits,
+) -> Result<(String, String, super::meta::DocMeta)> {
     if !bytes.starts_with(b"PK") {
         let hint = if bytes.starts_with(&[0xD0, 0xCF, 0x11, 0xE0]) {
             "it is an old binary .doc file renamed to .docx; save it as .docx from Word or WPS"
@@ -38,11 +42,61 @@ pub(super) fn extract(path: &Path, bytes: &[u8], limits: &IngestLimits) -> Resul
         _ => Numbering::default(),
     };
     let text = document_text(path, &xml, &lists)?;
-    let title = match archive::read_named(path, &mut zip, "docProps/core.xml", limits, "DOCX") {
-        Ok(Some(core)) => core_title(&core).unwrap_or_default(),
-        _ => String::new(),
+    let (title, category) = match archive::read_named(path, &mut zip, "docProps/core.xml", limits, "DOCX") {
+        Ok(Some(core)) => (core_value(&core, b"dc:title").unwrap_or_default(), core_value(&core, b"cp:category")),
+        _ => (String::new(), None),
     };
-    Ok((title, text))
+    let custom = match archive::read_named(path, &mut zip, "docProps/custom.xml", limits, "DOCX") {
+        Ok(Some(xml)) => custom_properties(&xml),
+        _ => Vec::new(),
+    };
+    Ok((title, text, filing(path, &custom, category.as_deref())?))
+}
+
+/// The department, type and date a Word document's properties give: custom properties named like the JSONL
+/// fields (科室, 类型, 日期, …; 文件 → 属性 → 自定义 in Word and WPS), and the category (类别) as the type. Save
+/// and creation times are not read as dates: they say when a file was edited, not when a guideline was issued.
+fn filing(path: &Path, custom: &[(String, String)], category: Option<&str>) -> Result<super::meta::DocMeta> {
+    use super::meta::{DATE_FIELDS, DEPARTMENT_FIELDS, DocMeta, TYPE_FIELDS};
+    let named = |names: &[&str]| {
+        custom.iter().find(|(k, _)| names.iter().any(|n| k.trim().eq_ignore_ascii_case(n))).map(|(_, v)| v.as_str())
+    };
+    let kind = named(TYPE_FIELDS).or(category).unwrap_or("");
+    let date = named(DATE_FIELDS).unwrap_or("");
+    DocMeta::from_values(named(DEPARTMENT_FIELDS).unwrap_or(""), kind, date)
+        .map_err(|e| malformed(path, format!("document properties: {e}")))
+}
+
+/// (name, text value) of each custom property (`docProps/custom.xml`).
+#[allow(
+    clippy::wildcard_enum_match_arm,
+    reason = "quick-xml events this reader does not use are skipped, new ones too"
+)]
+fn custom_properties(xml: &[u8]) -> Vec<(String, String)> {
+    let mut reader = Reader::from_reader(xml);
+    let mut buf = Vec::new();
+    let (mut out, mut name, mut value) = (Vec::new(), None::<String>, String::new());
+    loop {
+        match reader.read_event_into(&mut buf) {
+            Ok(Event::Start(e)) if e.local_name().as_ref() == b"property" => {
+                name = attr(&e, b"name");
+                value.clear();
+            }
+            Ok(Event::Text(t)) if name.is_some() => value.push_str(&t.unescape().unwrap_or_default()),
+            Ok(Event::End(e)) if e.local_name().as_ref() == b"property" => {
+                if let Some(n) = name.take() {
+                    out.push((n, value.trim().to_string()));
+                }
+                if out.len() >= 200 {
+                    break;
+                }
+            }
+            Ok(Event::Eof) | Err(_) => break,
+            _ => {}
+        }
+        buf.clear();
+    }
+    out
 }
 
 fn attr(e: &BytesStart<'_>, key: &[u8]) -> Option<String> {
@@ -305,15 +359,16 @@ fn document_text(path: &Path, xml: &[u8], lists: &Numbering) -> Result<String> {
     clippy::wildcard_enum_match_arm,
     reason = "quick-xml events this reader does not use are skipped, new ones too"
 )]
-fn core_title(xml: &[u8]) -> Option<String> {
+/// The text of one element of `docProps/core.xml` (`dc:title`, `cp:category`), when set.
+fn core_value(xml: &[u8], element: &[u8]) -> Option<String> {
     let mut reader = Reader::from_reader(xml);
     let mut buf = Vec::new();
     let mut in_title = false;
     let mut title = String::new();
     loop {
         match reader.read_event_into(&mut buf).ok()? {
-            Event::Start(e) if e.name().as_ref() == b"dc:title" => in_title = true,
-            Event::End(e) if e.name().as_ref() == b"dc:title" => break,
+            Event::Start(e) if e.name().as_ref() == element => in_title = true,
+            Event::End(e) if e.name().as_ref() == element => break,
             Event::Text(t) if in_title => title.push_str(&t.unescape().ok()?),
             Event::Eof => break,
             _ => {}
@@ -340,7 +395,7 @@ mod tests {
             ],
             Some("二甲双胍用药规范"),
         );
-        let (title, text) = extract(Path::new("p.docx"), &d, &IngestLimits::default()).unwrap();
+        let (title, text, _) = extract(Path::new("p.docx"), &d, &IngestLimits::default()).unwrap();
         assert_eq!(title, "二甲双胍用药规范");
         assert_eq!(text, "# 二甲双胍\n## 禁忌症\n严重肾功能不全 & 酸中毒者禁用。\n");
         let err = extract(Path::new("p.docx"), b"plain text pretending", &IngestLimits::default()).unwrap_err();
@@ -413,8 +468,71 @@ mod tests {
             "<w:tbl><w:tr><w:tc><w:p><w:pPr><w:pStyle w:val=\"Heading1\"/></w:pPr><w:r><w:t>用法</w:t></w:r></w:p>{}</w:tc></w:tr></w:tbl>",
             p("每日一次。", None)
         );
-        let (_, text) =
+        let (_, text, _) =
             extract(Path::new("l.docx"), &docx_package(&layout, None, None), &IngestLimits::default()).unwrap();
         assert_eq!(crate::text::normalize(&text), "# 用法\n每日一次。");
+    }
+
+    #[test]
+    fn department_type_and_date_come_from_custom_properties_and_the_category() {
+        use crate::ingest::fixtures::zip_bytes;
+        let with = |core: &str, custom: Option<&str>| {
+            let base = docx_package("<w:p><w:r><w:t>正文</w:t></w:r></w:p>", None, None);
+            let mut zip = zip::ZipArchive::new(std::io::Cursor::new(base)).unwrap();
+            let mut members: Vec<(String, Vec<u8>)> = (0..zip.len())
+                .map(|i| {
+                    let mut f = zip.by_index(i).unwrap();
+                    let mut b = Vec::new();
+                    std::io::Read::read_to_end(&mut f, &mut b).unwrap();
+                    (f.name().unwrap().to_string(), b)
+                })
+                .collect();
+            members.push((
+                "docProps/core.xml".into(),
+                format!(
+                    "<?xml version=\"1.0\"?><cp:coreProperties xmlns:cp=\"http://schemas.openxmlformats.org/package/2006/metadata/core-properties\" \
+                     xmlns:dc=\"http://purl.org/dc/elements/1.1/\">{core}</cp:coreProperties>"
+                )
+                .into_bytes(),
+            ));
+            if let Some(c) = custom {
+                members.push((
+                    "docProps/custom.xml".into(),
+                    format!(
+                        "<?xml version=\"1.0\"?><Properties xmlns=\"http://schemas.openxmlformats.org/officeDocument/2006/custom-properties\" \
+                         xmlns:vt=\"http://schemas.openxmlformats.org/officeDocument/2006/docPropsVTypes\">{c}</Properties>"
+                    )
+                    .into_bytes(),
+                ));
+            }
+            let refs: Vec<(&str, &[u8])> = members.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
+            zip_bytes(&refs)
+        };
+        let prop = |name: &str, v: &str| {
+            format!(
+                "<property fmtid=\"{{D5CDD505-2E9C-101B-9397-08002B2CF9AE}}\" pid=\"2\" name=\"{name}\"><vt:lpwstr>{v}</vt:lpwstr></property>"
+            )
+        };
+        let d = with(
+            "<dc:title>胸痛中心流程</dc:title><cp:category>制度</cp:category>",
+            Some(&format!("{}{}", prop("科室", "心内科"), prop("发布日期", "2022年3月"))),
+        );
+        let (title, _, meta) = extract(Path::new("p.docx"), &d, &IngestLimits::default()).unwrap();
+        assert_eq!(title, "胸痛中心流程");
+        assert_eq!(
+            (meta.department.as_str(), meta.doc_type.as_str(), meta.date.as_str()),
+            ("心内科", "制度", "2022-03")
+        );
+        // A custom type overrides the category; no properties, no filing (and no save time taken for a date).
+        let d = with(
+            "<cp:category>制度</cp:category><dcterms:modified>2024-01-01T00:00:00Z</dcterms:modified>",
+            Some(&prop("类型", "指南")),
+        );
+        let (_, _, meta) = extract(Path::new("p.docx"), &d, &IngestLimits::default()).unwrap();
+        assert_eq!((meta.doc_type.as_str(), meta.date.as_str()), ("指南", ""));
+        // A date nobody can read refuses the file, naming the property.
+        let d = with("", Some(&prop("日期", "去年")));
+        let err = extract(Path::new("p.docx"), &d, &IngestLimits::default()).unwrap_err().to_string();
+        assert!(err.contains("document properties") && err.contains("去年"), "{err}");
     }
 }

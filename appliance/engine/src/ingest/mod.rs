@@ -420,11 +420,15 @@ fn parse_inner(
             single(title, text)
         }
         FileKind::Docx => {
-            let (title, text) = docx::extract(path, bytes, limits)?;
+            let (title, text, meta) = docx::extract(path, bytes, limits)?;
             let text = normalize(&text);
             let title = normalize(&title);
             let title = if title.is_empty() { markdown_title(&text).unwrap_or_default() } else { title };
-            single(title, text)
+            let mut parsed = single(title, text)?;
+            for d in &mut parsed.documents {
+                d.meta = meta.clone();
+            }
+            Ok(parsed)
         }
         FileKind::Pdf => {
             let text = normalize(&pdf::extract(path, bytes, limits)?);
