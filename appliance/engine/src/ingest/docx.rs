@@ -57,13 +57,7 @@ pub(super) fn extract(
 /// fields (科室, 类型, 日期, …; 文件 → 属性 → 自定义 in Word and WPS), and the category (类别) as the type. Save
 /// and creation times are not read as dates: they say when a file was edited, not when a guideline was issued.
 fn filing(path: &Path, custom: &[(String, String)], category: Option<&str>) -> Result<super::meta::DocMeta> {
-    use super::meta::{DATE_FIELDS, DEPARTMENT_FIELDS, DocMeta, TYPE_FIELDS};
-    let named = |names: &[&str]| {
-        custom.iter().find(|(k, _)| names.iter().any(|n| k.trim().eq_ignore_ascii_case(n))).map(|(_, v)| v.as_str())
-    };
-    let kind = named(TYPE_FIELDS).or(category).unwrap_or("");
-    let date = named(DATE_FIELDS).unwrap_or("");
-    DocMeta::from_values(named(DEPARTMENT_FIELDS).unwrap_or(""), kind, date)
+    super::meta::DocMeta::from_properties(custom, category)
         .map_err(|e| malformed(path, format!("document properties: {e}")))
 }
 

@@ -106,6 +106,16 @@ impl DocMeta {
         m
     }
 
+    /// The filing a file's own properties give (a Word document's custom properties, a PDF's document
+    /// information): properties named like the JSONL fields, and a category as the type when no property names one.
+    pub fn from_properties(props: &[(String, String)], category: Option<&str>) -> Result<DocMeta, MetaError> {
+        let named = |names: &[&str]| {
+            props.iter().find(|(k, _)| names.iter().any(|n| k.trim().eq_ignore_ascii_case(n))).map(|(_, v)| v.as_str())
+        };
+        let kind = named(TYPE_FIELDS).or(category).unwrap_or("");
+        DocMeta::from_values(named(DEPARTMENT_FIELDS).unwrap_or(""), kind, named(DATE_FIELDS).unwrap_or(""))
+    }
+
     /// The year, for facets: the first four characters of the date.
     pub fn year(&self) -> Option<&str> {
         self.date.get(..4)

@@ -431,9 +431,14 @@ fn parse_inner(
             Ok(parsed)
         }
         FileKind::Pdf => {
-            let text = normalize(&pdf::extract(path, bytes, limits)?);
+            let (text, meta) = pdf::extract_filed(path, bytes, limits)?;
+            let text = normalize(&text);
             let title = text.lines().next().filter(|l| l.chars().count() <= 60).unwrap_or("").to_string();
-            single(title, text)
+            let mut parsed = single(title, text)?;
+            for d in &mut parsed.documents {
+                d.meta = meta.clone();
+            }
+            Ok(parsed)
         }
         FileKind::Jsonl => {
             let text = encoding::decode(path, bytes, opts.encoding.as_deref())?;

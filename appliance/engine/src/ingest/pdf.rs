@@ -14,7 +14,19 @@ fn malformed(path: &Path, message: String) -> Error {
     Error::MalformedFile { path: path.to_path_buf(), format: "PDF", message }
 }
 
-pub(super) fn extract(path: &Path, bytes: &[u8], limits: &IngestLimits) -> Result<String> {
+#[cfg(test)]
+fn extract(path: &Path, bytes: &[u8], limits: &IngestLimits) -> Result<String> {
+    Ok(extract_filed(path, bytes, limits)?.0)
+}
+
+/// The text and the filing the document information dictionary gives: entries named like the JSONL fields
+/// (`/科室`, `/Department`, `/类型`, `/Date`, …). CreationDate and ModDate are not taken as dates: they say when the
+/// file was written, not when a guideline was issued.
+pub(super) fn extract_filed(
+    path: &Path,
+    bytes: &[u8],
+    limits: &IngestLimits,
+) -> Result<(String, super::meta::DocMeta)> {
     let head = &bytes[..bytes.len().min(1024)];
     if !head.windows(5).any(|w| w == b"%PDF-") {
         return Err(malformed(path, "it does not start with a %PDF- header; is it really a PDF?".into()));
@@ -34,6 +46,8 @@ pub(super) fn extract(path: &Path, bytes: &[u8], limits: &IngestLimits) -> Resul
         return Err(malformed(path, "it is password-protected; remove the password and upload it again".into()));
     }
     check_cmaps(path, &doc)?;
+    let meta = super::meta::DocMeta::from_properties(&info(&doc), None)
+        .map_err(|e| malformed(path, format!("document information: {e}")))?;
     let pages: Vec<u32> = doc.get_pages().keys().copied().collect();
     if pages.is_empty() {
         return Err(malformed(path, "it has no pages".into()));
@@ -90,7 +104,24 @@ pub(super) fn extract(path: &Path, bytes: &[u8], limits: &IngestLimits) -> Resul
             },
         });
     }
-    Ok(text)
+    Ok((text, meta))
+}
+
+/// The document information dictionary's text entries (at most 100, each at most 200 characters).
+fn info(doc: &lopdf::Document) -> Vec<(String, String)> {
+    let dict = match doc.trailer.get(b"Info") {
+        Ok(lopdf::Object::Reference(id)) => doc.get_dictionary(*id).ok(),
+        Ok(lopdf::Object::Dictionary(d)) => Some(d),
+        _ => None,
+    };
+    let Some(dict) = dict else { return Vec::new() };
+    dict.iter()
+        .take(100)
+        .filter_map(|(k, v)| {
+            let text = lopdf::decode_text_string(v).ok()?;
+            Some((String::from_utf8_lossy(k).into_owned(), text.chars().take(200).collect()))
+        })
+        .collect()
 }
 
 /// Codes one bfrange entry may span. The PDF specification allows a range to vary only in its last byte (256
@@ -289,5 +320,29 @@ mod tests {
             extract(Path::new("many.pdf"), &pdf, &IngestLimits::default()),
             Err(Error::UnsafeArchive { .. })
         ));
+    }
+
+    #[test]
+    fn the_document_information_files_it() {
+        let mut doc = lopdf::Document::load_mem(&pdf_bytes(&[vec!["胸痛中心流程"]])).unwrap();
+        let mut dict = lopdf::Dictionary::new();
+        dict.set("科室", lopdf::text_string("心内科"));
+        dict.set("类型", lopdf::text_string("制度"));
+        dict.set("Date", lopdf::Object::string_literal("2022-03-01"));
+        dict.set("ModDate", lopdf::Object::string_literal("D:20240101000000Z"));
+        let info = doc.add_object(dict);
+        doc.trailer.set("Info", info);
+        let mut bytes = Vec::new();
+        doc.save_to(&mut bytes).unwrap();
+        let (text, meta) = extract_filed(Path::new("p.pdf"), &bytes, &IngestLimits::default()).unwrap();
+        assert!(text.contains("胸痛中心流程"), "{text}");
+        assert_eq!(
+            (meta.department.as_str(), meta.doc_type.as_str(), meta.date.as_str()),
+            ("心内科", "制度", "2022-03-01")
+        );
+        // No information dictionary: no filing.
+        let (_, meta) =
+            extract_filed(Path::new("p.pdf"), &pdf_bytes(&[vec!["正文"]]), &IngestLimits::default()).unwrap();
+        assert!(meta.is_empty());
     }
 }
