@@ -324,7 +324,8 @@ pub async fn documents_page(
     f: web::Query<Flash>,
 ) -> Result<HttpResponse, ApiError> {
     let (name, p) = (name.into_inner(), p.into_inner());
-    let page = p.page.unwrap_or(1).max(1);
+    // The list goes 50 a page; a page number past any collection is an empty page, not an overflow.
+    let page = p.page.unwrap_or(1).clamp(1, 100_000);
     let q = care_engine::DocumentQuery {
         title: p.title.clone(),
         department: p.department.clone(),
@@ -449,12 +450,12 @@ struct AnalyticsPage {
 #[derive(Debug, Default, Deserialize)]
 pub struct DaysParam {
     #[serde(default)]
-    pub days: Option<u32>,
+    pub days: Option<u64>,
 }
 
 impl DaysParam {
     pub fn days(&self) -> u32 {
-        self.days.unwrap_or(30).clamp(1, care_engine::analytics::MAX_DAYS)
+        self.days.unwrap_or(30).clamp(1, u64::from(care_engine::analytics::MAX_DAYS)) as u32
     }
 }
 

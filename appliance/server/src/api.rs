@@ -690,7 +690,7 @@ pub async fn admin_audit(
 pub struct AnalyticsQuery {
     /// The last N days (1–366, default 30).
     #[serde(default)]
-    pub days: Option<u32>,
+    pub days: Option<u64>,
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/analytics", tag = "admin", params(AnalyticsQuery),
@@ -702,7 +702,7 @@ pub async fn admin_analytics(
     caller: Caller,
     q: web::Query<AnalyticsQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let days = q.days.unwrap_or(30);
+    let days = q.days.unwrap_or(30).clamp(1, u64::from(care_engine::analytics::MAX_DAYS)) as u32;
     Ok(HttpResponse::Ok().json(call_admin(&state, &caller, move |e, a| e.audit().analytics(a, days)).await?))
 }
 
