@@ -219,6 +219,8 @@ fn facets_filter_by_department_type_and_date_and_the_url_keeps_the_state() {
     let head = b.text("#analytics-headline");
     assert!(head.contains("使用筛选") && head.contains("打开结果 1 次（平均第 1.0 条）"), "{head}");
     assert!(b.text("#low-click-queries").contains("高血压"), "searched often, opened once: {src}");
+    let used = b.text("#facet-use");
+    assert!(used.contains("科室：心内科") && used.contains("类型：药品说明书") && used.contains("日期"), "{used}");
     b.click("#not-found-queries a.propose");
     let src = b.wait_for("the synonym form", Duration::from_secs(30), |s| s.contains("id=\"proposed\""));
     assert!(src.contains("value=\"qwzxv喵喵\""), "the query fills the variants: {src}");

@@ -55,6 +55,8 @@ pub struct Analytics {
     pub not_found: usize,
     /// Searches with a department, type or date filter.
     pub filtered: usize,
+    /// Filtered searches per facet (科室, 类型, 日期), and the values filtered on most.
+    pub facet_use: Vec<QueryCount>,
     /// Whether query texts are in the audit log (`[audit] log_queries`): without them the query lists are empty.
     pub queries_logged: bool,
     pub per_day: Vec<DayCount>,
@@ -83,7 +85,9 @@ pub fn report(store: &Store, days: u32, now: i64) -> Result<Analytics> {
     let conn = store.reader();
     let mut stmt = conn.prepare_cached(
         "SELECT substr(at, 1, 10), json_extract(detail, '$.query'), json_extract(detail, '$.candidates'),
-                json_extract(detail, '$.not_found'), json_extract(detail, '$.took_ms'), json_extract(detail, '$.filter') IS NOT NULL
+                json_extract(detail, '$.not_found'), json_extract(detail, '$.took_ms'), json_extract(detail, '$.filter') IS NOT NULL,
+                json_extract(detail, '$.filter.departments'), json_extract(detail, '$.filter.doc_types'),
+                json_extract(detail, '$.filter.date_from') || json_extract(detail, '$.filter.date_to')
          FROM audit WHERE action = 'search' AND at >= ?1",
     )?;
     let mut rows = stmt.query([&since])?;
@@ -91,6 +95,7 @@ pub fn report(store: &Store, days: u32, now: i64) -> Result<Analytics> {
     let mut per_day: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     let (mut top, mut failed): (HashMap<String, usize>, HashMap<String, usize>) = Default::default();
     let mut took = Vec::new();
+    let mut facets: HashMap<String, usize> = HashMap::new();
     while let Some(r) = rows.next()? {
         let day: String = r.get(0)?;
         // A query is text when logged, an object ({"chars": n}) when not.
@@ -102,6 +107,19 @@ pub fn report(store: &Store, days: u32, now: i64) -> Result<Analytics> {
         }
         searches += 1;
         filtered += usize::from(r.get::<_, bool>(5)?);
+        for (facet, i) in [("科室", 6), ("类型", 7)] {
+            let values: Vec<String> =
+                r.get::<_, Option<String>>(i)?.and_then(|j| serde_json::from_str(&j).ok()).unwrap_or_default();
+            if !values.is_empty() {
+                *facets.entry(facet.to_string()).or_default() += 1;
+            }
+            for v in values {
+                *facets.entry(format!("{facet}：{v}")).or_default() += 1;
+            }
+        }
+        if r.get::<_, Option<String>>(8)?.is_some_and(|d| !d.is_empty()) {
+            *facets.entry("日期".to_string()).or_default() += 1;
+        }
         let d = per_day.entry(day).or_default();
         d.0 += 1;
         if missing {
@@ -157,6 +175,7 @@ pub fn report(store: &Store, days: u32, now: i64) -> Result<Analytics> {
         searches,
         not_found,
         filtered,
+        facet_use: ranked(facets),
         queries_logged: logged || searches == 0,
         per_day: per_day.into_iter().map(|(day, (s, n))| DayCount { day, searches: s, not_found: n }).collect(),
         top_queries: ranked(top),
@@ -192,6 +211,9 @@ pub fn to_csv(a: &Analytics) -> String {
     row("概况", "未找到", a.not_found.to_string());
     row("概况", "使用筛选", a.filtered.to_string());
     row("概况", "打开结果", a.clicks.to_string());
+    for f in &a.facet_use {
+        row("筛选使用", &f.query, f.count.to_string());
+    }
     for d in &a.per_day {
         row("每日检索", &d.day, d.searches.to_string());
         row("每日未找到", &d.day, d.not_found.to_string());
