@@ -215,8 +215,7 @@ impl MetaIndex {
                 DocMeta { department: r.get(2)?, doc_type: r.get(3)?, date: r.get(4)? },
             ))
         })?;
-        let mut idx = MetaIndex { version, names: vec![String::new()], ..Default::default() };
-        idx.numbers.insert(String::new(), 0);
+        let mut idx = MetaIndex { version, ..Default::default() };
         for row in rows {
             let (id, collection, meta) = row?;
             idx.insert(id, collection, meta);

@@ -55,7 +55,7 @@ impl Flash {
 }
 
 pub(crate) fn back_with(path: &str, flash: &str) -> HttpResponse {
-    see_other(&format!("{path}?flash={}&sig={}", percent_encode(flash), flash_sig("flash", flash)))
+    signed_back(path, "flash", flash)
 }
 
 /// A failed admin action returns to its page with the message shown; server errors still get the error page.
@@ -63,8 +63,13 @@ pub(crate) fn back_with_error(path: &str, e: ApiError) -> Result<HttpResponse, A
     if e.is_server_error() {
         return Err(e);
     }
-    let m = e.public_message();
-    Ok(see_other(&format!("{path}?error={}&sig={}", percent_encode(&m), flash_sig("error", &m))))
+    Ok(signed_back(path, "error", &e.public_message()))
+}
+
+/// `path` (which may already hold a query, e.g. a list's filters) with a signed message of `kind` added.
+fn signed_back(path: &str, kind: &str, msg: &str) -> HttpResponse {
+    let sep = if path.contains('?') { '&' } else { '?' };
+    see_other(&format!("{path}{sep}{kind}={}&sig={}", percent_encode(msg), flash_sig(kind, msg)))
 }
 
 #[get("/admin")]
@@ -369,12 +374,6 @@ fn documents_back(name: &str, back: &str) -> String {
     if b.starts_with(&own) { b } else { own }
 }
 
-/// `back` with a signed message added (it may already hold a query).
-fn back_to(back: &str, kind: &str, msg: &str) -> HttpResponse {
-    let sep = if back.contains('?') { '&' } else { '?' };
-    see_other(&format!("{back}{sep}{kind}={}&sig={}", percent_encode(msg), flash_sig(kind, msg)))
-}
-
 #[derive(Debug, Deserialize)]
 pub struct FilingForm {
     external_id: String,
@@ -400,10 +399,9 @@ pub async fn file_document(
     let meta = care_engine::ingest::meta::DocMeta { department: f.department, doc_type: f.doc_type, date: f.date };
     let (n, id) = (name.clone(), f.external_id.clone());
     match call_admin(&state, &caller, move |e, a| e.collections().file_documents(a, &n, &[(id, meta)])).await {
-        Ok((1, _)) => Ok(back_to(&back, "flash", &format!("已保存文档 {} 的科室、类型和日期", f.external_id))),
-        Ok(_) => Ok(back_to(&back, "error", &format!("资料库 {name} 中没有文档 {}", f.external_id))),
-        Err(e) if !e.is_server_error() => Ok(back_to(&back, "error", &e.public_message())),
-        Err(e) => Err(e),
+        Ok((1, _)) => Ok(back_with(&back, &format!("已保存文档 {} 的科室、类型和日期", f.external_id))),
+        Ok(_) => back_with_error(&back, ApiError::invalid(format!("资料库 {name} 中没有文档 {}", f.external_id))),
+        Err(e) => back_with_error(&back, e),
     }
 }
 
@@ -425,9 +423,8 @@ pub async fn delete_document(
     let back = documents_back(&name, &f.back);
     let (n, ids) = (name.clone(), vec![f.external_id.clone()]);
     match call_admin(&state, &caller, move |e, a| e.collections().delete_documents(&n, &ids, a)).await {
-        Ok(_) => Ok(back_to(&back, "flash", &format!("已删除文档 {}", f.external_id))),
-        Err(e) if !e.is_server_error() => Ok(back_to(&back, "error", &e.public_message())),
-        Err(e) => Err(e),
+        Ok(_) => Ok(back_with(&back, &format!("已删除文档 {}", f.external_id))),
+        Err(e) => back_with_error(&back, e),
     }
 }
 

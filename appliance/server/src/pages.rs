@@ -251,7 +251,7 @@ const PAGE_SIZE: usize = 10;
 /// The deepest page the search page links to (`search.max_offset` allows 100 pages of 10).
 const MAX_PAGES: usize = 50;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct PageParams {
     #[serde(default)]
     q: String,
@@ -298,17 +298,7 @@ impl PageParams {
 
     /// This state changed by `f`, from its first page.
     fn with(&self, f: impl FnOnce(&mut PageParams)) -> String {
-        let mut p = PageParams {
-            q: self.q.clone(),
-            collection: self.collection.clone(),
-            page: None,
-            judged: None,
-            department: self.department.clone(),
-            doc_type: self.doc_type.clone(),
-            from: self.from.clone(),
-            to: self.to.clone(),
-            sort: self.sort.clone(),
-        };
+        let mut p = self.clone();
         f(&mut p);
         p.url(&p.q, 1)
     }
