@@ -147,6 +147,25 @@ impl Browser {
         self.call("GET", &format!("/element/{}/text", e.0), None).as_str().unwrap_or_default().to_string()
     }
 
+    /// Accepts the page's open `window.confirm` (a form that asks first), waiting up to a few seconds for it.
+    pub fn accept_confirm(&self, expect: &str) {
+        let started = Instant::now();
+        loop {
+            let resp = self.http.get(format!("{}/session/{}/alert/text", self.base, self.session)).send();
+            if let Ok(r) = resp
+                && r.status().is_success()
+            {
+                let v: Value = r.json().unwrap_or(Value::Null);
+                let text = v["value"].as_str().unwrap_or_default().to_string();
+                assert!(text.contains(expect), "the question asked: {text}");
+                self.call("POST", "/alert/accept", Some(json!({})));
+                return;
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "no confirmation was asked");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Polls until `cond` holds for the page source, or panics with the last source after `timeout`.
     pub fn wait_for(&self, what: &str, timeout: Duration, cond: impl Fn(&str) -> bool) -> String {
         let started = Instant::now();

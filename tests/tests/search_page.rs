@@ -66,7 +66,10 @@ fn the_search_page_says_what_matched_what_did_not_and_pages_one_ranking() {
     let src = search(&b, &base, "qwzxv 喵喵 嗷嗷嗷 zzkkq", 1);
     assert!(b.text("#not-found").contains("未找到包含"), "{src}");
     assert!(b.text("#not-found").contains("错别字"), "suggestions: {src}");
-    assert!(src.contains("id=\"weak-hits\"") && !src.contains("<details class=\"weak\" id=\"weak-hits\" open"));
+    assert!(
+        src.contains("id=\"weak-hits\"") && !src.contains("<details class=\"weak\" id=\"weak-hits\" open"),
+        "{src}"
+    );
     assert!(src.contains("仅语义相近"), "dense-only hits are marked: {src}");
     assert!(!b.find_all("#weak-hits li.hit").is_empty());
 
@@ -143,6 +146,8 @@ fn facets_filter_by_department_type_and_date_and_the_url_keeps_the_state() {
     let src = search(&b, &base, "高血压", 1);
     assert!(b.text("#facet-department").contains("心内科"), "{src}");
     assert!(b.text("#facet-type").contains("指南") && b.text("#facet-year").contains("20"), "{src}");
+    // The demo's issuer is given, its language read from the text.
+    assert!(b.text("#facet-issuer").contains("本项目编写") && b.text("#facet-language").contains("中文"), "{src}");
     let unfiltered = filed(&src);
     assert!(unfiltered.iter().any(|f| !f.starts_with("心内科")), "other departments before filtering: {unfiltered:?}");
 
@@ -171,7 +176,7 @@ fn facets_filter_by_department_type_and_date_and_the_url_keeps_the_state() {
     // Within the hits that contain the query's words (those that only resemble it stay folded below, in the same
     // order).
     let strong = src.split("id=\"weak-hits\"").next().unwrap();
-    let dates: Vec<String> = filed(strong).iter().map(|x| x.rsplit(" · ").next().unwrap().to_string()).collect();
+    let dates: Vec<String> = filed(strong).iter().map(|x| x.split(" · ").nth(2).unwrap().to_string()).collect();
     assert!(dates.len() > 1 && dates.windows(2).all(|w| w[0] >= w[1]), "{dates:?}");
 
     // A date range typed into the form keeps the other filters and the order.
@@ -184,7 +189,7 @@ fn facets_filter_by_department_type_and_date_and_the_url_keeps_the_state() {
     let f = filed(&src);
     assert!(!f.is_empty(), "{src}");
     for x in &f {
-        let date = x.rsplit(" · ").next().unwrap();
+        let date = x.split(" · ").nth(2).unwrap();
         assert!(x.starts_with("心内科 · 药品说明书") && ("2021".."2023").contains(&date), "{x}");
     }
 

@@ -362,6 +362,10 @@ fn authorisation_matrix_and_collection_isolation() {
         ("POST", "/admin/collections/{name}/documents/delete"),
         case("/admin/collections/granted/documents/delete", Form("external_id=nope"), 302, 403, &[303]),
     );
+    m.insert(
+        ("POST", "/admin/collections/{name}/documents/replace"),
+        case("/admin/collections/granted/documents/replace?external_id=nope", Upload, 302, 403, &[303]),
+    );
     m.insert(("GET", "/admin/overview"), case("/admin/overview", Empty, 302, 403, &[200]));
     m.insert(("GET", "/admin/analytics"), case("/admin/analytics?days=7", Empty, 302, 403, &[200]));
     m.insert(("GET", "/admin/analytics.csv"), case("/admin/analytics.csv", Empty, 401, 403, &[200]));
@@ -962,7 +966,7 @@ fn browser_login_upload_search_document_feedback_logout() {
     assert!(b.text("#doc-count").contains("共 1 篇"), "{}", b.text("#doc-count"));
     b.type_into("#documents form.filing input[name=department]", "心内科");
     b.click("#documents form.filing button[type=submit]");
-    let src = b.wait_for("the saved filing", Duration::from_secs(20), |s| s.contains("的科室、类型和日期"));
+    let src = b.wait_for("the saved filing", Duration::from_secs(20), |s| s.contains("的归档信息"));
     assert!(src.contains("value=\"心内科\"") && b.url().contains("title="), "back on the same list: {}", b.url());
     b.goto(&format!("{base}/search?q=%E4%BA%8C%E7%94%B2%E5%8F%8C%E8%83%8D"));
     let src = b.wait_for("results", Duration::from_secs(30), |s| s.contains("class=\"results\""));
@@ -978,6 +982,33 @@ fn browser_login_upload_search_document_feedback_logout() {
     b.goto(&format!("{base}/search?q=%E4%BA%8C%E7%94%B2%E5%8F%8C%E8%83%8D%E7%9A%84%E7%A6%81%E5%BF%8C%E7%97%87"));
     b.click("li.hit form.feedback button[value='1']");
     b.wait_for("the feedback acknowledgement", Duration::from_secs(20), |s| s.contains("已记录，谢谢"));
+
+    // A new version of the document under another file name, from its row: asked first, queued as a job that
+    // names the file, and then the document's content is the new one, under the same id and filing.
+    let v2 = write(
+        &t.path().join("二甲双胍-2025版.md"),
+        "# 二甲双胍用药指南\n\n2025 版：eGFR 介于30与45之间时二甲双胍减量使用。\n",
+    );
+    b.goto(&format!("{base}/admin/collections/guidelines/documents"));
+    let input = b.find("#documents form.replace input[type=file]");
+    b.send_keys(&input, &v2.display().to_string());
+    b.click("#documents form.replace button[type=submit]");
+    b.accept_confirm("替换");
+    b.wait_for("the replacement job", Duration::from_secs(30), |s| s.contains("二甲双胍-2025版.md"));
+    assert!(b.url().contains("/admin/jobs"), "{}", b.url());
+    let started = std::time::Instant::now();
+    let src = loop {
+        b.goto(&format!("{base}/search?q=%E5%87%8F%E9%87%8F"));
+        let src = b.wait_for("results", Duration::from_secs(30), |s| s.contains("id=\"q\""));
+        if src.contains("2025 版") {
+            break src;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "the new version never became searchable: {src}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(src.contains("<span class=\"filed\">心内科 · 指南</span>"), "the filing stayed: {src}");
+    b.goto(&format!("{base}/admin/collections/guidelines/documents"));
+    assert!(b.text("#doc-count").contains("共 1 篇"), "replaced, not added: {}", b.text("#doc-count"));
     // Narrow screen (a phone on the ward network).
     b.set_window(390, 844);
     let narrow_png = keep_screenshot(&b, "search-narrow.png");
@@ -998,9 +1029,11 @@ fn browser_login_upload_search_document_feedback_logout() {
     // What the browser did is in the audit log, and the chain verifies.
     let list = care.json(&["audit", "list", "--json", "-n", "500"]);
     let recs = list.as_array().unwrap();
-    let search = recs.iter().find(|r| r["action"] == "search").expect("search audited");
+    let search = recs
+        .iter()
+        .find(|r| r["action"] == "search" && r["detail"]["query"] == "二甲双胍的禁忌症")
+        .expect("search audited with its query");
     assert_eq!(search["actor"], "admin");
-    assert_eq!(search["detail"]["query"], "二甲双胍的禁忌症");
     assert!(search["detail"]["results"].as_u64().unwrap() >= 1, "{search}");
     for a in
         ["auth.login", "auth.logout", "collection.create", "ingest.submit", "ingest.done", "feedback", "document.file"]

@@ -98,6 +98,7 @@ fn synthetic(id: &str) -> DocMeta {
         department: pick(DEPARTMENTS, a).into(),
         doc_type: pick(TYPES, b).into(),
         date: format!("{}-{:02}", 2010 + c % 15, 1 + (c / 15) % 12),
+        ..Default::default()
     }
 }
 
@@ -119,6 +120,7 @@ fn cases() -> Vec<(&'static str, SearchFilter)> {
         doc_types: t.iter().map(|s| s.to_string()).collect(),
         date_from: from.into(),
         date_to: to.into(),
+        ..Default::default()
     };
     vec![
         ("心内科 (24 %)", f(&["心内科"], &[], "", "")),
@@ -141,7 +143,8 @@ pub fn run(base: &EngineConfig, set_dir: &Path, data: &Path, queries: usize) -> 
     let ids = corpus_ids(set_dir)?;
     let filing: Vec<(String, DocMeta)> = ids.iter().map(|id| (id.clone(), synthetic(id))).collect();
     let t = Instant::now();
-    let (changed, unknown) = e.collections().file_documents(&admin, &name, &filing)?;
+    let whole = care_engine::ingest::meta::Filing::whole(filing.clone());
+    let (changed, unknown) = e.collections().file_documents(&admin, &name, &whole)?;
     eprintln!("filed {changed} documents ({} unknown ids) in {:.1} s", unknown.len(), t.elapsed().as_secs_f64());
     let share =
         |f: &SearchFilter| filing.iter().filter(|(_, m)| f.admits(m)).count() as f64 / filing.len().max(1) as f64;

@@ -82,6 +82,17 @@ enum Command {
         /// Publication or revision date (2023, 2023-05 or 2023-05-12) of the documents that do not give their own.
         #[arg(long)]
         date: Option<String>,
+        /// Who issued the documents (来源, e.g. 国家卫健委) that do not name their own.
+        #[arg(long)]
+        issuer: Option<String>,
+        /// Their language (中文, 英文, or a code such as en) where they do not give it; otherwise it is read from
+        /// the text.
+        #[arg(long)]
+        language: Option<String>,
+        /// The one file is a new version of the document with this id (its one document takes the id, whatever
+        /// the file's name).
+        #[arg(long)]
+        replaces: Option<String>,
         /// Only queue the job (a running `care serve`, or `care jobs run`, executes it).
         #[arg(long)]
         detach: bool,
@@ -286,8 +297,9 @@ enum CollectionCommand {
     },
     /// Delete a collection and all its documents everywhere.
     Delete { name: String },
-    /// File documents under a department, type and date from a CSV (UTF-8): an id column (id, external_id, 编号)
-    /// and any of 科室/department, 类型/doc_type, 日期/date. Replaces their filing; re-indexes nothing.
+    /// File documents from a CSV (UTF-8): an id column (id, external_id, 编号) and any of 科室/department,
+    /// 类型/doc_type, 日期/date, 来源/issuer, 语言/language. Replaces the fields it has columns for; re-indexes
+    /// nothing.
     File { name: String, csv: PathBuf },
     /// Write every chunk of a collection as JSONL ({"id", "text"}) for `care-train embed-corpus` to embed offline
     /// with the large document encoder.
@@ -635,9 +647,9 @@ fn run(cli: Cli) -> Result<i32> {
                 }
                 CollectionCommand::File { name, csv } => {
                     let text = std::fs::read_to_string(&csv).with_context(|| format!("reading {}", csv.display()))?;
-                    let rows = care_engine::ingest::meta::read_filing(&text)?;
-                    let (changed, unknown) = e.collections().file_documents(&console(), &name, &rows)?;
-                    println!("已更新 {changed} 篇文档的科室、类型和日期");
+                    let filing = care_engine::ingest::meta::read_filing(&text)?;
+                    let (changed, unknown) = e.collections().file_documents(&console(), &name, &filing)?;
+                    println!("已更新 {changed} 篇文档的归档信息");
                     if !unknown.is_empty() {
                         let shown: Vec<&str> = unknown.iter().take(10).map(String::as_str).collect();
                         println!("{} 个编号不是知识库「{name}」的文档：{}", unknown.len(), shown.join("、"));
@@ -685,6 +697,9 @@ fn run(cli: Cli) -> Result<i32> {
             department,
             doc_type,
             date,
+            issuer,
+            language,
+            replaces,
             detach,
         } => {
             let e = Arc::new(open(OpenMode::Existing)?);
@@ -694,12 +709,18 @@ fn run(cli: Cli) -> Result<i32> {
                     Err(err) => return Err(err.into()),
                 }
             }
-            let meta = care_engine::ingest::meta::DocMeta::from_values(
-                department.as_deref().unwrap_or(""),
-                doc_type.as_deref().unwrap_or(""),
-                date.as_deref().unwrap_or(""),
-            )?;
-            let opts = IngestOptions { encoding, csv_text_column, csv_title_column, csv_id_column, meta };
+            let meta = care_engine::ingest::meta::DocMeta {
+                department: department.unwrap_or_default(),
+                doc_type: doc_type.unwrap_or_default(),
+                date: date.unwrap_or_default(),
+                issuer: issuer.unwrap_or_default(),
+                language: language.unwrap_or_default(),
+            }
+            .checked()?;
+            if replaces.is_some() && files.len() != 1 {
+                bail!("--replaces 只能配一个文件（收到 {} 个）", files.len());
+            }
+            let opts = IngestOptions { encoding, csv_text_column, csv_title_column, csv_id_column, meta, replaces };
             let id = e.ingest().submit_in_place(&collection, files, opts, &console())?;
             if detach {
                 println!("queued job {id}");

@@ -55,7 +55,7 @@ pub struct Analytics {
     pub not_found: usize,
     /// Searches with a department, type or date filter.
     pub filtered: usize,
-    /// Filtered searches per facet (科室, 类型, 日期), and the values filtered on most.
+    /// Filtered searches per facet (科室, 类型, 来源, 语言, 日期), and the values filtered on most.
     pub facet_use: Vec<QueryCount>,
     /// Whether query texts are in the audit log (`[audit] log_queries`): without them the query lists are empty.
     pub queries_logged: bool,
@@ -87,7 +87,8 @@ pub fn report(store: &Store, days: u32, now: i64) -> Result<Analytics> {
         "SELECT substr(at, 1, 10), json_extract(detail, '$.query'), json_extract(detail, '$.candidates'),
                 json_extract(detail, '$.not_found'), json_extract(detail, '$.took_ms'), json_extract(detail, '$.filter') IS NOT NULL,
                 json_extract(detail, '$.filter.departments'), json_extract(detail, '$.filter.doc_types'),
-                json_extract(detail, '$.filter.date_from') || json_extract(detail, '$.filter.date_to')
+                json_extract(detail, '$.filter.date_from') || json_extract(detail, '$.filter.date_to'),
+                json_extract(detail, '$.filter.issuers'), json_extract(detail, '$.filter.languages')
          FROM audit WHERE action = 'search' AND at >= ?1",
     )?;
     let mut rows = stmt.query([&since])?;
@@ -107,7 +108,7 @@ pub fn report(store: &Store, days: u32, now: i64) -> Result<Analytics> {
         }
         searches += 1;
         filtered += usize::from(r.get::<_, bool>(5)?);
-        for (facet, i) in [("科室", 6), ("类型", 7)] {
+        for (facet, i) in [("科室", 6), ("类型", 7), ("来源", 9), ("语言", 10)] {
             let values: Vec<String> =
                 r.get::<_, Option<String>>(i)?.and_then(|j| serde_json::from_str(&j).ok()).unwrap_or_default();
             if !values.is_empty() {

@@ -69,8 +69,8 @@ const DEPARTMENTS: [&str; 48] = [
     "皮肤科",
 ];
 
-/// The demo article `NN-name.md`'s department, type (drug articles are 药品说明书, disease articles 指南) and a
-/// date spread over 2019–2024.
+/// The demo article `NN-name.md`'s department, type (drug articles are 药品说明书, disease articles 指南), a
+/// date spread over 2019–2024, and its issuer (this project).
 fn filed_under(name: &str) -> crate::ingest::meta::DocMeta {
     let n: usize = name.get(..2).and_then(|p| p.parse().ok()).unwrap_or(0);
     crate::ingest::meta::DocMeta {
@@ -83,6 +83,9 @@ fn filed_under(name: &str) -> crate::ingest::meta::DocMeta {
             "指南".into()
         },
         date: if n == 0 { String::new() } else { format!("{}-{:02}", 2019 + n % 6, 1 + (n * 5) % 12) },
+        // Honest about where the demo's text comes from; the language is read from the text.
+        issuer: if n == 0 { String::new() } else { "本项目编写（演示）".into() },
+        language: String::new(),
     }
 }
 

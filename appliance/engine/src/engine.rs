@@ -128,6 +128,8 @@ fn upsert_document(
         )?
         .query_row(params![collection_id, d.external_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?;
+    // A language the file does not give is read from the text (a stored one, perhaps an admin's, is kept).
+    let detected = crate::ingest::meta::detect_language(&d.text);
     Ok(Some(match existing {
         Some((_, h, c)) if h == p.hash && c == chunker_id => {
             fr.unchanged += 1;
@@ -138,7 +140,10 @@ fn upsert_document(
                 "UPDATE documents SET title = ?2, source = ?3, content_hash = ?4, state = 'pending', chunker = ?5,
                  department = CASE WHEN ?6 != '' THEN ?6 ELSE department END,
                  doc_type = CASE WHEN ?7 != '' THEN ?7 ELSE doc_type END,
-                 doc_date = CASE WHEN ?8 != '' THEN ?8 ELSE doc_date END WHERE id = ?1",
+                 doc_date = CASE WHEN ?8 != '' THEN ?8 ELSE doc_date END,
+                 issuer = CASE WHEN ?9 != '' THEN ?9 ELSE issuer END,
+                 language = CASE WHEN ?10 != '' THEN ?10 WHEN language != '' THEN language ELSE ?11 END
+                 WHERE id = ?1",
             )?
             .execute(params![
                 id,
@@ -148,7 +153,10 @@ fn upsert_document(
                 chunker_id,
                 d.meta.department,
                 d.meta.doc_type,
-                d.meta.date
+                d.meta.date,
+                d.meta.issuer,
+                d.meta.language,
+                detected
             ])?;
             tx.prepare_cached("DELETE FROM chunks WHERE document_id = ?1")?.execute([id])?;
             fr.replaced += 1;
@@ -157,8 +165,8 @@ fn upsert_document(
         None => {
             tx.prepare_cached(
                 "INSERT INTO documents (collection_id, external_id, title, source, content_hash, state, created_at, chunker,
-                                        department, doc_type, doc_date)
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?9, ?10)",
+                                        department, doc_type, doc_date, issuer, language)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
             )?
             .execute(params![
                 collection_id,
@@ -170,7 +178,9 @@ fn upsert_document(
                 chunker_id,
                 d.meta.department,
                 d.meta.doc_type,
-                d.meta.date
+                d.meta.date,
+                d.meta.issuer,
+                if d.meta.language.is_empty() { detected } else { d.meta.language.as_str() }
             ])?;
             fr.added += 1;
             tx.last_insert_rowid()

@@ -1,6 +1,6 @@
-//! Filters, facet counts and date order over document metadata (department, type, date).
+//! Filters, facet counts and date order over document metadata (department, type, date, issuer, language).
 //!
-//! Metadata lives in SQLite (`documents.department/doc_type/doc_date`); searches read it from an in-memory copy,
+//! Metadata lives in SQLite (`documents.department/doc_type/doc_date/issuer/language`); searches read it from an in-memory copy,
 //! [`MetaIndex`], reloaded when a trigger-maintained version changes (ingest, edit, delete). A filter becomes a
 //! [`DocSet`] of the documents it admits, and both legs apply it while they collect (tantivy's fast-field filter,
 //! the dense scan's row test), before any top-k cut: a rare department is never emptied out of a page by better
@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::ingest::meta::{DocMeta, parse_date};
+use crate::ingest::meta::{DocMeta, language_name, parse_date};
 
 /// Which documents a search may return (every field empty: all).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,6 +28,10 @@ pub struct SearchFilter {
     pub departments: Vec<String>,
     /// Any of these document types.
     pub doc_types: Vec<String>,
+    /// Issued by any of these (来源).
+    pub issuers: Vec<String>,
+    /// In any of these languages (中文, 英文, …).
+    pub languages: Vec<String>,
     /// Dated on or after (`YYYY`, `YYYY-MM` or `YYYY-MM-DD`; a document dated 2021 is in a range from 2021-06).
     pub date_from: String,
     /// Dated on or before.
@@ -59,12 +63,31 @@ impl Sort {
 /// Most values a filter may name per dimension (a URL is not a place for a department list).
 const MAX_VALUES: usize = 50;
 
+/// The dimensions filtered by name (department, type, issuer, language), in this order everywhere below; the
+/// date is the one dimension filtered by range.
+const NAMED: usize = 4;
+
+/// A document's values in the named dimensions.
+fn named_values(m: &DocMeta) -> [&str; NAMED] {
+    [&m.department, &m.doc_type, &m.issuer, &m.language]
+}
+
 impl SearchFilter {
-    pub fn is_empty(&self) -> bool {
-        self.departments.is_empty() && self.doc_types.is_empty() && self.date_from.is_empty() && self.date_to.is_empty()
+    /// The values wanted in each named dimension (empty: any).
+    fn named(&self) -> [&[String]; NAMED] {
+        [&self.departments, &self.doc_types, &self.issuers, &self.languages]
     }
 
-    /// The filter with its dates in the stored form, blank values dropped; a date that is not one is refused.
+    fn dated(&self) -> bool {
+        !self.date_from.is_empty() || !self.date_to.is_empty()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.named().iter().all(|v| v.is_empty()) && !self.dated()
+    }
+
+    /// The filter with its dates in the stored form, blank values dropped, languages by their Chinese names; a
+    /// date that is not one is refused.
     pub fn normalized(&self) -> Result<SearchFilter> {
         let clean = |v: &[String], what: &str| -> Result<Vec<String>> {
             let mut out: Vec<String> = v.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
@@ -76,9 +99,12 @@ impl SearchFilter {
             Ok(out)
         };
         let date = |s: &str| parse_date(s).map_err(|e| Error::InvalidInput(format!("日期筛选：{e}")));
+        let languages: Vec<String> = self.languages.iter().map(|l| language_name(l)).collect();
         let f = SearchFilter {
             departments: clean(&self.departments, "科室")?,
             doc_types: clean(&self.doc_types, "类型")?,
+            issuers: clean(&self.issuers, "来源")?,
+            languages: clean(&languages, "语言")?,
             date_from: date(&self.date_from)?,
             date_to: date(&self.date_to)?,
         };
@@ -88,17 +114,9 @@ impl SearchFilter {
         Ok(f)
     }
 
-    fn dept_ok(&self, m: &DocMeta) -> bool {
-        self.departments.is_empty() || self.departments.iter().any(|d| *d == m.department)
-    }
-
-    fn type_ok(&self, m: &DocMeta) -> bool {
-        self.doc_types.is_empty() || self.doc_types.iter().any(|t| *t == m.doc_type)
-    }
-
     /// Whether a document's date overlaps the range; an undated document is in no range.
     fn date_ok(&self, m: &DocMeta) -> bool {
-        if self.date_from.is_empty() && self.date_to.is_empty() {
+        if !self.dated() {
             return true;
         }
         !m.date.is_empty()
@@ -107,7 +125,8 @@ impl SearchFilter {
     }
 
     pub fn admits(&self, m: &DocMeta) -> bool {
-        self.dept_ok(m) && self.type_ok(m) && self.date_ok(m)
+        self.named().iter().zip(named_values(m)).all(|(want, v)| want.is_empty() || want.iter().any(|w| w == v))
+            && self.date_ok(m)
     }
 }
 
@@ -163,29 +182,32 @@ pub struct FacetCount {
     pub selected: bool,
 }
 
-/// Counts per department, type and year for the current query (documents, not passages), most first.
+/// Counts per department, type, issuer, language and year for the current query (documents, not passages), most
+/// first.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Facets {
     pub departments: Vec<FacetCount>,
     pub doc_types: Vec<FacetCount>,
+    pub issuers: Vec<FacetCount>,
+    pub languages: Vec<FacetCount>,
     /// Newest year first.
     pub years: Vec<FacetCount>,
 }
 
 impl Facets {
     pub fn is_empty(&self) -> bool {
-        self.departments.is_empty() && self.doc_types.is_empty() && self.years.is_empty()
+        [&self.departments, &self.doc_types, &self.issuers, &self.languages, &self.years].iter().all(|v| v.is_empty())
     }
 }
 
-/// Every document's metadata and collection, as of `version`, with department and type names numbered so that
-/// filtering 30,000 documents and counting a ranking's facets compare integers.
+/// Every document's metadata and collection, as of `version`, with its names numbered so that filtering 30,000
+/// documents and counting a ranking's facets compare integers.
 #[derive(Debug, Default)]
 pub struct MetaIndex {
     pub version: i64,
     docs: HashMap<i64, Entry>,
-    /// Department and type names by number, and back (0 is "none").
+    /// Names (of any dimension) by number, and back (0 is "none").
     names: Vec<String>,
     numbers: HashMap<String, u32>,
     /// The admitted sets of recent filters: clinicians page through and refine one filter.
@@ -195,8 +217,8 @@ pub struct MetaIndex {
 #[derive(Debug)]
 struct Entry {
     collection: i64,
-    department: u32,
-    doc_type: u32,
+    /// The numbers of its named dimensions' values.
+    named: [u32; NAMED],
     meta: DocMeta,
 }
 
@@ -207,13 +229,17 @@ impl MetaIndex {
     pub fn load(store: &crate::store::Store) -> Result<MetaIndex> {
         let conn = store.reader();
         let version: i64 = conn.query_row("SELECT version FROM document_meta_state WHERE id = 1", [], |r| r.get(0))?;
-        let mut stmt = conn.prepare("SELECT id, collection_id, department, doc_type, doc_date FROM documents")?;
+        let mut stmt =
+            conn.prepare("SELECT id, collection_id, department, doc_type, doc_date, issuer, language FROM documents")?;
         let rows = stmt.query_map([], |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, i64>(1)?,
-                DocMeta { department: r.get(2)?, doc_type: r.get(3)?, date: r.get(4)? },
-            ))
+            let meta = DocMeta {
+                department: r.get(2)?,
+                doc_type: r.get(3)?,
+                date: r.get(4)?,
+                issuer: r.get(5)?,
+                language: r.get(6)?,
+            };
+            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, meta))
         })?;
         let mut idx = MetaIndex { version, ..Default::default() };
         for row in rows {
@@ -238,17 +264,30 @@ impl MetaIndex {
             self.names.push(String::new());
             self.numbers.insert(String::new(), 0);
         }
-        let (department, doc_type) = (self.number(&meta.department), self.number(&meta.doc_type));
-        self.docs.insert(id, Entry { collection, department, doc_type, meta });
+        let named = named_values(&meta).map(|v| self.number(v));
+        self.docs.insert(id, Entry { collection, named, meta });
     }
 
     pub fn meta(&self, doc: i64) -> Option<&DocMeta> {
         self.docs.get(&doc).map(|d| &d.meta)
     }
 
-    /// The numbers of a filter's names (a name no document has gets none: it admits nothing).
-    fn numbered(&self, names: &[String]) -> Vec<u32> {
-        names.iter().filter_map(|n| self.numbers.get(n).copied()).collect()
+    /// The numbers each named dimension of a filter wants (a name no document has gets none: it admits nothing),
+    /// and whether the dimension is constrained at all.
+    fn wanted(&self, filter: &SearchFilter) -> [(bool, Vec<u32>); NAMED] {
+        filter
+            .named()
+            .map(|names| (!names.is_empty(), names.iter().filter_map(|n| self.numbers.get(n).copied()).collect()))
+    }
+
+    /// Which dimensions an entry passes: the named ones, then the date.
+    fn passes(&self, e: &Entry, wanted: &[(bool, Vec<u32>); NAMED], filter: &SearchFilter) -> [bool; NAMED + 1] {
+        let mut ok = [true; NAMED + 1];
+        for (i, (constrained, numbers)) in wanted.iter().enumerate() {
+            ok[i] = !constrained || numbers.contains(&e.named[i]);
+        }
+        ok[NAMED] = filter.date_ok(&e.meta);
+        ok
     }
 
     /// The documents of `collections` that `filter` admits (kept for the next searches with the same filter).
@@ -257,15 +296,10 @@ impl MetaIndex {
         if let Some((_, _, set)) = recent.iter().find(|(f, c, _)| f == filter && c == collections) {
             return set.clone();
         }
-        let (depts, kinds) = (self.numbered(&filter.departments), self.numbered(&filter.doc_types));
-        let dated = !filter.date_from.is_empty() || !filter.date_to.is_empty();
+        let wanted = self.wanted(filter);
         let mut set = DocSet::default();
         for (id, e) in &self.docs {
-            if collections.contains(&e.collection)
-                && (filter.departments.is_empty() || depts.contains(&e.department))
-                && (filter.doc_types.is_empty() || kinds.contains(&e.doc_type))
-                && (!dated || filter.date_ok(&e.meta))
-            {
+            if collections.contains(&e.collection) && self.passes(e, &wanted, filter).iter().all(|ok| *ok) {
                 set.insert(*id);
             }
         }
@@ -281,50 +315,53 @@ impl MetaIndex {
     /// query's ranking without filters) that pass the other dimensions' filters; any other dimension counts the
     /// documents of `filtered` (the ranking the page shows), so the values' counts add up to its total.
     pub fn facets(&self, unfiltered: &[i64], filtered: &[i64], filter: &SearchFilter) -> Facets {
-        let n = self.names.len();
-        let (mut dept, mut kind) = (vec![0usize; n], vec![0usize; n]);
+        let wanted = self.wanted(filter);
+        let mut constrained = [filter.dated(); NAMED + 1];
+        for (c, (w, _)) in constrained.iter_mut().zip(&wanted) {
+            *c = *w;
+        }
+        let mut named: [Vec<usize>; NAMED] = std::array::from_fn(|_| vec![0usize; self.names.len()]);
         let mut year: BTreeMap<&str, usize> = BTreeMap::new();
-        let (depts, kinds) = (self.numbered(&filter.departments), self.numbered(&filter.doc_types));
-        let dated = !filter.date_from.is_empty() || !filter.date_to.is_empty();
-        let constrained = [!filter.departments.is_empty(), !filter.doc_types.is_empty(), dated];
         for (ranking, own) in [(unfiltered, true), (filtered, false)] {
             let mut docs = ranking.to_vec();
             docs.sort_unstable();
             docs.dedup();
             for doc in docs {
                 let Some(e) = self.docs.get(&doc) else { continue };
-                let d = !constrained[0] || depts.contains(&e.department);
-                let t = !constrained[1] || kinds.contains(&e.doc_type);
-                let y = !dated || filter.date_ok(&e.meta);
-                if constrained[0] == own && (!own || (t && y)) && e.department != 0 {
-                    dept[e.department as usize] += 1;
+                let ok = self.passes(e, &wanted, filter);
+                // From the unfiltered ranking, a constrained dimension counts what passes every other dimension.
+                let others_pass = |dim: usize| ok.iter().enumerate().all(|(j, p)| j == dim || *p);
+                for (dim, counts) in named.iter_mut().enumerate() {
+                    if constrained[dim] == own && (!own || others_pass(dim)) && e.named[dim] != 0 {
+                        counts[e.named[dim] as usize] += 1;
+                    }
                 }
-                if constrained[1] == own && (!own || (d && y)) && e.doc_type != 0 {
-                    kind[e.doc_type as usize] += 1;
-                }
-                if let (true, true, Some(yr)) = (constrained[2] == own, !own || (d && t), e.meta.year()) {
+                if let (true, true, Some(yr)) = (constrained[NAMED] == own, !own || others_pass(NAMED), e.meta.year()) {
                     *year.entry(yr).or_insert(0) += 1;
                 }
             }
         }
-        let counts = |m: Vec<(String, usize)>, chosen: &dyn Fn(&str) -> bool| -> Vec<FacetCount> {
+        let ranked = |m: Vec<(String, usize)>, chosen: &dyn Fn(&str) -> bool| -> Vec<FacetCount> {
             let mut v: Vec<FacetCount> =
                 m.into_iter().map(|(value, count)| FacetCount { selected: chosen(&value), value, count }).collect();
             v.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.value.cmp(&b.value)));
             v
         };
-        let named = |c: Vec<usize>| -> Vec<(String, usize)> {
-            c.into_iter().enumerate().filter(|(_, n)| *n > 0).map(|(i, n)| (self.names[i].clone(), n)).collect()
-        };
-        let mut years = counts(year.into_iter().map(|(y, n)| (y.to_string(), n)).collect(), &|y| {
+        let chosen = filter.named();
+        let [departments, doc_types, issuers, languages] = std::array::from_fn(|dim| {
+            let counts: Vec<(String, usize)> = named[dim]
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| **n > 0)
+                .map(|(i, n)| (self.names[i].clone(), *n))
+                .collect();
+            ranked(counts, &|v| chosen[dim].iter().any(|c| c == v))
+        });
+        let mut years = ranked(year.into_iter().map(|(y, n)| (y.to_string(), n)).collect(), &|y| {
             !filter.date_from.is_empty() && filter.date_from.starts_with(y) && filter.date_to.starts_with(y)
         });
         years.sort_by(|a, b| b.value.cmp(&a.value));
-        Facets {
-            departments: counts(named(dept), &|v| filter.departments.iter().any(|d| d == v)),
-            doc_types: counts(named(kind), &|v| filter.doc_types.iter().any(|d| d == v)),
-            years,
-        }
+        Facets { departments, doc_types, issuers, languages, years }
     }
 }
 
@@ -333,7 +370,7 @@ mod tests {
     use super::*;
 
     fn m(d: &str, t: &str, date: &str) -> DocMeta {
-        DocMeta { department: d.into(), doc_type: t.into(), date: date.into() }
+        DocMeta { department: d.into(), doc_type: t.into(), date: date.into(), ..Default::default() }
     }
 
     #[test]

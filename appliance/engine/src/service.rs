@@ -568,7 +568,7 @@ impl crate::engine::Collections<'_> {
             conn.query_row(&format!("SELECT COUNT(*) FROM documents d WHERE {filter}"), args, |r| r.get(0))?;
         let sql = format!(
             "SELECT d.id, d.external_id, d.title, d.source, d.department, d.doc_type, d.doc_date, d.created_at,
-                    (SELECT COUNT(*) FROM chunks k WHERE k.document_id = d.id)
+                    (SELECT COUNT(*) FROM chunks k WHERE k.document_id = d.id), d.issuer, d.language
              FROM documents d WHERE {filter} ORDER BY d.id DESC LIMIT {} OFFSET {}",
             q.limit.clamp(1, 500),
             q.offset.min(1_000_000)
@@ -580,7 +580,13 @@ impl crate::engine::Collections<'_> {
                 external_id: r.get(1)?,
                 title: r.get(2)?,
                 source: r.get(3)?,
-                meta: DocMeta { department: r.get(4)?, doc_type: r.get(5)?, date: r.get(6)? },
+                meta: DocMeta {
+                    department: r.get(4)?,
+                    doc_type: r.get(5)?,
+                    date: r.get(6)?,
+                    issuer: r.get(9)?,
+                    language: r.get(10)?,
+                },
                 created_at: r.get(7)?,
                 chunks: r.get::<_, i64>(8)? as usize,
             })
@@ -607,8 +613,8 @@ impl crate::engine::Collections<'_> {
         Ok((values("department")?, values("doc_type")?))
     }
 
-    /// Files documents of `collection` under a department, type and date, by external id (an admin's edit of one
-    /// document, or a spreadsheet of many): the values replace the stored ones, an empty value clears one. Only
+    /// Files documents of `collection` by external id (an admin's edit of one document, or a spreadsheet of many):
+    /// the fields the filing gives replace the stored ones, an empty value clears one, the others stay. Only
     /// SQLite changes (searches read the filing from there), so no document is re-indexed; a later re-ingest of
     /// the same file keeps it. One audit record for the lot. Returns how many documents changed and the ids that
     /// name no document of the collection.
@@ -616,31 +622,49 @@ impl crate::engine::Collections<'_> {
         &self,
         actor: &Admin,
         collection: &str,
-        entries: &[(String, DocMeta)],
+        filing: &crate::ingest::meta::Filing,
     ) -> Result<(usize, Vec<String>)> {
         let col = self.store.collection(collection)?;
-        let mut clean = Vec::with_capacity(entries.len());
-        for (id, m) in entries {
-            let m = DocMeta::from_values(&m.department, &m.doc_type, &m.date)
-                .map_err(|e| Error::InvalidInput(format!("文档「{id}」：{e}")))?;
+        let mut clean = Vec::with_capacity(filing.rows.len());
+        for (id, m) in &filing.rows {
+            let m = m.checked().map_err(|e| Error::InvalidInput(format!("文档「{id}」：{e}")))?;
             clean.push((id, m));
         }
+        const COLUMNS: [&str; 5] = ["department", "doc_type", "doc_date", "issuer", "language"];
+        let set: Vec<String> =
+            (0..5).map(|i| format!("{0} = CASE WHEN ?{1} THEN ?{2} ELSE {0} END", COLUMNS[i], 3 + i, 8 + i)).collect();
         let mut conn = self.store.conn();
         let tx = conn.transaction()?;
         let (mut changed, mut unknown) = (0, Vec::new());
         {
-            let mut stmt = tx.prepare_cached(
-                "UPDATE documents SET department = ?3, doc_type = ?4, doc_date = ?5
-                 WHERE collection_id = ?1 AND external_id = ?2",
-            )?;
+            let mut stmt = tx.prepare_cached(&format!(
+                "UPDATE documents SET {} WHERE collection_id = ?1 AND external_id = ?2",
+                set.join(", ")
+            ))?;
+            let s = filing.sets;
             for (id, m) in &clean {
-                match stmt.execute(rusqlite::params![col.id, id, m.department, m.doc_type, m.date])? {
+                let args = rusqlite::params![
+                    col.id,
+                    id,
+                    s[0],
+                    s[1],
+                    s[2],
+                    s[3],
+                    s[4],
+                    m.department,
+                    m.doc_type,
+                    m.date,
+                    m.issuer,
+                    m.language
+                ];
+                match stmt.execute(args)? {
                     0 => unknown.push(id.to_string()),
                     _ => changed += 1,
                 }
             }
         }
-        let mut detail = serde_json::json!({"collection": collection, "documents": changed, "unknown": unknown.len()});
+        let mut detail = serde_json::json!({"collection": collection, "documents": changed, "unknown": unknown.len(),
+            "fields": COLUMNS.iter().zip(filing.sets).filter(|(_, s)| *s).map(|(c, _)| *c).collect::<Vec<_>>()});
         if let [(id, m)] = clean.as_slice() {
             detail["document"] = serde_json::json!(id);
             detail["meta"] = serde_json::json!(m);
@@ -787,6 +811,38 @@ impl crate::engine::Ingest<'_> {
         meta: crate::ingest::meta::DocMeta,
     ) -> Result<i64> {
         self.submit_ingest_as_user(collection, files, crate::IngestOptions { meta, ..Default::default() }, actor)
+    }
+
+    /// Queues a new version of one document of `collection` (the document list's 更新内容): the uploaded file
+    /// must hold one document, which replaces `external_id` whatever the file's name (its filing stays where the
+    /// file gives none). Archives are refused: their members would all claim the one id.
+    pub fn submit_replacement(
+        &self,
+        actor: &Admin,
+        collection: &str,
+        external_id: &str,
+        files: Vec<std::path::PathBuf>,
+    ) -> Result<i64> {
+        let col = self.store.collection(collection)?;
+        let known: bool = self.store.reader().query_row(
+            "SELECT EXISTS(SELECT 1 FROM documents WHERE collection_id = ?1 AND external_id = ?2)",
+            rusqlite::params![col.id, external_id],
+            |r| r.get(0),
+        )?;
+        if !known {
+            return Err(Error::InvalidInput(format!("资料库 {collection} 中没有文档「{external_id}」")));
+        }
+        let [file] = files.as_slice() else {
+            return Err(Error::InvalidInput(format!("更新一篇文档需要正好一个文件，收到 {} 个", files.len())));
+        };
+        if crate::ingest::FileKind::of(file)? == crate::ingest::FileKind::Zip {
+            return Err(Error::InvalidInput(
+                "更新单篇文档请上传该文档本身（PDF、DOCX、HTML、Markdown、TXT，或只含一条记录的 JSONL/CSV），不能是压缩包"
+                    .into(),
+            ));
+        }
+        let opts = crate::IngestOptions { replaces: Some(external_id.to_string()), ..Default::default() };
+        self.submit_ingest_as_user(collection, files, opts, actor)
     }
 
     /// Ingests files on this machine synchronously, in the caller's thread (evaluation and benchmark corpora);

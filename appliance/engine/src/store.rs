@@ -37,7 +37,33 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (17, include_str!("../../../migrations/0017_document_meta.sql")),
     (18, include_str!("../../../migrations/0018_document_meta_version.sql")),
     (19, include_str!("../../../migrations/0019_audit_action_index.sql")),
+    (20, include_str!("../../../migrations/0020_document_issuer_language.sql")),
 ];
+
+/// What a migration needs beyond its SQL, in the same transaction: 20 reads the language of the documents
+/// already stored from their first passages (new ones get it at ingest).
+fn after_migration(tx: &rusqlite::Transaction<'_>, version: u32) -> Result<()> {
+    if version != 20 {
+        return Ok(());
+    }
+    let docs: Vec<(i64, String)> = {
+        let mut stmt = tx.prepare(
+            "SELECT d.id, COALESCE((SELECT group_concat(t, ' ') FROM
+                 (SELECT k.text AS t FROM chunks k WHERE k.document_id = d.id ORDER BY k.ordinal LIMIT 4)), '')
+             FROM documents d",
+        )?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect::<std::result::Result<_, _>>()?
+    };
+    let mut update = tx.prepare("UPDATE documents SET language = ?2 WHERE id = ?1")?;
+    for (id, text) in docs {
+        let lang = crate::ingest::meta::detect_language(&text);
+        if !lang.is_empty() {
+            update.execute(params![id, lang])?;
+        }
+    }
+    Ok(())
+}
 
 /// The metadata file is the appliance's alone (SQLite gives its -wal and -shm files the same mode).
 fn restrict_to_owner(path: &Path) -> Result<()> {
@@ -363,6 +389,7 @@ impl Store {
         for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
             let tx = conn.transaction()?;
             tx.execute_batch(sql)?;
+            after_migration(&tx, *version)?;
             tx.pragma_update(None, "user_version", version)?;
             tx.commit()?;
             tracing::info!(version, "applied metadata migration");
@@ -586,7 +613,7 @@ impl Store {
         let conn = self.reader();
         let mut stmt = conn.prepare_cached(
             "SELECT k.id, k.document_id, d.external_id, c.name, d.title, d.source, k.heading, k.text, k.ordinal,
-                    d.department, d.doc_type, d.doc_date
+                    d.department, d.doc_type, d.doc_date, d.issuer, d.language
              FROM chunks k JOIN documents d ON d.id = k.document_id JOIN collections c ON c.id = d.collection_id
              WHERE k.id = ?1",
         )?;
@@ -608,6 +635,8 @@ impl Store {
                             department: r.get(9)?,
                             doc_type: r.get(10)?,
                             date: r.get(11)?,
+                            issuer: r.get(12)?,
+                            language: r.get(13)?,
                         },
                     })
                 })
@@ -675,6 +704,36 @@ impl crate::audit::LogStore for Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn documents_stored_before_languages_get_theirs_from_their_passages() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("care.sqlite");
+        {
+            let conn = rusqlite::Connection::open(&p).unwrap();
+            for (v, sql) in MIGRATIONS.iter().filter(|(v, _)| *v < 20) {
+                conn.execute_batch(sql).unwrap();
+                conn.pragma_update(None, "user_version", v).unwrap();
+            }
+            conn.execute_batch(
+                "INSERT INTO collections (id, name, created_at) VALUES (1, 'c', 't');
+                 INSERT INTO documents (id, collection_id, external_id, content_hash, created_at)
+                   VALUES (1, 1, 'zh', 'h', 't'), (2, 1, 'en', 'h', 't'), (3, 1, 'none', 'h', 't');
+                 INSERT INTO chunks (document_id, ordinal, text, char_start, char_end) VALUES
+                   (1, 0, '二甲双胍禁用于严重肾功能不全（eGFR<30）。', 0, 1),
+                   (2, 0, 'Metformin is contraindicated in severe renal impairment.', 0, 1);",
+            )
+            .unwrap();
+        }
+        let s = Store::open(&p).unwrap();
+        let langs: Vec<(String, String)> = {
+            let conn = s.reader();
+            let mut stmt = conn.prepare("SELECT external_id, language FROM documents ORDER BY id").unwrap();
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect()
+        };
+        let want = [("zh", "中文"), ("en", "英文"), ("none", "")].map(|(a, b)| (a.to_string(), b.to_string()));
+        assert_eq!(langs, want);
+    }
 
     #[test]
     fn migrates_and_refuses_newer_schema() {

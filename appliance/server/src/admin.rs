@@ -384,6 +384,10 @@ pub struct FilingForm {
     #[serde(default)]
     date: String,
     #[serde(default)]
+    issuer: String,
+    #[serde(default)]
+    language: String,
+    #[serde(default)]
     back: String,
 }
 
@@ -396,11 +400,45 @@ pub async fn file_document(
 ) -> Result<HttpResponse, ApiError> {
     let (name, f) = (name.into_inner(), f.into_inner());
     let back = documents_back(&name, &f.back);
-    let meta = care_engine::ingest::meta::DocMeta { department: f.department, doc_type: f.doc_type, date: f.date };
+    let meta = care_engine::ingest::meta::DocMeta {
+        department: f.department,
+        doc_type: f.doc_type,
+        date: f.date,
+        issuer: f.issuer,
+        language: f.language,
+    };
     let (n, id) = (name.clone(), f.external_id.clone());
-    match call_admin(&state, &caller, move |e, a| e.collections().file_documents(a, &n, &[(id, meta)])).await {
-        Ok((1, _)) => Ok(back_with(&back, &format!("已保存文档 {} 的科室、类型和日期", f.external_id))),
+    match call_admin(&state, &caller, move |e, a| {
+        e.collections().file_documents(a, &n, &care_engine::ingest::meta::Filing::whole(vec![(id, meta)]))
+    })
+    .await
+    {
+        Ok((1, _)) => Ok(back_with(&back, &format!("已保存文档 {} 的归档信息", f.external_id))),
         Ok(_) => back_with_error(&back, ApiError::invalid(format!("资料库 {name} 中没有文档 {}", f.external_id))),
+        Err(e) => back_with_error(&back, e),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ReplaceQuery {
+    external_id: String,
+}
+
+/// A new version of one document (the list's 更新内容): its ingest job is queued and the jobs page shows it.
+#[post("/admin/collections/{name}/documents/replace")]
+pub async fn replace_document(
+    state: web::Data<AppState>,
+    caller: Caller,
+    name: web::Path<String>,
+    q: web::Query<ReplaceQuery>,
+    payload: actix_multipart::Multipart,
+) -> Result<HttpResponse, ApiError> {
+    let back = documents_back(&name, "");
+    match uploads::replace(&state, &caller, &name, &q.external_id, payload).await {
+        Ok(job) => {
+            let m = format!("已上传文档 {} 的新版本，入库任务 #{job} 已开始", q.external_id);
+            Ok(see_other(&format!("/admin/jobs?flash={}&sig={}#job-{job}", percent_encode(&m), flash_sig("flash", &m))))
+        }
         Err(e) => back_with_error(&back, e),
     }
 }

@@ -45,6 +45,12 @@ pub struct SearchParams {
     /// Only documents of these types (指南, 药品说明书, …), comma-separated.
     #[serde(default)]
     pub doc_type: Option<String>,
+    /// Only documents issued by these (来源, e.g. 国家卫健委), comma-separated.
+    #[serde(default)]
+    pub issuer: Option<String>,
+    /// Only documents in these languages (中文, 英文, or codes such as en), comma-separated.
+    #[serde(default)]
+    pub language: Option<String>,
     /// Dated on or after (`2021`, `2021-06` or `2021-06-01`).
     #[serde(default)]
     pub from: Option<String>,
@@ -83,6 +89,8 @@ impl SearchParams {
             filter: care_engine::facets::SearchFilter {
                 departments: list(&self.department),
                 doc_types: list(&self.doc_type),
+                issuers: list(&self.issuer),
+                languages: list(&self.language),
                 date_from: self.from.clone().unwrap_or_default(),
                 date_to: self.to.clone().unwrap_or_default(),
             },

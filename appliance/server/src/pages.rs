@@ -115,7 +115,7 @@ impl HitView {
             dense_only: h.dense_only,
             weak: h.matched_terms.is_empty(),
             more_in_document: h.more_in_document,
-            filed: [&h.meta.department, &h.meta.doc_type, &h.meta.date]
+            filed: [&h.meta.department, &h.meta.doc_type, &h.meta.date, &h.meta.issuer]
                 .into_iter()
                 .filter(|s| !s.is_empty())
                 .map(String::as_str)
@@ -267,6 +267,10 @@ pub struct PageParams {
     #[serde(default)]
     doc_type: String,
     #[serde(default)]
+    issuer: String,
+    #[serde(default)]
+    language: String,
+    #[serde(default)]
     from: String,
     #[serde(default)]
     to: String,
@@ -282,6 +286,8 @@ impl PageParams {
             ("collection", &self.collection),
             ("department", &self.department),
             ("doc_type", &self.doc_type),
+            ("issuer", &self.issuer),
+            ("language", &self.language),
             ("from", &self.from),
             ("to", &self.to),
             ("sort", &self.sort),
@@ -304,7 +310,9 @@ impl PageParams {
     }
 
     fn filtered(&self) -> bool {
-        [&self.department, &self.doc_type, &self.from, &self.to].iter().any(|v| !v.trim().is_empty())
+        [&self.department, &self.doc_type, &self.issuer, &self.language, &self.from, &self.to]
+            .iter()
+            .any(|v| !v.trim().is_empty())
     }
 }
 
@@ -360,10 +368,12 @@ struct SearchPage {
     expansions: Vec<String>,
     /// 您是不是要找 suggestions, with their search URLs.
     did_you_mean: Vec<(String, String)>,
-    /// Counts per department, type and year for this query, as links that filter.
+    /// Counts per department, type, issuer, language and year for this query, as links that filter.
     facets: Vec<FacetGroup>,
     department: String,
     doc_type: String,
+    issuer: String,
+    language: String,
     from: String,
     to: String,
     sort_by_date: bool,
@@ -432,11 +442,15 @@ pub async fn search_page(
         facets: Vec::new(),
         department: p.department.clone(),
         doc_type: p.doc_type.clone(),
+        issuer: p.issuer.clone(),
+        language: p.language.clone(),
         from: p.from.clone(),
         to: p.to.clone(),
         sort_by_date: p.sort == "date",
         sort_url: p.with(|n| n.sort = if p.sort == "date" { String::new() } else { "date".into() }),
-        clear_url: p.filtered().then(|| p.with(|n| (n.department, n.doc_type, n.from, n.to) = Default::default())),
+        clear_url: p
+            .filtered()
+            .then(|| p.with(|n| (n.department, n.doc_type, n.issuer, n.language, n.from, n.to) = Default::default())),
     };
     if !p.q.trim().is_empty() {
         let some = |v: &str| Some(v.trim().to_string()).filter(|v| !v.is_empty());
@@ -450,6 +464,8 @@ pub async fn search_page(
             exact: None,
             department: some(&p.department),
             doc_type: some(&p.doc_type),
+            issuer: some(&p.issuer),
+            language: some(&p.language),
             from: some(&p.from),
             to: some(&p.to),
             sort: some(&p.sort),
@@ -512,6 +528,8 @@ fn facet_groups(f: &care_engine::facets::Facets, p: &PageParams) -> Vec<FacetGro
     let groups = [
         ("facet-department", "科室", links(&f.departments, &|n, v| n.department = v)),
         ("facet-type", "类型", links(&f.doc_types, &|n, v| n.doc_type = v)),
+        ("facet-issuer", "来源", links(&f.issuers, &|n, v| n.issuer = v)),
+        ("facet-language", "语言", links(&f.languages, &|n, v| n.language = v)),
         (
             "facet-year",
             "年份",

@@ -35,6 +35,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(admin::documents_page)
         .service(admin::file_document)
         .service(admin::delete_document)
+        .service(admin::replace_document)
         .service(admin::jobs_page)
         .service(admin::cancel_job)
         .service(admin::users_index)

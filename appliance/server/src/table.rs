@@ -72,6 +72,7 @@ pub const ROUTES: &[Route] = &[
     r("GET", "/admin/collections/{name}/documents", Admin, Page),
     r("POST", "/admin/collections/{name}/documents/file", Admin, Page),
     r("POST", "/admin/collections/{name}/documents/delete", Admin, Page),
+    r("POST", "/admin/collections/{name}/documents/replace", Admin, Page),
     r("GET", "/admin/jobs", Admin, Page),
     r("POST", "/admin/jobs/{id}/cancel", Admin, Page),
     r("GET", "/admin/users", Admin, Page),

@@ -66,22 +66,53 @@ pub async fn upload(
     let col = collection.to_string();
     let mut staging = Staging::new(call_admin(state, caller, move |e, a| e.ingest().new_upload(a, &col)).await?);
     let limit = upload_limit(state, state.settings.server.max_upload_mib.saturating_mul(1 << 20));
-    let queued = match receive_with(payload, &staging.dir, limit, &["department", "doc_type", "date"]).await {
-        Ok((files, fields)) => {
-            let field = |k: &str| fields.get(k).map_or("", String::as_str);
-            // The form's department, type and date, for the documents that do not say their own.
-            match care_engine::ingest::meta::DocMeta::from_values(field("department"), field("doc_type"), field("date"))
-            {
-                Ok(meta) => {
-                    let col = collection.to_string();
-                    call_admin(state, caller, move |e, a| e.ingest().submit_upload(a, &col, files, meta)).await
+    let queued =
+        match receive_with(payload, &staging.dir, limit, &["department", "doc_type", "date", "issuer", "language"])
+            .await
+        {
+            Ok((files, fields)) => {
+                let field = |k: &str| fields.get(k).cloned().unwrap_or_default();
+                // The form's filing, for the documents that do not say their own.
+                let form = care_engine::ingest::meta::DocMeta {
+                    department: field("department"),
+                    doc_type: field("doc_type"),
+                    date: field("date"),
+                    issuer: field("issuer"),
+                    language: field("language"),
+                };
+                match form.checked() {
+                    Ok(meta) => {
+                        let col = collection.to_string();
+                        call_admin(state, caller, move |e, a| e.ingest().submit_upload(a, &col, files, meta)).await
+                    }
+                    Err(m) => Err(ApiError::invalid(m.to_string())),
                 }
-                Err(m) => Err(ApiError::invalid(m.to_string())),
             }
+            Err(e) => Err(e),
+        };
+    // A queued job owns the folder; anything else leaves nothing behind.
+    staging.kept = queued.is_ok();
+    queued
+}
+
+/// Streams one file, a new version of the document `external_id`, and queues its ingest job. Returns the job id.
+pub async fn replace(
+    state: &web::Data<AppState>,
+    caller: &Caller,
+    collection: &str,
+    external_id: &str,
+    payload: actix_multipart::Multipart,
+) -> Result<i64, ApiError> {
+    let col = collection.to_string();
+    let mut staging = Staging::new(call_admin(state, caller, move |e, a| e.ingest().new_upload(a, &col)).await?);
+    let limit = upload_limit(state, state.settings.server.max_upload_mib.saturating_mul(1 << 20));
+    let queued = match receive(payload, &staging.dir, limit).await {
+        Ok(files) => {
+            let (col, id) = (collection.to_string(), external_id.to_string());
+            call_admin(state, caller, move |e, a| e.ingest().submit_replacement(a, &col, &id, files)).await
         }
         Err(e) => Err(e),
     };
-    // A queued job owns the folder; anything else leaves nothing behind.
     staging.kept = queued.is_ok();
     queued
 }

@@ -340,11 +340,16 @@ mod tests {
             ("c.csv", "text,科室,日期\n胸痛,急诊科,2022年3月\n".as_bytes()),
             ("d.jsonl", "{\"text\":\"x\",\"date\":\"2023-13-01\"}\n".as_bytes()),
         ]);
-        let form = DocMeta { department: "医务部".into(), doc_type: "制度".into(), date: String::new() };
+        let form = DocMeta { department: "医务部".into(), doc_type: "制度".into(), ..Default::default() };
         let opts = IngestOptions { meta: form, ..Default::default() };
         let u = expand(&Origin::of_file(Path::new("up/bundle.zip")), &z, &opts, &IngestLimits::default()).unwrap();
         let meta = |i: usize| u[i].result.as_ref().unwrap().documents[0].meta.clone();
-        let m = |d: &str, t: &str, y: &str| DocMeta { department: d.into(), doc_type: t.into(), date: y.into() };
+        let m = |d: &str, t: &str, y: &str| DocMeta {
+            department: d.into(),
+            doc_type: t.into(),
+            date: y.into(),
+            ..Default::default()
+        };
         assert_eq!(meta(0), m("心内科", "指南", "2021"));
         assert_eq!(meta(1), m("护理部", "护理规范", "2023-05-12"));
         assert_eq!(meta(2), m("急诊科", "制度", "2022-03"));

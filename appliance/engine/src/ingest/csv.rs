@@ -67,9 +67,11 @@ pub(super) fn parse(
     let text_col = find(opts.csv_text_column.as_deref(), TEXT_COLUMNS, "text", true)?.unwrap_or(0);
     let title_col = find(opts.csv_title_column.as_deref(), TITLE_COLUMNS, "title", false)?;
     let id_col = find(opts.csv_id_column.as_deref(), ID_COLUMNS, "id", false)?;
-    let dept_col = find(None, super::meta::DEPARTMENT_FIELDS, "department", false)?;
-    let type_col = find(None, super::meta::TYPE_FIELDS, "type", false)?;
-    let date_col = find(None, super::meta::DATE_FIELDS, "date", false)?;
+    // The filing's columns, found by the names the metadata module reads (asked for by those names below).
+    let mut filing: Vec<(&[&str], usize)> = Vec::new();
+    for names in super::meta::ALL_FIELDS {
+        filing.extend(find(None, names, "filing", false)?.map(|c| (names, c)));
+    }
 
     let mut out = ParsedFile::default();
     let mut seen: HashMap<String, u64> = HashMap::new();
@@ -102,9 +104,13 @@ pub(super) fn parse(
             out.skipped_empty += 1;
             continue;
         }
-        let cell = |c: Option<usize>| c.and_then(|i| rec.get(i)).unwrap_or("");
-        let meta = super::meta::DocMeta::from_values(cell(dept_col), cell(type_col), cell(date_col)).map_err(|e| {
-            Error::MalformedRecord { path: path.to_path_buf(), line: line as usize, message: e.to_string() }
+        let cell = |names: &[&str]| {
+            filing.iter().find(|(n, _)| *n == names).and_then(|(_, c)| rec.get(*c)).unwrap_or("").to_string()
+        };
+        let meta = super::meta::DocMeta::from_fields(cell).map_err(|e| Error::MalformedRecord {
+            path: path.to_path_buf(),
+            line: line as usize,
+            message: e.to_string(),
         })?;
         out.documents.push(ParsedDocument {
             external_id: id,

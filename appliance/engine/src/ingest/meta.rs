@@ -1,4 +1,5 @@
-//! What a hospital files a document under: its department (科室), its type (指南, 药品说明书, …) and its date.
+//! What a hospital files a document under: its department (科室), its type (指南, 药品说明书, …), its date, who
+//! issued it (来源: 国家卫健委, 中华医学会, 本院) and its language.
 //!
 //! Taken, in this order of precedence, from the record itself (JSONL fields, CSV columns), from the folders an
 //! archive member sits in, and from the upload form (which fills only what the file does not say). A value that is
@@ -32,6 +33,13 @@ pub const DOC_TYPES: &[&str] = &[
 pub const DEPARTMENT_FIELDS: &[&str] = &["department", "dept", "科室", "部门"];
 pub const TYPE_FIELDS: &[&str] = &["doc_type", "type", "category", "类型", "文档类型", "类别"];
 pub const DATE_FIELDS: &[&str] = &["date", "published", "revised", "日期", "发布日期", "修订日期", "发布时间"];
+/// Who issued the document. Not `source`: corpora use that field for a URL or a file path, which would then be
+/// refused as too long for a name (and `documents.source` already holds where the text was read from).
+pub const ISSUER_FIELDS: &[&str] =
+    &["issuer", "publisher", "organization", "来源", "发布机构", "发布单位", "制定单位", "出处"];
+pub const LANGUAGE_FIELDS: &[&str] = &["language", "lang", "语言", "语种"];
+/// Every filing field's names, in [`DocMeta`]'s order.
+pub const ALL_FIELDS: [&[&str]; 5] = [DEPARTMENT_FIELDS, TYPE_FIELDS, DATE_FIELDS, ISSUER_FIELDS, LANGUAGE_FIELDS];
 
 /// Longest department or type name kept (longer is not a name but a misplaced text column).
 const MAX_NAME_CHARS: usize = 40;
@@ -46,6 +54,10 @@ pub struct DocMeta {
     pub doc_type: String,
     /// Publication or revision date as `YYYY`, `YYYY-MM` or `YYYY-MM-DD` (as precise as the source was).
     pub date: String,
+    /// Who issued it (来源), e.g. 国家卫健委.
+    pub issuer: String,
+    /// Its language as a Chinese name (中文, 英文, …): given, or read from the text at ingest.
+    pub language: String,
 }
 
 /// Why a metadata value was refused (the caller adds the file and line).
@@ -59,16 +71,35 @@ pub enum MetaError {
 
 impl DocMeta {
     pub fn is_empty(&self) -> bool {
-        self.department.is_empty() && self.doc_type.is_empty() && self.date.is_empty()
+        self.fields().iter().all(|f| f.is_empty())
     }
 
-    /// Builds metadata from raw values (a record's fields), checking each.
-    pub fn from_values(department: &str, doc_type: &str, date: &str) -> Result<DocMeta, MetaError> {
+    fn fields(&self) -> [&String; 5] {
+        [&self.department, &self.doc_type, &self.date, &self.issuer, &self.language]
+    }
+
+    /// The values checked and put in their stored form (names trimmed, the date read, the language named).
+    pub fn checked(&self) -> Result<DocMeta, MetaError> {
         Ok(DocMeta {
-            department: name("科室", department)?,
-            doc_type: name("类型", doc_type)?,
-            date: parse_date(date)?,
+            department: name("科室", &self.department)?,
+            doc_type: name("类型", &self.doc_type)?,
+            date: parse_date(&self.date)?,
+            issuer: name("来源", &self.issuer)?,
+            language: language_name(&name("语言", &self.language)?),
         })
+    }
+
+    /// Reads a record's filing: `field` gives the value of the first of the names it is asked for that the record
+    /// has (JSONL fields, CSV columns, document properties), or an empty string.
+    pub fn from_fields(mut field: impl FnMut(&[&str]) -> String) -> Result<DocMeta, MetaError> {
+        DocMeta {
+            department: field(DEPARTMENT_FIELDS),
+            doc_type: field(TYPE_FIELDS),
+            date: field(DATE_FIELDS),
+            issuer: field(ISSUER_FIELDS),
+            language: field(LANGUAGE_FIELDS),
+        }
+        .checked()
     }
 
     /// Fills what `self` lacks from `other` (the record wins over its folders, both over the upload form).
@@ -77,6 +108,8 @@ impl DocMeta {
             (&mut self.department, &other.department),
             (&mut self.doc_type, &other.doc_type),
             (&mut self.date, &other.date),
+            (&mut self.issuer, &other.issuer),
+            (&mut self.language, &other.language),
         ] {
             if mine.is_empty() {
                 mine.clone_from(theirs);
@@ -109,11 +142,14 @@ impl DocMeta {
     /// The filing a file's own properties give (a Word document's custom properties, a PDF's document
     /// information): properties named like the JSONL fields, and a category as the type when no property names one.
     pub fn from_properties(props: &[(String, String)], category: Option<&str>) -> Result<DocMeta, MetaError> {
-        let named = |names: &[&str]| {
-            props.iter().find(|(k, _)| names.iter().any(|n| k.trim().eq_ignore_ascii_case(n))).map(|(_, v)| v.as_str())
-        };
-        let kind = named(TYPE_FIELDS).or(category).unwrap_or("");
-        DocMeta::from_values(named(DEPARTMENT_FIELDS).unwrap_or(""), kind, named(DATE_FIELDS).unwrap_or(""))
+        DocMeta::from_fields(|names| {
+            let named = props.iter().find(|(k, _)| names.iter().any(|n| k.trim().eq_ignore_ascii_case(n)));
+            match named {
+                Some((_, v)) => v.clone(),
+                None if names == TYPE_FIELDS => category.unwrap_or("").to_string(),
+                None => String::new(),
+            }
+        })
     }
 
     /// The year, for facets: the first four characters of the date.
@@ -121,13 +157,98 @@ impl DocMeta {
         self.date.get(..4)
     }
 
-    /// Bytes folded into a document's content hash, so that a changed department or date re-indexes the
-    /// document; empty when there is no metadata, so hashes of documents without any stay as they were.
+    /// Bytes folded into a document's content hash, so that a changed filing in the file updates the stored one;
+    /// empty when there is no metadata, so hashes of documents without any stay as they were (and the issuer and
+    /// language add bytes only when given, so the hashes of documents filed before they existed stay too).
     pub fn hash_bytes(&self) -> Vec<u8> {
         if self.is_empty() {
             return Vec::new();
         }
-        format!("\u{0}meta\u{0}{}\u{0}{}\u{0}{}", self.department, self.doc_type, self.date).into_bytes()
+        let mut s = format!("\u{0}meta\u{0}{}\u{0}{}\u{0}{}", self.department, self.doc_type, self.date);
+        if !self.issuer.is_empty() || !self.language.is_empty() {
+            s.push_str(&format!("\u{0}{}\u{0}{}", self.issuer, self.language));
+        }
+        s.into_bytes()
+    }
+}
+
+/// Languages by the names and codes files use, to the name the filter shows (others are kept as written).
+const LANGUAGES: &[(&str, &[&str])] = &[
+    (
+        "中文",
+        &[
+            "zh",
+            "zh-cn",
+            "zh-hans",
+            "zh-tw",
+            "zh-hk",
+            "zh-hant",
+            "chi",
+            "zho",
+            "chinese",
+            "汉语",
+            "简体中文",
+            "繁体中文",
+            "繁體中文",
+        ],
+    ),
+    ("英文", &["en", "en-us", "en-gb", "eng", "english", "英语"]),
+    ("日文", &["ja", "ja-jp", "jpn", "japanese", "日语"]),
+    ("韩文", &["ko", "ko-kr", "kor", "korean", "韩语"]),
+    ("法文", &["fr", "fra", "fre", "french", "法语"]),
+    ("德文", &["de", "deu", "ger", "german", "德语"]),
+];
+
+/// The Chinese name of a language written as a code or a name (`en`, `English`, `英语` → 英文).
+pub fn language_name(raw: &str) -> String {
+    let v = raw.trim();
+    let lower = v.to_ascii_lowercase().replace('_', "-");
+    LANGUAGES
+        .iter()
+        .find(|(name, aliases)| *name == v || aliases.contains(&lower.as_str()))
+        .map_or_else(|| v.to_string(), |(name, _)| name.to_string())
+}
+
+/// The language of a text, from its first few thousand characters: Chinese when Han characters are at least a
+/// third as many as Latin letters (a Chinese guideline full of English abbreviations is Chinese), Japanese or
+/// Korean by their own scripts, English when Latin letters dominate; empty when there is nothing to tell by.
+pub fn detect_language(text: &str) -> &'static str {
+    let (mut han, mut kana, mut hangul, mut latin) = (0usize, 0usize, 0usize, 0usize);
+    for c in text.chars().take(4000) {
+        match c {
+            '\u{4e00}'..='\u{9fff}' | '\u{3400}'..='\u{4dbf}' => han += 1,
+            '\u{3040}'..='\u{30ff}' => kana += 1,
+            '\u{ac00}'..='\u{d7af}' => hangul += 1,
+            c if c.is_ascii_alphabetic() => latin += 1,
+            _ => {}
+        }
+    }
+    if kana * 5 > han && kana >= 10 {
+        "日文"
+    } else if hangul >= 10 && hangul * 3 >= latin {
+        "韩文"
+    } else if han > 0 && han * 3 >= latin {
+        "中文"
+    } else if latin >= 20 {
+        "英文"
+    } else {
+        ""
+    }
+}
+
+/// New filing for documents, by external id. `sets` says which of [`DocMeta`]'s fields it gives, in
+/// [`ALL_FIELDS`]' order: a spreadsheet without a date column leaves the stored dates as they are, while in a
+/// column it has an empty cell clears the value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filing {
+    pub sets: [bool; 5],
+    pub rows: Vec<(String, DocMeta)>,
+}
+
+impl Filing {
+    /// A filing that gives every field (an admin's edit of one document).
+    pub fn whole(rows: Vec<(String, DocMeta)>) -> Filing {
+        Filing { sets: [true; 5], rows }
     }
 }
 
@@ -135,9 +256,9 @@ impl DocMeta {
 const MAX_FILING_ROWS: usize = 1_000_000;
 
 /// Reads a filing spreadsheet (CSV, UTF-8): a header with an id column (`id`, `external_id`, `编号`, …) and any
-/// of the department, type and date columns; one row per document. Returns (external id, filing) per row, or a
+/// of the department, type, date, issuer and language columns; one row per document. Returns the filing, or a
 /// Chinese message naming the line.
-pub fn read_filing(text: &str) -> Result<Vec<(String, DocMeta)>, crate::Error> {
+pub fn read_filing(text: &str) -> Result<Filing, crate::Error> {
     let bad = |m: String| crate::Error::InvalidInput(m);
     let mut rdr = ::csv::ReaderBuilder::new().has_headers(true).flexible(false).from_reader(text.as_bytes());
     let header: Vec<String> = rdr
@@ -150,9 +271,9 @@ pub fn read_filing(text: &str) -> Result<Vec<(String, DocMeta)>, crate::Error> {
     let id = col(super::csv::ID_COLUMNS).ok_or_else(|| {
         bad(format!("表头没有编号列（{}）；表头为：{}", super::csv::ID_COLUMNS.join("、"), header.join("、")))
     })?;
-    let (dept, kind, date) = (col(DEPARTMENT_FIELDS), col(TYPE_FIELDS), col(DATE_FIELDS));
-    if dept.is_none() && kind.is_none() && date.is_none() {
-        return Err(bad(format!("表头没有科室、类型或日期列；表头为：{}", header.join("、"))));
+    let cols: Vec<Option<usize>> = ALL_FIELDS.iter().map(|f| col(f)).collect();
+    if cols.iter().all(Option::is_none) {
+        return Err(bad(format!("表头没有科室、类型、日期、来源或语言列；表头为：{}", header.join("、"))));
     }
     let mut out = Vec::new();
     for rec in rdr.records() {
@@ -166,10 +287,17 @@ pub fn read_filing(text: &str) -> Result<Vec<(String, DocMeta)>, crate::Error> {
         if key.is_empty() {
             return Err(bad(format!("第 {line} 行的编号为空")));
         }
-        let m = DocMeta::from_values(get(dept), get(kind), get(date)).map_err(|e| bad(format!("第 {line} 行：{e}")))?;
+        let m = DocMeta::from_fields(|names| {
+            get(ALL_FIELDS.iter().position(|f| *f == names).and_then(|i| cols[i])).to_string()
+        })
+        .map_err(|e| bad(format!("第 {line} 行：{e}")))?;
         out.push((key.to_string(), m));
     }
-    Ok(out)
+    let mut sets = [false; 5];
+    for (set, c) in sets.iter_mut().zip(&cols) {
+        *set = c.is_some();
+    }
+    Ok(Filing { sets, rows: out })
 }
 
 fn name(what: &'static str, value: &str) -> Result<String, MetaError> {
@@ -261,15 +389,47 @@ mod tests {
     #[test]
     fn folders_name_department_type_and_year_and_the_record_wins() {
         let f = DocMeta::from_folders(["心内科", "2021", "指南", "杂项"]);
-        assert_eq!(f, DocMeta { department: "心内科".into(), doc_type: "指南".into(), date: "2021".into() });
+        let m3 = |d: &str, t: &str, date: &str| DocMeta {
+            department: d.into(),
+            doc_type: t.into(),
+            date: date.into(),
+            ..Default::default()
+        };
+        assert_eq!(f, m3("心内科", "指南", "2021"));
         assert_eq!(f.year(), Some("2021"));
-        let rec = DocMeta::from_values("", "药品说明书", "2023-05").unwrap();
-        let form = DocMeta { department: "药剂科".into(), doc_type: "制度".into(), date: "2020".into() };
+        let rec = m3("", "药品说明书", "2023-05").checked().unwrap();
+        let form = m3("药剂科", "制度", "2020");
         let m = rec.or(&f).or(&form);
-        assert_eq!(m, DocMeta { department: "心内科".into(), doc_type: "药品说明书".into(), date: "2023-05".into() });
+        assert_eq!(m, m3("心内科", "药品说明书", "2023-05"));
         assert_eq!(DocMeta::default().or(&form), form);
-        assert!(DocMeta::from_values(&"长".repeat(41), "", "").is_err());
+        assert!(m3(&"长".repeat(41), "", "").checked().is_err());
         assert!(DocMeta::default().hash_bytes().is_empty());
         assert_ne!(form.hash_bytes(), m.hash_bytes());
+    }
+
+    #[test]
+    fn issuer_and_language_are_read_named_and_detected() {
+        let rec = serde_json::json!({"发布机构": " 国家卫健委 ", "lang": "EN_us", "科室": "心内科"});
+        let m = DocMeta::from_fields(|names| {
+            names.iter().find_map(|n| rec.get(*n)).and_then(|v| v.as_str()).unwrap_or("").to_string()
+        })
+        .unwrap();
+        assert_eq!((m.issuer.as_str(), m.language.as_str(), m.department.as_str()), ("国家卫健委", "英文", "心内科"));
+        for (raw, want) in
+            [("zh-CN", "中文"), ("汉语", "中文"), ("中文", "中文"), ("English", "英文"), ("藏文", "藏文")]
+        {
+            assert_eq!(language_name(raw), want, "{raw}");
+        }
+        assert_eq!(detect_language("二甲双胍（metformin）的禁忌症：eGFR<30 ml/min 禁用，需监测 HbA1c。"), "中文");
+        assert_eq!(detect_language("Metformin is contraindicated when eGFR is below 30 mL/min per 1.73 m2."), "英文");
+        assert_eq!(detect_language("メトホルミンの禁忌について説明します。腎機能"), "日文");
+        assert_eq!(detect_language("12345 ……"), "");
+        // An issuer or language changes the hash only when given, so older documents keep theirs.
+        let plain = DocMeta { department: "心内科".into(), ..Default::default() };
+        let issued = DocMeta { issuer: "本院".into(), ..plain.clone() };
+        assert!(String::from_utf8(plain.hash_bytes()).unwrap().ends_with("心内科\u{0}\u{0}"));
+        assert_ne!(plain.hash_bytes(), issued.hash_bytes());
+        let too_long = DocMeta { issuer: "长".repeat(41), ..Default::default() };
+        assert!(matches!(too_long.checked(), Err(MetaError::TooLong { what: "来源", .. })));
     }
 }

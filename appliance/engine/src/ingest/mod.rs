@@ -128,6 +128,11 @@ pub struct IngestOptions {
     pub csv_id_column: Option<String>,
     /// Department, type and date for every document of the upload that does not say its own (the upload form).
     pub meta: meta::DocMeta,
+    /// The external id of the document this upload's one file replaces (the console's 更新内容 on a document):
+    /// the file must hold exactly one document, which takes this id, so a new version under another file name
+    /// replaces the old one instead of standing beside it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaces: Option<String>,
 }
 
 /// Bounds on what one upload may make the appliance read.
@@ -306,20 +311,33 @@ pub fn parse_origin(
     limits: &IngestLimits,
 ) -> Result<ParsedFile> {
     // What the record does not say of its department, type or date, the upload (and an archive's folders) may.
-    let fill = |mut f: ParsedFile| {
+    let fill = |mut f: ParsedFile| -> Result<ParsedFile> {
         if !opts.meta.is_empty() {
             for d in &mut f.documents {
                 d.meta = std::mem::take(&mut d.meta).or(&opts.meta);
             }
         }
-        f
+        if let Some(id) = &opts.replaces {
+            let [d] = f.documents.as_mut_slice() else {
+                return Err(Error::MalformedFile {
+                    path: origin.path.clone(),
+                    format: kind.name(),
+                    message: format!(
+                        "用于更新文档「{id}」的文件应只含一篇文档，此文件含 {} 篇；多篇请在资料库页面整批上传",
+                        f.documents.len()
+                    ),
+                });
+            };
+            d.external_id.clone_from(id);
+        }
+        Ok(f)
     };
     #[cfg(test)]
     if UNGUARDED.with(|u| u.get()) {
-        return parse_inner(origin, kind, bytes, opts, limits).map(fill);
+        return parse_inner(origin, kind, bytes, opts, limits).and_then(fill);
     }
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parse_inner(origin, kind, bytes, opts, limits))) {
-        Ok(r) => r.and_then(|f| within_text_budget(origin, bytes.len(), limits, f)).map(fill),
+        Ok(r) => r.and_then(|f| within_text_budget(origin, bytes.len(), limits, f)).and_then(fill),
         Err(panic) => {
             let what = panic
                 .downcast_ref::<String>()
@@ -554,12 +572,7 @@ fn parse_jsonl(path: &Path, text: &str, file_name: &str, source: &str) -> Result
             line: line_no,
             message: format!("not a JSON object with a string `text` field: {e}"),
         })?;
-        let meta = meta::DocMeta::from_values(
-            &rec.other(meta::DEPARTMENT_FIELDS),
-            &rec.other(meta::TYPE_FIELDS),
-            &rec.other(meta::DATE_FIELDS),
-        )
-        .map_err(|e| Error::MalformedRecord {
+        let meta = meta::DocMeta::from_fields(|names| rec.other(names)).map_err(|e| Error::MalformedRecord {
             path: path.to_path_buf(),
             line: line_no,
             message: e.to_string(),

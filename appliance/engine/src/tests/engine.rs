@@ -856,13 +856,14 @@ mod lifecycle_gate {
         // Now the full model is the candidate: it passes and is promoted; rollback restores the narrow pair's
         // results exactly.
         // A department filed before the switch (SQLite only) filters the same documents on every pair.
+        use crate::ingest::meta::Filing;
         let filed: Vec<(String, crate::ingest::meta::DocMeta)> = ["qtr-d00000", "qtr-d00001", "qtr-d00002"]
             .iter()
             .map(|id| {
                 (id.to_string(), crate::ingest::meta::DocMeta { department: "测试科".into(), ..Default::default() })
             })
             .collect();
-        assert_eq!(e.collections().file_documents(&admin, "kuake", &filed).unwrap().0, 3);
+        assert_eq!(e.collections().file_documents(&admin, "kuake", &Filing::whole(filed)).unwrap().0, 3);
         let filtered = |e: &Engine| -> std::collections::BTreeSet<String> {
             let req = SearchRequest {
                 query: queries[0].clone(),
@@ -1723,8 +1724,13 @@ mod jobs {
         assert_eq!(
             hits[0].meta,
             DocMeta {
-                department: "内分泌科".into(), doc_type: "药品说明书".into(), date: "2022-03-01".into()
-            }
+                department: "内分泌科".into(),
+                doc_type: "药品说明书".into(),
+                date: "2022-03-01".into(),
+                issuer: String::new(),
+                language: "中文".into(),
+            },
+            "the language is read from the text"
         );
         // The same upload again is a no-op; a changed date alone replaces the document.
         let f = run(form.clone(), jsonl);
@@ -1773,6 +1779,60 @@ mod jobs {
         assert!(depts.contains(&("肾内科".to_string(), 1)), "{depts:?}");
         let audit = e.audit().records(&bob, &Default::default(), 50, 0).unwrap();
         assert!(audit.iter().any(|r| r.action == "document.file" && r.detail["unknown"] == 1), "{audit:?}");
+
+        // A spreadsheet of issuers and languages changes those alone; the search filters and counts them.
+        let rows = crate::ingest::meta::read_filing(
+            "id,来源,language
+met,国家药监局,en
+",
+        )
+        .unwrap();
+        assert_eq!(rows.sets, [false, false, false, true, true]);
+        assert_eq!(e.collections().file_documents(&bob, "c", &rows).unwrap().0, 1);
+        assert_eq!(meta_of("met"), s("肾内科", "药品说明书", "2021-06"), "columns it lacks are kept");
+        let search = |filter: crate::facets::SearchFilter| {
+            e.search().run(&bob, &SearchAs { query: "二甲双胍 高血压".into(), filter, ..Default::default() }).unwrap()
+        };
+        let english = crate::facets::SearchFilter { languages: vec!["English".into()], ..Default::default() };
+        let r = search(english);
+        assert_eq!(r.hits.iter().map(|h| h.external_id.as_str()).collect::<Vec<_>>(), ["met"]);
+        assert_eq!(r.hits[0].meta.issuer, "国家药监局");
+        let langs: Vec<(&str, usize, bool)> =
+            r.facets.languages.iter().map(|c| (c.value.as_str(), c.count, c.selected)).collect();
+        assert_eq!(langs, [("中文", 1, false), ("英文", 1, true)], "the language facet counts across its own filter");
+        let by_issuer = crate::facets::SearchFilter { issuers: vec!["国家药监局".into()], ..Default::default() };
+        assert_eq!(search(by_issuer).hits.len(), 1);
+        let nobody = crate::facets::SearchFilter { issuers: vec!["无此机构".into()], ..Default::default() };
+        assert!(search(nobody).hits.is_empty());
+
+        // A new version of one document under another file name replaces it, keeping its id and filing.
+        let replace = |name: &str, body: &str| {
+            let up = e.ingest().new_upload(&bob, "c").unwrap();
+            let files = vec![put(&up, name, body.as_bytes())];
+            e.ingest().submit_replacement(&bob, "c", "met", files)
+        };
+        let id = replace("二甲双胍-2025版.md", "# 二甲双胍\n二甲双胍用于2型糖尿病，eGFR低于30时禁用。").unwrap();
+        let w = Worker::start(e.clone(), 1);
+        let j = wait(&e, id);
+        w.shutdown();
+        assert_eq!(j.state, JobState::Done, "{j:?}");
+        assert_eq!(e.job_files(id).unwrap()[0].replaced, 1);
+        assert_eq!(meta_of("met"), s("肾内科", "药品说明书", "2021-06"), "the filing stays");
+        let hits = e.search().run(&bob, &SearchAs { query: "eGFR".into(), ..Default::default() }).unwrap().hits;
+        assert_eq!(hits.iter().map(|h| h.external_id.as_str()).collect::<Vec<_>>(), ["met"]);
+        assert_eq!(e.collections().documents(&bob, "c", &q("", "")).unwrap().1, 2, "no document was added");
+        // A file of two documents fails its job with a Chinese message; an archive or an unknown id is refused.
+        let two = "{\"id\":\"a\",\"text\":\"甲\"}\n{\"id\":\"b\",\"text\":\"乙\"}\n";
+        let id = replace("two.jsonl", two).unwrap();
+        let w = Worker::start(e.clone(), 1);
+        wait(&e, id);
+        w.shutdown();
+        let f = e.job_files(id).unwrap().remove(0);
+        assert!(f.errors[0].message.contains("只含一篇文档"), "{:?}", f.errors);
+        assert!(replace("bundle.zip", "PK").unwrap_err().to_string().contains("压缩包"));
+        let up = e.ingest().new_upload(&bob, "c").unwrap();
+        let err = e.ingest().submit_replacement(&bob, "c", "nope", vec![put(&up, "x.md", b"x")]).unwrap_err();
+        assert!(err.to_string().contains("没有文档"), "{err}");
     }
 }
 
