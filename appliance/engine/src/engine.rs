@@ -45,13 +45,13 @@ pub struct Engine {
     /// Tokenizers of query models (by model id) used to measure chunks; loaded without the ONNX session.
     pub(crate) tokenizers: std::sync::Mutex<HashMap<i64, std::sync::Arc<tokenizers::Tokenizer>>>,
     /// The synonym table as of its version in SQLite ([`Engine::synonym_table`]).
-    pub(crate) synonyms: std::sync::RwLock<Option<std::sync::Arc<crate::synonyms::SynonymTable>>>,
+    pub(crate) synonyms: Versioned<crate::synonyms::SynonymTable>,
     /// Words a full scan found in no chunk text ([`Engine::text_contains`]).
     pub(crate) absent_words: std::sync::Mutex<HashMap<(String, String), AbsentWord>>,
     /// The chunks' text in memory for those scans.
     pub(crate) texts: crate::store::texts::TextImage,
-    /// Documents' department, type and date as of their version in SQLite ([`Engine::meta_index`]).
-    pub(crate) meta_index: std::sync::RwLock<Option<std::sync::Arc<crate::facets::MetaIndex>>>,
+    /// Documents' filing as of its version in SQLite ([`Engine::meta_index`]).
+    pub(crate) meta_index: Versioned<crate::facets::MetaIndex>,
     /// The trainer's status as of its newest check ([`Engine::trainer_status`]).
     pub(crate) trainer_check: crate::trainer::TrainerCheck,
     /// The scheduler's wake-up signal and the cancel tokens of running tasks ([`crate::tasks`]).
@@ -186,6 +186,35 @@ fn upsert_document(
             tx.last_insert_rowid()
         }
     }))
+}
+
+/// A value built from SQLite rows and kept while a version counter there (moved by triggers or by the writers)
+/// stays the same: a search reads the counter, one small query, and rebuilds only after a change made by any
+/// process. The version is read before the rows, so a value is never labelled newer than its rows.
+#[derive(Debug)]
+pub(crate) struct Versioned<T>(std::sync::RwLock<Option<std::sync::Arc<T>>>);
+
+impl<T> Default for Versioned<T> {
+    fn default() -> Self {
+        Versioned(std::sync::RwLock::new(None))
+    }
+}
+
+impl<T> Versioned<T> {
+    fn get(
+        &self,
+        version: i64,
+        version_of: impl Fn(&T) -> i64,
+        load: impl FnOnce() -> Result<T>,
+    ) -> Result<std::sync::Arc<T>> {
+        let held = self.0.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(v) = held.filter(|v| version_of(v) == version) {
+            return Ok(v);
+        }
+        let fresh = std::sync::Arc::new(load()?);
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Some(fresh.clone());
+        Ok(fresh)
+    }
 }
 
 impl std::fmt::Debug for Engine {
@@ -1051,9 +1080,10 @@ impl Engine {
             collections: self.store.collections()?,
         })
     }
-    /// Checks a search request's query text and paging before any work is done (also for callers that end up
-    /// searching nothing, so every caller gets the same limits). Returns the trimmed query.
-    pub(crate) fn validate_search<'a>(&self, req: &'a SearchRequest) -> Result<&'a str> {
+    /// Checks a search request's query text, paging and filter before any work is done (also for callers that end
+    /// up searching nothing, so every caller gets the same limits). Returns the trimmed query and the normalised
+    /// filter.
+    pub(crate) fn validate_search<'a>(&self, req: &'a SearchRequest) -> Result<(&'a str, crate::facets::SearchFilter)> {
         let query = req.query.trim();
         if query.is_empty() {
             return Err(Error::InvalidInput("查询为空：请输入要搜索的词语 (the query is empty)".into()));
@@ -1071,8 +1101,7 @@ impl Engine {
                 req.offset
             )));
         }
-        req.filter.normalized()?;
-        Ok(query)
+        Ok((query, req.filter.normalized()?))
     }
 
     /// Hybrid search with snippets: BM25 and dense candidates fused per the collection's setting (or the
@@ -1080,7 +1109,7 @@ impl Engine {
     /// and match evidence: which of the query's salient terms it contains, and which terms occur nowhere.
     pub(crate) fn search_unaudited(&self, req: &SearchRequest) -> Result<SearchResults> {
         let started = Instant::now();
-        let query = self.validate_search(req)?;
+        let (query, filter) = self.validate_search(req)?;
         let cols: Vec<Collection> = match &req.collections {
             Some(names) => names.iter().map(|c| self.store.collection(c)).collect::<Result<_>>()?,
             None => self.store.collection_list()?,
@@ -1097,7 +1126,6 @@ impl Engine {
         let encode_ms = t0.elapsed().as_secs_f64() * 1e3;
         let qvec = encoded.as_ref().and_then(|(v, m)| v.first().map(|v| (v.as_slice(), m)));
         let t1 = Instant::now();
-        let filter = req.filter.normalized()?;
         let metas = self.meta_index()?;
         let mut spec = crate::fusion::RankSpec {
             method: req.method,
@@ -1180,27 +1208,15 @@ impl Engine {
     /// The synonym table as of its version in SQLite: reloaded when an edit (from any process) bumped it.
     pub(crate) fn synonym_table(&self) -> Result<std::sync::Arc<crate::synonyms::SynonymTable>> {
         let version = crate::synonyms::version(&self.store.reader())?;
-        let held = self.synonyms.read().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some(t) = held.filter(|t| t.version == version) {
-            return Ok(t);
-        }
-        let fresh = std::sync::Arc::new(crate::synonyms::SynonymTable::load(&self.store)?);
-        *self.synonyms.write().unwrap_or_else(|p| p.into_inner()) = Some(fresh.clone());
-        Ok(fresh)
+        self.synonyms.get(version, |t| t.version, || crate::synonyms::SynonymTable::load(&self.store, version))
     }
 
-    /// Every document's department, type and date, reloaded when the version in SQLite moved (an ingest, an edit
-    /// or a deletion from any process).
+    /// Every document's filing, reloaded when the version in SQLite moved (an ingest, an edit or a deletion from
+    /// any process).
     pub(crate) fn meta_index(&self) -> Result<std::sync::Arc<crate::facets::MetaIndex>> {
         let version: i64 =
             self.store.reader().query_row("SELECT version FROM document_meta_state WHERE id = 1", [], |r| r.get(0))?;
-        let held = self.meta_index.read().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some(m) = held.filter(|m| m.version == version) {
-            return Ok(m);
-        }
-        let fresh = std::sync::Arc::new(crate::facets::MetaIndex::load(&self.store)?);
-        *self.meta_index.write().unwrap_or_else(|p| p.into_inner()) = Some(fresh.clone());
-        Ok(fresh)
+        self.meta_index.get(version, |m| m.version, || crate::facets::MetaIndex::load(&self.store, version))
     }
 
     /// The query as searched, with synonyms; an all-letters query that is no word of `collections` nor a table

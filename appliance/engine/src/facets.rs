@@ -226,9 +226,9 @@ struct Entry {
 const RECENT_FILTERS: usize = 16;
 
 impl MetaIndex {
-    pub fn load(store: &crate::store::Store) -> Result<MetaIndex> {
+    /// Every document's filing, labelled `version` (read by the caller before this).
+    pub fn load(store: &crate::store::Store, version: i64) -> Result<MetaIndex> {
         let conn = store.reader();
-        let version: i64 = conn.query_row("SELECT version FROM document_meta_state WHERE id = 1", [], |r| r.get(0))?;
         let mut stmt =
             conn.prepare("SELECT id, collection_id, department, doc_type, doc_date, issuer, language FROM documents")?;
         let rows = stmt.query_map([], |r| {

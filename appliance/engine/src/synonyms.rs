@@ -425,9 +425,9 @@ pub struct TermMatch {
 }
 
 impl SynonymTable {
-    pub fn load(store: &Store) -> Result<SynonymTable> {
+    /// The table's rows, labelled `version` (read by the caller before this).
+    pub fn load(store: &Store, version: i64) -> Result<SynonymTable> {
         let conn = store.reader();
-        let version = version(&conn)?;
         let groups: Vec<Vec<String>> =
             all_rows(&conn)?.into_iter().map(|e| std::iter::once(e.preferred).chain(e.variants).collect()).collect();
         Ok(SynonymTable::build(version, groups))
