@@ -30,6 +30,7 @@ DEBIAN_PACKAGES=(
     chromium chromium-driver fonts-noto-cjk   # headless browser tests (tests/tests/web.rs), Chinese glyphs
     binutils                # strip, for the .deb
     lintian systemd         # the .deb test: lintian, systemd-analyze security, systemd-sysusers in postinst
+    slapd ldap-utils        # the directory sign-in tests start a real OpenLDAP server (tests/tests/directory.rs)
 )
 # Only for `dev.sh bench-venv` (the Python reference stack of tests/bench/side_by_side.sh), not installed by setup.
 BENCH_DEBIAN_PACKAGES=(
@@ -184,6 +185,17 @@ device_build() {
     log "  bash target/device-pack/gpu_check.sh"
 }
 
+# The OpenID Connect provider the sign-in tests start (node-oidc-provider, tests/oidc/package-lock.json). Node.js
+# from Debian when the machine has none (a machine with NodeSource's nodejs already has npm: Debian's npm package
+# would conflict with it).
+install_oidc_provider() {
+    command -v npm >/dev/null 2>&1 || apt_install nodejs npm
+    if [ ! -d "$ROOT/tests/oidc/node_modules/oidc-provider" ] || [ "$ROOT/tests/oidc/package-lock.json" -nt "$ROOT/tests/oidc/node_modules/.package-lock.json" ]; then
+        log "installing the test OIDC provider from the npm registry (tests/oidc)"
+        npm ci --prefix "$ROOT/tests/oidc" --no-audit --no-fund --loglevel=error >&2
+    fi
+}
+
 setup() {
     command -v cargo >/dev/null || { log "cargo not found: install the Rust toolchain (https://rustup.rs) first"; exit 1; }
     apt_install "${DEBIAN_PACKAGES[@]}"
@@ -227,6 +239,8 @@ check_prereqs() {
 }
 check_tests() {
     check_tool chromium chromium; check_tool chromedriver chromium-driver
+    [ -x /usr/sbin/slapd ] || need "slapd (OpenLDAP) not found" "sudo apt-get install slapd ldap-utils"
+    check_tool ldapmodify ldap-utils; check_tool node nodejs
     fc-list ':lang=zh' 2>/dev/null | grep -q . || need "no Chinese font (fc-list :lang=zh is empty)" "sudo apt-get install fonts-noto-cjk"
     # The real data and reference vectors the tests read (never copied into the repository).
     [ -f "${CARE_SHARED:-$ROOT/../shared}/models/e5-small-embedding-vectors.jsonl" ] && [ -d "${CARE_SHARED:-$ROOT/../shared}/data/retrieval" ] ||
@@ -276,6 +290,7 @@ case "${1:-}" in
     test)
         setup
         install_torch
+        install_oidc_provider
         export CARE_SHARED=${CARE_SHARED:-$ROOT/../shared}
         check_prereqs; check_tests; report_prereqs
         "$ROOT/packaging/dev-check-test.sh"

@@ -38,6 +38,9 @@ function enhanceUploads() {
   });
 }
 
+// Job states as people read them (the API keeps the codes).
+const STATE_ZH = { queued: "排队中", running: "进行中", done: "完成", failed: "失败", cancelled: "已取消" };
+
 // Jobs page: poll the JSON API and update progress, state and per-file errors in place.
 function pollJobs() {
   const table = document.querySelector("table[data-poll]");
@@ -60,7 +63,7 @@ function pollJobs() {
           if (kinds && live(row.getAttribute("data-state")) && !live(j.state)) window.location.reload();
           row.setAttribute("data-state", j.state);
           const st = row.querySelector(".state");
-          st.textContent = j.state;
+          st.textContent = STATE_ZH[j.state] || j.state;
           st.className = "state state-" + j.state;
           const bar = row.querySelector("progress");
           bar.max = j.progress_total;

@@ -144,7 +144,7 @@ def main():
     pw = os.path.join(tmp, "pw")
     with open(pw, "w") as f:
         f.write("hostile-bench-password-1")
-    cli("user", "add", "admin", "--role", "admin", "--password-file", pw)
+    cli("user", "add", "admin", "--role", "admin", "--password-file", pw, "--permanent")
     token = cli("user", "token", "admin", "--name", "bench").strip()
     queries = [json.loads(l)["text"] for l in open(os.path.join(set_dir, "queries.jsonl"))][:500]
     server = subprocess.Popen([care, "--config", config, "--data-dir", data, "serve", "--bind", "127.0.0.1:0", "--http-bind", "127.0.0.1:0"],

@@ -1,5 +1,6 @@
 //! Helpers for the end-to-end tests: run the real `care` binary against a temporary data directory.
 
+pub mod directory;
 pub mod webdriver;
 
 use std::io::{BufRead, BufReader};
@@ -35,16 +36,19 @@ pub fn e5s1() -> PathBuf {
 pub struct Care {
     pub data_dir: PathBuf,
     pub env: Vec<(String, String)>,
+    /// A care.toml of the test's own; compiled defaults only when `None`.
+    pub config: Option<PathBuf>,
 }
 
 impl Care {
     pub fn new(data_dir: &Path) -> Self {
-        Care { data_dir: data_dir.to_path_buf(), env: Vec::new() }
+        Care { data_dir: data_dir.to_path_buf(), env: Vec::new(), config: None }
     }
 
     pub fn command(&self, args: &[&str]) -> Command {
         let mut c = Command::new(care_bin());
-        c.arg("--data-dir").arg(&self.data_dir).arg("--config").arg(empty_config());
+        let config = self.config.clone().unwrap_or_else(empty_config);
+        c.arg("--data-dir").arg(&self.data_dir).arg("--config").arg(config);
         c.args(args);
         // The tests do not depend on the host's free disk; a test of the reserve sets its own value in `env`.
         c.env("CARE__TRAINING__KEEP_FREE_GB", "0");
@@ -84,8 +88,13 @@ impl Care {
 
     /// Starts `care serve` with HTTPS and the plain-HTTP redirector on free loopback ports.
     pub fn serve_full(&self) -> Served {
+        self.serve_at("127.0.0.1:0")
+    }
+
+    /// The same on a chosen HTTPS address (a test whose peer must know the URL first, like an OIDC provider).
+    pub fn serve_at(&self, bind: &str) -> Served {
         let mut child = self
-            .command(&["serve", "--bind", "127.0.0.1:0", "--http-bind", "127.0.0.1:0"])
+            .command(&["serve", "--bind", bind, "--http-bind", "127.0.0.1:0"])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -172,7 +181,7 @@ pub fn write(p: &Path, s: &str) -> PathBuf {
 /// `care user add` with the password in a file under `dir`.
 pub fn add_user(care: &Care, dir: &Path, name: &str, role: &str, pw: &str) {
     let f = write(&dir.join(format!("{name}.pw")), pw);
-    care.ok(&["user", "add", name, "--role", role, "--password-file", f.to_str().unwrap()]);
+    care.ok(&["user", "add", name, "--role", role, "--password-file", f.to_str().unwrap(), "--permanent"]);
 }
 
 /// A new API token of `user`, named `name`.

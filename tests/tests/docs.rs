@@ -532,3 +532,78 @@ fn import_circles_are_found_through_groups_and_reexports() {
             .collect();
     assert_eq!(circles(&graph), vec![vec!["a".to_string(), "b".into(), "c".into()]]);
 }
+
+/// Error variants whose whole message is the text given where they are raised (`Error::InvalidInput("…")`), and
+/// the server's helpers that raise them: what they say is what a person reads on a page or in a JSON error.
+const MESSAGE_CONSTRUCTORS: &[&str] = &[
+    "Error::InvalidInput(",
+    "Error::Forbidden(",
+    "Error::LoginFailed(",
+    "Error::Busy(",
+    "Error::RateLimited(",
+    "Error::LimitReached(",
+    "Error::Overloaded(",
+    "Error::TrainerUnavailable(",
+    "Error::ModelMismatch(",
+    "ApiError::invalid(",
+    "ApiError::forbidden(",
+    "ApiError::SignInRequired(",
+];
+
+/// English-only texts of those constructors still in the sources (each is shown led by its code's Chinese title,
+/// see `ApiError::public_message`). The number may only go down: a new message is written in Chinese.
+const ENGLISH_MESSAGES_LEFT: usize = 17;
+
+/// The string literals passed to a message constructor in the non-test code of the engine and the server, with
+/// where they are, for those that hold no Chinese.
+fn english_messages(root: &Path) -> Vec<String> {
+    let mut sources = Vec::new();
+    for dir in ["appliance/engine/src", "appliance/server/src"] {
+        files_with_ext(&root.join(dir), ".rs", &mut sources);
+    }
+    let chinese = |s: &str| s.chars().any(|c| ('\u{4e00}'..='\u{9fff}').contains(&c));
+    let mut found = Vec::new();
+    for path in sources.iter().filter(|p| !p.components().any(|c| c.as_os_str() == "tests")) {
+        let text = fs::read_to_string(path).expect("readable source");
+        let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+        for ctor in MESSAGE_CONSTRUCTORS {
+            for (at, _) in code.match_indices(ctor) {
+                // The message is the first literal of the call, before the statement ends.
+                let call = &code[at + ctor.len()..];
+                let call = &call[..call.find(';').unwrap_or(call.len()).min(600)];
+                let Some(open) = call.find('"') else { continue };
+                let lit = &call[open + 1..];
+                let lit = &lit[..lit.find('"').unwrap_or(lit.len())];
+                if !chinese(lit) {
+                    let line = code[..at].lines().count();
+                    found.push(format!(
+                        "{}:{line}: {ctor}\"{}\"",
+                        rel(root, path),
+                        lit.chars().take(60).collect::<String>()
+                    ));
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn messages_people_read_are_chinese_and_english_ones_only_decrease() {
+    let found = english_messages(&repo_root());
+    assert!(
+        found.len() <= ENGLISH_MESSAGES_LEFT,
+        "{} English-only messages (at most {ENGLISH_MESSAGES_LEFT}); write new ones in Chinese:\n{}",
+        found.len(),
+        found.join("\n")
+    );
+    // The check sees a message when there is one.
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("appliance/engine/src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("x.rs"), "fn f() { Err(Error::InvalidInput(\"bad\".into())); Error::Busy(\"忙\".into()); }")
+        .unwrap();
+    let got = english_messages(dir.path());
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(got[0].contains("\"bad\""), "{got:?}");
+}

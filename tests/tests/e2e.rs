@@ -320,14 +320,14 @@ fn cli_reports_bad_input_specifically() {
     let out = care.run(&["ingest", "nosuch", good.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("collection 'nosuch' does not exist"), "{err}");
+    assert!(err.contains("资料库 nosuch 不存在"), "{err}");
 
     let bad = t.path().join("bad.jsonl");
     std::fs::write(&bad, "{\"text\":\"ok\"}\nnot json\n").unwrap();
     let out = care.run(&["ingest", "--create", "c", bad.to_str().unwrap(), good.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "partial failure exits 2");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("FAILED") && err.contains("bad.jsonl:2:"), "{err}");
+    assert!(err.contains("FAILED") && err.contains("bad.jsonl 第 2 行"), "{err}");
     let hits = care.json(&["search", "--json", "戒烟"]);
     assert_eq!(hits["hits"][0]["external_id"], "good.txt");
 }
@@ -341,7 +341,7 @@ fn https_search_api_and_page_on_the_demo() {
     // The API needs a caller: an administrator's API token, as a machine client would use.
     let pw = t.path().join("admin.pw");
     std::fs::write(&pw, "demo-admin-passphrase").unwrap();
-    care.ok(&["user", "add", "admin", "--role", "admin", "--password-file", pw.to_str().unwrap()]);
+    care.ok(&["user", "add", "admin", "--role", "admin", "--password-file", pw.to_str().unwrap(), "--permanent"]);
     let token = care.ok(&["user", "token", "admin", "--name", "e2e"]).trim().to_string();
     let (_server, base) = care.serve();
     assert!(base.starts_with("https://127.0.0.1:"), "{base}");

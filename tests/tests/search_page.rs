@@ -14,7 +14,7 @@ fn demo_browser(dir: &std::path::Path) -> (Care, care_e2e::Served, Browser) {
     let out = care.run(&["demo", "--no-serve"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let pwf = write(&dir.join("admin.pw"), &format!("{ADMIN_PW}\n"));
-    care.ok(&["user", "add", "doctor", "--role", "admin", "--password-file", pwf.to_str().unwrap()]);
+    care.ok(&["user", "add", "doctor", "--role", "admin", "--password-file", pwf.to_str().unwrap(), "--permanent"]);
     let served = care.serve_full();
     let b = Browser::start(1280, 900);
     b.goto(&format!("{}/login", served.https));

@@ -107,6 +107,20 @@ fn authorisation_matrix_and_collection_isolation() {
     );
     let out = care.ok(&["collection", "file", "secret", filing.to_str().unwrap()]);
     assert!(out.contains("已更新 1 篇"), "{out}");
+    // A document of the granted collection whose access list names only the 会诊组: no clinician outside that
+    // group may find, open, rate or count it (added after `doc` above was picked, so the matrix's ids stay open).
+    let restricted_md =
+        write(&t.path().join("restricted.md"), "# 会诊限阅记录\n\n阿司匹林抵抗患者的会诊记录，仅限会诊组查阅。\n");
+    care.ok(&["ingest", "granted", restricted_md.to_str().unwrap()]);
+    let r = care.json(&["search", "--json", "-c", "granted", "阿司匹林抵抗 会诊"]);
+    let hit =
+        r["hits"].as_array().unwrap().iter().find(|h| h["title"] == "会诊限阅记录").expect("restricted doc").clone();
+    let (restricted_doc, restricted_chunk) = (hit["document_id"].as_i64().unwrap(), hit["chunk_id"].as_i64().unwrap());
+    let filing = write(
+        &t.path().join("access.csv"),
+        &format!("id,科室,可见范围\n{},会诊科,会诊组\n", hit["external_id"].as_str().unwrap()),
+    );
+    care.ok(&["collection", "file", "granted", filing.to_str().unwrap()]);
 
     let Served { child: _server, https: base, .. } = care.serve_full();
     let c = client();
@@ -126,6 +140,9 @@ fn authorisation_matrix_and_collection_isolation() {
     m.insert(("GET", "/login"), case("/login", Empty, 200, 303, &[303]));
     // A login post without the double-submit cookie is refused as CSRF; bearer callers reach the password check.
     m.insert(("POST", "/login"), case("/login", Form("username=nobody&password=wrong-password"), 403, 401, &[401]));
+    // No [oidc] here: starting is "not found"; a callback without this browser's state cookie is refused.
+    m.insert(("GET", "/login/oidc"), case("/login/oidc", Empty, 404, 404, &[404]));
+    m.insert(("GET", "/login/oidc/callback"), case("/login/oidc/callback?state=x&code=y", Empty, 401, 401, &[401]));
     m.insert(("GET", "/embed"), case(format!("/embed?{q}"), Empty, 200, 200, &[200]));
     m.insert(("GET", "/api/v1/openapi.json"), case("/api/v1/openapi.json", Empty, 200, 200, &[200]));
     // Signed-in users
@@ -214,6 +231,11 @@ fn authorisation_matrix_and_collection_isolation() {
     m.insert(("GET", "/admin/audit"), case("/admin/audit?action=search", Empty, 302, 403, &[200]));
     m.insert(("GET", "/admin/audit.csv"), case("/admin/audit.csv", Empty, 401, 403, &[200]));
     m.insert(("GET", "/admin/synonyms"), case("/admin/synonyms?q=COPD", Empty, 302, 403, &[200]));
+    m.insert(("GET", "/admin/settings"), case("/admin/settings", Empty, 302, 403, &[200]));
+    m.insert(
+        ("POST", "/admin/settings"),
+        case("/admin/settings", Form("key=dense_weight&value=0.6"), 302, 403, &[303]),
+    );
     m.insert(
         ("POST", "/admin/synonyms"),
         case(
@@ -513,6 +535,40 @@ fn authorisation_matrix_and_collection_isolation() {
     // The embed widget applies the same grants.
     let html = get(&format!("/embed?{q}"), &clin).text().unwrap();
     assert!(html.contains("阿司匹林指南") && !html.contains("机密病例"), "{html}");
+    // Document-level access: the restricted document is invisible to the clinician outside its group everywhere
+    // (search in every method, facets, a filter on its department, the document, feedback, the widget) and
+    // visible to an administrator.
+    let rq = "q=%E9%98%BF%E5%8F%B8%E5%8C%B9%E6%9E%97%E6%8A%B5%E6%8A%97%20%E4%BC%9A%E8%AF%8A";
+    for method in ["", "&method=bm25", "&method=dense"] {
+        let r: serde_json::Value = get(&format!("/api/v1/search?{rq}&limit=50{method}"), &clin).json().unwrap();
+        assert!(
+            !r.to_string().contains("会诊限阅记录") && !r["facets"].to_string().contains("会诊科"),
+            "{method}: {r}"
+        );
+    }
+    let r: serde_json::Value =
+        get(&format!("/api/v1/search?{rq}&department=%E4%BC%9A%E8%AF%8A%E7%A7%91"), &clin).json().unwrap();
+    assert!(r["total"] == 0 && !r.to_string().contains("会诊限阅记录"), "{r}");
+    assert!(!get(&format!("/search?{rq}"), &clin).text().unwrap().contains("会诊限阅记录"));
+    assert!(!get(&format!("/embed?{rq}"), &clin).text().unwrap().contains("会诊限阅记录"));
+    assert_eq!(get(&format!("/api/v1/documents/{restricted_doc}"), &clin).status(), 404);
+    assert_eq!(get(&format!("/doc/{restricted_doc}"), &clin).status(), 404);
+    let fb = format!("{{\"query\":\"阿司匹林\",\"chunk_id\":{restricted_chunk},\"helpful\":true}}");
+    let res = c
+        .post(format!("{base}/api/v1/feedback"))
+        .bearer_auth(&clin)
+        .header("content-type", "application/json")
+        .body(fb)
+        .send()
+        .unwrap();
+    assert_eq!(res.status(), 404);
+    let r: serde_json::Value = get(&format!("/api/v1/search?{rq}&limit=50"), &admin).json().unwrap();
+    assert!(r.to_string().contains("会诊限阅记录"), "the administrator sees it: {r}");
+    // In the group, the clinician sees it.
+    care.ok(&["user", "set", "drwang", "--groups", "会诊组"]);
+    let r: serde_json::Value = get(&format!("/api/v1/search?{rq}&limit=50"), &clin).json().unwrap();
+    assert!(r.to_string().contains("会诊限阅记录"), "{r}");
+    assert_eq!(get(&format!("/doc/{restricted_doc}"), &clin).status(), 200);
     // Unknown paths answer 404 with the error code (JSON for the API, an HTML page otherwise).
     let res = get("/api/v1/nope", &clin);
     assert_eq!(res.status(), 404);
@@ -605,6 +661,16 @@ fn sessions_csrf_cookies_redirects_headers_and_lockout() {
     let html = res.text().unwrap();
     assert!(html.contains("请先修改初始密码"), "{html}");
     let account_csrf = meta_csrf(&html);
+    // A common password is refused, in Chinese, however long.
+    let res = c
+        .post(format!("{base}/account/password"))
+        .header("cookie", &ck)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("current={pw}&new=password12&csrf={account_csrf}"))
+        .send()
+        .unwrap();
+    let html = res.text().unwrap();
+    assert!(html.contains("太容易被猜中"), "{html}");
     let new_pw = "a-new-admin-passphrase-9";
     let res = c
         .post(format!("{base}/account/password"))
@@ -634,6 +700,25 @@ fn sessions_csrf_cookies_redirects_headers_and_lockout() {
     assert_eq!(h["x-content-type-options"], "nosniff");
     assert_eq!(h["cache-control"], "no-store");
     let csrf = meta_csrf(&res.text().unwrap());
+
+    // A password an administrator sets for someone else is theirs to replace at the first sign-in.
+    let res = c
+        .post(format!("{base}/admin/users"))
+        .header("cookie", &ck)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("username=nurse.wang&password=ward-seven-lamp-42&role=clinician&csrf={csrf}"))
+        .send()
+        .unwrap();
+    assert_eq!(res.status(), 303);
+    let res = login(format!("username=nurse.wang&password=ward-seven-lamp-42&csrf={form_token}"), Some(&login_cookie));
+    assert_eq!(res.status(), 303);
+    let nurse =
+        format!("__Host-care_session={}", cookie_value(&set_cookies(res.headers()), "__Host-care_session").unwrap());
+    let res = c.get(format!("{base}/search")).header("cookie", &nurse).send().unwrap();
+    assert_eq!((res.status().as_u16(), res.headers()["location"].to_str().unwrap()), (303, "/account"));
+    let users = c.get(format!("{base}/admin/users")).header("cookie", &ck).send().unwrap().text().unwrap();
+    assert!(users.contains("待本人修改初始密码"), "{users}");
+
     // The embed page is the one page other systems may frame.
     let res = c.get(format!("{base}/embed")).header("cookie", &ck).send().unwrap();
     let csp = res.headers()["content-security-policy"].to_str().unwrap().to_string();

@@ -29,14 +29,21 @@ pub enum UserCommand {
         role: String,
         #[arg(long)]
         password_file: Option<PathBuf>,
+        /// The password is the user's own (a service account, or your own break-glass admin): no change is asked
+        /// for at the first sign-in. Without it the user must replace the password you chose.
+        #[arg(long)]
+        permanent: bool,
     },
     /// List users with their role, lock state and grants.
     List,
-    /// Set a new password (read like `add`); ends the user's sessions and clears a lock.
+    /// Set a new password (read like `add`); ends the user's sessions and clears a lock. The user replaces it at
+    /// the next sign-in unless --permanent.
     Passwd {
         username: String,
         #[arg(long)]
         password_file: Option<PathBuf>,
+        #[arg(long)]
+        permanent: bool,
     },
     /// Change the role, lock state or enabled state.
     Set {
@@ -49,6 +56,10 @@ pub enum UserCommand {
         disable: bool,
         #[arg(long)]
         enable: bool,
+        /// A local account's groups (departments), comma-separated: documents whose access list names one of
+        /// them are visible to it. `--groups ""` clears them.
+        #[arg(long)]
+        groups: Option<String>,
     },
     /// Let a clinician read a collection.
     Grant { username: String, collection: String },
@@ -118,10 +129,13 @@ fn read_password(file: Option<&PathBuf>) -> Result<String> {
 pub fn run_user(e: &Engine, cmd: UserCommand) -> Result<i32> {
     let who = Admin::console(actor());
     match cmd {
-        UserCommand::Add { username, role, password_file } => {
+        UserCommand::Add { username, role, password_file, permanent } => {
             let pw = read_password(password_file.as_ref())?;
-            let u = e.accounts().create_user(&who, &username, &pw, &role)?;
+            let u = e.accounts().create_user(&who, &username, &pw, &role, permanent)?;
             println!("created {} ({})", u.username, u.role.as_str());
+            if !permanent {
+                println!("首次登录时 {} 需要把这个初始密码改成自己的密码", u.username);
+            }
         }
         UserCommand::List => {
             for u in e.accounts().users(&who)? {
@@ -134,12 +148,12 @@ pub fn run_user(e: &Engine, cmd: UserCommand) -> Result<i32> {
                 println!("{}\t{}\t{}\t{}", u.username, u.role, state, cols);
             }
         }
-        UserCommand::Passwd { username, password_file } => {
+        UserCommand::Passwd { username, password_file, permanent } => {
             let password = Some(read_password(password_file.as_ref())?);
-            e.accounts().update_user(&who, &username, &UserUpdate { password, ..Default::default() })?;
+            e.accounts().update_user(&who, &username, &UserUpdate { password, permanent, ..Default::default() })?;
             println!("password of {username} changed; their sessions ended");
         }
-        UserCommand::Set { username, role, unlock, disable, enable } => {
+        UserCommand::Set { username, role, unlock, disable, enable, groups } => {
             let disabled = if disable {
                 Some(true)
             } else if enable {
@@ -147,7 +161,8 @@ pub fn run_user(e: &Engine, cmd: UserCommand) -> Result<i32> {
             } else {
                 None
             };
-            e.accounts().update_user(&who, &username, &UserUpdate { role, disabled, unlock, password: None })?;
+            let upd = UserUpdate { role, disabled, unlock, groups, ..Default::default() };
+            e.accounts().update_user(&who, &username, &upd)?;
             let u = e.accounts().users(&who)?.into_iter().find(|u| u.username == username);
             if let Some(u) = u {
                 println!("{}: role {}, {}", u.username, u.role, if u.disabled { "disabled" } else { "enabled" });

@@ -541,7 +541,7 @@ fn start_server(name: &str, bin: &Path, prepared: &Path, e5s1: Option<&Path>, wo
         bin,
         &config,
         &data_dir,
-        &["user", "add", "bench-load", "--role", "admin", "--password-file", &pw.to_string_lossy()],
+        &["user", "add", "bench-load", "--role", "admin", "--password-file", &pw.to_string_lossy(), "--permanent"],
     )?;
     let token = care(bin, &config, &data_dir, &["user", "token", "bench-load", "--name", "care bench --load"])?
         .trim()

@@ -89,6 +89,10 @@ enum Command {
         /// the text.
         #[arg(long)]
         language: Option<String>,
+        /// Who may read the documents besides administrators: groups or departments, comma-separated (可见范围),
+        /// for the documents that do not give their own; empty: everyone granted the collection.
+        #[arg(long)]
+        access: Option<String>,
         /// The one file is a new version of the document with this id (its one document takes the id, whatever
         /// the file's name).
         #[arg(long)]
@@ -699,6 +703,7 @@ fn run(cli: Cli) -> Result<i32> {
             date,
             issuer,
             language,
+            access,
             replaces,
             detach,
         } => {
@@ -715,6 +720,7 @@ fn run(cli: Cli) -> Result<i32> {
                 date: date.unwrap_or_default(),
                 issuer: issuer.unwrap_or_default(),
                 language: language.unwrap_or_default(),
+                access: access.unwrap_or_default(),
             }
             .checked()?;
             if replaces.is_some() && files.len() != 1 {

@@ -32,7 +32,7 @@ impl Role {
         match s {
             "admin" => Ok(Role::Admin),
             "clinician" => Ok(Role::Clinician),
-            _ => Err(Error::InvalidInput(format!("unknown role {s:?}; use admin or clinician"))),
+            _ => Err(Error::InvalidInput(format!("未知角色 {s:?}：只能是 admin（管理员）或 clinician（临床用户）"))),
         }
     }
 }
@@ -49,6 +49,13 @@ pub struct User {
     pub disabled: bool,
     /// Set for the first administrator's generated password: every page leads to the password change until done.
     pub must_change_password: bool,
+    /// Where the identity lives: a password here, or the hospital's directory (which then owns role and grants).
+    pub source: AccountSource,
+    /// The name the directory gives the person.
+    pub display_name: Option<String>,
+    /// Groups (departments) the account belongs to, which documents' access lists name: the directory's at each
+    /// sign-in, or set by an administrator for a local account.
+    pub groups: Vec<String>,
 }
 
 impl User {
@@ -58,6 +65,57 @@ impl User {
     pub fn is_locked(&self, now: i64) -> bool {
         self.locked_until.is_some_and(|t| t > now)
     }
+}
+
+/// Where an account's identity lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccountSource {
+    /// A password kept here (administrators, break-glass accounts, sites without a directory).
+    Local,
+    Ldap,
+    Oidc,
+}
+
+impl AccountSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccountSource::Local => "local",
+            AccountSource::Ldap => "ldap",
+            AccountSource::Oidc => "oidc",
+        }
+    }
+    pub fn parse(s: &str) -> AccountSource {
+        match s {
+            "ldap" => AccountSource::Ldap,
+            "oidc" => AccountSource::Oidc,
+            _ => AccountSource::Local,
+        }
+    }
+    pub fn label_zh(self) -> &'static str {
+        match self {
+            AccountSource::Local => "本地账户",
+            AccountSource::Ldap => "目录账户（LDAP）",
+            AccountSource::Oidc => "统一认证（OIDC）",
+        }
+    }
+}
+
+/// A directory that vouches for names that are no local account (LDAP: [`crate::directory`] implements it, so
+/// that this module, below it, needs nothing of the protocols).
+pub trait Directory {
+    /// Checks the name and password there; when it accepts, the account is created or refreshed from what the
+    /// directory says and returned.
+    fn sign_in(&self, store: &Store, username: &str, password: &str, client: &str) -> Result<DirectoryAnswer>;
+}
+
+/// What a directory said at a sign-in.
+pub enum DirectoryAnswer {
+    SignedIn(User),
+    /// Wrong password (the person exists).
+    Rejected,
+    /// No such person, or the directory's filter excludes them (disabled, left the hospital).
+    Gone,
 }
 
 /// Lockout policy: after `max_failed` consecutive failures the account is locked for `lock_seconds`. On top of
@@ -112,6 +170,9 @@ fn address_failed(store: &Store, client: &str, policy: LoginPolicy, now_ts: i64)
 }
 
 pub const MIN_PASSWORD_CHARS: usize = 10;
+
+/// What `grants.granted_by` says for a grant that follows a directory group (replaced at each sign-in).
+pub const DIRECTORY_GRANTOR: &str = "directory";
 
 pub fn unix_now() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
@@ -209,31 +270,98 @@ fn password_matches(password: &str, phc: &str) -> Result<bool> {
     })
 }
 
-fn check_password_strength(username: &str, password: &str) -> Result<()> {
-    if password.chars().count() < MIN_PASSWORD_CHARS {
-        return Err(Error::InvalidInput(format!("the password must have at least {MIN_PASSWORD_CHARS} characters")));
+/// Words Chinese users build passwords from that zxcvbn's (English-centred) lists miss: love numbers, common
+/// pinyin names and the workplace. Matched like dictionary words, so `woaini1314` or `yiyuan2024` rate as weak.
+const CHINESE_COMMON: &[&str] = &[
+    "woaini",
+    "aini",
+    "1314",
+    "520",
+    "5201314",
+    "zhangsan",
+    "lisi",
+    "wangwu",
+    "zhang",
+    "wang",
+    "li",
+    "liu",
+    "chen",
+    "yang",
+    "zhao",
+    "huang",
+    "zhou",
+    "wu",
+    "xu",
+    "sun",
+    "ma",
+    "zhu",
+    "hu",
+    "guo",
+    "lin",
+    "he",
+    "gao",
+    "luo",
+    "yiyuan",
+    "yisheng",
+    "hushi",
+    "keshi",
+    "zhongguo",
+    "beijing",
+    "shanghai",
+    "qq",
+    "care",
+    "hospital",
+    "admin",
+    "doctor",
+    "nurse",
+    "mima",
+    "woaiyiyuan",
+];
+
+/// Least zxcvbn score (0–4) a new password needs: 3 is "safely unguessable" (about 10^8 guesses and more).
+const MIN_PASSWORD_SCORE: u8 = 3;
+
+/// A new password's strength: long enough, not the user name, and not guessable. zxcvbn (Dropbox's
+/// estimator) carries the leaked-password lists, keyboard walks, dates and l33t forms, so `password12`,
+/// `Aa123456789` and `1qaz2wsx3edc` are refused however long they are; the user name and common Chinese choices
+/// count as dictionary words too.
+pub fn check_password_strength(username: &str, password: &str) -> Result<()> {
+    let n = password.chars().count();
+    if n < MIN_PASSWORD_CHARS {
+        return Err(Error::InvalidInput(format!("密码至少需要 {MIN_PASSWORD_CHARS} 个字符，现在只有 {n} 个")));
     }
-    if password.eq_ignore_ascii_case(username) {
-        return Err(Error::InvalidInput("the password must differ from the user name".into()));
+    let name = username.to_lowercase();
+    if password.to_lowercase() == name {
+        return Err(Error::InvalidInput("密码不能与用户名相同".into()));
+    }
+    let mut inputs: Vec<&str> = CHINESE_COMMON.to_vec();
+    inputs.push(&name);
+    // zxcvbn's cost grows with length; past 100 characters a password is not guessable anyway.
+    let head: String = password.chars().take(100).collect();
+    let weak = zxcvbn::zxcvbn(&head, &inputs);
+    if (weak.score() as u8) < MIN_PASSWORD_SCORE {
+        return Err(Error::InvalidInput(
+            "密码太容易被猜中（常见密码、键盘顺序、生日、拼音姓名或“123”类结尾都属此类）；\
+             请换一个更长、无规律的密码，例如三四个不相关的词加上数字或符号"
+                .into(),
+        ));
     }
     Ok(())
 }
 
-fn validate_username(name: &str) -> Result<()> {
+pub(crate) fn validate_username(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.chars().count() <= 64
         && name.chars().all(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'));
     if ok {
         Ok(())
     } else {
-        Err(Error::InvalidInput(format!(
-            "user name {name:?} is not allowed: use 1-64 letters, digits, '-', '_', '.' or '@'"
-        )))
+        Err(Error::InvalidInput(format!("用户名 {name:?} 不可用：请用 1–64 个字母、数字或 - _ . @")))
     }
 }
 
-const USER_COLS: &str = "id, username, role, created_at, failed_logins, locked_until, disabled, must_change_password";
-const USER_COL_COUNT: usize = 8;
+const USER_COLS: &str = "id, username, role, created_at, failed_logins, locked_until, disabled, must_change_password, source, display_name, groups";
+const USER_COL_COUNT: usize = 11;
 
 fn row_to_user(r: &rusqlite::Row<'_>) -> rusqlite::Result<User> {
     row_to_user_at(r, 0)
@@ -251,7 +379,15 @@ fn row_to_user_at(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<User> {
         locked_until: r.get(at + 5)?,
         disabled: r.get::<_, i64>(at + 6)? != 0,
         must_change_password: r.get::<_, i64>(at + 7)? != 0,
+        source: AccountSource::parse(&r.get::<_, String>(at + 8)?),
+        display_name: r.get(at + 9)?,
+        groups: split_groups(&r.get::<_, String>(at + 10)?),
     })
+}
+
+/// Groups as stored (comma-separated) → a list.
+pub(crate) fn split_groups(s: &str) -> Vec<String> {
+    s.split(',').map(str::trim).filter(|g| !g.is_empty()).map(str::to_string).collect()
 }
 
 pub fn user_count(store: &Store) -> Result<i64> {
@@ -268,7 +404,7 @@ pub fn list_users(store: &Store) -> Result<Vec<User>> {
 fn user_by(conn: &Connection, username: &str) -> Result<User> {
     conn.query_row(&format!("SELECT {USER_COLS} FROM users WHERE username = ?1"), [username], row_to_user)
         .optional()?
-        .ok_or_else(|| Error::NotFound { what: format!("user '{username}'") })
+        .ok_or_else(|| Error::NotFound { what: format!("用户 {username}") })
 }
 
 pub fn user(store: &Store, username: &str) -> Result<User> {
@@ -280,26 +416,37 @@ pub fn user_by_id(store: &Store, id: i64) -> Result<User> {
         .reader()
         .query_row(&format!("SELECT {USER_COLS} FROM users WHERE id = ?1"), [id], row_to_user)
         .optional()?
-        .ok_or_else(|| Error::NotFound { what: format!("user #{id}") })
+        .ok_or_else(|| Error::NotFound { what: format!("用户 #{id}") })
 }
 
-pub fn create_user(store: &Store, actor: &str, username: &str, password: &str, role: Role) -> Result<User> {
+/// Creates an account. A `temporary` password (one an administrator chose for someone else) must be replaced at
+/// the first sign-in: whoever set it knows it.
+pub fn create_user(
+    store: &Store,
+    actor: &str,
+    username: &str,
+    password: &str,
+    role: Role,
+    temporary: bool,
+) -> Result<User> {
     validate_username(username)?;
     check_password_strength(username, password)?;
     let phc = hash_password(password)?;
     let mut conn = store.conn();
     let tx = conn.transaction()?;
     let res = tx.execute(
-        "INSERT INTO users (username, password_hash, role, created_at, password_changed_at) VALUES (?1, ?2, ?3, ?4, ?4)",
-        params![username, phc, role.as_str(), now()],
+        "INSERT INTO users (username, password_hash, role, created_at, password_changed_at, must_change_password)
+         VALUES (?1, ?2, ?3, ?4, ?4, ?5)",
+        params![username, phc, role.as_str(), now(), temporary as i64],
     );
     match res {
         Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::ConstraintViolation => {
-            return Err(Error::InvalidInput(format!("user '{username}' already exists")));
+            return Err(Error::InvalidInput(format!("用户名 {username} 已被占用")));
         }
         r => r?,
     };
-    audit::append(&tx, actor, "user.create", &serde_json::json!({"user": username, "role": role.as_str()}))?;
+    let detail = serde_json::json!({"user": username, "role": role.as_str(), "temporary_password": temporary});
+    audit::append(&tx, actor, "user.create", &detail)?;
     let u = user_by(&tx, username)?;
     tx.commit()?;
     Ok(u)
@@ -327,7 +474,18 @@ fn locked_error(username: &str, until: i64) -> Error {
 /// password. The counters change with single SQL statements (never read-modify-write across the password check),
 /// so concurrent guesses cannot slip past the limit and a stale attempt cannot clear a lock. Every attempt is
 /// audited, never with the password.
-pub fn authenticate(store: &Store, username: &str, password: &str, policy: LoginPolicy, client: &str) -> Result<User> {
+///
+/// With a directory (`ldap`), names that are no local account are checked there instead: an accepted person gets
+/// their account created or refreshed (`crate::directory::provision`); one the directory no longer knows is
+/// disabled here. Directory accounts never sign in with a password kept here.
+pub fn authenticate(
+    store: &Store,
+    username: &str,
+    password: &str,
+    policy: LoginPolicy,
+    client: &str,
+    directory: Option<&dyn Directory>,
+) -> Result<User> {
     let now_ts = unix_now();
     address_admitted(store, client, policy, now_ts)?;
     let subject = match lookup_login(store, username)? {
@@ -338,9 +496,21 @@ pub fn authenticate(store: &Store, username: &str, password: &str, policy: Login
         audit_failure(store, username, &subject, client, "locked", None)?;
         return Err(locked_error(username, until));
     }
-    let ok = match &subject {
-        Subject::Account(u, phc) => password_matches(password, phc)? && !u.disabled,
-        Subject::Unknown(_) => {
+    let directory = match &subject {
+        Subject::Account(u, _) if u.source == AccountSource::Local => None,
+        _ => directory,
+    };
+    let ok = match (&subject, directory) {
+        (_, Some(dir)) => match dir.sign_in(store, username, password, client)? {
+            DirectoryAnswer::SignedIn(user) => return login_succeeded(store, &user, &user.username, client, now_ts),
+            DirectoryAnswer::Gone => {
+                disable_directory_account(store, username, "not found in the directory")?;
+                false
+            }
+            DirectoryAnswer::Rejected => false,
+        },
+        (Subject::Account(u, phc), None) => password_matches(password, phc)? && !u.disabled,
+        (Subject::Unknown(_), None) => {
             // Spend the same time as a real check, so response time does not reveal which names exist.
             static DUMMY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
             let dummy = DUMMY.get_or_init(|| hash_password_now("not a real password").unwrap_or_default());
@@ -361,7 +531,7 @@ pub fn authenticate(store: &Store, username: &str, password: &str, policy: Login
     audit_failure(store, username, &subject, client, reason, Some((failures, until)))?;
     match until {
         Some(t) => Err(locked_error(username, t)),
-        None => Err(Error::LoginFailed("wrong user name or password".into())),
+        None => Err(Error::LoginFailed("用户名或密码错误".into())),
     }
 }
 
@@ -393,7 +563,7 @@ fn locked_until(store: &Store, subject: &Subject, now_ts: i64) -> Result<Option<
 }
 
 /// Signs in unless a lock was set while the password was being checked; clears the counter only then.
-fn login_succeeded(store: &Store, user: &User, username: &str, client: &str, now_ts: i64) -> Result<User> {
+pub(crate) fn login_succeeded(store: &Store, user: &User, username: &str, client: &str, now_ts: i64) -> Result<User> {
     let mut conn = store.conn();
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let n = tx.execute(
@@ -489,14 +659,27 @@ pub struct CurrentPassword<'a> {
 /// The current-password check is throttled like a sign-in: a wrong password counts towards the account's lock and
 /// the client address's limit, and a locked account or a refused address is not checked at all. Otherwise anyone
 /// holding a signed-in browser could guess the password behind it without limit.
+///
+/// A password set without the current one (an administrator's reset) is temporary unless `permanent`: the user
+/// replaces it at the next sign-in.
 pub fn set_password(
     store: &Store,
     actor: &str,
     username: &str,
     current: Option<CurrentPassword<'_>>,
     new: &str,
+    permanent: bool,
 ) -> Result<()> {
+    if let Ok(u) = user(store, username)
+        && u.source != AccountSource::Local
+    {
+        return Err(Error::InvalidInput(format!(
+            "{username} 是{}，密码由医院的目录管理，请在那里修改",
+            u.source.label_zh()
+        )));
+    }
     check_password_strength(username, new)?;
+    let temporary = current.is_none() && !permanent;
     if let Some(cur) = current {
         check_current_password(store, username, cur)?;
     }
@@ -505,11 +688,11 @@ pub fn set_password(
     let tx = conn.transaction()?;
     let n = tx.execute(
         "UPDATE users SET password_hash = ?2, password_changed_at = ?3, failed_logins = 0, locked_until = NULL,
-             must_change_password = 0 WHERE username = ?1",
-        params![username, phc, now()],
+             must_change_password = ?4 WHERE username = ?1",
+        params![username, phc, now(), temporary as i64],
     )?;
     if n == 0 {
-        return Err(Error::NotFound { what: format!("user '{username}'") });
+        return Err(Error::NotFound { what: format!("用户 {username}") });
     }
     tx.execute("DELETE FROM sessions WHERE user_id = (SELECT id FROM users WHERE username = ?1)", [username])?;
     // A new password is usually a response to a suspected leak: the user's API tokens end with the old password.
@@ -521,7 +704,8 @@ pub fn set_password(
         &tx,
         actor,
         "user.password_change",
-        &serde_json::json!({"user": username, "reset_by_admin": current.is_none(), "tokens_revoked": tokens}),
+        &serde_json::json!({"user": username, "reset_by_admin": current.is_none(), "temporary": temporary,
+            "tokens_revoked": tokens}),
     )?;
     tx.commit()?;
     Ok(())
@@ -531,7 +715,7 @@ fn check_current_password(store: &Store, username: &str, cur: CurrentPassword<'_
     let now_ts = unix_now();
     address_admitted(store, cur.client, cur.policy, now_ts)?;
     let (user, phc) =
-        lookup_login(store, username)?.ok_or_else(|| Error::NotFound { what: format!("user '{username}'") })?;
+        lookup_login(store, username)?.ok_or_else(|| Error::NotFound { what: format!("用户 {username}") })?;
     let subject = Subject::Account(user, phc.clone());
     if let Some(until) = locked_until(store, &subject, now_ts)? {
         return Err(locked_error(username, until));
@@ -591,7 +775,7 @@ pub fn update_user(
     let admins: i64 =
         tx.query_row("SELECT COUNT(*) FROM users WHERE role = 'admin' AND disabled = 0", [], |r| r.get(0))?;
     if admins == 0 {
-        return Err(Error::InvalidInput("this change would leave no enabled administrator".into()));
+        return Err(Error::InvalidInput("此操作会使系统没有可用的管理员，已拒绝；请先启用或任命另一位管理员".into()));
     }
     audit::append(
         &tx,
@@ -599,6 +783,64 @@ pub fn update_user(
         "user.update",
         &serde_json::json!({"user": username, "role": role.map(Role::as_str), "disabled": disabled, "unlock": unlock}),
     )?;
+    let after = user_by(&tx, username)?;
+    tx.commit()?;
+    Ok(after)
+}
+
+/// Disables a directory account the directory no longer admits and ends its sign-ins (local accounts are never
+/// touched here). Returns whether anything changed.
+pub fn disable_directory_account(store: &Store, username: &str, reason: &str) -> Result<bool> {
+    let mut conn = store.conn();
+    let tx = conn.transaction()?;
+    let id: Option<i64> = tx
+        .query_row("SELECT id FROM users WHERE username = ?1 AND source != 'local' AND disabled = 0", [username], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    let Some(id) = id else { return Ok(false) };
+    tx.execute("UPDATE users SET disabled = 1 WHERE id = ?1", [id])?;
+    tx.execute("DELETE FROM sessions WHERE user_id = ?1", [id])?;
+    tx.execute("DELETE FROM grants WHERE user_id = ?1 AND granted_by = ?2", params![id, DIRECTORY_GRANTOR])?;
+    audit::append(
+        &tx,
+        DIRECTORY_GRANTOR,
+        "user.directory_disable",
+        &serde_json::json!({"user": username, "reason": reason}),
+    )?;
+    tx.commit()?;
+    Ok(true)
+}
+
+/// Sets the groups (departments) of a local account, which documents' access lists are matched against. A
+/// directory account's groups come from the directory at each sign-in and are not set here.
+pub fn set_groups(store: &Store, actor: &str, username: &str, groups: &str) -> Result<User> {
+    let mut list: Vec<String> = Vec::new();
+    for g in groups.split([',', '，', '、', ';', '；']).map(str::trim).filter(|g| !g.is_empty()) {
+        if g.chars().count() > 40 {
+            return Err(Error::InvalidInput(format!(
+                "组名「{}…」过长（最多 40 个字）",
+                g.chars().take(40).collect::<String>()
+            )));
+        }
+        if !list.iter().any(|o| o.eq_ignore_ascii_case(g)) {
+            list.push(g.to_string());
+        }
+    }
+    if list.len() > 50 {
+        return Err(Error::InvalidInput(format!("组太多：{} 个，最多 50 个", list.len())));
+    }
+    let mut conn = store.conn();
+    let tx = conn.transaction()?;
+    let before = user_by(&tx, username)?;
+    if before.source != AccountSource::Local {
+        return Err(Error::InvalidInput(format!(
+            "{username} 是{}，其所在的组由医院目录决定，每次登录时更新",
+            before.source.label_zh()
+        )));
+    }
+    tx.execute("UPDATE users SET groups = ?2 WHERE id = ?1", params![before.id, list.join(",")])?;
+    audit::append(&tx, actor, "user.update", &serde_json::json!({"user": username, "groups": list}))?;
     let after = user_by(&tx, username)?;
     tx.commit()?;
     Ok(after)
@@ -612,7 +854,9 @@ pub fn delete_user(store: &Store, actor: &str, username: &str) -> Result<()> {
     let admins: i64 =
         tx.query_row("SELECT COUNT(*) FROM users WHERE role = 'admin' AND disabled = 0", [], |r| r.get(0))?;
     if admins == 0 {
-        return Err(Error::InvalidInput("deleting this user would leave no enabled administrator".into()));
+        return Err(Error::InvalidInput(
+            "删除此用户会使系统没有可用的管理员，已拒绝；请先启用或任命另一位管理员".into(),
+        ));
     }
     audit::append(&tx, actor, "user.delete", &serde_json::json!({"user": username}))?;
     tx.commit()?;
@@ -723,7 +967,7 @@ pub struct ApiToken {
 /// Issues a token for `username`; the returned secret (`care_<hex>`) is shown once and only its hash is kept.
 pub fn create_token(store: &Store, actor: &str, username: &str, name: &str) -> Result<(ApiToken, String)> {
     if name.trim().is_empty() || name.chars().count() > 100 {
-        return Err(Error::InvalidInput("a token needs a name of 1-100 characters (what uses it)".into()));
+        return Err(Error::InvalidInput("令牌需要 1–100 个字的用途说明（例如：HIS 集成）".into()));
     }
     let secret = format!("care_{}", random_token()?);
     let mut conn = store.conn();
@@ -774,7 +1018,7 @@ pub fn revoke_token(store: &Store, actor: &str, id: i64) -> Result<()> {
     let tx = conn.transaction()?;
     let n = tx.execute("UPDATE api_tokens SET revoked = 1 WHERE id = ?1", [id])?;
     if n == 0 {
-        return Err(Error::NotFound { what: format!("API token #{id}") });
+        return Err(Error::NotFound { what: format!("API 令牌 #{id}") });
     }
     audit::append(&tx, actor, "token.revoke", &serde_json::json!({"token_id": id}))?;
     tx.commit()?;
@@ -839,7 +1083,7 @@ pub fn revoke(store: &Store, actor: &str, username: &str, collection: &str) -> R
         params![username, collection],
     )?;
     if n == 0 {
-        return Err(Error::NotFound { what: format!("a grant of collection '{collection}' to '{username}'") });
+        return Err(Error::NotFound { what: format!("{username} 对资料库 {collection} 的授权") });
     }
     audit::append(&tx, actor, "permission.revoke", &serde_json::json!({"user": username, "collection": collection}))?;
     tx.commit()?;
@@ -876,11 +1120,9 @@ pub fn bootstrap_admin(store: &Store, username: &str, password: Option<&str>) ->
         None => Some(random_token()?[..20].to_string()),
     };
     let pw = password.or(generated.as_deref()).unwrap_or_default();
-    let u = create_user(store, "system", username, pw, Role::Admin)?;
-    if generated.is_some() {
-        // Printed once to a terminal or a journal: a password others may have seen, so it must be replaced.
-        store.conn().execute("UPDATE users SET must_change_password = 1 WHERE id = ?1", [u.id])?;
-    }
+    // A generated password was printed once to a terminal or a journal: others may have seen it, so it must be
+    // replaced.
+    create_user(store, "system", username, pw, Role::Admin, generated.is_some())?;
     Ok(generated)
 }
 
@@ -893,14 +1135,16 @@ pub struct Actor {
     pub role: Role,
     /// The account behind the actor; `None` for the console and the system.
     pub user_id: Option<i64>,
+    /// The account's groups, which documents' access lists are matched against (administrators read everything).
+    pub groups: Vec<String>,
 }
 
 impl Actor {
     pub fn user(u: &User) -> Self {
-        Actor { name: u.username.clone(), role: u.role, user_id: Some(u.id) }
+        Actor { name: u.username.clone(), role: u.role, user_id: Some(u.id), groups: u.groups.clone() }
     }
     pub fn console(name: impl Into<String>) -> Self {
-        Actor { name: name.into(), role: Role::Admin, user_id: None }
+        Actor { name: name.into(), role: Role::Admin, user_id: None, groups: Vec::new() }
     }
     pub fn system() -> Self {
         Actor::console("system")
@@ -1025,20 +1269,20 @@ mod tests {
     #[test]
     fn one_address_is_limited_across_names_and_current_password_checks_are_throttled() {
         let (_d, s) = store();
-        create_user(&s, "system", "admin", "an admin passphrase", Role::Admin).unwrap();
-        create_user(&s, "admin", "dr.li", "correct horse battery", Role::Clinician).unwrap();
+        create_user(&s, "system", "admin", "an admin passphrase", Role::Admin, false).unwrap();
+        create_user(&s, "admin", "dr.li", "correct horse battery", Role::Clinician, false).unwrap();
         let policy = LoginPolicy { max_failed: 3, address_max_failed: 6, ..LoginPolicy::default() };
         for i in 0..6 {
-            let e = authenticate(&s, &format!("guess{i}"), "x", policy, "10.0.0.7").unwrap_err();
+            let e = authenticate(&s, &format!("guess{i}"), "x", policy, "10.0.0.7", None).unwrap_err();
             assert!(matches!(e, Error::LoginFailed(_)), "attempt {i}: {e:?}");
         }
         let started = std::time::Instant::now();
-        let e = authenticate(&s, "dr.li", "correct horse battery", policy, "10.0.0.7").unwrap_err();
+        let e = authenticate(&s, "dr.li", "correct horse battery", policy, "10.0.0.7", None).unwrap_err();
         assert!(started.elapsed() < std::time::Duration::from_millis(20), "a refused address still hashed");
         assert_eq!(e.code(), crate::ErrorCode::RateLimited);
         assert!(e.to_string().contains("此地址的登录失败次数过多"), "{e}");
         assert_eq!(crate::ErrorCode::RateLimited.class(), crate::error::StatusClass::TooManyRequests);
-        authenticate(&s, "dr.li", "correct horse battery", policy, "10.0.0.8").unwrap();
+        authenticate(&s, "dr.li", "correct horse battery", policy, "10.0.0.8", None).unwrap();
         let throttled: i64 = s
             .conn()
             .query_row("SELECT COUNT(*) FROM audit WHERE action = 'auth.address_throttled'", [], |r| r.get(0))
@@ -1049,7 +1293,8 @@ mod tests {
         // is refused; each wrong one is audited without the password.
         let cur = |password| CurrentPassword { password, policy, client: "10.0.0.9" };
         for i in 1..=3 {
-            let e = set_password(&s, "dr.li", "dr.li", Some(cur("wrong guess")), "a new long passphrase").unwrap_err();
+            let e = set_password(&s, "dr.li", "dr.li", Some(cur("wrong guess")), "a new long passphrase", false)
+                .unwrap_err();
             if i < 3 {
                 assert_eq!(e.code(), crate::ErrorCode::InvalidInput, "{e:?}");
                 assert!(e.to_string().contains("当前密码错误"), "{e}");
@@ -1057,7 +1302,7 @@ mod tests {
                 assert_eq!(e.code(), crate::ErrorCode::AccountLocked, "{e:?}");
             }
         }
-        let e = set_password(&s, "dr.li", "dr.li", Some(cur("correct horse battery")), "a new long passphrase")
+        let e = set_password(&s, "dr.li", "dr.li", Some(cur("correct horse battery")), "a new long passphrase", false)
             .unwrap_err();
         assert_eq!(e.code(), crate::ErrorCode::AccountLocked, "{e:?}");
         let failed: i64 = s
@@ -1072,9 +1317,9 @@ mod tests {
         // The same address limit: three more failures from .9 fill its window of six.
         update_user(&s, "admin", "dr.li", None, None, true).unwrap();
         for _ in 0..3 {
-            let _ = authenticate(&s, "nobody", "x", policy, "10.0.0.9");
+            let _ = authenticate(&s, "nobody", "x", policy, "10.0.0.9", None);
         }
-        let e = set_password(&s, "dr.li", "dr.li", Some(cur("correct horse battery")), "a new long passphrase")
+        let e = set_password(&s, "dr.li", "dr.li", Some(cur("correct horse battery")), "a new long passphrase", false)
             .unwrap_err();
         assert_eq!(e.code(), crate::ErrorCode::RateLimited, "{e:?}");
     }
@@ -1091,26 +1336,35 @@ mod tests {
         let pw = bootstrap_admin(&s, "admin", None).unwrap().unwrap();
         assert!(bootstrap_admin(&s, "admin", None).unwrap().is_none(), "bootstrap runs once");
         let policy = LoginPolicy { max_failed: 3, lock_seconds: 600, ..LoginPolicy::default() };
-        let admin = authenticate(&s, "admin", &pw, policy, "t").unwrap();
+        let admin = authenticate(&s, "admin", &pw, policy, "t", None).unwrap();
         assert!(admin.is_admin());
-        assert!(matches!(create_user(&s, "admin", "dr.li", "short", Role::Clinician), Err(Error::InvalidInput(_))));
-        create_user(&s, "admin", "dr.li", "correct horse battery", Role::Clinician).unwrap();
+        assert!(matches!(
+            create_user(&s, "admin", "dr.li", "short", Role::Clinician, false),
+            Err(Error::InvalidInput(_))
+        ));
+        create_user(&s, "admin", "dr.li", "correct horse battery", Role::Clinician, false).unwrap();
         // Two failures, then success resets the counter.
         for _ in 0..2 {
-            assert!(matches!(authenticate(&s, "dr.li", "wrong password", policy, "t"), Err(Error::LoginFailed(_))));
+            assert!(matches!(
+                authenticate(&s, "dr.li", "wrong password", policy, "t", None),
+                Err(Error::LoginFailed(_))
+            ));
         }
-        authenticate(&s, "dr.li", "correct horse battery", policy, "t").unwrap();
+        authenticate(&s, "dr.li", "correct horse battery", policy, "t", None).unwrap();
         for _ in 0..2 {
-            let _ = authenticate(&s, "dr.li", "wrong password", policy, "t");
+            let _ = authenticate(&s, "dr.li", "wrong password", policy, "t", None);
         }
-        assert!(matches!(authenticate(&s, "dr.li", "wrong password", policy, "t"), Err(Error::AccountLocked { .. })));
+        assert!(matches!(
+            authenticate(&s, "dr.li", "wrong password", policy, "t", None),
+            Err(Error::AccountLocked { .. })
+        ));
         // Locked: even the right password is refused until an admin unlocks.
         assert!(matches!(
-            authenticate(&s, "dr.li", "correct horse battery", policy, "t"),
+            authenticate(&s, "dr.li", "correct horse battery", policy, "t", None),
             Err(Error::AccountLocked { .. })
         ));
         update_user(&s, "admin", "dr.li", None, None, true).unwrap();
-        let li = authenticate(&s, "dr.li", "correct horse battery", policy, "t").unwrap();
+        let li = authenticate(&s, "dr.li", "correct horse battery", policy, "t", None).unwrap();
 
         let (cookie, csrf) = create_session(&s, &li).unwrap();
         let sess = session(&s, &cookie, 1800, 43200).unwrap().unwrap();
@@ -1141,8 +1395,9 @@ mod tests {
 
         // The last admin cannot be demoted.
         assert!(update_user(&s, "admin", "admin", Some(Role::Clinician), None, false).is_err());
-        set_password(&s, "dr.li", "dr.li", Some(current("correct horse battery")), "a new long passphrase").unwrap();
-        assert!(set_password(&s, "dr.li", "dr.li", Some(current("wrong")), "another long passphrase").is_err());
+        set_password(&s, "dr.li", "dr.li", Some(current("correct horse battery")), "a new long passphrase", false)
+            .unwrap();
+        assert!(set_password(&s, "dr.li", "dr.li", Some(current("wrong")), "another long passphrase", false).is_err());
         assert!(audit::verify_full(&s).unwrap().records_checked > 10);
         let c = s.conn();
         let actions: Vec<String> = audit::list(&c, None, None, 100).unwrap().into_iter().map(|r| r.action).collect();
@@ -1163,19 +1418,19 @@ mod tests {
     #[test]
     fn concurrent_wrong_passwords_lock_the_account() {
         let (_d, s) = store();
-        create_user(&s, "admin", "dr.li", "correct horse battery", Role::Clinician).unwrap();
+        create_user(&s, "admin", "dr.li", "correct horse battery", Role::Clinician, false).unwrap();
         let policy = LoginPolicy { max_failed: 5, lock_seconds: 600, ..LoginPolicy::default() };
         std::thread::scope(|sc| {
             for _ in 0..25 {
                 sc.spawn(|| {
-                    let _ = authenticate(&s, "dr.li", "wrong password", policy, "t");
+                    let _ = authenticate(&s, "dr.li", "wrong password", policy, "t", None);
                 });
             }
         });
         let u = user(&s, "dr.li").unwrap();
         assert!(u.is_locked(unix_now()), "{u:?}");
         assert!(matches!(
-            authenticate(&s, "dr.li", "correct horse battery", policy, "t"),
+            authenticate(&s, "dr.li", "correct horse battery", policy, "t", None),
             Err(Error::AccountLocked { .. })
         ));
         let failures = s
@@ -1190,7 +1445,7 @@ mod tests {
     #[test]
     fn a_failure_or_success_racing_a_lock_does_not_undo_it() {
         let (_d, s) = store();
-        let u = create_user(&s, "admin", "dr.li", "correct horse battery", Role::Clinician).unwrap();
+        let u = create_user(&s, "admin", "dr.li", "correct horse battery", Role::Clinician, false).unwrap();
         let policy = LoginPolicy { max_failed: 5, lock_seconds: 600, ..LoginPolicy::default() };
         let later = unix_now() + 600;
         s.conn()
@@ -1208,15 +1463,15 @@ mod tests {
     #[test]
     fn unknown_and_disabled_names_answer_like_wrong_passwords_and_are_throttled() {
         let (_d, s) = store();
-        create_user(&s, "system", "admin", "an admin passphrase", Role::Admin).unwrap();
-        create_user(&s, "admin", "dr.li", "correct horse battery", Role::Clinician).unwrap();
+        create_user(&s, "system", "admin", "an admin passphrase", Role::Admin, false).unwrap();
+        create_user(&s, "admin", "dr.li", "correct horse battery", Role::Clinician, false).unwrap();
         update_user(&s, "admin", "dr.li", None, Some(true), false).unwrap();
         let policy = LoginPolicy { max_failed: 3, lock_seconds: 600, ..LoginPolicy::default() };
-        let disabled = authenticate(&s, "dr.li", "correct horse battery", policy, "t").unwrap_err();
+        let disabled = authenticate(&s, "dr.li", "correct horse battery", policy, "t", None).unwrap_err();
         assert!(matches!(disabled, Error::LoginFailed(_)), "{disabled:?}");
         let typed = "my-Secret-passw0rd-typed-as-name";
         for i in 1..=4 {
-            let e = authenticate(&s, typed, "x", policy, "t").unwrap_err();
+            let e = authenticate(&s, typed, "x", policy, "t", None).unwrap_err();
             let locked = matches!(e, Error::AccountLocked { .. });
             assert_eq!(locked, i >= 3, "attempt {i}: {e:?}");
         }
@@ -1228,7 +1483,7 @@ mod tests {
             .unwrap();
         assert_eq!(n, 0, "the attempted name reached the audit log");
         let long = "x".repeat(200_000);
-        assert!(authenticate(&s, &long, "x", policy, "t").is_err());
+        assert!(authenticate(&s, &long, "x", policy, "t", None).is_err());
         let longest: i64 =
             s.conn().query_row("SELECT MAX(length(actor) + length(detail)) FROM audit", [], |r| r.get(0)).unwrap();
         assert!(longest < 400, "an audit record of {longest} bytes");
@@ -1242,11 +1497,39 @@ mod tests {
         assert!(user(&s, "admin").unwrap().must_change_password);
         let (_, secret) = create_token(&s, "admin", "admin", "his").unwrap();
         assert!(token_user(&s, &secret).unwrap().is_some());
-        set_password(&s, "admin", "admin", Some(current(&pw)), "a brand new passphrase").unwrap();
+        set_password(&s, "admin", "admin", Some(current(&pw)), "a brand new passphrase", false).unwrap();
         assert!(token_user(&s, &secret).unwrap().is_none(), "the token survived the password change");
         assert!(!user(&s, "admin").unwrap().must_change_password);
         let (_d2, s2) = store();
         bootstrap_admin(&s2, "admin", Some("a configured passphrase")).unwrap();
         assert!(!user(&s2, "admin").unwrap().must_change_password, "a configured password is not forced");
+    }
+
+    /// Common, keyboard-walk and pinyin passwords are refused whatever their length, with a Chinese reason; an
+    /// administrator's password for someone else is temporary.
+    #[test]
+    fn weak_passwords_are_refused_and_admin_set_ones_are_temporary() {
+        for weak in
+            ["password12", "Aa123456789", "1qaz2wsx3edc", "qwertyuiop", "woaini1314", "zhangsan123", "yiyuan2024"]
+        {
+            let e = check_password_strength("dr.li", weak).unwrap_err().to_string();
+            assert!(e.contains("太容易被猜中"), "{weak}: {e}");
+        }
+        assert!(check_password_strength("dr.li", "short").unwrap_err().to_string().contains("至少需要 10 个字符"));
+        assert!(check_password_strength("dr.li.ward3", "DR.LI.WARD3").unwrap_err().to_string().contains("用户名"));
+        for strong in ["correct horse battery", "病房交班-Kd3#wPq9", "huanghe-qiao-7-deng"] {
+            check_password_strength("dr.li", strong).unwrap_or_else(|e| panic!("{strong}: {e}"));
+        }
+        let (_d, s) = store();
+        create_user(&s, "system", "admin", "an admin passphrase", Role::Admin, false).unwrap();
+        let u = create_user(&s, "admin", "dr.li", "correct horse battery", Role::Clinician, true).unwrap();
+        assert!(u.must_change_password, "a password the admin chose is temporary");
+        set_password(&s, "dr.li", "dr.li", Some(current("correct horse battery")), "my own ward passphrase", false)
+            .unwrap();
+        assert!(!user(&s, "dr.li").unwrap().must_change_password);
+        set_password(&s, "admin", "dr.li", None, "reset by the admin 42", false).unwrap();
+        assert!(user(&s, "dr.li").unwrap().must_change_password, "an admin's reset is temporary again");
+        set_password(&s, "console:root", "dr.li", None, "set on the console 42", true).unwrap();
+        assert!(!user(&s, "dr.li").unwrap().must_change_password, "--permanent");
     }
 }

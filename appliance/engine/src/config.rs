@@ -1,5 +1,5 @@
-//! Engine settings (the `[storage]`, `[ingest]`, `[search]`, `[model]`, `[lifecycle]`, `[training]` and `[limits]`
-//! sections of `care.toml`).
+//! Engine settings (the `[storage]`, `[ingest]`, `[search]`, `[model]`, `[lifecycle]`, `[training]`, `[limits]`,
+//! `[ldap]` and `[oidc]` sections of `care.toml`).
 //!
 //! Layering (defaults < file < env < CLI) is done by the binary; the engine only defines the shape and defaults.
 
@@ -20,6 +20,10 @@ pub struct EngineConfig {
     pub lifecycle: LifecycleConfig,
     pub training: TrainingConfig,
     pub limits: LimitsConfig,
+    /// Sign-in through the hospital's LDAP / Active Directory.
+    pub ldap: crate::directory::ldap::LdapConfig,
+    /// Sign-in through the hospital's OpenID Connect provider (统一认证).
+    pub oidc: crate::directory::oidc::OidcConfig,
 }
 
 /// Caps on what accumulates (`[limits]`): each refusal is a Chinese error naming the setting.

@@ -143,6 +143,6 @@ mod tests {
         assert!(d.lexical().is_dir() && d.models().is_dir());
         std::fs::write(root.join("VERSION"), "99\n").unwrap();
         let err = DataDir::open(&root, false).unwrap_err();
-        assert!(err.to_string().contains("version 99"), "{err}");
+        assert!(err.to_string().contains("格式版本为 99"), "{err}");
     }
 }

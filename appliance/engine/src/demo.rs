@@ -86,6 +86,7 @@ fn filed_under(name: &str) -> crate::ingest::meta::DocMeta {
         // Honest about where the demo's text comes from; the language is read from the text.
         issuer: if n == 0 { String::new() } else { "本项目编写（演示）".into() },
         language: String::new(),
+        access: String::new(),
     }
 }
 

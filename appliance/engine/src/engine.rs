@@ -56,6 +56,10 @@ pub struct Engine {
     pub(crate) trainer_check: crate::trainer::TrainerCheck,
     /// The scheduler's wake-up signal and the cancel tokens of running tasks ([`crate::tasks`]).
     pub(crate) tasks: crate::cancel::Hub,
+    /// OpenID Connect sign-ins in flight and the provider's metadata ([`crate::directory::oidc`]).
+    pub(crate) oidc: crate::directory::oidc::OidcState,
+    /// The console's changes to settings, over `cfg` ([`crate::settings`]).
+    pub(crate) live: crate::settings::LiveSettings,
 }
 
 /// A word no chunk contained, as of the chunks' stamp then: still absent from those chunks while no chunk row has
@@ -142,7 +146,8 @@ fn upsert_document(
                  doc_type = CASE WHEN ?7 != '' THEN ?7 ELSE doc_type END,
                  doc_date = CASE WHEN ?8 != '' THEN ?8 ELSE doc_date END,
                  issuer = CASE WHEN ?9 != '' THEN ?9 ELSE issuer END,
-                 language = CASE WHEN ?10 != '' THEN ?10 WHEN language != '' THEN language ELSE ?11 END
+                 language = CASE WHEN ?10 != '' THEN ?10 WHEN language != '' THEN language ELSE ?11 END,
+                 access = CASE WHEN ?12 != '' THEN ?12 ELSE access END
                  WHERE id = ?1",
             )?
             .execute(params![
@@ -156,7 +161,8 @@ fn upsert_document(
                 d.meta.date,
                 d.meta.issuer,
                 d.meta.language,
-                detected
+                detected,
+                d.meta.access
             ])?;
             tx.prepare_cached("DELETE FROM chunks WHERE document_id = ?1")?.execute([id])?;
             fr.replaced += 1;
@@ -165,8 +171,8 @@ fn upsert_document(
         None => {
             tx.prepare_cached(
                 "INSERT INTO documents (collection_id, external_id, title, source, content_hash, state, created_at, chunker,
-                                        department, doc_type, doc_date, issuer, language)
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                                        department, doc_type, doc_date, issuer, language, access)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
             )?
             .execute(params![
                 collection_id,
@@ -180,7 +186,8 @@ fn upsert_document(
                 d.meta.doc_type,
                 d.meta.date,
                 d.meta.issuer,
-                if d.meta.language.is_empty() { detected } else { d.meta.language.as_str() }
+                if d.meta.language.is_empty() { detected } else { d.meta.language.as_str() },
+                d.meta.access
             ])?;
             fr.added += 1;
             tx.last_insert_rowid()
@@ -338,6 +345,10 @@ pub struct SearchRequest {
     pub filter: crate::facets::SearchFilter,
     #[serde(default)]
     pub sort: crate::facets::Sort,
+    /// The reader's groups when documents' access lists apply to them (`None`: an administrator, or a caller
+    /// inside the engine); set by the service layer from the actor, never taken from a request.
+    #[serde(skip)]
+    pub reader_groups: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -502,10 +513,15 @@ handles! {
     Audit => audit;
     /// Background tasks as the console lists them, and their cancellation.
     Tasks => tasks;
+    /// The settings an administrator changes in the console (audited), over `care.toml`'s.
+    Settings => settings;
 }
 
 impl Engine {
     pub fn open(cfg: EngineConfig, mode: OpenMode) -> Result<Self> {
+        cfg.ldap.validate()?;
+        cfg.oidc.validate()?;
+        crate::clock::set_offset_minutes(cfg.training.utc_offset_minutes);
         let dir = DataDir::open(&cfg.storage.data_dir, mode == OpenMode::Create)?;
         let store = Store::open_with(&dir.sqlite(), cfg.storage.read_connections)?;
         let lexical = LexicalIndex::open(&dir.lexical(), Some(&dir.user_dict()))?;
@@ -528,7 +544,10 @@ impl Engine {
             meta_index: Default::default(),
             trainer_check: Default::default(),
             tasks: Default::default(),
+            oidc: Default::default(),
+            live: Default::default(),
         };
+        engine.live.reload(&engine.store)?;
         crate::synonyms::ensure_seeded(&engine.store)?;
         let report = engine.recover()?;
         if report.reindexed_documents > 0
@@ -830,12 +849,27 @@ impl Engine {
                 }
             }
         };
+        // The console's chunk size, when set, with the overlap kept under a quarter of it.
+        let (max, overlap) = match self.live.get(crate::settings::Setting::ChunkTokens) {
+            Some(v) => (v as usize, cfg.overlap_tokens.min(v as usize / 4)),
+            None => (cfg.max_tokens, cfg.overlap_tokens),
+        };
         Ok(Chunker {
-            id: format!("tokens:{}@{}:{}/{}", q.name, q.version, cfg.max_tokens, cfg.overlap_tokens),
+            id: format!("tokens:{}@{}:{max}/{overlap}", q.name, q.version),
             tokenizer: Some(tok),
-            max: cfg.max_tokens,
-            overlap: cfg.overlap_tokens,
+            max,
+            overlap,
         })
+    }
+
+    /// The dense weight of collections without a tuned one: the console's setting, else `care.toml`'s.
+    pub(crate) fn default_dense_weight(&self) -> f32 {
+        self.live.get(crate::settings::Setting::DenseWeight).map_or(self.cfg.search.default_dense_weight, |v| v as f32)
+    }
+
+    /// The weight of synonym and spelling expansions: the console's setting, else `care.toml`'s.
+    pub(crate) fn synonym_weight(&self) -> f32 {
+        self.live.get(crate::settings::Setting::SynonymWeight).map_or(self.cfg.search.synonym_weight, |v| v as f32)
     }
 
     /// Ingests files into an existing collection, synchronously (jobs use the same path file by file). A file that
@@ -1116,7 +1150,7 @@ impl Engine {
         };
         let names: Vec<String> = cols.iter().map(|c| c.name.clone()).collect();
         let table = self.synonym_table()?;
-        let weight = if req.exact { 0.0 } else { req.synonym_weight.unwrap_or(self.cfg.search.synonym_weight) };
+        let weight = if req.exact { 0.0 } else { req.synonym_weight.unwrap_or(self.synonym_weight()) };
         let (plan, pinyin_of, did_you_mean) =
             self.plan_query(query, &table, &names, weight.clamp(0.0, 1.0), !req.exact)?;
         let limit = req.limit.unwrap_or(self.cfg.search.default_limit).clamp(1, self.cfg.search.max_limit);
@@ -1143,17 +1177,40 @@ impl Engine {
             facets_ms += t.elapsed().as_secs_f64() * 1e3;
             f
         };
-        let (mut ranking, facets) = if filter.is_empty() {
-            let ranking = self.rank(&plan.terms, qvec, &cols, &spec)?;
-            let facets = count(&[], &docs_of(&ranking.hits));
-            (ranking, facets)
-        } else {
-            let ids: Vec<i64> = cols.iter().map(|c| c.id).collect();
-            let admitted = metas.admitted(&filter, &ids);
-            spec.keep = Some(&admitted);
-            let (everything, filtered) = self.rank_filtered(&plan.terms, qvec, &cols, &spec)?;
-            let facets = count(&docs_of(&everything.hits), &docs_of(&filtered.hits));
-            (filtered, facets)
+        let ids: Vec<i64> = cols.iter().map(|c| c.id).collect();
+        // Documents whose access lists leave the reader out, when these collections have any: both legs search
+        // only the visible ones, and the facets count only those (their names and numbers must not leak either).
+        let visible = req.reader_groups.as_deref().and_then(|g| metas.visible(&ids, g));
+        let (mut ranking, facets) = match (&visible, filter.is_empty()) {
+            (None, true) => {
+                let ranking = self.rank(&plan.terms, qvec, &cols, &spec)?;
+                let facets = count(&[], &docs_of(&ranking.hits));
+                (ranking, facets)
+            }
+            (None, false) => {
+                let admitted = metas.admitted(&filter, &ids);
+                spec.keep = Some(&admitted);
+                let (everything, filtered) = self.rank_filtered(&plan.terms, qvec, &cols, &spec)?;
+                let facets = count(&docs_of(&everything.hits), &docs_of(&filtered.hits));
+                (filtered, facets)
+            }
+            (Some(visible), true) => {
+                spec.keep = Some(visible);
+                let ranking = self.rank(&plan.terms, qvec, &cols, &spec)?;
+                let facets = count(&[], &docs_of(&ranking.hits));
+                (ranking, facets)
+            }
+            (Some(visible), false) => {
+                // Two passes: the visible ranking (which the facets of the filtered dimensions count) and the
+                // filtered one within it.
+                let admitted = std::sync::Arc::new(metas.admitted(&filter, &ids).intersect(visible));
+                spec.keep = Some(visible);
+                let everything = self.rank(&plan.terms, qvec, &cols, &spec)?;
+                spec.keep = Some(&admitted);
+                let filtered = self.rank(&plan.terms, qvec, &cols, &spec)?;
+                let facets = count(&docs_of(&everything.hits), &docs_of(&filtered.hits));
+                (filtered, facets)
+            }
         };
         if req.sort == crate::facets::Sort::Date {
             // Newest first; the ranking's order within a date (a stable sort), undated documents last.
@@ -1169,7 +1226,7 @@ impl Engine {
         let total = ranked.len();
         let page: Vec<(&Explained, usize)> = ranked.into_iter().zip(more).skip(req.offset).take(limit).collect();
         let hits = self.page_hits(&plan, &page, req.offset)?;
-        let (matched_terms, missing_terms) = self.term_presence(&plan, &names)?;
+        let (matched_terms, missing_terms) = self.term_presence(&plan, &names, visible.as_deref())?;
         Ok(SearchResults {
             query: query.to_string(),
             folded_query: if pinyin_of.is_some() {
@@ -1358,6 +1415,7 @@ impl Engine {
         &self,
         plan: &crate::query::QueryPlan,
         collections: &[String],
+        visible: Option<&crate::facets::DocSet>,
     ) -> Result<(Vec<String>, Vec<String>)> {
         let mut present = Vec::new();
         let mut missing = Vec::new();
@@ -1377,6 +1435,14 @@ impl Engine {
             for f in &forms {
                 found = found || self.text_contains(f, collections)?;
             }
+            // Found somewhere: for a reader whom access lists restrict, it must be in a document they may see.
+            if found && let Some(v) = visible {
+                found = false;
+                for f in &forms {
+                    let lower = f.to_ascii_lowercase();
+                    found = found || self.store.any_admitted_chunk_contains(&lower, collections, |d| v.contains(d))?;
+                }
+            }
             if found {
                 present.push(w.clone());
             } else if plan.key.contains(w) {
@@ -1395,7 +1461,7 @@ impl Engine {
         for w in words {
             let w = w.trim();
             if w.is_empty() || w.contains(char::is_whitespace) {
-                return Err(Error::InvalidInput(format!("dictionary word {w:?} must be one word without spaces")));
+                return Err(Error::InvalidInput(format!("词典词条 {w:?} 应为一个不含空格的词")));
             }
             if !text.ends_with('\n') && !text.is_empty() {
                 text.push('\n');

@@ -110,88 +110,88 @@ error_codes! {
     Overloaded = "overloaded", Unavailable, "服务繁忙，请稍后再试";
     RateLimited = "rate_limited", TooManyRequests, "操作过于频繁，请稍后再试";
     LimitReached = "limit_reached", Conflict, "已达数量上限";
+    DirectoryUnavailable = "directory_unavailable", Unavailable, "统一认证服务暂不可用";
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("collection '{0}' does not exist; create it with `care collection create {0}` or pass --create")]
+    #[error(
+        "资料库 {0} 不存在；请先在“资料库”页面新建，或运行 `care collection create {0}`（`care ingest` 可加 --create）"
+    )]
     UnknownCollection(String),
-    #[error("collection '{0}' already exists")]
+    #[error("资料库 {0} 已存在")]
     CollectionExists(String),
-    #[error("{what} not found")]
+    #[error("未找到：{what}")]
     NotFound { what: String },
     #[error("{0}")]
     InvalidInput(String),
-    #[error(
-        "{path}: unsupported file type '{ext}'; supported: .pdf, .docx, .html, .htm, .md, .txt, .csv, .tsv, .jsonl, .zip"
-    )]
+    #[error("{path}：不支持 .{ext} 文件；可上传 .pdf、.docx、.html、.htm、.md、.txt、.csv、.tsv、.jsonl、.zip")]
     UnsupportedFormat { path: PathBuf, ext: String },
     #[error(
-        "{path}: not valid UTF-8 (first bad byte at offset {offset}); convert it to UTF-8, e.g. `iconv -f GB18030 -t UTF-8 in > out`"
+        "{path}：不是有效的 UTF-8 文本（第一个错误字节在偏移 {offset}）；请转成 UTF-8，例如 `iconv -f GB18030 -t UTF-8 原文件 > 新文件`，或上传时指定编码"
     )]
     NotUtf8 { path: PathBuf, offset: usize },
-    #[error("{path}: the file is empty; nothing to ingest")]
+    #[error("{path}：文件为空，没有可入库的内容")]
     EmptyFile { path: PathBuf },
     /// Text in an encoding that could not be detected or that does not decode cleanly.
-    #[error("{path}: {message}")]
+    #[error("{path}：{message}")]
     Encoding { path: PathBuf, message: String },
     /// A file whose container or syntax is broken (truncated PDF, DOCX that is not a zip, CSV without the column).
-    #[error("{path}: not a valid {format} file: {message}")]
+    #[error("{path}：不是有效的 {format} 文件：{message}")]
     MalformedFile { path: PathBuf, format: &'static str, message: String },
     /// A well-formed file with no extractable text (e.g. a scanned PDF without a text layer).
     #[error("{path}: {message}")]
     NoText { path: PathBuf, message: String },
-    #[error("{path}:{line}: {message}")]
+    #[error("{path} 第 {line} 行：{message}")]
     MalformedRecord { path: PathBuf, line: usize, message: String },
-    #[error("{what} has format version {found}, newer than this build supports ({supported}); upgrade the appliance")]
+    #[error("{what} 的格式版本为 {found}，比本程序支持的 {supported} 新；请升级本系统")]
     TooNew { what: String, found: u32, supported: u32 },
     #[error("{0}")]
     ModelMismatch(String),
     #[error("{0}")]
     Model(String),
-    #[error("{what} is locked by another care process ({detail}); stop it or wait for it to finish")]
+    #[error("{what} 正被另一个 care 进程占用（{detail}）；请等它结束或先停止它")]
     Locked { what: String, detail: String },
-    #[error("metadata store: {0}")]
+    #[error("元数据库出错 (metadata store: {0})")]
     Sqlite(rusqlite::Error),
-    #[error("lexical index: {0}")]
+    #[error("检索索引出错 (lexical index: {0})")]
     Tantivy(tantivy::TantivyError),
     #[error("{}", io_message(path, source))]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("internal error: {0}")]
+    #[error("内部错误 (internal error: {0})")]
     Internal(String),
-    #[error("{what} is {size} bytes, over the limit of {limit} bytes; {hint}")]
+    #[error("{what} 有 {size} 字节，超过上限 {limit} 字节；{hint}")]
     TooLarge { what: String, size: u64, limit: u64, hint: String },
-    #[error("{path}: unsafe archive: {reason}")]
+    #[error("{path}：压缩包不安全，已拒绝：{reason}")]
     UnsafeArchive { path: PathBuf, reason: String },
-    #[error("{0} was cancelled")]
+    #[error("{0} 已取消")]
     Cancelled(String),
     /// A sign-in that failed (unknown name or wrong password; which one is not said).
     #[error("{0}")]
     LoginFailed(String),
     #[error("{0}")]
     Forbidden(String),
-    #[error("account '{user}' is locked after repeated failed logins until {until}; ask an administrator to unlock it")]
+    #[error("账户 {user} 因多次登录失败已锁定，至 {until} 解除；如需提前解锁请联系管理员")]
     AccountLocked { user: String, until: String },
-    #[error("audit log record {id}: {reason}")]
+    #[error("审计日志第 {id} 条校验失败：{reason}")]
     AuditTampered { id: i64, reason: String },
     /// Embedding shards that fail verification (checksum, sizes, file names): damaged or incompletely copied.
-    #[error("{path}: {message}; copy the embeddings folder again or re-run `care-train embed-corpus`")]
+    #[error("{path}：{message}；请重新拷贝向量文件夹，或重新运行 `care-train embed-corpus`")]
     CorruptShards { path: PathBuf, message: String },
     /// Embedding shards naming chunks the collection does not have (any more): exported before a change.
     #[error(
-        "{path}: {count} of {total} vector ids are not live chunks of collection '{collection}' (first: {first}); the \
-         collection changed since its chunks were exported. Re-export with `care collection export-chunks {collection} \
-         --out chunks.jsonl`, embed them again with `care-train embed-corpus`, and import the new folder"
+        "{path}：{total} 个向量中有 {count} 个不对应资料库 {collection} 现有的片段（第一个：{first}），导出片段后资料库已有变动。\
+         请重新导出（`care collection export-chunks {collection} --out chunks.jsonl`），用 `care-train embed-corpus` 重新计算向量，\
+         再导入新的文件夹"
     )]
     UnknownChunks { path: PathBuf, collection: String, count: usize, total: usize, first: String },
     /// A model package that cannot be registered as it is: damaged, incomplete or self-contradictory.
-    #[error("model package {path}: {message}")]
+    #[error("模型包 {path}：{message}")]
     InvalidPackage { path: PathBuf, message: String },
     /// A package whose ONNX graph, run by this appliance, does not reproduce the vectors its trainer recorded.
     #[error(
-        "model package {path}: ONNX Runtime here reproduces the trainer's parity vectors only to cosine {worst:.6} \
-         (text {index}: {text:?}; at least {min} required); the export or the tokenizer does not match the trained \
-         weights. Export the package again with `care-train export`"
+        "模型包 {path}：本机 ONNX Runtime 算出的向量与训练端记录的只相似到余弦 {worst:.6}（第 {index} 条文本 {text:?}；\
+         至少需要 {min}），导出的模型或分词器与训练所得权重不符；请用 `care-train export` 重新导出"
     )]
     ParityFailed { path: PathBuf, worst: f64, index: usize, text: String, min: f64 },
     /// `care-train` cannot start here (not installed, libtorch missing or of another version); says how to fix it.
@@ -209,6 +209,10 @@ pub enum Error {
     /// Something that accumulates (schedules, queued jobs) is at its configured cap (`[limits]`).
     #[error("{0}")]
     LimitReached(String),
+    /// The hospital's directory (LDAP) or sign-on platform (OIDC) could not be reached or refused the service
+    /// account; the message is for people, the cause is in the log.
+    #[error("{0}")]
+    Directory(String),
     /// Too little free space for a training run (said before it starts, not half-way through).
     #[error(
         "{} (disk full: {available} bytes free under {path}, {needed} needed)",
@@ -217,14 +221,14 @@ pub enum Error {
     DiskFull { path: PathBuf, needed: u64, available: u64, reserve: u64 },
     /// Too little free space for what an upload or a model import would write, said before it is accepted: the
     /// space kept free (`[training] keep_free_gb`) is for search, sign-in and SQLite.
-    #[error("{} (disk full)", no_space_message(what, *needed, *available, *reserve))]
+    #[error("{}", no_space_message(what, *needed, *available, *reserve))]
     NoSpace { what: String, needed: u64, available: u64, reserve: u64 },
     /// A store (SQLite, the lexical or the dense index) failed a write because the disk is full (ENOSPC,
     /// SQLITE_FULL): said as such, not as a storage fault.
     #[error("磁盘空间不足：写入{store}时磁盘已满；请清理数据目录所在的磁盘后重试 ({detail})")]
     StoreFull { store: &'static str, detail: String },
     /// The CUDA provider cannot be created (`model.device = "cuda"`): names the missing library and the install.
-    #[error("model.device = \"cuda\": {0}")]
+    #[error("GPU 不可用（model.device = \"cuda\"）：{0}")]
     CudaUnavailable(crate::gpu::CudaUnavailable),
     /// A file's failure as the isolated parser process reported it (its code and message, already for people).
     #[error("{message}")]
@@ -261,7 +265,7 @@ fn io_message(path: &std::path::Path, source: &std::io::Error) -> String {
     if is_disk_full(source) {
         format!("磁盘空间不足：写入 {} 时磁盘已满；请清理数据目录所在磁盘后重试 ({source})", path.display())
     } else {
-        format!("{}: {source}", path.display())
+        format!("读写 {} 时出错：{source}", path.display())
     }
 }
 
@@ -339,6 +343,7 @@ impl Error {
             Error::Overloaded(_) => ErrorCode::Overloaded,
             Error::RateLimited(_) => ErrorCode::RateLimited,
             Error::LimitReached(_) => ErrorCode::LimitReached,
+            Error::Directory(_) => ErrorCode::DirectoryUnavailable,
             Error::DiskFull { .. } | Error::NoSpace { .. } | Error::StoreFull { .. } => ErrorCode::DiskFull,
             Error::CudaUnavailable(_) => ErrorCode::Model,
             Error::Parser { code, .. } => *code,

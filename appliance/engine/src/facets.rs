@@ -163,6 +163,11 @@ impl DocSet {
         self.bits.iter().all(|w| *w == 0)
     }
 
+    /// The ids in both sets.
+    pub fn intersect(&self, other: &DocSet) -> DocSet {
+        DocSet { bits: self.bits.iter().zip(&other.bits).map(|(a, b)| a & b).collect() }
+    }
+
     /// The ids, ascending.
     pub fn ids(&self) -> impl Iterator<Item = i64> + '_ {
         self.bits
@@ -170,6 +175,13 @@ impl DocSet {
             .enumerate()
             .flat_map(|(i, w)| (0..64).filter(move |b| w & (1 << b) != 0).map(move |b| (i * 64 + b) as i64))
     }
+}
+
+/// Whether a document's access list admits a reader with these groups: an empty list admits everyone who may read
+/// the collection; otherwise one of the reader's groups must be on it (names compared ignoring ASCII case).
+pub fn access_admits(meta: &DocMeta, groups: &[String]) -> bool {
+    let mut listed = meta.access_groups().peekable();
+    listed.peek().is_none() || listed.any(|a| groups.iter().any(|g| g.eq_ignore_ascii_case(a)))
 }
 
 /// One value of a facet and how many documents of the query's ranking have it.
@@ -229,8 +241,9 @@ impl MetaIndex {
     /// Every document's filing, labelled `version` (read by the caller before this).
     pub fn load(store: &crate::store::Store, version: i64) -> Result<MetaIndex> {
         let conn = store.reader();
-        let mut stmt =
-            conn.prepare("SELECT id, collection_id, department, doc_type, doc_date, issuer, language FROM documents")?;
+        let mut stmt = conn.prepare(
+            "SELECT id, collection_id, department, doc_type, doc_date, issuer, language, access FROM documents",
+        )?;
         let rows = stmt.query_map([], |r| {
             let meta = DocMeta {
                 department: r.get(2)?,
@@ -238,6 +251,7 @@ impl MetaIndex {
                 date: r.get(4)?,
                 issuer: r.get(5)?,
                 language: r.get(6)?,
+                access: r.get(7)?,
             };
             Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, meta))
         })?;
@@ -288,6 +302,22 @@ impl MetaIndex {
         }
         ok[NAMED] = filter.date_ok(&e.meta);
         ok
+    }
+
+    /// The documents of `collections` a reader with `groups` may see, or `None` when no document there has an
+    /// access list (the search then needs no restriction at all).
+    pub fn visible(&self, collections: &[i64], groups: &[String]) -> Option<Arc<DocSet>> {
+        let restricted = |e: &Entry| collections.contains(&e.collection) && !e.meta.access.is_empty();
+        if !self.docs.values().any(restricted) {
+            return None;
+        }
+        let mut set = DocSet::default();
+        for (id, e) in &self.docs {
+            if collections.contains(&e.collection) && access_admits(&e.meta, groups) {
+                set.insert(*id);
+            }
+        }
+        Some(Arc::new(set))
     }
 
     /// The documents of `collections` that `filter` admits (kept for the next searches with the same filter).

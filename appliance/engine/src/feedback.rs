@@ -50,7 +50,7 @@ pub fn document(store: &Store, id: i64) -> Result<DocumentView> {
             },
         )
         .optional()?;
-    let mut doc = head.ok_or_else(|| Error::NotFound { what: format!("document #{id}") })?;
+    let mut doc = head.ok_or_else(|| Error::NotFound { what: format!("文档 #{id}") })?;
     let mut stmt = conn.prepare_cached(
         "SELECT id, ordinal, heading, text, char_start, char_end FROM chunks WHERE document_id = ?1 ORDER BY ordinal",
     )?;
@@ -79,7 +79,7 @@ pub fn chunk_collection(store: &Store, chunk_id: i64) -> Result<(String, i64, St
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
         .optional()?
-        .ok_or_else(|| Error::NotFound { what: format!("passage #{chunk_id}") })
+        .ok_or_else(|| Error::NotFound { what: format!("片段 #{chunk_id}") })
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -107,7 +107,7 @@ pub(crate) fn record(
 ) -> Result<i64> {
     let query = query.trim();
     if query.is_empty() || query.chars().count() > 1000 {
-        return Err(Error::InvalidInput("feedback needs the query it judges (1-1000 characters)".into()));
+        return Err(Error::InvalidInput("反馈需要附上所评价的检索词（1–1000 个字符）".into()));
     }
     let (collection, document_id, passage) = chunk_collection(store, chunk_id)?;
     let mut conn = store.conn();

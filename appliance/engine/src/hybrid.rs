@@ -424,7 +424,7 @@ impl Engine {
             },
             None => FusionSetting {
                 method: Method::Weighted,
-                dense_weight: self.cfg.search.default_dense_weight,
+                dense_weight: self.default_dense_weight(),
                 fitted_on: String::new(),
             },
         }
@@ -469,7 +469,7 @@ impl Engine {
     ) -> Result<models::FusionRow> {
         let col = self.store.collection(collection)?;
         if !(0.0..=1.0).contains(&setting.dense_weight) {
-            return Err(Error::InvalidInput(format!("dense weight {} must be within 0..1", setting.dense_weight)));
+            return Err(Error::InvalidInput(format!("语义权重 {} 应在 0 到 1 之间", setting.dense_weight)));
         }
         Ok(models::FusionRow {
             collection_id: col.id,
@@ -563,8 +563,8 @@ impl Engine {
             let Some((pairing, table)) = self.dense_table(col.id, document_model, false)? else { continue };
             if pairing != query_model.pairing_id {
                 return Err(Error::ModelMismatch(format!(
-                    "the dense index of collection '{}' was built with pairing {pairing:?}; query encoder {}@{} has pairing {:?} \
-                     and is refused. Activate a matching pair with `care model activate`",
+                    "资料库「{}」的向量索引由配对 {pairing:?} 建立，查询编码器 {}@{} 的配对为 {:?}，已拒绝；\
+                     请用 `care model activate` 启用配对一致的一组模型",
                     col.name, query_model.name, query_model.version, query_model.pairing_id
                 )));
             }
@@ -600,7 +600,7 @@ impl Engine {
             ([one], None) => self.fusion_for(one.id)?,
             _ => FusionSetting {
                 method: Method::Weighted,
-                dense_weight: self.cfg.search.default_dense_weight,
+                dense_weight: self.default_dense_weight(),
                 fitted_on: String::new(),
             },
         };

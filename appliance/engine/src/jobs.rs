@@ -254,13 +254,13 @@ impl Engine {
     ) -> Result<i64> {
         self.store.collection(collection)?;
         if files.is_empty() {
-            return Err(Error::InvalidInput("an ingestion job needs at least one file".into()));
+            return Err(Error::InvalidInput("入库任务至少需要一个文件".into()));
         }
         if let Some(e) =
             opts.encoding.as_deref().filter(|e| encoding_rs::Encoding::for_label(e.trim().as_bytes()).is_none())
         {
             return Err(Error::InvalidInput(format!(
-                "unknown encoding {e:?}; use utf-8, utf-16le, utf-16be, gb18030, gbk or big5"
+                "未知编码 {e:?}：请用 utf-8、utf-16le、utf-16be、gb18030、gbk 或 big5"
             )));
         }
         let (kind, params_json) = (IngestParams::KIND, params_json(&IngestParams { options: opts.clone() })?);
@@ -324,7 +324,7 @@ impl Engine {
             .reader()
             .query_row(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"), [id], row_to_job)
             .optional()?
-            .ok_or_else(|| Error::NotFound { what: format!("job {id}") })
+            .ok_or_else(|| Error::NotFound { what: format!("任务 #{id}") })
     }
 
     /// The newest jobs first.
@@ -373,10 +373,7 @@ impl Engine {
     pub(crate) fn cancel_job(&self, id: i64, actor: &str) -> Result<()> {
         let job = self.job(id)?;
         if job.state.is_finished() {
-            return Err(Error::InvalidInput(format!(
-                "job {id} already ended ({}); nothing to cancel",
-                job.state.as_str()
-            )));
+            return Err(Error::InvalidInput(format!("任务 #{id} 已结束（{}），无需取消", job.state.as_str())));
         }
         let ended_now = {
             let mut conn = self.store.conn();

@@ -806,7 +806,7 @@ mod tests {
         assert_ne!(h0, h1);
         std::fs::write(&p, "坏 行 有 四列\n").unwrap();
         let err = build_jieba(Some(&p)).unwrap_err();
-        assert!(err.to_string().contains("user_dict.txt:1"), "{err}");
+        assert!(err.to_string().contains("user_dict.txt 第 1 行"), "{err}");
     }
 
     /// Random queries and passages through the snippet generator (the search page's highlight path): no panic, and

@@ -11,7 +11,12 @@
 //!   ├ audit     append-only, hash-chained audit records written in the same transaction as the change: the key
 //!   │           outside SQLite, the chain walk and re-chaining, the anchor (audit/{key,chain,anchor}.rs); searches'
 //!   │           records by the group-commit writer thread, one transaction per batch (audit/writer.rs)
+//!   ├ settings  the settings an admin changes in the console (fusion and synonym weights, chunk size, sign-in
+//!   │           lifetimes): stored in SQLite over care.toml's, audited, read from memory
+//!   ├ clock     stored UTC times read in the hospital's time on pages
 //!   ├ accounts  users and roles (argon2), lockout, sessions, API tokens, per-collection read grants
+//!   ├ directory sign-in through the hospital's LDAP/AD (directory/ldap.rs) or OIDC provider (directory/oidc.rs):
+//!   │           group → role and group → grant mapping, accounts provisioned and disabled by the directory
 //!   ├ analytics what clinicians search and where they fail: searches per day, top, not-found and 没帮助 queries,
 //!   │           latency, aggregated from the searches' audit records and feedback (CSV export audited)
 //!   ├ limits    in-memory rate limits per client address or user (sign-in failures, feedback, refusals)
@@ -71,10 +76,12 @@ pub mod analytics;
 pub mod audit;
 pub mod cancel;
 pub mod chart;
+pub mod clock;
 pub mod config;
 pub mod datadir;
 pub mod demo;
 pub mod dense;
+pub mod directory;
 pub mod docview;
 pub mod encoders;
 pub mod engine;
@@ -98,6 +105,7 @@ pub mod models;
 pub mod query;
 pub mod sandbox;
 pub mod service;
+pub mod settings;
 pub mod store;
 pub mod synonyms;
 pub mod tasks;

@@ -164,20 +164,20 @@ pub fn active(store: &Store) -> Result<Option<ActivePair>> {
 pub fn check_pair(query: &ModelRecord, document: &ModelRecord) -> Result<()> {
     if !matches!(query.role.as_str(), "query" | "both") {
         return Err(Error::ModelMismatch(format!(
-            "model {}@{} is a {} encoder, not a query encoder",
+            "模型 {}@{} 是 {} 编码器，不是查询编码器",
             query.name, query.version, query.role
         )));
     }
     if !matches!(document.role.as_str(), "document" | "both") {
         return Err(Error::ModelMismatch(format!(
-            "model {}@{} is a {} encoder, not a document encoder",
+            "模型 {}@{} 是 {} 编码器，不是文档编码器",
             document.name, document.version, document.role
         )));
     }
     if query.pairing_id != document.pairing_id {
         return Err(Error::ModelMismatch(format!(
-            "query encoder {}@{} (pairing {:?}) was not trained with document encoder {}@{} (pairing {:?}); \
-             its vectors would not be comparable. Activate a query encoder of pairing {:?}",
+            "查询编码器 {}@{}（配对 {:?}）不是与文档编码器 {}@{}（配对 {:?}）一起训练的，二者的向量无法比较；\
+             请启用配对为 {:?} 的查询编码器",
             query.name,
             query.version,
             query.pairing_id,
@@ -189,7 +189,7 @@ pub fn check_pair(query: &ModelRecord, document: &ModelRecord) -> Result<()> {
     }
     if query.width != document.width {
         return Err(Error::ModelMismatch(format!(
-            "query encoder width {} differs from document encoder width {}",
+            "查询编码器的向量维度 {} 与文档编码器的 {} 不同",
             query.width, document.width
         )));
     }

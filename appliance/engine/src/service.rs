@@ -102,6 +102,15 @@ pub struct UserInfo {
     pub locked: bool,
     pub failed_logins: i64,
     pub collections: Vec<String>,
+    /// The password was set by an administrator (or printed at installation) and is replaced at the next sign-in.
+    pub must_change_password: bool,
+    /// `local`, `ldap` or `oidc`: a directory account's role and directory grants follow its groups.
+    pub source: String,
+    /// How the source reads on a page (本地账户, 目录账户（LDAP）, …).
+    pub source_zh: String,
+    pub display_name: Option<String>,
+    /// Groups (departments) documents' access lists are matched against.
+    pub groups: Vec<String>,
 }
 
 /// What an admin may change about a user in one request.
@@ -112,8 +121,17 @@ pub struct UserUpdate {
     pub disabled: Option<bool>,
     #[serde(default)]
     pub unlock: bool,
-    /// Reset the password (ends the user's sessions and revokes their API tokens).
+    /// Reset the password (ends the user's sessions and revokes their API tokens). The user replaces it at the
+    /// next sign-in unless `permanent`.
     pub password: Option<String>,
+    /// The new password is the user's own (the command line's `--permanent`, for a service account or an
+    /// operator's own break-glass account): no change is asked for. Never read from a request: over HTTP an
+    /// administrator's password for someone else is always temporary.
+    #[serde(skip_deserializing)]
+    pub permanent: bool,
+    /// A local account's groups (departments), comma-separated, which documents' access lists name.
+    #[serde(default)]
+    pub groups: Option<String>,
 }
 
 /// A job (ingestion, or a model job) as the console and the API show it.
@@ -151,7 +169,7 @@ fn logged_query(q: &str) -> serde_json::Value {
 }
 
 fn not_found_document(id: i64) -> Error {
-    Error::NotFound { what: format!("document #{id}") }
+    Error::NotFound { what: format!("文档 #{id}") }
 }
 
 impl Engine {
@@ -172,6 +190,16 @@ impl Engine {
 
     fn may_read(&self, actor: &Actor, collection: &str) -> Result<bool> {
         Ok(actor.is_admin() || self.search().readable_collections(actor)?.iter().any(|c| c == collection))
+    }
+
+    /// Whether a document's access list admits `actor` (administrators read everything; an empty list admits
+    /// everyone who may read the collection).
+    fn may_see_document(&self, actor: &Actor, document: i64) -> Result<bool> {
+        if actor.is_admin() {
+            return Ok(true);
+        }
+        let metas = self.meta_index()?;
+        Ok(metas.meta(document).is_none_or(|m| crate::facets::access_admits(m, &actor.groups)))
     }
 
     /// [`Engine::search`] with any panic inside a search stage caught and turned into an error: one bad input
@@ -357,6 +385,8 @@ impl crate::engine::Search<'_> {
             synonym_weight: None,
             filter: s.filter.clone(),
             sort: s.sort,
+            // Documents whose access lists leave the actor out are not searched, in either leg.
+            reader_groups: (!actor.is_admin()).then(|| actor.groups.clone()),
         };
         let wanted: Vec<String> =
             s.collection.iter().chain(&s.more_collections).filter(|c| !c.is_empty()).cloned().collect();
@@ -439,6 +469,10 @@ impl crate::engine::Search<'_> {
             let reason = "collection not granted";
             return denied(serde_json::json!({"document": id, "collection": doc.collection, "reason": reason}));
         }
+        if !self.may_see_document(actor, id)? {
+            let reason = "not on the document's access list";
+            return denied(serde_json::json!({"document": id, "collection": doc.collection, "reason": reason}));
+        }
         Ok(doc)
     }
 
@@ -455,15 +489,18 @@ impl crate::engine::Search<'_> {
         let denied = |reason: &str| -> Result<i64> {
             let detail = serde_json::json!({"chunk": chunk_id, "query": logged_query(query), "reason": reason});
             self.audit_event(actor, "feedback.denied", &detail)?;
-            Err(Error::NotFound { what: format!("passage #{chunk_id}") })
+            Err(Error::NotFound { what: format!("片段 #{chunk_id}") })
         };
-        let collection = match feedback::chunk_collection(&self.store, chunk_id) {
-            Ok((c, _, _)) => c,
+        let (collection, document) = match feedback::chunk_collection(&self.store, chunk_id) {
+            Ok((c, d, _)) => (c, d),
             Err(Error::NotFound { .. }) => return denied("no such passage"),
             Err(e) => return Err(e),
         };
         if !self.may_read(actor, &collection)? {
             return denied("collection not granted");
+        }
+        if !self.may_see_document(actor, document)? {
+            return denied("not on the document's access list");
         }
         // Feedback feeds training and can start a schedule's run (min_new_feedback): one account must not be able
         // to flood it. Counted after the checks above, so refused clicks do not use up the allowance.
@@ -568,7 +605,7 @@ impl crate::engine::Collections<'_> {
             conn.query_row(&format!("SELECT COUNT(*) FROM documents d WHERE {filter}"), args, |r| r.get(0))?;
         let sql = format!(
             "SELECT d.id, d.external_id, d.title, d.source, d.department, d.doc_type, d.doc_date, d.created_at,
-                    (SELECT COUNT(*) FROM chunks k WHERE k.document_id = d.id), d.issuer, d.language
+                    (SELECT COUNT(*) FROM chunks k WHERE k.document_id = d.id), d.issuer, d.language, d.access
              FROM documents d WHERE {filter} ORDER BY d.id DESC LIMIT {} OFFSET {}",
             q.limit.clamp(1, 500),
             q.offset.min(1_000_000)
@@ -586,6 +623,7 @@ impl crate::engine::Collections<'_> {
                     date: r.get(6)?,
                     issuer: r.get(9)?,
                     language: r.get(10)?,
+                    access: r.get(11)?,
                 },
                 created_at: r.get(7)?,
                 chunks: r.get::<_, i64>(8)? as usize,
@@ -630,9 +668,9 @@ impl crate::engine::Collections<'_> {
             let m = m.checked().map_err(|e| Error::InvalidInput(format!("文档「{id}」：{e}")))?;
             clean.push((id, m));
         }
-        const COLUMNS: [&str; 5] = ["department", "doc_type", "doc_date", "issuer", "language"];
+        const COLUMNS: [&str; 6] = ["department", "doc_type", "doc_date", "issuer", "language", "access"];
         let set: Vec<String> =
-            (0..5).map(|i| format!("{0} = CASE WHEN ?{1} THEN ?{2} ELSE {0} END", COLUMNS[i], 3 + i, 8 + i)).collect();
+            (0..6).map(|i| format!("{0} = CASE WHEN ?{1} THEN ?{2} ELSE {0} END", COLUMNS[i], 3 + i, 9 + i)).collect();
         let mut conn = self.store.conn();
         let tx = conn.transaction()?;
         let (mut changed, mut unknown) = (0, Vec::new());
@@ -651,11 +689,13 @@ impl crate::engine::Collections<'_> {
                     s[2],
                     s[3],
                     s[4],
+                    s[5],
                     m.department,
                     m.doc_type,
                     m.date,
                     m.issuer,
-                    m.language
+                    m.language,
+                    m.access
                 ];
                 match stmt.execute(args)? {
                     0 => unknown.push(id.to_string()),
@@ -675,6 +715,15 @@ impl crate::engine::Collections<'_> {
     }
 }
 
+/// What the sign-in page offers beside a local password.
+#[derive(Debug, Clone, Serialize)]
+pub struct SignInOptions {
+    /// Names and passwords are checked against the hospital's directory (LDAP/AD).
+    pub directory: bool,
+    /// The button that starts an OpenID Connect sign-in, when one is configured.
+    pub oidc_label: Option<String>,
+}
+
 impl crate::engine::Accounts<'_> {
     // -- accounts and sessions -------------------------------------------------------------------------------
 
@@ -691,9 +740,60 @@ impl crate::engine::Accounts<'_> {
         policy: LoginPolicy,
         client: &str,
     ) -> Result<(User, String, String)> {
-        let u = accounts::authenticate(&self.store, username, password, policy, client)?;
+        let directory = self.cfg.ldap.enabled().then_some(&self.cfg.ldap as &dyn accounts::Directory);
+        let u = accounts::authenticate(&self.store, username, password, policy, client, directory)?;
         let (cookie, csrf) = accounts::create_session(&self.store, &u)?;
         Ok((u, cookie, csrf))
+    }
+
+    /// The sign-in choices the login page offers beside a local password.
+    pub fn sign_in_options(&self) -> SignInOptions {
+        SignInOptions {
+            directory: self.cfg.ldap.enabled(),
+            oidc_label: self.cfg.oidc.enabled().then(|| self.cfg.oidc.button_label.clone()),
+        }
+    }
+
+    /// Starts a sign-in at the hospital's OpenID Connect provider: where to send the browser, and the state the
+    /// server binds to it.
+    pub fn oidc_start(&self, next: &str) -> Result<crate::directory::oidc::Start> {
+        if !self.cfg.oidc.enabled() {
+            return Err(Error::NotFound { what: "统一认证登录（未配置 [oidc]）".into() });
+        }
+        self.oidc.start(&self.cfg.oidc, next)
+    }
+
+    /// Finishes it from the provider's callback: the answer verified, the account provisioned from the claims, a
+    /// session opened. Returns (user, cookie, CSRF token, where the browser was going). A refused answer is audited.
+    pub fn oidc_finish(&self, state: &str, code: &str, client: &str) -> Result<(User, String, String, String)> {
+        if !self.cfg.oidc.enabled() {
+            return Err(Error::NotFound { what: "统一认证登录（未配置 [oidc]）".into() });
+        }
+        let (person, next) = match self.oidc.finish(&self.cfg.oidc, state, code) {
+            Ok(v) => v,
+            Err(e) => {
+                if e.code() == crate::error::ErrorCode::Unauthenticated {
+                    let detail = serde_json::json!({"reason": "oidc", "detail": e.to_string(), "client": client});
+                    let mut conn = self.store.conn();
+                    let tx = conn.transaction()?;
+                    audit::append(&tx, "anonymous", "auth.login_failed", &detail)?;
+                    tx.commit()?;
+                }
+                return Err(e);
+            }
+        };
+        let u = crate::directory::provision(&self.store, &person, &self.cfg.oidc.groups, client)?;
+        let u = accounts::login_succeeded(&self.store, &u, &u.username, client, accounts::unix_now())?;
+        let (cookie, csrf) = accounts::create_session(&self.store, &u)?;
+        Ok((u, cookie, csrf, next))
+    }
+
+    /// Checks an ID token against the configured provider as a callback would (signature, issuer, audience, expiry,
+    /// nonce), without signing anyone in: `care doctor` and the tests use it.
+    pub fn oidc_verify(&self, jwt: &str, nonce: &str) -> Result<crate::directory::DirectoryUser> {
+        let cfg = &self.cfg.oidc;
+        let nonce = openidconnect::Nonce::new(nonce.to_string());
+        self.oidc.with_verifier(cfg, |v| crate::directory::oidc::verify_id_token(cfg, v, jwt, &nonce))
     }
 
     pub fn logout(&self, actor: &Actor, cookie: &str) -> Result<()> {
@@ -722,7 +822,7 @@ impl crate::engine::Accounts<'_> {
         client: &str,
     ) -> Result<()> {
         let current = accounts::CurrentPassword { password: current, policy, client };
-        accounts::set_password(&self.store, &actor.name, &actor.name, Some(current), new)
+        accounts::set_password(&self.store, &actor.name, &actor.name, Some(current), new, false)
     }
 
     pub fn users(&self, _admin: &Admin) -> Result<Vec<UserInfo>> {
@@ -738,13 +838,27 @@ impl crate::engine::Accounts<'_> {
                     created_at: u.created_at,
                     disabled: u.disabled,
                     failed_logins: u.failed_logins,
+                    must_change_password: u.must_change_password,
+                    source: u.source.as_str().into(),
+                    source_zh: u.source.label_zh().into(),
+                    display_name: u.display_name,
+                    groups: u.groups,
                 })
             })
             .collect()
     }
 
-    pub fn create_user(&self, actor: &Admin, username: &str, password: &str, role: &str) -> Result<User> {
-        accounts::create_user(&self.store, &actor.name, username.trim(), password, Role::parse(role)?)
+    /// Creates an account. Its password is temporary (replaced at the first sign-in: the admin who chose it knows
+    /// it) unless `permanent`.
+    pub fn create_user(
+        &self,
+        actor: &Admin,
+        username: &str,
+        password: &str,
+        role: &str,
+        permanent: bool,
+    ) -> Result<User> {
+        accounts::create_user(&self.store, &actor.name, username.trim(), password, Role::parse(role)?, !permanent)
     }
 
     /// Role, disabled flag, lock, or a password reset: each a separate change with its own audit record.
@@ -754,7 +868,10 @@ impl crate::engine::Accounts<'_> {
             accounts::update_user(&self.store, &actor.name, username, role, u.disabled, u.unlock)?;
         }
         if let Some(pw) = u.password.as_deref().filter(|p| !p.is_empty()) {
-            accounts::set_password(&self.store, &actor.name, username, None, pw)?;
+            accounts::set_password(&self.store, &actor.name, username, None, pw, u.permanent)?;
+        }
+        if let Some(g) = &u.groups {
+            accounts::set_groups(&self.store, &actor.name, username, g)?;
         }
         Ok(())
     }
@@ -863,6 +980,83 @@ impl crate::engine::Ingest<'_> {
         });
         self.audit_event(actor, "ingest.files", &detail)?;
         Ok(report)
+    }
+}
+
+/// A setting as the console's settings page shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SettingView {
+    pub key: String,
+    pub config: String,
+    pub label: String,
+    pub help: String,
+    /// In force now.
+    pub value: f64,
+    /// `care.toml`'s (or the compiled default).
+    pub default: f64,
+    pub min: f64,
+    pub max: f64,
+    pub integer: bool,
+    /// Changed in the console: by whom and when (local time).
+    pub changed_by: Option<String>,
+    pub changed_at: Option<String>,
+}
+
+/// The server's own defaults for the settings it applies (how long a sign-in lasts), from its `[auth]` section.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionDefaults {
+    pub idle_seconds: i64,
+    pub max_seconds: i64,
+}
+
+impl crate::engine::Settings<'_> {
+    /// Every changeable setting with its value in force, its default and the last change.
+    pub fn list(&self, _admin: &Admin, session: SessionDefaults) -> Vec<SettingView> {
+        use crate::settings::Setting;
+        Setting::ALL
+            .into_iter()
+            .map(|s| {
+                let spec = s.spec();
+                let default = match s {
+                    Setting::DenseWeight => f64::from(self.cfg.search.default_dense_weight),
+                    Setting::SynonymWeight => f64::from(self.cfg.search.synonym_weight),
+                    Setting::ChunkTokens => self.cfg.ingest.chunk.max_tokens as f64,
+                    Setting::SessionIdleMinutes => session.idle_seconds as f64 / 60.0,
+                    Setting::SessionMaxHours => session.max_seconds as f64 / 3600.0,
+                };
+                let change = self.live.change(s);
+                SettingView {
+                    key: spec.key.into(),
+                    config: spec.config.into(),
+                    label: spec.label.into(),
+                    help: spec.help.into(),
+                    value: change.as_ref().map_or(default, |c| c.value),
+                    default,
+                    min: spec.min,
+                    max: spec.max,
+                    integer: spec.integer,
+                    changed_by: change.as_ref().map(|c| c.by.clone()),
+                    changed_at: change.as_ref().map(|c| crate::clock::local(&c.at)),
+                }
+            })
+            .collect()
+    }
+
+    /// Changes a setting from the text an administrator typed (empty: back to `care.toml`'s), audited.
+    pub fn set(&self, actor: &Admin, key: &str, value: &str) -> Result<()> {
+        let s = crate::settings::Setting::parse_key(key).ok_or_else(|| {
+            Error::InvalidInput(format!("没有名为「{}」的设置", key.chars().take(40).collect::<String>()))
+        })?;
+        let v = if value.trim().is_empty() { None } else { Some(s.parse_value(value)?) };
+        crate::settings::set(&self.store, &self.live, &actor.name, s, v)
+    }
+
+    /// How long a sign-in lasts (idle, in all): the console's settings, else the server's own.
+    pub fn session_seconds(&self, defaults: SessionDefaults) -> (i64, i64) {
+        use crate::settings::Setting;
+        let idle = self.live.get(Setting::SessionIdleMinutes).map_or(defaults.idle_seconds, |m| (m * 60.0) as i64);
+        let max = self.live.get(Setting::SessionMaxHours).map_or(defaults.max_seconds, |h| (h * 3600.0) as i64);
+        (idle, max)
     }
 }
 
@@ -1218,10 +1412,10 @@ mod tests {
         let e = engine(t.path());
         let root = Admin::console("cli:root");
         let policy = LoginPolicy { max_failed: 5, lock_seconds: 60, ..LoginPolicy::default() };
-        e.accounts().create_user(&root, "admin", "admin-pass-1", "admin").unwrap();
+        e.accounts().create_user(&root, "admin", "admin-pass-1", "admin", true).unwrap();
         atomic(&e, "create collection", || e.collections().create(&root, "c1", ""));
         atomic(&e, "approve", || e.collections().approve(&root, "c1", true));
-        atomic(&e, "create user", || e.accounts().create_user(&root, "drwang", "clinician-pass-1", "clinician"));
+        atomic(&e, "create user", || e.accounts().create_user(&root, "drwang", "clinician-pass-1", "clinician", true));
         let upd = UserUpdate { disabled: Some(true), ..Default::default() };
         atomic(&e, "disable user", || e.accounts().update_user(&root, "drwang", &upd));
         let upd = UserUpdate { disabled: Some(false), password: None, ..Default::default() };
@@ -1272,14 +1466,14 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let e = engine(t.path());
         let root = Admin::console("cli:root");
-        let u = e.accounts().create_user(&root, "drli", "clinician-pass-1", "clinician").unwrap();
+        let u = e.accounts().create_user(&root, "drli", "clinician-pass-1", "clinician", true).unwrap();
         let clin = Actor::user(&u);
         // Every admin-only operation takes `&Admin` (a clinician's call does not compile); the one way to one is
         // refused for a clinician, and a demoted administrator's account yields none either.
         assert!(matches!(clin.admin(), Err(Error::Forbidden(_))));
         // Another administrator stays, so demoting this one is allowed.
-        e.accounts().create_user(&root, "li", "admin-pass-34", "admin").unwrap();
-        let u = e.accounts().create_user(&root, "drwang", "admin-pass-12", "admin").unwrap();
+        e.accounts().create_user(&root, "li", "admin-pass-34", "admin", true).unwrap();
+        let u = e.accounts().create_user(&root, "drwang", "admin-pass-12", "admin", true).unwrap();
         assert!(Actor::user(&u).admin().is_ok());
         e.accounts()
             .update_user(&root, "drwang", &UserUpdate { role: Some("clinician".into()), ..Default::default() })

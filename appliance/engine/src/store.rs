@@ -38,6 +38,9 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (18, include_str!("../../../migrations/0018_document_meta_version.sql")),
     (19, include_str!("../../../migrations/0019_audit_action_index.sql")),
     (20, include_str!("../../../migrations/0020_document_issuer_language.sql")),
+    (21, include_str!("../../../migrations/0021_directory_accounts.sql")),
+    (22, include_str!("../../../migrations/0022_document_access.sql")),
+    (23, include_str!("../../../migrations/0023_settings.sql")),
 ];
 
 /// What a migration needs beyond its SQL, in the same transaction: 20 reads the language of the documents
@@ -578,6 +581,42 @@ impl Store {
         Ok(stmt.query_row(args.as_slice(), |r| r.get::<_, bool>(0))?)
     }
 
+    /// Whether a chunk of a document `admit` accepts, in `collections`, contains `needle` (the same test as
+    /// [`Store::any_chunk_contains`]): for readers whom access lists restrict, so that the "not found" statement
+    /// does not reveal words that only documents hidden from them hold. Stops at the first admitted match.
+    pub fn any_admitted_chunk_contains(
+        &self,
+        needle: &str,
+        collections: &[String],
+        admit: impl Fn(i64) -> bool,
+    ) -> Result<bool> {
+        if collections.is_empty() || needle.is_empty() {
+            return Ok(false);
+        }
+        let conn = self.reader();
+        let marks = vec!["?"; collections.len()].join(",");
+        let col =
+            |c: &str| if needle.bytes().any(|b| b.is_ascii_alphabetic()) { format!("lower({c})") } else { c.into() };
+        let sql = format!(
+            "SELECT DISTINCT k.document_id FROM chunks k JOIN documents d ON d.id = k.document_id \
+             JOIN collections c ON c.id = d.collection_id WHERE c.name IN ({marks}) AND \
+             (instr({}, ?) > 0 OR instr({}, ?) > 0 OR instr({}, ?) > 0)",
+            col("k.text"),
+            col("k.heading"),
+            col("d.title")
+        );
+        let mut stmt = conn.prepare_cached(&sql)?;
+        let mut args: Vec<&dyn rusqlite::ToSql> = collections.iter().map(|c| c as &dyn rusqlite::ToSql).collect();
+        args.extend([&needle as &dyn rusqlite::ToSql, &needle, &needle]);
+        let mut rows = stmt.query(args.as_slice())?;
+        while let Some(r) = rows.next()? {
+            if admit(r.get(0)?) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// The newest chunk id and the count of chunk rows ever deleted: equal stamps mean the same chunks.
     pub fn chunk_stamp(&self) -> Result<texts::ChunkStamp> {
         Ok(self.reader().query_row(
@@ -613,7 +652,7 @@ impl Store {
         let conn = self.reader();
         let mut stmt = conn.prepare_cached(
             "SELECT k.id, k.document_id, d.external_id, c.name, d.title, d.source, k.heading, k.text, k.ordinal,
-                    d.department, d.doc_type, d.doc_date, d.issuer, d.language
+                    d.department, d.doc_type, d.doc_date, d.issuer, d.language, d.access
              FROM chunks k JOIN documents d ON d.id = k.document_id JOIN collections c ON c.id = d.collection_id
              WHERE k.id = ?1",
         )?;
@@ -637,6 +676,7 @@ impl Store {
                             date: r.get(11)?,
                             issuer: r.get(12)?,
                             language: r.get(13)?,
+                            access: r.get(14)?,
                         },
                     })
                 })
@@ -680,9 +720,7 @@ pub fn validate_collection_name(name: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::InvalidInput(format!(
-            "collection name {name:?} is not allowed: use 1-64 letters, digits, '-' or '_' (not starting with '-')"
-        )))
+        Err(Error::InvalidInput(format!("资料库名称 {name:?} 不可用：请用 1–64 个字母、数字、- 或 _（不能以 - 开头）")))
     }
 }
 

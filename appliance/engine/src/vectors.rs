@@ -123,7 +123,7 @@ impl Engine {
     pub fn pending_vectors(&self, collection: &str, model: Option<&str>) -> Result<(ModelRecord, Vec<i64>)> {
         let col = self.store.collection(collection)?;
         let doc = self.document_model(model, || {
-            Error::InvalidInput("no live model pair; name the document model with --model".into())
+            Error::InvalidInput("当前没有在用的模型对；请用 --model 指定文档编码器".into())
         })?;
         let missing = self.missing_vectors(&col, &doc)?;
         Ok((doc, missing))
@@ -174,9 +174,7 @@ impl Engine {
                 )));
             }
             if n == 0 {
-                return Err(Error::InvalidInput(format!(
-                    "collection '{collection}' has no chunks to export; ingest documents into it first"
-                )));
+                return Err(Error::InvalidInput(format!("资料库 {collection} 还没有可导出的片段；请先上传文档")));
             }
             std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))
         })();
@@ -273,7 +271,7 @@ impl crate::engine::Models<'_> {
             )
         })?;
         if !matches!(doc.role.as_str(), "document" | "both") {
-            return Err(Error::ModelMismatch(format!("model {}@{} is not a document encoder", doc.name, doc.version)));
+            return Err(Error::ModelMismatch(format!("模型 {}@{} 不是文档编码器", doc.name, doc.version)));
         }
         let doc = &doc;
 

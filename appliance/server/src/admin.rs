@@ -388,6 +388,8 @@ pub struct FilingForm {
     #[serde(default)]
     language: String,
     #[serde(default)]
+    access: String,
+    #[serde(default)]
     back: String,
 }
 
@@ -406,6 +408,7 @@ pub async fn file_document(
         date: f.date,
         issuer: f.issuer,
         language: f.language,
+        access: f.access,
     };
     let (n, id) = (name.clone(), f.external_id.clone());
     match call_admin(&state, &caller, move |e, a| {
@@ -635,7 +638,8 @@ pub async fn create_user(
     f: web::Form<NewUserForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    match call_admin(&state, &caller, move |e, a| e.accounts().create_user(a, &f.username, &f.password, &f.role)).await
+    match call_admin(&state, &caller, move |e, a| e.accounts().create_user(a, &f.username, &f.password, &f.role, false))
+        .await
     {
         Ok(u) => Ok(back_with("/admin/users", &format!("已创建用户 {}", u.username))),
         Err(e) => back_with_error("/admin/users", e),
@@ -650,6 +654,8 @@ pub struct UserForm {
     role: String,
     #[serde(default)]
     password: String,
+    #[serde(default)]
+    groups: String,
 }
 
 #[post("/admin/users/{name}")]
@@ -668,6 +674,7 @@ pub async fn update_user(
         "enable" => u.disabled = Some(false),
         "unlock" => u.unlock = true,
         "reset_password" => u.password = Some(f.password),
+        "set_groups" => u.groups = Some(f.groups),
         "delete" => {
             let n = name.clone();
             return match call_admin(&state, &caller, move |e, a| e.accounts().delete_user(a, &n)).await {
@@ -675,7 +682,7 @@ pub async fn update_user(
                 Err(e) => back_with_error("/admin/users", e),
             };
         }
-        other => return back_with_error("/admin/users", ApiError::invalid(format!("unknown action {other:?}"))),
+        other => return back_with_error("/admin/users", ApiError::invalid(format!("未知操作 {other:?}"))),
     }
     let n = name.clone();
     match call_admin(&state, &caller, move |e, a| e.accounts().update_user(a, &n, &u)).await {
@@ -1168,6 +1175,15 @@ pub struct AuditRow {
     pub detail: String,
 }
 
+impl AuditRow {
+    fn at_local(&self) -> String {
+        care_engine::clock::local(&self.at)
+    }
+    fn action_zh(&self) -> &'static str {
+        care_engine::audit::action_zh(&self.action)
+    }
+}
+
 #[derive(Template)]
 #[template(path = "admin_audit.html")]
 struct AuditPage {
@@ -1250,4 +1266,56 @@ pub async fn audit_csv(
     let (f, limit, filter) = (q.filter(), q.limit.unwrap_or(1_000_000).min(1_000_000), audit_query_string(&q));
     let csv = call_admin(&state, &caller, move |e, a| e.audit().export(a, &f, limit, &filter)).await?;
     Ok(csv_download(csv, "care-audit.csv"))
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Settings (设置)
+
+#[derive(Template)]
+#[template(path = "admin_settings.html")]
+struct SettingsPage {
+    nav: Option<Nav>,
+    flash: Option<String>,
+    error: Option<String>,
+    csrf: String,
+    settings: Vec<care_engine::service::SettingView>,
+}
+
+#[get("/admin/settings")]
+pub async fn settings_page(
+    state: web::Data<AppState>,
+    caller: Caller,
+    flash: web::Query<Flash>,
+) -> Result<HttpResponse, ApiError> {
+    let session = state.settings.session_defaults();
+    let settings = call_admin(&state, &caller, move |e, a| Ok(e.settings().list(a, session))).await?;
+    render(&SettingsPage {
+        nav: Nav::of(&caller),
+        flash: flash.flash(),
+        error: flash.error(),
+        csrf: caller.csrf().to_string(),
+        settings,
+    })
+}
+
+#[derive(Debug, Deserialize)]
+pub struct SettingForm {
+    key: String,
+    #[serde(default)]
+    value: String,
+}
+
+#[post("/admin/settings")]
+pub async fn set_setting(
+    state: web::Data<AppState>,
+    caller: Caller,
+    f: web::Form<SettingForm>,
+) -> Result<HttpResponse, ApiError> {
+    let f = f.into_inner();
+    let cleared = f.value.trim().is_empty();
+    match call_admin(&state, &caller, move |e, a| e.settings().set(a, &f.key, &f.value)).await {
+        Ok(()) if cleared => Ok(back_with("/admin/settings", "已恢复为配置文件中的值")),
+        Ok(()) => Ok(back_with("/admin/settings", "已保存，立即生效")),
+        Err(e) => back_with_error("/admin/settings", e),
+    }
 }

@@ -344,7 +344,8 @@ pub async fn admin_create_user(
 ) -> Result<HttpResponse, ApiError> {
     let b = body.into_inner();
     let u =
-        call_admin(&state, &caller, move |e, a| e.accounts().create_user(a, &b.username, &b.password, &b.role)).await?;
+        call_admin(&state, &caller, move |e, a| e.accounts().create_user(a, &b.username, &b.password, &b.role, false))
+            .await?;
     Ok(HttpResponse::Created().json(serde_json::json!({"username": u.username, "role": u.role})))
 }
 

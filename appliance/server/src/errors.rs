@@ -75,13 +75,22 @@ impl ApiError {
     /// busy appliance are told as they are (their messages are written for people and say what to do). Server
     /// staging folders (an upload's, a model import's) are taken out of the message: they name the server's
     /// layout and nothing the admin can act on; a file keeps its own name.
+    ///
+    /// Every message a person reads is Chinese: one whose text is not (a library's or a parser's words passed on)
+    /// is led by its code's Chinese title, so the reader still learns what kind of failure it is.
     pub fn public_message(&self) -> String {
         if self.is_server_error() && !matches!(self.code(), ErrorCode::DiskFull | ErrorCode::Overloaded) {
-            "内部错误；管理员可在服务器日志中按请求编号查到详情 (internal error; see the server log)".to_string()
-        } else {
-            without_staging(&self.to_string())
+            return "内部错误；管理员可在服务器日志中按请求编号查到详情 (internal error; see the server log)"
+                .to_string();
         }
+        let msg = without_staging(&self.to_string());
+        if has_chinese(&msg) { msg } else { format!("{}：{msg}", self.code().title_zh()) }
     }
+}
+
+/// Whether a text holds Chinese (a CJK ideograph): what every message shown to a person must.
+pub fn has_chinese(s: &str) -> bool {
+    s.chars().any(|c| matches!(c, '\u{4e00}'..='\u{9fff}' | '\u{3400}'..='\u{4dbf}'))
 }
 
 /// Folders whose next path component is a staging token (`<data_dir>/uploads/`, `<data_dir>/models/.import-`),
@@ -191,6 +200,55 @@ mod tests {
             assert_eq!(s.is_server_error(), code.class().is_server_error(), "{code:?} → {s}");
             assert!(s.is_client_error() || s.is_server_error(), "{code:?} → {s}");
         }
+    }
+
+    /// Whatever an error says, what a person is shown has Chinese in it: the engine's own texts are Chinese, and a
+    /// text passed on from elsewhere (here English on purpose) is led by its code's Chinese title.
+    #[test]
+    fn every_error_a_person_sees_has_chinese_text() {
+        use std::path::PathBuf;
+        let p = || PathBuf::from("/srv/x.csv");
+        let en = || "something went wrong".to_string();
+        let errors = vec![
+            Error::UnknownCollection("c".into()),
+            Error::CollectionExists("c".into()),
+            Error::NotFound { what: "user 'x'".into() },
+            Error::InvalidInput(en()),
+            Error::UnsupportedFormat { path: p(), ext: "exe".into() },
+            Error::NotUtf8 { path: p(), offset: 3 },
+            Error::EmptyFile { path: p() },
+            Error::Encoding { path: p(), message: en() },
+            Error::MalformedFile { path: p(), format: "CSV", message: en() },
+            Error::NoText { path: p(), message: en() },
+            Error::MalformedRecord { path: p(), line: 2, message: en() },
+            Error::TooNew { what: "the index".into(), found: 9, supported: 3 },
+            Error::ModelMismatch(en()),
+            Error::Locked { what: "the index".into(), detail: en() },
+            Error::TooLarge { what: "x.csv".into(), size: 9, limit: 1, hint: en() },
+            Error::UnsafeArchive { path: p(), reason: en() },
+            Error::Cancelled("job #3".into()),
+            Error::LoginFailed(en()),
+            Error::Forbidden(en()),
+            Error::AccountLocked { user: "x".into(), until: "t".into() },
+            Error::CorruptShards { path: p(), message: en() },
+            Error::UnknownChunks { path: p(), collection: "c".into(), count: 1, total: 2, first: "k".into() },
+            Error::InvalidPackage { path: p(), message: en() },
+            Error::ParityFailed { path: p(), worst: 0.5, index: 0, text: "t".into(), min: 0.99 },
+            Error::TrainerUnavailable(en()),
+            Error::Busy(en()),
+            Error::Overloaded(en()),
+            Error::RateLimited(en()),
+            Error::LimitReached(en()),
+            Error::NoSpace { what: "上传".into(), needed: 1, available: 0, reserve: 0 },
+            Error::Parser { code: ErrorCode::MalformedRecord, message: en() },
+            Error::Internal(en()),
+            Error::Model(en()),
+        ];
+        for e in errors {
+            let shown = ApiError::Engine(e).public_message();
+            assert!(has_chinese(&shown), "no Chinese in what a person reads: {shown}");
+        }
+        assert!(!has_chinese("plain English") && has_chinese("资料库 c"));
     }
 
     /// Each code's docs anchor names a row of the admin guide's error table that exists.

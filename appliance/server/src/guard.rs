@@ -171,7 +171,7 @@ async fn identify(req: &ServiceRequest, state: &web::Data<AppState>) -> Result<O
     if bearer.is_none() && session.is_none() {
         return Ok(None);
     }
-    let (idle, max) = (state.settings.auth.idle_seconds(), state.settings.auth.max_seconds());
+    let (idle, max) = state.engine.settings().session_seconds(state.settings.session_defaults());
     crate::call::anon(state, move |engine| {
         if let Some(t) = bearer {
             return Ok(engine.accounts().token_user(&t)?.map(|user| Caller { user, via: Via::Token }));
@@ -213,7 +213,7 @@ async fn take_form_body(req: &mut ServiceRequest) -> Result<Bytes, ApiError> {
     let mut payload = req.take_payload();
     let mut body = web::BytesMut::new();
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| ApiError::invalid(format!("reading the form: {e}")))?;
+        let chunk = chunk.map_err(|e| ApiError::invalid(format!("表单无法读取：{e}")))?;
         if body.len() + chunk.len() > FORM_LIMIT {
             return Err(form_too_large((body.len() + chunk.len()) as u64));
         }
@@ -371,13 +371,13 @@ pub async fn guard(
                 audit_refusal(&state, &req, "anonymous", "request.unauthenticated", r.pattern).await;
                 let res = denied(
                     ErrorCode::Unauthenticated,
-                    "sign in first: send `Authorization: Bearer <API token>` or a session cookie",
+                    "请先登录（接口调用请在请求头加 `Authorization: Bearer <API 令牌>`）",
                 );
                 return Ok(finish(req.into_response(res), &state, route, started, &rid));
             }
             Err(Some(user)) => {
                 audit_refusal(&state, &req, &user, "request.forbidden", r.pattern).await;
-                let res = denied(ErrorCode::Forbidden, &format!("user '{user}' is not an administrator"));
+                let res = denied(ErrorCode::Forbidden, &format!("用户 {user} 不是管理员，无权进行此操作"));
                 return Ok(finish(req.into_response(res), &state, route, started, &rid));
             }
         }

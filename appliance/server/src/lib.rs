@@ -155,6 +155,14 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// The sign-in lifetimes of `[auth]`, which the console's settings page may override.
+    pub fn session_defaults(&self) -> care_engine::service::SessionDefaults {
+        care_engine::service::SessionDefaults {
+            idle_seconds: self.auth.idle_seconds(),
+            max_seconds: self.auth.max_seconds(),
+        }
+    }
+
     /// What the scheduler's housekeeping chores (audit checkpoints every minute, a full audit walk daily,
     /// retention and sign-in clean-up every six hours, all at start too) need from these settings. `care serve`
     /// starts the engine's scheduler with them before [`serve`].

@@ -142,6 +142,7 @@ struct LoginPage {
     csrf: String,
     next: String,
     username: String,
+    options: care_engine::service::SignInOptions,
 }
 
 #[derive(Debug, Deserialize)]
@@ -152,6 +153,7 @@ pub struct NextParam {
 
 fn login_page(
     req: &HttpRequest,
+    state: &AppState,
     error: Option<String>,
     next: &str,
     username: &str,
@@ -169,6 +171,7 @@ fn login_page(
         csrf: token.clone(),
         next: next.to_string(),
         username: username.to_string(),
+        options: state.engine.accounts().sign_in_options(),
     };
     Ok(HttpResponse::build(status)
         .content_type("text/html; charset=utf-8")
@@ -179,6 +182,7 @@ fn login_page(
 #[get("/login")]
 pub async fn login_form(
     req: HttpRequest,
+    state: web::Data<AppState>,
     q: web::Query<NextParam>,
     who: MaybeCaller,
 ) -> Result<HttpResponse, ApiError> {
@@ -186,7 +190,7 @@ pub async fn login_form(
     if who.0.is_some() {
         return Ok(see_other(&next));
     }
-    login_page(&req, None, &next, "", actix_web::http::StatusCode::OK)
+    login_page(&req, &state, None, &next, "", actix_web::http::StatusCode::OK)
 }
 
 #[derive(Debug, Deserialize)]
@@ -211,7 +215,11 @@ pub async fn login(
     match anon(&state, move |e| e.accounts().login(&user, &pw, policy, &client)).await {
         Ok((_, cookie, _csrf)) => Ok(HttpResponse::SeeOther()
             .insert_header((header::LOCATION, next))
-            .insert_header(guard::set_cookie(guard::SESSION_COOKIE, &cookie, state.settings.auth.max_seconds()))
+            .insert_header(guard::set_cookie(
+                guard::SESSION_COOKIE,
+                &cookie,
+                state.engine.settings().session_seconds(state.settings.session_defaults()).1,
+            ))
             .append_header(guard::set_cookie(guard::LOGIN_CSRF_COOKIE, "", 0))
             .finish()),
         Err(e) if !e.is_server_error() => {
@@ -223,11 +231,101 @@ pub async fn login(
                 e.public_message()
             } else if code == care_engine::ErrorCode::Forbidden {
                 "账户已停用，请联系管理员。".to_string()
+            } else if code == care_engine::ErrorCode::Unauthenticated && e.public_message() != "用户名或密码错误"
+            {
+                // Said only after the directory accepted the password: why this person may not come in.
+                e.public_message()
             } else {
                 "用户名或密码错误。".to_string()
             };
-            login_page(&req, Some(msg), &next, f.username.trim(), status_of(e.code()))
+            login_page(&req, &state, Some(msg), &next, f.username.trim(), status_of(e.code()))
         }
+        Err(e) if e.code() == care_engine::ErrorCode::DirectoryUnavailable => {
+            let msg = format!("{}：医院目录暂时无法连接，请稍后再试；本地管理员账户仍可登录。", e.code().title_zh());
+            login_page(&req, &state, Some(msg), &next, f.username.trim(), status_of(e.code()))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The cookie that binds an OpenID Connect sign-in to the browser that started it. SameSite=Lax: it must come
+/// back on the provider's redirect, a cross-site navigation.
+const OIDC_STATE_COOKIE: &str = "__Host-care_oidc_state";
+const OIDC_STATE_SECONDS: i64 = 600;
+
+/// Starts an OpenID Connect sign-in: to the provider, with the state bound to this browser.
+#[get("/login/oidc")]
+pub async fn oidc_start(state: web::Data<AppState>, q: web::Query<NextParam>) -> Result<HttpResponse, ApiError> {
+    let next = local_path(q.next.as_deref().unwrap_or("/search"), "/search");
+    let start = anon(&state, move |e| e.accounts().oidc_start(&next)).await?;
+    let cookie = format!(
+        "{OIDC_STATE_COOKIE}={}; Path=/; Secure; HttpOnly; SameSite=Lax; Max-Age={OIDC_STATE_SECONDS}",
+        start.state
+    );
+    Ok(HttpResponse::SeeOther()
+        .insert_header((header::LOCATION, start.url))
+        .insert_header((header::SET_COOKIE, cookie))
+        .finish())
+}
+
+#[derive(Debug, Deserialize)]
+pub struct OidcCallback {
+    #[serde(default)]
+    state: String,
+    #[serde(default)]
+    code: String,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+#[derive(Template)]
+#[template(path = "signed_in.html")]
+struct SignedInPage {
+    nav: Option<Nav>,
+    flash: Option<String>,
+    next: String,
+}
+
+/// The provider's redirect back: the state must be the one this browser started with. The session cookie is set
+/// on a page that then moves on by itself: a SameSite=Strict cookie set during a cross-site redirect chain would
+/// not be sent on the chain's next request.
+#[get("/login/oidc/callback")]
+pub async fn oidc_callback(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    q: web::Query<OidcCallback>,
+) -> Result<HttpResponse, ApiError> {
+    let q = q.into_inner();
+    let clear = format!("{OIDC_STATE_COOKIE}=; Path=/; Secure; HttpOnly; SameSite=Lax; Max-Age=0");
+    let bound = guard::cookie(&req, OIDC_STATE_COOKIE).is_some_and(|c| !q.state.is_empty() && c == q.state);
+    let refused = |msg: String| -> Result<HttpResponse, ApiError> {
+        let mut resp = login_page(&req, &state, Some(msg), "/search", "", actix_web::http::StatusCode::UNAUTHORIZED)?;
+        resp.headers_mut()
+            .append(header::SET_COOKIE, header::HeaderValue::from_str(&clear).map_err(ApiError::internal)?);
+        Ok(resp)
+    };
+    if let Some(err) = q.error {
+        let err: String = err.chars().filter(|c| c.is_ascii_graphic()).take(64).collect();
+        return refused(format!("统一认证平台没有完成登录（{err}），请重试。"));
+    }
+    if !bound {
+        return refused("登录请求不是从本浏览器发起的或已过期，请重新登录。".into());
+    }
+    let client = guard::client_address(&req);
+    match anon(&state, move |e| e.accounts().oidc_finish(&q.state, &q.code, &client)).await {
+        Ok((_, cookie, _csrf, next)) => {
+            let page = SignedInPage { nav: None, flash: None, next: local_path(&next, "/search") };
+            Ok(HttpResponse::Ok()
+                .content_type("text/html; charset=utf-8")
+                .insert_header(guard::set_cookie(
+                    guard::SESSION_COOKIE,
+                    &cookie,
+                    state.engine.settings().session_seconds(state.settings.session_defaults()).1,
+                ))
+                .append_header((header::SET_COOKIE, clear))
+                .body(page.render().map_err(ApiError::internal)?))
+        }
+        Err(e) if !e.is_server_error() => refused(e.public_message()),
         Err(e) => Err(e),
     }
 }
@@ -679,7 +777,10 @@ pub async fn account(state: web::Data<AppState>, caller: Caller) -> Result<HttpR
     let flash = caller
         .user
         .must_change_password
-        .then(|| "为了安全，请先修改初始密码（它曾显示在服务器的终端或日志中），然后重新登录。".to_string());
+        .then(|| {
+            "请先修改初始密码：它由管理员为您设置，或在安装时显示在服务器上；为了安全，请改成只有您知道的密码，然后重新登录。"
+                .to_string()
+        });
     account_page(&state, &caller, flash, None).await
 }
 

@@ -46,6 +46,8 @@ pub const ROUTES: &[Route] = &[
     r("GET", "/assets/{file}", Public, Api),
     r("GET", "/login", Public, Page),
     r("POST", "/login", Public, Page),
+    r("GET", "/login/oidc", Public, Page),
+    r("GET", "/login/oidc/callback", Public, Page),
     r("GET", "/embed", Public, Page),
     r("GET", "/api/v1/openapi.json", Public, Api),
     // Signed-in users (clinicians and admins)
@@ -99,6 +101,8 @@ pub const ROUTES: &[Route] = &[
     r("POST", "/admin/synonyms/{id}", Admin, Page),
     r("POST", "/admin/synonyms/{id}/delete", Admin, Page),
     r("GET", "/admin/synonyms.csv", Admin, Api),
+    r("GET", "/admin/settings", Admin, Page),
+    r("POST", "/admin/settings", Admin, Page),
     r("GET", "/admin/audit", Admin, Page),
     r("GET", "/admin/audit.csv", Admin, Api),
     r("GET", "/admin/analytics", Admin, Page),

@@ -66,30 +66,35 @@ pub async fn upload(
     let col = collection.to_string();
     let mut staging = Staging::new(call_admin(state, caller, move |e, a| e.ingest().new_upload(a, &col)).await?);
     let limit = upload_limit(state, state.settings.server.max_upload_mib.saturating_mul(1 << 20));
-    let queued =
-        match receive_with(payload, &staging.dir, limit, &["department", "doc_type", "date", "issuer", "language"])
-            .await
-        {
-            Ok((files, fields)) => {
-                let field = |k: &str| fields.get(k).cloned().unwrap_or_default();
-                // The form's filing, for the documents that do not say their own.
-                let form = care_engine::ingest::meta::DocMeta {
-                    department: field("department"),
-                    doc_type: field("doc_type"),
-                    date: field("date"),
-                    issuer: field("issuer"),
-                    language: field("language"),
-                };
-                match form.checked() {
-                    Ok(meta) => {
-                        let col = collection.to_string();
-                        call_admin(state, caller, move |e, a| e.ingest().submit_upload(a, &col, files, meta)).await
-                    }
-                    Err(m) => Err(ApiError::invalid(m.to_string())),
+    let queued = match receive_with(
+        payload,
+        &staging.dir,
+        limit,
+        &["department", "doc_type", "date", "issuer", "language", "access"],
+    )
+    .await
+    {
+        Ok((files, fields)) => {
+            let field = |k: &str| fields.get(k).cloned().unwrap_or_default();
+            // The form's filing, for the documents that do not say their own.
+            let form = care_engine::ingest::meta::DocMeta {
+                department: field("department"),
+                doc_type: field("doc_type"),
+                date: field("date"),
+                issuer: field("issuer"),
+                language: field("language"),
+                access: field("access"),
+            };
+            match form.checked() {
+                Ok(meta) => {
+                    let col = collection.to_string();
+                    call_admin(state, caller, move |e, a| e.ingest().submit_upload(a, &col, files, meta)).await
                 }
+                Err(m) => Err(ApiError::invalid(m.to_string())),
             }
-            Err(e) => Err(e),
-        };
+        }
+        Err(e) => Err(e),
+    };
     // A queued job owns the folder; anything else leaves nothing behind.
     staging.kept = queued.is_ok();
     queued
@@ -215,11 +220,11 @@ async fn receive_with(
     let mut taken = std::collections::HashSet::new();
     let mut total: u64 = 0;
     while let Some(field) = payload.next().await {
-        let mut field = field.map_err(|e| ApiError::invalid(format!("reading the upload: {e}")))?;
+        let mut field = field.map_err(|e| ApiError::invalid(format!("读取上传内容时出错：{e}")))?;
         if let Some(name) = field.name().filter(|n| wanted.contains(n)).map(str::to_string) {
             let mut value = Vec::new();
             while let Some(chunk) = field.next().await {
-                value.extend_from_slice(&chunk.map_err(|e| ApiError::invalid(format!("reading the upload: {e}")))?);
+                value.extend_from_slice(&chunk.map_err(|e| ApiError::invalid(format!("读取上传内容时出错：{e}")))?);
                 if value.len() > MAX_FIELD_BYTES {
                     return Err(ApiError::invalid(format!(
                         "表单字段 {name} 过长 (field {name} exceeds {MAX_FIELD_BYTES} bytes)"
@@ -254,7 +259,7 @@ async fn receive_with(
         let mut buf = Vec::with_capacity(WRITE_BUFFER);
         let mut first = true;
         while let Some(chunk) = field.next().await {
-            let chunk = chunk.map_err(|e| ApiError::invalid(format!("reading the upload: {e}")))?;
+            let chunk = chunk.map_err(|e| ApiError::invalid(format!("读取上传内容时出错：{e}")))?;
             total += chunk.len() as u64;
             if total > limit {
                 return Err(ApiError::Engine(care_engine::Error::TooLarge {
@@ -274,7 +279,7 @@ async fn receive_with(
         files.push(path);
     }
     if files.is_empty() {
-        return Err(ApiError::invalid("the upload holds no files; choose at least one file"));
+        return Err(ApiError::invalid("上传中没有文件；请至少选择一个文件"));
     }
     Ok((files, fields))
 }

@@ -66,7 +66,7 @@ pub fn choose(
             Ok(()) => served("cuda", None),
             Err(why) => served("cpu", Some(why)),
         }),
-        other => Err(crate::Error::InvalidInput(format!("model.device must be auto, cpu or cuda, not {other:?}"))),
+        other => Err(crate::Error::InvalidInput(format!("model.device 只能是 auto、cpu 或 cuda，而不是 {other:?}"))),
     }
 }
 

@@ -31,7 +31,7 @@ pub(super) fn parse(
         .map_err(|e| Error::MalformedFile {
             path: path.to_path_buf(),
             format: fmt,
-            message: format!("unreadable header: {e}"),
+            message: format!("表头无法读取：{e}"),
         })?
         .iter()
         .map(|h| h.trim().trim_start_matches('\u{feff}').to_string())
@@ -42,7 +42,7 @@ pub(super) fn parse(
                 path: path.to_path_buf(),
                 format: fmt,
                 message: format!(
-                    "the {role} column {w:?} is not in the header; the header has: {}",
+                    "指定的{role}列 {w:?} 不在表头中；表头为：{}",
                     header.iter().map(|h| format!("{h:?}")).collect::<Vec<_>>().join(", ")
                 ),
             }),
@@ -53,8 +53,8 @@ pub(super) fn parse(
                         path: path.to_path_buf(),
                         format: fmt,
                         message: format!(
-                            "no {role} column: none of {} is in the header ({}); choose the column with the upload \
-                             option `csv_{role}_column` (CLI `--csv-{role}-column`)",
+                            "找不到{role}列：表头（{1}）中没有 {0} 中的任何一个；请用上传选项 `csv_{role}_column` \
+                             指定（命令行 `--csv-{role}-column`）",
                             defaults.join(", "),
                             header.iter().map(|h| format!("{h:?}")).collect::<Vec<_>>().join(", ")
                         ),
@@ -78,7 +78,9 @@ pub(super) fn parse(
     for rec in rdr.records() {
         let rec = rec.map_err(|e| {
             let line = e.position().map_or(0, |p| p.line() as usize);
-            Error::MalformedRecord { path: path.to_path_buf(), line, message: format!("{fmt} record: {e}") }
+            Error::MalformedRecord {
+                path: path.to_path_buf(), line, message: format!("{fmt} 记录无法读取：{e}")
+            }
         })?;
         let line = rec.position().map_or(0, |p| p.line());
         let id = match id_col.map(|i| rec.get(i).unwrap_or("").trim()) {
@@ -87,7 +89,7 @@ pub(super) fn parse(
                 return Err(Error::MalformedRecord {
                     path: path.to_path_buf(),
                     line: line as usize,
-                    message: "the id column is empty".into(),
+                    message: "编号列为空".into(),
                 });
             }
             None => format!("{ident}:{line}"),
@@ -96,7 +98,7 @@ pub(super) fn parse(
             return Err(Error::MalformedRecord {
                 path: path.to_path_buf(),
                 line: line as usize,
-                message: format!("duplicate id {id:?} (first used on line {prev})"),
+                message: format!("编号 {id:?} 重复（第 {prev} 行已用过）"),
             });
         }
         let body = normalize(rec.get(text_col).unwrap_or(""));
@@ -152,10 +154,7 @@ mod tests {
         assert_eq!(f.documents[1].source, "bank.csv:3");
         let err = parse(p, csv, false, "bank.csv", "bank.csv", &opts(Some("正文"), None, None)).unwrap_err();
         assert_eq!(err.code().as_str(), "malformed_record");
-        assert!(
-            err.to_string().contains("\"正文\" is not in the header; the header has: \"编号\", \"问题\", \"答案\""),
-            "{err}"
-        );
+        assert!(err.to_string().contains("\"正文\" 不在表头中；表头为：\"编号\", \"问题\", \"答案\""), "{err}");
         // Default columns: 答案 (text) and 编号 (id) are found without options; without an id column, ids are
         // file:line.
         let f = parse(p, csv, false, "bank.csv", "bank.csv", &IngestOptions::default()).unwrap();
@@ -163,9 +162,9 @@ mod tests {
         let f = parse(p, "问题\n发热？\n", false, "bank.csv", "bank.csv", &IngestOptions::default()).unwrap();
         assert_eq!(f.documents[0].external_id, "bank.csv:2");
         let err = parse(p, "a,b\n1,2\n", false, "x.csv", "x.csv", &IngestOptions::default()).unwrap_err();
-        assert!(err.to_string().contains("no text column"), "{err}");
+        assert!(err.to_string().contains("找不到text列"), "{err}");
         let err = parse(p, "text\nok\nx,y\n", false, "x.csv", "x.csv", &IngestOptions::default()).unwrap_err();
         assert_eq!(err.code().as_str(), "malformed_record", "{err}");
-        assert!(err.to_string().starts_with("bank.csv:3: "), "{err}");
+        assert!(err.to_string().starts_with("bank.csv 第 3 行："), "{err}");
     }
 }

@@ -393,7 +393,7 @@ mod tests {
         assert_eq!(title, "二甲双胍用药规范");
         assert_eq!(text, "# 二甲双胍\n## 禁忌症\n严重肾功能不全 & 酸中毒者禁用。\n");
         let err = extract(Path::new("p.docx"), b"plain text pretending", &IngestLimits::default()).unwrap_err();
-        assert!(err.to_string().contains("p.docx: not a valid DOCX file: not a zip archive"), "{err}");
+        assert!(err.to_string().contains("p.docx：不是有效的 DOCX 文件：not a zip archive"), "{err}");
     }
 
     fn p(text: &str, num: Option<(u32, u32)>) -> String {

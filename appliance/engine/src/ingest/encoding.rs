@@ -16,19 +16,17 @@ use crate::error::{Error, Result};
 pub fn decode(path: &Path, bytes: &[u8], forced: Option<&str>) -> Result<String> {
     if let Some(label) = forced.map(str::trim).filter(|l| !l.is_empty()) {
         let enc = Encoding::for_label(label.as_bytes()).ok_or_else(|| {
-            Error::InvalidInput(format!(
-                "unknown encoding {label:?}; use one of utf-8, utf-16le, utf-16be, gb18030, gbk, big5"
-            ))
+            Error::InvalidInput(format!("未知编码 {label:?}：请用 utf-8、utf-16le、utf-16be、gb18030、gbk 或 big5"))
         })?;
         // A BOM of the same encoding is not content.
         let body = match Encoding::for_bom(bytes) {
             Some((bom_enc, n)) if bom_enc == enc => &bytes[n..],
             _ => bytes,
         };
-        return decode_strict(path, body, enc, "as requested");
+        return decode_strict(path, body, enc, "按指定的编码");
     }
     if let Some((enc, n)) = Encoding::for_bom(bytes) {
-        return decode_strict(path, &bytes[n..], enc, "by its byte-order mark");
+        return decode_strict(path, &bytes[n..], enc, "按其字节顺序标记");
     }
     if let Ok(s) = std::str::from_utf8(bytes) {
         if looks_binary(s.as_bytes()) {
@@ -37,7 +35,7 @@ pub fn decode(path: &Path, bytes: &[u8], forced: Option<&str>) -> Result<String>
         return Ok(s.to_string());
     }
     if let Some(enc) = utf16_without_bom(bytes) {
-        return decode_strict(path, bytes, enc, "by its NUL-byte pattern");
+        return decode_strict(path, bytes, enc, "按其 NUL 字节特征");
     }
     if looks_binary(bytes) {
         return Err(binary(path));
@@ -55,9 +53,9 @@ pub fn decode(path: &Path, bytes: &[u8], forced: Option<&str>) -> Result<String>
     Err(Error::Encoding {
         path: path.to_path_buf(),
         message: format!(
-            "the text is not valid UTF-8 (first bad byte at offset {valid_up_to}), UTF-16, GB18030/GBK or Big5 \
-             (detector's guess: {}); convert it to UTF-8 (e.g. `iconv -f <encoding> -t UTF-8`) or pass its encoding \
-             explicitly (upload option `encoding`, CLI `--encoding`)",
+            "文本既不是有效的 UTF-8（第一个无效字节在偏移 {valid_up_to}），也不是 UTF-16、GB18030/GBK 或 Big5 \
+             （检测结果倾向 {}）；请转换为 UTF-8（如 `iconv -f <编码> -t UTF-8`），或明确指定其编码（上传选项 \
+             `encoding`，命令行 `--encoding`）",
             guess.name()
         ),
     })
@@ -78,8 +76,8 @@ fn decode_strict(path: &Path, bytes: &[u8], enc: &'static Encoding, how: &str) -
         return Err(Error::Encoding {
             path: path.to_path_buf(),
             message: format!(
-                "not valid {} (chosen {how}): undecodable bytes at offset {offset}; pass the file's real encoding \
-                 (upload option `encoding`, CLI `--encoding`) or convert it to UTF-8",
+                "不是有效的 {}（{how}）：偏移 {offset} 处的字节无法解码；请指定文件真实的编码（上传选项 \
+                 `encoding`，命令行 `--encoding`），或将其转换为 UTF-8",
                 enc.name()
             ),
         });
@@ -94,9 +92,7 @@ fn decode_strict(path: &Path, bytes: &[u8], enc: &'static Encoding, how: &str) -
 fn binary(path: &Path) -> Error {
     Error::Encoding {
         path: path.to_path_buf(),
-        message: "looks like binary data, not text (NUL or control bytes); check that the file is what its name \
-                  says"
-            .into(),
+        message: "看起来是二进制数据而不是文本（含 NUL 或控制字符）；请确认文件内容与其扩展名相符".into(),
     }
 }
 
@@ -164,7 +160,7 @@ mod tests {
         assert!(err.to_string().contains("junk.txt"), "{err}");
         let (gb, _, _) = GB18030.encode(TEXT);
         let err = decode(p, &gb, Some("utf-8")).unwrap_err();
-        assert!(err.to_string().contains("not valid UTF-8") && err.to_string().contains("offset 0"), "{err}");
+        assert!(err.to_string().contains("不是有效的 UTF-8") && err.to_string().contains("偏移 0"), "{err}");
         assert!(matches!(decode(p, b"x", Some("klingon")), Err(Error::InvalidInput(_))));
     }
 }

@@ -38,8 +38,13 @@ pub const DATE_FIELDS: &[&str] = &["date", "published", "revised", "日期", "�
 pub const ISSUER_FIELDS: &[&str] =
     &["issuer", "publisher", "organization", "来源", "发布机构", "发布单位", "制定单位", "出处"];
 pub const LANGUAGE_FIELDS: &[&str] = &["language", "lang", "语言", "语种"];
+/// Who may read the document: groups or departments (empty: everyone who may read its collection).
+pub const ACCESS_FIELDS: &[&str] = &["access", "visible_to", "可见范围", "访问范围", "可见科室"];
 /// Every filing field's names, in [`DocMeta`]'s order.
-pub const ALL_FIELDS: [&[&str]; 5] = [DEPARTMENT_FIELDS, TYPE_FIELDS, DATE_FIELDS, ISSUER_FIELDS, LANGUAGE_FIELDS];
+pub const ALL_FIELDS: [&[&str]; 6] =
+    [DEPARTMENT_FIELDS, TYPE_FIELDS, DATE_FIELDS, ISSUER_FIELDS, LANGUAGE_FIELDS, ACCESS_FIELDS];
+/// Groups an access list may name.
+const MAX_ACCESS_GROUPS: usize = 20;
 
 /// Longest department or type name kept (longer is not a name but a misplaced text column).
 const MAX_NAME_CHARS: usize = 40;
@@ -58,6 +63,10 @@ pub struct DocMeta {
     pub issuer: String,
     /// Its language as a Chinese name (中文, 英文, …): given, or read from the text at ingest.
     pub language: String,
+    /// Who may read it besides administrators: groups or departments, comma-separated (`心内科,护理部`), matched
+    /// against the reader's groups (directory groups, or those an administrator gave a local account). Empty:
+    /// everyone granted its collection.
+    pub access: String,
 }
 
 /// Why a metadata value was refused (the caller adds the file and line).
@@ -74,8 +83,13 @@ impl DocMeta {
         self.fields().iter().all(|f| f.is_empty())
     }
 
-    fn fields(&self) -> [&String; 5] {
-        [&self.department, &self.doc_type, &self.date, &self.issuer, &self.language]
+    fn fields(&self) -> [&String; 6] {
+        [&self.department, &self.doc_type, &self.date, &self.issuer, &self.language, &self.access]
+    }
+
+    /// The groups of the access list (none: open to the collection's readers).
+    pub fn access_groups(&self) -> impl Iterator<Item = &str> {
+        self.access.split(',').map(str::trim).filter(|g| !g.is_empty())
     }
 
     /// The values checked and put in their stored form (names trimmed, the date read, the language named).
@@ -86,6 +100,7 @@ impl DocMeta {
             date: parse_date(&self.date)?,
             issuer: name("来源", &self.issuer)?,
             language: language_name(&name("语言", &self.language)?),
+            access: access_list(&self.access)?,
         })
     }
 
@@ -98,6 +113,7 @@ impl DocMeta {
             date: field(DATE_FIELDS),
             issuer: field(ISSUER_FIELDS),
             language: field(LANGUAGE_FIELDS),
+            access: field(ACCESS_FIELDS),
         }
         .checked()
     }
@@ -110,6 +126,7 @@ impl DocMeta {
             (&mut self.date, &other.date),
             (&mut self.issuer, &other.issuer),
             (&mut self.language, &other.language),
+            (&mut self.access, &other.access),
         ] {
             if mine.is_empty() {
                 mine.clone_from(theirs);
@@ -165,11 +182,30 @@ impl DocMeta {
             return Vec::new();
         }
         let mut s = format!("\u{0}meta\u{0}{}\u{0}{}\u{0}{}", self.department, self.doc_type, self.date);
-        if !self.issuer.is_empty() || !self.language.is_empty() {
+        if !self.issuer.is_empty() || !self.language.is_empty() || !self.access.is_empty() {
             s.push_str(&format!("\u{0}{}\u{0}{}", self.issuer, self.language));
+        }
+        if !self.access.is_empty() {
+            s.push_str(&format!("\u{0}access\u{0}{}", self.access));
         }
         s.into_bytes()
     }
+}
+
+/// An access list in its stored form: names split at commas (also ，、；;), trimmed, each a name, without repeats,
+/// joined by ",".
+fn access_list(raw: &str) -> Result<String, MetaError> {
+    let mut out: Vec<String> = Vec::new();
+    for g in raw.split([',', '，', '、', ';', '；']).map(str::trim).filter(|g| !g.is_empty()) {
+        let g = name("可见范围", g)?;
+        if !out.iter().any(|o| o.eq_ignore_ascii_case(&g)) {
+            out.push(g);
+        }
+    }
+    if out.len() > MAX_ACCESS_GROUPS {
+        return Err(MetaError::TooLong { what: "可见范围", value: raw.chars().take(60).collect() });
+    }
+    Ok(out.join(","))
 }
 
 /// Languages by the names and codes files use, to the name the filter shows (others are kept as written).
@@ -241,14 +277,14 @@ pub fn detect_language(text: &str) -> &'static str {
 /// column it has an empty cell clears the value.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Filing {
-    pub sets: [bool; 5],
+    pub sets: [bool; 6],
     pub rows: Vec<(String, DocMeta)>,
 }
 
 impl Filing {
     /// A filing that gives every field (an admin's edit of one document).
     pub fn whole(rows: Vec<(String, DocMeta)>) -> Filing {
-        Filing { sets: [true; 5], rows }
+        Filing { sets: [true; 6], rows }
     }
 }
 
@@ -273,7 +309,7 @@ pub fn read_filing(text: &str) -> Result<Filing, crate::Error> {
     })?;
     let cols: Vec<Option<usize>> = ALL_FIELDS.iter().map(|f| col(f)).collect();
     if cols.iter().all(Option::is_none) {
-        return Err(bad(format!("表头没有科室、类型、日期、来源或语言列；表头为：{}", header.join("、"))));
+        return Err(bad(format!("表头没有科室、类型、日期、来源、语言或可见范围列；表头为：{}", header.join("、"))));
     }
     let mut out = Vec::new();
     for rec in rdr.records() {
@@ -293,7 +329,7 @@ pub fn read_filing(text: &str) -> Result<Filing, crate::Error> {
         .map_err(|e| bad(format!("第 {line} 行：{e}")))?;
         out.push((key.to_string(), m));
     }
-    let mut sets = [false; 5];
+    let mut sets = [false; 6];
     for (set, c) in sets.iter_mut().zip(&cols) {
         *set = c.is_some();
     }

@@ -347,7 +347,7 @@ pub fn parse_origin(
             Err(Error::MalformedFile {
                 path: origin.path.clone(),
                 format: kind.name(),
-                message: format!("the {} reader gave up on this file ({what}); re-save or re-export it", kind.name()),
+                message: format!("{} 解析器无法读取此文件（{what}）；请重新保存或重新导出后再上传", kind.name()),
             })
         }
     }
@@ -570,7 +570,7 @@ fn parse_jsonl(path: &Path, text: &str, file_name: &str, source: &str) -> Result
         let rec: JsonlRecord = serde_json::from_str(line).map_err(|e| Error::MalformedRecord {
             path: path.to_path_buf(),
             line: line_no,
-            message: format!("not a JSON object with a string `text` field: {e}"),
+            message: format!("不是带字符串 `text` 字段的 JSON 对象：{e}"),
         })?;
         let meta = meta::DocMeta::from_fields(|names| rec.other(names)).map_err(|e| Error::MalformedRecord {
             path: path.to_path_buf(),
@@ -585,7 +585,7 @@ fn parse_jsonl(path: &Path, text: &str, file_name: &str, source: &str) -> Result
                 return Err(Error::MalformedRecord {
                     path: path.to_path_buf(),
                     line: line_no,
-                    message: format!("`id` must be a string or a number, found {other}"),
+                    message: format!("`id` 应为字符串或数字，实为 {other}"),
                 });
             }
         };
@@ -593,7 +593,7 @@ fn parse_jsonl(path: &Path, text: &str, file_name: &str, source: &str) -> Result
             return Err(Error::MalformedRecord {
                 path: path.to_path_buf(),
                 line: line_no,
-                message: format!("duplicate id {id:?} (first used on line {prev})"),
+                message: format!("编号 {id:?} 重复（第 {prev} 行已用过）"),
             });
         }
         let body = normalize(&rec.text);
@@ -624,12 +624,12 @@ mod tests {
         let p = Path::new("/data/q.jsonl");
         let err =
             parse_bytes(p, FileKind::Jsonl, b"{\"id\":\"a\",\"text\":\"x\"}\n{\"id\":\"b\",\"text\":\n").unwrap_err();
-        assert!(err.to_string().starts_with("/data/q.jsonl:2: "), "{err}");
+        assert!(err.to_string().starts_with("/data/q.jsonl 第 2 行："), "{err}");
         let err = parse_bytes(p, FileKind::Jsonl, b"{\"id\":\"a\",\"text\":\"x\"}\n{\"id\":\"a\",\"text\":\"y\"}")
             .unwrap_err();
-        assert!(err.to_string().contains("duplicate id \"a\" (first used on line 1)"), "{err}");
+        assert!(err.to_string().contains("编号 \"a\" 重复（第 1 行已用过）"), "{err}");
         let err = parse_bytes(p, FileKind::Jsonl, b"{\"id\":\"a\"}\n").unwrap_err();
-        assert!(err.to_string().contains("q.jsonl:1"), "{err}");
+        assert!(err.to_string().contains("q.jsonl 第 1 行"), "{err}");
     }
 
     #[test]

@@ -262,7 +262,7 @@ mod tests {
             "二甲双胍用药指南\n严重肾功能不全者禁用。\n第二页：CT检查前停药48小时。"
         );
         let err = extract(Path::new("g.pdf"), &pdf[..pdf.len() * 2 / 3], &IngestLimits::default()).unwrap_err();
-        assert!(err.to_string().contains("g.pdf: not a valid PDF file: the file is truncated"), "{err}");
+        assert!(err.to_string().contains("g.pdf：不是有效的 PDF 文件：the file is truncated"), "{err}");
         let err = extract(Path::new("g.pdf"), b"%PDF-1.5\ngarbage\n%%EOF", &IngestLimits::default()).unwrap_err();
         assert_eq!(err.code().as_str(), "malformed_record", "{err}");
         let blank = pdf_bytes(&[vec![]]);

@@ -220,7 +220,13 @@ impl crate::Engine {
                 Err(e) => tracing::error!(error = %e, "audit retention purge failed"),
             }
         }
-        if let Err(e) = self.accounts().purge_sessions(hk.sign_in_idle_seconds, hk.sign_in_max_seconds) {
+        // The console's sign-in lifetimes, when changed there, over the server's.
+        let defaults = crate::service::SessionDefaults {
+            idle_seconds: hk.sign_in_idle_seconds,
+            max_seconds: hk.sign_in_max_seconds,
+        };
+        let (idle, max) = self.settings().session_seconds(defaults);
+        if let Err(e) = self.accounts().purge_sessions(idle, max) {
             tracing::error!(error = %e, "sign-in clean-up failed");
         }
     }

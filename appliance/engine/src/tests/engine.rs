@@ -85,10 +85,10 @@ fn bad_inputs_are_rejected_per_file_and_nothing_stored_is_lost() {
     let r = e.ingest_files("guide", &[gbk.clone(), empty.clone(), broken.clone(), other], &mut |_| {}).unwrap();
     let errors: Vec<(String, Option<&str>)> =
         r.files.iter().map(|f| (f.error.clone().unwrap_or_default(), f.error_code)).collect();
-    assert!(errors[0].0.contains("junk.txt") && errors[0].0.contains("binary data"), "{errors:?}");
+    assert!(errors[0].0.contains("junk.txt") && errors[0].0.contains("二进制数据"), "{errors:?}");
     assert_eq!(errors[0].1, Some("bad_encoding"));
-    assert!(errors[1].0.contains("empty.txt") && errors[1].0.contains("empty"), "{errors:?}");
-    assert!(errors[2].0.contains("bank.jsonl:2:"), "{errors:?}");
+    assert!(errors[1].0.contains("empty.txt") && errors[1].0.contains("文件为空"), "{errors:?}");
+    assert!(errors[2].0.contains("bank.jsonl 第 2 行"), "{errors:?}");
     assert_eq!(errors[2].1, Some("malformed_record"));
     assert!(r.files[3].error.is_none() && r.files[3].added == 1, "the good file in the same batch is indexed");
     // Nothing from the broken JSONL was stored (its valid first line included).
@@ -97,7 +97,7 @@ fn bad_inputs_are_rejected_per_file_and_nothing_stored_is_lost() {
 
     let err = e.ingest_files("nosuch", &[good], &mut |_| {}).unwrap_err();
     assert!(matches!(err, Error::UnknownCollection(_)));
-    assert!(err.to_string().contains("collection 'nosuch' does not exist"), "{err}");
+    assert!(err.to_string().contains("资料库 nosuch 不存在"), "{err}");
     let err = e
         .search_unaudited(&SearchRequest {
             query: "x".into(),
@@ -321,7 +321,7 @@ fn a_query_encoder_of_another_pairing_is_refused() {
     // Same weights, different pairing id: the rule is about provenance, not luck.
     let err = e.activate_models("e5-small@other", "e5-small@1", &mut |_| Ok(())).unwrap_err();
     assert!(matches!(err, Error::ModelMismatch(_)), "{err}");
-    assert!(err.to_string().contains("was not trained with document encoder"), "{err}");
+    assert!(err.to_string().contains("不是与文档编码器"), "{err}");
     // A pair activated behind the engine's back (e.g. an edited database) is still refused at query time.
     {
         let conn = crate::tests::engine::db(&e);
@@ -330,7 +330,7 @@ fn a_query_encoder_of_another_pairing_is_refused() {
     }
     let err = e.search_unaudited(&SearchRequest { query: "二甲双胍".into(), ..Default::default() }).unwrap_err();
     assert!(matches!(err, Error::ModelMismatch(_)), "{err}");
-    assert!(err.to_string().contains("is refused"), "{err}");
+    assert!(err.to_string().contains("已拒绝"), "{err}");
     // The matching pair works and says it used dense retrieval.
     e.activate_models("e5-small@1", &format!("e5-small@{}", a.version), &mut |_| Ok(())).unwrap();
     let r = e.search_unaudited(&SearchRequest { query: "二甲双胍".into(), ..Default::default() }).unwrap();
@@ -642,7 +642,7 @@ mod model_import {
             assert_eq!(state(&e), before, "{what} changed the registry, the models folder or the audit log");
             std::fs::remove_dir_all(&d).unwrap();
         }
-        let clinician = Actor { name: "dr".into(), role: Role::Clinician, user_id: Some(7) };
+        let clinician = Actor { name: "dr".into(), role: Role::Clinician, user_id: Some(7), groups: Vec::new() };
         // Admin-only operations take the proof only an administrator yields, so a clinician cannot even call this.
         assert_eq!(clinician.admin().unwrap_err().code(), ErrorCode::Forbidden);
         assert_eq!(state(&e), before);
@@ -1560,9 +1560,9 @@ mod jobs {
         assert!(msg("bomb.zip").contains("zip bomb"), "{}", msg("bomb.zip"));
         assert!(msg("escape.zip").contains("path traversal"), "{}", msg("escape.zip"));
         assert!(msg("fake.docx").contains("not a zip archive"), "{}", msg("fake.docx"));
-        assert!(msg("huge.txt").contains("2147483649 bytes, over the limit of 1073741824"), "{}", msg("huge.txt"));
-        assert!(msg("junk.txt").contains("binary data"), "{}", msg("junk.txt"));
-        assert!(msg("short.csv").contains("\"答案\" is not in the header"), "{}", msg("short.csv"));
+        assert!(msg("huge.txt").contains("2147483649 字节，超过上限 1073741824"), "{}", msg("huge.txt"));
+        assert!(msg("junk.txt").contains("二进制数据"), "{}", msg("junk.txt"));
+        assert!(msg("short.csv").contains("\"答案\" 不在表头中"), "{}", msg("short.csv"));
         assert!(msg("truncated.pdf").contains("truncated"), "{}", msg("truncated.pdf"));
         // People see the names they uploaded, never the folder the upload waited in.
         let token = up.file_name().unwrap().to_string_lossy().into_owned();
@@ -1729,6 +1729,7 @@ mod jobs {
                 date: "2022-03-01".into(),
                 issuer: String::new(),
                 language: "中文".into(),
+                access: String::new(),
             },
             "the language is read from the text"
         );
@@ -1787,7 +1788,7 @@ met,国家药监局,en
 ",
         )
         .unwrap();
-        assert_eq!(rows.sets, [false, false, false, true, true]);
+        assert_eq!(rows.sets, [false, false, false, true, true, false]);
         assert_eq!(e.collections().file_documents(&bob, "c", &rows).unwrap().0, 1);
         assert_eq!(meta_of("met"), s("肾内科", "药品说明书", "2021-06"), "columns it lacks are kept");
         let search = |filter: crate::facets::SearchFilter| {
@@ -2871,6 +2872,73 @@ fn pages_are_slices_of_one_ranking_and_page_11_answers() {
 }
 
 #[test]
+fn access_lists_hide_documents_in_both_legs_facets_document_view_and_feedback() {
+    use crate::facets::SearchFilter;
+    use crate::ingest::meta::{DocMeta, Filing};
+    use crate::service::SearchAs;
+    let t = tempfile::tempdir().unwrap();
+    let e = demo_with_e5(t.path());
+    let admin = crate::Admin::console("bob");
+    // The demo's 心内科 articles become visible to the 心内科 group only.
+    let cardiology: Vec<(i64, String)> = {
+        let conn = db(&e);
+        let mut st = conn.prepare("SELECT id, external_id FROM documents WHERE department = '心内科'").unwrap();
+        st.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect()
+    };
+    assert!(cardiology.len() >= 2);
+    let rows = cardiology
+        .iter()
+        .map(|(_, x)| (x.clone(), DocMeta { access: "心内科， 医务部".into(), ..Default::default() }))
+        .collect();
+    let filing = Filing { sets: [false, false, false, false, false, true], rows };
+    assert_eq!(e.collections().file_documents(&admin, "demo", &filing).unwrap().0, cardiology.len());
+    e.accounts().create_user(&admin, "dr.wu", "Quiet-River-Lamp-58", "clinician", true).unwrap();
+    e.accounts().grant(&admin, "dr.wu", "demo").unwrap();
+    let wu = || crate::Actor::user(&crate::accounts::user(&e.store, "dr.wu").unwrap());
+    let q = "高血压 心力衰竭 用药";
+    let search = |actor: &crate::Actor, filter: SearchFilter, method: Option<crate::fusion::Method>| {
+        let s = SearchAs { query: q.into(), limit: Some(100), method, filter, ..Default::default() };
+        e.search().run(actor, &s).unwrap()
+    };
+    let hidden = |r: &crate::SearchResults| {
+        r.hits.iter().filter(|h| cardiology.iter().any(|(id, _)| *id == h.document_id)).count()
+    };
+    // An administrator sees them; the clinician outside the group does not, in the hybrid, BM25 and dense rankings.
+    assert!(hidden(&search(admin.actor(), SearchFilter::default(), None)) > 0, "the query finds 心内科 articles");
+    for method in [None, Some(crate::fusion::Method::Bm25), Some(crate::fusion::Method::Dense)] {
+        let r = search(&wu(), SearchFilter::default(), method);
+        assert!(!r.hits.is_empty(), "other departments still answer ({method:?})");
+        assert_eq!(hidden(&r), 0, "{method:?}");
+        assert!(r.facets.departments.iter().all(|f| f.value != "心内科"), "{:?}", r.facets.departments);
+    }
+    // Asking for the department by filter finds nothing and counts nothing of it.
+    let card = SearchFilter { departments: vec!["心内科".into()], ..Default::default() };
+    let r = search(&wu(), card.clone(), None);
+    assert_eq!((r.total, hidden(&r)), (0, 0));
+    assert!(r.facets.departments.iter().all(|f| f.value != "心内科" || f.count == 0), "{:?}", r.facets);
+    // The document view and feedback refuse them as if they did not exist.
+    let (doc, _) = &cardiology[0];
+    assert!(matches!(e.search().document(&wu(), *doc), Err(Error::NotFound { .. })));
+    let chunk: i64 = db(&e).query_row("SELECT id FROM chunks WHERE document_id = ?1", [doc], |r| r.get(0)).unwrap();
+    assert!(matches!(e.search().feedback(&wu(), q, chunk, true), Err(Error::NotFound { .. })));
+    // In the group (named in any case), the clinician sees them, in the filter and the facets too.
+    let upd = crate::UserUpdate { groups: Some("医务部".into()), ..Default::default() };
+    e.accounts().update_user(&admin, "dr.wu", &upd).unwrap();
+    assert!(hidden(&search(&wu(), SearchFilter::default(), None)) > 0);
+    assert!(search(&wu(), card, None).total > 0);
+    assert!(e.search().document(&wu(), *doc).is_ok());
+    // An access list naming a group nobody has is still a list: it hides the document from every clinician.
+    let x = &cardiology[1].1;
+    let only = Filing {
+        sets: [false, false, false, false, false, true],
+        rows: vec![(x.clone(), DocMeta { access: "保密组".into(), ..Default::default() })],
+    };
+    e.collections().file_documents(&admin, "demo", &only).unwrap();
+    let id1 = cardiology[1].0;
+    assert!(search(&wu(), SearchFilter::default(), None).hits.iter().all(|h| h.document_id != id1));
+}
+
+#[test]
 fn filters_apply_inside_both_legs_facets_count_the_rest_and_date_order_holds() {
     use crate::facets::{SearchFilter, Sort};
     let t = tempfile::tempdir().unwrap();
@@ -3055,7 +3123,12 @@ fn synonyms_abbreviations_and_pinyin_find_what_clinicians_type() {
     let dup = NewSynonym { preferred: "慢阻性肺病X".into(), variants: vec!["copd".into()], note: String::new() };
     let err = e.search().save_synonym(&admin, None, &dup).unwrap_err().to_string();
     assert!(err.contains("慢性阻塞性肺疾病"), "{err}");
-    let clinician = crate::Actor { name: "drwang".into(), role: crate::accounts::Role::Clinician, user_id: None };
+    let clinician = crate::Actor {
+        name: "drwang".into(),
+        role: crate::accounts::Role::Clinician,
+        user_id: None,
+        groups: Vec::new(),
+    };
     assert!(clinician.admin().is_err(), "only admins edit the table");
     let actions: Vec<String> = e
         .audit()

@@ -127,8 +127,8 @@ fn a_task_runs_as_its_submitter_rechecked_when_it_starts() {
     let root = Admin::console("root");
     e.collections().create(&root, "c", "").unwrap();
     // Another administrator stays, so demoting this one is allowed.
-    e.accounts().create_user(&root, "li", "Kd3#wPq9!zXv-Ward", "admin").unwrap();
-    let u = e.accounts().create_user(&root, "wang", "Zq8!vLm#2pRt-Hosp", "admin").unwrap();
+    e.accounts().create_user(&root, "li", "Kd3#wPq9!zXv-Ward", "admin", true).unwrap();
+    let u = e.accounts().create_user(&root, "wang", "Zq8!vLm#2pRt-Hosp", "admin", true).unwrap();
     let wang = Actor::user(&u).admin().unwrap();
     let up = e.new_upload_dir().unwrap();
     std::fs::write(up.join("a.md"), "# 标题\n正文。").unwrap();
