@@ -149,6 +149,15 @@ impl Browser {
 
     /// Accepts the page's open `window.confirm` (a form that asks first), waiting up to a few seconds for it.
     pub fn accept_confirm(&self, expect: &str) {
+        self.answer_confirm(expect, true);
+    }
+
+    /// Declines it (取消): the form is not sent.
+    pub fn dismiss_confirm(&self, expect: &str) {
+        self.answer_confirm(expect, false);
+    }
+
+    fn answer_confirm(&self, expect: &str, accept: bool) {
         let started = Instant::now();
         loop {
             let resp = self.http.get(format!("{}/session/{}/alert/text", self.base, self.session)).send();
@@ -158,7 +167,7 @@ impl Browser {
                 let v: Value = r.json().unwrap_or(Value::Null);
                 let text = v["value"].as_str().unwrap_or_default().to_string();
                 assert!(text.contains(expect), "the question asked: {text}");
-                self.call("POST", "/alert/accept", Some(json!({})));
+                self.call("POST", if accept { "/alert/accept" } else { "/alert/dismiss" }, Some(json!({})));
                 return;
             }
             assert!(started.elapsed() < Duration::from_secs(10), "no confirmation was asked");

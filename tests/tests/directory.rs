@@ -171,6 +171,19 @@ fn ldap_sign_in_maps_groups_follows_the_directory_and_never_takes_over_a_local_a
     assert!(account(&data, "dr.li").unwrap().2, "disabled here too");
     assert_ne!(get(&c, &format!("{base}/search"), &li_session).0, 200, "the earlier session ended");
 
+    // The directory disables chief.zhao: the sweep (every six hours in the service; here by hand) disables the
+    // account and ends its sign-in without waiting for an attempt.
+    let (_, zhao_session, _) = sign_in(&c, &base, "chief.zhao", "zhao-directory-pass");
+    let zhao_session = zhao_session.expect("signed in");
+    assert_eq!(get(&c, &format!("{base}/admin/users"), &zhao_session).0, 200);
+    ldap.modify(
+        "dn: uid=chief.zhao,ou=people,dc=hospital,dc=test\nchangetype: modify\nadd: employeeType\nemployeeType: disabled\n",
+    );
+    let out = care.ok(&["user", "sync-directory"]);
+    assert!(out.contains("已停用") && out.contains("chief.zhao") && !out.contains("dr.li"), "{out}");
+    assert!(account(&data, "chief.zhao").unwrap().2);
+    assert_ne!(get(&c, &format!("{base}/admin/users"), &zhao_session).0, 200, "its sign-in ended");
+
     // The directory down: a clear Chinese message, and the local administrator still gets in.
     drop(ldap);
     let (status, _, body) = sign_in(&c, &base, "chief.zhao", "zhao-directory-pass");

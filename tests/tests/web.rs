@@ -452,7 +452,8 @@ fn authorisation_matrix_and_collection_isolation() {
             let loc = res.headers()["location"].to_str().unwrap();
             assert!(loc.starts_with("/login?next="), "{} {} → {loc}", r.method, cs.path);
         }
-        if cs.anon == 401 {
+        // (A public page may refuse with 401 too: the OIDC callback without this browser's state.)
+        if cs.anon == 401 && r.access != Access::Public {
             assert_eq!(r.kind, Kind::Api);
             let body: serde_json::Value = res.json().unwrap();
             assert_eq!(body["code"], "unauthenticated", "{body}");
@@ -855,10 +856,7 @@ fn audit_verify_detects_altered_and_removed_records() {
     let out = verify();
     assert_eq!(out.status.code(), Some(4));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("TAMPERED") && err.contains(&format!("record {grant_id}")) && err.contains("changed"),
-        "{err}"
-    );
+    assert!(err.contains("TAMPERED") && err.contains(&format!("第 {grant_id} 条")) && err.contains("changed"), "{err}");
     db.execute("UPDATE audit SET detail = ?1 WHERE id = ?2", rusqlite::params![&original, grant_id]).unwrap();
     assert!(verify().status.success(), "restoring the record restores the chain");
     // Change the actor instead.
@@ -1135,4 +1133,70 @@ fn browser_login_upload_search_document_feedback_logout() {
         .unwrap();
     assert_eq!((n, helpful), (1, 1));
     assert!(passage.contains("二甲双胍"), "{passage}");
+}
+
+/// The sign-in page's choices (the hospital's sign-on button, the directory hint), the confirmations that guard
+/// access-changing actions (declining one changes nothing), and the settings page (a change takes effect, is shown
+/// with who made it, a value out of range is refused in Chinese, and the audit log names the change).
+#[test]
+fn browser_sign_in_choices_confirmations_and_settings() {
+    assert!(care_e2e::webdriver::available(), "chromium and chromedriver are needed (packaging/dev.sh setup)");
+    let t = tempfile::tempdir().unwrap();
+    let mut care = Care::new(&t.path().join("data"));
+    // Directory and sign-on configured (nothing listens there: the page only shows the choices).
+    care.config = Some(write(
+        &t.path().join("care.toml"),
+        "[ldap]\nurl = \"ldaps://127.0.0.1:1\"\nuser_base = \"ou=people,dc=hospital,dc=test\"\n\
+         [oidc]\nissuer = \"https://127.0.0.1:1/realms/staff\"\nclient_id = \"care\"\n\
+         redirect_url = \"https://127.0.0.1:8443/login/oidc/callback\"\nbutton_label = \"医院统一认证登录\"\n",
+    ));
+    care.ok(&["init"]);
+    add_user(&care, t.path(), "admin", "admin", ADMIN_PW);
+    add_user(&care, t.path(), "drwang", "clinician", CLIN_PW);
+    let served = care.serve_full();
+    let base = served.https.clone();
+
+    let b = Browser::start(1280, 900);
+    b.goto(&format!("{base}/login"));
+    assert_eq!(b.text("#oidc-sign-in"), "医院统一认证登录");
+    assert!(b.text("#directory-hint").contains("医院目录"));
+    keep_screenshot(&b, "login-choices.png");
+    b.type_into("#username", "admin");
+    b.type_into("#password", ADMIN_PW);
+    b.click("form[action='/login'] button[type=submit]");
+    b.wait_for("signed in", Duration::from_secs(20), |s| s.contains("/logout"));
+
+    // 停用 asks first; declining leaves the account enabled, accepting disables it.
+    b.goto(&format!("{base}/admin/users"));
+    let disable = "#user-drwang form[data-confirm*='停用'] button[type=submit]";
+    b.click(disable);
+    b.dismiss_confirm("停用 drwang");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(b.text("#user-drwang").contains("正常"), "{}", b.text("#user-drwang"));
+    b.click(disable);
+    b.accept_confirm("停用 drwang");
+    b.wait_for("drwang disabled", Duration::from_secs(20), |s| s.contains("已更新用户 drwang"));
+    assert!(b.text("#user-drwang").contains("已停用"));
+
+    // The settings page: a change asks first, takes effect and is shown with who made it.
+    b.goto(&format!("{base}/admin/settings"));
+    assert!(b.text("#setting-dense_weight").contains("语义检索权重"));
+    b.type_into("#v-dense_weight", "0.5");
+    b.click("#setting-dense_weight button[type=submit]");
+    b.accept_confirm("更改「语义检索权重」");
+    b.wait_for("the setting saved", Duration::from_secs(20), |s| s.contains("已保存，立即生效"));
+    let row = b.text("#setting-dense_weight");
+    assert!(row.contains("0.5") && row.contains("admin 于"), "{row}");
+    keep_screenshot(&b, "settings.png");
+    // Out of range: refused in Chinese, nothing changed.
+    b.type_into("#v-dense_weight", "2");
+    b.click("#setting-dense_weight button[type=submit]");
+    b.accept_confirm("更改「语义检索权重」");
+    let src = b.wait_for("the refusal", Duration::from_secs(20), |s| s.contains("须为 0 到 1 之间"));
+    assert!(src.contains("收到「2」"), "{src}");
+    assert!(b.text("#setting-dense_weight .value").starts_with("0.5"));
+    // The audit log names the change in Chinese, with the time in the hospital's.
+    b.goto(&format!("{base}/admin/audit?action=settings"));
+    let src = b.wait_for("the audit page", Duration::from_secs(20), |s| s.contains("修改设置"));
+    assert!(src.contains("settings.update"), "{src}");
 }

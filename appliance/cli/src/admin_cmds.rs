@@ -61,6 +61,9 @@ pub enum UserCommand {
         #[arg(long)]
         groups: Option<String>,
     },
+    /// Disable the directory (LDAP) accounts the directory no longer finds; the service also does this every six
+    /// hours.
+    SyncDirectory,
     /// Let a clinician read a collection.
     Grant { username: String, collection: String },
     /// Withdraw a clinician's read access to a collection.
@@ -166,6 +169,14 @@ pub fn run_user(e: &Engine, cmd: UserCommand) -> Result<i32> {
             let u = e.accounts().users(&who)?.into_iter().find(|u| u.username == username);
             if let Some(u) = u {
                 println!("{}: role {}, {}", u.username, u.role, if u.disabled { "disabled" } else { "enabled" });
+            }
+        }
+        UserCommand::SyncDirectory => {
+            let gone = e.accounts().directory_sweep(&who)?;
+            if gone.is_empty() {
+                println!("目录中的账户均仍在，未停用任何账户");
+            } else {
+                println!("已停用目录中已不存在的 {} 个账户：{}", gone.len(), gone.join("、"));
             }
         }
         UserCommand::Grant { username, collection } => {

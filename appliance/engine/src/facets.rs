@@ -224,6 +224,10 @@ pub struct MetaIndex {
     numbers: HashMap<String, u32>,
     /// The admitted sets of recent filters: clinicians page through and refine one filter.
     recent: Mutex<Vec<(SearchFilter, Vec<i64>, Arc<DocSet>)>>,
+    /// Collections holding a document with an access list: searches elsewhere need no visibility set.
+    restricted: std::collections::HashSet<i64>,
+    /// The visible sets of recent readers' groups (per collections), kept like `recent`.
+    visible_sets: Mutex<Vec<(Vec<String>, Vec<i64>, Arc<DocSet>)>>,
 }
 
 #[derive(Debug)]
@@ -279,6 +283,9 @@ impl MetaIndex {
             self.numbers.insert(String::new(), 0);
         }
         let named = named_values(&meta).map(|v| self.number(v));
+        if !meta.access.is_empty() {
+            self.restricted.insert(collection);
+        }
         self.docs.insert(id, Entry { collection, named, meta });
     }
 
@@ -307,9 +314,12 @@ impl MetaIndex {
     /// The documents of `collections` a reader with `groups` may see, or `None` when no document there has an
     /// access list (the search then needs no restriction at all).
     pub fn visible(&self, collections: &[i64], groups: &[String]) -> Option<Arc<DocSet>> {
-        let restricted = |e: &Entry| collections.contains(&e.collection) && !e.meta.access.is_empty();
-        if !self.docs.values().any(restricted) {
+        if !collections.iter().any(|c| self.restricted.contains(c)) {
             return None;
+        }
+        let mut recent = self.visible_sets.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, _, set)) = recent.iter().find(|(g, c, _)| g.as_slice() == groups && c == collections) {
+            return Some(set.clone());
         }
         let mut set = DocSet::default();
         for (id, e) in &self.docs {
@@ -317,7 +327,12 @@ impl MetaIndex {
                 set.insert(*id);
             }
         }
-        Some(Arc::new(set))
+        let set = Arc::new(set);
+        if recent.len() >= RECENT_FILTERS {
+            recent.remove(0);
+        }
+        recent.push((groups.to_vec(), collections.to_vec(), set.clone()));
+        Some(set)
     }
 
     /// The documents of `collections` that `filter` admits (kept for the next searches with the same filter).

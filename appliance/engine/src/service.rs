@@ -788,6 +788,15 @@ impl crate::engine::Accounts<'_> {
         Ok((u, cookie, csrf, next))
     }
 
+    /// Disables the LDAP accounts the directory no longer finds (also run by the housekeeping every six hours);
+    /// returns their names.
+    pub fn directory_sweep(&self, _admin: &Admin) -> Result<Vec<String>> {
+        if !self.cfg.ldap.enabled() {
+            return Err(Error::InvalidInput("未配置医院目录（[ldap]），无需同步".into()));
+        }
+        crate::directory::ldap::sweep(&self.cfg.ldap, &self.store)
+    }
+
     /// Checks an ID token against the configured provider as a callback would (signature, issuer, audience, expiry,
     /// nonce), without signing anyone in: `care doctor` and the tests use it.
     pub fn oidc_verify(&self, jwt: &str, nonce: &str) -> Result<crate::directory::DirectoryUser> {
@@ -1017,9 +1026,11 @@ impl crate::engine::Settings<'_> {
             .into_iter()
             .map(|s| {
                 let spec = s.spec();
+                // An f32 as written (0.7, not 0.699999988…).
+                let short = |x: f32| x.to_string().parse::<f64>().unwrap_or(f64::from(x));
                 let default = match s {
-                    Setting::DenseWeight => f64::from(self.cfg.search.default_dense_weight),
-                    Setting::SynonymWeight => f64::from(self.cfg.search.synonym_weight),
+                    Setting::DenseWeight => short(self.cfg.search.default_dense_weight),
+                    Setting::SynonymWeight => short(self.cfg.search.synonym_weight),
                     Setting::ChunkTokens => self.cfg.ingest.chunk.max_tokens as f64,
                     Setting::SessionIdleMinutes => session.idle_seconds as f64 / 60.0,
                     Setting::SessionMaxHours => session.max_seconds as f64 / 3600.0,

@@ -112,7 +112,9 @@ pub fn without_staging(msg: &str) -> String {
         while let Some(i) = rest.find(root.as_str()) {
             done.push_str(&rest[..i]);
             let after = &rest[i + root.len()..];
-            let token_end = after.find(|c: char| c == '/' || c == ':' || c == '"' || c == ')' || c.is_whitespace());
+            // Chinese messages end a path with full-width punctuation too (模型包 <dir>：…).
+            let token_end = after
+                .find(|c: char| matches!(c, '/' | ':' | '"' | ')' | '：' | '，' | '）' | '；') || c.is_whitespace());
             let after_token = &after[token_end.unwrap_or(after.len())..];
             match after_token.strip_prefix('/') {
                 Some(file) => rest = file,
@@ -190,6 +192,10 @@ mod tests {
             "model package 上传的文件: bad manifest"
         );
         assert_eq!(without_staging("/d/models/.import-77-0/model.onnx: 读取失败"), "model.onnx: 读取失败");
+        assert_eq!(
+            without_staging("模型包 /d/uploads/ab12：/d/uploads/ab12/manifest.toml is not a valid model manifest"),
+            "模型包 上传的文件：manifest.toml is not a valid model manifest"
+        );
         assert_eq!(without_staging("/elsewhere/x.csv: 保留"), "/elsewhere/x.csv: 保留");
     }
 

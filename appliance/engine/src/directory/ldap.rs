@@ -24,8 +24,7 @@ pub struct LdapConfig {
     pub ca_file: Option<PathBuf>,
     /// The service account that looks people up (read-only is enough).
     pub bind_dn: String,
-    /// Its password; never shown back (the console and `care config` print it as set or not set).
-    #[serde(skip_serializing)]
+    /// Its password; never shown back (`care config` prints `***` when set).
     pub bind_password: String,
     pub user_base: String,
     /// `{username}` is replaced by the escaped name typed at sign-in. Exclude disabled people here, e.g. for AD
@@ -120,6 +119,41 @@ fn tls_config(ca: &std::path::Path) -> Result<rustls::ClientConfig> {
         .map_err(|e| Error::Internal(format!("TLS: {e}")))?
         .with_root_certificates(roots)
         .with_no_client_auth())
+}
+
+/// Looks up every enabled LDAP account of the appliance in the directory (as the service account, no password
+/// needed) and disables those it no longer finds with `user_filter`: someone who left or was disabled there loses
+/// access within one sweep, not only at their next sign-in attempt. Returns the names disabled.
+pub fn sweep(cfg: &LdapConfig, store: &crate::store::Store) -> Result<Vec<String>> {
+    let names: Vec<String> = {
+        let conn = store.reader();
+        let mut stmt = conn.prepare("SELECT username FROM users WHERE source = 'ldap' AND disabled = 0")?;
+        let rows = stmt.query_map([], |r| r.get(0))?;
+        rows.collect::<std::result::Result<_, _>>()?
+    };
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    let timeout = Duration::from_secs(cfg.timeout_seconds.max(1));
+    let mut conn = connect(cfg)?;
+    conn.with_timeout(timeout)
+        .simple_bind(&cfg.bind_dn, &cfg.bind_password)
+        .and_then(|r| r.success())
+        .map_err(|e| unavailable("拒绝了服务账户", e))?;
+    let mut gone = Vec::new();
+    for name in names {
+        let filter = cfg.user_filter.replace("{username}", &ldap_escape(name.as_str()));
+        let (found, _) = conn
+            .with_timeout(timeout)
+            .search(&cfg.user_base, Scope::Subtree, &filter, vec!["1.1"])
+            .and_then(|r| r.success())
+            .map_err(|e| unavailable("查找用户失败", e))?;
+        if found.is_empty() && crate::accounts::disable_directory_account(store, &name, "not found in the directory")? {
+            gone.push(name);
+        }
+    }
+    let _ = conn.unbind();
+    Ok(gone)
 }
 
 /// Checks a name and password against the directory.

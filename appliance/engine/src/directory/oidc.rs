@@ -26,8 +26,7 @@ pub struct OidcConfig {
     /// The provider's issuer URL (discovery reads `{issuer}/.well-known/openid-configuration`). Empty: off.
     pub issuer: String,
     pub client_id: String,
-    /// Never shown back.
-    #[serde(skip_serializing)]
+    /// Never shown back (`care config` prints `***` when set).
     pub client_secret: String,
     /// This appliance's callback as registered at the provider: `https://<host>/login/oidc/callback`.
     pub redirect_url: String,

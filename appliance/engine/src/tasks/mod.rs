@@ -229,6 +229,13 @@ impl crate::Engine {
         if let Err(e) = self.accounts().purge_sessions(idle, max) {
             tracing::error!(error = %e, "sign-in clean-up failed");
         }
+        if self.cfg.ldap.enabled() {
+            match self.accounts().directory_sweep(&Admin::system()) {
+                Ok(gone) if gone.is_empty() => {}
+                Ok(gone) => tracing::info!(disabled = ?gone, "disabled accounts the directory no longer has"),
+                Err(e) => tracing::warn!(error = %e, "directory sweep failed"),
+            }
+        }
     }
 
     /// Raises the cancel tokens of running tasks whose job was cancelled in SQLite (by another process).
