@@ -1147,6 +1147,7 @@ fn browser_sign_in_choices_confirmations_and_settings() {
     care.config = Some(write(
         &t.path().join("care.toml"),
         "[ldap]\nurl = \"ldaps://127.0.0.1:1\"\nuser_base = \"ou=people,dc=hospital,dc=test\"\n\
+         bind_password = \"s3cret-bind-pw\"\n[ldap.groups]\nadmin = [\"care-admins\"]\n\
          [oidc]\nissuer = \"https://127.0.0.1:1/realms/staff\"\nclient_id = \"care\"\n\
          redirect_url = \"https://127.0.0.1:8443/login/oidc/callback\"\nbutton_label = \"医院统一认证登录\"\n",
     ));
@@ -1188,6 +1189,13 @@ fn browser_sign_in_choices_confirmations_and_settings() {
     let row = b.text("#setting-dense_weight");
     assert!(row.contains("0.5") && row.contains("admin 于"), "{row}");
     keep_screenshot(&b, "settings.png");
+    // The hospital sign-in as configured, its secret never shown.
+    let src = b.source();
+    assert!(
+        src.contains("ldaps://127.0.0.1:1") && src.contains("care-admins") && src.contains("已设置（不显示）"),
+        "{src}"
+    );
+    assert!(!src.contains("s3cret-bind-pw"), "the bind password must not reach the page");
     // Out of range: refused in Chinese, nothing changed.
     b.type_into("#v-dense_weight", "2");
     b.click("#setting-dense_weight button[type=submit]");

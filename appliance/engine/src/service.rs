@@ -1062,6 +1062,60 @@ impl crate::engine::Settings<'_> {
         crate::settings::set(&self.store, &self.live, &actor.name, s, v)
     }
 
+    /// The hospital sign-in as configured (`[ldap]`, `[oidc]` in care.toml), for the settings page: (section,
+    /// rows of (what, value)). Secrets appear only as 已设置 / 未设置.
+    pub fn sign_in_summary(&self, _admin: &Admin) -> Vec<(String, Vec<(String, String)>)> {
+        let secret = |s: &str| if s.is_empty() { "未设置" } else { "已设置（不显示）" }.to_string();
+        let list = |v: &[String]| if v.is_empty() { "（任何人）".to_string() } else { v.join("、") };
+        let grants = |m: &crate::directory::GroupMapping| {
+            let g: Vec<String> = m.collections.iter().map(|(g, cs)| format!("{g} → {}", cs.join("、"))).collect();
+            if g.is_empty() { "（无）".to_string() } else { g.join("；") }
+        };
+        let mut out = Vec::new();
+        let l = &self.cfg.ldap;
+        out.push((
+            "医院目录（LDAP/AD）".to_string(),
+            if l.enabled() {
+                vec![
+                    (
+                        "地址".into(),
+                        format!(
+                            "{}{}",
+                            l.url,
+                            if l.starttls && l.url.starts_with("ldap://") { "（StartTLS）" } else { "" }
+                        ),
+                    ),
+                    ("服务账户".into(), l.bind_dn.clone()),
+                    ("服务账户密码".into(), secret(&l.bind_password)),
+                    ("用户位置与筛选".into(), format!("{} · {}", l.user_base, l.user_filter)),
+                    ("管理员组".into(), list(&l.groups.admin)),
+                    ("临床用户组".into(), list(&l.groups.clinician)),
+                    ("组授予的资料库".into(), grants(&l.groups)),
+                ]
+            } else {
+                vec![("状态".into(), "未配置（care.toml 的 [ldap]）".into())]
+            },
+        ));
+        let o = &self.cfg.oidc;
+        out.push((
+            "统一认证（OIDC）".to_string(),
+            if o.enabled() {
+                vec![
+                    ("签发方".into(), o.issuer.clone()),
+                    ("客户端".into(), o.client_id.clone()),
+                    ("客户端密钥".into(), secret(&o.client_secret)),
+                    ("回调地址".into(), o.redirect_url.clone()),
+                    ("管理员组".into(), list(&o.groups.admin)),
+                    ("临床用户组".into(), list(&o.groups.clinician)),
+                    ("组授予的资料库".into(), grants(&o.groups)),
+                ]
+            } else {
+                vec![("状态".into(), "未配置（care.toml 的 [oidc]）".into())]
+            },
+        ));
+        out
+    }
+
     /// How long a sign-in lasts (idle, in all): the console's settings, else the server's own.
     pub fn session_seconds(&self, defaults: SessionDefaults) -> (i64, i64) {
         use crate::settings::Setting;

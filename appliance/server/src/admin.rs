@@ -1279,6 +1279,7 @@ struct SettingsPage {
     error: Option<String>,
     csrf: String,
     settings: Vec<care_engine::service::SettingView>,
+    sign_in: Vec<(String, Vec<(String, String)>)>,
 }
 
 #[get("/admin/settings")]
@@ -1288,13 +1289,16 @@ pub async fn settings_page(
     flash: web::Query<Flash>,
 ) -> Result<HttpResponse, ApiError> {
     let session = state.settings.session_defaults();
-    let settings = call_admin(&state, &caller, move |e, a| Ok(e.settings().list(a, session))).await?;
+    let (settings, sign_in) =
+        call_admin(&state, &caller, move |e, a| Ok((e.settings().list(a, session), e.settings().sign_in_summary(a))))
+            .await?;
     render(&SettingsPage {
         nav: Nav::of(&caller),
         flash: flash.flash(),
         error: flash.error(),
         csrf: caller.csrf().to_string(),
         settings,
+        sign_in,
     })
 }
 
