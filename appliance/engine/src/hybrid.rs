@@ -60,10 +60,7 @@ impl Engine {
     pub fn import_e5s1(&self, bin: &Path, version: &str, pairing_id: Option<&str>, int8: bool) -> Result<ModelRecord> {
         let final_dir = self.dir.models().join("e5-small").join(version);
         if final_dir.exists() {
-            return Err(Error::InvalidInput(format!(
-                "{} already exists; choose another --version or remove it",
-                final_dir.display()
-            )));
+            return Err(Error::InvalidInput(format!("{} 已存在；请换一个 --version，或先删除它", final_dir.display())));
         }
         let tmp = self.dir.models().join(format!("{}{}", crate::datadir::IMPORT_STAGING, std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);

@@ -234,7 +234,7 @@ impl Engine {
             let c = std::fs::canonicalize(&f).map_err(|e| Error::io(&f, e))?;
             if !c.starts_with(&root) || c == root {
                 return Err(Error::InvalidInput(format!(
-                    "{} is not inside the uploads folder {}; upload handlers must place files there",
+                    "{} 不在上传文件夹 {} 中；上传的文件必须放在那里",
                     f.display(),
                     root.display()
                 )));

@@ -84,7 +84,10 @@ pub fn register_audited(
     );
     match res {
         Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::ConstraintViolation => {
-            return Err(Error::InvalidInput(format!("model {} version {} is already registered", m.name, m.version)));
+            return Err(Error::InvalidInput(format!(
+                "模型 {} 的版本 {} 已注册；新的模型包请换一个版本号",
+                m.name, m.version
+            )));
         }
         r => r?,
     };

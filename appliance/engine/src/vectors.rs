@@ -150,8 +150,7 @@ impl Engine {
             None => None,
         };
         let mut n = 0;
-        let name =
-            out.file_name().ok_or_else(|| Error::InvalidInput(format!("{} is not a file path", out.display())))?;
+        let name = out.file_name().ok_or_else(|| Error::InvalidInput(format!("{} 不是文件路径", out.display())))?;
         let tmp = out.with_file_name(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
         let res = (|| -> Result<()> {
             let f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
@@ -169,9 +168,7 @@ impl Engine {
             let f = w.into_inner().map_err(|e| Error::io(&tmp, e.into_error()))?;
             f.sync_all().map_err(|e| Error::io(&tmp, e))?;
             if n == 0 && only.is_some() {
-                return Err(Error::InvalidInput(format!(
-                    "no chunk of collection '{collection}' is waiting for vectors of that model; nothing to export"
-                )));
+                return Err(Error::InvalidInput(format!("资料库「{collection}」没有等待该模型向量的文本块，无需导出")));
             }
             if n == 0 {
                 return Err(Error::InvalidInput(format!("资料库 {collection} 还没有可导出的片段；请先上传文档")));
@@ -308,9 +305,8 @@ impl crate::engine::Models<'_> {
         }
         if idx.pairing_id != doc.pairing_id {
             return Err(Error::ModelMismatch(format!(
-                "{}: the vectors were computed by {} for pairing {:?}, but the active document model {}@{} has pairing {:?}; \
-                 the active query encoder was not trained against them. Embed again with `care-train embed-corpus \
-                 --pairing-id {}`, or activate a model pair of pairing {:?} first",
+                "{}：这些向量由 {} 为配对 {:?} 计算，而在用的文档模型 {}@{} 的配对为 {:?}，在用的查询编码器不是与它们\
+                 一起训练的；请用 `care-train embed-corpus --pairing-id {}` 重新计算，或先启用配对为 {:?} 的一组模型",
                 index_path.display(),
                 idx.model,
                 idx.pairing_id,
@@ -323,8 +319,8 @@ impl crate::engine::Models<'_> {
         }
         if idx.width != doc.width {
             return Err(Error::ModelMismatch(format!(
-                "{}: the vectors have width {}, but the active model pair {}@{} serves dense vectors of width {}; embed \
-                 again with `care-train embed-corpus --width {}`",
+                "{}：这些向量的维度为 {}，而在用的模型 {}@{} 的向量维度为 {}；请用 `care-train embed-corpus --width {}` \
+                 重新计算",
                 index_path.display(),
                 idx.width,
                 doc.name,
@@ -410,7 +406,7 @@ impl crate::engine::Models<'_> {
             .ok_or_else(|| Error::Internal(format!("no dense index for collection '{collection}'")))?;
         if pairing != idx.pairing_id {
             return Err(Error::ModelMismatch(format!(
-                "the dense index of collection '{collection}' was built for pairing {pairing:?}, the vectors for {:?}",
+                "资料库「{collection}」的向量索引为配对 {pairing:?} 建立，而这些向量属于配对 {:?}",
                 idx.pairing_id
             )));
         }

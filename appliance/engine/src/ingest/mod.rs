@@ -253,7 +253,7 @@ pub(crate) fn read_checked(path: &Path, limits: &IngestLimits) -> Result<(FileKi
     let kind = FileKind::of(path)?;
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
     if !meta.is_file() {
-        return Err(Error::InvalidInput(format!("{}: not a regular file", path.display())));
+        return Err(Error::InvalidInput(format!("{}：不是普通文件（目录、设备或管道不能入库）", path.display())));
     }
     if meta.len() > limits.max_file_bytes {
         return Err(Error::TooLarge {

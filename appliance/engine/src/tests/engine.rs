@@ -2135,7 +2135,7 @@ mod offline_vectors {
             write_shards(d, &pairing, width - 1, &narrow)
         });
         assert!(matches!(err, Error::ModelMismatch(_)), "{err}");
-        assert!(err.to_string().contains(&format!("width {}", width - 1)), "{err}");
+        assert!(err.to_string().contains(&format!("维度为 {}", width - 1)), "{err}");
 
         let err = refuse("corrupted", &|d| {
             write_shards(d, &pairing, width, &rotated);
