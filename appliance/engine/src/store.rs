@@ -562,20 +562,7 @@ impl Store {
             return Ok(false);
         }
         let conn = self.reader();
-        let marks = vec!["?"; collections.len()].join(",");
-        // lower() copies every text it reads; a needle without ASCII letters (most Chinese terms) needs no folding
-        // and the scan reads the texts in place.
-        let col =
-            |c: &str| if needle.bytes().any(|b| b.is_ascii_alphabetic()) { format!("lower({c})") } else { c.into() };
-        let sql = format!(
-            "SELECT EXISTS (SELECT 1 FROM chunks k JOIN documents d ON d.id = k.document_id \
-             JOIN collections c ON c.id = d.collection_id WHERE c.name IN ({marks}) AND k.id > ? AND \
-             (instr({}, ?) > 0 OR instr({}, ?) > 0 OR instr({}, ?) > 0))",
-            col("k.text"),
-            col("k.heading"),
-            col("d.title")
-        );
-        let mut stmt = conn.prepare_cached(&sql)?;
+        let mut stmt = conn.prepare_cached(&format!("SELECT EXISTS (SELECT 1 {})", containing(needle, collections)))?;
         let mut args: Vec<&dyn rusqlite::ToSql> = collections.iter().map(|c| c as &dyn rusqlite::ToSql).collect();
         args.extend([&after_chunk as &dyn rusqlite::ToSql, &needle, &needle, &needle]);
         Ok(stmt.query_row(args.as_slice(), |r| r.get::<_, bool>(0))?)
@@ -594,20 +581,11 @@ impl Store {
             return Ok(false);
         }
         let conn = self.reader();
-        let marks = vec!["?"; collections.len()].join(",");
-        let col =
-            |c: &str| if needle.bytes().any(|b| b.is_ascii_alphabetic()) { format!("lower({c})") } else { c.into() };
-        let sql = format!(
-            "SELECT DISTINCT k.document_id FROM chunks k JOIN documents d ON d.id = k.document_id \
-             JOIN collections c ON c.id = d.collection_id WHERE c.name IN ({marks}) AND \
-             (instr({}, ?) > 0 OR instr({}, ?) > 0 OR instr({}, ?) > 0)",
-            col("k.text"),
-            col("k.heading"),
-            col("d.title")
-        );
-        let mut stmt = conn.prepare_cached(&sql)?;
+        let mut stmt =
+            conn.prepare_cached(&format!("SELECT DISTINCT k.document_id {}", containing(needle, collections)))?;
         let mut args: Vec<&dyn rusqlite::ToSql> = collections.iter().map(|c| c as &dyn rusqlite::ToSql).collect();
-        args.extend([&needle as &dyn rusqlite::ToSql, &needle, &needle]);
+        // Every chunk id is above 0: all chunks.
+        args.extend([&0i64 as &dyn rusqlite::ToSql, &needle, &needle, &needle]);
         let mut rows = stmt.query(args.as_slice())?;
         while let Some(r) = rows.next()? {
             if admit(r.get(0)?) {
@@ -737,6 +715,22 @@ impl crate::audit::LogStore for Store {
     fn as_dyn(&self) -> &dyn crate::audit::LogStore {
         self
     }
+}
+
+/// `FROM … WHERE …` of the chunks of `collections` newer than a chunk id (the first parameter after the
+/// collections' names) whose text, heading or document title contains the needle (the next three parameters),
+/// ASCII case folded. lower() copies every text it reads; a needle without ASCII letters (most Chinese terms)
+/// needs no folding and the scan reads the texts in place.
+fn containing(needle: &str, collections: &[String]) -> String {
+    let marks = vec!["?"; collections.len()].join(",");
+    let col = |c: &str| if needle.bytes().any(|b| b.is_ascii_alphabetic()) { format!("lower({c})") } else { c.into() };
+    format!(
+        "FROM chunks k JOIN documents d ON d.id = k.document_id JOIN collections c ON c.id = d.collection_id \
+         WHERE c.name IN ({marks}) AND k.id > ? AND (instr({}, ?) > 0 OR instr({}, ?) > 0 OR instr({}, ?) > 0)",
+        col("k.text"),
+        col("k.heading"),
+        col("d.title")
+    )
 }
 
 #[cfg(test)]
