@@ -431,10 +431,16 @@ impl Engine {
     }
 
     pub(crate) fn requeue_running(&self) -> Result<()> {
-        let n = self
-            .store
-            .conn()
-            .execute("UPDATE jobs SET state = 'queued', updated_at = ?1 WHERE state = 'running'", [now()])?;
+        // A model task's stage and done/total describe the phase the dead process was in; the resumed task
+        // writes its own, so until then it shows as queued (an ingest job's counters are cumulative: kept).
+        let n = self.store.conn().execute(
+            "UPDATE jobs SET state = 'queued', updated_at = ?1,
+                 stage = CASE WHEN kind = 'ingest' THEN stage ELSE '' END,
+                 progress_done = CASE WHEN kind = 'ingest' THEN progress_done ELSE 0 END,
+                 progress_total = CASE WHEN kind = 'ingest' THEN progress_total ELSE 0 END
+             WHERE state = 'running'",
+            [now()],
+        )?;
         if n > 0 {
             tracing::warn!(jobs = n, "re-queued ingestion jobs interrupted by a crash or restart");
         }

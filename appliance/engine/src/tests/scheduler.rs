@@ -148,6 +148,36 @@ fn a_task_runs_as_its_submitter_rechecked_when_it_starts() {
 }
 
 /// A trainer that answers `--version` and nothing else: enough for a run to be queued.
+/// What a restart shows of a task the dead process was running: a model task's old phase and done/total are gone
+/// (it reads as queued until the resumed task writes its own, so nobody mistakes the dead phase's numbers for the
+/// resumed one's); an ingest job keeps its cumulative file counters.
+#[test]
+fn a_restart_requeues_running_tasks_without_their_dead_phase() {
+    let t = tempfile::tempdir().unwrap();
+    let cfg = config(&t.path().join("data"));
+    let e = open(&cfg);
+    let (model, ingest) = {
+        let mut conn = e.store.conn();
+        let tx = conn.transaction().unwrap();
+        let actor = Actor::system();
+        let m = crate::jobs::insert_row(&tx, crate::training::embed::EMBED, "{}", &actor).unwrap();
+        let i = crate::jobs::insert_row(&tx, "ingest", "{}", &actor).unwrap();
+        tx.execute(
+            "UPDATE jobs SET state = 'running', stage = '嵌入 kuake', progress_done = 256, progress_total = 1115",
+            [],
+        )
+        .unwrap();
+        tx.commit().unwrap();
+        (m, i)
+    };
+    drop(e);
+    let e = open(&cfg); // recovers: nothing else holds the jobs lock
+    let m = e.job(model).unwrap();
+    assert_eq!((m.state, m.stage.as_str(), m.progress_done, m.progress_total), (JobState::Queued, "", 0, 0));
+    let i = e.job(ingest).unwrap();
+    assert_eq!((i.state, i.progress_done, i.progress_total), (JobState::Queued, 256, 1115));
+}
+
 fn fake_trainer(dir: &Path) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let p = dir.join("care-train");
