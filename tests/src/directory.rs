@@ -27,7 +27,10 @@ pub fn slapd_available() -> bool {
 
 pub struct Slapd {
     _child: KillOnDrop,
+    /// `ldap://` (StartTLS offered).
     pub url: String,
+    /// `ldaps://`: TLS from the first byte, same certificate.
+    pub ldaps_url: String,
     /// The server's self-signed certificate, the CA file the appliance trusts.
     pub ca_file: PathBuf,
     dir: PathBuf,
@@ -42,7 +45,7 @@ pub struct Person<'a> {
 }
 
 impl Slapd {
-    /// Starts slapd with StartTLS on a free port, loaded with `people` and the groups they name.
+    /// Starts slapd with StartTLS on a free port and LDAPS on another, loaded with `people` and the groups they name.
     pub fn start(dir: &Path, people: &[Person<'_>]) -> Slapd {
         let dir = dir.join("slapd");
         std::fs::create_dir_all(dir.join("db")).expect("mkdir");
@@ -69,21 +72,24 @@ impl Slapd {
             .output()
             .expect("run slapadd");
         assert!(out.status.success(), "slapadd: {}", String::from_utf8_lossy(&out.stderr));
-        let port = free_port();
+        let (port, tls_port) = (free_port(), free_port());
         let url = format!("ldap://127.0.0.1:{port}");
+        let ldaps_url = format!("ldaps://127.0.0.1:{tls_port}");
         let child = Command::new("/usr/sbin/slapd")
-            .args(["-f", &format!("{d}/slapd.conf"), "-h", &format!("{url}/"), "-d", "0"])
+            .args(["-f", &format!("{d}/slapd.conf"), "-h", &format!("{url}/ {ldaps_url}/"), "-d", "0"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn slapd");
         let child = KillOnDrop(child);
         let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "slapd did not listen on {port}");
-            std::thread::sleep(Duration::from_millis(50));
+        for p in [port, tls_port] {
+            while std::net::TcpStream::connect(("127.0.0.1", p)).is_err() {
+                assert!(Instant::now() < deadline, "slapd did not listen on {p}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
-        Slapd { _child: child, url, ca_file, dir }
+        Slapd { _child: child, url, ldaps_url, ca_file, dir }
     }
 
     /// Applies an LDIF change as the directory's administrator (what the hospital's IT does).

@@ -199,6 +199,122 @@ fn ldap_sign_in_maps_groups_follows_the_directory_and_never_takes_over_a_local_a
     }
 }
 
+/// The page's CSRF token (its `<meta name="csrf-token">`).
+fn csrf_of(page: &str) -> String {
+    let key = "<meta name=\"csrf-token\" content=\"";
+    let at = page.find(key).expect("csrf meta") + key.len();
+    page[at..at + page[at..].find('"').unwrap()].to_string()
+}
+
+/// Posts the settings page's sign-in form: (status, where it went back to, decoded).
+fn save_sign_in(c: &Client, base: &str, session: &str, fields: &[(&str, &str)]) -> (u16, String) {
+    let (_, page) = get(c, &format!("{base}/admin/settings"), session);
+    let mut form: Vec<(&str, String)> = fields.iter().map(|(k, v)| (*k, v.to_string())).collect();
+    form.push(("csrf", csrf_of(&page)));
+    let res = c
+        .post(format!("{base}/admin/settings/sign-in"))
+        .header("cookie", format!("__Host-care_session={session}"))
+        .form(&form)
+        .send()
+        .unwrap();
+    let to = res.headers().get("location").map(|l| l.to_str().unwrap().to_string()).unwrap_or_default();
+    // The flash or error it carries, decoded.
+    let url = reqwest::Url::parse(&format!("https://appliance{to}")).unwrap();
+    let said: Vec<String> = url.query_pairs().map(|(k, v)| format!("{k}={v}")).collect();
+    (res.status().as_u16(), said.join("&"))
+}
+
+/// Issue 36: the hospital sign-in set on the console's settings page, over LDAPS, with no `[ldap]` in care.toml.
+/// A section that cannot work (a wrong service password, plain LDAP) is refused in Chinese and nothing is stored;
+/// a working one applies to the next sign-in without a restart; the secret is never shown back and survives a
+/// save that leaves it empty; clearing it returns to care.toml's (none: directory sign-in is off again).
+#[test]
+fn ldaps_sign_in_set_on_the_settings_page_applies_without_a_restart() {
+    assert!(care_e2e::directory::slapd_available(), "slapd and ldap-utils are missing: packaging/dev.sh installs them");
+    let t = tempfile::tempdir().unwrap();
+    let ldap = Slapd::start(
+        t.path(),
+        &[Person { uid: "nurse.wu", cn: "吴护士", password: "wu-directory-pass", groups: &["nursing"] }],
+    );
+    let data = t.path().join("data");
+    let care = appliance(t.path(), "");
+    let served = care.serve_full();
+    let base = served.https.clone();
+    let c = no_redirect_client(Duration::from_secs(60));
+    let (status, admin, _) = sign_in(&c, &base, "admin", LOCAL_ADMIN_PASSWORD);
+    assert_eq!(status, 303);
+    let admin = admin.unwrap();
+    let (_, page) = get(&c, &format!("{base}/login"), "");
+    assert!(!page.contains("directory-hint"), "no directory configured yet");
+    assert_eq!(sign_in(&c, &base, "nurse.wu", "wu-directory-pass").0, 401);
+
+    let ca = ldap.ca_file.display().to_string();
+    let section = |url: &str, password: &str| -> Vec<(&str, String)> {
+        vec![
+            ("protocol", "ldap".into()),
+            ("url", url.into()),
+            ("ca_file", ca.clone()),
+            ("bind_dn", SERVICE_DN.into()),
+            ("bind_password", password.into()),
+            ("user_base", "ou=people,dc=hospital,dc=test".into()),
+            ("user_filter", "(&(objectClass=inetOrgPerson)(uid={username}))".into()),
+            ("name_attribute", "uid".into()),
+            ("display_attribute", "cn".into()),
+            ("member_of_attribute", "".into()),
+            ("group_base", "ou=groups,dc=hospital,dc=test".into()),
+            ("group_filter", "(member={dn})".into()),
+            ("timeout_seconds", "10".into()),
+            ("groups.clinician", "nursing".into()),
+            ("groups.collections", "cn=nursing,ou=groups,dc=hospital,dc=test = common".into()),
+        ]
+    };
+    let post = |fields: Vec<(&str, String)>| {
+        let f: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        save_sign_in(&c, &base, &admin, &f)
+    };
+    // Refused: the wrong service password (the server answers, the bind fails), and plain LDAP.
+    let (status, to) = post(section(&ldap.ldaps_url, "not-the-service-password"));
+    assert_eq!(status, 303);
+    assert!(to.contains("error=") && to.contains("未保存") && to.contains("服务账户"), "{to}");
+    let plain = ldap.url.clone();
+    let (_, to) = post(section(&plain, SERVICE_PASSWORD));
+    assert!(to.contains("未加密"), "StartTLS left off on ldap:// is refused: {to}");
+    let stored = |p: &str| -> i64 {
+        let db = rusqlite::Connection::open(data.join("care.sqlite")).unwrap();
+        db.query_row("SELECT count(*) FROM sign_in_config WHERE protocol = ?1", [p], |r| r.get(0)).unwrap()
+    };
+    assert_eq!(stored("ldap"), 0, "nothing stored from a refused form");
+
+    // Saved over LDAPS: the next sign-in uses it, no restart.
+    let (_, to) = post(section(&ldap.ldaps_url, SERVICE_PASSWORD));
+    assert!(to.contains("flash=") && to.contains("已保存"), "{to}");
+    assert_eq!(stored("ldap"), 1);
+    let (_, page) = get(&c, &format!("{base}/admin/settings"), &admin);
+    assert!(page.contains(&ldap.ldaps_url) && page.contains("已开启"), "the page shows the section in force");
+    assert!(!page.contains(SERVICE_PASSWORD) && page.contains("已设置（不显示）"), "the secret is never shown back");
+    let (status, session, body) = sign_in(&c, &base, "nurse.wu", "wu-directory-pass");
+    assert_eq!(status, 303, "{body}");
+    assert_eq!(account(&data, "nurse.wu").unwrap().0, "ldap");
+    assert_eq!(grants(&data, "nurse.wu"), vec![("common".to_string(), "directory".to_string())]);
+    assert_eq!(get(&c, &format!("{base}/search"), &session.unwrap()).0, 200);
+
+    // A save that leaves the secret empty keeps it (the sign-in still binds as the service account).
+    let (_, to) = post(section(&ldap.ldaps_url, ""));
+    assert!(to.contains("已保存"), "{to}");
+    assert_eq!(sign_in(&c, &base, "nurse.wu", "wu-directory-pass").0, 303);
+
+    // Cleared: care.toml has no [ldap], so directory sign-in is off again.
+    let (_, to) = save_sign_in(&c, &base, &admin, &[("protocol", "ldap"), ("clear", "1")]);
+    assert!(to.contains("恢复为配置文件"), "{to}");
+    assert_eq!(stored("ldap"), 0);
+    assert_eq!(sign_in(&c, &base, "nurse.wu", "wu-directory-pass").0, 401);
+
+    // Every save and the clearing are audited, with the names of the fields changed and no secret.
+    let log = care.ok(&["audit", "list", "--action", "settings.sign_in", "--limit", "20"]);
+    assert!(log.matches("settings.sign_in").count() >= 3 && log.contains("bind_password"), "{log}");
+    assert!(!log.contains(SERVICE_PASSWORD), "{log}");
+}
+
 fn oidc_config(issuer: &str, redirect: &str) -> String {
     format!(
         "[oidc]\nissuer = \"{issuer}\"\nclient_id = \"care\"\nclient_secret = \"care-client-secret\"\n\
@@ -293,6 +409,36 @@ fn oidc_sign_in_with_pkce_maps_claims_and_refuses_forged_expired_or_replayed_ans
     assert_eq!(res.status(), 401);
     assert!(res.text().unwrap().contains("本地账户"));
     assert_eq!(account(&data, "admin").unwrap().0, "local");
+
+    // The administrator changes the section on the settings page (the provider's discovery answers, so it is
+    // saved); the next visitor's sign-in page has the new button, and the flow still signs people in.
+    let page = b2.get(format!("{base}/admin/settings")).send().unwrap().text().unwrap();
+    assert!(page.contains(&idp.issuer) && !page.contains("care-client-secret"), "in force, secret not shown");
+    let csrf = csrf_of(&page);
+    let form = [
+        ("protocol", "oidc"),
+        ("csrf", csrf.as_str()),
+        ("issuer", idp.issuer.as_str()),
+        ("client_id", "care"),
+        ("client_secret", ""),
+        ("redirect_url", redirect.as_str()),
+        ("scopes", "profile\nemail\ngroups"),
+        ("username_claim", "preferred_username"),
+        ("display_claim", "name"),
+        ("groups_claim", "groups"),
+        ("button_label", "院内统一登录"),
+        ("groups.admin", "care-admins"),
+        ("groups.clinician", "staff"),
+        ("groups.collections", "cardiology = xinnei"),
+    ];
+    let res = b2.post(format!("{base}/admin/settings/sign-in")).form(&form).send().unwrap();
+    assert_eq!(res.status(), 200, "followed back to the settings page");
+    assert!(res.text().unwrap().contains("已保存"));
+    let b5 = browser();
+    let page = b5.get(format!("{base}/login")).send().unwrap().text().unwrap();
+    assert!(page.contains("院内统一登录") && !page.contains("统一身份认证登录"), "{page}");
+    let res = b5.get(provider_login(&b5, &base, &idp.issuer, "dr.li")).send().unwrap();
+    assert_eq!(res.status(), 200, "the kept client secret still redeems the code");
     drop(_served);
 
     // ID tokens checked against the provider's published keys, in process: genuine passes; expired, another

@@ -236,6 +236,11 @@ fn authorisation_matrix_and_collection_isolation() {
         ("POST", "/admin/settings"),
         case("/admin/settings", Form("key=dense_weight&value=0.6"), 302, 403, &[303]),
     );
+    // A sign-in section that cannot work goes back to the page with the reason; nothing is stored.
+    m.insert(
+        ("POST", "/admin/settings/sign-in"),
+        case("/admin/settings/sign-in", Form("protocol=ldap&url=ldap%3A%2F%2Fdc1&starttls="), 302, 403, &[303]),
+    );
     m.insert(
         ("POST", "/admin/synonyms"),
         case(
@@ -521,15 +526,19 @@ fn authorisation_matrix_and_collection_isolation() {
     assert!(html.contains("阿司匹林指南") && !html.contains("机密病例"), "{html}");
     assert_eq!(get(&format!("/api/v1/documents/{secret_doc}"), &clin).status(), 404);
     assert_eq!(get(&format!("/doc/{secret_doc}"), &clin).status(), 404);
-    let fb = format!("{{\"query\":\"阿司匹林\",\"chunk_id\":{secret_chunk},\"helpful\":true}}");
-    let res = c
-        .post(format!("{base}/api/v1/feedback"))
-        .bearer_auth(&clin)
-        .header("content-type", "application/json")
-        .body(fb)
-        .send()
-        .unwrap();
-    assert_eq!(res.status(), 404);
+    // Feedback on a passage the clinician may not read answers as if it did not exist.
+    let feedback_on = |chunk: i64| {
+        let fb = format!("{{\"query\":\"阿司匹林\",\"chunk_id\":{chunk},\"helpful\":true}}");
+        let res = c
+            .post(format!("{base}/api/v1/feedback"))
+            .bearer_auth(&clin)
+            .header("content-type", "application/json")
+            .body(fb)
+            .send()
+            .unwrap();
+        res.status().as_u16()
+    };
+    assert_eq!(feedback_on(secret_chunk), 404);
     let r: serde_json::Value = get("/api/v1/collections", &clin).json().unwrap();
     let names: Vec<&str> = r.as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
     assert_eq!(names, vec!["granted"]);
@@ -554,15 +563,7 @@ fn authorisation_matrix_and_collection_isolation() {
     assert!(!get(&format!("/embed?{rq}"), &clin).text().unwrap().contains("会诊限阅记录"));
     assert_eq!(get(&format!("/api/v1/documents/{restricted_doc}"), &clin).status(), 404);
     assert_eq!(get(&format!("/doc/{restricted_doc}"), &clin).status(), 404);
-    let fb = format!("{{\"query\":\"阿司匹林\",\"chunk_id\":{restricted_chunk},\"helpful\":true}}");
-    let res = c
-        .post(format!("{base}/api/v1/feedback"))
-        .bearer_auth(&clin)
-        .header("content-type", "application/json")
-        .body(fb)
-        .send()
-        .unwrap();
-    assert_eq!(res.status(), 404);
+    assert_eq!(feedback_on(restricted_chunk), 404);
     let r: serde_json::Value = get(&format!("/api/v1/search?{rq}&limit=50"), &admin).json().unwrap();
     assert!(r.to_string().contains("会诊限阅记录"), "the administrator sees it: {r}");
     // In the group, the clinician sees it.

@@ -121,6 +121,7 @@ pub fn action_zh(action: &str) -> &'static str {
         "user.password_check_failed" => "当前密码错误",
         "user.update" => "修改用户",
         "settings.update" => "修改设置",
+        "settings.sign_in" => "修改登录方式",
         "ingest.files" => "导入文件",
         "dictionary.add" => "添加词典词条",
         _ => "其他操作",

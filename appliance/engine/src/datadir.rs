@@ -80,7 +80,10 @@ impl DataDir {
         }
         let text = std::fs::read_to_string(&version_file).map_err(|e| Error::io(&version_file, e))?;
         let found: u32 = text.trim().parse().map_err(|_| {
-            Error::InvalidInput(format!("{} does not hold a layout version number: {text:?}", version_file.display()))
+            Error::InvalidInput(format!(
+                "数据目录版本文件 {} 内容不是版本号 (not a layout version number): {text:?}",
+                version_file.display()
+            ))
         })?;
         if found > LAYOUT_VERSION {
             return Err(Error::TooNew {

@@ -77,7 +77,9 @@ impl DenseStore {
             .enable_all()
             .build()
             .map_err(|e| Error::io(dir, e))?;
-        let uri = dir.to_str().ok_or_else(|| Error::InvalidInput(format!("{} is not UTF-8", dir.display())))?;
+        let uri = dir
+            .to_str()
+            .ok_or_else(|| Error::InvalidInput(format!("向量库路径 {} 不是 UTF-8 编码 (not UTF-8)", dir.display())))?;
         let db = rt.block_on(lancedb::connect(uri).execute()).map_err(dense_err)?;
         Ok(DenseStore { rt, db, tables: Mutex::new(HashMap::new()) })
     }

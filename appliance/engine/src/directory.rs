@@ -9,6 +9,7 @@
 //! signed out ([`crate::accounts::disable_directory_account`]). Local accounts stay for break-glass administrators; a directory name never takes one
 //! over, and a directory account never signs in with a local password.
 
+pub mod console;
 pub mod ldap;
 pub mod oidc;
 

@@ -60,6 +60,8 @@ pub struct Engine {
     pub(crate) oidc: crate::directory::oidc::OidcState,
     /// The console's changes to settings, over `cfg` ([`crate::settings`]).
     pub(crate) live: crate::settings::LiveSettings,
+    /// The hospital sign-in in force: `cfg`'s sections or the console's ([`crate::directory::console`]).
+    pub(crate) sign_in: crate::directory::console::LiveSignIn,
 }
 
 /// A word no chunk contained, as of the chunks' stamp then: still absent from those chunks while no chunk row has
@@ -546,8 +548,10 @@ impl Engine {
             tasks: Default::default(),
             oidc: Default::default(),
             live: Default::default(),
+            sign_in: Default::default(),
         };
         engine.live.reload(&engine.store)?;
+        engine.sign_in.reload(&engine.store, &engine.cfg.ldap, &engine.cfg.oidc)?;
         crate::synonyms::ensure_seeded(&engine.store)?;
         let report = engine.recover()?;
         if report.reindexed_documents > 0

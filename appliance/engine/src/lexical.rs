@@ -321,7 +321,7 @@ pub fn build_jieba(user_dict: Option<&Path>) -> Result<(Jieba, String)> {
             .collect();
         jieba
             .load_dict(&mut std::io::Cursor::new(tagged))
-            .map_err(|e| Error::InvalidInput(format!("{}: {e}", p.display())))?;
+            .map_err(|e| Error::InvalidInput(format!("词典 {} 无法读取：{e}", p.display())))?;
     }
     Ok((jieba, hex::encode(hasher.finalize())))
 }

@@ -17,6 +17,7 @@
 //!   ├ accounts  users and roles (argon2), lockout, sessions, API tokens, per-collection read grants
 //!   ├ directory sign-in through the hospital's LDAP/AD (directory/ldap.rs) or OIDC provider (directory/oidc.rs):
 //!   │           group → role and group → grant mapping, accounts provisioned and disabled by the directory
+//!   │           (directory.rs); both editable on the settings page over care.toml's (directory/console.rs)
 //!   ├ analytics what clinicians search and where they fail: searches per day, top, not-found and 没帮助 queries,
 //!   │           latency, aggregated from the searches' audit records and feedback (CSV export audited)
 //!   ├ limits    in-memory rate limits per client address or user (sign-in failures, feedback, refusals)

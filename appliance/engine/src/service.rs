@@ -715,6 +715,19 @@ impl crate::engine::Collections<'_> {
     }
 }
 
+/// One way of hospital sign-in as the settings page shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SignInSection {
+    pub protocol: crate::directory::console::Protocol,
+    /// Its key in forms and `care.toml` (`ldap`, `oidc`).
+    pub key: &'static str,
+    pub label: &'static str,
+    pub enabled: bool,
+    /// Who saved it in the console and when (local time); `None`: `care.toml`'s section applies.
+    pub saved: Option<crate::directory::console::Saved>,
+    pub fields: Vec<crate::directory::console::Field>,
+}
+
 /// What the sign-in page offers beside a local password.
 #[derive(Debug, Clone, Serialize)]
 pub struct SignInOptions {
@@ -740,7 +753,8 @@ impl crate::engine::Accounts<'_> {
         policy: LoginPolicy,
         client: &str,
     ) -> Result<(User, String, String)> {
-        let directory = self.cfg.ldap.enabled().then_some(&self.cfg.ldap as &dyn accounts::Directory);
+        let sign_in = self.sign_in.get();
+        let directory = sign_in.ldap.enabled().then_some(&sign_in.ldap as &dyn accounts::Directory);
         let u = accounts::authenticate(&self.store, username, password, policy, client, directory)?;
         let (cookie, csrf) = accounts::create_session(&self.store, &u)?;
         Ok((u, cookie, csrf))
@@ -748,28 +762,21 @@ impl crate::engine::Accounts<'_> {
 
     /// The sign-in choices the login page offers beside a local password.
     pub fn sign_in_options(&self) -> SignInOptions {
-        SignInOptions {
-            directory: self.cfg.ldap.enabled(),
-            oidc_label: self.cfg.oidc.enabled().then(|| self.cfg.oidc.button_label.clone()),
-        }
+        let s = self.sign_in.get();
+        SignInOptions { directory: s.ldap.enabled(), oidc_label: s.oidc.enabled().then(|| s.oidc.button_label.clone()) }
     }
 
     /// Starts a sign-in at the hospital's OpenID Connect provider: where to send the browser, and the state the
     /// server binds to it.
     pub fn oidc_start(&self, next: &str) -> Result<crate::directory::oidc::Start> {
-        if !self.cfg.oidc.enabled() {
-            return Err(Error::NotFound { what: "统一认证登录（未配置 [oidc]）".into() });
-        }
-        self.oidc.start(&self.cfg.oidc, next)
+        self.oidc.start(&self.oidc_config()?, next)
     }
 
     /// Finishes it from the provider's callback: the answer verified, the account provisioned from the claims, a
     /// session opened. Returns (user, cookie, CSRF token, where the browser was going). A refused answer is audited.
     pub fn oidc_finish(&self, state: &str, code: &str, client: &str) -> Result<(User, String, String, String)> {
-        if !self.cfg.oidc.enabled() {
-            return Err(Error::NotFound { what: "统一认证登录（未配置 [oidc]）".into() });
-        }
-        let (person, next) = match self.oidc.finish(&self.cfg.oidc, state, code) {
+        let cfg = self.oidc_config()?;
+        let (person, next) = match self.oidc.finish(&cfg, state, code) {
             Ok(v) => v,
             Err(e) => {
                 if e.code() == crate::error::ErrorCode::Unauthenticated {
@@ -782,7 +789,7 @@ impl crate::engine::Accounts<'_> {
                 return Err(e);
             }
         };
-        let u = crate::directory::provision(&self.store, &person, &self.cfg.oidc.groups, client)?;
+        let u = crate::directory::provision(&self.store, &person, &cfg.groups, client)?;
         let u = accounts::login_succeeded(&self.store, &u, &u.username, client, accounts::unix_now())?;
         let (cookie, csrf) = accounts::create_session(&self.store, &u)?;
         Ok((u, cookie, csrf, next))
@@ -791,18 +798,28 @@ impl crate::engine::Accounts<'_> {
     /// Disables the LDAP accounts the directory no longer finds (also run by the housekeeping every six hours);
     /// returns their names.
     pub fn directory_sweep(&self, _admin: &Admin) -> Result<Vec<String>> {
-        if !self.cfg.ldap.enabled() {
-            return Err(Error::InvalidInput("未配置医院目录（[ldap]），无需同步".into()));
+        let s = self.sign_in.get();
+        if !s.ldap.enabled() {
+            return Err(Error::InvalidInput("未配置医院目录（LDAP/AD），无需同步".into()));
         }
-        crate::directory::ldap::sweep(&self.cfg.ldap, &self.store)
+        crate::directory::ldap::sweep(&s.ldap, &self.store)
     }
 
     /// Checks an ID token against the configured provider as a callback would (signature, issuer, audience, expiry,
     /// nonce), without signing anyone in: `care doctor` and the tests use it.
     pub fn oidc_verify(&self, jwt: &str, nonce: &str) -> Result<crate::directory::DirectoryUser> {
-        let cfg = &self.cfg.oidc;
+        let cfg = self.oidc_config()?;
         let nonce = openidconnect::Nonce::new(nonce.to_string());
-        self.oidc.with_verifier(cfg, |v| crate::directory::oidc::verify_id_token(cfg, v, jwt, &nonce))
+        self.oidc.with_verifier(&cfg, |v| crate::directory::oidc::verify_id_token(&cfg, v, jwt, &nonce))
+    }
+
+    /// The OpenID Connect section in force, or "not found" when sign-in through it is off.
+    fn oidc_config(&self) -> Result<crate::directory::oidc::OidcConfig> {
+        let s = self.sign_in.get();
+        if !s.oidc.enabled() {
+            return Err(Error::NotFound { what: "统一认证登录（未配置）".into() });
+        }
+        Ok(s.oidc.clone())
     }
 
     pub fn logout(&self, actor: &Actor, cookie: &str) -> Result<()> {
@@ -1062,58 +1079,67 @@ impl crate::engine::Settings<'_> {
         crate::settings::set(&self.store, &self.live, &actor.name, s, v)
     }
 
-    /// The hospital sign-in as configured (`[ldap]`, `[oidc]` in care.toml), for the settings page: (section,
-    /// rows of (what, value)). Secrets appear only as 已设置 / 未设置.
-    pub fn sign_in_summary(&self, _admin: &Admin) -> Vec<(String, Vec<(String, String)>)> {
-        let secret = |s: &str| if s.is_empty() { "未设置" } else { "已设置（不显示）" }.to_string();
-        let list = |v: &[String]| if v.is_empty() { "（任何人）".to_string() } else { v.join("、") };
-        let grants = |m: &crate::directory::GroupMapping| {
-            let g: Vec<String> = m.collections.iter().map(|(g, cs)| format!("{g} → {}", cs.join("、"))).collect();
-            if g.is_empty() { "（无）".to_string() } else { g.join("；") }
+    /// The hospital sign-in as the settings page edits it: per protocol, whether it is on, who saved it in the
+    /// console (else `care.toml` applies) and its fields with the values in force (secrets never shown).
+    pub fn sign_in(&self, _admin: &Admin) -> Vec<SignInSection> {
+        use crate::directory::console::Protocol;
+        let s = self.sign_in.get();
+        Protocol::ALL
+            .into_iter()
+            .map(|p| SignInSection {
+                protocol: p,
+                key: p.key(),
+                label: p.label(),
+                enabled: match p {
+                    Protocol::Ldap => s.ldap.enabled(),
+                    Protocol::Oidc => s.oidc.enabled(),
+                },
+                saved: s
+                    .saved(p)
+                    .map(|v| crate::directory::console::Saved { by: v.by.clone(), at: crate::clock::local(&v.at) }),
+                fields: s.fields(p),
+            })
+            .collect()
+    }
+
+    /// Saves a protocol's section from the settings page's form (`clear`: back to `care.toml`'s), audited. The
+    /// section is saved only when it is complete and its server answers; the next sign-in uses it.
+    pub fn save_sign_in(
+        &self,
+        actor: &Admin,
+        protocol: &str,
+        form: &std::collections::BTreeMap<String, String>,
+        clear: bool,
+    ) -> Result<()> {
+        use crate::directory::console::{self, Protocol};
+        let p = Protocol::parse(protocol)?;
+        let current = self.sign_in.get();
+        let section = if clear {
+            None
+        } else {
+            let v = console::from_form(&self.store, &current, p, form)?;
+            let answered = match p {
+                Protocol::Ldap => {
+                    serde_json::from_value(v.clone()).map_err(|e| Error::Internal(e.to_string())).and_then(
+                        |c: crate::directory::ldap::LdapConfig| {
+                            if c.enabled() { crate::directory::ldap::probe(&c) } else { Ok(()) }
+                        },
+                    )
+                }
+                Protocol::Oidc => {
+                    serde_json::from_value(v.clone()).map_err(|e| Error::Internal(e.to_string())).and_then(
+                        |c: crate::directory::oidc::OidcConfig| {
+                            if c.enabled() { crate::directory::oidc::probe(&c) } else { Ok(()) }
+                        },
+                    )
+                }
+            };
+            // The administrator's input does not work (yet): a refusal of the form, not an outage of the appliance.
+            answered.map_err(|e| Error::InvalidInput(format!("未保存：{e}")))?;
+            Some(v)
         };
-        let mut out = Vec::new();
-        let l = &self.cfg.ldap;
-        out.push((
-            "医院目录（LDAP/AD）".to_string(),
-            if l.enabled() {
-                vec![
-                    (
-                        "地址".into(),
-                        format!(
-                            "{}{}",
-                            l.url,
-                            if l.starttls && l.url.starts_with("ldap://") { "（StartTLS）" } else { "" }
-                        ),
-                    ),
-                    ("服务账户".into(), l.bind_dn.clone()),
-                    ("服务账户密码".into(), secret(&l.bind_password)),
-                    ("用户位置与筛选".into(), format!("{} · {}", l.user_base, l.user_filter)),
-                    ("管理员组".into(), list(&l.groups.admin)),
-                    ("临床用户组".into(), list(&l.groups.clinician)),
-                    ("组授予的资料库".into(), grants(&l.groups)),
-                ]
-            } else {
-                vec![("状态".into(), "未配置（care.toml 的 [ldap]）".into())]
-            },
-        ));
-        let o = &self.cfg.oidc;
-        out.push((
-            "统一认证（OIDC）".to_string(),
-            if o.enabled() {
-                vec![
-                    ("签发方".into(), o.issuer.clone()),
-                    ("客户端".into(), o.client_id.clone()),
-                    ("客户端密钥".into(), secret(&o.client_secret)),
-                    ("回调地址".into(), o.redirect_url.clone()),
-                    ("管理员组".into(), list(&o.groups.admin)),
-                    ("临床用户组".into(), list(&o.groups.clinician)),
-                    ("组授予的资料库".into(), grants(&o.groups)),
-                ]
-            } else {
-                vec![("状态".into(), "未配置（care.toml 的 [oidc]）".into())]
-            },
-        ));
-        out
+        console::save(&self.store, &actor.name, &current, p, section.as_ref())?;
+        self.sign_in.reload(&self.store, &self.cfg.ldap, &self.cfg.oidc)
     }
 
     /// How long a sign-in lasts (idle, in all): the console's settings, else the server's own.

@@ -41,6 +41,7 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (21, include_str!("../../../migrations/0021_directory_accounts.sql")),
     (22, include_str!("../../../migrations/0022_document_access.sql")),
     (23, include_str!("../../../migrations/0023_settings.sql")),
+    (24, include_str!("../../../migrations/0024_sign_in_config.sql")),
 ];
 
 /// What a migration needs beyond its SQL, in the same transaction: 20 reads the language of the documents

@@ -1279,7 +1279,7 @@ struct SettingsPage {
     error: Option<String>,
     csrf: String,
     settings: Vec<care_engine::service::SettingView>,
-    sign_in: Vec<(String, Vec<(String, String)>)>,
+    sign_in: Vec<care_engine::service::SignInSection>,
 }
 
 #[get("/admin/settings")]
@@ -1290,8 +1290,7 @@ pub async fn settings_page(
 ) -> Result<HttpResponse, ApiError> {
     let session = state.settings.session_defaults();
     let (settings, sign_in) =
-        call_admin(&state, &caller, move |e, a| Ok((e.settings().list(a, session), e.settings().sign_in_summary(a))))
-            .await?;
+        call_admin(&state, &caller, move |e, a| Ok((e.settings().list(a, session), e.settings().sign_in(a)))).await?;
     render(&SettingsPage {
         nav: Nav::of(&caller),
         flash: flash.flash(),
@@ -1300,6 +1299,24 @@ pub async fn settings_page(
         settings,
         sign_in,
     })
+}
+
+/// Saves a hospital sign-in section from its form (`protocol`, the fields, `clear=1` to return to care.toml's).
+#[post("/admin/settings/sign-in")]
+pub async fn save_sign_in(
+    state: web::Data<AppState>,
+    caller: Caller,
+    f: web::Form<std::collections::BTreeMap<String, String>>,
+) -> Result<HttpResponse, ApiError> {
+    let form = f.into_inner();
+    let protocol = form.get("protocol").cloned().unwrap_or_default();
+    let clear = form.get("clear").is_some_and(|v| v == "1");
+    let back = "/admin/settings";
+    match call_admin(&state, &caller, move |e, a| e.settings().save_sign_in(a, &protocol, &form, clear)).await {
+        Ok(()) if clear => Ok(back_with(back, "已恢复为配置文件中的登录设置")),
+        Ok(()) => Ok(back_with(back, "已保存并已连通，下一次登录即按新设置")),
+        Err(e) => back_with_error(back, e),
+    }
 }
 
 #[derive(Debug, Deserialize)]

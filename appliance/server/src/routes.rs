@@ -58,6 +58,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(admin::synonyms_page)
         .service(admin::settings_page)
         .service(admin::set_setting)
+        .service(admin::save_sign_in)
         .service(admin::add_synonym)
         .service(admin::import_synonyms)
         .service(admin::update_synonym)

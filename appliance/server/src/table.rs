@@ -103,6 +103,7 @@ pub const ROUTES: &[Route] = &[
     r("GET", "/admin/synonyms.csv", Admin, Api),
     r("GET", "/admin/settings", Admin, Page),
     r("POST", "/admin/settings", Admin, Page),
+    r("POST", "/admin/settings/sign-in", Admin, Page),
     r("GET", "/admin/audit", Admin, Page),
     r("GET", "/admin/audit.csv", Admin, Api),
     r("GET", "/admin/analytics", Admin, Page),

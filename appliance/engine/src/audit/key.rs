@@ -35,7 +35,7 @@ pub(crate) fn load_or_create(dir: &Path) -> Result<[u8; 32]> {
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
     let bytes = hex::decode(text.trim()).ok().filter(|b| b.len() == 32).ok_or_else(|| {
         Error::InvalidInput(format!(
-            "{} does not hold a 64-digit hex key; restore it from the backup taken with care.sqlite",
+            "审计密钥文件 {} 不是 64 位十六进制密钥 (does not hold a 64-digit hex key)；请从与 care.sqlite 一起做的备份中恢复",
             path.display()
         ))
     })?;

@@ -156,6 +156,18 @@ pub fn sweep(cfg: &LdapConfig, store: &crate::store::Store) -> Result<Vec<String
     Ok(gone)
 }
 
+/// Whether the directory answers `cfg`: an encrypted connection and the service account's bind (the settings page
+/// saves no section that fails it).
+pub fn probe(cfg: &LdapConfig) -> Result<()> {
+    let mut conn = connect(cfg)?;
+    conn.with_timeout(Duration::from_secs(cfg.timeout_seconds.max(1)))
+        .simple_bind(&cfg.bind_dn, &cfg.bind_password)
+        .and_then(|r| r.success())
+        .map_err(|e| unavailable("拒绝了服务账户", e))?;
+    let _ = conn.unbind();
+    Ok(())
+}
+
 /// Checks a name and password against the directory.
 pub fn check(cfg: &LdapConfig, username: &str, password: &str) -> Result<Verdict> {
     // An empty password makes a simple bind "unauthenticated", which servers accept: it proves nothing.

@@ -207,6 +207,15 @@ impl OidcState {
     }
 }
 
+/// Whether the provider of `cfg` answers: its discovery document read over a checked connection (the settings page
+/// saves no section that fails it).
+pub fn probe(cfg: &OidcConfig) -> Result<()> {
+    let http = http_client(cfg)?;
+    let issuer = IssuerUrl::new(cfg.issuer.clone()).map_err(|e| unavailable("地址有误", e))?;
+    CoreProviderMetadata::discover(&issuer, &http).map_err(|e| unavailable("无法读取配置", e))?;
+    Ok(())
+}
+
 /// Verifies an ID token (signature, issuer, audience, expiry, nonce) and reads the person from its claims. Claims
 /// beyond the standard ones (groups) are read from the very token whose signature was just checked.
 pub fn verify_id_token(

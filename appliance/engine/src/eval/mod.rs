@@ -73,7 +73,7 @@ impl BeirSet {
         }
         if queries.is_empty() {
             return Err(Error::InvalidInput(format!(
-                "{}: no query of split '{split}' has judgements in {}",
+                "{}：划分 {split} 中没有任何查询在 {} 里有相关性标注 (no query of split '{split}' has judgements)",
                 qpath.display(),
                 qrels_path.display()
             )));

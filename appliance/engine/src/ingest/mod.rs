@@ -287,7 +287,10 @@ pub fn parse_file(path: &Path) -> Result<ParsedFile> {
     let mut units = read_units(path, &IngestOptions::default(), &IngestLimits::default())?;
     match units.len() {
         1 => units.remove(0).result,
-        _ => Err(Error::InvalidInput(format!("{}: an archive holds several files; use read_units", path.display()))),
+        _ => Err(Error::InvalidInput(format!(
+            "{}：压缩包含多个文件，须逐个读取 (an archive holds several files)",
+            path.display()
+        ))),
     }
 }
 
@@ -466,7 +469,10 @@ fn parse_inner(
             let text = encoding::decode(path, bytes, opts.encoding.as_deref())?;
             csv::parse(path, &text, kind == FileKind::Tsv, &origin.ident, &source, opts)
         }
-        FileKind::Zip => Err(Error::InvalidInput(format!("{}: archives are expanded by read_units", path.display()))),
+        FileKind::Zip => Err(Error::InvalidInput(format!(
+            "{}：压缩包须先展开再逐个读取 (archives are expanded first)",
+            path.display()
+        ))),
     }
 }
 

@@ -229,7 +229,7 @@ impl crate::Engine {
         if let Err(e) = self.accounts().purge_sessions(idle, max) {
             tracing::error!(error = %e, "sign-in clean-up failed");
         }
-        if self.cfg.ldap.enabled() {
+        if self.sign_in.get().ldap.enabled() {
             match self.accounts().directory_sweep(&Admin::system()) {
                 Ok(gone) if gone.is_empty() => {}
                 Ok(gone) => tracing::info!(disabled = ?gone, "disabled accounts the directory no longer has"),
