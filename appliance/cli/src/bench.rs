@@ -49,6 +49,8 @@ pub struct BenchReport {
     pub cpu: String,
     pub cores: usize,
     pub vector_isa: String,
+    /// The CPU's 8-bit dot-product support (what int8 query encoding gains here).
+    pub int8_support: care_engine::kernels::Int8Support,
     pub ingest_seconds: f64,
     pub ingest_docs_per_second: f64,
     /// Model import plus embedding every chunk with the document encoder.
@@ -62,6 +64,20 @@ pub struct BenchReport {
     /// Mean share of the served dense top 100 that is also in an f32 exact scan's top 100 (1.0 = the same).
     pub dense_agreement_at_100: Option<f64>,
     pub hybrid_http: Option<Latency>,
+    /// Where the HTTPS path's time goes, per query.
+    pub http_parts: Option<HttpParts>,
+    /// The encoder's share of `hybrid_in_process`, as the engine timed it (to compare with the HTTPS path's).
+    pub in_process_encode: Latency,
+}
+
+/// The HTTPS path's time split per query: the engine's search as it timed itself (`took_ms`, of which the query
+/// encoding `encode_ms`), and everything outside it (TLS, HTTP, the token check, the hand-off to a blocking
+/// thread, grants and the search audit, JSON) as the client's wall time minus `took_ms`.
+#[derive(Debug, Serialize)]
+pub struct HttpParts {
+    pub engine: Latency,
+    pub encode: Latency,
+    pub outside_engine: Latency,
 }
 
 pub struct BenchOptions {
@@ -122,6 +138,7 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
         e.search().run(&bench_admin(), &SearchAs { query: (*q).into(), ..Default::default() })?;
     }
     let (mut enc, mut bm, mut de, mut fu, mut all) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut all_encode = Vec::new();
     let mut served_dense: Vec<(Vec<f32>, Vec<i64>)> = Vec::new();
     for q in &queries {
         let t = Instant::now();
@@ -146,11 +163,19 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
         fu.push(ms(t));
         std::hint::black_box(fused);
         let t = Instant::now();
-        std::hint::black_box(e.search().run(&bench_admin(), &SearchAs { query: (*q).into(), ..Default::default() })?);
+        let res = e.search().run(&bench_admin(), &SearchAs { query: (*q).into(), ..Default::default() })?;
         all.push(ms(t));
+        all_encode.push(res.encode_ms);
+        std::hint::black_box(res);
     }
     let dense_agreement_at_100 = dense_agreement(&e, &served_dense)?;
-    let hybrid_http = if opts.http { Some(http_latency(e.clone(), &queries)?) } else { None };
+    let (hybrid_http, http_parts) = match opts.http {
+        true => {
+            let (wall, parts) = http_latency(e.clone(), &queries)?;
+            (Some(wall), Some(parts))
+        }
+        false => (None, None),
+    };
     let model = e.active_models()?.map(|p| format!("{}@{}", p.query.name, p.query.version));
     let report = BenchReport {
         set: set.name.clone(),
@@ -161,6 +186,7 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
         cpu: cpu_model(),
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         vector_isa: care_engine::kernels::Isa::detected().name().into(),
+        int8_support: care_engine::kernels::Int8Support::detected(),
         ingest_seconds,
         ingest_docs_per_second: docs as f64 / ingest_seconds.max(1e-9),
         embed_seconds,
@@ -172,6 +198,8 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
         hybrid_in_process: Latency::from(all),
         dense_agreement_at_100,
         hybrid_http,
+        http_parts,
+        in_process_encode: Latency::from(all_encode),
     };
     if opts.reuse.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
@@ -241,8 +269,9 @@ fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
-/// Serves the engine on a loopback port in this process and times `GET /api/v1/search` over HTTPS.
-fn http_latency(engine: Arc<Engine>, queries: &[&str]) -> Result<Latency> {
+/// Serves the engine on a loopback port in this process and times `GET /api/v1/search` over HTTPS, with the split
+/// of each request's time ([`HttpParts`]).
+fn http_latency(engine: Arc<Engine>, queries: &[&str]) -> Result<(Latency, HttpParts)> {
     let (tx, rx) = std::sync::mpsc::channel();
     // The API needs a caller: an administrator (reads every collection) with an API token, as a machine client has.
     engine.accounts().bootstrap_admin("bench", None)?;
@@ -270,14 +299,25 @@ fn http_latency(engine: Arc<Engine>, queries: &[&str]) -> Result<Latency> {
     for q in queries.iter().take(10) {
         client.get(&url).query(&[("q", q)]).send()?.error_for_status()?;
     }
-    let mut xs = Vec::new();
+    let (mut xs, mut took, mut encode, mut outside) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for q in queries {
         let t = Instant::now();
         let r = client.get(&url).query(&[("q", q)]).send()?.error_for_status()?;
-        std::hint::black_box(r.bytes()?);
-        xs.push(ms(t));
+        let body = r.bytes()?;
+        let wall = ms(t);
+        let v: serde_json::Value = serde_json::from_slice(&body)?;
+        let field = |k: &str| v[k].as_f64().unwrap_or(0.0);
+        xs.push(wall);
+        took.push(field("took_ms"));
+        encode.push(field("encode_ms"));
+        outside.push(wall - field("took_ms"));
     }
-    Ok(Latency::from(xs))
+    let parts = HttpParts {
+        engine: Latency::from(took),
+        encode: Latency::from(encode),
+        outside_engine: Latency::from(outside),
+    };
+    Ok((Latency::from(xs), parts))
 }
 
 pub fn write(report: &BenchReport, out: Option<&Path>) -> Result<()> {

@@ -248,9 +248,24 @@ fn runtime_checks(cfg: &AppConfig) -> Vec<Check> {
             return out;
         }
     }
+    out.push(cpu_check());
     let probe = care_engine::encoders::probe_cuda(&cfg.engine.model);
     out.push(gpu_check(&cfg.engine.model.device, care_engine::encoders::gpu_present(), probe));
     out
+}
+
+/// The CPU line: its model and cores, the vector scan's instruction set, and whether int8 query encoding pays here
+/// (the int8 graph is worth serving where the CPU has an 8-bit dot-product instruction).
+fn cpu_check() -> Check {
+    let int8 = care_engine::kernels::Int8Support::detected();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let detail = format!(
+        "{}，{cores} 核；向量扫描用 {}；{}",
+        crate::bench::cpu_model(),
+        care_engine::kernels::Isa::detected().name(),
+        int8.label_zh()
+    );
+    ok("CPU", detail)
 }
 
 /// The GPU line: decided by a real one-node CUDA session (the probe), not by what ONNX Runtime was compiled with.

@@ -579,6 +579,10 @@ fn run(cli: Cli) -> Result<i32> {
                 if let Some(h) = &report.hybrid_http {
                     rows.push(("hybrid (HTTPS)".to_string(), h));
                 }
+                if let Some(p) = &report.http_parts {
+                    rows.push(("HTTPS: encode inside".to_string(), &p.encode));
+                    rows.push(("HTTPS: outside the engine".to_string(), &p.outside_engine));
+                }
                 let rows: Vec<(String, Vec<f64>)> =
                     rows.into_iter().map(|(l, x)| (l, vec![x.p50_ms, x.p99_ms])).collect();
                 let svg = care_engine::chart::grouped_bars(
