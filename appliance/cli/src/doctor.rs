@@ -63,17 +63,17 @@ pub fn run(cfg: &AppConfig, config_file: Option<&Path>) -> Vec<Check> {
 
 fn config_check(cfg: &AppConfig, file: Option<&Path>) -> Check {
     let source = match file {
-        Some(f) => format!("{} + environment", f.display()),
-        None => "compiled defaults + environment (no config file)".into(),
+        Some(f) => format!("{} + 环境变量", f.display()),
+        None => "内置默认值 + 环境变量（没有配置文件）".into(),
     };
     if cfg.server.bind.parse::<std::net::SocketAddr>().is_err() {
         return fail(
-            "config",
-            format!("server.bind = {:?} is not an address:port ({source})", cfg.server.bind),
-            "set server.bind to e.g. \"0.0.0.0:8443\" in the config file",
+            "配置",
+            format!("server.bind = {:?} 不是“地址:端口”（{source}）", cfg.server.bind),
+            "在配置文件中把 server.bind 设为例如 \"0.0.0.0:8443\"",
         );
     }
-    ok("config", format!("valid ({source})"))
+    ok("配置", format!("有效（{source}）"))
 }
 
 fn config_permissions(file: &Path) -> Option<Check> {
@@ -82,24 +82,24 @@ fn config_permissions(file: &Path) -> Option<Check> {
     let mode = meta.permissions().mode() & 0o777;
     Some(if mode & 0o007 != 0 {
         warn(
-            "config permissions",
-            format!("{} is readable by every user (mode {mode:o})", file.display()),
+            "配置文件权限",
+            format!("{} 所有用户都能读取（权限 {mode:o}），其中可能有密钥", file.display()),
             format!("chown root:care {0} && chmod 0640 {0}", file.display()),
         )
     } else {
-        ok("config permissions", format!("mode {mode:o}"))
+        ok("配置文件权限", format!("权限 {mode:o}"))
     })
 }
 
 /// Returns the check and, when readable, the metadata schema version.
 fn data_dir_check(dir: &Path) -> (Check, Option<u32>) {
-    const NAME: &str = "data directory";
+    const NAME: &str = "数据目录";
     if !dir.exists() {
         return (
             warn(
                 NAME,
-                format!("{} does not exist yet", dir.display()),
-                "run `care init` as the service user (the package's postinst does this)",
+                format!("{} 尚不存在", dir.display()),
+                "以服务用户运行 `care init`（安装包的 postinst 会做这一步）",
             ),
             None,
         );
@@ -109,7 +109,7 @@ fn data_dir_check(dir: &Path) -> (Check, Option<u32>) {
         return (
             fail(
                 NAME,
-                format!("{} is not writable by this user: {e}", dir.display()),
+                format!("当前用户不能写入 {}：{e}", dir.display()),
                 format!("chown -R care:care {}", dir.display()),
             ),
             None,
@@ -123,77 +123,74 @@ fn data_dir_check(dir: &Path) -> (Check, Option<u32>) {
         return (
             fail(
                 NAME,
-                format!("layout version {v} is newer than this build supports ({LAYOUT_VERSION})"),
-                "install the newer care-appliance package again",
+                format!("目录布局版本 {v} 比本程序支持的（{LAYOUT_VERSION}）新"),
+                "重新安装较新的 care-appliance 安装包",
             ),
             None,
         );
     }
     let sqlite = dir.join("care.sqlite");
     if !sqlite.exists() {
-        return (warn(NAME, format!("{} has no metadata database yet", dir.display()), "run `care init`"), None);
+        return (warn(NAME, format!("{} 中还没有元数据库", dir.display()), "运行 `care init`"), None);
     }
     match peek_schema_version(&sqlite) {
         Ok(v) if v > latest_schema() => (
             fail(
                 NAME,
-                format!(
-                    "metadata schema {v} was written by a newer appliance (this build reads up to {})",
-                    latest_schema()
-                ),
-                "install the newer package again, or restore the backup taken before it was installed",
+                format!("元数据库结构版本 {v} 由较新的版本写入（本程序最高读取 {}）", latest_schema()),
+                "重新安装较新的安装包，或恢复安装前做的备份",
             ),
             Some(v),
         ),
         Ok(v) if v < latest_schema() => (
             warn(
                 NAME,
-                format!("metadata schema {v} will be migrated to {} on the next start", latest_schema()),
-                format!("back up {} first, then run `care init` or start the service", dir.display()),
+                format!("元数据库结构版本 {v} 将在下次启动时升级到 {}", latest_schema()),
+                format!("先备份 {}，再运行 `care init` 或启动服务", dir.display()),
             ),
             Some(v),
         ),
-        Ok(v) => (ok(NAME, format!("{} (layout {LAYOUT_VERSION}, schema {v})", dir.display())), Some(v)),
-        Err(e) => (fail(NAME, format!("{}: {e}", sqlite.display()), "restore care.sqlite from backup"), None),
+        Ok(v) => (ok(NAME, format!("{}（布局 {LAYOUT_VERSION}，结构版本 {v}）", dir.display())), Some(v)),
+        Err(e) => (fail(NAME, format!("{}：{e}", sqlite.display()), "从备份恢复 care.sqlite"), None),
     }
 }
 
 fn disk_check(dir: &Path) -> Check {
-    const NAME: &str = "disk space";
+    const NAME: &str = "磁盘空间";
     match care_engine::datadir::free_bytes(dir) {
         Ok((at, free)) => {
             let gib = free as f64 / (1u64 << 30) as f64;
-            let detail = format!("{gib:.1} GiB free on the file system of {}", at.display());
+            let detail = format!("{} 所在文件系统剩余 {gib:.1} GiB", at.display());
             if free < DISK_FAIL_BYTES {
-                fail(NAME, detail, "free space: ingest and re-embedding need room for new index segments")
+                fail(NAME, detail, "请清理磁盘：入库和重新生成向量都要先写出新的索引段")
             } else if free < DISK_WARN_BYTES {
-                warn(NAME, detail, "plan more space before large uploads or re-embedding")
+                warn(NAME, detail, "大批上传或重新生成向量之前请准备更多空间")
             } else {
                 ok(NAME, detail)
             }
         }
-        Err(e) => warn(NAME, format!("cannot read free space of {}: {e}", dir.display()), "check the mount"),
+        Err(e) => warn(NAME, format!("无法读取 {} 的剩余空间：{e}", dir.display()), "检查挂载"),
     }
 }
 
 fn port_check(bind: &str) -> Check {
-    const NAME: &str = "port";
+    const NAME: &str = "端口";
     match TcpListener::bind(bind) {
-        Ok(_) => ok(NAME, format!("{bind} is free")),
+        Ok(_) => ok(NAME, format!("{bind} 空闲")),
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => warn(
             NAME,
-            format!("{bind} is in use (by the running service, or by another program)"),
+            format!("{bind} 已被占用（正在运行的服务，或其他程序）"),
             format!(
-                "`systemctl status care`; if it is not care, change server.bind (e.g. `ss -ltnp | grep {}`)",
+                "`systemctl status care`；如果不是 care，请修改 server.bind（查看：`ss -ltnp | grep {}`）",
                 bind.rsplit(':').next().unwrap_or("")
             ),
         ),
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => fail(
             NAME,
-            format!("not allowed to listen on {bind}"),
-            "ports below 1024 need CAP_NET_BIND_SERVICE; use 8443, or grant it in a systemd drop-in (AmbientCapabilities=CAP_NET_BIND_SERVICE)",
+            format!("无权监听 {bind}"),
+            "1024 以下的端口需要 CAP_NET_BIND_SERVICE：请用 8443，或在 systemd 配置片段中授予（AmbientCapabilities=CAP_NET_BIND_SERVICE）",
         ),
-        Err(e) => fail(NAME, format!("cannot listen on {bind}: {e}"), "set server.bind to an address of this host"),
+        Err(e) => fail(NAME, format!("无法监听 {bind}：{e}"), "把 server.bind 设为本机的地址"),
     }
 }
 
@@ -203,26 +200,19 @@ fn tls_check(cfg: &AppConfig) -> Check {
     match care_server::tls::inspect(&cfg.server, &tls_dir) {
         Ok(None) => warn(
             NAME,
-            "no certificate yet: a self-signed one is generated on first start",
-            "for production set server.tls_cert and server.tls_key to the hospital CA's certificate",
+            "还没有证书：首次启动时会生成自签名证书",
+            "正式使用请把 server.tls_cert 和 server.tls_key 设为医院 CA 签发的证书",
         ),
         Ok(Some(info)) => {
             let days = info.days_left;
-            let detail = format!(
-                "{} (expires in {days} days{})",
-                info.path.display(),
-                if info.self_signed { ", self-signed" } else { "" }
-            );
+            let detail =
+                format!("{}（{days} 天后到期{}）", info.path.display(), if info.self_signed { "，自签名" } else { "" });
             if days < 0 {
-                fail(NAME, detail, "the certificate has expired: renew it and restart the service")
+                fail(NAME, detail, "证书已过期：请更新证书并重启服务")
             } else if days < 30 {
-                warn(NAME, detail, "renew the certificate soon")
+                warn(NAME, detail, "请尽快更新证书")
             } else if info.self_signed {
-                warn(
-                    NAME,
-                    detail,
-                    "browsers warn about self-signed certificates; set server.tls_cert/tls_key for production",
-                )
+                warn(NAME, detail, "浏览器会对自签名证书发出警告；正式使用请设置 server.tls_cert 和 server.tls_key")
             } else {
                 ok(NAME, detail)
             }
@@ -230,7 +220,7 @@ fn tls_check(cfg: &AppConfig) -> Check {
         Err(e) => fail(
             NAME,
             e.to_string(),
-            "fix server.tls_cert / server.tls_key (PEM files readable by the care user, key matching the certificate)",
+            "修正 server.tls_cert / server.tls_key（care 用户可读的 PEM 文件，私钥与证书匹配）",
         ),
     }
 }
@@ -240,11 +230,7 @@ fn runtime_checks(cfg: &AppConfig) -> Vec<Check> {
     match care_engine::encoders::init_runtime(&cfg.engine.model) {
         Ok((path, _)) => out.push(ok("ONNX Runtime", path.display().to_string())),
         Err(e) => {
-            out.push(fail(
-                "ONNX Runtime",
-                e.to_string(),
-                "install the care-appliance package again, or set model.ort_library",
-            ));
+            out.push(fail("ONNX Runtime", e.to_string(), "重新安装 care-appliance 安装包，或设置 model.ort_library"));
             return out;
         }
     }
@@ -294,38 +280,34 @@ fn gpu_check(device: &str, gpu: bool, probe: care_engine::Result<Result<(), Cuda
 }
 
 fn index_check(cfg: &AppConfig) -> Check {
-    const NAME: &str = "models and indexes";
+    const NAME: &str = "模型与索引";
     let e = match Engine::open(cfg.engine.clone(), OpenMode::Existing) {
         Ok(e) => e,
         Err(err) if err.code() == ErrorCode::Locked => {
-            return warn(
-                NAME,
-                "the running service holds the indexes; not checked",
-                "stop the service to run the full check",
-            );
+            return warn(NAME, "正在运行的服务占用着索引，未检查", "停止服务后可做完整检查");
         }
         Err(err) if err.code() == ErrorCode::ModelMismatch => {
-            return fail(NAME, err.to_string(), "activate a matching pair: `care model list`, `care model activate`");
+            return fail(NAME, err.to_string(), "启用一对匹配的模型：`care model list`，`care model activate`");
         }
-        Err(err) => return fail(NAME, err.to_string(), "see the message; `care check` gives details"),
+        Err(err) => return fail(NAME, err.to_string(), "见上面的信息；`care check` 给出详情"),
     };
     let models = match e.active_models() {
         Ok(Some(p)) => {
-            format!("active pair {}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version)
+            format!("在用模型 {}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version)
         }
-        Ok(None) => "no model active (BM25 only)".into(),
-        Err(err) => return fail(NAME, err.to_string(), "`care model list`; re-import the default model"),
+        Ok(None) => "没有启用模型（只用关键词检索）".into(),
+        Err(err) => return fail(NAME, err.to_string(), "`care model list`；重新导入默认模型"),
     };
     match e.check() {
         Ok(r) if r.consistent => {
-            ok(NAME, format!("{models}; {} chunks, SQLite, tantivy and LanceDB agree", r.sqlite_chunks))
+            ok(NAME, format!("{models}；{} 个文本块，SQLite、tantivy 与 LanceDB 一致", r.sqlite_chunks))
         }
         Ok(r) => fail(
             NAME,
-            format!("{models}; indexes disagree with SQLite: {}", serde_json::to_string(&r).unwrap_or_default()),
-            "restart the service (recovery repairs interrupted work) and run `care check` again",
+            format!("{models}；索引与 SQLite 不一致：{}", serde_json::to_string(&r).unwrap_or_default()),
+            "重启服务（恢复过程会修复中断的工作），再运行 `care check`",
         ),
-        Err(err) => fail(NAME, err.to_string(), "`care check` gives details"),
+        Err(err) => fail(NAME, err.to_string(), "`care check` 给出详情"),
     }
 }
 
@@ -336,11 +318,13 @@ pub fn print(checks: &[Check]) {
             Status::Warn => "WARN",
             Status::Fail => "FAIL",
         };
-        println!("[{mark}] {:<20} {}", c.name, c.detail);
+        // Padded to 20 columns as a terminal shows them (a Chinese character takes two).
+        let width: usize = c.name.chars().map(|ch| if ch >= '\u{2e80}' { 2 } else { 1 }).sum();
+        println!("[{mark}] {}{} {}", c.name, " ".repeat(20usize.saturating_sub(width)), c.detail);
         if let Some(fix) = &c.fix
             && c.status != Status::Ok
         {
-            println!("       {:<20} fix: {fix}", "");
+            println!("       {:<20} 处理：{fix}", "");
         }
     }
 }
