@@ -1090,10 +1090,7 @@ impl crate::engine::Settings<'_> {
                 protocol: p,
                 key: p.key(),
                 label: p.label(),
-                enabled: match p {
-                    Protocol::Ldap => s.ldap.enabled(),
-                    Protocol::Oidc => s.oidc.enabled(),
-                },
+                enabled: s.enabled(p),
                 saved: s
                     .saved(p)
                     .map(|v| crate::directory::console::Saved { by: v.by.clone(), at: crate::clock::local(&v.at) }),
@@ -1117,26 +1114,10 @@ impl crate::engine::Settings<'_> {
         let section = if clear {
             None
         } else {
-            let v = console::from_form(&self.store, &current, p, form)?;
-            let answered = match p {
-                Protocol::Ldap => {
-                    serde_json::from_value(v.clone()).map_err(|e| Error::Internal(e.to_string())).and_then(
-                        |c: crate::directory::ldap::LdapConfig| {
-                            if c.enabled() { crate::directory::ldap::probe(&c) } else { Ok(()) }
-                        },
-                    )
-                }
-                Protocol::Oidc => {
-                    serde_json::from_value(v.clone()).map_err(|e| Error::Internal(e.to_string())).and_then(
-                        |c: crate::directory::oidc::OidcConfig| {
-                            if c.enabled() { crate::directory::oidc::probe(&c) } else { Ok(()) }
-                        },
-                    )
-                }
-            };
+            let checked = console::from_form(&self.store, &current, p, form)?;
             // The administrator's input does not work (yet): a refusal of the form, not an outage of the appliance.
-            answered.map_err(|e| Error::InvalidInput(format!("未保存：{e}")))?;
-            Some(v)
+            checked.section.probe().map_err(|e| Error::InvalidInput(format!("未保存：{e}")))?;
+            Some(checked.json)
         };
         console::save(&self.store, &actor.name, &current, p, section.as_ref())?;
         self.sign_in.reload(&self.store, &self.cfg.ldap, &self.cfg.oidc)

@@ -165,6 +165,13 @@ impl SignIn {
         }
     }
 
+    pub fn enabled(&self, p: Protocol) -> bool {
+        match p {
+            Protocol::Ldap => self.ldap.enabled(),
+            Protocol::Oidc => self.oidc.enabled(),
+        }
+    }
+
     fn section(&self, p: Protocol) -> Value {
         match p {
             Protocol::Ldap => serde_json::to_value(&self.ldap),
@@ -260,37 +267,77 @@ fn set_at(section: &mut Value, key: &str, v: Value) {
     at[parts[parts.len() - 1]] = v;
 }
 
-/// The section an administrator's form makes of the one in force: the fields of `p` that `form` carries (a flag
-/// absent is off, a secret left empty is kept). Checked as at start; collections the groups grant must exist.
-pub fn from_form(store: &Store, current: &SignIn, p: Protocol, form: &BTreeMap<String, String>) -> Result<Value> {
-    let mut section = current.section(p);
-    for s in p.fields() {
-        if let Some(v) = typed(s, form.get(s.key).map(String::as_str))? {
-            set_at(&mut section, s.key, v);
+/// One protocol's section, typed.
+#[derive(Debug)]
+pub enum Section {
+    Ldap(LdapConfig),
+    Oidc(OidcConfig),
+}
+
+impl Section {
+    fn parse(p: Protocol, v: &Value) -> std::result::Result<Section, serde_json::Error> {
+        Ok(match p {
+            Protocol::Ldap => Section::Ldap(serde_json::from_value(v.clone())?),
+            Protocol::Oidc => Section::Oidc(serde_json::from_value(v.clone())?),
+        })
+    }
+
+    /// The checks the appliance makes at start.
+    fn validate(&self) -> Result<()> {
+        match self {
+            Section::Ldap(c) => c.validate(),
+            Section::Oidc(c) => c.validate(),
         }
     }
-    let groups = match p {
-        Protocol::Ldap => {
-            let c: LdapConfig = parse(&section)?;
-            c.validate()?;
-            c.groups
+
+    fn groups(&self) -> &super::GroupMapping {
+        match self {
+            Section::Ldap(c) => &c.groups,
+            Section::Oidc(c) => &c.groups,
         }
-        Protocol::Oidc => {
-            let c: OidcConfig = parse(&section)?;
-            c.validate()?;
-            c.groups
+    }
+
+    /// Whether its server answers (nothing to ask when the section turns the protocol off).
+    pub fn probe(&self) -> Result<()> {
+        match self {
+            Section::Ldap(c) if c.enabled() => super::ldap::probe(c),
+            Section::Oidc(c) if c.enabled() => super::oidc::probe(c),
+            _ => Ok(()),
         }
-    };
-    for c in groups.collections.values().flatten() {
+    }
+
+    fn install(self, s: &mut SignIn, saved: Option<Saved>) {
+        match self {
+            Section::Ldap(c) => (s.ldap, s.ldap_saved) = (c, saved),
+            Section::Oidc(c) => (s.oidc, s.oidc_saved) = (c, saved),
+        }
+    }
+}
+
+/// A section as a form made it: stored as `json`, checked as `section`.
+#[derive(Debug)]
+pub struct Checked {
+    pub json: Value,
+    pub section: Section,
+}
+
+/// The section an administrator's form makes of the one in force: the fields of `p` that `form` carries (a flag
+/// absent is off, a secret left empty is kept). Checked as at start; collections the groups grant must exist.
+pub fn from_form(store: &Store, current: &SignIn, p: Protocol, form: &BTreeMap<String, String>) -> Result<Checked> {
+    let mut json = current.section(p);
+    for s in p.fields() {
+        if let Some(v) = typed(s, form.get(s.key).map(String::as_str))? {
+            set_at(&mut json, s.key, v);
+        }
+    }
+    let section = Section::parse(p, &json).map_err(|e| Error::InvalidInput(format!("登录设置无效：{e}")))?;
+    section.validate()?;
+    for c in section.groups().collections.values().flatten() {
         if store.collection(c).is_err() {
             return Err(Error::InvalidInput(format!("「组授予的资料库」中的资料库 {c} 不存在")));
         }
     }
-    Ok(section)
-}
-
-fn parse<T: serde::de::DeserializeOwned>(section: &Value) -> Result<T> {
-    serde_json::from_value(section.clone()).map_err(|e| Error::InvalidInput(format!("登录设置无效：{e}")))
+    Ok(Checked { json, section })
 }
 
 /// The sign-in in force, kept in memory for the sign-in paths.
@@ -318,20 +365,11 @@ impl LiveSignIn {
                 )
                 .optional()?;
             let Some((json, by, at)) = row else { continue };
-            let saved = Some(Saved { by, at });
-            let read = serde_json::from_str::<Value>(&json).map_err(|e| e.to_string());
-            let applied = match p {
-                Protocol::Ldap => read.and_then(|v| serde_json::from_value(v).map_err(|e| e.to_string())).map(|c| {
-                    s.ldap = c;
-                    s.ldap_saved = saved;
-                }),
-                Protocol::Oidc => read.and_then(|v| serde_json::from_value(v).map_err(|e| e.to_string())).map(|c| {
-                    s.oidc = c;
-                    s.oidc_saved = saved;
-                }),
-            };
-            if let Err(e) = applied {
-                tracing::warn!(protocol = p.key(), error = %e, "stored sign-in settings unreadable; care.toml applies");
+            match serde_json::from_str::<Value>(&json).and_then(|v| Section::parse(p, &v)) {
+                Ok(section) => section.install(&mut s, Some(Saved { by, at })),
+                Err(e) => {
+                    tracing::warn!(protocol = p.key(), error = %e, "stored sign-in settings unreadable; care.toml applies")
+                }
             }
         }
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(s);
@@ -389,7 +427,7 @@ mod tests {
             ("groups.admin", "cn=care-admins,ou=groups,dc=hospital\n\n  it-staff "),
             ("groups.collections", "心内科 = xinnei\ncn=all,ou=groups ＝ xinnei，xinnei"),
         ]));
-        let v = from_form(&store, &current, Protocol::Ldap, &typed).unwrap();
+        let v = from_form(&store, &current, Protocol::Ldap, &typed).unwrap().json;
         let c: LdapConfig = serde_json::from_value(v).unwrap();
         assert_eq!(c.bind_password, "s3cret");
         assert_eq!(c.groups.admin, ["cn=care-admins,ou=groups,dc=hospital", "it-staff"]);
@@ -400,7 +438,7 @@ mod tests {
         let shown: BTreeMap<String, String> =
             again.fields(Protocol::Ldap).into_iter().map(|f| (f.key.to_string(), f.value)).collect();
         let c2: LdapConfig =
-            serde_json::from_value(from_form(&store, &again, Protocol::Ldap, &shown).unwrap()).unwrap();
+            serde_json::from_value(from_form(&store, &again, Protocol::Ldap, &shown).unwrap().json).unwrap();
         assert_eq!(c, c2);
     }
 
