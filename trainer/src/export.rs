@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use care_formats::embeddings::{EmbeddingsIndex, ShardWriter};
-use care_formats::{ModelManifest, ModelRole};
+use care_formats::{Graph, ModelManifest, ModelRole};
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind};
 
@@ -44,6 +44,8 @@ pub struct PackageInfo {
     pub document_template: String,
     pub instruction: String,
     pub provenance: BTreeMap<String, String>,
+    /// Also write the int8 graph (`model_int8.onnx`); a query encoder's only.
+    pub int8: bool,
 }
 
 /// Writes the encoder (LoRA merged) as an appliance model package in `out`: a query encoder, or a document
@@ -65,7 +67,15 @@ pub fn export_package(
     };
     let cfg = bert.cfg.to_modelio();
     let tensors = bert.weights.to_modelio()?;
-    care_modelio::export_bert(&cfg, &tensors, &out.join("model.onnx")).map_err(|e| Error::Export(e.to_string()))?;
+    care_modelio::export_bert(&cfg, &tensors, &out.join(Graph::Fp32.file())).map_err(|e| Error::Export(e.to_string()))?;
+    let mut files = vec![Graph::Fp32.file(), "tokenizer.json", "config.json", "model.safetensors"];
+    // The int8 graph is what the evaluation gate times and scores beside the fp32 one; documents are always
+    // encoded in fp32, so a document encoder's package has no use for it.
+    if info.int8 && role.encodes_queries() {
+        care_modelio::export_bert_int8(&cfg, &tensors, &out.join(Graph::Int8.file()))
+            .map_err(|e| Error::Export(e.to_string()))?;
+        files.push(Graph::Int8.file());
+    }
     care_modelio::safetensors::save(&tensors, &out.join("model.safetensors"))
         .map_err(|e| Error::Export(e.to_string()))?;
     write_json(&out.join("config.json"), &bert.cfg.to_json())?;
@@ -101,7 +111,7 @@ pub fn export_package(
     let parity = ParityFile { texts: parity_texts.to_vec(), embeddings };
     write_json(&out.join(PARITY_FILE), &serde_json::to_value(&parity).unwrap_or_default())?;
     manifest
-        .write(out, &["model.onnx", "tokenizer.json", "config.json", "model.safetensors"])
+        .write(out, &files)
         .map_err(|e| Error::Export(e.to_string()))?;
     Ok(manifest)
 }

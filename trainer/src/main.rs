@@ -337,6 +337,9 @@ enum Command {
         /// names its folder).
         #[arg(long, default_value = "query", value_parser = parse_role)]
         role: care_formats::ModelRole,
+        /// Leave out model_int8.onnx (written beside model.onnx for a query encoder by default).
+        #[arg(long)]
+        no_int8: bool,
     },
     /// Encode a corpus with the document encoder in batches and write embedding shards for the appliance.
     EmbedCorpus {
@@ -693,11 +696,20 @@ fn phase_of(command: Command) -> Result<Phase, Box<Command>> {
             document_template,
             parity_texts,
             role,
+            no_int8,
         } => Phase::Export(ExportSpec {
             query,
             out,
             pairing_id,
-            options: ExportOptions { name, version, query_template, document_template, parity_texts, role },
+            options: ExportOptions {
+                name,
+                version,
+                query_template,
+                document_template,
+                parity_texts,
+                role,
+                int8: !no_int8,
+            },
         }),
         Command::EmbedCorpus {
             document,

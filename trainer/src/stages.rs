@@ -400,6 +400,7 @@ pub fn export(s: &ExportSpec) -> Result<Outcome> {
         document_template: o.document_template.clone(),
         instruction: String::new(),
         provenance,
+        int8: o.int8,
     };
     let m = crate::export::export_package(&mut q, &s.out, &info, o.role, &texts)?;
     Ok(Outcome::said(format!(

@@ -551,12 +551,21 @@ fn query_package_export_writes_a_verified_manifest_and_parity_vectors() {
         document_template: "w2 {text}".into(),
         instruction: String::new(),
         provenance: BTreeMap::new(),
+        int8: true,
     };
     let out = root.path().join("pkg");
     let texts = vec!["w3 w4".to_string(), "w5".to_string()];
     let m = care_trainer::export::export_package(&mut q, &out, &info, care_formats::ModelRole::Query, &texts).unwrap();
     m.verify_files(&out).unwrap();
     assert_eq!(m.role, care_formats::ModelRole::Query);
+    // Both graphs, listed with their hashes: the gate times and scores the int8 one beside the fp32 one.
+    for g in care_formats::Graph::ALL {
+        assert!(m.files.contains_key(g.file()) && out.join(g.file()).exists(), "{g} graph missing");
+    }
+    // A document encoder's package carries no int8 graph (documents are encoded in fp32).
+    let doc = root.path().join("doc");
+    let d = care_trainer::export::export_package(&mut q, &doc, &info, care_formats::ModelRole::Document, &texts).unwrap();
+    assert!(!d.files.contains_key(care_formats::Graph::Int8.file()) && !doc.join("model_int8.onnx").exists());
     let parity: care_trainer::export::ParityFile =
         serde_json::from_str(&std::fs::read_to_string(out.join("parity.json")).unwrap()).unwrap();
     assert_eq!(parity.embeddings.len(), 2);

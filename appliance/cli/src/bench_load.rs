@@ -9,6 +9,10 @@
 //!   scheduled send time, so a slow server cannot hide queueing (no coordinated omission);
 //! * with ingest: the closed loop again while the server ingests another collection uploaded through its admin API.
 //!
+//! With `--encoder NAME=SPEC` (repeated) the servers are one binary serving different query encoders from copies of
+//! the same data directory: e5-small's `fp32` or `int8` graph, or a query package of e5-small's pairing (a pruned
+//! encoder from `care-train prune` + `export`) as `DIR:fp32` or `DIR:int8`.
+//!
 //! Phases run server by server (order alternating) before the next phase starts, so every server sees the same
 //! machine conditions. The client is one tokio worker thread; its CPU time is reported beside the server's.
 
@@ -36,6 +40,11 @@ pub struct LoadArgs {
     /// also prepares the data directory, so list the oldest first). Default: this executable, named "current".
     #[arg(long = "server", value_name = "NAME=PATH", requires = "load")]
     pub servers: Vec<String>,
+    /// With --load: a query encoder to serve, NAME=SPEC (repeat to compare encoders side by side, the first is the
+    /// baseline): `fp32` or `int8` (e5-small's graphs), or `DIR:fp32` / `DIR:int8` (a query package of e5-small's
+    /// pairing, e.g. a pruned encoder). Each runs on the first --server's binary.
+    #[arg(long = "encoder", value_name = "NAME=SPEC", requires = "load", conflicts_with = "servers")]
+    pub encoders: Vec<String>,
     /// With --load: phases to run, of closed, open, ingest.
     #[arg(long, value_delimiter = ',', default_value = "closed,open,ingest", requires = "load")]
     pub phases: Vec<String>,
@@ -387,6 +396,7 @@ struct Server {
     startup_s: f64,
     first_search_s: f64,
     warm_up_s: f64,
+    encoder: Option<String>,
 }
 
 impl Drop for Server {
@@ -434,6 +444,9 @@ pub struct ServerInfo {
     pub binary_modified: String,
     /// From spawning `care serve` to its "listening on" line.
     pub startup_s: f64,
+    /// `--encoder`: the query encoder this server serves (model@version and graph).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encoder: Option<String>,
     /// The first search after the start (loads the encoder and indexes), then the concurrent warm-up searches.
     pub first_search_s: f64,
     pub warm_up_s: f64,
@@ -525,7 +538,13 @@ fn copy_dir(src: &Path, dst: &Path) -> Result<()> {
 
 /// Copies the prepared data directory for one server, gives it an administrator with an API token (made by that
 /// server's own binary), and starts `care serve` on a free loopback port.
-fn start_server(name: &str, bin: &Path, prepared: &Path, e5s1: Option<&Path>, work: &Path) -> Result<Server> {
+fn start_server(
+    name: &str,
+    bin: &Path,
+    (prepared, encoder): (&Path, Option<&EncoderSpec>),
+    e5s1: Option<&Path>,
+    work: &Path,
+) -> Result<Server> {
     let dir = work.join(name);
     if dir.exists() {
         std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
@@ -535,6 +554,7 @@ fn start_server(name: &str, bin: &Path, prepared: &Path, e5s1: Option<&Path>, wo
     copy_dir(prepared, &data_dir)?;
     let config = dir.join("care.toml");
     write_config(&config, &data_dir, e5s1)?;
+    let encoder = encoder.map(|enc| select_encoder(bin, &config, &data_dir, enc)).transpose()?;
     let pw = dir.join("admin-password");
     std::fs::write(&pw, format!("bench-load-{}-{name}\n", std::process::id()))?;
     care(
@@ -588,6 +608,7 @@ fn start_server(name: &str, bin: &Path, prepared: &Path, e5s1: Option<&Path>, wo
         startup_s: 0.0,
         first_search_s: 0.0,
         warm_up_s: 0.0,
+        encoder,
     };
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
@@ -604,6 +625,63 @@ fn start_server(name: &str, bin: &Path, prepared: &Path, e5s1: Option<&Path>, wo
     server.startup_s = started.elapsed().as_secs_f64();
     eprintln!("[{name}] {} serving {} (started in {:.1} s)", server.version, server.base, server.startup_s);
     Ok(server)
+}
+
+/// A query encoder of `--encoder NAME=SPEC`.
+#[derive(Debug, Clone, PartialEq)]
+enum EncoderSpec {
+    /// e5-small (prepared as `e5-small@1`, its int8 graph as `e5-small@1-int8`).
+    E5(care_engine::Graph),
+    /// A query package of e5-small's pairing, imported into the server's copy.
+    Package(PathBuf, care_engine::Graph),
+}
+
+fn parse_encoders(flags: &[String]) -> Result<Vec<(String, EncoderSpec)>> {
+    let mut out: Vec<(String, EncoderSpec)> = Vec::new();
+    for f in flags {
+        let Some((name, spec)) = f.split_once('=') else {
+            bail!("--encoder {f:?}: use NAME=SPEC, e.g. --encoder fp32=fp32 --encoder pruned=/tmp/pruned-l4:int8");
+        };
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            bail!("--encoder {f:?}: the name must be letters, digits, '-' or '_'");
+        }
+        if out.iter().any(|(n, _)| n == name) {
+            bail!("--encoder {name} given twice");
+        }
+        let (dir, graph) = spec.rsplit_once(':').map_or((None, spec), |(d, g)| (Some(d), g));
+        let graph = care_engine::Graph::parse(graph)
+            .with_context(|| format!("--encoder {f:?}: the graph must be fp32 or int8"))?;
+        let spec = match dir {
+            None => EncoderSpec::E5(graph),
+            Some(d) => EncoderSpec::Package(
+                PathBuf::from(d).canonicalize().with_context(|| format!("--encoder {name}: package {d}"))?,
+                graph,
+            ),
+        };
+        out.push((name.to_string(), spec));
+    }
+    Ok(out)
+}
+
+/// Makes the server's data directory serve `enc` for queries (e5-small@1 keeps the documents); returns what it
+/// serves, as `model@version graph`.
+fn select_encoder(bin: &Path, config: &Path, data_dir: &Path, enc: &EncoderSpec) -> Result<String> {
+    use care_engine::Graph;
+    let (query, graph) = match enc {
+        EncoderSpec::E5(Graph::Fp32) => ("e5-small@1".to_string(), Graph::Fp32),
+        EncoderSpec::E5(Graph::Int8) => ("e5-small@1-int8".to_string(), Graph::Int8),
+        EncoderSpec::Package(dir, g) => {
+            let out = care(bin, config, data_dir, &["model", "import", &dir.to_string_lossy()])?;
+            let spec = out
+                .lines()
+                .find_map(|l| l.strip_prefix("imported ")?.split_whitespace().next().map(str::to_string))
+                .context("reading `care model import` output")?;
+            (spec, *g)
+        }
+    };
+    let args = ["model", "activate", "--query", &query, "--document", "e5-small@1", "--query-graph", graph.as_str()];
+    care(bin, config, data_dir, &args)?;
+    Ok(format!("{query} {graph}"))
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1168,7 +1246,17 @@ pub fn run(set: &Path, e5s1: Option<&Path>, int8: bool, out: Option<&Path>, a: &
     if !positive(a.duration) || !positive(a.timeout) || a.warmup < 0.0 || a.settle < 0.0 {
         bail!("--duration and --timeout must be positive, --warmup and --settle not negative");
     }
-    let servers = parse_servers(&a.servers)?;
+    let encoders = parse_encoders(&a.encoders)?;
+    let servers: Vec<(String, PathBuf)> = match parse_servers(&a.servers)? {
+        // One binary serving each encoder.
+        bins if !encoders.is_empty() => encoders.iter().map(|(n, _)| (n.clone(), bins[0].1.clone())).collect(),
+        bins => bins,
+    };
+    if !encoders.is_empty() && e5s1.is_none() {
+        bail!("--encoder needs --e5s1: the documents are embedded by e5-small");
+    }
+    // e5-small's int8 graph is prepared when an encoder asks for it.
+    let int8 = int8 || encoders.iter().any(|(_, e)| *e == EncoderSpec::E5(care_engine::Graph::Int8));
     let phases = phase_list(a)?;
     let queries = read_queries(set)?;
     let mut m = machine();
@@ -1201,8 +1289,9 @@ pub fn run(set: &Path, e5s1: Option<&Path>, int8: bool, out: Option<&Path>, a: &
     let prepared = prepare(&servers[0].1, &prepared_root, set, e5s1, int8, a.max_docs)?;
 
     let mut running = Vec::new();
-    for (name, bin) in &servers {
-        running.push(start_server(name, bin, &prepared_root.join("data"), e5s1, &work)?);
+    for (i, (name, bin)) in servers.iter().enumerate() {
+        let encoder = encoders.get(i).map(|(_, e)| e);
+        running.push(start_server(name, bin, (&prepared_root.join("data"), encoder), e5s1, &work)?);
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let burst = a.concurrency.iter().chain(&a.ingest_concurrency).copied().max().unwrap_or(4).max(1);
@@ -1233,6 +1322,7 @@ pub fn run(set: &Path, e5s1: Option<&Path>, int8: bool, out: Option<&Path>, a: &
             binary_bytes: std::fs::metadata(&s.bin).map_or(0, |m| m.len()),
             binary_modified: modified(&s.bin),
             startup_s: s.startup_s,
+            encoder: s.encoder.clone(),
             first_search_s: s.first_search_s,
             warm_up_s: s.warm_up_s,
         })

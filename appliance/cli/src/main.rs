@@ -378,6 +378,16 @@ fn print_evaluation(r: &care_engine::lifecycle::EvaluationReport) {
         "  query encode p50/p99: live {:.2}/{:.2} ms, candidate {:.2}/{:.2} ms",
         r.live_encode.p50_ms, r.live_encode.p99_ms, r.candidate_encode.p50_ms, r.candidate_encode.p99_ms
     );
+    for g in &r.graphs {
+        println!(
+            "  candidate {} graph: nDCG@10 {:.4}, encode p50/p99 {:.2}/{:.2} ms{}",
+            g.graph,
+            g.ndcg_at_10,
+            g.encode.p50_ms,
+            g.encode.p99_ms,
+            if g.graph == r.candidate_graph { " (served once promoted)" } else { "" }
+        );
+    }
     for reason in &r.reasons {
         println!("  {reason}");
     }
@@ -412,7 +422,8 @@ enum ModelCommand {
         /// Pairing id (default: e5-small-q4@<version>); a query and a document model must share it.
         #[arg(long)]
         pairing_id: Option<String>,
-        /// Serve an int8 graph (dynamically quantised MatMul weights) for faster CPU queries.
+        /// Also write the int8 graph (dynamically quantised MatMul weights) and encode queries with it: faster on CPUs
+        /// with int8 dot-product instructions (see `care doctor`). Documents stay fp32.
         #[arg(long)]
         int8: bool,
     },
@@ -465,7 +476,15 @@ enum ModelCommand {
         query: String,
         #[arg(long)]
         document: String,
+        /// The query model's graph for queries from now on: fp32, or int8 (model_int8.onnx). Default: the one it
+        /// was last served with (the evaluation gate's choice at promotion).
+        #[arg(long, value_parser = parse_graph)]
+        query_graph: Option<care_engine::Graph>,
     },
+}
+
+fn parse_graph(s: &str) -> Result<care_engine::Graph, String> {
+    care_engine::Graph::parse(s).ok_or_else(|| format!("未知的计算图 {s:?}：请用 fp32 或 int8"))
 }
 
 fn parse_method(s: &str) -> Result<Method, String> {
@@ -923,13 +942,21 @@ fn run(cli: Cli) -> Result<i32> {
                         );
                     }
                 }
-                ModelCommand::Activate { query, document } => {
+                ModelCommand::Activate { query, document, query_graph } => {
                     let pb = dense_bar();
-                    let pair = e.models().activate(&console(), &query, &document, &mut |p| dense_progress(&pb, &p))?;
+                    let mut progress = |p: care_engine::hybrid::DenseProgress| dense_progress(&pb, &p);
+                    let pair = match query_graph {
+                        Some(g) => e.models().activate_with_graph(&console(), (&query, g), &document, &mut progress)?,
+                        None => e.models().activate(&console(), &query, &document, &mut progress)?,
+                    };
                     pb.finish_and_clear();
                     println!(
-                        "active: query {}@{}, document {}@{}",
-                        pair.query.name, pair.query.version, pair.document.name, pair.document.version
+                        "active: query {}@{} ({} graph), document {}@{}",
+                        pair.query.name,
+                        pair.query.version,
+                        pair.query.served_query_graph(),
+                        pair.document.name,
+                        pair.document.version
                     );
                 }
             }

@@ -68,6 +68,10 @@ pub struct LifecycleConfig {
     /// gain is judged over every evaluation query, and one query encoder serves every collection, so a large
     /// collection's gain could otherwise hide a small one's loss.
     pub max_collection_loss: f64,
+    /// A candidate whose package carries an int8 query graph is timed and scored in both graphs; the int8 one
+    /// serves when its encode p50 is lower and its nDCG@10 over every evaluation query is at most this below the
+    /// fp32 graph's.
+    pub int8_max_loss: f64,
     /// Resamples of the paired bootstrap.
     pub bootstrap_samples: usize,
     /// Vector tables kept for rollback: besides the live pair's, those of the document models of this many earlier
@@ -82,6 +86,7 @@ impl Default for LifecycleConfig {
             gate_margin: 0.0,
             max_latency_ratio: 1.25,
             max_collection_loss: 0.01,
+            int8_max_loss: 0.005,
             bootstrap_samples: 1000,
             keep_rollback_tables: 2,
         }

@@ -1,7 +1,7 @@
 //! Text encoders on ONNX Runtime (`ort`, loaded dynamically from the library shipped with the appliance).
 //!
-//! An [`OrtEncoder`] serves one model package: `tokenizer.json` (Hugging Face `tokenizers`), `model.onnx`, and the
-//! manifest that says how to turn hidden states into a vector (pooling, width, prompt templates). Inputs are
+//! An [`OrtEncoder`] serves one graph of a model package: `tokenizer.json` (Hugging Face `tokenizers`), `model.onnx`
+//! (or the int8 `model_int8.onnx`, [`Graph`]), and the manifest that says how to turn hidden states into a vector (pooling, width, prompt templates). Inputs are
 //! sorted by length and cut into batches of at most `batch_tokens` padded tokens, so one long document does not
 //! pad a whole batch. The device is decided by opening a real CUDA session ([`device`]): `cuda` fails without it,
 //! `auto` falls back to the CPU out loud.
@@ -15,7 +15,7 @@ mod service;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use care_formats::{ModelManifest, Pooling};
+use care_formats::{Graph, ModelManifest, Pooling};
 use ndarray::Array2;
 use serde::{Deserialize, Serialize};
 
@@ -185,14 +185,22 @@ fn model_err(dir: &Path, what: impl std::fmt::Display) -> Error {
 }
 
 impl OrtEncoder {
-    /// Loads a package folder, verifying its files against the manifest hashes.
+    /// Loads a package folder's fp32 graph, verifying its files against the manifest hashes.
     pub fn load(dir: &Path, cfg: &ModelConfig) -> Result<Self> {
-        let manifest = ModelManifest::load(dir).map_err(|e| Error::Model(e.to_string()))?;
-        manifest.verify_files(dir).map_err(|e| Error::Model(e.to_string()))?;
-        Self::load_with_manifest(dir, manifest, cfg)
+        Self::load_graph(dir, Graph::Fp32, cfg)
     }
 
-    pub fn load_with_manifest(dir: &Path, manifest: ModelManifest, cfg: &ModelConfig) -> Result<Self> {
+    /// Loads one of a package folder's graphs, verifying its files against the manifest hashes.
+    pub fn load_graph(dir: &Path, graph: Graph, cfg: &ModelConfig) -> Result<Self> {
+        let manifest = ModelManifest::load(dir).map_err(|e| Error::Model(e.to_string()))?;
+        manifest.verify_files(dir).map_err(|e| Error::Model(e.to_string()))?;
+        if !manifest.files.contains_key(graph.file()) {
+            return Err(model_err(dir, format!("模型包没有 {} ({graph} graph not in the manifest)", graph.file())));
+        }
+        Self::load_with_manifest(dir, graph, manifest, cfg)
+    }
+
+    pub fn load_with_manifest(dir: &Path, graph: Graph, manifest: ModelManifest, cfg: &ModelConfig) -> Result<Self> {
         let (_, env) = init_runtime(cfg)?;
         let mut tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
             .map_err(|e| model_err(dir, format!("tokenizer.json: {e}")))?;
@@ -204,22 +212,25 @@ impl OrtEncoder {
             .map_err(|e| model_err(dir, e))?;
         tokenizer.with_padding(None);
         let pad_id = ["<pad>", "[PAD]", "<|endoftext|>"].iter().find_map(|t| tokenizer.token_to_id(t)).unwrap_or(0);
-        let (session, device) = build_session(dir, cfg, &env)?;
+        let (session, device) = build_session(dir, graph, cfg, &env)?;
         let input_names: Vec<String> = session.inputs().iter().map(|i| i.name().to_string()).collect();
         for n in &input_names {
             if !matches!(n.as_str(), "input_ids" | "attention_mask" | "token_type_ids" | "position_ids") {
-                return Err(model_err(dir, format!("model.onnx has an unexpected input {n:?}")));
+                return Err(model_err(dir, format!("{} has an unexpected input {n:?}", graph.file())));
             }
         }
         let output_name = session
             .outputs()
             .first()
             .map(|o| o.name().to_string())
-            .ok_or_else(|| model_err(dir, "model.onnx has no output"))?;
+            .ok_or_else(|| model_err(dir, format!("{} has no output", graph.file())))?;
         let runner =
             OrtRunner { dir: dir.to_path_buf(), manifest: manifest.clone(), session, pad_id, input_names, output_name };
-        let service =
-            EncoderService::start(&format!("{}@{}", manifest.name, manifest.version), runner, cfg.budgets(device))?;
+        let service = EncoderService::start(
+            &format!("{}@{} {graph}", manifest.name, manifest.version),
+            runner,
+            cfg.budgets(device),
+        )?;
         Ok(OrtEncoder { dir: dir.to_path_buf(), manifest, tokenizer, service, device })
     }
 
@@ -275,9 +286,10 @@ impl OrtEncoder {
     }
 }
 
-/// The session for `dir/model.onnx` on the configured device, and the device's name.
+/// The session for `graph` of the package in `dir` on the configured device, and the device's name.
 fn build_session(
     dir: &Path,
+    graph: Graph,
     cfg: &ModelConfig,
     env: &ort::environment::Environment,
 ) -> Result<(ort::session::Session, &'static str)> {
@@ -303,8 +315,9 @@ fn build_session(
             .with_execution_providers([device::cuda_provider()])
             .map_err(|e| Error::CudaUnavailable(CudaUnavailable::new(e.to_string())))?;
     }
-    let session =
-        builder.commit_from_file(dir.join("model.onnx")).map_err(|e| model_err(dir, format!("model.onnx: {e}")))?;
+    let session = builder
+        .commit_from_file(dir.join(graph.file()))
+        .map_err(|e| model_err(dir, format!("{}: {e}", graph.file())))?;
     Ok((session, device))
 }
 

@@ -36,7 +36,9 @@ pub struct Engine {
     pub(crate) lexical: LexicalIndex,
     pub(crate) dense: DenseStore,
     /// Loaded encoders by model id (a "both" model serves queries and documents from one session).
-    pub(crate) encoders: std::sync::Mutex<HashMap<i64, std::sync::Arc<crate::encoders::OrtEncoder>>>,
+    /// Loaded encoders by (model id, graph).
+    pub(crate) encoders:
+        std::sync::Mutex<HashMap<(i64, care_formats::Graph), std::sync::Arc<crate::encoders::OrtEncoder>>>,
     /// See [`Engine::active_pair_cached`].
     pub(crate) active_cache: std::sync::Mutex<Option<(Instant, Option<crate::models::ActivePair>)>>,
     /// Serialises writes to the stores (ingest batches, deletions): the write protocol assumes one writer, while

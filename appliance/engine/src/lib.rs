@@ -118,6 +118,7 @@ pub mod vectors;
 #[cfg(test)]
 mod tests;
 
+pub use care_formats::Graph;
 pub use config::EngineConfig;
 pub use engine::{
     Engine, Expansion, IngestProgress, IngestReport, MAX_QUERY_CHARS, OpenMode, SearchHit, SearchRequest, SearchResults,

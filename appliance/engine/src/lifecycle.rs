@@ -6,12 +6,16 @@
 //! pairing id, plain file names), every listed file's sha256, that a model which must encode online has its ONNX
 //! graph and tokenizer, that the graph loads and produces vectors of the declared width, and, when the package
 //! carries `parity.json` (the trainer's own vectors of sample texts), that ONNX Runtime here reproduces them at
-//! cosine ≥ [`PARITY_MIN_COSINE`]. A package failing any check changes nothing: no folder, no row, no audit record
-//! of an import.
+//! cosine ≥ [`PARITY_MIN_COSINE`] (an int8 graph beside it: [`graph::INT8_PARITY_MIN_COSINE`]). A package failing
+//! any check changes nothing: no folder, no row, no audit record of an import.
+//!
+//! Evaluation scores a candidate pair against the live one on the held-out judgments; a candidate whose package
+//! also carries an int8 query graph is timed and scored in both graphs, and the faster one within
+//! `int8_max_loss` of the fp32 graph's nDCG@10 is the one judged by the gate and served once promoted.
 
 use std::path::{Path, PathBuf};
 
-use care_formats::{ModelManifest, ModelRole, Pooling};
+use care_formats::{Graph, ModelManifest, ModelRole, Pooling};
 use serde::{Deserialize, Serialize};
 
 use crate::accounts::{Actor, Admin};
@@ -281,6 +285,16 @@ pub struct EncodeLatency {
     pub p99_ms: f64,
 }
 
+/// One graph of the candidate's query encoder, timed and scored over every evaluation query.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GraphVariant {
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub graph: Graph,
+    pub ndcg_at_10: f64,
+    pub encode: EncodeLatency,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EvaluationReport {
@@ -294,6 +308,16 @@ pub struct EvaluationReport {
     pub overall_ndcg_at_10: Compared,
     pub live_encode: EncodeLatency,
     pub candidate_encode: EncodeLatency,
+    /// The candidate's query graphs side by side: fp32, and int8 when its package carries one (empty in reports
+    /// from before graphs were compared).
+    #[serde(default)]
+    pub graphs: Vec<GraphVariant>,
+    /// The graph the candidate's figures above are of: the one the gate judged and a promotion serves.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub candidate_graph: Graph,
+    #[serde(default)]
+    pub int8_max_loss: f64,
     pub gate_margin: f64,
     pub max_latency_ratio: f64,
     pub bootstrap_samples: usize,
@@ -384,6 +408,27 @@ fn gate(
         ),
     ];
     (quality_ok && collections_ok && latency_ok, reasons)
+}
+
+/// The graph the candidate is judged and served with: int8 when it encodes faster (p50) and its nDCG@10 is at
+/// most `max_loss` below the fp32 graph's; with the reason, in Chinese, with the figures.
+pub(crate) fn choose_graph(graphs: &[GraphVariant], max_loss: f64) -> (Graph, Option<String>) {
+    let find = |g: Graph| graphs.iter().find(|v| v.graph == g);
+    let (Some(fp32), Some(int8)) = (find(Graph::Fp32), find(Graph::Int8)) else { return (Graph::Fp32, None) };
+    let faster = int8.encode.p50_ms < fp32.encode.p50_ms;
+    let close = int8.ndcg_at_10 >= fp32.ndcg_at_10 - max_loss;
+    let chosen = if faster && close { Graph::Int8 } else { Graph::Fp32 };
+    let why = format!(
+        "查询编码计算图：int8 编码 p50 {:.2} ms（fp32 {:.2} ms，{}），nDCG@10 {:.4}（fp32 {:.4}，{}允许的差距 {:.4}）→ 选用 {chosen}",
+        int8.encode.p50_ms,
+        fp32.encode.p50_ms,
+        if faster { "更快" } else { "不更快" },
+        int8.ndcg_at_10,
+        fp32.ndcg_at_10,
+        if close { "在" } else { "超出" },
+        max_loss
+    );
+    (chosen, Some(why))
 }
 
 /// Percentile of sorted values (nearest rank).
@@ -528,15 +573,16 @@ fn is_dense_table_name(name: &str) -> bool {
 }
 
 impl Engine {
-    /// Candidate lists of `set`'s queries under `pair` (queries encoded one at a time, as a search does).
+    /// Candidate lists of `set`'s queries under `pair`, its queries encoded by `graph` one at a time, as a search
+    /// does.
     fn pair_candidates(
         &self,
-        pair: &ActivePair,
+        (pair, graph): (&ActivePair, Graph),
         set: &crate::eval::BeirSet,
         col: &crate::store::Collection,
         progress: &mut dyn FnMut(DenseProgress) -> Result<()>,
     ) -> Result<crate::eval::Candidates2> {
-        let enc = self.encoder(&pair.query)?;
+        let enc = self.encoder_graph(&pair.query, graph)?;
         let names = [col.name.clone()];
         let mut lists = Vec::with_capacity(set.queries.len());
         let total = set.queries.len();
@@ -562,37 +608,37 @@ impl Engine {
         Ok(crate::eval::Candidates2 { lists, doc_names, has_dense: true })
     }
 
+    /// The pair's per-query metrics on `col`'s evaluation part, with the dense weight fitted on its training part
+    /// (or `weight`: the int8 graph is scored with the weight fitted for the fp32 one, whose vectors it rounds).
     fn run_pair(
         &self,
-        pair: &ActivePair,
+        pair: (&ActivePair, Graph),
         col: &crate::store::Collection,
         (train, eval): (&crate::eval::BeirSet, &crate::eval::BeirSet),
+        weight: Option<f32>,
         progress: &mut dyn FnMut(DenseProgress) -> Result<()>,
     ) -> Result<PairRun> {
-        let weight = if train.queries.is_empty() {
-            self.fusion_for(col.id)?.dense_weight
-        } else {
-            self.pair_candidates(pair, train, col, progress)?.tune(train).0
+        let weight = match weight {
+            Some(w) => w,
+            None if train.queries.is_empty() => self.fusion_for(col.id)?.dense_weight,
+            None => self.pair_candidates(pair, train, col, progress)?.tune(train).0,
         };
         let c = self.pair_candidates(pair, eval, col, progress)?;
         Ok(PairRun { weight, per_query: c.per_query(eval, crate::fusion::Method::Weighted, weight) })
     }
 
-    /// Query-encode latencies of both pairs, measured interleaved (live and candidate alternate query by query, the
-    /// order flipped each time) after a warm-up, so that both see the same machine load: timing one pair after the
+    /// Query-encode latencies of each (model, graph), measured interleaved (the encoders take turns query by query,
+    /// the order rotated each time) after a warm-up, so that all see the same machine load: timing one after the
     /// other lets a burst of unrelated work land on one side only and fail (or pass) the gate by chance.
-    fn encode_latencies(
-        &self,
-        live: &ActivePair,
-        cand: &ActivePair,
-        queries: &[String],
-    ) -> Result<(EncodeLatency, EncodeLatency)> {
+    fn encode_latencies(&self, sides: &[(&ModelRecord, Graph)], queries: &[String]) -> Result<Vec<EncodeLatency>> {
         const WARM_UP: usize = 8;
-        let encs = [self.encoder(&live.query)?, self.encoder(&cand.query)?];
-        let mut ms = [Vec::with_capacity(queries.len()), Vec::with_capacity(queries.len())];
-        for (i, q) in queries.iter().chain(queries.iter().take(WARM_UP)).enumerate() {
-            let order = if i % 2 == 0 { [0, 1] } else { [1, 0] };
-            for side in order {
+        let encs =
+            sides.iter().map(|(m, g)| self.encoder_graph(m, *g)).collect::<Result<Vec<_>>>()?;
+        let mut ms = vec![Vec::with_capacity(queries.len()); encs.len()];
+        // Warm-up first: the first queries' timings are dropped.
+        for (i, q) in queries.iter().take(WARM_UP).chain(queries.iter()).enumerate() {
+            for k in 0..encs.len() {
+                let side = (i + k) % encs.len();
                 let t = std::time::Instant::now();
                 encs[side].encode(&[q.as_str()], TextKind::Query)?;
                 if i >= WARM_UP.min(queries.len()) {
@@ -600,11 +646,13 @@ impl Engine {
                 }
             }
         }
-        let [l, c] = ms.map(|mut xs| {
-            xs.sort_by(f64::total_cmp);
-            EncodeLatency { p50_ms: percentile(&xs, 0.5), p99_ms: percentile(&xs, 0.99) }
-        });
-        Ok((l, c))
+        Ok(ms
+            .into_iter()
+            .map(|mut xs| {
+                xs.sort_by(f64::total_cmp);
+                EncodeLatency { p50_ms: percentile(&xs, 0.5), p99_ms: percentile(&xs, 0.99) }
+            })
+            .collect())
     }
 
     fn store_evaluation(&self, actor: &Actor, cand: &ActivePair, r: &EvaluationReport) -> Result<i64> {
@@ -715,10 +763,11 @@ impl Engine {
         Ok(r.filter(|r| !r.by.is_empty()))
     }
 
-    /// The dense weights evaluation `id` fitted for its candidate on each collection's training part: the
-    /// weights it was judged with, so the ones it serves with once promoted. A collection without training
-    /// queries was scored with its stored weight, which stays.
-    fn gate_weights(&self, id: i64) -> Result<models::FusionChange> {
+    /// What evaluation `id` judged its candidate with, so what it serves with once promoted: the dense weights it
+    /// fitted on each collection's training part (a collection without training queries was scored with its
+    /// stored weight, which stays), and the query graph it chose (none in a report from before graphs were
+    /// compared: the model keeps its own).
+    fn gate_choices(&self, id: i64) -> Result<(models::FusionChange, Option<Graph>)> {
         let json: String =
             self.store.reader().query_row("SELECT report FROM model_evaluations WHERE id = ?1", [id], |r| r.get(0))?;
         let report: EvaluationReport =
@@ -730,7 +779,8 @@ impl Engine {
                 weights.push((col.id, c.candidate_dense_weight, fitted_on));
             }
         }
-        Ok(models::FusionChange::Set(weights))
+        let graph = (!report.graphs.is_empty()).then_some(report.candidate_graph);
+        Ok((models::FusionChange::Set(weights), graph))
     }
 }
 
@@ -742,7 +792,7 @@ pub fn evaluation_chart(r: &EvaluationReport) -> String {
             rows.push((format!("{} {name}", c.collection), vec![m.live, m.candidate, m.candidate_lo, m.candidate_hi]));
         }
     }
-    let title = format!("{} vs live {}: {} — {}", r.candidate, r.live, r.ndcg_gain(), r.verdict());
+    let title = format!("{} ({}) vs live {}: {} — {}", r.candidate, r.candidate_graph, r.live, r.ndcg_gain(), r.verdict());
     crate::chart::grouped_bars(&title, "", &["live", "candidate", "candidate 2.5%", "candidate 97.5%"], &rows)
 }
 
@@ -798,8 +848,11 @@ impl crate::engine::Models<'_> {
         let cand = self.resolve_pair(candidate)?;
         self.prepare_document_model(&cand.document, progress)?;
         let lc = &self.cfg.lifecycle;
-        let mut collections = Vec::new();
-        let (mut all_live, mut all_cand) = (Vec::new(), Vec::new());
+        let live_graph = live.query.served_query_graph();
+        let graphs: Vec<Graph> = if cand.query.has_int8 { Graph::ALL.to_vec() } else { vec![Graph::Fp32] };
+        // Per collection: its evaluation part's size, training part's size, and the live pair's run with the
+        // candidate's run in each graph.
+        let mut runs: Vec<(String, usize, usize, PairRun, Vec<PairRun>)> = Vec::new();
         let mut eval_texts = Vec::new();
         for col in self.store.collection_list()? {
             let eval = self.judged(col.id, "eval")?.scorable();
@@ -808,17 +861,50 @@ impl crate::engine::Models<'_> {
             }
             let train = self.judged(col.id, "train")?.scorable();
             let (train, eval) = (train.as_beir("train"), eval.as_beir("eval"));
-            let l = self.run_pair(&live, &col, (&train, &eval), progress)?;
-            let c = self.run_pair(&cand, &col, (&train, &eval), progress)?;
-            let metric = |k: usize| {
+            let l = self.run_pair((&live, live_graph), &col, (&train, &eval), None, progress)?;
+            let mut c = vec![self.run_pair((&cand, Graph::Fp32), &col, (&train, &eval), None, progress)?];
+            for g in &graphs[1..] {
+                let fitted = Some(c[0].weight);
+                c.push(self.run_pair((&cand, *g), &col, (&train, &eval), fitted, progress)?);
+            }
+            runs.push((col.name.clone(), eval.queries.len(), train.queries.len(), l, c));
+            eval_texts.extend(eval.queries.iter().map(|(_, text)| text.clone()));
+        }
+        if runs.is_empty() {
+            return Err(Error::InvalidInput(
+                "没有可用于评测的标注查询：请先导入评测集 (no collection has judged evaluation queries; import a judgment \
+                 set with `care judgments import` or collect clinician feedback first)"
+                    .into(),
+            ));
+        }
+        let mut sides = vec![(&live.query, live_graph)];
+        sides.extend(graphs.iter().map(|g| (&cand.query, *g)));
+        let mut latencies = self.encode_latencies(&sides, &eval_texts)?;
+        let live_encode = latencies.remove(0);
+        let variants: Vec<GraphVariant> = graphs
+            .iter()
+            .zip(latencies)
+            .enumerate()
+            .map(|(k, (g, encode))| {
+                let ndcg: Vec<f64> = runs.iter().flat_map(|r| r.4[k].per_query.iter().map(|x| x[0])).collect();
+                GraphVariant { graph: *g, ndcg_at_10: ndcg.iter().sum::<f64>() / ndcg.len().max(1) as f64, encode }
+            })
+            .collect();
+        let (chosen, why) = choose_graph(&variants, lc.int8_max_loss);
+        let k = graphs.iter().position(|g| *g == chosen).unwrap_or(0);
+        let (mut all_live, mut all_cand) = (Vec::new(), Vec::new());
+        let mut collections = Vec::new();
+        for (name, eval_queries, train_queries, l, c) in &runs {
+            let c = &c[k];
+            let metric = |m: usize| {
                 let (a, b): (Vec<f64>, Vec<f64>) =
-                    l.per_query.iter().zip(&c.per_query).map(|(x, y)| (x[k], y[k])).unzip();
-                compare(&a, &b, lc.bootstrap_samples, 0x5eed + k as u64)
+                    l.per_query.iter().zip(&c.per_query).map(|(x, y)| (x[m], y[m])).unzip();
+                compare(&a, &b, lc.bootstrap_samples, 0x5eed + m as u64)
             };
             collections.push(CollectionEvaluation {
-                collection: col.name.clone(),
-                eval_queries: eval.queries.len(),
-                train_queries: train.queries.len(),
+                collection: name.clone(),
+                eval_queries: *eval_queries,
+                train_queries: *train_queries,
                 live_dense_weight: l.weight,
                 candidate_dense_weight: c.weight,
                 ndcg_at_10: metric(0),
@@ -827,20 +913,13 @@ impl crate::engine::Models<'_> {
             });
             all_live.extend(l.per_query.iter().map(|x| x[0]));
             all_cand.extend(c.per_query.iter().map(|x| x[0]));
-            eval_texts.extend(eval.queries.iter().map(|(_, text)| text.clone()));
-        }
-        if collections.is_empty() {
-            return Err(Error::InvalidInput(
-                "没有可用于评测的标注查询：请先导入评测集 (no collection has judged evaluation queries; import a judgment \
-                 set with `care judgments import` or collect clinician feedback first)"
-                    .into(),
-            ));
         }
         let overall = compare(&all_live, &all_cand, lc.bootstrap_samples, 0x5eed);
-        let (live_encode, candidate_encode) = self.encode_latencies(&live, &cand, &eval_texts)?;
+        let candidate_encode = variants[k].encode.clone();
         let per_collection: Vec<(String, f64)> =
             collections.iter().map(|c| (c.collection.clone(), c.ndcg_at_10.gain)).collect();
-        let (passed, reasons) = gate(&overall, &per_collection, (&live_encode, &candidate_encode), lc);
+        let (passed, mut reasons) = gate(&overall, &per_collection, (&live_encode, &candidate_encode), lc);
+        reasons.extend(why);
         let mut report = EvaluationReport {
             id: 0,
             candidate: pair_spec(&cand),
@@ -851,6 +930,9 @@ impl crate::engine::Models<'_> {
             overall_ndcg_at_10: overall,
             live_encode,
             candidate_encode,
+            graphs: variants,
+            candidate_graph: chosen,
+            int8_max_loss: lc.int8_max_loss,
             gate_margin: lc.gate_margin,
             max_latency_ratio: lc.max_latency_ratio,
             bootstrap_samples: lc.bootstrap_samples,
@@ -937,13 +1019,13 @@ impl crate::engine::Models<'_> {
     ) -> Result<ActivePair> {
         let (cand, verdict) = self.promotion_allowed(candidate, override_reason)?;
         let reason = override_reason.map(str::trim).unwrap_or("");
-        let fusion = match verdict {
-            Some((evaluation, _)) => self.gate_weights(evaluation)?,
-            None => models::FusionChange::Keep,
+        let (fusion, graph) = match verdict {
+            Some((evaluation, _)) => self.gate_choices(evaluation)?,
+            None => (models::FusionChange::Keep, None),
         };
         self.prepare_document_model(&cand.document, progress)?;
         let action = if verdict.is_some_and(|v| v.1) { "model.promote" } else { "model.promote_override" };
-        models::set_active_as(&self.store, &cand.query, &cand.document, &actor.name, (action, reason), &fusion)?;
+        models::set_active_as(&self.store, &cand.query, &cand.document, &actor.name, (action, reason), &fusion, graph)?;
         *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
         Ok(cand)
     }
@@ -971,6 +1053,7 @@ impl crate::engine::Models<'_> {
             &actor.name,
             ("model.rollback", reason.trim()),
             &models::FusionChange::RestoreBeforeLive,
+            None,
         )?;
         *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
         Ok(pair)

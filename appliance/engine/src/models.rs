@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use care_formats::{ModelManifest, ModelRole, Pooling};
+use care_formats::{Graph, ModelManifest, ModelRole, Pooling};
 use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
 
@@ -30,13 +30,27 @@ pub struct ModelRecord {
     /// Whether the appliance can encode with it (the package has `model.onnx`). An offline document model's
     /// vectors only come from `care collection import-vectors`.
     pub online: bool,
+    /// The graph that encodes queries (the evaluation gate's choice at promotion; fp32 until then).
+    pub query_graph: Graph,
+    /// Whether the package carries the int8 graph (`model_int8.onnx`) the gate can time and score.
+    pub has_int8: bool,
+}
+
+impl ModelRecord {
+    /// The graph queries are encoded with: the chosen one, fp32 if its file is gone.
+    pub fn served_query_graph(&self) -> Graph {
+        if self.dir.join(self.query_graph.file()).exists() { self.query_graph } else { Graph::Fp32 }
+    }
 }
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ModelRecord> {
     let metrics: String = r.get(8)?;
     let dir = PathBuf::from(r.get::<_, String>(5)?);
+    let query_graph: String = r.get(10)?;
     Ok(ModelRecord {
-        online: dir.join("model.onnx").exists(),
+        online: dir.join(Graph::Fp32.file()).exists(),
+        has_int8: dir.join(Graph::Int8.file()).exists(),
+        query_graph: Graph::parse(&query_graph).unwrap_or_default(),
         id: r.get(0)?,
         name: r.get(1)?,
         version: r.get(2)?,
@@ -50,7 +64,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ModelRecord> {
     })
 }
 
-const COLS: &str = "id, name, version, role, architecture, dir, pairing_id, width, metrics, created_at";
+const COLS: &str = "id, name, version, role, architecture, dir, pairing_id, width, metrics, created_at, query_graph";
 
 fn role_str(r: ModelRole) -> &'static str {
     match r {
@@ -202,7 +216,7 @@ pub fn check_pair(query: &ModelRecord, document: &ModelRecord) -> Result<()> {
 /// Records the active pair (after [`check_pair`]) and its audit record, naming the pair it replaces, in one
 /// transaction.
 pub fn set_active(store: &Store, query: &ModelRecord, document: &ModelRecord, actor: &str) -> Result<()> {
-    set_active_as(store, query, document, actor, ("model.activate", ""), &FusionChange::Keep)
+    set_active_as(store, query, document, actor, ("model.activate", ""), &FusionChange::Keep, None)
 }
 
 /// What a switch of the live pair does to the per-collection fusion weights (the `fusion` table): a pair is judged
@@ -315,6 +329,7 @@ pub fn set_active_as(
     actor: &str,
     (action, reason): (&str, &str),
     fusion: &FusionChange,
+    query_graph: Option<Graph>,
 ) -> Result<()> {
     check_pair(query, document)?;
     let before = active(store)?;
@@ -334,6 +349,11 @@ pub fn set_active_as(
     if !fusion_detail.is_null() {
         detail["fusion"] = fusion_detail;
     }
+    // The graph the gate chose serves the queries from this switch on (a rollback leaves each model's own).
+    if let Some(g) = query_graph {
+        tx.execute("UPDATE models SET query_graph = ?2 WHERE id = ?1", params![query.id, g.as_str()])?;
+        detail["query_graph"] = g.as_str().into();
+    }
     crate::audit::append(&tx, actor, action, &detail)?;
     tx.execute(
         "INSERT INTO model_history (query_model_id, document_model_id, actor, reason, at, fusion_before) \
@@ -347,6 +367,13 @@ pub fn set_active_as(
         )?;
     }
     tx.commit()?;
+    Ok(())
+}
+
+/// Sets the graph `model`'s queries are encoded with, outside a switch of the live pair (a model registered to
+/// serve int8 queries from the start).
+pub fn set_query_graph(store: &Store, model: &ModelRecord, graph: Graph) -> Result<()> {
+    store.conn().execute("UPDATE models SET query_graph = ?2 WHERE id = ?1", params![model.id, graph.as_str()])?;
     Ok(())
 }
 

@@ -1169,7 +1169,19 @@ impl crate::engine::Models<'_> {
         document: &str,
         progress: &mut dyn FnMut(crate::hybrid::DenseProgress) -> Result<()>,
     ) -> Result<ActivePair> {
-        self.activate_models_by(query, document, &actor.name, progress)
+        self.activate_models_by(query, document, &actor.name, None, progress)
+    }
+
+    /// [`Self::activate`], the query model's queries encoded by `graph` from now on (the choice the evaluation gate
+    /// makes on promotion, made by hand: `care model activate --query-graph`).
+    pub fn activate_with_graph(
+        &self,
+        actor: &Admin,
+        (query, graph): (&str, crate::Graph),
+        document: &str,
+        progress: &mut dyn FnMut(crate::hybrid::DenseProgress) -> Result<()>,
+    ) -> Result<ActivePair> {
+        self.activate_models_by(query, document, &actor.name, Some(graph), progress)
     }
 
     /// Stores the fusion setting fitted on labelled queries for `collection` (`care tune-fusion`); the weights and

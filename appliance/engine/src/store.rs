@@ -42,6 +42,7 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (22, include_str!("../../../migrations/0022_document_access.sql")),
     (23, include_str!("../../../migrations/0023_settings.sql")),
     (24, include_str!("../../../migrations/0024_sign_in_config.sql")),
+    (25, include_str!("../../../migrations/0025_model_query_graph.sql")),
 ];
 
 /// What a migration needs beyond its SQL, in the same transaction: 20 reads the language of the documents

@@ -16,4 +16,4 @@ pub mod manifest;
 pub mod trainer;
 pub mod training;
 
-pub use manifest::{ModelManifest, ModelRole, Pooling};
+pub use manifest::{Graph, ModelManifest, ModelRole, Pooling};

@@ -439,6 +439,9 @@ pub struct ExportOptions {
     pub parity_texts: Option<PathBuf>,
     /// What the package encodes: `query`, or `document` (parity vectors then use the document template).
     pub role: crate::ModelRole,
+    /// A query encoder's package also carries `model_int8.onnx` ([`crate::Graph::Int8`]), which the evaluation
+    /// gate times and scores beside the fp32 graph. Ignored for a document encoder (documents are encoded in fp32).
+    pub int8: bool,
 }
 
 impl Default for ExportOptions {
@@ -450,6 +453,7 @@ impl Default for ExportOptions {
             document_template: DEFAULT_DOCUMENT_TEMPLATE.into(),
             parity_texts: None,
             role: crate::ModelRole::Query,
+            int8: true,
         }
     }
 }

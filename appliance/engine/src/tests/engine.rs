@@ -274,7 +274,9 @@ fn imported_e5_small_reproduces_reference_ids_and_vectors() {
     let int8 = e.import_e5s1(&e5s1(), "1-int8", None, true).unwrap();
     let cfg = crate::encoders::ModelConfig::default();
     let enc = crate::encoders::OrtEncoder::load(&fp32.dir, &cfg).unwrap();
-    let enc8 = crate::encoders::OrtEncoder::load(&int8.dir, &cfg).unwrap();
+    // The int8 import keeps both graphs: int8 for queries, fp32 for documents.
+    assert_eq!(int8.query_graph, care_formats::Graph::Int8);
+    let enc8 = crate::encoders::OrtEncoder::load_graph(&int8.dir, care_formats::Graph::Int8, &cfg).unwrap();
     let models = shared().join("models");
 
     let mut exact = 0;
@@ -953,6 +955,133 @@ mod lifecycle_gate {
             .collect();
         assert!(actions.iter().any(|a| a == "model.reject"), "{actions:?}");
         assert_eq!(actions.iter().filter(|a| *a == "model.job_submit").count(), 4, "{actions:?}");
+    }
+
+    /// The live e5-small as a query-only candidate of the same pairing (no re-embedding) whose package also
+    /// carries the int8 graph, with parity vectors of the live fp32 graph; `int8` replaces that graph's bytes.
+    fn int8_package(e: &Engine, at: &Path, int8: Option<&[u8]>) -> std::path::PathBuf {
+        use care_formats::Graph;
+        let live = e.active_models().unwrap().unwrap().query;
+        let dir = at.join(format!("q8-{}", int8.is_some()));
+        let conv = at.join("int8-conversion");
+        if !conv.join(Graph::Int8.file()).exists() {
+            care_modelio::import_e5s1_with(e5s1(), &conv, care_modelio::ImportOptions { int8_onnx: true }).unwrap();
+        }
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut m = ModelManifest::load(&live.dir).unwrap();
+        for f in [Graph::Fp32.file(), "tokenizer.json"] {
+            std::fs::copy(live.dir.join(f), dir.join(f)).unwrap();
+        }
+        match int8 {
+            Some(bytes) => std::fs::write(dir.join(Graph::Int8.file()), bytes).unwrap(),
+            None => drop(std::fs::copy(conv.join(Graph::Int8.file()), dir.join(Graph::Int8.file())).unwrap()),
+        }
+        let texts: Vec<String> = ["二甲双胍的禁忌症", "孕妇感冒能吃什么药", "宝宝发烧38度5怎么办"].map(String::from).to_vec();
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let embeddings = e.encoder(&live).unwrap().encode(&refs, crate::encoders::TextKind::Query).unwrap();
+        let parity = serde_json::json!({"texts": texts, "embeddings": embeddings});
+        std::fs::write(dir.join(crate::lifecycle::PARITY_FILE), parity.to_string()).unwrap();
+        m.name = "e5-q8".into();
+        m.version = if int8.is_some() { "bad".into() } else { "1".into() };
+        m.role = care_formats::ModelRole::Query;
+        m.write(&dir, &[Graph::Fp32.file(), Graph::Int8.file(), "tokenizer.json"]).unwrap();
+        dir
+    }
+
+    #[test]
+    fn an_int8_query_graph_is_timed_and_scored_beside_fp32_and_the_chosen_one_serves() {
+        use care_formats::Graph;
+        let t = tempfile::tempdir().unwrap();
+        let (corpus, csv, queries) = subset(t.path(), 300);
+        let mut cfg = EngineConfig::default();
+        cfg.storage.data_dir = t.path().join("data");
+        // The choice between the graphs is what this test watches; the gate lets any candidate through.
+        cfg.lifecycle.max_latency_ratio = 10.0;
+        cfg.lifecycle.gate_margin = -1.0;
+        cfg.lifecycle.max_collection_loss = 1.0;
+        cfg.lifecycle.int8_max_loss = 0.05;
+        let e = Arc::new(Engine::open(cfg, OpenMode::Create).unwrap());
+        let admin = Admin::console("admin");
+        e.create_collection("kuake", "", "test").unwrap();
+        e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
+        e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+        e.sync_dense_indexes(&mut |_| Ok(())).unwrap();
+        e.models().import_judgments(&admin, "kuake", "dev300", JudgmentSource::Csv(&csv)).unwrap();
+
+        // An int8 graph that is not an ONNX graph refuses the package: nothing registered.
+        let bad = int8_package(&e, t.path(), Some(b"not an onnx graph"));
+        let err = e.models().import(&admin, &bad).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidPackage, "{err}");
+        assert!(e.models().list(&admin).unwrap().0.iter().all(|m| m.name != "e5-q8"));
+
+        // The real int8 graph passes its parity check (within 0.95 of the fp32 vectors) and is registered.
+        let pkg = int8_package(&e, t.path(), None);
+        let imported = e.models().import(&admin, &pkg).unwrap();
+        assert!(imported.model.has_int8 && imported.model.query_graph == Graph::Fp32, "{:?}", imported.model);
+
+        let r = e.models().evaluate(&admin, "e5-q8@1,e5-small@1", &mut |_| Ok(())).unwrap();
+        eprintln!("graphs: {:?}; chose {}; reasons {:?}", r.graphs, r.candidate_graph, r.reasons);
+        assert_eq!(r.graphs.iter().map(|g| g.graph).collect::<Vec<_>>(), Graph::ALL);
+        let (fp32, int8) = (&r.graphs[0], &r.graphs[1]);
+        // The fp32 graph is the live encoder itself: the same nDCG@10 as the live pair, to the last digit.
+        assert!((fp32.ndcg_at_10 - r.overall_ndcg_at_10.live).abs() < 1e-12, "{r:?}");
+        // Rounded weights rank almost the same (e5-small: within a point of nDCG@10).
+        assert!(int8.ndcg_at_10 > 0.3 && (int8.ndcg_at_10 - fp32.ndcg_at_10).abs() < 0.02, "{:?}", r.graphs);
+        assert!(int8.encode.p50_ms > 0.0 && fp32.encode.p50_ms > 0.0);
+        // The choice follows the rule, and the report's candidate figures are the chosen graph's.
+        let want = if int8.encode.p50_ms < fp32.encode.p50_ms { Graph::Int8 } else { Graph::Fp32 };
+        assert_eq!(r.candidate_graph, want);
+        let chosen = &r.graphs[Graph::ALL.iter().position(|g| *g == want).unwrap()];
+        assert!((r.overall_ndcg_at_10.candidate - chosen.ndcg_at_10).abs() < 1e-12);
+        assert_eq!(r.candidate_encode.p50_ms, chosen.encode.p50_ms);
+        assert!(r.reasons.iter().any(|x| x.contains("查询编码计算图") && x.contains(&format!("选用 {want}"))), "{r:?}");
+
+        // Promotion serves the chosen graph: searches encode their queries with it.
+        e.models().promote(&admin, "e5-q8@1,e5-small@1", None, &mut |_| Ok(())).unwrap();
+        let live = e.active_models().unwrap().unwrap();
+        assert_eq!((live.query.name.as_str(), live.query.query_graph), ("e5-q8", want));
+        let (served, _) = e.encode_queries(&[queries[0].as_str()]).unwrap().unwrap();
+        let by = |g: Graph| {
+            e.encoder_graph(&live.query, g).unwrap().encode(&[queries[0].as_str()], crate::encoders::TextKind::Query).unwrap()
+        };
+        assert_eq!(served, by(want));
+        assert_ne!(by(Graph::Int8), by(Graph::Fp32), "the two graphs are different encoders");
+        let audit = e
+            .audit()
+            .records(&admin, &Filter { action_prefix: Some("model.promote".into()), ..Default::default() }, 10, 0)
+            .unwrap();
+        assert_eq!(audit[0].detail["query_graph"], want.as_str(), "{:?}", audit[0].detail);
+        // Rollback: the earlier pair serves its own (fp32) graph again.
+        e.models().rollback(&admin, "test").unwrap();
+        let back = e.active_models().unwrap().unwrap();
+        assert_eq!((back.query.name.as_str(), back.query.served_query_graph()), ("e5-small", Graph::Fp32));
+        // By hand (`care model activate --query-graph`): a graph the package lacks is refused, one it has serves.
+        let err = e.models().activate_with_graph(&admin, ("e5-small@1", Graph::Int8), "e5-small@1", &mut |_| Ok(()));
+        assert_eq!(err.unwrap_err().code(), ErrorCode::InvalidInput);
+        let other = if want == Graph::Int8 { Graph::Fp32 } else { Graph::Int8 };
+        e.models().activate_with_graph(&admin, ("e5-q8@1", other), "e5-small@1", &mut |_| Ok(())).unwrap();
+        let live = e.active_models().unwrap().unwrap();
+        assert_eq!((live.query.name.as_str(), live.query.query_graph), ("e5-q8", other));
+        assert_eq!(e.encode_queries(&[queries[0].as_str()]).unwrap().unwrap().0, by(other));
+    }
+
+    #[test]
+    fn the_faster_graph_within_its_margin_is_chosen() {
+        use crate::lifecycle::{EncodeLatency, GraphVariant, choose_graph};
+        use care_formats::Graph;
+        let v = |graph, ndcg_at_10, p50_ms| GraphVariant {
+            graph,
+            ndcg_at_10,
+            encode: EncodeLatency { p50_ms, p99_ms: p50_ms * 1.5 },
+        };
+        let fp32 = v(Graph::Fp32, 0.50, 9.0);
+        assert_eq!(choose_graph(&[fp32.clone()], 0.005).0, Graph::Fp32);
+        assert_eq!(choose_graph(&[fp32.clone(), v(Graph::Int8, 0.497, 3.0)], 0.005).0, Graph::Int8);
+        // Faster but further below than the margin allows; within the margin but not faster.
+        assert_eq!(choose_graph(&[fp32.clone(), v(Graph::Int8, 0.49, 3.0)], 0.005).0, Graph::Fp32);
+        assert_eq!(choose_graph(&[fp32.clone(), v(Graph::Int8, 0.51, 9.5)], 0.005).0, Graph::Fp32);
+        let (_, why) = choose_graph(&[fp32, v(Graph::Int8, 0.49, 3.0)], 0.005);
+        assert!(why.unwrap().contains("超出允许的差距 0.0050"));
     }
 
     fn wait_job(e: &Engine, admin: &Admin, id: i64) -> crate::JobView {
