@@ -637,20 +637,14 @@ enum EncoderSpec {
 }
 
 fn parse_encoders(flags: &[String]) -> Result<Vec<(String, EncoderSpec)>> {
-    let mut out: Vec<(String, EncoderSpec)> = Vec::new();
-    for f in flags {
-        let Some((name, spec)) = f.split_once('=') else {
-            bail!("--encoder {f:?}: use NAME=SPEC, e.g. --encoder fp32=fp32 --encoder pruned=/tmp/pruned-l4:int8");
+    let mut out = Vec::new();
+    for (name, spec) in named_flags("--encoder", flags, "--encoder fp32=fp32 --encoder pruned=/tmp/pruned-l4:int8")? {
+        let (dir, graph) = match spec.rsplit_once(':') {
+            Some((d, g)) => (Some(d), g),
+            None => (None, spec.as_str()),
         };
-        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-            bail!("--encoder {f:?}: the name must be letters, digits, '-' or '_'");
-        }
-        if out.iter().any(|(n, _)| n == name) {
-            bail!("--encoder {name} given twice");
-        }
-        let (dir, graph) = spec.rsplit_once(':').map_or((None, spec), |(d, g)| (Some(d), g));
         let graph = care_engine::Graph::parse(graph)
-            .with_context(|| format!("--encoder {f:?}: the graph must be fp32 or int8"))?;
+            .with_context(|| format!("--encoder {name}={spec}: the graph must be fp32 or int8"))?;
         let spec = match dir {
             None => EncoderSpec::E5(graph),
             Some(d) => EncoderSpec::Package(
@@ -658,7 +652,7 @@ fn parse_encoders(flags: &[String]) -> Result<Vec<(String, EncoderSpec)>> {
                 graph,
             ),
         };
-        out.push((name.to_string(), spec));
+        out.push((name, spec));
     }
     Ok(out)
 }
@@ -1065,20 +1059,29 @@ fn parse_servers(flags: &[String]) -> Result<Vec<(String, PathBuf)>> {
     if flags.is_empty() {
         return Ok(vec![("current".into(), std::env::current_exe()?)]);
     }
-    let mut out: Vec<(String, PathBuf)> = Vec::new();
-    for f in flags {
-        let Some((name, path)) = f.split_once('=') else {
-            bail!("--server {f:?}: use NAME=PATH, e.g. --server before=/usr/bin/care");
-        };
-        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-            bail!("--server {f:?}: the name must be letters, digits, '-' or '_'");
-        }
-        if out.iter().any(|(n, _)| n == name) {
-            bail!("--server {name} given twice");
-        }
+    let mut out = Vec::new();
+    for (name, path) in named_flags("--server", flags, "--server before=/usr/bin/care")? {
         let path = PathBuf::from(path);
         let path = path.canonicalize().with_context(|| format!("--server {name}: {}", path.display()))?;
-        out.push((name.to_string(), path));
+        out.push((name, path));
+    }
+    Ok(out)
+}
+
+/// `NAME=VALUE` flags, each name letters, digits, '-' or '_' and given once.
+fn named_flags(flag: &str, flags: &[String], example: &str) -> Result<Vec<(String, String)>> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for f in flags {
+        let Some((name, value)) = f.split_once('=') else {
+            bail!("{flag} {f:?}: use NAME=VALUE, e.g. {example}");
+        };
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            bail!("{flag} {f:?}: the name must be letters, digits, '-' or '_'");
+        }
+        if out.iter().any(|(n, _)| n == name) {
+            bail!("{flag} {name} given twice");
+        }
+        out.push((name.to_string(), value.to_string()));
     }
     Ok(out)
 }
