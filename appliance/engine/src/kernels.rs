@@ -168,9 +168,8 @@ impl Int8Rows {
         let mut codes = Vec::with_capacity(rows.len());
         let mut scales = Vec::with_capacity(rows.len() / width.max(1));
         for row in rows.chunks_exact(width.max(1)) {
-            let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let s = if max > 0.0 { max / 127.0 } else { 1.0 };
-            codes.extend(row.iter().map(|v| (v / s).round().clamp(-127.0, 127.0) as i8));
+            let s = int8_scale(row);
+            codes.extend(row.iter().map(|v| to_int8(*v, s)));
             scales.push(s);
         }
         let sums = codes.chunks_exact(width.max(1)).map(|r| r.iter().map(|c| i32::from(*c)).sum()).collect();
@@ -184,6 +183,16 @@ impl Int8Rows {
     pub fn is_empty(&self) -> bool {
         self.scales.is_empty()
     }
+}
+
+/// The symmetric int8 scale of a vector: its largest magnitude maps to 127.
+fn int8_scale(v: &[f32]) -> f32 {
+    let max = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+    if max > 0.0 { max / 127.0 } else { 1.0 }
+}
+
+fn to_int8(v: f32, scale: f32) -> i8 {
+    (v / scale).round().clamp(-127.0, 127.0) as i8
 }
 
 /// Top-k by exact f32 inner product, found through an int8 first pass: the best `k × oversample` rows by the
@@ -233,12 +242,8 @@ pub fn top_k_int8_pair(
     scan(
         &approx.codes[..n * w],
         w,
-        |block, out| match &vnni {
-            Some(v) => {
-                // The block's first row: blocks are slices of `approx.codes`.
-                let first = (block.as_ptr() as usize - approx.codes.as_ptr() as usize) / w;
-                v.scores(block, &approx.sums[first..first + out.len()], out)
-            }
+        |first, block, out| match &vnni {
+            Some(v) => v.scores(block, &approx.sums[first..first + out.len()], out),
             None => scores_i8(block, q, out),
         },
         |row, s| {
@@ -274,9 +279,8 @@ impl Vnni {
             && std::arch::is_x86_feature_detected!("avx512vnni")
             && std::arch::is_x86_feature_detected!("avx512bw")
         {
-            let max = q.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let scale = if max > 0.0 { max / 127.0 } else { 1.0 };
-            let q = q.iter().map(|v| ((v / scale).round().clamp(-127.0, 127.0) as i32 + 128) as u8).collect();
+            let scale = int8_scale(q);
+            let q = q.iter().map(|v| (i32::from(to_int8(*v, scale)) + 128) as u8).collect();
             return Some(Vnni { q, scale });
         }
         let _ = q;
@@ -355,7 +359,7 @@ pub fn top_k_pair(
         scan(
             &rows[..n * w],
             w,
-            |block, out| scores(block, q, out),
+            |_, block, out| scores(block, q, out),
             |row, s| {
                 every.offer(s, row);
                 if keep(row) {
@@ -367,14 +371,15 @@ pub fn top_k_pair(
     (every.into_sorted(), kept.into_sorted())
 }
 
-/// Scores a row-major matrix (width `w`) a block of rows at a time and hands each (row, score) to `visit`: the block
-/// stays in L1 while the selection reads it back, and the scan never allocates per row.
-fn scan<T>(rows: &[T], w: usize, score_block: impl Fn(&[T], &mut [f32]), mut visit: impl FnMut(usize, f32)) {
+/// Scores a row-major matrix (width `w`) a block of rows at a time (`score_block` gets the block's first row) and
+/// hands each (row, score) to `visit`: the block stays in L1 while the selection reads it back, and the scan never
+/// allocates per row.
+fn scan<T>(rows: &[T], w: usize, score_block: impl Fn(usize, &[T], &mut [f32]), mut visit: impl FnMut(usize, f32)) {
     const BLOCK: usize = 1024;
     let mut buf = vec![0f32; BLOCK.min(rows.len() / w)];
     for (b, chunk) in rows.chunks(BLOCK * w).enumerate() {
         let out = &mut buf[..chunk.len() / w];
-        score_block(chunk, out);
+        score_block(b * BLOCK, chunk, out);
         for (i, &s) in out.iter().enumerate() {
             visit(b * BLOCK + i, s);
         }

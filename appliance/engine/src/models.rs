@@ -37,9 +37,13 @@ pub struct ModelRecord {
 }
 
 impl ModelRecord {
-    /// The graph queries are encoded with: the chosen one, fp32 if its file is gone.
+    /// The graph queries are encoded with: the chosen one, fp32 if its file was gone when the row was read (the
+    /// record's own flags, so a search does not stat the package).
     pub fn served_query_graph(&self) -> Graph {
-        if self.dir.join(self.query_graph.file()).exists() { self.query_graph } else { Graph::Fp32 }
+        match self.query_graph {
+            Graph::Int8 if self.has_int8 => Graph::Int8,
+            _ => Graph::Fp32,
+        }
     }
 }
 
@@ -351,7 +355,7 @@ pub fn set_active_as(
     }
     // The graph the gate chose serves the queries from this switch on (a rollback leaves each model's own).
     if let Some(g) = query_graph {
-        tx.execute("UPDATE models SET query_graph = ?2 WHERE id = ?1", params![query.id, g.as_str()])?;
+        write_query_graph(&tx, query.id, g)?;
         detail["query_graph"] = g.as_str().into();
     }
     crate::audit::append(&tx, actor, action, &detail)?;
@@ -373,7 +377,11 @@ pub fn set_active_as(
 /// Sets the graph `model`'s queries are encoded with, outside a switch of the live pair (a model registered to
 /// serve int8 queries from the start).
 pub fn set_query_graph(store: &Store, model: &ModelRecord, graph: Graph) -> Result<()> {
-    store.conn().execute("UPDATE models SET query_graph = ?2 WHERE id = ?1", params![model.id, graph.as_str()])?;
+    write_query_graph(&store.conn(), model.id, graph)
+}
+
+fn write_query_graph(conn: &rusqlite::Connection, model_id: i64, graph: Graph) -> Result<()> {
+    conn.execute("UPDATE models SET query_graph = ?2 WHERE id = ?1", params![model_id, graph.as_str()])?;
     Ok(())
 }
 
