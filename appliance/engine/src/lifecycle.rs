@@ -161,7 +161,17 @@ fn next_staging() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-fn copy_package(src: &Path, dst: &Path, m: &ModelManifest) -> Result<()> {
+/// How an import brings a package's files under `models/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Transfer {
+    /// Copies: the source is the admin's (an upload, a folder named on the command line) and may change later.
+    Copy,
+    /// Hard links (a copy where the file system refuses one): the source is a training run's own export, which
+    /// nothing writes again and the run frees after the import; a copy would hold the candidate twice meanwhile.
+    Link,
+}
+
+fn copy_package(src: &Path, dst: &Path, m: &ModelManifest, how: Transfer) -> Result<()> {
     std::fs::create_dir_all(dst).map_err(|e| Error::io(dst, e))?;
     let extra = [care_formats::manifest::MANIFEST_FILE, PARITY_FILE];
     for f in m.files.keys().map(String::as_str).chain(extra) {
@@ -176,6 +186,9 @@ fn copy_package(src: &Path, dst: &Path, m: &ModelManifest) -> Result<()> {
                 src,
                 format!("{f} 不是普通文件（不跟随符号链接）；请复制文件本身 (not a regular file)"),
             ));
+        }
+        if how == Transfer::Link && std::fs::hard_link(&from, dst.join(f)).is_ok() {
+            continue;
         }
         std::fs::copy(&from, dst.join(f)).map_err(|e| Error::io(&from, e))?;
     }
@@ -217,10 +230,10 @@ impl Engine {
         actor: &Actor,
         src: &Path,
         m: &ModelManifest,
-        staged: &Path,
+        (staged, how): (&Path, Transfer),
         final_dir: &PathBuf,
     ) -> Result<ImportReport> {
-        copy_package(src, staged, m)?;
+        copy_package(src, staged, m, how)?;
         // Hash the copy too: the source may change while it is read, and the copy is what will be served.
         m.verify_files(staged).map_err(|e| manifest_err(src, e))?;
         check_safetensors(staged, src, m)?;
@@ -799,6 +812,11 @@ pub fn evaluation_chart(r: &EvaluationReport) -> String {
 impl crate::engine::Models<'_> {
     /// Verifies the package folder `src` and registers a copy of it (see the module docs). Admins only.
     pub fn import(&self, actor: &Admin, src: &Path) -> Result<ImportReport> {
+        self.import_by(actor, src, Transfer::Copy)
+    }
+
+    /// [`Self::import`], bringing the files over as `how` says.
+    pub(crate) fn import_by(&self, actor: &Admin, src: &Path, how: Transfer) -> Result<ImportReport> {
         let m = ModelManifest::load(src).map_err(|e| manifest_err(src, e))?;
         check_manifest(src, &m)?;
         let spec = format!("{}@{}", m.name, m.version);
@@ -814,13 +832,15 @@ impl crate::engine::Models<'_> {
         if final_dir.exists() {
             std::fs::remove_dir_all(&final_dir).map_err(|e| Error::io(&final_dir, e))?;
         }
-        // The copy under models/ is as large as the listed files (their sizes as the hash check just read them).
+        // The copy under models/ is as large as the listed files (their sizes as the hash check just read them);
+        // links take no room.
         let incoming = m
             .files
             .keys()
             .filter_map(|f| std::fs::symlink_metadata(src.join(f)).ok())
             .map(|md| md.len())
-            .fold(0u64, u64::saturating_add);
+            .fold(0u64, u64::saturating_add)
+            * u64::from(how == Transfer::Copy);
         self.ensure_free_space(&format!("导入模型 {spec}"), incoming)?;
         let staged = self.dir.models().join(format!(
             "{}{}-{}",
@@ -828,7 +848,7 @@ impl crate::engine::Models<'_> {
             std::process::id(),
             next_staging()
         ));
-        let result = self.stage_and_register(actor, src, &m, &staged, &final_dir);
+        let result = self.stage_and_register(actor, src, &m, (&staged, how), &final_dir);
         let _ = std::fs::remove_dir_all(&staged);
         result
     }

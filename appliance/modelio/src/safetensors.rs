@@ -96,11 +96,19 @@ fn dtype_bytes(dtype: &str) -> Option<u64> {
     })
 }
 
-/// What a valid file holds: its tensor count and the length of its data section.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a valid file holds: its tensors' names with their sizes in bytes (by name), and the length of its data
+/// section (their sum).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
-    pub tensors: usize,
+    pub tensors: Vec<(String, u64)>,
     pub data_bytes: u64,
+}
+
+impl Layout {
+    /// Bytes of the tensors whose name satisfies `pick`.
+    pub fn bytes_where(&self, pick: impl Fn(&str) -> bool) -> u64 {
+        self.tensors.iter().filter(|(n, _)| pick(n)).map(|(_, b)| b).sum()
+    }
 }
 
 /// Checks a safetensors file's header against the file without reading its data: the header length lies within
@@ -179,7 +187,9 @@ pub fn validate(path: &Path) -> Result<Layout, String> {
             "数据区有 {data_len} 字节，张量只占 {at} 字节 (the data section does not match the tensors)"
         ));
     }
-    Ok(Layout { tensors: spans.len(), data_bytes: data_len })
+    let mut tensors: Vec<(String, u64)> = spans.iter().map(|(b, e, n)| (n.to_string(), e - b)).collect();
+    tensors.sort_unstable();
+    Ok(Layout { tensors, data_bytes: data_len })
 }
 
 #[cfg(test)]
@@ -209,7 +219,9 @@ mod tests {
         m.insert("a".into(), Tensor { shape: vec![4], data: vec![-1.0; 4] });
         let p = dir.path().join("model.safetensors");
         save(&m, &p).unwrap();
-        assert_eq!(validate(&p).unwrap(), Layout { tensors: 2, data_bytes: 40 });
+        let layout = validate(&p).unwrap();
+        assert_eq!(layout, Layout { tensors: vec![("a".into(), 16), ("b".into(), 24)], data_bytes: 40 });
+        assert_eq!(layout.bytes_where(|n| n != "a"), 24);
 
         let t = |dtype: &str, shape: Value, offsets: Value| json!({"dtype": dtype, "shape": shape, "data_offsets": offsets});
         let cases: Vec<(&str, Value, usize, &str)> = vec![

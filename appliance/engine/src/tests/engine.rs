@@ -675,6 +675,19 @@ mod model_import {
         // The same version again is refused, and the registry keeps the first.
         assert_eq!(e.models().import(&admin, &good).unwrap_err().code(), ErrorCode::InvalidInput);
         assert_eq!(state(&e).0, after.0);
+        // An admin's package is copied (it is theirs to change later); a training run's export is linked (the
+        // run frees it after the import, and a copy would hold the candidate twice on the disk meanwhile).
+        use std::os::unix::fs::MetadataExt;
+        let inode = |d: &Path| std::fs::metadata(d.join("model.onnx")).unwrap().ino();
+        assert_ne!(inode(&r.model.dir), inode(&good));
+        let run_export = work.path().join("run-export");
+        copy_dir(&good, &run_export);
+        let mut m = ModelManifest::load(&run_export).unwrap();
+        m.version = "3".into();
+        let files: Vec<String> = m.files.keys().cloned().collect();
+        m.write(&run_export, &files.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+        let linked = e.models().import_by(&admin, &run_export, crate::lifecycle::Transfer::Link).unwrap();
+        assert_eq!(inode(&linked.model.dir), inode(&run_export));
 
         // An offline document package (vectors computed elsewhere, no graph) registers as offline.
         let off = work.path().join("offline");

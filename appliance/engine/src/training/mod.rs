@@ -38,7 +38,7 @@ use crate::cancel::CancelToken;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::hybrid::DenseProgress;
-use crate::lifecycle::pair_spec;
+use crate::lifecycle::{Transfer, pair_spec};
 use crate::models::{self, ActivePair, ModelRecord};
 
 pub const TRAIN: &str = "model.train";
@@ -200,14 +200,28 @@ impl Recipe {
 
 pub use crate::config::TrainingConfig;
 
-/// How many copies of the query encoder's weights a run holds on disk at its peak: Stage I's and Stage II's
-/// encoders, the merged one, the export (safetensors + ONNX) and its imported copy (two more), and the checkpoints
-/// (trainable parameters with their AdamW moments). Measured on the real run: 7 copies of 470 MB plus 130 MB of
-/// data for the 12-layer e5-small, which skips Stage I.
-const RUN_WEIGHT_COPIES: u64 = 8;
-/// The same for the document encoder when Stage II trains it: Stage II's saved encoder, the export (safetensors +
-/// ONNX) and its imported copy (two more), and the checkpoints (LoRA adapters only: small).
-const DOCUMENT_WEIGHT_COPIES: u64 = 5;
+/// A run frees what no later phase reads as soon as a phase ends (see [`prune_behind`]) and imports its export
+/// by hard links, so its disk peak is the largest of three moments, in copies of the starting weights (query
+/// `Wq`, document `Wd`; an ONNX graph, fp32 or int8 — embeddings stay fp32 in int8 — is about one copy):
+/// - training: Stage I's output (when it runs), Stage II's outputs (`Wq`, and `Wd` when both sides train) and the
+///   checkpoints (see [`checkpoint_bytes`]);
+/// - export: the trained weights (`Wq` + `Wd`) and the packages (safetensors + fp32 graph + int8 graph = `3 Wq`;
+///   safetensors + graph = `2 Wd`);
+/// - re-embedding (both sides): the imported packages (`3 Wq + 2 Wd`) and the candidate's dense tables.
+const EXPORT_QUERY_COPIES: u64 = 4;
+const EXPORT_DOCUMENT_COPIES: u64 = 3;
+const IMPORTED_QUERY_COPIES: u64 = 3;
+const IMPORTED_DOCUMENT_COPIES: u64 = 2;
+
+/// Bytes the checkpoints of training the query encoder in `dir` hold at most: its trainable tensors (without the
+/// word embeddings when the recipe freezes them) with their two AdamW moments, for the checkpoints kept plus the
+/// one being written. The document side trains LoRA adapters only: small beside these.
+fn checkpoint_bytes(dir: &Path, freeze_embeddings: bool) -> Result<u64> {
+    let path = dir.join("model.safetensors");
+    let layout = care_modelio::safetensors::validate(&path).map_err(|e| Error::Model(format!("{}: {e}", path.display())))?;
+    let trainable = layout.bytes_where(|n| !(freeze_embeddings && n.contains("embeddings.word")));
+    Ok(trainable * 3 * (Hyper::default().keep_checkpoints.max(1) as u64 + 1))
+}
 
 /// Stage II sees each group at most this many times. CARE trains one epoch; the CPU default (500 steps of 32) is
 /// about two over the real run's 8,313 groups. Without a cap a small judgment set (the demo's 100 training
@@ -241,9 +255,17 @@ fn trainable_document(document: &ModelRecord) -> Result<()> {
 /// weights go: the import copied the candidate into `models/`, and a weekly run would otherwise leave about 2 GB
 /// behind for a 12-layer query encoder until the disk that search and ingest need is full.
 fn prune_run_dir(dir: &Path) -> u64 {
+    prune_run_dir_but(dir, &[])
+}
+
+/// [`prune_run_dir`], leaving the entries of `dir` itself whose name starts with one of `keep`.
+fn prune_run_dir_but(dir: &Path, keep: &[&str]) -> u64 {
     let mut freed = 0;
     let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
     for entry in entries.flatten() {
+        if keep.iter().any(|k| entry.file_name().to_string_lossy().starts_with(k)) {
+            continue;
+        }
         let p = entry.path();
         let Ok(meta) = std::fs::symlink_metadata(&p) else { continue };
         if meta.is_dir() {
@@ -260,6 +282,27 @@ fn prune_run_dir(dir: &Path) -> u64 {
         }
     }
     freed
+}
+
+/// Frees, once `phase` of the run in `dir` has ended, the weights no later phase reads: a restart resumes past an
+/// ended phase, so nothing freed here is read again. After Stage I or II: that stage's checkpoints (its resume
+/// points); after a merge: everything but the merged weights; after the export: everything but the export
+/// folders (the stages' and merged weights); after the
+/// import: the export folders too (the packages under `models/` are hard links to the same files). Returns the
+/// bytes freed.
+fn prune_behind(dir: &Path, phase: &str) -> u64 {
+    match phase {
+        "stage1" | "stage2" => {
+            let ckpt = dir.join(phase).join("checkpoints");
+            let freed = dir_size(&ckpt);
+            if std::fs::remove_dir_all(&ckpt).is_ok() { freed } else { 0 }
+        }
+        // Merged weights are what the export reads; without a merge (ratio 1) it reads Stage II's own.
+        "merge" if dir.join("merged").exists() => prune_run_dir_but(dir, &["merged", "export"]),
+        "export" => prune_run_dir_but(dir, &["export"]),
+        "import" => prune_run_dir(dir),
+        _ => 0,
+    }
 }
 
 /// Bytes of a model package's weights (its `*.safetensors` files).
@@ -462,34 +505,32 @@ impl Engine {
         tracing::info!(job, freed_bytes = freed, "freed the run's weights");
     }
 
-    /// The data disk's free space against what a run from `pair` needs: [`RUN_WEIGHT_COPIES`] of the query
-    /// encoder's weights; when the document side trains too, [`DOCUMENT_WEIGHT_COPIES`] of the document encoder's
-    /// and the candidate's dense tables (every chunk at the document model's width, known before the run); plus
-    /// `[training] keep_free_gb` left for search and ingest.
-    fn training_disk(&self, pair: &ActivePair, sides: Sides) -> Result<TrainingDisk> {
-        let mut weights = safetensors_bytes(&pair.query.dir)?.saturating_mul(RUN_WEIGHT_COPIES);
-        if sides == Sides::Both {
-            weights = weights.saturating_add(self.new_document_bytes(pair)?);
-        }
+    /// The data disk's free space against what a run of `recipe` from `pair` needs at its peak (see
+    /// [`EXPORT_QUERY_COPIES`]) plus `[training] keep_free_gb` left for search and ingest.
+    fn training_disk(&self, pair: &ActivePair, recipe: &Recipe) -> Result<TrainingDisk> {
+        let wq = safetensors_bytes(&pair.query.dir)?;
+        let same_encoder = recipe.query_layers.is_none() && pair.query.id == pair.document.id;
+        let stage1 = if recipe.stage1_steps > 0 && !same_encoder { wq } else { 0 };
+        let (wd, tables) = if recipe.sides == Sides::Both {
+            // 4 bytes per dimension of every chunk, twice for the table's own overhead and the scan's int8 copy.
+            let chunks: i64 = self.store.reader().query_row("SELECT COUNT(*) FROM chunks", [], |r| r.get(0))?;
+            (safetensors_bytes(&pair.document.dir)?, (chunks.max(0) as u64) * pair.document.width as u64 * 8)
+        } else {
+            (0, 0)
+        };
+        let training = stage1 + wq + wd + checkpoint_bytes(&pair.query.dir, recipe.freeze_embeddings)?;
+        let export = EXPORT_QUERY_COPIES * wq + EXPORT_DOCUMENT_COPIES * wd;
+        let embedding = IMPORTED_QUERY_COPIES * wq + IMPORTED_DOCUMENT_COPIES * wd + tables;
         let reserve_bytes = (self.cfg.training.keep_free_gb.max(0.0) * f64::from(1u32 << 30)) as u64;
         let root = &self.cfg.storage.data_dir;
         let (_, free_bytes) = crate::datadir::free_bytes(root).map_err(|e| Error::io(root, e))?;
-        Ok(TrainingDisk { free_bytes, needed_bytes: weights.saturating_add(reserve_bytes), reserve_bytes })
-    }
-
-    /// What a both-sides run adds on disk: the document encoder's weights [`DOCUMENT_WEIGHT_COPIES`] times and
-    /// the candidate's dense tables (4 bytes per dimension of every chunk, twice for the table's own overhead and
-    /// the int8 copy the scan keeps).
-    fn new_document_bytes(&self, pair: &ActivePair) -> Result<u64> {
-        let weights = safetensors_bytes(&pair.document.dir)?;
-        let chunks: i64 = self.store.reader().query_row("SELECT COUNT(*) FROM chunks", [], |r| r.get(0))?;
-        let tables = (chunks.max(0) as u64).saturating_mul(pair.document.width as u64 * 4 * 2);
-        Ok(weights.saturating_mul(DOCUMENT_WEIGHT_COPIES).saturating_add(tables))
+        let peak = training.max(export).max(embedding);
+        Ok(TrainingDisk { free_bytes, needed_bytes: peak.saturating_add(reserve_bytes), reserve_bytes })
     }
 
     /// Refuses a run the data disk cannot hold (see [`Engine::training_disk`]).
-    fn check_training_disk(&self, pair: &ActivePair, sides: Sides) -> Result<()> {
-        let d = self.training_disk(pair, sides)?;
+    fn check_training_disk(&self, pair: &ActivePair, recipe: &Recipe) -> Result<()> {
+        let d = self.training_disk(pair, recipe)?;
         if !d.enough() {
             return Err(Error::DiskFull {
                 path: self.cfg.storage.data_dir.clone(),
@@ -531,7 +572,7 @@ impl Engine {
         if recipe.sides == Sides::Both {
             trainable_document(&pair.document)?;
         }
-        self.check_training_disk(&pair, recipe.sides)?;
+        self.check_training_disk(&pair, recipe)?;
         Ok((TrainParams { recipe: recipe.clone(), base: pair_spec(&pair), schedule }, st.device))
     }
 
@@ -550,7 +591,7 @@ impl Engine {
         self.prune_finished_runs()?;
         if st.phases.is_empty() {
             // Queued a while ago: the disk may have filled since it was submitted.
-            self.check_training_disk(&base, p.recipe.sides)?;
+            self.check_training_disk(&base, &p.recipe)?;
         }
         let run = Run { e: self, id, dir: &dir, token };
         let q_manifest = ModelManifest::load(&base.query.dir).map_err(|e| Error::Model(e.to_string()))?;
@@ -742,11 +783,11 @@ impl Engine {
             };
             // A crash between an import's commit and this marker: that package is registered already.
             if both && models::find(&self.store, &document).is_err() {
-                self.models().import(actor, &doc_export)?;
+                self.models().import_by(actor, &doc_export, Transfer::Link)?;
             }
             let spec = format!("{name}@{version},{document}");
             if self.resolve_pair(&spec).is_err() {
-                self.models().import(actor, &export)?;
+                self.models().import_by(actor, &export, Transfer::Link)?;
             }
             st.candidate = spec;
         }
@@ -862,7 +903,8 @@ impl Run<'_> {
             "UPDATE training_runs SET phases = ?2 WHERE job_id = ?1",
             params![self.id, serde_json::to_string(&st.phases).unwrap_or_default()],
         )?;
-        tracing::info!(job = self.id, phase = name, seconds = t.elapsed().as_secs_f64(), "training phase done");
+        let freed_bytes = prune_behind(self.dir, name);
+        tracing::info!(job = self.id, phase = name, seconds = t.elapsed().as_secs_f64(), freed_bytes, "training phase done");
         Ok(())
     }
 
@@ -1025,7 +1067,8 @@ impl crate::engine::Training<'_> {
     /// Said before an admin starts a run (the 训练 page, `care train status`): whether the data disk holds a run
     /// from the live pair. None when no pair is live.
     pub fn disk(&self, _admin: &Admin, sides: Sides) -> Result<Option<TrainingDisk>> {
-        self.active_models()?.map(|p| self.training_disk(&p, sides)).transpose()
+        let recipe = Recipe { sides, ..Recipe::default() };
+        self.active_models()?.map(|p| self.training_disk(&p, &recipe)).transpose()
     }
 
     /// How long `recipe` should take here, judged from the newest finished run of its shape on this device.
@@ -1111,6 +1154,46 @@ mod tests {
         }
         assert!(!t.path().join("stage1/checkpoints").exists());
         assert_eq!(prune_run_dir(t.path()), 0, "pruning twice frees nothing more");
+    }
+
+    /// Each ended phase frees what no later one reads, and only that: a restart after it finds what it resumes.
+    #[test]
+    fn an_ended_phase_frees_only_what_no_later_phase_reads() {
+        let t = tempfile::tempdir().unwrap();
+        let files = [
+            ("served_vectors.safetensors", 1000),
+            ("stage1/query/model.safetensors", 2000),
+            ("stage1/checkpoints/step-00000010/params.safetensors", 300),
+            ("stage2/query/model.safetensors", 2000),
+            ("stage2/document/model.safetensors", 2000),
+            ("stage2/checkpoints/step-00000004/optim.safetensors", 600),
+            ("stage2/metrics.jsonl", 10),
+            ("merged/model.safetensors", 2000),
+            ("export/model.safetensors", 2000),
+            ("export/model_int8.onnx", 1500),
+            ("export-document/model.onnx", 2000),
+        ];
+        for (f, n) in files {
+            let p = t.path().join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, vec![b'x'; n]).unwrap();
+        }
+        let exists = |f: &str| t.path().join(f).exists();
+        assert_eq!(prune_behind(t.path(), "data"), 0);
+        assert_eq!(prune_behind(t.path(), "stage1"), 300);
+        assert!(exists("stage1/query/model.safetensors") && exists("stage2/checkpoints"));
+        assert_eq!(prune_behind(t.path(), "stage2"), 600);
+        assert!(exists("stage2/query/model.safetensors") && exists("stage2/document/model.safetensors"));
+        std::fs::rename(t.path().join("merged"), t.path().join("unmerged")).unwrap();
+        assert_eq!(prune_behind(t.path(), "merge"), 0, "without a merge the export reads Stage II's weights");
+        std::fs::rename(t.path().join("unmerged"), t.path().join("merged")).unwrap();
+        assert_eq!(prune_behind(t.path(), "merge"), 1000 + 2000 * 3, "the export reads the merged weights only");
+        assert!(exists("merged/model.safetensors") && exists("stage2/metrics.jsonl"));
+        assert_eq!(prune_behind(t.path(), "export"), 2000);
+        assert!(exists("export/model.safetensors") && exists("export-document/model.onnx"));
+        assert!(!exists("merged/model.safetensors") && exists("stage2/metrics.jsonl"));
+        assert_eq!(prune_behind(t.path(), "import"), 2000 + 1500 + 2000);
+        assert!(!exists("export/model_int8.onnx") && !exists("export-document/model.onnx"));
     }
 
     #[test]
