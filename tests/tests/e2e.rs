@@ -358,7 +358,15 @@ fn https_search_api_and_page_on_the_demo() {
 
     let r = client.get(format!("{base}/api/v1/search")).query(&[("q", "二甲双胍的禁忌症")]).send().unwrap();
     assert_eq!(r.status(), 200);
+    // Server-Timing splits the request for `care bench --http`: the token check inside the server's whole time,
+    // which holds the engine's own.
+    let timing = r.headers().get("server-timing").unwrap().to_str().unwrap().to_string();
+    let dur = |name: &str| -> f64 {
+        let part = timing.split(", ").find_map(|p| p.strip_prefix(name)?.strip_prefix(";dur="));
+        part.unwrap_or_else(|| panic!("{name} in {timing}")).parse().unwrap()
+    };
     let body: serde_json::Value = r.json().unwrap();
+    assert!(dur("auth") > 0.0 && dur("auth") + body["took_ms"].as_f64().unwrap() <= dur("app"), "{timing} {body}");
     assert_eq!(body["method"], "weighted", "the demo serves hybrid search with the default model");
     let top = &body["hits"][0];
     assert!(top["title"].as_str().unwrap().contains("二甲双胍"), "{top}");

@@ -72,12 +72,36 @@ pub struct BenchReport {
 
 /// The HTTPS path's time split per query: the engine's search as it timed itself (`took_ms`, of which the query
 /// encoding `encode_ms`), and everything outside it (TLS, HTTP, the token check, the hand-off to a blocking
-/// thread, grants and the search audit, JSON) as the client's wall time minus `took_ms`.
+/// thread, grants and the search audit, JSON) as the client's wall time minus `took_ms`. The server's
+/// `Server-Timing` splits that further: the token check (`auth`, with its hand-off), the rest of the server
+/// (`app` minus `auth` minus `took_ms`: the search's hand-off, grants, the audit, JSON) and the transport (wall
+/// minus `app`: TLS, HTTP and the client's side of both).
 #[derive(Debug, Serialize)]
 pub struct HttpParts {
+    /// The same façade call in process, alternated query by query with the HTTPS requests (which goes first
+    /// alternates too), so both see the same machine state: `hybrid_http` minus this is the HTTPS path's cost.
+    pub in_process_interleaved: Latency,
+    /// p50 and p99 of the HTTPS requests minus those of `in_process_interleaved`.
+    pub https_minus_in_process_p50_ms: f64,
+    pub https_minus_in_process_p99_ms: f64,
     pub engine: Latency,
     pub encode: Latency,
     pub outside_engine: Latency,
+    pub auth: Latency,
+    pub server_rest: Latency,
+    pub transport: Latency,
+}
+
+/// `(auth, app)` milliseconds from a `Server-Timing` header (0 for a part it lacks).
+fn server_timing(h: &reqwest::header::HeaderMap) -> (f64, f64) {
+    let v = h.get("server-timing").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let part = |name: &str| {
+        v.split(',')
+            .filter_map(|m| m.trim().strip_prefix(name)?.strip_prefix(";dur=")?.parse::<f64>().ok())
+            .next()
+            .unwrap_or(0.0)
+    };
+    (part("auth"), part("app"))
 }
 
 pub struct BenchOptions {
@@ -285,8 +309,9 @@ fn http_latency(engine: Arc<Engine>, queries: &[&str]) -> Result<(Latency, HttpP
         },
         ..Default::default()
     };
+    let served = engine.clone();
     std::thread::spawn(move || {
-        let _ = actix_web::rt::System::new().block_on(care_server::serve(engine, settings, move |addr, _| {
+        let _ = actix_web::rt::System::new().block_on(care_server::serve(served, settings, move |addr, _| {
             let _ = tx.send(addr);
         }));
     });
@@ -300,24 +325,47 @@ fn http_latency(engine: Arc<Engine>, queries: &[&str]) -> Result<(Latency, HttpP
         client.get(&url).query(&[("q", q)]).send()?.error_for_status()?;
     }
     let (mut xs, mut took, mut encode, mut outside) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for q in queries {
+    let (mut auth, mut rest, mut transport, mut local) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let in_process = |q: &str| -> Result<f64> {
+        let t = Instant::now();
+        std::hint::black_box(engine.search().run(&bench_admin(), &SearchAs { query: q.into(), ..Default::default() })?);
+        Ok(ms(t))
+    };
+    for (i, q) in queries.iter().enumerate() {
+        if i % 2 == 0 {
+            local.push(in_process(q)?);
+        }
         let t = Instant::now();
         let r = client.get(&url).query(&[("q", q)]).send()?.error_for_status()?;
+        let timing = server_timing(r.headers());
         let body = r.bytes()?;
         let wall = ms(t);
+        if i % 2 == 1 {
+            local.push(in_process(q)?);
+        }
         let v: serde_json::Value = serde_json::from_slice(&body)?;
         let field = |k: &str| v[k].as_f64().unwrap_or(0.0);
         xs.push(wall);
         took.push(field("took_ms"));
         encode.push(field("encode_ms"));
         outside.push(wall - field("took_ms"));
+        auth.push(timing.0);
+        rest.push(timing.1 - timing.0 - field("took_ms"));
+        transport.push(wall - timing.1);
     }
+    let (https, local) = (Latency::from(xs), Latency::from(local));
     let parts = HttpParts {
+        https_minus_in_process_p50_ms: https.p50_ms - local.p50_ms,
+        https_minus_in_process_p99_ms: https.p99_ms - local.p99_ms,
+        in_process_interleaved: local,
         engine: Latency::from(took),
         encode: Latency::from(encode),
         outside_engine: Latency::from(outside),
+        auth: Latency::from(auth),
+        server_rest: Latency::from(rest),
+        transport: Latency::from(transport),
     };
-    Ok((Latency::from(xs), parts))
+    Ok((https, parts))
 }
 
 pub fn write(report: &BenchReport, out: Option<&Path>) -> Result<()> {

@@ -599,8 +599,12 @@ fn run(cli: Cli) -> Result<i32> {
                     rows.push(("hybrid (HTTPS)".to_string(), h));
                 }
                 if let Some(p) = &report.http_parts {
+                    rows.push(("in process, alternated with HTTPS".to_string(), &p.in_process_interleaved));
                     rows.push(("HTTPS: encode inside".to_string(), &p.encode));
                     rows.push(("HTTPS: outside the engine".to_string(), &p.outside_engine));
+                    rows.push(("HTTPS: token check".to_string(), &p.auth));
+                    rows.push(("HTTPS: rest of the server".to_string(), &p.server_rest));
+                    rows.push(("HTTPS: transport".to_string(), &p.transport));
                 }
                 let rows: Vec<(String, Vec<f64>)> =
                     rows.into_iter().map(|(l, x)| (l, vec![x.p50_ms, x.p99_ms])).collect();

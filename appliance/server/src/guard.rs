@@ -9,7 +9,7 @@
 //! form, which has no session yet, uses a double-submit cookie.
 
 use std::future::{Ready, ready};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
@@ -341,10 +341,12 @@ pub async fn guard(
     let page = route.map_or(is_page_path(&path), |r| r.kind == Kind::Page);
     let denied = |code: ErrorCode, msg: &str| errors::render(code, msg, &rid, page);
 
+    let identifying = Instant::now();
     let caller = match identify(&req, &state).await {
         Ok(c) => c,
         Err(e) => return Ok(req.into_response(denied(e.code(), &e.public_message()))),
     };
+    let auth = identifying.elapsed();
     if let Some(c) = &caller {
         req.extensions_mut().insert(c.clone());
     }
@@ -432,7 +434,21 @@ pub async fn guard(
     } else {
         res
     };
-    Ok(finish(res, &state, route, started, &rid))
+    let mut res = finish(res, &state, route, started, &rid);
+    server_timing(res.response_mut(), auth, started.elapsed());
+    Ok(res)
+}
+
+/// `Server-Timing` (W3C; browsers' developer tools show it): the sign-in check (`auth`: token or cookie lookup,
+/// with its hand-off to a blocking thread) and the whole request inside the server (`app`, from the middleware's
+/// start to the response's body built, before TLS writes it). With the search's own `took_ms` this splits a
+/// request's time into the engine, the rest of the server, and the transport (`care bench --http`).
+fn server_timing(res: &mut HttpResponse, auth: Duration, app: Duration) {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let value = format!("auth;dur={:.3}, app;dur={:.3}", ms(auth), ms(app));
+    if let Ok(v) = header::HeaderValue::from_str(&value) {
+        res.headers_mut().insert(header::HeaderName::from_static("server-timing"), v);
+    }
 }
 
 fn finish(
