@@ -67,7 +67,8 @@ pub fn export_package(
     };
     let cfg = bert.cfg.to_modelio();
     let tensors = bert.weights.to_modelio()?;
-    care_modelio::export_bert(&cfg, &tensors, &out.join(Graph::Fp32.file())).map_err(|e| Error::Export(e.to_string()))?;
+    care_modelio::export_bert(&cfg, &tensors, &out.join(Graph::Fp32.file()))
+        .map_err(|e| Error::Export(e.to_string()))?;
     let mut files = vec![Graph::Fp32.file(), "tokenizer.json", "config.json", "model.safetensors"];
     // The int8 graph is what the evaluation gate times and scores beside the fp32 one; documents are always
     // encoded in fp32, so a document encoder's package has no use for it.
@@ -110,9 +111,7 @@ pub fn export_package(
         .collect::<Result<Vec<_>>>()?;
     let parity = ParityFile { texts: parity_texts.to_vec(), embeddings };
     write_json(&out.join(PARITY_FILE), &serde_json::to_value(&parity).unwrap_or_default())?;
-    manifest
-        .write(out, &files)
-        .map_err(|e| Error::Export(e.to_string()))?;
+    manifest.write(out, &files).map_err(|e| Error::Export(e.to_string()))?;
     Ok(manifest)
 }
 

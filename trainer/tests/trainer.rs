@@ -564,7 +564,8 @@ fn query_package_export_writes_a_verified_manifest_and_parity_vectors() {
     }
     // A document encoder's package carries no int8 graph (documents are encoded in fp32).
     let doc = root.path().join("doc");
-    let d = care_trainer::export::export_package(&mut q, &doc, &info, care_formats::ModelRole::Document, &texts).unwrap();
+    let d =
+        care_trainer::export::export_package(&mut q, &doc, &info, care_formats::ModelRole::Document, &texts).unwrap();
     assert!(!d.files.contains_key(care_formats::Graph::Int8.file()) && !doc.join("model_int8.onnx").exists());
     let parity: care_trainer::export::ParityFile =
         serde_json::from_str(&std::fs::read_to_string(out.join("parity.json")).unwrap()).unwrap();

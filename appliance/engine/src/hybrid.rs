@@ -153,7 +153,15 @@ impl Engine {
             )));
         }
         self.prepare_document_model(&d, progress)?;
-        models::set_active_as(&self.store, &q, &d, actor, ("model.activate", ""), &models::FusionChange::Keep, query_graph)?;
+        models::set_active_as(
+            &self.store,
+            &q,
+            &d,
+            actor,
+            ("model.activate", ""),
+            &models::FusionChange::Keep,
+            query_graph,
+        )?;
         *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
         q.query_graph = query_graph.unwrap_or(q.query_graph);
         Ok(ActivePair { query: q, document: d })

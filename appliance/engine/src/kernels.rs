@@ -781,7 +781,8 @@ mod tests {
         // The query's own rounding: at most half a step per component, times the codes' magnitudes.
         let qmax = q.iter().fold(0f32, |m, x| m.max(x.abs()));
         for (r, (g, x)) in got.iter().zip(&want).enumerate() {
-            let bound = 0.5 * qmax / 127.0 * codes.codes[r * w..(r + 1) * w].iter().map(|c| f32::from(*c).abs()).sum::<f32>();
+            let bound =
+                0.5 * qmax / 127.0 * codes.codes[r * w..(r + 1) * w].iter().map(|c| f32::from(*c).abs()).sum::<f32>();
             assert!((g - x).abs() <= bound + 1e-3, "row {r}: {g} vs {x} (bound {bound})");
         }
     }

@@ -645,8 +645,7 @@ impl Engine {
     /// other lets a burst of unrelated work land on one side only and fail (or pass) the gate by chance.
     fn encode_latencies(&self, sides: &[(&ModelRecord, Graph)], queries: &[String]) -> Result<Vec<EncodeLatency>> {
         const WARM_UP: usize = 8;
-        let encs =
-            sides.iter().map(|(m, g)| self.encoder_graph(m, *g)).collect::<Result<Vec<_>>>()?;
+        let encs = sides.iter().map(|(m, g)| self.encoder_graph(m, *g)).collect::<Result<Vec<_>>>()?;
         let mut ms = vec![Vec::with_capacity(queries.len()); encs.len()];
         // Warm-up first: the first queries' timings are dropped.
         for (i, q) in queries.iter().take(WARM_UP).chain(queries.iter()).enumerate() {
@@ -805,7 +804,8 @@ pub fn evaluation_chart(r: &EvaluationReport) -> String {
             rows.push((format!("{} {name}", c.collection), vec![m.live, m.candidate, m.candidate_lo, m.candidate_hi]));
         }
     }
-    let title = format!("{} ({}) vs live {}: {} — {}", r.candidate, r.candidate_graph, r.live, r.ndcg_gain(), r.verdict());
+    let title =
+        format!("{} ({}) vs live {}: {} — {}", r.candidate, r.candidate_graph, r.live, r.ndcg_gain(), r.verdict());
     crate::chart::grouped_bars(&title, "", &["live", "candidate", "candidate 2.5%", "candidate 97.5%"], &rows)
 }
 

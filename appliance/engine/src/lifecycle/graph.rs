@@ -165,7 +165,8 @@ fn check_graph(
 ) -> Result<(usize, Option<f64>)> {
     let encs = graphs(m)
         .map(|g| {
-            let enc = OrtEncoder::load_with_manifest(staged, g, m.clone(), cfg).map_err(|e| invalid(src, e.to_string()))?;
+            let enc =
+                OrtEncoder::load_with_manifest(staged, g, m.clone(), cfg).map_err(|e| invalid(src, e.to_string()))?;
             Ok((g, enc))
         })
         .collect::<Result<Vec<_>>>()?;
@@ -191,11 +192,16 @@ fn check_one(
 ) -> Result<(usize, Option<f64>)> {
     let file = g.file();
     let kind = if m.role.encodes_queries() { TextKind::Query } else { TextKind::Document };
-    let probe = enc.encode(&["二甲双胍的禁忌症"], kind).map_err(|e| invalid(src, format!("{file} does not run: {e}")))?;
+    let probe =
+        enc.encode(&["二甲双胍的禁忌症"], kind).map_err(|e| invalid(src, format!("{file} does not run: {e}")))?;
     if probe.first().map(Vec::len) != Some(m.width) {
         return Err(invalid(
             src,
-            format!("{file} produces vectors of width {:?}, the manifest says {}", probe.first().map(Vec::len), m.width),
+            format!(
+                "{file} produces vectors of width {:?}, the manifest says {}",
+                probe.first().map(Vec::len),
+                m.width
+            ),
         ));
     }
     let Some(p) = parity else { return Ok((0, None)) };

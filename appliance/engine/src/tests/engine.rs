@@ -989,7 +989,8 @@ mod lifecycle_gate {
             Some(bytes) => std::fs::write(dir.join(Graph::Int8.file()), bytes).unwrap(),
             None => drop(std::fs::copy(conv.join(Graph::Int8.file()), dir.join(Graph::Int8.file())).unwrap()),
         }
-        let texts: Vec<String> = ["二甲双胍的禁忌症", "孕妇感冒能吃什么药", "宝宝发烧38度5怎么办"].map(String::from).to_vec();
+        let texts: Vec<String> =
+            ["二甲双胍的禁忌症", "孕妇感冒能吃什么药", "宝宝发烧38度5怎么办"].map(String::from).to_vec();
         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
         let embeddings = e.encoder(&live).unwrap().encode(&refs, crate::encoders::TextKind::Query).unwrap();
         let parity = serde_json::json!({"texts": texts, "embeddings": embeddings});
@@ -1055,7 +1056,10 @@ mod lifecycle_gate {
         assert_eq!((live.query.name.as_str(), live.query.query_graph), ("e5-q8", want));
         let (served, _) = e.encode_queries(&[queries[0].as_str()]).unwrap().unwrap();
         let by = |g: Graph| {
-            e.encoder_graph(&live.query, g).unwrap().encode(&[queries[0].as_str()], crate::encoders::TextKind::Query).unwrap()
+            e.encoder_graph(&live.query, g)
+                .unwrap()
+                .encode(&[queries[0].as_str()], crate::encoders::TextKind::Query)
+                .unwrap()
         };
         assert_eq!(served, by(want));
         assert_ne!(by(Graph::Int8), by(Graph::Fp32), "the two graphs are different encoders");

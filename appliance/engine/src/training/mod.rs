@@ -218,7 +218,8 @@ const IMPORTED_DOCUMENT_COPIES: u64 = 2;
 /// one being written. The document side trains LoRA adapters only: small beside these.
 fn checkpoint_bytes(dir: &Path, freeze_embeddings: bool) -> Result<u64> {
     let path = dir.join("model.safetensors");
-    let layout = care_modelio::safetensors::validate(&path).map_err(|e| Error::Model(format!("{}: {e}", path.display())))?;
+    let layout =
+        care_modelio::safetensors::validate(&path).map_err(|e| Error::Model(format!("{}: {e}", path.display())))?;
     let trainable = layout.bytes_where(|n| !(freeze_embeddings && n.contains("embeddings.word")));
     Ok(trainable * 3 * (Hyper::default().keep_checkpoints.max(1) as u64 + 1))
 }
@@ -904,7 +905,13 @@ impl Run<'_> {
             params![self.id, serde_json::to_string(&st.phases).unwrap_or_default()],
         )?;
         let freed_bytes = prune_behind(self.dir, name);
-        tracing::info!(job = self.id, phase = name, seconds = t.elapsed().as_secs_f64(), freed_bytes, "training phase done");
+        tracing::info!(
+            job = self.id,
+            phase = name,
+            seconds = t.elapsed().as_secs_f64(),
+            freed_bytes,
+            "training phase done"
+        );
         Ok(())
     }
 
