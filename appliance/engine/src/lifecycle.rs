@@ -834,13 +834,15 @@ impl crate::engine::Models<'_> {
         }
         // The copy under models/ is as large as the listed files (their sizes as the hash check just read them);
         // links take no room.
-        let incoming = m
-            .files
-            .keys()
-            .filter_map(|f| std::fs::symlink_metadata(src.join(f)).ok())
-            .map(|md| md.len())
-            .fold(0u64, u64::saturating_add)
-            * u64::from(how == Transfer::Copy);
+        let incoming = match how {
+            Transfer::Copy => m
+                .files
+                .keys()
+                .filter_map(|f| std::fs::symlink_metadata(src.join(f)).ok())
+                .map(|md| md.len())
+                .fold(0u64, u64::saturating_add),
+            Transfer::Link => 0,
+        };
         self.ensure_free_space(&format!("导入模型 {spec}"), incoming)?;
         let staged = self.dir.models().join(format!(
             "{}{}-{}",

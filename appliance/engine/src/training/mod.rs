@@ -149,6 +149,15 @@ impl Default for Recipe {
 }
 
 impl Recipe {
+    /// Stage I's steps for a run from `pair`. Stage I aligns a query encoder to the frozen document encoder. When
+    /// the query encoder *is* the document encoder (a symmetric pair such as e5-small, kept at full size) they are
+    /// aligned by construction, and Stage I would only spend hours teaching a model its own vectors: 0, and Stage II
+    /// starts from it directly.
+    fn stage1_steps_from(&self, pair: &ActivePair) -> u64 {
+        let same_encoder = self.query_layers.is_none() && pair.query.id == pair.document.id;
+        if same_encoder { 0 } else { self.stage1_steps }
+    }
+
     /// Bounds every field a request can set.
     pub fn check(&self) -> Result<()> {
         let bad = |what: &str| Err(Error::InvalidInput(format!("训练配置无效 (recipe: {what})")));
@@ -271,8 +280,7 @@ fn prune_run_dir_but(dir: &Path, keep: &[&str]) -> u64 {
         let Ok(meta) = std::fs::symlink_metadata(&p) else { continue };
         if meta.is_dir() {
             if p.file_name().is_some_and(|n| n == "checkpoints") {
-                freed += dir_size(&p);
-                let _ = std::fs::remove_dir_all(&p);
+                freed += remove_dir_counted(&p);
             } else {
                 freed += prune_run_dir(&p);
             }
@@ -288,22 +296,23 @@ fn prune_run_dir_but(dir: &Path, keep: &[&str]) -> u64 {
 /// Frees, once `phase` of the run in `dir` has ended, the weights no later phase reads: a restart resumes past an
 /// ended phase, so nothing freed here is read again. After Stage I or II: that stage's checkpoints (its resume
 /// points); after a merge: everything but the merged weights; after the export: everything but the export
-/// folders (the stages' and merged weights); after the
-/// import: the export folders too (the packages under `models/` are hard links to the same files). Returns the
-/// bytes freed.
+/// folders (the stages' and merged weights); after the import: the export folders too (the packages under
+/// `models/` are hard links to the same files). Returns the bytes freed.
 fn prune_behind(dir: &Path, phase: &str) -> u64 {
     match phase {
-        "stage1" | "stage2" => {
-            let ckpt = dir.join(phase).join("checkpoints");
-            let freed = dir_size(&ckpt);
-            if std::fs::remove_dir_all(&ckpt).is_ok() { freed } else { 0 }
-        }
+        "stage1" | "stage2" => remove_dir_counted(&dir.join(phase).join("checkpoints")),
         // Merged weights are what the export reads; without a merge (ratio 1) it reads Stage II's own.
         "merge" if dir.join("merged").exists() => prune_run_dir_but(dir, &["merged", "export"]),
         "export" => prune_run_dir_but(dir, &["export"]),
         "import" => prune_run_dir(dir),
         _ => 0,
     }
+}
+
+/// Removes the folder `dir` with everything in it; returns its bytes (0 when it could not be removed).
+fn remove_dir_counted(dir: &Path) -> u64 {
+    let size = dir_size(dir);
+    if std::fs::remove_dir_all(dir).is_ok() { size } else { 0 }
 }
 
 /// Bytes of a model package's weights (its `*.safetensors` files).
@@ -488,8 +497,7 @@ impl Engine {
                 continue;
             }
             if embed {
-                freed += dir_size(&entry.path());
-                let _ = std::fs::remove_dir_all(entry.path());
+                freed += remove_dir_counted(&entry.path());
             } else {
                 freed += prune_run_dir(&entry.path());
             }
@@ -510,8 +518,7 @@ impl Engine {
     /// [`EXPORT_QUERY_COPIES`]) plus `[training] keep_free_gb` left for search and ingest.
     fn training_disk(&self, pair: &ActivePair, recipe: &Recipe) -> Result<TrainingDisk> {
         let wq = safetensors_bytes(&pair.query.dir)?;
-        let same_encoder = recipe.query_layers.is_none() && pair.query.id == pair.document.id;
-        let stage1 = if recipe.stage1_steps > 0 && !same_encoder { wq } else { 0 };
+        let stage1 = if recipe.stage1_steps_from(pair) > 0 { wq } else { 0 };
         let (wd, tables) = if recipe.sides == Sides::Both {
             // 4 bytes per dimension of every chunk, twice for the table's own overhead and the scan's int8 copy.
             let chunks: i64 = self.store.reader().query_row("SELECT COUNT(*) FROM chunks", [], |r| r.get(0))?;
@@ -656,11 +663,7 @@ impl Engine {
                 .then(|| ServedVectors { vectors: dir.join(data::SERVED_VECTORS), corpus: dir.join("corpus.jsonl") })
         };
         let s1 = dir.join("stage1");
-        // Stage I aligns a query encoder to the frozen document encoder. When the query encoder *is* the document
-        // encoder (a symmetric pair such as e5-small, kept at full size) they are aligned by construction, and
-        // Stage I would only spend hours teaching a model its own vectors: Stage II starts from it directly.
-        let same_encoder = p.recipe.query_layers.is_none() && base.query.id == base.document.id;
-        let s1_steps = if same_encoder { 0 } else { p.recipe.stage1_steps };
+        let s1_steps = p.recipe.stage1_steps_from(&base);
         // Stage I can be skipped (0 steps): Stage II then starts from the initial query encoder.
         let s1_query = if s1_steps == 0 { init.clone() } else { s1.join("query") };
         run.phase(&mut st, "stage1", "Stage I 训练", |r| {
@@ -1133,6 +1136,15 @@ impl crate::engine::Training<'_> {
 mod tests {
     use super::*;
 
+    /// Writes each `(path, bytes)` of `files` under `root`, `bytes` bytes long.
+    fn write_files(root: &Path, files: &[(&str, usize)]) {
+        for (f, n) in files {
+            let p = root.join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, vec![b'x'; *n]).unwrap();
+        }
+    }
+
     #[test]
     fn an_ended_runs_folder_keeps_its_data_and_logs_and_frees_its_weights() {
         let t = tempfile::tempdir().unwrap();
@@ -1149,11 +1161,7 @@ mod tests {
             ("export/model.onnx", 2000),
             ("export/manifest.toml", 10),
         ];
-        for (f, n) in files {
-            let p = t.path().join(f);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, vec![b'x'; n]).unwrap();
-        }
+        write_files(t.path(), &files);
         assert_eq!(prune_run_dir(t.path()), 1000 + 2000 + 300 + 5 + 2000);
         for (f, n) in files {
             let kept = n == 10;
@@ -1180,11 +1188,7 @@ mod tests {
             ("export/model_int8.onnx", 1500),
             ("export-document/model.onnx", 2000),
         ];
-        for (f, n) in files {
-            let p = t.path().join(f);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, vec![b'x'; n]).unwrap();
-        }
+        write_files(t.path(), &files);
         let exists = |f: &str| t.path().join(f).exists();
         assert_eq!(prune_behind(t.path(), "data"), 0);
         assert_eq!(prune_behind(t.path(), "stage1"), 300);
