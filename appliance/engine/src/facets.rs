@@ -218,7 +218,11 @@ impl Facets {
 #[derive(Debug, Default)]
 pub struct MetaIndex {
     pub version: i64,
-    docs: HashMap<i64, Entry>,
+    /// Looked up for every hit of every search (the facet counts): the integer hash, not SipHash (keys are row ids,
+    /// not attacker-chosen strings).
+    docs: rustc_hash::FxHashMap<i64, Entry>,
+    /// Whether any document has a named value or a date: without one, no search has a facet to count.
+    countable: bool,
     /// Names (of any dimension) by number, and back (0 is "none").
     names: Vec<String>,
     numbers: HashMap<String, u32>,
@@ -235,7 +239,11 @@ struct Entry {
     collection: i64,
     /// The numbers of its named dimensions' values.
     named: [u32; NAMED],
-    meta: DocMeta,
+    /// The year a facet counts (the date's first four bytes), `[0; 4]` without a date.
+    year: [u8; 4],
+    /// Boxed: counting the facets of a search's 1,100 hits reads the fields above only, and a 40-byte entry keeps
+    /// the index a fifth the size (fewer cache misses than one with the six strings inline).
+    meta: Box<DocMeta>,
 }
 
 /// Admitted sets kept per metadata version.
@@ -283,14 +291,16 @@ impl MetaIndex {
             self.numbers.insert(String::new(), 0);
         }
         let named = named_values(&meta).map(|v| self.number(v));
+        self.countable |= named.iter().any(|n| *n != 0) || meta.year().is_some();
         if !meta.access.is_empty() {
             self.restricted.insert(collection);
         }
-        self.docs.insert(id, Entry { collection, named, meta });
+        let year = meta.year().and_then(|y| y.as_bytes().try_into().ok()).unwrap_or([0; 4]);
+        self.docs.insert(id, Entry { collection, named, year, meta: Box::new(meta) });
     }
 
     pub fn meta(&self, doc: i64) -> Option<&DocMeta> {
-        self.docs.get(&doc).map(|d| &d.meta)
+        self.docs.get(&doc).map(|d| &*d.meta)
     }
 
     /// The numbers each named dimension of a filter wants (a name no document has gets none: it admits nothing),
@@ -360,20 +370,24 @@ impl MetaIndex {
     /// query's ranking without filters) that pass the other dimensions' filters; any other dimension counts the
     /// documents of `filtered` (the ranking the page shows), so the values' counts add up to its total.
     pub fn facets(&self, unfiltered: &[i64], filtered: &[i64], filter: &SearchFilter) -> Facets {
+        if !self.countable {
+            return Facets::default();
+        }
         let wanted = self.wanted(filter);
         let mut constrained = [filter.dated(); NAMED + 1];
         for (c, (w, _)) in constrained.iter_mut().zip(&wanted) {
             *c = *w;
         }
         let mut named: [Vec<usize>; NAMED] = std::array::from_fn(|_| vec![0usize; self.names.len()]);
-        let mut year: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut year: BTreeMap<[u8; 4], usize> = BTreeMap::new();
         for (ranking, own) in [(unfiltered, true), (filtered, false)] {
             let mut docs = ranking.to_vec();
             docs.sort_unstable();
             docs.dedup();
             for doc in docs {
                 let Some(e) = self.docs.get(&doc) else { continue };
-                let ok = self.passes(e, &wanted, filter);
+                // Only the unfiltered ranking's counts ask which dimensions a document passes.
+                let ok = if own { self.passes(e, &wanted, filter) } else { [true; NAMED + 1] };
                 // From the unfiltered ranking, a constrained dimension counts what passes every other dimension.
                 let others_pass = |dim: usize| ok.iter().enumerate().all(|(j, p)| j == dim || *p);
                 for (dim, counts) in named.iter_mut().enumerate() {
@@ -381,8 +395,8 @@ impl MetaIndex {
                         counts[e.named[dim] as usize] += 1;
                     }
                 }
-                if let (true, true, Some(yr)) = (constrained[NAMED] == own, !own || others_pass(NAMED), e.meta.year()) {
-                    *year.entry(yr).or_insert(0) += 1;
+                if constrained[NAMED] == own && (!own || others_pass(NAMED)) && e.year != [0; 4] {
+                    *year.entry(e.year).or_insert(0) += 1;
                 }
             }
         }
@@ -402,7 +416,8 @@ impl MetaIndex {
                 .collect();
             ranked(counts, &|v| chosen[dim].iter().any(|c| c == v))
         });
-        let mut years = ranked(year.into_iter().map(|(y, n)| (y.to_string(), n)).collect(), &|y| {
+        let years = year.into_iter().map(|(y, n)| (String::from_utf8_lossy(&y).into_owned(), n));
+        let mut years = ranked(years.collect(), &|y| {
             !filter.date_from.is_empty() && filter.date_from.starts_with(y) && filter.date_to.starts_with(y)
         });
         years.sort_by(|a, b| b.value.cmp(&a.value));

@@ -714,7 +714,7 @@ impl Engine {
 /// repeating a head chunk.
 fn fuse_ranking(bm25: &[Ranked], dense: &[Ranked], method: Method, weight: f32, head_depth: usize) -> Vec<Explained> {
     let mut hits = fusion::fuse(&bm25[..bm25.len().min(head_depth)], dense, method, weight);
-    let seen: HashSet<i64> = hits.iter().map(|h| h.chunk_id).collect();
+    let seen: rustc_hash::FxHashSet<i64> = hits.iter().map(|h| h.chunk_id).collect();
     if bm25.len() > head_depth {
         hits.extend(fusion::fuse(bm25, dense, method, weight).into_iter().filter(|h| !seen.contains(&h.chunk_id)));
     }
