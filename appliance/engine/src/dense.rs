@@ -59,8 +59,8 @@ struct Flat {
 const INT8_SCAN_FROM: usize = 4096;
 /// On kuake_qtr's 32,171 e5-small vectors and 300 training queries, 1.25 × k candidates already gave the exact
 /// top k of every query, at the k = 100 a search's dense leg asks for and at 1,100 (1.1 × missed up to 9 rows;
-/// `tests/bench/int8_oversample.py`); 1.5 keeps twice that margin. The 4 × before it kept a heap of 400
-/// candidates and re-scored them all (random reads of the f32 rows): 6 % of a loaded server's CPU.
+/// `tests/bench/int8_oversample.py`); 1.5 keeps twice that margin. At 4 × the heap of 400 candidates and their
+/// re-scoring (random reads of the f32 rows) took 9 % of a loaded server's CPU, at 1.5 × 3 %.
 const INT8_OVERSAMPLE: f32 = 1.5;
 
 pub struct DenseTable {
