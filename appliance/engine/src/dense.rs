@@ -61,7 +61,7 @@ const INT8_SCAN_FROM: usize = 4096;
 /// top k of every query, at the k = 100 a search's dense leg asks for and at 1,100 (1.1 × missed up to 9 rows;
 /// `tests/bench/int8_oversample.py`); 1.5 keeps twice that margin. At 4 × the heap of 400 candidates and their
 /// re-scoring (random reads of the f32 rows) took 9 % of a loaded server's CPU, at 1.5 × 3 %.
-const INT8_OVERSAMPLE: f32 = 1.5;
+pub(crate) const INT8_OVERSAMPLE: f32 = 1.5;
 
 pub struct DenseTable {
     name: String,

@@ -221,8 +221,6 @@ pub struct MetaIndex {
     /// Looked up for every hit of every search (the facet counts): the integer hash, not SipHash (keys are row ids,
     /// not attacker-chosen strings).
     docs: rustc_hash::FxHashMap<i64, Entry>,
-    /// Whether any document has a named value or a date: without one, no search has a facet to count.
-    countable: bool,
     /// Names (of any dimension) by number, and back (0 is "none").
     names: Vec<String>,
     numbers: HashMap<String, u32>,
@@ -291,7 +289,6 @@ impl MetaIndex {
             self.numbers.insert(String::new(), 0);
         }
         let named = named_values(&meta).map(|v| self.number(v));
-        self.countable |= named.iter().any(|n| *n != 0) || meta.year().is_some();
         if !meta.access.is_empty() {
             self.restricted.insert(collection);
         }
@@ -370,9 +367,6 @@ impl MetaIndex {
     /// query's ranking without filters) that pass the other dimensions' filters; any other dimension counts the
     /// documents of `filtered` (the ranking the page shows), so the values' counts add up to its total.
     pub fn facets(&self, unfiltered: &[i64], filtered: &[i64], filter: &SearchFilter) -> Facets {
-        if !self.countable {
-            return Facets::default();
-        }
         let wanted = self.wanted(filter);
         let mut constrained = [filter.dated(); NAMED + 1];
         for (c, (w, _)) in constrained.iter_mut().zip(&wanted) {

@@ -198,7 +198,8 @@ fn to_int8(v: f32, scale: f32) -> i8 {
 /// Top-k by exact f32 inner product, found through an int8 first pass: the best `k × oversample` rows by the
 /// quantised score are re-scored exactly against `rows` and the best k of those returned. Equal to [`top_k`]
 /// whenever the true top k lie among those candidates (the quantisation error is far below the score gaps that
-/// matter; `dense_int8_scan_finds_the_exact_top_k` measures it).
+/// matter; `int8_scores_match_the_portable_loop_and_the_scan_finds_the_exact_top_k` and
+/// `tests/bench/int8_oversample.py` measure it).
 pub fn top_k_int8(approx: &Int8Rows, rows: &[f32], q: &[f32], k: usize, oversample: f32) -> Vec<(f32, usize)> {
     top_k_int8_where(approx, rows, q, k, oversample, |_| true)
 }
@@ -758,7 +759,7 @@ mod tests {
                 assert!((g - want).abs() < 1e-3 * want.abs().max(1.0), "row {r}: {g} vs {want}");
             }
         }
-        // Normalised rows, as the dense index holds: the int8 pass with the served 1.5 × k candidates returns the exact top k.
+        // Normalised rows, as the dense index holds: the int8 pass with the served oversample returns the exact top k.
         let (n, w) = (3000, 384);
         let mut rows = matrix(n, w, 7);
         for r in rows.chunks_exact_mut(w) {
@@ -772,7 +773,8 @@ mod tests {
                 .zip(matrix(1, w, 100 + seed as u32))
                 .map(|(a, b)| a + 0.05 * b)
                 .collect();
-            assert_eq!(top_k_int8(&codes, &rows, &q, 100, 1.5), top_k(&rows, &q, 100), "query {seed}");
+            let served = crate::dense::INT8_OVERSAMPLE;
+            assert_eq!(top_k_int8(&codes, &rows, &q, 100, served), top_k(&rows, &q, 100), "query {seed}");
         }
     }
 
