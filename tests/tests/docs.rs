@@ -80,6 +80,55 @@ fn readme_is_a_front_page_of_at_most_200_lines() {
     );
 }
 
+/// `1234` as README writes it: `1,234`.
+fn with_thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// README's build and test times and the timings chart come from one run: README names its results file
+/// (`tests/results/build-timings-DATE.json`), and every figure that file lists under `readme_s` (a phrase of README
+/// and its seconds) stands in README as "PHRASE N s".
+fn readme_figures_mismatch(readme: &str, root: &Path) -> Vec<String> {
+    let Some(start) = readme.find("tests/results/build-timings-") else {
+        return vec!["README names no tests/results/build-timings-DATE.json".into()];
+    };
+    let Some(len) = readme[start..].find(".json") else { return vec!["README's results file is no .json".into()] };
+    let file = &readme[start..start + len + ".json".len()];
+    let Ok(text) = fs::read_to_string(root.join(file)) else { return vec![format!("{file} is missing")] };
+    let results: serde_json::Value = serde_json::from_str(&text).expect("results JSON");
+    let Some(figures) = results["readme_s"].as_object().filter(|f| !f.is_empty()) else {
+        return vec![format!("{file} lists no readme_s figures")];
+    };
+    figures
+        .iter()
+        .filter_map(|(phrase, secs)| {
+            let want = format!("{phrase} {} s", with_thousands(secs.as_u64().unwrap_or(0)));
+            (!readme.contains(&want)).then(|| format!("README lacks \"{want}\" ({file})"))
+        })
+        .collect()
+}
+
+#[test]
+fn readme_build_and_test_times_are_the_measured_ones() {
+    let root = repo_root();
+    let readme = fs::read_to_string(root.join("README.md")).expect("README.md");
+    let wrong = readme_figures_mismatch(&readme, &root);
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    // The check fires: a figure that is not the measured one is named.
+    let altered = readme.replacen(" s;", "1 s;", 1);
+    assert!(altered != readme && !readme_figures_mismatch(&altered, &root).is_empty());
+    assert_eq!(with_thousands(1234567), "1,234,567");
+    assert_eq!(with_thousands(880), "880");
+}
+
 #[test]
 fn readme_and_admin_docs_carry_no_lab_notebook_wording() {
     let root = repo_root();

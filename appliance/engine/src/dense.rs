@@ -1,6 +1,7 @@
-//! Dense vectors in LanceDB: one table per (collection, document model), named by the caller.
+//! Dense vectors in Lance tables (LanceDB's storage format, through `care-lance`): one table per (collection,
+//! document model), named by the caller.
 //!
-//! LanceDB is the durable store. Search is exact for tables below `ann_threshold` rows, done on an in-memory copy of
+//! Lance is the durable store. Search is exact for tables below `ann_threshold` rows, done on an in-memory copy of
 //! the vectors (an int8 pass and an f32 re-score, perfect recall); above the threshold an IVF-PQ index is built and
 //! queried with refinement (re-ranking the shortlist with full vectors), and its recall against the exact scan is
 //! what `recall_at` measures. `care bench --ann` measured where IVF-PQ starts to pay on 2 cores: not before about
@@ -13,12 +14,11 @@ use std::sync::{Arc, Mutex, RwLock};
 use arrow_array::types::Float32Type;
 use arrow_array::{Array, FixedSizeListArray, Float32Array, Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
-use futures::TryStreamExt;
-use lancedb::query::{ExecutableQuery, QueryBase, Select};
 
 use crate::error::{Error, Result};
 
 fn dense_err(e: impl std::fmt::Display) -> Error {
+    // Error::Io carries the path; Lance's own errors say which file when a file is at fault.
     let text = e.to_string();
     if crate::error::says_disk_full(&text) {
         return Error::StoreFull { store: "向量索引", detail: text };
@@ -27,8 +27,7 @@ fn dense_err(e: impl std::fmt::Display) -> Error {
 }
 
 pub struct DenseStore {
-    rt: tokio::runtime::Runtime,
-    db: lancedb::Connection,
+    store: care_lance::Store,
     tables: Mutex<HashMap<String, Arc<DenseTable>>>,
 }
 
@@ -66,26 +65,21 @@ pub(crate) const INT8_OVERSAMPLE: f32 = 1.5;
 pub struct DenseTable {
     name: String,
     width: usize,
-    table: lancedb::Table,
+    table: care_lance::Table,
     flat: RwLock<Option<Arc<Flat>>>,
     has_ann: RwLock<bool>,
 }
 
 impl DenseStore {
     pub fn open(dir: &Path) -> Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        // LanceDB is async; the engine is synchronous, so it owns a small runtime and blocks on it.
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("care-lancedb")
-            .enable_all()
-            .build()
-            .map_err(|e| Error::io(dir, e))?;
-        let uri = dir
-            .to_str()
-            .ok_or_else(|| Error::InvalidInput(format!("向量库路径 {} 不是 UTF-8 编码 (not UTF-8)", dir.display())))?;
-        let db = rt.block_on(lancedb::connect(uri).execute()).map_err(dense_err)?;
-        Ok(DenseStore { rt, db, tables: Mutex::new(HashMap::new()) })
+        if dir.to_str().is_none() {
+            return Err(Error::InvalidInput(format!("向量库路径 {} 不是 UTF-8 编码", dir.display())));
+        }
+        let store = care_lance::Store::open(dir).map_err(|e| match e {
+            care_lance::Error::Io { path, source } => Error::io(&path, source),
+            other => dense_err(other),
+        })?;
+        Ok(DenseStore { store, tables: Mutex::new(HashMap::new()) })
     }
 
     fn schema(width: usize) -> Arc<Schema> {
@@ -106,18 +100,8 @@ impl DenseStore {
         if let Some(t) = tables.get(name) {
             return Ok(t.clone());
         }
-        let names = self.rt.block_on(self.db.table_names().execute()).map_err(dense_err)?;
-        let table = if names.iter().any(|n| n == name) {
-            self.rt.block_on(self.db.open_table(name).execute()).map_err(dense_err)?
-        } else {
-            self.rt.block_on(self.db.create_empty_table(name, Self::schema(width)).execute()).map_err(dense_err)?
-        };
-        let has_ann = self
-            .rt
-            .block_on(table.list_indices())
-            .map_err(dense_err)?
-            .iter()
-            .any(|i| i.columns.iter().any(|c| c == "vector"));
+        let table = self.store.open_or_create(name, Self::schema(width)).map_err(dense_err)?;
+        let has_ann = self.store.has_index(&table, "vector").map_err(dense_err)?;
         let t = Arc::new(DenseTable {
             name: name.to_string(),
             width,
@@ -131,30 +115,27 @@ impl DenseStore {
 
     /// The names of every table in the database, recorded in SQLite or not.
     pub fn table_names(&self) -> Result<Vec<String>> {
-        self.rt.block_on(self.db.table_names().execute()).map_err(dense_err)
+        self.store.table_names().map_err(dense_err)
     }
 
     pub fn drop_table(&self, name: &str) -> Result<()> {
         self.tables.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
-        let names = self.rt.block_on(self.db.table_names().execute()).map_err(dense_err)?;
-        if names.iter().any(|n| n == name) {
-            self.rt.block_on(self.db.drop_table(name, &[])).map_err(dense_err)?;
-        }
-        Ok(())
+        self.store.drop_table(name).map_err(dense_err)
     }
 
     /// Replaces all vectors of the given documents with `rows` (chunk_id, document_id, vector).
     pub fn replace_documents(&self, t: &DenseTable, doc_ids: &[i64], rows: &[(i64, i64, Vec<f32>)]) -> Result<()> {
-        for ids in doc_ids.chunks(500) {
-            let list = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
-            self.rt.block_on(t.table.delete(format!("document_id IN ({list})").as_str())).map_err(dense_err)?;
-        }
-        if !rows.is_empty() {
-            let batch = Self::record_batch(t, rows)?;
-            self.rt.block_on(t.table.add(batch).execute()).map_err(dense_err)?;
-        }
+        let deletes: Vec<String> = doc_ids
+            .chunks(500)
+            .map(|ids| {
+                let list = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+                format!("document_id IN ({list})")
+            })
+            .collect();
+        let batch = if rows.is_empty() { None } else { Some(Self::record_batch(t, rows)?) };
+        // Whatever happens, the in-memory copy is read again from the table.
         *t.flat.write().unwrap_or_else(|p| p.into_inner()) = None;
-        Ok(())
+        self.store.replace(&t.table, &deletes, batch).map_err(dense_err)
     }
 
     /// Sets the vectors of the given chunks (inserting those the table lacks) in one LanceDB commit, so a crash
@@ -164,13 +145,8 @@ impl DenseStore {
             return Ok(());
         }
         let batch = Self::record_batch(t, rows)?;
-        let schema = batch.schema();
-        let reader = arrow_array::RecordBatchIterator::new(vec![Ok(batch)], schema);
-        let mut merge = t.table.merge_insert(&["chunk_id"]);
-        merge.when_matched_update_all(None).when_not_matched_insert_all();
-        self.rt.block_on(merge.execute(Box::new(reader))).map_err(dense_err)?;
         *t.flat.write().unwrap_or_else(|p| p.into_inner()) = None;
-        Ok(())
+        self.store.upsert(&t.table, "chunk_id", batch).map_err(dense_err)
     }
 
     fn record_batch(t: &DenseTable, rows: &[(i64, i64, Vec<f32>)]) -> Result<RecordBatch> {
@@ -210,23 +186,12 @@ impl DenseStore {
     }
 
     pub fn count(&self, t: &DenseTable) -> Result<usize> {
-        self.rt.block_on(t.table.count_rows(None)).map_err(dense_err)
+        self.store.count(&t.table).map_err(dense_err)
     }
 
     /// Every (chunk_id, document_id) stored, for consistency checks.
     pub fn all_ids(&self, t: &DenseTable) -> Result<Vec<(i64, i64)>> {
-        let batches: Vec<RecordBatch> = self
-            .rt
-            .block_on(async {
-                t.table
-                    .query()
-                    .select(Select::columns(&["chunk_id", "document_id"]))
-                    .execute()
-                    .await?
-                    .try_collect::<Vec<_>>()
-                    .await
-            })
-            .map_err(dense_err)?;
+        let batches = self.store.scan(&t.table, Some(&["chunk_id", "document_id"])).map_err(dense_err)?;
         let mut out = Vec::new();
         for b in batches {
             let c = column_i64(&b, "chunk_id")?;
@@ -240,10 +205,7 @@ impl DenseStore {
         if let Some(f) = t.flat.read().unwrap_or_else(|p| p.into_inner()).as_ref() {
             return Ok(f.clone());
         }
-        let batches: Vec<RecordBatch> = self
-            .rt
-            .block_on(async { t.table.query().execute().await?.try_collect::<Vec<_>>().await })
-            .map_err(dense_err)?;
+        let batches = self.store.scan(&t.table, None).map_err(dense_err)?;
         let mut flat = Flat { chunk_ids: Vec::new(), doc_ids: Vec::new(), vectors: Vec::new(), approx: None };
         for b in batches {
             flat.chunk_ids.extend_from_slice(column_i64(&b, "chunk_id")?.values());
@@ -324,8 +286,8 @@ impl DenseStore {
         self.search_ann_where(t, q, k, nprobes, refine, None)
     }
 
-    /// [`DenseStore::search_ann`] among the documents in `keep`: LanceDB's pre-filter (applied before the
-    /// index's candidates are cut), given as the admitted document ids.
+    /// [`DenseStore::search_ann`] among the documents in `keep`: Lance's pre-filter (applied before the index's
+    /// candidates are cut), given as the admitted document ids.
     pub fn search_ann_where(
         &self,
         t: &DenseTable,
@@ -339,26 +301,16 @@ impl DenseStore {
             let ids: Vec<String> = s.ids().map(|i| i.to_string()).collect();
             if ids.is_empty() { "false".to_string() } else { format!("document_id IN ({})", ids.join(",")) }
         });
-        let batches: Vec<RecordBatch> = self
-            .rt
-            .block_on(async {
-                let mut query = t.table.vector_search(q.to_vec())?;
-                if let Some(f) = filter {
-                    query = query.only_if(f);
-                }
-                query
-                    .column("vector")
-                    .distance_type(lancedb::DistanceType::Dot)
-                    .nprobes(nprobes)?
-                    .refine_factor(refine)
-                    .select(Select::columns(&["chunk_id", "document_id"]))
-                    .limit(k)
-                    .execute()
-                    .await?
-                    .try_collect::<Vec<_>>()
-                    .await
-            })
-            .map_err(dense_err)?;
+        let query = care_lance::Nearest {
+            column: "vector",
+            query: q,
+            k,
+            nprobes,
+            refine,
+            filter,
+            columns: &["chunk_id", "document_id"],
+        };
+        let batches = self.store.nearest(&t.table, &query).map_err(dense_err)?;
         let mut out = Vec::new();
         for b in batches {
             let c = column_i64(&b, "chunk_id")?;
@@ -368,7 +320,7 @@ impl DenseStore {
                 .and_then(|c| c.as_any().downcast_ref::<Float32Array>())
                 .ok_or_else(|| dense_err("_distance column missing"))?;
             for i in 0..b.num_rows() {
-                // LanceDB's dot "distance" is 1 - <q, v>.
+                // Lance's dot "distance" is 1 - <q, v>.
                 out.push(DenseHit { chunk_id: c.value(i), document_id: d.value(i), score: 1.0 - dist.value(i) });
             }
         }
@@ -386,13 +338,7 @@ impl DenseStore {
         let partitions = ((n as f64).sqrt() as u32).clamp(1, 4096);
         // 4 dimensions per PQ code keeps quantisation error low enough for the refine step to recover recall.
         let sub_vectors = (t.width / 4).max(1) as u32;
-        let index = lancedb::index::Index::IvfPq(
-            lancedb::index::vector::IvfPqIndexBuilder::default()
-                .distance_type(lancedb::DistanceType::Dot)
-                .num_partitions(partitions)
-                .num_sub_vectors(sub_vectors),
-        );
-        self.rt.block_on(t.table.create_index(&["vector"], index).replace(true).execute()).map_err(dense_err)?;
+        self.store.build_ivf_pq(&t.table, "vector", partitions as usize, sub_vectors as usize).map_err(dense_err)?;
         *t.has_ann.write().unwrap_or_else(|p| p.into_inner()) = true;
         Ok(())
     }

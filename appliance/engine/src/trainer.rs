@@ -1,5 +1,10 @@
 //! Whether `care-train` can run here, known without making a page wait for it.
 //!
+//! While a trainer is being built (`packaging/dev.sh demo` serves first and builds `care-train` in the background),
+//! a file named like the trainer plus `.building` lies beside where it will be: the status then says so instead of
+//! "unavailable", and because an answer that is not ready is kept only [`NOT_READY_MAX_AGE`], the page enables
+//! training within seconds of the build ending, without a restart.
+//!
 //! The engine holds one [`TrainerCheck`]; pages and the API read its cached [`TrainerStatus`]: the first read (the server makes one when it
 //! starts) starts a check on a background thread and says 正在检测训练程序… until it ends, and a read of an answer
 //! older than [`MAX_AGE`] starts another while the old answer is still shown. Only submitting work for the trainer
@@ -15,9 +20,13 @@ use serde::Serialize;
 
 /// How long an answer is shown before a read starts a background check again.
 pub(crate) const MAX_AGE: Duration = Duration::from_secs(10 * 60);
+/// How long an answer that the trainer cannot run is shown before a read checks again: a trainer that was being
+/// built or installed is noticed this soon (a missing file costs one failed spawn per check).
+pub(crate) const NOT_READY_MAX_AGE: Duration = Duration::from_secs(10);
 /// How long `care-train --version` may take before it is killed and the trainer counted as unusable.
 const VERSION_TIMEOUT: Duration = Duration::from_secs(30);
 const CHECKING: &str = "正在检测训练程序…";
+const BUILDING: &str = "训练模块正在编译（演示首次启动时在后台构建训练程序），完成后本页自动启用“开始训练”。";
 
 /// Whether the trainer can run here, said before an admin starts a run.
 #[derive(Debug, Clone, Serialize)]
@@ -30,11 +39,21 @@ pub struct TrainerStatus {
     pub message: String,
     /// The first check since the start has not ended yet (`ready` is false until it has).
     pub checking: bool,
+    /// The trainer is still being built (its `.building` marker lies beside it): pages wait for it instead of
+    /// showing an error.
+    pub building: bool,
 }
 
 impl TrainerStatus {
     fn checking(device: String) -> Self {
-        TrainerStatus { ready: false, version: String::new(), device, message: CHECKING.into(), checking: true }
+        TrainerStatus {
+            ready: false,
+            version: String::new(),
+            device,
+            message: CHECKING.into(),
+            checking: true,
+            building: false,
+        }
     }
 }
 
@@ -71,7 +90,8 @@ impl TrainerCheck {
     /// says so.
     pub(crate) fn latest(&self, bin: &Path, device: String) -> TrainerStatus {
         let mut c = lock(&self.inner);
-        let stale = c.known.as_ref().is_none_or(|(at, _)| at.elapsed() >= MAX_AGE);
+        let stale =
+            c.known.as_ref().is_none_or(|(at, st)| at.elapsed() >= if st.ready { MAX_AGE } else { NOT_READY_MAX_AGE });
         if stale && !c.refreshing {
             let inner = self.inner.clone();
             let (bin, dev) = (bin.to_path_buf(), device.clone());
@@ -120,7 +140,18 @@ fn check_within(bin: &Path, device: String, timeout: Duration) -> TrainerStatus 
              /etc/care/trainer.toml 中设置 libtorch 路径；训练程序路径见 care.toml 的 [training] trainer"
         ),
         checking: false,
+        building: false,
     };
+    if !bin.exists() && building_marker(bin).exists() {
+        return TrainerStatus {
+            ready: false,
+            version: String::new(),
+            device,
+            message: BUILDING.into(),
+            checking: false,
+            building: true,
+        };
+    }
     tracing::debug!(trainer = %bin.display(), "checking the trainer");
     let child = Command::new(bin).arg("--version").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn();
     let mut child = match child {
@@ -158,7 +189,16 @@ fn check_within(bin: &Path, device: String, timeout: Duration) -> TrainerStatus 
         device,
         message: String::new(),
         checking: false,
+        building: false,
     }
+}
+
+/// `care-train.building` beside `care-train`: written before a background build of the trainer starts and removed
+/// when it ends (`packaging/dev.sh demo`).
+fn building_marker(bin: &Path) -> std::path::PathBuf {
+    let mut name = bin.as_os_str().to_os_string();
+    name.push(".building");
+    name.into()
 }
 
 fn read_all(pipe: Option<impl Read>) -> Vec<u8> {
@@ -256,6 +296,36 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         }
         assert_eq!(spawns(t.path()), 2, "one refresh for two page views of a stale answer");
+    }
+
+    #[test]
+    fn a_trainer_being_built_is_said_and_enabled_soon_after_it_is_there() {
+        let t = tempfile::tempdir().unwrap();
+        let bin = t.path().join("care-train");
+        std::fs::write(building_marker(&bin), "").unwrap();
+        let e = engine(t.path(), bin.clone());
+        let st = until_known(&e);
+        assert!(st.building && !st.ready && st.message.starts_with("训练模块正在编译"), "{st:?}");
+        // Without the marker a missing trainer is an error, not a build.
+        let missing = check(&t.path().join("elsewhere/care-train"), "cpu".into());
+        assert!(!missing.building && missing.message.contains("无法启动"), "{missing:?}");
+        // The build ends: the trainer appears and its marker goes. Once the answer is NOT_READY_MAX_AGE old (as far
+        // as the cache can tell), the next page view checks again and the one after it shows the trainer ready.
+        assert_eq!(fake_trainer(t.path(), "0", 0), bin);
+        std::fs::remove_file(building_marker(&bin)).unwrap();
+        assert!(e.trainer_status().building, "an answer younger than NOT_READY_MAX_AGE is kept");
+        let old = Instant::now().checked_sub(NOT_READY_MAX_AGE + Duration::from_secs(1)).expect("a monotonic clock");
+        lock(&e.trainer_check.inner).known.as_mut().unwrap().0 = old;
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            let st = e.trainer_status();
+            if st.ready {
+                assert!(!st.building && st.version == "care-train 9.9.9", "{st:?}");
+                break;
+            }
+            assert!(st.building && Instant::now() < until, "the finished build was not noticed: {st:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     #[test]
