@@ -340,7 +340,9 @@ case "${1:-}" in
             cargo nextest run 2>&1
             cargo test --doc 2>&1
         else
-            log "cargo-nextest not found: running the tests with cargo test (slower on 2 cores)"
+            why="cargo-nextest is not installed"
+            [ -n "${CARE_NO_NEXTEST:-}" ] && why="CARE_NO_NEXTEST is set"
+            log "running the tests with cargo test ($why)"
             cargo test -p care-trainer --no-fail-fast 2>&1
             trainer_export
             cargo test --no-fail-fast 2>&1

@@ -124,7 +124,7 @@ def svg(title, subtitle, phases, builds, tests):
         most = slow[0]["seconds"] or 1
         for t in slow:
             w = scale_w * t["seconds"] / most
-            name = t["test"].rsplit("::", 1)[-1][:38]
+            name = t["test"].rsplit("::", 1)[-1][:34]
             out.append(f'<text x="10" y="{y + 13}">{escape(name)}</text>'
                        f'<rect x="{left}" y="{y + 2}" width="{w:.1f}" height="14" fill="#e45756"/>'
                        f'<text x="{left + w + 4:.1f}" y="{y + 13}">{t["seconds"]:.0f} s</text>')

@@ -18,7 +18,6 @@ use arrow_schema::{DataType, Field, Schema};
 use crate::error::{Error, Result};
 
 fn dense_err(e: impl std::fmt::Display) -> Error {
-    // Error::Io carries the path; Lance's own errors say which file when a file is at fault.
     let text = e.to_string();
     if crate::error::says_disk_full(&text) {
         return Error::StoreFull { store: "向量索引", detail: text };
@@ -133,20 +132,22 @@ impl DenseStore {
             })
             .collect();
         let batch = if rows.is_empty() { None } else { Some(Self::record_batch(t, rows)?) };
-        // Whatever happens, the in-memory copy is read again from the table.
+        let written = self.store.replace(&t.table, &deletes, batch);
+        // After the write, whether it went through or stopped half-way: the next search reads the table again.
         *t.flat.write().unwrap_or_else(|p| p.into_inner()) = None;
-        self.store.replace(&t.table, &deletes, batch).map_err(dense_err)
+        written.map_err(dense_err)
     }
 
-    /// Sets the vectors of the given chunks (inserting those the table lacks) in one LanceDB commit, so a crash
+    /// Sets the vectors of the given chunks (inserting those the table lacks) in one Lance commit, so a crash
     /// leaves either all of `rows` or none of them. Other chunks' vectors are untouched.
     pub fn upsert_chunks(&self, t: &DenseTable, rows: &[(i64, i64, Vec<f32>)]) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
         }
         let batch = Self::record_batch(t, rows)?;
+        let written = self.store.upsert(&t.table, "chunk_id", batch);
         *t.flat.write().unwrap_or_else(|p| p.into_inner()) = None;
-        self.store.upsert(&t.table, "chunk_id", batch).map_err(dense_err)
+        written.map_err(dense_err)
     }
 
     fn record_batch(t: &DenseTable, rows: &[(i64, i64, Vec<f32>)]) -> Result<RecordBatch> {
