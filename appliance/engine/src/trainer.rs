@@ -26,7 +26,7 @@ pub(crate) const NOT_READY_MAX_AGE: Duration = Duration::from_secs(10);
 /// How long `care-train --version` may take before it is killed and the trainer counted as unusable.
 const VERSION_TIMEOUT: Duration = Duration::from_secs(30);
 const CHECKING: &str = "正在检测训练程序…";
-const BUILDING: &str = "训练模块正在编译（演示首次启动时在后台构建训练程序），完成后本页自动启用“开始训练”。";
+const BUILDING: &str = "训练模块正在编译（演示在后台构建训练程序），完成后“训练”页自动启用“开始训练”。";
 
 /// Whether the trainer can run here, said before an admin starts a run.
 #[derive(Debug, Clone, Serialize)]
