@@ -71,12 +71,12 @@ pub struct DenseTable {
 
 impl DenseStore {
     pub fn open(dir: &Path) -> Result<Self> {
-        if dir.to_str().is_none() {
-            return Err(Error::InvalidInput(format!("向量库路径 {} 不是 UTF-8 编码", dir.display())));
-        }
         let store = care_lance::Store::open(dir).map_err(|e| match e {
             care_lance::Error::Io { path, source } => Error::io(&path, source),
-            other => dense_err(other),
+            care_lance::Error::NotUtf8(path) => {
+                Error::InvalidInput(format!("向量库路径 {} 不是 UTF-8 编码", path.display()))
+            }
+            other @ (care_lance::Error::Lance(_) | care_lance::Error::Arrow(_)) => dense_err(other),
         })?;
         Ok(DenseStore { store, tables: Mutex::new(HashMap::new()) })
     }

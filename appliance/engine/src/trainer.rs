@@ -144,12 +144,10 @@ fn check_within(bin: &Path, device: String, timeout: Duration) -> TrainerStatus 
     };
     if !bin.exists() && building_marker(bin).exists() {
         return TrainerStatus {
-            ready: false,
-            version: String::new(),
-            device,
             message: BUILDING.into(),
             checking: false,
             building: true,
+            ..TrainerStatus::checking(device)
         };
     }
     tracing::debug!(trainer = %bin.display(), "checking the trainer");

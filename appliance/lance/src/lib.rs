@@ -96,6 +96,7 @@ impl Store {
         Ok(Store { rt, dir: dir.to_path_buf() })
     }
 
+    /// A table is a directory of that name (LanceDB's rule, as [`Store::table_names`] lists them).
     fn path(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}{SUFFIX}"))
     }
@@ -119,7 +120,7 @@ impl Store {
     pub fn open_or_create(&self, name: &str, schema: SchemaRef) -> Result<Table> {
         // open() refused a directory whose path is not UTF-8.
         let uri = self.path(name).to_string_lossy().into_owned();
-        let ds = if self.table_names()?.iter().any(|n| n == name) {
+        let ds = if self.path(name).is_dir() {
             self.rt.block_on(Dataset::open(&uri))?
         } else {
             let empty = RecordBatchIterator::new(Vec::<std::result::Result<RecordBatch, _>>::new(), schema);
@@ -130,8 +131,8 @@ impl Store {
     }
 
     pub fn drop_table(&self, name: &str) -> Result<()> {
-        if self.table_names()?.iter().any(|n| n == name) {
-            let path = self.path(name);
+        let path = self.path(name);
+        if path.is_dir() {
             std::fs::remove_dir_all(&path).map_err(io(&path))?;
         }
         Ok(())
