@@ -597,6 +597,9 @@ const MESSAGE_CONSTRUCTORS: &[&str] = &[
     "ApiError::invalid(",
     "ApiError::forbidden(",
     "ApiError::SignInRequired(",
+    // A rejected file's message on the jobs page and in the job's JSON.
+    "error: Some(format!(",
+    "error: Some(\"",
 ];
 
 /// English-only texts of those constructors allowed in the sources: none since 2026-11-28 (English may follow the
@@ -659,4 +662,54 @@ fn messages_people_read_are_chinese_and_english_ones_only_decrease() {
     let got = english_messages(dir.path());
     assert_eq!(got.len(), 1, "{got:?}");
     assert!(got[0].contains("\"bad\""), "{got:?}");
+}
+
+/// URL attributes of the pages and scripts that carry a secret in their query string: a CSRF token, session or API
+/// token in a URL ends up in server logs, browser history and Referer headers.
+fn secrets_in_urls(root: &Path) -> Vec<String> {
+    let mut files = Vec::new();
+    files_with_ext(&root.join("templates"), ".html", &mut files);
+    files_with_ext(&root.join("web"), ".js", &mut files);
+    let mut found = Vec::new();
+    for path in files {
+        let text = fs::read_to_string(&path).expect("readable page");
+        for attr in ["action=\"", "href=\"", "src=\"", "formaction=\"", "xhr.open(", "fetch("] {
+            for (at, _) in text.match_indices(attr) {
+                let url = &text[at + attr.len()..];
+                let url = &url[..url.find(['"', ')']).unwrap_or(url.len()).min(400)];
+                let Some((_, query)) = url.split_once('?') else { continue };
+                let keys =
+                    query.split(['&', ';']).map(|kv| kv.split('=').next().unwrap_or("").trim_start_matches("amp;"));
+                if let Some(k) = keys
+                    .map(str::to_ascii_lowercase)
+                    .find(|k| ["csrf", "token", "session", "access_token", "api_key"].iter().any(|s| k.contains(s)))
+                {
+                    let line = text[..at].lines().count();
+                    found.push(format!("{}:{line}: {k} in {url}", rel(root, &path)));
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn no_page_puts_a_token_in_a_url() {
+    let found = secrets_in_urls(&repo_root());
+    assert!(
+        found.is_empty(),
+        "tokens in URLs (send them in a header or the form's first field):\n{}",
+        found.join("\n")
+    );
+    // The check sees one when there is one.
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir_all(dir.path().join("templates")).unwrap();
+    fs::write(
+        dir.path().join("templates/x.html"),
+        "<form action=\"/a?x=1&amp;csrf={{ csrf }}\"></form><a href=\"/b?external_id=3\">b</a>",
+    )
+    .unwrap();
+    let got = secrets_in_urls(dir.path());
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(got[0].contains("csrf"), "{got:?}");
 }

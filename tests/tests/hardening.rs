@@ -529,6 +529,65 @@ fn one_address_guessing_across_names_is_limited_and_current_password_checks_coun
     alive(&mut served, &c);
 }
 
+/// What actix could not parse (a query, a JSON body, a form, a path) is answered in Chinese with its code, and an
+/// upload's CSRF token travels in the form's first field, never in the URL: a token put in the URL is refused.
+#[test]
+fn parse_errors_are_chinese_and_no_token_rides_in_a_url() {
+    let s = site(&[]);
+    let mut served = s.care.serve_full();
+    let base = served.https.clone();
+    let c = client();
+    let chinese = |t: &str| t.chars().any(|ch| ('\u{4e00}'..='\u{9fff}').contains(&ch));
+    let check = |r: Response, code: &str| {
+        let status = r.status();
+        let body: serde_json::Value = r.json().unwrap();
+        assert_eq!(body["code"], code, "{status} {body}");
+        assert!(chinese(body["message"].as_str().unwrap()), "English-only: {body}");
+    };
+    check(get(&c, &format!("{base}/api/v1/search?q=x&limit=abc"), &s.clin), "invalid_input");
+    check(get(&c, &format!("{base}/api/v1/documents/not-a-number"), &s.clin), "invalid_input");
+    let post_json = |path: &str, body: &str| {
+        c.post(format!("{base}{path}"))
+            .bearer_auth(&s.admin)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .unwrap()
+    };
+    check(post_json("/api/v1/admin/collections", "{\"name\": "), "invalid_input");
+    check(post_json("/api/v1/admin/collections", &format!("{{\"name\": \"{}\"}}", "x".repeat(2 << 20))), "too_large");
+
+    let ack = session(&c, &base, "admin", ADMIN_PW);
+    let html = c.get(format!("{base}/admin/collections")).header("cookie", &ack).send().unwrap().text().unwrap();
+    let csrf = {
+        let key = "<meta name=\"csrf-token\" content=\"";
+        let i = html.find(key).unwrap() + key.len();
+        html[i..].split('"').next().unwrap().to_string()
+    };
+    assert!(!html.contains(&format!("csrf={csrf}")), "the page puts the token in a URL");
+    let upload = |url: String, first_field: Option<&str>| {
+        let mut body = String::new();
+        if let Some(t) = first_field {
+            body.push_str(&format!("--b1\r\nContent-Disposition: form-data; name=\"csrf\"\r\n\r\n{t}\r\n"));
+        }
+        body.push_str("--b1\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.txt\"\r\n\r\n");
+        body.push_str("高血压患者的饮食建议。\r\n--b1--\r\n");
+        c.post(url)
+            .header("cookie", &ack)
+            .header("content-type", "multipart/form-data; boundary=b1")
+            .body(body)
+            .send()
+            .unwrap()
+    };
+    let r = upload(format!("{base}/admin/collections/granted/upload?csrf={csrf}"), None);
+    assert_eq!(r.status(), 403, "a token in the URL is no token");
+    let r = upload(format!("{base}/admin/collections/granted/upload"), Some("wrong"));
+    assert_eq!(r.status(), 403);
+    let r = upload(format!("{base}/admin/collections/granted/upload"), Some(&csrf));
+    assert_eq!(r.status(), 303, "the form's first field carries it");
+    alive(&mut served, &c);
+}
+
 /// Uploads and imports stop at `[training] keep_free_gb`: with a reserve larger than the disk, a file upload, a
 /// model package upload and a judgment upload answer 503 `disk_full` with the Chinese reason (not 500, nothing
 /// left under uploads/), `/healthz` says unhealthy, and search still answers.
@@ -644,6 +703,15 @@ fn guard_refusals_are_audited_within_a_bound_staging_paths_stay_hidden_and_closi
     let pid = served.child.0.id().to_string();
     assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
     let _ = served.child.0.wait();
+    // The refusals beyond the cap are not lost: the stop wrote their aggregate record.
+    let records = s.care.json(&["audit", "list", "--json", "-n", "1000"]);
+    let aggregates: Vec<&serde_json::Value> =
+        records.as_array().unwrap().iter().filter(|r| r["action"] == "request.refusals_aggregated").collect();
+    assert_eq!(aggregates.len(), 1, "{aggregates:?}");
+    let detail = &aggregates[0]["detail"];
+    assert_eq!(detail["refused"].as_u64(), Some((100 - unauth) as u64), "{detail}");
+    assert_eq!(detail["actions"]["request.unauthenticated"].as_u64(), Some((100 - unauth) as u64), "{detail}");
+    assert_eq!(detail["addresses"]["127.0.0.1"].as_u64(), Some((100 - unauth) as u64), "{detail}");
     let db = s.care.data_dir.join("care.sqlite");
     let cut = |db: &Path| {
         let conn = rusqlite::Connection::open(db).unwrap();
@@ -936,4 +1004,61 @@ fn onnx_runtime_records_no_telemetry() {
         }
     }
     assert!(left.is_empty(), "ONNX Runtime wrote {left:?}");
+}
+
+/// Issue 51 (the live probe's finding: `/admin/analytics.csv` wrote a clinician's `=HYPERLINK(…)` unescaped): over
+/// HTTP, every CSV download neutralises every formula prefix, whether the text came in as a clinician's query or an
+/// administrator's synonym entry, quoted or not. The cells are read by the `csv` crate.
+#[test]
+fn csv_downloads_neutralise_formula_prefixes() {
+    use care_engine::csv_out::neutralise;
+    const PAYLOADS: [&str; 9] = [
+        r#"=HYPERLINK("http://x","y")"#,
+        "+cmd|' /C calc'!A0",
+        "-2+3",
+        "@SUM(1)",
+        "\t=1",
+        "\r=1",
+        " =1",
+        "=1,2",
+        "\"=1,2\"",
+    ];
+    let s = site(&[]);
+    let served = s.care.serve_full();
+    let base = served.https.clone();
+    let c = client();
+    for (i, p) in PAYLOADS.into_iter().enumerate() {
+        let r = c.get(format!("{base}/api/v1/search")).query(&[("q", p)]).bearer_auth(&s.clin).send().unwrap();
+        assert_eq!(r.status(), 200, "search {p:?}");
+        let term = p.replace([',', '|', '"'], "");
+        let g = serde_json::json!({
+            "preferred": format!("{}{i}甲", term.trim()), "variants": [format!("{}{i}乙", term.trim())], "note": p,
+        });
+        let r = c.post(format!("{base}/api/v1/admin/synonyms")).bearer_auth(&s.admin).json(&g).send().unwrap();
+        assert_eq!(r.status(), 201, "synonym {p:?}");
+    }
+    for route in ["/admin/analytics.csv", "/admin/synonyms.csv", "/api/v1/admin/synonyms.csv", "/admin/audit.csv"] {
+        let r = get(&c, &format!("{base}{route}"), &s.admin);
+        assert_eq!(r.status(), 200, "{route}");
+        assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/csv"), "{route}");
+        let text = r.text().unwrap();
+        let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+        let mut rd = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(text.as_bytes());
+        let cells: Vec<String> =
+            rd.records().flat_map(|r| r.unwrap().iter().map(str::to_string).collect::<Vec<_>>()).collect();
+        for cell in &cells {
+            let lead = cell.trim_start_matches(char::is_whitespace);
+            assert!(!cell.starts_with(['\t', '\r']) && !lead.starts_with(['=', '+', '-', '@']), "{route}: {cell:?}");
+        }
+        // The queries and notes did reach the downloads that carry them (the audit log holds them inside JSON).
+        if route != "/admin/audit.csv" {
+            for p in PAYLOADS {
+                assert!(
+                    cells.iter().any(|c| *c == neutralise(p.trim())),
+                    "{route}: no cell {:?}",
+                    neutralise(p.trim())
+                );
+            }
+        }
+    }
 }

@@ -169,8 +169,9 @@ fn every_operation_leaves_one_audit_record_from_page_api_and_cli() {
 
     // Uploads queue one job each (its worker's later `ingest.done` is the job's own event).
     one_record(&api, "page: upload", "ingest.submit", || {
-        let url = format!("{}/admin/collections/p1/upload?csrf={}", page.base, page.csrf);
-        let res = page.c.post(url).header("cookie", &page.cookie).multipart(upload_form(dir, "p.md")).send().unwrap();
+        let url = format!("{}/admin/collections/p1/upload", page.base);
+        let res = page.c.post(url).header("cookie", &page.cookie).header("x-csrf-token", &page.csrf);
+        let res = res.multipart(upload_form(dir, "p.md")).send().unwrap();
         assert_eq!(res.status(), 303);
     });
     one_record(&api, "api: upload", "ingest.submit", || {

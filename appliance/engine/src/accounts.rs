@@ -3,8 +3,11 @@
 //!
 //! Secrets never reach SQLite in the clear: passwords are argon2id PHC strings; session ids and API tokens are
 //! 256-bit random values stored as sha256 hex (they are high-entropy, so a fast hash is enough and lookups stay
-//! indexed). Argon2 runs without the store's connection lock held, so a login never stalls searches.
+//! indexed). Argon2 runs on a fixed pool of threads that keep their memory (accounts/hashing.rs), without the
+//! store's connection lock held, so a login never stalls searches and a burst of sign-ins cannot grow memory.
 //! Every change to an account, role, token or grant is audited in the same transaction.
+
+mod hashing;
 
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
@@ -136,37 +139,66 @@ impl Default for LoginPolicy {
     }
 }
 
-/// Refuses a client address whose failures fill its window, before any password is hashed (that cost is what a
-/// flood from one machine is after). The refusal itself is not audited: the record of the failure that filled the
-/// window says it, and one record per refused attempt would let the flood fill the audit log instead.
-fn address_admitted(store: &Store, client: &str, policy: LoginPolicy, now_ts: i64) -> Result<()> {
-    let key = crate::limits::address_key(client);
-    match store.limits.sign_in_failures.blocked(&key, policy.address_max_failed, policy.address_window_seconds, now_ts)
-    {
-        Some(wait) => Err(Error::RateLimited(format!(
-            "此地址的登录失败次数过多，请 {} 后再试 (too many failed sign-ins from this address)",
-            crate::limits::minutes_zh(wait)
-        ))),
-        None => Ok(()),
-    }
+/// One password attempt counted against its client address before the password is checked (that cost is what a
+/// flood from one machine is after): a full window refuses it at once, and concurrent attempts cannot pass the
+/// limit together. An attempt that turns out not to be a failure is taken back. The refusal itself is not audited:
+/// the record of the failure that filled the window says it, and one record per refused attempt would let the
+/// flood fill the audit log instead.
+struct AddressAttempt<'a> {
+    store: &'a Store,
+    key: String,
+    /// Attempts in the window, this one included.
+    counted: u32,
 }
 
-/// Counts a failure of `client`; audits the one that fills the address's window.
-fn address_failed(store: &Store, client: &str, policy: LoginPolicy, now_ts: i64) -> Result<()> {
-    let key = crate::limits::address_key(client);
-    let n = store.limits.sign_in_failures.hit(&key, policy.address_window_seconds, now_ts);
-    if n == policy.address_max_failed.max(1) {
-        let mut conn = store.conn();
+impl<'a> AddressAttempt<'a> {
+    fn begin(store: &'a Store, client: &str, policy: LoginPolicy, now_ts: i64) -> Result<Self> {
+        let key = crate::limits::address_key(client);
+        let limit = policy.address_max_failed;
+        match store.limits.sign_in_failures.admit(&key, limit, policy.address_window_seconds, now_ts) {
+            Ok(counted) => Ok(AddressAttempt { store, key, counted }),
+            Err(wait) => Err(Error::RateLimited(format!(
+                "此地址的登录失败次数过多，请 {} 后再试 (too many failed sign-ins from this address)",
+                crate::limits::minutes_zh(wait)
+            ))),
+        }
+    }
+
+    /// The attempt succeeded (or was refused before any check): it does not count.
+    fn take_back(self) {
+        self.store.limits.sign_in_failures.undo(&self.key);
+    }
+
+    /// The attempt failed and stays counted; the one that fills the window is audited.
+    fn failed(self, policy: LoginPolicy, now_ts: i64) -> Result<()> {
+        if self.counted < policy.address_max_failed.max(1) {
+            return Ok(());
+        }
+        let mut conn = self.store.conn();
         let tx = conn.transaction()?;
         audit::append(
             &tx,
             "system",
             "auth.address_throttled",
-            &serde_json::json!({"client": key, "failures": n, "until": rfc3339(now_ts + policy.address_window_seconds)}),
+            &serde_json::json!({"client": self.key, "failures": self.counted,
+                "until": rfc3339(now_ts + policy.address_window_seconds)}),
         )?;
         tx.commit()?;
+        Ok(())
     }
-    Ok(())
+}
+
+/// Password checks of one name run one at a time, the next ones waiting their turn (at most [`NAME_WAITERS`]):
+/// concurrent guesses at one name, from however many addresses, then each see the lock the ones before them set,
+/// instead of all passing the lockout check before the first failure is counted. A person signs in once at a time.
+const CHECKS_PER_NAME: u32 = 1;
+const NAME_WAITERS: u32 = 32;
+
+fn name_turn<'a>(store: &'a Store, username: &str) -> Result<crate::limits::Running<'a>> {
+    let key: String = username.trim().to_lowercase().chars().take(64).collect();
+    store.limits.sign_ins_by_name.enter(&key, CHECKS_PER_NAME, NAME_WAITERS).ok_or_else(|| {
+        Error::RateLimited("此账户的登录请求过多，请稍后再试 (too many sign-ins for this name at once)".into())
+    })
 }
 
 pub const MIN_PASSWORD_CHARS: usize = 10;
@@ -178,7 +210,7 @@ pub fn unix_now() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
 }
 
-fn rfc3339(ts: i64) -> String {
+pub(crate) fn rfc3339(ts: i64) -> String {
     time::OffsetDateTime::from_unix_timestamp(ts)
         .ok()
         .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
@@ -196,78 +228,17 @@ pub fn sha256_hex(s: &str) -> String {
     hex::encode(Sha256::digest(s.as_bytes()))
 }
 
-/// Password hashing admitted at once, and sign-ins allowed to wait for a turn. Each argon2 run holds 19 MiB: 60
-/// concurrent anonymous sign-ins once took the server from 967 MB to 1,822 MB. Beyond the queue a sign-in is refused
-/// with `overloaded` instead.
-struct HashGate {
-    /// (running, waiting)
-    state: std::sync::Mutex<(usize, usize)>,
-    turn: std::sync::Condvar,
-    running_max: usize,
-    waiting_max: usize,
-}
-
-impl HashGate {
-    fn new(running_max: usize, waiting_max: usize) -> Self {
-        HashGate { state: Default::default(), turn: Default::default(), running_max, waiting_max }
-    }
-
-    /// Runs `f` when a slot is free, waiting in the bounded queue; the slot is released even if `f` panics.
-    fn run<T>(&self, f: impl FnOnce() -> T) -> Result<T> {
-        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if g.0 >= self.running_max {
-            if g.1 >= self.waiting_max {
-                return Err(Error::Overloaded("登录请求过多，请稍后再试 (too many sign-ins at once)".into()));
-            }
-            g.1 += 1;
-            while g.0 >= self.running_max {
-                g = self.turn.wait(g).unwrap_or_else(|p| p.into_inner());
-            }
-            g.1 -= 1;
-        }
-        g.0 += 1;
-        drop(g);
-        struct Release<'a>(&'a HashGate);
-        impl Drop for Release<'_> {
-            fn drop(&mut self) {
-                self.0.state.lock().unwrap_or_else(|p| p.into_inner()).0 -= 1;
-                self.0.turn.notify_one();
-            }
-        }
-        let _release = Release(self);
-        Ok(f())
-    }
-}
-
-fn with_hash_slot<T>(f: impl FnOnce() -> T) -> Result<T> {
-    static GATE: std::sync::LazyLock<HashGate> = std::sync::LazyLock::new(|| {
-        let running = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 8);
-        // Waiting costs a blocked thread, not argon2's memory: the queue can be long; the running count is the bound.
-        HashGate::new(running, 256)
-    });
-    GATE.run(f)
+/// Password hashes computed by this process so far (the pool's count; `/metrics` exports it).
+pub fn password_hashes_computed() -> u64 {
+    hashing::computed()
 }
 
 pub fn hash_password(password: &str) -> Result<String> {
-    with_hash_slot(|| hash_password_now(password))?
-}
-
-fn hash_password_now(password: &str) -> Result<String> {
-    use argon2::password_hash::{PasswordHasher, SaltString};
-    let mut salt = [0u8; 16];
-    getrandom::fill(&mut salt).map_err(|e| Error::Internal(format!("OS random source: {e}")))?;
-    let salt = SaltString::encode_b64(&salt).map_err(|e| Error::Internal(e.to_string()))?;
-    Ok(argon2::Argon2::default()
-        .hash_password(password.as_bytes(), &salt)
-        .map_err(|e| Error::Internal(format!("argon2: {e}")))?
-        .to_string())
+    hashing::hash(password)
 }
 
 fn password_matches(password: &str, phc: &str) -> Result<bool> {
-    use argon2::password_hash::{PasswordHash, PasswordVerifier};
-    with_hash_slot(|| {
-        PasswordHash::new(phc).is_ok_and(|h| argon2::Argon2::default().verify_password(password.as_bytes(), &h).is_ok())
-    })
+    hashing::verify(password, phc)
 }
 
 /// Words Chinese users build passwords from that zxcvbn's (English-centred) lists miss: love numbers, common
@@ -487,12 +458,20 @@ pub fn authenticate(
     directory: Option<&dyn Directory>,
 ) -> Result<User> {
     let now_ts = unix_now();
-    address_admitted(store, client, policy, now_ts)?;
+    let attempt = AddressAttempt::begin(store, client, policy, now_ts)?;
+    let _turn = match name_turn(store, username) {
+        Ok(turn) => turn,
+        Err(e) => {
+            attempt.take_back();
+            return Err(e);
+        }
+    };
     let subject = match lookup_login(store, username)? {
         Some((user, phc)) => Subject::Account(user, phc),
         None => Subject::Unknown(sha256_hex(&username.to_lowercase())),
     };
     if let Some(until) = locked_until(store, &subject, now_ts)? {
+        attempt.take_back();
         audit_failure(store, username, &subject, client, "locked", None)?;
         return Err(locked_error(username, until));
     }
@@ -502,7 +481,10 @@ pub fn authenticate(
     };
     let ok = match (&subject, directory) {
         (_, Some(dir)) => match dir.sign_in(store, username, password, client)? {
-            DirectoryAnswer::SignedIn(user) => return login_succeeded(store, &user, &user.username, client, now_ts),
+            DirectoryAnswer::SignedIn(user) => {
+                attempt.take_back();
+                return login_succeeded(store, &user, &user.username, client, now_ts);
+            }
             DirectoryAnswer::Gone => {
                 disable_directory_account(store, username, "not found in the directory")?;
                 false
@@ -512,17 +494,16 @@ pub fn authenticate(
         (Subject::Account(u, phc), None) => password_matches(password, phc)? && !u.disabled,
         (Subject::Unknown(_), None) => {
             // Spend the same time as a real check, so response time does not reveal which names exist.
-            static DUMMY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-            let dummy = DUMMY.get_or_init(|| hash_password_now("not a real password").unwrap_or_default());
-            password_matches(password, dummy)?;
+            password_matches(password, hashing::DUMMY_PHC)?;
             false
         }
     };
     if ok && let Subject::Account(user, _) = &subject {
+        attempt.take_back();
         return login_succeeded(store, user, username, client, now_ts);
     }
     let (failures, until) = count_failure(store, &subject, policy, now_ts)?;
-    address_failed(store, client, policy, now_ts)?;
+    attempt.failed(policy, now_ts)?;
     let reason = match &subject {
         Subject::Account(u, _) if u.disabled => "disabled",
         Subject::Account(..) => "wrong password",
@@ -713,18 +694,30 @@ pub fn set_password(
 
 fn check_current_password(store: &Store, username: &str, cur: CurrentPassword<'_>) -> Result<()> {
     let now_ts = unix_now();
-    address_admitted(store, cur.client, cur.policy, now_ts)?;
-    let (user, phc) =
-        lookup_login(store, username)?.ok_or_else(|| Error::NotFound { what: format!("用户 {username}") })?;
-    let subject = Subject::Account(user, phc.clone());
-    if let Some(until) = locked_until(store, &subject, now_ts)? {
-        return Err(locked_error(username, until));
-    }
-    if password_matches(cur.password, &phc)? {
-        return Ok(());
-    }
+    let attempt = AddressAttempt::begin(store, cur.client, cur.policy, now_ts)?;
+    let checked = (|| {
+        let turn = name_turn(store, username)?;
+        let (user, phc) =
+            lookup_login(store, username)?.ok_or_else(|| Error::NotFound { what: format!("用户 {username}") })?;
+        let subject = Subject::Account(user, phc.clone());
+        if let Some(until) = locked_until(store, &subject, now_ts)? {
+            return Err(locked_error(username, until));
+        }
+        Ok((password_matches(cur.password, &phc)?, subject, turn))
+    })();
+    let (subject, _turn) = match checked {
+        Ok((false, subject, turn)) => (subject, turn),
+        Ok((true, ..)) => {
+            attempt.take_back();
+            return Ok(());
+        }
+        Err(e) => {
+            attempt.take_back();
+            return Err(e);
+        }
+    };
     let (failures, until) = count_failure(store, &subject, cur.policy, now_ts)?;
-    address_failed(store, cur.client, cur.policy, now_ts)?;
+    attempt.failed(cur.policy, now_ts)?;
     let mut conn = store.conn();
     let tx = conn.transaction()?;
     let detail = serde_json::json!({
@@ -1206,32 +1199,6 @@ impl std::ops::Deref for Admin {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn password_hashing_runs_a_bounded_number_at_once_and_refuses_beyond_its_queue() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        let gate = std::sync::Arc::new(HashGate::new(2, 3));
-        let (now, peak) = (std::sync::Arc::new(AtomicUsize::new(0)), std::sync::Arc::new(AtomicUsize::new(0)));
-        let threads: Vec<_> = (0..12)
-            .map(|_| {
-                let (gate, now, peak) = (gate.clone(), now.clone(), peak.clone());
-                std::thread::spawn(move || {
-                    gate.run(|| {
-                        let n = now.fetch_add(1, Ordering::SeqCst) + 1;
-                        peak.fetch_max(n, Ordering::SeqCst);
-                        std::thread::sleep(std::time::Duration::from_millis(300));
-                        now.fetch_sub(1, Ordering::SeqCst);
-                    })
-                })
-            })
-            .collect();
-        let results: Vec<Result<()>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
-        let refused = results.iter().filter(|r| matches!(r, Err(Error::Overloaded(_)))).count();
-        assert!(peak.load(Ordering::SeqCst) <= 2, "at most two at once");
-        assert!(refused >= 1, "twelve at once overflow a queue of three");
-        assert!(results.len() - refused >= 5, "the running and the queued ones all ran: {refused} refused");
-        assert_eq!(Error::Overloaded(String::new()).code(), crate::ErrorCode::Overloaded);
-    }
 
     #[test]
     fn stale_counters_of_unknown_names_are_purged_and_locks_kept() {

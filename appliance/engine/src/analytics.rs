@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
+use crate::csv_out::{Cell, CsvOut};
 use crate::error::Result;
 use crate::store::Store;
 
@@ -199,38 +200,37 @@ fn ranked(m: HashMap<String, usize>) -> Vec<QueryCount> {
 }
 
 /// The report as CSV (UTF-8 with a byte-order mark, so spreadsheet programs read the Chinese): one section per
-/// table, `section,key,value` rows.
+/// table, `section,key,value` rows. Written by [`CsvOut`]: the query texts clinicians typed are neutralised there.
 pub fn to_csv(a: &Analytics) -> String {
-    let mut w = csv::Writer::from_writer(vec![0xEF, 0xBB, 0xBF]);
-    let mut row = |s: &str, k: &str, v: String| {
-        let _ = w.write_record([s, k, v.as_str()]);
+    let mut w = CsvOut::with_bom();
+    w.header(&["项目", "键", "值"]);
+    let mut row = |s: &str, k: &str, v: Cell<'_>| {
+        w.row([Cell::Text(s), Cell::Text(k), v]);
     };
-    row("项目", "键", "值".into());
-    row("概况", "天数", a.days.to_string());
-    row("概况", "起始", a.since.clone());
-    row("概况", "检索次数", a.searches.to_string());
-    row("概况", "未找到", a.not_found.to_string());
-    row("概况", "使用筛选", a.filtered.to_string());
-    row("概况", "打开结果", a.clicks.to_string());
+    row("概况", "天数", a.days.into());
+    row("概况", "起始", (&a.since).into());
+    row("概况", "检索次数", a.searches.into());
+    row("概况", "未找到", a.not_found.into());
+    row("概况", "使用筛选", a.filtered.into());
+    row("概况", "打开结果", a.clicks.into());
     for f in &a.facet_use {
-        row("筛选使用", &f.query, f.count.to_string());
+        row("筛选使用", &f.query, f.count.into());
     }
     for d in &a.per_day {
-        row("每日检索", &d.day, d.searches.to_string());
-        row("每日未找到", &d.day, d.not_found.to_string());
+        row("每日检索", &d.day, d.searches.into());
+        row("每日未找到", &d.day, d.not_found.into());
     }
     for (section, list) in
         [("热门检索", &a.top_queries), ("未找到的检索", &a.not_found_queries), ("标为没帮助", &a.unhelpful_queries)]
     {
         for q in list {
-            row(section, &q.query, q.count.to_string());
+            row(section, &q.query, q.count.into());
         }
     }
     for q in &a.low_click_queries {
-        row("很少打开结果的检索", &q.query, format!("{}/{}", q.clicks, q.searches));
+        row("很少打开结果的检索", &q.query, Cell::Text(&format!("{}/{}", q.clicks, q.searches)));
     }
-    drop(row);
-    String::from_utf8(w.into_inner().unwrap_or_default()).unwrap_or_default()
+    w.finish()
 }
 
 /// Searches and not-found searches per day as a bar chart.

@@ -372,28 +372,18 @@ fn row_to_record(r: &rusqlite::Row<'_>) -> rusqlite::Result<AuditRecord> {
 }
 
 /// CSV (RFC 4180) of the records, oldest first, with the hashes so an export can be checked against the chain.
-/// Cells starting with `=`, `+`, `-` or `@` are prefixed with `'` so a spreadsheet does not run them as formulas.
+/// Written by [`crate::csv_out::CsvOut`] like every export, so an actor name or detail a spreadsheet would run as a
+/// formula is neutralised.
 pub fn to_csv(records: &[AuditRecord]) -> String {
-    fn cell(s: &str) -> String {
-        let s = if s.starts_with(['=', '+', '-', '@']) { format!("'{s}") } else { s.to_string() };
-        if s.contains([',', '"', '\n', '\r']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s }
-    }
-    let mut out = String::from("id,at,actor,action,detail,prev_hash,hash\r\n");
+    use crate::csv_out::{Cell, CsvOut};
+    let mut w = CsvOut::new();
+    w.header(&["id", "at", "actor", "action", "detail", "prev_hash", "hash"]);
     for r in records.iter().rev() {
         let detail = r.detail.to_string();
-        let cells = [
-            r.id.to_string(),
-            r.at.clone(),
-            r.actor.clone(),
-            r.action.clone(),
-            detail,
-            r.prev_hash.clone(),
-            r.hash.clone(),
-        ];
-        out.push_str(&cells.iter().map(|c| cell(c)).collect::<Vec<_>>().join(","));
-        out.push_str("\r\n");
+        let text = [&r.at, &r.actor, &r.action, &detail, &r.prev_hash, &r.hash].map(|t| Cell::Text(t));
+        w.row(std::iter::once(Cell::Int(r.id)).chain(text));
     }
-    out
+    w.finish()
 }
 
 /// Newest first, optionally filtered by actor and action prefix.

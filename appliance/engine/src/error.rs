@@ -93,7 +93,7 @@ error_codes! {
     Io = "io", Internal, "读写错误";
     Internal = "internal", Internal, "内部错误";
     TooLarge = "too_large", TooLarge, "文件过大";
-    UnsafeArchive = "unsafe_archive", Unprocessable, "压缩包不安全";
+    UnsafeArchive = "unsafe_archive", Unprocessable, "压缩包或文件结构不安全";
     Cancelled = "cancelled", Conflict, "已取消";
     Unauthenticated = "unauthenticated", Unauthorized, "请先登录";
     Forbidden = "forbidden", Forbidden, "没有权限";
@@ -162,7 +162,7 @@ pub enum Error {
     Internal(String),
     #[error("{what} 有 {size} 字节，超过上限 {limit} 字节；{hint}")]
     TooLarge { what: String, size: u64, limit: u64, hint: String },
-    #[error("{path}：压缩包不安全，已拒绝：{reason}")]
+    #[error("{path}：{}，已拒绝：{reason}", unsafe_kind(path))]
     UnsafeArchive { path: PathBuf, reason: String },
     #[error("{0} 已取消")]
     Cancelled(String),
@@ -235,8 +235,43 @@ pub enum Error {
     Parser { code: ErrorCode, message: String },
 }
 
+/// What an unsafe file is called: the refusal is shared by archives and by the formats that compress inside
+/// (a PDF's streams, a Word file's parts), and a PDF is no "压缩包" to the admin who uploaded it.
+fn unsafe_kind(path: &std::path::Path) -> &'static str {
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+    match ext.as_str() {
+        "pdf" => "PDF 文件结构不安全（如解压后过大或嵌套过深）",
+        "docx" => "Word 文件结构不安全（如解压后过大）",
+        _ => "压缩包不安全",
+    }
+}
+
+#[cfg(test)]
+mod size_and_kind_tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_in_their_unit_and_unsafe_files_by_their_kind() {
+        assert_eq!(gib(3 << 30), "3.0 GB");
+        assert_eq!(gib(300 << 20), "300 MB");
+        assert_eq!(gib(1), "1 KB");
+        assert_eq!(gib(0), "0");
+        let e = |p: &str| Error::UnsafeArchive { path: p.into(), reason: "r".into() }.to_string();
+        assert!(e("a.pdf").contains("PDF 文件结构不安全") && !e("a.pdf").contains("压缩包"), "{}", e("a.pdf"));
+        assert!(e("b.DOCX").contains("Word 文件"), "{}", e("b.DOCX"));
+        assert!(e("c.zip").contains("压缩包不安全"), "{}", e("c.zip"));
+    }
+}
+
+/// A size as people read it: GB with one decimal from 1 GiB up, else MB or KB (a reserve of 0 or a 300 MB upload
+/// once read "0.0 GB").
 pub(crate) fn gib(bytes: u64) -> String {
-    format!("{:.1} GB", bytes as f64 / (1u64 << 30) as f64)
+    match bytes {
+        b if b >= 1 << 30 => format!("{:.1} GB", b as f64 / (1u64 << 30) as f64),
+        b if b >= 1 << 20 => format!("{} MB", b.div_ceil(1 << 20)),
+        0 => "0".into(),
+        b => format!("{} KB", b.div_ceil(1 << 10)),
+    }
 }
 
 /// What the 训练 page, `care train status` and a refused run say when the disk cannot hold a run.

@@ -64,6 +64,7 @@
 //!   │           promotion; schedules; offline embedding (training/{child,data,schedule,embed}.rs)
 //!   ├ trainer   whether `care-train` can run here: checked in the background, cached for pages
 //!   ├ chart     small SVG charts for reports
+//!   ├ csv_out   the one CSV writer of every export: formula prefixes neutralised (OWASP), RFC 4180 quoting
 //!   ├ demo      the embedded demo collection
 //!   └ tests     (test builds only) the integration tests, inside the crate so they reach its crate-private
 //!               operations: tests/{engine,scheduler}.rs
@@ -79,6 +80,7 @@ pub mod cancel;
 pub mod chart;
 pub mod clock;
 pub mod config;
+pub mod csv_out;
 pub mod datadir;
 pub mod demo;
 pub mod dense;

@@ -14,8 +14,12 @@ const MAX_KEYS: usize = 65_536;
 /// The limits one store keeps.
 #[derive(Debug, Default)]
 pub struct Limits {
-    /// Failed sign-ins and current-password checks per client address.
+    /// Failed sign-ins and current-password checks per client address, each counted before its password is
+    /// checked and taken back when it succeeds: concurrent attempts cannot pass the limit together.
     pub sign_in_failures: RateLimiter,
+    /// Password checks running now per account name: guesses at one name from many addresses wait their turn
+    /// instead of all passing the lockout check before the first failure is counted.
+    pub sign_ins_by_name: InFlight,
     /// Feedback per user.
     pub feedback: RateLimiter,
     /// Audit records of refused requests, per client address and in all.
@@ -86,6 +90,14 @@ impl RateLimiter {
         Ok(Self::count(&mut w, key, window_seconds, now))
     }
 
+    /// Takes back one event of `key` counted by [`Self::admit`] (an attempt that turned out not to count).
+    pub fn undo(&self, key: &str) {
+        let mut w = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = w.get_mut(key) {
+            e.1 = e.1.saturating_sub(1);
+        }
+    }
+
     /// Keys tracked now (for tests and the memory bound).
     pub fn len(&self) -> usize {
         self.windows.lock().unwrap_or_else(|p| p.into_inner()).len()
@@ -93,6 +105,66 @@ impl RateLimiter {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Operations running now per key, at most `limit` each, the next ones waiting their turn: a key is tracked only
+/// while one runs or waits, so memory follows the requests in flight (themselves bounded by the queues in front).
+#[derive(Debug, Default)]
+pub struct InFlight {
+    /// key → (running, waiting)
+    running: Mutex<HashMap<String, (u32, u32)>>,
+    turn: std::sync::Condvar,
+}
+
+/// One admitted operation; leaving counts it out and lets the next one of its key in.
+#[derive(Debug)]
+pub struct Running<'a> {
+    of: &'a InFlight,
+    key: String,
+}
+
+impl InFlight {
+    /// Admits one more operation of `key` once fewer than `limit` run, waiting for that; `None` at once when
+    /// `max_waiting` already wait.
+    pub fn enter(&self, key: &str, limit: u32, max_waiting: u32) -> Option<Running<'_>> {
+        let mut r = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let e = r.entry(key.to_string()).or_insert((0, 0));
+        if e.0 >= limit.max(1) {
+            if e.1 >= max_waiting {
+                return None;
+            }
+            e.1 += 1;
+            while r.get(key).is_some_and(|e| e.0 >= limit.max(1)) {
+                r = self.turn.wait(r).unwrap_or_else(|p| p.into_inner());
+            }
+            r.entry(key.to_string()).or_insert((0, 1)).1 -= 1;
+        }
+        r.entry(key.to_string()).or_insert((0, 0)).0 += 1;
+        Some(Running { of: self, key: key.to_string() })
+    }
+
+    /// Keys with an operation running or waiting now.
+    pub fn len(&self) -> usize {
+        self.running.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let mut r = self.of.running.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = r.get_mut(&self.key) {
+            e.0 -= 1;
+            if *e == (0, 0) {
+                r.remove(&self.key);
+            }
+        }
+        drop(r);
+        self.of.turn.notify_all();
     }
 }
 
@@ -133,6 +205,33 @@ mod tests {
         assert_eq!(l.blocked("b", 3, 60, 1010), None, "keys are independent");
         assert_eq!(l.admit("a", 3, 60, 1060), Ok(1), "a new window");
         assert_eq!(l.blocked("a", 3, 60, 1060), None);
+    }
+
+    #[test]
+    fn undone_events_reopen_the_window_and_in_flight_keys_leave() {
+        let l = RateLimiter::new();
+        assert_eq!(l.admit("a", 2, 60, 1000), Ok(1));
+        assert_eq!(l.admit("a", 2, 60, 1000), Ok(2));
+        assert!(l.admit("a", 2, 60, 1000).is_err());
+        l.undo("a");
+        assert_eq!(l.admit("a", 2, 60, 1000), Ok(2));
+        let f = InFlight::default();
+        let one = f.enter("x", 2, 0).unwrap();
+        let two = f.enter("x", 2, 0).unwrap();
+        assert!(f.enter("x", 2, 0).is_none(), "a third at once is refused when none may wait");
+        assert!(f.enter("y", 2, 0).is_some(), "names are independent");
+        drop(one);
+        let three = f.enter("x", 2, 0).unwrap();
+        // With room to wait, a third waits for a turn instead.
+        std::thread::scope(|sc| {
+            let waiter = sc.spawn(|| f.enter("x", 2, 1).map(drop).is_some());
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            assert!(f.enter("x", 2, 1).is_none(), "the one waiting place is taken");
+            drop(two);
+            assert!(waiter.join().unwrap(), "the waiter got its turn");
+        });
+        drop(three);
+        assert!(f.is_empty(), "nothing is kept once nothing runs");
     }
 
     #[test]

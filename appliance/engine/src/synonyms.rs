@@ -18,6 +18,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
 use crate::audit;
+use crate::csv_out::{self, Cell, CsvOut};
 use crate::error::{Error, Result};
 use crate::store::{Store, now};
 use crate::text::fold;
@@ -263,7 +264,9 @@ pub fn parse_csv(text: &str) -> Result<Vec<NewSynonym>> {
                 break;
             }
         };
-        let first = rec.get(0).unwrap_or("").trim();
+        // A cell the export neutralised (`'=…`) reads back as the text it was (csv_out::restore).
+        let field = |i: usize| csv_out::restore(rec.get(i).unwrap_or(""));
+        let first = field(0).trim();
         if line == 1 && matches!(first, "首选词" | "preferred") {
             continue;
         }
@@ -272,8 +275,8 @@ pub fn parse_csv(text: &str) -> Result<Vec<NewSynonym>> {
         }
         let g = NewSynonym {
             preferred: first.to_string(),
-            variants: vec![rec.get(1).unwrap_or("").to_string()],
-            note: rec.get(2).unwrap_or("").to_string(),
+            variants: vec![field(1).to_string()],
+            note: field(2).to_string(),
         };
         match clean(&g) {
             Ok(g) => {
@@ -372,17 +375,16 @@ pub fn import(store: &Store, actor: &str, groups: &[NewSynonym], replace: bool, 
     Ok(report)
 }
 
-/// The whole table as CSV, in the format [`parse_csv`] reads (with a header).
+/// The whole table as CSV, in the format [`parse_csv`] reads (with a header). Written by [`CsvOut`], which
+/// neutralises a term or note a spreadsheet would run as a formula; [`parse_csv`] reads such a cell back as it was.
 pub fn export_csv(store: &Store) -> Result<String> {
     let conn = store.reader();
-    let mut w = csv::WriterBuilder::new().terminator(csv::Terminator::Any(b'\n')).from_writer(Vec::new());
-    let io = |e: csv::Error| Error::Internal(format!("csv: {e}"));
-    w.write_record(["首选词", "同义词", "备注"]).map_err(io)?;
+    let mut w = CsvOut::new();
+    w.header(&["首选词", "同义词", "备注"]);
     for e in all_rows(&conn)? {
-        w.write_record([e.preferred.as_str(), e.variants.join("|").as_str(), e.note.as_str()]).map_err(io)?;
+        w.row([Cell::Text(&e.preferred), Cell::Text(&e.variants.join("|")), Cell::Text(&e.note)]);
     }
-    let bytes = w.into_inner().map_err(|e| Error::Internal(format!("csv: {e}")))?;
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
+    Ok(w.finish())
 }
 
 /// Loads the shipped seed table into a data directory that never had it (once: deletions stay deleted).
@@ -591,6 +593,18 @@ mod tests {
         // 混悬液 is hxy; read with 混's rare reading gun it is only a fallback for gxy.
         assert!(!t.pinyin_candidates("gxy").0.contains(&"混悬液".to_string()));
         assert!(t.pinyin_candidates("hxy").0.contains(&"混悬液".to_string()));
+    }
+
+    #[test]
+    fn csv_import_reads_neutralised_cells_back_as_typed() {
+        // What export_csv writes for terms and notes starting with a formula character (csv_out::neutralise).
+        let g = parse_csv("首选词,同义词,备注\r\n'=甲乙,'-丙丁|戊己,'@备注\r\n''=庚辛,壬癸,it's\r\n").unwrap();
+        assert_eq!(
+            (g[0].preferred.as_str(), g[0].variants.as_slice(), g[0].note.as_str()),
+            ("=甲乙", &["-丙丁".to_string(), "戊己".to_string()][..], "@备注")
+        );
+        // Only the apostrophe the export added comes off: a text's own stays.
+        assert_eq!((g[1].preferred.as_str(), g[1].note.as_str()), ("'=庚辛", "it's"));
     }
 
     #[test]

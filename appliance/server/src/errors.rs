@@ -97,6 +97,47 @@ pub fn has_chinese(s: &str) -> bool {
 /// set once when the server starts.
 static STAGING_ROOTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
 
+/// A request actix could not parse, told in Chinese (its own texts are English, e.g. "Query deserialize error:
+/// invalid digit found in string"); the parser's words follow in brackets for the logs. An oversized body keeps
+/// its own code (413).
+fn unparsable(what: &str, detail: String, too_large: Option<(usize, usize)>) -> actix_web::Error {
+    let e = match too_large {
+        Some((size, limit)) => Error::TooLarge {
+            what: what.into(),
+            size: size as u64,
+            limit: limit as u64,
+            hint: "请缩短后重新提交".into(),
+        },
+        None => Error::InvalidInput(format!("{what}格式不正确，无法识别；请检查后重试 ({detail})")),
+    };
+    ApiError::Engine(e).into()
+}
+
+pub fn unparsable_query(e: actix_web::error::QueryPayloadError, _: &actix_web::HttpRequest) -> actix_web::Error {
+    unparsable("网址中的查询参数", e.to_string(), None)
+}
+
+pub fn unparsable_path(e: actix_web::error::PathError, _: &actix_web::HttpRequest) -> actix_web::Error {
+    unparsable("网址路径中的参数", e.to_string(), None)
+}
+
+pub fn unparsable_form(e: actix_web::error::UrlencodedError, _: &actix_web::HttpRequest) -> actix_web::Error {
+    let big =
+        if let actix_web::error::UrlencodedError::Overflow { size, limit } = &e { Some((*size, *limit)) } else { None };
+    unparsable("表单", e.to_string(), big)
+}
+
+#[allow(clippy::wildcard_enum_match_arm, reason = "actix's enum is non_exhaustive; any other kind is a parse error")]
+pub fn unparsable_json(e: actix_web::error::JsonPayloadError, _: &actix_web::HttpRequest) -> actix_web::Error {
+    use actix_web::error::JsonPayloadError as J;
+    let big = match &e {
+        J::OverflowKnownLength { length, limit } => Some((*length, *limit)),
+        J::Overflow { limit } => Some((limit + 1, *limit)),
+        _ => None,
+    };
+    unparsable("JSON 请求体", e.to_string(), big)
+}
+
 pub fn set_staging_roots(roots: Vec<String>) {
     let _ = STAGING_ROOTS.set(roots.into_iter().filter(|r| !r.is_empty()).collect());
 }

@@ -4,8 +4,9 @@
 //! Identity comes from a bearer API token (`Authorization: Bearer care_…`, for machine clients) or the session
 //! cookie `__Host-care_session` (Secure, HttpOnly, SameSite=Strict, Path=/; the `__Host-` prefix makes browsers
 //! refuse it from plain HTTP or with a Domain). CSRF: a state-changing request that rides on the session cookie
-//! must carry the session's synchronizer token (`X-CSRF-Token` header, or the `csrf` form field; multipart
-//! uploads put it in the query string). Bearer requests carry no ambient credential, so they need none. The login
+//! must carry the session's synchronizer token (`X-CSRF-Token` header, or the `csrf` form field; in a multipart
+//! upload the form's first field, read without reading the upload). A token never travels in a URL: URLs end up in
+//! logs, history and Referer headers. Bearer requests carry no ambient credential, so they need none. The login
 //! form, which has no session yet, uses a double-submit cookie.
 
 use std::future::{Ready, ready};
@@ -227,6 +228,69 @@ async fn take_form_body(req: &mut ServiceRequest) -> Result<Bytes, ApiError> {
     Ok(bytes)
 }
 
+/// Bytes of a multipart body read at most to find its first field (the pages put `csrf` first).
+const MULTIPART_HEAD: usize = 16 * 1024;
+
+/// The `csrf` field of a multipart form when it is the first part: reads at most [`MULTIPART_HEAD`] bytes of the
+/// body, never the upload behind it, then puts what it read back in front of the rest for the handler.
+async fn multipart_csrf(req: &mut ServiceRequest, content_type: &str) -> Result<Option<String>, ApiError> {
+    use futures::StreamExt;
+    let Some(boundary) = content_type.split(';').find_map(|p| p.trim().strip_prefix("boundary=")) else {
+        return Ok(None);
+    };
+    let boundary = boundary.trim_matches('"').to_string();
+    let mut payload = req.take_payload();
+    let mut head = web::BytesMut::new();
+    let mut found = FirstPart::Incomplete;
+    while head.len() < MULTIPART_HEAD {
+        match payload.next().await {
+            Some(chunk) => {
+                head.extend_from_slice(&chunk.map_err(|e| ApiError::invalid(format!("上传内容无法读取：{e}")))?)
+            }
+            None => break,
+        }
+        found = first_part(&head, &boundary, "csrf");
+        if !matches!(found, FirstPart::Incomplete) {
+            break;
+        }
+    }
+    let read = head.freeze();
+    let stream: std::pin::Pin<Box<dyn futures::Stream<Item = Result<Bytes, actix_web::error::PayloadError>>>> =
+        Box::pin(futures::stream::once(async move { Ok(read) }).chain(payload));
+    req.set_payload(Payload::from(stream));
+    Ok(match found {
+        FirstPart::Value(v) => Some(v),
+        FirstPart::Other | FirstPart::Incomplete => None,
+    })
+}
+
+#[derive(Debug, PartialEq)]
+enum FirstPart {
+    Value(String),
+    /// The first part is another field.
+    Other,
+    Incomplete,
+}
+
+/// The value of the multipart body's first part when that part is the field `name`.
+fn first_part(body: &[u8], boundary: &str, name: &str) -> FirstPart {
+    let find = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).position(|w| w == needle);
+    let delimiter = format!("--{boundary}\r\n");
+    let Some(start) = find(body, delimiter.as_bytes()) else { return FirstPart::Incomplete };
+    let part = &body[start + delimiter.len()..];
+    let Some(end_of_headers) = find(part, b"\r\n\r\n") else { return FirstPart::Incomplete };
+    let headers = String::from_utf8_lossy(&part[..end_of_headers]).to_ascii_lowercase();
+    let wanted = format!("name=\"{name}\"");
+    if !headers.lines().any(|l| l.starts_with("content-disposition:") && l.split(';').any(|p| p.trim() == wanted)) {
+        return FirstPart::Other;
+    }
+    let value = &part[end_of_headers + 4..];
+    match find(value, format!("\r\n--{boundary}").as_bytes()) {
+        Some(end) => FirstPart::Value(String::from_utf8_lossy(&value[..end]).into_owned()),
+        None => FirstPart::Incomplete,
+    }
+}
+
 async fn check_csrf(req: &mut ServiceRequest, caller: Option<&Caller>) -> Result<(), ApiError> {
     let expected = match caller.map(|c| &c.via) {
         Some(Via::Token) => return Ok(()),
@@ -243,7 +307,7 @@ async fn check_csrf(req: &mut ServiceRequest, caller: Option<&Caller>) -> Result
                 let body = take_form_body(req).await?;
                 form_field(&String::from_utf8_lossy(&body), "csrf")
             } else if ct.starts_with("multipart/form-data") {
-                form_field(req.query_string(), "csrf")
+                multipart_csrf(req, &ct).await?
             } else {
                 None
             }
@@ -469,4 +533,36 @@ fn finish(
         started.elapsed().as_secs_f64(),
     );
     res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{FirstPart, first_part};
+
+    fn body(parts: &[(&str, &str)]) -> Vec<u8> {
+        let mut b = String::new();
+        for (name, value) in parts {
+            b.push_str(&format!("--XyZ\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n"));
+        }
+        b.push_str("--XyZ--\r\n");
+        b.into_bytes()
+    }
+
+    #[test]
+    fn the_first_multipart_field_is_read_only_when_it_is_the_token() {
+        let b = body(&[("csrf", "t0ken"), ("file", "a large upload")]);
+        assert_eq!(first_part(&b, "XyZ", "csrf"), FirstPart::Value("t0ken".into()));
+        // Another field first: no token (a form that put it later is refused, never read to its end).
+        let b = body(&[("file", "x"), ("csrf", "t0ken")]);
+        assert_eq!(first_part(&b, "XyZ", "csrf"), FirstPart::Other);
+        // `name="csrf_x"` or a filename that mentions csrf is not the field.
+        let b = b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"name=\\\"csrf\\\"\"\r\n\r\nv\r\n";
+        assert_eq!(first_part(b, "XyZ", "csrf"), FirstPart::Other);
+        // Cut anywhere before the value ends, it waits for more.
+        let whole = body(&[("csrf", "t0ken"), ("file", "x")]);
+        let end = whole.windows(7).position(|w| w == b"\r\n--XyZ").unwrap();
+        for cut in 0..end + 6 {
+            assert_eq!(first_part(&whole[..cut], "XyZ", "csrf"), FirstPart::Incomplete, "cut at {cut}");
+        }
+    }
 }

@@ -50,6 +50,9 @@ impl Metrics {
             let labels = format!("method=\"{method}\",route=\"{}\",status=\"{status}\"", escape(route));
             write_histogram(&mut out, "care_http_request_duration_seconds", &labels, h);
         }
+        out.push_str("# HELP care_password_hashes_total Password hashes computed (sign-ins, password checks).\n");
+        out.push_str("# TYPE care_password_hashes_total counter\n");
+        let _ = writeln!(out, "care_password_hashes_total {}", care_engine::accounts::password_hashes_computed());
         out.push_str("# HELP care_searches_total Searches answered, by the retrieval method used.\n");
         out.push_str("# TYPE care_searches_total counter\n");
         for (m, n) in self.searches.lock().unwrap_or_else(|p| p.into_inner()).iter() {

@@ -11,6 +11,12 @@
 //! transactions would, and a failed batch is rolled back whole and fails every caller in it, so no record is lost
 //! or written twice. Only searches (and refused searches) are written here; a change still commits with its
 //! record in its own transaction.
+//!
+//! The thread also keeps the tally of requests refused beyond the audit cap ([`Writer::refused`]): a flood must not
+//! fill the log one record per request, nor go unrecorded. Counted in memory, they are written as one
+//! `request.refusals_aggregated` record per [`AGGREGATE_SECONDS`] (how many, which refusals, from which
+//! addresses, first and last), when the window ends or when the engine closes: the thread waits for that due time,
+//! it never polls.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -23,6 +29,67 @@ use crate::error::{Error, Result};
 /// Records one transaction takes at most.
 pub(crate) const MAX_BATCH: usize = 256;
 
+/// Refusals over the cap are summed for this long before their aggregate record is written.
+pub(crate) const AGGREGATE_SECONDS: u64 = 60;
+
+/// Addresses an aggregate names one by one at most; the rest are counted together. The tally keeps at most
+/// [`TALLY_ADDRESSES`] while it sums, so a flood from rotating addresses costs bounded memory.
+const NAMED_ADDRESSES: usize = 20;
+const TALLY_ADDRESSES: usize = 10_000;
+
+enum Msg {
+    Record(Pending),
+    /// A refused request beyond the cap: (its action, the client's address key).
+    Refused(String, String),
+}
+
+/// Refusals summed since `first`.
+#[derive(Default)]
+struct Tally {
+    count: u64,
+    first: i64,
+    last: i64,
+    actions: std::collections::BTreeMap<String, u64>,
+    addresses: std::collections::HashMap<String, u64>,
+    /// Refusals from addresses beyond [`TALLY_ADDRESSES`].
+    unnamed: u64,
+}
+
+impl Tally {
+    fn add(&mut self, action: String, address: String, now: i64) {
+        if self.count == 0 {
+            self.first = now;
+        }
+        self.count += 1;
+        self.last = now;
+        *self.actions.entry(action).or_default() += 1;
+        let known = self.addresses.len() < TALLY_ADDRESSES || self.addresses.contains_key(&address);
+        match known {
+            true => *self.addresses.entry(address).or_default() += 1,
+            false => self.unnamed += 1,
+        }
+    }
+
+    /// The aggregate record's detail: the busiest addresses by name, the rest as one count.
+    fn detail(&self) -> serde_json::Value {
+        let mut by: Vec<(&String, &u64)> = self.addresses.iter().collect();
+        by.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let named: serde_json::Map<String, serde_json::Value> =
+            by.iter().take(NAMED_ADDRESSES).map(|(a, n)| ((*a).clone(), (**n).into())).collect();
+        let others: u64 = by.iter().skip(NAMED_ADDRESSES).map(|(_, n)| **n).sum::<u64>() + self.unnamed;
+        serde_json::json!({
+            "refused": self.count,
+            "actions": self.actions,
+            "addresses": named,
+            "other_addresses_refused": others,
+            "distinct_addresses": self.addresses.len() as u64 + u64::from(self.unnamed > 0),
+            "first": crate::accounts::rfc3339(self.first),
+            "last": crate::accounts::rfc3339(self.last),
+            "reason": "beyond the audit cap on refused requests",
+        })
+    }
+}
+
 /// A record waiting for the writer, and where its outcome goes.
 struct Pending {
     actor: String,
@@ -33,7 +100,7 @@ struct Pending {
 
 /// The writer thread and its queue; dropping it lets the thread commit what is queued, then joins it.
 pub(crate) struct Writer {
-    queue: Option<mpsc::Sender<Pending>>,
+    queue: Option<mpsc::Sender<Msg>>,
     thread: Option<JoinHandle<()>>,
     /// Transactions committed so far (records per commit says how much sharing there was); read by tests.
     #[cfg(test)]
@@ -73,8 +140,15 @@ impl Writer {
     fn submit(&self, actor: &str, action: &str, detail: serde_json::Value) -> Result<Ticket> {
         let (done, outcome) = mpsc::sync_channel(1);
         let p = Pending { actor: actor.into(), action: action.into(), detail, done };
-        self.queue.as_ref().ok_or_else(stopped)?.send(p).map_err(|_| stopped())?;
+        self.queue.as_ref().ok_or_else(stopped)?.send(Msg::Record(p)).map_err(|_| stopped())?;
         Ok(Ticket(outcome))
+    }
+
+    /// Counts a refused request beyond the audit cap, for the next aggregate record; returns at once.
+    pub(crate) fn refused(&self, action: &str, address_key: &str) {
+        if let Some(q) = &self.queue {
+            let _ = q.send(Msg::Refused(action.chars().take(64).collect(), address_key.chars().take(64).collect()));
+        }
     }
 
     #[cfg(test)]
@@ -101,28 +175,82 @@ impl Drop for Writer {
     }
 }
 
-/// Blocks on the queue; each wake-up commits everything waiting (up to [`MAX_BATCH`]) as one transaction.
-fn run(conn: &Mutex<Connection>, queue: &mpsc::Receiver<Pending>, commits: &AtomicU64) {
-    while let Ok(first) = queue.recv() {
-        let mut batch = vec![first];
-        batch.extend(queue.try_iter().take(MAX_BATCH - 1));
-        // A panic mid-batch rolls the transaction back as it unwinds; the thread stays up for the next batch.
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| commit(conn, &batch)))
-            .unwrap_or_else(|_| Err(Error::Internal("the audit writer panicked; the batch was not written".into())));
-        match outcome {
-            Ok(ids) => {
-                commits.fetch_add(1, Ordering::Relaxed);
-                for (p, id) in batch.into_iter().zip(ids) {
-                    let _ = p.done.send(Ok(id));
-                }
+/// Blocks on the queue (or until a tally's aggregate is due); each wake-up commits everything waiting (up to
+/// [`MAX_BATCH`]) as one transaction.
+fn run(conn: &Mutex<Connection>, queue: &mpsc::Receiver<Msg>, commits: &AtomicU64) {
+    let mut tally = Tally::default();
+    let mut due: Option<std::time::Instant> = None;
+    loop {
+        let first = match due {
+            None => queue.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+            Some(at) => queue.recv_timeout(at.saturating_duration_since(std::time::Instant::now())),
+        };
+        let first = match first {
+            Ok(m) => m,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                write_tally(conn, &mut tally, commits);
+                due = (tally.count > 0)
+                    .then(|| std::time::Instant::now() + std::time::Duration::from_secs(AGGREGATE_SECONDS));
+                continue;
             }
-            Err(e) => {
-                tracing::error!(error = %e, records = batch.len(), "audit batch failed; nothing of it was written");
-                for p in batch {
-                    let _ = p.done.send(Err(same_error(&e)));
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                write_tally(conn, &mut tally, commits);
+                return;
+            }
+        };
+        let mut batch = Vec::new();
+        for m in std::iter::once(first).chain(queue.try_iter().take(MAX_BATCH - 1)) {
+            match m {
+                Msg::Record(p) => batch.push(p),
+                Msg::Refused(action, address) => {
+                    tally.add(action, address, crate::accounts::unix_now());
+                    due.get_or_insert_with(|| {
+                        std::time::Instant::now() + std::time::Duration::from_secs(AGGREGATE_SECONDS)
+                    });
                 }
             }
         }
+        if !batch.is_empty() {
+            commit_batch(conn, batch, commits);
+        }
+    }
+}
+
+fn commit_batch(conn: &Mutex<Connection>, batch: Vec<Pending>, commits: &AtomicU64) {
+    // A panic mid-batch rolls the transaction back as it unwinds; the thread stays up for the next batch.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| commit(conn, &batch)))
+        .unwrap_or_else(|_| Err(Error::Internal("the audit writer panicked; the batch was not written".into())));
+    match outcome {
+        Ok(ids) => {
+            commits.fetch_add(1, Ordering::Relaxed);
+            for (p, id) in batch.into_iter().zip(ids) {
+                let _ = p.done.send(Ok(id));
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, records = batch.len(), "audit batch failed; nothing of it was written");
+            for p in batch {
+                let _ = p.done.send(Err(same_error(&e)));
+            }
+        }
+    }
+}
+
+/// Writes the tally as one aggregate record and starts a new one; a failure is logged (the server's log still
+/// counts every refusal) and the tally kept for the next try.
+fn write_tally(conn: &Mutex<Connection>, tally: &mut Tally, commits: &AtomicU64) {
+    if tally.count == 0 {
+        return;
+    }
+    let (done, _) = mpsc::sync_channel(1);
+    let p =
+        Pending { actor: "system".into(), action: "request.refusals_aggregated".into(), detail: tally.detail(), done };
+    match commit(conn, std::slice::from_ref(&p)) {
+        Ok(_) => {
+            commits.fetch_add(1, Ordering::Relaxed);
+            *tally = Tally::default();
+        }
+        Err(e) => tracing::error!(error = %e, refused = tally.count, "aggregate refusal record not written"),
     }
 }
 

@@ -77,7 +77,7 @@ pub(crate) fn ingest_step(s: &Shared) -> Lane {
     let report = FileReport {
         path: c.path.clone(),
         error_code: Some(e.code().as_str()),
-        error: Some(format!("{e} (failed {n} times; fix the cause and upload the file again)")),
+        error: Some(format!("{e}（已重试 {n} 次仍失败；请排除原因后重新上传此文件）")),
         ..Default::default()
     };
     if let Err(e2) = record_file(&s.engine, &c, &[report]) {
@@ -224,7 +224,7 @@ fn process(s: &Shared, c: &Claim) -> Result<()> {
         Err(err) => vec![FileReport {
             path: c.path.clone(),
             error_code: Some(err.code().as_str()),
-            error: Some(format!("{err}; the collection was deleted after the upload")),
+            error: Some(format!("{err}：上传后该资料库已被删除")),
             ..Default::default()
         }],
         Ok(col) => {

@@ -3308,6 +3308,89 @@ fn synonyms_abbreviations_and_pinyin_find_what_clinicians_type() {
     assert_eq!(page(&e, "DPP", 0, 10, false).pinyin_of, None);
 }
 
+/// Issue 51: every CSV export (analytics, synonyms, audit) neutralises every formula prefix wherever text a person
+/// typed reaches it — a clinician's query (searched, seldom opened, marked 没帮助), a synonym term and note, an
+/// administrator's name in the audit log — and the synonym export imports back unchanged.
+#[test]
+fn csv_exports_neutralise_formula_payloads_and_synonyms_round_trip() {
+    use crate::csv_out::neutralise;
+    use crate::service::SearchAs;
+    use crate::synonyms::NewSynonym;
+    const PAYLOADS: [&str; 9] = [
+        r#"=HYPERLINK("http://x","y")"#,
+        "+cmd|' /C calc'!A0",
+        "-2+3",
+        "@SUM(1)",
+        "\t=1",
+        "\r=1",
+        " =1",
+        "=1,2",
+        "\"=1,2\"",
+    ];
+    let t = tempfile::tempdir().unwrap();
+    let e = engine_in(&t.path().join("data"));
+    let admin = Admin::console("tester");
+    e.collections().create(&admin, "c", "").unwrap();
+    let md = t.path().join("a.md");
+    std::fs::write(&md, "# 阿司匹林\n\n阿司匹林用于冠心病二级预防，每日剂量75到100毫克。\n").unwrap();
+    assert_eq!(e.ingest_files("c", &[md], &mut |_| {}).unwrap().failed(), 0);
+    e.accounts().create_user(&admin, "dr.wu", "Quiet-River-Lamp-58", "clinician", true).unwrap();
+    e.accounts().grant(&admin, "dr.wu", "c").unwrap();
+    let wu = crate::Actor::user(&crate::accounts::user(&e.store, "dr.wu").unwrap());
+    let ask = |q: &str| e.search().run(&wu, &SearchAs { query: q.into(), ..Default::default() }).unwrap();
+    let chunk = ask("阿司匹林").hits[0].chunk_id;
+    for (i, p) in PAYLOADS.into_iter().enumerate() {
+        // Three searches list the query as seldom opened too; 没帮助 lists it among the unhelpful ones.
+        for _ in 0..3 {
+            ask(p);
+        }
+        e.search().feedback(&wu, p, chunk, false).unwrap();
+        // Terms may not hold separators; the payload keeps its first character, the note holds it whole.
+        let term = p.replace([',', '|', '"'], "");
+        let g = NewSynonym {
+            preferred: format!("{}{i}甲", term.trim()),
+            variants: vec![format!("{}{i}乙", term.trim())],
+            note: p.into(),
+        };
+        e.search().save_synonym(&Admin::console(p), None, &g).unwrap();
+    }
+    let exports = [
+        ("analytics", e.audit().export_analytics(&admin, 7).unwrap()),
+        ("synonyms", e.search().export_synonyms(&admin).unwrap()),
+        ("audit", e.audit().export(&admin, &Default::default(), 100_000, "test").unwrap()),
+    ];
+    for (name, text) in &exports {
+        let cells = csv_cells(text);
+        for c in &cells {
+            let lead = c.trim_start_matches(char::is_whitespace);
+            assert!(!c.starts_with(['\t', '\r']) && !lead.starts_with(['=', '+', '-', '@']), "{name}: {c:?}");
+        }
+        // The payloads did reach the export (else the check above proves nothing), neutralised.
+        for p in PAYLOADS {
+            // Searches and synonyms keep the text trimmed; the audit log keeps an actor's name as given.
+            let want = if *name == "audit" { neutralise(p) } else { neutralise(p.trim()) }.into_owned();
+            assert!(cells.contains(&want), "{name}: no cell {want:?}");
+        }
+    }
+    // Export → import is the identity: the apostrophes the export added are read back off, no others.
+    let table = || {
+        let rows = e.search().synonyms(&admin, None, usize::MAX, 0).unwrap().0;
+        rows.into_iter().map(|g| (g.preferred, g.variants, g.note)).collect::<std::collections::BTreeSet<_>>()
+    };
+    let before = table();
+    let rep = e.search().import_synonyms(&admin, exports[1].1.as_bytes(), true).unwrap();
+    assert_eq!((rep.added, rep.removed), (0, 0));
+    assert_eq!(table(), before);
+    assert!(before.iter().any(|g| g.0.starts_with("+cmd") && g.2 == PAYLOADS[1]), "the payloads are stored as typed");
+}
+
+/// Every cell of a CSV text, read by the `csv` crate (a real RFC 4180 reader), the byte-order mark dropped.
+fn csv_cells(text: &str) -> Vec<String> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let mut r = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(text.as_bytes());
+    r.records().flat_map(|rec| rec.unwrap().iter().map(str::to_string).collect::<Vec<_>>()).collect()
+}
+
 /// The search-trust benchmark (issue "Clinician search you can trust"), on the dev splits of the sets in
 /// `CARE_TRUST_SETS` (default kuake_qtr), at most `CARE_TRUST_QUERIES` dev queries each (default 400): nDCG@10 of
 /// the served hybrid for the queries as given and converted to traditional characters; the not-found statement on

@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""Sign-in and connection bursts against a real `care serve` (issue 51): what a shift change or a flood costs.
+
+  signin_burst.py --care target/debug/care --out tests/results/signin-burst-DATE [--corpus FILE.jsonl]
+
+Starts the demo's data in a temp dir and `care serve` on loopback, then measures, over HTTPS:
+  1. quiet: p50/p99 of a clinician's search (one keep-alive connection, an API token);
+  2. 200 concurrent anonymous sign-ins (fresh names, each from its own loopback address with its own login CSRF
+     cookie): the server's RSS before, at its peak (sampled every 20 ms) and after; the search's p99 alongside;
+  3. 500 concurrent wrong sign-ins from one address: password hashes computed (`care_password_hashes_total` in
+     /metrics before and after) and the answers;
+  4. 300 concurrent new HTTPS connections (each a fresh TLS handshake and GET /login) while an upload of CORPUS is
+     being ingested: handshake failures, requests unanswered, p50/p99 of the handshake.
+Writes OUT.json and OUT.svg. Loopback addresses 127.0.x.y are all this machine's: each worker binds its own.
+"""
+import argparse
+import http.client
+import json
+import os
+import re
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import uuid
+from html import escape
+from pathlib import Path
+
+CTX = ssl.create_default_context()
+CTX.check_hostname = False
+CTX.verify_mode = ssl.CERT_NONE
+QUERIES = ["二甲双胍的禁忌症", "高血压 饮食", "儿童发热的处理", "胰岛素注射部位", "咳嗽", "糖尿病足"]
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] if xs else None
+
+
+def rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
+
+
+def conn(port, source=None, timeout=60):
+    return http.client.HTTPSConnection("127.0.0.1", port, context=CTX, timeout=timeout,
+                                       source_address=(source, 0) if source else None)
+
+
+def searcher(port, token, stop, out):
+    """Searches one after another on one connection until `stop`; appends latencies in ms."""
+    c, i = conn(port), 0
+    while not stop.is_set():
+        q = QUERIES[i % len(QUERIES)]
+        i += 1
+        t = time.perf_counter()
+        c.request("GET", "/api/v1/search?q=" + urllib.parse.quote(q), headers={"Authorization": f"Bearer {token}"})
+        r = c.getresponse()
+        r.read()
+        if r.status != 200:
+            raise SystemExit(f"search answered {r.status}")
+        out.append((time.perf_counter() - t) * 1000)
+
+
+def sign_in(port, source, name, password, barrier, answers):
+    try:
+        c = conn(port, source)
+        c.request("GET", "/login")
+        r = c.getresponse()
+        r.read()
+        cookie = next(v for k, v in r.getheaders() if k.lower() == "set-cookie" and "login_csrf" in v).split(";")[0]
+        token = cookie.split("=", 1)[1]
+        body = urllib.parse.urlencode({"username": name, "password": password, "csrf": token})
+        barrier.wait()
+        c.request("POST", "/login", body=body, headers={
+            "Content-Type": "application/x-www-form-urlencoded", "Cookie": cookie})
+        r = c.getresponse()
+        r.read()
+        answers.append(r.status)
+    except Exception as e:  # noqa: BLE001 - every failure is a result here
+        answers.append(type(e).__name__)
+
+
+def metric(port, token, name):
+    c = conn(port)
+    c.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"})
+    text = c.getresponse().read().decode()
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None  # a build from before the metric
+
+
+def burst(n, target):
+    barrier = threading.Barrier(n)
+    threads = [threading.Thread(target=target, args=(i, barrier)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def counts(xs):
+    out = {}
+    for x in xs:
+        out[str(x)] = out.get(str(x), 0) + 1
+    return out
+
+
+def concurrent_sign_ins(port, pid, token, n):
+    stop, lat, peak, answers = threading.Event(), [], [rss_mb(pid)], []
+    before = peak[0]
+
+    def sample():
+        while not stop.is_set():
+            peak.append(rss_mb(pid))
+            time.sleep(0.02)
+
+    s = threading.Thread(target=searcher, args=(port, token, stop, lat))
+    m = threading.Thread(target=sample)
+    s.start()
+    m.start()
+    time.sleep(0.5)
+    lat.clear()
+    t0 = time.perf_counter()
+    burst(n, lambda i, b: sign_in(port, f"127.0.1.{i + 1}", f"nurse{uuid.uuid4().hex[:8]}", "wrong-password-1",
+                                  b, answers))
+    took = time.perf_counter() - t0
+    stop.set()
+    s.join()
+    m.join()
+    time.sleep(1)
+    return {"sign_ins": n, "answers": counts(answers), "seconds": round(took, 2),
+            "rss_before_mb": round(before, 1), "rss_peak_mb": round(max(peak), 1),
+            "rss_after_mb": round(rss_mb(pid), 1), "rss_growth_mb": round(max(peak + [rss_mb(pid)]) - before, 1),
+            "search_during": {"n": len(lat), "p50_ms": round(pct(lat, 50), 2), "p99_ms": round(pct(lat, 99), 2)}}
+
+
+def one_address_flood(port, token, n):
+    before, answers = metric(port, token, "care_password_hashes_total"), []
+    burst(n, lambda i, b: sign_in(port, "127.0.2.1", f"guess{i}", "wrong-password-2", b, answers))
+    after = metric(port, token, "care_password_hashes_total")
+    return {"sign_ins": n, "answers": counts(answers),
+            "password_hashes": None if before is None else int(after - before)}
+
+
+def upload(port, token, corpus):
+    """Starts an ingest of `corpus` (an upload, as an admin does) and returns the job id."""
+    c = conn(port, timeout=600)
+    c.request("POST", "/api/v1/admin/collections", body=json.dumps({"name": "burst", "description": ""}),
+              headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    c.getresponse().read()
+    boundary = uuid.uuid4().hex
+    data = Path(corpus).read_bytes()
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{Path(corpus).name}\"\r\n"
+            f"Content-Type: application/octet-stream\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
+    c.request("POST", "/api/v1/admin/collections/burst/files", body=body, headers={
+        "Authorization": f"Bearer {token}", "Content-Type": f"multipart/form-data; boundary={boundary}"})
+    r = c.getresponse()
+    answer = r.read()
+    if r.status != 202:
+        raise SystemExit(f"upload answered {r.status}: {answer[:300]!r}")
+    return json.loads(answer)["job_id"]
+
+
+def job_state(port, token, job):
+    c = conn(port)
+    c.request("GET", f"/api/v1/admin/jobs/{job}", headers={"Authorization": f"Bearer {token}"})
+    return json.loads(c.getresponse().read()).get("state")
+
+
+def connection_burst(port, token, n, corpus, pid):
+    job = upload(port, token, corpus) if corpus else None
+    if job:
+        time.sleep(3)  # the parse and embedding are under way
+    cpu0 = sum(int(x) for x in open("/proc/stat").readline().split()[1:8])
+    idle0 = int(open("/proc/stat").readline().split()[4])
+    hs, answers = [], []
+
+    def one(i, barrier):
+        barrier.wait()
+        try:
+            t = time.perf_counter()
+            raw = socket.create_connection(("127.0.0.1", port), timeout=60, source_address=(f"127.0.3.{i % 250 + 1}", 0))
+            s = CTX.wrap_socket(raw, server_hostname="localhost")
+            hs.append((time.perf_counter() - t) * 1000)
+        except Exception as e:  # noqa: BLE001
+            answers.append("handshake " + type(e).__name__)
+            return
+        try:
+            s.sendall(b"GET /login HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            head = s.recv(64)
+            answers.append(int(head.split()[1]) if head.startswith(b"HTTP/1.1") else "no answer")
+        except Exception as e:  # noqa: BLE001
+            answers.append("request " + type(e).__name__)
+        finally:
+            s.close()
+
+    burst(n, one)
+    line = open("/proc/stat").readline().split()
+    busy = 1 - (int(line[4]) - idle0) / max(1, sum(int(x) for x in line[1:8]) - cpu0)
+    return {"connections": n, "answers": counts(answers), "handshake_failures": sum(
+        1 for a in answers if str(a).startswith("handshake")), "unanswered": sum(1 for a in answers if a != 200),
+        "handshake_p50_ms": round(pct(hs, 50), 1), "handshake_p99_ms": round(pct(hs, 99), 1),
+        "ingest_job": job, "ingest_state_after": job and job_state(port, token, job),
+        "machine_cpu_busy": round(busy, 2)}
+
+
+def svg(r):
+    rows = [("RSS growth, 200 sign-ins (MB)", r["sign_ins"]["rss_growth_mb"], 64),
+            ("search p99 quiet (ms)", r["quiet"]["p99_ms"], None),
+            ("search p99 during sign-ins (ms)", r["sign_ins"]["search_during"]["p99_ms"], 2 * r["quiet"]["p99_ms"]),
+            ("hashes, 500 sign-ins from one address", r["one_address"]["password_hashes"] or 0, 30),
+            ("handshake p99, 300 connections (ms)", r["connections"]["handshake_p99_ms"], None),
+            ("handshake failures", r["connections"]["handshake_failures"], 0)]
+    w, left, top, bar = 760, 300, 50, 22
+    scale = 400 / max(max(v for _, v, _ in rows), max((b or 0) for _, _, b in rows), 1)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{top + len(rows) * (bar + 8) + 30}" '
+           'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>',
+           f'<text x="10" y="20" font-size="15">{escape(r["title"])}</text>',
+           '<text x="10" y="38" fill="#555">bars: measured; red ticks: the acceptance bound</text>']
+    y = top
+    for label, v, bound in rows:
+        out.append(f'<text x="10" y="{y + 15}">{escape(label)}</text><rect x="{left}" y="{y}" '
+                   f'width="{max(1, v * scale):.1f}" height="{bar - 4}" fill="#2980b9"/>'
+                   f'<text x="{left + v * scale + 6:.1f}" y="{y + 15}">{v}</text>')
+        if bound is not None:
+            out.append(f'<rect x="{left + bound * scale:.1f}" y="{y - 2}" width="2" height="{bar}" fill="#c0392b"/>')
+        y += bar + 8
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--care", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--corpus", help="a file to upload and ingest during the connection burst")
+    p.add_argument("--port", type=int, default=18600)
+    a = p.parse_args()
+    care = os.path.abspath(a.care)
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ)
+        subprocess.run([care, "--data-dir", d, "demo", "--no-serve"], check=True, env=env, capture_output=True)
+        subprocess.run([care, "--data-dir", d, "user", "add", "--role", "admin", "bench"], input=b"Qz7-burst-Hx4-ward-91\n",
+                       check=False, capture_output=True, env=env)
+        out = subprocess.run([care, "--data-dir", d, "user", "token", "--name", "bench", "bench"], check=True,
+                             capture_output=True, env=env).stdout.decode()
+        token = re.search(r"\b[0-9a-f]{64}\b|\bcare_[A-Za-z0-9_]+\b", out).group(0)
+        srv = subprocess.Popen([care, "--data-dir", d, "serve", "--bind", f"127.0.0.1:{a.port}", "--http-bind", ""],
+                               stdout=subprocess.DEVNULL, stderr=open(Path(d) / "serve.log", "w"), env=env)
+        try:
+            for _ in range(600):
+                try:
+                    c = conn(a.port, timeout=2)
+                    c.request("GET", "/healthz")
+                    if c.getresponse().status in (200, 503):
+                        break
+                except OSError:
+                    time.sleep(0.2)
+            lat, stop = [], threading.Event()
+            t = threading.Thread(target=searcher, args=(a.port, token, stop, lat))
+            t.start()
+            time.sleep(8)
+            stop.set()
+            t.join()
+            lat = lat[len(lat) // 10:]  # the first searches warm the caches
+            quiet = {"n": len(lat), "p50_ms": round(pct(lat, 50), 2), "p99_ms": round(pct(lat, 99), 2)}
+            r = {"title": "Sign-in and connection bursts (care serve, loopback)",
+                 "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
+                             ""), "cores": os.cpu_count(), "binary": care, "quiet": quiet}
+            r["sign_ins"] = concurrent_sign_ins(a.port, srv.pid, token, 200)
+            print('"sign_ins"', json.dumps(r["sign_ins"], ensure_ascii=False), file=sys.stderr, flush=True)
+            r["one_address"] = one_address_flood(a.port, token, 500)
+            print('"one_address"', json.dumps(r["one_address"], ensure_ascii=False), file=sys.stderr, flush=True)
+            r["connections"] = connection_burst(a.port, token, 300, a.corpus, srv.pid)
+            print('"connections"', json.dumps(r["connections"], ensure_ascii=False), file=sys.stderr, flush=True)
+            r["search_p99_ratio"] = round(r["sign_ins"]["search_during"]["p99_ms"] / quiet["p99_ms"], 2)
+        finally:
+            srv.terminate()
+            srv.wait(timeout=60)
+    Path(a.out + ".json").write_text(json.dumps(r, ensure_ascii=False, indent=2) + "\n")
+    Path(a.out + ".svg").write_text(svg(r))
+    json.dump(r, sys.stdout, ensure_ascii=False, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()
