@@ -5,13 +5,15 @@
 
 Starts the demo's data in a temp dir and `care serve` on loopback, then measures, over HTTPS:
   1. quiet: p50/p99 of a clinician's search (one keep-alive connection, an API token);
-  2. 200 concurrent anonymous sign-ins (fresh names, each from its own loopback address with its own login CSRF
-     cookie): the server's RSS before, at its peak (sampled every 20 ms) and after; the search's p99 alongside;
+  2. waves of 60, 120 and 200 concurrent anonymous sign-ins (fresh names, each from its own loopback address with
+     its own login CSRF cookie): the server's RSS growth from the start, at its peak (sampled every 20 ms) and
+     after; the search's p99 alongside (measured in a process of its own);
   3. 500 concurrent wrong sign-ins from one address: password hashes computed (`care_password_hashes_total` in
      /metrics before and after) and the answers;
   4. 300 concurrent new HTTPS connections (each a fresh TLS handshake and GET /login) while an upload of CORPUS is
      being ingested: handshake failures, requests unanswered, p50/p99 of the handshake.
-Writes OUT.json and OUT.svg. Loopback addresses 127.0.x.y are all this machine's: each worker binds its own.
+Writes OUT.json and OUT.svg; `signin_burst.py --compare BEFORE.json AFTER.json OUT.svg` charts two runs against
+the acceptance bounds. Loopback addresses 127.0.x.y are all this machine's: each worker binds its own.
 """
 import argparse
 import http.client
@@ -67,7 +69,9 @@ def searcher(port, token, stop, out):
         out.append((time.perf_counter() - t) * 1000)
 
 
-def sign_in(port, source, name, password, barrier, answers):
+def sign_in(port, source, name, password, barrier, answers, with_cookie=True):
+    """One sign-in on its own connection; without its CSRF cookie it is refused before any password is hashed
+    (the same traffic without the hash, as a control)."""
     try:
         c = conn(port, source)
         c.request("GET", "/login")
@@ -78,7 +82,7 @@ def sign_in(port, source, name, password, barrier, answers):
         body = urllib.parse.urlencode({"username": name, "password": password, "csrf": token})
         barrier.wait()
         c.request("POST", "/login", body=body, headers={
-            "Content-Type": "application/x-www-form-urlencoded", "Cookie": cookie})
+            "Content-Type": "application/x-www-form-urlencoded", **({"Cookie": cookie} if with_cookie else {})})
         r = c.getresponse()
         r.read()
         answers.append(r.status)
@@ -110,33 +114,70 @@ def counts(xs):
     return out
 
 
-def concurrent_sign_ins(port, pid, token, n):
-    stop, lat, peak, answers = threading.Event(), [], [rss_mb(pid)], []
-    before = peak[0]
+def search_process(port, token, stop, out):
+    """The benign search in a process of its own, so the burst's client threads do not slow its clock (GIL)."""
+    lat = []
+    t = threading.Thread(target=searcher, args=(port, token, stop, lat))
+    t.start()
+    t.join()
+    out.put(lat)
 
-    def sample():
-        while not stop.is_set():
-            peak.append(rss_mb(pid))
-            time.sleep(0.02)
 
-    s = threading.Thread(target=searcher, args=(port, token, stop, lat))
-    m = threading.Thread(target=sample)
-    s.start()
-    m.start()
+def timed_searches(port, token, seconds=None, during=None):
+    """Latencies (ms) of searches run in another process for `seconds`, or while `during()` runs."""
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    stop, out = ctx.Event(), ctx.Queue()
+    p = ctx.Process(target=search_process, args=(port, token, stop, out))
+    p.start()
     time.sleep(0.5)
-    lat.clear()
     t0 = time.perf_counter()
-    burst(n, lambda i, b: sign_in(port, f"127.0.1.{i + 1}", f"nurse{uuid.uuid4().hex[:8]}", "wrong-password-1",
-                                  b, answers))
+    if during:
+        during()
+    else:
+        time.sleep(seconds)
     took = time.perf_counter() - t0
     stop.set()
-    s.join()
-    m.join()
-    time.sleep(1)
-    return {"sign_ins": n, "answers": counts(answers), "seconds": round(took, 2),
-            "rss_before_mb": round(before, 1), "rss_peak_mb": round(max(peak), 1),
-            "rss_after_mb": round(rss_mb(pid), 1), "rss_growth_mb": round(max(peak + [rss_mb(pid)]) - before, 1),
-            "search_during": {"n": len(lat), "p50_ms": round(pct(lat, 50), 2), "p99_ms": round(pct(lat, 99), 2)}}
+    lat = out.get()
+    p.join()
+    return lat, took
+
+
+def summary(lat):
+    return {"n": len(lat), "p50_ms": round(pct(lat, 50), 2), "p99_ms": round(pct(lat, 99), 2)}
+
+
+def concurrent_sign_ins(port, pid, token, waves):
+    """Waves of concurrent sign-ins (the issue's 60, 120, 200), each with its RSS growth from the start."""
+    start, out = rss_mb(pid), []
+    for n in waves:
+        stop, peak, answers = threading.Event(), [rss_mb(pid)], []
+
+        def sample():
+            while not stop.is_set():
+                peak.append(rss_mb(pid))
+                time.sleep(0.02)
+
+        m = threading.Thread(target=sample)
+        m.start()
+        lat, took = timed_searches(port, token, during=lambda: burst(n, lambda i, b: sign_in(
+            port, f"127.0.1.{i % 250 + 1}", f"nurse{uuid.uuid4().hex[:8]}", "wrong-password-1", b, answers)))
+        stop.set()
+        m.join()
+        time.sleep(1)
+        out.append({"sign_ins": n, "answers": counts(answers), "seconds": round(took, 2),
+                    "rss_peak_mb": round(max(peak), 1), "rss_after_mb": round(rss_mb(pid), 1),
+                    "rss_growth_from_start_mb": round(max(peak + [rss_mb(pid)]) - start, 1),
+                    "search_during": summary(lat)})
+    return {"rss_start_mb": round(start, 1), "waves": out}
+
+
+def without_hashing(port, token, n):
+    """The control: the same n concurrent sign-ins without their CSRF cookie, refused before the hash."""
+    answers = []
+    lat, took = timed_searches(port, token, during=lambda: burst(n, lambda i, b: sign_in(
+        port, f"127.0.4.{i % 250 + 1}", f"nurse{uuid.uuid4().hex[:8]}", "wrong-password-1", b, answers, False)))
+    return {"sign_ins": n, "answers": counts(answers), "seconds": round(took, 2), "search_during": summary(lat)}
 
 
 def one_address_flood(port, token, n):
@@ -210,9 +251,12 @@ def connection_burst(port, token, n, corpus, pid):
 
 
 def svg(r):
-    rows = [("RSS growth, 200 sign-ins (MB)", r["sign_ins"]["rss_growth_mb"], 64),
+    last = r["sign_ins"]["waves"][-1]
+    rows = [("RSS growth after 60+120+200 sign-ins (MB)", last["rss_growth_from_start_mb"], 64),
             ("search p99 quiet (ms)", r["quiet"]["p99_ms"], None),
-            ("search p99 during sign-ins (ms)", r["sign_ins"]["search_during"]["p99_ms"], 2 * r["quiet"]["p99_ms"]),
+            ("search p99 during 200 sign-ins (ms)", last["search_during"]["p99_ms"], 2 * r["quiet"]["p99_ms"]),
+            ("search p99, 200 refused before hashing (ms)", r["control_without_hash"]["search_during"]["p99_ms"],
+             2 * r["quiet"]["p99_ms"]),
             ("hashes, 500 sign-ins from one address", r["one_address"]["password_hashes"] or 0, 30),
             ("handshake p99, 300 connections (ms)", r["connections"]["handshake_p99_ms"], None),
             ("handshake failures", r["connections"]["handshake_failures"], 0)]
@@ -234,7 +278,43 @@ def svg(r):
     return "\n".join(out)
 
 
+def compare_svg(before, after):
+    """Before and after, each figure as a share of its acceptance bound (1 = at the bound)."""
+    def figures(r):
+        last = r["sign_ins"]["waves"][-1]
+        return [("RSS growth, 60+120+200 sign-ins (bound 64 MB)", last["rss_growth_from_start_mb"] / 64),
+                ("search p99 during 200 sign-ins (bound 2x quiet)", last["search_during"]["p99_ms"] / (2 * r["quiet"]["p99_ms"])),
+                ("hashes, 500 sign-ins from one address (bound 30)",
+                 None if r["one_address"]["password_hashes"] is None else r["one_address"]["password_hashes"] / 30),
+                ("handshake failures (share of 300; bound 0)", r["connections"]["handshake_failures"] / 300)]
+    b, a = figures(before), figures(after)
+    left, top, bar, scale = 330, 56, 14, 300
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="860" height="%d" font-family="sans-serif" font-size="12">'
+           % (top + len(a) * (2 * bar + 14) + 40), '<rect width="100%" height="100%" fill="white"/>',
+           '<text x="10" y="20" font-size="15">Sign-in bursts before and after (share of each acceptance bound)</text>',
+           '<text x="10" y="38" fill="#555">red line: the bound; the hash count before is unknown (no metric then)</text>']
+    y = top
+    for (label, vb), (_, va) in zip(b, a):
+        out.append(f'<text x="10" y="{y + bar + 4}">{escape(label)}</text>')
+        for v, colour, name in ((vb, "#95a5a6", "before"), (va, "#2980b9", "after")):
+            if v is None:
+                out.append(f'<text x="{left + 4}" y="{y + bar - 3}" fill="#555">{name}: not counted then</text>')
+                y += bar
+                continue
+            out.append(f'<rect x="{left}" y="{y}" width="{max(1, min(v, 2) * scale):.1f}" height="{bar - 2}" '
+                       f'fill="{colour}"/><text x="{left + min(v, 2) * scale + 4:.1f}" y="{y + bar - 3}">{name} '
+                       f'{v:.2f}</text>')
+            y += bar
+        y += 14
+    out.append(f'<rect x="{left + scale}" y="{top - 6}" width="2" height="{y - top}" fill="#c0392b"/></svg>')
+    return "\n".join(out)
+
+
 def main():
+    if sys.argv[1:2] == ["--compare"]:
+        before, after, out = sys.argv[2:5]
+        Path(out).write_text(compare_svg(json.load(open(before)), json.load(open(after))))
+        return
     p = argparse.ArgumentParser()
     p.add_argument("--care", required=True)
     p.add_argument("--out", required=True)
@@ -261,24 +341,25 @@ def main():
                         break
                 except OSError:
                     time.sleep(0.2)
-            lat, stop = [], threading.Event()
-            t = threading.Thread(target=searcher, args=(a.port, token, stop, lat))
-            t.start()
-            time.sleep(8)
-            stop.set()
-            t.join()
-            lat = lat[len(lat) // 10:]  # the first searches warm the caches
-            quiet = {"n": len(lat), "p50_ms": round(pct(lat, 50), 2), "p99_ms": round(pct(lat, 99), 2)}
+            lat, _ = timed_searches(a.port, token, seconds=3)  # warms the caches
+            lat, _ = timed_searches(a.port, token, seconds=10)
+            quiet = summary(lat)
             r = {"title": "Sign-in and connection bursts (care serve, loopback)",
                  "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
                              ""), "cores": os.cpu_count(), "binary": care, "quiet": quiet}
-            r["sign_ins"] = concurrent_sign_ins(a.port, srv.pid, token, 200)
+            r["sign_ins"] = concurrent_sign_ins(a.port, srv.pid, token, [60, 120, 200])
             print('"sign_ins"', json.dumps(r["sign_ins"], ensure_ascii=False), file=sys.stderr, flush=True)
+            r["control_without_hash"] = without_hashing(a.port, token, 200)
+            print('"control"', json.dumps(r["control_without_hash"]), file=sys.stderr, flush=True)
             r["one_address"] = one_address_flood(a.port, token, 500)
             print('"one_address"', json.dumps(r["one_address"], ensure_ascii=False), file=sys.stderr, flush=True)
             r["connections"] = connection_burst(a.port, token, 300, a.corpus, srv.pid)
             print('"connections"', json.dumps(r["connections"], ensure_ascii=False), file=sys.stderr, flush=True)
-            r["search_p99_ratio"] = round(r["sign_ins"]["search_during"]["p99_ms"] / quiet["p99_ms"], 2)
+            last = r["sign_ins"]["waves"][-1]
+            r["search_p99_ratio_200"] = round(last["search_during"]["p99_ms"] / quiet["p99_ms"], 2)
+            r["rss_growth_200_mb"] = last["rss_growth_from_start_mb"]
+            r["search_p99_ratio_control"] = round(
+                r["control_without_hash"]["search_during"]["p99_ms"] / quiet["p99_ms"], 2)
         finally:
             srv.terminate()
             srv.wait(timeout=60)

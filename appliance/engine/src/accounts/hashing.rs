@@ -18,8 +18,8 @@ use argon2::{Algorithm, Argon2, Block, Params, Version};
 use crate::error::{Error, Result};
 
 /// Sign-ins allowed to wait for a hashing thread. A waiting request holds a blocked thread, not argon2 memory; at
-/// ~40 ms a hash, one worker clears it in about 5 s; a sign-in that would wait longer is told to try again.
-const QUEUE: usize = 128;
+/// ~40 ms a hash, one worker clears it in about 10 s; a sign-in that would wait longer is told to try again.
+const QUEUE: usize = 256;
 
 /// The most memory a stored hash may ask for (64 MiB). Ours ask for 19 MiB; a hash imported with a larger cost is
 /// refused instead of making a thread grow its buffer past the bound.
