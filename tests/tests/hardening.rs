@@ -585,6 +585,23 @@ fn parse_errors_are_chinese_and_no_token_rides_in_a_url() {
     assert_eq!(r.status(), 403);
     let r = upload(format!("{base}/admin/collections/granted/upload"), Some(&csrf));
     assert_eq!(r.status(), 303, "the form's first field carries it");
+
+    // A finished upload's job (its staging folder removed) still names its files as uploaded, not by the server's
+    // folder; so do the job list and a rejected file's message.
+    let job = upload_files(
+        &c,
+        &base,
+        &s.admin,
+        &[("ok.txt", "高血压患者的饮食建议。".as_bytes()), ("bad.pdf", b"%PDF-1.4 x")],
+    );
+    let j = job_end(&c, &base, &s.admin, job, Duration::from_secs(120));
+    let all = get(&c, &format!("{base}/api/v1/admin/jobs"), &s.admin).text().unwrap();
+    let page = c.get(format!("{base}/admin/jobs")).header("cookie", &ack).send().unwrap().text().unwrap();
+    let data_dir = s.care.data_dir.to_str().unwrap();
+    for text in [j.to_string(), all, page] {
+        assert!(!text.contains(data_dir) && !text.contains("uploads/"), "a server path is shown: {text}");
+    }
+    assert_eq!(j["files"], serde_json::json!(["ok.txt", "bad.pdf"]), "{j}");
     alive(&mut served, &c);
 }
 

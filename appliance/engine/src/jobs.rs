@@ -281,7 +281,7 @@ impl Engine {
                 ins.execute(params![id, i as i64, f.to_string_lossy(), owned as i64])?;
             }
         }
-        let names: Vec<String> = files.iter().map(|f| self.display_name(f, owned)).collect();
+        let names: Vec<String> = files.iter().map(|f| self.display_name(f)).collect();
         crate::audit::append(
             &tx,
             &actor.name,
@@ -293,10 +293,11 @@ impl Engine {
         Ok(id)
     }
 
-    /// An uploaded file is shown by its name inside its upload folder, a CLI file by its path.
-    pub(crate) fn display_name(&self, path: &Path, owned: bool) -> String {
-        if owned
-            && let Some(folder) = self.upload_folder(path)
+    /// An uploaded file is shown by its name inside its upload folder, a CLI file by its path. Decided by where the
+    /// path lies, not by whether the job still owns the file: a finished job's uploads are removed (owned = 0) and
+    /// must not then show the server's folder.
+    pub(crate) fn display_name(&self, path: &Path) -> String {
+        if let Some(folder) = self.upload_folder(path)
             && let Ok(rest) = path.strip_prefix(&folder)
             && !rest.as_os_str().is_empty()
         {
@@ -336,27 +337,27 @@ impl Engine {
     }
 
     pub fn job_files(&self, id: i64) -> Result<Vec<JobFile>> {
-        /// ordinal, path, owned, state, added, replaced, unchanged, chunks, detail
-        type JobFileRow = (i64, String, i64, String, i64, i64, i64, i64, String);
+        /// ordinal, path, state, added, replaced, unchanged, chunks, detail
+        type JobFileRow = (i64, String, String, i64, i64, i64, i64, String);
         self.job(id)?;
         let rows: Vec<JobFileRow> = {
             let conn = self.store.reader();
             let mut stmt = conn.prepare(
-                "SELECT ordinal, path, owned, state, added, replaced, unchanged, chunks, detail FROM job_files
+                "SELECT ordinal, path, state, added, replaced, unchanged, chunks, detail FROM job_files
                  WHERE job_id = ?1 ORDER BY ordinal",
             )?;
             let rows = stmt.query_map([id], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?))
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?))
             })?;
             rows.collect::<Result<Vec<_>, _>>()?
         };
         Ok(rows
             .into_iter()
-            .map(|(ordinal, path, owned, state, a, r, u, c, detail)| {
+            .map(|(ordinal, path, state, a, r, u, c, detail)| {
                 let detail: serde_json::Value = serde_json::from_str(&detail).unwrap_or_default();
                 JobFile {
                     ordinal,
-                    file: self.display_name(Path::new(&path), owned != 0),
+                    file: self.display_name(Path::new(&path)),
                     state,
                     added: a as u64,
                     replaced: r as u64,

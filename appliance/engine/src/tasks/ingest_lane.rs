@@ -263,19 +263,12 @@ fn process(s: &Shared, c: &Claim) -> Result<()> {
 
 /// Confirms a processed file: its state, counts and errors, and the job's counters, in one transaction.
 fn record_file(e: &Engine, c: &Claim, reports: &[FileReport]) -> Result<()> {
-    let owned: bool = e
-        .store
-        .reader()
-        .query_row("SELECT owned FROM job_files WHERE job_id = ?1 AND ordinal = ?2", params![c.job, c.ordinal], |r| {
-            r.get::<_, i64>(0)
-        })
-        .map(|v| v != 0)?;
-    let prefix = if owned { e.upload_prefix(&c.path) } else { None };
+    let prefix = e.upload_prefix(&c.path);
     let errors: Vec<FileError> = reports
         .iter()
         .filter_map(|r| {
             r.error.as_ref().map(|m| FileError {
-                file: e.display_name(&r.path, owned),
+                file: e.display_name(&r.path),
                 code: r.error_code.unwrap_or("internal").to_string(),
                 message: prefix.as_ref().map_or_else(|| m.clone(), |p| m.replace(p.as_str(), "")),
             })
