@@ -210,7 +210,7 @@ pub fn unix_now() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
 }
 
-pub(crate) fn rfc3339(ts: i64) -> String {
+fn rfc3339(ts: i64) -> String {
     time::OffsetDateTime::from_unix_timestamp(ts)
         .ok()
         .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())

@@ -246,23 +246,6 @@ fn unsafe_kind(path: &std::path::Path) -> &'static str {
     }
 }
 
-#[cfg(test)]
-mod size_and_kind_tests {
-    use super::*;
-
-    #[test]
-    fn sizes_read_in_their_unit_and_unsafe_files_by_their_kind() {
-        assert_eq!(gib(3 << 30), "3.0 GB");
-        assert_eq!(gib(300 << 20), "300 MB");
-        assert_eq!(gib(1), "1 KB");
-        assert_eq!(gib(0), "0");
-        let e = |p: &str| Error::UnsafeArchive { path: p.into(), reason: "r".into() }.to_string();
-        assert!(e("a.pdf").contains("PDF 文件结构不安全") && !e("a.pdf").contains("压缩包"), "{}", e("a.pdf"));
-        assert!(e("b.DOCX").contains("Word 文件"), "{}", e("b.DOCX"));
-        assert!(e("c.zip").contains("压缩包不安全"), "{}", e("c.zip"));
-    }
-}
-
 /// A size as people read it: GB with one decimal from 1 GiB up, else MB or KB (a reserve of 0 or a 300 MB upload
 /// once read "0.0 GB").
 pub(crate) fn gib(bytes: u64) -> String {
@@ -387,3 +370,20 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod size_and_kind_tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_in_their_unit_and_unsafe_files_by_their_kind() {
+        assert_eq!(gib(3 << 30), "3.0 GB");
+        assert_eq!(gib(300 << 20), "300 MB");
+        assert_eq!(gib(1), "1 KB");
+        assert_eq!(gib(0), "0");
+        let e = |p: &str| Error::UnsafeArchive { path: p.into(), reason: "r".into() }.to_string();
+        assert!(e("a.pdf").contains("PDF 文件结构不安全") && !e("a.pdf").contains("压缩包"), "{}", e("a.pdf"));
+        assert!(e("b.DOCX").contains("Word 文件"), "{}", e("b.DOCX"));
+        assert!(e("c.zip").contains("压缩包不安全"), "{}", e("c.zip"));
+    }
+}

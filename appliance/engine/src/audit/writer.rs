@@ -83,11 +83,19 @@ impl Tally {
             "addresses": named,
             "other_addresses_refused": others,
             "distinct_addresses": self.addresses.len() as u64 + u64::from(self.unnamed > 0),
-            "first": crate::accounts::rfc3339(self.first),
-            "last": crate::accounts::rfc3339(self.last),
+            "first": rfc3339(self.first),
+            "last": rfc3339(self.last),
             "reason": "beyond the audit cap on refused requests",
         })
     }
+}
+
+/// A tally's time as its record says it (UTC, RFC 3339). Here and not from `accounts`, which sits above the audit log.
+fn rfc3339(ts: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(ts)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_else(|| ts.to_string())
 }
 
 /// A record waiting for the writer, and where its outcome goes.
@@ -203,7 +211,7 @@ fn run(conn: &Mutex<Connection>, queue: &mpsc::Receiver<Msg>, commits: &AtomicU6
             match m {
                 Msg::Record(p) => batch.push(p),
                 Msg::Refused(action, address) => {
-                    tally.add(action, address, crate::accounts::unix_now());
+                    tally.add(action, address, time::OffsetDateTime::now_utc().unix_timestamp());
                     due.get_or_insert_with(|| {
                         std::time::Instant::now() + std::time::Duration::from_secs(AGGREGATE_SECONDS)
                     });
