@@ -212,3 +212,10 @@ pub fn cookie_value(set_cookie: &[String], name: &str) -> Option<String> {
         .iter()
         .find_map(|c| c.strip_prefix(&format!("{name}=")).map(|v| v.split(';').next().unwrap_or("").to_string()))
 }
+
+/// A signed-in page's CSRF token (its `<meta name="csrf-token">`), as the page's script reads it.
+pub fn page_csrf(html: &str) -> String {
+    let key = "<meta name=\"csrf-token\" content=\"";
+    let at = html.find(key).expect("csrf meta") + key.len();
+    html[at..].split('"').next().unwrap().to_string()
+}

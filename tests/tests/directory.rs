@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use care_e2e::directory::{OidcProvider, Person, SERVICE_DN, SERVICE_PASSWORD, Slapd, free_port};
-use care_e2e::{Care, add_user, cookie_value, no_redirect_client, set_cookies, write};
+use care_e2e::{Care, add_user, cookie_value, no_redirect_client, page_csrf, set_cookies, write};
 use reqwest::blocking::Client;
 
 const LOCAL_ADMIN_PASSWORD: &str = "break-glass-Lamp-73";
@@ -199,18 +199,11 @@ fn ldap_sign_in_maps_groups_follows_the_directory_and_never_takes_over_a_local_a
     }
 }
 
-/// The page's CSRF token (its `<meta name="csrf-token">`).
-fn csrf_of(page: &str) -> String {
-    let key = "<meta name=\"csrf-token\" content=\"";
-    let at = page.find(key).expect("csrf meta") + key.len();
-    page[at..at + page[at..].find('"').unwrap()].to_string()
-}
-
 /// Posts the settings page's sign-in form: (status, where it went back to, decoded).
 fn save_sign_in(c: &Client, base: &str, session: &str, fields: &[(&str, &str)]) -> (u16, String) {
     let (_, page) = get(c, &format!("{base}/admin/settings"), session);
     let mut form: Vec<(&str, String)> = fields.iter().map(|(k, v)| (*k, v.to_string())).collect();
-    form.push(("csrf", csrf_of(&page)));
+    form.push(("csrf", page_csrf(&page)));
     let res = c
         .post(format!("{base}/admin/settings/sign-in"))
         .header("cookie", format!("__Host-care_session={session}"))
@@ -414,7 +407,7 @@ fn oidc_sign_in_with_pkce_maps_claims_and_refuses_forged_expired_or_replayed_ans
     // saved); the next visitor's sign-in page has the new button, and the flow still signs people in.
     let page = b2.get(format!("{base}/admin/settings")).send().unwrap().text().unwrap();
     assert!(page.contains(&idp.issuer) && !page.contains("care-client-secret"), "in force, secret not shown");
-    let csrf = csrf_of(&page);
+    let csrf = page_csrf(&page);
     let form = [
         ("protocol", "oidc"),
         ("csrf", csrf.as_str()),

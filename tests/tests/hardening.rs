@@ -6,7 +6,8 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use care_e2e::{Care, Served, add_user, cookie_value, set_cookies, token, two_collections};
+use care_e2e::{Care, Served, add_user, cookie_value, page_csrf, set_cookies, token, two_collections};
+use care_server::errors::has_chinese;
 use care_server::table::ROUTES;
 use reqwest::blocking::{Body, Client, Response};
 
@@ -334,11 +335,7 @@ fn refused_attempts_are_audited_and_paths_redirects_and_messages_cannot_be_steer
     let html = res.send().unwrap().text().unwrap();
     assert!(!html.contains(bait), "a flash message from the URL was shown");
     // A real action's message is still shown after its redirect.
-    let csrf = {
-        let key = "<meta name=\"csrf-token\" content=\"";
-        let i = html.find(key).unwrap() + key.len();
-        html[i..].split('"').next().unwrap().to_string()
-    };
+    let csrf = page_csrf(&html);
     let res = c
         .post(format!("{base}/admin/collections"))
         .header("cookie", &ack)
@@ -537,12 +534,11 @@ fn parse_errors_are_chinese_and_no_token_rides_in_a_url() {
     let mut served = s.care.serve_full();
     let base = served.https.clone();
     let c = client();
-    let chinese = |t: &str| t.chars().any(|ch| ('\u{4e00}'..='\u{9fff}').contains(&ch));
     let check = |r: Response, code: &str| {
         let status = r.status();
         let body: serde_json::Value = r.json().unwrap();
         assert_eq!(body["code"], code, "{status} {body}");
-        assert!(chinese(body["message"].as_str().unwrap()), "English-only: {body}");
+        assert!(has_chinese(body["message"].as_str().unwrap()), "English-only: {body}");
     };
     check(get(&c, &format!("{base}/api/v1/search?q=x&limit=abc"), &s.clin), "invalid_input");
     check(get(&c, &format!("{base}/api/v1/documents/not-a-number"), &s.clin), "invalid_input");
@@ -559,11 +555,7 @@ fn parse_errors_are_chinese_and_no_token_rides_in_a_url() {
 
     let ack = session(&c, &base, "admin", ADMIN_PW);
     let html = c.get(format!("{base}/admin/collections")).header("cookie", &ack).send().unwrap().text().unwrap();
-    let csrf = {
-        let key = "<meta name=\"csrf-token\" content=\"";
-        let i = html.find(key).unwrap() + key.len();
-        html[i..].split('"').next().unwrap().to_string()
-    };
+    let csrf = page_csrf(&html);
     assert!(!html.contains(&format!("csrf={csrf}")), "the page puts the token in a URL");
     let upload = |url: String, first_field: Option<&str>| {
         let mut body = String::new();
@@ -1028,18 +1020,7 @@ fn onnx_runtime_records_no_telemetry() {
 /// administrator's synonym entry, quoted or not. The cells are read by the `csv` crate.
 #[test]
 fn csv_downloads_neutralise_formula_prefixes() {
-    use care_engine::csv_out::neutralise;
-    const PAYLOADS: [&str; 9] = [
-        r#"=HYPERLINK("http://x","y")"#,
-        "+cmd|' /C calc'!A0",
-        "-2+3",
-        "@SUM(1)",
-        "\t=1",
-        "\r=1",
-        " =1",
-        "=1,2",
-        "\"=1,2\"",
-    ];
+    use care_engine::csv_out::{FORMULA_PAYLOADS as PAYLOADS, neutralise};
     let s = site(&[]);
     let served = s.care.serve_full();
     let base = served.https.clone();

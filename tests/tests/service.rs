@@ -91,9 +91,7 @@ impl Page {
         let v = cookie_value(&set_cookies(res.headers()), "__Host-care_session").unwrap();
         let cookie = format!("__Host-care_session={v}");
         let html = c.get(format!("{base}/account")).header("cookie", &cookie).send().unwrap().text().unwrap();
-        let key = "<meta name=\"csrf-token\" content=\"";
-        let i = html.find(key).expect("csrf meta") + key.len();
-        let csrf = html[i..].split('"').next().unwrap().to_string();
+        let csrf = care_e2e::page_csrf(&html);
         Page { c, base: base.to_string(), cookie, csrf }
     }
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use care_e2e::webdriver::Browser;
-use care_e2e::{Care, Served, add_user, cookie_value, set_cookies, token, two_collections, write};
+use care_e2e::{Care, Served, add_user, cookie_value, page_csrf, set_cookies, token, two_collections, write};
 use care_server::table::{Access, Kind, ROUTES};
 use reqwest::blocking::{Client, RequestBuilder, Response};
 use reqwest::header::SET_COOKIE;
@@ -593,12 +593,6 @@ fn hidden(html: &str, name: &str) -> String {
     html[i..].split('"').next().unwrap().to_string()
 }
 
-fn meta_csrf(html: &str) -> String {
-    let key = "<meta name=\"csrf-token\" content=\"";
-    let i = html.find(key).expect("csrf meta") + key.len();
-    html[i..].split('"').next().unwrap().to_string()
-}
-
 #[test]
 fn sessions_csrf_cookies_redirects_headers_and_lockout() {
     let t = tempfile::tempdir().unwrap();
@@ -662,7 +656,7 @@ fn sessions_csrf_cookies_redirects_headers_and_lockout() {
     assert_eq!(res.status(), 200);
     let html = res.text().unwrap();
     assert!(html.contains("请先修改初始密码"), "{html}");
-    let account_csrf = meta_csrf(&html);
+    let account_csrf = page_csrf(&html);
     // A common password is refused, in Chinese, however long.
     let res = c
         .post(format!("{base}/account/password"))
@@ -701,7 +695,7 @@ fn sessions_csrf_cookies_redirects_headers_and_lockout() {
     assert!(h["strict-transport-security"].to_str().unwrap().contains("max-age="));
     assert_eq!(h["x-content-type-options"], "nosniff");
     assert_eq!(h["cache-control"], "no-store");
-    let csrf = meta_csrf(&res.text().unwrap());
+    let csrf = page_csrf(&res.text().unwrap());
 
     // A password an administrator sets for someone else is theirs to replace at the first sign-in.
     let res = c

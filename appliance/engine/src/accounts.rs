@@ -14,6 +14,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::audit;
+use crate::clock::utc_unix;
 use crate::error::{Error, Result};
 use crate::store::{Store, now};
 
@@ -141,14 +142,16 @@ impl Default for LoginPolicy {
 
 /// One password attempt counted against its client address before the password is checked (that cost is what a
 /// flood from one machine is after): a full window refuses it at once, and concurrent attempts cannot pass the
-/// limit together. An attempt that turns out not to be a failure is taken back. The refusal itself is not audited:
-/// the record of the failure that filled the window says it, and one record per refused attempt would let the
-/// flood fill the audit log instead.
+/// limit together. Only a failed check stays counted ([`AddressAttempt::failed`]); dropped otherwise (a success, a
+/// lock, an overloaded or unreachable check), the attempt is taken back. The refusal itself is not audited: the
+/// record of the failure that filled the window says it, and one record per refused attempt would let the flood
+/// fill the audit log instead.
 struct AddressAttempt<'a> {
     store: &'a Store,
     key: String,
     /// Attempts in the window, this one included.
     counted: u32,
+    failed: bool,
 }
 
 impl<'a> AddressAttempt<'a> {
@@ -156,7 +159,7 @@ impl<'a> AddressAttempt<'a> {
         let key = crate::limits::address_key(client);
         let limit = policy.address_max_failed;
         match store.limits.sign_in_failures.admit(&key, limit, policy.address_window_seconds, now_ts) {
-            Ok(counted) => Ok(AddressAttempt { store, key, counted }),
+            Ok(counted) => Ok(AddressAttempt { store, key, counted, failed: false }),
             Err(wait) => Err(Error::RateLimited(format!(
                 "此地址的登录失败次数过多，请 {} 后再试 (too many failed sign-ins from this address)",
                 crate::limits::minutes_zh(wait)
@@ -164,13 +167,9 @@ impl<'a> AddressAttempt<'a> {
         }
     }
 
-    /// The attempt succeeded (or was refused before any check): it does not count.
-    fn take_back(self) {
-        self.store.limits.sign_in_failures.undo(&self.key);
-    }
-
     /// The attempt failed and stays counted; the one that fills the window is audited.
-    fn failed(self, policy: LoginPolicy, now_ts: i64) -> Result<()> {
+    fn failed(mut self, policy: LoginPolicy, now_ts: i64) -> Result<()> {
+        self.failed = true;
         if self.counted < policy.address_max_failed.max(1) {
             return Ok(());
         }
@@ -181,10 +180,18 @@ impl<'a> AddressAttempt<'a> {
             "system",
             "auth.address_throttled",
             &serde_json::json!({"client": self.key, "failures": self.counted,
-                "until": rfc3339(now_ts + policy.address_window_seconds)}),
+                "until": utc_unix(now_ts + policy.address_window_seconds)}),
         )?;
         tx.commit()?;
         Ok(())
+    }
+}
+
+impl Drop for AddressAttempt<'_> {
+    fn drop(&mut self) {
+        if !self.failed {
+            self.store.limits.sign_in_failures.undo(&self.key);
+        }
     }
 }
 
@@ -208,13 +215,6 @@ pub const DIRECTORY_GRANTOR: &str = "directory";
 
 pub fn unix_now() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
-}
-
-fn rfc3339(ts: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(ts)
-        .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
-        .unwrap_or_else(|| ts.to_string())
 }
 
 /// 32 random bytes from the OS, hex encoded.
@@ -437,7 +437,7 @@ fn attempted_name(username: &str) -> (String, serde_json::Value) {
 }
 
 fn locked_error(username: &str, until: i64) -> Error {
-    Error::AccountLocked { user: username.chars().take(64).collect(), until: rfc3339(until) }
+    Error::AccountLocked { user: username.chars().take(64).collect(), until: utc_unix(until) }
 }
 
 /// Checks a password login. Failures count towards the lockout, for names that are accounts and names that are not
@@ -459,19 +459,12 @@ pub fn authenticate(
 ) -> Result<User> {
     let now_ts = unix_now();
     let attempt = AddressAttempt::begin(store, client, policy, now_ts)?;
-    let _turn = match name_turn(store, username) {
-        Ok(turn) => turn,
-        Err(e) => {
-            attempt.take_back();
-            return Err(e);
-        }
-    };
+    let _turn = name_turn(store, username)?;
     let subject = match lookup_login(store, username)? {
         Some((user, phc)) => Subject::Account(user, phc),
         None => Subject::Unknown(sha256_hex(&username.to_lowercase())),
     };
     if let Some(until) = locked_until(store, &subject, now_ts)? {
-        attempt.take_back();
         audit_failure(store, username, &subject, client, "locked", None)?;
         return Err(locked_error(username, until));
     }
@@ -481,10 +474,7 @@ pub fn authenticate(
     };
     let ok = match (&subject, directory) {
         (_, Some(dir)) => match dir.sign_in(store, username, password, client)? {
-            DirectoryAnswer::SignedIn(user) => {
-                attempt.take_back();
-                return login_succeeded(store, &user, &user.username, client, now_ts);
-            }
+            DirectoryAnswer::SignedIn(user) => return login_succeeded(store, &user, &user.username, client, now_ts),
             DirectoryAnswer::Gone => {
                 disable_directory_account(store, username, "not found in the directory")?;
                 false
@@ -499,7 +489,6 @@ pub fn authenticate(
         }
     };
     if ok && let Subject::Account(user, _) = &subject {
-        attempt.take_back();
         return login_succeeded(store, user, username, client, now_ts);
     }
     let (failures, until) = count_failure(store, &subject, policy, now_ts)?;
@@ -620,7 +609,7 @@ fn audit_failure(
         } else {
             detail["name_sha256"].clone()
         };
-        audit::append(&tx, "system", "auth.account_locked", &serde_json::json!({"user": who, "until": rfc3339(t)}))?;
+        audit::append(&tx, "system", "auth.account_locked", &serde_json::json!({"user": who, "until": utc_unix(t)}))?;
     }
     tx.commit()?;
     Ok(())
@@ -695,27 +684,16 @@ pub fn set_password(
 fn check_current_password(store: &Store, username: &str, cur: CurrentPassword<'_>) -> Result<()> {
     let now_ts = unix_now();
     let attempt = AddressAttempt::begin(store, cur.client, cur.policy, now_ts)?;
-    let checked = (|| {
-        let turn = name_turn(store, username)?;
-        let (user, phc) =
-            lookup_login(store, username)?.ok_or_else(|| Error::NotFound { what: format!("用户 {username}") })?;
-        let subject = Subject::Account(user, phc.clone());
-        if let Some(until) = locked_until(store, &subject, now_ts)? {
-            return Err(locked_error(username, until));
-        }
-        Ok((password_matches(cur.password, &phc)?, subject, turn))
-    })();
-    let (subject, _turn) = match checked {
-        Ok((false, subject, turn)) => (subject, turn),
-        Ok((true, ..)) => {
-            attempt.take_back();
-            return Ok(());
-        }
-        Err(e) => {
-            attempt.take_back();
-            return Err(e);
-        }
-    };
+    let _turn = name_turn(store, username)?;
+    let (user, phc) =
+        lookup_login(store, username)?.ok_or_else(|| Error::NotFound { what: format!("用户 {username}") })?;
+    let subject = Subject::Account(user, phc.clone());
+    if let Some(until) = locked_until(store, &subject, now_ts)? {
+        return Err(locked_error(username, until));
+    }
+    if password_matches(cur.password, &phc)? {
+        return Ok(());
+    }
     let (failures, until) = count_failure(store, &subject, cur.policy, now_ts)?;
     attempt.failed(cur.policy, now_ts)?;
     let mut conn = store.conn();
@@ -731,7 +709,7 @@ fn check_current_password(store: &Store, username: &str, cur: CurrentPassword<'_
             &tx,
             "system",
             "auth.account_locked",
-            &serde_json::json!({"user": username, "until": rfc3339(t)}),
+            &serde_json::json!({"user": username, "until": utc_unix(t)}),
         )?;
     }
     tx.commit()?;

@@ -24,10 +24,14 @@ pub fn local(stored: impl AsRef<str>) -> String {
 
 /// Unix seconds the same way.
 pub fn local_unix(ts: i64) -> String {
+    local(utc_unix(ts))
+}
+
+/// Unix seconds as a stored time is written (UTC, RFC 3339); a number out of range as the number.
+pub fn utc_unix(ts: i64) -> String {
     time::OffsetDateTime::from_unix_timestamp(ts)
         .ok()
         .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
-        .map(|s| local(&s))
         .unwrap_or_else(|| ts.to_string())
 }
 

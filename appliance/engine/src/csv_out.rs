@@ -17,6 +17,21 @@ use std::fmt::Write as _;
 /// arithmetic or DDE expression (`+cmd|' /C calc'!A0`, `-2+3`), a Lotus-style function (`@SUM(1)`).
 const FORMULA: [char; 4] = ['=', '+', '-', '@'];
 
+/// Texts a spreadsheet would run, in the forms that hide them (a quoted one, behind a space, a tab or a carriage
+/// return, with a comma inside): what the exports' tests plant wherever user text reaches an export, in this
+/// crate's tests and over HTTP.
+pub const FORMULA_PAYLOADS: [&str; 9] = [
+    r#"=HYPERLINK("http://x","y")"#,
+    "+cmd|' /C calc'!A0",
+    "-2+3",
+    "@SUM(1)",
+    "\t=1",
+    "\r=1",
+    " =1",
+    "=1,2",
+    "\"=1,2\"",
+];
+
 /// One cell of a row: text from a person or the data (neutralised and quoted as needed), or a number the code
 /// computed (written as it is: a negative count or score is no formula and must stay a number).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -44,23 +44,6 @@ impl RateLimiter {
         RateLimiter { windows: Mutex::new(HashMap::new()) }
     }
 
-    /// Seconds until `key` may act again when its window is full at `now`, else `None`. Counts nothing.
-    pub fn blocked(&self, key: &str, limit: u32, window_seconds: i64, now: i64) -> Option<i64> {
-        let w = self.windows.lock().unwrap_or_else(|p| p.into_inner());
-        match w.get(key) {
-            Some(&(start, n)) if now < start + window_seconds && n >= limit.max(1) => {
-                Some(start + window_seconds - now)
-            }
-            _ => None,
-        }
-    }
-
-    /// Counts one event of `key` at `now`; returns the events in its window, this one included.
-    pub fn hit(&self, key: &str, window_seconds: i64, now: i64) -> u32 {
-        let mut w = self.windows.lock().unwrap_or_else(|p| p.into_inner());
-        Self::count(&mut w, key, window_seconds, now)
-    }
-
     fn count(w: &mut HashMap<String, (i64, u32)>, key: &str, window_seconds: i64, now: i64) -> u32 {
         if !w.contains_key(key) && w.len() >= MAX_KEYS {
             w.retain(|_, &mut (start, _)| now < start + window_seconds);
@@ -201,10 +184,10 @@ mod tests {
             assert_eq!(l.admit("a", 3, 60, 1000), Ok(i));
         }
         assert_eq!(l.admit("a", 3, 60, 1010), Err(50));
-        assert_eq!(l.blocked("a", 3, 60, 1010), Some(50));
-        assert_eq!(l.blocked("b", 3, 60, 1010), None, "keys are independent");
+        assert_eq!(l.admit("a", 3, 60, 1010), Err(50), "a refusal counts nothing");
+        assert_eq!(l.admit("b", 3, 60, 1010), Ok(1), "keys are independent");
         assert_eq!(l.admit("a", 3, 60, 1060), Ok(1), "a new window");
-        assert_eq!(l.blocked("a", 3, 60, 1060), None);
+        assert_eq!(l.admit("a", 3, 60, 1060), Ok(2));
     }
 
     #[test]
@@ -238,11 +221,11 @@ mod tests {
     fn memory_is_bounded_under_a_flood_of_keys() {
         let l = RateLimiter::new();
         for i in 0..(MAX_KEYS + 1000) {
-            l.hit(&format!("k{i}"), 60, 1000);
+            l.admit(&format!("k{i}"), u32::MAX, 60, 1000).unwrap();
         }
         assert_eq!(l.len(), MAX_KEYS);
         // Expired windows are dropped first.
-        l.hit("late", 60, 10_000_000);
+        l.admit("late", u32::MAX, 60, 10_000_000).unwrap();
         assert_eq!(l.len(), 1);
     }
 

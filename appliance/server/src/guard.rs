@@ -221,11 +221,16 @@ async fn take_form_body(req: &mut ServiceRequest) -> Result<Bytes, ApiError> {
         body.extend_from_slice(&chunk);
     }
     let bytes = body.freeze();
-    let replay = bytes.clone();
-    let stream: std::pin::Pin<Box<dyn futures::Stream<Item = Result<Bytes, actix_web::error::PayloadError>>>> =
-        Box::pin(futures::stream::once(async move { Ok(replay) }));
-    req.set_payload(Payload::from(stream));
+    put_back(req, bytes.clone(), Payload::None);
     Ok(bytes)
+}
+
+/// Puts the bytes a check read back in front of the rest of the body (`rest`), for the handler's own extractor.
+fn put_back(req: &mut ServiceRequest, read: Bytes, rest: Payload) {
+    use futures::StreamExt;
+    let stream: std::pin::Pin<Box<dyn futures::Stream<Item = Result<Bytes, actix_web::error::PayloadError>>>> =
+        Box::pin(futures::stream::once(async move { Ok(read) }).chain(rest));
+    req.set_payload(Payload::from(stream));
 }
 
 /// Bytes of a multipart body read at most to find its first field (the pages put `csrf` first).
@@ -254,10 +259,7 @@ async fn multipart_csrf(req: &mut ServiceRequest, content_type: &str) -> Result<
             break;
         }
     }
-    let read = head.freeze();
-    let stream: std::pin::Pin<Box<dyn futures::Stream<Item = Result<Bytes, actix_web::error::PayloadError>>>> =
-        Box::pin(futures::stream::once(async move { Ok(read) }).chain(payload));
-    req.set_payload(Payload::from(stream));
+    put_back(req, head.freeze(), payload);
     Ok(match found {
         FirstPart::Value(v) => Some(v),
         FirstPart::Other | FirstPart::Incomplete => None,

@@ -228,21 +228,25 @@ mod tests {
         use std::sync::atomic::{AtomicUsize, Ordering};
         let pool = Arc::new(Pool::new(1, 3));
         let (now, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let threads: Vec<_> = (0..12)
-            .map(|_| {
-                let (pool, now, peak) = (pool.clone(), now.clone(), peak.clone());
-                std::thread::spawn(move || {
-                    pool.run(move |memory| {
-                        let n = now.fetch_add(1, Ordering::SeqCst) + 1;
-                        peak.fetch_max(n, Ordering::SeqCst);
-                        let at = blocks(memory, 1024).as_ptr() as usize;
-                        std::thread::sleep(std::time::Duration::from_millis(300));
-                        now.fetch_sub(1, Ordering::SeqCst);
-                        at
-                    })
+        let spawn = |_| {
+            let (pool, now, peak) = (pool.clone(), now.clone(), peak.clone());
+            std::thread::spawn(move || {
+                pool.run(move |memory| {
+                    let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                    peak.fetch_max(n, Ordering::SeqCst);
+                    let at = blocks(memory, 1024).as_ptr() as usize;
+                    std::thread::sleep(std::time::Duration::from_millis(300));
+                    now.fetch_sub(1, Ordering::SeqCst);
+                    at
                 })
             })
-            .collect();
+        };
+        // The first job is running before the rest arrive, so one runs and three wait, whatever the timing.
+        let mut threads = vec![spawn(0)];
+        while peak.load(Ordering::SeqCst) == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        threads.extend((1..12).map(spawn));
         let results: Vec<Result<usize>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
         let refused = results.iter().filter(|r| matches!(r, Err(Error::Overloaded(_)))).count();
         assert_eq!(peak.load(Ordering::SeqCst), 1, "one worker runs one job at a time");

@@ -83,19 +83,11 @@ impl Tally {
             "addresses": named,
             "other_addresses_refused": others,
             "distinct_addresses": self.addresses.len() as u64 + u64::from(self.unnamed > 0),
-            "first": rfc3339(self.first),
-            "last": rfc3339(self.last),
+            "first": crate::clock::utc_unix(self.first),
+            "last": crate::clock::utc_unix(self.last),
             "reason": "beyond the audit cap on refused requests",
         })
     }
-}
-
-/// A tally's time as its record says it (UTC, RFC 3339). Here and not from `accounts`, which sits above the audit log.
-fn rfc3339(ts: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(ts)
-        .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
-        .unwrap_or_else(|| ts.to_string())
 }
 
 /// A record waiting for the writer, and where its outcome goes.
@@ -197,8 +189,7 @@ fn run(conn: &Mutex<Connection>, queue: &mpsc::Receiver<Msg>, commits: &AtomicU6
             Ok(m) => m,
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 write_tally(conn, &mut tally, commits);
-                due = (tally.count > 0)
-                    .then(|| std::time::Instant::now() + std::time::Duration::from_secs(AGGREGATE_SECONDS));
+                due = (tally.count > 0).then(aggregate_due);
                 continue;
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -212,9 +203,7 @@ fn run(conn: &Mutex<Connection>, queue: &mpsc::Receiver<Msg>, commits: &AtomicU6
                 Msg::Record(p) => batch.push(p),
                 Msg::Refused(action, address) => {
                     tally.add(action, address, time::OffsetDateTime::now_utc().unix_timestamp());
-                    due.get_or_insert_with(|| {
-                        std::time::Instant::now() + std::time::Duration::from_secs(AGGREGATE_SECONDS)
-                    });
+                    due.get_or_insert_with(aggregate_due);
                 }
             }
         }
@@ -224,9 +213,15 @@ fn run(conn: &Mutex<Connection>, queue: &mpsc::Receiver<Msg>, commits: &AtomicU6
     }
 }
 
+/// When a tally started (or kept after a failed write) now is to be written.
+fn aggregate_due() -> std::time::Instant {
+    std::time::Instant::now() + std::time::Duration::from_secs(AGGREGATE_SECONDS)
+}
+
 fn commit_batch(conn: &Mutex<Connection>, batch: Vec<Pending>, commits: &AtomicU64) {
     // A panic mid-batch rolls the transaction back as it unwinds; the thread stays up for the next batch.
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| commit(conn, &batch)))
+    let records = batch.iter().map(|p| (p.actor.as_str(), p.action.as_str(), &p.detail));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| commit(conn, records)))
         .unwrap_or_else(|_| Err(Error::Internal("the audit writer panicked; the batch was not written".into())));
     match outcome {
         Ok(ids) => {
@@ -250,10 +245,7 @@ fn write_tally(conn: &Mutex<Connection>, tally: &mut Tally, commits: &AtomicU64)
     if tally.count == 0 {
         return;
     }
-    let (done, _) = mpsc::sync_channel(1);
-    let p =
-        Pending { actor: "system".into(), action: "request.refusals_aggregated".into(), detail: tally.detail(), done };
-    match commit(conn, std::slice::from_ref(&p)) {
+    match commit(conn, [("system", "request.refusals_aggregated", &tally.detail())]) {
         Ok(_) => {
             commits.fetch_add(1, Ordering::Relaxed);
             *tally = Tally::default();
@@ -262,10 +254,15 @@ fn write_tally(conn: &Mutex<Connection>, tally: &mut Tally, commits: &AtomicU64)
     }
 }
 
-fn commit(conn: &Mutex<Connection>, batch: &[Pending]) -> Result<Vec<i64>> {
+/// Appends (actor, action, detail) records in one transaction, in order; their ids.
+fn commit<'a>(
+    conn: &Mutex<Connection>,
+    records: impl IntoIterator<Item = (&'a str, &'a str, &'a serde_json::Value)>,
+) -> Result<Vec<i64>> {
     let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
     let tx = conn.transaction()?;
-    let ids = batch.iter().map(|p| super::append(&tx, &p.actor, &p.action, &p.detail)).collect::<Result<Vec<_>>>()?;
+    let ids = records.into_iter().map(|(actor, action, detail)| super::append(&tx, actor, action, detail));
+    let ids = ids.collect::<Result<Vec<_>>>()?;
     tx.commit()?;
     Ok(ids)
 }

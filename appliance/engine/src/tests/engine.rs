@@ -3313,20 +3313,9 @@ fn synonyms_abbreviations_and_pinyin_find_what_clinicians_type() {
 /// administrator's name in the audit log — and the synonym export imports back unchanged.
 #[test]
 fn csv_exports_neutralise_formula_payloads_and_synonyms_round_trip() {
-    use crate::csv_out::neutralise;
+    use crate::csv_out::{FORMULA_PAYLOADS as PAYLOADS, neutralise};
     use crate::service::SearchAs;
     use crate::synonyms::NewSynonym;
-    const PAYLOADS: [&str; 9] = [
-        r#"=HYPERLINK("http://x","y")"#,
-        "+cmd|' /C calc'!A0",
-        "-2+3",
-        "@SUM(1)",
-        "\t=1",
-        "\r=1",
-        " =1",
-        "=1,2",
-        "\"=1,2\"",
-    ];
     let t = tempfile::tempdir().unwrap();
     let e = engine_in(&t.path().join("data"));
     let admin = Admin::console("tester");
