@@ -367,6 +367,9 @@ fn https_search_api_and_page_on_the_demo() {
     };
     let body: serde_json::Value = r.json().unwrap();
     assert!(dur("auth") > 0.0 && dur("auth") + body["took_ms"].as_f64().unwrap() <= dur("app"), "{timing} {body}");
+    // And the search pipeline's stages, which together stay within the engine's own time.
+    let stages: f64 = ["understand", "encode", "legs", "evidence", "facets", "snippets"].iter().map(|s| dur(s)).sum();
+    assert!(dur("encode") > 0.0 && stages <= body["took_ms"].as_f64().unwrap() + 0.01, "{timing} {body}");
     assert_eq!(body["method"], "weighted", "the demo serves hybrid search with the default model");
     let top = &body["hits"][0];
     assert!(top["title"].as_str().unwrap().contains("二甲双胍"), "{top}");

@@ -61,6 +61,22 @@ fn the_search_page_says_what_matched_what_did_not_and_pages_one_ranking() {
     assert!(src.find("id=\"missing-terms\"").unwrap() < src.find("class=\"results\"").unwrap_or(usize::MAX));
     assert!(!b.text("ol.results").contains("包含：替格瑞洛"));
     assert!(b.text("ol.results").contains("包含：禁忌症"), "{src}");
+    // The total counts what answers: summed over every page, the hits that hold a term found (the others are
+    // folded under 仅语义相近 and counted apart).
+    let total: usize = b.text("#total").trim().parse().unwrap();
+    let last: usize = {
+        let meta = b.text("#result-meta");
+        meta.split(" / ").nth(1).and_then(|s| s.split_whitespace().next()).unwrap().parse().unwrap()
+    };
+    let mut answering = 0;
+    for n in 1..=last {
+        let src = search(&b, &base, "替格瑞洛的禁忌症", n);
+        answering += hits(src.split("id=\"weak-hits\"").next().unwrap()).len();
+    }
+    assert_eq!(total, answering, "共 {total} 篇 against {answering} answering hits over {last} pages");
+    assert!(b.text("#near-total").trim().parse::<usize>().unwrap() > 0);
+    let src = search(&b, &base, "啊啊啊qwe", 1);
+    assert_eq!(b.text("#total").trim(), "0", "{src}");
 
     // Gibberish: a not-found page with suggestions; the dense leg's neighbours are folded and marked.
     let src = search(&b, &base, "qwzxv 喵喵 嗷嗷嗷 zzkkq", 1);
@@ -104,6 +120,10 @@ fn the_search_page_says_what_matched_what_did_not_and_pages_one_ranking() {
     assert!(b.text("#expansions").contains("慢性阻塞性肺疾病"), "{src}");
     assert!(src.contains("<mark>慢性阻塞性肺疾病</mark>") || src.contains("<mark>慢阻肺</mark>"), "{src}");
     assert!(!src.contains("id=\"missing-terms\"") && !src.contains("id=\"not-found\""), "{src}");
+    // The evidence names the word the passage holds, and what it stands for.
+    let results = b.text("ol.results");
+    assert!(results.contains("慢性阻塞性肺疾病（COPD）") || results.contains("慢阻肺（COPD）"), "{results}");
+    assert!(!results.contains("包含：COPD") && !results.contains("包含：copd"), "{results}");
 }
 
 /// The console's synonym page: add a group, see it used by the next search, delete it (after confirming).

@@ -19,7 +19,6 @@ use crate::config::EngineConfig;
 use crate::datadir::DataDir;
 use crate::dense::DenseStore;
 use crate::error::{Error, Result};
-use crate::fusion::{Explained, ScoreParts};
 use crate::ingest::{IngestOptions, ParsedDocument};
 use crate::lexical::LexicalIndex;
 use crate::store::{Collection, CollectionStats, Store, now};
@@ -70,11 +69,8 @@ pub struct Engine {
 /// been deleted since (a new chunk could then reuse a scanned id), so asking again reads only newer chunks.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AbsentWord {
-    scanned: crate::store::texts::ChunkStamp,
+    pub(crate) scanned: crate::store::texts::ChunkStamp,
 }
-
-/// Words remembered as absent, at most (the map is emptied when full).
-const ABSENT_WORDS_MAX: usize = 20_000;
 
 /// Age after which an upload folder no job owns is an interrupted upload's.
 const STALE_UPLOAD: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
@@ -202,29 +198,110 @@ fn upsert_document(
 /// A value built from SQLite rows and kept while a version counter there (moved by triggers or by the writers)
 /// stays the same: a search reads the counter, one small query, and rebuilds only after a change made by any
 /// process. The version is read before the rows, so a value is never labelled newer than its rows.
+///
+/// A new version is loaded by a thread of its own, one at a time, while searches keep the value held: a search
+/// waits for it at most [`RELOAD_WAIT`] (a small table is then already fresh) and otherwise answers with the value
+/// before the change, for as long as the reload takes. Rebuilding in the searches themselves stalled them for
+/// seconds after each import of 50,000 synonym groups and after every batch of a 100,000-row filing.
 #[derive(Debug)]
-pub(crate) struct Versioned<T>(std::sync::RwLock<Option<std::sync::Arc<T>>>);
+pub(crate) struct Versioned<T>(std::sync::Arc<VersionedInner<T>>);
+
+#[derive(Debug)]
+pub(crate) struct VersionedInner<T> {
+    value: std::sync::RwLock<Option<std::sync::Arc<T>>>,
+    /// A reload (or a writer's change, [`Versioned::replace_with`]) is under way.
+    busy: std::sync::Mutex<bool>,
+    done: std::sync::Condvar,
+}
+
+/// How long a search waits for a reload before it answers with the value held.
+const RELOAD_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl<T> Default for Versioned<T> {
     fn default() -> Self {
-        Versioned(std::sync::RwLock::new(None))
+        Versioned(std::sync::Arc::new(VersionedInner {
+            value: std::sync::RwLock::new(None),
+            busy: std::sync::Mutex::new(false),
+            done: std::sync::Condvar::new(),
+        }))
     }
 }
 
-impl<T> Versioned<T> {
-    fn get(
+impl<T: Send + Sync + 'static> Versioned<T> {
+    fn held(&self) -> Option<std::sync::Arc<T>> {
+        self.0.value.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The value of `version`, or while it is being loaded (by another thread) the one held before it.
+    pub(crate) fn get(
         &self,
         version: i64,
-        version_of: impl Fn(&T) -> i64,
-        load: impl FnOnce() -> Result<T>,
+        version_of: impl Fn(&T) -> i64 + Send + Sync + 'static,
+        load: impl FnOnce() -> Result<T> + Send + 'static,
     ) -> Result<std::sync::Arc<T>> {
-        let held = self.0.read().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some(v) = held.filter(|v| version_of(v) == version) {
-            return Ok(v);
+        let current = self.held();
+        if let Some(v) = current.as_ref().filter(|v| version_of(v) >= version) {
+            return Ok(v.clone());
         }
-        let fresh = std::sync::Arc::new(load()?);
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Some(fresh.clone());
-        Ok(fresh)
+        let inner = &self.0;
+        let mut busy = inner.busy.lock().unwrap_or_else(|p| p.into_inner());
+        if current.is_none() {
+            // Nothing to answer with yet: the first caller loads, the others wait for it.
+            busy = inner.done.wait_while(busy, |b| *b).unwrap_or_else(|p| p.into_inner());
+            if let Some(v) = self.held().filter(|v| version_of(v) >= version) {
+                return Ok(v);
+            }
+            *busy = true;
+            drop(busy);
+            let loaded = load().map(std::sync::Arc::new);
+            if let Ok(v) = &loaded {
+                *inner.value.write().unwrap_or_else(|p| p.into_inner()) = Some(v.clone());
+            }
+            *inner.busy.lock().unwrap_or_else(|p| p.into_inner()) = false;
+            inner.done.notify_all();
+            return loaded;
+        }
+        if !*busy {
+            *busy = true;
+            let shared = std::sync::Arc::clone(inner);
+            let spawned = std::thread::Builder::new().name("care-reload".into()).spawn(move || {
+                match load() {
+                    Ok(v) => {
+                        let mut value = shared.value.write().unwrap_or_else(|p| p.into_inner());
+                        if value.as_ref().is_none_or(|held| version_of(held) < version_of(&v)) {
+                            *value = Some(std::sync::Arc::new(v));
+                        }
+                    }
+                    Err(e) => tracing::warn!("reload failed; searches keep the previous version: {e}"),
+                }
+                *shared.busy.lock().unwrap_or_else(|p| p.into_inner()) = false;
+                shared.done.notify_all();
+            });
+            if let Err(e) = spawned {
+                *busy = false;
+                tracing::warn!("cannot start a reload thread: {e}");
+            }
+        }
+        let _ = inner.done.wait_timeout_while(busy, RELOAD_WAIT, |b| *b).unwrap_or_else(|p| p.into_inner());
+        Ok(self.held().or(current).expect("a value was held"))
+    }
+
+    /// Runs a writer's change with the reload turn held and installs the value it built: searches that see the
+    /// new version meanwhile answer with the value held until then, so none of them pays for the rebuild.
+    pub(crate) fn replace_with<R>(&self, change: impl FnOnce() -> Result<(T, R)>) -> Result<R> {
+        let inner = &self.0;
+        {
+            let busy = inner.busy.lock().unwrap_or_else(|p| p.into_inner());
+            let mut busy = inner.done.wait_while(busy, |b| *b).unwrap_or_else(|p| p.into_inner());
+            *busy = true;
+        }
+        let out = change().map(|(value, out)| {
+            *inner.value.write().unwrap_or_else(|p| p.into_inner()) = Some(std::sync::Arc::new(value));
+            out
+        });
+        *inner.busy.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        inner.done.notify_all();
+        out
     }
 }
 
@@ -315,161 +392,6 @@ pub struct Stats {
     pub pending_documents: u64,
     pub lexical_docs: u64,
     pub collections: Vec<CollectionStats>,
-}
-
-/// Longest query accepted, in characters.
-pub const MAX_QUERY_CHARS: usize = 1000;
-
-#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
-pub struct SearchRequest {
-    pub query: String,
-    /// Restrict to these collections; `None` searches all of them.
-    #[serde(default)]
-    pub collections: Option<Vec<String>>,
-    #[serde(default)]
-    pub limit: Option<usize>,
-    #[serde(default)]
-    pub offset: usize,
-    /// Force a retrieval method (bm25, dense, rrf, weighted) instead of the collection's tuned one.
-    #[serde(default)]
-    pub method: Option<crate::fusion::Method>,
-    #[serde(default)]
-    pub dense_weight: Option<f32>,
-    /// One hit per document (its best passage), paged over documents; the others are counted.
-    #[serde(default)]
-    pub group_by_document: bool,
-    /// The words as typed: no synonym expansion, no pinyin reading (folding still applies).
-    #[serde(default)]
-    pub exact: bool,
-    /// Synonym weight instead of `search.synonym_weight` (benchmarks compare weights on one index).
-    #[serde(default)]
-    pub synonym_weight: Option<f32>,
-    /// Only documents of these departments, types and dates.
-    #[serde(default)]
-    pub filter: crate::facets::SearchFilter,
-    #[serde(default)]
-    pub sort: crate::facets::Sort,
-    /// The reader's groups when documents' access lists apply to them (`None`: an administrator, or a caller
-    /// inside the engine); set by the service layer from the actor, never taken from a request.
-    #[serde(skip)]
-    pub reader_groups: Option<Vec<String>>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct SearchHit {
-    pub rank: usize,
-    pub score: f32,
-    pub chunk_id: i64,
-    pub document_id: i64,
-    pub external_id: String,
-    pub collection: String,
-    pub title: String,
-    pub heading: String,
-    pub source: String,
-    /// A fragment of the chunk around the best match.
-    pub snippet: String,
-    /// Byte ranges of matched terms inside `snippet`.
-    pub highlights: Vec<(usize, usize)>,
-    pub text: String,
-    /// How the score came about: raw, rank and normalised parts of BM25 and dense retrieval. `score` and these
-    /// parts are relative to this query's candidates (min-max), so they are for explaining a ranking, not for
-    /// comparing queries: pages show [`SearchHit::matched_terms`] instead.
-    pub parts: ScoreParts,
-    /// The query's salient terms this passage contains (title, heading or text; compared folded).
-    pub matched_terms: Vec<String>,
-    /// Found by the dense leg only: no query term matched it in BM25 (shown as 仅语义相近).
-    pub dense_only: bool,
-    /// With `group_by_document`: how many more passages of this document are in the ranking.
-    pub more_in_document: usize,
-    /// The document's department, type and date (empty where unknown).
-    pub meta: crate::ingest::meta::DocMeta,
-}
-
-/// A synonym-table term found in a query and the other terms of its group, searched at a lower weight.
-#[derive(Debug, Clone, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct Expansion {
-    pub term: String,
-    pub synonyms: Vec<String>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct SearchResults {
-    pub query: String,
-    /// The query as searched when folding changed it (traditional → simplified, full-width → ASCII).
-    pub folded_query: Option<String>,
-    /// The method actually used: bm25 when no encoder is active or no dense index covers the collections.
-    pub method: crate::fusion::Method,
-    pub dense_weight: f32,
-    /// Hits in the ranking (documents when grouped): pages are consecutive slices of it.
-    pub total: usize,
-    /// More passages contain the query's words than the ranking holds (`search.max_offset` + `search.max_limit`):
-    /// `total` is a lower bound (约).
-    pub total_is_lower_bound: bool,
-    /// Same as `total` (kept for older clients).
-    pub total_candidates: usize,
-    /// The query's salient terms (content words, folded), in order.
-    pub terms: Vec<String>,
-    /// Salient terms that occur in the searched collections.
-    pub matched_terms: Vec<String>,
-    /// Key terms (drug, disease and other clinical terms, the synonym table's, the admin dictionary's) that occur
-    /// nowhere in the searched collections: no hit answers them. Other salient words that occur nowhere (everyday
-    /// words, numbers) are in neither list.
-    pub missing_terms: Vec<String>,
-    /// No salient term occurs anywhere (or the query has none): whatever is listed is only semantically near.
-    pub not_found: bool,
-    /// Synonym-table terms of the query and the synonyms searched with them (同时检索了).
-    pub expansions: Vec<Expansion>,
-    /// The typed query when it was read as pinyin (gxy): `folded_query` is then the word searched (高血压).
-    pub pinyin_of: Option<String>,
-    /// Words the query may have meant (您是不是要找), e.g. the readings of ambiguous pinyin initials.
-    pub did_you_mean: Vec<String>,
-    pub grouped: bool,
-    /// The filter as applied (dates in stored form) and the order.
-    pub filter: crate::facets::SearchFilter,
-    pub sort: crate::facets::Sort,
-    /// Documents of the query's ranking per department, type and year; each dimension counted under the other
-    /// dimensions' filters (so a chosen department still shows the others' counts).
-    pub facets: crate::facets::Facets,
-    pub hits: Vec<SearchHit>,
-    pub encode_ms: f64,
-    pub retrieve_ms: f64,
-    /// Counting the facets (part of `retrieve_ms`).
-    pub facets_ms: f64,
-    pub took_ms: f64,
-}
-
-impl SearchResults {
-    /// The answer for a caller with nothing to search (no readable collection).
-    pub fn empty(query: &str) -> Self {
-        SearchResults {
-            query: query.to_string(),
-            folded_query: None,
-            method: crate::fusion::Method::Bm25,
-            dense_weight: 0.0,
-            total: 0,
-            total_is_lower_bound: false,
-            total_candidates: 0,
-            terms: Vec::new(),
-            matched_terms: Vec::new(),
-            missing_terms: Vec::new(),
-            not_found: true,
-            expansions: Vec::new(),
-            pinyin_of: None,
-            did_you_mean: Vec::new(),
-            grouped: false,
-            filter: Default::default(),
-            sort: Default::default(),
-            facets: Default::default(),
-            hits: Vec::new(),
-            encode_ms: 0.0,
-            retrieve_ms: 0.0,
-            facets_ms: 0.0,
-            took_ms: 0.0,
-        }
-    }
 }
 
 /// Declares the façade's handles (their operations are in `service.rs` and beside the code they drive): a `Copy`
@@ -1120,343 +1042,6 @@ impl Engine {
             collections: self.store.collections()?,
         })
     }
-    /// Checks a search request's query text, paging and filter before any work is done (also for callers that end
-    /// up searching nothing, so every caller gets the same limits). Returns the trimmed query and the normalised
-    /// filter.
-    pub(crate) fn validate_search<'a>(&self, req: &'a SearchRequest) -> Result<(&'a str, crate::facets::SearchFilter)> {
-        let query = req.query.trim();
-        if query.is_empty() {
-            return Err(Error::InvalidInput("查询为空：请输入要搜索的词语 (the query is empty)".into()));
-        }
-        let n = query.chars().count();
-        if n > MAX_QUERY_CHARS {
-            return Err(Error::InvalidInput(format!(
-                "查询过长：{n} 个字符，最多 {MAX_QUERY_CHARS} 个；请缩短后重试 (query longer than {MAX_QUERY_CHARS} characters)"
-            )));
-        }
-        let max = self.cfg.search.max_offset;
-        if req.offset > max {
-            return Err(Error::InvalidInput(format!(
-                "翻页过深：offset 为 {}，最大 {max}（search.max_offset）；请细化查询 (offset beyond search.max_offset)",
-                req.offset
-            )));
-        }
-        Ok((query, req.filter.normalized()?))
-    }
-
-    /// Hybrid search with snippets: BM25 and dense candidates fused per the collection's setting (or the
-    /// request's) into one ranking ([`Engine::rank`]) that every page is a slice of, with each hit's score parts
-    /// and match evidence: which of the query's salient terms it contains, and which terms occur nowhere.
-    pub(crate) fn search_unaudited(&self, req: &SearchRequest) -> Result<SearchResults> {
-        let started = Instant::now();
-        let (query, filter) = self.validate_search(req)?;
-        let cols: Vec<Collection> = match &req.collections {
-            Some(names) => names.iter().map(|c| self.store.collection(c)).collect::<Result<_>>()?,
-            None => self.store.collection_list()?,
-        };
-        let names: Vec<String> = cols.iter().map(|c| c.name.clone()).collect();
-        let table = self.synonym_table()?;
-        let weight = if req.exact { 0.0 } else { req.synonym_weight.unwrap_or(self.synonym_weight()) };
-        let (plan, pinyin_of, did_you_mean) =
-            self.plan_query(query, &table, &names, weight.clamp(0.0, 1.0), !req.exact)?;
-        let limit = req.limit.unwrap_or(self.cfg.search.default_limit).clamp(1, self.cfg.search.max_limit);
-        let t0 = Instant::now();
-        let wants_dense = req.method != Some(crate::fusion::Method::Bm25);
-        let encoded = if wants_dense { self.encode_queries(&[plan.folded.as_str()])? } else { None };
-        let encode_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let qvec = encoded.as_ref().and_then(|(v, m)| v.first().map(|v| (v.as_slice(), m)));
-        let t1 = Instant::now();
-        let metas = self.meta_index()?;
-        let mut spec = crate::fusion::RankSpec {
-            method: req.method,
-            dense_weight: req.dense_weight,
-            depth: self.ranking_depth(),
-            keep: None,
-        };
-        // With a filter the page is the ranking of the admitted documents; the unfiltered ranking, which counts the
-        // filtered dimensions' other values, comes from the same pass of each leg (`rank_filtered`).
-        let docs_of = |hits: &[Explained]| hits.iter().map(|h| h.document_id).collect::<Vec<i64>>();
-        let mut facets_ms = 0.0;
-        let mut count = |unfiltered: &[i64], filtered: &[i64]| {
-            let t = Instant::now();
-            let f = metas.facets(unfiltered, filtered, &filter);
-            facets_ms += t.elapsed().as_secs_f64() * 1e3;
-            f
-        };
-        let ids: Vec<i64> = cols.iter().map(|c| c.id).collect();
-        // Documents whose access lists leave the reader out, when these collections have any: both legs search
-        // only the visible ones, and the facets count only those (their names and numbers must not leak either).
-        let visible = req.reader_groups.as_deref().and_then(|g| metas.visible(&ids, g));
-        let (mut ranking, facets) = match (&visible, filter.is_empty()) {
-            (None, true) => {
-                let ranking = self.rank(&plan.terms, qvec, &cols, &spec)?;
-                let facets = count(&[], &docs_of(&ranking.hits));
-                (ranking, facets)
-            }
-            (None, false) => {
-                let admitted = metas.admitted(&filter, &ids);
-                spec.keep = Some(&admitted);
-                let (everything, filtered) = self.rank_filtered(&plan.terms, qvec, &cols, &spec)?;
-                let facets = count(&docs_of(&everything.hits), &docs_of(&filtered.hits));
-                (filtered, facets)
-            }
-            (Some(visible), true) => {
-                spec.keep = Some(visible);
-                let ranking = self.rank(&plan.terms, qvec, &cols, &spec)?;
-                let facets = count(&[], &docs_of(&ranking.hits));
-                (ranking, facets)
-            }
-            (Some(visible), false) => {
-                // Two passes: the visible ranking (which the facets of the filtered dimensions count) and the
-                // filtered one within it.
-                let admitted = std::sync::Arc::new(metas.admitted(&filter, &ids).intersect(visible));
-                spec.keep = Some(visible);
-                let everything = self.rank(&plan.terms, qvec, &cols, &spec)?;
-                spec.keep = Some(&admitted);
-                let filtered = self.rank(&plan.terms, qvec, &cols, &spec)?;
-                let facets = count(&docs_of(&everything.hits), &docs_of(&filtered.hits));
-                (filtered, facets)
-            }
-        };
-        if req.sort == crate::facets::Sort::Date {
-            // Newest first; the ranking's order within a date (a stable sort), undated documents last.
-            let date = |h: &Explained| metas.meta(h.document_id).map_or(String::new(), |m| m.date.clone());
-            ranking.hits.sort_by_cached_key(|h| std::cmp::Reverse(date(h)));
-        }
-        let retrieve_ms = t1.elapsed().as_secs_f64() * 1e3;
-        let (ranked, more) = if req.group_by_document {
-            group_by_document(&ranking.hits)
-        } else {
-            (ranking.hits.iter().collect(), vec![0; ranking.hits.len()])
-        };
-        let total = ranked.len();
-        let page: Vec<(&Explained, usize)> = ranked.into_iter().zip(more).skip(req.offset).take(limit).collect();
-        let hits = self.page_hits(&plan, &page, req.offset)?;
-        let (matched_terms, missing_terms) = self.term_presence(&plan, &names, visible.as_deref())?;
-        Ok(SearchResults {
-            query: query.to_string(),
-            folded_query: if pinyin_of.is_some() {
-                Some(plan.folded.clone())
-            } else {
-                plan.folded_if_changed().map(str::to_string)
-            },
-            expansions: plan
-                .expansions
-                .iter()
-                .map(|(t, s)| Expansion { term: t.clone(), synonyms: s.clone() })
-                .collect(),
-            pinyin_of,
-            did_you_mean,
-            method: ranking.method,
-            dense_weight: ranking.dense_weight,
-            total,
-            total_is_lower_bound: ranking.capped,
-            total_candidates: total,
-            not_found: matched_terms.is_empty(),
-            terms: plan.salient.clone(),
-            matched_terms,
-            missing_terms,
-            grouped: req.group_by_document,
-            filter,
-            sort: req.sort,
-            facets,
-            hits,
-            encode_ms,
-            retrieve_ms,
-            facets_ms,
-            took_ms: started.elapsed().as_secs_f64() * 1e3,
-        })
-    }
-
-    /// The synonym table as of its version in SQLite: reloaded when an edit (from any process) bumped it.
-    pub(crate) fn synonym_table(&self) -> Result<std::sync::Arc<crate::synonyms::SynonymTable>> {
-        let version = crate::synonyms::version(&self.store.reader())?;
-        self.synonyms.get(version, |t| t.version, || crate::synonyms::SynonymTable::load(&self.store, version))
-    }
-
-    /// Every document's filing, reloaded when the version in SQLite moved (an ingest, an edit or a deletion from
-    /// any process).
-    pub(crate) fn meta_index(&self) -> Result<std::sync::Arc<crate::facets::MetaIndex>> {
-        let version: i64 =
-            self.store.reader().query_row("SELECT version FROM document_meta_state WHERE id = 1", [], |r| r.get(0))?;
-        self.meta_index.get(version, |m| m.version, || crate::facets::MetaIndex::load(&self.store, version))
-    }
-
-    /// The query as searched, with synonyms; an all-letters query that is no word of `collections` nor a table
-    /// term is read as pinyin initials or pinyin (gxy → 高血压): searched as that word when exactly one reading
-    /// occurs in the collections, otherwise the readings that occur are offered. Returns the plan, the typed
-    /// query when it was read as pinyin, and the suggestions.
-    fn plan_query(
-        &self,
-        query: &str,
-        table: &crate::synonyms::SynonymTable,
-        collections: &[String],
-        weight: f32,
-        pinyin: bool,
-    ) -> Result<(crate::query::QueryPlan, Option<String>, Vec<String>)> {
-        let plan = crate::query::QueryPlan::with_synonyms(self.lexical.jieba(), query, table, weight);
-        let word = plan.folded.trim().to_ascii_lowercase();
-        let letters = (2..=24).contains(&word.len()) && word.bytes().all(|b| b.is_ascii_lowercase());
-        if !pinyin || !letters || table.contains(&word) || self.occurs(&word, collections)? {
-            return Ok((plan, None, Vec::new()));
-        }
-        // Words read with their characters' common readings first; other readings only when none of those occurs.
-        let (common, other) = table.pinyin_candidates(&word);
-        let mut readings: Vec<(usize, String)> = Vec::new();
-        for list in [common, other] {
-            for w in list {
-                let n = self.lexical.chunks_with(&w, collections)?;
-                if n > 0 || self.text_contains(&w, collections)? {
-                    readings.push((n.max(1), w));
-                }
-            }
-            if !readings.is_empty() {
-                break;
-            }
-        }
-        readings.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
-        match readings.as_slice() {
-            [(_, only)] => {
-                let plan = crate::query::QueryPlan::with_synonyms(self.lexical.jieba(), only, table, weight);
-                Ok((plan, Some(query.trim().to_string()), vec![only.clone()]))
-            }
-            _ => Ok((plan, None, readings.into_iter().take(5).map(|r| r.1).collect())),
-        }
-    }
-
-    /// Whether `word` occurs in `collections`, as an index term or as text.
-    fn occurs(&self, word: &str, collections: &[String]) -> Result<bool> {
-        Ok(self.lexical.any_chunk_with(word, collections)? || self.text_contains(word, collections)?)
-    }
-
-    /// Whether some chunk text, heading or title of `collections` contains `word`: a substring search of the
-    /// chunks' text kept in memory ([`crate::store::texts`]), or of SQLite when that is too large to keep. A word
-    /// found absent is remembered with the chunks' stamp, so asking again reads only the chunks added since:
-    /// clinicians' words that occur nowhere recur across queries.
-    pub(crate) fn text_contains(&self, word: &str, collections: &[String]) -> Result<bool> {
-        let key = (word.to_string(), collections.join("\u{1f}"));
-        let lock = || self.absent_words.lock().unwrap_or_else(|p| p.into_inner());
-        let stamp = self.store.chunk_stamp()?;
-        let after = lock()
-            .get(&key)
-            .filter(|a| a.scanned.deletions == stamp.deletions)
-            .map_or(0, |a| a.scanned.newest.min(stamp.newest));
-        if after == stamp.newest {
-            return Ok(false);
-        }
-        let found = match self.texts.contains(&self.store, stamp, word, collections, after)? {
-            Some(found) => found,
-            None => self.store.any_chunk_contains(word, collections, after)?,
-        };
-        let mut absent = lock();
-        if found {
-            absent.remove(&key);
-        } else {
-            if absent.len() >= ABSENT_WORDS_MAX {
-                absent.clear();
-            }
-            absent.insert(key, AbsentWord { scanned: stamp });
-        }
-        Ok(found)
-    }
-
-    /// How deep the one ranking of a query goes: the deepest hit a page may ask for.
-    fn ranking_depth(&self) -> usize {
-        let s = &self.cfg.search;
-        s.candidates.max(s.max_offset.saturating_add(s.max_limit))
-    }
-
-    /// The hits of one page, with texts, snippets (highlighting every searched form) and evidence.
-    fn page_hits(
-        &self,
-        plan: &crate::query::QueryPlan,
-        page: &[(&Explained, usize)],
-        offset: usize,
-    ) -> Result<Vec<SearchHit>> {
-        let ids: Vec<i64> = page.iter().map(|h| h.0.chunk_id).collect();
-        let views = self.store.chunk_views(&ids)?;
-        let by_id: HashMap<i64, _> = views.into_iter().map(|v| (v.chunk_id, v)).collect();
-        let shown: Vec<(&Explained, usize, &crate::store::ChunkView)> =
-            page.iter().filter_map(|(h, m)| by_id.get(&h.chunk_id).map(|v| (*h, *m, v))).collect();
-        let texts: Vec<&str> = shown.iter().map(|(_, _, v)| v.text.as_str()).collect();
-        let snippets = self.lexical.snippets_for(
-            &plan.terms,
-            &texts,
-            self.cfg.search.snippet_bytes,
-            &crate::query::to_simplified,
-        )?;
-        Ok(shown
-            .into_iter()
-            .zip(snippets)
-            .enumerate()
-            .map(|(i, ((h, more, v), (snippet, highlights)))| SearchHit {
-                rank: offset + i + 1,
-                score: h.score,
-                chunk_id: v.chunk_id,
-                document_id: v.document_id,
-                external_id: v.external_id.clone(),
-                collection: v.collection.clone(),
-                title: v.title.clone(),
-                heading: v.heading.clone(),
-                source: v.source.clone(),
-                snippet,
-                highlights,
-                text: v.text.clone(),
-                parts: h.parts,
-                matched_terms: plan.terms_in(&format!("{}\n{}\n{}", v.title, v.heading, v.text)),
-                dense_only: h.parts.bm25.is_none(),
-                more_in_document: more,
-                meta: v.meta.clone(),
-            })
-            .collect())
-    }
-
-    /// (present, missing): the query's salient terms that some chunk of `collections` holds, and its key terms that
-    /// none holds, in
-    /// either script (a passage in traditional characters holds 高血壓). A term is first looked up as an index term;
-    /// one that is not (jieba segmented the passages around it differently) is looked for as a substring of the
-    /// chunks' text, headings and titles, so "not found" is said only of text that truly occurs nowhere. The scan
-    /// runs only for such terms, and stops at the first chunk.
-    fn term_presence(
-        &self,
-        plan: &crate::query::QueryPlan,
-        collections: &[String],
-        visible: Option<&crate::facets::DocSet>,
-    ) -> Result<(Vec<String>, Vec<String>)> {
-        let mut present = Vec::new();
-        let mut missing = Vec::new();
-        for w in &plan.salient {
-            let mut forms: Vec<String> = Vec::new();
-            for f in plan.forms(w) {
-                let trad = crate::query::to_traditional(f);
-                forms.push(f.to_string());
-                if trad != f {
-                    forms.push(trad);
-                }
-            }
-            let mut found = false;
-            for f in &forms {
-                found = found || self.lexical.any_chunk_with(f, collections)?;
-            }
-            for f in &forms {
-                found = found || self.text_contains(f, collections)?;
-            }
-            // Found somewhere: for a reader whom access lists restrict, it must be in a document they may see.
-            if found && let Some(v) = visible {
-                found = false;
-                for f in &forms {
-                    let lower = f.to_ascii_lowercase();
-                    found = found || self.store.any_admitted_chunk_contains(&lower, collections, |d| v.contains(d))?;
-                }
-            }
-            if found {
-                present.push(w.clone());
-            } else if plan.key.contains(w) {
-                missing.push(w.clone());
-            }
-        }
-        Ok((present, missing))
-    }
 
     /// Adds words to the admin's dictionary and rebuilds the lexical index with it, audited as `dictionary.add`.
     /// Takes the configuration rather than an open engine: opening one is what rebuilds the index.
@@ -1481,24 +1066,6 @@ impl Engine {
         let e = Engine::open(cfg.clone(), OpenMode::Existing)?;
         e.audit_event(actor, "dictionary.add", &serde_json::json!({ "words": words }))
     }
-}
-
-/// The ranking with one hit per document (its best, i.e. first, passage) and how many more each document has.
-fn group_by_document(hits: &[Explained]) -> (Vec<&Explained>, Vec<usize>) {
-    let mut first: HashMap<i64, usize> = HashMap::new();
-    let mut out: Vec<&Explained> = Vec::new();
-    let mut more: Vec<usize> = Vec::new();
-    for h in hits {
-        match first.get(&h.document_id) {
-            Some(&i) => more[i] += 1,
-            None => {
-                first.insert(h.document_id, out.len());
-                out.push(h);
-                more.push(0);
-            }
-        }
-    }
-    (out, more)
 }
 
 impl Collections<'_> {

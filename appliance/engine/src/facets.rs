@@ -250,7 +250,11 @@ const RECENT_FILTERS: usize = 16;
 impl MetaIndex {
     /// Every document's filing, labelled `version` (read by the caller before this).
     pub fn load(store: &crate::store::Store, version: i64) -> Result<MetaIndex> {
-        let conn = store.reader();
+        Self::load_from(&store.reader(), version)
+    }
+
+    /// [`MetaIndex::load`] through a connection of the caller's.
+    pub fn load_from(conn: &rusqlite::Connection, version: i64) -> Result<MetaIndex> {
         let mut stmt = conn.prepare(
             "SELECT id, collection_id, department, doc_type, doc_date, issuer, language, access FROM documents",
         )?;

@@ -15,9 +15,10 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::accounts::Admin;
-use crate::engine::{Engine, MAX_QUERY_CHARS};
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::eval::metrics::Judgements;
+use crate::search::MAX_QUERY_CHARS;
 use crate::store::now;
 
 /// Most judgments one import may carry.

@@ -58,6 +58,8 @@
 //!   ├ facets    filters by department, type and date (applied inside both legs), disjunctive facet counts,
 //!   │           date order; the metadata kept in memory by version
 //!   ├ hybrid    dense sync with SQLite, query encoding, retrieval (engine methods)
+//!   ├ search    the one search pipeline (page, API, CLI, eval, the gate): plan → understand → encode → legs →
+//!   │           fuse → evidence (what answers, counted apart from what is only near) → page
 //!   ├ vectors   document vectors computed offline: export chunks for the trainer, import its embedding shards
 //!   ├ eval      BEIR/STS sets and ranking metrics (nDCG, MAP, MRR, Recall), fusion tuning (eval/{metrics,sts}.rs)
 //!   ├ training  retraining as a job: data from approved collections + feedback, `care-train run --spec` child
@@ -108,6 +110,7 @@ pub mod limits;
 pub mod models;
 pub mod query;
 pub mod sandbox;
+pub mod search;
 pub mod service;
 pub mod settings;
 pub mod store;
@@ -123,12 +126,11 @@ mod tests;
 
 pub use care_formats::Graph;
 pub use config::EngineConfig;
-pub use engine::{
-    Engine, Expansion, IngestProgress, IngestReport, MAX_QUERY_CHARS, OpenMode, SearchHit, SearchRequest, SearchResults,
-};
+pub use engine::{Engine, IngestProgress, IngestReport, OpenMode};
 pub use error::{Error, ErrorCode, Result};
 pub use ingest::{IngestLimits, IngestOptions};
 pub use jobs::{FileError, Job, JobState};
+pub use search::{Expansion, MAX_QUERY_CHARS, SearchHit, SearchRequest, SearchResults};
 pub use service::{Actor, Admin, DocumentQuery, DocumentRow, HealthReport, JobView, SearchAs, UserInfo, UserUpdate};
 pub use tasks::ingest_lane::{Worker, WorkerHandle};
 pub use tasks::scheduler::{Scheduler, SchedulerHandle, SchedulerOptions};

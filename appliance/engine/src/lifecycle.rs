@@ -588,7 +588,7 @@ fn is_dense_table_name(name: &str) -> bool {
 impl Engine {
     /// Candidate lists of `set`'s queries under `pair`, its queries encoded by `graph` one at a time, as a search
     /// does.
-    fn pair_candidates(
+    pub(crate) fn pair_candidates(
         &self,
         (pair, graph): (&ActivePair, Graph),
         set: &crate::eval::BeirSet,
@@ -596,27 +596,15 @@ impl Engine {
         progress: &mut dyn FnMut(DenseProgress) -> Result<()>,
     ) -> Result<crate::eval::Candidates2> {
         let enc = self.encoder_graph(&pair.query, graph)?;
-        let names = [col.name.clone()];
-        let mut lists = Vec::with_capacity(set.queries.len());
-        let total = set.queries.len();
-        for (i, (qid, text)) in set.queries.iter().enumerate() {
-            if i % 50 == 0 {
-                progress(DenseProgress { stage: "评测", collection: col.name.clone(), done: i, total })?;
+        let encode = |text: &str| -> Result<Vec<f32>> { Ok(enc.encode(&[text], TextKind::Query)?.swap_remove(0)) };
+        let dense = crate::search::JudgedDense { encode: &encode, query: &pair.query, document: &pair.document };
+        let lists = self.judged_candidates(&set.queries, col, Some(dense), 100, &mut |done, total| {
+            if done % 50 == 0 {
+                progress(DenseProgress { stage: "评测", collection: col.name.clone(), done, total })?;
             }
-            let v = enc.encode(&[text.as_str()], TextKind::Query)?;
-            let bm25 = self
-                .lexical
-                .search(text, Some(&names), 100, self.cfg.search.title_boost)?
-                .into_iter()
-                .map(|h| (h.chunk_id, h.document_id, h.score))
-                .collect();
-            let dense = self
-                .dense_search_in(&v[0], &pair.query, &pair.document, std::slice::from_ref(col), 100, None)?
-                .into_iter()
-                .map(|h| (h.chunk_id, h.document_id, h.score))
-                .collect();
-            lists.push(crate::eval::Candidates { qid: qid.clone(), bm25, dense });
-        }
+            Ok(())
+        })?;
+        let lists = crate::eval::lists_of(set, lists);
         let doc_names = crate::eval::document_names(self, col.id)?;
         Ok(crate::eval::Candidates2 { lists, doc_names, has_dense: true })
     }

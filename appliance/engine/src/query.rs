@@ -17,7 +17,7 @@ use jieba_rs::Jieba;
 
 use crate::lexical;
 use crate::synonyms::SynonymTable;
-pub use crate::text::{fold, to_simplified, to_traditional};
+pub use crate::text::{contains_term, fold, to_simplified, to_traditional};
 
 /// A query as searched.
 #[derive(Debug, Clone)]
@@ -100,6 +100,42 @@ impl QueryPlan {
         let f = fold(text);
         self.salient.iter().filter(|w| self.forms(w).any(|t| contains_term(&f, t))).cloned().collect()
     }
+
+    /// The salient terms `text` contains, each named as found: the term as typed where the text holds it, else the
+    /// synonym it holds with the term it stands for (慢性阻塞性肺疾病（COPD）), so a page never names a word the
+    /// passage does not contain.
+    pub fn evidence_in(&self, text: &str) -> Vec<String> {
+        let f = fold(text);
+        let mut out = Vec::new();
+        for w in &self.salient {
+            if contains_term(&f, w) {
+                out.push(self.as_typed(w));
+            } else if let Some(alt) = self.alternatives.get(w).into_iter().flatten().find(|t| contains_term(&f, t)) {
+                out.push(format!("{}（{}）", self.as_written(w, alt), self.as_typed(w)));
+            }
+        }
+        out
+    }
+
+    /// A folded salient term as the query wrote it (COPD for copd), where the query holds it as one piece.
+    fn as_typed(&self, term: &str) -> String {
+        let lower = self.original.to_lowercase();
+        match lower.find(term) {
+            Some(at) if lower.len() == self.original.len() => self.original[at..at + term.len()].to_string(),
+            _ => term.to_string(),
+        }
+    }
+
+    /// A synonym of `term` (folded) as the synonym table writes it.
+    fn as_written(&self, term: &str, alt: &str) -> String {
+        self.expansions
+            .iter()
+            .filter(|(t, _)| t == term)
+            .flat_map(|(_, others)| others)
+            .find(|o| fold(o) == alt)
+            .cloned()
+            .unwrap_or_else(|| alt.to_string())
+    }
 }
 
 /// The text without its web addresses: a pasted link's pieces (clustered, query, %e6) are no terms of the
@@ -143,17 +179,6 @@ fn salient_terms(words: &[String], lower: &str, matches: &[crate::synonyms::Term
         }
     }
     out
-}
-
-/// Whether folded `hay` contains `term`; a Latin term only where no letter or digit touches it (MI is not in
-/// "admin").
-pub fn contains_term(hay: &str, term: &str) -> bool {
-    if !term.starts_with(|c: char| c.is_ascii_alphanumeric()) {
-        return hay.contains(term);
-    }
-    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
-    hay.match_indices(term)
-        .any(|(s, _)| !alnum(hay[..s].chars().next_back()) && !alnum(hay[s + term.len()..].chars().next()))
 }
 
 #[cfg(test)]

@@ -20,8 +20,8 @@ use serde::Serialize;
 use crate::accounts::{self, ApiToken, LoginPolicy, Role, Session, User};
 pub use crate::accounts::{Actor, Admin};
 use crate::audit::{self, AuditRecord, AuditStatus, Filter, VerifyReport};
+use crate::engine::Engine;
 pub use crate::engine::{Accounts, Audit, Collections, Ingest, Models, Search, Tasks, Training};
-use crate::engine::{Engine, MAX_QUERY_CHARS, SearchRequest, SearchResults};
 use crate::error::{Error, Result};
 use crate::feedback::{self, DocumentView, Feedback};
 use crate::fusion::Method;
@@ -29,6 +29,7 @@ use crate::hybrid::FusionSetting;
 use crate::ingest::meta::DocMeta;
 use crate::jobs::{FileError, Job};
 use crate::models::{ActivePair, ModelRecord};
+use crate::search::{MAX_QUERY_CHARS, SearchRequest, SearchResults};
 use crate::store::{Collection, CollectionStats};
 use crate::synonyms::{self, ImportReport, NewSynonym, SynonymEntry};
 
@@ -541,11 +542,21 @@ impl crate::engine::Search<'_> {
 
     /// Adds a group, or replaces group `id`; in force at the next search of every process.
     pub fn save_synonym(&self, actor: &Admin, id: Option<i64>, group: &NewSynonym) -> Result<SynonymEntry> {
-        synonyms::save(&self.store, &actor.name, id, group)
+        self.changing_synonyms(|| synonyms::save(&self.store, &actor.name, id, group))
     }
 
     pub fn delete_synonym(&self, actor: &Admin, id: i64) -> Result<SynonymEntry> {
-        synonyms::delete(&self.store, &actor.name, id)
+        self.changing_synonyms(|| synonyms::delete(&self.store, &actor.name, id))
+    }
+
+    /// The writer, not a clinician's search, rebuilds the table after its change (seconds for 50,000 groups);
+    /// searches meanwhile keep the table they had.
+    fn changing_synonyms<R>(&self, change: impl FnOnce() -> Result<R>) -> Result<R> {
+        self.synonyms.replace_with(|| {
+            let out = change()?;
+            let version = synonyms::version(&self.store.reader())?;
+            Ok((synonyms::SynonymTable::load(&self.store, version)?, out))
+        })
     }
 
     /// Imports a CSV file's bytes (UTF-8 or GB18030, as spreadsheets in China save it); all or nothing.
@@ -560,7 +571,11 @@ impl crate::engine::Search<'_> {
         }
         let text = crate::ingest::encoding::decode(std::path::Path::new("synonyms.csv"), bytes, None)?;
         let groups = synonyms::parse_csv(&text)?;
-        synonyms::import(&self.store, &actor.name, &groups, replace, "import")
+        // Staged in batches, the new table built, then moved in and installed together: neither the writer nor the
+        // rebuild stalls a search.
+        let staged = synonyms::stage(&self.store, &actor.name, &groups, replace, "import")?;
+        let table = staged.table();
+        self.synonyms.replace_with(|| Ok((table, staged.commit(&self.store)?)))
     }
 
     pub fn export_synonyms(&self, _admin: &Admin) -> Result<String> {
@@ -674,20 +689,55 @@ impl crate::engine::Collections<'_> {
             clean.push((id, m));
         }
         const COLUMNS: [&str; 6] = ["department", "doc_type", "doc_date", "issuer", "language", "access"];
+        let known: std::collections::HashSet<String> = {
+            let conn = self.store.reader();
+            let mut stmt = conn.prepare("SELECT external_id FROM documents WHERE collection_id = ?1")?;
+            let rows = stmt.query_map([col.id], |r| r.get(0))?;
+            rows.collect::<std::result::Result<_, _>>()?
+        };
+        let (rows, unknown): (Vec<_>, Vec<_>) = clean.into_iter().partition(|(id, _)| known.contains(id.as_str()));
+        let unknown: Vec<String> = unknown.into_iter().map(|(id, _)| id.to_string()).collect();
+        let mut detail = serde_json::json!({"collection": collection, "documents": rows.len(), "unknown": unknown.len(),
+            "fields": COLUMNS.iter().zip(filing.sets).filter(|(_, s)| *s).map(|(c, _)| *c).collect::<Vec<_>>()});
+        if let [(id, m)] = rows.as_slice() {
+            detail["document"] = serde_json::json!(id);
+            detail["meta"] = serde_json::json!(m);
+        }
         let set: Vec<String> =
             (0..6).map(|i| format!("{0} = CASE WHEN ?{1} THEN ?{2} ELSE {0} END", COLUMNS[i], 3 + i, 9 + i)).collect();
-        let mut conn = self.store.conn();
-        let tx = conn.transaction()?;
-        let (mut changed, mut unknown) = (0, Vec::new());
-        {
-            let mut stmt = tx.prepare_cached(&format!(
-                "UPDATE documents SET {} WHERE collection_id = ?1 AND external_id = ?2",
-                set.join(", ")
-            ))?;
-            let s = filing.sets;
-            for (id, m) in &clean {
+        let s = filing.sets;
+        // A batch at a time, so that a 100,000-row spreadsheet never holds the writer (which every search's audit
+        // record waits for, in this process or the server's) for more than a few milliseconds. The audit record
+        // goes with the first batch; filing is idempotent, so after a failure part-way the same file is filed again.
+        // Searches keep the filing they had until the whole spreadsheet is in, then one reload (not one per batch)
+        // by this writer: no search pays for it.
+        self.meta_index.replace_with(|| {
+            let changed = self.file_batches(actor, col.id, &rows, s, &set, &detail)?;
+            let version: i64 =
+                self.store
+                    .reader()
+                    .query_row("SELECT version FROM document_meta_state WHERE id = 1", [], |r| r.get(0))?;
+            Ok((crate::facets::MetaIndex::load(&self.store, version)?, (changed, unknown)))
+        })
+    }
+
+    /// The filing's rows written [`FILING_BATCH`] per transaction, the audit record with the first.
+    fn file_batches(
+        &self,
+        actor: &Admin,
+        collection_id: i64,
+        rows: &[(&String, crate::ingest::meta::DocMeta)],
+        s: [bool; 6],
+        set: &[String],
+        detail: &serde_json::Value,
+    ) -> Result<usize> {
+        let mut changed = 0;
+        let update = format!("UPDATE documents SET {} WHERE collection_id = ?1 AND external_id = ?2", set.join(", "));
+        self.store.in_batches(rows, FILING_BATCH, |tx, batch, i| {
+            let mut stmt = tx.prepare_cached(&update)?;
+            for (id, m) in batch {
                 let args = rusqlite::params![
-                    col.id,
+                    collection_id,
                     id,
                     s[0],
                     s[1],
@@ -702,23 +752,19 @@ impl crate::engine::Collections<'_> {
                     m.language,
                     m.access
                 ];
-                match stmt.execute(args)? {
-                    0 => unknown.push(id.to_string()),
-                    _ => changed += 1,
-                }
+                changed += stmt.execute(args)?.min(1);
             }
-        }
-        let mut detail = serde_json::json!({"collection": collection, "documents": changed, "unknown": unknown.len(),
-            "fields": COLUMNS.iter().zip(filing.sets).filter(|(_, s)| *s).map(|(c, _)| *c).collect::<Vec<_>>()});
-        if let [(id, m)] = clean.as_slice() {
-            detail["document"] = serde_json::json!(id);
-            detail["meta"] = serde_json::json!(m);
-        }
-        crate::audit::append(&tx, &actor.name, "document.file", &detail)?;
-        tx.commit()?;
-        Ok((changed, unknown))
+            if i == 0 {
+                crate::audit::append(tx, &actor.name, "document.file", detail)?;
+            }
+            Ok(())
+        })?;
+        Ok(changed)
     }
 }
+
+/// Rows of a filing spreadsheet written per transaction.
+const FILING_BATCH: usize = 500;
 
 /// One way of hospital sign-in as the settings page shows it.
 #[derive(Debug, Clone, Serialize)]

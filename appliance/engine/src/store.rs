@@ -43,6 +43,7 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (23, include_str!("../../../migrations/0023_settings.sql")),
     (24, include_str!("../../../migrations/0024_sign_in_config.sql")),
     (25, include_str!("../../../migrations/0025_model_query_graph.sql")),
+    (26, include_str!("../../../migrations/0026_synonym_staging.sql")),
 ];
 
 /// What a migration needs beyond its SQL, in the same transaction: 20 reads the language of the documents
@@ -139,6 +140,29 @@ thread_local! {
     static HELD_READERS: Cell<usize> = const { Cell::new(0) };
 }
 
+/// How a read-only connection is opened: what a thread that outlives a borrow of the store (a background reload,
+/// [`crate::engine::Versioned`]) takes with it.
+#[derive(Clone)]
+pub(crate) struct ReaderOpener {
+    path: PathBuf,
+    key: [u8; 32],
+}
+
+impl ReaderOpener {
+    pub(crate) fn open(&self) -> Result<Connection> {
+        use rusqlite::OpenFlags;
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
+        let conn = Connection::open_with_flags(&self.path, flags)?;
+        // Audit verification and listings call care_audit_mac() on readers too.
+        crate::audit::register_key(&conn, self.key)?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        conn.pragma_update(None, "query_only", "ON")?;
+        // Every read of the process shares these few connections; the default cache (16) would evict and re-prepare.
+        conn.set_prepared_statement_cache_capacity(64);
+        Ok(conn)
+    }
+}
+
 /// Read-only WAL connections, opened on first use up to `size`.
 struct ReaderPool {
     path: PathBuf,
@@ -171,16 +195,7 @@ impl ReaderPool {
     }
 
     fn open_one(&self) -> Result<Connection> {
-        use rusqlite::OpenFlags;
-        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
-        let conn = Connection::open_with_flags(&self.path, flags)?;
-        // Audit verification and listings call care_audit_mac() on readers too.
-        crate::audit::register_key(&conn, self.key)?;
-        conn.busy_timeout(BUSY_TIMEOUT)?;
-        conn.pragma_update(None, "query_only", "ON")?;
-        // Every read of the process shares these few connections; the default cache (16) would evict and re-prepare.
-        conn.set_prepared_statement_cache_capacity(64);
-        Ok(conn)
+        ReaderOpener { path: self.path.clone(), key: self.key }.open()
     }
 
     /// An idle connection, a new one while fewer than `size` are open, else the next one returned.
@@ -324,7 +339,11 @@ impl Store {
     pub fn open_with(path: &Path, read_connections: usize) -> Result<Self> {
         let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
         let key = crate::audit::load_or_create_key(&dir)?;
-        let conn = Connection::open(path)?;
+        let mut conn = Connection::open(path)?;
+        // Every write transaction takes the write lock when it begins, waiting its turn (busy_timeout): a deferred
+        // one that read first failed at once with "database is locked" when another process (`care collection
+        // file`, a restore) had written since its read, instead of waiting — searches' audit records among them.
+        conn.set_transaction_behavior(rusqlite::TransactionBehavior::Immediate);
         restrict_to_owner(path)?;
         crate::audit::register_key(&conn, key)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
@@ -361,6 +380,34 @@ impl Store {
         self.conn.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A long write as a run of short transactions: `write` gets each batch of `items` (and its index) in a
+    /// transaction of its own, and between batches the writer is left free for as long as the batch held it, so
+    /// that searches' audit records, in this process or another (`care collection file` beside `care serve`),
+    /// wait at most one batch instead of the whole write (SQLite's busy wait backs off, and a loop that takes the
+    /// lock again at once would starve them).
+    pub(crate) fn in_batches<T>(
+        &self,
+        items: &[T],
+        size: usize,
+        mut write: impl FnMut(&rusqlite::Transaction<'_>, &[T], usize) -> Result<()>,
+    ) -> Result<()> {
+        let batches: Vec<&[T]> = if items.is_empty() { vec![&[]] } else { items.chunks(size.max(1)).collect() };
+        let last = batches.len() - 1;
+        for (i, batch) in batches.into_iter().enumerate() {
+            let held = std::time::Instant::now();
+            {
+                let mut conn = self.conn();
+                let tx = conn.transaction()?;
+                write(&tx, batch, i)?;
+                tx.commit()?;
+            }
+            if i < last {
+                std::thread::sleep(held.elapsed());
+            }
+        }
+        Ok(())
+    }
+
     /// The writer connection itself, for the engine's audit writer thread (`audit/writer.rs`), which locks it like
     /// [`Store::conn`] does.
     pub(crate) fn shared_writer(&self) -> Arc<Mutex<Connection>> {
@@ -378,6 +425,11 @@ impl Store {
     /// pool is small, and threads queued on the writer with readers in hand can starve the writer's holder.
     pub fn reader(&self) -> Reader<'_> {
         self.readers.take(&self.conn)
+    }
+
+    /// What opens a read-only connection of this store's own, for work that outlives a borrow of it.
+    pub(crate) fn reader_opener(&self) -> ReaderOpener {
+        ReaderOpener { path: self.readers.path.clone(), key: self.readers.key }
     }
 
     pub fn schema_version(&self) -> Result<u32> {

@@ -304,13 +304,33 @@ pub fn parse_csv(text: &str) -> Result<Vec<NewSynonym>> {
 
 /// Imports groups: a group whose preferred term exists replaces it, others are added; with `replace`, groups not
 /// in the file are removed. The resulting table is checked as a whole (a term in one group only) before anything
-/// is written; one transaction, audited as `synonym.import`.
+/// is written, audited as `synonym.import`, and all or nothing: it is written into `synonym_staging` a batch at a
+/// time and moved into `synonyms` by one short transaction (the writer is never held for the whole file), which
+/// refuses when the table changed meanwhile.
 pub fn import(store: &Store, actor: &str, groups: &[NewSynonym], replace: bool, origin: &str) -> Result<ImportReport> {
+    stage(store, actor, groups, replace, origin)?.commit(store)
+}
+
+/// An import checked and written to `synonym_staging`, not yet in force ([`Staged::commit`]).
+pub struct Staged {
+    snapshot: i64,
+    rows: Vec<SynonymEntry>,
+    report: ImportReport,
+    actor: String,
+    origin: String,
+    replace: bool,
+}
+
+/// The first half of [`import`]: the table after the import computed and checked from a snapshot, and written to
+/// `synonym_staging` a batch at a time.
+pub fn stage(store: &Store, actor: &str, groups: &[NewSynonym], replace: bool, origin: &str) -> Result<Staged> {
     let groups: Vec<NewSynonym> = groups.iter().map(clean).collect::<Result<_>>()?;
-    let mut conn = store.conn();
-    let tx = conn.transaction()?;
+    let (snapshot, existing) = {
+        let conn = store.reader();
+        // The version first: a change after it makes the move below refuse rather than overwrite it.
+        (version(&conn)?, all_rows(&conn)?)
+    };
     let mut report = ImportReport::default();
-    let existing = all_rows(&tx)?;
     let incoming: HashMap<String, usize> = groups.iter().enumerate().map(|(i, g)| (fold(&g.preferred), i)).collect();
     // The table after the import: kept rows (by id) and incoming groups (by index), each term owned once.
     let mut owner: HashMap<String, String> = HashMap::new();
@@ -323,19 +343,18 @@ pub fn import(store: &Store, actor: &str, groups: &[NewSynonym], replace: bool, 
         }
     };
     let mut replaced: HashMap<usize, i64> = HashMap::new();
-    for e in &existing {
+    let mut kept: Vec<SynonymEntry> = Vec::new();
+    for e in existing.iter() {
         match incoming.get(&fold(&e.preferred)) {
             Some(&i) => {
                 replaced.insert(i, e.id);
             }
-            None if replace => {
-                tx.execute("DELETE FROM synonyms WHERE id = ?1", [e.id])?;
-                report.removed += 1;
-            }
+            None if replace => report.removed += 1,
             None => {
                 for t in std::iter::once(&e.preferred).chain(&e.variants) {
                     claim(t, &e.preferred)?;
                 }
+                kept.push(e.clone());
             }
         }
     }
@@ -344,36 +363,93 @@ pub fn import(store: &Store, actor: &str, groups: &[NewSynonym], replace: bool, 
             claim(t, &g.preferred)?;
         }
     }
-    let kept = existing.len() - report.removed - replaced.len();
-    if kept + groups.len() > MAX_GROUPS {
-        return Err(invalid(format!("导入后将有 {} 组，超过上限 {MAX_GROUPS}", kept + groups.len())));
+    if kept.len() + groups.len() > MAX_GROUPS {
+        return Err(invalid(format!("导入后将有 {} 组，超过上限 {MAX_GROUPS}", kept.len() + groups.len())));
     }
+    // Replaced groups keep their ids; new ones get ids above every existing one.
+    let mut next_id = existing.iter().map(|e| e.id).max().unwrap_or(0) + 1;
+    let at = now();
+    let mut rows: Vec<SynonymEntry> = kept;
     for (i, g) in groups.iter().enumerate() {
-        match replaced.get(&i) {
-            Some(id) => {
-                tx.execute(
-                    "UPDATE synonyms SET preferred = ?2, variants = ?3, note = ?4, origin = ?5, updated_by = ?6, \
-                     updated_at = ?7 WHERE id = ?1",
-                    params![id, g.preferred, g.variants.join("|"), g.note, origin, actor, now()],
-                )?;
+        let id = match replaced.get(&i) {
+            Some(&id) => {
                 report.updated += 1;
+                id
             }
             None => {
-                insert(&tx, g, origin, actor)?;
                 report.added += 1;
+                next_id += 1;
+                next_id - 1
             }
+        };
+        rows.push(SynonymEntry {
+            id,
+            preferred: g.preferred.clone(),
+            variants: g.variants.clone(),
+            note: g.note.clone(),
+            origin: origin.to_string(),
+            updated_by: actor.to_string(),
+            updated_at: at.clone(),
+        });
+    }
+    store.conn().execute("DELETE FROM synonym_staging", [])?;
+    let insert = format!("INSERT INTO synonym_staging ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
+    store.in_batches(&rows, STAGING_BATCH, |tx, batch, _| {
+        let mut stmt = tx.prepare_cached(&insert)?;
+        for e in batch {
+            stmt.execute(params![
+                e.id,
+                e.preferred,
+                e.variants.join("|"),
+                e.note,
+                e.origin,
+                e.updated_by,
+                e.updated_at
+            ])?;
         }
-    }
-    // The seed is part of a new data directory, like its schema: no one chose it, so no audit record says so.
-    if origin != "seed" {
-        let detail = serde_json::json!({"added": report.added, "updated": report.updated, "removed": report.removed,
-            "replace": replace});
-        audit::append(&tx, actor, "synonym.import", &detail)?;
-    }
-    bump(&tx)?;
-    tx.commit()?;
-    Ok(report)
+        Ok(())
+    })?;
+    Ok(Staged { snapshot, rows, report, actor: actor.to_string(), origin: origin.to_string(), replace })
 }
+
+impl Staged {
+    /// The table as it will be once committed, labelled with the version the commit gives it.
+    pub fn table(&self) -> SynonymTable {
+        // In the order `SynonymTable::load` reads them.
+        let mut rows: Vec<&SynonymEntry> = self.rows.iter().collect();
+        rows.sort_by(|a, b| a.preferred.cmp(&b.preferred));
+        let groups = rows.iter().map(|e| std::iter::once(e.preferred.clone()).chain(e.variants.clone()).collect());
+        SynonymTable::build(self.snapshot + 1, groups.collect())
+    }
+
+    /// Moves the staged table into `synonyms` in one short transaction, audited; refused when the table changed
+    /// since the snapshot.
+    pub fn commit(self, store: &Store) -> Result<ImportReport> {
+        let Staged { snapshot, report, actor, origin, replace, .. } = self;
+        let mut conn = store.conn();
+        let tx = conn.transaction()?;
+        if version(&tx)? != snapshot {
+            drop(tx);
+            conn.execute("DELETE FROM synonym_staging", [])?;
+            return Err(invalid("导入期间同义词表被修改（他人刚刚编辑或导入过）；未导入任何内容，请重新导入".into()));
+        }
+        tx.execute("DELETE FROM synonyms", [])?;
+        tx.execute(&format!("INSERT INTO synonyms ({COLUMNS}) SELECT {COLUMNS} FROM synonym_staging"), [])?;
+        // The seed is part of a new data directory, like its schema: no one chose it, so no audit record says so.
+        if origin != "seed" {
+            let detail = serde_json::json!({"added": report.added, "updated": report.updated,
+                "removed": report.removed, "replace": replace});
+            audit::append(&tx, &actor, "synonym.import", &detail)?;
+        }
+        bump(&tx)?;
+        tx.commit()?;
+        conn.execute("DELETE FROM synonym_staging", [])?;
+        Ok(report)
+    }
+}
+
+/// Rows written to `synonym_staging` per transaction.
+const STAGING_BATCH: usize = 2_000;
 
 /// The whole table as CSV, in the format [`parse_csv`] reads (with a header). Written by [`CsvOut`], which
 /// neutralises a term or note a spreadsheet would run as a formula; [`parse_csv`] reads such a cell back as it was.
@@ -429,9 +505,13 @@ pub struct TermMatch {
 impl SynonymTable {
     /// The table's rows, labelled `version` (read by the caller before this).
     pub fn load(store: &Store, version: i64) -> Result<SynonymTable> {
-        let conn = store.reader();
+        Self::load_from(&store.reader(), version)
+    }
+
+    /// [`SynonymTable::load`] through a connection of the caller's.
+    pub fn load_from(conn: &Connection, version: i64) -> Result<SynonymTable> {
         let groups: Vec<Vec<String>> =
-            all_rows(&conn)?.into_iter().map(|e| std::iter::once(e.preferred).chain(e.variants).collect()).collect();
+            all_rows(conn)?.into_iter().map(|e| std::iter::once(e.preferred).chain(e.variants).collect()).collect();
         Ok(SynonymTable::build(version, groups))
     }
 

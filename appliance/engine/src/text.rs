@@ -298,6 +298,17 @@ pub fn fold(text: &str) -> String {
     to_simplified(&normalize(text)).to_lowercase()
 }
 
+/// Whether folded `hay` contains `term`; a Latin term only where no letter or digit touches it (MI is not in
+/// "admin").
+pub fn contains_term(hay: &str, term: &str) -> bool {
+    if !term.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        return hay.contains(term);
+    }
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    hay.match_indices(term)
+        .any(|(s, _)| !alnum(hay[..s].chars().next_back()) && !alnum(hay[s + term.len()..].chars().next()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -162,7 +162,9 @@ pub async fn search(
     caller: Caller,
     p: web::Query<SearchParams>,
 ) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(search_as(&state, &caller, &p).await?))
+    let r = search_as(&state, &caller, &p).await?;
+    // The pipeline's stages; the guard adds the sign-in check and the whole request in front.
+    Ok(HttpResponse::Ok().insert_header(("server-timing", r.stages.server_timing())).json(r))
 }
 
 #[utoipa::path(get, path = "/api/v1/collections", tag = "search",

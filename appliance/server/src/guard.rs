@@ -511,7 +511,11 @@ pub async fn guard(
 /// request's time into the engine, the rest of the server, and the transport (`care bench --http`).
 fn server_timing(res: &mut HttpResponse, auth: Duration, app: Duration) {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let value = format!("auth;dur={:.3}, app;dur={:.3}", ms(auth), ms(app));
+    let mut value = format!("auth;dur={:.3}, app;dur={:.3}", ms(auth), ms(app));
+    // A handler's own stages (the search pipeline's) follow.
+    if let Some(stages) = res.headers().get("server-timing").and_then(|v| v.to_str().ok()) {
+        value = format!("{value}, {stages}");
+    }
     if let Ok(v) = header::HeaderValue::from_str(&value) {
         res.headers_mut().insert(header::HeaderName::from_static("server-timing"), v);
     }

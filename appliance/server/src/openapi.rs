@@ -31,6 +31,7 @@ use crate::api;
         care_engine::judgments::JudgmentSetInfo, care_engine::training::Recipe, care_engine::training::Sides,
         care_engine::training::DataOptions, care_engine::training::schedule::ScheduleSpec,
         care_engine::SearchResults, care_engine::SearchHit, care_engine::ingest::meta::DocMeta, care_engine::Expansion,
+        care_engine::search::StageTimes,
         care_engine::facets::SearchFilter, care_engine::facets::Sort, care_engine::facets::Facets, care_engine::facets::FacetCount, care_engine::analytics::Analytics, care_engine::analytics::QueryCount, care_engine::analytics::QueryClicks, care_engine::analytics::DayCount, api::SynonymList,
         care_engine::synonyms::SynonymEntry, care_engine::synonyms::NewSynonym, care_engine::synonyms::ImportReport, care_engine::fusion::ScoreParts, care_engine::fusion::Method)),
     modifiers(&BearerAuth),

@@ -111,7 +111,7 @@ impl HitView {
                 .join(" · "),
             parts,
             judged: false,
-            matched: h.matched_terms.join("、"),
+            matched: h.evidence.join("、"),
             dense_only: h.dense_only,
             weak: h.matched_terms.is_empty(),
             more_in_document: h.more_in_document,
@@ -453,6 +453,8 @@ struct SearchPage {
     back: String,
     /// "约 1100" or "37": documents (grouped) in the ranking.
     total: String,
+    /// Hits only near in meaning, counted apart from `total`.
+    near_total: usize,
     last_page: usize,
     /// Terms of the query that occur in none of the readable collections.
     missing: Vec<String>,
@@ -530,6 +532,7 @@ pub async fn search_page(
         next_url: None,
         back: p.url(&p.q, page_no),
         total: String::new(),
+        near_total: 0,
         last_page: 0,
         missing: Vec::new(),
         not_found: false,
@@ -598,8 +601,10 @@ fn fill_results(page: &mut SearchPage, r: &care_engine::SearchResults, p: &PageP
         page.did_you_mean = r.did_you_mean.iter().map(|w| (w.clone(), p.url(w, 1))).collect();
     }
     page.facets = facet_groups(&r.facets, p);
-    page.last_page = r.total.div_ceil(PAGE_SIZE).clamp(1, MAX_PAGES);
+    // Pages slice the whole ranking; the total counts only what answers, the rest is counted apart.
+    page.last_page = (r.total + r.near_total).div_ceil(PAGE_SIZE).clamp(1, MAX_PAGES);
     page.total = if r.total_is_lower_bound { format!("约 {}", r.total) } else { r.total.to_string() };
+    page.near_total = r.near_total;
     if page_no > 1 {
         page.prev_url = Some(p.url(&p.q, page_no - 1));
     }

@@ -292,7 +292,8 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use crate::ErrorCode;
-    use crate::engine::{Engine, OpenMode, SearchRequest};
+    use crate::engine::{Engine, OpenMode};
+    use crate::search::SearchRequest;
     use crate::service::{Admin, SearchAs};
 
     fn demo_engine(dir: &std::path::Path) -> Engine {

@@ -131,7 +131,8 @@ pub struct Candidates {
     pub dense: Vec<crate::fusion::Ranked>,
 }
 
-/// Retrieves BM25 and (when a model is active) dense candidates for every query of the set.
+/// BM25 and (when a model is active) dense candidates for every query of the set, from the search pipeline
+/// ([`crate::Engine::judged_candidates`]): each query understood, folded and expanded as a search does it.
 pub fn candidates(
     engine: &crate::Engine,
     set: &BeirSet,
@@ -140,41 +141,36 @@ pub fn candidates(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Candidates2> {
     let col = engine.collection(collection)?;
-    let names = [collection.to_string()];
-    let texts: Vec<&str> = set.queries.iter().map(|(_, t)| t.as_str()).collect();
-    let mut out = Vec::with_capacity(texts.len());
-    let mut vectors: Option<(Vec<Vec<f32>>, crate::models::ModelRecord)> = None;
-    if engine.active_models()?.is_some() {
-        let mut all = Vec::with_capacity(texts.len());
-        let mut model = None;
-        for batch in texts.chunks(64) {
-            if let Some((v, m)) = engine.encode_queries(batch)? {
-                all.extend(v);
-                model = Some(m);
-            }
-        }
-        vectors = model.map(|m| (all, m));
-    }
-    for (i, (qid, text)) in set.queries.iter().enumerate() {
-        let bm25 = engine
-            .lexical()
-            .search(text, Some(&names), depth, engine.config().search.title_boost)?
-            .into_iter()
-            .map(|h| (h.chunk_id, h.document_id, h.score))
-            .collect();
-        let dense = match &vectors {
-            Some((v, m)) => engine
-                .dense_search(&v[i], m, std::slice::from_ref(&col), depth)?
-                .into_iter()
-                .map(|h| (h.chunk_id, h.document_id, h.score))
-                .collect(),
-            None => Vec::new(),
-        };
-        out.push(Candidates { qid: qid.clone(), bm25, dense });
-        progress(i + 1, set.queries.len());
-    }
+    let pair = engine.active_pair_cached()?;
+    let encoder = match &pair {
+        Some(p) => Some(engine.query_encoder(&p.query)?),
+        None => None,
+    };
+    let encode = |text: &str| -> Result<Vec<f32>> {
+        let enc = encoder.as_ref().ok_or_else(|| Error::Internal("no query encoder".into()))?;
+        Ok(enc.encode(&[text], crate::encoders::TextKind::Query)?.swap_remove(0))
+    };
+    let dense =
+        pair.as_ref().map(|p| crate::search::JudgedDense { encode: &encode, query: &p.query, document: &p.document });
+    let lists = engine.judged_candidates(&set.queries, &col, dense, depth, &mut |done, total| {
+        progress(done, total);
+        Ok(())
+    })?;
+    let lists = lists_of(set, lists);
     let doc_names = document_names(engine, col.id)?;
-    Ok(Candidates2 { lists: out, doc_names, has_dense: vectors.is_some() })
+    Ok(Candidates2 { lists, doc_names, has_dense: pair.is_some() })
+}
+
+/// The pipeline's (BM25, dense) lists named by the set's query ids.
+pub(crate) fn lists_of(
+    set: &BeirSet,
+    lists: Vec<(Vec<crate::fusion::Ranked>, Vec<crate::fusion::Ranked>)>,
+) -> Vec<Candidates> {
+    set.queries
+        .iter()
+        .zip(lists)
+        .map(|((qid, _), (bm25, dense))| Candidates { qid: qid.clone(), bm25, dense })
+        .collect()
 }
 
 /// Candidate lists plus the document id → external id map needed to score them.

@@ -71,6 +71,29 @@ impl TextImage {
         }
         Ok(image.find(needle, collections, after_chunk))
     }
+
+    /// The chunks among `ids` (of `collections`) whose title, heading or text holds one of `needles` (folded; a
+    /// Latin needle as a whole word), as of `stamp`; None when the text is too large to keep.
+    pub(crate) fn chunks_containing(
+        &self,
+        store: &Store,
+        stamp: ChunkStamp,
+        ids: &[i64],
+        needles: &[String],
+        collections: &[String],
+    ) -> Result<Option<rustc_hash::FxHashSet<i64>>> {
+        {
+            let image = self.inner.read().unwrap_or_else(|p| p.into_inner());
+            if image.stamp == Some(stamp) {
+                return Ok(image.holding(ids, needles, collections));
+            }
+        }
+        let mut image = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        if image.stamp != Some(stamp) {
+            image.refresh(store, stamp)?;
+        }
+        Ok(image.holding(ids, needles, collections))
+    }
 }
 
 impl Image {
@@ -112,6 +135,27 @@ impl Image {
         }
         self.stamp = Some(stamp);
         Ok(())
+    }
+
+    fn holding(&self, ids: &[i64], needles: &[String], collections: &[String]) -> Option<rustc_hash::FxHashSet<i64>> {
+        if self.too_large {
+            return None;
+        }
+        let needles: Vec<String> = needles.iter().map(|n| n.to_ascii_lowercase()).filter(|n| !n.is_empty()).collect();
+        let texts: Vec<&Texts> = collections.iter().filter_map(|c| self.collections.get(c)).collect();
+        let chunk = |id: i64| {
+            texts.iter().find_map(|t| {
+                let at = t.starts.binary_search_by_key(&id, |s| s.0).ok()?;
+                let end = t.starts.get(at + 1).map_or(t.buf.len(), |s| s.1);
+                std::str::from_utf8(&t.buf[t.starts[at].1..end]).ok()
+            })
+        };
+        Some(
+            ids.iter()
+                .copied()
+                .filter(|&id| chunk(id).is_some_and(|text| needles.iter().any(|n| crate::text::contains_term(text, n))))
+                .collect(),
+        )
     }
 
     fn find(&self, needle: &str, collections: &[String], after_chunk: i64) -> Option<bool> {

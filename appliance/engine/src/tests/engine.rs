@@ -2989,13 +2989,18 @@ fn pages_are_slices_of_one_ranking_and_page_11_answers() {
     for q in ["二甲双胍的禁忌症", "高血压患者可以吃布洛芬吗", "孕妇"] {
         // Page 11 (offset 100) used to panic inside tantivy's snippet generator (search-mode token offsets).
         let p11 = page(&e, q, 100, 10, false);
-        let whole = page(&e, q, 0, 100, false).total;
-        assert_eq!(p11.total, whole, "{q}: the total does not depend on the page");
+        let first = page(&e, q, 0, 100, false);
+        let whole = first.total + first.near_total;
+        assert_eq!(
+            (p11.total, p11.near_total),
+            (first.total, first.near_total),
+            "{q}: totals do not depend on the page"
+        );
         let mut seen = std::collections::HashSet::new();
         let mut paged = Vec::new();
         for n in 0..(whole.div_ceil(10)).min(50) {
             let p = page(&e, q, n * 10, 10, false);
-            assert_eq!(p.total, whole);
+            assert_eq!(p.total + p.near_total, whole);
             for h in &p.hits {
                 assert!(seen.insert(h.chunk_id), "{q}: chunk {} repeated on page {}", h.chunk_id, n + 1);
                 assert_eq!(h.rank, paged.len() + 1, "{q}: ranks are consecutive");
@@ -3013,7 +3018,8 @@ fn pages_are_slices_of_one_ranking_and_page_11_answers() {
         let docs: std::collections::HashSet<i64> = g.hits.iter().map(|h| h.document_id).collect();
         assert_eq!(docs.len(), g.hits.len(), "{q}: one hit per document");
         assert_eq!(g.hits.iter().map(|h| h.more_in_document + 1).sum::<usize>(), whole, "{q}: every passage counted");
-        assert!(g.grouped && g.total == g.hits.len());
+        assert!(g.grouped && g.total + g.near_total == g.hits.len());
+        assert_eq!(g.total, g.hits.iter().filter(|h| !h.evidence.is_empty()).count(), "{q}: the total is what answers");
     }
 }
 
@@ -3109,7 +3115,10 @@ fn filters_apply_inside_both_legs_facets_count_the_rest_and_date_order_holds() {
         "{:?}",
         all.facets
     );
-    let in_ranking = |f: &dyn Fn(&crate::ingest::meta::DocMeta) -> bool| all.hits.iter().filter(|h| f(&h.meta)).count();
+    // Counted among the documents that answer (hold a term found), as the total is.
+    let in_ranking = |f: &dyn Fn(&crate::ingest::meta::DocMeta) -> bool| {
+        all.hits.iter().filter(|h| f(&h.meta) && !h.evidence.is_empty()).count()
+    };
     assert_eq!(count(&all.facets.departments, "心内科"), in_ranking(&|m| m.department == "心内科"));
     // A rare department: 皮肤科 holds one article (herpes zoster), far down this query's ranking, if in it at all.
     // Filtered, both legs search its documents only: the page is never empty and holds nothing else.
@@ -3117,7 +3126,7 @@ fn filters_apply_inside_both_legs_facets_count_the_rest_and_date_order_holds() {
     let r = run(q, derm.clone(), Sort::Relevance, 10);
     assert!(!r.hits.is_empty(), "a filter never empties a page that has matches");
     assert!(r.hits.iter().all(|h| h.meta.department == "皮肤科"), "{:?}", r.hits);
-    assert_eq!(r.total, 1, "one document");
+    assert_eq!(r.total + r.near_total, 1, "one document");
     // Its dense leg is pre-filtered too: a dense-only ranking of the filter still finds the one article.
     let dense = e
         .search_unaudited(&SearchRequest {
@@ -3189,9 +3198,22 @@ fn results_say_which_terms_matched_and_which_occur_nowhere() {
     assert!(r.matched_terms.contains(&"禁忌症".to_string()), "{:?}", r.matched_terms);
     assert!(!r.not_found, "禁忌症 itself occurs");
     assert!(r.hits.iter().all(|h| !h.matched_terms.contains(&"替格瑞洛".to_string())));
+    // The total counts what answers (a passage holding 禁忌症), the rest apart; the whole ranking says the same.
+    let mut hits = Vec::new();
+    while hits.len() < r.total + r.near_total {
+        let next = page(&e, "替格瑞洛的禁忌症", hits.len(), 100, false).hits;
+        assert!(!next.is_empty(), "a page short of the ranking's length");
+        hits.extend(next);
+    }
+    let answering = hits.iter().filter(|h| !h.evidence.is_empty()).count();
+    assert_eq!((r.total, r.near_total), (answering, hits.len() - answering));
+    assert!(r.total > 0 && r.near_total > 0);
+    assert!(hits.iter().filter(|h| !h.evidence.is_empty()).all(|h| h.evidence == ["禁忌症"]));
     // Gibberish: nothing occurs; whatever the dense leg lists is marked as found by meaning only.
     let g = page(&e, "qwzxv 喵喵 嗷嗷嗷 zzkkq", 0, 10, false);
     assert!(g.not_found && g.matched_terms.is_empty(), "{g:?}");
+    assert_eq!(g.total, 0, "nothing answers gibberish");
+    assert!(g.near_total >= g.hits.len() && g.facets.departments.iter().all(|c| c.count == 0));
     assert!(!g.hits.is_empty(), "the dense leg still lists neighbours");
     assert!(g.hits.iter().all(|h| h.dense_only && h.matched_terms.is_empty()), "gibberish matched a term");
     // Punctuation only: no salient term at all, so nothing can be said to match.
@@ -3229,6 +3251,58 @@ fn traditional_characters_find_and_highlight_simplified_passages() {
     assert!(marked.contains(&"高血压"), "the simplified passage is highlighted: {marked:?}");
 }
 
+/// `care eval`, fusion tuning and the gate score the ranking the page shows: judged queries typed in traditional
+/// characters score the same through the evaluation candidates and the gate's as through the served search.
+#[test]
+fn evaluation_and_the_gate_score_the_ranking_clinicians_see() {
+    let t = tempfile::tempdir().unwrap();
+    let e = demo_with_e5(t.path());
+    let simplified = [
+        "二甲双胍的禁忌症",
+        "高血压患者可以吃布洛芬吗",
+        "儿童发热的处理",
+        "糖尿病饮食",
+        "胰岛素注射部位",
+        "孕妇用药",
+        "慢阻肺急性发作",
+        "心梗后能用阿司匹林吗",
+        "头孢过敏",
+        "哮喘吸入剂",
+    ];
+    // Judged by the simplified query's own top three documents; asked in traditional characters.
+    let mut set =
+        BeirSet { name: "trad".into(), dir: t.path().to_path_buf(), queries: Vec::new(), qrels: Default::default() };
+    for (i, q) in simplified.iter().enumerate() {
+        let r = page(&e, q, 0, 3, true);
+        let trad = crate::query::to_traditional(q);
+        assert_ne!(&trad, q, "{q} has no traditional form to test with");
+        set.qrels.insert(format!("q{i}"), r.hits.iter().map(|h| (h.external_id.clone(), 1)).collect());
+        set.queries.push((format!("q{i}"), trad));
+    }
+    // Through the served pipeline (what the API answers), one document per hit as the page groups them.
+    let mut runs = std::collections::BTreeMap::new();
+    let mut setting = None;
+    for (qid, q) in &set.queries {
+        let r = page(&e, q, 0, 100, true);
+        setting = Some((r.method, r.dense_weight));
+        runs.insert(qid.clone(), r.hits.iter().map(|h| h.external_id.clone()).collect::<Vec<_>>());
+    }
+    let (method, weight) = setting.unwrap();
+    let served = eval::score(&set, &runs).ndcg_at_10;
+    let col = crate::demo::DEMO_COLLECTION;
+    let cands = eval::candidates(&e, &set, col, 100, &mut |_, _| {}).unwrap();
+    assert!(cands.has_dense);
+    let evaluated = cands.score(&set, method, weight).ndcg_at_10;
+    assert!((evaluated - served).abs() <= 0.002, "care eval {evaluated:.4} vs served {served:.4}");
+    // The gate's candidates under the live pair, its queries encoded one at a time.
+    let pair = e.active_pair_cached().unwrap().unwrap();
+    let c = e.collection(col).unwrap();
+    let gate = e.pair_candidates((&pair, care_formats::Graph::Fp32), &set, &c, &mut |_| Ok(())).unwrap();
+    let gated = gate.score(&set, method, weight).ndcg_at_10;
+    assert!((gated - served).abs() <= 0.002, "gate {gated:.4} vs served {served:.4}");
+    assert!(served > 0.9, "the traditional queries find what the simplified ones found: {served:.4}");
+}
+
 #[test]
 fn synonyms_abbreviations_and_pinyin_find_what_clinicians_type() {
     use crate::synonyms::NewSynonym;
@@ -3243,6 +3317,10 @@ fn synonyms_abbreviations_and_pinyin_find_what_clinicians_type() {
     let x = r.expansions.iter().find(|x| x.term == "copd").expect("COPD was expanded");
     assert!(x.synonyms.iter().any(|s| s == "慢性阻塞性肺疾病"), "{x:?}");
     assert!(!r.hits[0].dense_only && r.hits[0].matched_terms == ["copd"], "{:?}", r.hits[0]);
+    // The evidence names the word the passage holds, with the term it stands for.
+    let shown = &r.hits[0].evidence;
+    let word = shown.first().and_then(|w| w.strip_suffix("（COPD）")).unwrap_or_else(|| panic!("{shown:?}"));
+    assert!(r.hits[0].text.contains(word) || r.hits[0].title.contains(word), "{word} is not in the passage");
     assert!(marked(&r).iter().any(|m| m.contains("慢性阻塞性肺疾病") || m.contains("慢阻肺")), "{:?}", marked(&r));
     // The words as typed: no expansion, and COPD is then honestly missing.
     let exact = e.search_unaudited(&SearchRequest { query: "COPD".into(), exact: true, ..Default::default() }).unwrap();

@@ -1,0 +1,747 @@
+//! The one search pipeline every caller runs — the page, the JSON API, `care search`, `care eval`, fusion
+//! tuning, the evaluation gate and the benchmarks: validate → understand (folding, synonyms, pinyin, key terms) →
+//! encode → legs (BM25, dense) → fuse → evidence → page. Nothing else reaches the legs, so what the gate scores is
+//! what a clinician sees.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::fusion::{Explained, Ranked, ScoreParts};
+use crate::store::Collection;
+
+/// Words remembered as absent, at most (the map is emptied when full).
+const ABSENT_WORDS_MAX: usize = 20_000;
+
+/// Longest query accepted, in characters.
+pub const MAX_QUERY_CHARS: usize = 1000;
+
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
+pub struct SearchRequest {
+    pub query: String,
+    /// Restrict to these collections; `None` searches all of them.
+    #[serde(default)]
+    pub collections: Option<Vec<String>>,
+    #[serde(default)]
+    pub limit: Option<usize>,
+    #[serde(default)]
+    pub offset: usize,
+    /// Force a retrieval method (bm25, dense, rrf, weighted) instead of the collection's tuned one.
+    #[serde(default)]
+    pub method: Option<crate::fusion::Method>,
+    #[serde(default)]
+    pub dense_weight: Option<f32>,
+    /// One hit per document (its best passage), paged over documents; the others are counted.
+    #[serde(default)]
+    pub group_by_document: bool,
+    /// The words as typed: no synonym expansion, no pinyin reading (folding still applies).
+    #[serde(default)]
+    pub exact: bool,
+    /// Synonym weight instead of `search.synonym_weight` (benchmarks compare weights on one index).
+    #[serde(default)]
+    pub synonym_weight: Option<f32>,
+    /// Only documents of these departments, types and dates.
+    #[serde(default)]
+    pub filter: crate::facets::SearchFilter,
+    #[serde(default)]
+    pub sort: crate::facets::Sort,
+    /// The reader's groups when documents' access lists apply to them (`None`: an administrator, or a caller
+    /// inside the engine); set by the service layer from the actor, never taken from a request.
+    #[serde(skip)]
+    pub reader_groups: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SearchHit {
+    pub rank: usize,
+    pub score: f32,
+    pub chunk_id: i64,
+    pub document_id: i64,
+    pub external_id: String,
+    pub collection: String,
+    pub title: String,
+    pub heading: String,
+    pub source: String,
+    /// A fragment of the chunk around the best match.
+    pub snippet: String,
+    /// Byte ranges of matched terms inside `snippet`.
+    pub highlights: Vec<(usize, usize)>,
+    pub text: String,
+    /// How the score came about: raw, rank and normalised parts of BM25 and dense retrieval. `score` and these
+    /// parts are relative to this query's candidates (min-max), so they are for explaining a ranking, not for
+    /// comparing queries: pages show [`SearchHit::matched_terms`] instead.
+    pub parts: ScoreParts,
+    /// The query's salient terms this passage contains (title, heading or text; compared folded).
+    pub matched_terms: Vec<String>,
+    /// The words of the query found in this passage as the passage writes them, a synonym with the query's term it
+    /// stands for (慢性阻塞性肺疾病（COPD）): what the page shows as 包含.
+    pub evidence: Vec<String>,
+    /// Found by the dense leg only: no query term matched it in BM25 (shown as 仅语义相近).
+    pub dense_only: bool,
+    /// With `group_by_document`: how many more passages of this document are in the ranking.
+    pub more_in_document: usize,
+    /// The document's department, type and date (empty where unknown).
+    pub meta: crate::ingest::meta::DocMeta,
+}
+
+/// A synonym-table term found in a query and the other terms of its group, searched at a lower weight.
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Expansion {
+    pub term: String,
+    pub synonyms: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SearchResults {
+    pub query: String,
+    /// The query as searched when folding changed it (traditional → simplified, full-width → ASCII).
+    pub folded_query: Option<String>,
+    /// The method actually used: bm25 when no encoder is active or no dense index covers the collections.
+    pub method: crate::fusion::Method,
+    pub dense_weight: f32,
+    /// Hits of the ranking (documents when grouped) that answer: their passage holds a salient term of the query
+    /// that was found (`matched_terms`). Zero when nothing was found.
+    pub total: usize,
+    /// Hits of the ranking that hold no term found, only near in meaning (仅语义相近), counted apart. Pages are
+    /// consecutive slices of the ranking, `total + near_total` hits long.
+    pub near_total: usize,
+    /// More passages contain the query's words than the ranking holds (`search.max_offset` + `search.max_limit`):
+    /// `total` is a lower bound (约).
+    pub total_is_lower_bound: bool,
+    /// Same as `total` (kept for older clients).
+    pub total_candidates: usize,
+    /// The query's salient terms (content words, folded), in order.
+    pub terms: Vec<String>,
+    /// Salient terms that occur in the searched collections.
+    pub matched_terms: Vec<String>,
+    /// Key terms (drug, disease and other clinical terms, the synonym table's, the admin dictionary's) that occur
+    /// nowhere in the searched collections: no hit answers them. Other salient words that occur nowhere (everyday
+    /// words, numbers) are in neither list.
+    pub missing_terms: Vec<String>,
+    /// No salient term occurs anywhere (or the query has none): whatever is listed is only semantically near.
+    pub not_found: bool,
+    /// Synonym-table terms of the query and the synonyms searched with them (同时检索了).
+    pub expansions: Vec<Expansion>,
+    /// The typed query when it was read as pinyin (gxy): `folded_query` is then the word searched (高血压).
+    pub pinyin_of: Option<String>,
+    /// Words the query may have meant (您是不是要找), e.g. the readings of ambiguous pinyin initials.
+    pub did_you_mean: Vec<String>,
+    pub grouped: bool,
+    /// The filter as applied (dates in stored form) and the order.
+    pub filter: crate::facets::SearchFilter,
+    pub sort: crate::facets::Sort,
+    /// Documents of the query's ranking per department, type and year; each dimension counted under the other
+    /// dimensions' filters (so a chosen department still shows the others' counts).
+    pub facets: crate::facets::Facets,
+    pub hits: Vec<SearchHit>,
+    pub encode_ms: f64,
+    pub retrieve_ms: f64,
+    /// Counting the facets (part of `retrieve_ms`).
+    pub facets_ms: f64,
+    /// The pipeline's stages one by one (the API's `Server-Timing` names them): planning and query understanding,
+    /// both legs and their fusion, the evidence (terms found, what answers), the page's texts and snippets.
+    pub stages: StageTimes,
+    pub took_ms: f64,
+}
+
+impl SearchResults {
+    /// The answer for a caller with nothing to search (no readable collection).
+    pub fn empty(query: &str) -> Self {
+        SearchResults {
+            query: query.to_string(),
+            folded_query: None,
+            method: crate::fusion::Method::Bm25,
+            dense_weight: 0.0,
+            total: 0,
+            near_total: 0,
+            total_is_lower_bound: false,
+            total_candidates: 0,
+            terms: Vec::new(),
+            matched_terms: Vec::new(),
+            missing_terms: Vec::new(),
+            not_found: true,
+            expansions: Vec::new(),
+            pinyin_of: None,
+            did_you_mean: Vec::new(),
+            grouped: false,
+            filter: Default::default(),
+            sort: Default::default(),
+            facets: Default::default(),
+            hits: Vec::new(),
+            encode_ms: 0.0,
+            retrieve_ms: 0.0,
+            facets_ms: 0.0,
+            stages: StageTimes::default(),
+            took_ms: 0.0,
+        }
+    }
+}
+
+/// Milliseconds per stage of one search ([`SearchResults::stages`]).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct StageTimes {
+    pub understand_ms: f64,
+    pub encode_ms: f64,
+    pub legs_ms: f64,
+    pub evidence_ms: f64,
+    pub facets_ms: f64,
+    pub snippets_ms: f64,
+}
+
+impl StageTimes {
+    /// As a `Server-Timing` header value (W3C).
+    pub fn server_timing(&self) -> String {
+        [
+            ("understand", self.understand_ms),
+            ("encode", self.encode_ms),
+            ("legs", self.legs_ms),
+            ("evidence", self.evidence_ms),
+            ("facets", self.facets_ms),
+            ("snippets", self.snippets_ms),
+        ]
+        .iter()
+        .map(|(name, ms)| format!("{name};dur={ms:.3}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+    }
+}
+
+/// A request made ready once ([`Engine::plan_search`]); every stage after reads it.
+pub(crate) struct SearchPlan {
+    pub(crate) query: String,
+    pub(crate) filter: crate::facets::SearchFilter,
+    pub(crate) limit: usize,
+    pub(crate) wants_dense: bool,
+    /// The request's method and dense weight (the collection's tuned ones where `None`).
+    pub(crate) spec: (Option<crate::fusion::Method>, Option<f32>),
+    pub(crate) cols: Vec<Collection>,
+    pub(crate) names: Vec<String>,
+    pub(crate) understood: Understood,
+}
+
+/// A query understood: the plan as searched, the typed query when it was read as pinyin, and suggestions.
+pub(crate) struct Understood {
+    pub(crate) plan: crate::query::QueryPlan,
+    pub(crate) pinyin_of: Option<String>,
+    pub(crate) did_you_mean: Vec<String>,
+}
+
+/// The dense leg of [`Engine::judged_candidates`]: the query encoder to judge (the live one, or a candidate
+/// pair's graph) and the pair whose tables it searches.
+pub(crate) struct JudgedDense<'a> {
+    pub(crate) encode: &'a dyn Fn(&str) -> Result<Vec<f32>>,
+    pub(crate) query: &'a crate::models::ModelRecord,
+    pub(crate) document: &'a crate::models::ModelRecord,
+}
+
+impl Engine {
+    /// Checks a search request's query text, paging and filter before any work is done (also for callers that end
+    /// up searching nothing, so every caller gets the same limits). Returns the trimmed query and the normalised
+    /// filter.
+    pub(crate) fn validate_search<'a>(&self, req: &'a SearchRequest) -> Result<(&'a str, crate::facets::SearchFilter)> {
+        let query = req.query.trim();
+        if query.is_empty() {
+            return Err(Error::InvalidInput("查询为空：请输入要搜索的词语 (the query is empty)".into()));
+        }
+        let n = query.chars().count();
+        if n > MAX_QUERY_CHARS {
+            return Err(Error::InvalidInput(format!(
+                "查询过长：{n} 个字符，最多 {MAX_QUERY_CHARS} 个；请缩短后重试 (query longer than {MAX_QUERY_CHARS} characters)"
+            )));
+        }
+        let max = self.cfg.search.max_offset;
+        if req.offset > max {
+            return Err(Error::InvalidInput(format!(
+                "翻页过深：offset 为 {}，最大 {max}（search.max_offset）；请细化查询 (offset beyond search.max_offset)",
+                req.offset
+            )));
+        }
+        Ok((query, req.filter.normalized()?))
+    }
+
+    /// Hybrid search with snippets, the one pipeline: the request planned once ([`Engine::plan_search`]), the
+    /// legs fused into one ranking ([`Engine::rank`]) that every page is a slice of, then evidence: which of the
+    /// query's salient terms each hit contains, which terms occur nowhere, and how many hits answer (contain a
+    /// term found) against how many are only near in meaning. Totals and facets count the answering ones.
+    pub(crate) fn search_unaudited(&self, req: &SearchRequest) -> Result<SearchResults> {
+        let started = Instant::now();
+        let plan = self.plan_search(req)?;
+        let understood = &plan.understood;
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+        let understand_ms = ms(started);
+        let t0 = Instant::now();
+        let encoded = {
+            let _span = tracing::debug_span!("encode").entered();
+            if plan.wants_dense { self.encode_queries(&[understood.plan.folded.as_str()])? } else { None }
+        };
+        let encode_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let qvec = encoded.as_ref().and_then(|(v, m)| v.first().map(|v| (v.as_slice(), m)));
+        let t1 = Instant::now();
+        let metas = self.meta_index()?;
+        let ids: Vec<i64> = plan.cols.iter().map(|c| c.id).collect();
+        // Documents whose access lists leave the reader out, when these collections have any: both legs search
+        // only the visible ones, and the facets count only those (their names and numbers must not leak either).
+        let visible = req.reader_groups.as_deref().and_then(|g| metas.visible(&ids, g));
+        let legs = Instant::now();
+        let (everything, mut ranking) = {
+            let _span = tracing::debug_span!("legs").entered();
+            self.rankings_for(&plan, qvec, &metas, visible.as_ref())?
+        };
+        let legs_ms = ms(legs);
+        let evidence = Instant::now();
+        if req.sort == crate::facets::Sort::Date {
+            // Newest first; the ranking's order within a date (a stable sort), undated documents last.
+            let date = |h: &Explained| metas.meta(h.document_id).map_or(String::new(), |m| m.date.clone());
+            ranking.hits.sort_by_cached_key(|h| std::cmp::Reverse(date(h)));
+        }
+        let (matched_terms, missing_terms) = {
+            let _span = tracing::debug_span!("evidence").entered();
+            self.term_presence(&understood.plan, &plan.names, visible.as_deref())?
+        };
+        // What answers: a passage holding a term found. Counted over the whole ranking, so that the total, the
+        // pages and the facets agree with the statement above them.
+        let answering = {
+            let _span = tracing::debug_span!("answers").entered();
+            let chunks: Vec<i64> =
+                ranking.hits.iter().chain(everything.iter().flat_map(|r| r.hits.iter())).map(|h| h.chunk_id).collect();
+            self.answering(&understood.plan, &matched_terms, &plan.names, &chunks, &ranking)?
+        };
+        let answers = |h: &Explained| answering.contains(&h.chunk_id);
+        let evidence_ms = ms(evidence);
+        let t = Instant::now();
+        let docs_of =
+            |hits: &[Explained]| hits.iter().filter(|h| answers(h)).map(|h| h.document_id).collect::<Vec<i64>>();
+        let facets = match &everything {
+            Some(all) => metas.facets(&docs_of(&all.hits), &docs_of(&ranking.hits), &plan.filter),
+            None => metas.facets(&[], &docs_of(&ranking.hits), &plan.filter),
+        };
+        let facets_ms = t.elapsed().as_secs_f64() * 1e3;
+        let retrieve_ms = t1.elapsed().as_secs_f64() * 1e3;
+        let (ranked, more) = if req.group_by_document {
+            group_by_document(&ranking.hits)
+        } else {
+            (ranking.hits.iter().collect(), vec![0; ranking.hits.len()])
+        };
+        let total = ranked.iter().filter(|h| answers(h)).count();
+        let near_total = ranked.len() - total;
+        let page: Vec<(&Explained, usize)> = ranked.into_iter().zip(more).skip(req.offset).take(plan.limit).collect();
+        let snippets = Instant::now();
+        let hits = {
+            let _span = tracing::debug_span!("snippets").entered();
+            self.page_hits(&understood.plan, &page, req.offset)?
+        };
+        let stages =
+            StageTimes { understand_ms, encode_ms, legs_ms, evidence_ms, facets_ms, snippets_ms: ms(snippets) };
+        let u = plan.understood;
+        Ok(SearchResults {
+            query: plan.query,
+            folded_query: if u.pinyin_of.is_some() {
+                Some(u.plan.folded.clone())
+            } else {
+                u.plan.folded_if_changed().map(str::to_string)
+            },
+            expansions: u
+                .plan
+                .expansions
+                .iter()
+                .map(|(t, s)| Expansion { term: t.clone(), synonyms: s.clone() })
+                .collect(),
+            pinyin_of: u.pinyin_of,
+            did_you_mean: u.did_you_mean,
+            method: ranking.method,
+            dense_weight: ranking.dense_weight,
+            total,
+            near_total,
+            total_is_lower_bound: ranking.capped,
+            total_candidates: total,
+            not_found: matched_terms.is_empty(),
+            terms: u.plan.salient.clone(),
+            matched_terms,
+            missing_terms,
+            grouped: req.group_by_document,
+            filter: plan.filter,
+            sort: req.sort,
+            facets,
+            hits,
+            encode_ms,
+            retrieve_ms,
+            facets_ms,
+            stages,
+            took_ms: started.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    /// A request made ready once: validated, its collections read, its query understood, its ranking asked for.
+    pub(crate) fn plan_search(&self, req: &SearchRequest) -> Result<SearchPlan> {
+        let _span = tracing::debug_span!("plan").entered();
+        let (query, filter) = self.validate_search(req)?;
+        let cols: Vec<Collection> = match &req.collections {
+            Some(names) => names.iter().map(|c| self.store.collection(c)).collect::<Result<_>>()?,
+            None => self.store.collection_list()?,
+        };
+        let names: Vec<String> = cols.iter().map(|c| c.name.clone()).collect();
+        let understood = self.understand(query, &names, req.exact, req.synonym_weight)?;
+        Ok(SearchPlan {
+            query: query.to_string(),
+            filter,
+            limit: req.limit.unwrap_or(self.cfg.search.default_limit).clamp(1, self.cfg.search.max_limit),
+            wants_dense: req.method != Some(crate::fusion::Method::Bm25),
+            spec: (req.method, req.dense_weight),
+            cols,
+            names,
+            understood,
+        })
+    }
+
+    /// Query understanding as every caller gets it, the gate included: folding, the synonym table at the weight
+    /// asked for (none when `exact`), and the pinyin reading of an all-letters query.
+    pub(crate) fn understand(
+        &self,
+        query: &str,
+        names: &[String],
+        exact: bool,
+        synonym_weight: Option<f32>,
+    ) -> Result<Understood> {
+        let _span = tracing::debug_span!("understand").entered();
+        let table = self.synonym_table()?;
+        let weight = if exact { 0.0 } else { synonym_weight.unwrap_or(self.synonym_weight()) };
+        let (plan, pinyin_of, did_you_mean) = self.plan_query(query, &table, names, weight.clamp(0.0, 1.0), !exact)?;
+        Ok(Understood { plan, pinyin_of, did_you_mean })
+    }
+
+    /// The ranking a page is cut from and, with a filter, the unfiltered one whose documents the filtered
+    /// dimensions' facets count (from the same pass of each leg, [`Engine::rank_filtered`]).
+    fn rankings_for(
+        &self,
+        plan: &SearchPlan,
+        qvec: Option<(&[f32], &crate::models::ModelRecord)>,
+        metas: &crate::facets::MetaIndex,
+        visible: Option<&std::sync::Arc<crate::facets::DocSet>>,
+    ) -> Result<(Option<crate::hybrid::Ranking>, crate::hybrid::Ranking)> {
+        let terms = &plan.understood.plan.terms;
+        let mut spec = crate::fusion::RankSpec {
+            method: plan.spec.0,
+            dense_weight: plan.spec.1,
+            depth: self.ranking_depth(),
+            keep: visible,
+        };
+        if plan.filter.is_empty() {
+            return Ok((None, self.rank(terms, qvec, &plan.cols, &spec)?));
+        }
+        let ids: Vec<i64> = plan.cols.iter().map(|c| c.id).collect();
+        match visible {
+            None => {
+                let admitted = metas.admitted(&plan.filter, &ids);
+                spec.keep = Some(&admitted);
+                let (everything, filtered) = self.rank_filtered(terms, qvec, &plan.cols, &spec)?;
+                Ok((Some(everything), filtered))
+            }
+            Some(visible) => {
+                // Two passes: the visible ranking (which the facets of the filtered dimensions count) and the
+                // filtered one within it.
+                let admitted = std::sync::Arc::new(metas.admitted(&plan.filter, &ids).intersect(visible));
+                let everything = self.rank(terms, qvec, &plan.cols, &spec)?;
+                spec.keep = Some(&admitted);
+                Ok((Some(everything), self.rank(terms, qvec, &plan.cols, &spec)?))
+            }
+        }
+    }
+
+    /// The chunks among `chunks` that hold a form of one of `matched` (the query's salient terms found), read from
+    /// the chunks' text in memory; where that is too large to keep, the keyword matches of `ranking` count.
+    fn answering(
+        &self,
+        plan: &crate::query::QueryPlan,
+        matched: &[String],
+        collections: &[String],
+        chunks: &[i64],
+        ranking: &crate::hybrid::Ranking,
+    ) -> Result<rustc_hash::FxHashSet<i64>> {
+        if matched.is_empty() {
+            return Ok(Default::default());
+        }
+        let mut needles: Vec<String> = Vec::new();
+        for w in matched {
+            for f in plan.forms(w) {
+                needles.push(f.to_string());
+                let trad = crate::query::to_traditional(f);
+                if trad != f {
+                    needles.push(trad);
+                }
+            }
+        }
+        let stamp = self.store.chunk_stamp()?;
+        Ok(match self.texts.chunks_containing(&self.store, stamp, chunks, &needles, collections)? {
+            Some(found) => found,
+            None => ranking.hits.iter().filter(|h| h.parts.bm25.is_some()).map(|h| h.chunk_id).collect(),
+        })
+    }
+
+    /// Candidate lists (BM25, dense) of judged queries, in order, exactly as a search computes its head: each query understood as a
+    /// search understands it, its folded text encoded, both legs to `depth` in `col`. `care eval`, fusion tuning
+    /// and the evaluation gate score these, so they judge the ranking clinicians see.
+    pub(crate) fn judged_candidates(
+        &self,
+        queries: &[(String, String)],
+        col: &Collection,
+        dense: Option<JudgedDense<'_>>,
+        depth: usize,
+        progress: &mut dyn FnMut(usize, usize) -> Result<()>,
+    ) -> Result<Vec<(Vec<Ranked>, Vec<Ranked>)>> {
+        let names = [col.name.clone()];
+        let mut lists = Vec::with_capacity(queries.len());
+        for (i, (_, text)) in queries.iter().enumerate() {
+            progress(i, queries.len())?;
+            let u = self.understand(text, &names, false, None)?;
+            let (_, bm25) = self.lexical.search_pair(
+                &u.plan.terms,
+                Some(&names),
+                depth,
+                self.cfg.search.title_boost,
+                false,
+                None,
+            )?;
+            let dense = match &dense {
+                Some(d) => {
+                    let v = (d.encode)(&u.plan.folded)?;
+                    self.dense_search_in(&v, d.query, d.document, std::slice::from_ref(col), depth, None)?
+                        .into_iter()
+                        .map(|h| (h.chunk_id, h.document_id, h.score))
+                        .collect()
+                }
+                None => Vec::new(),
+            };
+            let bm25 = bm25.into_iter().map(|h| (h.chunk_id, h.document_id, h.score)).collect();
+            lists.push((bm25, dense));
+        }
+        progress(queries.len(), queries.len())?;
+        Ok(lists)
+    }
+
+    /// The synonym table as of its version in SQLite: reloaded when an edit (from any process) bumped it.
+    pub(crate) fn synonym_table(&self) -> Result<std::sync::Arc<crate::synonyms::SynonymTable>> {
+        let version = crate::synonyms::version(&self.store.reader())?;
+        let opener = self.store.reader_opener();
+        self.synonyms.get(
+            version,
+            |t| t.version,
+            move || crate::synonyms::SynonymTable::load_from(&opener.open()?, version),
+        )
+    }
+
+    /// Every document's filing, reloaded when the version in SQLite moved (an ingest, an edit or a deletion from
+    /// any process).
+    pub(crate) fn meta_index(&self) -> Result<std::sync::Arc<crate::facets::MetaIndex>> {
+        let version: i64 =
+            self.store.reader().query_row("SELECT version FROM document_meta_state WHERE id = 1", [], |r| r.get(0))?;
+        let opener = self.store.reader_opener();
+        self.meta_index.get(
+            version,
+            |m| m.version,
+            move || crate::facets::MetaIndex::load_from(&opener.open()?, version),
+        )
+    }
+
+    /// The query as searched, with synonyms; an all-letters query that is no word of `collections` nor a table
+    /// term is read as pinyin initials or pinyin (gxy → 高血压): searched as that word when exactly one reading
+    /// occurs in the collections, otherwise the readings that occur are offered. Returns the plan, the typed
+    /// query when it was read as pinyin, and the suggestions.
+    fn plan_query(
+        &self,
+        query: &str,
+        table: &crate::synonyms::SynonymTable,
+        collections: &[String],
+        weight: f32,
+        pinyin: bool,
+    ) -> Result<(crate::query::QueryPlan, Option<String>, Vec<String>)> {
+        let plan = crate::query::QueryPlan::with_synonyms(self.lexical.jieba(), query, table, weight);
+        let word = plan.folded.trim().to_ascii_lowercase();
+        let letters = (2..=24).contains(&word.len()) && word.bytes().all(|b| b.is_ascii_lowercase());
+        if !pinyin || !letters || table.contains(&word) || self.occurs(&word, collections)? {
+            return Ok((plan, None, Vec::new()));
+        }
+        // Words read with their characters' common readings first; other readings only when none of those occurs.
+        let (common, other) = table.pinyin_candidates(&word);
+        let mut readings: Vec<(usize, String)> = Vec::new();
+        for list in [common, other] {
+            for w in list {
+                let n = self.lexical.chunks_with(&w, collections)?;
+                if n > 0 || self.text_contains(&w, collections)? {
+                    readings.push((n.max(1), w));
+                }
+            }
+            if !readings.is_empty() {
+                break;
+            }
+        }
+        readings.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        match readings.as_slice() {
+            [(_, only)] => {
+                let plan = crate::query::QueryPlan::with_synonyms(self.lexical.jieba(), only, table, weight);
+                Ok((plan, Some(query.trim().to_string()), vec![only.clone()]))
+            }
+            _ => Ok((plan, None, readings.into_iter().take(5).map(|r| r.1).collect())),
+        }
+    }
+
+    /// Whether `word` occurs in `collections`, as an index term or as text.
+    fn occurs(&self, word: &str, collections: &[String]) -> Result<bool> {
+        Ok(self.lexical.any_chunk_with(word, collections)? || self.text_contains(word, collections)?)
+    }
+
+    /// Whether some chunk text, heading or title of `collections` contains `word`: a substring search of the
+    /// chunks' text kept in memory ([`crate::store::texts`]), or of SQLite when that is too large to keep. A word
+    /// found absent is remembered with the chunks' stamp, so asking again reads only the chunks added since:
+    /// clinicians' words that occur nowhere recur across queries.
+    pub(crate) fn text_contains(&self, word: &str, collections: &[String]) -> Result<bool> {
+        let key = (word.to_string(), collections.join("\u{1f}"));
+        let lock = || self.absent_words.lock().unwrap_or_else(|p| p.into_inner());
+        let stamp = self.store.chunk_stamp()?;
+        let after = lock()
+            .get(&key)
+            .filter(|a| a.scanned.deletions == stamp.deletions)
+            .map_or(0, |a| a.scanned.newest.min(stamp.newest));
+        if after == stamp.newest {
+            return Ok(false);
+        }
+        let found = match self.texts.contains(&self.store, stamp, word, collections, after)? {
+            Some(found) => found,
+            None => self.store.any_chunk_contains(word, collections, after)?,
+        };
+        let mut absent = lock();
+        if found {
+            absent.remove(&key);
+        } else {
+            if absent.len() >= ABSENT_WORDS_MAX {
+                absent.clear();
+            }
+            absent.insert(key, crate::engine::AbsentWord { scanned: stamp });
+        }
+        Ok(found)
+    }
+
+    /// How deep the one ranking of a query goes: the deepest hit a page may ask for.
+    fn ranking_depth(&self) -> usize {
+        let s = &self.cfg.search;
+        s.candidates.max(s.max_offset.saturating_add(s.max_limit))
+    }
+
+    /// The hits of one page, with texts, snippets (highlighting every searched form) and evidence.
+    fn page_hits(
+        &self,
+        plan: &crate::query::QueryPlan,
+        page: &[(&Explained, usize)],
+        offset: usize,
+    ) -> Result<Vec<SearchHit>> {
+        let ids: Vec<i64> = page.iter().map(|h| h.0.chunk_id).collect();
+        let views = self.store.chunk_views(&ids)?;
+        let by_id: HashMap<i64, _> = views.into_iter().map(|v| (v.chunk_id, v)).collect();
+        let shown: Vec<(&Explained, usize, &crate::store::ChunkView)> =
+            page.iter().filter_map(|(h, m)| by_id.get(&h.chunk_id).map(|v| (*h, *m, v))).collect();
+        let texts: Vec<&str> = shown.iter().map(|(_, _, v)| v.text.as_str()).collect();
+        let snippets = self.lexical.snippets_for(
+            &plan.terms,
+            &texts,
+            self.cfg.search.snippet_bytes,
+            &crate::query::to_simplified,
+        )?;
+        let whole = |v: &crate::store::ChunkView| format!("{}\n{}\n{}", v.title, v.heading, v.text);
+        Ok(shown
+            .into_iter()
+            .zip(snippets)
+            .enumerate()
+            .map(|(i, ((h, more, v), (snippet, highlights)))| SearchHit {
+                rank: offset + i + 1,
+                score: h.score,
+                chunk_id: v.chunk_id,
+                document_id: v.document_id,
+                external_id: v.external_id.clone(),
+                collection: v.collection.clone(),
+                title: v.title.clone(),
+                heading: v.heading.clone(),
+                source: v.source.clone(),
+                snippet,
+                highlights,
+                text: v.text.clone(),
+                parts: h.parts,
+                matched_terms: plan.terms_in(&whole(v)),
+                evidence: plan.evidence_in(&whole(v)),
+                dense_only: h.parts.bm25.is_none(),
+                more_in_document: more,
+                meta: v.meta.clone(),
+            })
+            .collect())
+    }
+
+    /// (present, missing): the query's salient terms that some chunk of `collections` holds, and its key terms that
+    /// none holds, in
+    /// either script (a passage in traditional characters holds 高血壓). A term is first looked up as an index term;
+    /// one that is not (jieba segmented the passages around it differently) is looked for as a substring of the
+    /// chunks' text, headings and titles, so "not found" is said only of text that truly occurs nowhere. The scan
+    /// runs only for such terms, and stops at the first chunk.
+    fn term_presence(
+        &self,
+        plan: &crate::query::QueryPlan,
+        collections: &[String],
+        visible: Option<&crate::facets::DocSet>,
+    ) -> Result<(Vec<String>, Vec<String>)> {
+        let mut present = Vec::new();
+        let mut missing = Vec::new();
+        for w in &plan.salient {
+            let mut forms: Vec<String> = Vec::new();
+            for f in plan.forms(w) {
+                let trad = crate::query::to_traditional(f);
+                forms.push(f.to_string());
+                if trad != f {
+                    forms.push(trad);
+                }
+            }
+            let mut found = false;
+            for f in &forms {
+                found = found || self.lexical.any_chunk_with(f, collections)?;
+            }
+            for f in &forms {
+                found = found || self.text_contains(f, collections)?;
+            }
+            // Found somewhere: for a reader whom access lists restrict, it must be in a document they may see.
+            if found && let Some(v) = visible {
+                found = false;
+                for f in &forms {
+                    let lower = f.to_ascii_lowercase();
+                    found = found || self.store.any_admitted_chunk_contains(&lower, collections, |d| v.contains(d))?;
+                }
+            }
+            if found {
+                present.push(w.clone());
+            } else if plan.key.contains(w) {
+                missing.push(w.clone());
+            }
+        }
+        Ok((present, missing))
+    }
+}
+
+/// The ranking with one hit per document (its best, i.e. first, passage) and how many more each document has.
+fn group_by_document(hits: &[Explained]) -> (Vec<&Explained>, Vec<usize>) {
+    let mut first: HashMap<i64, usize> = HashMap::new();
+    let mut out: Vec<&Explained> = Vec::new();
+    let mut more: Vec<usize> = Vec::new();
+    for h in hits {
+        match first.get(&h.document_id) {
+            Some(&i) => more[i] += 1,
+            None => {
+                first.insert(h.document_id, out.len());
+                out.push(h);
+                more.push(0);
+            }
+        }
+    }
+    (out, more)
+}

@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""Long writes beside clinicians' searches (issue 52): do writers stall readers?
+
+  writers_readers.py --care target/debug/care --out tests/results/writers-readers-DATE [--rounds 3]
+
+Starts the demo's data in a temp dir with a second collection of 100,000 documents (rows only: filing touches
+nothing else) and `care serve` on loopback, then over HTTPS with 8 searching clients (each a process of its own,
+one keep-alive connection, an API token):
+  1. quiet: the searches' p50/p99 with nothing else running;
+  2. under writes: ROUNDS times, a 50,000-group synonym import (`POST /api/v1/admin/synonyms/import?replace=true`,
+     the table's limit) and then a 100,000-row filing spreadsheet (`care collection file`, a second process on the
+     same data directory, as an admin runs it), while the 8 clients search; every answer that is not 200 counts as
+     a failed search.
+Writes OUT.json and OUT.svg: failed searches, p99 under writes against 1.5x the quiet p99, each write's duration.
+"""
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from html import escape
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from signin_burst import QUERIES, conn, pct  # noqa: E402
+
+CLIENTS = 8
+
+
+def client(port, token, stop, out, n):
+    """Searches until `stop`: (latency ms, status) per search; a broken connection counts as a failure."""
+    c, i, res = conn(port), n, []
+    while not stop.is_set():
+        q = QUERIES[i % len(QUERIES)]
+        i += 1
+        t = time.perf_counter()
+        try:
+            c.request("GET", "/api/v1/search?q=" + urllib.parse.quote(q), headers={"Authorization": f"Bearer {token}"})
+            r = c.getresponse()
+            r.read()
+            status = r.status
+        except Exception as e:  # noqa: BLE001 - every failure is a result here
+            status = type(e).__name__
+            c = conn(port)
+        res.append(((time.perf_counter() - t) * 1000, status, time.time()))
+    out.put(res)
+
+
+def searching(port, token, during):
+    """Runs `during()` while CLIENTS processes search; returns their (latency, status) pairs and during's result."""
+    ctx = mp.get_context("fork")
+    stop, out = ctx.Event(), ctx.Queue()
+    ps = [ctx.Process(target=client, args=(port, token, stop, out, n)) for n in range(CLIENTS)]
+    for p in ps:
+        p.start()
+    time.sleep(1.0)
+    result = during()
+    stop.set()
+    res = [x for _ in ps for x in out.get()]
+    for p in ps:
+        p.join()
+    return res, result
+
+
+def summary(res):
+    lat = [l for l, s, _ in res if s == 200]
+    return {"searches": len(res), "failed": sum(1 for _, s, _ in res if s != 200),
+            "failures": sorted({str(s) for _, s, _ in res if s != 200}),
+            "p50_ms": round(pct(lat, 50), 2), "p99_ms": round(pct(lat, 99), 2), "max_ms": round(max(lat), 1)}
+
+
+def slowest(res, phases, n=10):
+    """The n slowest searches and the write each started during ("between" when none ran)."""
+    def phase(at):
+        return next((name for name, a, b in phases if a <= at <= b), "between")
+    return [{"ms": round(l, 1), "during": phase(at - l / 1000)} for l, _, at in sorted(res, reverse=True)[:n]]
+
+
+def synonym_csv(round_no):
+    lines = ["首选词,同义词,备注"]
+    for i in range(50_000):
+        lines.append(f"测试术语{round_no}x{i:05d},测术{round_no}x{i:05d},基准")
+    return "\n".join(lines).encode()
+
+
+def import_synonyms(port, token, body):
+    c = conn(port, timeout=600)
+    t = time.perf_counter()
+    c.request("POST", "/api/v1/admin/synonyms/import?replace=true", body=body,
+              headers={"Authorization": f"Bearer {token}", "Content-Type": "text/csv"})
+    r = c.getresponse()
+    answer = r.read()
+    if r.status != 200:
+        raise SystemExit(f"synonym import answered {r.status}: {answer[:300]!r}")
+    return round(time.perf_counter() - t, 2)
+
+
+def file_documents(care, data, csv, env):
+    t = time.perf_counter()
+    p = subprocess.run([care, "--data-dir", data, "collection", "file", "filing", str(csv)], capture_output=True,
+                       env=env)
+    if p.returncode != 0:
+        raise SystemExit(f"care collection file failed: {p.stderr.decode()[-500:]}")
+    return round(time.perf_counter() - t, 2), p.stdout.decode().strip().splitlines()[0]
+
+
+def svg(r):
+    quiet, load = r["quiet"]["p99_ms"], r["under_writes"]["p99_ms"]
+    rows = [("search p99, quiet (ms)", quiet, None), ("search p99 under writes (ms)", load, 1.5 * quiet),
+            ("search p50, quiet (ms)", r["quiet"]["p50_ms"], None),
+            ("search p50 under writes (ms)", r["under_writes"]["p50_ms"], None),
+            ("failed searches under writes", r["under_writes"]["failed"], 0)]
+    w, left, top, bar = 760, 260, 50, 22
+    scale = 420 / max(max(v for _, v, _ in rows), max((b or 0) for _, _, b in rows), 1)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{top + len(rows) * (bar + 8) + 30}" '
+           'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>',
+           f'<text x="10" y="20" font-size="15">{escape(r["title"])}</text>',
+           f'<text x="10" y="38" fill="#555">{CLIENTS} clients searching; {r["rounds"]} rounds of a 50,000-group '
+           'synonym import and a 100,000-row filing; red ticks: the acceptance bound</text>']
+    y = top
+    for label, v, bound in rows:
+        out.append(f'<text x="10" y="{y + 15}">{escape(label)}</text><rect x="{left}" y="{y}" '
+                   f'width="{max(1, v * scale):.1f}" height="{bar - 4}" fill="#2980b9"/>'
+                   f'<text x="{left + v * scale + 6:.1f}" y="{y + 15}">{v}</text>')
+        if bound is not None:
+            out.append(f'<rect x="{left + bound * scale:.1f}" y="{y - 2}" width="2" height="{bar}" fill="#c0392b"/>')
+        y += bar + 8
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--care", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--port", type=int, default=18610)
+    p.add_argument("--log", help="copy the server's log here (to see why a search failed)")
+    a = p.parse_args()
+    care = os.path.abspath(a.care)
+    env = dict(os.environ)
+    with tempfile.TemporaryDirectory() as d:
+        run = lambda *args, **kw: subprocess.run([care, "--data-dir", d, *args], capture_output=True, env=env, **kw)
+        run("demo", "--no-serve", check=True)
+        run("user", "add", "--role", "admin", "bench", input=b"Qz7-burst-Hx4-ward-91\n")
+        token = run("user", "token", "--name", "bench", "bench", check=True).stdout.decode().split()[-1]
+        run("collection", "create", "filing", check=True)
+        db = sqlite3.connect(Path(d) / "care.sqlite")
+        cid = db.execute("SELECT id FROM collections WHERE name = 'filing'").fetchone()[0]
+        db.executemany("INSERT INTO documents (collection_id, external_id, content_hash, state, created_at) "
+                       "VALUES (?, ?, 'x', 'indexed', '2026-11-29T00:00:00Z')",
+                       ((cid, f"doc{i:06d}") for i in range(100_000)))
+        db.commit()
+        db.close()
+        csvs = []
+        for k, dept in enumerate(["内科", "外科"]):
+            f = Path(d) / f"filing-{k}.csv"
+            f.write_text("编号,科室\n" + "".join(f"doc{i:06d},{dept}\n" for i in range(100_000)))
+            csvs.append(f)
+        srv = subprocess.Popen([care, "--data-dir", d, "serve", "--bind", f"127.0.0.1:{a.port}", "--http-bind", ""],
+                               stdout=subprocess.DEVNULL, stderr=open(Path(d) / "serve.log", "w"), env=env)
+        try:
+            for _ in range(600):
+                try:
+                    c = conn(a.port, timeout=2)
+                    c.request("GET", "/healthz")
+                    if c.getresponse().status in (200, 503):
+                        break
+                except OSError:
+                    time.sleep(0.2)
+            searching(a.port, token, lambda: time.sleep(3))  # warms the caches
+            quiet, _ = searching(a.port, token, lambda: time.sleep(20))
+            bodies = [synonym_csv(k) for k in range(a.rounds)]
+            phases = []
+
+            def writes():
+                done = []
+                for k in range(a.rounds):
+                    t0 = time.time()
+                    done.append({"synonym_import_s": import_synonyms(a.port, token, bodies[k])})
+                    phases.append((f"synonym import {k + 1}", t0, time.time()))
+                    t0 = time.time()
+                    secs, said = file_documents(care, d, csvs[k % 2], env)
+                    phases.append((f"filing {k + 1}", t0, time.time()))
+                    done[-1].update({"filing_s": secs, "filing_said": said})
+                    print(json.dumps(done[-1], ensure_ascii=False), file=sys.stderr, flush=True)
+                return done
+
+            load, done = searching(a.port, token, writes)
+        finally:
+            srv.terminate()
+            srv.wait(timeout=60)
+            if a.log:
+                Path(a.log).write_bytes((Path(d) / "serve.log").read_bytes())
+    r = {"title": "Searches under long writes (care serve, loopback)",
+         "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), ""),
+         "cores": os.cpu_count(), "binary": care, "clients": CLIENTS, "rounds": a.rounds,
+         "quiet": summary(quiet), "under_writes": summary(load), "writes": done,
+         "slowest_under_writes": slowest(load, phases)}
+    r["p99_ratio"] = round(r["under_writes"]["p99_ms"] / r["quiet"]["p99_ms"], 2)
+    Path(a.out + ".json").write_text(json.dumps(r, ensure_ascii=False, indent=2) + "\n")
+    Path(a.out + ".svg").write_text(svg(r))
+    json.dump(r, sys.stdout, ensure_ascii=False, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()
