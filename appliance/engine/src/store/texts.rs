@@ -28,6 +28,8 @@ pub struct ChunkStamp {
 #[derive(Default)]
 pub(crate) struct TextImage {
     inner: RwLock<Image>,
+    /// Held by the one search rebuilding the copy after a deletion (see [`TextImage::current`]).
+    rebuilding: std::sync::Mutex<()>,
 }
 
 #[derive(Default)]
@@ -59,17 +61,32 @@ impl TextImage {
         collections: &[String],
         after_chunk: i64,
     ) -> Result<Option<bool>> {
-        {
-            let image = self.inner.read().unwrap_or_else(|p| p.into_inner());
-            if image.stamp == Some(stamp) {
-                return Ok(image.find(needle, collections, after_chunk));
+        Ok(self.current(store, stamp)?.and_then(|image| image.find(needle, collections, after_chunk)))
+    }
+
+    /// The copy as of `stamp`. Chunks added since are appended under the write lock (little to read); after a
+    /// deletion the copy is rebuilt from every chunk, which takes long for a large library: one caller rebuilds it
+    /// beside the lock while the others go on with the copy as it was (it may still hold the deleted chunks, which
+    /// no ranking returns any more), so a deletion never stalls every search. None while the copy is not as of
+    /// `stamp` (the callers then ask SQLite, as when the text is too large to keep).
+    fn current(&self, store: &Store, stamp: ChunkStamp) -> Result<Option<std::sync::RwLockReadGuard<'_, Image>>> {
+        let read = || self.inner.read().unwrap_or_else(|p| p.into_inner());
+        let held = read().stamp;
+        if held == Some(stamp) {
+            return Ok(Some(read()));
+        }
+        if held.is_none_or(|h| h.deletions == stamp.deletions) {
+            let mut image = self.inner.write().unwrap_or_else(|p| p.into_inner());
+            if image.stamp != Some(stamp) {
+                image.refresh(store, stamp)?;
             }
+        } else if let Ok(_turn) = self.rebuilding.try_lock() {
+            let mut fresh = Image::default();
+            fresh.refresh(store, stamp)?;
+            *self.inner.write().unwrap_or_else(|p| p.into_inner()) = fresh;
         }
-        let mut image = self.inner.write().unwrap_or_else(|p| p.into_inner());
-        if image.stamp != Some(stamp) {
-            image.refresh(store, stamp)?;
-        }
-        Ok(image.find(needle, collections, after_chunk))
+        let image = read();
+        Ok((image.stamp == Some(stamp)).then_some(image))
     }
 
     /// The chunks among `ids` (of `collections`) whose title, heading or text holds one of `needles` (folded; a
@@ -82,17 +99,7 @@ impl TextImage {
         needles: &[String],
         collections: &[String],
     ) -> Result<Option<rustc_hash::FxHashSet<i64>>> {
-        {
-            let image = self.inner.read().unwrap_or_else(|p| p.into_inner());
-            if image.stamp == Some(stamp) {
-                return Ok(image.holding(ids, needles, collections));
-            }
-        }
-        let mut image = self.inner.write().unwrap_or_else(|p| p.into_inner());
-        if image.stamp != Some(stamp) {
-            image.refresh(store, stamp)?;
-        }
-        Ok(image.holding(ids, needles, collections))
+        Ok(self.current(store, stamp)?.and_then(|image| image.holding(ids, needles, collections)))
     }
 }
 
