@@ -5,7 +5,7 @@
 //!   ├ config    the engine's care.toml sections and their defaults
 //!   ├ error     the one error type and its stable codes (Chinese title, status class, docs anchor)
 //!   ├ service   every operation pages, API and CLI call: the asking Actor is its authorisation input, and its
-//!   │           change commits with its one audit record
+//!   │           change commits with its one audit record (service/users.rs)
 //!   ├ store     SQLite metadata, embedded migrations from /migrations; the source of truth
 //!   │           (the chunks' text kept in memory for the "not found" check: store/texts.rs)
 //!   ├ audit     append-only, hash-chained audit records written in the same transaction as the change: the key
@@ -70,7 +70,7 @@
 //!   ├ csv_out   the one CSV writer of every export: formula prefixes neutralised (OWASP), RFC 4180 quoting
 //!   ├ demo      the embedded demo collection
 //!   └ tests     (test builds only) the integration tests, inside the crate so they reach its crate-private
-//!               operations: tests/{engine,scheduler}.rs
+//!               operations: tests/{engine,scheduler,service}.rs
 //! ```
 //!
 //! Callers (the `care` CLI and the HTTP server) use [`Engine`] and [`error::Error`]; error codes

@@ -4,3 +4,4 @@
 
 mod engine;
 mod scheduler;
+mod service;
