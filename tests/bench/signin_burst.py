@@ -250,22 +250,39 @@ def connection_burst(port, token, n, corpus, pid):
         "machine_cpu_busy": round(busy, 2)}
 
 
-def svg(r):
-    last = r["sign_ins"]["waves"][-1]
-    rows = [("RSS growth after 60+120+200 sign-ins (MB)", last["rss_growth_from_start_mb"], 64),
-            ("search p99 quiet (ms)", r["quiet"]["p99_ms"], None),
-            ("search p99 during 200 sign-ins (ms)", last["search_during"]["p99_ms"], 2 * r["quiet"]["p99_ms"]),
-            ("search p99, 200 refused before hashing (ms)", r["control_without_hash"]["search_during"]["p99_ms"],
-             2 * r["quiet"]["p99_ms"]),
-            ("hashes, 500 sign-ins from one address", r["one_address"]["password_hashes"] or 0, 30),
-            ("handshake p99, 300 connections (ms)", r["connections"]["handshake_p99_ms"], None),
-            ("handshake failures", r["connections"]["handshake_failures"], 0)]
-    w, left, top, bar = 760, 300, 50, 22
-    scale = 400 / max(max(v for _, v, _ in rows), max((b or 0) for _, _, b in rows), 1)
+def demo_admin(care, d, env):
+    """The demo's data in `d` and an administrator's API token."""
+    subprocess.run([care, "--data-dir", d, "demo", "--no-serve"], check=True, env=env, capture_output=True)
+    subprocess.run([care, "--data-dir", d, "user", "add", "--role", "admin", "bench"], input=b"Qz7-burst-Hx4-ward-91\n",
+                   check=False, capture_output=True, env=env)
+    out = subprocess.run([care, "--data-dir", d, "user", "token", "--name", "bench", "bench"], check=True,
+                         capture_output=True, env=env).stdout.decode()
+    return re.search(r"\b[0-9a-f]{64}\b|\bcare_[A-Za-z0-9_]+\b", out).group(0)
+
+
+def serve(care, d, port, env):
+    """`care serve` on `d` (its log in d/serve.log), once it answers /healthz."""
+    srv = subprocess.Popen([care, "--data-dir", d, "serve", "--bind", f"127.0.0.1:{port}", "--http-bind", ""],
+                           stdout=subprocess.DEVNULL, stderr=open(Path(d) / "serve.log", "w"), env=env)
+    for _ in range(600):
+        try:
+            c = conn(port, timeout=2)
+            c.request("GET", "/healthz")
+            if c.getresponse().status in (200, 503):
+                break
+        except OSError:
+            time.sleep(0.2)
+    return srv
+
+
+def bar_chart(title, note, rows, left=300, span=400):
+    """Horizontal bars of (label, value, bound or None), a red tick at each bound."""
+    w, top, bar = 760, 50, 22
+    scale = span / max(max(v for _, v, _ in rows), max((b or 0) for _, _, b in rows), 1)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{top + len(rows) * (bar + 8) + 30}" '
            'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>',
-           f'<text x="10" y="20" font-size="15">{escape(r["title"])}</text>',
-           '<text x="10" y="38" fill="#555">bars: measured; red ticks: the acceptance bound</text>']
+           f'<text x="10" y="20" font-size="15">{escape(title)}</text>',
+           f'<text x="10" y="38" fill="#555">{escape(note)}</text>']
     y = top
     for label, v, bound in rows:
         out.append(f'<text x="10" y="{y + 15}">{escape(label)}</text><rect x="{left}" y="{y}" '
@@ -276,6 +293,19 @@ def svg(r):
         y += bar + 8
     out.append("</svg>")
     return "\n".join(out)
+
+
+def svg(r):
+    last = r["sign_ins"]["waves"][-1]
+    rows = [("RSS growth after 60+120+200 sign-ins (MB)", last["rss_growth_from_start_mb"], 64),
+            ("search p99 quiet (ms)", r["quiet"]["p99_ms"], None),
+            ("search p99 during 200 sign-ins (ms)", last["search_during"]["p99_ms"], 2 * r["quiet"]["p99_ms"]),
+            ("search p99, 200 refused before hashing (ms)", r["control_without_hash"]["search_during"]["p99_ms"],
+             2 * r["quiet"]["p99_ms"]),
+            ("hashes, 500 sign-ins from one address", r["one_address"]["password_hashes"] or 0, 30),
+            ("handshake p99, 300 connections (ms)", r["connections"]["handshake_p99_ms"], None),
+            ("handshake failures", r["connections"]["handshake_failures"], 0)]
+    return bar_chart(r["title"], "bars: measured; red ticks: the acceptance bound", rows)
 
 
 def compare_svg(before, after):
@@ -324,23 +354,9 @@ def main():
     care = os.path.abspath(a.care)
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ)
-        subprocess.run([care, "--data-dir", d, "demo", "--no-serve"], check=True, env=env, capture_output=True)
-        subprocess.run([care, "--data-dir", d, "user", "add", "--role", "admin", "bench"], input=b"Qz7-burst-Hx4-ward-91\n",
-                       check=False, capture_output=True, env=env)
-        out = subprocess.run([care, "--data-dir", d, "user", "token", "--name", "bench", "bench"], check=True,
-                             capture_output=True, env=env).stdout.decode()
-        token = re.search(r"\b[0-9a-f]{64}\b|\bcare_[A-Za-z0-9_]+\b", out).group(0)
-        srv = subprocess.Popen([care, "--data-dir", d, "serve", "--bind", f"127.0.0.1:{a.port}", "--http-bind", ""],
-                               stdout=subprocess.DEVNULL, stderr=open(Path(d) / "serve.log", "w"), env=env)
+        token = demo_admin(care, d, env)
+        srv = serve(care, d, a.port, env)
         try:
-            for _ in range(600):
-                try:
-                    c = conn(a.port, timeout=2)
-                    c.request("GET", "/healthz")
-                    if c.getresponse().status in (200, 503):
-                        break
-                except OSError:
-                    time.sleep(0.2)
             lat, _ = timed_searches(a.port, token, seconds=3)  # warms the caches
             lat, _ = timed_searches(a.port, token, seconds=10)
             quiet = summary(lat)

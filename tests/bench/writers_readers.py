@@ -23,11 +23,10 @@ import sys
 import tempfile
 import time
 import urllib.parse
-from html import escape
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from signin_burst import QUERIES, conn, pct  # noqa: E402
+from signin_burst import QUERIES, bar_chart, conn, demo_admin, pct, serve  # noqa: E402
 
 CLIENTS = 8
 
@@ -115,23 +114,9 @@ def svg(r):
             ("search p50, quiet (ms)", r["quiet"]["p50_ms"], None),
             ("search p50 under writes (ms)", r["under_writes"]["p50_ms"], None),
             ("failed searches under writes", r["under_writes"]["failed"], 0)]
-    w, left, top, bar = 760, 260, 50, 22
-    scale = 420 / max(max(v for _, v, _ in rows), max((b or 0) for _, _, b in rows), 1)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{top + len(rows) * (bar + 8) + 30}" '
-           'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>',
-           f'<text x="10" y="20" font-size="15">{escape(r["title"])}</text>',
-           f'<text x="10" y="38" fill="#555">{CLIENTS} clients searching; {r["rounds"]} rounds of a 50,000-group '
-           'synonym import and a 100,000-row filing; red ticks: the acceptance bound</text>']
-    y = top
-    for label, v, bound in rows:
-        out.append(f'<text x="10" y="{y + 15}">{escape(label)}</text><rect x="{left}" y="{y}" '
-                   f'width="{max(1, v * scale):.1f}" height="{bar - 4}" fill="#2980b9"/>'
-                   f'<text x="{left + v * scale + 6:.1f}" y="{y + 15}">{v}</text>')
-        if bound is not None:
-            out.append(f'<rect x="{left + bound * scale:.1f}" y="{y - 2}" width="2" height="{bar}" fill="#c0392b"/>')
-        y += bar + 8
-    out.append("</svg>")
-    return "\n".join(out)
+    note = (f"{CLIENTS} clients searching; {r['rounds']} rounds of a 50,000-group synonym import and a 100,000-row "
+            "filing; red ticks: the acceptance bound")
+    return bar_chart(r["title"], note, rows, left=260, span=420)
 
 
 def main():
@@ -145,11 +130,9 @@ def main():
     care = os.path.abspath(a.care)
     env = dict(os.environ)
     with tempfile.TemporaryDirectory() as d:
-        run = lambda *args, **kw: subprocess.run([care, "--data-dir", d, *args], capture_output=True, env=env, **kw)
-        run("demo", "--no-serve", check=True)
-        run("user", "add", "--role", "admin", "bench", input=b"Qz7-burst-Hx4-ward-91\n")
-        token = run("user", "token", "--name", "bench", "bench", check=True).stdout.decode().split()[-1]
-        run("collection", "create", "filing", check=True)
+        token = demo_admin(care, d, env)
+        subprocess.run([care, "--data-dir", d, "collection", "create", "filing"], check=True, capture_output=True,
+                       env=env)
         db = sqlite3.connect(Path(d) / "care.sqlite")
         cid = db.execute("SELECT id FROM collections WHERE name = 'filing'").fetchone()[0]
         db.executemany("INSERT INTO documents (collection_id, external_id, content_hash, state, created_at) "
@@ -162,17 +145,8 @@ def main():
             f = Path(d) / f"filing-{k}.csv"
             f.write_text("编号,科室\n" + "".join(f"doc{i:06d},{dept}\n" for i in range(100_000)))
             csvs.append(f)
-        srv = subprocess.Popen([care, "--data-dir", d, "serve", "--bind", f"127.0.0.1:{a.port}", "--http-bind", ""],
-                               stdout=subprocess.DEVNULL, stderr=open(Path(d) / "serve.log", "w"), env=env)
+        srv = serve(care, d, a.port, env)
         try:
-            for _ in range(600):
-                try:
-                    c = conn(a.port, timeout=2)
-                    c.request("GET", "/healthz")
-                    if c.getresponse().status in (200, 503):
-                        break
-                except OSError:
-                    time.sleep(0.2)
             searching(a.port, token, lambda: time.sleep(3))  # warms the caches
             quiet, _ = searching(a.port, token, lambda: time.sleep(20))
             bodies = [synonym_csv(k) for k in range(a.rounds)]

@@ -595,18 +595,14 @@ impl Engine {
         col: &crate::store::Collection,
         progress: &mut dyn FnMut(DenseProgress) -> Result<()>,
     ) -> Result<crate::eval::Candidates2> {
-        let enc = self.encoder_graph(&pair.query, graph)?;
-        let encode = |text: &str| -> Result<Vec<f32>> { Ok(enc.encode(&[text], TextKind::Query)?.swap_remove(0)) };
-        let dense = crate::search::JudgedDense { encode: &encode, query: &pair.query, document: &pair.document };
-        let lists = self.judged_candidates(&set.queries, col, Some(dense), 100, &mut |done, total| {
+        let encoder = self.encoder_graph(&pair.query, graph)?;
+        let dense = crate::search::JudgedDense { encoder: &encoder, query: &pair.query, document: &pair.document };
+        crate::eval::judged(self, set, col, Some(dense), 100, &mut |done, total| {
             if done % 50 == 0 {
                 progress(DenseProgress { stage: "评测", collection: col.name.clone(), done, total })?;
             }
             Ok(())
-        })?;
-        let lists = crate::eval::lists_of(set, lists);
-        let doc_names = crate::eval::document_names(self, col.id)?;
-        Ok(crate::eval::Candidates2 { lists, doc_names, has_dense: true })
+        })
     }
 
     /// The pair's per-query metrics on `col`'s evaluation part, with the dense weight fitted on its training part

@@ -94,6 +94,20 @@ impl QueryPlan {
         std::iter::once(term).chain(self.alternatives.get(term).into_iter().flatten().map(String::as_str))
     }
 
+    /// A salient term's forms ([`QueryPlan::forms`]), each also in traditional characters where that differs: what
+    /// a passage written in either script holds when it holds the term.
+    pub fn forms_in_both_scripts(&self, term: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for f in self.forms(term) {
+            out.push(f.to_string());
+            let trad = to_traditional(f);
+            if trad != f {
+                out.push(trad);
+            }
+        }
+        out
+    }
+
     /// The salient terms `text` contains, itself or through a synonym (compared folded, so a traditional passage
     /// counts; a Latin term only as a whole word).
     pub fn terms_in(&self, text: &str) -> Vec<String> {

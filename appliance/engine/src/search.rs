@@ -236,7 +236,8 @@ pub(crate) struct Understood {
 /// The dense leg of [`Engine::judged_candidates`]: the query encoder to judge (the live one, or a candidate
 /// pair's graph) and the pair whose tables it searches.
 pub(crate) struct JudgedDense<'a> {
-    pub(crate) encode: &'a dyn Fn(&str) -> Result<Vec<f32>>,
+    /// Encodes one query at a time, as a search does.
+    pub(crate) encoder: &'a crate::encoders::OrtEncoder,
     pub(crate) query: &'a crate::models::ModelRecord,
     pub(crate) document: &'a crate::models::ModelRecord,
 }
@@ -467,16 +468,7 @@ impl Engine {
         if matched.is_empty() {
             return Ok(Default::default());
         }
-        let mut needles: Vec<String> = Vec::new();
-        for w in matched {
-            for f in plan.forms(w) {
-                needles.push(f.to_string());
-                let trad = crate::query::to_traditional(f);
-                if trad != f {
-                    needles.push(trad);
-                }
-            }
-        }
+        let needles: Vec<String> = matched.iter().flat_map(|w| plan.forms_in_both_scripts(w)).collect();
         let stamp = self.store.chunk_stamp()?;
         Ok(match self.texts.chunks_containing(&self.store, stamp, chunks, &needles, collections)? {
             Some(found) => found,
@@ -510,7 +502,8 @@ impl Engine {
             )?;
             let dense = match &dense {
                 Some(d) => {
-                    let v = (d.encode)(&u.plan.folded)?;
+                    let v =
+                        d.encoder.encode(&[u.plan.folded.as_str()], crate::encoders::TextKind::Query)?.swap_remove(0);
                     self.dense_search_in(&v, d.query, d.document, std::slice::from_ref(col), depth, None)?
                         .into_iter()
                         .map(|h| (h.chunk_id, h.document_id, h.score))
@@ -539,8 +532,7 @@ impl Engine {
     /// Every document's filing, reloaded when the version in SQLite moved (an ingest, an edit or a deletion from
     /// any process).
     pub(crate) fn meta_index(&self) -> Result<std::sync::Arc<crate::facets::MetaIndex>> {
-        let version: i64 =
-            self.store.reader().query_row("SELECT version FROM document_meta_state WHERE id = 1", [], |r| r.get(0))?;
+        let version = crate::facets::MetaIndex::version(&self.store.reader())?;
         let opener = self.store.reader_opener();
         self.meta_index.get(
             version,
@@ -695,14 +687,7 @@ impl Engine {
         let mut present = Vec::new();
         let mut missing = Vec::new();
         for w in &plan.salient {
-            let mut forms: Vec<String> = Vec::new();
-            for f in plan.forms(w) {
-                let trad = crate::query::to_traditional(f);
-                forms.push(f.to_string());
-                if trad != f {
-                    forms.push(trad);
-                }
-            }
+            let forms = plan.forms_in_both_scripts(w);
             let mut found = false;
             for f in &forms {
                 found = found || self.lexical.any_chunk_with(f, collections)?;

@@ -716,10 +716,7 @@ impl crate::engine::Collections<'_> {
         // by this writer: no search pays for it.
         self.meta_index.replace_with(|| {
             let changed = self.file_batches(actor, col.id, &rows, s, &set, &detail)?;
-            let version: i64 =
-                self.store
-                    .reader()
-                    .query_row("SELECT version FROM document_meta_state WHERE id = 1", [], |r| r.get(0))?;
+            let version = crate::facets::MetaIndex::version(&self.store.reader())?;
             Ok((crate::facets::MetaIndex::load(&self.store, version)?, (changed, unknown)))
         })
     }

@@ -142,35 +142,37 @@ pub fn candidates(
 ) -> Result<Candidates2> {
     let col = engine.collection(collection)?;
     let pair = engine.active_pair_cached()?;
-    let encoder = match &pair {
-        Some(p) => Some(engine.query_encoder(&p.query)?),
-        None => None,
-    };
-    let encode = |text: &str| -> Result<Vec<f32>> {
-        let enc = encoder.as_ref().ok_or_else(|| Error::Internal("no query encoder".into()))?;
-        Ok(enc.encode(&[text], crate::encoders::TextKind::Query)?.swap_remove(0))
-    };
-    let dense =
-        pair.as_ref().map(|p| crate::search::JudgedDense { encode: &encode, query: &p.query, document: &p.document });
-    let lists = engine.judged_candidates(&set.queries, &col, dense, depth, &mut |done, total| {
+    let encoder = pair.as_ref().map(|p| engine.query_encoder(&p.query)).transpose()?;
+    let dense = pair.as_ref().zip(encoder.as_deref()).map(|(p, encoder)| crate::search::JudgedDense {
+        encoder,
+        query: &p.query,
+        document: &p.document,
+    });
+    judged(engine, set, &col, dense, depth, &mut |done, total| {
         progress(done, total);
         Ok(())
-    })?;
-    let lists = lists_of(set, lists);
-    let doc_names = document_names(engine, col.id)?;
-    Ok(Candidates2 { lists, doc_names, has_dense: pair.is_some() })
+    })
 }
 
-/// The pipeline's (BM25, dense) lists named by the set's query ids.
-pub(crate) fn lists_of(
+/// The set's candidate lists from the search pipeline in `col`, the dense ones from `dense` (the live pair, or a
+/// candidate pair's graph for the gate), with what is needed to score them.
+pub(crate) fn judged(
+    engine: &crate::Engine,
     set: &BeirSet,
-    lists: Vec<(Vec<crate::fusion::Ranked>, Vec<crate::fusion::Ranked>)>,
-) -> Vec<Candidates> {
-    set.queries
+    col: &crate::store::Collection,
+    dense: Option<crate::search::JudgedDense<'_>>,
+    depth: usize,
+    progress: &mut dyn FnMut(usize, usize) -> Result<()>,
+) -> Result<Candidates2> {
+    let has_dense = dense.is_some();
+    let lists = engine.judged_candidates(&set.queries, col, dense, depth, progress)?;
+    let lists = set
+        .queries
         .iter()
         .zip(lists)
         .map(|((qid, _), (bm25, dense))| Candidates { qid: qid.clone(), bm25, dense })
-        .collect()
+        .collect();
+    Ok(Candidates2 { lists, doc_names: document_names(engine, col.id)?, has_dense })
 }
 
 /// Candidate lists plus the document id → external id map needed to score them.
