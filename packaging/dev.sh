@@ -129,7 +129,7 @@ trainer_export() {
     export CARE_TRAIN_BIN="$bin" CARE_TRAINER_E5="$e5"
 }
 
-# The Python reference search stack that `care bench` is compared against (tests/bench/side_by_side.sh).
+# The Python reference search stack that `care-bench` is compared against (tests/bench/side_by_side.sh).
 bench_venv() {
     apt_install python3 "${BENCH_DEBIAN_PACKAGES[@]}"
     python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||

@@ -104,7 +104,7 @@ def main():
             summary[f"{s} {p}"]["ndcg_at_10"] = sum(nd) / len(nd)
     first = runs[0]["report"] if runs else {}
     doc = {
-        "what": "care bench vs the plain Python reference stack (tests/bench/reference.py), interleaved on one "
+        "what": "care-bench vs the plain Python reference stack (tests/bench/reference.py), interleaved on one "
                 "machine in one window; latency per stage in ms; summary = mean over a configuration's runs",
         "machine": machine,
         "set": first.get("set"),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Combines `care bench --http` reports (one per run) into one JSON and one SVG: per query encoder, the HTTPS
+"""Combines `care-bench --http` reports (one per run) into one JSON and one SVG: per query encoder, the HTTPS
 request against the same façade call in process, alternated query by query (`http_parts.in_process_interleaved`),
 and the HTTPS path's parts from the server's Server-Timing (token check, rest of the server, transport).
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The model-lifecycle figures (docs/experiments/2026-11-23-model-lifecycle.md), on a copy of a data directory
-# prepared by `care bench --set kuake_qtr --reuse DIR` (kuake_qtr's 32,171 passages embedded by e5-small fp32, plus
+# prepared by `care-bench --set kuake_qtr --reuse DIR` (kuake_qtr's 32,171 passages embedded by e5-small fp32, plus
 # its int8 query graph registered as e5-small@1-int8):
 #   1. kuake_qtr's train qrels imported as a judgment set, and the default pair (e5-small@1 both sides) evaluated
 #      against its int8-query variant: the report holds both pairs' nDCG@10 / MRR@10 / Recall@100 with

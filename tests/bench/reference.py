@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
-"""The plain Python reference search stack that `care bench` is compared against side by side.
+"""The plain Python reference search stack that `care-bench` is compared against side by side.
 
 jieba (search mode, with the appliance's medical dictionary) + bm25s BM25, the appliance's own ONNX graph and
 tokenizer run by the onnxruntime wheel, numpy exact inner product, min-max weighted fusion; one pinned core, one ONNX
-Runtime thread. Per-stage latency is reported in the shape of `care bench`'s JSON (encode_query, bm25, dense, fuse,
+Runtime thread. Per-stage latency is reported in the shape of `care-bench`'s JSON (encode_query, bm25, dense, fuse,
 hybrid_in_process), plus nDCG@10 of the hybrid ranking on the queries used.
 
 What it mirrors from the appliance (so both stacks do the same work on the same text):
 - queries: the first N queries of queries.jsonl (file order) that have a judgement in qrels/<split>.tsv, as
-  `care bench` (eval::BeirSet::load) selects them; `care bench` always uses the dev split;
+  `care-bench` (eval::BeirSet::load) selects them; `care-bench` always uses the dev split;
 - documents: JSONL rows parsed and normalised like the appliance (text::normalize: full-width folding, control
-  characters dropped, whitespace collapsed; rows whose text is empty skipped) and chunked like `care bench` chunks
+  characters dropped, whitespace collapsed; rows whose text is empty skipped) and chunked like `care-bench` chunks
   them (ingest runs before the model is imported there, so by characters, 400 with an overlap of 80;
   `--chunker tokens` cuts by the query tokenizer's tokens, 300/60, as `care ingest` does with a model active);
 - the document encoder sees hybrid::embedding_text (title, heading path, text joined by newlines) with the
@@ -18,7 +18,7 @@ What it mirrors from the appliance (so both stacks do the same work on the same 
   truncated to the manifest's max_length; mean pooling over the attention mask, cut to the manifest width, L2
   normalised (encoders.rs);
 - documents are always embedded with the fp32 graph; `--precision int8` swaps only the query encoder, as
-  `care bench --int8` does (there the appliance's own int8 graph; here ORT quantize_dynamic of the same fp32 graph);
+  `care-bench --int8` does (there the appliance's own int8 graph; here ORT quantize_dynamic of the same fp32 graph);
 - BM25: jieba search-mode tokens with HMM, words without a letter or digit dropped, lower-cased (lexical.rs),
   k1 1.2, b 0.75, Lucene IDF (tantivy's), every query token one clause (repeats count again, as in tantivy's
   BooleanQuery); only chunks matching some token are candidates; top 100. Chunk titles are scored as a second
@@ -45,15 +45,15 @@ def parse_args(argv=None):
     p.add_argument("--precision", choices=["fp32", "int8"], default="fp32",
                    help="query encoder graph: fp32 (model.onnx) or int8 (ORT quantize_dynamic of it)")
     p.add_argument("--queries", type=int, default=1000, help="first N judged queries of the split (default 1000)")
-    p.add_argument("--split", default="dev", help="qrels split (default dev, what `care bench` uses)")
+    p.add_argument("--split", default="dev", help="qrels split (default dev, what `care-bench` uses)")
     p.add_argument("--cache", default=None, help="cache dir for corpus vectors (.npy) and the int8 graph (.onnx)")
     p.add_argument("--max-docs", type=int, default=0, help="only the first N corpus rows (quick trials)")
     p.add_argument("--fusion-weight", type=float, default=0.7,
                    help="dense weight of min-max weighted fusion (default 0.7 = search.default_dense_weight)")
     p.add_argument("--chunker", choices=["chars", "tokens"], default="chars",
-                   help="chars: 400/80 characters as `care bench` (ingest before model import); tokens: 300/60")
+                   help="chars: 400/80 characters as `care-bench` (ingest before model import); tokens: 300/60")
     p.add_argument("--core", type=int, default=None, help="CPU core to pin to (default: the last allowed core)")
-    p.add_argument("--warmup", type=int, default=10, help="warm-up queries before timing (default 10, as care bench)")
+    p.add_argument("--warmup", type=int, default=10, help="warm-up queries before timing (default 10, as care-bench)")
     p.add_argument("--embed-batch", type=int, default=32, help="documents per ONNX call when embedding the corpus")
     p.add_argument("--dict", default=None, help="medical dictionary for jieba "
                    "(default: appliance/engine/assets/medical_dict.txt of this repository)")

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The served path against the Python stack, in one window on one pinned core with one ONNX Runtime thread: the
-# Python reference (tests/bench/reference.py, in process, fp32 and int8) against `care bench --http` (HTTPS, the
+# Python reference (tests/bench/reference.py, in process, fp32 and int8) against `care-bench --http` (HTTPS, the
 # whole façade) with each query encoder named, interleaved and then in reverse:
 #   python fp32, care ENC1, care ENC2, python int8, python int8, care ENC2, care ENC1, python fp32.
 # Each care run also states the pair's nDCG@10 on the set's dev split (`care eval --collection bench`, weight fitted
 # on train). Writes OUT.json (every run, the means, the ratios to Python fp32, machine) and OUT.svg.
 #
 # Usage: tests/bench/served_side_by_side.sh DATA_DIR OUT ENC1 ENC2
-#   DATA_DIR  a `care bench --reuse` directory of the set (collection "bench", documents embedded by e5-small@1)
+#   DATA_DIR  a `care-bench --reuse` directory of the set (collection "bench", documents embedded by e5-small@1)
 #             holding the query packages to compare (`care --data-dir DATA_DIR model import PKG`)
 #   ENCn      QUERY_MODEL:GRAPH, e.g. e5-small@1-int8:int8 or e5-small-l4@1:int8
 # Env: CARE (default target/release/care), SET (default $CARE_SHARED/data/retrieval/kuake_qtr), QUERIES (500),
@@ -18,19 +18,20 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 [ $# -eq 4 ] || { awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 2; }
 D=$1 OUT=$2 ENC1=$3 ENC2=$4
 CARE=${CARE:-$ROOT/target/release/care}
+CARE_BENCH=${CARE_BENCH:-$(dirname "$CARE")/care-bench}
 SET=${SET:-${CARE_SHARED:-$ROOT/../shared}/data/retrieval/kuake_qtr}
 QUERIES=${QUERIES:-500} CORE=${CORE:-1}
 PY=${PY:-$ROOT/.care-dev/bench-venv/bin/python} CACHE=${CACHE:-$ROOT/.care-dev/bench-cache}
 # COMBINE=WORK only combines the runs of an earlier invocation (kept in WORK).
 WORK=${COMBINE:-$(mktemp -d /var/tmp/care-served.XXXXXX)}
-unset CARE_E5S1 # care bench would otherwise serve e5-small instead of the activated encoder
+unset CARE_E5S1 # care-bench would otherwise serve e5-small instead of the activated encoder
 log() { printf '[served] %s\n' "$*" >&2; }
 
 activate() { "$CARE" --data-dir "$D" model activate --query "${1%:*}" --document e5-small@1 --query-graph "${1##*:}" >/dev/null; }
 care_run() { # n enc
     activate "$2"
     log "run $1: care ${2}"
-    taskset -c "$CORE" "$CARE" --data-dir "$D" bench --set "$SET" --queries "$QUERIES" --threads 1 --http --reuse "$D" \
+    taskset -c "$CORE" "$CARE_BENCH" --set "$SET" --queries "$QUERIES" --threads 1 --http --reuse "$D" \
         --out "$WORK/$1-care-$2.json" >"$WORK/$1.log" 2>&1
 }
 py_run() { # n precision

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Side by side, in one window on this machine: `care bench` and the plain Python reference stack
+# Side by side, in one window on this machine: `care-bench` and the plain Python reference stack
 # (tests/bench/reference.py: jieba + bm25s, the appliance's ONNX graph on the onnxruntime wheel, numpy exact inner
 # product, min-max fusion), fp32 and int8 query encoders, interleaved:
 #   care fp32, python fp32, care int8, python int8, then once more in reverse (python int8, care int8, python fp32,
@@ -14,19 +14,19 @@
 #   --data DIR       a care data dir holding the model package models/e5-small/1 (model.onnx, tokenizer.json) for the
 #                    Python side; prepared there when missing with
 #                      care --data-dir DIR init && care --data-dir DIR model import-e5s1 $CARE_E5S1
-#                    (default: WORK/data). `care bench` itself needs no data dir: it ingests the set, imports the
+#                    (default: WORK/data). `care-bench` itself needs no data dir: it ingests the set, imports the
 #                    model from $CARE_E5S1 (fp32 documents; with --int8 also the int8 query graph) and embeds every
 #                    chunk in a temporary directory on each run.
 #   --model DIR      the model package directly (overrides --data)
-#   --reuse DIR      `care bench --reuse DIR`: the corpus is ingested and embedded once (outside the window, on every
+#   --reuse DIR      `care-bench --reuse DIR`: the corpus is ingested and embedded once (outside the window, on every
 #                    core) and each run only measures; the Python side then runs DIR's model package
 #   --core N         the core both stacks are pinned to (default: the last one)
-#   --no-pin-care    run `care bench` unpinned (ONNX Runtime still uses 1 thread)
+#   --no-pin-care    run `care-bench` unpinned (ONNX Runtime still uses 1 thread)
 #   --python PY      default .care-dev/bench-venv/bin/python (packaging/dev.sh bench-venv creates it)
 #   --cache DIR      the reference's corpus vectors and int8 graph (default .care-dev/bench-cache)
 #   --work DIR       per-run JSON and logs (default: a new /var/tmp/care-side-by-side.XXXXXX, kept)
 #   --out-dir DIR    where reference.json / reference.svg go (default tests/results)
-# Needs CARE_E5S1 (the default model file) and ORT_DYLIB_PATH (or the packaged library) like `care bench`.
+# Needs CARE_E5S1 (the default model file) and ORT_DYLIB_PATH (or the packaged library) like `care-bench`.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 HERE="$ROOT/tests/bench"
@@ -63,6 +63,9 @@ done
 [ -n "$CARE_BIN" ] || die "no care binary: pass it (first argument or --care) or set CARE"
 [ -x "$CARE_BIN" ] || die "$CARE_BIN is not an executable"
 CARE_BIN=$(cd "$(dirname "$CARE_BIN")" && pwd)/$(basename "$CARE_BIN")
+# The benchmarks are their own binary, built beside `care`.
+BENCH_BIN=${CARE_BENCH:-$(dirname "$CARE_BIN")/care-bench}
+[ -x "$BENCH_BIN" ] || die "$BENCH_BIN is not built (cargo build --release builds it beside care)"
 [ -n "${CARE_E5S1:-}" ] && [ -f "$CARE_E5S1" ] || die "CARE_E5S1 must name the default model file (packaging/dev.sh setup fetches it)"
 [ -x "$PY" ] || die "$PY missing: run packaging/dev.sh bench-venv"
 [ -f "$SET/corpus.jsonl" ] && [ -f "$SET/queries.jsonl" ] && [ -f "$SET/qrels/dev.tsv" ] || die "$SET is not a BEIR set with qrels/dev.tsv"
@@ -82,9 +85,9 @@ REUSE_ARGS=()
 if [ -n "$REUSE" ]; then
     REUSE_ARGS=(--reuse "$REUSE")
     if [ ! -f "$REUSE/care-bench-prepared.json" ]; then
-        log "preparing $REUSE (care bench --reuse: ingest and embed the corpus on every core)"
-        "$CARE_BIN" bench --set "$SET" --queries 10 --threads 1 --reuse "$REUSE" >"$WORK/logs/reuse.log" 2>&1 ||
-            die "care bench preparation failed: $WORK/logs/reuse.log"
+        log "preparing $REUSE (care-bench --reuse: ingest and embed the corpus on every core)"
+        "$BENCH_BIN" --set "$SET" --queries 10 --threads 1 --reuse "$REUSE" >"$WORK/logs/reuse.log" 2>&1 ||
+            die "care-bench preparation failed: $WORK/logs/reuse.log"
     fi
     [ -n "$MODEL" ] || MODEL="$REUSE/models/e5-small/1"
 fi
@@ -131,8 +134,8 @@ run() { # run NN STACK PRECISION
     if [ "$stack" = care ]; then
         local int8=()
         [ "$p" = int8 ] && int8=(--int8)
-        "${PIN[@]}" "$CARE_BIN" bench --set "$SET" --queries "$QUERIES" --threads 1 "${int8[@]}" "${REUSE_ARGS[@]}" --out "$out" \
-            >"$lg" 2>&1 || die "care bench failed: $lg"
+        "${PIN[@]}" "$BENCH_BIN" --set "$SET" --queries "$QUERIES" --threads 1 "${int8[@]}" "${REUSE_ARGS[@]}" --out "$out" \
+            >"$lg" 2>&1 || die "care-bench failed: $lg"
     else
         "$PY" "$HERE/reference.py" --set "$SET" --model "$MODEL" --precision "$p" --queries "$QUERIES" \
             --cache "$CACHE" --core "$CORE" --out "$out" >"$lg" 2>&1 || die "reference failed: $lg"
@@ -159,5 +162,5 @@ for k, s in d["summary"].items():
              for st in ("encode_query", "bm25", "dense", "fuse", "hybrid_in_process")]
     nd = f"{s['ndcg_at_10']:.4f}" if "ndcg_at_10" in s else "-"
     print(f"{k:22} {cells[0]:>15} {cells[1]:>13} {cells[2]:>13} {cells[3]:>13} {cells[4]:>15}  {nd}")
-print("(p50/p99 ms, mean of each configuration's runs; care bench reports no nDCG: see `care eval`)")
+print("(p50/p99 ms, mean of each configuration's runs; care-bench reports no nDCG: see `care eval`)")
 PY

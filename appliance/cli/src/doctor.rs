@@ -247,7 +247,7 @@ fn cpu_check() -> Check {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let detail = format!(
         "{}，{cores} 核；向量扫描用 {}；{}",
-        crate::bench::cpu_model(),
+        care_engine::kernels::cpu_model(),
         care_engine::kernels::Isa::detected().name(),
         int8.label_zh()
     );

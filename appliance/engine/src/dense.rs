@@ -4,7 +4,7 @@
 //! Lance is the durable store. Search is exact for tables below `ann_threshold` rows, done on an in-memory copy of
 //! the vectors (an int8 pass and an f32 re-score, perfect recall); above the threshold an IVF-PQ index is built and
 //! queried with refinement (re-ranking the shortlist with full vectors), and its recall against the exact scan is
-//! what `recall_at` measures. `care bench --ann` measured where IVF-PQ starts to pay on 2 cores: not before about
+//! what `recall_at` measures. `care-bench --ann` measured where IVF-PQ starts to pay on 2 cores: not before about
 //! 700,000 rows of width 384 (the default threshold is 1,000,000).
 
 use std::collections::HashMap;

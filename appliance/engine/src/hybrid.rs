@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use care_formats::Graph;
 use rusqlite::{OptionalExtension, params};
@@ -419,7 +420,7 @@ impl Engine {
         Ok((total, missing, extra, duplicates))
     }
 
-    #[cfg(test)] // the ANN recall test's; `care bench --ann` measures through its own tables
+    #[cfg(test)] // the ANN recall test's; `care-bench --ann` measures through its own tables
     /// Builds the IVF-PQ index on a collection's dense table (active document model) and returns its recall@k
     /// against the exact scan for the given query vectors. From then on the table is searched through the index.
     pub(crate) fn build_ann_and_measure(&self, collection: &str, queries: &[Vec<f32>], k: usize) -> Result<f64> {
@@ -682,31 +683,64 @@ impl Engine {
         let ranked = |hits: Vec<crate::lexical::LexicalHit>| -> Vec<Ranked> {
             hits.into_iter().map(|h| (h.chunk_id, h.document_id, h.score)).collect()
         };
+        let mut times = LegTimes::default();
         let (bm25_all, bm25) = if method == Method::Dense {
             (Vec::new(), Vec::new())
         } else {
+            let _span = tracing::debug_span!("bm25").entered();
+            let t = Instant::now();
             let (a, k) =
                 self.lexical.search_pair(terms, Some(&names), depth, self.cfg.search.title_boost, all, keep)?;
+            times.bm25_ms = ms(t);
             (ranked(a), ranked(k))
         };
         let (dense_all, dense): (Vec<Ranked>, Vec<Ranked>) = match (method, qvec) {
             (Method::Bm25, _) | (_, None) => (Vec::new(), Vec::new()),
             (_, Some((v, m))) => {
+                let _span = tracing::debug_span!("dense").entered();
+                let t = Instant::now();
                 let (a, k) = self.dense_legs(v, m, cols, head_depth, all, keep.map(|k| k.as_ref()))?;
+                times.dense_ms = ms(t);
                 let r = |hits: Vec<DenseHit>| hits.into_iter().map(|h| (h.chunk_id, h.document_id, h.score)).collect();
                 (r(a), r(k))
             }
         };
         // Without a query vector the ranking is BM25's (a dense-only request then finds nothing).
         let method = if qvec.is_none() && method != Method::Bm25 { Method::Bm25 } else { method };
+        let _span = tracing::debug_span!("fuse").entered();
+        let t = Instant::now();
         let fused = |bm25: &[Ranked], dense: &[Ranked]| Ranking {
             hits: fuse_ranking(bm25, dense, method, weight, head_depth),
             method,
             dense_weight: weight,
             // More keyword matches exist than the ranking holds.
             capped: bm25.len() >= depth,
+            times,
         };
-        Ok((all.then(|| fused(&bm25_all, &dense_all)), fused(&bm25, &dense)))
+        let everything = all.then(|| fused(&bm25_all, &dense_all));
+        let mut kept = fused(&bm25, &dense);
+        kept.times.fuse_ms = ms(t);
+        Ok((everything, kept))
+    }
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// Milliseconds the legs of one ranking took: BM25, the dense scan and the fusion of both.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LegTimes {
+    pub bm25_ms: f64,
+    pub dense_ms: f64,
+    pub fuse_ms: f64,
+}
+
+impl std::ops::AddAssign for LegTimes {
+    fn add_assign(&mut self, o: Self) {
+        self.bm25_ms += o.bm25_ms;
+        self.dense_ms += o.dense_ms;
+        self.fuse_ms += o.fuse_ms;
     }
 }
 
@@ -730,4 +764,6 @@ pub struct Ranking {
     pub dense_weight: f32,
     /// A leg returned as many as it was asked for: there are more matches than the ranking holds.
     pub capped: bool,
+    /// What computing it took, leg by leg (the search pipeline's `bm25`, `dense` and `fuse` stages).
+    pub times: LegTimes,
 }

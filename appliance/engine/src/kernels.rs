@@ -16,6 +16,17 @@ pub enum Isa {
     Portable,
 }
 
+/// The CPU's model name as Linux reports it ("unknown" elsewhere), for reports beside the vector ISA.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_string()))
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
 impl Isa {
     /// The best instruction set this CPU supports (detected once; `CARE_KERNELS=portable` forces the fallback,
     /// for comparison and for tests).

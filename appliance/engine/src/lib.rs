@@ -15,7 +15,7 @@
 //!   │           lifetimes): stored in SQLite over care.toml's, audited, read from memory
 //!   ├ clock     stored UTC times read in the hospital's time on pages
 //!   ├ accounts  users and roles, lockout, sessions, API tokens, per-collection read grants; argon2 on a fixed
-//!   │           pool of threads that keep their memory (accounts/hashing.rs)
+//!   │           pool of threads that keep their memory (accounts/hashing.rs; tests in accounts/tests.rs)
 //!   ├ directory sign-in through the hospital's LDAP/AD (directory/ldap.rs) or OIDC provider (directory/oidc.rs):
 //!   │           group → role and group → grant mapping, accounts provisioned and disabled by the directory
 //!   │           (directory.rs); both editable on the settings page over care.toml's (directory/console.rs)
@@ -49,7 +49,7 @@
 //!   ├ models    model registry, active (query, document) pair and the pairing rule
 //!   ├ judgments labelled query sets per collection (uploads and clinician feedback), split train/eval by query
 //!   ├ lifecycle import of a verified model package (hashes, roles, ONNX Runtime parity with the trainer;
-//!   │           the graph checked in a sandboxed child by lifecycle/graph.rs)
+//!   │           the graph checked in a sandboxed child by lifecycle/graph.rs; lifecycle/tests.rs)
 //!   ├ sandbox   untrusted input handled in a child of `care` under address-space, CPU and wall-clock limits
 //!   │           and Landlock: the parsers (ingest/worker.rs) and the graph check
 //!   ├ dense     LanceDB tables per (collection, document model); exact scan or IVF-PQ
@@ -64,7 +64,7 @@
 //!   ├ eval      BEIR/STS sets and ranking metrics (nDCG, MAP, MRR, Recall), fusion tuning (eval/{metrics,sts}.rs)
 //!   ├ training  retraining as a job: data from approved collections + feedback, `care-train run --spec` child
 //!   │           processes (a guard kills and reaps each; their events are the progress), export → import → gate →
-//!   │           promotion; schedules; offline embedding (training/{child,data,schedule,embed}.rs)
+//!   │           promotion; schedules; offline embedding (training/{child,data,schedule,embed,tests}.rs)
 //!   ├ trainer   whether `care-train` can run here: checked in the background, cached for pages
 //!   ├ chart     small SVG charts for reports
 //!   ├ csv_out   the one CSV writer of every export: formula prefixes neutralised (OWASP), RFC 4180 quoting
@@ -135,3 +135,19 @@ pub use service::{Actor, Admin, DocumentQuery, DocumentRow, HealthReport, JobVie
 pub use tasks::ingest_lane::{Worker, WorkerHandle};
 pub use tasks::scheduler::{Scheduler, SchedulerHandle, SchedulerOptions};
 pub use tasks::{CancelToken, Chore, Housekeeping, Task};
+
+/// The first thing the appliance's executables (`care`, `care-bench`) do: started as one of the engine's sandboxed
+/// children (a file parser, an imported model's graph check), serve that and exit; otherwise register this
+/// executable as the one those children are started from, so that untrusted input is handled in them.
+pub fn serve_sandboxed_child_or_register() {
+    let first = std::env::args().nth(1);
+    if first.as_deref() == Some(ingest::worker::SUBCOMMAND) {
+        std::process::exit(ingest::worker::serve());
+    }
+    if first.as_deref() == Some(lifecycle::graph::SUBCOMMAND) {
+        std::process::exit(lifecycle::graph::serve());
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        sandbox::use_executable(exe);
+    }
+}

@@ -189,7 +189,11 @@ impl SearchResults {
 pub struct StageTimes {
     pub understand_ms: f64,
     pub encode_ms: f64,
+    /// Both legs and their fusion, with the filter's second pass where there is one; split below.
     pub legs_ms: f64,
+    pub bm25_ms: f64,
+    pub dense_ms: f64,
+    pub fuse_ms: f64,
     pub evidence_ms: f64,
     pub facets_ms: f64,
     pub snippets_ms: f64,
@@ -201,7 +205,9 @@ impl StageTimes {
         [
             ("understand", self.understand_ms),
             ("encode", self.encode_ms),
-            ("legs", self.legs_ms),
+            ("bm25", self.bm25_ms),
+            ("dense", self.dense_ms),
+            ("fuse", self.fuse_ms),
             ("evidence", self.evidence_ms),
             ("facets", self.facets_ms),
             ("snippets", self.snippets_ms),
@@ -338,8 +344,17 @@ impl Engine {
             let _span = tracing::debug_span!("snippets").entered();
             self.page_hits(&understood.plan, &page, req.offset)?
         };
-        let stages =
-            StageTimes { understand_ms, encode_ms, legs_ms, evidence_ms, facets_ms, snippets_ms: ms(snippets) };
+        let stages = StageTimes {
+            understand_ms,
+            encode_ms,
+            legs_ms,
+            bm25_ms: ranking.times.bm25_ms,
+            dense_ms: ranking.times.dense_ms,
+            fuse_ms: ranking.times.fuse_ms,
+            evidence_ms,
+            facets_ms,
+            snippets_ms: ms(snippets),
+        };
         let u = plan.understood;
         Ok(SearchResults {
             query: plan.query,
@@ -450,7 +465,9 @@ impl Engine {
                 let admitted = std::sync::Arc::new(metas.admitted(&plan.filter, &ids).intersect(visible));
                 let everything = self.rank(terms, qvec, &plan.cols, &spec)?;
                 spec.keep = Some(&admitted);
-                Ok((Some(everything), self.rank(terms, qvec, &plan.cols, &spec)?))
+                let mut filtered = self.rank(terms, qvec, &plan.cols, &spec)?;
+                filtered.times += everything.times;
+                Ok((Some(everything), filtered))
             }
         }
     }

@@ -508,7 +508,7 @@ pub async fn guard(
 /// `Server-Timing` (W3C; browsers' developer tools show it): the sign-in check (`auth`: token or cookie lookup,
 /// with its hand-off to a blocking thread) and the whole request inside the server (`app`, from the middleware's
 /// start to the response's body built, before TLS writes it). With the search's own `took_ms` this splits a
-/// request's time into the engine, the rest of the server, and the transport (`care bench --http`).
+/// request's time into the engine, the rest of the server, and the transport (`care-bench --http`).
 fn server_timing(res: &mut HttpResponse, auth: Duration, app: Duration) {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let mut value = format!("auth;dur={:.3}, app;dur={:.3}", ms(auth), ms(app));

@@ -19,6 +19,7 @@
 //! ONNX) and a slow query must never stall the async workers.
 
 pub mod admin;
+pub mod admin_models;
 pub mod admin_training;
 pub mod api;
 pub mod call;

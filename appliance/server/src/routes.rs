@@ -3,7 +3,7 @@
 use actix_web::{HttpRequest, web};
 
 use crate::errors::ApiError;
-use crate::{admin, admin_training, api, openapi, pages};
+use crate::{admin, admin_models, admin_training, api, openapi, pages};
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(pages::index)
@@ -46,14 +46,14 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(admin::grants_form)
         .service(admin::create_token)
         .service(admin::revoke_token)
-        .service(admin::models_page)
-        .service(admin::evaluate)
-        .service(admin::promote)
-        .service(admin::reject)
-        .service(admin::rollback)
-        .service(admin::import_model)
-        .service(admin::import_judgments)
-        .service(admin::activate)
+        .service(admin_models::models_page)
+        .service(admin_models::evaluate)
+        .service(admin_models::promote)
+        .service(admin_models::reject)
+        .service(admin_models::rollback)
+        .service(admin_models::import_model)
+        .service(admin_models::import_judgments)
+        .service(admin_models::activate)
         .service(admin::synonyms_csv)
         .service(admin::synonyms_page)
         .service(admin::settings_page)

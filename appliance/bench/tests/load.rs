@@ -1,4 +1,4 @@
-//! `care bench --load` end to end with tiny settings: it prepares a data directory, serves it over HTTPS, drives
+//! `care-bench --load` end to end with tiny settings: it prepares a data directory, serves it over HTTPS, drives
 //! closed- and open-loop search and an ingest through the admin API, and writes JSON + SVG.
 
 use std::path::{Path, PathBuf};
@@ -18,9 +18,14 @@ fn load_benchmark_runs_against_care_serve() {
     let out = dir.path().join("load.json");
     let empty = dir.path().join("empty.toml");
     std::fs::write(&empty, "").unwrap();
-    let res = Command::new(env!("CARGO_BIN_EXE_care"))
+    // The `care` the workspace builds beside this benchmark is the server it measures.
+    let bench = Path::new(env!("CARGO_BIN_EXE_care-bench"));
+    let care = bench.with_file_name("care");
+    assert!(care.exists(), "{} is not built (cargo build --workspace)", care.display());
+    let res = Command::new(bench)
         .env("CARE__TRAINING__KEEP_FREE_GB", "0") // independent of the host's free disk
-        .args(["--config", empty.to_str().unwrap(), "bench", "--load", "--set"])
+        .arg(format!("--server=current={}", care.display()))
+        .args(["--config", empty.to_str().unwrap(), "--load", "--set"])
         .arg(sets.join("kuake_qtr"))
         .arg("--ingest-set")
         .arg(sets.join("cmedir"))
@@ -37,7 +42,7 @@ fn load_benchmark_runs_against_care_serve() {
         .unwrap();
     assert!(
         res.status.success(),
-        "care bench --load failed: {}\n{}",
+        "care-bench --load failed: {}\n{}",
         String::from_utf8_lossy(&res.stdout),
         String::from_utf8_lossy(&res.stderr)
     );

@@ -1,6 +1,6 @@
-//! `care bench --filters`: what filtering by department, type and date costs a hybrid search, against the same
+//! `care-bench --filters`: what filtering by department, type and date costs a hybrid search, against the same
 //! query unfiltered, in one run on one data directory (the set's corpus already ingested and embedded, e.g. the
-//! one `care bench --load` prepares). The corpus gets synthetic filing first: departments with a skewed share (a
+//! one `care-bench --load` prepares). The corpus gets synthetic filing first: departments with a skewed share (a
 //! large department near a quarter of the documents, a rare one near 1 %), types and dates spread over 2010–2024.
 
 use std::io::BufRead;
@@ -15,9 +15,9 @@ use care_engine::ingest::meta::DocMeta;
 use care_engine::{Engine, EngineConfig, SearchAs};
 use serde::Serialize;
 
-use crate::bench::{Latency, bench_admin, cpu_model};
+use crate::hot_paths::{Latency, bench_admin};
 
-/// Flags of `care bench --filters` (the set, `--queries`, `--reuse` and `--out` are shared with `care bench`).
+/// Flags of `care-bench --filters` (the set, `--queries`, `--reuse` and `--out` are shared with `care-bench`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct FilterArgs {
     /// Filter benchmark: time hybrid searches filtered by department, type and date against the same queries
@@ -220,7 +220,7 @@ pub fn run(base: &EngineConfig, set_dir: &Path, data: &Path, queries: usize) -> 
         corpus_documents: ids.len(),
         queries: qs.len(),
         model: e.active_models()?.map(|p| format!("{}@{}", p.query.name, p.query.version)),
-        cpu: cpu_model(),
+        cpu: care_engine::kernels::cpu_model(),
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         unfiltered,
         unfiltered_retrieve: Latency::from(plain_retrieve),

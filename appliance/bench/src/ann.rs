@@ -1,7 +1,7 @@
-//! `care bench --ann`: the table size at which the IVF-PQ index should take over from the exact scan
+//! `care-bench --ann`: the table size at which the IVF-PQ index should take over from the exact scan
 //! (`search.ann_threshold`).
 //!
-//! The real document vectors of a prepared benchmark directory (`care bench --reuse DIR`) are tiled to 1×, 2×, 4×…
+//! The real document vectors of a prepared benchmark directory (`care-bench --reuse DIR`) are tiled to 1×, 2×, 4×…
 //! their count. Every copy after the first is each vector plus Gaussian noise, re-normalised: exact duplicates would
 //! make recall meaningless, and small noise keeps the neighbourhoods as crowded as real ones (harder for IVF-PQ than
 //! random vectors). At each size both served paths run in one process on the same real query vectors: the exact
@@ -18,7 +18,7 @@ use care_engine::eval::BeirSet;
 use care_engine::{Engine, EngineConfig};
 use serde::Serialize;
 
-use crate::bench::Latency;
+use crate::hot_paths::Latency;
 
 #[derive(clap::Args, Debug, Default)]
 pub struct AnnArgs {
@@ -70,9 +70,9 @@ pub fn run(base: &EngineConfig, set_dir: &Path, reuse: &Path, queries: usize, a:
     cfg.storage.data_dir = reuse.to_path_buf();
     cfg.model.threads = 1;
     let e = Engine::open(cfg.clone(), OpenMode::Existing).with_context(|| {
-        format!("{} is not a prepared benchmark directory (run care bench --reuse first)", reuse.display())
+        format!("{} is not a prepared benchmark directory (run care-bench --reuse first)", reuse.display())
     })?;
-    e.models().activate(&crate::bench::bench_admin(), "e5-small@1", "e5-small@1", &mut |_| Ok(()))?;
+    e.models().activate(&crate::hot_paths::bench_admin(), "e5-small@1", "e5-small@1", &mut |_| Ok(()))?;
     let base_rows = e.dense_vectors("bench")?;
     let Some(width) = base_rows.first().map(|r| r.1.len()) else { bail!("{} holds no dense vectors", reuse.display()) };
     let texts: Vec<&str> = set.queries.iter().take(queries).map(|(_, q)| q.as_str()).collect();
@@ -120,7 +120,7 @@ pub fn run(base: &EngineConfig, set_dir: &Path, reuse: &Path, queries: usize, a:
         set: set.name.clone(),
         queries: qvecs.len(),
         width,
-        cpu: crate::bench::cpu_model(),
+        cpu: care_engine::kernels::cpu_model(),
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         vector_isa: care_engine::kernels::Isa::detected().name().into(),
         nprobes: cfg.search.ann_nprobes,
