@@ -229,7 +229,20 @@ pub(crate) struct SearchPlan {
     pub(crate) spec: (Option<crate::fusion::Method>, Option<f32>),
     pub(crate) cols: Vec<Collection>,
     pub(crate) names: Vec<String>,
+    /// The filing as of this request, and the documents of `cols` the reader may see where access lists restrict
+    /// them (`None`: every document of `cols`).
+    pub(crate) metas: std::sync::Arc<crate::facets::MetaIndex>,
+    pub(crate) visible: Option<std::sync::Arc<crate::facets::DocSet>>,
     pub(crate) understood: Understood,
+}
+
+/// What a reader may read: the collections searched and, where access lists restrict them, the documents visible.
+/// Every word the pipeline shows back (terms found, pinyin readings, suggestions, synonyms searched) is checked
+/// against it, so that nothing a page says comes from a document the reader may not open.
+#[derive(Clone, Copy)]
+pub(crate) struct Readable<'a> {
+    pub(crate) names: &'a [String],
+    pub(crate) visible: Option<&'a crate::facets::DocSet>,
 }
 
 /// A query understood: the plan as searched, the typed query when it was read as pinyin, and suggestions.
@@ -291,15 +304,12 @@ impl Engine {
         let encode_ms = t0.elapsed().as_secs_f64() * 1e3;
         let qvec = encoded.as_ref().and_then(|(v, m)| v.first().map(|v| (v.as_slice(), m)));
         let t1 = Instant::now();
-        let metas = self.meta_index()?;
-        let ids: Vec<i64> = plan.cols.iter().map(|c| c.id).collect();
-        // Documents whose access lists leave the reader out, when these collections have any: both legs search
-        // only the visible ones, and the facets count only those (their names and numbers must not leak either).
-        let visible = req.reader_groups.as_deref().and_then(|g| metas.visible(&ids, g));
+        let (metas, visible) = (&plan.metas, plan.visible.as_ref());
+        let readable = Readable { names: &plan.names, visible: visible.map(|v| v.as_ref()) };
         let legs = Instant::now();
         let (everything, mut ranking) = {
             let _span = tracing::debug_span!("legs").entered();
-            self.rankings_for(&plan, qvec, &metas, visible.as_ref())?
+            self.rankings_for(&plan, qvec, metas, visible)?
         };
         let legs_ms = ms(legs);
         let evidence = Instant::now();
@@ -310,8 +320,9 @@ impl Engine {
         }
         let (matched_terms, missing_terms) = {
             let _span = tracing::debug_span!("evidence").entered();
-            self.term_presence(&understood.plan, &plan.names, visible.as_deref())?
+            self.term_presence(&understood.plan, readable)?
         };
+        let expansions = self.expansions_shown(&understood.plan, readable)?;
         // What answers: a passage holding a term found. Counted over the whole ranking, so that the total, the
         // pages and the facets agree with the statement above them.
         let answering = {
@@ -363,12 +374,7 @@ impl Engine {
             } else {
                 u.plan.folded_if_changed().map(str::to_string)
             },
-            expansions: u
-                .plan
-                .expansions
-                .iter()
-                .map(|(t, s)| Expansion { term: t.clone(), synonyms: s.clone() })
-                .collect(),
+            expansions,
             pinyin_of: u.pinyin_of,
             did_you_mean: u.did_you_mean,
             method: ranking.method,
@@ -403,7 +409,14 @@ impl Engine {
             None => self.store.collection_list()?,
         };
         let names: Vec<String> = cols.iter().map(|c| c.name.clone()).collect();
-        let understood = self.understand(query, &names, req.exact, req.synonym_weight)?;
+        let metas = self.meta_index()?;
+        let ids: Vec<i64> = cols.iter().map(|c| c.id).collect();
+        // Documents whose access lists leave the reader out, when these collections have any: both legs search
+        // only the visible ones, the facets count only those, and query understanding reads only them (their names
+        // and numbers must not leak either).
+        let visible = req.reader_groups.as_deref().and_then(|g| metas.visible(&ids, g));
+        let readable = Readable { names: &names, visible: visible.as_deref() };
+        let understood = self.understand(query, readable, req.exact, req.synonym_weight)?;
         Ok(SearchPlan {
             query: query.to_string(),
             filter,
@@ -412,6 +425,8 @@ impl Engine {
             spec: (req.method, req.dense_weight),
             cols,
             names,
+            metas,
+            visible,
             understood,
         })
     }
@@ -421,14 +436,15 @@ impl Engine {
     pub(crate) fn understand(
         &self,
         query: &str,
-        names: &[String],
+        readable: Readable<'_>,
         exact: bool,
         synonym_weight: Option<f32>,
     ) -> Result<Understood> {
         let _span = tracing::debug_span!("understand").entered();
         let table = self.synonym_table()?;
         let weight = if exact { 0.0 } else { synonym_weight.unwrap_or(self.synonym_weight()) };
-        let (plan, pinyin_of, did_you_mean) = self.plan_query(query, &table, names, weight.clamp(0.0, 1.0), !exact)?;
+        let (plan, pinyin_of, did_you_mean) =
+            self.plan_query(query, &table, readable, weight.clamp(0.0, 1.0), !exact)?;
         Ok(Understood { plan, pinyin_of, did_you_mean })
     }
 
@@ -508,7 +524,7 @@ impl Engine {
         let mut lists = Vec::with_capacity(queries.len());
         for (i, (_, text)) in queries.iter().enumerate() {
             progress(i, queries.len())?;
-            let u = self.understand(text, &names, false, None)?;
+            let u = self.understand(text, Readable { names: &names, visible: None }, false, None)?;
             let (_, bm25) = self.lexical.search_pair(
                 &u.plan.terms,
                 Some(&names),
@@ -558,32 +574,84 @@ impl Engine {
         )
     }
 
-    /// The query as searched, with synonyms; an all-letters query that is no word of `collections` nor a table
-    /// term is read as pinyin initials or pinyin (gxy → 高血压): searched as that word when exactly one reading
-    /// occurs in the collections, otherwise the readings that occur are offered. Returns the plan, the typed
-    /// query when it was read as pinyin, and the suggestions.
+    /// The query as searched, with synonyms; a run of letters that is no word the reader may read nor a table term
+    /// is read as pinyin initials or pinyin, the whole query (gxy → 高血压) or inside Chinese (tnb吃什么 → 糖尿病吃什么):
+    /// replaced by its reading when exactly one reading occurs in readable text, otherwise the readings that occur
+    /// are offered as whole queries. Returns the plan, the typed query when it was read as pinyin, and the
+    /// suggestions.
     fn plan_query(
         &self,
         query: &str,
         table: &crate::synonyms::SynonymTable,
-        collections: &[String],
+        readable: Readable<'_>,
         weight: f32,
         pinyin: bool,
     ) -> Result<(crate::query::QueryPlan, Option<String>, Vec<String>)> {
         let plan = crate::query::QueryPlan::with_synonyms(self.lexical.jieba(), query, table, weight);
-        let word = plan.folded.trim().to_ascii_lowercase();
-        let letters = (2..=24).contains(&word.len()) && word.bytes().all(|b| b.is_ascii_lowercase());
-        if !pinyin || !letters || table.contains(&word) || self.occurs(&word, collections)? {
+        let folded = plan.folded.trim().to_ascii_lowercase();
+        let runs = letter_runs(&folded);
+        let whole = matches!(runs.as_slice(), [r] if *r == (0..folded.len()));
+        // Letters among other letters and digits only (an English phrase, a dose) are not pinyin.
+        if !pinyin || runs.is_empty() || !(whole || folded.chars().any(crate::text::is_cjk)) {
             return Ok((plan, None, Vec::new()));
         }
-        // Words read with their characters' common readings first; other readings only when none of those occurs.
-        let (common, other) = table.pinyin_candidates(&word);
+        let (mut read, mut suggestions) = (folded.clone(), Vec::new());
+        let mut replaced = false;
+        // From the end, so that the earlier runs' byte ranges hold while later ones are replaced.
+        for run in runs.into_iter().rev() {
+            let word = &folded[run.clone()];
+            if !(2..=24).contains(&word.len())
+                || table.contains(word)
+                || self.readable_has(&[word.to_string()], readable)?
+            {
+                continue;
+            }
+            match self.pinyin_readings(word, table, readable)?.as_slice() {
+                [] => {}
+                [only] => {
+                    read.replace_range(run, only);
+                    replaced = true;
+                }
+                many => {
+                    suggestions = many
+                        .iter()
+                        .take(5)
+                        .map(|w| {
+                            let mut q = folded.clone();
+                            q.replace_range(run.clone(), w);
+                            q
+                        })
+                        .collect();
+                }
+            }
+        }
+        if !replaced {
+            return Ok((plan, None, suggestions));
+        }
+        let plan = crate::query::QueryPlan::with_synonyms(self.lexical.jieba(), &read, table, weight);
+        Ok((plan, Some(query.trim().to_string()), if suggestions.is_empty() { vec![read] } else { suggestions }))
+    }
+
+    /// The readings of `word` (pinyin initials or pinyin) that occur in readable text, the most frequent first:
+    /// those of the characters' common readings, and other readings only when none of those occurs.
+    fn pinyin_readings(
+        &self,
+        word: &str,
+        table: &crate::synonyms::SynonymTable,
+        readable: Readable<'_>,
+    ) -> Result<Vec<String>> {
+        let (common, other) = table.pinyin_candidates(word);
         let mut readings: Vec<(usize, String)> = Vec::new();
         for list in [common, other] {
             for w in list {
-                let n = self.lexical.chunks_with(&w, collections)?;
-                if n > 0 || self.text_contains(&w, collections)? {
-                    readings.push((n.max(1), w));
+                if self.readable_has(std::slice::from_ref(&w), readable)? {
+                    // Counted in the index only where no access list restricts the reader (a count over documents
+                    // they may not see would order by them).
+                    let n = match readable.visible {
+                        None => self.lexical.chunks_with(&w, readable.names)?.max(1),
+                        Some(_) => 1,
+                    };
+                    readings.push((n, w));
                 }
             }
             if !readings.is_empty() {
@@ -591,18 +659,52 @@ impl Engine {
             }
         }
         readings.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
-        match readings.as_slice() {
-            [(_, only)] => {
-                let plan = crate::query::QueryPlan::with_synonyms(self.lexical.jieba(), only, table, weight);
-                Ok((plan, Some(query.trim().to_string()), vec![only.clone()]))
-            }
-            _ => Ok((plan, None, readings.into_iter().take(5).map(|r| r.1).collect())),
-        }
+        Ok(readings.into_iter().map(|r| r.1).collect())
     }
 
-    /// Whether `word` occurs in `collections`, as an index term or as text.
-    fn occurs(&self, word: &str, collections: &[String]) -> Result<bool> {
-        Ok(self.lexical.any_chunk_with(word, collections)? || self.text_contains(word, collections)?)
+    /// The synonyms searched as the page names them (也搜索了): for a reader whom access lists restrict, only those
+    /// found in a document they may see (every synonym is searched all the same).
+    fn expansions_shown(&self, plan: &crate::query::QueryPlan, readable: Readable<'_>) -> Result<Vec<Expansion>> {
+        let mut shown = Vec::new();
+        for (term, synonyms) in &plan.expansions {
+            let synonyms = match readable.visible {
+                None => synonyms.clone(),
+                Some(_) => {
+                    let mut kept = Vec::new();
+                    for s in synonyms {
+                        if self.readable_has(&plan.forms_in_both_scripts(s), readable)? {
+                            kept.push(s.clone());
+                        }
+                    }
+                    kept
+                }
+            };
+            if !synonyms.is_empty() {
+                shown.push(Expansion { term: term.clone(), synonyms });
+            }
+        }
+        Ok(shown)
+    }
+
+    /// Whether one of `forms` occurs in text the reader may read: as an index term or a substring of the chunks'
+    /// text, headings and titles of the collections, and, where access lists restrict the reader, in a document
+    /// they may see.
+    fn readable_has(&self, forms: &[String], readable: Readable<'_>) -> Result<bool> {
+        let mut found = false;
+        for f in forms {
+            found = found || self.lexical.any_chunk_with(f, readable.names)?;
+        }
+        for f in forms {
+            found = found || self.text_contains(f, readable.names)?;
+        }
+        if found && let Some(v) = readable.visible {
+            found = false;
+            for f in forms {
+                let lower = f.to_ascii_lowercase();
+                found = found || self.store.any_admitted_chunk_contains(&lower, readable.names, |d| v.contains(d))?;
+            }
+        }
+        Ok(found)
     }
 
     /// Whether some chunk text, heading or title of `collections` contains `word`: a substring search of the
@@ -698,29 +800,12 @@ impl Engine {
     fn term_presence(
         &self,
         plan: &crate::query::QueryPlan,
-        collections: &[String],
-        visible: Option<&crate::facets::DocSet>,
+        readable: Readable<'_>,
     ) -> Result<(Vec<String>, Vec<String>)> {
         let mut present = Vec::new();
         let mut missing = Vec::new();
         for w in &plan.salient {
-            let forms = plan.forms_in_both_scripts(w);
-            let mut found = false;
-            for f in &forms {
-                found = found || self.lexical.any_chunk_with(f, collections)?;
-            }
-            for f in &forms {
-                found = found || self.text_contains(f, collections)?;
-            }
-            // Found somewhere: for a reader whom access lists restrict, it must be in a document they may see.
-            if found && let Some(v) = visible {
-                found = false;
-                for f in &forms {
-                    let lower = f.to_ascii_lowercase();
-                    found = found || self.store.any_admitted_chunk_contains(&lower, collections, |d| v.contains(d))?;
-                }
-            }
-            if found {
+            if self.readable_has(&plan.forms_in_both_scripts(w), readable)? {
                 present.push(w.clone());
             } else if plan.key.contains(w) {
                 missing.push(w.clone());
@@ -746,4 +831,21 @@ fn group_by_document(hits: &[Explained]) -> (Vec<&Explained>, Vec<usize>) {
         }
     }
     (out, more)
+}
+
+/// The byte ranges of the runs of ASCII lower-case letters in `s`.
+fn letter_runs(s: &str) -> Vec<std::ops::Range<usize>> {
+    let mut runs = Vec::new();
+    let mut start = None;
+    for (i, b) in s.bytes().enumerate().chain(std::iter::once((s.len(), b' '))) {
+        match (b.is_ascii_lowercase(), start) {
+            (true, None) => start = Some(i),
+            (false, Some(s0)) => {
+                runs.push(s0..i);
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    runs
 }

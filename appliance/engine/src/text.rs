@@ -283,6 +283,11 @@ fn converters() -> Option<&'static (OpenCC, OpenCC)> {
     .as_ref()
 }
 
+/// A Chinese character (the CJK unified ideographs and extension A).
+pub fn is_cjk(c: char) -> bool {
+    matches!(c, '\u{4e00}'..='\u{9fff}' | '\u{3400}'..='\u{4dbf}')
+}
+
 /// Traditional → simplified.
 pub fn to_simplified(text: &str) -> String {
     converters().map_or_else(|| text.to_string(), |c| c.0.convert(text))

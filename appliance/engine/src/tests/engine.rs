@@ -3788,3 +3788,64 @@ fn vector_tables_past_the_rollback_retention_are_dropped_and_the_rest_serve() {
     hybrid(&e);
     assert_eq!(tables(&e), ["2", "3", "4"], "rolling back one step needed no re-embedding");
 }
+
+/// Issue 53: what a page says back (pinyin readings, suggestions, the synonyms it names as searched, the terms it
+/// says occur nowhere) comes only from documents the reader may open; and initials typed with Chinese are read.
+#[test]
+fn suggestions_come_only_from_text_the_reader_may_read_and_initials_inside_chinese_are_read() {
+    use crate::ingest::meta::{DocMeta, Filing};
+    use crate::service::SearchAs;
+    let t = tempfile::tempdir().unwrap();
+    let e = engine_in(&t.path().join("data"));
+    let admin = Admin::console("tester");
+    e.collections().create(&admin, "c", "").unwrap();
+    let restricted = t.path().join("r.md");
+    std::fs::write(&restricted, "# 抗病毒治疗\n\n乙型肝炎患者的抗病毒治疗：恩替卡韦是一线用药，疗程较长。\n").unwrap();
+    let open = t.path().join("p.md");
+    std::fs::write(&open, "# 饮食管理\n\n糖尿病患者的饮食管理：少吃甜食，多吃蔬菜。乙肝疫苗应按程序接种。\n").unwrap();
+    assert_eq!(e.ingest_files("c", &[restricted, open], &mut |_| {}).unwrap().failed(), 0);
+    let ext: String =
+        db(&e).query_row("SELECT external_id FROM documents WHERE title LIKE '%抗病毒%'", [], |r| r.get(0)).unwrap();
+    let filing = Filing {
+        sets: [false, false, false, false, false, true],
+        rows: vec![(ext, DocMeta { access: "心内科".into(), ..Default::default() })],
+    };
+    assert_eq!(e.collections().file_documents(&admin, "c", &filing).unwrap().0, 1);
+    // The seed table's group 乙型病毒性肝炎 holds 乙肝 and 乙型肝炎.
+    e.accounts().create_user(&admin, "dr.wu", "Quiet-River-Lamp-58", "clinician", true).unwrap();
+    e.accounts().grant(&admin, "dr.wu", "c").unwrap();
+    let wu = crate::Actor::user(&crate::accounts::user(&e.store, "dr.wu").unwrap());
+    let ask = |actor: &crate::Actor, q: &str| {
+        e.search().run(actor, &SearchAs { query: q.into(), ..Default::default() }).unwrap()
+    };
+    let named = |r: &crate::SearchResults| -> String {
+        format!(
+            "{:?} {:?} {:?} {:?} {:?}",
+            r.folded_query,
+            r.did_you_mean,
+            r.expansions.iter().map(|x| (&x.term, &x.synonyms)).collect::<Vec<_>>(),
+            r.matched_terms,
+            r.hits.iter().map(|h| &h.text).collect::<Vec<_>>()
+        )
+    };
+    // Pinyin initials: the administrator, who may read the restricted passage, gets 乙型肝炎; the clinician outside
+    // the group is offered nothing that names it.
+    let a = ask(admin.actor(), "yxgy");
+    assert_eq!(a.folded_query.as_deref(), Some("乙型肝炎"), "{}", named(&a));
+    let w = ask(&wu, "yxgy");
+    assert!(w.pinyin_of.is_none() && !named(&w).contains("乙型肝炎"), "{}", named(&w));
+    // The synonyms named as searched: 乙型肝炎 for the administrator, not for the clinician (searched all the same).
+    let a = ask(admin.actor(), "乙肝疫苗");
+    assert!(a.expansions.iter().any(|x| x.synonyms.contains(&"乙型肝炎".to_string())), "{}", named(&a));
+    let w = ask(&wu, "乙肝疫苗");
+    assert!(!w.hits.is_empty() && !named(&w).contains("乙型肝炎"), "{}", named(&w));
+    // A drug only the restricted passage names is stated as absent for the clinician, found for the administrator.
+    assert!(ask(&wu, "恩替卡韦的副作用").missing_terms.contains(&"恩替卡韦".to_string()));
+    assert!(!ask(admin.actor(), "恩替卡韦的副作用").missing_terms.contains(&"恩替卡韦".to_string()));
+    // Initials typed with Chinese: tnb吃什么 is searched as 糖尿病吃什么.
+    let w = ask(&wu, "tnb吃什么");
+    assert_eq!((w.pinyin_of.as_deref(), w.folded_query.as_deref()), (Some("tnb吃什么"), Some("糖尿病吃什么")));
+    assert!(w.hits.first().is_some_and(|h| h.matched_terms.contains(&"糖尿病".to_string())), "{}", named(&w));
+    // Letters among Latin words and digits are left alone.
+    assert_eq!(ask(&wu, "tnb 2 mg").pinyin_of, None);
+}
