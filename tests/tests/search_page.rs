@@ -233,6 +233,8 @@ fn facets_filter_by_department_type_and_date_and_the_url_keeps_the_state() {
     // The admin's analytics: what was searched, what found nothing, which results were opened, and a zero-result
     // query proposed as a synonym.
     search(&b, &base, "qwzxv喵喵", 1);
+    // Issue 53: a query with one key term found nowhere (替格瑞洛; 禁忌症 is found) counts as not found for that term.
+    search(&b, &base, "替格瑞洛的禁忌症", 1);
     search(&b, &base, "高血压", 1);
     b.click("li.hit h2 a");
     b.wait_for("the document", Duration::from_secs(30), |s| s.contains("class=\"document\""));
@@ -240,6 +242,9 @@ fn facets_filter_by_department_type_and_date_and_the_url_keeps_the_state() {
     let src = b.wait_for("the analytics page", Duration::from_secs(30), |s| s.contains("id=\"analytics-headline\""));
     assert!(b.text("#top-queries").contains("高血压"), "{src}");
     assert!(b.text("#not-found-queries").contains("qwzxv喵喵"), "{src}");
+    assert!(b.text("#not-found-queries").contains("替格瑞洛的禁忌症"), "a partly found query: {src}");
+    let missing = b.text("#missing-terms table");
+    assert!(missing.contains("替格瑞洛") && !missing.contains("禁忌症"), "the term found nowhere, alone: {missing}");
     assert!(src.contains("<svg") && src.contains("每日检索"), "the chart: {src}");
     let head = b.text("#analytics-headline");
     assert!(head.contains("使用筛选") && head.contains("打开结果 1 次（平均第 1.0 条）"), "{head}");
@@ -249,6 +254,11 @@ fn facets_filter_by_department_type_and_date_and_the_url_keeps_the_state() {
     b.click("#not-found-queries a.propose");
     let src = b.wait_for("the synonym form", Duration::from_secs(30), |s| s.contains("id=\"proposed\""));
     assert!(src.contains("value=\"qwzxv喵喵\""), "the query fills the variants: {src}");
+    b.goto(&format!("{base}/admin/analytics?days=7"));
+    b.wait_for("the analytics page", Duration::from_secs(30), |s| s.contains("id=\"missing-terms\""));
+    b.click("#missing-terms a.propose");
+    let src = b.wait_for("the synonym form", Duration::from_secs(30), |s| s.contains("id=\"proposed\""));
+    assert!(src.contains("value=\"替格瑞洛\""), "the missing term fills the variants: {src}");
 
     // The console opens on the overview: collections, documents, the live pair, the week's searches.
     b.goto(&format!("{base}/admin"));

@@ -42,7 +42,8 @@ const MIN_SEARCHES_FOR_RATE: usize = 3;
 pub struct DayCount {
     pub day: String,
     pub searches: usize,
-    /// Searches whose words occur in no readable document (the page's "not found" statement) or that found nothing.
+    /// Searches with a key term that occurs in no readable document (the page's "not found" statement, for the
+    /// whole query or one of its terms) or that found nothing.
     pub not_found: usize,
 }
 
@@ -62,8 +63,11 @@ pub struct Analytics {
     pub queries_logged: bool,
     pub per_day: Vec<DayCount>,
     pub top_queries: Vec<QueryCount>,
-    /// The most frequent queries that found nothing or whose words occur nowhere: candidates for a synonym entry.
+    /// The most frequent queries that found nothing or one of whose key terms occurs nowhere (替格瑞洛的禁忌症 when
+    /// 替格瑞洛 does): candidates for a synonym entry.
     pub not_found_queries: Vec<QueryCount>,
+    /// The key terms searches found nowhere, the most frequent first: each proposed for the synonym table.
+    pub missing_terms: Vec<QueryCount>,
     /// Queries whose results clinicians marked 没帮助 most often.
     pub unhelpful_queries: Vec<QueryCount>,
     /// Results opened from a search page, and their mean rank (1 = the first hit).
@@ -89,13 +93,15 @@ pub fn report(store: &Store, days: u32, now: i64) -> Result<Analytics> {
                 json_extract(detail, '$.not_found'), json_extract(detail, '$.took_ms'), json_extract(detail, '$.filter') IS NOT NULL,
                 json_extract(detail, '$.filter.departments'), json_extract(detail, '$.filter.doc_types'),
                 json_extract(detail, '$.filter.date_from') || json_extract(detail, '$.filter.date_to'),
-                json_extract(detail, '$.filter.issuers'), json_extract(detail, '$.filter.languages')
+                json_extract(detail, '$.filter.issuers'), json_extract(detail, '$.filter.languages'),
+                json_extract(detail, '$.missing')
          FROM audit WHERE action = 'search' AND at >= ?1",
     )?;
     let mut rows = stmt.query([&since])?;
     let (mut searches, mut not_found, mut filtered, mut logged) = (0, 0, 0, false);
     let mut per_day: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     let (mut top, mut failed): (HashMap<String, usize>, HashMap<String, usize>) = Default::default();
+    let mut absent_terms: HashMap<String, usize> = HashMap::new();
     let mut took = Vec::new();
     let mut facets: HashMap<String, usize> = HashMap::new();
     while let Some(r) = rows.next()? {
@@ -103,7 +109,21 @@ pub fn report(store: &Store, days: u32, now: i64) -> Result<Analytics> {
         // A query is text when logged, an object ({"chars": n}) when not.
         let query: Option<String> = r.get::<_, Option<String>>(1).ok().flatten().filter(|q| !q.starts_with('{'));
         let candidates: Option<i64> = r.get(2)?;
-        let missing = r.get::<_, Option<i64>>(3)?.unwrap_or(0) != 0 || candidates == Some(0);
+        // The terms found nowhere: their words where queries are logged, else how many (records before these
+        // were kept have neither).
+        let (absent, absent_count) = match r.get::<_, rusqlite::types::Value>(11)? {
+            rusqlite::types::Value::Text(j) => {
+                let words: Vec<String> = serde_json::from_str(&j).unwrap_or_default();
+                let n = words.len();
+                (words, n)
+            }
+            rusqlite::types::Value::Integer(n) => (Vec::new(), usize::try_from(n).unwrap_or(0)),
+            _ => (Vec::new(), 0),
+        };
+        let missing = r.get::<_, Option<i64>>(3)?.unwrap_or(0) != 0 || candidates == Some(0) || absent_count > 0;
+        for w in absent {
+            *absent_terms.entry(w).or_default() += 1;
+        }
         if let Some(ms) = r.get::<_, Option<f64>>(4)? {
             took.push(ms);
         }
@@ -182,6 +202,7 @@ pub fn report(store: &Store, days: u32, now: i64) -> Result<Analytics> {
         per_day: per_day.into_iter().map(|(day, (s, n))| DayCount { day, searches: s, not_found: n }).collect(),
         top_queries: ranked(top),
         not_found_queries: ranked(failed),
+        missing_terms: ranked(absent_terms),
         unhelpful_queries: ranked(unhelpful),
         clicks,
         mean_click_rank: (clicks > 0).then(|| rank_sum / clicks as f64),
@@ -220,9 +241,12 @@ pub fn to_csv(a: &Analytics) -> String {
         row("每日检索", &d.day, d.searches.into());
         row("每日未找到", &d.day, d.not_found.into());
     }
-    for (section, list) in
-        [("热门检索", &a.top_queries), ("未找到的检索", &a.not_found_queries), ("标为没帮助", &a.unhelpful_queries)]
-    {
+    for (section, list) in [
+        ("热门检索", &a.top_queries),
+        ("未找到的检索", &a.not_found_queries),
+        ("未找到的词", &a.missing_terms),
+        ("标为没帮助", &a.unhelpful_queries),
+    ] {
         for q in list {
             row(section, &q.query, q.count.into());
         }

@@ -172,6 +172,12 @@ fn logged_query(q: &str) -> serde_json::Value {
     }
 }
 
+/// The key terms a search found nowhere, as the audit log keeps them: the words when queries are logged (统计
+/// lists them as proposals for the synonym table), else only how many.
+fn logged_terms(terms: &[String]) -> serde_json::Value {
+    if LOG_QUERIES.load(Ordering::Relaxed) { serde_json::json!(terms) } else { serde_json::json!(terms.len()) }
+}
+
 fn not_found_document(id: i64) -> Error {
     Error::NotFound { what: format!("文档 #{id}") }
 }
@@ -442,7 +448,8 @@ impl crate::engine::Search<'_> {
         let mut detail = serde_json::json!({
             "query": logged_query(&res.query), "collections": cols, "results": res.hits.len(),
             "candidates": res.total_candidates, "offset": s.offset, "method": res.method,
-            "not_found": res.not_found, "took_ms": (res.took_ms * 10.0).round() / 10.0,
+            "not_found": res.not_found, "missing": logged_terms(&res.missing_terms),
+            "took_ms": (res.took_ms * 10.0).round() / 10.0,
         });
         if !res.filter.is_empty() {
             detail["filter"] = serde_json::json!(res.filter);
