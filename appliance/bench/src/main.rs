@@ -5,10 +5,12 @@
 //!   ingest and embedding throughput (`--http`: the same queries over HTTPS, split by `Server-Timing`);
 //! * `--ann`: the dense leg's exact scan against IVF-PQ on a prepared directory (`--reuse`);
 //! * `--filters`: filtered searches on a prepared directory;
-//! * `--load`: `care serve` processes under closed- and open-loop load, with and without an ingest.
+//! * `--load`: `care serve` processes under closed- and open-loop load, with and without an ingest;
+//! * `--absent FILE`: absent drug and disease names named, real queries flagged (issue 53's probe).
 //!
 //! The engine's configuration is `care.toml`'s defaults, `--config FILE` and `CARE__SECTION__KEY` variables.
 
+mod absent;
 mod ann;
 mod filters;
 mod hot_paths;
@@ -50,6 +52,12 @@ struct Cli {
     reuse: Option<PathBuf>,
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Absent-name probe (tests/bench/absent_names.py's JSONL) searched on the directory named by --reuse.
+    #[arg(long, value_name = "FILE", requires = "reuse")]
+    absent: Option<PathBuf>,
+    /// With --absent: keep the probe's names out of the lexicons (how names no lexicon holds are found).
+    #[arg(long, requires = "absent")]
+    hold_out: bool,
     #[command(flatten)]
     load: Box<load::LoadArgs>,
     #[command(flatten)]
@@ -82,12 +90,20 @@ fn engine_config(file: Option<&std::path::Path>) -> Result<EngineConfig> {
 }
 
 fn run(cli: Cli) -> Result<i32> {
-    let Cli { config, set, queries, e5s1, int8, threads, http, reuse, out, load, ann, filters } = cli;
+    let Cli { config, set, queries, e5s1, int8, threads, http, reuse, out, absent, hold_out, load, ann, filters } = cli;
     if load.load {
         return load::run(&set, e5s1.as_deref(), int8, out.as_deref(), &load);
     }
     let cfg = engine_config(config.as_deref())?;
     match reuse {
+        Some(reuse) if absent.is_some() => {
+            let report = absent::run(&cfg, &set, &reuse, absent.as_deref().unwrap_or(&reuse), hold_out)?;
+            let json = serde_json::to_string_pretty(&report)?;
+            match &out {
+                Some(out) => std::fs::write(out, &json).with_context(|| format!("writing {}", out.display()))?,
+                None => println!("{json}"),
+            }
+        }
         Some(reuse) if filters.filters => {
             let report = filters::run(&cfg, &set, &reuse, queries)?;
             filters::write(&report, out.as_ref())?;

@@ -131,6 +131,153 @@ pub fn content_words(jieba: &Jieba, text: &str) -> Vec<String> {
     out
 }
 
+/// THUOCL's medical word list with each word's document frequency (assets/lexicon/README.md: source, licence). It
+/// decides which words are clinical terms; it is not given to the segmenter, so indexing and ranking are unchanged.
+const THUOCL_MEDICAL: &str = include_str!("../assets/lexicon/thuocl_medical.txt");
+
+/// THUOCL's most frequent words are everyday ones (医院, 检查, 一次性, 人民医院): above this frequency only a word
+/// with a clinical ending counts.
+const THUOCL_EVERYDAY: u64 = 20_000;
+
+/// Whether `word` is a term of the shipped medical lexicons: the medical dictionary, or THUOCL's medical list where
+/// the word is specific (a clinical ending, or three characters or more and not among its most frequent words).
+pub fn in_medical_lexicon(word: &str) -> bool {
+    static MEDICAL: OnceLock<HashSet<&'static str>> = OnceLock::new();
+    if HELD_OUT.get().is_some_and(|h| h.contains(word)) {
+        return false;
+    }
+    let medical = MEDICAL.get_or_init(|| {
+        let dict = MEDICAL_DICT.lines().filter_map(|l| l.split_whitespace().next());
+        let thuocl = THUOCL_MEDICAL.lines().filter_map(|l| {
+            let (w, freq) = l.split_once('\t')?;
+            let freq: u64 = freq.trim().parse().ok()?;
+            let clinical = w.ends_with(|c| CLINICAL_ENDINGS.contains(c));
+            (clinical || (w.chars().count() >= 3 && freq <= THUOCL_EVERYDAY)).then_some(w.trim())
+        });
+        dict.chain(thuocl).collect()
+    });
+    medical.contains(word)
+}
+
+/// Words an evaluation keeps out of the lexicons ([`hold_out_of_lexicon`]).
+static HELD_OUT: OnceLock<HashSet<String>> = OnceLock::new();
+
+/// Keeps `words` out of [`in_medical_lexicon`] for the life of the process, so that an evaluation can measure how
+/// names no lexicon holds are found (`care-bench --absent --hold-out`). Nothing in the appliance calls it.
+pub fn hold_out_of_lexicon(words: impl IntoIterator<Item = String>) {
+    let _ = HELD_OUT.set(words.into_iter().collect());
+}
+
+/// Endings of drug and disease names: a run of the query ending in one, absent from what the reader may read, is
+/// a name the collections lack (罗氏综合征, 阿哌沙班, 龙血竭胶囊) even where its pieces occur.
+const NAME_ENDINGS: &[&str] = &[
+    "综合征",
+    "综合症",
+    "病",
+    "症",
+    "炎",
+    "癌",
+    "瘤",
+    "溃疡",
+    "结石",
+    "梗死",
+    "衰竭",
+    "营养不良",
+    "障碍",
+    "畸形",
+    "中毒",
+    "硬化",
+    "狭窄",
+    "贫血",
+    "疹",
+    "癣",
+    "瘘",
+    "疝",
+    "囊肿",
+    "血肿",
+    "片",
+    "胶囊",
+    "颗粒",
+    "注射液",
+    "口服液",
+    "丸",
+    "滴眼液",
+    "乳膏",
+    "软膏",
+    "喷雾剂",
+    "栓",
+    "沙班",
+    "替尼",
+    "单抗",
+    "韦",
+    "肽",
+    "唑",
+    "胺",
+    "嗪",
+    "霉素",
+    "沙星",
+    "西林",
+    "洛尔",
+    "地平",
+    "普利",
+    "沙坦",
+    "他汀",
+    "格列净",
+    "格列汀",
+];
+
+/// Dosage forms: a product's name before one may hold any words (元胡止痛片, 甘露消渴胶囊, 独一味咀嚼片).
+const DOSAGE_FORMS: &[&str] =
+    &["片", "胶囊", "颗粒", "注射液", "口服液", "丸", "滴眼液", "乳膏", "软膏", "喷雾剂", "栓"];
+
+/// Words that take a medicine or say how, never part of its name (吃 in 慢性荨麻疹吃氯雷他定片).
+const INTAKE: &[&str] =
+    &["吃", "喝", "用", "服", "服用", "打", "买", "要", "想", "做", "给", "开", "换", "涂", "抹", "贴"];
+
+/// Whether a segment may stand inside a product's name before its dosage form: any content word, verbs and
+/// numbers included (止痛 in 元胡止痛片, 九味 in 九味羌活颗粒), but no word of taking it, pronoun, preposition,
+/// conjunction or particle.
+pub fn may_stand_in_product_name(jieba: &Jieba, segment: &str) -> bool {
+    if is_stopword(segment) || INTAKE.contains(&segment) || !segment.chars().all(crate::text::is_cjk) {
+        return false;
+    }
+    !matches!(jieba.tag(segment, false).as_slice(), [t] if matches!(t.tag, "r" | "p" | "c" | "u" | "y" | "e" | "ul" | "uj" | "uz" | "ug" | "uv" | "ud" | "zg"))
+}
+
+/// Whether `word` ends in a dosage form ([`DOSAGE_FORMS`]).
+pub fn dosage_form(word: &str) -> bool {
+    DOSAGE_FORMS.iter().any(|e| word.ends_with(e) && word.len() > e.len())
+}
+
+/// Whether `word` (three characters or more) ends like a drug or disease name ([`NAME_ENDINGS`]).
+pub fn name_shaped(word: &str) -> bool {
+    word.chars().count() >= 3 && NAME_ENDINGS.iter().any(|e| word.ends_with(e) && word.len() > e.len())
+}
+
+/// Whether a segment may begin a name: not a function word, verb, pronoun, number or measure word (吃, 能, 这, 两).
+pub fn may_begin_name(jieba: &Jieba, segment: &str) -> bool {
+    if is_stopword(segment) || !segment.chars().all(crate::text::is_cjk) {
+        return false;
+    }
+    if !jieba.has_word(segment) {
+        return true;
+    }
+    let tags = jieba.tag(segment, false);
+    !matches!(tags.as_slice(), [t] if matches!(t.tag, "v" | "vd" | "r" | "m" | "q" | "d" | "p" | "c" | "u" | "y" | "e" | "f" | "t" | "zg" | "ul" | "uj" | "uv" | "ud" | "ug" | "uz"))
+}
+
+/// Whether a segment may stand inside a name after its first: as [`may_begin_name`], and also a single character
+/// or a word of place (下 in 硬膜下血肿) or a number (三 in 二十一三体).
+pub fn may_continue_name(jieba: &Jieba, segment: &str) -> bool {
+    // A single character inside is the segmenter's failure on an unknown name (凡 of 马凡), whatever its tag.
+    if may_begin_name(jieba, segment) || (segment.chars().count() == 1 && !is_stopword(segment)) {
+        return true;
+    }
+    !is_stopword(segment)
+        && segment.chars().all(crate::text::is_cjk)
+        && matches!(jieba.tag(segment, false).as_slice(), [t] if matches!(t.tag, "f" | "m"))
+}
+
 /// The tag the admin's dictionary words carry in the segmenter (jieba's own words carry parts of speech).
 const ADMIN_TAG: &str = "care_admin";
 
@@ -147,9 +294,7 @@ const CLINICAL_ENDINGS: &str = "炎癌瘤症病痛疹疮痰腺膜菌素酸剂片
 /// a narrative question that mentions a mirror is not unanswered because no passage mentions one. The synonym
 /// table's terms are key terms on their own ([`crate::query`]).
 pub fn is_key_term(jieba: &Jieba, word: &str) -> bool {
-    static MEDICAL: OnceLock<HashSet<&'static str>> = OnceLock::new();
-    let medical = MEDICAL.get_or_init(|| MEDICAL_DICT.lines().filter_map(|l| l.split_whitespace().next()).collect());
-    if medical.contains(word) {
+    if in_medical_lexicon(word) {
         return true;
     }
     if word.chars().any(|c| c.is_ascii_digit()) {

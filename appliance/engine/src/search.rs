@@ -588,7 +588,8 @@ impl Engine {
         pinyin: bool,
     ) -> Result<(crate::query::QueryPlan, Option<String>, Vec<String>)> {
         let plan = crate::query::QueryPlan::with_synonyms(self.lexical.jieba(), query, table, weight);
-        let folded = plan.folded.trim().to_ascii_lowercase();
+        let typed = plan.folded.trim();
+        let folded = typed.to_ascii_lowercase();
         let runs = letter_runs(&folded);
         let whole = matches!(runs.as_slice(), [r] if *r == (0..folded.len()));
         // Letters among other letters and digits only (an English phrase, a dose) are not pinyin.
@@ -600,7 +601,10 @@ impl Engine {
         // From the end, so that the earlier runs' byte ranges hold while later ones are replaced.
         for run in runs.into_iter().rev() {
             let word = &folded[run.clone()];
-            if !(2..=24).contains(&word.len())
+            // Inside Chinese, only letters typed in lower case are initials: PK术 and XYY染色体 are abbreviations.
+            let abbreviation = !whole && typed[run.clone()].bytes().any(|b| b.is_ascii_uppercase());
+            if abbreviation
+                || !(2..=24).contains(&word.len())
                 || table.contains(word)
                 || self.readable_has(&[word.to_string()], readable)?
             {
@@ -660,6 +664,99 @@ impl Engine {
         }
         readings.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
         Ok(readings.into_iter().map(|r| r.1).collect())
+    }
+
+    /// Drug and disease names of the query that occur nowhere the reader may read though the segmenter cut them
+    /// into pieces that do (马凡综合征 into 马凡 and 综合征, 龙血竭胶囊): any stretch of the query that is a term of
+    /// the medical lexicons, and runs of segments without a function word that end like a name
+    /// ([`crate::lexical::name_shaped`]), are made of content words and are not two readable pieces whose second
+    /// is a term itself (口腔护理 + 并发症 is a question, not a name). Overlapping candidates: the lexicon's term
+    /// first, then the longer.
+    fn absent_names(&self, plan: &crate::query::QueryPlan, readable: Readable<'_>) -> Result<Vec<String>> {
+        use crate::lexical::{in_medical_lexicon, is_stopword, may_begin_name, name_shaped};
+        const MOST_SEGMENTS: usize = 6;
+        const MOST_CHARS: usize = 16;
+        let jieba = self.lexical.jieba();
+        let folded = plan.folded.to_lowercase();
+        let absent = |s: &str| -> Result<bool> {
+            Ok(!self.readable_has(&[s.to_string(), crate::query::to_traditional(s)], readable)?)
+        };
+        // (lexicon term, start, end) in characters of the query.
+        let mut found: Vec<(bool, usize, usize)> = Vec::new();
+        let chars: Vec<char> = folded.chars().collect();
+        let mut at = 0;
+        for run in folded.split(|c: char| !crate::text::is_cjk(c)) {
+            let (first, n) = (at, run.chars().count());
+            at += n + 1;
+            if n < 3 {
+                continue;
+            }
+            let text = |s: usize, e: usize| -> String { chars[first + s..first + e].iter().collect() };
+            for s in 0..n {
+                for e in (s + 3..=n.min(s + MOST_CHARS)).rev() {
+                    if in_medical_lexicon(&text(s, e)) && absent(&text(s, e))? {
+                        found.push((true, first + s, first + e));
+                        break;
+                    }
+                }
+            }
+            let segs: Vec<&str> = jieba.cut(run, false).into_iter().map(|w| w.word).collect();
+            let bounds: Vec<usize> = std::iter::once(0)
+                .chain(segs.iter().scan(0, |c, s| {
+                    *c += s.chars().count();
+                    Some(*c)
+                }))
+                .collect();
+            for end in 1..=segs.len() {
+                for start in end.saturating_sub(MOST_SEGMENTS)..end {
+                    let parts = &segs[start..end];
+                    let span = parts.concat();
+                    if !(3..=MOST_CHARS).contains(&span.chars().count())
+                        || parts.iter().any(|s| is_stopword(s))
+                        || !may_begin_name(jieba, parts[0])
+                        || !if crate::lexical::dosage_form(&span) {
+                            parts.iter().all(|s| crate::lexical::may_stand_in_product_name(jieba, s))
+                        } else {
+                            parts[1..].iter().all(|s| crate::lexical::may_continue_name(jieba, s))
+                        }
+                        || !name_shaped(&span)
+                        || !absent(&span)?
+                        || self.two_readable_pieces(parts, readable)?
+                    {
+                        continue;
+                    }
+                    found.push((false, first + bounds[start], first + bounds[end]));
+                    break;
+                }
+            }
+        }
+        // Candidates that overlap are one name seen in parts (三氯乙烯 and 氯乙烯中毒 in 三氯乙烯中毒).
+        found.sort_by_key(|&(_, s, e)| (s, e));
+        let mut kept: Vec<(usize, usize)> = Vec::new();
+        for (_, s, e) in found {
+            match kept.last_mut() {
+                Some(last) if s < last.1 => last.1 = last.1.max(e),
+                _ => kept.push((s, e)),
+            }
+        }
+        Ok(kept.into_iter().map(|(s, e)| chars[s..e].iter().collect()).collect())
+    }
+
+    /// Whether `parts` split into two readable pieces whose second is a clinical term of two characters or more
+    /// and whose first is no modifier (口腔护理 + 并发症, 爸 + 糖尿病; not 肾性 + 骨病).
+    fn two_readable_pieces(&self, parts: &[&str], readable: Readable<'_>) -> Result<bool> {
+        for k in 1..parts.len() {
+            let (left, right) = (parts[..k].concat(), parts[k..].concat());
+            if right.chars().count() >= 2
+                && !left.ends_with(['性', '型', '状'])
+                && crate::lexical::is_key_term(self.lexical.jieba(), &right)
+                && self.readable_has(std::slice::from_ref(&right), readable)?
+                && self.readable_has(std::slice::from_ref(&left), readable)?
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// The synonyms searched as the page names them (也搜索了): for a reader whom access lists restrict, only those
@@ -811,6 +908,12 @@ impl Engine {
                 missing.push(w.clone());
             }
         }
+        // A name absent as a whole is named whole, in place of its absent pieces (硬化性胆管炎, not 胆管炎).
+        let names = self.absent_names(plan, readable)?;
+        missing.retain(|m| !names.iter().any(|n| n.contains(m.as_str())));
+        missing.extend(names.into_iter().filter(|n| !present.contains(n)));
+        missing.sort_by_key(|m| plan.folded.to_lowercase().find(m.as_str()).unwrap_or(usize::MAX));
+        missing.dedup();
         Ok((present, missing))
     }
 }

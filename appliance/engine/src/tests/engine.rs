@@ -3849,3 +3849,29 @@ fn suggestions_come_only_from_text_the_reader_may_read_and_initials_inside_chine
     // Letters among Latin words and digits are left alone.
     assert_eq!(ask(&wu, "tnb 2 mg").pinyin_of, None);
 }
+
+/// Issue 53: a drug or disease name absent as a whole is named whole, though the segmenter cut it into pieces the
+/// collection holds; a question made of two readable pieces is not a name.
+#[test]
+fn names_absent_as_a_whole_are_named_whole_and_questions_are_not_names() {
+    let t = tempfile::tempdir().unwrap();
+    let e = engine_in(&t.path().join("data"));
+    let admin = Admin::console("tester");
+    e.collections().create(&admin, "c", "").unwrap();
+    let md = t.path().join("a.md");
+    std::fs::write(
+        &md,
+        "# 产前筛查\n\n唐氏综合征的产前筛查方法。胶囊剂的服用注意事项。口腔护理的要点。糖尿病并发症的预防。\n",
+    )
+    .unwrap();
+    assert_eq!(e.ingest_files("c", &[md], &mut |_| {}).unwrap().failed(), 0);
+    let missing =
+        |q: &str| e.search_unaudited(&SearchRequest { query: q.into(), ..Default::default() }).unwrap().missing_terms;
+    // 马凡 and 龙血竭 occur nowhere; 综合征 and 胶囊 do: the whole name is said to be missing, not a piece.
+    assert_eq!(missing("马凡综合征的症状"), vec!["马凡综合征".to_string()]);
+    assert!(missing("龙血竭胶囊的副作用").contains(&"龙血竭胶囊".to_string()), "{:?}", missing("龙血竭胶囊的副作用"));
+    // Names the collection holds, and questions made of what it holds, are not flagged.
+    assert!(missing("唐氏综合征的产前筛查").is_empty());
+    assert!(missing("口腔护理并发症").is_empty(), "{:?}", missing("口腔护理并发症"));
+    assert!(missing("糖尿病并发症怎么预防").is_empty());
+}
