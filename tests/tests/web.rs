@@ -109,8 +109,10 @@ fn authorisation_matrix_and_collection_isolation() {
     assert!(out.contains("已更新 1 篇"), "{out}");
     // A document of the granted collection whose access list names only the 会诊组: no clinician outside that
     // group may find, open, rate or count it (added after `doc` above was picked, so the matrix's ids stay open).
-    let restricted_md =
-        write(&t.path().join("restricted.md"), "# 会诊限阅记录\n\n阿司匹林抵抗患者的会诊记录，仅限会诊组查阅。\n");
+    let restricted_md = write(
+        &t.path().join("restricted.md"),
+        "# 会诊限阅记录\n\n阿司匹林抵抗患者的会诊记录：改用替格瑞洛，仅限会诊组查阅。\n",
+    );
     care.ok(&["ingest", "granted", restricted_md.to_str().unwrap()]);
     let r = care.json(&["search", "--json", "-c", "granted", "阿司匹林抵抗 会诊"]);
     let hit =
@@ -566,6 +568,15 @@ fn authorisation_matrix_and_collection_isolation() {
     assert_eq!(feedback_on(restricted_chunk), 404);
     let r: serde_json::Value = get(&format!("/api/v1/search?{rq}&limit=50"), &admin).json().unwrap();
     assert!(r.to_string().contains("会诊限阅记录"), "the administrator sees it: {r}");
+    // Suggestions come only from what the reader may open (issue 53): tgrl reads as 替格瑞洛 for the administrator,
+    // whom the restricted document's word is visible to; the clinician is offered nothing that names it, and a
+    // search for the word says it occurs nowhere they may read.
+    let r: serde_json::Value = get("/api/v1/search?q=tgrl", &admin).json().unwrap();
+    assert_eq!(r["folded_query"], "替格瑞洛", "{r}");
+    let r: serde_json::Value = get("/api/v1/search?q=tgrl", &clin).json().unwrap();
+    assert!(r["pinyin_of"].is_null() && !r.to_string().contains("替格瑞洛"), "{r}");
+    let r: serde_json::Value = get("/api/v1/search?q=%E6%9B%BF%E6%A0%BC%E7%91%9E%E6%B4%9B", &clin).json().unwrap();
+    assert!(r["missing_terms"].to_string().contains("替格瑞洛") && r["total"] == 0, "{r}");
     // In the group, the clinician sees it.
     care.ok(&["user", "set", "drwang", "--groups", "会诊组"]);
     let r: serde_json::Value = get(&format!("/api/v1/search?{rq}&limit=50"), &clin).json().unwrap();
