@@ -118,7 +118,9 @@ pub fn report(store: &Store, days: u32, now: i64) -> Result<Analytics> {
                 (words, n)
             }
             rusqlite::types::Value::Integer(n) => (Vec::new(), usize::try_from(n).unwrap_or(0)),
-            _ => (Vec::new(), 0),
+            rusqlite::types::Value::Null | rusqlite::types::Value::Real(_) | rusqlite::types::Value::Blob(_) => {
+                (Vec::new(), 0)
+            }
         };
         let missing = r.get::<_, Option<i64>>(3)?.unwrap_or(0) != 0 || candidates == Some(0) || absent_count > 0;
         for w in absent {
