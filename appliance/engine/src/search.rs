@@ -679,7 +679,12 @@ impl Engine {
         let jieba = self.lexical.jieba();
         let folded = plan.folded.to_lowercase();
         let absent = |s: &str| -> Result<bool> {
-            Ok(!self.readable_has(&[s.to_string(), crate::query::to_traditional(s)], readable)?)
+            let mut forms = vec![s.to_string()];
+            let traditional = crate::query::to_traditional(s);
+            if traditional != s {
+                forms.push(traditional);
+            }
+            Ok(!self.readable_has(&forms, readable)?)
         };
         // (lexicon term, start, end) in characters of the query.
         let mut found: Vec<(bool, usize, usize)> = Vec::new();
