@@ -234,6 +234,14 @@ const DOSAGE_FORMS: &[&str] =
 const INTAKE: &[&str] =
     &["吃", "喝", "用", "服", "服用", "打", "买", "要", "想", "做", "给", "开", "换", "涂", "抹", "贴"];
 
+/// Parts of speech that never stand in a name: pronouns, prepositions, conjunctions, particles, interjections.
+const FUNCTION_TAGS: &[&str] = &["r", "p", "c", "u", "y", "e", "zg", "ul", "uj", "uv", "ud", "ug", "uz"];
+
+/// Whether jieba knows `segment` as one word tagged with one of the lists' tags.
+fn tagged(jieba: &Jieba, segment: &str, lists: &[&[&str]]) -> bool {
+    matches!(jieba.tag(segment, false).as_slice(), [t] if lists.iter().any(|l| l.contains(&t.tag)))
+}
+
 /// Whether a segment may stand inside a product's name before its dosage form: any content word, verbs and
 /// numbers included (止痛 in 元胡止痛片, 九味 in 九味羌活颗粒), but no word of taking it, pronoun, preposition,
 /// conjunction or particle.
@@ -241,7 +249,7 @@ pub fn may_stand_in_product_name(jieba: &Jieba, segment: &str) -> bool {
     if is_stopword(segment) || INTAKE.contains(&segment) || !segment.chars().all(crate::text::is_cjk) {
         return false;
     }
-    !matches!(jieba.tag(segment, false).as_slice(), [t] if matches!(t.tag, "r" | "p" | "c" | "u" | "y" | "e" | "ul" | "uj" | "uz" | "ug" | "uv" | "ud" | "zg"))
+    !tagged(jieba, segment, &[FUNCTION_TAGS])
 }
 
 /// Whether `word` ends in a dosage form ([`DOSAGE_FORMS`]).
@@ -262,8 +270,8 @@ pub fn may_begin_name(jieba: &Jieba, segment: &str) -> bool {
     if !jieba.has_word(segment) {
         return true;
     }
-    let tags = jieba.tag(segment, false);
-    !matches!(tags.as_slice(), [t] if matches!(t.tag, "v" | "vd" | "r" | "m" | "q" | "d" | "p" | "c" | "u" | "y" | "e" | "f" | "t" | "zg" | "ul" | "uj" | "uv" | "ud" | "ug" | "uz"))
+    // Verbs, numbers, measure words, adverbs, place and time words begin no name either.
+    !tagged(jieba, segment, &[FUNCTION_TAGS, &["v", "vd", "m", "q", "d", "f", "t"]])
 }
 
 /// Whether a segment may stand inside a name after its first: as [`may_begin_name`], and also a single character
@@ -273,9 +281,7 @@ pub fn may_continue_name(jieba: &Jieba, segment: &str) -> bool {
     if may_begin_name(jieba, segment) || (segment.chars().count() == 1 && !is_stopword(segment)) {
         return true;
     }
-    !is_stopword(segment)
-        && segment.chars().all(crate::text::is_cjk)
-        && matches!(jieba.tag(segment, false).as_slice(), [t] if matches!(t.tag, "f" | "m"))
+    !is_stopword(segment) && segment.chars().all(crate::text::is_cjk) && tagged(jieba, segment, &[&["f", "m"]])
 }
 
 /// The tag the admin's dictionary words carry in the segmenter (jieba's own words carry parts of speech).

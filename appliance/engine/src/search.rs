@@ -670,8 +670,7 @@ impl Engine {
     /// into pieces that do (马凡综合征 into 马凡 and 综合征, 龙血竭胶囊): any stretch of the query that is a term of
     /// the medical lexicons, and runs of segments without a function word that end like a name
     /// ([`crate::lexical::name_shaped`]), are made of content words and are not two readable pieces whose second
-    /// is a term itself (口腔护理 + 并发症 is a question, not a name). Overlapping candidates: the lexicon's term
-    /// first, then the longer.
+    /// is a term itself (口腔护理 + 并发症 is a question, not a name). Overlapping candidates are one name.
     fn absent_names(&self, plan: &crate::query::QueryPlan, readable: Readable<'_>) -> Result<Vec<String>> {
         use crate::lexical::{in_medical_lexicon, is_stopword, may_begin_name, name_shaped};
         const MOST_SEGMENTS: usize = 6;
@@ -686,8 +685,8 @@ impl Engine {
             }
             Ok(!self.readable_has(&forms, readable)?)
         };
-        // (lexicon term, start, end) in characters of the query.
-        let mut found: Vec<(bool, usize, usize)> = Vec::new();
+        // (start, end) in characters of the query.
+        let mut found: Vec<(usize, usize)> = Vec::new();
         let chars: Vec<char> = folded.chars().collect();
         let mut at = 0;
         for run in folded.split(|c: char| !crate::text::is_cjk(c)) {
@@ -697,10 +696,14 @@ impl Engine {
                 continue;
             }
             let text = |s: usize, e: usize| -> String { chars[first + s..first + e].iter().collect() };
+            // From each start, the longest lexicon term decides: what is inside a term that occurs occurs too.
             for s in 0..n {
                 for e in (s + 3..=n.min(s + MOST_CHARS)).rev() {
-                    if in_medical_lexicon(&text(s, e)) && absent(&text(s, e))? {
-                        found.push((true, first + s, first + e));
+                    let term = text(s, e);
+                    if in_medical_lexicon(&term) {
+                        if absent(&term)? {
+                            found.push((first + s, first + e));
+                        }
                         break;
                     }
                 }
@@ -730,15 +733,15 @@ impl Engine {
                     {
                         continue;
                     }
-                    found.push((false, first + bounds[start], first + bounds[end]));
+                    found.push((first + bounds[start], first + bounds[end]));
                     break;
                 }
             }
         }
         // Candidates that overlap are one name seen in parts (三氯乙烯 and 氯乙烯中毒 in 三氯乙烯中毒).
-        found.sort_by_key(|&(_, s, e)| (s, e));
+        found.sort_unstable();
         let mut kept: Vec<(usize, usize)> = Vec::new();
-        for (_, s, e) in found {
+        for (s, e) in found {
             match kept.last_mut() {
                 Some(last) if s < last.1 => last.1 = last.1.max(e),
                 _ => kept.push((s, e)),
@@ -917,7 +920,8 @@ impl Engine {
         let names = self.absent_names(plan, readable)?;
         missing.retain(|m| !names.iter().any(|n| n.contains(m.as_str())));
         missing.extend(names.into_iter().filter(|n| !present.contains(n)));
-        missing.sort_by_key(|m| plan.folded.to_lowercase().find(m.as_str()).unwrap_or(usize::MAX));
+        let folded = plan.folded.to_lowercase();
+        missing.sort_by_key(|m| folded.find(m.as_str()).unwrap_or(usize::MAX));
         missing.dedup();
         Ok((present, missing))
     }

@@ -90,7 +90,7 @@ impl ApiError {
 
 /// Whether a text holds Chinese (a CJK ideograph): what every message shown to a person must.
 pub fn has_chinese(s: &str) -> bool {
-    s.chars().any(|c| matches!(c, '\u{4e00}'..='\u{9fff}' | '\u{3400}'..='\u{4dbf}'))
+    s.chars().any(care_engine::text::is_cjk)
 }
 
 /// Folders whose next path component is a staging token (`<data_dir>/uploads/`, `<data_dir>/models/.import-`),

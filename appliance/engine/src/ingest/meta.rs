@@ -252,7 +252,7 @@ pub fn detect_language(text: &str) -> &'static str {
     let (mut han, mut kana, mut hangul, mut latin) = (0usize, 0usize, 0usize, 0usize);
     for c in text.chars().take(4000) {
         match c {
-            '\u{4e00}'..='\u{9fff}' | '\u{3400}'..='\u{4dbf}' => han += 1,
+            c if crate::text::is_cjk(c) => han += 1,
             '\u{3040}'..='\u{30ff}' => kana += 1,
             '\u{ac00}'..='\u{d7af}' => hangul += 1,
             c if c.is_ascii_alphabetic() => latin += 1,
