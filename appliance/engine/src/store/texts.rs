@@ -6,6 +6,12 @@
 //! passages in a release build, paid again for the term's traditional form and its synonyms, on every search with
 //! such a term. Here it is one SIMD substring search (`memchr::memmem`) over a buffer per collection.
 //!
+//! An absent term is the costly case: the whole buffer is read to say "nowhere", and the search page's absent-name
+//! check asks for a dozen spans of every query. Each collection therefore also keeps, per character pair, the
+//! chunks holding it; a needle is looked for only in the chunks holding all its pairs, which for an absent name is
+//! usually none (one lookup per pair). A pair common enough that its chunks are a large share of the collection
+//! sends the needle back to the plain scan, which is then as fast per chunk.
+//!
 //! The copy follows the table: chunks added since are appended (ingest only adds rows); a deletion, counted by a
 //! trigger (migration 16), rebuilds it. Beyond [`MAX_BYTES`] of text no copy is kept and SQLite answers.
 
@@ -15,7 +21,7 @@ use std::sync::RwLock;
 use super::Store;
 use crate::error::Result;
 
-/// Text kept in memory at most, all collections together; beyond it the check scans SQLite.
+/// Text and its pair index kept in memory at most, all collections together; beyond it the check scans SQLite.
 pub const MAX_BYTES: usize = 512 << 20;
 
 /// The newest chunk id and the number of chunk rows ever deleted: equal stamps, the same chunks.
@@ -48,6 +54,26 @@ struct Texts {
     buf: Vec<u8>,
     /// (chunk id, offset of its title in `buf`), ids ascending.
     starts: Vec<(i64, usize)>,
+    /// For each pair of adjacent characters of a field ([`pair`]), the positions in `starts` of the chunks holding
+    /// it, ascending.
+    pairs: rustc_hash::FxHashMap<u64, Vec<u32>>,
+}
+
+/// Bytes counted for each posting and for each distinct pair (the map's entry and its vector's header).
+const POSTING_BYTES: usize = 4;
+const PAIR_BYTES: usize = 48;
+
+/// The key of two adjacent characters.
+fn pair(a: char, b: char) -> u64 {
+    (u64::from(a) << 32) | u64::from(b)
+}
+
+/// The distinct character pairs of `field` (no pair spans two fields: a needle holds no NUL).
+fn pairs_of(field: &str, into: &mut Vec<u64>) {
+    let mut chars = field.chars().peekable();
+    while let (Some(a), Some(&b)) = (chars.next(), chars.peek()) {
+        into.push(pair(a, b));
+    }
 }
 
 impl TextImage {
@@ -127,10 +153,24 @@ impl Image {
                 Some(t) => t,
                 None => collections.entry(collection.to_string()).or_default(),
             };
+            let position = texts.starts.len() as u32;
             texts.starts.push((id, texts.buf.len()));
+            let mut pairs = Vec::new();
             for part in parts {
-                texts.buf.extend(part.bytes().map(|b| b.to_ascii_lowercase()));
+                let folded = part.to_ascii_lowercase();
+                pairs_of(&folded, &mut pairs);
+                texts.buf.extend_from_slice(folded.as_bytes());
                 texts.buf.push(0);
+            }
+            pairs.sort_unstable();
+            pairs.dedup();
+            bytes += pairs.len() * POSTING_BYTES;
+            for p in pairs {
+                let chunks = texts.pairs.entry(p).or_insert_with(|| {
+                    bytes += PAIR_BYTES;
+                    Vec::new()
+                });
+                chunks.push(position);
             }
             true
         })?;
@@ -153,8 +193,7 @@ impl Image {
         let chunk = |id: i64| {
             texts.iter().find_map(|t| {
                 let at = t.starts.binary_search_by_key(&id, |s| s.0).ok()?;
-                let end = t.starts.get(at + 1).map_or(t.buf.len(), |s| s.1);
-                std::str::from_utf8(&t.buf[t.starts[at].1..end]).ok()
+                std::str::from_utf8(t.chunk(at)).ok()
             })
         };
         Some(
@@ -173,12 +212,51 @@ impl Image {
         if needle.is_empty() || needle.contains('\0') {
             return Some(false);
         }
-        let folded: Vec<u8> = needle.bytes().map(|b| b.to_ascii_lowercase()).collect();
-        let finder = memchr::memmem::Finder::new(&folded);
+        let folded = needle.to_ascii_lowercase();
+        let finder = memchr::memmem::Finder::new(folded.as_bytes());
+        let mut needle_pairs = Vec::new();
+        pairs_of(&folded, &mut needle_pairs);
         Some(collections.iter().filter_map(|c| self.collections.get(c)).any(|t| {
             let first = t.starts.partition_point(|&(id, _)| id <= after_chunk);
-            t.starts.get(first).is_some_and(|&(_, from)| finder.find(&t.buf[from..]).is_some())
+            match t.candidates(&needle_pairs, first) {
+                Some(chunks) => chunks.into_iter().any(|at| finder.find(t.chunk(at as usize)).is_some()),
+                None => t.starts.get(first).is_some_and(|&(_, from)| finder.find(&t.buf[from..]).is_some()),
+            }
         }))
+    }
+}
+
+impl Texts {
+    /// The bytes of the chunk at `at` in `starts`.
+    fn chunk(&self, at: usize) -> &[u8] {
+        let end = self.starts.get(at + 1).map_or(self.buf.len(), |s| s.1);
+        &self.buf[self.starts[at].1..end]
+    }
+
+    /// The positions from `first` on of the chunks holding every pair of a needle, or None when its rarest pair is
+    /// held by too large a share of them to be worth it (or it has no pair: one character).
+    fn candidates(&self, needle_pairs: &[u64], first: usize) -> Option<Vec<u32>> {
+        let mut postings = Vec::with_capacity(needle_pairs.len());
+        for p in needle_pairs {
+            match self.pairs.get(p) {
+                Some(chunks) => postings.push(&chunks[chunks.partition_point(|&c| (c as usize) < first)..]),
+                None => return Some(Vec::new()),
+            }
+        }
+        postings.sort_unstable_by_key(|c| c.len());
+        let rarest = postings.first()?;
+        let scanned = self.starts.len() - first.min(self.starts.len());
+        if rarest.len() > 64 && rarest.len() * 8 > scanned {
+            return None;
+        }
+        let mut kept = rarest.to_vec();
+        for other in &postings[1..] {
+            if kept.len() <= 4 {
+                break;
+            }
+            kept.retain(|c| other.binary_search(c).is_ok());
+        }
+        Some(kept)
     }
 }
 
