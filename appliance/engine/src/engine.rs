@@ -8,9 +8,7 @@
 //! if the index's chunk count still disagrees with SQLite it rebuilds the index from SQLite, which is the source
 //! of truth.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::Instant;
 
 use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
@@ -34,23 +32,15 @@ pub struct Engine {
     pub(crate) store: Store,
     pub(crate) lexical: LexicalIndex,
     pub(crate) dense: DenseStore,
-    /// Loaded encoders by model id (a "both" model serves queries and documents from one session).
-    /// Loaded encoders by (model id, graph).
-    pub(crate) encoders:
-        std::sync::Mutex<HashMap<(i64, care_formats::Graph), std::sync::Arc<crate::encoders::OrtEncoder>>>,
-    /// See [`Engine::active_pair_cached`].
-    pub(crate) active_cache: std::sync::Mutex<Option<(Instant, Option<crate::models::ActivePair>)>>,
+    /// Encoders, tokenizers and the active pair in memory ([`crate::encoders::LoadedModels`]).
+    pub(crate) models: crate::encoders::LoadedModels,
     /// Serialises writes to the stores (ingest batches, deletions): the write protocol assumes one writer, while
     /// job workers parse files in parallel.
     pub(crate) write_lock: std::sync::Mutex<()>,
-    /// Tokenizers of query models (by model id) used to measure chunks; loaded without the ONNX session.
-    pub(crate) tokenizers: std::sync::Mutex<HashMap<i64, std::sync::Arc<tokenizers::Tokenizer>>>,
     /// The synonym table as of its version in SQLite ([`Engine::synonym_table`]).
     pub(crate) synonyms: Versioned<crate::synonyms::SynonymTable>,
-    /// Words a full scan found in no chunk text ([`Engine::text_contains`]).
-    pub(crate) absent_words: std::sync::Mutex<HashMap<(String, String), AbsentWord>>,
-    /// The chunks' text in memory for those scans.
-    pub(crate) texts: crate::store::texts::TextImage,
+    /// Whether words occur in the chunks' text ([`crate::store::texts::TextPresence`]).
+    pub(crate) texts: crate::store::texts::TextPresence,
     /// Documents' filing as of its version in SQLite ([`Engine::meta_index`]).
     pub(crate) meta_index: Versioned<crate::facets::MetaIndex>,
     /// The trainer's status as of its newest check ([`Engine::trainer_status`]).
@@ -63,13 +53,6 @@ pub struct Engine {
     pub(crate) live: crate::settings::LiveSettings,
     /// The hospital sign-in in force: `cfg`'s sections or the console's ([`crate::directory::console`]).
     pub(crate) sign_in: crate::directory::console::LiveSignIn,
-}
-
-/// A word no chunk contained, as of the chunks' stamp then: still absent from those chunks while no chunk row has
-/// been deleted since (a new chunk could then reuse a scanned id), so asking again reads only newer chunks.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct AbsentWord {
-    pub(crate) scanned: crate::store::texts::ChunkStamp,
 }
 
 /// Age after which an upload folder no job owns is an interrupted upload's.
@@ -454,18 +437,15 @@ impl Engine {
         let dense = DenseStore::open(&dir.dense())?;
         let audit_writer = crate::audit::writer::Writer::start(store.shared_writer())?;
         let engine = Engine {
+            models: crate::encoders::LoadedModels::new(cfg.model.clone()),
             cfg,
             dir,
             audit_writer,
             store,
             lexical,
             dense,
-            encoders: Default::default(),
-            active_cache: Default::default(),
             write_lock: Default::default(),
-            tokenizers: Default::default(),
             synonyms: Default::default(),
-            absent_words: Default::default(),
             texts: Default::default(),
             meta_index: Default::default(),
             trainer_check: Default::default(),
@@ -760,23 +740,7 @@ impl Engine {
             });
         };
         let q = &pair.query;
-        let tok = {
-            let mut cache = self.tokenizers.lock().unwrap_or_else(|p| p.into_inner());
-            match cache.get(&q.id) {
-                Some(t) => t.clone(),
-                None => {
-                    let path = q.dir.join("tokenizer.json");
-                    let mut t = tokenizers::Tokenizer::from_file(&path)
-                        .map_err(|e| Error::Model(format!("{}: {e}", path.display())))?;
-                    // Whole sentences are measured: no truncation, no padding.
-                    t.with_truncation(None).map_err(|e| Error::Model(e.to_string()))?;
-                    t.with_padding(None);
-                    let t = std::sync::Arc::new(t);
-                    cache.insert(q.id, t.clone());
-                    t
-                }
-            }
-        };
+        let tok = self.models.tokenizer(q)?;
         // The console's chunk size, when set, with the overlap kept under a quarter of it.
         let (max, overlap) = match self.live.get(crate::settings::Setting::ChunkTokens) {
             Some(v) => (v as usize, cfg.overlap_tokens.min(v as usize / 4)),

@@ -11,7 +11,7 @@ use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
 
 use crate::dense::{DenseHit, DenseTable};
-use crate::encoders::{OrtEncoder, TextKind};
+use crate::encoders::TextKind;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::facets::DocSet;
@@ -91,23 +91,9 @@ impl Engine {
         }
         if models::active(&self.store)?.is_none() {
             models::set_active(&self.store, &rec, &rec, "system")?;
-            *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            self.models.forget_active_pair();
         }
         Ok(rec)
-    }
-
-    /// The active pair, read from SQLite at most once a second: the query path asks for it several times per
-    /// search, and a pair switched by another process (CLI while the server runs) shows up within that second.
-    pub(crate) fn active_pair_cached(&self) -> Result<Option<ActivePair>> {
-        let mut cache = self.active_cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((at, pair)) = cache.as_ref()
-            && at.elapsed() < std::time::Duration::from_secs(1)
-        {
-            return Ok(pair.clone());
-        }
-        let pair = models::active(&self.store)?;
-        *cache = Some((std::time::Instant::now(), pair.clone()));
-        Ok(pair)
     }
 
     pub fn model_records(&self) -> Result<Vec<ModelRecord>> {
@@ -163,31 +149,9 @@ impl Engine {
             &models::FusionChange::Keep,
             query_graph,
         )?;
-        *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.models.forget_active_pair();
         q.query_graph = query_graph.unwrap_or(q.query_graph);
         Ok(ActivePair { query: q, document: d })
-    }
-
-    /// The model's fp32 encoder: documents, and the hard-negative miner's guide.
-    pub(crate) fn encoder(&self, model: &ModelRecord) -> Result<Arc<OrtEncoder>> {
-        self.encoder_graph(model, Graph::Fp32)
-    }
-
-    /// The encoder queries are searched with: the graph the model was promoted with.
-    pub(crate) fn query_encoder(&self, model: &ModelRecord) -> Result<Arc<OrtEncoder>> {
-        self.encoder_graph(model, model.served_query_graph())
-    }
-
-    /// One graph's encoder, loaded once (each with its own session thread).
-    pub(crate) fn encoder_graph(&self, model: &ModelRecord, graph: Graph) -> Result<Arc<OrtEncoder>> {
-        let mut cache = self.encoders.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(e) = cache.get(&(model.id, graph)) {
-            return Ok(e.clone());
-        }
-        let e = Arc::new(OrtEncoder::load_graph(&model.dir, graph, &self.cfg.model)?);
-        tracing::info!(model = %model.name, version = %model.version, %graph, device = e.device, "loaded encoder");
-        cache.insert((model.id, graph), e.clone());
-        Ok(e)
     }
 
     /// The dense table of (collection, document model), created on demand when `create` is set.
@@ -234,7 +198,7 @@ impl Engine {
             return Ok(());
         }
         let Some((_, table)) = self.dense_table(col.id, &pair.document, true)? else { return Ok(()) };
-        let enc = self.encoder(&pair.document)?;
+        let enc = self.models.encoder(&pair.document)?;
         let texts: Vec<String> = rows.iter().map(embedding_text).collect();
         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
         let vecs = enc.encode(&refs, TextKind::Document)?;
@@ -305,7 +269,7 @@ impl Engine {
         let mut docs: Vec<i64> = todo_docs.into_iter().collect();
         docs.sort_unstable();
         let total = docs.len();
-        let enc = self.encoder(model)?;
+        let enc = self.models.encoder(model)?;
         let mut changed = 0;
         for (i, batch) in docs.chunks(256).enumerate() {
             let set: HashSet<i64> = batch.iter().copied().collect();
@@ -512,8 +476,8 @@ impl Engine {
 
     /// Encodes a query with the active query model; `None` when no model is active.
     pub fn encode_queries(&self, texts: &[&str]) -> Result<Option<(Vec<Vec<f32>>, ModelRecord)>> {
-        let Some(pair) = self.active_pair_cached()? else { return Ok(None) };
-        let enc = self.query_encoder(&pair.query)?;
+        let Some(pair) = self.models.active_pair(&self.store)? else { return Ok(None) };
+        let enc = self.models.query_encoder(&pair.query)?;
         Ok(Some((enc.encode(texts, TextKind::Query)?, pair.query)))
     }
 
@@ -552,7 +516,7 @@ impl Engine {
         all: bool,
         keep: Option<&DocSet>,
     ) -> Result<(Vec<DenseHit>, Vec<DenseHit>)> {
-        let Some(pair) = self.active_pair_cached()? else { return Ok((Vec::new(), Vec::new())) };
+        let Some(pair) = self.models.active_pair(&self.store)? else { return Ok((Vec::new(), Vec::new())) };
         // The live pair may have switched between encoding this query and searching: then the search finishes
         // with the document model the query encoder was live with (its tables are kept), so it never fails.
         let document = if pair.query.id == query_model.id {

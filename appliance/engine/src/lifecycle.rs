@@ -595,7 +595,7 @@ impl Engine {
         col: &crate::store::Collection,
         progress: &mut dyn FnMut(DenseProgress) -> Result<()>,
     ) -> Result<crate::eval::Candidates2> {
-        let encoder = self.encoder_graph(&pair.query, graph)?;
+        let encoder = self.models.graph(&pair.query, graph)?;
         let dense = crate::search::JudgedDense { encoder: &encoder, query: &pair.query, document: &pair.document };
         crate::eval::judged(self, set, col, Some(dense), 100, &mut |done, total| {
             if done % 50 == 0 {
@@ -629,7 +629,7 @@ impl Engine {
     /// other lets a burst of unrelated work land on one side only and fail (or pass) the gate by chance.
     fn encode_latencies(&self, sides: &[(&ModelRecord, Graph)], queries: &[String]) -> Result<Vec<EncodeLatency>> {
         const WARM_UP: usize = 8;
-        let encs = sides.iter().map(|(m, g)| self.encoder_graph(m, *g)).collect::<Result<Vec<_>>>()?;
+        let encs = sides.iter().map(|(m, g)| self.models.graph(m, *g)).collect::<Result<Vec<_>>>()?;
         let mut ms = vec![Vec::with_capacity(queries.len()); encs.len()];
         // Warm-up first: the first queries' timings are dropped.
         for (i, q) in queries.iter().take(WARM_UP).chain(queries.iter()).enumerate() {
@@ -1032,7 +1032,7 @@ impl crate::engine::Models<'_> {
         self.prepare_document_model(&cand.document, progress)?;
         let action = if verdict.is_some_and(|v| v.1) { "model.promote" } else { "model.promote_override" };
         models::set_active_as(&self.store, &cand.query, &cand.document, &actor.name, (action, reason), &fusion, graph)?;
-        *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.models.forget_active_pair();
         Ok(cand)
     }
 
@@ -1061,7 +1061,7 @@ impl crate::engine::Models<'_> {
             &models::FusionChange::RestoreBeforeLive,
             None,
         )?;
-        *self.active_cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.models.forget_active_pair();
         Ok(pair)
     }
 

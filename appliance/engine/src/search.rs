@@ -13,9 +13,6 @@ use crate::error::{Error, Result};
 use crate::fusion::{Explained, Ranked, ScoreParts};
 use crate::store::Collection;
 
-/// Words remembered as absent, at most (the map is emptied when full).
-const ABSENT_WORDS_MAX: usize = 20_000;
-
 /// Longest query accepted, in characters.
 pub const MAX_QUERY_CHARS: usize = 1000;
 
@@ -502,8 +499,7 @@ impl Engine {
             return Ok(Default::default());
         }
         let needles: Vec<String> = matched.iter().flat_map(|w| plan.forms_in_both_scripts(w)).collect();
-        let stamp = self.store.chunk_stamp()?;
-        Ok(match self.texts.chunks_containing(&self.store, stamp, chunks, &needles, collections)? {
+        Ok(match self.texts.chunks_containing(&self.store, chunks, &needles, collections)? {
             Some(found) => found,
             None => ranking.hits.iter().filter(|h| h.parts.bm25.is_some()).map(|h| h.chunk_id).collect(),
         })
@@ -800,7 +796,7 @@ impl Engine {
             found = found || self.lexical.any_chunk_with(f, readable.names)?;
         }
         for f in forms {
-            found = found || self.text_contains(f, readable.names)?;
+            found = found || self.texts.contains(&self.store, f, readable.names)?;
         }
         if found && let Some(v) = readable.visible {
             found = false;
@@ -808,37 +804,6 @@ impl Engine {
                 let lower = f.to_ascii_lowercase();
                 found = found || self.store.any_admitted_chunk_contains(&lower, readable.names, |d| v.contains(d))?;
             }
-        }
-        Ok(found)
-    }
-
-    /// Whether some chunk text, heading or title of `collections` contains `word`: a substring search of the
-    /// chunks' text kept in memory ([`crate::store::texts`]), or of SQLite when that is too large to keep. A word
-    /// found absent is remembered with the chunks' stamp, so asking again reads only the chunks added since:
-    /// clinicians' words that occur nowhere recur across queries.
-    pub(crate) fn text_contains(&self, word: &str, collections: &[String]) -> Result<bool> {
-        let key = (word.to_string(), collections.join("\u{1f}"));
-        let lock = || self.absent_words.lock().unwrap_or_else(|p| p.into_inner());
-        let stamp = self.store.chunk_stamp()?;
-        let after = lock()
-            .get(&key)
-            .filter(|a| a.scanned.deletions == stamp.deletions)
-            .map_or(0, |a| a.scanned.newest.min(stamp.newest));
-        if after == stamp.newest {
-            return Ok(false);
-        }
-        let found = match self.texts.contains(&self.store, stamp, word, collections, after)? {
-            Some(found) => found,
-            None => self.store.any_chunk_contains(word, collections, after)?,
-        };
-        let mut absent = lock();
-        if found {
-            absent.remove(&key);
-        } else {
-            if absent.len() >= ABSENT_WORDS_MAX {
-                absent.clear();
-            }
-            absent.insert(key, crate::engine::AbsentWord { scanned: stamp });
         }
         Ok(found)
     }

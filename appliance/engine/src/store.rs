@@ -609,7 +609,7 @@ impl Store {
     }
 
     /// Whether any chunk of `collections` newer than `after_chunk` contains `needle` in its text, heading or
-    /// document title (ASCII case folded). A scan that stops at the first match: `Engine::text_contains` uses it when
+    /// document title (ASCII case folded). A scan that stops at the first match: `TextPresence::contains` uses it when
     /// the collections' text is too large to keep in memory ([`texts::TextImage`]).
     pub fn any_chunk_contains(&self, needle: &str, collections: &[String], after_chunk: i64) -> Result<bool> {
         if collections.is_empty() || needle.is_empty() {

@@ -141,8 +141,8 @@ pub fn candidates(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Candidates2> {
     let col = engine.collection(collection)?;
-    let pair = engine.active_pair_cached()?;
-    let encoder = pair.as_ref().map(|p| engine.query_encoder(&p.query)).transpose()?;
+    let pair = engine.models.active_pair(&engine.store)?;
+    let encoder = pair.as_ref().map(|p| engine.models.query_encoder(&p.query)).transpose()?;
     let dense = pair.as_ref().zip(encoder.as_deref()).map(|(p, encoder)| crate::search::JudgedDense {
         encoder,
         query: &p.query,

@@ -2,7 +2,7 @@
 //!
 //! A query term that the lexical index does not hold as a term (jieba cut the passages around it differently) is
 //! looked for as a substring of the text, heading and title of every chunk of the readable collections
-//! (`Engine::text_contains`). In SQLite that reads every row: 30–40 ms per term for kuake_qtr's 32,171 short
+//! ([`TextPresence::contains`]). In SQLite that reads every row: 30–40 ms per term for kuake_qtr's 32,171 short
 //! passages in a release build, paid again for the term's traditional form and its synonyms, on every search with
 //! such a term. Here it is one SIMD substring search (`memchr::memmem`) over a buffer per collection.
 //!
@@ -16,7 +16,7 @@
 //! trigger (migration 16), rebuilds it. Beyond [`MAX_BYTES`] of text no copy is kept and SQLite answers.
 
 use std::collections::HashMap;
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
 
 use super::Store;
 use crate::error::Result;
@@ -31,8 +31,69 @@ pub struct ChunkStamp {
     pub deletions: i64,
 }
 
+/// Words remembered as absent, at most (the map is emptied when full).
+const ABSENT_WORDS_MAX: usize = 20_000;
+
+/// Whether words occur in the chunks' text: the copy in memory ([`TextImage`], or SQLite when the text is too large
+/// to keep), and the words found absent, each remembered with the chunks' stamp then. Such a word is still absent
+/// from those chunks while no chunk row has been deleted since (a new chunk could then reuse a scanned id), so
+/// asking again reads only the chunks added since: clinicians' words that occur nowhere recur across queries.
 #[derive(Default)]
-pub(crate) struct TextImage {
+pub(crate) struct TextPresence {
+    image: TextImage,
+    absent: Mutex<HashMap<(String, String), ChunkStamp>>,
+}
+
+impl TextPresence {
+    /// Whether some chunk text, heading or title of `collections` contains `word` (ASCII case folded).
+    pub(crate) fn contains(&self, store: &Store, word: &str, collections: &[String]) -> Result<bool> {
+        let key = (word.to_string(), collections.join("\u{1f}"));
+        let lock = || self.absent.lock().unwrap_or_else(|p| p.into_inner());
+        let stamp = store.chunk_stamp()?;
+        let after = lock()
+            .get(&key)
+            .filter(|scanned| scanned.deletions == stamp.deletions)
+            .map_or(0, |scanned| scanned.newest.min(stamp.newest));
+        if after == stamp.newest {
+            return Ok(false);
+        }
+        let found = match self.image.contains(store, stamp, word, collections, after)? {
+            Some(found) => found,
+            None => store.any_chunk_contains(word, collections, after)?,
+        };
+        let mut absent = lock();
+        if found {
+            absent.remove(&key);
+        } else {
+            if absent.len() >= ABSENT_WORDS_MAX {
+                absent.clear();
+            }
+            absent.insert(key, stamp);
+        }
+        Ok(found)
+    }
+
+    /// The chunks among `ids` (of `collections`) whose title, heading or text holds one of `needles` (folded; a
+    /// Latin needle as a whole word); None when the text is too large to keep.
+    pub(crate) fn chunks_containing(
+        &self,
+        store: &Store,
+        ids: &[i64],
+        needles: &[String],
+        collections: &[String],
+    ) -> Result<Option<rustc_hash::FxHashSet<i64>>> {
+        self.image.chunks_containing(store, store.chunk_stamp()?, ids, needles, collections)
+    }
+
+    /// Whether `word` is remembered as absent (for any collections).
+    #[cfg(test)]
+    pub(crate) fn remembers_absent(&self, word: &str) -> bool {
+        self.absent.lock().unwrap().keys().any(|k| k.0 == word)
+    }
+}
+
+#[derive(Default)]
+struct TextImage {
     inner: RwLock<Image>,
     /// Held by the one search rebuilding the copy after a deletion (see [`TextImage::current`]).
     rebuilding: std::sync::Mutex<()>,
@@ -79,7 +140,7 @@ fn pairs_of(field: &str, into: &mut Vec<u64>) {
 impl TextImage {
     /// Whether a chunk of `collections` newer than `after_chunk` contains `needle`, ASCII case folded (what
     /// [`Store::any_chunk_contains`] answers), as of `stamp`; None when the text is too large to keep.
-    pub(crate) fn contains(
+    fn contains(
         &self,
         store: &Store,
         stamp: ChunkStamp,
@@ -117,7 +178,7 @@ impl TextImage {
 
     /// The chunks among `ids` (of `collections`) whose title, heading or text holds one of `needles` (folded; a
     /// Latin needle as a whole word), as of `stamp`; None when the text is too large to keep.
-    pub(crate) fn chunks_containing(
+    fn chunks_containing(
         &self,
         store: &Store,
         stamp: ChunkStamp,

@@ -992,7 +992,7 @@ mod lifecycle_gate {
         let texts: Vec<String> =
             ["二甲双胍的禁忌症", "孕妇感冒能吃什么药", "宝宝发烧38度5怎么办"].map(String::from).to_vec();
         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let embeddings = e.encoder(&live).unwrap().encode(&refs, crate::encoders::TextKind::Query).unwrap();
+        let embeddings = e.models.encoder(&live).unwrap().encode(&refs, crate::encoders::TextKind::Query).unwrap();
         let parity = serde_json::json!({"texts": texts, "embeddings": embeddings});
         std::fs::write(dir.join(crate::lifecycle::PARITY_FILE), parity.to_string()).unwrap();
         m.name = "e5-q8".into();
@@ -1056,7 +1056,8 @@ mod lifecycle_gate {
         assert_eq!((live.query.name.as_str(), live.query.query_graph), ("e5-q8", want));
         let (served, _) = e.encode_queries(&[queries[0].as_str()]).unwrap().unwrap();
         let by = |g: Graph| {
-            e.encoder_graph(&live.query, g)
+            e.models
+                .graph(&live.query, g)
                 .unwrap()
                 .encode(&[queries[0].as_str()], crate::encoders::TextKind::Query)
                 .unwrap()
@@ -3227,13 +3228,16 @@ fn results_say_which_terms_matched_and_which_occur_nowhere() {
     // A word found in no text is remembered as absent with the newest chunk scanned; a passage added later that
     // holds it is still found (only the newer chunks are scanned again).
     let demo = vec![crate::demo::DEMO_COLLECTION.to_string()];
-    assert!(!e.text_contains("qzx替格瑞洛", &demo).unwrap());
-    assert!(e.absent_words.lock().unwrap().keys().any(|k| k.0 == "qzx替格瑞洛"));
+    assert!(!e.texts.contains(&e.store, "qzx替格瑞洛", &demo).unwrap());
+    assert!(e.texts.remembers_absent("qzx替格瑞洛"));
     let f = t.path().join("new.txt");
     std::fs::write(&f, "新到的说明：qzx替格瑞洛片的用法。").unwrap();
     e.ingest_files(&demo[0], &[f], &mut |_| {}).unwrap();
-    assert!(e.text_contains("qzx替格瑞洛", &demo).unwrap(), "a passage added after the word was found absent");
-    assert!(!e.absent_words.lock().unwrap().keys().any(|k| k.0 == "qzx替格瑞洛"));
+    assert!(
+        e.texts.contains(&e.store, "qzx替格瑞洛", &demo).unwrap(),
+        "a passage added after the word was found absent"
+    );
+    assert!(!e.texts.remembers_absent("qzx替格瑞洛"));
 }
 
 #[test]
@@ -3295,7 +3299,7 @@ fn evaluation_and_the_gate_score_the_ranking_clinicians_see() {
     let evaluated = cands.score(&set, method, weight).ndcg_at_10;
     assert!((evaluated - served).abs() <= 0.002, "care eval {evaluated:.4} vs served {served:.4}");
     // The gate's candidates under the live pair, its queries encoded one at a time.
-    let pair = e.active_pair_cached().unwrap().unwrap();
+    let pair = e.models.active_pair(&e.store).unwrap().unwrap();
     let c = e.collection(col).unwrap();
     let gate = e.pair_candidates((&pair, care_formats::Graph::Fp32), &set, &c, &mut |_| Ok(())).unwrap();
     let gated = gate.score(&set, method, weight).ndcg_at_10;

@@ -443,7 +443,7 @@ impl Engine {
         let guide = if pair.document.role == "both" { &pair.document } else { &pair.query };
         counts.mined_with = format!("{}@{}", guide.name, guide.version);
         counts.mined_from = format!("{}@{}", pair.document.name, pair.document.version);
-        let qenc = self.encoder(guide)?;
+        let qenc = self.models.encoder(guide)?;
         // Each distinct query is encoded once and searched once in each collection it is judged against.
         let mut keys: Vec<(&str, &str)> = groups.iter().map(|g| (g.query.as_str(), g.collection.as_str())).collect();
         keys.sort_unstable();
@@ -471,7 +471,7 @@ impl Engine {
             m
         };
         if !missing.is_empty() {
-            let denc = self.encoder(&pair.document)?;
+            let denc = self.models.encoder(&pair.document)?;
             for batch in missing.chunks(MINE_BATCH) {
                 let texts: Vec<String> = batch
                     .iter()
