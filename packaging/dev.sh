@@ -93,6 +93,27 @@ PY
     export CARE_E5S1="$bin"
 }
 
+# The OCR models for scanned documents: PP-OCRv4's Chinese detection and recognition and the text-orientation
+# classifier (Apache-2.0), as the ONNX files of the PyPI package rapidocr-onnxruntime (its 6,622-character
+# dictionary is in the recognition model's metadata).
+OCR_WHEEL=rapidocr-onnxruntime==1.4.4
+install_ocr() {
+    local dir="$DEV/ocr"
+    if [ ! -f "$dir/ch_PP-OCRv4_rec_infer.onnx" ]; then
+        log "fetching $OCR_WHEEL (the OCR models) from PyPI"
+        mkdir -p "$DEV/wheels" "$dir"
+        python3 -m pip download -q --no-deps --only-binary=:all: "$OCR_WHEEL" -d "$DEV/wheels"
+        python3 - "$DEV"/wheels/rapidocr_onnxruntime-1.4.4-*.whl "$dir" <<'PY'
+import os, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for name in ("ch_PP-OCRv4_det_infer.onnx", "ch_PP-OCRv4_rec_infer.onnx", "ch_ppocr_mobile_v2.0_cls_infer.onnx"):
+        with open(os.path.join(sys.argv[2], name), "wb") as out:
+            out.write(z.read("rapidocr_onnxruntime/models/" + name))
+PY
+    fi
+    export CARE_OCR_MODELS="$dir"
+}
+
 # libtorch for the trainer (tch 0.26 wants torch 2.13.0), from the PyPI wheel: no vendor CDN. The wheel is a
 # CUDA build; the trainer links only libtorch_cpu/libc10, which need the CUDA runtime and CUPTI libraries.
 TORCH_VERSION=2.13.0
@@ -209,6 +230,7 @@ setup_build() {
     apt_install "${DEBIAN_PACKAGES[@]}"
     install_ort
     install_e5
+    install_ocr
 }
 setup() {
     setup_build
@@ -360,8 +382,8 @@ case "${1:-}" in
         ;;
     env)
         { setup; install_torch; check_prereqs; report_prereqs; } >&2
-        printf 'export LIBTORCH=%q LIBTORCH_CXX11_ABI=1 LD_LIBRARY_PATH=%q ORT_DYLIB_PATH=%q CARE_E5S1=%q ORT_DISABLE_TELEMETRY=1\n' \
-            "$LIBTORCH" "$LD_LIBRARY_PATH" "$ORT_DYLIB_PATH" "$CARE_E5S1"
+        printf 'export LIBTORCH=%q LIBTORCH_CXX11_ABI=1 LD_LIBRARY_PATH=%q ORT_DYLIB_PATH=%q CARE_E5S1=%q CARE_OCR_MODELS=%q ORT_DISABLE_TELEMETRY=1\n' \
+            "$LIBTORCH" "$LD_LIBRARY_PATH" "$ORT_DYLIB_PATH" "$CARE_E5S1" "$CARE_OCR_MODELS"
         ;;
     *)
         sed -n '2,11p' "$0"

@@ -24,6 +24,8 @@
 //!   ├ limits    in-memory rate limits per client address or user (sign-in failures, feedback, refusals)
 //!   ├ feedback  the document view behind a hit and relevance feedback kept for training
 //!   ├ docview   the document view's structure (lists, tables from the stored light markup) and query marks
+//!   ├ ocr       text in page images (scans, photos): PP-OCRv4's detection, direction and recognition models on
+//!   │           ONNX Runtime, lines in reading order with boxes and confidence (ocr/{detect,recognise,layout}.rs)
 //!   ├ ingest    files → ParsedDocument (pdf, docx, html, md, txt, csv, jsonl, zip; encodings; limits):
 //!   │           ingest/{pdf,docx,html,csv,archive,encoding}.rs, a document's department, type and date
 //!   │           from its record, folders or upload form in ingest/meta.rs, parsed in a sandboxed child by
@@ -108,6 +110,7 @@ pub mod lexical;
 pub mod lifecycle;
 pub mod limits;
 pub mod models;
+pub mod ocr;
 pub mod query;
 pub mod sandbox;
 pub mod search;
