@@ -7,6 +7,7 @@
 //! * `--filters`: filtered searches on a prepared directory;
 //! * `--load`: `care serve` processes under closed- and open-loop load, with and without an ingest;
 //! * `--absent FILE`: absent drug and disease names named, real queries flagged (issue 53's probe).
+//! * `--ocr DIR`: the OCR's character error rate and pages per second on rendered scans (issue 54).
 //!
 //! The engine's configuration is `care.toml`'s defaults, `--config FILE` and `CARE__SECTION__KEY` variables.
 
@@ -15,6 +16,7 @@ mod ann;
 mod filters;
 mod hot_paths;
 mod load;
+mod ocr;
 
 use std::path::PathBuf;
 
@@ -30,8 +32,8 @@ struct Cli {
     /// A care.toml whose engine sections apply (CARE__SECTION__KEY variables apply over it).
     #[arg(long)]
     config: Option<PathBuf>,
-    #[arg(long)]
-    set: PathBuf,
+    #[arg(long, required_unless_present = "ocr")]
+    set: Option<PathBuf>,
     #[arg(long, default_value_t = 300)]
     queries: usize,
     /// The default model file; without it only BM25 is measured.
@@ -64,6 +66,8 @@ struct Cli {
     ann: ann::AnnArgs,
     #[command(flatten)]
     filters: filters::FilterArgs,
+    #[command(flatten)]
+    ocr: ocr::OcrArgs,
 }
 
 fn main() {
@@ -90,7 +94,19 @@ fn engine_config(file: Option<&std::path::Path>) -> Result<EngineConfig> {
 }
 
 fn run(cli: Cli) -> Result<i32> {
-    let Cli { config, set, queries, e5s1, int8, threads, http, reuse, out, absent, hold_out, load, ann, filters } = cli;
+    let Cli { config, set, queries, e5s1, int8, threads, http, reuse, out, absent, hold_out, load, ann, filters, ocr } =
+        cli;
+    if let Some(dir) = &ocr.ocr {
+        let report = ocr::run(&ocr, dir)?;
+        ocr::write_recognised(&report, dir)?;
+        let json = serde_json::to_string_pretty(&report)?;
+        match &out {
+            Some(out) => std::fs::write(out, &json).with_context(|| format!("writing {}", out.display()))?,
+            None => println!("{json}"),
+        }
+        return Ok(0);
+    }
+    let set = set.unwrap_or_default();
     if load.load {
         return load::run(&set, e5s1.as_deref(), int8, out.as_deref(), &load);
     }

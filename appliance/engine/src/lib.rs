@@ -25,7 +25,8 @@
 //!   ├ feedback  the document view behind a hit and relevance feedback kept for training
 //!   ├ docview   the document view's structure (lists, tables from the stored light markup) and query marks
 //!   ├ ocr       text in page images (scans, photos): PP-OCRv4's detection, direction and recognition models on
-//!   │           ONNX Runtime, lines in reading order with boxes and confidence (ocr/{detect,recognise,layout}.rs)
+//!   │           ONNX Runtime, lines in reading order with boxes and confidence; page images out of image files and
+//!   │           scanned PDFs, bounded (ocr/{detect,recognise,layout,images}.rs)
 //!   ├ ingest    files → ParsedDocument (pdf, docx, html, md, txt, csv, jsonl, zip; encodings; limits):
 //!   │           ingest/{pdf,docx,html,csv,archive,encoding}.rs, a document's department, type and date
 //!   │           from its record, folders or upload form in ingest/meta.rs, parsed in a sandboxed child by

@@ -11,8 +11,11 @@
 //! [`DET_MAX_SIDE`] pixels a side.
 
 mod detect;
+mod images;
 mod layout;
 mod recognise;
+
+pub use images::{decode as decode_images, pdf_page_images, pdf_scans};
 
 use std::path::{Path, PathBuf};
 
