@@ -11,6 +11,10 @@ blurred, noise, JPEG artefacts); one in five is wrapped in a PDF (embedded JPEG)
 three-page TIFF. OUT/truth.jsonl holds each page's text and how it was made; OUT/SET/corpus.jsonl, queries.jsonl and
 qrels/dev.tsv hold the chosen documents as text, so the same documents can be ingested both ways.
 
+--eval-sets DIR, after `care-bench --ocr DIR` (which writes DIR/SET/recognised.jsonl), writes two BEIR sets per set
+for `care eval`: DIR/eval/SET-text (the pages' documents as text) and DIR/eval/SET-ocr (as recognised), over the
+same documents (those read) and the dev queries judged on them.
+
 Needs Pillow and numpy (`packaging/dev.sh bench-venv`) and fonts-noto-cjk (Debian).
 """
 import argparse
@@ -172,12 +176,38 @@ def corpus(out, sets, per_set):
     print(f"{len(truth)} pages in {out}")
 
 
+def eval_sets(root):
+    truth = [json.loads(l) for l in open(root / "truth.jsonl", encoding="utf-8") if l.strip()]
+    for name in sorted({t["set"] for t in truth}):
+        recognised = {d["id"]: d for d in read_jsonl(root / name / "recognised.jsonl")}
+        docs = {d["id"]: d for d in read_jsonl(root / name / "corpus.jsonl") if d["id"] in recognised}
+        qrels = [line.rstrip("\n").split("\t") for line in open(root / name / "qrels/dev.tsv", encoding="utf-8")][1:]
+        qrels = [r for r in qrels if r[1] in docs]
+        judged = {q for q, _, s in qrels if int(s) > 0}
+        queries = [q for q in read_jsonl(root / name / "queries.jsonl") if q.get("id", q.get("_id")) in judged]
+        for kind, corpus_docs in (("text", docs), ("ocr", recognised)):
+            out = root / "eval" / f"{name}-{kind}"
+            (out / "qrels").mkdir(parents=True, exist_ok=True)
+            with open(out / "corpus.jsonl", "w", encoding="utf-8") as f:
+                for i in docs:
+                    f.write(json.dumps(corpus_docs[i], ensure_ascii=False) + "\n")
+            with open(out / "queries.jsonl", "w", encoding="utf-8") as f:
+                for q in queries:
+                    f.write(json.dumps(dict(q, split="dev"), ensure_ascii=False) + "\n")
+            with open(out / "qrels/dev.tsv", "w", encoding="utf-8") as f:
+                f.write("query-id\tcorpus-id\tscore\n")
+                for q, c, s in qrels:
+                    f.write(f"{q}\t{c}\t{s}\n")
+        print(f"{name}: {len(docs)} documents, {len(queries)} dev queries")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fixture", type=pathlib.Path, help="write the unit tests' page into this folder")
     ap.add_argument("--corpus", type=pathlib.Path, help="render the benchmark's pages into this folder")
     ap.add_argument("--per-set", type=int, default=300)
     ap.add_argument("--sets", nargs="*", default=["kuake_qtr", "huatuo26m_test"])
+    ap.add_argument("--eval-sets", type=pathlib.Path, help="write text and recognised BEIR sets for care eval")
     args = ap.parse_args()
     if args.fixture:
         args.fixture.mkdir(parents=True, exist_ok=True)
@@ -185,6 +215,8 @@ def main():
     if args.corpus:
         root = pathlib.Path(os.environ.get("CARE_SHARED", "../shared")) / "data/retrieval"
         corpus(args.corpus, [root / s for s in args.sets], args.per_set)
+    if args.eval_sets:
+        eval_sets(args.eval_sets)
 
 
 if __name__ == "__main__":
