@@ -161,12 +161,16 @@ mod tests {
 
     #[test]
     fn a_huge_header_is_refused_before_decoding_and_pages_are_bounded() {
-        // A PNG header claiming 100,000 × 100,000 pixels, with no pixels behind it.
-        let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
-        png.extend(100_000u32.to_be_bytes());
-        png.extend(100_000u32.to_be_bytes());
-        png.extend([8, 2, 0, 0, 0]);
-        png.extend(crc32(&png[12..]).to_be_bytes());
+        // A real 8 × 8 PNG whose header is made to claim 100,000 × 100,000 pixels (its checksum redone).
+        let mut png = Vec::new();
+        DynamicImage::ImageRgb8(RgbImage::new(8, 8))
+            .write_to(&mut Cursor::new(&mut png), image::ImageFormat::Png)
+            .unwrap();
+        assert_eq!(&png[12..16], b"IHDR");
+        png[16..20].copy_from_slice(&100_000u32.to_be_bytes());
+        png[20..24].copy_from_slice(&100_000u32.to_be_bytes());
+        let crc = crc32(&png[12..29]);
+        png[29..33].copy_from_slice(&crc.to_be_bytes());
         let err = decode(&png, 10).unwrap_err().to_string();
         assert!(err.contains("超过上限"), "{err}");
         // A truncated image is refused, not a panic; a whole one reads.

@@ -361,6 +361,48 @@ mod tests {
         doc
     }
 
+    /// A needle is looked for only in the chunks holding all its pairs; a pair held by a large share of the chunks
+    /// sends it to the plain scan; a pair held by none answers at once.
+    #[test]
+    fn needles_go_to_the_chunks_holding_their_pairs_and_common_pairs_to_the_scan() {
+        let mut image = Image::default();
+        let t = image.collections.entry("c".into()).or_default();
+        let mut add = |text: &str| {
+            let position = t.starts.len() as u32;
+            t.starts.push((position as i64 + 1, t.buf.len()));
+            t.buf.extend_from_slice(text.as_bytes());
+            t.buf.push(0);
+            let mut pairs = Vec::new();
+            pairs_of(text, &mut pairs);
+            pairs.sort_unstable();
+            pairs.dedup();
+            for p in pairs {
+                t.pairs.entry(p).or_default().push(position);
+            }
+        };
+        for i in 0..200 {
+            add(&format!("患者{i}号的血糖"));
+        }
+        add("二甲双胍的禁忌症");
+        add("甲乙丙甲丁");
+        let t = &image.collections["c"];
+        let pairs = |needle: &str| {
+            let mut p = Vec::new();
+            pairs_of(needle, &mut p);
+            p
+        };
+        assert_eq!(t.candidates(&pairs("二甲双胍"), 0), Some(vec![200]), "a rare pair: one chunk to look in");
+        assert_eq!(t.candidates(&pairs("替格瑞洛"), 0), Some(vec![]), "a pair no chunk holds");
+        assert_eq!(t.candidates(&pairs("血糖"), 0), None, "a pair in every chunk: the scan");
+        assert_eq!(t.candidates(&pairs("糖"), 0), None, "one character has no pair: the scan");
+        assert_eq!(t.candidates(&pairs("二甲双胍"), 201), Some(vec![]), "only chunks after the first asked for");
+        let cols = vec!["c".to_string()];
+        assert_eq!(image.find("双胍的禁", &cols, 0), Some(true));
+        assert_eq!(t.candidates(&pairs("乙丙甲乙"), 0), Some(vec![201]));
+        assert_eq!(image.find("乙丙甲乙", &cols, 0), Some(false), "its pairs are held, the span is not");
+        assert_eq!(image.find("号的血", &cols, 0), Some(true));
+    }
+
     /// The image answers exactly what the SQLite scan answers, for every collection set and starting chunk, after
     /// additions, deletions (also through a document's cascade) and a new chunk taking a deleted chunk's id.
     #[test]
