@@ -10,10 +10,7 @@
 //! the HTTP layer runs them on its blocking pool, never on the async workers.
 
 mod device;
-mod loaded;
 mod service;
-
-pub(crate) use loaded::LoadedModels;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -32,8 +32,8 @@ pub struct Engine {
     pub(crate) store: Store,
     pub(crate) lexical: LexicalIndex,
     pub(crate) dense: DenseStore,
-    /// Encoders, tokenizers and the active pair in memory ([`crate::encoders::LoadedModels`]).
-    pub(crate) models: crate::encoders::LoadedModels,
+    /// Encoders, tokenizers and the active pair in memory ([`crate::models::LoadedModels`]).
+    pub(crate) models: crate::models::LoadedModels,
     /// Serialises writes to the stores (ingest batches, deletions): the write protocol assumes one writer, while
     /// job workers parse files in parallel.
     pub(crate) write_lock: std::sync::Mutex<()>,
@@ -437,7 +437,7 @@ impl Engine {
         let dense = DenseStore::open(&dir.dense())?;
         let audit_writer = crate::audit::writer::Writer::start(store.shared_writer())?;
         let engine = Engine {
-            models: crate::encoders::LoadedModels::new(cfg.model.clone()),
+            models: crate::models::LoadedModels::new(cfg.model.clone()),
             cfg,
             dir,
             audit_writer,

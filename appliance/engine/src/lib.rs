@@ -26,7 +26,7 @@
 //!   ├ docview   the document view's structure (lists, tables from the stored light markup) and query marks
 //!   ├ ocr       text in page images (scans, photos): PP-OCRv4's detection, direction and recognition models on
 //!   │           ONNX Runtime, lines in reading order with boxes and confidence; page images out of image files and
-//!   │           scanned PDFs, bounded (ocr/{detect,recognise,layout,images}.rs)
+//!   │           scanned PDFs, bounded (ocr/{detect,recognise,layout,images}.rs; real-model tests in ocr/tests.rs)
 //!   ├ ingest    files → ParsedDocument (pdf, docx, html, md, txt, csv, jsonl, zip; encodings; limits):
 //!   │           ingest/{pdf,docx,html,csv,archive,encoding}.rs, a document's department, type and date
 //!   │           from its record, folders or upload form in ingest/meta.rs, parsed in a sandboxed child by
@@ -49,7 +49,8 @@
 //!   │           device decision by a real CUDA probe and one batching thread per model (encoders/{device,service}.rs)
 //!   ├ gpu       what the GPU path needs (install prefix, driver node) and why CUDA is unavailable: named by the
 //!   │           error type and the encoders alike
-//!   ├ models    model registry, active (query, document) pair and the pairing rule
+//!   ├ models    model registry, active (query, document) pair and the pairing rule; the models in memory, loaded
+//!   │           once: encoders, tokenizers, the active pair as last read (models/loaded.rs)
 //!   ├ judgments labelled query sets per collection (uploads and clinician feedback), split train/eval by query
 //!   ├ lifecycle import of a verified model package (hashes, roles, ONNX Runtime parity with the trainer;
 //!   │           the graph checked in a sandboxed child by lifecycle/graph.rs; lifecycle/tests.rs)

@@ -5,6 +5,10 @@
 //! manifests carry the same pairing id, and a dense index is only queried with a query model of the pairing it was
 //! built with.
 
+mod loaded;
+
+pub(crate) use loaded::LoadedModels;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

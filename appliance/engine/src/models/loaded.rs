@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use care_formats::Graph;
 
-use super::{ModelConfig, OrtEncoder};
+use super::{ActivePair, ModelRecord};
+use crate::encoders::{ModelConfig, OrtEncoder};
 use crate::error::{Error, Result};
-use crate::models::{ActivePair, ModelRecord};
 use crate::store::Store;
 
 /// How long the active pair read from SQLite is trusted: the query path asks for it several times per search, and a
