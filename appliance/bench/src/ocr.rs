@@ -75,20 +75,6 @@ fn squeeze(s: &str) -> Vec<char> {
         .collect()
 }
 
-fn edits(a: &[char], b: &[char]) -> usize {
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.iter().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let next = (row[j + 1] + 1).min(row[j] + 1).min(diagonal + usize::from(ca != cb));
-            diagonal = row[j + 1];
-            row[j + 1] = next;
-        }
-    }
-    row[b.len()]
-}
-
 fn add(g: &mut Group, chars: usize, e: usize, seconds: f64) {
     g.pages += 1;
     g.characters += chars;
@@ -127,7 +113,7 @@ pub fn run(args: &OcrArgs, dir: &Path) -> Result<Report> {
         let seconds = started.elapsed().as_secs_f64();
         let read = lines.iter().map(|l| l.text.as_str()).collect::<Vec<_>>().join("\n");
         let (r, want) = (squeeze(&read), squeeze(&t.text));
-        let e = edits(&r, &want);
+        let e = care_engine::ocr::edit_distance(&r, &want);
         add(if t.degraded { &mut degraded } else { &mut clean }, want.len(), e, seconds);
         let ext = t.file.rsplit('.').next().unwrap_or("").to_string();
         let kind = format!("{}/{}dpi/{}", if t.degraded { "degraded" } else { "clean" }, t.dpi, ext);

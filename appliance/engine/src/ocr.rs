@@ -181,5 +181,20 @@ fn planes(images: &[&RgbImage], height: u32, width: u32) -> ndarray::Array4<f32>
     out
 }
 
+/// Levenshtein distance between two character sequences (the OCR benchmark's character error count).
+pub fn edit_distance(a: &[char], b: &[char]) -> usize {
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (row[j + 1] + 1).min(row[j] + 1).min(diagonal + usize::from(ca != cb));
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
 #[cfg(test)]
 mod tests;

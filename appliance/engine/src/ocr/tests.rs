@@ -17,20 +17,8 @@ fn fixture() -> (RgbImage, Vec<String>) {
     (page, text.lines().map(str::to_string).collect())
 }
 
-/// Levenshtein distance in characters.
-pub(crate) fn edits(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let next = (row[j + 1] + 1).min(row[j] + 1).min(diagonal + usize::from(ca != cb));
-            diagonal = row[j + 1];
-            row[j + 1] = next;
-        }
-    }
-    row[b.len()]
+fn edits(a: &str, b: &str) -> usize {
+    edit_distance(&a.chars().collect::<Vec<_>>(), &b.chars().collect::<Vec<_>>())
 }
 
 /// Character error rate of `read` against `truth`, white space ignored (the renderer's cell gaps are not text).

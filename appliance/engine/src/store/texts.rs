@@ -129,7 +129,7 @@ fn pair(a: char, b: char) -> u64 {
     (u64::from(a) << 32) | u64::from(b)
 }
 
-/// The distinct character pairs of `field` (no pair spans two fields: a needle holds no NUL).
+/// The character pairs of `field`, in order, repeats kept (no pair spans two fields: a needle holds no NUL).
 fn pairs_of(field: &str, into: &mut Vec<u64>) {
     let mut chars = field.chars().peekable();
     while let (Some(a), Some(&b)) = (chars.next(), chars.peek()) {
@@ -214,25 +214,7 @@ impl Image {
                 Some(t) => t,
                 None => collections.entry(collection.to_string()).or_default(),
             };
-            let position = texts.starts.len() as u32;
-            texts.starts.push((id, texts.buf.len()));
-            let mut pairs = Vec::new();
-            for part in parts {
-                let folded = part.to_ascii_lowercase();
-                pairs_of(&folded, &mut pairs);
-                texts.buf.extend_from_slice(folded.as_bytes());
-                texts.buf.push(0);
-            }
-            pairs.sort_unstable();
-            pairs.dedup();
-            bytes += pairs.len() * POSTING_BYTES;
-            for p in pairs {
-                let chunks = texts.pairs.entry(p).or_insert_with(|| {
-                    bytes += PAIR_BYTES;
-                    Vec::new()
-                });
-                chunks.push(position);
-            }
+            bytes += texts.push(id, &parts);
             true
         })?;
         if too_large {
@@ -288,6 +270,30 @@ impl Image {
 }
 
 impl Texts {
+    /// Appends chunk `id`'s fields (ASCII folded) and indexes its character pairs; returns the index's bytes added.
+    fn push(&mut self, id: i64, parts: &[&str]) -> usize {
+        let position = self.starts.len() as u32;
+        self.starts.push((id, self.buf.len()));
+        let mut pairs = Vec::new();
+        for part in parts {
+            let folded = part.to_ascii_lowercase();
+            pairs_of(&folded, &mut pairs);
+            self.buf.extend_from_slice(folded.as_bytes());
+            self.buf.push(0);
+        }
+        pairs.sort_unstable();
+        pairs.dedup();
+        let mut bytes = pairs.len() * POSTING_BYTES;
+        for p in pairs {
+            let chunks = self.pairs.entry(p).or_insert_with(|| {
+                bytes += PAIR_BYTES;
+                Vec::new()
+            });
+            chunks.push(position);
+        }
+        bytes
+    }
+
     /// The bytes of the chunk at `at` in `starts`.
     fn chunk(&self, at: usize) -> &[u8] {
         let end = self.starts.get(at + 1).map_or(self.buf.len(), |s| s.1);
@@ -368,17 +374,7 @@ mod tests {
         let mut image = Image::default();
         let t = image.collections.entry("c".into()).or_default();
         let mut add = |text: &str| {
-            let position = t.starts.len() as u32;
-            t.starts.push((position as i64 + 1, t.buf.len()));
-            t.buf.extend_from_slice(text.as_bytes());
-            t.buf.push(0);
-            let mut pairs = Vec::new();
-            pairs_of(text, &mut pairs);
-            pairs.sort_unstable();
-            pairs.dedup();
-            for p in pairs {
-                t.pairs.entry(p).or_default().push(position);
-            }
+            t.push(t.starts.len() as i64 + 1, &[text]);
         };
         for i in 0..200 {
             add(&format!("患者{i}号的血糖"));
