@@ -31,7 +31,8 @@ listing=$(dpkg-deb -c "$NEW")
 for path in ./usr/bin/care ./usr/lib/care/libonnxruntime.so.1.31.1 ./usr/share/care/models/e5-small-q4.bin \
     ./etc/care/care.toml ./usr/lib/systemd/system/care.service ./usr/lib/sysusers.d/care.conf \
     ./usr/lib/tmpfiles.d/care.conf ./usr/share/man/man1/care.1.gz ./usr/share/doc/care-appliance/copyright \
-    ./usr/share/doc/care-appliance/README.md ./usr/share/doc/care-appliance/docs/admin/errors.md; do
+    ./usr/share/doc/care-appliance/README.md ./usr/share/doc/care-appliance/docs/admin/errors.md \
+    ./usr/share/care/ocr/ch_PP-OCRv4_rec_infer.onnx ./usr/share/care/ocr/ch_PP-OCRv4_det_infer.onnx; do
     grep -q " $path\$" <<<"$listing" || die "$path missing from the package"
 done
 grep -q '^-rw-r----- .* ./etc/care/care.toml$' <<<"$listing" || die "/etc/care/care.toml must be mode 0640"
@@ -80,6 +81,10 @@ log "   new release: $after"
 [ "$before" = "$after" ] || die "search results changed across the upgrade: '$before' vs '$after'"
 care check >/dev/null || die "care check reports inconsistent indexes after the upgrade"
 care doctor || log "   (doctor reported failures above; the port and TLS checks are expected to warn here)"
+log "   a scanned page, read by the packaged OCR models (/usr/share/care/ocr)"
+env -u CARE_OCR_MODELS care ingest --create scans "$ROOT/appliance/engine/tests/fixtures/ocr-page.png" >/dev/null \
+    || die "the packaged OCR did not read a scanned page"
+care search --json -c scans 阿卡波糖 | grep -q '"page":1' || die "the scanned page is not searchable with its page"
 
 log "4. serve as the service user over HTTPS on 127.0.0.1:$PORT"
 as_care env CARE__SERVER__BIND=127.0.0.1:$PORT CARE__SERVER__HTTP_REDIRECT_BIND=127.0.0.1:$((PORT + 1)) /usr/bin/care --config /etc/care/care.toml serve >/tmp/care-serve.log 2>&1 &

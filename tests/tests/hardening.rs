@@ -782,6 +782,82 @@ fn hostile_files_are_parsed_in_a_limited_child_and_fail_alone() {
     assert!(hits.to_string().contains("ok.md"), "{hits}");
 }
 
+/// Scans are read in the sandboxed child (issue 54): a faxed PDF and a photographed package insert are read there,
+/// with the models loaded before file access ends and under the child's memory limit, and are searchable with the
+/// page each passage came from; a 100,000 × 100,000 PNG header, a truncated JPEG, a 10,000-page TIFF and a PDF of
+/// 1,000 scanned pages each fail alone with a Chinese message, before their pixels are decoded; `care serve` stays
+/// up and its own memory does not grow (the OCR runs in the child).
+#[test]
+fn scans_are_read_in_the_limited_child_and_hostile_images_fail_alone() {
+    use care_engine::ingest::fixtures::{PdfImage, PdfPage, pdf_mixed};
+    use std::io::Cursor;
+    let s = site(&[]);
+    let mut served = s.care.serve_full();
+    let (base, c) = (served.https.clone(), client());
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../appliance/engine/tests/fixtures/ocr-page.png");
+    let page = image::open(fixture).unwrap();
+    let encoded = |img: &image::DynamicImage, format| {
+        let mut out = Vec::new();
+        img.write_to(&mut Cursor::new(&mut out), format).unwrap();
+        out
+    };
+    let fax = pdf_mixed(&[PdfPage::Scan(PdfImage::fax_g4(&page.to_luma8()))]);
+    let photo = encoded(&page, image::ImageFormat::Jpeg);
+    let mut png = encoded(&image::DynamicImage::new_rgb8(8, 8), image::ImageFormat::Png);
+    png[16..24].copy_from_slice(&[0, 1, 0x86, 0xA0, 0, 1, 0x86, 0xA0]); // 100,000 × 100,000
+    let crc = png[12..29].iter().fold(!0u32, |mut crc, &b| {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
+        }
+        crc
+    });
+    png[29..33].copy_from_slice(&(!crc).to_be_bytes());
+    let blank = image::GrayImage::from_pixel(16, 16, image::Luma([255]));
+    let mut tiff = Cursor::new(Vec::new());
+    {
+        let mut enc = tiff::encoder::TiffEncoder::new(&mut tiff).unwrap();
+        for _ in 0..10_000 {
+            enc.write_image::<tiff::encoder::colortype::Gray8>(16, 16, blank.as_raw()).unwrap();
+        }
+    }
+    let thousand: Vec<PdfPage<'_>> = (0..1000).map(|_| PdfPage::Scan(PdfImage::fax_g4(&blank))).collect();
+    let thousand = pdf_mixed(&thousand);
+    let before = peak_rss(served.child.0.id());
+    let files: [(&str, &[u8]); 6] = [
+        ("传真.pdf", &fax),
+        ("说明书照片.jpg", &photo),
+        ("巨幅.png", &png),
+        ("截断.jpg", &photo[..photo.len() / 2]),
+        ("万页.tif", tiff.get_ref()),
+        ("千页扫描.pdf", &thousand),
+    ];
+    let job = upload_files(&c, &base, &s.admin, &files);
+    let state = job_end(&c, &base, &s.admin, job, Duration::from_secs(600));
+    alive(&mut served, &c);
+    let errors = state["errors"].as_array().unwrap();
+    let message = |f: &str| {
+        let e = errors.iter().find(|e| e["file"].as_str().unwrap().contains(f));
+        e.map(|e| e["message"].as_str().unwrap().to_string()).unwrap_or_default()
+    };
+    assert_eq!(errors.len(), 4, "{state}");
+    for (file, says) in
+        [("巨幅.png", "超过上限"), ("截断.jpg", "图像"), ("万页.tif", "超过 300 页"), ("千页扫描.pdf", "300 页的上限")]
+    {
+        assert!(message(file).contains(says) && has_chinese(&message(file)), "{file}: {state}");
+    }
+    let grown = peak_rss(served.child.0.id()).saturating_sub(before);
+    assert!(grown < 64 * MIB, "care serve's peak RSS grew by {} MiB", grown / MIB);
+    let hits: serde_json::Value =
+        get(&c, &format!("{base}/api/v1/search?q=%E9%98%BF%E5%8D%A1%E6%B3%A2%E7%B3%96&method=bm25"), &s.admin)
+            .json()
+            .unwrap();
+    for file in ["传真.pdf", "说明书照片.jpg"] {
+        let hit = hits["hits"].as_array().unwrap().iter().find(|h| h["source"].as_str().unwrap().contains(file));
+        assert_eq!(hit.map(|h| h["scan"]["page"].clone()), Some(serde_json::json!(1)), "{file}: {hits}");
+    }
+}
+
 /// The shell that runs `care serve` on a small tmpfs of its own (a user and mount namespace: no root needed), and
 /// obeys the test's commands on stdin: `fill` (a file takes every free byte), `free` (it goes), `check` (stop the
 /// server, run `care check`). What it does is echoed on stdout, after the server's own lines.

@@ -986,6 +986,65 @@ fn browser_document_view_keeps_lists_tables_and_marks_the_query() {
     assert_eq!(b.find_all("article.document ol > li").len(), 4);
 }
 
+/// Issue 54 in the browser: an admin uploads a scanned PDF (a fax, CCITT G4) and a photographed package insert
+/// through the console's form; both are read by the OCR in the parsing child; a word from each is found, the hit
+/// says 识别自扫描件 · 第 1 页, and the document view marks the scanned page.
+#[test]
+fn browser_scanned_pdf_and_photo_upload_search_and_document_view() {
+    use care_engine::ingest::fixtures::{PdfImage, PdfPage, pdf_mixed};
+    assert!(care_e2e::webdriver::available(), "chromium and chromedriver are needed");
+    let t = tempfile::tempdir().unwrap();
+    let mut care = Care::new(&t.path().join("data"));
+    let pwf = write(&t.path().join("admin.pw"), &format!("{ADMIN_PW}\n"));
+    care.env.push(("CARE__AUTH__BOOTSTRAP_PASSWORD_FILE".into(), pwf.display().to_string()));
+    care.ok(&["init"]);
+    care.ok(&["collection", "create", "scans"]);
+    let served = care.serve_full();
+    let base = served.https.clone();
+    let page =
+        image::open(Path::new(env!("CARGO_MANIFEST_DIR")).join("../appliance/engine/tests/fixtures/ocr-page.png"))
+            .unwrap();
+    let fax = t.path().join("传真说明书.pdf");
+    std::fs::write(&fax, pdf_mixed(&[PdfPage::Scan(PdfImage::fax_g4(&page.to_luma8()))])).unwrap();
+    let photo = t.path().join("说明书照片.jpg");
+    page.to_rgb8().save(&photo).unwrap();
+
+    let b = Browser::start(1280, 900);
+    b.goto(&format!("{base}/login"));
+    b.type_into("#username", "admin");
+    b.type_into("#password", ADMIN_PW);
+    b.click("form[action='/login'] button[type=submit]");
+    b.wait_for("the search page", Duration::from_secs(20), |s| s.contains("id=\"q\""));
+    b.goto(&format!("{base}/admin/collections"));
+    let input = b.find("#col-scans input[type=file]");
+    b.send_keys(&input, &format!("{}\n{}", fax.display(), photo.display()));
+    b.click("#col-scans form[data-upload] button[type=submit]");
+    let src = b.wait_for("the job to finish", Duration::from_secs(180), |s| {
+        s.contains("data-state=\"done\"") || s.contains("data-state=\"failed\"")
+    });
+    assert!(src.contains("data-state=\"done\"") && src.contains("2 篇文档"), "{src}");
+
+    // A word each scan holds: both files answer, each hit saying where it was read from.
+    b.goto(&format!("{base}/search?q=%E9%85%AE%E7%97%87%E9%85%B8%E4%B8%AD%E6%AF%92")); // 酮症酸中毒
+    let src = b.wait_for("results", Duration::from_secs(30), |s| s.contains("class=\"results\""));
+    for file in ["传真说明书.pdf", "说明书照片.jpg"] {
+        assert!(src.contains(file), "{file}: {src}");
+    }
+    let labels = b.find_all("li.hit span.scanned").len();
+    assert!(
+        labels >= 2 && src.matches("<span class=\"scanned\">识别自扫描件 · 第 1 页</span>").count() == labels,
+        "{src}"
+    );
+    assert!(src.contains("<mark>"), "the query is marked in the recognised text: {src}");
+    keep_screenshot(&b, "scan-search.png");
+
+    b.click("li.hit h2 a");
+    let src = b.wait_for("the document", Duration::from_secs(20), |s| s.contains("class=\"document\""));
+    assert!(b.text("article.document p.scanned").starts_with("识别自扫描件 · 第 1 页"), "{src}");
+    assert!(b.text("article.document").contains("阿卡波糖"), "{src}");
+    keep_screenshot(&b, "scan-document.png");
+}
+
 /// The main flows in headless Chromium: log in, create a collection, upload files, watch the job finish (with a
 /// per-file error), search with the keyboard, open a document, give feedback, log out. Screenshots of the search
 /// page and the jobs page are kept in target/tmp/screenshots (and $CARE_ARTIFACTS when set).

@@ -66,6 +66,9 @@ pub struct Section {
     pub chunk_id: i64,
     pub headings: Vec<Heading>,
     pub blocks: Vec<Block>,
+    /// 识别自扫描件 · 第 N 页 where a scanned page starts, or where a passage was read with little confidence;
+    /// empty otherwise.
+    pub scanned: String,
 }
 
 /// Marks a query's terms in text the way search snippets do: jieba search-mode tokens of the text that are tokens
@@ -297,7 +300,9 @@ pub fn sections(doc: &DocumentView, h: &Highlighter<'_>) -> Vec<Section> {
             .enumerate()
             .map(|(k, t)| Heading { level: (same + k + 2).min(6), parts: h.mark(t) })
             .collect();
-        out.push(Section { chunk_id: c.chunk_id, headings, blocks: blocks(new_text(prev, c), &mark) });
+        let new_page = c.scan.is_some_and(|s| prev.and_then(|p| p.scan).is_none_or(|p| p.page != s.page));
+        let scanned = c.scan.filter(|s| new_page || s.uncertain()).map(|s| s.label()).unwrap_or_default();
+        out.push(Section { chunk_id: c.chunk_id, headings, blocks: blocks(new_text(prev, c), &mark), scanned });
         prev_path = path;
         prev = Some(c);
     }
@@ -420,6 +425,7 @@ mod tests {
                 text: c.text,
                 char_start: c.char_start as i64,
                 char_end: c.char_end as i64,
+                scan: None,
             })
             .collect();
         assert_eq!(chunks.len(), 2);
@@ -437,6 +443,7 @@ mod tests {
                 text: c.text,
                 char_start: c.char_start as i64,
                 char_end: c.char_end as i64,
+                scan: None,
             })
             .collect();
         assert!(chunks.len() > 2, "{chunks:?}");
@@ -488,6 +495,7 @@ mod tests {
                     text: c.text,
                     char_start: c.char_start as i64,
                     char_end: c.char_end as i64,
+                    scan: None,
                 })
                 .collect();
             let mut prev = None;

@@ -829,7 +829,7 @@ impl Engine {
         opts: &IngestOptions,
         progress: &mut dyn FnMut(usize, usize) -> bool,
     ) -> Result<Vec<FileReport>> {
-        let units = match crate::ingest::worker::read_units(path, opts, &self.cfg.ingest) {
+        let units = match crate::ingest::worker::read_units(path, opts, &self.cfg.ingest, &self.cfg.model) {
             Ok(u) => u,
             Err(e) => {
                 return Ok(vec![FileReport {
@@ -962,16 +962,21 @@ impl Engine {
         for p in planned {
             let Some(doc_id) = upsert_document(&tx, col.id, p, chunker_id, &ts, fr)? else { continue };
             let mut insert_chunk = tx.prepare_cached(
-                "INSERT INTO chunks (document_id, ordinal, heading, text, char_start, char_end) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                "INSERT INTO chunks (document_id, ordinal, heading, text, char_start, char_end, scan_page, \
+                 scan_last_page, scan_confidence) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             )?;
             for (ordinal, c) in p.chunks.iter().enumerate() {
+                let scan = crate::ingest::scan::passage_scan(&p.doc.scan, c.char_start, c.char_end);
                 insert_chunk.execute(params![
                     doc_id,
                     ordinal as i64,
                     c.heading,
                     c.text,
                     c.char_start as i64,
-                    c.char_end as i64
+                    c.char_end as i64,
+                    scan.map(|s| s.page),
+                    scan.map(|s| s.last_page),
+                    scan.map(|s| f64::from(s.confidence))
                 ])?;
                 rows.push(crate::store::ChunkRow {
                     chunk_id: tx.last_insert_rowid(),

@@ -125,7 +125,9 @@ pub enum Error {
     NotFound { what: String },
     #[error("{0}")]
     InvalidInput(String),
-    #[error("{path}：不支持 .{ext} 文件；可上传 .pdf、.docx、.html、.htm、.md、.txt、.csv、.tsv、.jsonl、.zip")]
+    #[error(
+        "{path}：不支持 .{ext} 文件；可上传 .pdf、.docx、.html、.htm、.md、.txt、.csv、.tsv、.jsonl、.zip，以及扫描图像 .jpg、.png、.bmp、.tif"
+    )]
     UnsupportedFormat { path: PathBuf, ext: String },
     #[error(
         "{path}：不是有效的 UTF-8 文本（第一个错误字节在偏移 {offset}）；请转成 UTF-8，例如 `iconv -f GB18030 -t UTF-8 原文件 > 新文件`，或上传时指定编码"

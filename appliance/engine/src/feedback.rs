@@ -16,6 +16,8 @@ pub struct DocumentChunk {
     /// Character offsets of the chunk in the document's normalised text (consecutive chunks overlap).
     pub char_start: i64,
     pub char_end: i64,
+    /// Read from a scanned page by the OCR.
+    pub scan: Option<crate::ingest::scan::ScanOrigin>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -52,7 +54,8 @@ pub fn document(store: &Store, id: i64) -> Result<DocumentView> {
         .optional()?;
     let mut doc = head.ok_or_else(|| Error::NotFound { what: format!("文档 #{id}") })?;
     let mut stmt = conn.prepare_cached(
-        "SELECT id, ordinal, heading, text, char_start, char_end FROM chunks WHERE document_id = ?1 ORDER BY ordinal",
+        "SELECT id, ordinal, heading, text, char_start, char_end, scan_page, scan_last_page, scan_confidence FROM chunks \
+         WHERE document_id = ?1 ORDER BY ordinal",
     )?;
     let rows = stmt.query_map([id], |r| {
         Ok(DocumentChunk {
@@ -62,6 +65,7 @@ pub fn document(store: &Store, id: i64) -> Result<DocumentView> {
             text: r.get(3)?,
             char_start: r.get(4)?,
             char_end: r.get(5)?,
+            scan: crate::ingest::scan::ScanOrigin::from_columns(r.get(6)?, r.get(7)?, r.get(8)?),
         })
     })?;
     doc.chunks = rows.collect::<Result<Vec<_>, _>>()?;

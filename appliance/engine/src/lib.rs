@@ -27,8 +27,9 @@
 //!   ├ ocr       text in page images (scans, photos): PP-OCRv4's detection, direction and recognition models on
 //!   │           ONNX Runtime, lines in reading order with boxes and confidence; page images out of image files and
 //!   │           scanned PDFs, bounded (ocr/{detect,recognise,layout,images}.rs; real-model tests in ocr/tests.rs)
-//!   ├ ingest    files → ParsedDocument (pdf, docx, html, md, txt, csv, jsonl, zip; encodings; limits):
-//!   │           ingest/{pdf,docx,html,csv,archive,encoding}.rs, a document's department, type and date
+//!   ├ ingest    files → ParsedDocument (pdf, docx, html, md, txt, csv, jsonl, zip, images; encodings; limits):
+//!   │           ingest/{pdf,docx,html,csv,archive,encoding}.rs, scans read by the OCR in ingest/scan.rs (pages
+//!   │           and confidence kept per line), a document's department, type and date
 //!   │           from its record, folders or upload form in ingest/meta.rs, parsed in a sandboxed child by
 //!   │           ingest/worker.rs; fuzz targets and fixture writers in
 //!   │           ingest/{fuzz,fixtures}.rs
@@ -74,7 +75,7 @@
 //!   ├ csv_out   the one CSV writer of every export: formula prefixes neutralised (OWASP), RFC 4180 quoting
 //!   ├ demo      the embedded demo collection
 //!   └ tests     (test builds only) the integration tests, inside the crate so they reach its crate-private
-//!               operations: tests/{engine,scheduler,service}.rs
+//!               operations: tests/{engine,scans,scheduler,service}.rs
 //! ```
 //!
 //! Callers (the `care` CLI and the HTTP server) use [`Engine`] and [`error::Error`]; error codes

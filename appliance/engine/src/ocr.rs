@@ -15,7 +15,7 @@ mod images;
 mod layout;
 mod recognise;
 
-pub use images::{decode as decode_images, pdf_page_images, pdf_scans};
+pub use images::{decode as decode_images, pages as image_pages, pdf_page_image, pdf_scans};
 
 use std::path::{Path, PathBuf};
 
@@ -78,22 +78,48 @@ fn ocr_err(path: &Path, what: impl std::fmt::Display) -> Error {
     Error::Model(format!("OCR 模型 {}：{what}", path.display()))
 }
 
-impl OcrModels {
-    /// Loads the three models from `dir` on the CPU with `threads` intra-op threads (0: one per core).
-    pub fn load(dir: &Path, cfg: &ModelConfig, threads: usize) -> Result<Self> {
-        let (_, env) = crate::encoders::init_runtime(cfg)?;
-        let session = |file: &str| -> Result<ort::session::Session> {
+/// The three model files read into memory: a sandboxed parser reads them before it gives up file access, and
+/// builds the sessions only when a page needs them.
+pub struct OcrFiles {
+    dir: PathBuf,
+    det: Vec<u8>,
+    cls: Vec<u8>,
+    rec: Vec<u8>,
+}
+
+impl OcrFiles {
+    /// Reads the three models from `dir`.
+    pub fn read(dir: &Path) -> Result<Self> {
+        let read = |file: &str| -> Result<Vec<u8>> {
             let path = dir.join(file);
             if !path.is_file() {
                 return Err(ocr_err(
                     &path,
-                    "文件不存在（packaging/dev.sh setup 从 PyPI 的 rapidocr-onnxruntime 取得）",
+                    "文件不存在（packaging/dev.sh setup 从 PyPI 的 rapidocr-onnxruntime 取得；或设置 ingest.ocr.models）",
                 ));
             }
-            let threads = match threads {
-                0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-                n => n,
-            };
+            std::fs::read(&path).map_err(|e| Error::io(&path, e))
+        };
+        Ok(Self { dir: dir.to_path_buf(), det: read(DET_FILE)?, cls: read(CLS_FILE)?, rec: read(REC_FILE)? })
+    }
+}
+
+impl OcrModels {
+    /// Loads the three models from `dir` on the CPU with `threads` intra-op threads (0: one per core).
+    pub fn load(dir: &Path, cfg: &ModelConfig, threads: usize) -> Result<Self> {
+        Self::from_files(&OcrFiles::read(dir)?, cfg, threads)
+    }
+
+    /// Builds the sessions from files already read (the ONNX Runtime library is loaded first if it is not yet).
+    pub fn from_files(files: &OcrFiles, cfg: &ModelConfig, threads: usize) -> Result<Self> {
+        let (_, env) = crate::encoders::init_runtime(cfg)?;
+        let dir = &files.dir;
+        let threads = match threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        let session = |file: &str, bytes: &[u8]| -> Result<ort::session::Session> {
+            let path = dir.join(file);
             ort::session::Session::builder(&env)
                 .map_err(|e| ocr_err(&path, e))?
                 .with_optimization_level(ort::session::builder::GraphOptimizationLevel::Level3)
@@ -102,10 +128,12 @@ impl OcrModels {
                 .map_err(|e| ocr_err(&path, e))?
                 .with_intra_op_spinning(false)
                 .map_err(|e| ocr_err(&path, e))?
-                .commit_from_file(&path)
+                .commit_from_memory(bytes)
                 .map_err(|e| ocr_err(&path, e))
         };
-        let (det, cls, rec) = (session(DET_FILE)?, session(CLS_FILE)?, session(REC_FILE)?);
+        let det = session(DET_FILE, &files.det)?;
+        let cls = session(CLS_FILE, &files.cls)?;
+        let rec = session(REC_FILE, &files.rec)?;
         let listed = rec
             .metadata()
             .ok()
@@ -115,7 +143,7 @@ impl OcrModels {
             .chain(listed.lines().map(str::to_string))
             .chain(std::iter::once(" ".to_string()))
             .collect();
-        Ok(Self { dir: dir.to_path_buf(), det, cls, rec, chars })
+        Ok(Self { dir: dir.clone(), det, cls, rec, chars })
     }
 
     /// The lines of one page, in reading order; lines read with less than [`MIN_LINE_CONFIDENCE`] are left out.

@@ -124,17 +124,19 @@ pub(crate) fn read_capped(mut r: impl Read, cap: u64) -> (Vec<u8>, bool) {
     (buf, more)
 }
 
-/// The child's first step: its limits from the two arguments after the subcommand (MEMORY_MB CPU_SECONDS), then
+/// The child's first step: its limits from the arguments after the subcommand (MEMORY_MB CPU_SECONDS [CPU_HARD]:
+/// the hard CPU limit, which [`allow_more_cpu`] may raise the soft one to, defaults to one second more), then
 /// its request (at most `max_request` bytes) from standard input. `None` (after a message on standard error) when
 /// either is malformed. A seccomp filter that forbids setrlimit (an older unit file) must not stop every upload or
 /// import: the work then runs without the limits, still outside the server's process.
 pub fn child_start(who: &str, max_request: u64) -> Option<Vec<u8>> {
     let arg = |i: usize| std::env::args().nth(i).and_then(|a| a.parse::<u64>().ok());
     let (Some(memory_mb), Some(cpu_seconds)) = (arg(2), arg(3)) else {
-        eprintln!("usage: care {who} MEMORY_MB CPU_SECONDS (started by care itself)");
+        eprintln!("usage: care {who} MEMORY_MB CPU_SECONDS [CPU_HARD] (started by care itself)");
         return None;
     };
-    if let Err(e) = limit_self(memory_mb, cpu_seconds) {
+    let cpu_hard = arg(4).unwrap_or(0).max(cpu_seconds + 1);
+    if let Err(e) = limit_self(memory_mb, cpu_seconds, cpu_hard) {
         eprintln!("care {who}: setting resource limits failed ({e}); running without them");
     }
     let mut input = Vec::new();
@@ -156,12 +158,24 @@ pub fn child_reply(reply: &impl serde::Serialize) -> i32 {
 
 /// Address space, CPU time (SIGXCPU at the soft limit, SIGKILL a second later), no file writes (standard output is
 /// a pipe, which the size limit does not cover), no core dumps.
-fn limit_self(memory_mb: u64, cpu_seconds: u64) -> nix::Result<()> {
+fn limit_self(memory_mb: u64, cpu_seconds: u64, cpu_hard: u64) -> nix::Result<()> {
     use nix::sys::resource::{Resource, setrlimit};
     setrlimit(Resource::RLIMIT_AS, memory_mb << 20, memory_mb << 20)?;
-    setrlimit(Resource::RLIMIT_CPU, cpu_seconds, cpu_seconds + 1)?;
+    setrlimit(Resource::RLIMIT_CPU, cpu_seconds, cpu_hard)?;
     setrlimit(Resource::RLIMIT_FSIZE, 0, 0)?;
     setrlimit(Resource::RLIMIT_CORE, 0, 0)
+}
+
+/// Raises this process's CPU-time soft limit by `seconds`, up to its hard limit: a parser that starts work whose
+/// size it knows (pages to read) gets that much more time, while a parser looping on a hostile file still stops at
+/// the soft limit it started with. Does nothing where no limit is set.
+pub fn allow_more_cpu(seconds: u64) {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_CPU)
+        && soft != nix::sys::resource::RLIM_INFINITY
+    {
+        let _ = setrlimit(Resource::RLIMIT_CPU, soft.saturating_add(seconds).min(hard), hard);
+    }
 }
 
 /// No further file access and no network for this process, as far as the kernel's Landlock allows (best effort:

@@ -83,6 +83,8 @@ pub struct SearchHit {
     pub more_in_document: usize,
     /// The document's department, type and date (empty where unknown).
     pub meta: crate::ingest::meta::DocMeta,
+    /// Read from a scanned page by the OCR (its page and confidence); `None` for typed text.
+    pub scan: Option<crate::ingest::scan::ScanOrigin>,
 }
 
 /// A synonym-table term found in a query and the other terms of its group, searched at a lower weight.
@@ -857,6 +859,7 @@ impl Engine {
                 dense_only: h.parts.bm25.is_none(),
                 more_in_document: more,
                 meta: v.meta.clone(),
+                scan: v.scan,
             })
             .collect())
     }

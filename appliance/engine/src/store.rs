@@ -44,6 +44,7 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (24, include_str!("../../../migrations/0024_sign_in_config.sql")),
     (25, include_str!("../../../migrations/0025_model_query_graph.sql")),
     (26, include_str!("../../../migrations/0026_synonym_staging.sql")),
+    (27, include_str!("../../../migrations/0027_scanned_passages.sql")),
 ];
 
 /// What a migration needs beyond its SQL, in the same transaction: 20 reads the language of the documents
@@ -326,6 +327,8 @@ pub struct ChunkView {
     pub text: String,
     pub ordinal: i64,
     pub meta: crate::ingest::meta::DocMeta,
+    /// Read from a scanned page by the OCR: which, and how surely.
+    pub scan: Option<crate::ingest::scan::ScanOrigin>,
 }
 
 impl Store {
@@ -684,7 +687,8 @@ impl Store {
         let conn = self.reader();
         let mut stmt = conn.prepare_cached(
             "SELECT k.id, k.document_id, d.external_id, c.name, d.title, d.source, k.heading, k.text, k.ordinal,
-                    d.department, d.doc_type, d.doc_date, d.issuer, d.language, d.access
+                    d.department, d.doc_type, d.doc_date, d.issuer, d.language, d.access, k.scan_page, k.scan_last_page,
+                    k.scan_confidence
              FROM chunks k JOIN documents d ON d.id = k.document_id JOIN collections c ON c.id = d.collection_id
              WHERE k.id = ?1",
         )?;
@@ -710,6 +714,7 @@ impl Store {
                             language: r.get(13)?,
                             access: r.get(14)?,
                         },
+                        scan: crate::ingest::scan::ScanOrigin::from_columns(r.get(15)?, r.get(16)?, r.get(17)?),
                     })
                 })
                 .optional()?

@@ -76,6 +76,8 @@ pub struct HitView {
     pub more_in_document: usize,
     /// "心内科 · 指南 · 2023-05": what the document is filed under, empty when unknown.
     pub filed: String,
+    /// 识别自扫描件 · 第 N 页 (and a warning when read with little confidence); empty for typed text.
+    pub scanned: String,
 }
 
 impl HitView {
@@ -121,6 +123,7 @@ impl HitView {
                 .map(String::as_str)
                 .collect::<Vec<_>>()
                 .join(" · "),
+            scanned: h.scan.map(|s| s.label()).unwrap_or_default(),
         }
     }
 }

@@ -120,6 +120,7 @@ pub(super) fn parse(
             text: body,
             source: format!("{source}:{line}"),
             meta,
+            scan: Vec::new(),
         });
     }
     if out.documents.is_empty() && out.skipped_empty == 0 {

@@ -16,19 +16,90 @@ pub fn pdf_bytes(pages: &[Vec<&str>]) -> Vec<u8> {
 
 /// [`pdf_bytes`] with `extra` CMap sections (e.g. a hostile bfrange) before the CMap's end.
 pub fn pdf_bytes_with_cmap(pages: &[Vec<&str>], extra: &str) -> Vec<u8> {
-    pdf_document(pages, extra, 1)
+    pdf_document(&pages.iter().map(|p| PdfPage::Typed(p.clone())).collect::<Vec<_>>(), extra, 1)
 }
 
 /// A hostile PDF of `pages` pages that all show one content stream of `lines` (compressed, so the file stays small
 /// while every page yields the whole stream's text).
 pub fn pdf_bytes_one_stream(lines: &[&str], pages: usize) -> Vec<u8> {
-    pdf_document(&[lines.to_vec()], "", pages.max(1))
+    pdf_document(&[PdfPage::Typed(lines.to_vec())], "", pages.max(1))
+}
+
+/// A PDF of typed pages and scans, in order (a scanner's file, or a guideline with scanned appendices).
+pub fn pdf_mixed(pages: &[PdfPage<'_>]) -> Vec<u8> {
+    pdf_document(pages, "", 1)
+}
+
+/// A page of [`pdf_mixed`].
+#[derive(Debug, Clone)]
+pub enum PdfPage<'a> {
+    /// Lines of text in the CID font.
+    Typed(Vec<&'a str>),
+    /// One image filling the page, as a scanner writes it, and no text.
+    Scan(PdfImage),
+}
+
+/// An image stream of a PDF page.
+#[derive(Debug, Clone)]
+pub struct PdfImage {
+    pub filter: &'static str,
+    pub data: Vec<u8>,
+    pub width: u32,
+    pub height: u32,
+    pub color_space: &'static str,
+    pub bits: i64,
+    /// CCITT's `/K` (negative: Group 4).
+    pub k: Option<i64>,
+}
+
+impl PdfImage {
+    /// The page as JPEG (`/DCTDecode`, what most scanners and phones write).
+    pub fn jpeg(img: &image::RgbImage) -> Self {
+        let mut data = Vec::new();
+        image::DynamicImage::ImageRgb8(img.clone())
+            .write_to(&mut Cursor::new(&mut data), image::ImageFormat::Jpeg)
+            .expect("encode jpeg");
+        PdfImage {
+            filter: "DCTDecode",
+            data,
+            width: img.width(),
+            height: img.height(),
+            color_space: "DeviceRGB",
+            bits: 8,
+            k: None,
+        }
+    }
+
+    /// The page as black-and-white CCITT Group 4 fax (`/CCITTFaxDecode`, `/K -1`): what document scanners write
+    /// for text pages.
+    pub fn fax_g4(img: &image::GrayImage) -> Self {
+        let width = u16::try_from(img.width()).expect("fax width");
+        let mut enc = fax::encoder::Encoder::new(fax::VecWriter::new());
+        for row in img.rows() {
+            let pels = row.map(|p| if p.0[0] < 128 { fax::Color::Black } else { fax::Color::White });
+            enc.encode_line(pels, width).expect("encode fax line");
+        }
+        let data = enc.finish().expect("finish fax").finish();
+        PdfImage {
+            filter: "CCITTFaxDecode",
+            data,
+            width: img.width(),
+            height: img.height(),
+            color_space: "DeviceGray",
+            bits: 1,
+            k: Some(-1),
+        }
+    }
 }
 
 /// The PDF writer: each entry of `pages` is a page, shown `repeat` times (the repeats share its content stream).
-fn pdf_document(pages: &[Vec<&str>], extra: &str, repeat: usize) -> Vec<u8> {
+fn pdf_document(pages: &[PdfPage<'_>], extra: &str, repeat: usize) -> Vec<u8> {
     let mut codes: BTreeMap<char, u16> = BTreeMap::new();
-    for line in pages.iter().flatten() {
+    let typed = pages.iter().filter_map(|p| match p {
+        PdfPage::Typed(lines) => Some(lines),
+        PdfPage::Scan(_) => None,
+    });
+    for line in typed.flatten() {
         for c in line.chars() {
             let next = codes.len() as u16 + 1;
             codes.entry(c).or_insert(next);
@@ -75,7 +146,14 @@ fn pdf_document(pages: &[Vec<&str>], extra: &str, repeat: usize) -> Vec<u8> {
     });
     let resources = doc.add_object(dictionary! { "Font" => dictionary! { "F1" => font } });
     let mut kids = Vec::new();
-    for lines in pages {
+    for page in pages {
+        let lines = match page {
+            PdfPage::Typed(lines) => lines,
+            PdfPage::Scan(img) => {
+                kids.push(scan_page(&mut doc, pages_id, img).into());
+                continue;
+            }
+        };
         let mut ops = Vec::new();
         for (i, line) in lines.iter().enumerate() {
             let bytes: Vec<u8> = line.chars().flat_map(|c| codes[&c].to_be_bytes()).collect();
@@ -107,6 +185,44 @@ fn pdf_document(pages: &[Vec<&str>], extra: &str, repeat: usize) -> Vec<u8> {
     let mut out = Vec::new();
     doc.save_to(&mut out).expect("write pdf");
     out
+}
+
+/// A page drawing `img` over an A4 page, and nothing else.
+fn scan_page(doc: &mut Document, parent: lopdf::ObjectId, img: &PdfImage) -> lopdf::ObjectId {
+    let mut dict = dictionary! {
+        "Type" => "XObject",
+        "Subtype" => "Image",
+        "Width" => img.width as i64,
+        "Height" => img.height as i64,
+        "ColorSpace" => img.color_space,
+        "BitsPerComponent" => img.bits,
+        "Filter" => img.filter,
+    };
+    if let Some(k) = img.k {
+        dict.set("DecodeParms", dictionary! { "K" => k, "Columns" => img.width as i64, "Rows" => img.height as i64 });
+    }
+    // Compressed image data is written as it is (doc.compress() leaves streams with a filter alone).
+    let mut stream = Stream::new(dict, img.data.clone());
+    stream.allows_compression = false;
+    let image = doc.add_object(stream);
+    let content = Content {
+        operations: vec![
+            Operation::new("q", vec![]),
+            Operation::new("cm", vec![595.into(), 0.into(), 0.into(), 842.into(), 0.into(), 0.into()]),
+            Operation::new("Do", vec!["Im0".into()]),
+            Operation::new("Q", vec![]),
+        ],
+    }
+    .encode()
+    .expect("encode content");
+    let content_id = doc.add_object(Stream::new(dictionary! {}, content));
+    doc.add_object(dictionary! {
+        "Type" => "Page",
+        "Parent" => parent,
+        "Contents" => content_id,
+        "Resources" => dictionary! { "XObject" => dictionary! { "Im0" => image } },
+        "MediaBox" => vec![0.into(), 0.into(), 595.into(), 842.into()],
+    })
 }
 
 /// A ZIP with the given (name, bytes) members, deflated. Names are written as given (tests use this to build

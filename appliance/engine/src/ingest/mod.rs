@@ -28,6 +28,8 @@ pub struct IngestConfig {
     pub workers: usize,
     /// Where uploaded files are parsed: in a sandboxed child process, under these limits.
     pub isolation: IsolationConfig,
+    /// Scanned pages and images, read by the OCR.
+    pub ocr: scan::OcrConfig,
 }
 
 /// The parser process (`[ingest.isolation]`). `care serve` and the CLI parse every uploaded file in a child
@@ -60,6 +62,7 @@ impl Default for IngestConfig {
             limits: IngestLimits::default(),
             workers: 2,
             isolation: IsolationConfig::default(),
+            ocr: scan::OcrConfig::default(),
         }
     }
 }
@@ -69,6 +72,7 @@ mod fuzz;
 mod html;
 pub mod meta;
 mod pdf;
+pub mod scan;
 pub mod worker;
 
 use std::path::{Path, PathBuf};
@@ -92,6 +96,9 @@ pub struct ParsedDocument {
     /// Department, type and date ([`meta`]); empty when neither the file nor the upload says.
     #[serde(default)]
     pub meta: meta::DocMeta,
+    /// The lines read from scanned pages by the OCR, with their places in `text` (empty for typed text).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scan: Vec<scan::ScanLine>,
 }
 
 impl ParsedDocument {
@@ -177,6 +184,8 @@ pub enum FileKind {
     Html,
     Docx,
     Pdf,
+    /// A scan or photograph (JPEG, PNG, BMP, TIFF), read by the OCR.
+    Image,
     Zip,
 }
 
@@ -192,6 +201,7 @@ impl FileKind {
             "html" | "htm" | "xhtml" => Ok(FileKind::Html),
             "docx" => Ok(FileKind::Docx),
             "pdf" => Ok(FileKind::Pdf),
+            "jpg" | "jpeg" | "png" | "bmp" | "tif" | "tiff" => Ok(FileKind::Image),
             "zip" => Ok(FileKind::Zip),
             _ => Err(Error::UnsupportedFormat { path: path.to_path_buf(), ext }),
         }
@@ -207,6 +217,7 @@ impl FileKind {
             FileKind::Html => "HTML",
             FileKind::Docx => "DOCX",
             FileKind::Pdf => "PDF",
+            FileKind::Image => "图像",
             FileKind::Zip => "ZIP",
         }
     }
@@ -405,6 +416,7 @@ fn parse_inner(
                 text,
                 source: source.clone(),
                 meta: meta::DocMeta::default(),
+                scan: Vec::new(),
             }],
             skipped_empty: 0,
         })
@@ -452,12 +464,24 @@ fn parse_inner(
             Ok(parsed)
         }
         FileKind::Pdf => {
-            let (text, meta) = pdf::extract_filed(path, bytes, limits)?;
-            let text = normalize(&text);
+            let (parts, meta) = pdf::extract_filed(path, bytes, limits)?;
+            let (text, lines) = scan::assemble(&parts);
             let title = text.lines().next().filter(|l| l.chars().count() <= 60).unwrap_or("").to_string();
             let mut parsed = single(title, text)?;
             for d in &mut parsed.documents {
                 d.meta = meta.clone();
+                d.scan.clone_from(&lines);
+            }
+            Ok(parsed)
+        }
+        FileKind::Image => {
+            let (text, lines) = scan::assemble(&scan::image_parts(path, bytes)?);
+            if text.is_empty() {
+                return Err(Error::NoText { path: path.clone(), message: "图像中没有识别出文字".into() });
+            }
+            let mut parsed = single(String::new(), text)?;
+            for d in &mut parsed.documents {
+                d.scan.clone_from(&lines);
             }
             Ok(parsed)
         }
@@ -613,6 +637,7 @@ fn parse_jsonl(path: &Path, text: &str, file_name: &str, source: &str) -> Result
             text: body,
             source: format!("{source}:{line_no}"),
             meta,
+            scan: Vec::new(),
         });
     }
     if out.documents.is_empty() && out.skipped_empty == 0 {

@@ -2,8 +2,9 @@
 //! from Word, WPS and most typesetting tools is stored).
 //!
 //! A file that does not end in `%%EOF` is refused as truncated even though the lenient parser could salvage part of
-//! it: indexing half a guideline without saying so is worse than asking for the upload again. A PDF with pages but
-//! no text is a scan and gets its own error (OCR it first). Decompression of every page and font stream is bounded.
+//! it: indexing half a guideline without saying so is worse than asking for the upload again. Pages that are scans
+//! (an image and no text) are read by the OCR ([`super::scan`]). Decompression of every page and font stream is
+//! bounded.
 
 use std::path::Path;
 
@@ -16,17 +17,22 @@ fn malformed(path: &Path, message: String) -> Error {
 
 #[cfg(test)]
 fn extract(path: &Path, bytes: &[u8], limits: &IngestLimits) -> Result<String> {
-    Ok(extract_filed(path, bytes, limits)?.0)
+    Ok(super::scan::assemble(&extract_filed(path, bytes, limits)?.0).0)
 }
 
-/// The text and the filing the document information dictionary gives: entries named like the JSONL fields
-/// (`/科室`, `/Department`, `/类型`, `/Date`, …). CreationDate and ModDate are not taken as dates: they say when the
-/// file was written, not when a guideline was issued.
+/// The text, in parts (typed pages' text, scanned pages read by the OCR, in page order), and the filing the
+/// document information dictionary gives: entries named like the JSONL fields (`/科室`, `/Department`, `/类型`,
+/// `/Date`, …). CreationDate and ModDate are not taken as dates: they say when the file was written, not when a
+/// guideline was issued.
+///
+/// A page that shows no text (no `BT` text object in its content) but draws an image is a scan. When scans cannot
+/// be read here ([`super::scan`]), a PDF of scans only is refused with the reason, and a mixed one keeps its typed
+/// pages.
 pub(super) fn extract_filed(
     path: &Path,
     bytes: &[u8],
     limits: &IngestLimits,
-) -> Result<(String, super::meta::DocMeta)> {
+) -> Result<(Vec<super::scan::Part>, super::meta::DocMeta)> {
     let head = &bytes[..bytes.len().min(1024)];
     if !head.windows(5).any(|w| w == b"%PDF-") {
         return Err(malformed(path, "it does not start with a %PDF- header; is it really a PDF?".into()));
@@ -48,63 +54,141 @@ pub(super) fn extract_filed(
     check_cmaps(path, &doc)?;
     let meta = super::meta::DocMeta::from_properties(&info(&doc), None)
         .map_err(|e| malformed(path, format!("document information: {e}")))?;
-    let pages: Vec<u32> = doc.get_pages().keys().copied().collect();
+    let pages: Vec<(u32, lopdf::ObjectId)> = doc.get_pages().into_iter().collect();
     if pages.is_empty() {
         return Err(malformed(path, "it has no pages".into()));
     }
     let limit = usize::try_from(limits.max_file_bytes.min(256 << 20)).unwrap_or(256 << 20);
-    let budget = (bytes.len() as u64).saturating_mul(limits.max_text_ratio).saturating_add(1 << 20);
-    let mut text = String::new();
-    let mut first_error: Option<(u32, String)> = None;
-    // lopdf rebuilds the whole page map on every call (4,000 pages one at a time took 30 s), so pages go in groups:
-    // one page first, then as many as the text budget leaves room for at the largest page seen so far (at most
-    // 256), so that pages repeating one huge content stream still stop at the page that crosses the budget.
-    let (mut next, mut group, mut largest_page) = (0, 1, 0);
-    while next < pages.len() {
-        let these = &pages[next..(next + group).min(pages.len())];
-        let before = text.len();
-        for chunk in doc.extract_text_chunks_with_limit(these, limit) {
-            match chunk {
-                Ok(t) => text.push_str(&t),
-                Err(lopdf::Error::Decompress(e)) => {
-                    return Err(Error::UnsafeArchive {
-                        path: path.to_path_buf(),
-                        reason: format!(
-                            "page {}–{}: a compressed stream expands past the limit ({e}); not indexed",
-                            these[0],
-                            these[these.len() - 1]
-                        ),
-                    });
-                }
-                Err(e) => {
-                    first_error.get_or_insert((these[0], e.to_string()));
+    let scans: Vec<(u32, lopdf::ObjectId)> =
+        pages.iter().copied().filter(|&(_, id)| !shows_text(&doc, id, limit) && has_image(&doc, id)).collect();
+    let why_not = super::scan::unavailable_reason();
+    let mut text = TextRun { total: 0, first_error: None };
+    let mut parts: Vec<(u32, super::scan::Part)> = Vec::new();
+    // Runs of typed pages, between the scans, in page order.
+    let typed: Vec<u32> = pages.iter().filter(|p| !scans.contains(p)).map(|p| p.0).collect();
+    for run in typed.chunk_by(|a, b| b == &(a + 1)) {
+        let t = text.extract(path, bytes, limits, &doc, run, limit)?;
+        parts.push((run[0], super::scan::Part::Text(t)));
+    }
+    if why_not.is_none() && !scans.is_empty() {
+        let mut next = scans.iter();
+        let read = super::scan::read_pages(path, scans.len(), |_| {
+            for &(page, id) in next.by_ref() {
+                if let Some(img) = crate::ocr::pdf_page_image(&doc, id, page).map_err(|e| named(path, e))? {
+                    return Ok(Some((page, img)));
                 }
             }
-        }
-        if !text.ends_with('\n') {
-            text.push('\n');
-        }
-        // Pages that share one huge content stream would otherwise each add all of it (the finding: 11 KB, 128 MiB
-        // of text): stop at the budget instead of after the last page.
-        super::text_budget_check(&Origin::of_file(path), bytes.len(), limits, text.len() as u64)?;
-        next += these.len();
-        largest_page = largest_page.max((text.len() - before).div_ceil(these.len()));
-        let room = budget.saturating_sub(text.len() as u64) / (largest_page.max(4096) as u64);
-        group = usize::try_from(room / 2).unwrap_or(256).clamp(1, 256);
+            Ok(None)
+        })?;
+        parts.extend(read.into_iter().map(|p| (p.page, super::scan::Part::Scanned(p))));
     }
-    if text.trim().is_empty() {
-        return Err(match first_error {
-            Some((p, e)) => malformed(path, format!("no text could be decoded (page {p}: {e})")),
-            None => Error::NoText {
+    parts.sort_by_key(|p| p.0);
+    let parts: Vec<super::scan::Part> = parts.into_iter().map(|p| p.1).filter(|p| !p.is_blank()).collect();
+    if parts.is_empty() {
+        return Err(match (text.first_error, why_not) {
+            (Some((p, e)), _) => malformed(path, format!("no text could be decoded (page {p}: {e})")),
+            (None, Some(why)) if !scans.is_empty() => Error::NoText {
                 path: path.to_path_buf(),
-                message: format!(
-                    "its {} page(s) have no text layer (a scan?); run OCR on it (e.g. ocrmypdf) and upload the result",
-                    pages.len()
-                ),
+                message: format!("它的 {} 页是扫描件，没有文字层；{why}", scans.len()),
+            },
+            _ => Error::NoText {
+                path: path.to_path_buf(),
+                message: format!("它的 {} 页既没有文字，也没有可识别的扫描图像", pages.len()),
             },
         });
     }
-    Ok((text, meta))
+    Ok((parts, meta))
+}
+
+/// A PDF page image error named with the file.
+fn named(path: &Path, e: Error) -> Error {
+    match e {
+        Error::InvalidInput(m) => malformed(path, m),
+        other => other,
+    }
+}
+
+/// Whether the page's content has a text object (`BT`), the only place a PDF shows text. A page whose content
+/// cannot be read is counted as text, so that its error is the text extraction's.
+fn shows_text(doc: &lopdf::Document, id: lopdf::ObjectId, limit: usize) -> bool {
+    let Ok(content) = doc.get_page_content_with_limit(id, limit) else { return true };
+    let delimiter = |b: Option<&u8>| b.is_none_or(|b| b.is_ascii_whitespace() || b"[]()<>/%".contains(b));
+    content.windows(2).enumerate().any(|(i, w)| {
+        w == b"BT" && delimiter(i.checked_sub(1).and_then(|j| content.get(j))) && delimiter(content.get(i + 2))
+    })
+}
+
+fn has_image(doc: &lopdf::Document, id: lopdf::ObjectId) -> bool {
+    let Ok((resources, inherited)) = doc.get_page_resources(id) else { return false };
+    resources.into_iter().chain(inherited.into_iter().filter_map(|r| doc.get_dictionary(r).ok())).any(|res| {
+        res.get(b"XObject").and_then(|o| doc.dereference(o)).and_then(|(_, o)| o.as_dict()).is_ok_and(|x| {
+            x.iter().any(|(_, o)| {
+                matches!(doc.dereference(o), Ok((_, lopdf::Object::Stream(s)))
+                    if s.dict.get(b"Subtype").and_then(|o| o.as_name()).ok() == Some(b"Image".as_slice()))
+            })
+        })
+    })
+}
+
+/// The text pages' extraction, across runs: the text budget is the file's, and the first page error is kept.
+struct TextRun {
+    total: u64,
+    first_error: Option<(u32, String)>,
+}
+
+impl TextRun {
+    fn extract(
+        &mut self,
+        path: &Path,
+        bytes: &[u8],
+        limits: &IngestLimits,
+        doc: &lopdf::Document,
+        pages: &[u32],
+        limit: usize,
+    ) -> Result<String> {
+        let budget = (bytes.len() as u64).saturating_mul(limits.max_text_ratio).saturating_add(1 << 20);
+        let mut text = String::new();
+        // lopdf rebuilds the whole page map on every call (4,000 pages one at a time took 30 s), so pages go in
+        // groups: one page first, then as many as the text budget leaves room for at the largest page seen so far
+        // (at most 256), so that pages repeating one huge content stream still stop at the page that crosses the
+        // budget.
+        let (mut next, mut group, mut largest_page) = (0, 1, 0);
+        while next < pages.len() {
+            let these = &pages[next..(next + group).min(pages.len())];
+            let before = text.len();
+            for chunk in doc.extract_text_chunks_with_limit(these, limit) {
+                match chunk {
+                    Ok(t) => text.push_str(&t),
+                    Err(lopdf::Error::Decompress(e)) => {
+                        return Err(Error::UnsafeArchive {
+                            path: path.to_path_buf(),
+                            reason: format!(
+                                "page {}–{}: a compressed stream expands past the limit ({e}); not indexed",
+                                these[0],
+                                these[these.len() - 1]
+                            ),
+                        });
+                    }
+                    Err(e) => {
+                        self.first_error.get_or_insert((these[0], e.to_string()));
+                    }
+                }
+            }
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
+            // Pages that share one huge content stream would otherwise each add all of it (the finding: 11 KB,
+            // 128 MiB of text): stop at the budget instead of after the last page.
+            let total = self.total + text.len() as u64;
+            super::text_budget_check(&Origin::of_file(path), bytes.len(), limits, total)?;
+            next += these.len();
+            largest_page = largest_page.max((text.len() - before).div_ceil(these.len()));
+            let room = budget.saturating_sub(total) / (largest_page.max(4096) as u64);
+            group = usize::try_from(room / 2).unwrap_or(256).clamp(1, 256);
+        }
+        self.total += text.len() as u64;
+        Ok(text)
+    }
 }
 
 /// The document information dictionary's text entries (at most 100, each at most 200 characters).
@@ -334,7 +418,8 @@ mod tests {
         doc.trailer.set("Info", info);
         let mut bytes = Vec::new();
         doc.save_to(&mut bytes).unwrap();
-        let (text, meta) = extract_filed(Path::new("p.pdf"), &bytes, &IngestLimits::default()).unwrap();
+        let (parts, meta) = extract_filed(Path::new("p.pdf"), &bytes, &IngestLimits::default()).unwrap();
+        let text = super::super::scan::assemble(&parts).0;
         assert!(text.contains("胸痛中心流程"), "{text}");
         assert_eq!(
             (meta.department.as_str(), meta.doc_type.as_str(), meta.date.as_str()),

@@ -13,8 +13,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::scan::OcrConfig;
 use super::{FileKind, IngestLimits, IngestOptions, ParsedFile, Unit};
 use super::{IngestConfig, IsolationConfig};
+use crate::encoders::ModelConfig;
 use crate::error::{Error, ErrorCode, Result};
 
 /// The subcommand the parent runs.
@@ -25,6 +27,11 @@ struct Request {
     path: PathBuf,
     options: IngestOptions,
     limits: IngestLimits,
+    /// How scans are read, and the ONNX Runtime library the OCR runs on (loaded before file access ends).
+    #[serde(default)]
+    ocr: OcrConfig,
+    #[serde(default)]
+    ort_library: Option<PathBuf>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -32,6 +39,9 @@ struct Reply {
     /// The file's own failure (too large, unsafe archive), or its units.
     failed: Option<Failure>,
     units: Vec<UnitReply>,
+    /// The child's peak resident memory (getrusage), for the log: what a file cost to parse.
+    #[serde(default)]
+    peak_rss_kb: u64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -58,41 +68,63 @@ impl Failure {
     }
 }
 
-/// [`super::read_units`], in a child process when the executable is registered and isolation is on.
-pub fn read_units(path: &Path, opts: &IngestOptions, cfg: &IngestConfig) -> Result<Vec<Unit>> {
+/// [`super::read_units`], in a child process when the executable is registered and isolation is on; scans are
+/// read with `cfg.ocr` on the ONNX Runtime `models` names.
+pub fn read_units(path: &Path, opts: &IngestOptions, cfg: &IngestConfig, models: &ModelConfig) -> Result<Vec<Unit>> {
     match crate::sandbox::executable() {
-        Some(exe) if cfg.isolation.enabled => read_units_isolated(exe, path, opts, &cfg.limits, &cfg.isolation),
-        _ => super::read_units(path, opts, &cfg.limits),
+        Some(exe) if cfg.isolation.enabled => read_units_isolated(exe, path, opts, cfg, models),
+        _ => {
+            super::scan::use_ocr(&cfg.ocr, models);
+            super::read_units(path, opts, &cfg.limits)
+        }
     }
 }
 
-/// Parses `path` in a child of `exe` under `iso`'s limits.
+/// Whether a file of this kind may hold scans (and its parser then gets the OCR and its time).
+fn may_hold_scans(kind: FileKind) -> bool {
+    matches!(kind, FileKind::Pdf | FileKind::Image | FileKind::Zip)
+}
+
+/// Parses `path` in a child of `exe` under `cfg.isolation`'s limits.
 pub fn read_units_isolated(
     exe: &Path,
     path: &Path,
     opts: &IngestOptions,
-    limits: &IngestLimits,
-    iso: &IsolationConfig,
+    cfg: &IngestConfig,
+    models: &ModelConfig,
 ) -> Result<Vec<Unit>> {
+    let (limits, iso) = (&cfg.limits, &cfg.isolation);
     // Checked here too, so that an oversized file costs no process.
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
     let size = meta.len();
-    FileKind::of(path)?;
-    let request =
-        serde_json::to_vec(&Request { path: path.to_path_buf(), options: opts.clone(), limits: limits.clone() })
-            .map_err(|e| Error::Internal(format!("parser request: {e}")))?;
+    let kind = FileKind::of(path)?;
+    let scans = may_hold_scans(kind) && cfg.ocr.enabled;
+    let request = serde_json::to_vec(&Request {
+        path: path.to_path_buf(),
+        options: opts.clone(),
+        limits: limits.clone(),
+        // The child's environment is cleared: it gets the models' folder resolved here.
+        ocr: OcrConfig { models: cfg.ocr.models_dir(), ..cfg.ocr.clone() },
+        ort_library: if scans { crate::encoders::runtime_library(models).ok() } else { None },
+    })
+    .map_err(|e| Error::Internal(format!("parser request: {e}")))?;
+    // A file of scans may take its pages' time on top of the parser's own: the child raises its CPU limit page by
+    // page up to this (see `scan::read_pages`), and the wall clock allows the same.
+    let budget = if scans { cfg.ocr.budget_seconds() } else { 0 };
     // A reply is the file's text as JSON: bounded by the text budget, with room for escaping and names.
     let reply_cap =
         size.saturating_mul(limits.max_text_ratio).saturating_add(1 << 20).saturating_mul(7) / 2 + (1 << 20);
     // The child limits itself first thing, before it reads the request or the file (see [`serve`]).
-    let args = [SUBCOMMAND.to_string(), iso.memory_mb.max(64).to_string(), iso.cpu_seconds.max(1).to_string()];
+    let cpu = iso.cpu_seconds.max(1);
+    let args =
+        [SUBCOMMAND.to_string(), iso.memory_mb.max(64).to_string(), cpu.to_string(), (cpu + 1 + budget).to_string()];
     let ended = crate::sandbox::run(
         exe,
         &args,
         &[("CARE_LOG", "error".into())],
         &request,
         reply_cap,
-        Duration::from_secs(iso.wall_seconds.max(1)),
+        Duration::from_secs(iso.wall_seconds.max(1) + budget),
     )?;
     if ended.timed_out {
         return Err(limit_error(
@@ -110,6 +142,7 @@ pub fn read_units_isolated(
     }
     let reply: Reply = serde_json::from_slice(&ended.reply)
         .map_err(|e| Error::Internal(format!("the parser process's reply for {}: {e}", path.display())))?;
+    tracing::info!(file = %path.display(), peak_rss_mb = reply.peak_rss_kb / 1024, "parsed in the sandboxed child");
     if let Some(f) = reply.failed {
         // Reading the file itself ran out of the address space.
         if f.code == ErrorCode::Io.as_str() && f.message.contains("out of memory") {
@@ -177,9 +210,11 @@ pub fn serve() -> i32 {
         return 2;
     };
     let reply = match read_then_confine(&req) {
-        Err(e) => Reply { failed: Some(Failure::of(&e)), units: Vec::new() },
+        Err(e) => Reply { failed: Some(Failure::of(&e)), units: Vec::new(), peak_rss_kb: 0 },
         Ok(units) => Reply {
             failed: None,
+            peak_rss_kb: nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+                .map_or(0, |u| u.max_rss() as u64),
             units: units
                 .into_iter()
                 .map(|u| match u.result {
@@ -195,6 +230,14 @@ pub fn serve() -> i32 {
 fn read_then_confine(req: &Request) -> Result<Vec<Unit>> {
     let path = &req.path;
     let (kind, bytes) = super::read_checked(path, &req.limits)?;
+    if may_hold_scans(kind) && req.ocr.enabled {
+        // The models and ONNX Runtime are read now: after `confine` nothing more is.
+        let models = ModelConfig { ort_library: req.ort_library.clone(), device: "cpu".into(), ..Default::default() };
+        super::scan::use_ocr(&req.ocr, &models);
+        if let Err(e) = super::scan::preload() {
+            eprintln!("care {SUBCOMMAND}: the OCR models could not be loaded ({e}); scans are refused");
+        }
+    }
     crate::sandbox::confine(SUBCOMMAND);
     super::units_of_bytes(path, kind, &bytes, &req.options, &req.limits)
 }

@@ -3,5 +3,6 @@
 //! Runtime in temporary data directories, and the real shared data sets.
 
 mod engine;
+mod scans;
 mod scheduler;
 mod service;
