@@ -69,7 +69,7 @@ function pollJobs() {
           bar.max = j.progress_total;
           bar.value = j.progress_done;
           row.querySelector(".count").textContent = j.kind === "ingest"
-            ? j.progress_done + "/" + j.progress_total + " 个文件 · " + j.documents + " 篇文档"
+            ? j.progress_done + "/" + j.progress_total + " 个文件 · " + j.documents + " 篇文档" + (j.stage ? " · " + j.stage : "")
             : j.stage + " " + j.progress_done + "/" + j.progress_total;
           const errs = row.querySelector(".errors");
           if (j.errors.length === 0) {

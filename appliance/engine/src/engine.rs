@@ -814,22 +814,25 @@ impl Engine {
         opts: &IngestOptions,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Vec<FileReport>> {
-        self.ingest_one_file_stoppable(col, path, opts, &mut |d, t| {
+        let mut stay = |d, t| {
             progress(d, t);
             true
-        })
+        };
+        self.ingest_one_file_stoppable(col, path, opts, &mut stay, &mut |_, _| {})
     }
 
     /// Like `ingest_one_file`; `progress(done, total)` runs after every batch and returning `false` stops the file
     /// there with [`Error::Cancelled`] (batches written so far stay, and are recognised when the file is re-read).
+    /// `pages(read, of)` runs after each scanned page the parser reads (`of` 0 when not known).
     pub(crate) fn ingest_one_file_stoppable(
         &self,
         col: &Collection,
         path: &std::path::Path,
         opts: &IngestOptions,
         progress: &mut dyn FnMut(usize, usize) -> bool,
+        pages: &mut dyn FnMut(u32, u32),
     ) -> Result<Vec<FileReport>> {
-        let units = match crate::ingest::worker::read_units(path, opts, &self.cfg.ingest, &self.cfg.model) {
+        let units = match crate::ingest::worker::read_units(path, opts, &self.cfg.ingest, &self.cfg.model, pages) {
             Ok(u) => u,
             Err(e) => {
                 return Ok(vec![FileReport {

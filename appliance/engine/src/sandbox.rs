@@ -69,8 +69,28 @@ pub fn allocation_failure(text: &str) -> bool {
         .any(|s| text.contains(s))
 }
 
+/// How a child marks a line of its standard error as a note for the parent (progress), not a message.
+const NOTE_PREFIX: &str = "care-note ";
+
+static IN_CHILD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A note from a sandboxed child to its parent (e.g. `page 3 10`), passed to [`run`]'s `on_note` while the child
+/// works; nothing outside a child.
+pub fn note(text: &str) {
+    if IN_CHILD.load(std::sync::atomic::Ordering::Relaxed) {
+        eprintln!("{NOTE_PREFIX}{text}");
+    }
+}
+
+/// What the parent hears from a running child.
+enum Event {
+    Note(String),
+    Exited(std::io::Result<ExitStatus>),
+}
+
 /// Runs `exe args…` with only `env` in its environment, writes `request` to its standard input, and waits at most
-/// `wall` for it to end (then kills it), keeping at most `reply_cap` bytes of its standard output.
+/// `wall` for it to end (then kills it), keeping at most `reply_cap` bytes of its standard output. The child's
+/// [`note`]s reach `on_note` as they come.
 pub fn run(
     exe: &Path,
     args: &[String],
@@ -78,6 +98,7 @@ pub fn run(
     request: &[u8],
     reply_cap: u64,
     wall: Duration,
+    on_note: &mut dyn FnMut(&str),
 ) -> Result<Ended> {
     let mut cmd = Command::new(exe);
     cmd.args(args).env_clear().stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -94,25 +115,55 @@ pub fn run(
         _ => return Err(Error::Internal("the sandboxed process's pipes are missing".into())),
     };
     let out = std::thread::spawn(move || read_capped(stdout, reply_cap));
-    let err = std::thread::spawn(move || read_capped(stderr, 64 << 10));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let notes = tx.clone();
+    let err = std::thread::spawn(move || read_notes(stderr, 64 << 10, &notes));
     let _ = stdin.write_all(request);
     drop(stdin);
     // The child is waited on by a thread; the wall-clock limit kills it from here.
-    let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let _ = tx.send(child.wait());
+        let _ = tx.send(Event::Exited(child.wait()));
     });
-    let (status, timed_out) = match rx.recv_timeout(wall) {
-        Ok(s) => (s, false),
-        Err(_) => {
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-            (rx.recv().unwrap_or_else(|_| Err(std::io::Error::other("the sandboxed process was lost"))), true)
+    let deadline = std::time::Instant::now() + wall;
+    let (status, timed_out) = loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+            Ok(Event::Note(n)) => on_note(&n),
+            Ok(Event::Exited(s)) => break (s, false),
+            Err(_) => {
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                let exited = rx.iter().find_map(|e| match e {
+                    Event::Exited(s) => Some(s),
+                    Event::Note(_) => None,
+                });
+                break (exited.unwrap_or_else(|| Err(std::io::Error::other("the sandboxed process was lost"))), true);
+            }
         }
     };
     let status = status.map_err(|e| Error::Internal(format!("waiting for the sandboxed process: {e}")))?;
     let (reply, reply_overflow) = out.join().unwrap_or_default();
-    let (err, _) = err.join().unwrap_or_default();
+    let err = err.join().unwrap_or_default();
     Ok(Ended { status, reply, reply_overflow, stderr: String::from_utf8_lossy(&err).into_owned(), timed_out })
+}
+
+/// Reads a child's standard error to its end: note lines go to `notes`, the rest is kept up to `cap` bytes. A line
+/// is read at most 4 KiB at a time, so a child that writes without newlines costs no memory.
+fn read_notes(r: impl Read, cap: usize, notes: &std::sync::mpsc::Sender<Event>) -> Vec<u8> {
+    use std::io::BufRead;
+    let (mut r, mut kept, mut line) = (std::io::BufReader::new(r), Vec::new(), Vec::new());
+    loop {
+        line.clear();
+        match (&mut r).take(4096).read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return kept,
+            Ok(_) => {}
+        }
+        match line.strip_prefix(NOTE_PREFIX.as_bytes()) {
+            Some(n) => {
+                let _ = notes.send(Event::Note(String::from_utf8_lossy(n).trim_end().to_string()));
+            }
+            None if kept.len() < cap => kept.extend_from_slice(&line[..line.len().min(cap - kept.len())]),
+            None => {}
+        }
+    }
 }
 
 /// Reads `r` to its end, keeping at most `cap` bytes; whether more came.
@@ -136,6 +187,7 @@ pub fn child_start(who: &str, max_request: u64) -> Option<Vec<u8>> {
         return None;
     };
     let cpu_hard = arg(4).unwrap_or(0).max(cpu_seconds + 1);
+    IN_CHILD.store(true, std::sync::atomic::Ordering::Relaxed);
     if let Err(e) = limit_self(memory_mb, cpu_seconds, cpu_hard) {
         eprintln!("care {who}: setting resource limits failed ({e}); running without them");
     }
@@ -203,5 +255,24 @@ mod tests {
         assert_eq!((buf.as_slice(), more), (&b"abcd"[..], true));
         let (buf, more) = read_capped(&b"ab"[..], 4);
         assert_eq!((buf.as_slice(), more), (&b"ab"[..], false));
+    }
+
+    #[test]
+    fn notes_are_told_apart_from_messages_and_a_line_without_end_costs_no_memory() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut err = b"warning: x\ncare-note page 1 3\ncare-note page 2 3\n".to_vec();
+        err.extend(std::iter::repeat_n(b'a', 1 << 20));
+        let kept = read_notes(err.as_slice(), 64, &tx);
+        drop(tx);
+        let notes: Vec<String> = rx
+            .iter()
+            .filter_map(|e| match e {
+                Event::Note(n) => Some(n),
+                Event::Exited(_) => None,
+            })
+            .collect();
+        assert_eq!(notes, ["page 1 3", "page 2 3"]);
+        assert_eq!(kept.len(), 64);
+        assert!(kept.starts_with(b"warning: x\naaa"));
     }
 }

@@ -335,6 +335,8 @@ pub fn read_pages(
         tracing::debug!(file = %path.display(), page, lines = lines.len(), ms = began.elapsed().as_millis() as u64,
             "page read by the OCR");
         out.push(page_lines(page, &lines));
+        // The jobs page shows it (a sandboxed parser's note to the server).
+        crate::sandbox::note(&format!("page {} {known}", out.len()));
     }
     Ok(out)
 }
@@ -359,7 +361,8 @@ fn on_page(path: &Path, page: u32, e: Error) -> Error {
 pub fn image_parts(path: &Path, bytes: &[u8]) -> Result<Vec<Part>> {
     let max_pages = config().max_pages;
     let mut pages = crate::ocr::image_pages(bytes, max_pages).map_err(|e| named(path, e))?;
-    let read = read_pages(path, 0, |_| pages.next().transpose().map_err(|e| named(path, e)))?;
+    let known = pages.size_hint().1.unwrap_or(0);
+    let read = read_pages(path, known, |_| pages.next().transpose().map_err(|e| named(path, e)))?;
     Ok(read.into_iter().map(Part::Scanned).collect())
 }
 

@@ -69,10 +69,17 @@ impl Failure {
 }
 
 /// [`super::read_units`], in a child process when the executable is registered and isolation is on; scans are
-/// read with `cfg.ocr` on the ONNX Runtime `models` names.
-pub fn read_units(path: &Path, opts: &IngestOptions, cfg: &IngestConfig, models: &ModelConfig) -> Result<Vec<Unit>> {
+/// read with `cfg.ocr` on the ONNX Runtime `models` names, `on_page(read, of)` told after each page the child
+/// reads (`of` is 0 when the count is not known yet).
+pub fn read_units(
+    path: &Path,
+    opts: &IngestOptions,
+    cfg: &IngestConfig,
+    models: &ModelConfig,
+    on_page: &mut dyn FnMut(u32, u32),
+) -> Result<Vec<Unit>> {
     match crate::sandbox::executable() {
-        Some(exe) if cfg.isolation.enabled => read_units_isolated(exe, path, opts, cfg, models),
+        Some(exe) if cfg.isolation.enabled => read_units_isolated(exe, path, opts, cfg, models, on_page),
         _ => {
             super::scan::use_ocr(&cfg.ocr, models);
             super::read_units(path, opts, &cfg.limits)
@@ -92,6 +99,7 @@ pub fn read_units_isolated(
     opts: &IngestOptions,
     cfg: &IngestConfig,
     models: &ModelConfig,
+    on_page: &mut dyn FnMut(u32, u32),
 ) -> Result<Vec<Unit>> {
     let (limits, iso) = (&cfg.limits, &cfg.isolation);
     // Checked here too, so that an oversized file costs no process.
@@ -125,6 +133,12 @@ pub fn read_units_isolated(
         &request,
         reply_cap,
         Duration::from_secs(iso.wall_seconds.max(1) + budget),
+        &mut |note| {
+            let mut words = note.split(' ');
+            if let (Some("page"), Some(read), Some(of)) = (words.next(), words.next(), words.next()) {
+                on_page(read.parse().unwrap_or(0), of.parse().unwrap_or(0));
+            }
+        },
     )?;
     if ended.timed_out {
         return Err(limit_error(

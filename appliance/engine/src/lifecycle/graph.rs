@@ -77,6 +77,7 @@ pub(super) fn check(staged: &Path, src: &Path, m: &ModelManifest, cfg: &ModelCon
         &request,
         1 << 20,
         Duration::from_secs(WALL_SECONDS),
+        &mut |_| {},
     )?;
     let limit = |what: String| invalid(src, format!("{ONNX_FILE} 等计算图检查时{what}，模型未导入"));
     if ended.timed_out {

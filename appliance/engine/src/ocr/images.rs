@@ -35,24 +35,26 @@ pub fn decode(bytes: &[u8], max_pages: usize) -> Result<Vec<RgbImage>> {
     pages(bytes, max_pages)?.map(|p| p.map(|(_, img)| img)).collect()
 }
 
-/// The pages of an image file, decoded one at a time as the iterator is advanced (numbered from 1); going past
-/// `max_pages` yields an error before the next page is decoded.
+/// The pages of an image file, decoded one at a time as the iterator is advanced (numbered from 1; its size hint is
+/// the page count); going past `max_pages` yields an error before the next page is decoded.
 pub fn pages(bytes: &[u8], max_pages: usize) -> Result<Box<dyn Iterator<Item = Result<(u32, RgbImage)>> + '_>> {
     if bytes.starts_with(b"II*\0") || bytes.starts_with(b"MM\0*") {
         // Pages are counted from the chain of directories first (no pixels read): a 10,000-page TIFF is refused
         // before its first page is decoded.
         let mut d = tiff::decoder::Decoder::new(Cursor::new(bytes)).map_err(refused)?;
+        let mut count = 1;
         for _ in 1..max_pages {
             if !d.more_images() {
                 break;
             }
             d.next_image().map_err(refused)?;
+            count += 1;
         }
         if d.more_images() {
             return Err(refused(format!("TIFF 超过 {max_pages} 页的上限")));
         }
         let d = tiff::decoder::Decoder::new(Cursor::new(bytes)).map_err(refused)?;
-        return Ok(Box::new(TiffPages { d, page: 0, max_pages, done: false }));
+        return Ok(Box::new(TiffPages { d, page: 0, count, max_pages, done: false }));
     }
     let reader = || image::ImageReader::new(Cursor::new(bytes)).with_guessed_format().map_err(|e| refused(e));
     let format = reader()?.format().ok_or_else(|| refused("不是 JPEG、PNG、BMP 或 TIFF 图像"))?;
@@ -83,12 +85,19 @@ fn complete_jpeg(bytes: &[u8]) -> bool {
 struct TiffPages<'a> {
     d: tiff::decoder::Decoder<Cursor<&'a [u8]>>,
     page: usize,
+    /// Pages the file has (counted from its directories).
+    count: usize,
     max_pages: usize,
     done: bool,
 }
 
 impl Iterator for TiffPages<'_> {
     type Item = Result<(u32, RgbImage)>;
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.count.saturating_sub(self.page);
+        (left, Some(left))
+    }
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.done {

@@ -229,7 +229,7 @@ fn process(s: &Shared, c: &Claim) -> Result<()> {
         }],
         Ok(col) => {
             let mut docs_seen = 0usize;
-            let res = e.ingest_one_file_stoppable(&col, &c.path, &c.options, &mut |done, _total| {
+            let progress = &mut |done: usize, _total| {
                 let delta = done.saturating_sub(docs_seen);
                 docs_seen = done;
                 let _ = e.store.conn().execute(
@@ -238,7 +238,21 @@ fn process(s: &Shared, c: &Claim) -> Result<()> {
                 );
                 stopped = token.stop_reason();
                 stopped.is_none()
-            });
+            };
+            // A scan is read page by page in the parser: the jobs page says which page (the job's stage).
+            let name = c.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let set_stage = |stage: String| {
+                let _ = e
+                    .store
+                    .conn()
+                    .execute("UPDATE jobs SET stage = ?2, updated_at = ?3 WHERE id = ?1", params![c.job, stage, now()]);
+            };
+            let pages = &mut |read: u32, of: u32| match of {
+                0 => set_stage(format!("正在识别扫描件 {name}：已读 {read} 页")),
+                of => set_stage(format!("正在识别扫描件 {name}：第 {read}/{of} 页")),
+            };
+            let res = e.ingest_one_file_stoppable(&col, &c.path, &c.options, progress, pages);
+            set_stage(String::new());
             match res {
                 Ok(r) => r,
                 Err(Error::Cancelled(_)) => Vec::new(),
