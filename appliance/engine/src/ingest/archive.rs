@@ -305,7 +305,7 @@ mod tests {
             ("指南/a.txt", "高血压患者应限盐。".as_bytes()),
             ("指南/bank.csv", &gb),
             ("指南/broken.jsonl", b"{not json"),
-            ("img/x.png", b"\x89PNG"),
+            ("img/x.gif", b"GIF89a"),
             ("__MACOSX/._a.txt", b"junk"),
             ("nested.zip", &inner),
         ]);
@@ -317,7 +317,7 @@ mod tests {
                 "up/bundle.zip/指南/a.txt",
                 "up/bundle.zip/指南/bank.csv",
                 "up/bundle.zip/指南/broken.jsonl",
-                "up/bundle.zip/img/x.png",
+                "up/bundle.zip/img/x.gif",
                 "up/bundle.zip/nested.zip/deep/c.md"
             ]
         );
