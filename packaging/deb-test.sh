@@ -84,7 +84,9 @@ care doctor || log "   (doctor reported failures above; the port and TLS checks 
 log "   a scanned page, read by the packaged OCR models (/usr/share/care/ocr)"
 env -u CARE_OCR_MODELS care ingest --create scans "$ROOT/appliance/engine/tests/fixtures/ocr-page.png" >/dev/null \
     || die "the packaged OCR did not read a scanned page"
-care search --json -c scans 阿卡波糖 | grep -q '"page":1' || die "the scanned page is not searchable with its page"
+care search --json -c scans 阿卡波糖 \
+    | python3 -c 'import json,sys; h=json.load(sys.stdin)["hits"]; sys.exit(not (h and h[0]["scan"]["page"] == 1))' \
+    || die "the scanned page is not searchable with its page"
 
 log "4. serve as the service user over HTTPS on 127.0.0.1:$PORT"
 as_care env CARE__SERVER__BIND=127.0.0.1:$PORT CARE__SERVER__HTTP_REDIRECT_BIND=127.0.0.1:$((PORT + 1)) /usr/bin/care --config /etc/care/care.toml serve >/tmp/care-serve.log 2>&1 &

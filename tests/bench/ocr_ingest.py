@@ -36,6 +36,20 @@ def stitched(rows):
     return text
 
 
+def single(src, dst, leave_out):
+    """A copy of the BEIR set `src` without the documents `leave_out` and the judgments of them."""
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    with open(dst / "corpus.jsonl", "w", encoding="utf-8") as f:
+        for line in open(src / "corpus.jsonl", encoding="utf-8"):
+            if json.loads(line)["id"] not in leave_out:
+                f.write(line)
+    for qrels in (dst / "qrels").glob("*.tsv"):
+        lines = qrels.read_text(encoding="utf-8").splitlines(keepends=True)
+        qrels.write_text("".join(l for l in lines if len(l.split("\t")) < 2 or l.split("\t")[1] not in leave_out),
+                         encoding="utf-8")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dir", type=Path)
@@ -61,7 +75,7 @@ def main():
         t0 = time.monotonic()
         r = run(a.care, a.data, "ingest", col, *[str(a.dir / f) for f in files], env=env)
         seconds = time.monotonic() - t0
-        log = r.stdout + r.stderr
+        log = re.sub(r"\x1b\[[0-9;]*m", "", r.stdout + r.stderr)
         rss = [int(m) for m in re.findall(r"peak_rss_mb\W+(\d+)", log)]
         failed = re.findall(r"failed", r.stdout)
         print(f"{s}: {len(files)} files, {pages} pages in {seconds:.1f} s, child peak RSS max {max(rss or [0])} MB",
@@ -103,6 +117,13 @@ def main():
                     f.write(json.dumps(d, ensure_ascii=False) + "\n")
             out["sets"][s]["eval_set"] = str(ev)
             out["sets"][s]["documents_from_ingest"] = len(docs)
+            # A multi-page TIFF is one document as ingested: a passage spanning its pages cannot be given to one page's
+            # corpus document. The single-page sets leave the TIFFs' pages out of both the ingested and the text corpus
+            # (and their judgments), so that the two compare like for like.
+            multi = {t["id"] for t in truth if t["set"] == s and t["file"].endswith(".tif")}
+            for kind, base in (("product", ev), ("text", a.dir / "eval" / f"{s}-text")):
+                single(base, a.dir / "eval" / f"{s}-{kind}-single", multi)
+            out["sets"][s]["single_page_documents"] = 300 - len(multi)
     a.out.write_text(json.dumps(out, ensure_ascii=False, indent=1))
 
 
