@@ -235,9 +235,29 @@ fn runtime_checks(cfg: &AppConfig) -> Vec<Check> {
         }
     }
     out.push(cpu_check());
+    out.push(ocr_check(&cfg.engine.ingest.ocr));
     let probe = care_engine::encoders::probe_cuda(&cfg.engine.model);
     out.push(gpu_check(&cfg.engine.model.device, care_engine::encoders::gpu_present(), probe));
     out
+}
+
+/// The OCR line: whether scans and photos can be read here (where the models are, or why not).
+fn ocr_check(ocr: &care_engine::ingest::scan::OcrConfig) -> Check {
+    const NAME: &str = "文字识别";
+    if !ocr.enabled {
+        return ok(NAME, "已关闭 (ingest.ocr.enabled = false)：扫描件和图像上传时会被拒绝");
+    }
+    match ocr.models_dir() {
+        Some(dir) => ok(NAME, format!("PP-OCRv4 模型：{}；每个文件最多识别 {} 页扫描件", dir.display(), ocr.max_pages)),
+        None => warn(
+            NAME,
+            "找不到文字识别模型：扫描件和图像上传时会被拒绝",
+            format!(
+                "重新安装 care-appliance 安装包（模型在 {}），或设置 ingest.ocr.models",
+                care_engine::ingest::scan::PACKAGED_OCR
+            ),
+        ),
+    }
 }
 
 /// The CPU line: its model and cores, the vector scan's instruction set, and whether int8 query encoding pays here
@@ -339,6 +359,21 @@ mod tests {
     use care_engine::encoders::ModelConfig;
 
     const PROVIDER: &str = "libonnxruntime_providers_cuda.so";
+
+    #[test]
+    fn the_ocr_line_names_the_models_or_says_scans_will_be_refused() {
+        use care_engine::ingest::scan::OcrConfig;
+        let empty = tempfile::tempdir().unwrap();
+        let missing = ocr_check(&OcrConfig { models: Some(empty.path().into()), ..Default::default() });
+        assert!(matches!(missing.status, Status::Warn) && missing.detail.contains("会被拒绝"), "{missing:?}");
+        assert!(missing.fix.as_deref().is_some_and(|f| f.contains("/usr/share/care/ocr")), "{missing:?}");
+        let off = ocr_check(&OcrConfig { enabled: false, ..Default::default() });
+        assert!(matches!(off.status, Status::Ok) && off.detail.contains("已关闭"), "{off:?}");
+        let dir =
+            std::env::var_os("CARE_OCR_MODELS").expect("CARE_OCR_MODELS (packaging/dev.sh setup fetches the models)");
+        let found = ocr_check(&OcrConfig { models: Some(dir.into()), ..Default::default() });
+        assert!(matches!(found.status, Status::Ok) && found.detail.contains("PP-OCRv4"), "{found:?}");
+    }
 
     fn missing(lib: &str) -> care_engine::Result<Result<(), CudaUnavailable>> {
         Ok(Err(CudaUnavailable::new(format!(
