@@ -102,10 +102,8 @@ pub(super) fn extract_filed(
 
 /// A PDF page image error named with the file.
 fn named(path: &Path, e: Error) -> Error {
-    match e {
-        Error::InvalidInput(m) => malformed(path, m),
-        other => other,
-    }
+    let Error::InvalidInput(m) = e else { return e };
+    malformed(path, m)
 }
 
 /// Whether the page's content has a text object (`BT`), the only place a PDF shows text. A page whose content

@@ -351,10 +351,8 @@ fn bounded(path: &Path, message: String) -> Error {
 }
 
 fn on_page(path: &Path, page: u32, e: Error) -> Error {
-    match e {
-        Error::InvalidInput(m) => Error::InvalidInput(format!("{}：第 {page} 页：{m}", path.display())),
-        other => other,
-    }
+    let Error::InvalidInput(m) = e else { return e };
+    Error::InvalidInput(format!("{}：第 {page} 页：{m}", path.display()))
 }
 
 /// An image file (JPEG, PNG, BMP, TIFF with its pages) read into one document's parts.
@@ -367,10 +365,8 @@ pub fn image_parts(path: &Path, bytes: &[u8]) -> Result<Vec<Part>> {
 }
 
 fn named(path: &Path, e: Error) -> Error {
-    match e {
-        Error::InvalidInput(m) => Error::MalformedFile { path: path.to_path_buf(), format: "图像", message: m },
-        other => other,
-    }
+    let Error::InvalidInput(m) = e else { return e };
+    Error::MalformedFile { path: path.to_path_buf(), format: "图像", message: m }
 }
 
 #[cfg(test)]

@@ -35,9 +35,12 @@ pub fn decode(bytes: &[u8], max_pages: usize) -> Result<Vec<RgbImage>> {
     pages(bytes, max_pages)?.map(|p| p.map(|(_, img)| img)).collect()
 }
 
+/// Pages decoded as they are asked for: each page's number (from 1) and pixels.
+pub type Pages<'a> = Box<dyn Iterator<Item = Result<(u32, RgbImage)>> + 'a>;
+
 /// The pages of an image file, decoded one at a time as the iterator is advanced (numbered from 1; its size hint is
 /// the page count); going past `max_pages` yields an error before the next page is decoded.
-pub fn pages(bytes: &[u8], max_pages: usize) -> Result<Box<dyn Iterator<Item = Result<(u32, RgbImage)>> + '_>> {
+pub fn pages(bytes: &[u8], max_pages: usize) -> Result<Pages<'_>> {
     if bytes.starts_with(b"II*\0") || bytes.starts_with(b"MM\0*") {
         // Pages are counted from the chain of directories first (no pixels read): a 10,000-page TIFF is refused
         // before its first page is decoded.
@@ -56,7 +59,7 @@ pub fn pages(bytes: &[u8], max_pages: usize) -> Result<Box<dyn Iterator<Item = R
         let d = tiff::decoder::Decoder::new(Cursor::new(bytes)).map_err(refused)?;
         return Ok(Box::new(TiffPages { d, page: 0, count, max_pages, done: false }));
     }
-    let reader = || image::ImageReader::new(Cursor::new(bytes)).with_guessed_format().map_err(|e| refused(e));
+    let reader = || image::ImageReader::new(Cursor::new(bytes)).with_guessed_format().map_err(refused);
     let format = reader()?.format().ok_or_else(|| refused("不是 JPEG、PNG、BMP 或 TIFF 图像"))?;
     if !matches!(format, image::ImageFormat::Jpeg | image::ImageFormat::Png | image::ImageFormat::Bmp) {
         return Err(refused(format!("不支持的图像格式 {format:?}")));
@@ -237,10 +240,9 @@ fn pdf_image(doc: &lopdf::Document, s: &lopdf::Stream, page: u32) -> Result<RgbI
 /// A CCITT fax image (`/K` < 0: Group 4; `/K` = 0: one-dimensional Group 3), black on white whatever `/BlackIs1`
 /// says (a scan is mostly paper: a page decoded mostly black is turned over).
 fn fax_image(doc: &lopdf::Document, s: &lopdf::Stream, w: u32, h: u32, data: &[u8]) -> Option<RgbImage> {
-    let parms = s.dict.get(b"DecodeParms").ok().and_then(|o| doc.dereference(o).ok()).and_then(|(_, o)| match o {
-        lopdf::Object::Dictionary(d) => Some(d.clone()),
-        lopdf::Object::Array(a) => a.first().and_then(|o| o.as_dict().ok()).cloned(),
-        _ => None,
+    // A dictionary, or an array of them (one per filter).
+    let parms = s.dict.get(b"DecodeParms").ok().and_then(|o| doc.dereference(o).ok()).and_then(|(_, o)| {
+        o.as_dict().ok().or_else(|| o.as_array().ok().and_then(|a| a.first()).and_then(|o| o.as_dict().ok())).cloned()
     });
     let get = |k: &[u8], d: i64| parms.as_ref().and_then(|p| p.get(k).ok()).and_then(|o| o.as_i64().ok()).unwrap_or(d);
     let (k, columns) = (get(b"K", 0), get(b"Columns", 1728));

@@ -95,10 +95,9 @@ fn rows(mut column: Vec<OcrLine>) -> Vec<OcrLine> {
             let half = (last.bounds()[3] - last.bounds()[1]).min(line.bounds()[3] - line.bounds()[1]) / 2.0;
             (middle(&line) - middle(last)).abs() <= half
         });
-        if joins {
-            out.last_mut().map(|row| row.push(line));
-        } else {
-            out.push(vec![line]);
+        match out.last_mut() {
+            Some(row) if joins => row.push(line),
+            _ => out.push(vec![line]),
         }
     }
     out.into_iter().map(join_row).collect()

@@ -104,12 +104,13 @@ fn ctc_greedy(steps: ndarray::ArrayViewD<'_, f32>, chars: &[String]) -> (String,
     let (mut text, mut sum, mut n, mut previous) = (String::new(), 0.0f32, 0usize, 0usize);
     for step in steps.outer_iter() {
         let (best, p) = step.iter().enumerate().fold((0, f32::MIN), |b, (k, &p)| if p > b.1 { (k, p) } else { b });
-        if best != 0 && best != previous {
-            if let Some(c) = chars.get(best) {
-                text.push_str(c);
-                sum += p;
-                n += 1;
-            }
+        if best != 0
+            && best != previous
+            && let Some(c) = chars.get(best)
+        {
+            text.push_str(c);
+            sum += p;
+            n += 1;
         }
         previous = best;
     }
