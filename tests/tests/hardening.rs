@@ -803,16 +803,7 @@ fn scans_are_read_in_the_limited_child_and_hostile_images_fail_alone() {
     };
     let fax = pdf_mixed(&[PdfPage::Scan(PdfImage::fax_g4(&page.to_luma8()))]);
     let photo = encoded(&page, image::ImageFormat::Jpeg);
-    let mut png = encoded(&image::DynamicImage::new_rgb8(8, 8), image::ImageFormat::Png);
-    png[16..24].copy_from_slice(&[0, 1, 0x86, 0xA0, 0, 1, 0x86, 0xA0]); // 100,000 × 100,000
-    let crc = png[12..29].iter().fold(!0u32, |mut crc, &b| {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 == 1 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
-        }
-        crc
-    });
-    png[29..33].copy_from_slice(&(!crc).to_be_bytes());
+    let png = care_engine::ingest::fixtures::png_claiming(100_000, 100_000);
     let blank = image::GrayImage::from_pixel(16, 16, image::Luma([255]));
     let mut tiff = Cursor::new(Vec::new());
     {

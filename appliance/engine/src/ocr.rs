@@ -15,7 +15,7 @@ mod images;
 mod layout;
 mod recognise;
 
-pub use images::{decode as decode_images, pages as image_pages, pdf_page_image, pdf_scans};
+pub use images::{decode as decode_images, pages as image_pages, pdf_page_image, pdf_page_image_streams, pdf_scans};
 
 use std::path::{Path, PathBuf};
 

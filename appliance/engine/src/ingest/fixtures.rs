@@ -92,6 +92,25 @@ impl PdfImage {
     }
 }
 
+/// A real 8 × 8 PNG whose header claims `width` × `height` pixels (its checksum redone, so only the size is a
+/// lie): what a decoder that trusts the header would allocate for.
+pub fn png_claiming(width: u32, height: u32) -> Vec<u8> {
+    let mut png = Vec::new();
+    image::DynamicImage::new_rgb8(8, 8).write_to(&mut Cursor::new(&mut png), image::ImageFormat::Png).expect("png");
+    assert_eq!(&png[12..16], b"IHDR");
+    png[16..20].copy_from_slice(&width.to_be_bytes());
+    png[20..24].copy_from_slice(&height.to_be_bytes());
+    let crc = png[12..29].iter().fold(!0u32, |mut crc, &b| {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
+        }
+        crc
+    });
+    png[29..33].copy_from_slice(&(!crc).to_be_bytes());
+    png
+}
+
 /// The PDF writer: each entry of `pages` is a page, shown `repeat` times (the repeats share its content stream).
 fn pdf_document(pages: &[PdfPage<'_>], extra: &str, repeat: usize) -> Vec<u8> {
     let mut codes: BTreeMap<char, u16> = BTreeMap::new();

@@ -117,15 +117,7 @@ fn shows_text(doc: &lopdf::Document, id: lopdf::ObjectId, limit: usize) -> bool 
 }
 
 fn has_image(doc: &lopdf::Document, id: lopdf::ObjectId) -> bool {
-    let Ok((resources, inherited)) = doc.get_page_resources(id) else { return false };
-    resources.into_iter().chain(inherited.into_iter().filter_map(|r| doc.get_dictionary(r).ok())).any(|res| {
-        res.get(b"XObject").and_then(|o| doc.dereference(o)).and_then(|(_, o)| o.as_dict()).is_ok_and(|x| {
-            x.iter().any(|(_, o)| {
-                matches!(doc.dereference(o), Ok((_, lopdf::Object::Stream(s)))
-                    if s.dict.get(b"Subtype").and_then(|o| o.as_name()).ok() == Some(b"Image".as_slice()))
-            })
-        })
-    })
+    crate::ocr::pdf_page_image_streams(doc, id).is_ok_and(|images| !images.is_empty())
 }
 
 /// The text pages' extraction, across runs: the text budget is the file's, and the first page error is kept.

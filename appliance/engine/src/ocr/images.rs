@@ -173,26 +173,42 @@ pub fn pdf_scans(bytes: &[u8], max_pages: usize) -> Result<Vec<(u32, Option<RgbI
 /// for a page without images. An image in a codec not read here (JBIG2, JPEG 2000, two-dimensional G3 fax) is
 /// refused naming the page.
 pub fn pdf_page_image(doc: &lopdf::Document, id: lopdf::ObjectId, page: u32) -> Result<Option<RgbImage>> {
-    let mut best: Option<(u64, &lopdf::Stream)> = None;
-    let (resources, inherited) = doc.get_page_resources(id).map_err(refused)?;
+    let area = |s: &lopdf::Stream| {
+        let dim = |k: &[u8]| s.dict.get(k).and_then(|o| o.as_i64()).unwrap_or(0).clamp(0, u32::MAX as i64) as u64;
+        dim(b"Width") * dim(b"Height")
+    };
+    // The first of equally large images, as drawn in the resources' order.
+    let best =
+        pdf_page_image_streams(doc, id).map_err(refused)?.into_iter().fold(None, |best: Option<&lopdf::Stream>, s| {
+            match best {
+                Some(b) if area(s) <= area(b) => Some(b),
+                _ => Some(s),
+            }
+        });
+    best.map(|s| pdf_image(doc, s, page)).transpose()
+}
+
+/// The image XObjects a PDF page's resources (its own, then inherited) make available to it.
+pub fn pdf_page_image_streams(
+    doc: &lopdf::Document,
+    id: lopdf::ObjectId,
+) -> std::result::Result<Vec<&lopdf::Stream>, lopdf::Error> {
+    let (resources, inherited) = doc.get_page_resources(id)?;
     let dicts = resources.into_iter().chain(inherited.into_iter().filter_map(|r| doc.get_dictionary(r).ok()));
+    let mut out = Vec::new();
     for res in dicts {
         let Ok(xobjects) = res.get(b"XObject").and_then(|o| doc.dereference(o)).and_then(|(_, o)| o.as_dict()) else {
             continue;
         };
         for (_, obj) in xobjects.iter() {
-            let Ok((_, lopdf::Object::Stream(s))) = doc.dereference(obj) else { continue };
-            if s.dict.get(b"Subtype").and_then(|o| o.as_name()).ok() != Some(b"Image".as_slice()) {
-                continue;
-            }
-            let dim = |k: &[u8]| s.dict.get(k).and_then(|o| o.as_i64()).unwrap_or(0).clamp(0, u32::MAX as i64) as u64;
-            let area = dim(b"Width") * dim(b"Height");
-            if best.is_none_or(|b| area > b.0) {
-                best = Some((area, s));
+            if let Ok((_, lopdf::Object::Stream(s))) = doc.dereference(obj)
+                && s.dict.get(b"Subtype").and_then(|o| o.as_name()).ok() == Some(b"Image".as_slice())
+            {
+                out.push(s);
             }
         }
     }
-    best.map(|(_, s)| pdf_image(doc, s, page)).transpose()
+    Ok(out)
 }
 
 fn pdf_image(doc: &lopdf::Document, s: &lopdf::Stream, page: u32) -> Result<RgbImage> {
@@ -283,16 +299,7 @@ mod tests {
 
     #[test]
     fn a_huge_header_is_refused_before_decoding_and_pages_are_bounded() {
-        // A real 8 × 8 PNG whose header is made to claim 100,000 × 100,000 pixels (its checksum redone).
-        let mut png = Vec::new();
-        DynamicImage::ImageRgb8(RgbImage::new(8, 8))
-            .write_to(&mut Cursor::new(&mut png), image::ImageFormat::Png)
-            .unwrap();
-        assert_eq!(&png[12..16], b"IHDR");
-        png[16..20].copy_from_slice(&100_000u32.to_be_bytes());
-        png[20..24].copy_from_slice(&100_000u32.to_be_bytes());
-        let crc = crc32(&png[12..29]);
-        png[29..33].copy_from_slice(&crc.to_be_bytes());
+        let png = crate::ingest::fixtures::png_claiming(100_000, 100_000);
         let err = decode(&png, 10).unwrap_err().to_string();
         assert!(err.contains("超过上限"), "{err}");
         // A truncated image is refused, not a panic; a whole one reads.
@@ -305,16 +312,5 @@ mod tests {
             assert!(decode(&bytes[..bytes.len() / 2], 10).is_err(), "{format:?} cut in half");
         }
         assert!(decode(b"not an image", 10).is_err());
-    }
-
-    fn crc32(bytes: &[u8]) -> u32 {
-        let mut crc = !0u32;
-        for &b in bytes {
-            crc ^= u32::from(b);
-            for _ in 0..8 {
-                crc = if crc & 1 == 1 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
-            }
-        }
-        !crc
     }
 }

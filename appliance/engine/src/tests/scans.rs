@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use image::{GrayImage, RgbImage};
 
 use crate::engine::OpenMode;
-use crate::ingest::fixtures::{PdfImage, PdfPage, pdf_mixed};
+use crate::ingest::fixtures::{PdfImage, PdfPage, pdf_mixed, png_claiming};
 use crate::{Engine, EngineConfig, SearchRequest};
 
 fn models() -> PathBuf {
@@ -130,12 +130,7 @@ fn a_mixed_pdf_a_fax_a_photo_and_a_tiff_are_searchable_with_their_pages() {
 fn hostile_images_are_refused_in_chinese_and_page_counts_are_bounded() {
     let t = tempfile::tempdir().unwrap();
     let e = engine(t.path(), 3);
-    // A real 8 × 8 PNG whose header claims 100,000 × 100,000 pixels (checksum redone).
-    let mut png = encoded(&RgbImage::new(8, 8), image::ImageFormat::Png);
-    png[16..20].copy_from_slice(&100_000u32.to_be_bytes());
-    png[20..24].copy_from_slice(&100_000u32.to_be_bytes());
-    let crc = crc32(&png[12..29]);
-    png[29..33].copy_from_slice(&crc.to_be_bytes());
+    let png = png_claiming(100_000, 100_000);
     let jpeg = encoded(&page(), image::ImageFormat::Jpeg);
     let small = GrayImage::from_pixel(64, 64, image::Luma([255]));
     let scans: Vec<PdfPage<'_>> = (0..5).map(|_| PdfPage::Scan(PdfImage::fax_g4(&small))).collect();
@@ -177,15 +172,4 @@ fn without_the_ocr_a_scan_is_refused_with_the_reason_and_typed_pages_stay() {
     assert!(err.contains("扫描件") && err.contains("文字识别已关闭"), "{err}");
     assert!(r.files[1].error.is_none(), "{:?}", r.files[1]);
     assert_eq!(hits(&e, "生活方式干预").len(), 1);
-}
-
-fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &b in bytes {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 == 1 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
-        }
-    }
-    !crc
 }
