@@ -5,7 +5,8 @@
 #
 # 1. inspects NEW: file list, modes, conffiles, maintainer scripts, lintian, the unit's systemd security score;
 # 2. installs OLD (the previous release), loads the demo collection with the default model, searches;
-# 3. upgrades to NEW: the data is migrated forward and the same search gives the same results;
+# 3. upgrades to NEW: the data is migrated forward and the same search gives the same results; a backup of it
+#    restores onto an empty directory with the same results;
 # 4. starts `care serve` as the service user and smoke-tests it over HTTPS;
 # 5. refuses a downgrade to OLD, keeping the data; remove keeps data, purge deletes it.
 set -euo pipefail
@@ -82,11 +83,29 @@ log "   new release: $after"
 care check >/dev/null || die "care check reports inconsistent indexes after the upgrade"
 care doctor || log "   (doctor reported failures above; the port and TLS checks are expected to warn here)"
 log "   a scanned page, read by the packaged OCR models (/usr/share/care/ocr)"
-env -u CARE_OCR_MODELS care ingest --create scans "$ROOT/appliance/engine/tests/fixtures/ocr-page.png" >/dev/null \
-    || die "the packaged OCR did not read a scanned page"
+# As the service user (`env care` would run /usr/bin/care as root, whose index files the service then cannot read),
+# from a copy the service user can read.
+install -m 644 "$ROOT/appliance/engine/tests/fixtures/ocr-page.png" /tmp/care-ocr-page.png
+as_care env -u CARE_OCR_MODELS /usr/bin/care --config /etc/care/care.toml ingest --create scans /tmp/care-ocr-page.png \
+    >/dev/null || die "the packaged OCR did not read a scanned page"
 care search --json -c scans 阿卡波糖 \
     | python3 -c 'import json,sys; h=json.load(sys.stdin)["hits"]; sys.exit(not (h and h[0]["scan"]["page"] == 1))' \
     || die "the scanned page is not searchable with its page"
+
+log "   backup, verify and restore onto an empty directory with the packaged binary"
+[ "$(stat -c %U /var/lib/care-backups)" = care ] || die "/var/lib/care-backups is missing or not owned by care"
+care backup create >/tmp/care-backup.log 2>&1 || { cat /tmp/care-backup.log; die "care backup create failed"; }
+archive=$(ls -t /var/lib/care-backups/care-*.care-backup | head -n 1)
+[ -n "$archive" ] || die "no backup archive in /var/lib/care-backups"
+care backup verify "$archive" >/dev/null || die "the backup does not verify"
+rm -rf /tmp/care-restore && install -d -o care -g care /tmp/care-restore
+restored() { as_care /usr/bin/care --config /etc/care/care.toml --data-dir /tmp/care-restore/data "$@"; }
+restored restore "$archive" >/dev/null || die "care restore failed"
+restored check >/dev/null || die "care check fails on the restored directory"
+live=$(search_ids 二甲双胍的禁忌症)
+[ "$(restored search --json -n 5 二甲双胍的禁忌症 | python3 -c 'import json,sys; print(" ".join(h["external_id"] + "#" + str(h["chunk_id"]) for h in json.load(sys.stdin)["hits"]))')" = "$live" ] \
+    || die "the restored directory answers differently"
+rm -rf /tmp/care-restore
 
 log "4. serve as the service user over HTTPS on 127.0.0.1:$PORT"
 as_care env CARE__SERVER__BIND=127.0.0.1:$PORT CARE__SERVER__HTTP_REDIRECT_BIND=127.0.0.1:$((PORT + 1)) /usr/bin/care --config /etc/care/care.toml serve >/tmp/care-serve.log 2>&1 &
@@ -113,7 +132,7 @@ if dpkg -i --force-confdef --force-confold "$OLD" >/tmp/care-downgrade.log 2>&1;
 fi
 grep -q "refusing to downgrade" /tmp/care-downgrade.log || { cat /tmp/care-downgrade.log; die "the downgrade error is not explained"; }
 [ "$(dpkg-query -W -f '${Version}' care-appliance)" = "$(dpkg-deb -f "$NEW" Version)" ] || die "the installed version changed"
-[ "$(search_ids 二甲双胍的禁忌症)" = "$after" ] || die "data changed after the refused downgrade"
+[ "$(search_ids 二甲双胍的禁忌症)" = "$live" ] || die "data changed after the refused downgrade"
 
 log "   remove keeps data and config; purge deletes them"
 dpkg -r care-appliance >/dev/null

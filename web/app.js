@@ -70,7 +70,7 @@ function pollJobs() {
           bar.value = j.progress_done;
           row.querySelector(".count").textContent = j.kind === "ingest"
             ? j.progress_done + "/" + j.progress_total + " 个文件 · " + j.documents + " 篇文档" + (j.stage ? " · " + j.stage : "")
-            : j.stage + " " + j.progress_done + "/" + j.progress_total;
+            : j.stage + " " + j.progress_done + "/" + j.progress_total + (j.kind === "backup.create" ? " MB" : "");
           const errs = row.querySelector(".errors");
           if (j.errors.length === 0) {
             errs.textContent = "—";

@@ -688,3 +688,158 @@ fn kill_9_during_both_sides_re_embedding_resumes_from_the_vectors_written() {
         last["phases"]
     );
 }
+
+/// Searches `base` with `token` from `clients` threads until `stop`, returning (searches, failures).
+fn searching(
+    base: &str,
+    token: &str,
+    clients: usize,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<std::thread::JoinHandle<(u64, Vec<String>)>> {
+    (0..clients)
+        .map(|i| {
+            let (base, token, stop) = (base.to_string(), token.to_string(), stop.clone());
+            std::thread::spawn(move || {
+                let client = reqwest::blocking::Client::builder()
+                    .danger_accept_invalid_certs(true)
+                    .timeout(Duration::from_secs(180))
+                    .build()
+                    .unwrap();
+                let (mut n, mut failed) = (0u64, Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let q = WORDS[(i + n as usize) % WORDS.len()];
+                    match client.get(format!("{base}/api/v1/search")).bearer_auth(&token).query(&[("q", q)]).send() {
+                        Ok(r) if r.status() == 200 => {}
+                        Ok(r) => failed.push(format!("{q}: {}", r.status())),
+                        Err(e) => failed.push(format!("{q}: {e}")),
+                    }
+                    n += 1;
+                }
+                (n, failed)
+            })
+        })
+        .collect()
+}
+
+/// The ids a CLI search of `q` returns from `care`'s data directory, in order, with their scores.
+fn cli_ranking(care: &Care, q: &str) -> Vec<(String, String)> {
+    let v = care.json(&["search", q, "--json", "-n", "10"]);
+    v["hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| (h["external_id"].as_str().unwrap().to_string(), format!("{:.5}", h["score"].as_f64().unwrap())))
+        .collect()
+}
+
+#[test]
+fn backups_while_serving_restore_identically_and_kill_9_never_leaves_a_listed_backup() {
+    let t = tempfile::tempdir().unwrap();
+    let care = Care::new(&t.path().join("data"));
+    // BM25 only: with the default model each backup also archives its 470 MB graph, which the package test covers
+    // (`packaging/deb-test.sh` backs up and restores the demo with the packaged model).
+    let out = care.run(&["demo", "--no-serve"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    care_e2e::add_user(&care, t.path(), "admin", "admin", "backup-admin-passphrase");
+    let token = care_e2e::token(&care, "admin", "e2e");
+    let backups = t.path().join("backups");
+    let backups_arg = backups.to_str().unwrap().to_string();
+    let mut served = care.serve_full();
+
+    // A backup while clients search and an ingest runs: the server makes it (the CLI only queues and follows it).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients = searching(&served.https, &token, 4, &stop);
+    let notes: Vec<String> = (0..20)
+        .map(|i| {
+            let p = t.path().join(format!("note-{i}.md"));
+            std::fs::write(&p, format!("# 会诊记录 {i}\n\n患者血压升高，建议复查肾功能，第 {i} 次随访。\n")).unwrap();
+            p.display().to_string()
+        })
+        .collect();
+    let mut ingest_args = vec!["ingest", "demo"];
+    ingest_args.extend(notes.iter().map(String::as_str));
+    let ingest = care.command(&ingest_args).stdout(std::process::Stdio::null()).spawn().unwrap();
+    let during = care.json(&["backup", "create", "--to", &backups_arg, "--json"]);
+    assert!(during["info"]["chunks"].as_u64().unwrap() > 0, "{during}");
+    assert!(ingest.wait_with_output().unwrap().status.success());
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (mut searches, mut failures) = (0, Vec::new());
+    for c in clients {
+        let (n, f) = c.join().unwrap();
+        searches += n;
+        failures.extend(f);
+    }
+    assert!(searches > 0 && failures.is_empty(), "{} of {searches} searches failed: {failures:?}", failures.len());
+
+    // kill -9 of the server while it makes a backup: nothing half-written is listed or verifies; the restarted
+    // server makes the queued backup again.
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    eprintln!("kill schedule seed {seed}");
+    let mut rng = Lcg(seed);
+    for round in 0..3 {
+        let queued = care.ok(&["backup", "create", "--to", &backups_arg, "--detach"]);
+        assert!(queued.contains("queued"), "{queued}");
+        std::thread::sleep(Duration::from_millis(rng.next() % 800));
+        served.child.0.kill().unwrap();
+        served.child.0.wait().unwrap();
+        for b in care.json(&["backup", "list", "--dir", &backups_arg, "--json"]).as_array().unwrap() {
+            let path = b["path"].as_str().unwrap();
+            assert!(b["problem"].is_null(), "round {round}: a listed backup is readable: {b}");
+            care.ok(&["backup", "verify", path]);
+        }
+        served = care.serve_full();
+    }
+    // The last queued backup runs after the last restart.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while !care.ok(&["jobs", "list", "-n", "1"]).contains("\tdone\t") {
+        assert!(Instant::now() < deadline, "{}", care.ok(&["jobs", "list", "-n", "5"]));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // Retention (the newest of each day) leaves the last one; the first, made the same day, is gone.
+    let listed = care.json(&["backup", "list", "--dir", &backups_arg, "--json"]);
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    assert!(listed[0]["name"].as_str().unwrap() > during["path"].as_str().unwrap().rsplit('/').next().unwrap());
+    assert!(!std::path::Path::new(during["path"].as_str().unwrap()).exists(), "{during}");
+    let hidden: Vec<_> = std::fs::read_dir(&backups)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.') && !n.ends_with(&format!("partial-{}", served.child.0.id())))
+        .collect();
+    // Leftovers of killed servers are removed by the next backup, which the restarted server made.
+    assert!(hidden.is_empty(), "{hidden:?}");
+    drop(served);
+
+    // Quiet: the newest backup restores onto an empty directory with the same answers, `care check` exact.
+    let newest = listed[0]["path"].as_str().unwrap().to_string();
+    let restored = Care::new(&t.path().join("restored"));
+    // kill -9 of a restore first: the target stays absent, and the next restore succeeds.
+    let mut child = restored.command(&["restore", &newest]).stdout(std::process::Stdio::null()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(100 + rng.next() % 400));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let target = t.path().join("restored");
+    let done = target.join("care.sqlite").exists();
+    assert!(done || !target.exists(), "a killed restore leaves no half-restored data directory");
+    if done {
+        std::fs::remove_dir_all(&target).unwrap();
+    }
+    let report = restored.json(&["restore", &newest, "--json"]);
+    assert_eq!(report["check"]["consistent"], true, "{report}");
+    assert!(restored.ok(&["check"]).contains("\"consistent\": true"));
+    restored.ok(&["audit", "verify"]);
+    for q in ["二甲双胍的禁忌症", "会诊记录 7", "孕妇"] {
+        assert_eq!(cli_ranking(&restored, q), cli_ranking(&care, q), "{q}");
+    }
+    // A flipped byte: verify and restore refuse it, and the refused restore writes nothing.
+    let mut bytes = std::fs::read(&newest).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 1;
+    let flipped = t.path().join("flipped.care-backup");
+    std::fs::write(&flipped, bytes).unwrap();
+    let out = care.run(&["backup", "verify", flipped.to_str().unwrap()]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("已损坏"), "{out:?}");
+    let again = Care::new(&t.path().join("again"));
+    assert!(!again.run(&["restore", flipped.to_str().unwrap()]).status.success());
+    assert!(!t.path().join("again").join("care.sqlite").exists());
+}

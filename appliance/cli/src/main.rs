@@ -1,6 +1,7 @@
 //! `care`: the appliance's command line (init, ingest, search, serve, demo, eval).
 
 mod admin_cmds;
+mod backup_cmds;
 mod collection_cmds;
 mod config;
 mod doctor;
@@ -229,6 +230,21 @@ enum Command {
         #[arg(long)]
         collection: Option<String>,
     },
+    /// Backups: make one now, list, verify, make a key file.
+    Backup {
+        #[command(subcommand)]
+        command: backup_cmds::BackupCommand,
+    },
+    /// Restore a backup onto an empty data directory (--data-dir; a new machine), check it and verify its audit
+    /// log. Exit 3 when the restored directory is not consistent.
+    Restore {
+        archive: PathBuf,
+        /// The key file it was encrypted with (default: `[backup] key_file`).
+        #[arg(long)]
+        key: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the effective configuration (secrets masked).
     Config,
     /// Check the installation (config, permissions, data directory, disk, port, TLS, ONNX Runtime, GPU, models
@@ -388,6 +404,10 @@ fn run(cli: Cli) -> Result<i32> {
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
             clap_mangen::generate_to(<Cli as clap::CommandFactory>::command(), &out)
                 .with_context(|| format!("writing man pages to {}", out.display()))?;
+        }
+        Command::Backup { command } => return backup_cmds::run_backup(&cfg.engine, cfg.engine.ingest.workers, command),
+        Command::Restore { archive, key, json } => {
+            return backup_cmds::run_restore(&cfg.engine, &archive, key.as_deref(), json);
         }
         Command::Init => {
             let e = open(OpenMode::Create)?;
@@ -571,7 +591,7 @@ pub(crate) fn start_scheduler(e: &Arc<Engine>, workers: usize) -> SchedulerHandl
     Scheduler::start(e.clone(), SchedulerOptions { workers, housekeeping: None })
 }
 
-fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
     f.write_all(bytes)?;

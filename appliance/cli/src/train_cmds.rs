@@ -254,7 +254,7 @@ fn follow_job(e: Arc<Engine>, workers: usize, job: i64) -> Result<i32> {
 
 /// Runs the worker (here, or in the `care serve` that holds the jobs lock) until job `job` ends, drawing its step
 /// and stage as a progress bar; returns the finished job.
-fn run_with_bar(e: &Arc<Engine>, workers: usize, job: i64) -> Result<care_engine::Job> {
+pub(crate) fn run_with_bar(e: &Arc<Engine>, workers: usize, job: i64) -> Result<care_engine::Job> {
     let worker = crate::start_scheduler(e, workers);
     let pb = ProgressBar::new(0);
     pb.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")?);

@@ -26,6 +26,7 @@ use sha2::{Digest, Sha256};
 use crate::error::{Error, Result};
 
 pub use anchor::ANCHOR_FILE;
+pub(crate) use anchor::{anchor_snapshot, sync_dir};
 pub(crate) use chain::ensure_keyed;
 use chain::{Access, Bounds, Walk};
 pub use key::{KEY_FILE, hmac_sha256};
@@ -67,6 +68,12 @@ pub fn action_zh(action: &str) -> &'static str {
         "auth.login" => "登录",
         "auth.login_failed" => "登录失败",
         "auth.logout" => "退出登录",
+        "backup.job_cancelled" => "备份已取消",
+        "backup.job_done" => "备份完成",
+        "backup.job_failed" => "备份失败",
+        "backup.restore" => "从备份恢复",
+        "backup.submit" => "提交备份",
+        "backup.verify" => "校验备份",
         "collection.approve" => "批准用于训练",
         "collection.create" => "新建资料库",
         "collection.delete" => "删除资料库",

@@ -1,5 +1,5 @@
 //! Engine settings (the `[storage]`, `[ingest]`, `[search]`, `[model]`, `[lifecycle]`, `[training]`, `[limits]`,
-//! `[ldap]` and `[oidc]` sections of `care.toml`).
+//! `[ldap]`, `[oidc]` and `[backup]` sections of `care.toml`).
 //!
 //! Layering (defaults < file < env < CLI) is done by the binary; the engine only defines the shape and defaults.
 
@@ -24,6 +24,8 @@ pub struct EngineConfig {
     pub ldap: crate::directory::ldap::LdapConfig,
     /// Sign-in through the hospital's OpenID Connect provider (统一认证).
     pub oidc: crate::directory::oidc::OidcConfig,
+    /// Where backups go, their key and retention.
+    pub backup: crate::backup::BackupConfig,
 }
 
 /// Caps on what accumulates (`[limits]`): each refusal is a Chinese error naming the setting.

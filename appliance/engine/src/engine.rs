@@ -422,6 +422,8 @@ handles! {
     Audit => audit;
     /// Background tasks as the console lists them, and their cancellation.
     Tasks => tasks;
+    /// Backups: queuing one, listing and verifying archives.
+    Backups => backups;
     /// The settings an administrator changes in the console (audited), over `care.toml`'s.
     Settings => settings;
 }

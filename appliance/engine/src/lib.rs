@@ -39,7 +39,7 @@
 //!   ├ tasks     on top of everything it runs: the typed Task enum (stored as a job's kind and params) and the one
 //!   │           scheduler (tasks/scheduler.rs) with its lanes: ingest (tasks/ingest_lane.rs: claiming, reading
 //!   │           and confirming files, resumed after a crash), the model lane (tasks/model_lane.rs: evaluation,
-//!   │           promotion, training and offline embedding, one `match` on Task), a timer lane for schedules and
+//!   │           promotion, training and offline embedding, one `match` on Task), a backup lane, a timer lane for schedules and
 //!   │           housekeeping; woken on submit, cancel, a task's end and due times, never polling
 //!   ├ text      normalisation (full/half width, controls) and sentence/heading-aware chunking
 //!   ├ lexical   tantivy BM25 with jieba search-mode tokens + medical dictionary; derived from SQLite
@@ -71,6 +71,10 @@
 //!   │           processes (a guard kills and reaps each; their events are the progress), export → import → gate →
 //!   │           promotion; schedules; offline embedding (training/{child,data,schedule,embed,tests}.rs)
 //!   ├ trainer   whether `care-train` can run here: checked in the background, cached for pages
+//!   ├ backup    one consistent archive of the data directory made while serving (the database copied, the
+//!   │           indexes and models hard-linked while writes wait: backup/snapshot.rs), compressed, optionally
+//!   │           encrypted, every byte checked (backup/archive.rs); restored onto an empty directory
+//!   │           (backup/restore.rs); its own lane of the scheduler; tests in backup/tests.rs
 //!   ├ chart     small SVG charts for reports
 //!   ├ csv_out   the one CSV writer of every export: formula prefixes neutralised (OWASP), RFC 4180 quoting
 //!   ├ demo      the embedded demo collection
@@ -84,6 +88,7 @@
 pub mod accounts;
 pub mod analytics;
 pub mod audit;
+pub mod backup;
 pub mod cancel;
 pub mod chart;
 pub mod clock;

@@ -82,6 +82,32 @@ pub(crate) fn store(conn: &mut Connection, dir: &Path, id: i64, hash: &str) -> R
     Ok(())
 }
 
+/// Writes into `dir` the anchor a copy of the database on `conn` (a backup's snapshot) needs: the record its
+/// `audit_key.anchor_id` names, MACed with the key registered on `conn`, so the copy's chain verifies on its own.
+/// Nothing is written when no anchor was ever written.
+pub(crate) fn anchor_snapshot(conn: &Connection, dir: &Path) -> Result<()> {
+    let id: i64 = conn.query_row("SELECT anchor_id FROM audit_key WHERE singleton = 1", [], |r| r.get(0))?;
+    if id == 0 {
+        return Ok(());
+    }
+    use rusqlite::OptionalExtension;
+    let hash: Option<String> = conn.query_row("SELECT hash FROM audit WHERE id = ?1", [id], |r| r.get(0)).optional()?;
+    // Retention may have purged the anchored record; the purge keeps the hash it ended on.
+    let hash = match hash {
+        Some(h) => h,
+        None => conn.query_row(
+            "SELECT purged_through_hash FROM audit_anchor WHERE singleton = 1 AND purged_through_id = ?1",
+            [id],
+            |r| r.get(0),
+        )?,
+    };
+    let at = super::now();
+    let a = Anchor { id, mac: key::mac(conn, &mac_text(id, &hash, &at))?, hash, at };
+    let json = serde_json::to_vec(&a).map_err(|e| Error::Internal(format!("audit anchor: {e}")))?;
+    let path = dir.join(ANCHOR_FILE);
+    write_synced(&path, &json).map_err(|e| Error::io(&path, e))
+}
+
 fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut f = std::fs::File::create(path)?;
     f.write_all(bytes)?;

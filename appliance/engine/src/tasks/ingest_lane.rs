@@ -156,6 +156,7 @@ fn next_file(e: &Engine, job: i64, claimed: &HashSet<(i64, i64)>) -> Result<Opti
                         | Task::Promote(_)
                         | Task::Train(_)
                         | Task::EmbedPending(_)
+                        | Task::Backup(_)
                         | Task::Chore(_)) => {
                             return Err(Error::Internal(format!("job {job}: {} is not an ingest", other.kind())));
                         }

@@ -47,6 +47,9 @@ pub enum Task {
     Train(crate::training::TrainParams),
     #[serde(rename = "model.embed_offline")]
     EmbedPending(crate::training::embed::EmbedParams),
+    /// A backup archive of the data directory (its own lane, beside ingestion and training).
+    #[serde(rename = "backup.create")]
+    Backup(crate::backup::BackupParams),
     /// Housekeeping; never stored (see the module documentation).
     #[serde(rename = "chore")]
     Chore(Chore),
@@ -97,6 +100,7 @@ impl Task {
             Task::Promote(_) => "model.promote",
             Task::Train(_) => crate::training::TrainParams::KIND,
             Task::EmbedPending(_) => crate::training::embed::EmbedParams::KIND,
+            Task::Backup(_) => crate::backup::BACKUP,
             Task::Chore(_) => "chore",
         }
     }
@@ -264,6 +268,7 @@ mod tests {
             ("model.promote", r#"{"candidate":"a@1,b@1","override_reason":"急需"}"#),
             ("model.embed_offline", r#"{"model":"qwen@1"}"#),
             ("model.train", r#"{"recipe":{},"base":"a@1,b@1","schedule":3}"#),
+            ("backup.create", r#"{"to":"/mnt/nas/care"}"#),
         ];
         for (kind, params) in rows {
             let t = Task::from_row(1, kind, params).unwrap_or_else(|e| panic!("{kind}: {e}"));

@@ -28,7 +28,9 @@ pub const EVALUATE: &str = "model.evaluate";
 pub const PROMOTE: &str = "model.promote";
 
 /// The stored kinds the model lane runs.
-const MODEL_KINDS: [&str; 4] = [EVALUATE, PROMOTE, crate::training::TRAIN, crate::training::embed::EMBED];
+pub(crate) const MODEL_KINDS: &[&str] = &[EVALUATE, PROMOTE, crate::training::TRAIN, crate::training::embed::EMBED];
+/// The stored kinds the backup lane runs: a backup must not wait for a night's training to end.
+pub(crate) const BACKUP_KINDS: &[&str] = &[crate::backup::BACKUP];
 
 /// How often a running task writes its progress.
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
@@ -56,17 +58,20 @@ impl Engine {
         Ok(id)
     }
 
-    /// Runs the oldest queued model task, if any, to its end (or until the scheduler stops, which leaves it queued
-    /// for the next start). Returns whether a task was taken. Called by the model lane, whose process holds the
-    /// jobs lock, so no other process runs the same task.
-    pub(crate) fn run_next_model_job(&self, s: &Shared) -> Result<bool> {
+    /// Runs the oldest queued task of `kinds` (a lane's: [`MODEL_KINDS`], [`BACKUP_KINDS`]), if any, to its end
+    /// (or until the scheduler stops, which leaves it queued for the next start). Returns whether a task was taken.
+    /// Called by the lane, whose process holds the jobs lock, so no other process runs the same task.
+    pub(crate) fn run_next_model_job(&self, s: &Shared, kinds: &[&str]) -> Result<bool> {
+        let marks = vec!["?"; kinds.len()].join(", ");
         let next: Option<(i64, String, String, bool)> = self
             .store
             .reader()
             .query_row(
-                "SELECT id, kind, params, cancel_requested FROM jobs WHERE kind IN (?1, ?2, ?3, ?4)
-                 AND state IN ('queued', 'running') ORDER BY id LIMIT 1",
-                params![MODEL_KINDS[0], MODEL_KINDS[1], MODEL_KINDS[2], MODEL_KINDS[3]],
+                &format!(
+                    "SELECT id, kind, params, cancel_requested FROM jobs WHERE kind IN ({marks})
+                     AND state IN ('queued', 'running') ORDER BY id LIMIT 1"
+                ),
+                rusqlite::params_from_iter(kinds),
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get::<_, i64>(3)? != 0)),
             )
             .optional()?;
@@ -126,6 +131,7 @@ impl Engine {
             }
             Task::Train(p) => self.run_training_job(id, &p, actor, token),
             Task::EmbedPending(p) => self.run_offline_embed_job(id, &p, actor, token),
+            Task::Backup(p) => self.run_backup_job(id, &p, token),
             Task::Ingest(_) | Task::Chore(_) => {
                 Err(Error::Internal(format!("job {id}: {} does not run on the model lane", task.kind())))
             }
@@ -210,7 +216,8 @@ impl Engine {
                 let result: serde_json::Value = serde_json::from_str(&result).unwrap_or_default();
                 let detail = serde_json::json!({"job": id, "kind": kind, "state": state, "result": result,
                     "errors": detail_errors});
-                crate::audit::append(&tx, &actor, &format!("model.job_{state}"), &detail)?;
+                let group = if kind.starts_with("backup.") { "backup" } else { "model" };
+                crate::audit::append(&tx, &actor, &format!("{group}.job_{state}"), &detail)?;
             }
             tx.commit()?;
         }

@@ -1,7 +1,8 @@
 //! The scheduler: the threads that run every background task, woken only when something changes.
 //!
 //! Lanes: `workers` ingest threads (parsing is the slow part, so files of ingest jobs run in parallel), one model
-//! thread (evaluate, promote, train, embed: one at a time, they compete for the same cores and tables), and one
+//! thread (evaluate, promote, train, embed: one at a time, they compete for the same cores and tables), one backup
+//! thread (a backup must not wait for a night's training), and one
 //! timer thread for due-time entries (training schedules and housekeeping chores). No lane polls: each sleeps on
 //! the engine's [`Hub`](super::Hub) until a submit, a cancel, a task's end, a stop or its next due time.
 //!
@@ -114,6 +115,8 @@ impl Scheduler {
         let s = shared.clone();
         threads.push(spawn("care-model-jobs", move || model_lane(&s)));
         let s = shared.clone();
+        threads.push(spawn("care-backups", move || backup_lane(&s)));
+        let s = shared.clone();
         threads.push(spawn("care-timer", move || timer_lane(&s, opts.housekeeping)));
         let (weak, lock_path) = (Arc::downgrade(&shared), shared.engine.jobs_lock_path());
         let lock_thread = spawn("care-jobs-lock", move || lock_and_listen(weak, lock_path));
@@ -206,11 +209,20 @@ fn ingest_lane(s: &Shared) {
 }
 
 fn model_lane(s: &Shared) {
-    lane(s, |s| match s.engine.run_next_model_job(s) {
+    task_lane(s, super::model_lane::MODEL_KINDS, "model");
+}
+
+fn backup_lane(s: &Shared) {
+    task_lane(s, super::model_lane::BACKUP_KINDS, "backup");
+}
+
+/// A lane that runs the stored tasks of `kinds` one at a time.
+fn task_lane(s: &Shared, kinds: &[&str], name: &str) {
+    lane(s, |s| match s.engine.run_next_model_job(s, kinds) {
         Ok(true) => Lane::Worked,
         Ok(false) => Lane::Idle,
         Err(e) => {
-            tracing::error!(error = %e, "model job lane error; will retry");
+            tracing::error!(lane = name, error = %e, "task lane error; will retry");
             Lane::Retry
         }
     });
