@@ -22,45 +22,16 @@ use serde::{Deserialize, Serialize};
 pub use archive::{BackupInfo, BackupKey, ManifestEntry};
 
 use crate::accounts::Admin;
+use crate::cancel::CancelToken;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::tasks::{CancelToken, Task};
 
 /// The task's stored kind.
 pub const BACKUP: &str = "backup.create";
 /// An archive's file name ends so; anything else in the folder is not listed.
 pub const EXTENSION: &str = "care-backup";
 
-/// `[backup]` in `care.toml`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default)]
-pub struct BackupConfig {
-    /// Where archives go. Default: `care-backups` beside the data directory (`/var/lib/care-backups`); put it on
-    /// another disk or a mounted share, or a dead disk takes the backups with the data.
-    pub dir: Option<PathBuf>,
-    /// A key file (`care backup keygen`) to encrypt archives with; keep a copy apart from the archives.
-    pub key_file: Option<PathBuf>,
-    /// Retention after each backup: the newest archive of each of the last `keep_daily` days and of each of the
-    /// last `keep_weekly` weeks are kept, the others removed (both 0: nothing is removed).
-    pub keep_daily: u32,
-    pub keep_weekly: u32,
-}
-
-impl Default for BackupConfig {
-    fn default() -> Self {
-        BackupConfig { dir: None, key_file: None, keep_daily: 7, keep_weekly: 4 }
-    }
-}
-
-impl BackupConfig {
-    /// The folder archives go to for the data directory `data_dir`.
-    pub fn folder(&self, data_dir: &Path) -> PathBuf {
-        self.dir.clone().unwrap_or_else(|| {
-            let parent = data_dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-            parent.join("care-backups")
-        })
-    }
-}
+pub use crate::config::BackupConfig;
 
 /// What a backup task is asked for.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -319,8 +290,7 @@ impl crate::engine::Backups<'_> {
             let mut conn = self.store.conn();
             let tx = conn.transaction()?;
             self.queue_room(&tx)?;
-            let (kind, json) = Task::Backup(p.clone()).to_row()?;
-            let id = crate::jobs::insert_row(&tx, kind, &json, actor)?;
+            let id = crate::jobs::insert_job(&tx, p, actor)?;
             let detail = serde_json::json!({"job": id, "to": p.to});
             crate::audit::append(&tx, &actor.name, "backup.submit", &detail)?;
             tx.commit()?;

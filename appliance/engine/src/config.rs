@@ -25,7 +25,7 @@ pub struct EngineConfig {
     /// Sign-in through the hospital's OpenID Connect provider (统一认证).
     pub oidc: crate::directory::oidc::OidcConfig,
     /// Where backups go, their key and retention.
-    pub backup: crate::backup::BackupConfig,
+    pub backup: BackupConfig,
 }
 
 /// Caps on what accumulates (`[limits]`): each refusal is a Chinese error naming the setting.
@@ -194,4 +194,35 @@ pub(crate) fn test_config(dir: &std::path::Path) -> EngineConfig {
     cfg.storage.data_dir = dir.to_path_buf();
     cfg.training.keep_free_gb = 0.0;
     cfg
+}
+
+/// `[backup]` in `care.toml`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct BackupConfig {
+    /// Where archives go. Default: `care-backups` beside the data directory (`/var/lib/care-backups`); put it on
+    /// another disk or a mounted share, or a dead disk takes the backups with the data.
+    pub dir: Option<PathBuf>,
+    /// A key file (`care backup keygen`) to encrypt archives with; keep a copy apart from the archives.
+    pub key_file: Option<PathBuf>,
+    /// Retention after each backup: the newest archive of each of the last `keep_daily` days and of each of the
+    /// last `keep_weekly` weeks are kept, the others removed (both 0: nothing is removed).
+    pub keep_daily: u32,
+    pub keep_weekly: u32,
+}
+
+impl Default for BackupConfig {
+    fn default() -> Self {
+        BackupConfig { dir: None, key_file: None, keep_daily: 7, keep_weekly: 4 }
+    }
+}
+
+impl BackupConfig {
+    /// The folder archives go to for the data directory `data_dir`.
+    pub fn folder(&self, data_dir: &std::path::Path) -> PathBuf {
+        self.dir.clone().unwrap_or_else(|| {
+            let parent = data_dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+            parent.join("care-backups")
+        })
+    }
 }
