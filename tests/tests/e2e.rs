@@ -735,11 +735,23 @@ fn cli_ranking(care: &Care, q: &str) -> Vec<(String, String)> {
 #[test]
 fn backups_while_serving_restore_identically_and_kill_9_never_leaves_a_listed_backup() {
     let t = tempfile::tempdir().unwrap();
-    let care = Care::new(&t.path().join("data"));
+    let mut care = Care::new(&t.path().join("data"));
     // BM25 only: with the default model each backup also archives its 470 MB graph, which the package test covers
-    // (`packaging/deb-test.sh` backs up and restores the demo with the packaged model).
-    let out = care.run(&["demo", "--no-serve"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // (`packaging/deb-test.sh` backs up and restores the demo with the packaged model). No model is imported at start.
+    care.env.push(("CARE__MODEL__DEFAULT_MODEL".into(), "/nonexistent/e5-small-q4.bin".into()));
+    care.ok(&["init"]);
+    care.ok(&["collection", "create", "demo"]);
+    let guides: Vec<String> = [
+        ("metformin.md", "# 二甲双胍\n\n## 禁忌症\n\n严重肾功能不全、酮症酸中毒患者禁用二甲双胍。\n"),
+        ("pregnancy.md", "# 孕妇用药\n\n孕妇应避免使用四环素类抗生素，用药前请咨询医生。\n"),
+        ("aspirin.md", "# 阿司匹林\n\n阿司匹林用于冠心病二级预防，每日剂量75到100毫克。\n"),
+    ]
+    .iter()
+    .map(|(n, text)| care_e2e::write(&t.path().join(n), text).display().to_string())
+    .collect();
+    let mut args = vec!["ingest", "demo"];
+    args.extend(guides.iter().map(String::as_str));
+    care.ok(&args);
     care_e2e::add_user(&care, t.path(), "admin", "admin", "backup-admin-passphrase");
     let token = care_e2e::token(&care, "admin", "e2e");
     let backups = t.path().join("backups");
@@ -812,7 +824,8 @@ fn backups_while_serving_restore_identically_and_kill_9_never_leaves_a_listed_ba
 
     // Quiet: the newest backup restores onto an empty directory with the same answers, `care check` exact.
     let newest = listed[0]["path"].as_str().unwrap().to_string();
-    let restored = Care::new(&t.path().join("restored"));
+    let mut restored = Care::new(&t.path().join("restored"));
+    restored.env = care.env.clone();
     // kill -9 of a restore first: the target stays absent, and the next restore succeeds.
     let mut child = restored.command(&["restore", &newest]).stdout(std::process::Stdio::null()).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(100 + rng.next() % 400));
@@ -839,7 +852,8 @@ fn backups_while_serving_restore_identically_and_kill_9_never_leaves_a_listed_ba
     std::fs::write(&flipped, bytes).unwrap();
     let out = care.run(&["backup", "verify", flipped.to_str().unwrap()]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("已损坏"), "{out:?}");
-    let again = Care::new(&t.path().join("again"));
+    let mut again = Care::new(&t.path().join("again"));
+    again.env = care.env.clone();
     assert!(!again.run(&["restore", flipped.to_str().unwrap()]).status.success());
     assert!(!t.path().join("again").join("care.sqlite").exists());
 }
