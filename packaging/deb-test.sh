@@ -59,7 +59,8 @@ awk -v s="$score" 'BEGIN { exit !(s != "" && s <= 2.0) }' || die "unit exposure 
 stop_server() { pkill -TERM -u care -f '/usr/bin/care --config /etc/care/care.toml serve' 2>/dev/null || true; sleep 1; }
 getent passwd care >/dev/null && stop_server
 dpkg -P care-appliance >/dev/null 2>&1 || true
-rm -rf /var/lib/care /etc/care
+# Purge keeps backups (they are the way back); this test starts without them.
+rm -rf /var/lib/care /var/lib/care-backups /etc/care
 
 log "2. install the previous release $(basename "$OLD")"
 dpkg -i --force-confdef --force-confold "$OLD"
