@@ -100,29 +100,36 @@ fn archive_time(name: &str) -> Option<time::PrimitiveDateTime> {
     time::PrimitiveDateTime::parse(stem, &fmt).ok()
 }
 
-/// The archives in `dir`, newest first. Half-written ones (hidden names) are never listed.
-pub fn list(dir: &Path, key: Option<&BackupKey>) -> Result<Vec<BackupEntry>> {
+/// The archives' paths in `dir`, by name, newest first. Half-written ones (hidden names) are never among them.
+fn archive_paths(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(Error::io(dir, e)),
     };
-    let mut out = Vec::new();
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if archive_time(&name).is_none() || !e.file_type().is_ok_and(|t| t.is_file()) {
-            continue;
-        }
-        let path = e.path();
-        let bytes = e.metadata().map(|m| m.len()).unwrap_or(0);
-        let (info, problem) = match archive::read_info(&path, key) {
-            Ok(i) => (Some(i), None),
-            Err(err) => (None, Some(err.to_string())),
-        };
-        out.push(BackupEntry { name, path, bytes, info, problem });
-    }
-    out.sort_by(|a, b| b.name.cmp(&a.name));
+    let mut out: Vec<(String, PathBuf)> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+        .filter(|(name, _)| archive_time(name).is_some())
+        .collect();
+    out.sort_by(|a, b| b.0.cmp(&a.0));
     Ok(out)
+}
+
+/// The archives in `dir`, newest first, each with its `backup.json` (the start of the archive) read.
+pub fn list(dir: &Path, key: Option<&BackupKey>) -> Result<Vec<BackupEntry>> {
+    Ok(archive_paths(dir)?
+        .into_iter()
+        .map(|(name, path)| {
+            let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            let (info, problem) = match archive::read_info(&path, key) {
+                Ok(i) => (Some(i), None),
+                Err(err) => (None, Some(err.to_string())),
+            };
+            BackupEntry { name, path, bytes, info, problem }
+        })
+        .collect())
 }
 
 /// Reads `path` to its end and checks every byte (see [`archive`]).
@@ -238,7 +245,8 @@ impl Engine {
         })?;
         let (info, writes_paused_ms) = (snap.info.clone(), snap.writes_paused_ms);
         drop(snap);
-        let names: Vec<String> = list(&folder, None)?.into_iter().map(|e| e.name).collect();
+        // Retention needs the names only, not each archive's start decompressed.
+        let names: Vec<String> = archive_paths(&folder)?.into_iter().map(|(n, _)| n).collect();
         let mut removed = to_remove(&names, self.cfg.backup.keep_daily, self.cfg.backup.keep_weekly);
         removed.retain(|n| *n != name && std::fs::remove_file(folder.join(n)).is_ok());
         Ok(BackupReport {

@@ -179,6 +179,9 @@ impl Snapshot {
         let chunks =
             count("SELECT count(*) FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.state = 'indexed'")?;
         let schema_version: u32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        let collections = count("SELECT count(*) FROM collections")?;
+        let documents = count("SELECT count(*) FROM documents")?;
+        let audit_head = count("SELECT ifnull(max(id), 0) FROM audit")? as i64;
         drop(conn);
         // The staged index must open and hold the copy's chunks; a merge that raced the links would show here.
         let in_index =
@@ -192,11 +195,11 @@ impl Snapshot {
             appliance_version: env!("CARGO_PKG_VERSION").to_string(),
             layout_version: crate::datadir::LAYOUT_VERSION,
             schema_version,
-            collections: count_of(&self.dir, "SELECT count(*) FROM collections")?,
-            documents: count_of(&self.dir, "SELECT count(*) FROM documents")?,
+            collections,
+            documents,
             chunks,
             live_pair: e.active_models()?.map(|p| crate::lifecycle::pair_spec(&p)),
-            audit_head: count_of(&self.dir, "SELECT ifnull(max(id), 0) FROM audit")? as i64,
+            audit_head,
             data_bytes: 0,
             files: 0,
         };
@@ -229,12 +232,6 @@ fn staged_lexical_docs(dir: &Path) -> Result<u64> {
     }
     let index = tantivy::Index::open_in_dir(dir)?;
     Ok(index.reader()?.searcher().num_docs())
-}
-
-fn count_of(dir: &Path, sql: &str) -> Result<u64> {
-    let conn =
-        rusqlite::Connection::open_with_flags(dir.join("care.sqlite"), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
-    Ok(conn.query_row(sql, [], |r| r.get::<_, i64>(0))?.max(0) as u64)
 }
 
 fn empty_info() -> BackupInfo {
