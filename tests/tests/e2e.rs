@@ -857,3 +857,91 @@ fn backups_while_serving_restore_identically_and_kill_9_never_leaves_a_listed_ba
     assert!(!again.run(&["restore", flipped.to_str().unwrap()]).status.success());
     assert!(!t.path().join("again").join("care.sqlite").exists());
 }
+
+/// The titles of the first page a bearer's search of `q` gets from `base`.
+fn titles(base: &str, token: &str, q: &str) -> Vec<String> {
+    let url = reqwest::Url::parse_with_params(&format!("{base}/api/v1/search"), [("q", q), ("limit", "5")]).unwrap();
+    let r = care_e2e::get_json(&care_e2e::https_client(), url.as_str(), &format!("Bearer {token}"));
+    r["hits"].as_array().unwrap().iter().map(|h| h["title"].as_str().unwrap_or_default().to_string()).collect()
+}
+
+#[test]
+fn a_standby_follows_the_primary_s_backups_serves_read_only_and_takes_writes_once_promoted() {
+    let t = tempfile::tempdir().unwrap();
+    let bm25_only = ("CARE__MODEL__DEFAULT_MODEL".to_string(), "/nonexistent/e5-small-q4.bin".to_string());
+    let mut primary = Care::new(&t.path().join("primary"));
+    primary.env.push(bm25_only.clone());
+    primary.env.push(("CARE__BACKUP__DIR".into(), t.path().join("backups").display().to_string()));
+    primary.ok(&["init"]);
+    primary.ok(&["collection", "create", "guides"]);
+    let first = care_e2e::write(&t.path().join("metformin.md"), "# 二甲双胍\n\n严重肾功能不全患者禁用二甲双胍。\n");
+    primary.ok(&["ingest", "guides", first.to_str().unwrap()]);
+    care_e2e::add_user(&primary, t.path(), "admin", "admin", "standby-admin-passphrase");
+    let admin = care_e2e::token(&primary, "admin", "e2e");
+    let pull = primary.ok(&["user", "token", "admin", "--name", "standby", "--scope", "backups"]);
+    let token_file = care_e2e::write(&t.path().join("standby.token"), pull.trim());
+    let served = primary.serve_full();
+    primary.ok(&["backup", "create"]);
+
+    // The follower restores the newest backup into its empty data directory and serves it; its server reports
+    // each start (one per switch) on the follower's output.
+    let mut standby = Care::new(&t.path().join("standby"));
+    standby.env.push(bm25_only);
+    standby.env.push(("CARE__SERVER__BIND".into(), "127.0.0.1:0".into()));
+    standby.env.push(("CARE__SERVER__HTTP_REDIRECT_BIND".into(), "127.0.0.1:0".into()));
+    let cert = t.path().join("primary/tls/cert.pem");
+    let mut child = standby
+        .command(&["standby", "--from", &served.https, "--token-file", token_file.to_str().unwrap()])
+        .args(["--ca-file", cert.to_str().unwrap(), "--every", "1"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let _follower = care_e2e::KillOnDrop(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if let Some(url) = line.strip_prefix("listening on ") {
+                let _ = tx.send(url.to_string());
+            }
+        }
+    });
+    let next_start = || rx.recv_timeout(Duration::from_secs(180)).expect("the standby's server did not start");
+    let base = next_start();
+    assert_eq!(titles(&base, &admin, "二甲双胍"), ["二甲双胍"]);
+
+    // Read-only: the API, the CLI; the overview says where the data came from.
+    let c = care_e2e::https_client();
+    let res =
+        c.post(format!("{base}/api/v1/admin/collections")).bearer_auth(&admin).json(&serde_json::json!({"name": "x"}));
+    let res = res.send().unwrap();
+    assert_eq!(res.status(), 409);
+    let body: serde_json::Value = res.json().unwrap();
+    assert_eq!(body["code"], "read_only", "{body}");
+    assert!(body["message"].as_str().unwrap().contains("备用机"), "{body}");
+    let cli = standby.run(&["collection", "create", "x"]);
+    assert!(!cli.status.success() && String::from_utf8_lossy(&cli.stderr).contains("备用机"), "{cli:?}");
+    let overview = c.get(format!("{base}/admin/overview")).bearer_auth(&admin).send().unwrap().text().unwrap();
+    assert!(overview.contains("备用机（只读）") && overview.contains(&served.https), "{overview}");
+
+    // A document ingested on the primary is searchable on the standby after the primary's next backup.
+    let second = care_e2e::write(&t.path().join("aspirin.md"), "# 阿司匹林\n\n阿司匹林用于冠心病二级预防。\n");
+    primary.ok(&["ingest", "guides", second.to_str().unwrap()]);
+    let started = Instant::now();
+    primary.ok(&["backup", "create"]);
+    let base = next_start();
+    eprintln!("the primary's backup to search on the standby: {:.1} s", started.elapsed().as_secs_f64());
+    assert_eq!(titles(&base, &admin, "阿司匹林"), ["阿司匹林"]);
+    let overview =
+        c.get(format!("{}/admin/overview", served.https)).bearer_auth(&admin).send().unwrap().text().unwrap();
+    assert!(overview.contains("取走备份"), "the primary shows the standby's pull: {overview}");
+
+    // Promoted: the follower restarts its server as a primary, which takes writes.
+    assert!(standby.ok(&["standby", "promote"]).contains("已转为主机"));
+    let base = next_start();
+    let res =
+        c.post(format!("{base}/api/v1/admin/collections")).bearer_auth(&admin).json(&serde_json::json!({"name": "x"}));
+    assert!(res.send().unwrap().status().is_success());
+    assert_eq!(titles(&base, &admin, "阿司匹林"), ["阿司匹林"]);
+}

@@ -81,7 +81,8 @@ fn send(c: &Client, method: &str, url: &str, body: Body, auth: Option<&str>) -> 
 #[test]
 fn authorisation_matrix_and_collection_isolation() {
     let t = tempfile::tempdir().unwrap();
-    let care = Care::new(&t.path().join("data"));
+    let mut care = Care::new(&t.path().join("data"));
+    care.env.push(("CARE__BACKUP__DIR".into(), "/proc/care-no-backups".into()));
     care.ok(&["init"]);
     two_collections(&care, t.path());
     care.ok(&["collection", "create", "scratch1"]);
@@ -237,6 +238,18 @@ fn authorisation_matrix_and_collection_isolation() {
     m.insert(
         ("POST", "/admin/settings"),
         case("/admin/settings", Form("key=dense_weight&value=0.6"), 302, 403, &[303]),
+    );
+    // The backup settings without a time (no daily backup); 立即备份 queues a backup into a folder that cannot be
+    // made (`CARE__BACKUP__DIR` below), so the job fails at once instead of archiving the test's model.
+    m.insert(
+        ("POST", "/admin/settings/backup"),
+        case("/admin/settings/backup", Form("time=&dir=&keep_daily=7&keep_weekly=4"), 302, 403, &[303]),
+    );
+    m.insert(("POST", "/admin/backups"), case("/admin/backups", Empty, 302, 403, &[303]));
+    m.insert(("GET", "/api/v1/admin/backups"), case("/api/v1/admin/backups", Empty, 401, 403, &[200]));
+    m.insert(
+        ("GET", "/api/v1/admin/backups/{name}"),
+        case("/api/v1/admin/backups/care-20260101-000000.care-backup", Empty, 401, 403, &[404]),
     );
     // A sign-in section that cannot work goes back to the page with the reason; nothing is stored.
     m.insert(
@@ -493,6 +506,17 @@ fn authorisation_matrix_and_collection_isolation() {
         checked += 1;
     }
     assert_eq!(checked, ROUTES.len());
+
+    // A standby's token opens the backups and nothing else its administrator may do.
+    let backups_only =
+        care.ok(&["user", "token", "admin", "--name", "standby", "--scope", "backups"]).trim().to_string();
+    let status = |path: &str| send(&c, "GET", &format!("{base}{path}"), Body::Empty, Some(&backups_only)).status();
+    assert_eq!(status("/api/v1/admin/backups"), 200);
+    for path in ["/api/v1/search?q=%E9%98%BF%E5%8F%B8%E5%8C%B9%E6%9E%97", "/api/v1/admin/users", "/api/v1/me"] {
+        assert_eq!(status(path), 403, "{path}");
+    }
+    let out = care.run(&["user", "token", "drwang", "--name", "x", "--scope", "backups"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("须属于管理员"), "{out:?}");
 
     // Isolation: the clinician searches only what was granted, whatever the request asks for.
     let get = |path: &str, tok: &str| send(&c, "GET", &format!("{base}{path}"), Body::Empty, Some(tok));
@@ -1254,6 +1278,21 @@ fn browser_sign_in_choices_confirmations_and_settings() {
     let row = b.text("#setting-dense_weight");
     assert!(row.contains("0.5") && row.contains("admin 于"), "{row}");
     keep_screenshot(&b, "settings.png");
+    // 设置 → 备份: the daily time asks first, is saved and shown with its next run; the overview says the same.
+    b.type_into("#backup-time", "03:15");
+    b.click("#backup-schedule button[type=submit]");
+    b.accept_confirm("保存备份设置");
+    b.wait_for("the backup time saved", Duration::from_secs(20), |s| s.contains("已保存：每天 03:15"));
+    let line = b.text("#backup-summary");
+    assert!(line.contains("每天 03:15") && line.contains("尚无备份") && line.contains("下次"), "{line}");
+    b.type_into("#backup-dir", "backups");
+    b.click("#backup-schedule button[type=submit]");
+    b.accept_confirm("保存备份设置");
+    b.wait_for("a relative folder refused", Duration::from_secs(20), |s| s.contains("须为绝对路径"));
+    b.goto(&format!("{base}/admin/overview"));
+    let line = b.text("#overview-backup");
+    assert!(line.contains("尚无备份") && line.contains("下次"), "{line}");
+    b.goto(&format!("{base}/admin/settings"));
     // The hospital sign-in as configured, its secret never shown.
     let src = b.source();
     assert!(

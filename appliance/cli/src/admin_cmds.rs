@@ -5,6 +5,7 @@ use std::io::Read;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
+use care_engine::accounts::TokenScope;
 use care_engine::{Admin, Engine, UserUpdate, audit};
 use clap::Subcommand;
 
@@ -74,6 +75,10 @@ pub enum UserCommand {
         /// What uses it, e.g. "HIS integration".
         #[arg(long)]
         name: String,
+        /// `backups`: the token only lists and downloads backups (what a standby pulls them with); the user must
+        /// be an administrator.
+        #[arg(long)]
+        scope: Option<String>,
     },
 }
 
@@ -187,8 +192,12 @@ pub fn run_user(e: &Engine, cmd: UserCommand) -> Result<i32> {
             e.accounts().revoke(&who, &username, &collection)?;
             println!("{username} may no longer read '{collection}'");
         }
-        UserCommand::Token { username, name } => {
-            let (_, secret) = e.accounts().create_token(&who, &username, &name)?;
+        UserCommand::Token { username, name, scope } => {
+            let (_, secret) = match scope.as_deref() {
+                None => e.accounts().create_token(&who, &username, &name)?,
+                Some("backups") => e.accounts().create_scoped_token(&who, &username, &name, TokenScope::Backups)?,
+                Some(other) => bail!("未知的令牌范围 {other}：只有 backups（只能读取备份）"),
+            };
             println!("{secret}");
         }
     }

@@ -85,8 +85,23 @@ pub(crate) fn run_backup(cfg: &EngineConfig, workers: usize, command: BackupComm
                 println!("{}", serde_json::to_string_pretty(&list)?);
                 return Ok(0);
             }
+            let plan = e.backups().status(&admin)?.plan;
+            match (&plan.time, &plan.next_due) {
+                (Some(t), Some(n)) => println!(
+                    "每天 {t} 备份到 {}（下次 {}），保留每日 {} 份、每周 {} 份",
+                    plan.dir.display(),
+                    care_engine::clock::local(n),
+                    plan.keep_daily,
+                    plan.keep_weekly
+                ),
+                _ => println!("未设置定时备份（care.toml 的 [backup] time，或控制台 设置 → 备份）"),
+            }
             if list.is_empty() {
-                println!("{} 中还没有备份", dir.unwrap_or_else(|| e.backup_folder()).display());
+                let dir = match dir {
+                    Some(d) => d,
+                    None => e.backup_folder()?,
+                };
+                println!("{} 中还没有备份", dir.display());
             }
             for b in &list {
                 match &b.info {

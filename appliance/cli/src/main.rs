@@ -7,6 +7,7 @@ mod config;
 mod doctor;
 mod eval_cmds;
 mod model_cmds;
+mod standby_cmds;
 mod train_cmds;
 
 use std::io::Write;
@@ -245,6 +246,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A standby: follow a primary (`--from URL --token-file F`), restoring each new backup of it beside the
+    /// live copy and serving search read-only from it; `care standby promote` makes it a primary.
+    #[command(args_conflicts_with_subcommands = true)]
+    Standby {
+        #[command(flatten)]
+        follow: standby_cmds::Follow,
+        #[command(subcommand)]
+        command: Option<standby_cmds::StandbyCommand>,
+    },
     /// Print the effective configuration (secrets masked).
     Config,
     /// Check the installation (config, permissions, data directory, disk, port, TLS, ONNX Runtime, GPU, models
@@ -328,6 +338,24 @@ fn run(cli: Cli) -> Result<i32> {
     let overrides = config::CliOverrides { data_dir: cli.data_dir.clone(), bind, http_bind };
     let cfg = config::load(cli.config.as_deref(), &overrides)?;
     let open = |mode| Engine::open(cfg.engine.clone(), mode).map_err(anyhow::Error::from);
+    // A standby's copy is replaced by the primary's next backup: what would change it is made on the primary.
+    let reads_only = matches!(
+        cli.command,
+        Command::Search { .. }
+            | Command::Stats
+            | Command::Check
+            | Command::Serve { .. }
+            | Command::Audit { .. }
+            | Command::Backup { .. }
+            | Command::Standby { .. }
+            | Command::Config
+            | Command::Doctor { .. }
+            | Command::Manpages { .. }
+            | Command::EvalSts { .. }
+    );
+    if !reads_only && let Some(s) = care_engine::backup::standby::read(&cfg.engine.storage.data_dir) {
+        return Err(care_engine::backup::standby::refusal(&s).into());
+    }
     match cli.command {
         Command::EvalSts { file, e5s1 } => {
             let pairs = eval::sts::read_pairs(&file)?;
@@ -408,6 +436,10 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Backup { command } => return backup_cmds::run_backup(&cfg.engine, cfg.engine.ingest.workers, command),
         Command::Restore { archive, key, json } => {
             return backup_cmds::run_restore(&cfg.engine, &archive, key.as_deref(), json);
+        }
+        Command::Standby { follow, command } => {
+            let with = standby_cmds::ServeWith { config: cli.config.clone() };
+            return standby_cmds::run(&cfg.engine, follow, command, with);
         }
         Command::Init => {
             let e = open(OpenMode::Create)?;
@@ -599,6 +631,13 @@ pub(crate) fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Re
 }
 
 fn serve(engine: Engine, cfg: &config::AppConfig) -> Result<()> {
+    if std::env::var_os(standby_cmds::DIE_WITH_PARENT).is_some() {
+        // Started by a standby's follower, which replaces the copy under it: never outlive the follower.
+        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)?;
+        if nix::unistd::getppid() == nix::unistd::Pid::from_raw(1) {
+            anyhow::bail!("the standby follower that started this server is gone");
+        }
+    }
     encoder_device(&cfg.engine.model)?;
     let settings =
         care_server::Settings { server: cfg.server.clone(), auth: cfg.auth.clone(), audit: cfg.audit.clone() };
@@ -611,10 +650,15 @@ fn serve(engine: Engine, cfg: &config::AppConfig) -> Result<()> {
         println!("(also in {} (mode 0600); change it after signing in, then delete that file)", file.display());
     }
     let engine = Arc::new(engine);
-    // Uploads, model tasks, training schedules and housekeeping all run on the engine's scheduler in this process.
+    // Uploads, model tasks, training schedules and housekeeping all run on the engine's scheduler in this process;
+    // a standby's copy runs none of them (it is replaced by the primary's next backup).
     let opts =
         SchedulerOptions { workers: engine.config().ingest.workers, housekeeping: Some(settings.housekeeping()) };
-    let worker = Scheduler::start(engine.clone(), opts);
+    let standby = care_engine::backup::standby::read(engine.data_dir().root());
+    if let Some(s) = &standby {
+        println!("备用机（只读）：数据来自 {} 的备份 {}", s.primary, s.archive);
+    }
+    let worker = standby.is_none().then(|| Scheduler::start(engine.clone(), opts));
     tracing::info!(bind = %settings.server.bind, "starting HTTPS server");
     let closing = engine.clone();
     let served = actix_web::rt::System::new().block_on(care_server::serve(engine, settings, |addr, redirect| {
@@ -625,7 +669,9 @@ fn serve(engine: Engine, cfg: &config::AppConfig) -> Result<()> {
         println!("listening on https://{addr}");
         let _ = std::io::stdout().flush();
     }));
-    worker.shutdown();
+    if let Some(w) = worker {
+        w.shutdown();
+    }
     // The records of the last minute before a shutdown are otherwise covered by no checkpoint until the next start.
     match closing.audit().verify(&care_engine::Admin::system(), false) {
         Ok(r) => tracing::info!(verified_through = r.verified_through, "final audit checkpoint"),

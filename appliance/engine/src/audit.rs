@@ -71,7 +71,11 @@ pub fn action_zh(action: &str) -> &'static str {
         "backup.job_cancelled" => "备份已取消",
         "backup.job_done" => "备份完成",
         "backup.job_failed" => "备份失败",
+        "backup.download" => "备用机取走备份",
         "backup.restore" => "从备份恢复",
+        "backup.schedule_failed" => "定时备份未能开始",
+        "backup.schedule_skipped" => "跳过定时备份",
+        "backup.schedule_update" => "修改备份设置",
         "backup.submit" => "提交备份",
         "backup.verify" => "校验备份",
         "collection.approve" => "批准用于训练",
@@ -131,6 +135,7 @@ pub fn action_zh(action: &str) -> &'static str {
         "settings.sign_in" => "修改登录方式",
         "ingest.files" => "导入文件",
         "dictionary.add" => "添加词典词条",
+        "standby.promote" => "备用机转为主机",
         _ => "其他操作",
     }
 }

@@ -10,7 +10,9 @@
 
 pub mod archive;
 pub mod restore;
+pub mod schedule;
 mod snapshot;
+pub mod standby;
 #[cfg(test)]
 mod tests;
 
@@ -190,9 +192,14 @@ impl Engine {
         self.cfg.backup.key_file.as_deref().map(BackupKey::read).transpose()
     }
 
+    /// What is in force: the console's folder, time and retention over care.toml's.
+    fn backup_plan(&self) -> Result<schedule::Plan> {
+        schedule::plan(&self.store.reader(), &self.cfg)
+    }
+
     /// The folder archives go to by default.
-    pub fn backup_folder(&self) -> PathBuf {
-        self.cfg.backup.folder(&self.cfg.storage.data_dir)
+    pub fn backup_folder(&self) -> Result<PathBuf> {
+        Ok(self.backup_plan()?.dir)
     }
 
     /// Makes one backup into `p.to` (or the configured folder): the snapshot, then the archive written as a hidden
@@ -205,7 +212,8 @@ impl Engine {
     ) -> Result<BackupReport> {
         let started = Instant::now();
         let key = self.backup_key()?;
-        let folder = p.to.clone().unwrap_or_else(|| self.backup_folder());
+        let plan = self.backup_plan()?;
+        let folder = p.to.clone().unwrap_or_else(|| plan.dir.clone());
         std::fs::create_dir_all(&folder).map_err(|e| Error::io(&folder, e))?;
         remove_stale_partials(&folder);
         progress("正在生成快照", 0, 0);
@@ -230,7 +238,7 @@ impl Engine {
         let written = (|| -> Result<(String, u64)> {
             let f = std::fs::File::create(&partial).map_err(|e| Error::io(&partial, e))?;
             let out = std::io::BufWriter::with_capacity(1 << 20, f);
-            let (out, sha, bytes) = archive::write(out, &snap.info, &snap.files, key.as_ref(), |done| {
+            let (out, sha, bytes) = archive::write(out, &final_path, &snap.info, &snap.files, key.as_ref(), |done| {
                 progress("正在写入备份", done, total);
                 token.check()
             })?;
@@ -247,7 +255,7 @@ impl Engine {
         drop(snap);
         // Retention needs the names only, not each archive's start decompressed.
         let names: Vec<String> = archive_paths(&folder)?.into_iter().map(|(n, _)| n).collect();
-        let mut removed = to_remove(&names, self.cfg.backup.keep_daily, self.cfg.backup.keep_weekly);
+        let mut removed = to_remove(&names, plan.keep_daily, plan.keep_weekly);
         removed.retain(|n| *n != name && std::fs::remove_file(folder.join(n)).is_ok());
         Ok(BackupReport {
             path: final_path,
@@ -311,7 +319,37 @@ impl crate::engine::Backups<'_> {
     /// The archives in `dir` (default: the configured folder), newest first.
     pub fn list(&self, _admin: &Admin, dir: Option<&Path>) -> Result<Vec<BackupEntry>> {
         let key = self.backup_key()?;
-        list(&dir.map(Path::to_path_buf).unwrap_or_else(|| self.backup_folder()), key.as_ref())
+        let dir = match dir {
+            Some(d) => d.to_path_buf(),
+            None => self.backup_folder()?,
+        };
+        list(&dir, key.as_ref())
+    }
+
+    /// An archive of the backup folder by its name, to send to a standby; audited, so the overview shows the
+    /// standby's last pull. Only names listed in the folder are opened (never a path from the request).
+    pub fn download(&self, actor: &Admin, name: &str) -> Result<(PathBuf, u64)> {
+        let folder = self.backup_folder()?;
+        let path =
+            archive_paths(&folder)?.into_iter().find(|(n, _)| n == name).map(|(_, p)| p).ok_or_else(|| {
+                Error::NotFound { what: format!("备份 {}", name.chars().take(80).collect::<String>()) }
+            })?;
+        let bytes = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?.len();
+        self.record(&actor.name, "backup.download", &serde_json::json!({"archive": name, "bytes": bytes}))?;
+        Ok((path, bytes))
+    }
+
+    /// The daily schedule in force, the last backup that ended and the one queued or running.
+    pub fn status(&self, _admin: &Admin) -> Result<schedule::Status> {
+        schedule::status(&self.store.reader(), &self.cfg)
+    }
+
+    /// Sets the daily time, the folder and the retention (`None`: back to care.toml's), audited; the scheduler
+    /// computes the next run at once.
+    pub fn set_schedule(&self, actor: &Admin, spec: Option<&schedule::ScheduleSpec>) -> Result<schedule::Plan> {
+        let plan = schedule::set(&self.store, &self.cfg, actor, spec)?;
+        self.tasks_changed();
+        Ok(plan)
     }
 
     /// Reads an archive to its end, every byte checked; audited with its result.

@@ -209,11 +209,14 @@ pub struct BackupConfig {
     /// last `keep_weekly` weeks are kept, the others removed (both 0: nothing is removed).
     pub keep_daily: u32,
     pub keep_weekly: u32,
+    /// A backup every day at this time ("HH:MM", the hospital's time, `[training] utc_offset_minutes`); none
+    /// without it. The console's 设置 → 备份 can set it (and the folder and retention) over this file.
+    pub time: Option<String>,
 }
 
 impl Default for BackupConfig {
     fn default() -> Self {
-        BackupConfig { dir: None, key_file: None, keep_daily: 7, keep_weekly: 4 }
+        BackupConfig { dir: None, key_file: None, keep_daily: 7, keep_weekly: 4, time: None }
     }
 }
 

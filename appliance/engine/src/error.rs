@@ -111,6 +111,7 @@ error_codes! {
     RateLimited = "rate_limited", TooManyRequests, "操作过于频繁，请稍后再试";
     LimitReached = "limit_reached", Conflict, "已达数量上限";
     DirectoryUnavailable = "directory_unavailable", Unavailable, "统一认证服务暂不可用";
+    ReadOnly = "read_only", Conflict, "备用机只读";
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -211,6 +212,9 @@ pub enum Error {
     /// Something that accumulates (schedules, queued jobs) is at its configured cap (`[limits]`).
     #[error("{0}")]
     LimitReached(String),
+    /// A write asked of a standby appliance, which only serves search ([`crate::backup::standby`]).
+    #[error("{0}")]
+    ReadOnly(String),
     /// The hospital's directory (LDAP) or sign-on platform (OIDC) could not be reached or refused the service
     /// account; the message is for people, the cause is in the log.
     #[error("{0}")]
@@ -283,7 +287,7 @@ fn no_space_message(what: &str, needed: u64, available: u64, reserve: u64) -> St
 /// ENOSPC gets words an admin acts on; any other I/O error keeps the system's.
 fn io_message(path: &std::path::Path, source: &std::io::Error) -> String {
     if is_disk_full(source) {
-        format!("磁盘空间不足：写入 {} 时磁盘已满；请清理数据目录所在磁盘后重试 ({source})", path.display())
+        format!("磁盘空间不足：写入 {} 时磁盘已满；请清理它所在的磁盘后重试 ({source})", path.display())
     } else {
         format!("读写 {} 时出错：{source}", path.display())
     }
@@ -363,6 +367,7 @@ impl Error {
             Error::Overloaded(_) => ErrorCode::Overloaded,
             Error::RateLimited(_) => ErrorCode::RateLimited,
             Error::LimitReached(_) => ErrorCode::LimitReached,
+            Error::ReadOnly(_) => ErrorCode::ReadOnly,
             Error::Directory(_) => ErrorCode::DirectoryUnavailable,
             Error::DiskFull { .. } | Error::NoSpace { .. } | Error::StoreFull { .. } => ErrorCode::DiskFull,
             Error::CudaUnavailable(_) => ErrorCode::Model,

@@ -193,14 +193,7 @@ impl Engine {
     /// disk and hours of work. Checked inside the inserting transaction, so concurrent submissions cannot pass it
     /// together.
     pub(crate) fn queue_room(&self, tx: &rusqlite::Transaction<'_>) -> Result<()> {
-        let cap = self.cfg.limits.max_queued_jobs.max(1);
-        let queued: i64 = tx.query_row("SELECT COUNT(*) FROM jobs WHERE state = 'queued'", [], |r| r.get(0))?;
-        if queued as usize >= cap {
-            return Err(Error::LimitReached(format!(
-                "排队中的任务已达上限 {cap} 个；请等已排队的任务完成或取消一些后再提交（care.toml 的 [limits] max_queued_jobs）(too many queued jobs)"
-            )));
-        }
-        Ok(())
+        queue_room(tx, self.cfg.limits.max_queued_jobs)
     }
 
     pub(crate) fn jobs_lock_path(&self) -> PathBuf {
@@ -512,6 +505,18 @@ impl JobParams for IngestParams {
 
 pub(crate) fn params_json(p: &impl Serialize) -> Result<String> {
     serde_json::to_string(p).map_err(|e| Error::Internal(format!("task parameters: {e}")))
+}
+
+/// Refuses a new job when `cap` jobs (`[limits] max_queued_jobs`) already wait.
+pub(crate) fn queue_room(tx: &rusqlite::Transaction<'_>, cap: usize) -> Result<()> {
+    let cap = cap.max(1);
+    let queued: i64 = tx.query_row("SELECT COUNT(*) FROM jobs WHERE state = 'queued'", [], |r| r.get(0))?;
+    if queued as usize >= cap {
+        return Err(Error::LimitReached(format!(
+            "排队中的任务已达上限 {cap} 个；请等已排队的任务完成或取消一些后再提交（care.toml 的 [limits] max_queued_jobs）(too many queued jobs)"
+        )));
+    }
+    Ok(())
 }
 
 /// Queues a job of `params`' kind for `actor` in `tx` (the caller's transaction, with its audit record).

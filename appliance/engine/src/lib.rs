@@ -74,7 +74,9 @@
 //!   ├ backup    one consistent archive of the data directory made while serving (the database copied, the
 //!   │           indexes and models hard-linked while writes wait: backup/snapshot.rs), compressed, optionally
 //!   │           encrypted, every byte checked (backup/archive.rs); restored onto an empty directory
-//!   │           (backup/restore.rs); its own lane of the scheduler; tests in backup/tests.rs
+//!   │           (backup/restore.rs); its own lane of the scheduler; the daily time, folder and retention
+//!   │           the console sets (backup/schedule.rs); a standby's marker and promotion
+//!   │           (backup/standby.rs); tests in backup/tests.rs
 //!   ├ chart     small SVG charts for reports
 //!   ├ csv_out   the one CSV writer of every export: formula prefixes neutralised (OWASP), RFC 4180 quoting
 //!   ├ demo      the embedded demo collection

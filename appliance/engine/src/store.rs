@@ -45,6 +45,8 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (25, include_str!("../../../migrations/0025_model_query_graph.sql")),
     (26, include_str!("../../../migrations/0026_synonym_staging.sql")),
     (27, include_str!("../../../migrations/0027_scanned_passages.sql")),
+    (28, include_str!("../../../migrations/0028_backup_schedule.sql")),
+    (29, include_str!("../../../migrations/0029_token_scope.sql")),
 ];
 
 /// What a migration needs beyond its SQL, in the same transaction: 20 reads the language of the documents

@@ -66,10 +66,12 @@ pub(crate) fn back_with_error(path: &str, e: ApiError) -> Result<HttpResponse, A
     Ok(signed_back(path, "error", &e.public_message()))
 }
 
-/// `path` (which may already hold a query, e.g. a list's filters) with a signed message of `kind` added.
+/// `path` (which may already hold a query, e.g. a list's filters, and end in a `#section`) with a signed message
+/// of `kind` added.
 fn signed_back(path: &str, kind: &str, msg: &str) -> HttpResponse {
+    let (path, section) = path.split_once('#').map_or((path, String::new()), |(p, s)| (p, format!("#{s}")));
     let sep = if path.contains('?') { '&' } else { '?' };
-    see_other(&format!("{path}{sep}{kind}={}&sig={}", percent_encode(msg), flash_sig(kind, msg)))
+    see_other(&format!("{path}{sep}{kind}={}&sig={}{section}", percent_encode(msg), flash_sig(kind, msg)))
 }
 
 #[get("/admin")]
@@ -99,13 +101,16 @@ struct OverviewPage {
     not_found_pct: String,
     searches_chart: String,
     documents_chart: String,
+    backup: crate::admin_backup::Summary,
+    /// This appliance's standby state, or a standby's last pull from it.
+    standby: Option<String>,
 }
 
 /// Collections, documents, jobs running, the live model pair and its last evaluation, disk, and the week's
 /// searches, on one page.
 #[get("/admin/overview")]
 pub async fn overview_page(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
-    let (collections, jobs, (_, live), evals, health, analytics) = call_admin(&state, &caller, |e, a| {
+    let (collections, jobs, (_, live), evals, health, analytics, backup) = call_admin(&state, &caller, |e, a| {
         Ok((
             e.collections().list(a)?,
             e.tasks().jobs(a, 100)?,
@@ -113,6 +118,7 @@ pub async fn overview_page(state: web::Data<AppState>, caller: Caller) -> Result
             e.models().evaluations(a, 1)?,
             e.health_report(),
             e.audit().analytics(a, 7)?,
+            e.backups().status(a)?,
         ))
     })
     .await?;
@@ -146,6 +152,8 @@ pub async fn overview_page(state: web::Data<AppState>, caller: Caller) -> Result
         not_found_pct: format!("{pct:.1}"),
         searches_chart: care_engine::analytics::chart(&analytics),
         analytics,
+        standby: crate::admin_backup::standby_line(state.engine.data_dir().root(), &backup),
+        backup: crate::admin_backup::summary(&backup),
     })
 }
 
@@ -1023,6 +1031,7 @@ struct SettingsPage {
     csrf: String,
     settings: Vec<care_engine::service::SettingView>,
     sign_in: Vec<care_engine::service::SignInSection>,
+    backup: crate::admin_backup::BackupSection,
 }
 
 #[get("/admin/settings")]
@@ -1032,9 +1041,14 @@ pub async fn settings_page(
     flash: web::Query<Flash>,
 ) -> Result<HttpResponse, ApiError> {
     let session = state.settings.session_defaults();
-    let (settings, sign_in) =
-        call_admin(&state, &caller, move |e, a| Ok((e.settings().list(a, session), e.settings().sign_in(a)))).await?;
+    let (settings, sign_in, status, list) = call_admin(&state, &caller, move |e, a| {
+        // A folder that cannot be read is said on the page, not an error page.
+        let list = e.backups().list(a, None).map_err(|e| e.to_string());
+        Ok((e.settings().list(a, session), e.settings().sign_in(a), e.backups().status(a)?, list))
+    })
+    .await?;
     render(&SettingsPage {
+        backup: crate::admin_backup::section(&status, list),
         nav: Nav::of(&caller),
         flash: flash.flash(),
         error: flash.error(),

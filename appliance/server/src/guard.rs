@@ -19,7 +19,7 @@ use actix_web::middleware::Next;
 use actix_web::web::{self, Bytes};
 use actix_web::{FromRequest, HttpMessage, HttpRequest, HttpResponse};
 use care_engine::ErrorCode;
-use care_engine::accounts::{self, User};
+use care_engine::accounts::{self, TokenScope, User};
 
 use crate::AppState;
 use crate::errors::{self, ApiError};
@@ -29,6 +29,9 @@ use crate::table::{self, Access, Kind};
 const PASSWORD_CHANGE_ROUTES: &[&str] =
     &["/account", "/account/password", "/logout", "/api/v1/me", "/api/v1/me/password", "/assets/{file}"];
 
+/// What a standby accepts besides reading: signing in and out (its sessions live and die with the copy).
+const STANDBY_WRITES: &[&str] = &["/login", "/logout"];
+
 pub const SESSION_COOKIE: &str = "__Host-care_session";
 pub const LOGIN_CSRF_COOKIE: &str = "__Host-care_login_csrf";
 
@@ -37,8 +40,12 @@ pub struct RequestId(pub String);
 
 #[derive(Debug, Clone)]
 pub enum Via {
-    Session { cookie: String, csrf: String },
-    Token,
+    Session {
+        cookie: String,
+        csrf: String,
+    },
+    /// A bearer token and what it opens.
+    Token(care_engine::accounts::TokenScope),
 }
 
 /// The signed-in user of a request (set by the guard; extract it in handlers).
@@ -60,7 +67,7 @@ impl Caller {
     pub fn csrf(&self) -> &str {
         match &self.via {
             Via::Session { csrf, .. } => csrf,
-            Via::Token => "",
+            Via::Token(_) => "",
         }
     }
 }
@@ -175,7 +182,10 @@ async fn identify(req: &ServiceRequest, state: &web::Data<AppState>) -> Result<O
     let (idle, max) = state.engine.settings().session_seconds(state.settings.session_defaults());
     crate::call::anon(state, move |engine| {
         if let Some(t) = bearer {
-            return Ok(engine.accounts().token_user(&t)?.map(|user| Caller { user, via: Via::Token }));
+            return Ok(engine
+                .accounts()
+                .token_caller(&t)?
+                .map(|(user, scope)| Caller { user, via: Via::Token(scope) }));
         }
         let cookie = session.unwrap_or_default();
         Ok(engine
@@ -295,7 +305,7 @@ fn first_part(body: &[u8], boundary: &str, name: &str) -> FirstPart {
 
 async fn check_csrf(req: &mut ServiceRequest, caller: Option<&Caller>) -> Result<(), ApiError> {
     let expected = match caller.map(|c| &c.via) {
-        Some(Via::Token) => return Ok(()),
+        Some(Via::Token(_)) => return Ok(()),
         Some(Via::Session { csrf, .. }) => csrf.clone(),
         // Anonymous posts (the login form): double-submit cookie.
         None => cookie(req.request(), LOGIN_CSRF_COOKIE).ok_or(ApiError::CsrfRejected)?,
@@ -417,10 +427,16 @@ pub async fn guard(
         req.extensions_mut().insert(c.clone());
     }
     if let Some(r) = route {
+        let backups_only = |c: &Caller| matches!(c.via, Via::Token(TokenScope::Backups));
         let allowed = match (r.access, &caller) {
             (Access::Public, _) => Ok(()),
             (_, None) => Err(None),
-            (Access::Admin, Some(c)) if !c.user.is_admin() => Err(Some(c.user.username.clone())),
+            (Access::Admin | Access::Backups, Some(c)) if !c.user.is_admin() => Err(Some(c.user.username.clone())),
+            (Access::User | Access::Admin, Some(c)) if backups_only(c) => {
+                audit_refusal(&state, &req, &c.user.username, "request.forbidden", r.pattern).await;
+                let res = denied(ErrorCode::Forbidden, "此令牌只能读取备份（供备用机使用），不能进行其他操作");
+                return Ok(finish(req.into_response(res), &state, route, started, &rid));
+            }
             _ => Ok(()),
         };
         match allowed {
@@ -449,6 +465,15 @@ pub async fn guard(
                 return Ok(finish(req.into_response(res), &state, route, started, &rid));
             }
         }
+    }
+    // A standby serves search only: every write but signing in and out is refused, naming the primary.
+    if let (Some(s), Some(r)) = (&state.standby, route)
+        && !matches!(*req.method(), Method::GET | Method::HEAD)
+        && !STANDBY_WRITES.contains(&r.pattern)
+    {
+        let e = care_engine::backup::standby::refusal(s);
+        let res = denied(e.code(), &e.to_string());
+        return Ok(finish(req.into_response(res), &state, route, started, &rid));
     }
     // Only sessions: they are what the printed password opens. An API token was made by an administrator whose
     // password was changed, or by the operator on the machine (`care user token`).

@@ -19,6 +19,7 @@
 //! ONNX) and a slow query must never stall the async workers.
 
 pub mod admin;
+pub mod admin_backup;
 pub mod admin_models;
 pub mod admin_training;
 pub mod api;
@@ -192,6 +193,8 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     pub settings: Settings,
     pub metrics: metrics::Metrics,
+    /// Set when this data directory is a standby's copy ([`care_engine::backup::standby`]): search only.
+    pub standby: Option<care_engine::backup::standby::StandbyState>,
 }
 
 /// Creates the first administrator if there is no user yet. Returns the generated password (to print once).
@@ -237,7 +240,8 @@ pub async fn serve(
     ]);
     // Starts the trainer check in the background, so the 训练 page already knows the answer when it is opened.
     engine.trainer_status();
-    let state = web::Data::new(AppState { engine, settings, metrics: metrics::Metrics::default() });
+    let standby = care_engine::backup::standby::read(engine.data_dir().root());
+    let state = web::Data::new(AppState { engine, settings, metrics: metrics::Metrics::default(), standby });
     let upload_limit = (cfg.max_upload_mib as usize).saturating_mul(1 << 20);
     let server = HttpServer::new(move || {
         App::new()

@@ -23,6 +23,7 @@ use crate::api;
         api::admin_training_run, api::admin_training_loss, api::admin_add_schedule, api::admin_delete_schedule,
         api::admin_synonyms, api::admin_add_synonym, api::admin_update_synonym, api::admin_delete_synonym,
         api::admin_export_synonyms, api::admin_import_synonyms,
+        crate::admin_backup::admin_backups, crate::admin_backup::admin_backup_download,
     ),
     components(schemas(api::Me, api::PasswordChange, api::FeedbackBody, api::NewCollection, api::Approval,
         care_engine::UserInfo, api::NewUser, care_engine::UserUpdate, api::NewToken, api::Activate,

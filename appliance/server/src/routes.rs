@@ -3,7 +3,7 @@
 use actix_web::{HttpRequest, web};
 
 use crate::errors::ApiError;
-use crate::{admin, admin_models, admin_training, api, openapi, pages};
+use crate::{admin, admin_backup, admin_models, admin_training, api, openapi, pages};
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(pages::index)
@@ -59,6 +59,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(admin::settings_page)
         .service(admin::set_setting)
         .service(admin::save_sign_in)
+        .service(admin_backup::save_schedule)
+        .service(admin_backup::backup_now)
+        .service(admin_backup::admin_backups)
+        .service(admin_backup::admin_backup_download)
         .service(admin::add_synonym)
         .service(admin::import_synonyms)
         .service(admin::update_synonym)

@@ -13,6 +13,8 @@ pub enum Access {
     User,
     /// Administrators only.
     Admin,
+    /// Administrators, and tokens that open only backups (a standby's); no other route admits those tokens.
+    Backups,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +38,7 @@ const fn r(method: &'static str, pattern: &'static str, access: Access, kind: Ki
     Route { method, pattern, access, kind }
 }
 
-use Access::{Admin, Public, User};
+use Access::{Admin, Backups, Public, User};
 use Kind::{Api, Page};
 
 pub const ROUTES: &[Route] = &[
@@ -104,6 +106,8 @@ pub const ROUTES: &[Route] = &[
     r("GET", "/admin/settings", Admin, Page),
     r("POST", "/admin/settings", Admin, Page),
     r("POST", "/admin/settings/sign-in", Admin, Page),
+    r("POST", "/admin/settings/backup", Admin, Page),
+    r("POST", "/admin/backups", Admin, Page),
     r("GET", "/admin/audit", Admin, Page),
     r("GET", "/admin/audit.csv", Admin, Api),
     r("GET", "/admin/analytics", Admin, Page),
@@ -116,6 +120,8 @@ pub const ROUTES: &[Route] = &[
     r("DELETE", "/api/v1/admin/collections/{name}", Admin, Api),
     r("POST", "/api/v1/admin/collections/{name}/files", Admin, Api),
     r("PUT", "/api/v1/admin/collections/{name}/approval", Admin, Api),
+    r("GET", "/api/v1/admin/backups", Backups, Api),
+    r("GET", "/api/v1/admin/backups/{name}", Backups, Api),
     r("GET", "/api/v1/admin/jobs", Admin, Api),
     r("GET", "/api/v1/admin/jobs/{id}", Admin, Api),
     r("POST", "/api/v1/admin/jobs/{id}/cancel", Admin, Api),

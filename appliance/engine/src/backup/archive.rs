@@ -229,17 +229,20 @@ struct HashingWriter<W: Write> {
     inner: W,
     hash: Sha256,
     bytes: u64,
+    /// Set when writing the archive failed (a full disk): the error then names the archive, not the file being
+    /// read into it when the compressor's buffer spilled.
+    failed: std::rc::Rc<std::cell::Cell<bool>>,
 }
 
 impl<W: Write> Write for HashingWriter<W> {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        let n = self.inner.write(data)?;
+        let n = self.inner.write(data).inspect_err(|_| self.failed.set(true))?;
         self.hash.update(&data[..n]);
         self.bytes += n as u64;
         Ok(n)
     }
     fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
+        self.inner.flush().inspect_err(|_| self.failed.set(true))
     }
 }
 
@@ -264,18 +267,21 @@ impl<W: Write> Write for Sink<W> {
     }
 }
 
-/// Writes an archive of `files` (path in the archive under `data/`, path on disk) with `info` to `out`, calling
+/// Writes an archive of `files` (path in the archive under `data/`, path on disk) with `info` to `out` (the file
+/// `dest` will be, named in its write errors), calling
 /// `progress(bytes read so far)` after each file and `check()` before it (cancellation). Returns the SHA-256 of the
 /// archive file's bytes and their count.
 pub(crate) fn write<W: Write>(
     out: W,
+    dest: &Path,
     info: &BackupInfo,
     files: &[(String, PathBuf)],
     key: Option<&BackupKey>,
     mut before_file: impl FnMut(u64) -> Result<()>,
 ) -> Result<(W, String, u64)> {
-    let mut out = HashingWriter { inner: out, hash: Sha256::new(), bytes: 0 };
-    let io_err = |e: io::Error| Error::io(Path::new("备份文件"), e);
+    let failed = std::rc::Rc::new(std::cell::Cell::new(false));
+    let mut out = HashingWriter { inner: out, hash: Sha256::new(), bytes: 0, failed: failed.clone() };
+    let io_err = |e: io::Error| Error::io(dest, e);
     out.write_all(MAGIC).map_err(io_err)?;
     out.write_all(&FORMAT.to_le_bytes()).map_err(io_err)?;
     let sink = match key {
@@ -309,7 +315,8 @@ pub(crate) fn write<W: Write>(
         header.set_mode(0o600);
         header.set_entry_type(tar::EntryType::Regular);
         let mut hashing = HashingRead { inner: (&mut f).take(size), hash: Sha256::new(), bytes: 0 };
-        tar.append_data(&mut header, format!("{DATA}/{name}"), &mut hashing).map_err(|e| Error::io(path, e))?;
+        tar.append_data(&mut header, format!("{DATA}/{name}"), &mut hashing)
+            .map_err(|e| if failed.get() { io_err(e) } else { Error::io(path, e) })?;
         if hashing.bytes != size {
             return Err(Error::Internal(format!("{} changed size while it was backed up", path.display())));
         }

@@ -186,7 +186,7 @@ fn a_backup_of_a_newer_version_is_refused_and_an_older_one_is_migrated() {
     let write = |info: &BackupInfo, files: &[(String, PathBuf)], name: &str| {
         let path = t.path().join(name);
         let f = std::fs::File::create(&path).unwrap();
-        archive::write(f, info, files, None, |_| Ok(())).unwrap();
+        archive::write(f, &path, info, files, None, |_| Ok(())).unwrap();
         path
     };
     let mut newer = snap.info.clone();
@@ -258,4 +258,162 @@ fn listing_skips_half_written_archives_and_retention_keeps_days_and_weeks() {
     let kept: Vec<&String> = names.iter().filter(|n| !removed.contains(n)).collect();
     assert_eq!(kept, [&names[0], &names[2], &names[3], &names[5]], "removed {removed:?}");
     assert!(to_remove(&names, 0, 0).is_empty());
+}
+
+#[test]
+fn the_daily_backup_fires_once_when_due_and_the_console_s_values_override_the_file_s() {
+    use time::macros::datetime;
+    let t = tempfile::tempdir().unwrap();
+    let mut cfg = config(&t.path().join("data"));
+    cfg.backup.time = Some("02:30".into());
+    cfg.training.utc_offset_minutes = 480;
+    let e = Engine::open(cfg.clone(), OpenMode::Create).unwrap();
+    let jobs = || -> i64 {
+        e.store.reader().query_row("SELECT COUNT(*) FROM jobs WHERE kind = ?1", [BACKUP], |r| r.get(0)).unwrap()
+    };
+    // The first look computes the next run (02:30 in the hospital's time = 18:30 UTC) and queues nothing.
+    let now = datetime!(2026-11-30 10:00 UTC);
+    assert_eq!(schedule::fire_due(&e.store, &cfg, now).unwrap(), None);
+    let admin = Admin::system();
+    assert_eq!(e.backups().status(&admin).unwrap().plan.next_due.as_deref(), Some("2026-11-30T18:30:00Z"));
+    assert_eq!(schedule::fire_due(&e.store, &cfg, datetime!(2026-11-30 18:29 UTC)).unwrap(), None);
+    // Down past the time (two days): one backup at the start, then the next run after now.
+    let late = datetime!(2026-12-02 09:00 UTC);
+    let job = schedule::fire_due(&e.store, &cfg, late).unwrap().expect("a backup queued");
+    assert_eq!(schedule::fire_due(&e.store, &cfg, late).unwrap(), None, "queued once");
+    assert_eq!(jobs(), 1);
+    let status = e.backups().status(&admin).unwrap();
+    assert_eq!((status.running, status.plan.next_due.as_deref()), (Some(job), Some("2026-12-02T18:30:00Z")));
+    // Due again while that one still waits: skipped, not queued twice, and the skip is audited.
+    assert_eq!(schedule::fire_due(&e.store, &cfg, datetime!(2026-12-02 18:31 UTC)).unwrap(), None);
+    assert_eq!(jobs(), 1);
+    let skipped: i64 = e
+        .store
+        .reader()
+        .query_row("SELECT COUNT(*) FROM audit WHERE action = 'backup.schedule_skipped'", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(skipped, 1);
+
+    // The console: another time, folder and retention, audited; a folder that cannot be written is refused.
+    let folder = t.path().join("elsewhere");
+    let spec = schedule::ScheduleSpec {
+        time: "23:05".into(),
+        dir: folder.display().to_string(),
+        keep_daily: 3,
+        keep_weekly: 0,
+    };
+    let plan = e.backups().set_schedule(&admin, Some(&spec)).unwrap();
+    assert_eq!((plan.time.as_deref(), &plan.dir, plan.keep_daily), (Some("23:05"), &folder, 3));
+    assert_eq!(e.backup_folder().unwrap(), folder);
+    assert_eq!(schedule::fire_due(&e.store, &cfg, datetime!(2026-12-03 10:00 UTC)).unwrap(), None);
+    assert_eq!(e.backups().status(&admin).unwrap().plan.next_due.as_deref(), Some("2026-12-03T15:05:00Z"));
+    let file = t.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    for (dir, time) in
+        [(file.display().to_string(), "01:00"), ("relative/dir".into(), "01:00"), (String::new(), "25:00")]
+    {
+        let bad = schedule::ScheduleSpec { time: time.into(), dir, keep_daily: 1, keep_weekly: 1 };
+        let err = e.backups().set_schedule(&admin, Some(&bad)).unwrap_err().to_string();
+        assert!(err.chars().any(|c| ('\u{4e00}'..='\u{9fff}').contains(&c)), "a Chinese message: {err}");
+    }
+    // No time: no scheduled backup, and nothing is due any more.
+    let off = schedule::ScheduleSpec { time: String::new(), ..spec };
+    assert_eq!(e.backups().set_schedule(&admin, Some(&off)).unwrap().time, None);
+    assert_eq!(schedule::fire_due(&e.store, &cfg, datetime!(2026-12-09 10:00 UTC)).unwrap(), None);
+    assert_eq!(e.backups().status(&admin).unwrap().plan.next_due, None);
+    // Back to the file's values.
+    let plan = e.backups().set_schedule(&admin, None).unwrap();
+    assert_eq!(
+        (plan.time.as_deref(), plan.dir, plan.changed),
+        (Some("02:30"), cfg.backup.folder(&cfg.storage.data_dir), None)
+    );
+    let updates: i64 = e
+        .store
+        .reader()
+        .query_row("SELECT COUNT(*) FROM audit WHERE action = 'backup.schedule_update'", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(updates, 3);
+}
+
+/// A small tmpfs of its own (root only: elsewhere the test says so and passes nothing off as checked).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(at).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(at.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Fills the file system of `dir` to the last byte.
+fn fill(dir: &Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(dir.join("ballast")).unwrap();
+    let block = vec![7u8; 64 << 10];
+    while f.write_all(&block).is_ok() {}
+    let _ = f.write_all(&[7]);
+}
+
+#[test]
+fn a_disk_that_fills_during_a_backup_fails_it_cleanly_while_searches_go_on() {
+    let t = tempfile::tempdir().unwrap();
+    let e = Arc::new(demo(&t.path().join("data")));
+    let Some(disk) = Tmpfs::mount(&t.path().join("small"), "64m") else {
+        eprintln!("SKIPPED: mounting a tmpfs needs root; the full-disk case was not checked");
+        return;
+    };
+    let folder = disk.0.join("backups");
+    let before: Vec<_> = QUERIES.iter().map(|q| ranking(&e, q)).collect();
+    // Clinicians search all along.
+    let stop = Arc::new(AtomicBool::new(false));
+    let searcher = {
+        let (e, stop) = (e.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) || n == 0 {
+                for q in QUERIES {
+                    e.search_unaudited(&SearchRequest { query: q.into(), ..Default::default() }).expect("a search");
+                    n += 1;
+                }
+            }
+            n
+        })
+    };
+    // The free-space check passes (64 MB for a few MB of data); the disk fills once the archive is being written.
+    let mut filled = false;
+    let err = e
+        .make_backup(&BackupParams { to: Some(folder.clone()) }, &token(), &mut |stage, _, _| {
+            if stage == "正在写入备份" && !filled {
+                fill(&disk.0);
+                filled = true;
+            }
+        })
+        .unwrap_err();
+    stop.store(true, Ordering::SeqCst);
+    assert!(searcher.join().unwrap() > 0);
+    assert!(filled);
+    assert_eq!(err.code(), crate::ErrorCode::DiskFull, "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("磁盘空间不足") && msg.contains(&folder.display().to_string()), "names the archive: {msg}");
+    // Nothing half-written is left, listed or verifiable; the data and what searches find are untouched.
+    let left: Vec<_> = std::fs::read_dir(&folder).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    assert!(list(&folder, None).unwrap().is_empty());
+    assert_eq!(QUERIES.iter().map(|q| ranking(&e, q)).collect::<Vec<_>>(), before);
+    assert!(e.check().unwrap().consistent);
+    // Room again: the next backup works.
+    std::fs::remove_file(disk.0.join("ballast")).unwrap();
+    let r = backup(&e, &folder);
+    verify(&r.path, None).unwrap();
 }

@@ -121,6 +121,11 @@ impl crate::engine::Accounts<'_> {
         accounts::token_user(&self.store, secret)
     }
 
+    /// The user of a bearer token and what the token opens.
+    pub fn token_caller(&self, secret: &str) -> Result<Option<(User, accounts::TokenScope)>> {
+        accounts::token_caller(&self.store, secret)
+    }
+
     pub fn purge_sessions(&self, idle_seconds: i64, max_seconds: i64) -> Result<usize> {
         accounts::purge_sessions(&self.store, idle_seconds, max_seconds)
     }
@@ -204,6 +209,17 @@ impl crate::engine::Accounts<'_> {
     /// Issues an API token for `username`; the secret is returned once.
     pub fn create_token(&self, actor: &Admin, username: &str, name: &str) -> Result<(ApiToken, String)> {
         accounts::create_token(&self.store, &actor.name, username, name)
+    }
+
+    /// A token that opens only `scope` (a standby's: listing and downloading backups).
+    pub fn create_scoped_token(
+        &self,
+        actor: &Admin,
+        username: &str,
+        name: &str,
+        scope: accounts::TokenScope,
+    ) -> Result<(ApiToken, String)> {
+        accounts::create_scoped_token(&self.store, &actor.name, username, name, scope)
     }
 
     pub fn revoke_token(&self, actor: &Admin, id: i64) -> Result<()> {

@@ -3,7 +3,7 @@
 //! Lanes: `workers` ingest threads (parsing is the slow part, so files of ingest jobs run in parallel), one model
 //! thread (evaluate, promote, train, embed: one at a time, they compete for the same cores and tables), one backup
 //! thread (a backup must not wait for a night's training), and one
-//! timer thread for due-time entries (training schedules and housekeeping chores). No lane polls: each sleeps on
+//! timer thread for due-time entries (training schedules, the daily backup, housekeeping chores). No lane polls: each sleeps on
 //! the engine's [`Hub`](super::Hub) until a submit, a cancel, a task's end, a stop or its next due time.
 //!
 //! Only the process holding `<data_dir>/jobs.lock` runs stored tasks (a `care ingest` beside a running `care serve`
@@ -261,6 +261,16 @@ fn timer_lane(s: &Shared, housekeeping: Option<Housekeeping>) {
                 next = earliest(next, Some(Instant::now() + RETRY));
             }
             next = earliest(next, s.engine.next_schedule_due(now).ok().flatten());
+            let (store, cfg) = (&s.engine.store, &s.engine.cfg);
+            match crate::backup::schedule::fire_due(store, cfg, now) {
+                Ok(Some(_)) => s.engine.tasks_changed(),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "could not fire the daily backup; will retry");
+                    next = earliest(next, Some(Instant::now() + RETRY));
+                }
+            }
+            next = earliest(next, crate::backup::schedule::next_due(store, cfg, now).ok().flatten());
             if !s.socket_bound.load(Ordering::SeqCst) {
                 next = earliest(next, Some(Instant::now() + NO_SOCKET_RECHECK));
             }

@@ -54,7 +54,7 @@ pub struct Schedule {
 }
 
 /// Minutes after local midnight of "HH:MM".
-fn parse_time(t: &str) -> Result<u32> {
+pub(crate) fn parse_time(t: &str) -> Result<u32> {
     let bad = || Error::InvalidInput(format!("时间格式应为 HH:MM (time {t:?}: expected HH:MM, 00:00–23:59)"));
     let (h, m) = t.trim().split_once(':').ok_or_else(bad)?;
     let (h, m): (u32, u32) = (h.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
@@ -76,12 +76,17 @@ pub fn next_occurrence(weekday: Option<u8>, minute: u32, offset: UtcOffset, afte
         .to_offset(UtcOffset::UTC)
 }
 
-fn rfc3339(t: OffsetDateTime) -> String {
+pub(crate) fn rfc3339(t: OffsetDateTime) -> String {
     t.format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
 }
 
-fn parse_rfc3339(s: &str) -> Option<OffsetDateTime> {
+pub(crate) fn parse_rfc3339(s: &str) -> Option<OffsetDateTime> {
     OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()
+}
+
+/// The hospital's time zone as schedules read "HH:MM" (`[training] utc_offset_minutes`).
+pub(crate) fn hospital_offset(cfg: &crate::config::EngineConfig) -> UtcOffset {
+    UtcOffset::from_whole_seconds(cfg.training.utc_offset_minutes.clamp(-1080, 1080) * 60).unwrap_or(UtcOffset::UTC)
 }
 
 impl ScheduleSpec {
@@ -108,8 +113,7 @@ impl ScheduleSpec {
 
 impl Engine {
     fn offset(&self) -> UtcOffset {
-        UtcOffset::from_whole_seconds(self.cfg.training.utc_offset_minutes.clamp(-1080, 1080) * 60)
-            .unwrap_or(UtcOffset::UTC)
+        hospital_offset(&self.cfg)
     }
 
     /// Submits a run for the first enabled schedule (oldest first) that is due at `at`, unless a run is queued or
