@@ -173,17 +173,12 @@ fn to_remove(names: &[String], daily: u32, weekly: u32) -> Vec<String> {
 
 /// Removes hidden leftovers of backups whose process is gone (`.care-….partial-PID`).
 fn remove_stale_partials(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name.starts_with(".care-").then(|| name.rsplit_once(".partial-")).flatten().map(|p| p.1) else {
-            continue;
-        };
-        if !Path::new("/proc").join(pid).exists() {
-            tracing::info!(file = %name, "removing the leftover of an interrupted backup");
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
+    crate::datadir::remove_orphans(dir, partial_pid, "backup");
+}
+
+/// The process id a half-written archive's name carries.
+fn partial_pid(name: &str) -> Option<&str> {
+    name.starts_with(".care-").then(|| name.rsplit_once(".partial-")).flatten().map(|p| p.1)
 }
 
 impl Engine {

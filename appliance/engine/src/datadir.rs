@@ -53,15 +53,11 @@ impl DataDir {
         if let Err(e) = std::fs::create_dir_all(self.import_locks()) {
             tracing::warn!(error = %e, "could not make the model import locks folder");
         }
-        let Ok(entries) = std::fs::read_dir(self.models()) else { return };
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(pid) = name.strip_prefix(IMPORT_STAGING).and_then(|r| r.split('-').next()) else { continue };
-            if !Path::new("/proc").join(pid).exists() {
-                tracing::info!(folder = %name, "removing the staging folder of an interrupted model import");
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
+        remove_orphans(
+            &self.models(),
+            |n| n.strip_prefix(IMPORT_STAGING).and_then(|r| r.split('-').next()),
+            "model import",
+        );
     }
 
     /// Opens an existing data directory, or creates it when `create` is set.
@@ -147,5 +143,23 @@ mod tests {
         std::fs::write(root.join("VERSION"), "99\n").unwrap();
         let err = DataDir::open(&root, false).unwrap_err();
         assert!(err.to_string().contains("格式版本为 99"), "{err}");
+    }
+}
+
+/// Removes what processes that are gone left in `dir`: `pid_of` reads the process id an entry's name carries
+/// (`None`: not a leftover of this kind); files and folders alike. Each writer of a half-made thing (a backup, a
+/// restore, a snapshot, a model import) names it with its process id, and the next one clears up after a crash.
+pub(crate) fn remove_orphans(dir: &Path, pid_of: impl Fn(&str) -> Option<&str>, what: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = pid_of(&name).filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())) else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid).exists() {
+            tracing::info!(entry = %name, "removing the leftover of an interrupted {what}");
+            let path = e.path();
+            let _ = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+        }
     }
 }

@@ -142,15 +142,6 @@ fn extract(archive: &Path, staging: &Path, key: Option<&BackupKey>) -> Result<(B
 
 /// Removes hidden folders of restores into `name` whose process is gone.
 fn remove_stale(parent: &Path, name: &str) {
-    let Ok(entries) = std::fs::read_dir(parent) else { return };
     let prefix = format!(".{name}.restore-");
-    for e in entries.flatten() {
-        let n = e.file_name().to_string_lossy().into_owned();
-        if let Some(pid) = n.strip_prefix(&prefix)
-            && !Path::new("/proc").join(pid).exists()
-        {
-            tracing::info!(folder = %n, "removing the leftover of an interrupted restore");
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
+    crate::datadir::remove_orphans(parent, |n| n.strip_prefix(prefix.as_str()), "restore");
 }

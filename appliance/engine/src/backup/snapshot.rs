@@ -102,15 +102,7 @@ fn link_or_copy(src: &Path, dst: &Path) -> Result<()> {
 /// A folder of this process's own inside the data directory (the links must be on its file system). Staging
 /// folders of processes that are gone are removed first.
 fn staging_dir(root: &Path) -> Result<PathBuf> {
-    if let Ok(entries) = std::fs::read_dir(root) {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(pid) = name.strip_prefix(STAGING).and_then(|r| r.split('-').next()) else { continue };
-            if !Path::new("/proc").join(pid).exists() {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
-    }
+    crate::datadir::remove_orphans(root, |n| n.strip_prefix(STAGING).and_then(|r| r.split('-').next()), "snapshot");
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = root.join(format!("{STAGING}{}-{n}", std::process::id()));

@@ -54,6 +54,10 @@ pub(crate) struct Shared {
     /// Failed attempts per (job, ordinal) in this process, for errors of the stores or the model (not of the file).
     pub(crate) attempts: Mutex<HashMap<(i64, i64), u32>>,
     socket_bound: AtomicBool,
+    /// A second handle of the lock thread's socket: shutting it down ends that thread's wait even when the socket's
+    /// file is gone (a data directory moved or removed under a running server), where a wake-up datagram cannot
+    /// arrive.
+    listener: Mutex<Option<UnixDatagram>>,
 }
 
 impl Shared {
@@ -65,6 +69,7 @@ impl Shared {
             lock: Mutex::new(None),
             attempts: Mutex::new(HashMap::new()),
             socket_bound: AtomicBool::new(false),
+            listener: Mutex::new(None),
         }
     }
 
@@ -157,6 +162,9 @@ impl SchedulerHandle {
             && (held || t.is_finished())
         {
             wake_listener(&s.engine);
+            if let Some(l) = s.listener.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                let _ = l.shutdown(std::net::Shutdown::Both);
+            }
             let _ = t.join();
         }
         let mut lock = s.lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -315,6 +323,7 @@ fn lock_and_listen(weak: Weak<Shared>, lock_path: PathBuf) {
     s.socket_bound.store(socket.is_some(), Ordering::SeqCst);
     s.engine.tasks_changed();
     let Some(socket) = socket else { return };
+    *s.listener.lock().unwrap_or_else(|p| p.into_inner()) = socket.try_clone().ok();
     let mut buf = [0u8; 16];
     while socket.recv(&mut buf).is_ok() && !s.stopped() {
         s.engine.sync_cancels();
