@@ -127,6 +127,8 @@ mod tests {
         let parsed: AppConfig = toml::from_str(&text).unwrap();
         let mut expected = AppConfig::default();
         expected.engine.storage.data_dir = PathBuf::from("/var/lib/care");
+        // The package backs up every night; a bare `care` (the demo, the tests) has no daily backup.
+        expected.engine.backup.time = Some("02:30".into());
         assert_eq!(parsed, expected, "packaging/care.toml must document the compiled defaults");
     }
 }
