@@ -91,14 +91,20 @@ def demo_part(care, env, port, queries):
             searching(port, token, lambda: time.sleep(3))
             quiet, _ = searching(port, token, lambda: time.sleep(20))
 
+            def ingest(first, n):
+                return subprocess.Popen([care, "--data-dir", str(data), "ingest", "demo", *notes(d, n)[first:]],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+
             def during():
-                ingest = subprocess.Popen([care, "--data-dir", str(data), "ingest", "demo", *notes(d, 40)],
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+                running = ingest(0, 40)
                 b = backup(care, data, backups, env)
-                if ingest.wait() != 0:
-                    raise SystemExit(f"ingest failed: {ingest.stderr.read().decode()[-500:]}")
+                if running.wait() != 0:
+                    raise SystemExit(f"ingest failed: {running.stderr.read().decode()[-500:]}")
                 return b
 
+            # Each alone first, to say which costs the searches what.
+            alone_backup, _ = searching(port, token, lambda: backup(care, data, Path(d) / "alone", env))
+            alone_ingest, _ = searching(port, token, lambda: ingest(40, 80).wait())
             load, loaded = searching(port, token, during)
             # The quiet backup (nothing written since the ingest ended) is the one the rankings are compared on.
             quiet_backup = backup(care, data, Path(d) / "quiet", env)
@@ -115,7 +121,8 @@ def demo_part(care, env, port, queries):
             srv.terminate()
             srv.wait(timeout=60)
         same = sum(1 for a, b in zip(live, again) if a == b)
-        return {"quiet": summary(quiet), "during_backup": summary(load),
+        return {"quiet": summary(quiet), "backup_alone": summary(alone_backup), "ingest_alone": summary(alone_ingest),
+                "during_backup": summary(load),
                 "backup": {k: loaded[k] for k in ("bytes", "seconds", "wall_s", "writes_paused_ms")}
                 | {"data_bytes": loaded["info"]["data_bytes"], "files": loaded["info"]["files"]},
                 "restore_of_backup_under_load": under_load,
@@ -177,6 +184,7 @@ def main():
     p.add_argument("--passages", type=int, default=100_000)
     p.add_argument("--queries", type=int, default=200)
     p.add_argument("--port", type=int, default=18640)
+    p.add_argument("--demo-only", action="store_true", help="skip the 100,000 passages (a quick look)")
     a = p.parse_args()
     care, env = os.path.abspath(a.care), dict(os.environ)
     queries = held_out_queries(a.queries)
@@ -185,6 +193,8 @@ def main():
          "cores": os.cpu_count(), "binary": care}
     r["demo"] = demo_part(care, env, a.port, queries)
     print(json.dumps(r["demo"], ensure_ascii=False), file=sys.stderr, flush=True)
+    if a.demo_only:
+        return
     r["big"] = big_part(care, env, a.passages)
     r["p99_ratio"] = round(r["demo"]["during_backup"]["p99_ms"] / r["demo"]["quiet"]["p99_ms"], 2)
     Path(a.out + ".json").write_text(json.dumps(r, ensure_ascii=False, indent=2) + "\n")
