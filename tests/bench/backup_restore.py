@@ -27,7 +27,7 @@ import urllib.parse
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from signin_burst import bar_chart, conn, demo_admin, serve  # noqa: E402
+from signin_burst import bar_chart, conn, cpu_name, demo_admin, serve, write_results  # noqa: E402
 from writers_readers import CLIENTS, searching, summary  # noqa: E402
 
 SHARED = Path(os.environ.get("CARE_SHARED", Path(__file__).resolve().parents[3] / "shared"))
@@ -189,7 +189,7 @@ def main():
     care, env = os.path.abspath(a.care), dict(os.environ)
     queries = held_out_queries(a.queries)
     r = {"title": "Backup and restore (care serve, loopback)",
-         "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), ""),
+         "cpu": cpu_name(),
          "cores": os.cpu_count(), "binary": care}
     r["demo"] = demo_part(care, env, a.port, queries)
     print(json.dumps(r["demo"], ensure_ascii=False), file=sys.stderr, flush=True)
@@ -197,10 +197,7 @@ def main():
         return
     r["big"] = big_part(care, env, a.passages)
     r["p99_ratio"] = round(r["demo"]["during_backup"]["p99_ms"] / r["demo"]["quiet"]["p99_ms"], 2)
-    Path(a.out + ".json").write_text(json.dumps(r, ensure_ascii=False, indent=2) + "\n")
-    Path(a.out + ".svg").write_text(svg(r))
-    json.dump(r, sys.stdout, ensure_ascii=False, indent=2)
-    print()
+    write_results(a.out, r, svg(r))
 
 
 if __name__ == "__main__":

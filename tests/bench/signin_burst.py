@@ -275,6 +275,19 @@ def serve(care, d, port, env):
     return srv
 
 
+def cpu_name():
+    """The CPU's model name, for a result's record of where it was measured."""
+    return next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
+
+
+def write_results(out, r, chart):
+    """OUT.json and OUT.svg, and the JSON on stdout."""
+    Path(out + ".json").write_text(json.dumps(r, ensure_ascii=False, indent=2) + "\n")
+    Path(out + ".svg").write_text(chart)
+    json.dump(r, sys.stdout, ensure_ascii=False, indent=2)
+    print()
+
+
 def bar_chart(title, note, rows, left=300, span=400):
     """Horizontal bars of (label, value, bound or None), a red tick at each bound."""
     w, top, bar = 760, 50, 22
@@ -361,8 +374,7 @@ def main():
             lat, _ = timed_searches(a.port, token, seconds=10)
             quiet = summary(lat)
             r = {"title": "Sign-in and connection bursts (care serve, loopback)",
-                 "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
-                             ""), "cores": os.cpu_count(), "binary": care, "quiet": quiet}
+                 "cpu": cpu_name(), "cores": os.cpu_count(), "binary": care, "quiet": quiet}
             r["sign_ins"] = concurrent_sign_ins(a.port, srv.pid, token, [60, 120, 200])
             print('"sign_ins"', json.dumps(r["sign_ins"], ensure_ascii=False), file=sys.stderr, flush=True)
             r["control_without_hash"] = without_hashing(a.port, token, 200)
@@ -379,10 +391,7 @@ def main():
         finally:
             srv.terminate()
             srv.wait(timeout=60)
-    Path(a.out + ".json").write_text(json.dumps(r, ensure_ascii=False, indent=2) + "\n")
-    Path(a.out + ".svg").write_text(svg(r))
-    json.dump(r, sys.stdout, ensure_ascii=False, indent=2)
-    print()
+    write_results(a.out, r, svg(r))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import urllib.parse
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from signin_burst import QUERIES, bar_chart, conn, demo_admin, pct, serve  # noqa: E402
+from signin_burst import QUERIES, bar_chart, conn, cpu_name, demo_admin, pct, serve, write_results  # noqa: E402
 
 CLIENTS = 8
 
@@ -172,15 +172,12 @@ def main():
             if a.log:
                 Path(a.log).write_bytes((Path(d) / "serve.log").read_bytes())
     r = {"title": "Searches under long writes (care serve, loopback)",
-         "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), ""),
+         "cpu": cpu_name(),
          "cores": os.cpu_count(), "binary": care, "clients": CLIENTS, "rounds": a.rounds,
          "quiet": summary(quiet), "under_writes": summary(load), "writes": done,
          "slowest_under_writes": slowest(load, phases)}
     r["p99_ratio"] = round(r["under_writes"]["p99_ms"] / r["quiet"]["p99_ms"], 2)
-    Path(a.out + ".json").write_text(json.dumps(r, ensure_ascii=False, indent=2) + "\n")
-    Path(a.out + ".svg").write_text(svg(r))
-    json.dump(r, sys.stdout, ensure_ascii=False, indent=2)
-    print()
+    write_results(a.out, r, svg(r))
 
 
 if __name__ == "__main__":
