@@ -346,6 +346,9 @@ pub struct RecoveryReport {
     pub rebuilt: bool,
     /// Chunks embedded or removed to bring dense indexes back in line with SQLite.
     pub dense_repaired: usize,
+    /// Another live process holds the lexical index's writer: what looked unfinished is its batch in progress, so
+    /// nothing was repaired (a process that died released the lock with it; the next open repairs).
+    pub another_writer: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -525,6 +528,22 @@ impl Engine {
     /// Brings the lexical index into agreement with SQLite after a crash, a format change or a dictionary edit.
     pub(crate) fn recover(&self) -> Result<RecoveryReport> {
         let mut report = RecoveryReport::default();
+        match self.recover_lexical(&mut report) {
+            // A CLI command opened beside a server that is mid-ingest: the pending rows are the server's batch.
+            Err(Error::Locked { .. }) => {
+                tracing::info!("another process is writing the indexes; its unfinished batch is its own");
+                report.another_writer = true;
+                return Ok(report);
+            }
+            r => r?,
+        }
+        report.dense_repaired = self.sync_dense_indexes(&mut |_| Ok(()))?;
+        self.dir.remove_stale_imports();
+        Ok(report)
+    }
+
+    /// The lexical part of [`Engine::recover`]: a rebuild when needed, deletions and pending batches finished.
+    fn recover_lexical(&self, report: &mut RecoveryReport) -> Result<()> {
         if self.lexical.needs_rebuild && self.store.live_chunk_count()? > 0 {
             self.rebuild_lexical()?;
             report.rebuilt = true;
@@ -550,9 +569,7 @@ impl Engine {
             self.rebuild_lexical()?;
             report.rebuilt = true;
         }
-        report.dense_repaired = self.sync_dense_indexes(&mut |_| Ok(()))?;
-        self.dir.remove_stale_imports();
-        Ok(report)
+        Ok(())
     }
 
     /// Compares the chunk ids in SQLite with those in the lexical index, exactly.

@@ -417,3 +417,26 @@ fn a_disk_that_fills_during_a_backup_fails_it_cleanly_while_searches_go_on() {
     let r = backup(&e, &folder);
     verify(&r.path, None).unwrap();
 }
+
+#[test]
+fn a_command_opened_beside_a_writer_mid_batch_neither_fails_nor_touches_its_batch() {
+    // `care backup create` (or any command) started while the server is in the middle of an ingest batch: the
+    // pending rows are that batch, not a crash's leftover, and the server holds the index writer.
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("data");
+    let server = demo(&dir);
+    let batch = "UPDATE documents SET state = 'pending' WHERE id IN (SELECT id FROM documents ORDER BY id LIMIT 3)";
+    assert_eq!(server.store.conn().execute(batch, []).unwrap(), 3);
+    let pending = |e: &Engine| -> i64 {
+        e.store.reader().query_row("SELECT COUNT(*) FROM documents WHERE state = 'pending'", [], |r| r.get(0)).unwrap()
+    };
+    let command = Engine::open(config(&dir), OpenMode::Existing).expect("opens beside the writer");
+    assert_eq!(pending(&command), 3, "the other process's batch is left to it");
+    assert!(!ranking(&command, "二甲双胍").is_empty());
+    drop(command);
+    // Once the writer is gone (a crash releases its lock too), the next open finishes the batch.
+    drop(server);
+    let after = Engine::open(config(&dir), OpenMode::Existing).unwrap();
+    assert_eq!(pending(&after), 0);
+    assert!(after.check().unwrap().consistent);
+}
