@@ -137,6 +137,7 @@ def demo_part(care, env, port, queries):
             srv.terminate()
             srv.wait(timeout=60)
         same = sum(1 for a, b in zip(live, again) if a == b)
+        same_ids = sum(1 for a, b in zip(live, again) if [h[0] for h in a] == [h[0] for h in b])
         # What differs, for the reader to tell ids from scores.
         differing = [{"query": q, "live": a[:3], "restored": b[:3]}
                      for q, a, b in zip(queries, live, again) if a != b][:10]
@@ -147,7 +148,8 @@ def demo_part(care, env, port, queries):
                 | {"data_bytes": loaded["info"]["data_bytes"], "files": loaded["info"]["files"]},
                 "restore_of_backup_under_load": under_load,
                 "quiet_backup": {k: quiet_backup[k] for k in ("bytes", "seconds")}, "restore": restored,
-                "queries_compared": len(queries), "identical_rankings": same, "differing": differing,
+                "queries_compared": len(queries), "identical_rankings": same, "identical_ids_in_order": same_ids,
+                "differing": differing,
                 "queries_with_hits": sum(1 for r in live if r)}
 
 
