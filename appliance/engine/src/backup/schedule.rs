@@ -163,10 +163,8 @@ pub(crate) fn status(conn: &Connection, cfg: &EngineConfig) -> Result<Status> {
         .optional()?;
     let mut plan = plan(conn, cfg)?;
     // Before the scheduler's first look (no process runs jobs yet) the next run is what it will compute.
-    if plan.next_due.is_none()
-        && let Some(m) = plan.time.as_deref().and_then(|t| parse_time(t).ok())
-    {
-        plan.next_due = Some(rfc3339(next_occurrence(None, m, hospital_offset(cfg), OffsetDateTime::now_utc())));
+    if plan.next_due.is_none() {
+        plan.next_due = next_run(plan.time.as_deref(), cfg, OffsetDateTime::now_utc());
     }
     let pulled = conn
         .query_row(
@@ -254,24 +252,30 @@ pub(crate) fn set(store: &Store, cfg: &EngineConfig, actor: &Admin, spec: Option
     Ok(after)
 }
 
+/// The first run of a daily `time` ("HH:MM", the hospital's time) strictly after `after` (UTC, RFC 3339).
+fn next_run(time: Option<&str>, cfg: &EngineConfig, after: OffsetDateTime) -> Option<String> {
+    let minute = parse_time(time?).ok()?;
+    Some(rfc3339(next_occurrence(None, minute, hospital_offset(cfg), after)))
+}
+
 /// Queues the scheduled backup when it is due at `at`, and (re)computes the next run; in the process that runs
 /// jobs, at each wake-up of the timer lane. Returns the job queued, if any.
 pub(crate) fn fire_due(store: &Store, cfg: &EngineConfig, at: OffsetDateTime) -> Result<Option<i64>> {
     // The common case, nothing due and the next run known, reads only.
+    let is_due = |p: &Plan| p.next_due.as_deref().and_then(parse_rfc3339).is_some_and(|t| t <= at);
     let r = row(&store.reader())?;
     let p = plan_of(&r, cfg);
-    let current = p.time.is_none() == r.next_due.is_empty() && (p.time.is_none() || p.next_due.is_some());
-    if current && p.next_due.as_deref().and_then(parse_rfc3339).is_none_or(|t| t > at) {
+    // Settled: the stored next run belongs to the time in force (none stored when there is no time).
+    let settled = if p.time.is_some() { p.next_due.is_some() } else { r.next_due.is_empty() };
+    if settled && !is_due(&p) {
         return Ok(None);
     }
     let mut conn = store.conn();
     let tx = conn.transaction()?;
-    let r = row(&tx)?;
-    let p = plan_of(&r, cfg);
-    let minute = p.time.as_deref().and_then(|t| parse_time(t).ok());
-    let next = minute.map(|m| rfc3339(next_occurrence(None, m, hospital_offset(cfg), at)));
+    let p = plan(&tx, cfg)?;
+    let next = next_run(p.time.as_deref(), cfg, at);
     tx.execute("INSERT INTO backup_schedule (id) VALUES (1) ON CONFLICT(id) DO NOTHING", [])?;
-    let due = p.next_due.as_deref().and_then(parse_rfc3339).is_some_and(|t| t <= at);
+    let due = is_due(&p);
     let mut job = None;
     if due {
         let busy: bool = tx.query_row(
