@@ -1138,7 +1138,8 @@ fn browser_login_upload_search_document_feedback_logout() {
     assert!(b.text("#doc-count").contains("共 1 篇"), "{}", b.text("#doc-count"));
     b.type_into("#documents form.filing input[name=department]", "心内科");
     b.click("#documents form.filing button[type=submit]");
-    let src = b.wait_for("the saved filing", Duration::from_secs(20), |s| s.contains("的归档信息"));
+    // The flash, not "的归档信息" alone: the list's own help text says that too.
+    let src = b.wait_for("the saved filing", Duration::from_secs(20), |s| s.contains("已保存文档"));
     assert!(src.contains("value=\"心内科\"") && b.url().contains("title="), "back on the same list: {}", b.url());
     b.goto(&format!("{base}/search?q=%E4%BA%8C%E7%94%B2%E5%8F%8C%E8%83%8D"));
     let src = b.wait_for("results", Duration::from_secs(30), |s| s.contains("class=\"results\""));
