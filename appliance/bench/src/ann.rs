@@ -73,10 +73,10 @@ pub fn run(base: &EngineConfig, set_dir: &Path, reuse: &Path, queries: usize, a:
         format!("{} is not a prepared benchmark directory (run care-bench --reuse first)", reuse.display())
     })?;
     e.models().activate(&crate::hot_paths::bench_admin(), "e5-small@1", "e5-small@1", &mut |_| Ok(()))?;
-    let base_rows = e.dense_vectors("bench")?;
+    let base_rows = e.vectors().dense_vectors("bench")?;
     let Some(width) = base_rows.first().map(|r| r.1.len()) else { bail!("{} holds no dense vectors", reuse.display()) };
     let texts: Vec<&str> = set.queries.iter().take(queries).map(|(_, q)| q.as_str()).collect();
-    let (qvecs, _) = e.encode_queries(&texts)?.context("no active query encoder")?;
+    let (qvecs, _) = e.retrieval().encode_queries(&texts)?.context("no active query encoder")?;
     drop(e);
 
     let scratch = PathBuf::from(reuse).join("ann-scale");

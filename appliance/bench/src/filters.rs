@@ -219,7 +219,7 @@ pub fn run(base: &EngineConfig, set_dir: &Path, data: &Path, queries: usize) -> 
         set: set.name.clone(),
         corpus_documents: ids.len(),
         queries: qs.len(),
-        model: e.active_models()?.map(|p| format!("{}@{}", p.query.name, p.query.version)),
+        model: e.retrieval().active_models()?.map(|p| format!("{}@{}", p.query.name, p.query.version)),
         cpu: care_engine::kernels::cpu_model(),
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         unfiltered,

@@ -179,8 +179,8 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
     let mut served_dense: Vec<(Vec<f32>, Vec<i64>)> = Vec::new();
     if opts.e5s1.is_some() {
         for q in &queries {
-            if let Some((vecs, m)) = e.encode_queries(&[q])? {
-                let hits = e.dense_search(&vecs[0], &m, &cols, 100)?;
+            if let Some((vecs, m)) = e.retrieval().encode_queries(&[q])? {
+                let hits = e.retrieval().dense_search(&vecs[0], &m, &cols, 100)?;
                 served_dense.push((vecs[0].clone(), hits.iter().map(|h| h.chunk_id).collect()));
             }
         }
@@ -193,7 +193,7 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
         }
         false => (None, None),
     };
-    let model = e.active_models()?.map(|p| format!("{}@{}", p.query.name, p.query.version));
+    let model = e.retrieval().active_models()?.map(|p| format!("{}@{}", p.query.name, p.query.version));
     let report = BenchReport {
         set: set.name.clone(),
         queries: queries.len(),
@@ -243,11 +243,11 @@ fn prepare(cfg: &EngineConfig, set: &BeirSet, opts: &BenchOptions) -> Result<Pre
     let mut embed_seconds = 0.0;
     if let Some(bin) = &opts.e5s1 {
         let t = Instant::now();
-        let fp32 = e.import_e5s1(bin, "1", None, false)?;
+        let fp32 = e.retrieval().import_e5s1(bin, "1", None, false)?;
         // Documents stay fp32 (embedded offline); only the online query encoder may be the int8 graph. Same
         // weights, so the same pairing.
-        e.import_e5s1(bin, "1-int8", Some(&fp32.pairing_id), true)?;
-        e.sync_dense_indexes(&mut |_| Ok(()))?;
+        e.retrieval().import_e5s1(bin, "1-int8", Some(&fp32.pairing_id), true)?;
+        e.retrieval().sync_dense_indexes(&mut |_| Ok(()))?;
         embed_seconds = t.elapsed().as_secs_f64();
     }
     Ok(Prepared { set: opts.set.clone(), docs, chunks, ingest_seconds, embed_seconds })
@@ -255,7 +255,7 @@ fn prepare(cfg: &EngineConfig, set: &BeirSet, opts: &BenchOptions) -> Result<Pre
 
 /// How much of each served dense top 100 a plain f32 scan of the stored vectors also returns.
 fn dense_agreement(e: &Engine, served: &[(Vec<f32>, Vec<i64>)]) -> Result<Option<f64>> {
-    let stored = e.dense_vectors("bench")?;
+    let stored = e.vectors().dense_vectors("bench")?;
     let Some(w) = stored.first().map(|v| v.1.len()) else { return Ok(None) };
     if served.is_empty() {
         return Ok(None);

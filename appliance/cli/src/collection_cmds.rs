@@ -166,7 +166,7 @@ pub(crate) fn run_collection(e: &Engine, command: CollectionCommand) -> Result<i
             }
         }
         CollectionCommand::PendingVectors { collection, model } => {
-            let (doc, pending) = e.pending_vectors(&collection, model.as_deref())?;
+            let (doc, pending) = e.vectors().pending_vectors(&collection, model.as_deref())?;
             println!(
                 "{} chunks of '{collection}' have no vector of {}@{}{}",
                 pending.len(),

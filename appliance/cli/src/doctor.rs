@@ -311,7 +311,7 @@ fn index_check(cfg: &AppConfig) -> Check {
         }
         Err(err) => return fail(NAME, err.to_string(), "见上面的信息；`care check` 给出详情"),
     };
-    let models = match e.active_models() {
+    let models = match e.retrieval().active_models() {
         Ok(Some(p)) => {
             format!("在用模型 {}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version)
         }

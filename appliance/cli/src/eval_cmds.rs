@@ -74,11 +74,11 @@ pub(crate) fn evaluate(
     }
     let e = Engine::open(cfg.clone(), OpenMode::Create)?;
     if let Some(bin) = &opts.e5s1
-        && e.active_models()?.is_none()
+        && e.retrieval().active_models()?.is_none()
     {
-        let fp32 = e.import_e5s1(bin, "1", None, false)?;
+        let fp32 = e.retrieval().import_e5s1(bin, "1", None, false)?;
         if opts.int8_queries {
-            e.import_e5s1(bin, "1-int8", Some(&fp32.pairing_id), true)?;
+            e.retrieval().import_e5s1(bin, "1-int8", Some(&fp32.pairing_id), true)?;
             e.models().activate(&console(), "e5-small@1-int8", "e5-small@1", &mut |_| Ok(()))?;
         }
     }
@@ -91,13 +91,13 @@ pub(crate) fn evaluate(
         None => ingest_eval_corpus(&e, &set)?,
     };
     let pb = dense_bar();
-    e.sync_dense_indexes(&mut |p| dense_progress(&pb, &p))?;
+    e.retrieval().sync_dense_indexes(&mut |p| dense_progress(&pb, &p))?;
     pb.finish_and_clear();
     let corpus_documents =
         e.collection_stats()?.into_iter().find(|c| c.collection.name == col).map_or(0, |c| c.documents as usize);
     // The weight search serves on this collection (stored by a promotion or `care tune-fusion`, else the default),
     // so that "weighted" is the live hybrid.
-    let mut weight = e.fusion_for(e.collection(&col)?.id)?.dense_weight;
+    let mut weight = e.retrieval().fusion_for(e.collection(&col)?.id)?.dense_weight;
     let cross_fit = opts.tune_on.as_deref() == Some(split);
     if let (Some(tune_split), false) = (&opts.tune_on, cross_fit) {
         let mut tune_set = BeirSet::load(set_dir, tune_split)?;
@@ -122,7 +122,7 @@ pub(crate) fn evaluate(
             methods.insert("weighted".to_string(), cands.score(&set, Method::Weighted, weight));
         }
     }
-    let dense_model = e.active_models()?.map(|p| format!("{}@{}", p.query.name, p.query.version));
+    let dense_model = e.retrieval().active_models()?.map(|p| format!("{}@{}", p.query.name, p.query.version));
     eprintln!("{:<10} {:>8} {:>8} {:>8} {:>10}", "method", "nDCG@10", "MAP@10", "MRR@10", "Recall@100");
     for (m, s) in &methods {
         eprintln!("{m:<10} {:>8.4} {:>8.4} {:>8.4} {:>10.4}", s.ndcg_at_10, s.map_at_10, s.mrr_at_10, s.recall_at_100);

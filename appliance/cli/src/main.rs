@@ -365,8 +365,8 @@ fn run(cli: Cli) -> Result<i32> {
                 ecfg.storage.data_dir = tempfile_dir()?;
             }
             let e = Engine::open(ecfg.clone(), OpenMode::Create)?;
-            if let (Some(bin), None) = (&e5s1, e.active_models()?) {
-                e.import_e5s1(bin, "1", None, false)?;
+            if let (Some(bin), None) = (&e5s1, e.retrieval().active_models()?) {
+                e.retrieval().import_e5s1(bin, "1", None, false)?;
             }
             let r = eval::sts::evaluate(&e, &pairs)?;
             println!("{}", serde_json::to_string_pretty(&serde_json::json!({"file": file, "report": r}))?);
@@ -526,7 +526,7 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Reembed => {
             let e = open(OpenMode::Existing)?;
             let pb = dense_bar();
-            let n = e.sync_dense_indexes(&mut |p| dense_progress(&pb, &p))?;
+            let n = e.retrieval().sync_dense_indexes(&mut |p| dense_progress(&pb, &p))?;
             pb.finish_and_clear();
             println!("embedded or removed {n} chunks");
         }
@@ -545,8 +545,8 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Serve { .. } => {
             let e = open(OpenMode::Existing)?;
             let default_model = &cfg.engine.model.default_model;
-            if e.model_records()?.is_empty() && default_model.exists() {
-                let rec = e.import_e5s1(default_model, "1", None, false)?;
+            if e.retrieval().model_records()?.is_empty() && default_model.exists() {
+                let rec = e.retrieval().import_e5s1(default_model, "1", None, false)?;
                 tracing::info!(model = %format!("{}@{}", rec.name, rec.version), "imported the default model");
             }
             serve(e, &cfg)?;
@@ -569,8 +569,8 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Command::Demo { no_serve, e5s1, .. } => {
             let e = open(OpenMode::Create)?;
-            if let (Some(bin), None) = (&e5s1, e.active_models()?) {
-                let rec = e.import_e5s1(bin, "1", None, false)?;
+            if let (Some(bin), None) = (&e5s1, e.retrieval().active_models()?) {
+                let rec = e.retrieval().import_e5s1(bin, "1", None, false)?;
                 eprintln!("imported the default model {}@{}", rec.name, rec.version);
             }
             let r = care_engine::demo::load_demo(&e)?;

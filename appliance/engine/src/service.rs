@@ -1003,7 +1003,7 @@ impl crate::engine::Models<'_> {
     // -- models ----------------------------------------------------------------------------------------------
 
     pub fn list(&self, _admin: &Admin) -> Result<(Vec<ModelRecord>, Option<ActivePair>)> {
-        Ok((self.model_records()?, self.active_models()?))
+        Ok((self.retrieval().model_records()?, self.retrieval().active_models()?))
     }
 
     /// Makes (query, document) the live pair, audited with the previous pair in the activation's transaction.
@@ -1014,7 +1014,7 @@ impl crate::engine::Models<'_> {
         document: &str,
         progress: &mut dyn FnMut(crate::hybrid::DenseProgress) -> Result<()>,
     ) -> Result<ActivePair> {
-        self.activate_models_by(query, document, &actor.name, None, progress)
+        self.retrieval().activate_models_by(query, document, &actor.name, None, progress)
     }
 
     /// [`Self::activate`], the query model's queries encoded by `graph` from now on (the choice the evaluation gate
@@ -1026,7 +1026,7 @@ impl crate::engine::Models<'_> {
         document: &str,
         progress: &mut dyn FnMut(crate::hybrid::DenseProgress) -> Result<()>,
     ) -> Result<ActivePair> {
-        self.activate_models_by(query, document, &actor.name, Some(graph), progress)
+        self.retrieval().activate_models_by(query, document, &actor.name, Some(graph), progress)
     }
 
     /// Stores the fusion setting fitted on labelled queries for `collection` (`care tune-fusion`); the weights and
@@ -1038,7 +1038,7 @@ impl crate::engine::Models<'_> {
         setting: &FusionSetting,
         metrics: &serde_json::Value,
     ) -> Result<()> {
-        let row = self.fusion_row(collection, setting, metrics)?;
+        let row = self.retrieval().fusion_row(collection, setting, metrics)?;
         let mut conn = self.store.conn();
         let tx = conn.transaction()?;
         crate::models::upsert_fusion(&tx, &row)?;
@@ -1060,7 +1060,7 @@ impl crate::engine::Models<'_> {
         out: &std::path::Path,
         pending_for: Option<&str>,
     ) -> Result<crate::vectors::ChunkExport> {
-        let r = self.export_chunks_for(collection, out, pending_for)?;
+        let r = self.vectors().export_chunks_for(collection, out, pending_for)?;
         let detail = serde_json::json!({
             "collection": r.collection, "chunks": r.chunks, "path": r.path.display().to_string(),
             "pending_for": pending_for,

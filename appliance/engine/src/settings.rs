@@ -139,6 +139,16 @@ pub struct LiveSettings {
 }
 
 impl LiveSettings {
+    /// The dense leg's weight in fusion where no fitted setting applies: the console's, else `care.toml`'s.
+    pub fn dense_weight(&self, cfg: &crate::config::EngineConfig) -> f32 {
+        self.get(Setting::DenseWeight).map_or(cfg.search.default_dense_weight, |v| v as f32)
+    }
+
+    /// The weight of synonym and spelling expansions: the console's setting, else `care.toml`'s.
+    pub fn synonym_weight(&self, cfg: &crate::config::EngineConfig) -> f32 {
+        self.get(Setting::SynonymWeight).map_or(cfg.search.synonym_weight, |v| v as f32)
+    }
+
     pub fn get(&self, s: Setting) -> Option<f64> {
         self.changes.read().unwrap_or_else(|p| p.into_inner()).get(&s).map(|c| c.value)
     }

@@ -25,7 +25,6 @@ use rusqlite::params;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::hybrid::embedding_text;
 use crate::models;
@@ -97,11 +96,17 @@ fn shard_err(dir: &Path, e: EmbeddingsError) -> Error {
     }
 }
 
-impl Engine {
+/// A collection's chunks as the offline document encoder sees them, and the vectors its dense index holds.
+#[derive(Clone, Copy)]
+pub struct Vectors<'e> {
+    pub(crate) r: crate::hybrid::Retrieval<'e>,
+}
+
+impl Vectors<'_> {
     /// The live chunks of a collection with their export ids, in chunk-id order.
     fn live_chunks_of(&self, collection: &str) -> Result<Vec<(ChunkRow, String)>> {
         let mut out = Vec::new();
-        self.store.for_each_live_chunk(|r| {
+        self.r.store.for_each_live_chunk(|r| {
             if r.collection == collection {
                 let id = export_id(r.chunk_id, &embedding_text(&r));
                 out.push((r, id));
@@ -121,19 +126,19 @@ impl Engine {
     /// Live chunks of `collection` that document model `model` (`name@version`, default: the live one) has no
     /// vector for: what an offline document model still needs imported.
     pub fn pending_vectors(&self, collection: &str, model: Option<&str>) -> Result<(ModelRecord, Vec<i64>)> {
-        let col = self.store.collection(collection)?;
+        let col = self.r.store.collection(collection)?;
         let doc = self.document_model(model, || {
             Error::InvalidInput("当前没有在用的模型对；请用 --model 指定文档编码器".into())
         })?;
-        let missing = self.missing_vectors(&col, &doc)?;
+        let missing = self.r.missing_vectors(&col, &doc)?;
         Ok((doc, missing))
     }
 
     /// The document model named `spec` (`name@version`), else the live pair's; `no_live` when there is neither.
     pub(crate) fn document_model(&self, spec: Option<&str>, no_live: impl FnOnce() -> Error) -> Result<ModelRecord> {
         match spec {
-            Some(spec) => models::find(&self.store, spec),
-            None => Ok(models::active(&self.store)?.ok_or_else(no_live)?.document),
+            Some(spec) => models::find(&self.r.store, spec),
+            None => Ok(models::active(&self.r.store)?.ok_or_else(no_live)?.document),
         }
     }
 
@@ -144,7 +149,7 @@ impl Engine {
         out: &Path,
         pending_for: Option<&str>,
     ) -> Result<ChunkExport> {
-        self.store.collection(collection)?;
+        self.r.store.collection(collection)?;
         let only: Option<std::collections::HashSet<i64>> = match pending_for {
             Some(m) => Some(self.pending_vectors(collection, Some(m))?.1.into_iter().collect()),
             None => None,
@@ -155,7 +160,7 @@ impl Engine {
         let res = (|| -> Result<()> {
             let f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
             let mut w = std::io::BufWriter::new(f);
-            self.store.for_each_live_chunk(|r| {
+            self.r.store.for_each_live_chunk(|r| {
                 if r.collection == collection && only.as_ref().is_none_or(|o| o.contains(&r.chunk_id)) {
                     let text = embedding_text(&r);
                     let line = serde_json::json!({"id": export_id(r.chunk_id, &text), "text": text});
@@ -182,24 +187,10 @@ impl Engine {
         Ok(ChunkExport { collection: collection.to_string(), path: out.to_path_buf(), chunks: n })
     }
 
-    /// Loads document vectors computed offline (a folder written by `care-train embed-corpus`) into the active
-    /// document model's dense index of `collection`. Verifies the whole folder first; a refused import changes
-    /// nothing. See the module documentation for what happens to chunks the shards do not cover.
-    #[cfg(test)]
-    pub(crate) fn import_vectors(
-        &self,
-        collection: &str,
-        dir: &Path,
-        actor: &str,
-        progress: &mut dyn FnMut(ImportProgress),
-    ) -> Result<VectorImport> {
-        self.models().import_vectors(collection, dir, None, &crate::accounts::Admin::console(actor), progress)
-    }
-
     /// Every vector in a collection's dense index of the active document model, by chunk id (loads the table).
     pub fn dense_vectors(&self, collection: &str) -> Result<Vec<(i64, Vec<f32>)>> {
-        let col = self.store.collection(collection)?;
-        let Some(pair) = models::active(&self.store)? else { return Ok(Vec::new()) };
+        let col = self.r.store.collection(collection)?;
+        let Some(pair) = models::active(&self.r.store)? else { return Ok(Vec::new()) };
         let mut v = self.dense_vectors_of(col.id, &pair.document)?;
         v.sort_by_key(|p| p.0);
         Ok(v)
@@ -208,8 +199,8 @@ impl Engine {
     /// Every vector in the dense index of (collection, document model), by chunk id, in table order; none when
     /// that index does not exist.
     pub(crate) fn dense_vectors_of(&self, collection_id: i64, model: &ModelRecord) -> Result<Vec<(i64, Vec<f32>)>> {
-        match self.dense_table(collection_id, model, false)? {
-            Some((_, table)) => self.dense.vectors(&table),
+        match self.r.dense_table(collection_id, model, false)? {
+            Some((_, table)) => self.r.dense.vectors(&table),
             None => Ok(Vec::new()),
         }
     }
@@ -217,12 +208,12 @@ impl Engine {
     /// Where the current vectors of a collection's dense index (active document model) came from.
     #[cfg(test)]
     pub(crate) fn vector_sources(&self, collection: &str) -> Result<VectorSources> {
-        let col = self.store.collection(collection)?;
+        let col = self.r.store.collection(collection)?;
         let live = self.live_chunks_of(collection)?.len();
-        let Some(pair) = models::active(&self.store)? else {
+        let Some(pair) = models::active(&self.r.store)? else {
             return Ok(VectorSources { imported: Vec::new(), online: live });
         };
-        let conn = self.store.reader();
+        let conn = self.r.store.reader();
         let mut stmt = conn.prepare(
             "SELECT i.source_model, COUNT(*) FROM dense_vector_sources s
                JOIN dense_imports i ON i.id = s.import_id
@@ -246,7 +237,7 @@ pub fn has_online_encoder(package_dir: &Path) -> bool {
 }
 
 impl crate::engine::Models<'_> {
-    /// [`Engine::import_vectors`] into the tables of document model `model` (`name@version`), live or not: an
+    /// Vectors computed offline (a folder written by `care-train embed-corpus`) imported into the tables of document model `model` (`name@version`), live or not: an
     /// offline document model gets its vectors this way before it can go live.
     pub fn import_vectors(
         &self,
@@ -259,7 +250,7 @@ impl crate::engine::Models<'_> {
         let actor = actor.name.as_str();
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         let col = self.store.collection(collection)?;
-        let doc = self.document_model(model, || {
+        let doc = self.vectors().document_model(model, || {
             Error::Model(
                 "no active model: imported vectors go into the active document model's dense index; \
                              import or activate a model first (`care model import-e5s1`, `care model activate`), or \
@@ -346,7 +337,7 @@ impl crate::engine::Models<'_> {
         }
 
         // 2. Every shard: checksum and size (read_shard), then ids and norms.
-        let live = self.live_chunks_of(collection)?;
+        let live = self.vectors().live_chunks_of(collection)?;
         let by_id: HashMap<&str, (i64, i64)> =
             live.iter().map(|(r, id)| (id.as_str(), (r.chunk_id, r.document_id))).collect();
         let total = idx.rows;
@@ -402,6 +393,7 @@ impl crate::engine::Models<'_> {
         // 3. Write: one LanceDB commit per shard. The shard is re-read and its checksum checked again, so bytes that
         // changed since step 2 are refused rather than written.
         let (pairing, table) = self
+            .retrieval()
             .dense_table(col.id, doc, true)?
             .ok_or_else(|| Error::Internal(format!("no dense index for collection '{collection}'")))?;
         if pairing != idx.pairing_id {

@@ -147,6 +147,7 @@ pub async fn training_page(
         call_admin(&state, &caller, |e, a| {
             let runs: Vec<RunRow> = e.training().runs(a, 20)?.into_iter().map(|r| row(e, a, r)).collect();
             let live = e
+                .retrieval()
                 .active_models()?
                 .map(|p| format!("{}@{} / {}@{}", p.query.name, p.query.version, p.document.name, p.document.version));
             let approved = e

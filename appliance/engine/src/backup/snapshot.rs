@@ -190,7 +190,7 @@ impl Snapshot {
             collections,
             documents,
             chunks,
-            live_pair: e.active_models()?.map(|p| crate::lifecycle::pair_spec(&p)),
+            live_pair: e.retrieval().active_models()?.map(|p| crate::lifecycle::pair_spec(&p)),
             audit_head,
             data_bytes: 0,
             files: 0,

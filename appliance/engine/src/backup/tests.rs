@@ -85,7 +85,10 @@ fn a_backup_beside_ingestion_restores_onto_an_empty_directory_with_identical_res
     let r = restore(&quiet.path, &config(&restored_dir), None, "test").unwrap();
     assert!(r.check.consistent && r.migrated_from.is_none(), "{r:?}");
     let back = Engine::open(config(&restored_dir), OpenMode::Existing).unwrap();
-    assert_eq!(back.active_models().unwrap().map(|p| crate::lifecycle::pair_spec(&p)), quiet.info.live_pair);
+    assert_eq!(
+        back.retrieval().active_models().unwrap().map(|p| crate::lifecycle::pair_spec(&p)),
+        quiet.info.live_pair
+    );
     for q in QUERIES.iter().copied().chain(["第 3 号会诊记录", "电解质"]) {
         assert_eq!(ranking(&back, q), ranking(&e, q), "{q}");
     }

@@ -93,8 +93,10 @@ pub fn evaluate(engine: &crate::Engine, pairs: &[StsPair]) -> Result<StsReport> 
     for batch in pairs.chunks(128) {
         let a: Vec<&str> = batch.iter().map(|p| p.a.as_str()).collect();
         let b: Vec<&str> = batch.iter().map(|p| p.b.as_str()).collect();
-        let (va, _) = engine.encode_queries(&a)?.ok_or_else(|| Error::Model("no active model to evaluate".into()))?;
-        let (vb, _) = engine.encode_queries(&b)?.ok_or_else(|| Error::Model("no active model to evaluate".into()))?;
+        let (va, _) =
+            engine.retrieval().encode_queries(&a)?.ok_or_else(|| Error::Model("no active model to evaluate".into()))?;
+        let (vb, _) =
+            engine.retrieval().encode_queries(&b)?.ok_or_else(|| Error::Model("no active model to evaluate".into()))?;
         for (x, y) in va.iter().zip(&vb) {
             cos.push(crate::encoders::dot(x, y) as f64);
         }

@@ -120,7 +120,7 @@ impl Engine {
             }
             Task::Promote(p) => {
                 // A crash after the switch committed but before the task ended: the candidate is live already.
-                let live = self.active_models()?.map(|p| pair_spec(&p));
+                let live = self.retrieval().active_models()?.map(|p| pair_spec(&p));
                 if live.as_deref() == Some(p.candidate.as_str()) {
                     return Ok(serde_json::json!({"live": p.candidate}));
                 }
@@ -236,7 +236,7 @@ enum Outcome {
 impl crate::engine::Models<'_> {
     /// Queues an evaluation of `candidate` (`Q@v,D@v`) against the live pair. Returns the job id.
     pub fn submit_evaluate(&self, actor: &Admin, candidate: &str) -> Result<i64> {
-        if self.active_models()?.is_none() {
+        if self.retrieval().active_models()?.is_none() {
             return Err(Error::InvalidInput("没有在用的模型 (no live model pair to compare with)".into()));
         }
         let pair = self.resolve_pair(candidate)?;

@@ -270,8 +270,8 @@ fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
 fn imported_e5_small_reproduces_reference_ids_and_vectors() {
     let t = tempfile::tempdir().unwrap();
     let e = engine_in(t.path());
-    let fp32 = e.import_e5s1(&e5s1(), "1", None, false).unwrap();
-    let int8 = e.import_e5s1(&e5s1(), "1-int8", None, true).unwrap();
+    let fp32 = e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
+    let int8 = e.retrieval().import_e5s1(&e5s1(), "1-int8", None, true).unwrap();
     let cfg = crate::encoders::ModelConfig::default();
     let enc = crate::encoders::OrtEncoder::load(&fp32.dir, &cfg).unwrap();
     // The int8 import keeps both graphs: int8 for queries, fp32 for documents.
@@ -317,11 +317,11 @@ fn a_query_encoder_of_another_pairing_is_refused() {
     let f = t.path().join("a.txt");
     std::fs::write(&f, "二甲双胍禁用于严重肾功能不全的患者。").unwrap();
     e.ingest_files("c", &[f], &mut |_| {}).unwrap();
-    let a = e.import_e5s1(&e5s1(), "1", None, false).unwrap();
-    e.sync_dense_indexes(&mut |_| Ok(())).unwrap();
-    let other = e.import_e5s1(&e5s1(), "other", Some("someone-elses-pairing"), false).unwrap();
+    let a = e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
+    e.retrieval().sync_dense_indexes(&mut |_| Ok(())).unwrap();
+    let other = e.retrieval().import_e5s1(&e5s1(), "other", Some("someone-elses-pairing"), false).unwrap();
     // Same weights, different pairing id: the rule is about provenance, not luck.
-    let err = e.activate_models("e5-small@other", "e5-small@1", &mut |_| Ok(())).unwrap_err();
+    let err = e.retrieval().activate_models("e5-small@other", "e5-small@1", &mut |_| Ok(())).unwrap_err();
     assert!(matches!(err, Error::ModelMismatch(_)), "{err}");
     assert!(err.to_string().contains("不是与文档编码器"), "{err}");
     // A pair activated behind the engine's back (e.g. an edited database) is still refused at query time.
@@ -334,7 +334,7 @@ fn a_query_encoder_of_another_pairing_is_refused() {
     assert!(matches!(err, Error::ModelMismatch(_)), "{err}");
     assert!(err.to_string().contains("已拒绝"), "{err}");
     // The matching pair works and says it used dense retrieval.
-    e.activate_models("e5-small@1", &format!("e5-small@{}", a.version), &mut |_| Ok(())).unwrap();
+    e.retrieval().activate_models("e5-small@1", &format!("e5-small@{}", a.version), &mut |_| Ok(())).unwrap();
     let r = e.search_unaudited(&SearchRequest { query: "二甲双胍".into(), ..Default::default() }).unwrap();
     assert_eq!(r.method.as_str(), "weighted");
     assert!(r.hits[0].parts.dense.is_some() && r.hits[0].parts.bm25.is_some());
@@ -345,7 +345,7 @@ fn kuake_qtr_hybrid_dev_quality() {
     let set_dir = shared().join("data/retrieval/kuake_qtr");
     let t = tempfile::tempdir().unwrap();
     let e = engine_in(t.path());
-    e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+    e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
     e.create_collection("kuake", "", "test").unwrap();
     let set = BeirSet::load(&set_dir, "dev").unwrap();
     let started = std::time::Instant::now();
@@ -376,9 +376,9 @@ fn kuake_qtr_hybrid_dev_quality() {
     // Above the size threshold the table gets an IVF-PQ index; its recall against the exact scan is measured on
     // the dev queries' real vectors.
     let texts: Vec<&str> = set.queries.iter().take(200).map(|(_, q)| q.as_str()).collect();
-    let (vecs, _) = e.encode_queries(&texts).unwrap().unwrap();
+    let (vecs, _) = e.retrieval().encode_queries(&texts).unwrap().unwrap();
     let started = std::time::Instant::now();
-    let recall = e.build_ann_and_measure("kuake", &vecs, 10).unwrap();
+    let recall = e.retrieval().build_ann_and_measure("kuake", &vecs, 10).unwrap();
     eprintln!(
         "IVF-PQ recall@10 vs exact over {} queries: {recall:.4} ({:.1}s incl. index build)",
         vecs.len(),
@@ -441,7 +441,7 @@ mod model_import {
     }
 
     fn package(src: &Engine, at: &Path) -> PathBuf {
-        let rec = src.active_models().unwrap().unwrap().query;
+        let rec = src.retrieval().active_models().unwrap().unwrap().query;
         let dir = at.join("pkg");
         std::fs::create_dir_all(&dir).unwrap();
         let mut m = ModelManifest::load(&rec.dir).unwrap();
@@ -455,7 +455,7 @@ mod model_import {
         m.role = care_formats::ModelRole::Query;
         m.write(&dir, &files).unwrap();
         let texts = ["二甲双胍的禁忌症", "高血压患者可以喝咖啡吗", "儿童发热的处理", "胰岛素注射部位"];
-        let (vecs, _) = src.encode_queries(&texts).unwrap().unwrap();
+        let (vecs, _) = src.retrieval().encode_queries(&texts).unwrap().unwrap();
         let parity = serde_json::json!({"texts": texts, "embeddings": vecs});
         std::fs::write(dir.join("parity.json"), parity.to_string()).unwrap();
         dir
@@ -484,7 +484,8 @@ mod model_import {
 
     /// Registry rows, folders under models/ and the number of audit records: what a refusal must not change.
     fn state(e: &Engine) -> (Vec<String>, Vec<String>, usize) {
-        let models = e.model_records().unwrap().iter().map(|m| format!("{}@{}", m.name, m.version)).collect();
+        let models =
+            e.retrieval().model_records().unwrap().iter().map(|m| format!("{}@{}", m.name, m.version)).collect();
         let mut dirs: Vec<String> = std::fs::read_dir(e.data_dir().models())
             .unwrap()
             .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
@@ -505,13 +506,15 @@ mod model_import {
     fn a_verified_package_imports_and_serves_and_every_refusal_changes_nothing() {
         let src_dir = tempfile::tempdir().unwrap();
         let src = engine_in(src_dir.path());
-        src.import_e5s1(&e5s1(), "1", None, false).unwrap();
+        src.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
         let work = tempfile::tempdir().unwrap();
         let good = package(&src, work.path());
 
         let t = tempfile::tempdir().unwrap();
         let e = engine_in(t.path());
-        e.import_e5s1(&e5s1(), "1", Some(&src.active_models().unwrap().unwrap().query.pairing_id), false).unwrap();
+        e.retrieval()
+            .import_e5s1(&e5s1(), "1", Some(&src.retrieval().active_models().unwrap().unwrap().query.pairing_id), false)
+            .unwrap();
         let admin = Admin::console("admin");
 
         // Every refusal class, each on its own damaged copy of the good package.
@@ -668,8 +671,8 @@ mod model_import {
         assert!(rec[0].detail.to_string().contains("hospital-e5@2"), "{:?}", rec[0].detail);
         assert!(r.model.dir.starts_with(e.data_dir().models()), "served from the appliance's own copy");
         // Same pairing as the live document model: it can serve queries against the stored vectors.
-        e.activate_models("hospital-e5@2", "e5-small@1", &mut |_| Ok(())).unwrap();
-        let (v, m) = e.encode_queries(&["二甲双胍的禁忌症"]).unwrap().unwrap();
+        e.retrieval().activate_models("hospital-e5@2", "e5-small@1", &mut |_| Ok(())).unwrap();
+        let (v, m) = e.retrieval().encode_queries(&["二甲双胍的禁忌症"]).unwrap().unwrap();
         assert_eq!(m.name, "hospital-e5");
         assert_eq!(v[0].len(), 384);
         // The same version again is refused, and the registry keeps the first.
@@ -752,7 +755,7 @@ mod lifecycle_gate {
     /// The live e5-small cut to its first 16 dimensions: a real encoder, deliberately much worse, and of another
     /// pairing (its document vectors go to tables of their own).
     fn narrow_package(e: &Engine, at: &Path) -> std::path::PathBuf {
-        let src = e.active_models().unwrap().unwrap().query.dir;
+        let src = e.retrieval().active_models().unwrap().unwrap().query.dir;
         let dir = at.join("w16");
         std::fs::create_dir_all(&dir).unwrap();
         let mut m = ModelManifest::load(&src).unwrap();
@@ -799,8 +802,8 @@ mod lifecycle_gate {
         let admin = Admin::console("admin");
         e.create_collection("kuake", "", "test").unwrap();
         e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
-        e.import_e5s1(&e5s1(), "1", None, false).unwrap();
-        e.sync_dense_indexes(&mut |_| Ok(())).unwrap();
+        e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
+        e.retrieval().sync_dense_indexes(&mut |_| Ok(())).unwrap();
 
         let info = e.models().import_judgments(&admin, "kuake", "dev400", JudgmentSource::Csv(&csv)).unwrap();
         eprintln!("judgments: {info:?}");
@@ -896,11 +899,11 @@ mod lifecycle_gate {
         assert!(better.collections[0].ndcg_at_10.gain_lo > 0.0);
         // Promotion also makes the dense weight the gate fitted for the candidate (on the training part) the served
         // one: the pair serves as it was judged. The override above did the same for the narrow pair.
-        let narrow_weight = e.fusion_for(col.id).unwrap();
+        let narrow_weight = e.retrieval().fusion_for(col.id).unwrap();
         assert_eq!(narrow_weight.dense_weight, worse.collections[0].candidate_dense_weight, "{narrow_weight:?}");
         e.models().promote(&admin, "e5-small@1,e5-small@1", None, &mut |_| Ok(())).unwrap();
         let fitted = better.collections[0].candidate_dense_weight;
-        let served = e.fusion_for(col.id).unwrap();
+        let served = e.retrieval().fusion_for(col.id).unwrap();
         assert_eq!(served.dense_weight, fitted);
         let train_queries = better.collections[0].train_queries;
         assert_eq!(served.fitted_on, format!("evaluation #{}: training part, {train_queries} queries", better.id));
@@ -911,12 +914,12 @@ mod lifecycle_gate {
         e.models().rollback(&admin, "test").unwrap();
         assert_eq!(top(&e, &queries[..40]), new, "rollback restores exactly the previous results");
         assert_eq!(filtered(&e), three, "and rollback");
-        let restored = e.fusion_for(col.id).unwrap();
+        let restored = e.retrieval().fusion_for(col.id).unwrap();
         assert_eq!(
             (restored.dense_weight, &restored.fitted_on),
             (narrow_weight.dense_weight, &narrow_weight.fitted_on)
         );
-        let live = e.active_models().unwrap().unwrap();
+        let live = e.retrieval().active_models().unwrap().unwrap();
         assert_eq!(live.query.name, "e5-w16");
 
         let actions: Vec<String> = e
@@ -974,7 +977,7 @@ mod lifecycle_gate {
     /// carries the int8 graph, with parity vectors of the live fp32 graph; `int8` replaces that graph's bytes.
     fn int8_package(e: &Engine, at: &Path, int8: Option<&[u8]>) -> std::path::PathBuf {
         use care_formats::Graph;
-        let live = e.active_models().unwrap().unwrap().query;
+        let live = e.retrieval().active_models().unwrap().unwrap().query;
         let dir = at.join(format!("q8-{}", int8.is_some()));
         let conv = at.join("int8-conversion");
         if !conv.join(Graph::Int8.file()).exists() {
@@ -1018,8 +1021,8 @@ mod lifecycle_gate {
         let admin = Admin::console("admin");
         e.create_collection("kuake", "", "test").unwrap();
         e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
-        e.import_e5s1(&e5s1(), "1", None, false).unwrap();
-        e.sync_dense_indexes(&mut |_| Ok(())).unwrap();
+        e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
+        e.retrieval().sync_dense_indexes(&mut |_| Ok(())).unwrap();
         e.models().import_judgments(&admin, "kuake", "dev300", JudgmentSource::Csv(&csv)).unwrap();
 
         // An int8 graph that is not an ONNX graph refuses the package: nothing registered.
@@ -1052,9 +1055,9 @@ mod lifecycle_gate {
 
         // Promotion serves the chosen graph: searches encode their queries with it.
         e.models().promote(&admin, "e5-q8@1,e5-small@1", None, &mut |_| Ok(())).unwrap();
-        let live = e.active_models().unwrap().unwrap();
+        let live = e.retrieval().active_models().unwrap().unwrap();
         assert_eq!((live.query.name.as_str(), live.query.query_graph), ("e5-q8", want));
-        let (served, _) = e.encode_queries(&[queries[0].as_str()]).unwrap().unwrap();
+        let (served, _) = e.retrieval().encode_queries(&[queries[0].as_str()]).unwrap().unwrap();
         let by = |g: Graph| {
             e.models
                 .graph(&live.query, g)
@@ -1071,16 +1074,16 @@ mod lifecycle_gate {
         assert_eq!(audit[0].detail["query_graph"], want.as_str(), "{:?}", audit[0].detail);
         // Rollback: the earlier pair serves its own (fp32) graph again.
         e.models().rollback(&admin, "test").unwrap();
-        let back = e.active_models().unwrap().unwrap();
+        let back = e.retrieval().active_models().unwrap().unwrap();
         assert_eq!((back.query.name.as_str(), back.query.served_query_graph()), ("e5-small", Graph::Fp32));
         // By hand (`care model activate --query-graph`): a graph the package lacks is refused, one it has serves.
         let err = e.models().activate_with_graph(&admin, ("e5-small@1", Graph::Int8), "e5-small@1", &mut |_| Ok(()));
         assert_eq!(err.unwrap_err().code(), ErrorCode::InvalidInput);
         let other = if want == Graph::Int8 { Graph::Fp32 } else { Graph::Int8 };
         e.models().activate_with_graph(&admin, ("e5-q8@1", other), "e5-small@1", &mut |_| Ok(())).unwrap();
-        let live = e.active_models().unwrap().unwrap();
+        let live = e.retrieval().active_models().unwrap().unwrap();
         assert_eq!((live.query.name.as_str(), live.query.query_graph), ("e5-q8", other));
-        assert_eq!(e.encode_queries(&[queries[0].as_str()]).unwrap().unwrap().0, by(other));
+        assert_eq!(e.retrieval().encode_queries(&[queries[0].as_str()]).unwrap().unwrap().0, by(other));
     }
 
     #[test]
@@ -1220,8 +1223,8 @@ mod training {
         let admin = Admin::console("admin");
         e.create_collection("kuake", "", "test").unwrap();
         e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
-        e.import_e5s1(&e5s1(), "1", None, false).unwrap();
-        e.sync_dense_indexes(&mut |_| Ok(())).unwrap();
+        e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
+        e.retrieval().sync_dense_indexes(&mut |_| Ok(())).unwrap();
         // The live query encoder: e5-small cut to its first 4 layers and not trained since (CARE's small query
         // encoder before alignment), beside the full e5-small document encoder.
         e.models().import(&admin, Path::new(&l4)).unwrap();
@@ -1259,7 +1262,7 @@ mod training {
         let job = e.fire_due_schedules(now + time::Duration::days(1)).unwrap().expect("a due schedule fires");
         assert_eq!(e.fire_due_schedules(now + time::Duration::days(2)).unwrap(), None, "a run is queued already");
         assert_eq!(e.training().submit(&admin, &recipe(), None).unwrap_err().code(), ErrorCode::Busy);
-        let models_before = e.model_records().unwrap().len();
+        let models_before = e.retrieval().model_records().unwrap().len();
 
         // The worker runs it; stopping the worker mid-Stage I (a restart) kills care-train after a checkpoint.
         let run_dir = t.path().join("data/train").join(format!("run-{job}"));
@@ -1282,7 +1285,7 @@ mod training {
         }
         w.shutdown();
         assert_eq!(e.tasks().job(&admin, job).unwrap().state, "queued", "a restart puts the run back in the queue");
-        assert_eq!(e.model_records().unwrap().len(), models_before, "nothing registered before export");
+        assert_eq!(e.retrieval().model_records().unwrap().len(), models_before, "nothing registered before export");
         let w = Worker::start(e.clone(), 1);
         let j = wait(&e, &admin, job, &finished);
         assert_eq!(j.state, "done", "{j:?}");
@@ -1299,7 +1302,7 @@ mod training {
             );
         }
         assert_eq!(run.decision, "promoted", "{run:?}");
-        let live = e.active_models().unwrap().unwrap();
+        let live = e.retrieval().active_models().unwrap().unwrap();
         assert_eq!(
             format!("{}@{},{}@{}", live.query.name, live.query.version, live.document.name, live.document.version),
             run.candidate
@@ -1312,7 +1315,7 @@ mod training {
             e.models().evaluations(&admin, 20).unwrap().into_iter().find(|(r, _)| r.id == evaluation).unwrap().0;
         let kuake = e.collection("kuake").unwrap();
         let judged = report.collections.iter().find(|c| c.collection == "kuake").unwrap();
-        assert_eq!(e.fusion_for(kuake.id).unwrap().dense_weight, judged.candidate_dense_weight);
+        assert_eq!(e.retrieval().fusion_for(kuake.id).unwrap().dense_weight, judged.candidate_dense_weight);
 
         // What it trained on: only the approved collection, the training part, the clinician's feedback.
         let counts = run.counts.unwrap();
@@ -1383,7 +1386,7 @@ mod training {
         assert_eq!(est.from_job, job2);
         assert!((est.seconds - run2.phases.iter().map(|p| p.1).sum::<f64>()).abs() < 1e-6, "{est:?} {run2:?}");
         assert_eq!(run2.decision, "gated_out", "{run2:?}");
-        assert_eq!(e.active_models().unwrap().unwrap().query, live.query);
+        assert_eq!(e.retrieval().active_models().unwrap().unwrap().query, live.query);
         let run2_dir = t.path().join("data/train").join(format!("run-{job2}"));
         assert!(run2.phases.iter().any(|(p, _)| p == "merge"), "{run2:?}");
         // Its weights are freed once it ended (the candidate package holds the merged ones); data and logs stay.
@@ -1396,14 +1399,14 @@ mod training {
         assert!(merge_log.contains("(0.5 tuned)"), "{merge_log}");
 
         // Cancel during training: the job ends cancelled and nothing new is registered.
-        let n = e.model_records().unwrap().len();
+        let n = e.retrieval().model_records().unwrap().len();
         let slow = Recipe { stage1_steps: 400, stage1_max_texts: 200, ..recipe() };
         let job3 = e.training().submit(&admin, &slow, None).unwrap();
         wait(&e, &admin, job3, &|j| j.stage.starts_with("Stage I 训练 步"));
         e.tasks().cancel(&admin, job3).unwrap();
         let j = wait(&e, &admin, job3, &finished);
         assert_eq!(j.state, "cancelled", "{j:?}");
-        assert_eq!(e.model_records().unwrap().len(), n, "a cancelled run registered a model");
+        assert_eq!(e.retrieval().model_records().unwrap().len(), n, "a cancelled run registered a model");
         w.shutdown();
         let actions: Vec<String> = e
             .audit()
@@ -1440,7 +1443,7 @@ mod training {
         let admin = Admin::console("admin");
         e.create_collection("kuake", "", "test").unwrap();
         e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
-        e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+        e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
         e.models().activate(&admin, "e5-small@1", "e5-small@1", &mut |_| Ok(())).unwrap();
         e.collections().approve(&admin, "kuake", true).unwrap();
         e.models().import_judgments(&admin, "kuake", "dev300", JudgmentSource::Csv(&csv)).unwrap();
@@ -1450,8 +1453,8 @@ mod training {
             Ok(e.search_unaudited(&req)?.hits.iter().map(|h| (h.chunk_id, h.score.to_bits())).collect())
         };
         let before: Vec<Vec<(i64, u32)>> = probes.iter().map(|q| dense(&e, q).unwrap()).collect();
-        let vectors_before = e.dense_vectors("kuake").unwrap();
-        let old_pairing = e.active_models().unwrap().unwrap().document.pairing_id;
+        let vectors_before = e.vectors().dense_vectors("kuake").unwrap();
+        let old_pairing = e.retrieval().active_models().unwrap().unwrap().document.pairing_id;
 
         let recipe = Recipe {
             sides: Sides::Both,
@@ -1474,7 +1477,7 @@ mod training {
                 let mut seen = Vec::new();
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     for (i, q) in probes.iter().enumerate() {
-                        let live = e.active_models().unwrap().unwrap().document.name;
+                        let live = e.retrieval().active_models().unwrap().unwrap().document.name;
                         seen.push((i, live, dense(&e, q).expect("a search failed during the run")));
                     }
                 }
@@ -1488,9 +1491,9 @@ mod training {
         let doc_name = format!("e5-small-r{job}-doc");
         let started = Instant::now();
         let written = loop {
-            let cand = e.model_records().unwrap().into_iter().find(|m| m.name == doc_name);
+            let cand = e.retrieval().model_records().unwrap().into_iter().find(|m| m.name == doc_name);
             if let Some(m) = cand {
-                let left = e.missing_vectors(&col, &m).unwrap().len();
+                let left = e.retrieval().missing_vectors(&col, &m).unwrap().len();
                 if left < total {
                     break total - left;
                 }
@@ -1501,8 +1504,8 @@ mod training {
         };
         w.shutdown();
         assert_eq!(e.tasks().job(&admin, job).unwrap().state, "queued", "a restart puts the run back in the queue");
-        let m = e.model_records().unwrap().into_iter().find(|m| m.name == doc_name).unwrap();
-        let kept = total - e.missing_vectors(&col, &m).unwrap().len();
+        let m = e.retrieval().model_records().unwrap().into_iter().find(|m| m.name == doc_name).unwrap();
+        let kept = total - e.retrieval().missing_vectors(&col, &m).unwrap().len();
         assert!(kept >= written && kept < total, "{kept} of {total} vectors kept over the restart ({written} seen)");
         let w = Worker::start(e.clone(), 1);
         let j = wait(&e, &admin, job, &finished);
@@ -1519,15 +1522,15 @@ mod training {
         assert_eq!(counts.mined_from, "e5-small@1", "{counts:?}");
         let phases: Vec<&str> = run.phases.iter().map(|(p, _)| p.as_str()).collect();
         assert!(phases.contains(&"embed") && phases.contains(&"stage2") && phases.contains(&"merge"), "{phases:?}");
-        let live = e.active_models().unwrap().unwrap();
+        let live = e.retrieval().active_models().unwrap().unwrap();
         assert_eq!(live.query.name, format!("e5-small-r{job}"));
         assert_eq!(live.document.name, format!("e5-small-r{job}-doc"), "a new document model");
         assert_eq!(live.query.pairing_id, live.document.pairing_id);
         assert_ne!(live.document.pairing_id, old_pairing, "a new pairing");
         assert_ne!(live.document.id, live.query.id);
         // The document encoder moved: the new tables hold every chunk, with vectors that differ from the old ones.
-        assert!(e.missing_vectors(&col, &live.document).unwrap().is_empty());
-        let vectors_after = e.dense_vectors("kuake").unwrap();
+        assert!(e.retrieval().missing_vectors(&col, &live.document).unwrap().is_empty());
+        let vectors_after = e.vectors().dense_vectors("kuake").unwrap();
         assert_eq!(vectors_after.len(), vectors_before.len());
         let moved = vectors_before.iter().zip(&vectors_after).filter(|(a, b)| cosine(&a.1, &b.1) < 0.9999).count();
         assert!(moved > vectors_before.len() / 2, "only {moved} of {} vectors changed", vectors_before.len());
@@ -1547,11 +1550,11 @@ mod training {
 
         // Rollback: the old pair's tables were kept, so its answers come back exactly.
         e.models().rollback(&admin, "测试回滚").unwrap();
-        let live = e.active_models().unwrap().unwrap();
+        let live = e.retrieval().active_models().unwrap().unwrap();
         assert_eq!((live.query.name.as_str(), live.document.name.as_str()), ("e5-small", "e5-small"));
         let restored: Vec<Vec<(i64, u32)>> = probes.iter().map(|q| dense(&e, q).unwrap()).collect();
         assert_eq!(restored, before);
-        assert_eq!(e.dense_vectors("kuake").unwrap(), vectors_before);
+        assert_eq!(e.vectors().dense_vectors("kuake").unwrap(), vectors_before);
     }
 }
 
@@ -2027,7 +2030,7 @@ mod offline_vectors {
     fn setup() -> (tempfile::TempDir, Engine) {
         let t = tempfile::tempdir().unwrap();
         let e = engine_in(&t.path().join("data"));
-        e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+        e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
         e.create_collection("c", "", "test").unwrap();
         e.ingest_documents("c", &docs(None)).unwrap();
         (t, e)
@@ -2053,7 +2056,7 @@ mod offline_vectors {
         let audits: i64 = crate::tests::engine::db(e)
             .query_row("SELECT COUNT(*) FROM audit WHERE action = 'collection.import_vectors'", [], |r| r.get(0))
             .unwrap();
-        (QUERIES.iter().map(|q| dense(e, q)).collect(), e.dense_vectors("c").unwrap(), audits)
+        (QUERIES.iter().map(|q| dense(e, q)).collect(), e.vectors().dense_vectors("c").unwrap(), audits)
     }
 
     fn assert_same_results(a: &[Vec<(i64, f32)>], b: &[Vec<(i64, f32)>], tol: f32) {
@@ -2113,7 +2116,7 @@ mod offline_vectors {
         files: &[&str],
         edit: impl FnOnce(&mut care_formats::ModelManifest),
     ) -> PathBuf {
-        let src = e.active_models().unwrap().unwrap().query.dir;
+        let src = e.retrieval().active_models().unwrap().unwrap().query.dir;
         let dir = at.join(name);
         std::fs::create_dir_all(&dir).unwrap();
         let mut m = care_formats::ModelManifest::load(&src).unwrap();
@@ -2130,7 +2133,7 @@ mod offline_vectors {
     /// Vectors of the exported chunks computed by the live e5-small document encoder (standing in for an LLM
     /// document encoder run by `care-train embed-corpus`), written as shards of `pairing`.
     fn embed_export(e: &Engine, export: &Path, out: &Path, pairing: &str) {
-        let e5 = e.model_records().unwrap().into_iter().find(|m| m.name == "e5-small").unwrap();
+        let e5 = e.retrieval().model_records().unwrap().into_iter().find(|m| m.name == "e5-small").unwrap();
         let enc = OrtEncoder::load(&e5.dir, &Default::default()).unwrap();
         let rows = read_export(export);
         let texts: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
@@ -2160,13 +2163,13 @@ mod offline_vectors {
         // No vectors yet: refused with the way out, and the live pair is untouched.
         let err = e.models().activate(&admin, "q-for-qwen3@1", "qwen3-doc@1", &mut |_| Ok(())).unwrap_err();
         assert!(err.to_string().contains("export-chunks c --pending-for qwen3-doc@1"), "{err}");
-        assert_eq!(e.active_models().unwrap().unwrap().document.name, "e5-small");
-        let (_, pending) = e.pending_vectors("c", Some("qwen3-doc@1")).unwrap();
+        assert_eq!(e.retrieval().active_models().unwrap().unwrap().document.name, "e5-small");
+        let (_, pending) = e.vectors().pending_vectors("c", Some("qwen3-doc@1")).unwrap();
         assert_eq!(pending.len(), before.1.len());
 
         // Export the queue, embed it offline, import into the offline model's tables, then it goes live.
         let export = t.path().join("pending.jsonl");
-        assert_eq!(e.export_chunks_for("c", &export, Some("qwen3-doc@1")).unwrap().chunks, before.1.len());
+        assert_eq!(e.vectors().export_chunks_for("c", &export, Some("qwen3-doc@1")).unwrap().chunks, before.1.len());
         let vecs = t.path().join("vecs");
         embed_export(&e, &export, &vecs, "qwen3-test");
         e.models()
@@ -2185,7 +2188,7 @@ mod offline_vectors {
             ..Default::default()
         };
         e.ingest_documents("c", std::slice::from_ref(&new)).unwrap();
-        let (doc, pending) = e.pending_vectors("c", None).unwrap();
+        let (doc, pending) = e.vectors().pending_vectors("c", None).unwrap();
         assert!(!doc.online);
         assert_eq!(pending.len(), 1);
         let r = e.search_unaudited(&SearchRequest { query: "布洛芬".into(), ..Default::default() }).unwrap();
@@ -2198,25 +2201,25 @@ mod offline_vectors {
         e.recover().unwrap(); // a restart neither fails nor embeds with a model that has no graph
 
         let export = t.path().join("pending2.jsonl");
-        e.export_chunks_for("c", &export, Some("qwen3-doc@1")).unwrap();
+        e.vectors().export_chunks_for("c", &export, Some("qwen3-doc@1")).unwrap();
         assert_eq!(read_export(&export).len(), 1);
         let vecs = t.path().join("vecs2");
         embed_export(&e, &export, &vecs, "qwen3-test");
         e.models().import_vectors("c", &vecs, None, &crate::Admin::console("test"), &mut |_| {}).unwrap();
-        assert!(e.pending_vectors("c", None).unwrap().1.is_empty());
+        assert!(e.vectors().pending_vectors("c", None).unwrap().1.is_empty());
         assert!(dense(&e, "布洛芬 退热").iter().any(|h| h.0 == pending[0]), "joins dense search after the import");
     }
 
     #[test]
     fn imported_vectors_reproduce_search_and_every_refusal_changes_nothing() {
         let (t, e) = setup();
-        let pair = e.active_models().unwrap().unwrap();
+        let pair = e.retrieval().active_models().unwrap().unwrap();
         let before = snapshot(&e);
         assert_eq!(before.1.len(), e.collection_stats().unwrap()[0].chunks as usize);
 
         // Export: every live chunk once, in the trainer's corpus layout, written atomically.
         let out = t.path().join("chunks.jsonl");
-        let r = e.export_chunks("c", &out).unwrap();
+        let r = e.vectors().export_chunks("c", &out).unwrap();
         let exported = read_export(&out);
         assert_eq!((r.chunks, exported.len()), (before.1.len(), before.1.len()));
         let names: Vec<String> = std::fs::read_dir(t.path())
@@ -2245,7 +2248,7 @@ mod offline_vectors {
 
         let good = t.path().join("good");
         write_shards(&good, &pair.document.pairing_id, pair.document.width, &rows);
-        let rep = e.import_vectors("c", &good, "test", &mut |_| {}).unwrap();
+        let rep = e.models().import_vectors("c", &good, None, &crate::Admin::console("test"), &mut |_| {}).unwrap();
         assert_eq!((rep.imported, rep.live_chunks, rep.not_covered), (rows.len(), rows.len(), 0));
         assert_eq!(rep.shards, rows.len().div_ceil(3));
         assert!(rep.online_document_encoder);
@@ -2253,7 +2256,7 @@ mod offline_vectors {
         assert_same_results(&before.0, &after.0, 1e-5);
         assert_eq!(after.2, before.2 + 1, "one audit record per import");
         assert_eq!(
-            e.vector_sources("c").unwrap(),
+            e.vectors().vector_sources("c").unwrap(),
             crate::vectors::VectorSources { imported: vec![("qwen3-doc-test@1".into(), rows.len())], online: 0 }
         );
         e.audit().verify(&crate::Admin::system(), true).unwrap();
@@ -2261,7 +2264,8 @@ mod offline_vectors {
         let refuse = |name: &str, prepare: &dyn Fn(&Path)| -> Error {
             let dir = t.path().join(name);
             prepare(&dir);
-            let err = e.import_vectors("c", &dir, "test", &mut |_| {}).unwrap_err();
+            let err =
+                e.models().import_vectors("c", &dir, None, &crate::Admin::console("test"), &mut |_| {}).unwrap_err();
             let now = snapshot(&e);
             assert_eq!(now.1, after.1, "{name}: the dense table changed");
             assert_same_results(&after.0, &now.0, 0.0);
@@ -2334,27 +2338,27 @@ mod offline_vectors {
         let q = "流感怎么治疗";
         let before = dense(&e, q);
         let out = t.path().join("chunks.jsonl");
-        e.export_chunks("c", &out).unwrap();
+        e.vectors().export_chunks("c", &out).unwrap();
         let exported = read_export(&out);
         // The gout chunk: not what dense search ranks first for an influenza question.
         let (target, _) = exported.iter().find(|(_, text)| text.contains("痛风")).unwrap().clone();
         let target_chunk = chunk_id(&target);
         assert_ne!(before[0].0, target_chunk);
-        let old_vectors = e.dense_vectors("c").unwrap();
+        let old_vectors = e.vectors().dense_vectors("c").unwrap();
 
         // Shards covering only that chunk, whose vector is the query's own vector.
-        let (qv, _) = e.encode_queries(&[q]).unwrap().unwrap();
-        let pair = e.active_models().unwrap().unwrap();
+        let (qv, _) = e.retrieval().encode_queries(&[q]).unwrap().unwrap();
+        let pair = e.retrieval().active_models().unwrap().unwrap();
         let dir = t.path().join("one");
         write_shards(&dir, &pair.document.pairing_id, pair.document.width, &[(target.clone(), qv[0].clone())]);
-        let rep = e.import_vectors("c", &dir, "test", &mut |_| {}).unwrap();
+        let rep = e.models().import_vectors("c", &dir, None, &crate::Admin::console("test"), &mut |_| {}).unwrap();
         assert_eq!((rep.imported, rep.not_covered), (1, exported.len() - 1));
 
         let after = dense(&e, q);
         assert_eq!(after[0].0, target_chunk, "{after:?}");
         assert!((after[0].1 - 1.0).abs() < 1e-5, "cosine of a vector with itself: {}", after[0].1);
         // Uncovered chunks keep their vectors exactly.
-        let new_vectors = e.dense_vectors("c").unwrap();
+        let new_vectors = e.vectors().dense_vectors("c").unwrap();
         assert_eq!(new_vectors.len(), old_vectors.len());
         for ((c, old), (c2, new)) in old_vectors.iter().zip(&new_vectors) {
             assert_eq!(c, c2);
@@ -2363,7 +2367,7 @@ mod offline_vectors {
             }
         }
         assert_eq!(
-            e.vector_sources("c").unwrap(),
+            e.vectors().vector_sources("c").unwrap(),
             crate::vectors::VectorSources {
                 imported: vec![("qwen3-doc-test@1".into(), 1)],
                 online: exported.len() - 1
@@ -2384,7 +2388,7 @@ mod offline_vectors {
         assert_eq!((fr.added, fr.replaced), (1, 1));
         let c = e.check().unwrap();
         assert!(c.consistent && c.dense_vectors == c.sqlite_chunks, "{c:?}");
-        assert_eq!(e.vector_sources("c").unwrap().imported, vec![]);
+        assert_eq!(e.vectors().vector_sources("c").unwrap().imported, vec![]);
         let again = dense(&e, q);
         assert_ne!(again[0].0, target_chunk);
         assert!(again[0].1 < 0.99, "no chunk carries the query's own vector any more: {again:?}");
@@ -2401,10 +2405,10 @@ mod offline_vectors {
             return;
         };
         let (t, e) = setup();
-        let pair = e.active_models().unwrap().unwrap();
+        let pair = e.retrieval().active_models().unwrap().unwrap();
         let before = snapshot(&e);
         let chunks = t.path().join("chunks.jsonl");
-        e.export_chunks("c", &chunks).unwrap();
+        e.vectors().export_chunks("c", &chunks).unwrap();
         let vecs = t.path().join("vecs");
         let out = std::process::Command::new(&bin)
             .args(["--device", "cpu", "--threads", "1", "embed-corpus", "--document"])
@@ -2418,10 +2422,10 @@ mod offline_vectors {
             .unwrap();
         assert!(out.status.success(), "care-train embed-corpus failed: {}", String::from_utf8_lossy(&out.stderr));
 
-        let rep = e.import_vectors("c", &vecs, "test", &mut |_| {}).unwrap();
+        let rep = e.models().import_vectors("c", &vecs, None, &crate::Admin::console("test"), &mut |_| {}).unwrap();
         assert_eq!((rep.imported, rep.not_covered), (before.1.len(), 0));
         let after = snapshot(&e);
-        let src = e.vector_sources("c").unwrap();
+        let src = e.vectors().vector_sources("c").unwrap();
         assert_eq!((src.online, src.imported.len(), src.imported[0].1), (0, 1, before.1.len()), "{src:?}");
 
         // Same chunks, vectors from the other stack: tch fp32 vs ONNX Runtime on the same dequantised weights.
@@ -2464,7 +2468,7 @@ mod offline_vectors {
         cfg.training.trainer = PathBuf::from(bin);
         cfg.training.device = "cpu".into();
         let e = std::sync::Arc::new(Engine::open(cfg, OpenMode::Create).unwrap());
-        e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+        e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
         e.create_collection("c", "", "test").unwrap();
         e.ingest_documents("c", &docs(None)).unwrap();
         let admin = crate::Admin::console("admin");
@@ -2472,7 +2476,7 @@ mod offline_vectors {
         let err = e.models().submit_offline_embed(&admin, None).unwrap_err();
         assert!(err.to_string().contains("online"), "an online live model needs no offline embedding: {err}");
 
-        let live = e.active_models().unwrap().unwrap();
+        let live = e.retrieval().active_models().unwrap().unwrap();
         let pkg = t.path().join("e5-offline");
         std::fs::create_dir_all(&pkg).unwrap();
         let files = ["config.json", "model.safetensors", "tokenizer.json"];
@@ -2498,7 +2502,7 @@ mod offline_vectors {
         e.models().import(&admin, &query).unwrap();
         let err = e.models().submit_offline_embed(&admin, Some("bare-doc@1")).unwrap_err();
         assert!(err.to_string().contains("config.json"), "{err}");
-        assert_eq!(e.pending_vectors("c", Some("e5-offline@1")).unwrap().1.len(), before.1.len());
+        assert_eq!(e.vectors().pending_vectors("c", Some("e5-offline@1")).unwrap().1.len(), before.1.len());
 
         let job = e.models().submit_offline_embed(&admin, Some("e5-offline@1")).unwrap();
         let w = crate::Worker::start(e.clone(), 1);
@@ -2514,7 +2518,7 @@ mod offline_vectors {
         w.shutdown();
         assert_eq!(j.state, crate::JobState::Done, "{j:?}");
         assert!(j.result.contains(&format!("\"embedded\":{}", before.1.len())), "{}", j.result);
-        assert!(e.pending_vectors("c", Some("e5-offline@1")).unwrap().1.is_empty());
+        assert!(e.vectors().pending_vectors("c", Some("e5-offline@1")).unwrap().1.is_empty());
         e.models().activate(&admin, "q-offline@1", "e5-offline@1", &mut |_| Ok(())).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(1100)); // the active-pair cache
         // Same weights through tch instead of ORT: the same answers.
@@ -2560,7 +2564,7 @@ mod concurrency {
 
     /// The default model's package, imported into a scratch data directory.
     fn model_dir(t: &Path) -> PathBuf {
-        engine_in(&t.join("data")).import_e5s1(&e5s1(), "1", None, false).unwrap().dir
+        engine_in(&t.join("data")).retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap().dir
     }
 
     /// Small batches so that a few dozen passages take several pieces.
@@ -2652,7 +2656,7 @@ mod concurrency {
     fn searches_and_listings_read_beside_an_open_write_transaction() {
         let t = tempfile::tempdir().unwrap();
         let e = Arc::new(engine_in(&t.path().join("data")));
-        e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+        e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
         e.create_collection("c", "", "test").unwrap();
         let doc = |id: &str, text: &str| ParsedDocument {
             external_id: id.into(),
@@ -2734,7 +2738,7 @@ mod encoder_device {
         }
         // Loading a model under `cuda` stops at the same place instead of running on the CPU.
         let t = tempfile::tempdir().unwrap();
-        let dir = engine_in(&t.path().join("data")).import_e5s1(&e5s1(), "1", None, false).unwrap().dir;
+        let dir = engine_in(&t.path().join("data")).retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap().dir;
         let load = OrtEncoder::load(&dir, &config("cuda")).unwrap_err();
         assert!(matches!(load, Error::CudaUnavailable(_)), "{load:?}");
         let cpu = OrtEncoder::load(&dir, &config("cpu")).unwrap();
@@ -2862,7 +2866,7 @@ mod load_benchmark {
         cfg.model.threads = env("CARE_BENCH_THREADS", 0);
         cfg.model.document_piece_tokens = env("CARE_BENCH_PIECE", 0);
         let e = Arc::new(Engine::open(cfg, OpenMode::Create).unwrap());
-        e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+        e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
         e.create_collection("kuake", "", "test").unwrap();
         e.create_collection("huatuo", "", "test").unwrap();
         let data = shared().join("data/retrieval");
@@ -2905,9 +2909,9 @@ mod load_benchmark {
         let t = tempfile::tempdir().unwrap();
         let data = std::env::var_os("CARE_BENCH_DATA").map(PathBuf::from).unwrap_or_else(|| t.path().join("data"));
         let e = engine_in(&data);
-        let dir = match e.model_records().unwrap().first() {
+        let dir = match e.retrieval().model_records().unwrap().first() {
             Some(m) => m.dir.clone(),
-            None => e.import_e5s1(&e5s1(), "1", None, false).unwrap().dir,
+            None => e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap().dir,
         };
         let set = BeirSet::load(&shared().join("data/retrieval/kuake_qtr"), "dev").unwrap();
         let queries: Arc<Vec<String>> = Arc::new(set.queries.iter().map(|(_, q)| q.clone()).collect());
@@ -2967,7 +2971,7 @@ mod load_benchmark {
 
 fn demo_with_e5(dir: &Path) -> Engine {
     let e = engine_in(dir);
-    e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+    e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
     crate::demo::load_demo(&e).unwrap();
     e
 }
@@ -3516,7 +3520,7 @@ fn search_trust_benchmark() {
         if indexed.as_ref().is_none_or(|(c, _, _)| *c != corpus) {
             let t = tempfile::tempdir().unwrap();
             let e = engine_in(t.path());
-            e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+            e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
             e.create_collection("c", "", "test").unwrap();
             assert_eq!(e.ingest_files("c", &[set.corpus_path()], &mut |_| {}).unwrap().failed(), 0);
             eprintln!("{name}: ingested in {:.0}s", started.elapsed().as_secs_f64());
@@ -3746,18 +3750,18 @@ fn vector_tables_past_the_rollback_retention_are_dropped_and_the_rest_serve() {
     cfg.training.keep_free_gb = 0.0;
     cfg.lifecycle.keep_rollback_tables = 1;
     let e = Engine::open(cfg, OpenMode::Create).unwrap();
-    e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+    e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
     crate::demo::load_demo(&e).unwrap();
     let admin = crate::Admin::console("cli:root");
     for v in ["2", "3"] {
-        e.import_e5s1(&e5s1(), v, Some(&format!("pairing-{v}")), false).unwrap();
+        e.retrieval().import_e5s1(&e5s1(), v, Some(&format!("pairing-{v}")), false).unwrap();
         let m = format!("e5-small@{v}");
         e.models().activate(&admin, &m, &m, &mut |_| Ok(())).unwrap();
     }
     // A candidate never live, with a table of its own (as an evaluation makes), and a table nothing records.
-    let candidate = e.import_e5s1(&e5s1(), "4", Some("pairing-4"), false).unwrap();
+    let candidate = e.retrieval().import_e5s1(&e5s1(), "4", Some("pairing-4"), false).unwrap();
     let col = e.collection(crate::demo::DEMO_COLLECTION).unwrap();
-    e.dense_table(col.id, &candidate, true).unwrap();
+    e.retrieval().dense_table(col.id, &candidate, true).unwrap();
     e.dense.table("c99_m99_v1", 384).unwrap();
     e.dense.table("notes", 384).unwrap();
     let tables = |e: &Engine| -> Vec<String> {
@@ -3788,7 +3792,7 @@ fn vector_tables_past_the_rollback_retention_are_dropped_and_the_rest_serve() {
     };
     hybrid(&e);
     e.models().rollback(&admin, "测试回滚").unwrap();
-    assert_eq!(e.active_models().unwrap().unwrap().document.version, "2");
+    assert_eq!(e.retrieval().active_models().unwrap().unwrap().document.version, "2");
     hybrid(&e);
     assert_eq!(tables(&e), ["2", "3", "4"], "rolling back one step needed no re-embedding");
 }

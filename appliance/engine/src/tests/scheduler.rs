@@ -205,7 +205,7 @@ fn a_due_schedule_fires_exactly_once_across_restarts() {
     let admin = Admin::console("admin");
     let schedule = {
         let e = open(&cfg);
-        e.import_e5s1(&e5s1(), "1", None, false).unwrap();
+        e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
         crate::demo::load_demo(&e).unwrap();
         for c in e.collection_stats().unwrap() {
             e.collections().approve(&admin, &c.collection.name, true).unwrap();
@@ -297,7 +297,7 @@ fn subset(dir: &Path, n: usize, others: usize) -> (PathBuf, PathBuf) {
 
 /// The live e5-small cut to 16 dimensions, of another pairing: evaluating it embeds every passage again.
 fn narrow_package(e: &Engine, at: &Path) -> PathBuf {
-    let src = e.active_models().unwrap().unwrap().query.dir;
+    let src = e.retrieval().active_models().unwrap().unwrap().query.dir;
     let dir = at.join("w16");
     std::fs::create_dir_all(&dir).unwrap();
     let mut m = care_formats::ModelManifest::load(&src).unwrap();
@@ -321,8 +321,8 @@ fn with_candidate(at: &Path, n: usize, others: usize) -> Arc<Engine> {
     let admin = Admin::console("admin");
     e.create_collection("kuake", "", "test").unwrap();
     e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
-    e.import_e5s1(&e5s1(), "1", None, false).unwrap();
-    e.sync_dense_indexes(&mut |_| Ok(())).unwrap();
+    e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
+    e.retrieval().sync_dense_indexes(&mut |_| Ok(())).unwrap();
     e.models().import_judgments(&admin, "kuake", "dev", crate::judgments::JudgmentSource::Csv(&csv)).unwrap();
     e.models().import(&admin, &narrow_package(&e, at)).unwrap();
     e

@@ -316,7 +316,7 @@ impl Engine {
     fn served_vectors(&self, cols: &[Collection], model: &ModelRecord) -> Result<HashMap<i64, Vec<f32>>> {
         let mut out = HashMap::new();
         for col in cols {
-            out.extend(self.dense_vectors_of(col.id, model)?);
+            out.extend(self.vectors().dense_vectors_of(col.id, model)?);
         }
         Ok(out)
     }
@@ -459,7 +459,7 @@ impl Engine {
         let mut hits_of: HashMap<(&str, &str), Candidates> = HashMap::with_capacity(keys.len());
         for &(q, c) in &keys {
             let col = cols.iter().find(|x| x.name == c).map_or(&[][..], std::slice::from_ref);
-            let hits = self.dense_search_in(&vec_of[q], guide, &pair.document, col, MINE_DEPTH, None)?;
+            let hits = self.retrieval().dense_search_in(&vec_of[q], guide, &pair.document, col, MINE_DEPTH, None)?;
             hits_of.insert((q, c), hits.into_iter().map(|h| (h.chunk_id, h.score)).collect());
         }
         // Positives the index lacks (a chunk ingested but not yet embedded): encoded, as the index would.
@@ -648,7 +648,7 @@ impl crate::engine::Training<'_> {
     /// (groups are topped up at random).
     pub fn data(&self, _admin: &Admin, dir: &Path, recipe: &super::Recipe) -> Result<DataCounts> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let pair = self.active_models()?;
+        let pair = self.retrieval().active_models()?;
         self.assemble_training_data(dir, pair.as_ref(), &recipe.data, recipe.stage2_max_groups)
     }
 }

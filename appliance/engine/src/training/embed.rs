@@ -50,13 +50,13 @@ impl Engine {
         let mut embedded = 0;
         for (i, col) in cols.iter().enumerate() {
             run.progress(&format!("嵌入集合 {} ({}/{})", col.name, i + 1, cols.len()), i as u64, cols.len() as u64)?;
-            let pending = self.pending_vectors(&col.name, Some(&p.model))?.1.len();
+            let pending = self.vectors().pending_vectors(&col.name, Some(&p.model))?.1.len();
             if pending == 0 {
                 continue;
             }
             let chunks = dir.join(format!("chunks-{}.jsonl", col.id));
             let vecs = dir.join(format!("vectors-{}", col.id));
-            self.export_chunks_for(&col.name, &chunks, Some(&p.model))?;
+            self.vectors().export_chunks_for(&col.name, &chunks, Some(&p.model))?;
             let _ = std::fs::remove_dir_all(&vecs);
             run.trainer(Phase::EmbedCorpus(EmbedCorpusSpec {
                 document: doc.dir.clone(),
@@ -103,7 +103,7 @@ impl crate::engine::Models<'_> {
     /// live document model) with `care-train embed-corpus` and imports the vectors. Refused before anything is
     /// queued when the model is online, its package has no trainer weights, or `care-train` cannot start.
     pub fn submit_offline_embed(&self, actor: &Admin, model: Option<&str>) -> Result<i64> {
-        let doc = self.document_model(model, || {
+        let doc = self.vectors().document_model(model, || {
             Error::InvalidInput("没有在用的模型；请指定离线文档模型 (no live pair: name the document model)".into())
         })?;
         embeddable(&doc)?;

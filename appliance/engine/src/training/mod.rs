@@ -565,6 +565,7 @@ impl Engine {
     pub(crate) fn prepare_training(&self, recipe: &Recipe, schedule: Option<i64>) -> Result<(TrainParams, String)> {
         recipe.check()?;
         let pair = self
+            .retrieval()
             .active_models()?
             .ok_or_else(|| Error::InvalidInput("没有在用的模型，无法训练 (no live model pair to train from)".into()))?;
         if !self.store.collection_list()?.iter().any(|c| c.approved_for_training) {
@@ -806,7 +807,7 @@ impl Engine {
         if both {
             run.phase(&mut st, "embed", "重新生成文档向量", |r| {
                 let cand = self.resolve_pair(&candidate)?;
-                self.prepare_document_model(&cand.document, &mut r.dense_progress())
+                self.retrieval().prepare_document_model(&cand.document, &mut r.dense_progress())
             })?;
         }
         let mut report = None;
@@ -828,7 +829,7 @@ impl Engine {
             )?,
         };
         let decision = if passed && p.recipe.promote {
-            let live = self.active_models()?.map(|a| pair_spec(&a));
+            let live = self.retrieval().active_models()?.map(|a| pair_spec(&a));
             if live.as_deref() != Some(candidate.as_str()) {
                 run.phase(&mut st, "promote", "上线候选模型", |r| {
                     self.models().promote(actor, &candidate, None, &mut r.dense_progress()).map(|_| ())
@@ -1078,7 +1079,7 @@ impl crate::engine::Training<'_> {
     /// from the live pair. None when no pair is live.
     pub fn disk(&self, _admin: &Admin, sides: Sides) -> Result<Option<TrainingDisk>> {
         let recipe = Recipe { sides, ..Recipe::default() };
-        self.active_models()?.map(|p| self.training_disk(&p, &recipe)).transpose()
+        self.retrieval().active_models()?.map(|p| self.training_disk(&p, &recipe)).transpose()
     }
 
     /// How long `recipe` should take here, judged from the newest finished run of its shape on this device.
