@@ -86,7 +86,7 @@ pub(crate) enum JobsCommand {
 /// `care serve`, to run it), drawing a progress bar; prints the per-file report.
 pub(crate) fn run_ingest_job(e: &Arc<Engine>, id: i64, json: bool, workers: usize) -> Result<i32> {
     let worker = start_scheduler(e, workers);
-    let job = e.job(id)?;
+    let job = e.queue().job(id)?;
     let bar = ProgressBar::new(job.progress_total);
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} files {msg}")
@@ -94,7 +94,7 @@ pub(crate) fn run_ingest_job(e: &Arc<Engine>, id: i64, json: bool, workers: usiz
     );
     let started = std::time::Instant::now();
     let job = loop {
-        let j = e.job(id)?;
+        let j = e.queue().job(id)?;
         bar.set_position(j.progress_done);
         let mut msg = format!("{} documents", j.documents_done);
         if !j.errors.is_empty() {
@@ -111,7 +111,7 @@ pub(crate) fn run_ingest_job(e: &Arc<Engine>, id: i64, json: bool, workers: usiz
     };
     bar.finish_and_clear();
     worker.shutdown();
-    let files = e.job_files(id)?;
+    let files = e.queue().job_files(id)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({"job": job, "files": files}))?);
     }
@@ -195,7 +195,7 @@ pub(crate) fn run_collection(e: &Engine, command: CollectionCommand) -> Result<i
 pub(crate) fn run_jobs(e: &Arc<Engine>, command: JobsCommand, workers: usize) -> Result<i32> {
     match command {
         JobsCommand::List { limit } => {
-            for j in e.jobs(limit)? {
+            for j in e.queue().jobs(limit)? {
                 let what = if j.kind == "ingest" {
                     format!(
                         "{}\t{}/{} files\t{} documents",
@@ -208,7 +208,7 @@ pub(crate) fn run_jobs(e: &Arc<Engine>, command: JobsCommand, workers: usize) ->
             }
         }
         JobsCommand::Show { id } => {
-            let out = serde_json::json!({"job": e.job(id)?, "files": e.job_files(id)?});
+            let out = serde_json::json!({"job": e.queue().job(id)?, "files": e.queue().job_files(id)?});
             println!("{}", serde_json::to_string_pretty(&out)?);
         }
         JobsCommand::Cancel { id } => {
@@ -218,7 +218,7 @@ pub(crate) fn run_jobs(e: &Arc<Engine>, command: JobsCommand, workers: usize) ->
         JobsCommand::Run => {
             let worker = start_scheduler(e, workers);
             loop {
-                let active = e.jobs(1000)?.into_iter().filter(|j| !j.state.is_finished()).count();
+                let active = e.queue().jobs(1000)?.into_iter().filter(|j| !j.state.is_finished()).count();
                 if active == 0 {
                     break;
                 }

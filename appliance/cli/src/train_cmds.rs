@@ -259,7 +259,7 @@ pub(crate) fn run_with_bar(e: &Arc<Engine>, workers: usize, job: i64) -> Result<
     let pb = ProgressBar::new(0);
     pb.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")?);
     let j = loop {
-        let j = e.job(job)?;
+        let j = e.queue().job(job)?;
         pb.set_length(j.progress_total);
         pb.set_position(j.progress_done);
         pb.set_message(j.stage_text());

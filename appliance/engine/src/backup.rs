@@ -300,14 +300,14 @@ impl crate::engine::Backups<'_> {
         let id = {
             let mut conn = self.store.conn();
             let tx = conn.transaction()?;
-            self.queue_room(&tx)?;
+            self.queue().queue_room(&tx)?;
             let id = crate::jobs::insert_job(&tx, p, actor)?;
             let detail = serde_json::json!({"job": id, "to": p.to});
             crate::audit::append(&tx, &actor.name, "backup.submit", &detail)?;
             tx.commit()?;
             id
         };
-        self.tasks_changed();
+        self.queue().tasks_changed();
         Ok(id)
     }
 
@@ -343,7 +343,7 @@ impl crate::engine::Backups<'_> {
     /// computes the next run at once.
     pub fn set_schedule(&self, actor: &Admin, spec: Option<&schedule::ScheduleSpec>) -> Result<schedule::Plan> {
         let plan = schedule::set(&self.store, &self.cfg, actor, spec)?;
-        self.tasks_changed();
+        self.queue().tasks_changed();
         Ok(plan)
     }
 

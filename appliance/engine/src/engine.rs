@@ -470,7 +470,7 @@ impl Engine {
         {
             tracing::warn!(?report, "recovered from an interrupted write");
         }
-        engine.recover_jobs()?;
+        engine.queue().recover_jobs()?;
         let swept = engine.sweep_uploads();
         if swept > 0 {
             tracing::info!(folders = swept, "removed upload folders that no job owns (interrupted uploads)");
@@ -482,7 +482,7 @@ impl Engine {
     /// that died between receiving files and queuing them left (the server removes a folder when a client goes away
     /// mid-upload). Recent folders stay, as another process may be filling one.
     fn sweep_uploads(&self) -> usize {
-        let Ok(entries) = std::fs::read_dir(self.uploads_dir()) else { return 0 };
+        let Ok(entries) = std::fs::read_dir(self.queue().uploads_dir()) else { return 0 };
         let owned: std::collections::HashSet<std::path::PathBuf> = self
             .store
             .reader()
@@ -493,7 +493,7 @@ impl Engine {
             .and_then(|mut st| st.query_map([], |r| r.get::<_, String>(0))?.collect::<rusqlite::Result<Vec<_>>>())
             .unwrap_or_default()
             .iter()
-            .filter_map(|p| self.upload_folder(std::path::Path::new(p)))
+            .filter_map(|p| self.queue().upload_folder(std::path::Path::new(p)))
             .collect();
         let newest = |dir: &std::path::Path| -> Option<std::time::SystemTime> {
             let own = std::fs::metadata(dir).and_then(|m| m.modified()).ok();
@@ -533,6 +533,14 @@ impl Engine {
     /// Chunks as the offline document encoder sees them and the vectors of the dense indexes.
     pub fn vectors(&self) -> crate::vectors::Vectors<'_> {
         crate::vectors::Vectors { r: self.retrieval() }
+    }
+    /// Judged queries, uploaded and from feedback.
+    pub(crate) fn judgments(&self) -> crate::judgments::Judgments<'_> {
+        crate::judgments::Judgments { store: &self.store, cfg: &self.cfg }
+    }
+    /// The job queue: uploads, submissions, the scheduler's lock.
+    pub fn queue(&self) -> crate::jobs::JobQueue<'_> {
+        crate::jobs::JobQueue { cfg: &self.cfg, dir: &self.dir, store: &self.store, tasks: &self.tasks }
     }
     pub(crate) fn store(&self) -> &Store {
         &self.store
@@ -870,7 +878,7 @@ impl Engine {
         };
         let chunker = self.chunker()?;
         // Clinicians see a document's source: the uploaded name or the file name, never a folder on the server.
-        let prefix = self.upload_prefix(path).or_else(|| {
+        let prefix = self.queue().upload_prefix(path).or_else(|| {
             let parent = path.parent().filter(|p| !p.as_os_str().is_empty())?;
             Some(format!("{}/", parent.display()))
         });

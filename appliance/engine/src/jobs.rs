@@ -21,7 +21,6 @@ use rusqlite::{OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
 use crate::accounts::Actor;
-use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::ingest::IngestOptions;
 use crate::store::now;
@@ -174,7 +173,27 @@ fn upload_token() -> String {
     hex::encode(&h.finalize()[..12])
 }
 
-impl Engine {
+/// The job queue on disk: uploads waiting for their job, submitting, listing, cancelling, and the lock that makes
+/// one process the scheduler's.
+#[derive(Clone, Copy)]
+pub struct JobQueue<'e> {
+    pub(crate) cfg: &'e crate::config::EngineConfig,
+    pub(crate) dir: &'e crate::datadir::DataDir,
+    pub(crate) store: &'e crate::store::Store,
+    pub(crate) tasks: &'e crate::cancel::Hub,
+}
+
+impl JobQueue<'_> {
+    /// Wakes the scheduler: here at once, and in the process holding the jobs lock through its socket (best
+    /// effort: without a listener the datagram is dropped, and that process's next start reads the queue anyway).
+    pub(crate) fn tasks_changed(&self) {
+        self.tasks.notify();
+        if let Ok(s) = std::os::unix::net::UnixDatagram::unbound() {
+            let _ = s.set_nonblocking(true);
+            let _ = s.send_to(b"w", crate::tasks::socket_path(self.dir.root()));
+        }
+    }
+
     /// The folder where uploads wait for their job (`<data_dir>/uploads/`). An upload handler writes the files of
     /// one upload into a fresh sub-folder ([`Engine::new_upload_dir`]) and passes them to [`Engine::submit_ingest`].
     pub fn uploads_dir(&self) -> PathBuf {
@@ -548,6 +567,6 @@ impl crate::engine::Ingest<'_> {
             // A missing file is reported by the job like any other bad file; only make the path absolute.
             abs.push(std::path::absolute(&f).map_err(|e| Error::io(&f, e))?);
         }
-        self.submit(collection, abs, opts, actor, false)
+        self.queue().submit(collection, abs, opts, actor, false)
     }
 }

@@ -15,7 +15,6 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::accounts::Admin;
-use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::eval::metrics::Judgements;
 use crate::search::MAX_QUERY_CHARS;
@@ -169,15 +168,14 @@ fn check_name(name: &str) -> Result<()> {
     }
 }
 
-impl Engine {
-    fn judgment_set_info(&self, collection: &str, name: &str) -> Result<JudgmentSetInfo> {
-        self.models()
-            .judgment_sets(&Admin::system(), Some(collection))?
-            .into_iter()
-            .find(|s| s.name == name)
-            .ok_or_else(|| Error::NotFound { what: format!("judgment set '{name}' of collection '{collection}'") })
-    }
+/// The judged queries of collections, uploaded and from feedback, as training and evaluation read them.
+#[derive(Clone, Copy)]
+pub struct Judgments<'e> {
+    pub(crate) store: &'e crate::store::Store,
+    pub(crate) cfg: &'e crate::config::EngineConfig,
+}
 
+impl Judgments<'_> {
     /// Every judged query of one part of a collection: uploaded sets and feedback merged by query text (the
     /// higher grade wins when two sources judge the same document).
     pub(crate) fn judged(&self, collection_id: i64, part: &str) -> Result<Judged> {
@@ -232,6 +230,14 @@ fn merge<'a>(rows: impl Iterator<Item = &'a (String, String, i64)>) -> Judged {
 }
 
 impl crate::engine::Models<'_> {
+    fn judgment_set_info(&self, collection: &str, name: &str) -> Result<JudgmentSetInfo> {
+        self.models()
+            .judgment_sets(&Admin::system(), Some(collection))?
+            .into_iter()
+            .find(|s| s.name == name)
+            .ok_or_else(|| Error::NotFound { what: format!("judgment set '{name}' of collection '{collection}'") })
+    }
+
     /// Imports a judgment set for `collection` under `name`, each judgment resolved to a document (its external
     /// id) or a passage (chunk id) of the collection, in one transaction with its audit record.
     pub fn import_judgments(
@@ -357,7 +363,7 @@ impl crate::engine::Models<'_> {
         drop(conn);
         for (col, n, at) in fb {
             let Ok(c) = self.store.collection(&col) else { continue };
-            let rows = self.feedback_rows(c.id)?;
+            let rows = self.judgments().feedback_rows(c.id)?;
             let fraction = self.cfg.lifecycle.eval_fraction;
             let count = |part: &str| merge(rows.iter().filter(|r| part_of(&r.0, fraction) == part)).queries.len();
             out.push(JudgmentSetInfo {

@@ -861,11 +861,11 @@ impl crate::engine::Models<'_> {
         let mut runs: Vec<(String, usize, usize, PairRun, Vec<PairRun>)> = Vec::new();
         let mut eval_texts = Vec::new();
         for col in self.store.collection_list()? {
-            let eval = self.judged(col.id, "eval")?.scorable();
+            let eval = self.judgments().judged(col.id, "eval")?.scorable();
             if eval.queries.is_empty() {
                 continue;
             }
-            let train = self.judged(col.id, "train")?.scorable();
+            let train = self.judgments().judged(col.id, "train")?.scorable();
             let (train, eval) = (train.as_beir("train"), eval.as_beir("eval"));
             let l = self.run_pair((&live, live_graph), &col, (&train, &eval), None, progress)?;
             let mut c = vec![self.run_pair((&cand, Graph::Fp32), &col, (&train, &eval), None, progress)?];

@@ -247,7 +247,7 @@ impl Engine {
     }
 
     fn job_view(&self, j: Job) -> Result<JobView> {
-        let files = self.job_files(j.id)?.into_iter().map(|f| f.file).collect();
+        let files = self.queue().job_files(j.id)?.into_iter().map(|f| f.file).collect();
         let stage = j.stage_text();
         Ok(JobView {
             id: j.id,
@@ -529,7 +529,7 @@ impl crate::engine::Search<'_> {
         }
         let id = feedback::record(&self.store, &actor.name, query, chunk_id, helpful, &logged_query(query))?;
         // A schedule may fire on the count of new feedback.
-        self.tasks_changed();
+        self.queue().tasks_changed();
         Ok(id)
     }
 
@@ -779,14 +779,14 @@ impl crate::engine::Ingest<'_> {
     pub fn new_upload(&self, _admin: &Admin, collection: &str) -> Result<std::path::PathBuf> {
         self.store.collection(collection)?;
         self.ensure_free_space("上传文件", 0)?;
-        self.new_upload_dir()
+        self.queue().new_upload_dir()
     }
 
     /// A fresh folder for uploaded files an operation reads once (a model package for [`Models::import`],
     /// a judgment set); the caller removes it afterwards, whatever the outcome.
     pub fn new_staging_upload(&self, _admin: &Admin) -> Result<std::path::PathBuf> {
         self.ensure_free_space("上传文件", 0)?;
-        self.new_upload_dir()
+        self.queue().new_upload_dir()
     }
 
     /// Queues an ingest job for uploaded files (audited as `ingest.submit` in the job's transaction). `meta` is
@@ -798,7 +798,12 @@ impl crate::engine::Ingest<'_> {
         files: Vec<std::path::PathBuf>,
         meta: crate::ingest::meta::DocMeta,
     ) -> Result<i64> {
-        self.submit_ingest_as_user(collection, files, crate::IngestOptions { meta, ..Default::default() }, actor)
+        self.queue().submit_ingest_as_user(
+            collection,
+            files,
+            crate::IngestOptions { meta, ..Default::default() },
+            actor,
+        )
     }
 
     /// Queues a new version of one document of `collection` (the document list's 更新内容): the uploaded file
@@ -830,7 +835,7 @@ impl crate::engine::Ingest<'_> {
             ));
         }
         let opts = crate::IngestOptions { replaces: Some(external_id.to_string()), ..Default::default() };
-        self.submit_ingest_as_user(collection, files, opts, actor)
+        self.queue().submit_ingest_as_user(collection, files, opts, actor)
     }
 
     /// Ingests files on this machine synchronously, in the caller's thread (evaluation and benchmark corpora);
@@ -979,15 +984,15 @@ impl crate::engine::Settings<'_> {
 
 impl crate::engine::Tasks<'_> {
     pub fn jobs(&self, _admin: &Admin, limit: usize) -> Result<Vec<JobView>> {
-        Engine::jobs(self, limit.clamp(1, 500))?.into_iter().map(|j| self.job_view(j)).collect()
+        self.queue().jobs(limit.clamp(1, 500))?.into_iter().map(|j| self.job_view(j)).collect()
     }
 
     pub fn job(&self, _admin: &Admin, id: i64) -> Result<JobView> {
-        self.job_view(Engine::job(self, id)?)
+        self.job_view(self.queue().job(id)?)
     }
 
     pub fn cancel(&self, actor: &Admin, id: i64) -> Result<()> {
-        self.cancel_job(id, &actor.name)
+        self.queue().cancel_job(id, &actor.name)
     }
 
     /// Jobs per state, for the metrics endpoint.

@@ -235,7 +235,7 @@ pub async fn serve(
     engine.audit().set_log_queries(settings.audit.log_queries);
     let staging = |p: PathBuf| p.to_string_lossy().into_owned();
     errors::set_staging_roots(vec![
-        format!("{}/", staging(engine.uploads_dir())),
+        format!("{}/", staging(engine.queue().uploads_dir())),
         staging(engine.data_dir().models().join(".import-")),
     ]);
     // Starts the trainer check in the background, so the 训练 page already knows the answer when it is opened.

@@ -278,12 +278,12 @@ fn process(s: &Shared, c: &Claim) -> Result<()> {
 
 /// Confirms a processed file: its state, counts and errors, and the job's counters, in one transaction.
 fn record_file(e: &Engine, c: &Claim, reports: &[FileReport]) -> Result<()> {
-    let prefix = e.upload_prefix(&c.path);
+    let prefix = e.queue().upload_prefix(&c.path);
     let errors: Vec<FileError> = reports
         .iter()
         .filter_map(|r| {
             r.error.as_ref().map(|m| FileError {
-                file: e.display_name(&r.path),
+                file: e.queue().display_name(&r.path),
                 code: r.error_code.unwrap_or("internal").to_string(),
                 message: prefix.as_ref().map_or_else(|| m.clone(), |p| m.replace(p.as_str(), "")),
             })
@@ -370,8 +370,8 @@ fn finish_job(e: &Engine, job: i64, cancelled: bool) -> Result<()> {
     };
     e.tasks.unregister(job);
     if ended {
-        e.remove_owned_files(job)?;
-        e.tasks_changed();
+        e.queue().remove_owned_files(job)?;
+        e.queue().tasks_changed();
     }
     Ok(())
 }
@@ -411,7 +411,7 @@ mod tests {
     fn wait(e: &Engine, id: i64) -> Job {
         let started = std::time::Instant::now();
         loop {
-            let j = e.job(id).unwrap();
+            let j = e.queue().job(id).unwrap();
             if j.state.is_finished() {
                 return j;
             }
@@ -425,7 +425,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let e = engine(&t.path().join("data"));
         e.create_collection("c", "", "alice").unwrap();
-        let up = e.new_upload_dir().unwrap();
+        let up = e.queue().new_upload_dir().unwrap();
         let files: Vec<PathBuf> = ["a.md", "poison.md", "c.md"]
             .iter()
             .enumerate()
@@ -435,7 +435,7 @@ mod tests {
                 p
             })
             .collect();
-        let id = e.submit_ingest("c", files, IngestOptions::default(), "alice").unwrap();
+        let id = e.queue().submit_ingest("c", files, IngestOptions::default(), "alice").unwrap();
         // Two earlier crashes while reading poison.md, then a third: a.md and poison.md are read when it happens.
         e.store.conn().execute("UPDATE job_files SET unfinished_starts = 2 WHERE ordinal = 1", []).unwrap();
         crash_after_claiming(&e, 2);
@@ -446,7 +446,7 @@ mod tests {
         w.shutdown();
         assert_eq!(job.state, JobState::Done, "{job:?}");
         assert_eq!(job.progress_done, 3);
-        let files = e.job_files(id).unwrap();
+        let files = e.queue().job_files(id).unwrap();
         let states: Vec<&str> = files.iter().map(|f| f.state.as_str()).collect();
         assert_eq!(states, vec!["done", "failed", "done"], "one crash (a.md) never fails a file");
         assert_eq!((files[0].added, files[2].added), (1, 1));

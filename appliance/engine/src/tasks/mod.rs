@@ -121,16 +121,6 @@ impl Task {
 }
 
 impl crate::Engine {
-    /// Wakes the scheduler: here at once, and in the process holding the jobs lock through its socket (best
-    /// effort: without a listener the datagram is dropped, and that process's next start reads the queue anyway).
-    pub(crate) fn tasks_changed(&self) {
-        self.tasks.notify();
-        if let Ok(s) = std::os::unix::net::UnixDatagram::unbound() {
-            let _ = s.set_nonblocking(true);
-            let _ = s.send_to(b"w", socket_path(self.dir.root()));
-        }
-    }
-
     /// Whom job `job` runs as: its submitter, re-checked now. An account that was disabled, deleted or is no longer
     /// an administrator since it submitted is refused (`Forbidden`); the console and the system (no account) are
     /// whoever can open the data directory, as when they submitted.
@@ -181,8 +171,8 @@ impl crate::Engine {
             tx.commit()?;
         }
         self.tasks.unregister(job);
-        self.remove_owned_files(job)?;
-        self.tasks_changed();
+        self.queue().remove_owned_files(job)?;
+        self.queue().tasks_changed();
         Ok(())
     }
 
@@ -245,7 +235,7 @@ impl crate::Engine {
     /// Raises the cancel tokens of running tasks whose job was cancelled in SQLite (by another process).
     pub(crate) fn sync_cancels(&self) {
         for job in self.tasks.running_jobs() {
-            if self.job(job).is_ok_and(|j| j.cancel_requested) {
+            if self.queue().job(job).is_ok_and(|j| j.cancel_requested) {
                 self.tasks.cancel(job);
             }
         }

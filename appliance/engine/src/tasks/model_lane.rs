@@ -45,7 +45,7 @@ impl Engine {
         let id = {
             let mut conn = self.store.conn();
             let tx = conn.transaction()?;
-            self.queue_room(&tx)?;
+            self.queue().queue_room(&tx)?;
             let (kind, json) = task.to_row()?;
             let id = crate::jobs::insert_row(&tx, kind, &json, actor)?;
             let mut detail = detail;
@@ -54,7 +54,7 @@ impl Engine {
             tx.commit()?;
             id
         };
-        self.tasks_changed();
+        self.queue().tasks_changed();
         Ok(id)
     }
 
@@ -222,7 +222,7 @@ impl Engine {
             tx.commit()?;
         }
         self.tasks.unregister(id);
-        self.tasks_changed();
+        self.queue().tasks_changed();
         Ok(())
     }
 }

@@ -123,7 +123,7 @@ impl Scheduler {
         threads.push(spawn("care-backups", move || backup_lane(&s)));
         let s = shared.clone();
         threads.push(spawn("care-timer", move || timer_lane(&s, opts.housekeeping)));
-        let (weak, lock_path) = (Arc::downgrade(&shared), shared.engine.jobs_lock_path());
+        let (weak, lock_path) = (Arc::downgrade(&shared), shared.engine.queue().jobs_lock_path());
         let lock_thread = spawn("care-jobs-lock", move || lock_and_listen(weak, lock_path));
         SchedulerHandle { shared, threads, lock_thread: Some(lock_thread) }
     }
@@ -169,7 +169,7 @@ impl SchedulerHandle {
         }
         let mut lock = s.lock.lock().unwrap_or_else(|p| p.into_inner());
         if lock.is_some() {
-            if let Err(e) = s.engine.requeue_running() {
+            if let Err(e) = s.engine.queue().requeue_running() {
                 tracing::warn!(error = %e, "could not re-queue running jobs at shutdown");
             }
             let _ = std::fs::remove_file(socket_path(s.engine.dir.root()));
@@ -271,7 +271,7 @@ fn timer_lane(s: &Shared, housekeeping: Option<Housekeeping>) {
             next = earliest(next, s.engine.next_schedule_due(now).ok().flatten());
             let (store, cfg) = (&s.engine.store, &s.engine.cfg);
             match crate::backup::schedule::fire_due(store, cfg, now) {
-                Ok(Some(_)) => s.engine.tasks_changed(),
+                Ok(Some(_)) => s.engine.queue().tasks_changed(),
                 Ok(None) => {}
                 Err(e) => {
                     tracing::error!(error = %e, "could not fire the daily backup; will retry");
@@ -308,7 +308,7 @@ fn lock_and_listen(weak: Weak<Shared>, lock_path: PathBuf) {
     if s.stopped() {
         return;
     }
-    if let Err(e) = s.engine.requeue_running() {
+    if let Err(e) = s.engine.queue().requeue_running() {
         tracing::error!(error = %e, "could not re-queue interrupted jobs");
     }
     let socket = bind(&s.engine);
@@ -321,7 +321,7 @@ fn lock_and_listen(weak: Weak<Shared>, lock_path: PathBuf) {
         *lock = Some(file);
     }
     s.socket_bound.store(socket.is_some(), Ordering::SeqCst);
-    s.engine.tasks_changed();
+    s.engine.queue().tasks_changed();
     let Some(socket) = socket else { return };
     *s.listener.lock().unwrap_or_else(|p| p.into_inner()) = socket.try_clone().ok();
     let mut buf = [0u8; 16];

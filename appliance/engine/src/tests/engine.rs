@@ -812,8 +812,10 @@ mod lifecycle_gate {
         assert!(info.eval_queries > 80 && info.train_queries > 200, "{info:?}");
         // The evaluation part never reaches training: no query text is in both parts.
         let col = e.collection("kuake").unwrap();
-        let train: HashSet<String> = e.judged(col.id, "train").unwrap().queries.into_iter().map(|q| q.1).collect();
-        let eval: HashSet<String> = e.judged(col.id, "eval").unwrap().queries.into_iter().map(|q| q.1).collect();
+        let train: HashSet<String> =
+            e.judgments().judged(col.id, "train").unwrap().queries.into_iter().map(|q| q.1).collect();
+        let eval: HashSet<String> =
+            e.judgments().judged(col.id, "eval").unwrap().queries.into_iter().map(|q| q.1).collect();
         assert!(train.is_disjoint(&eval));
         assert!(eval.iter().all(|q| part_of(q, 0.3) == "eval"));
         // Clinician feedback joins as judgments of the same split.
@@ -1279,7 +1281,11 @@ mod training {
                 .any(|d| d.path().join("state.json").exists() && !d.file_name().to_string_lossy().ends_with(".tmp"))
         };
         while !finished_checkpoint() {
-            assert!(started.elapsed() < Duration::from_secs(900), "no Stage I checkpoint: {:?}", e.job(job).unwrap());
+            assert!(
+                started.elapsed() < Duration::from_secs(900),
+                "no Stage I checkpoint: {:?}",
+                e.queue().job(job).unwrap()
+            );
             assert!(!finished(&e.tasks().job(&admin, job).unwrap()), "{:?}", e.tasks().job(&admin, job).unwrap());
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -1331,7 +1337,8 @@ mod training {
         assert!(!corpus.contains("撤回批准"), "a withdrawn collection's passages reached training");
         let examples = read_examples(&run_dir.join("stage2.jsonl"));
         let col = e.collection("kuake").unwrap();
-        let eval: HashSet<String> = e.judged(col.id, "eval").unwrap().queries.into_iter().map(|q| q.1).collect();
+        let eval: HashSet<String> =
+            e.judgments().judged(col.id, "eval").unwrap().queries.into_iter().map(|q| q.1).collect();
         assert!(examples.iter().all(|x| !eval.contains(&x.query)), "an evaluation query reached training");
         // Stage I's texts include the training queries (kind "query"), never an evaluation one.
         let stage1_queries: Vec<String> = corpus
@@ -1582,7 +1589,7 @@ mod jobs {
     fn wait(e: &Engine, id: i64) -> Job {
         let started = Instant::now();
         loop {
-            let j = e.job(id).unwrap();
+            let j = e.queue().job(id).unwrap();
             if j.state.is_finished() {
                 return j;
             }
@@ -1625,7 +1632,7 @@ mod jobs {
         assert_eq!(e.ingest_files("guide", &[prior], &mut |_| {}).unwrap().failed(), 0);
         let before = snapshot(&e);
 
-        let up = e.new_upload_dir().unwrap();
+        let up = e.queue().new_upload_dir().unwrap();
         let pdf = pdf_bytes(&[
             vec!["二甲双胍用药指南", "严重肾功能不全者禁用二甲双胍。", "用药期间应定期监测肾功能。"],
             vec!["碘造影检查前48小时停用二甲双胍。"],
@@ -1681,8 +1688,8 @@ mod jobs {
             csv_id_column: Some("编号".into()),
             ..Default::default()
         };
-        let id = e.submit_ingest("guide", files.clone(), opts.clone(), "alice").unwrap();
-        let queued = e.job(id).unwrap();
+        let id = e.queue().submit_ingest("guide", files.clone(), opts.clone(), "alice").unwrap();
+        let queued = e.queue().job(id).unwrap();
         assert_eq!((queued.state, queued.progress_total, queued.actor.as_str()), (JobState::Queued, 13, "alice"));
         let worker = Worker::start(e.clone(), 2);
         let job = wait(&e, id);
@@ -1769,7 +1776,7 @@ mod jobs {
             assert!(after.contains(row), "{row:?} changed");
         }
         assert!(!up.exists(), "the job removes its upload folder");
-        let files_report = e.job_files(id).unwrap();
+        let files_report = e.queue().job_files(id).unwrap();
         assert_eq!(files_report.iter().filter(|f| f.state == "done").count(), 6);
         assert_eq!(files_report.iter().filter(|f| f.state == "failed").count(), 7);
 
@@ -1792,13 +1799,15 @@ mod jobs {
         let e = engine(&t.path().join("data"), 400);
         e.create_collection("c", "", "bob").unwrap();
         let run = |name: &str, body: &str| {
-            let up = e.new_upload_dir().unwrap();
-            let id =
-                e.submit_ingest("c", vec![put(&up, name, body.as_bytes())], IngestOptions::default(), "bob").unwrap();
+            let up = e.queue().new_upload_dir().unwrap();
+            let id = e
+                .queue()
+                .submit_ingest("c", vec![put(&up, name, body.as_bytes())], IngestOptions::default(), "bob")
+                .unwrap();
             let w = Worker::start(e.clone(), 1);
             let j = wait(&e, id);
             w.shutdown();
-            (j, e.job_files(id).unwrap().remove(0))
+            (j, e.queue().job_files(id).unwrap().remove(0))
         };
         let (j, f) = run("htn.md", "# 高血压\n限制钠盐摄入。");
         assert_eq!((j.state, f.added, f.chunks), (JobState::Done, 1, 1));
@@ -1810,20 +1819,21 @@ mod jobs {
         assert!(e.check().unwrap().consistent);
 
         // A queued job cancelled before it runs: files skipped and removed, nothing ingested.
-        let up = e.new_upload_dir().unwrap();
+        let up = e.queue().new_upload_dir().unwrap();
         let id = e
+            .queue()
             .submit_ingest("c", vec![put(&up, "x.txt", "不会被索引。".as_bytes())], IngestOptions::default(), "bob")
             .unwrap();
-        e.cancel_job(id, "carol").unwrap();
-        let j = e.job(id).unwrap();
+        e.queue().cancel_job(id, "carol").unwrap();
+        let j = e.queue().job(id).unwrap();
         assert_eq!(j.state, JobState::Cancelled);
         assert!(!up.exists());
-        assert!(e.cancel_job(id, "carol").is_err(), "an ended job cannot be cancelled again");
+        assert!(e.queue().cancel_job(id, "carol").is_err(), "an ended job cannot be cancelled again");
         assert_eq!(e.stats().unwrap().documents, 1);
         // Files outside the uploads folder are refused for owned jobs.
         let outside = t.path().join("o.txt");
         std::fs::write(&outside, "外部").unwrap();
-        assert!(e.submit_ingest("c", vec![outside], IngestOptions::default(), "bob").is_err());
+        assert!(e.queue().submit_ingest("c", vec![outside], IngestOptions::default(), "bob").is_err());
 
         let c = e.set_approved_for_training("c", true, "carol").unwrap();
         assert!(c.approved_for_training);
@@ -1863,7 +1873,7 @@ mod jobs {
             let j = wait(&e, id);
             w.shutdown();
             assert_eq!(j.state, JobState::Done, "{j:?}");
-            e.job_files(id).unwrap()
+            e.queue().job_files(id).unwrap()
         };
         // The record's own fields, then the archive's folders, then the form (which only fills gaps).
         let form = DocMeta { department: "医务部".into(), date: "2023".into(), ..Default::default() };
@@ -1897,7 +1907,7 @@ mod jobs {
         let w = Worker::start(e.clone(), 1);
         wait(&e, id);
         w.shutdown();
-        let f = e.job_files(id).unwrap().remove(0);
+        let f = e.queue().job_files(id).unwrap().remove(0);
         let msg = &f.errors[0].message;
         assert!(msg.contains("2023-13-01") && msg.contains("无法识别"), "{msg}");
 
@@ -1967,7 +1977,7 @@ met,国家药监局,en
         let j = wait(&e, id);
         w.shutdown();
         assert_eq!(j.state, JobState::Done, "{j:?}");
-        assert_eq!(e.job_files(id).unwrap()[0].replaced, 1);
+        assert_eq!(e.queue().job_files(id).unwrap()[0].replaced, 1);
         assert_eq!(meta_of("met"), s("肾内科", "药品说明书", "2021-06"), "the filing stays");
         let hits = e.search().run(&bob, &SearchAs { query: "eGFR".into(), ..Default::default() }).unwrap().hits;
         assert_eq!(hits.iter().map(|h| h.external_id.as_str()).collect::<Vec<_>>(), ["met"]);
@@ -1978,7 +1988,7 @@ met,国家药监局,en
         let w = Worker::start(e.clone(), 1);
         wait(&e, id);
         w.shutdown();
-        let f = e.job_files(id).unwrap().remove(0);
+        let f = e.queue().job_files(id).unwrap().remove(0);
         assert!(f.errors[0].message.contains("只含一篇文档"), "{:?}", f.errors);
         assert!(replace("bundle.zip", "PK").unwrap_err().to_string().contains("压缩包"));
         let up = e.ingest().new_upload(&bob, "c").unwrap();
@@ -2508,7 +2518,7 @@ mod offline_vectors {
         let w = crate::Worker::start(e.clone(), 1);
         let started = std::time::Instant::now();
         let j = loop {
-            let j = e.job(job).unwrap();
+            let j = e.queue().job(job).unwrap();
             if j.state.is_finished() {
                 break j;
             }
@@ -3651,14 +3661,14 @@ fn upload_folders_no_job_owns_are_swept_at_start_once_stale() {
         std::fs::File::open(dir).unwrap().set_modified(when).unwrap();
     };
     let folder = |name: &str| {
-        let d = e.new_upload_dir().unwrap();
+        let d = e.queue().new_upload_dir().unwrap();
         std::fs::write(d.join(name), "二甲双胍的禁忌症：严重肾功能不全。").unwrap();
         d
     };
     let (stale, fresh, queued) = (folder("a.txt"), folder("b.txt"), folder("c.txt"));
     age(&stale, 7);
     // A queued job (no worker runs in this test) owns its folder, however old.
-    e.submit_ingest("c", vec![queued.join("c.txt")], Default::default(), "test").unwrap();
+    e.queue().submit_ingest("c", vec![queued.join("c.txt")], Default::default(), "test").unwrap();
     age(&queued, 7);
     drop(e);
     let mut cfg = EngineConfig::default();

@@ -34,7 +34,7 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
 fn finished(e: &Engine, id: i64) -> Job {
     let mut job = None;
     wait_until(&format!("job {id} to end"), Duration::from_secs(300), || {
-        let j = e.job(id).unwrap();
+        let j = e.queue().job(id).unwrap();
         let done = j.state.is_finished();
         job = Some(j);
         done
@@ -70,7 +70,7 @@ fn a_submitted_task_starts_at_once_without_a_polling_tick() {
         let id = e.ingest().submit_in_place("c", vec![f], IngestOptions::default(), &Admin::console("admin")).unwrap();
         let mut started = None;
         wait_until("the job to start", Duration::from_secs(10), || {
-            let running = e.job(id).unwrap().state != JobState::Queued;
+            let running = e.queue().job(id).unwrap().state != JobState::Queued;
             if running {
                 started = Some(submitted.elapsed());
             }
@@ -107,7 +107,7 @@ fn a_cancel_reaches_a_running_ingest_at_its_next_batch() {
     drop(out);
     let id = e.ingest().submit_in_place("c", vec![f], IngestOptions::default(), &Admin::console("admin")).unwrap();
     let w = Worker::start(e.clone(), 1);
-    wait_until("the first batch", Duration::from_secs(120), || e.job(id).unwrap().documents_done > 0);
+    wait_until("the first batch", Duration::from_secs(120), || e.queue().job(id).unwrap().documents_done > 0);
     let asked = Instant::now();
     e.tasks().cancel(&Admin::console("admin"), id).unwrap();
     let job = finished(&e, id);
@@ -117,7 +117,7 @@ fn a_cancel_reaches_a_running_ingest_at_its_next_batch() {
     assert_eq!(job.state, JobState::Cancelled, "{job:?}");
     assert!(job.documents_done < 60_000, "stopped before its end: {job:?}");
     assert!(took < Duration::from_secs(10), "cancel took {took:?}");
-    assert_eq!(e.job_files(id).unwrap()[0].state, "skipped");
+    assert_eq!(e.queue().job_files(id).unwrap()[0].state, "skipped");
 }
 
 #[test]
@@ -130,7 +130,7 @@ fn a_task_runs_as_its_submitter_rechecked_when_it_starts() {
     e.accounts().create_user(&root, "li", "Kd3#wPq9!zXv-Ward", "admin", true).unwrap();
     let u = e.accounts().create_user(&root, "wang", "Zq8!vLm#2pRt-Hosp", "admin", true).unwrap();
     let wang = Actor::user(&u).admin().unwrap();
-    let up = e.new_upload_dir().unwrap();
+    let up = e.queue().new_upload_dir().unwrap();
     std::fs::write(up.join("a.md"), "# 标题\n正文。").unwrap();
     let id = e.ingest().submit_upload(&wang, "c", vec![up.join("a.md")], Default::default()).unwrap();
     // Demoted after submitting, before the scheduler runs the task.
@@ -172,9 +172,9 @@ fn a_restart_requeues_running_tasks_without_their_dead_phase() {
     };
     drop(e);
     let e = open(&cfg); // recovers: nothing else holds the jobs lock
-    let m = e.job(model).unwrap();
+    let m = e.queue().job(model).unwrap();
     assert_eq!((m.state, m.stage.as_str(), m.progress_done, m.progress_total), (JobState::Queued, "", 0, 0));
-    let i = e.job(ingest).unwrap();
+    let i = e.queue().job(ingest).unwrap();
     assert_eq!((i.state, i.progress_done, i.progress_total), (JobState::Queued, 256, 1115));
 }
 

@@ -44,7 +44,7 @@ fn uploads_imports_and_a_full_store_answer_disk_full() {
     cfg.storage.data_dir = t.path().to_path_buf();
     cfg.training.keep_free_gb = 1e9;
     let e = Engine::open(cfg, OpenMode::Existing).unwrap();
-    let uploads_before = std::fs::read_dir(e.uploads_dir()).map(|d| d.count()).unwrap_or(0);
+    let uploads_before = std::fs::read_dir(e.queue().uploads_dir()).map(|d| d.count()).unwrap_or(0);
     for err in [
         e.ingest().new_upload(&root, "c1").unwrap_err(),
         e.ingest().new_staging_upload(&root).unwrap_err(),
@@ -56,7 +56,7 @@ fn uploads_imports_and_a_full_store_answer_disk_full() {
         }
     }
     assert_eq!(e.ingest().new_upload(&root, "c1").unwrap_err().code(), crate::ErrorCode::DiskFull);
-    assert_eq!(std::fs::read_dir(e.uploads_dir()).map(|d| d.count()).unwrap_or(0), uploads_before);
+    assert_eq!(std::fs::read_dir(e.queue().uploads_dir()).map(|d| d.count()).unwrap_or(0), uploads_before);
 
     let pages: i64 = e.store.conn().query_row("PRAGMA page_count", [], |r| r.get(0)).unwrap();
     e.store.conn().execute_batch(&format!("PRAGMA max_page_count = {pages}")).unwrap();
@@ -171,7 +171,7 @@ fn one_users_feedback_counts_at_most_the_cap_in_training_and_evaluation() {
         let id = e.store.collection(col).unwrap().id;
         let mut q: Vec<String> = ["train", "eval"]
             .iter()
-            .flat_map(|part| e.judged(id, part).unwrap().queries.into_iter().map(|(_, q)| q))
+            .flat_map(|part| e.judgments().judged(id, part).unwrap().queries.into_iter().map(|(_, q)| q))
             .collect();
         q.sort();
         q

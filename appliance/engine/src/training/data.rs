@@ -258,8 +258,8 @@ impl Engine {
         chunks: &[ChunkRow],
         opts: &DataOptions,
     ) -> Result<(Vec<Group>, CollectionCounts)> {
-        let train = self.judged(col.id, "train")?;
-        let eval = self.judged(col.id, "eval")?.scorable();
+        let train = self.judgments().judged(col.id, "train")?;
+        let eval = self.judgments().judged(col.id, "eval")?.scorable();
         let docs: HashMap<String, i64> = self
             .store
             .reader()
@@ -273,7 +273,7 @@ impl Engine {
         let best = |doc: i64, query: &str| -> Option<i64> {
             of_doc.get(&doc)?.iter().max_by_key(|c| overlap(query, &c.text)).map(|c| c.chunk_id)
         };
-        let asked: HashSet<String> = self.feedback_rows(col.id)?.into_iter().map(|r| r.0).collect();
+        let asked: HashSet<String> = self.judgments().feedback_rows(col.id)?.into_iter().map(|r| r.0).collect();
         let mut groups = Vec::new();
         let mut train_queries = 0;
         for (qid, query) in &train.queries {

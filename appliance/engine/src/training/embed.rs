@@ -115,7 +115,7 @@ impl crate::engine::Models<'_> {
         let id = {
             let mut conn = self.store.conn();
             let tx = conn.transaction()?;
-            self.queue_room(&tx)?;
+            self.queue().queue_room(&tx)?;
             let id = crate::jobs::insert_job(&tx, &EmbedParams { model: model.clone() }, actor)?;
             crate::audit::append(
                 &tx,
@@ -126,7 +126,7 @@ impl crate::engine::Models<'_> {
             tx.commit()?;
             id
         };
-        self.tasks_changed();
+        self.queue().tasks_changed();
         Ok(id)
     }
 }

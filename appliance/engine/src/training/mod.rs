@@ -1098,7 +1098,7 @@ impl crate::engine::Training<'_> {
             tx.commit()?;
             id
         };
-        self.tasks_changed();
+        self.queue().tasks_changed();
         Ok(id)
     }
     /// The newest training runs, newest first.

@@ -132,7 +132,7 @@ impl Engine {
             // Outside the transaction: these checks start `care-train --version` and read the disk.
             let prepared = self.prepare_training(&s.spec.recipe, Some(s.id));
             if let Some(job) = self.fire_schedule(&s, prepared, at)? {
-                self.tasks_changed();
+                self.queue().tasks_changed();
                 return Ok(Some(job));
             }
         }
@@ -253,7 +253,7 @@ impl crate::engine::Training<'_> {
         )?;
         tx.commit()?;
         // The timer lane sleeps until the earliest due time it knew of.
-        self.tasks_changed();
+        self.queue().tasks_changed();
         Ok(id)
     }
 
@@ -265,7 +265,7 @@ impl crate::engine::Training<'_> {
         }
         crate::audit::append(&tx, &actor.name, "training.schedule_delete", &serde_json::json!({"schedule": id}))?;
         tx.commit()?;
-        self.tasks_changed();
+        self.queue().tasks_changed();
         Ok(())
     }
 
