@@ -355,7 +355,7 @@ impl Engine {
     /// either script, and with the synonyms the table adds (no marks for an empty query).
     pub fn document_sections(&self, doc: &DocumentView, query: &str) -> Vec<Section> {
         let jieba = self.lexical().jieba();
-        let plan = match self.synonym_table() {
+        let plan = match self.searcher().synonym_table() {
             Ok(t) => {
                 crate::query::QueryPlan::with_synonyms(jieba, query, &t, self.cfg.search.synonym_weight.clamp(0.0, 1.0))
             }

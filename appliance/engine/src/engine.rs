@@ -542,6 +542,19 @@ impl Engine {
     pub fn queue(&self) -> crate::jobs::JobQueue<'_> {
         crate::jobs::JobQueue { cfg: &self.cfg, dir: &self.dir, store: &self.store, tasks: &self.tasks }
     }
+    /// The search pipeline over the store, the indexes, the synonym table and the filing.
+    pub fn searcher(&self) -> crate::search::Searcher<'_> {
+        crate::search::Searcher {
+            cfg: &self.cfg,
+            store: &self.store,
+            lexical: &self.lexical,
+            synonyms: &self.synonyms,
+            texts: &self.texts,
+            meta_index: &self.meta_index,
+            live: &self.live,
+            retrieval: self.retrieval(),
+        }
+    }
     pub(crate) fn store(&self) -> &Store {
         &self.store
     }

@@ -8,7 +8,6 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::fusion::{Explained, Ranked, ScoreParts};
 use crate::store::Collection;
@@ -260,7 +259,22 @@ pub(crate) struct JudgedDense<'a> {
     pub(crate) document: &'a crate::models::ModelRecord,
 }
 
-impl Engine {
+/// The search pipeline: a request planned once (validated, the caller's collections, the live pair, query
+/// understanding), then run over the legs, fused, given evidence and paged. Borrowed from the engine's parts
+/// ([`crate::engine::Engine::searcher`]); every caller (pages, API, CLI, evaluation, the gate) runs it.
+#[derive(Clone, Copy)]
+pub struct Searcher<'e> {
+    pub(crate) cfg: &'e crate::config::EngineConfig,
+    pub(crate) store: &'e crate::store::Store,
+    pub(crate) lexical: &'e crate::lexical::LexicalIndex,
+    pub(crate) synonyms: &'e crate::engine::Versioned<crate::synonyms::SynonymTable>,
+    pub(crate) texts: &'e crate::store::texts::TextPresence,
+    pub(crate) meta_index: &'e crate::engine::Versioned<crate::facets::MetaIndex>,
+    pub(crate) live: &'e crate::settings::LiveSettings,
+    pub(crate) retrieval: crate::hybrid::Retrieval<'e>,
+}
+
+impl Searcher<'_> {
     /// Checks a search request's query text, paging and filter before any work is done (also for callers that end
     /// up searching nothing, so every caller gets the same limits). Returns the trimmed query and the normalised
     /// filter.
@@ -298,7 +312,7 @@ impl Engine {
         let t0 = Instant::now();
         let encoded = {
             let _span = tracing::debug_span!("encode").entered();
-            if plan.wants_dense { self.retrieval().encode_queries(&[understood.plan.folded.as_str()])? } else { None }
+            if plan.wants_dense { self.retrieval.encode_queries(&[understood.plan.folded.as_str()])? } else { None }
         };
         let encode_ms = t0.elapsed().as_secs_f64() * 1e3;
         let qvec = encoded.as_ref().and_then(|(v, m)| v.first().map(|v| (v.as_slice(), m)));
@@ -441,7 +455,7 @@ impl Engine {
     ) -> Result<Understood> {
         let _span = tracing::debug_span!("understand").entered();
         let table = self.synonym_table()?;
-        let weight = if exact { 0.0 } else { synonym_weight.unwrap_or(self.live.synonym_weight(&self.cfg)) };
+        let weight = if exact { 0.0 } else { synonym_weight.unwrap_or(self.live.synonym_weight(self.cfg)) };
         let (plan, pinyin_of, did_you_mean) =
             self.plan_query(query, &table, readable, weight.clamp(0.0, 1.0), !exact)?;
         Ok(Understood { plan, pinyin_of, did_you_mean })
@@ -464,23 +478,23 @@ impl Engine {
             keep: visible,
         };
         if plan.filter.is_empty() {
-            return Ok((None, self.retrieval().rank(terms, qvec, &plan.cols, &spec)?));
+            return Ok((None, self.retrieval.rank(terms, qvec, &plan.cols, &spec)?));
         }
         let ids: Vec<i64> = plan.cols.iter().map(|c| c.id).collect();
         match visible {
             None => {
                 let admitted = metas.admitted(&plan.filter, &ids);
                 spec.keep = Some(&admitted);
-                let (everything, filtered) = self.retrieval().rank_filtered(terms, qvec, &plan.cols, &spec)?;
+                let (everything, filtered) = self.retrieval.rank_filtered(terms, qvec, &plan.cols, &spec)?;
                 Ok((Some(everything), filtered))
             }
             Some(visible) => {
                 // Two passes: the visible ranking (which the facets of the filtered dimensions count) and the
                 // filtered one within it.
                 let admitted = std::sync::Arc::new(metas.admitted(&plan.filter, &ids).intersect(visible));
-                let everything = self.retrieval().rank(terms, qvec, &plan.cols, &spec)?;
+                let everything = self.retrieval.rank(terms, qvec, &plan.cols, &spec)?;
                 spec.keep = Some(&admitted);
-                let mut filtered = self.retrieval().rank(terms, qvec, &plan.cols, &spec)?;
+                let mut filtered = self.retrieval.rank(terms, qvec, &plan.cols, &spec)?;
                 filtered.times += everything.times;
                 Ok((Some(everything), filtered))
             }
@@ -535,7 +549,7 @@ impl Engine {
                 Some(d) => {
                     let v =
                         d.encoder.encode(&[u.plan.folded.as_str()], crate::encoders::TextKind::Query)?.swap_remove(0);
-                    self.retrieval()
+                    self.retrieval
                         .dense_search_in(&v, d.query, d.document, std::slice::from_ref(col), depth, None)?
                         .into_iter()
                         .map(|h| (h.chunk_id, h.document_id, h.score))

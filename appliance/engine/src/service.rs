@@ -208,14 +208,14 @@ impl Engine {
         if actor.is_admin() {
             return Ok(true);
         }
-        let metas = self.meta_index()?;
+        let metas = self.searcher().meta_index()?;
         Ok(metas.meta(document).is_none_or(|m| crate::facets::access_admits(m, &actor.groups)))
     }
 
     /// [`Engine::search`] with any panic inside a search stage caught and turned into an error: one bad input
     /// (a snippet of an odd passage, a tokenizer corner) must cost that search, not the request's worker.
     fn search_caught(&self, req: &SearchRequest) -> Result<SearchResults> {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.search_unaudited(req))) {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.searcher().search_unaudited(req))) {
             Ok(r) => r,
             Err(panic) => {
                 let what = panic
@@ -418,7 +418,7 @@ impl crate::engine::Search<'_> {
             self.audit_search(actor, action, detail)?;
             Err(err)
         };
-        if let Err(e) = self.validate_search(&req) {
+        if let Err(e) = self.searcher().validate_search(&req) {
             return refused("search.rejected", &e.to_string(), e);
         }
         let readable = self.search().readable_collections(actor)?;

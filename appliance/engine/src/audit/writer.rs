@@ -481,7 +481,7 @@ mod tests {
                                 i += 1;
                                 let start = Instant::now();
                                 let req = SearchRequest { query: q.into(), limit: Some(10), ..Default::default() };
-                                let res = e.search_unaudited(&req).unwrap();
+                                let res = e.searcher().search_unaudited(&req).unwrap();
                                 let detail = serde_json::json!({"query": q, "results": res.hits.len()});
                                 if group {
                                     e.audit_writer.append("cli:root", "search", detail).unwrap();

@@ -36,7 +36,8 @@ fn backup(e: &Engine, to: &Path) -> BackupReport {
 
 /// What a clinician sees for `q`: the ids and scores of the first page.
 fn ranking(e: &Engine, q: &str) -> Vec<(String, String)> {
-    e.search_unaudited(&SearchRequest { query: q.into(), limit: Some(10), ..Default::default() })
+    e.searcher()
+        .search_unaudited(&SearchRequest { query: q.into(), limit: Some(10), ..Default::default() })
         .unwrap()
         .hits
         .into_iter()
@@ -386,7 +387,9 @@ fn a_disk_that_fills_during_a_backup_fails_it_cleanly_while_searches_go_on() {
             let mut n = 0;
             while !stop.load(Ordering::SeqCst) || n == 0 {
                 for q in QUERIES {
-                    e.search_unaudited(&SearchRequest { query: q.into(), ..Default::default() }).expect("a search");
+                    e.searcher()
+                        .search_unaudited(&SearchRequest { query: q.into(), ..Default::default() })
+                        .expect("a search");
                     n += 1;
                 }
             }

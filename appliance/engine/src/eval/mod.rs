@@ -165,7 +165,7 @@ pub(crate) fn judged(
     progress: &mut dyn FnMut(usize, usize) -> Result<()>,
 ) -> Result<Candidates2> {
     let has_dense = dense.is_some();
-    let lists = engine.judged_candidates(&set.queries, col, dense, depth, progress)?;
+    let lists = engine.searcher().judged_candidates(&set.queries, col, dense, depth, progress)?;
     let lists = set
         .queries
         .iter()

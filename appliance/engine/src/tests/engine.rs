@@ -25,18 +25,19 @@ fn engine_in(dir: &Path) -> Engine {
 }
 
 fn search(e: &Engine, q: &str) -> Vec<String> {
-    e.search_unaudited(&SearchRequest {
-        query: q.into(),
-        collections: None,
-        limit: Some(10),
-        offset: 0,
-        ..Default::default()
-    })
-    .unwrap()
-    .hits
-    .into_iter()
-    .map(|h| h.external_id)
-    .collect()
+    e.searcher()
+        .search_unaudited(&SearchRequest {
+            query: q.into(),
+            collections: None,
+            limit: Some(10),
+            offset: 0,
+            ..Default::default()
+        })
+        .unwrap()
+        .hits
+        .into_iter()
+        .map(|h| h.external_id)
+        .collect()
 }
 
 #[test]
@@ -99,6 +100,7 @@ fn bad_inputs_are_rejected_per_file_and_nothing_stored_is_lost() {
     assert!(matches!(err, Error::UnknownCollection(_)));
     assert!(err.to_string().contains("资料库 nosuch 不存在"), "{err}");
     let err = e
+        .searcher()
         .search_unaudited(&SearchRequest {
             query: "x".into(),
             collections: Some(vec!["nosuch".into()]),
@@ -204,6 +206,7 @@ fn demo_collection_answers_the_example_query() {
     let r = crate::demo::load_demo(&e).unwrap();
     assert!(r.added >= 40, "{r:?}");
     let res = e
+        .searcher()
         .search_unaudited(&SearchRequest {
             query: "二甲双胍的禁忌症".into(),
             collections: None,
@@ -330,12 +333,13 @@ fn a_query_encoder_of_another_pairing_is_refused() {
         conn.execute("UPDATE settings SET value = ?1 WHERE key = 'active_query_model'", [other.id.to_string()])
             .unwrap();
     }
-    let err = e.search_unaudited(&SearchRequest { query: "二甲双胍".into(), ..Default::default() }).unwrap_err();
+    let err =
+        e.searcher().search_unaudited(&SearchRequest { query: "二甲双胍".into(), ..Default::default() }).unwrap_err();
     assert!(matches!(err, Error::ModelMismatch(_)), "{err}");
     assert!(err.to_string().contains("已拒绝"), "{err}");
     // The matching pair works and says it used dense retrieval.
     e.retrieval().activate_models("e5-small@1", &format!("e5-small@{}", a.version), &mut |_| Ok(())).unwrap();
-    let r = e.search_unaudited(&SearchRequest { query: "二甲双胍".into(), ..Default::default() }).unwrap();
+    let r = e.searcher().search_unaudited(&SearchRequest { query: "二甲双胍".into(), ..Default::default() }).unwrap();
     assert_eq!(r.method.as_str(), "weighted");
     assert!(r.hits[0].parts.dense.is_some() && r.hits[0].parts.bm25.is_some());
 }
@@ -386,7 +390,10 @@ fn kuake_qtr_hybrid_dev_quality() {
     );
     assert!(recall >= 0.95, "ANN recall@10 {recall}");
     // Search now goes through the index and still finds what the exact scan found first.
-    let r = e.search_unaudited(&SearchRequest { query: set.queries[0].1.clone(), ..Default::default() }).unwrap();
+    let r = e
+        .searcher()
+        .search_unaudited(&SearchRequest { query: set.queries[0].1.clone(), ..Default::default() })
+        .unwrap();
     assert!(r.hits[0].parts.dense_rank.is_some());
 }
 
@@ -782,7 +789,7 @@ mod lifecycle_gate {
             .map(|q| {
                 let req =
                     SearchRequest { query: q.clone(), limit: Some(10), dense_weight: weight, ..Default::default() };
-                e.search_unaudited(&req).unwrap().hits.iter().map(|h| h.chunk_id).collect()
+                e.searcher().search_unaudited(&req).unwrap().hits.iter().map(|h| h.chunk_id).collect()
             })
             .collect()
     }
@@ -819,9 +826,12 @@ mod lifecycle_gate {
         assert!(train.is_disjoint(&eval));
         assert!(eval.iter().all(|q| part_of(q, 0.3) == "eval"));
         // Clinician feedback joins as judgments of the same split.
-        let hit = e.search_unaudited(&SearchRequest { query: queries[0].clone(), ..Default::default() }).unwrap().hits
-            [0]
-        .chunk_id;
+        let hit = e
+            .searcher()
+            .search_unaudited(&SearchRequest { query: queries[0].clone(), ..Default::default() })
+            .unwrap()
+            .hits[0]
+            .chunk_id;
         e.search().feedback(&admin, &queries[0], hit, true).unwrap();
         let sets = e.models().judgment_sets(&admin, Some("kuake")).unwrap();
         assert!(sets.iter().any(|s| s.name == "feedback" && s.judgments == 1), "{sets:?}");
@@ -890,7 +900,7 @@ mod lifecycle_gate {
                 filter: crate::facets::SearchFilter { departments: vec!["测试科".into()], ..Default::default() },
                 ..Default::default()
             };
-            e.search_unaudited(&req).unwrap().hits.into_iter().map(|h| h.external_id).collect()
+            e.searcher().search_unaudited(&req).unwrap().hits.into_iter().map(|h| h.external_id).collect()
         };
         let three: std::collections::BTreeSet<String> =
             ["qtr-d00000", "qtr-d00001", "qtr-d00002"].iter().map(|s| s.to_string()).collect();
@@ -1245,7 +1255,11 @@ mod training {
         e.models().import_judgments(&admin, "kuake", "dev300", JudgmentSource::Csv(&csv)).unwrap();
         // Clinician feedback on a training-part query joins the next run's data.
         let fb_query = queries.iter().find(|q| part_of(q, 0.3) == "train").unwrap().clone() + " 反馈";
-        let hit = e.search_unaudited(&SearchRequest { query: fb_query.clone(), ..Default::default() }).unwrap().hits[0]
+        let hit = e
+            .searcher()
+            .search_unaudited(&SearchRequest { query: fb_query.clone(), ..Default::default() })
+            .unwrap()
+            .hits[0]
             .chunk_id;
         e.search().feedback(&admin, &fb_query, hit, true).unwrap();
 
@@ -1457,7 +1471,7 @@ mod training {
         let probes: Vec<String> = queries.iter().take(12).cloned().collect();
         let dense = |e: &Engine, q: &str| -> crate::Result<Vec<(i64, u32)>> {
             let req = SearchRequest { query: q.into(), method: Some(Method::Dense), ..Default::default() };
-            Ok(e.search_unaudited(&req)?.hits.iter().map(|h| (h.chunk_id, h.score.to_bits())).collect())
+            Ok(e.searcher().search_unaudited(&req)?.hits.iter().map(|h| (h.chunk_id, h.score.to_bits())).collect())
         };
         let before: Vec<Vec<(i64, u32)>> = probes.iter().map(|q| dense(&e, q).unwrap()).collect();
         let vectors_before = e.vectors().dense_vectors("kuake").unwrap();
@@ -2054,7 +2068,7 @@ mod offline_vectors {
             method: Some(Method::Dense),
             ..Default::default()
         };
-        let r = e.search_unaudited(&req).unwrap();
+        let r = e.searcher().search_unaudited(&req).unwrap();
         assert_eq!(r.method.as_str(), "dense");
         r.hits.iter().map(|h| (h.chunk_id, h.score)).collect()
     }
@@ -2201,10 +2215,10 @@ mod offline_vectors {
         let (doc, pending) = e.vectors().pending_vectors("c", None).unwrap();
         assert!(!doc.online);
         assert_eq!(pending.len(), 1);
-        let r = e.search_unaudited(&SearchRequest { query: "布洛芬".into(), ..Default::default() }).unwrap();
+        let r = e.searcher().search_unaudited(&SearchRequest { query: "布洛芬".into(), ..Default::default() }).unwrap();
         assert!(r.hits.iter().any(|h| h.chunk_id == pending[0]), "hybrid search finds the queued chunk by BM25");
         let req = SearchRequest { query: "布洛芬".into(), method: Some(Method::Bm25), ..Default::default() };
-        assert_eq!(e.search_unaudited(&req).unwrap().hits[0].chunk_id, pending[0]);
+        assert_eq!(e.searcher().search_unaudited(&req).unwrap().hits[0].chunk_id, pending[0]);
         assert!(!dense(&e, "布洛芬 退热").iter().any(|h| h.0 == pending[0]));
         let c = e.check().unwrap();
         assert!(c.consistent && c.dense_pending == 1, "{c:?}");
@@ -2695,7 +2709,10 @@ mod concurrency {
         {
             let e = e.clone();
             std::thread::spawn(move || {
-                let r = e.search_unaudited(&SearchRequest { query: "钠盐".into(), ..Default::default() }).unwrap();
+                let r = e
+                    .searcher()
+                    .search_unaudited(&SearchRequest { query: "钠盐".into(), ..Default::default() })
+                    .unwrap();
                 done.send((r.method, r.hits[0].external_id.clone(), names(&e))).unwrap();
             });
         }
@@ -2838,7 +2855,10 @@ mod load_benchmark {
                         let q = &queries[i % queries.len()];
                         i += 1;
                         let t = Instant::now();
-                        let r = e.search_unaudited(&SearchRequest { query: q.clone(), ..Default::default() }).unwrap();
+                        let r = e
+                            .searcher()
+                            .search_unaudited(&SearchRequest { query: q.clone(), ..Default::default() })
+                            .unwrap();
                         assert_ne!(r.method.as_str(), "bm25");
                         took.push(t.elapsed().as_secs_f64() * 1e3);
                     }
@@ -2987,14 +3007,15 @@ fn demo_with_e5(dir: &Path) -> Engine {
 }
 
 fn page(e: &Engine, q: &str, offset: usize, limit: usize, group: bool) -> crate::SearchResults {
-    e.search_unaudited(&SearchRequest {
-        query: q.into(),
-        offset,
-        limit: Some(limit),
-        group_by_document: group,
-        ..Default::default()
-    })
-    .unwrap()
+    e.searcher()
+        .search_unaudited(&SearchRequest {
+            query: q.into(),
+            offset,
+            limit: Some(limit),
+            group_by_document: group,
+            ..Default::default()
+        })
+        .unwrap()
 }
 
 #[test]
@@ -3111,15 +3132,16 @@ fn filters_apply_inside_both_legs_facets_count_the_rest_and_date_order_holds() {
     let t = tempfile::tempdir().unwrap();
     let e = demo_with_e5(t.path());
     let run = |q: &str, filter: SearchFilter, sort: Sort, limit: usize| {
-        e.search_unaudited(&SearchRequest {
-            query: q.into(),
-            limit: Some(limit),
-            group_by_document: true,
-            filter,
-            sort,
-            ..Default::default()
-        })
-        .unwrap()
+        e.searcher()
+            .search_unaudited(&SearchRequest {
+                query: q.into(),
+                limit: Some(limit),
+                group_by_document: true,
+                filter,
+                sort,
+                ..Default::default()
+            })
+            .unwrap()
     };
     let q = "二甲双胍的禁忌症";
     let all = run(q, SearchFilter::default(), Sort::Relevance, 100);
@@ -3144,6 +3166,7 @@ fn filters_apply_inside_both_legs_facets_count_the_rest_and_date_order_holds() {
     assert_eq!(r.total + r.near_total, 1, "one document");
     // Its dense leg is pre-filtered too: a dense-only ranking of the filter still finds the one article.
     let dense = e
+        .searcher()
         .search_unaudited(&SearchRequest {
             query: q.into(),
             method: Some(crate::fusion::Method::Dense),
@@ -3195,7 +3218,7 @@ fn filters_apply_inside_both_legs_facets_count_the_rest_and_date_order_holds() {
         filter: SearchFilter { date_from: "上个月".into(), ..Default::default() },
         ..Default::default()
     };
-    assert!(e.search_unaudited(&bad).unwrap_err().to_string().contains("日期筛选"));
+    assert!(e.searcher().search_unaudited(&bad).unwrap_err().to_string().contains("日期筛选"));
     // An admin's edit of a document's filing reaches the next search (the metadata version moved).
     let zoster = r.hits[0].document_id;
     db(&e).execute("UPDATE documents SET department = '急诊科' WHERE id = ?1", [zoster]).unwrap();
@@ -3341,7 +3364,10 @@ fn synonyms_abbreviations_and_pinyin_find_what_clinicians_type() {
     assert!(r.hits[0].text.contains(word) || r.hits[0].title.contains(word), "{word} is not in the passage");
     assert!(marked(&r).iter().any(|m| m.contains("慢性阻塞性肺疾病") || m.contains("慢阻肺")), "{:?}", marked(&r));
     // The words as typed: no expansion, and COPD is then honestly missing.
-    let exact = e.search_unaudited(&SearchRequest { query: "COPD".into(), exact: true, ..Default::default() }).unwrap();
+    let exact = e
+        .searcher()
+        .search_unaudited(&SearchRequest { query: "COPD".into(), exact: true, ..Default::default() })
+        .unwrap();
     assert_eq!(exact.missing_terms, vec!["copd".to_string()]);
     // A Chinese short form: 心梗 finds 心肌梗死.
     let mi = page(&e, "心梗后能用阿司匹林吗", 0, 10, false);
@@ -3538,7 +3564,8 @@ fn search_trust_benchmark() {
         }
         let e = &indexed.as_ref().unwrap().2;
         let search = |q: &str, offset: usize, limit: usize| {
-            e.search_unaudited(&SearchRequest { query: q.into(), offset, limit: Some(limit), ..Default::default() })
+            e.searcher()
+                .search_unaudited(&SearchRequest { query: q.into(), offset, limit: Some(limit), ..Default::default() })
                 .unwrap()
         };
         let run = |f: &dyn Fn(&str) -> String| {
@@ -3556,6 +3583,7 @@ fn search_trust_benchmark() {
             let mut expanded = 0usize;
             for (id, q) in &set.queries {
                 let r = e
+                    .searcher()
                     .search_unaudited(&SearchRequest {
                         query: q.clone(),
                         limit: Some(10),
@@ -3797,7 +3825,10 @@ fn vector_tables_past_the_rollback_retention_are_dropped_and_the_rest_serve() {
     assert!(e.prune_vector_tables().unwrap().is_empty(), "a second pass finds nothing");
 
     let hybrid = |e: &Engine| {
-        let r = e.search_unaudited(&SearchRequest { query: "二甲双胍的禁忌症".into(), ..Default::default() }).unwrap();
+        let r = e
+            .searcher()
+            .search_unaudited(&SearchRequest { query: "二甲双胍的禁忌症".into(), ..Default::default() })
+            .unwrap();
         assert!(r.hits.iter().any(|h| h.parts.dense.is_some()), "dense retrieval answers");
     };
     hybrid(&e);
@@ -3883,8 +3914,9 @@ fn names_absent_as_a_whole_are_named_whole_and_questions_are_not_names() {
     )
     .unwrap();
     assert_eq!(e.ingest_files("c", &[md], &mut |_| {}).unwrap().failed(), 0);
-    let missing =
-        |q: &str| e.search_unaudited(&SearchRequest { query: q.into(), ..Default::default() }).unwrap().missing_terms;
+    let missing = |q: &str| {
+        e.searcher().search_unaudited(&SearchRequest { query: q.into(), ..Default::default() }).unwrap().missing_terms
+    };
     // 马凡 and 龙血竭 occur nowhere; 综合征 and 胶囊 do: the whole name is said to be missing, not a piece.
     assert_eq!(missing("马凡综合征的症状"), vec!["马凡综合征".to_string()]);
     assert!(missing("龙血竭胶囊的副作用").contains(&"龙血竭胶囊".to_string()), "{:?}", missing("龙血竭胶囊的副作用"));

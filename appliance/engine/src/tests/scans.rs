@@ -60,7 +60,7 @@ fn hits(e: &Engine, q: &str) -> Vec<crate::SearchHit> {
         method: Some(crate::fusion::Method::Bm25),
         ..Default::default()
     };
-    e.search_unaudited(&req).unwrap().hits
+    e.searcher().search_unaudited(&req).unwrap().hits
 }
 
 #[test]
