@@ -558,9 +558,6 @@ impl Engine {
     pub(crate) fn store(&self) -> &Store {
         &self.store
     }
-    pub(crate) fn lexical(&self) -> &LexicalIndex {
-        &self.lexical
-    }
 
     /// Brings the lexical index into agreement with SQLite after a crash, a format change or a dictionary edit.
     pub(crate) fn recover(&self) -> Result<RecoveryReport> {

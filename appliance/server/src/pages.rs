@@ -730,7 +730,7 @@ pub async fn document(
             // Only after the document was allowed; through the audit writer, so the page does not wait for it.
             e.search().click(a, &q, id, p.c, rank)?;
         }
-        let sections = e.document_sections(&doc, &q);
+        let sections = care_engine::docview::document_sections(e.searcher(), &doc, &q);
         Ok((doc, sections))
     })
     .await?;

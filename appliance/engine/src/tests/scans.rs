@@ -120,8 +120,11 @@ fn a_mixed_pdf_a_fax_a_photo_and_a_tiff_are_searchable_with_their_pages() {
     // The document view says which page each scanned passage was read from.
     let doc_id = found.iter().find(|h| h.source.contains("指南.pdf")).unwrap().document_id;
     let doc = crate::feedback::document(&e.store, doc_id).unwrap();
-    let labels: Vec<String> =
-        e.document_sections(&doc, "阿卡波糖").into_iter().map(|s| s.scanned).filter(|s| !s.is_empty()).collect();
+    let labels: Vec<String> = crate::docview::document_sections(e.searcher(), &doc, "阿卡波糖")
+        .into_iter()
+        .map(|s| s.scanned)
+        .filter(|s| !s.is_empty())
+        .collect();
     assert!(labels.iter().any(|l| l.starts_with("识别自扫描件 · 第 2")), "{labels:?}");
     assert!(labels.iter().any(|l| l.contains("3 页")), "{labels:?}");
 }
