@@ -555,9 +555,11 @@ impl Engine {
             retrieval: self.retrieval(),
         }
     }
-    pub(crate) fn store(&self) -> &Store {
-        &self.store
+    /// Candidate pairs, their evaluation and the gate.
+    pub(crate) fn lifecycle(&self) -> crate::lifecycle::Lifecycle<'_> {
+        crate::lifecycle::Lifecycle { cfg: &self.cfg, retrieval: self.retrieval(), searcher: self.searcher() }
     }
+    // The parts end here.
 
     /// Brings the lexical index into agreement with SQLite after a crash, a format change or a dictionary edit.
     pub(crate) fn recover(&self) -> Result<RecoveryReport> {

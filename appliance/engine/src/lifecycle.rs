@@ -20,7 +20,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::accounts::{Actor, Admin};
 use crate::encoders::TextKind;
-use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::hybrid::DenseProgress;
 use crate::models::{self, ActivePair, ModelRecord};
@@ -224,7 +223,15 @@ fn import_lock(dir: &Path, spec: &str) -> Result<std::fs::File> {
     }
 }
 
-impl Engine {
+/// Candidate pairs: registering, evaluating against the live pair on held-out judgments, the gate's verdict.
+#[derive(Clone, Copy)]
+pub struct Lifecycle<'e> {
+    pub(crate) cfg: &'e crate::config::EngineConfig,
+    pub(crate) retrieval: crate::hybrid::Retrieval<'e>,
+    pub(crate) searcher: crate::search::Searcher<'e>,
+}
+
+impl Lifecycle<'_> {
     fn stage_and_register(
         &self,
         actor: &Actor,
@@ -247,7 +254,7 @@ impl Engine {
             "width": m.width, "online": online, "source": src.display().to_string(),
             "parity_texts": parity_texts, "parity_min_cosine": parity_min_cosine,
         });
-        match models::register_audited(&self.store, final_dir, m, &actor.name, &detail) {
+        match models::register_audited(&self.retrieval.store, final_dir, m, &actor.name, &detail) {
             Ok(model) => Ok(ImportReport { model, online, parity_texts, parity_min_cosine }),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(final_dir);
@@ -504,7 +511,7 @@ pub struct PrunedTable {
     pub model: Option<String>,
 }
 
-impl Engine {
+impl Lifecycle<'_> {
     /// The retention rule for vector tables: a rollback needs the tables of the document models of recent live
     /// pairs, not of every pair ever live. Keeps the live pair's, those of the newest
     /// `[lifecycle] keep_rollback_tables` earlier document models in the history, every candidate's (never live)
@@ -512,7 +519,7 @@ impl Engine {
     /// `vectors.prune` audit record, and the tables SQLite does not know. Does nothing while a model task is queued
     /// or running, so no evaluation or promotion loses a table it reads.
     pub(crate) fn prune_vector_tables(&self) -> Result<Vec<PrunedTable>> {
-        let busy: i64 = self.store.reader().query_row(
+        let busy: i64 = self.retrieval.store.reader().query_row(
             "SELECT COUNT(*) FROM jobs WHERE kind LIKE 'model.%' AND state IN ('queued', 'running')",
             [],
             |r| r.get(0),
@@ -520,17 +527,17 @@ impl Engine {
         if busy > 0 {
             return Ok(Vec::new());
         }
-        let Some(live) = models::active(&self.store)? else { return Ok(Vec::new()) };
+        let Some(live) = models::active(&self.retrieval.store)? else { return Ok(Vec::new()) };
         let mut keep = vec![live.document.id];
         let mut ever_live = std::collections::HashSet::new();
-        for (_, document, _) in models::history(&self.store, 10_000)? {
+        for (_, document, _) in models::history(&self.retrieval.store, 10_000)? {
             ever_live.insert(document);
             if !keep.contains(&document) && keep.len() <= self.cfg.lifecycle.keep_rollback_tables {
                 keep.push(document);
             }
         }
         let rows: Vec<(i64, String, i64)> = {
-            let conn = self.store.reader();
+            let conn = self.retrieval.store.reader();
             let mut stmt = conn.prepare("SELECT id, table_name, model_id FROM dense_indexes")?;
             let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
             rows.collect::<Result<_, _>>()?
@@ -540,12 +547,12 @@ impl Engine {
             if keep.contains(model) || !ever_live.contains(model) {
                 continue;
             }
-            let m = models::get(&self.store, *model)?;
+            let m = models::get(&self.retrieval.store, *model)?;
             if !m.online {
                 continue;
             }
             let name = format!("{}@{}", m.name, m.version);
-            let mut conn = self.store.conn();
+            let mut conn = self.retrieval.store.conn();
             let tx = conn.transaction()?;
             tx.execute("DELETE FROM dense_indexes WHERE id = ?1", [id])?;
             let detail = serde_json::json!({"table": table, "model": name, "reason": "retention"});
@@ -554,21 +561,21 @@ impl Engine {
             drop(conn);
             // Recorded first, dropped second: a crash in between leaves a table nothing records, dropped below on
             // the next run.
-            self.dense.drop_table(table)?;
+            self.retrieval.dense.drop_table(table)?;
             pruned.push(PrunedTable { table: table.clone(), model: Some(name) });
         }
         // Listed before SQLite is read: a table is created after its row, so one listed here and not recorded
         // below was left by a crash, never one being created now.
-        let present = self.dense.table_names()?;
+        let present = self.retrieval.dense.table_names()?;
         let recorded: std::collections::HashSet<String> = {
-            let conn = self.store.reader();
+            let conn = self.retrieval.store.reader();
             let mut stmt = conn.prepare("SELECT table_name FROM dense_indexes")?;
             let names = stmt.query_map([], |r| r.get(0))?;
             names.collect::<Result<_, _>>()?
         };
         for table in present {
             if !recorded.contains(&table) && is_dense_table_name(&table) {
-                self.dense.drop_table(&table)?;
+                self.retrieval.dense.drop_table(&table)?;
                 pruned.push(PrunedTable { table, model: None });
             }
         }
@@ -585,7 +592,7 @@ fn is_dense_table_name(name: &str) -> bool {
     [collection, model, version].iter().all(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
 }
 
-impl Engine {
+impl Lifecycle<'_> {
     /// Candidate lists of `set`'s queries under `pair`, its queries encoded by `graph` one at a time, as a search
     /// does.
     pub(crate) fn pair_candidates(
@@ -595,9 +602,9 @@ impl Engine {
         col: &crate::store::Collection,
         progress: &mut dyn FnMut(DenseProgress) -> Result<()>,
     ) -> Result<crate::eval::Candidates2> {
-        let encoder = self.models.graph(&pair.query, graph)?;
+        let encoder = self.retrieval.models.graph(&pair.query, graph)?;
         let dense = crate::search::JudgedDense { encoder: &encoder, query: &pair.query, document: &pair.document };
-        crate::eval::judged(self, set, col, Some(dense), 100, &mut |done, total| {
+        crate::eval::judged(self.searcher, set, col, Some(dense), 100, &mut |done, total| {
             if done % 50 == 0 {
                 progress(DenseProgress { stage: "评测", collection: col.name.clone(), done, total })?;
             }
@@ -617,7 +624,7 @@ impl Engine {
     ) -> Result<PairRun> {
         let weight = match weight {
             Some(w) => w,
-            None if train.queries.is_empty() => self.retrieval().fusion_for(col.id)?.dense_weight,
+            None if train.queries.is_empty() => self.retrieval.fusion_for(col.id)?.dense_weight,
             None => self.pair_candidates(pair, train, col, progress)?.tune(train).0,
         };
         let c = self.pair_candidates(pair, eval, col, progress)?;
@@ -629,7 +636,7 @@ impl Engine {
     /// other lets a burst of unrelated work land on one side only and fail (or pass) the gate by chance.
     fn encode_latencies(&self, sides: &[(&ModelRecord, Graph)], queries: &[String]) -> Result<Vec<EncodeLatency>> {
         const WARM_UP: usize = 8;
-        let encs = sides.iter().map(|(m, g)| self.models.graph(m, *g)).collect::<Result<Vec<_>>>()?;
+        let encs = sides.iter().map(|(m, g)| self.retrieval.models.graph(m, *g)).collect::<Result<Vec<_>>>()?;
         let mut ms = vec![Vec::with_capacity(queries.len()); encs.len()];
         // Warm-up first: the first queries' timings are dropped.
         for (i, q) in queries.iter().take(WARM_UP).chain(queries.iter()).enumerate() {
@@ -653,7 +660,7 @@ impl Engine {
 
     fn store_evaluation(&self, actor: &Actor, cand: &ActivePair, r: &EvaluationReport) -> Result<i64> {
         let svg = evaluation_chart(r);
-        let mut conn = self.store.conn();
+        let mut conn = self.retrieval.store.conn();
         let tx = conn.transaction()?;
         tx.execute(
             "INSERT INTO model_evaluations (query_model_id, document_model_id, baseline, passed, report, chart_svg, \
@@ -690,7 +697,7 @@ impl Engine {
         override_reason: Option<&str>,
     ) -> Result<(ActivePair, Option<(i64, bool)>)> {
         let cand = self.resolve_pair(candidate)?;
-        let live = models::active(&self.store)?.map(|p| pair_spec(&p)).unwrap_or_default();
+        let live = models::active(&self.retrieval.store)?.map(|p| pair_spec(&p)).unwrap_or_default();
         if let Some(r) = self.rejection_of(&cand)? {
             return Err(Error::Forbidden(format!(
                 "候选模型已被 {} 驳回（{}）；重新评测后才能上线 ({} was rejected by {} at {}: {}; evaluate it again \
@@ -704,6 +711,7 @@ impl Engine {
             )));
         }
         let verdict: Option<(i64, bool)> = self
+            .retrieval
             .store
             .reader()
             .query_row(
@@ -739,7 +747,10 @@ impl Engine {
     /// The registered pair `Q@v,D@v` names, checked to be a valid pairing.
     pub(crate) fn resolve_pair(&self, spec: &str) -> Result<ActivePair> {
         let (q, d) = parse_pair(spec)?;
-        let pair = ActivePair { query: models::find(&self.store, &q)?, document: models::find(&self.store, &d)? };
+        let pair = ActivePair {
+            query: models::find(&self.retrieval.store, &q)?,
+            document: models::find(&self.retrieval.store, &d)?,
+        };
         models::check_pair(&pair.query, &pair.document)?;
         Ok(pair)
     }
@@ -747,6 +758,7 @@ impl Engine {
     /// The rejection standing on `pair`: its newest evaluation (against any live pair) was rejected.
     fn rejection_of(&self, pair: &ActivePair) -> Result<Option<Rejection>> {
         let r = self
+            .retrieval
             .store
             .reader()
             .query_row(
@@ -764,13 +776,16 @@ impl Engine {
     /// stored weight, which stays), and the query graph it chose (none in a report from before graphs were
     /// compared: the model keeps its own).
     fn gate_choices(&self, id: i64) -> Result<(models::FusionChange, Option<Graph>)> {
-        let json: String =
-            self.store.reader().query_row("SELECT report FROM model_evaluations WHERE id = ?1", [id], |r| r.get(0))?;
+        let json: String = self.retrieval.store.reader().query_row(
+            "SELECT report FROM model_evaluations WHERE id = ?1",
+            [id],
+            |r| r.get(0),
+        )?;
         let report: EvaluationReport =
             serde_json::from_str(&json).map_err(|e| Error::Internal(format!("evaluation {id}: {e}")))?;
         let mut weights = Vec::new();
         for c in report.collections.iter().filter(|c| c.train_queries > 0) {
-            if let Ok(col) = self.store.collection(&c.collection) {
+            if let Ok(col) = self.retrieval.store.collection(&c.collection) {
                 let fitted_on = format!("evaluation #{id}: training part, {} queries", c.train_queries);
                 weights.push((col.id, c.candidate_dense_weight, fitted_on));
             }
@@ -834,7 +849,7 @@ impl crate::engine::Models<'_> {
             std::process::id(),
             next_staging()
         ));
-        let result = self.stage_and_register(actor, src, &m, (&staged, how), &final_dir);
+        let result = self.lifecycle().stage_and_register(actor, src, &m, (&staged, how), &final_dir);
         let _ = std::fs::remove_dir_all(&staged);
         result
     }
@@ -851,7 +866,7 @@ impl crate::engine::Models<'_> {
     ) -> Result<EvaluationReport> {
         let live = models::active(&self.store)?
             .ok_or_else(|| Error::InvalidInput("没有在用的模型 (no live model pair to compare with)".into()))?;
-        let cand = self.resolve_pair(candidate)?;
+        let cand = self.lifecycle().resolve_pair(candidate)?;
         self.retrieval().prepare_document_model(&cand.document, progress)?;
         let lc = &self.cfg.lifecycle;
         let live_graph = live.query.served_query_graph();
@@ -867,11 +882,11 @@ impl crate::engine::Models<'_> {
             }
             let train = self.judgments().judged(col.id, "train")?.scorable();
             let (train, eval) = (train.as_beir("train"), eval.as_beir("eval"));
-            let l = self.run_pair((&live, live_graph), &col, (&train, &eval), None, progress)?;
-            let mut c = vec![self.run_pair((&cand, Graph::Fp32), &col, (&train, &eval), None, progress)?];
+            let l = self.lifecycle().run_pair((&live, live_graph), &col, (&train, &eval), None, progress)?;
+            let mut c = vec![self.lifecycle().run_pair((&cand, Graph::Fp32), &col, (&train, &eval), None, progress)?];
             for g in &graphs[1..] {
                 let fitted = Some(c[0].weight);
-                c.push(self.run_pair((&cand, *g), &col, (&train, &eval), fitted, progress)?);
+                c.push(self.lifecycle().run_pair((&cand, *g), &col, (&train, &eval), fitted, progress)?);
             }
             runs.push((col.name.clone(), eval.queries.len(), train.queries.len(), l, c));
             eval_texts.extend(eval.queries.iter().map(|(_, text)| text.clone()));
@@ -885,7 +900,7 @@ impl crate::engine::Models<'_> {
         }
         let mut sides = vec![(&live.query, live_graph)];
         sides.extend(graphs.iter().map(|g| (&cand.query, *g)));
-        let mut latencies = self.encode_latencies(&sides, &eval_texts)?;
+        let mut latencies = self.lifecycle().encode_latencies(&sides, &eval_texts)?;
         let live_encode = latencies.remove(0);
         let variants: Vec<GraphVariant> = graphs
             .iter()
@@ -946,7 +961,7 @@ impl crate::engine::Models<'_> {
             reasons,
             rejected: None,
         };
-        report.id = self.store_evaluation(actor, &cand, &report)?;
+        report.id = self.lifecycle().store_evaluation(actor, &cand, &report)?;
         Ok(report)
     }
 
@@ -980,7 +995,7 @@ impl crate::engine::Models<'_> {
         if reason.is_empty() {
             return Err(Error::InvalidInput("请填写驳回理由 (a rejection needs a reason; it is audited)".into()));
         }
-        let cand = self.resolve_pair(candidate)?;
+        let cand = self.lifecycle().resolve_pair(candidate)?;
         let mut conn = self.store.conn();
         let tx = conn.transaction()?;
         let id: i64 = tx
@@ -1023,10 +1038,10 @@ impl crate::engine::Models<'_> {
         override_reason: Option<&str>,
         progress: &mut dyn FnMut(DenseProgress) -> Result<()>,
     ) -> Result<ActivePair> {
-        let (cand, verdict) = self.promotion_allowed(candidate, override_reason)?;
+        let (cand, verdict) = self.lifecycle().promotion_allowed(candidate, override_reason)?;
         let reason = override_reason.map(str::trim).unwrap_or("");
         let (fusion, graph) = match verdict {
-            Some((evaluation, _)) => self.gate_choices(evaluation)?,
+            Some((evaluation, _)) => self.lifecycle().gate_choices(evaluation)?,
             None => (models::FusionChange::Keep, None),
         };
         self.retrieval().prepare_document_model(&cand.document, progress)?;

@@ -148,7 +148,7 @@ pub fn candidates(
         query: &p.query,
         document: &p.document,
     });
-    judged(engine, set, &col, dense, depth, &mut |done, total| {
+    judged(engine.searcher(), set, &col, dense, depth, &mut |done, total| {
         progress(done, total);
         Ok(())
     })
@@ -157,7 +157,7 @@ pub fn candidates(
 /// The set's candidate lists from the search pipeline in `col`, the dense ones from `dense` (the live pair, or a
 /// candidate pair's graph for the gate), with what is needed to score them.
 pub(crate) fn judged(
-    engine: &crate::Engine,
+    searcher: crate::search::Searcher<'_>,
     set: &BeirSet,
     col: &crate::store::Collection,
     dense: Option<crate::search::JudgedDense<'_>>,
@@ -165,14 +165,14 @@ pub(crate) fn judged(
     progress: &mut dyn FnMut(usize, usize) -> Result<()>,
 ) -> Result<Candidates2> {
     let has_dense = dense.is_some();
-    let lists = engine.searcher().judged_candidates(&set.queries, col, dense, depth, progress)?;
+    let lists = searcher.judged_candidates(&set.queries, col, dense, depth, progress)?;
     let lists = set
         .queries
         .iter()
         .zip(lists)
         .map(|((qid, _), (bm25, dense))| Candidates { qid: qid.clone(), bm25, dense })
         .collect();
-    Ok(Candidates2 { lists, doc_names: document_names(engine, col.id)?, has_dense })
+    Ok(Candidates2 { lists, doc_names: document_names(searcher.store, col.id)?, has_dense })
 }
 
 /// Candidate lists plus the document id → external id map needed to score them.
@@ -182,8 +182,8 @@ pub struct Candidates2 {
     pub has_dense: bool,
 }
 
-pub(crate) fn document_names(engine: &crate::Engine, collection_id: i64) -> Result<HashMap<i64, String>> {
-    let conn = engine.store().conn();
+pub(crate) fn document_names(store: &crate::store::Store, collection_id: i64) -> Result<HashMap<i64, String>> {
+    let conn = store.conn();
     let mut stmt = conn.prepare("SELECT id, external_id FROM documents WHERE collection_id = ?1")?;
     let rows = stmt.query_map([collection_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
     Ok(rows.collect::<Result<HashMap<_, _>, _>>()?)

@@ -1,4 +1,5 @@
 use super::*;
+use crate::Engine;
 
 /// An offline document package (no graph: nothing but the weights) named `name@1` whose model.safetensors is
 /// `weights`.

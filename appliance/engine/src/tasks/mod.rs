@@ -195,7 +195,7 @@ impl crate::Engine {
                 if let Err(e) = self.prune_finished_runs() {
                     tracing::warn!(error = %e, "could not free the weights of ended training runs");
                 }
-                match self.prune_vector_tables() {
+                match self.lifecycle().prune_vector_tables() {
                     Ok(p) if p.is_empty() => {}
                     Ok(p) => tracing::info!(tables = ?p, "dropped vector tables past the rollback retention"),
                     Err(e) => tracing::warn!(error = %e, "could not apply the vector-table retention"),

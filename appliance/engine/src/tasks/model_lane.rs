@@ -239,7 +239,7 @@ impl crate::engine::Models<'_> {
         if self.retrieval().active_models()?.is_none() {
             return Err(Error::InvalidInput("没有在用的模型 (no live model pair to compare with)".into()));
         }
-        let pair = self.resolve_pair(candidate)?;
+        let pair = self.lifecycle().resolve_pair(candidate)?;
         self.submit_model_task(
             actor,
             Task::Evaluate(CandidateParams { candidate: pair_spec(&pair), override_reason: None }),
@@ -249,7 +249,7 @@ impl crate::engine::Models<'_> {
     /// Queues the promotion of `candidate`. The gate is checked now, so a refusal comes at once, and again when
     /// the task runs, against the pair live then.
     pub fn submit_promote(&self, actor: &Admin, candidate: &str, override_reason: Option<&str>) -> Result<i64> {
-        let (pair, _) = self.promotion_allowed(candidate, override_reason)?;
+        let (pair, _) = self.lifecycle().promotion_allowed(candidate, override_reason)?;
         let override_reason = override_reason.map(str::trim).filter(|r| !r.is_empty()).map(str::to_string);
         self.submit_model_task(actor, Task::Promote(CandidateParams { candidate: pair_spec(&pair), override_reason }))
     }

@@ -3338,7 +3338,7 @@ fn evaluation_and_the_gate_score_the_ranking_clinicians_see() {
     // The gate's candidates under the live pair, its queries encoded one at a time.
     let pair = e.models.active_pair(&e.store).unwrap().unwrap();
     let c = e.collection(col).unwrap();
-    let gate = e.pair_candidates((&pair, care_formats::Graph::Fp32), &set, &c, &mut |_| Ok(())).unwrap();
+    let gate = e.lifecycle().pair_candidates((&pair, care_formats::Graph::Fp32), &set, &c, &mut |_| Ok(())).unwrap();
     let gated = gate.score(&set, method, weight).ndcg_at_10;
     assert!((gated - served).abs() <= 0.002, "gate {gated:.4} vs served {served:.4}");
     assert!(served > 0.9, "the traditional queries find what the simplified ones found: {served:.4}");
@@ -3811,7 +3811,7 @@ fn vector_tables_past_the_rollback_retention_are_dropped_and_the_rest_serve() {
     };
     assert_eq!(tables(&e), ["1", "2", "3", "4"]);
 
-    let pruned = e.prune_vector_tables().unwrap();
+    let pruned = e.lifecycle().prune_vector_tables().unwrap();
     let named: Vec<Option<String>> = pruned.iter().map(|p| p.model.clone()).collect();
     assert_eq!(named, [Some("e5-small@1".to_string()), None], "{pruned:?}");
     assert_eq!(pruned[1].table, "c99_m99_v1", "only tables of the engine's naming are swept");
@@ -3822,7 +3822,7 @@ fn vector_tables_past_the_rollback_retention_are_dropped_and_the_rest_serve() {
     let audited: i64 =
         db(&e).query_row("SELECT COUNT(*) FROM audit WHERE action = 'vectors.prune'", [], |r| r.get(0)).unwrap();
     assert_eq!(audited, 1);
-    assert!(e.prune_vector_tables().unwrap().is_empty(), "a second pass finds nothing");
+    assert!(e.lifecycle().prune_vector_tables().unwrap().is_empty(), "a second pass finds nothing");
 
     let hybrid = |e: &Engine| {
         let r = e

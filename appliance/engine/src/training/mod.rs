@@ -593,7 +593,7 @@ impl Engine {
         actor: &Admin,
         token: &CancelToken,
     ) -> Result<serde_json::Value> {
-        let base = self.resolve_pair(&p.base)?;
+        let base = self.lifecycle().resolve_pair(&p.base)?;
         let dir = self.run_dir(id);
         std::fs::create_dir_all(dir.join("logs")).map_err(|e| Error::io(&dir, e))?;
         let mut st: RunState = read_json(&dir.join("state.json")).unwrap_or_default();
@@ -791,7 +791,7 @@ impl Engine {
                 self.models().import_by(actor, &doc_export, Transfer::Link)?;
             }
             let spec = format!("{name}@{version},{document}");
-            if self.resolve_pair(&spec).is_err() {
+            if self.lifecycle().resolve_pair(&spec).is_err() {
                 self.models().import_by(actor, &export, Transfer::Link)?;
             }
             st.candidate = spec;
@@ -806,7 +806,7 @@ impl Engine {
         // candidate on its own vectors; promotion switches in one transaction.
         if both {
             run.phase(&mut st, "embed", "重新生成文档向量", |r| {
-                let cand = self.resolve_pair(&candidate)?;
+                let cand = self.lifecycle().resolve_pair(&candidate)?;
                 self.retrieval().prepare_document_model(&cand.document, &mut r.dense_progress())
             })?;
         }
