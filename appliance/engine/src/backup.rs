@@ -25,7 +25,6 @@ pub use archive::{BackupInfo, BackupKey, ManifestEntry};
 
 use crate::accounts::Admin;
 use crate::cancel::CancelToken;
-use crate::engine::Engine;
 use crate::error::{Error, Result};
 
 /// The task's stored kind.
@@ -181,7 +180,18 @@ fn partial_pid(name: &str) -> Option<&str> {
     name.starts_with(".care-").then(|| name.rsplit_once(".partial-")).flatten().map(|p| p.1)
 }
 
-impl Engine {
+/// Makes backups: the snapshot taken beside the writers, the archive written, retention applied.
+#[derive(Clone, Copy)]
+pub struct BackupMaker<'e> {
+    pub(crate) cfg: &'e crate::config::EngineConfig,
+    pub(crate) dir: &'e crate::datadir::DataDir,
+    pub(crate) store: &'e crate::store::Store,
+    pub(crate) write_lock: &'e std::sync::Mutex<()>,
+    pub(crate) retrieval: crate::hybrid::Retrieval<'e>,
+    pub(crate) queue: crate::jobs::JobQueue<'e>,
+}
+
+impl BackupMaker<'_> {
     /// The key archives are encrypted with (`[backup] key_file`), read now.
     pub fn backup_key(&self) -> Result<Option<BackupKey>> {
         self.cfg.backup.key_file.as_deref().map(BackupKey::read).transpose()
@@ -216,7 +226,7 @@ impl Engine {
         let total = snap.info.data_bytes;
         // The archive may not fill the target's disk, nor (when it is the data disk) eat the reserve kept free
         // for searching. Compression usually needs less; an estimate too low would fail mid-way, cleanly.
-        let reserve = if same_disk(&folder, self.dir.root()) { self.disk_reserve_bytes() } else { 0 };
+        let reserve = if same_disk(&folder, self.dir.root()) { self.cfg.disk_reserve_bytes() } else { 0 };
         if let Ok((_, available)) = crate::datadir::free_bytes(&folder)
             && available < total.saturating_add(reserve)
         {
@@ -265,7 +275,7 @@ impl Engine {
     }
 }
 
-impl Engine {
+impl BackupMaker<'_> {
     /// The backup lane's task: makes the backup, writing its stage and bytes as the job's progress.
     pub(crate) fn run_backup_job(&self, id: i64, p: &BackupParams, token: &CancelToken) -> Result<serde_json::Value> {
         let mut last = Instant::now() - std::time::Duration::from_secs(1);
@@ -273,7 +283,7 @@ impl Engine {
             if last.elapsed() >= std::time::Duration::from_millis(500) || done >= total {
                 last = Instant::now();
                 let mb = |b: u64| b.div_ceil(1 << 20);
-                if let Err(e) = self.job_progress(id, stage, mb(done), mb(total)) {
+                if let Err(e) = self.queue.job_progress(id, stage, mb(done), mb(total)) {
                     tracing::warn!(job = id, error = %e, "could not record progress");
                 }
             }
@@ -313,10 +323,10 @@ impl crate::engine::Backups<'_> {
 
     /// The archives in `dir` (default: the configured folder), newest first.
     pub fn list(&self, _admin: &Admin, dir: Option<&Path>) -> Result<Vec<BackupEntry>> {
-        let key = self.backup_key()?;
+        let key = self.backup_maker().backup_key()?;
         let dir = match dir {
             Some(d) => d.to_path_buf(),
-            None => self.backup_folder()?,
+            None => self.backup_maker().backup_folder()?,
         };
         list(&dir, key.as_ref())
     }
@@ -324,13 +334,18 @@ impl crate::engine::Backups<'_> {
     /// An archive of the backup folder by its name, to send to a standby; audited, so the overview shows the
     /// standby's last pull. Only names listed in the folder are opened (never a path from the request).
     pub fn download(&self, actor: &Admin, name: &str) -> Result<(PathBuf, u64)> {
-        let folder = self.backup_folder()?;
+        let folder = self.backup_maker().backup_folder()?;
         let path =
             archive_paths(&folder)?.into_iter().find(|(n, _)| n == name).map(|(_, p)| p).ok_or_else(|| {
                 Error::NotFound { what: format!("备份 {}", name.chars().take(80).collect::<String>()) }
             })?;
         let bytes = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?.len();
-        self.record(&actor.name, "backup.download", &serde_json::json!({"archive": name, "bytes": bytes}))?;
+        crate::audit::record(
+            &self.store,
+            &actor.name,
+            "backup.download",
+            &serde_json::json!({"archive": name, "bytes": bytes}),
+        )?;
         Ok((path, bytes))
     }
 
@@ -349,7 +364,7 @@ impl crate::engine::Backups<'_> {
 
     /// Reads an archive to its end, every byte checked; audited with its result.
     pub fn verify(&self, actor: &Admin, path: &Path, key: Option<&BackupKey>) -> Result<VerifyReport> {
-        let own = self.backup_key()?;
+        let own = self.backup_maker().backup_key()?;
         let result = verify(path, key.or(own.as_ref()));
         let detail = match &result {
             Ok(r) => {
@@ -357,18 +372,7 @@ impl crate::engine::Backups<'_> {
             }
             Err(e) => serde_json::json!({"archive": path, "ok": false, "error": e.to_string()}),
         };
-        self.record(&actor.name, "backup.verify", &detail)?;
+        crate::audit::record(&self.store, &actor.name, "backup.verify", &detail)?;
         result
-    }
-}
-
-impl Engine {
-    /// One audit record in a transaction of its own (what it records has no row of its own to commit with).
-    pub(crate) fn record(&self, actor: &str, action: &str, detail: &serde_json::Value) -> Result<()> {
-        let mut conn = self.store.conn();
-        let tx = conn.transaction()?;
-        crate::audit::append(&tx, actor, action, detail)?;
-        tx.commit()?;
-        Ok(())
     }
 }

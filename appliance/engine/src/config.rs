@@ -28,6 +28,13 @@ pub struct EngineConfig {
     pub backup: BackupConfig,
 }
 
+impl EngineConfig {
+    /// Bytes `[training] keep_free_gb` keeps free on the data disk for search, sign-in and SQLite.
+    pub fn disk_reserve_bytes(&self) -> u64 {
+        (self.training.keep_free_gb.max(0.0) * f64::from(1u32 << 30)) as u64
+    }
+}
+
 /// Caps on what accumulates (`[limits]`): each refusal is a Chinese error naming the setting.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]

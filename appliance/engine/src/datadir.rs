@@ -42,6 +42,18 @@ pub struct DataDir {
 pub(crate) const IMPORT_STAGING: &str = ".import-";
 
 impl DataDir {
+    /// Refuses `what`, which would write about `incoming` bytes to the data disk, when that would leave less than
+    /// `reserve` free ([`crate::config::EngineConfig::disk_reserve_bytes`]): a full disk fails every write (audit
+    /// records, so sign-ins and searches too), so uploads and imports stop at the reserve instead of at zero. Free
+    /// space that cannot be measured is no reason to refuse.
+    pub(crate) fn ensure_free(&self, reserve: u64, what: &str, incoming: u64) -> Result<()> {
+        let Ok((_, available)) = free_bytes(self.root()) else { return Ok(()) };
+        if available < incoming.saturating_add(reserve) {
+            return Err(Error::NoSpace { what: what.to_string(), needed: incoming, available, reserve });
+        }
+        Ok(())
+    }
+
     /// Where model imports take their per-`name@version` locks ([`crate::lifecycle`]).
     pub(crate) fn import_locks(&self) -> PathBuf {
         self.models().join(".locks")

@@ -559,6 +559,17 @@ impl Engine {
     pub(crate) fn lifecycle(&self) -> crate::lifecycle::Lifecycle<'_> {
         crate::lifecycle::Lifecycle { cfg: &self.cfg, retrieval: self.retrieval(), searcher: self.searcher() }
     }
+    /// Makes backups beside the writers.
+    pub fn backup_maker(&self) -> crate::backup::BackupMaker<'_> {
+        crate::backup::BackupMaker {
+            cfg: &self.cfg,
+            dir: &self.dir,
+            store: &self.store,
+            write_lock: &self.write_lock,
+            retrieval: self.retrieval(),
+            queue: self.queue(),
+        }
+    }
     // The parts end here.
 
     /// Brings the lexical index into agreement with SQLite after a crash, a format change or a dictionary edit.

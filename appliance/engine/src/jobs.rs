@@ -184,6 +184,15 @@ pub struct JobQueue<'e> {
 }
 
 impl JobQueue<'_> {
+    /// Writes a job's stage and done/total.
+    pub(crate) fn job_progress(&self, id: i64, stage: &str, done: u64, total: u64) -> Result<()> {
+        self.store.conn().execute(
+            "UPDATE jobs SET progress_done = ?2, progress_total = ?3, stage = ?4, updated_at = ?5 WHERE id = ?1",
+            params![id, done as i64, total as i64, stage, now()],
+        )?;
+        Ok(())
+    }
+
     /// Wakes the scheduler: here at once, and in the process holding the jobs lock through its socket (best
     /// effort: without a listener the datagram is dropped, and that process's next start reads the queue anyway).
     pub(crate) fn tasks_changed(&self) {

@@ -842,7 +842,7 @@ impl crate::engine::Models<'_> {
                 .fold(0u64, u64::saturating_add),
             Transfer::Link => 0,
         };
-        self.ensure_free_space(&format!("导入模型 {spec}"), incoming)?;
+        self.dir.ensure_free(self.cfg.disk_reserve_bytes(), &format!("导入模型 {spec}"), incoming)?;
         let staged = self.dir.models().join(format!(
             "{}{}-{}",
             crate::datadir::IMPORT_STAGING,

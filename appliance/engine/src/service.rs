@@ -185,11 +185,7 @@ fn not_found_document(id: i64) -> Error {
 impl Engine {
     /// Appends one audit record on its own, for an attempt that changes nothing (a refused read, an export).
     pub(crate) fn audit_event(&self, actor: &Actor, action: &str, detail: &serde_json::Value) -> Result<()> {
-        let mut conn = self.store.conn();
-        let tx = conn.transaction()?;
-        audit::append(&tx, &actor.name, action, detail)?;
-        tx.commit()?;
-        Ok(())
+        audit::record(&self.store, &actor.name, action, detail)
     }
 
     /// A search's audit record (or a refused search's), committed together with the records of searches running at
@@ -227,23 +223,6 @@ impl Engine {
                 Err(Error::Internal(format!("search panicked: {what}")))
             }
         }
-    }
-
-    /// Bytes `[training] keep_free_gb` keeps free on the data disk for search, sign-in and SQLite.
-    pub fn disk_reserve_bytes(&self) -> u64 {
-        (self.cfg.training.keep_free_gb.max(0.0) * f64::from(1u32 << 30)) as u64
-    }
-
-    /// Refuses `what`, which would write about `incoming` bytes to the data disk, when that would leave less than
-    /// the reserve free: a full disk fails every write (audit records, so sign-ins and searches too), so uploads and
-    /// imports stop at the reserve instead of at zero. Free space that cannot be measured is no reason to refuse.
-    pub(crate) fn ensure_free_space(&self, what: &str, incoming: u64) -> Result<()> {
-        let reserve = self.disk_reserve_bytes();
-        let Ok((_, available)) = crate::datadir::free_bytes(self.dir.root()) else { return Ok(()) };
-        if available < incoming.saturating_add(reserve) {
-            return Err(Error::NoSpace { what: what.to_string(), needed: incoming, available, reserve });
-        }
-        Ok(())
     }
 
     fn job_view(&self, j: Job) -> Result<JobView> {
@@ -286,7 +265,7 @@ impl Engine {
         if let Err(e) = wrote {
             problems.push(format!("数据目录无法写入 (write probe failed: {e})"));
         }
-        let reserve_bytes = self.disk_reserve_bytes();
+        let reserve_bytes = self.cfg.disk_reserve_bytes();
         let free_bytes = crate::datadir::free_bytes(self.dir.root()).map(|f| f.1).ok();
         if let Some(free) = free_bytes.filter(|f| *f < reserve_bytes) {
             problems.push(format!(
@@ -778,14 +757,14 @@ impl crate::engine::Ingest<'_> {
     /// typo). The job created by [`Ingest::submit_upload`] owns the folder.
     pub fn new_upload(&self, _admin: &Admin, collection: &str) -> Result<std::path::PathBuf> {
         self.store.collection(collection)?;
-        self.ensure_free_space("上传文件", 0)?;
+        self.dir.ensure_free(self.cfg.disk_reserve_bytes(), "上传文件", 0)?;
         self.queue().new_upload_dir()
     }
 
     /// A fresh folder for uploaded files an operation reads once (a model package for [`Models::import`],
     /// a judgment set); the caller removes it afterwards, whatever the outcome.
     pub fn new_staging_upload(&self, _admin: &Admin) -> Result<std::path::PathBuf> {
-        self.ensure_free_space("上传文件", 0)?;
+        self.dir.ensure_free(self.cfg.disk_reserve_bytes(), "上传文件", 0)?;
         self.queue().new_upload_dir()
     }
 

@@ -201,7 +201,7 @@ struct Limit {
 }
 
 fn upload_limit(state: &AppState, bytes: u64) -> Limit {
-    Limit { bytes, reserve: state.engine.disk_reserve_bytes() }
+    Limit { bytes, reserve: state.engine.config().disk_reserve_bytes() }
 }
 
 /// Longest text field a form may send beside its files (a collection or set name).

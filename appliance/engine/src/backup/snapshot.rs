@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::archive::BackupInfo;
-use crate::engine::Engine;
 use crate::error::{Error, Result};
 
 const STAGING: &str = ".backup-";
@@ -114,7 +113,7 @@ fn staging_dir(root: &Path) -> Result<PathBuf> {
 }
 
 impl Snapshot {
-    pub(crate) fn take(e: &Engine) -> Result<Snapshot> {
+    pub(crate) fn take(e: &super::BackupMaker<'_>) -> Result<Snapshot> {
         let root = e.dir.root().to_path_buf();
         let dir = staging_dir(&root)?;
         let mut snap = Snapshot { dir, info: empty_info(), files: Vec::new(), writes_paused_ms: 0 };
@@ -125,7 +124,7 @@ impl Snapshot {
             .filter_map(|p| std::fs::metadata(p).ok())
             .map(|m| m.len())
             .sum::<u64>();
-        e.ensure_free_space("备份时复制元数据库", db_bytes)?;
+        e.dir.ensure_free(e.cfg.disk_reserve_bytes(), "备份时复制元数据库", db_bytes)?;
         let paused = Instant::now();
         {
             let _w = e.write_lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -156,7 +155,7 @@ impl Snapshot {
     }
 
     /// Opens the copy (with the audit key, to write its anchor) and says what it holds.
-    fn describe(&self, e: &Engine) -> Result<BackupInfo> {
+    fn describe(&self, e: &super::BackupMaker<'_>) -> Result<BackupInfo> {
         let conn = rusqlite::Connection::open(self.dir.join("care.sqlite"))?;
         let key = crate::audit::load_or_create_key(&self.dir)?;
         crate::audit::register_key(&conn, key)?;
@@ -190,7 +189,7 @@ impl Snapshot {
             collections,
             documents,
             chunks,
-            live_pair: e.retrieval().active_models()?.map(|p| crate::lifecycle::pair_spec(&p)),
+            live_pair: e.retrieval.active_models()?.map(|p| crate::lifecycle::pair_spec(&p)),
             audit_head,
             data_bytes: 0,
             files: 0,

@@ -131,7 +131,7 @@ impl Engine {
             }
             Task::Train(p) => self.run_training_job(id, &p, actor, token),
             Task::EmbedPending(p) => self.run_offline_embed_job(id, &p, actor, token),
-            Task::Backup(p) => self.run_backup_job(id, &p, token),
+            Task::Backup(p) => self.backup_maker().run_backup_job(id, &p, token),
             Task::Ingest(_) | Task::Chore(_) => {
                 Err(Error::Internal(format!("job {id}: {} does not run on the model lane", task.kind())))
             }
@@ -156,15 +156,6 @@ impl Engine {
         Ok(())
     }
 
-    /// Writes a job's stage and done/total.
-    pub(crate) fn job_progress(&self, id: i64, stage: &str, done: u64, total: u64) -> Result<()> {
-        self.store.conn().execute(
-            "UPDATE jobs SET progress_done = ?2, progress_total = ?3, stage = ?4, updated_at = ?5 WHERE id = ?1",
-            params![id, done as i64, total as i64, stage, now()],
-        )?;
-        Ok(())
-    }
-
     /// The progress sink of a task's embedding and scoring loops: writes at most every [`PROGRESS_EVERY`] (and at
     /// the end), and ends the loop with `Cancelled` once `token` is raised (the check at each batch).
     pub(crate) fn job_dense_progress<'a>(
@@ -177,7 +168,7 @@ impl Engine {
             if last.elapsed() >= PROGRESS_EVERY || d.done >= d.total {
                 last = Instant::now();
                 let stage = format!("{} {}", d.stage, d.collection);
-                if let Err(e) = self.job_progress(id, &stage, d.done as u64, d.total as u64) {
+                if let Err(e) = self.queue().job_progress(id, &stage, d.done as u64, d.total as u64) {
                     tracing::warn!(job = id, error = %e, "could not record progress");
                 }
             }

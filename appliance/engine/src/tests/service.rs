@@ -38,7 +38,7 @@ fn uploads_imports_and_a_full_store_answer_disk_full() {
     let root = Admin::console("cli:root");
     let e = engine(t.path());
     e.collections().create(&root, "c1", "").unwrap();
-    e.ensure_free_space("上传文件", 0).unwrap();
+    e.dir.ensure_free(e.cfg.disk_reserve_bytes(), "上传文件", 0).unwrap();
     drop(e);
     let mut cfg = EngineConfig::default();
     cfg.storage.data_dir = t.path().to_path_buf();

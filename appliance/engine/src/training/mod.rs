@@ -921,7 +921,7 @@ impl Run<'_> {
 
     /// Writes the job's stage and progress; fails with `Cancelled` when the task's token is raised.
     fn progress(&self, stage: &str, done: u64, total: u64) -> Result<()> {
-        self.e.job_progress(self.id, stage, done, total)?;
+        self.e.queue().job_progress(self.id, stage, done, total)?;
         self.token.check()
     }
 
