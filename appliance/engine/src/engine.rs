@@ -570,6 +570,15 @@ impl Engine {
             queue: self.queue(),
         }
     }
+    /// A training run's data, assembled from the collections.
+    pub(crate) fn training_data(&self) -> crate::training::data::TrainingData<'_> {
+        crate::training::data::TrainingData {
+            cfg: &self.cfg,
+            retrieval: self.retrieval(),
+            vectors: self.vectors(),
+            judgments: self.judgments(),
+        }
+    }
     // The parts end here.
 
     /// Brings the lexical index into agreement with SQLite after a crash, a format change or a dictionary edit.

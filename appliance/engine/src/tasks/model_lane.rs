@@ -130,7 +130,7 @@ impl Engine {
                     .map(|pair| serde_json::json!({"live": pair_spec(&pair)}))
             }
             Task::Train(p) => self.run_training_job(id, &p, actor, token),
-            Task::EmbedPending(p) => self.run_offline_embed_job(id, &p, actor, token),
+            Task::EmbedPending(p) => crate::training::embed::run_offline_embed_job(self, id, &p, actor, token),
             Task::Backup(p) => self.backup_maker().run_backup_job(id, &p, token),
             Task::Ingest(_) | Task::Chore(_) => {
                 Err(Error::Internal(format!("job {id}: {} does not run on the model lane", task.kind())))

@@ -35,7 +35,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::accounts::Admin;
 use crate::encoders::TextKind;
-use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::hybrid::embedding_text;
 use crate::judgments::part_of;
@@ -157,7 +156,17 @@ struct Group {
     judged_neg: Vec<i64>,
 }
 
-impl Engine {
+/// A training run's data: approved passages, judged and searched queries with mined hard negatives, the served
+/// vectors, written where the trainer reads them.
+#[derive(Clone, Copy)]
+pub struct TrainingData<'e> {
+    pub(crate) cfg: &'e crate::config::EngineConfig,
+    pub(crate) retrieval: crate::hybrid::Retrieval<'e>,
+    pub(crate) vectors: crate::vectors::Vectors<'e>,
+    pub(crate) judgments: crate::judgments::Judgments<'e>,
+}
+
+impl TrainingData<'_> {
     /// Writes `corpus.jsonl` and `stage2.jsonl` into `dir` from the approved collections and returns the counts;
     /// with a pair, also `served_vectors.safetensors`, the document vectors the index holds for the corpus lines.
     /// At most `max_groups` Stage II groups (a seeded sample, drawn before mining: mining is the costly part).
@@ -169,7 +178,7 @@ impl Engine {
         max_groups: usize,
     ) -> Result<DataCounts> {
         let approved: Vec<Collection> =
-            self.store.collection_list()?.into_iter().filter(|c| c.approved_for_training).collect();
+            self.retrieval.store.collection_list()?.into_iter().filter(|c| c.approved_for_training).collect();
         if approved.is_empty() {
             return Err(Error::InvalidInput(
                 "没有批准用于训练的集合 (no collection is approved for training; approve one on the 集合 page or with \
@@ -179,7 +188,7 @@ impl Engine {
         }
         let names: HashSet<&str> = approved.iter().map(|c| c.name.as_str()).collect();
         let mut chunks: Vec<ChunkRow> = Vec::new();
-        self.store.for_each_live_chunk(|r| {
+        self.retrieval.store.for_each_live_chunk(|r| {
             if names.contains(r.collection.as_str()) {
                 chunks.push(r);
             }
@@ -232,6 +241,7 @@ impl Engine {
     fn search_queries_for_training(&self) -> Result<Vec<String>> {
         let fraction = self.cfg.lifecycle.eval_fraction;
         let rows: Vec<String> = self
+            .retrieval
             .store
             .reader()
             // Query texts are in the log only while query logging is on; otherwise `query` is a length record.
@@ -258,9 +268,10 @@ impl Engine {
         chunks: &[ChunkRow],
         opts: &DataOptions,
     ) -> Result<(Vec<Group>, CollectionCounts)> {
-        let train = self.judgments().judged(col.id, "train")?;
-        let eval = self.judgments().judged(col.id, "eval")?.scorable();
+        let train = self.judgments.judged(col.id, "train")?;
+        let eval = self.judgments.judged(col.id, "eval")?.scorable();
         let docs: HashMap<String, i64> = self
+            .retrieval
             .store
             .reader()
             .prepare("SELECT external_id, id FROM documents WHERE collection_id = ?1 AND state != 'deleting'")?
@@ -273,7 +284,7 @@ impl Engine {
         let best = |doc: i64, query: &str| -> Option<i64> {
             of_doc.get(&doc)?.iter().max_by_key(|c| overlap(query, &c.text)).map(|c| c.chunk_id)
         };
-        let asked: HashSet<String> = self.judgments().feedback_rows(col.id)?.into_iter().map(|r| r.0).collect();
+        let asked: HashSet<String> = self.judgments.feedback_rows(col.id)?.into_iter().map(|r| r.0).collect();
         let mut groups = Vec::new();
         let mut train_queries = 0;
         for (qid, query) in &train.queries {
@@ -316,7 +327,7 @@ impl Engine {
     fn served_vectors(&self, cols: &[Collection], model: &ModelRecord) -> Result<HashMap<i64, Vec<f32>>> {
         let mut out = HashMap::new();
         for col in cols {
-            out.extend(self.vectors().dense_vectors_of(col.id, model)?);
+            out.extend(self.vectors.dense_vectors_of(col.id, model)?);
         }
         Ok(out)
     }
@@ -372,7 +383,7 @@ impl Engine {
                 let examined: HashSet<i64> = cands.iter().map(|c| c.0).collect();
                 let guide_score =
                     |id: i64| ctx.served.get(&id).map(|v| qvec.iter().zip(v).map(|(a, b)| a * b).sum::<f32>());
-                let hits = self.lexical.search(
+                let hits = self.retrieval.lexical.search(
                     &g.query,
                     Some(std::slice::from_ref(&g.collection)),
                     LEXICAL_MINE_DEPTH,
@@ -443,7 +454,7 @@ impl Engine {
         let guide = if pair.document.role == "both" { &pair.document } else { &pair.query };
         counts.mined_with = format!("{}@{}", guide.name, guide.version);
         counts.mined_from = format!("{}@{}", pair.document.name, pair.document.version);
-        let qenc = self.models.encoder(guide)?;
+        let qenc = self.retrieval.models.encoder(guide)?;
         // Each distinct query is encoded once and searched once in each collection it is judged against.
         let mut keys: Vec<(&str, &str)> = groups.iter().map(|g| (g.query.as_str(), g.collection.as_str())).collect();
         keys.sort_unstable();
@@ -459,7 +470,7 @@ impl Engine {
         let mut hits_of: HashMap<(&str, &str), Candidates> = HashMap::with_capacity(keys.len());
         for &(q, c) in &keys {
             let col = cols.iter().find(|x| x.name == c).map_or(&[][..], std::slice::from_ref);
-            let hits = self.retrieval().dense_search_in(&vec_of[q], guide, &pair.document, col, MINE_DEPTH, None)?;
+            let hits = self.retrieval.dense_search_in(&vec_of[q], guide, &pair.document, col, MINE_DEPTH, None)?;
             hits_of.insert((q, c), hits.into_iter().map(|h| (h.chunk_id, h.score)).collect());
         }
         // Positives the index lacks (a chunk ingested but not yet embedded): encoded, as the index would.
@@ -471,7 +482,7 @@ impl Engine {
             m
         };
         if !missing.is_empty() {
-            let denc = self.models.encoder(&pair.document)?;
+            let denc = self.retrieval.models.encoder(&pair.document)?;
             for batch in missing.chunks(MINE_BATCH) {
                 let texts: Vec<String> = batch
                     .iter()
@@ -649,7 +660,7 @@ impl crate::engine::Training<'_> {
     pub fn data(&self, _admin: &Admin, dir: &Path, recipe: &super::Recipe) -> Result<DataCounts> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let pair = self.retrieval().active_models()?;
-        self.assemble_training_data(dir, pair.as_ref(), &recipe.data, recipe.stage2_max_groups)
+        self.training_data().assemble_training_data(dir, pair.as_ref(), &recipe.data, recipe.stage2_max_groups)
     }
 }
 

@@ -29,52 +29,50 @@ impl crate::jobs::JobParams for EmbedParams {
     const KIND: &'static str = "model.embed_offline";
 }
 
-impl Engine {
-    /// Runs job `id`: per collection, export the pending chunks, embed them, import the shards. Restartable: a
-    /// collection whose vectors were imported has nothing pending any more.
-    pub(crate) fn run_offline_embed_job(
-        &self,
-        id: i64,
-        p: &EmbedParams,
-        actor: &Admin,
-        token: &CancelToken,
-    ) -> Result<serde_json::Value> {
-        let doc = crate::models::find(&self.store, &p.model)?;
-        embeddable(&doc)?;
-        let manifest = ModelManifest::load(&doc.dir).map_err(|e| Error::Model(e.to_string()))?;
-        let template = manifest.render(&manifest.document_template, "{text}");
-        let dir = self.cfg.storage.data_dir.join("train").join(format!("embed-{id}"));
-        std::fs::create_dir_all(dir.join("logs")).map_err(|e| Error::io(&dir, e))?;
-        let run = Run { e: self, id, dir: &dir, token };
-        let cols = self.store.collection_list()?;
-        let mut embedded = 0;
-        for (i, col) in cols.iter().enumerate() {
-            run.progress(&format!("嵌入集合 {} ({}/{})", col.name, i + 1, cols.len()), i as u64, cols.len() as u64)?;
-            let pending = self.vectors().pending_vectors(&col.name, Some(&p.model))?.1.len();
-            if pending == 0 {
-                continue;
-            }
-            let chunks = dir.join(format!("chunks-{}.jsonl", col.id));
-            let vecs = dir.join(format!("vectors-{}", col.id));
-            self.vectors().export_chunks_for(&col.name, &chunks, Some(&p.model))?;
-            let _ = std::fs::remove_dir_all(&vecs);
-            run.trainer(Phase::EmbedCorpus(EmbedCorpusSpec {
-                document: doc.dir.clone(),
-                corpus: chunks.clone(),
-                out: vecs.clone(),
-                pairing_id: doc.pairing_id.clone(),
-                options: EmbedOptions {
-                    width: Some(doc.width as i64),
-                    document_template: template.clone(),
-                    ..EmbedOptions::default()
-                },
-            }))?;
-            self.models().import_vectors(&col.name, &vecs, Some(&p.model), actor, &mut |_| {})?;
-            embedded += pending;
+/// Runs job `id`: per collection, export the pending chunks, embed them, import the shards. Restartable: a
+/// collection whose vectors were imported has nothing pending any more.
+pub(crate) fn run_offline_embed_job(
+    engine: &Engine,
+    id: i64,
+    p: &EmbedParams,
+    actor: &Admin,
+    token: &CancelToken,
+) -> Result<serde_json::Value> {
+    let doc = crate::models::find(&engine.store, &p.model)?;
+    embeddable(&doc)?;
+    let manifest = ModelManifest::load(&doc.dir).map_err(|e| Error::Model(e.to_string()))?;
+    let template = manifest.render(&manifest.document_template, "{text}");
+    let dir = engine.cfg.storage.data_dir.join("train").join(format!("embed-{id}"));
+    std::fs::create_dir_all(dir.join("logs")).map_err(|e| Error::io(&dir, e))?;
+    let run = Run { e: engine, id, dir: &dir, token };
+    let cols = engine.store.collection_list()?;
+    let mut embedded = 0;
+    for (i, col) in cols.iter().enumerate() {
+        run.progress(&format!("嵌入集合 {} ({}/{})", col.name, i + 1, cols.len()), i as u64, cols.len() as u64)?;
+        let pending = engine.vectors().pending_vectors(&col.name, Some(&p.model))?.1.len();
+        if pending == 0 {
+            continue;
         }
-        let _ = std::fs::remove_dir_all(&dir);
-        Ok(serde_json::json!({"model": p.model, "embedded": embedded}))
+        let chunks = dir.join(format!("chunks-{}.jsonl", col.id));
+        let vecs = dir.join(format!("vectors-{}", col.id));
+        engine.vectors().export_chunks_for(&col.name, &chunks, Some(&p.model))?;
+        let _ = std::fs::remove_dir_all(&vecs);
+        run.trainer(Phase::EmbedCorpus(EmbedCorpusSpec {
+            document: doc.dir.clone(),
+            corpus: chunks.clone(),
+            out: vecs.clone(),
+            pairing_id: doc.pairing_id.clone(),
+            options: EmbedOptions {
+                width: Some(doc.width as i64),
+                document_template: template.clone(),
+                ..EmbedOptions::default()
+            },
+        }))?;
+        engine.models().import_vectors(&col.name, &vecs, Some(&p.model), actor, &mut |_| {})?;
+        embedded += pending;
     }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(serde_json::json!({"model": p.model, "embedded": embedded}))
 }
 
 /// Offline (no ONNX graph) and with the weights `care-train` loads (config.json and model.safetensors, or a sharded

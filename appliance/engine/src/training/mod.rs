@@ -620,7 +620,12 @@ impl Engine {
         let (query_template, document_template) =
             (prompt(&q_manifest, &q_manifest.query_template), prompt(&d_manifest, &d_manifest.document_template));
         run.phase(&mut st, "data", "整理训练数据", |_| {
-            let counts = self.assemble_training_data(&dir, Some(&base), &p.recipe.data, p.recipe.stage2_max_groups)?;
+            let counts = self.training_data().assemble_training_data(
+                &dir,
+                Some(&base),
+                &p.recipe.data,
+                p.recipe.stage2_max_groups,
+            )?;
             self.store.conn().execute(
                 "UPDATE training_runs SET counts = ?2 WHERE job_id = ?1",
                 params![id, serde_json::to_string(&counts).unwrap_or_default()],
