@@ -142,7 +142,7 @@ impl RecipeArgs {
 pub fn run_train(e: Arc<Engine>, actor: &Admin, workers: usize, cmd: TrainCommand) -> Result<i32> {
     match cmd {
         TrainCommand::Status => {
-            let s = e.refresh_trainer_status();
+            let s = care_engine::training::refresh_trainer_status(&e);
             if s.ready {
                 println!("care-train ready: {} (device {})", s.version, s.device);
                 match e.training().estimate(actor, &Recipe::default())? {

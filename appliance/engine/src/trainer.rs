@@ -244,7 +244,7 @@ mod tests {
     fn until_known(e: &Engine) -> TrainerStatus {
         let until = Instant::now() + Duration::from_secs(30);
         loop {
-            let st = e.trainer_status();
+            let st = crate::training::trainer_status(&e);
             if !st.checking {
                 return st;
             }
@@ -259,7 +259,7 @@ mod tests {
         let e = engine(t.path(), fake_trainer(t.path(), "0.5", 0));
         // Two page views in a row: neither waits for the trainer, and it is started once.
         let asked = Instant::now();
-        let (first, second) = (e.trainer_status(), e.trainer_status());
+        let (first, second) = (crate::training::trainer_status(&e), crate::training::trainer_status(&e));
         assert!(asked.elapsed() < Duration::from_millis(400), "a page view waited {:?}", asked.elapsed());
         for st in [&first, &second] {
             assert!(st.checking && !st.ready && st.message == CHECKING, "{st:?}");
@@ -268,13 +268,13 @@ mod tests {
         let known = until_known(&e);
         assert!(known.ready && !known.checking && known.message.is_empty(), "{known:?}");
         assert_eq!(known.version, "care-train 9.9.9");
-        assert_eq!(e.trainer_status().version, "care-train 9.9.9");
+        assert_eq!(crate::training::trainer_status(&e,).version, "care-train 9.9.9");
         assert_eq!(spawns(t.path()), 1, "page views started the trainer more than once");
         // Submitting checks again and waits for the answer; pages then show it without another start.
-        let now = e.refresh_trainer_status();
+        let now = crate::training::refresh_trainer_status(&e);
         assert!(now.ready, "{now:?}");
         assert_eq!(spawns(t.path()), 2);
-        e.trainer_status();
+        crate::training::trainer_status(&e);
         assert_eq!(spawns(t.path()), 2);
     }
 
@@ -282,11 +282,11 @@ mod tests {
     fn a_stale_answer_is_shown_while_one_background_check_refreshes_it() {
         let t = tempfile::tempdir().unwrap();
         let e = engine(t.path(), fake_trainer(t.path(), "0.3", 0));
-        assert!(e.refresh_trainer_status().ready);
+        assert!(crate::training::refresh_trainer_status(&e,).ready);
         // Eleven minutes later, as far as the cache can tell.
         let old = Instant::now().checked_sub(MAX_AGE + Duration::from_secs(60)).expect("a monotonic clock past 11 min");
         lock(&e.trainer_check.inner).known.as_mut().unwrap().0 = old;
-        let (a, b) = (e.trainer_status(), e.trainer_status());
+        let (a, b) = (crate::training::trainer_status(&e), crate::training::trainer_status(&e));
         assert!(a.ready && b.ready && !a.checking, "the stale answer is shown meanwhile: {a:?}");
         let until = Instant::now() + Duration::from_secs(30);
         while lock(&e.trainer_check.inner).known.as_ref().unwrap().0 == old {
@@ -311,12 +311,12 @@ mod tests {
         // as the cache can tell), the next page view checks again and the one after it shows the trainer ready.
         assert_eq!(fake_trainer(t.path(), "0", 0), bin);
         std::fs::remove_file(building_marker(&bin)).unwrap();
-        assert!(e.trainer_status().building, "an answer younger than NOT_READY_MAX_AGE is kept");
+        assert!(crate::training::trainer_status(&e,).building, "an answer younger than NOT_READY_MAX_AGE is kept");
         let old = Instant::now().checked_sub(NOT_READY_MAX_AGE + Duration::from_secs(1)).expect("a monotonic clock");
         lock(&e.trainer_check.inner).known.as_mut().unwrap().0 = old;
         let until = Instant::now() + Duration::from_secs(30);
         loop {
-            let st = e.trainer_status();
+            let st = crate::training::trainer_status(&e);
             if st.ready {
                 assert!(!st.building && st.version == "care-train 9.9.9", "{st:?}");
                 break;

@@ -165,7 +165,14 @@ pub async fn training_page(
                 e.training().disk(a, Sides::Both)?,
                 e.training().estimate(a, &Recipe { sides: Sides::Both, ..Recipe::default() })?,
             );
-            Ok((e.trainer_status(), live.unwrap_or_default(), approved, schedules, runs, estimate))
+            Ok((
+                care_engine::training::trainer_status(&e),
+                live.unwrap_or_default(),
+                approved,
+                schedules,
+                runs,
+                estimate,
+            ))
         })
         .await?;
     let f = f.into_inner();

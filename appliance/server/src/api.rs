@@ -930,7 +930,7 @@ pub async fn admin_training(state: web::Data<AppState>, caller: Caller) -> Resul
                 t.estimate(a, &both)?,
                 t.disk(a, both.sides)?,
             );
-            Ok((e.trainer_status(), runs, t.schedules(a)?, estimate))
+            Ok((care_engine::training::trainer_status(&e), runs, t.schedules(a)?, estimate))
         })
         .await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"trainer": trainer, "default_recipe": Recipe::default(),

@@ -239,7 +239,7 @@ pub async fn serve(
         staging(engine.data_dir().models().join(".import-")),
     ]);
     // Starts the trainer check in the background, so the 训练 page already knows the answer when it is opened.
-    engine.trainer_status();
+    care_engine::training::trainer_status(&engine);
     let standby = care_engine::backup::standby::read(engine.data_dir().root());
     let state = web::Data::new(AppState { engine, settings, metrics: metrics::Metrics::default(), standby });
     let upload_limit = (cfg.max_upload_mib as usize).saturating_mul(1 << 20);

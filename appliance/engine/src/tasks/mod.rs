@@ -192,7 +192,7 @@ impl crate::Engine {
             }
             Chore::Retention => self.retention(hk),
             Chore::PruneRuns => {
-                if let Err(e) = self.prune_finished_runs() {
+                if let Err(e) = crate::training::prune_finished_runs(self) {
                     tracing::warn!(error = %e, "could not free the weights of ended training runs");
                 }
                 match self.lifecycle().prune_vector_tables() {

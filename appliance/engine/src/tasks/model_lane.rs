@@ -129,7 +129,7 @@ impl Engine {
                     .promote(actor, &p.candidate, p.override_reason.as_deref(), &mut progress)
                     .map(|pair| serde_json::json!({"live": pair_spec(&pair)}))
             }
-            Task::Train(p) => self.run_training_job(id, &p, actor, token),
+            Task::Train(p) => crate::training::run_training_job(self, id, &p, actor, token),
             Task::EmbedPending(p) => crate::training::embed::run_offline_embed_job(self, id, &p, actor, token),
             Task::Backup(p) => self.backup_maker().run_backup_job(id, &p, token),
             Task::Ingest(_) | Task::Chore(_) => {
@@ -144,12 +144,12 @@ impl Engine {
         if trains {
             // Before the task reads as ended, so whoever sees it ended sees the disk freed. A crash in between
             // resumes a run whose phases all finished (nothing to redo) or one that failed anyway.
-            self.free_run_weights(id);
+            crate::training::free_run_weights(self, id);
         }
         self.end_model_job(id, outcome)?;
         if trains || kind == crate::training::embed::EMBED {
             // Best effort: the next run's start and the housekeeping chore prune again.
-            if let Err(e) = self.prune_finished_runs() {
+            if let Err(e) = crate::training::prune_finished_runs(self) {
                 tracing::warn!(job = id, error = %e, "could not free the weights of ended training runs");
             }
         }

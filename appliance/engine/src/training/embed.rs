@@ -105,7 +105,7 @@ impl crate::engine::Models<'_> {
             Error::InvalidInput("没有在用的模型；请指定离线文档模型 (no live pair: name the document model)".into())
         })?;
         embeddable(&doc)?;
-        let st = self.refresh_trainer_status();
+        let st = crate::training::refresh_trainer_status(self);
         if !st.ready {
             return Err(Error::TrainerUnavailable(st.message));
         }

@@ -471,395 +471,395 @@ pub(crate) fn unfinished_run(conn: &rusqlite::Connection) -> Result<Option<i64>>
         .optional()?)
 }
 
-impl Engine {
-    fn run_dir(&self, job: i64) -> PathBuf {
-        self.cfg.storage.data_dir.join("train").join(format!("run-{job}"))
-    }
+fn run_dir(engine: &Engine, job: i64) -> PathBuf {
+    engine.cfg.storage.data_dir.join("train").join(format!("run-{job}"))
+}
 
-    /// Frees the weights of every run that has ended (done, failed or cancelled) and removes the work folders of
-    /// ended offline-embedding jobs. Called when a training or embedding job ends and before a run starts, so a
-    /// crash between a job's end and its clean-up is repaired by the next one. Returns the bytes freed.
-    pub(crate) fn prune_finished_runs(&self) -> Result<u64> {
-        let root = self.cfg.storage.data_dir.join("train");
-        let Ok(entries) = std::fs::read_dir(&root) else { return Ok(0) };
-        let mut freed = 0;
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().to_string();
-            let (embed, id) = match (name.strip_prefix("run-"), name.strip_prefix("embed-")) {
-                (Some(id), _) => (false, id),
-                (_, Some(id)) => (true, id),
-                _ => continue,
-            };
-            let Ok(id) = id.parse::<i64>() else { continue };
-            let state: Option<String> =
-                self.store.reader().query_row("SELECT state FROM jobs WHERE id = ?1", [id], |r| r.get(0)).optional()?;
-            if matches!(state.as_deref(), Some("queued" | "running")) {
-                continue;
-            }
-            if embed {
-                freed += remove_dir_counted(&entry.path());
-            } else {
-                freed += prune_run_dir(&entry.path());
-            }
-        }
-        if freed > 0 {
-            tracing::info!(freed_bytes = freed, "freed the weights of ended training runs");
-        }
-        Ok(freed)
-    }
-
-    /// Frees the weights of run `job` (see [`prune_run_dir`]).
-    pub(crate) fn free_run_weights(&self, job: i64) {
-        let freed = prune_run_dir(&self.run_dir(job));
-        tracing::info!(job, freed_bytes = freed, "freed the run's weights");
-    }
-
-    /// The data disk's free space against what a run of `recipe` from `pair` needs at its peak (see
-    /// [`EXPORT_QUERY_COPIES`]) plus `[training] keep_free_gb` left for search and ingest.
-    fn training_disk(&self, pair: &ActivePair, recipe: &Recipe) -> Result<TrainingDisk> {
-        let wq = safetensors_bytes(&pair.query.dir)?;
-        let stage1 = if recipe.stage1_steps_from(pair) > 0 { wq } else { 0 };
-        let (wd, tables) = if recipe.sides == Sides::Both {
-            // 4 bytes per dimension of every chunk, twice for the table's own overhead and the scan's int8 copy.
-            let chunks: i64 = self.store.reader().query_row("SELECT COUNT(*) FROM chunks", [], |r| r.get(0))?;
-            (safetensors_bytes(&pair.document.dir)?, (chunks.max(0) as u64) * pair.document.width as u64 * 8)
-        } else {
-            (0, 0)
+/// Frees the weights of every run that has ended (done, failed or cancelled) and removes the work folders of
+/// ended offline-embedding jobs. Called when a training or embedding job ends and before a run starts, so a
+/// crash between a job's end and its clean-up is repaired by the next one. Returns the bytes freed.
+pub(crate) fn prune_finished_runs(engine: &Engine) -> Result<u64> {
+    let root = engine.cfg.storage.data_dir.join("train");
+    let Ok(entries) = std::fs::read_dir(&root) else { return Ok(0) };
+    let mut freed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let (embed, id) = match (name.strip_prefix("run-"), name.strip_prefix("embed-")) {
+            (Some(id), _) => (false, id),
+            (_, Some(id)) => (true, id),
+            _ => continue,
         };
-        let training = stage1 + wq + wd + checkpoint_bytes(&pair.query.dir, recipe.freeze_embeddings)?;
-        let export = EXPORT_QUERY_COPIES * wq + EXPORT_DOCUMENT_COPIES * wd;
-        let embedding = IMPORTED_QUERY_COPIES * wq + IMPORTED_DOCUMENT_COPIES * wd + tables;
-        let reserve_bytes = (self.cfg.training.keep_free_gb.max(0.0) * f64::from(1u32 << 30)) as u64;
-        let root = &self.cfg.storage.data_dir;
-        let (_, free_bytes) = crate::datadir::free_bytes(root).map_err(|e| Error::io(root, e))?;
-        let peak = training.max(export).max(embedding);
-        Ok(TrainingDisk { free_bytes, needed_bytes: peak.saturating_add(reserve_bytes), reserve_bytes })
+        let Ok(id) = id.parse::<i64>() else { continue };
+        let state: Option<String> =
+            engine.store.reader().query_row("SELECT state FROM jobs WHERE id = ?1", [id], |r| r.get(0)).optional()?;
+        if matches!(state.as_deref(), Some("queued" | "running")) {
+            continue;
+        }
+        if embed {
+            freed += remove_dir_counted(&entry.path());
+        } else {
+            freed += prune_run_dir(&entry.path());
+        }
     }
+    if freed > 0 {
+        tracing::info!(freed_bytes = freed, "freed the weights of ended training runs");
+    }
+    Ok(freed)
+}
 
-    /// Refuses a run the data disk cannot hold (see [`Engine::training_disk`]).
-    fn check_training_disk(&self, pair: &ActivePair, recipe: &Recipe) -> Result<()> {
-        let d = self.training_disk(pair, recipe)?;
-        if !d.enough() {
-            return Err(Error::DiskFull {
-                path: self.cfg.storage.data_dir.clone(),
-                needed: d.needed_bytes,
-                available: d.free_bytes,
-                reserve: d.reserve_bytes,
-            });
+/// Frees the weights of run `job` (see [`prune_run_dir`]).
+pub(crate) fn free_run_weights(engine: &Engine, job: i64) {
+    let freed = prune_run_dir(&crate::training::run_dir(&engine, job));
+    tracing::info!(job, freed_bytes = freed, "freed the run's weights");
+}
+
+/// The data disk's free space against what a run of `recipe` from `pair` needs at its peak (see
+/// [`EXPORT_QUERY_COPIES`]) plus `[training] keep_free_gb` left for search and ingest.
+fn training_disk(engine: &Engine, pair: &ActivePair, recipe: &Recipe) -> Result<TrainingDisk> {
+    let wq = safetensors_bytes(&pair.query.dir)?;
+    let stage1 = if recipe.stage1_steps_from(pair) > 0 { wq } else { 0 };
+    let (wd, tables) = if recipe.sides == Sides::Both {
+        // 4 bytes per dimension of every chunk, twice for the table's own overhead and the scan's int8 copy.
+        let chunks: i64 = engine.store.reader().query_row("SELECT COUNT(*) FROM chunks", [], |r| r.get(0))?;
+        (safetensors_bytes(&pair.document.dir)?, (chunks.max(0) as u64) * pair.document.width as u64 * 8)
+    } else {
+        (0, 0)
+    };
+    let training = stage1 + wq + wd + checkpoint_bytes(&pair.query.dir, recipe.freeze_embeddings)?;
+    let export = EXPORT_QUERY_COPIES * wq + EXPORT_DOCUMENT_COPIES * wd;
+    let embedding = IMPORTED_QUERY_COPIES * wq + IMPORTED_DOCUMENT_COPIES * wd + tables;
+    let reserve_bytes = (engine.cfg.training.keep_free_gb.max(0.0) * f64::from(1u32 << 30)) as u64;
+    let root = &engine.cfg.storage.data_dir;
+    let (_, free_bytes) = crate::datadir::free_bytes(root).map_err(|e| Error::io(root, e))?;
+    let peak = training.max(export).max(embedding);
+    Ok(TrainingDisk { free_bytes, needed_bytes: peak.saturating_add(reserve_bytes), reserve_bytes })
+}
+
+/// Refuses a run the data disk cannot hold (see [`Engine::training_disk`]).
+fn check_training_disk(engine: &Engine, pair: &ActivePair, recipe: &Recipe) -> Result<()> {
+    let d = crate::training::training_disk(&engine, pair, recipe)?;
+    if !d.enough() {
+        return Err(Error::DiskFull {
+            path: engine.cfg.storage.data_dir.clone(),
+            needed: d.needed_bytes,
+            available: d.free_bytes,
+            reserve: d.reserve_bytes,
+        });
+    }
+    Ok(())
+}
+
+/// "cuda" when a GPU is visible and the device setting allows it, else "cpu".
+fn training_device(engine: &Engine) -> String {
+    match engine.cfg.training.device.as_str() {
+        "cpu" => "cpu",
+        _ if Path::new("/dev/nvidia0").exists() || Path::new("/dev/nvidiactl").exists() => "cuda",
+        _ => "cpu",
+    }
+    .to_string()
+}
+
+/// The checks a run must pass before it is queued (they read the disk and start `care-train --version`, so
+/// they run before the transaction that queues it), and its parameters and device.
+pub(crate) fn prepare_training(
+    engine: &Engine,
+    recipe: &Recipe,
+    schedule: Option<i64>,
+) -> Result<(TrainParams, String)> {
+    recipe.check()?;
+    let pair = engine
+        .retrieval()
+        .active_models()?
+        .ok_or_else(|| Error::InvalidInput("没有在用的模型，无法训练 (no live model pair to train from)".into()))?;
+    if !engine.store.collection_list()?.iter().any(|c| c.approved_for_training) {
+        return Err(Error::InvalidInput(
+            "没有批准用于训练的集合 (no collection is approved for training; approve one first)".into(),
+        ));
+    }
+    let st = crate::training::refresh_trainer_status(&engine);
+    if !st.ready {
+        return Err(Error::TrainerUnavailable(st.message));
+    }
+    crate::training::prune_finished_runs(&engine)?;
+    if recipe.sides == Sides::Both {
+        trainable_document(&pair.document)?;
+    }
+    crate::training::check_training_disk(&engine, &pair, recipe)?;
+    Ok((TrainParams { recipe: recipe.clone(), base: pair_spec(&pair), schedule }, st.device))
+}
+
+/// Runs (or resumes) training job `id` to its end. Called by the model lane (tasks/model_lane.rs).
+pub(crate) fn run_training_job(
+    engine: &Engine,
+    id: i64,
+    p: &TrainParams,
+    actor: &Admin,
+    token: &CancelToken,
+) -> Result<serde_json::Value> {
+    let base = engine.lifecycle().resolve_pair(&p.base)?;
+    let dir = crate::training::run_dir(&engine, id);
+    std::fs::create_dir_all(dir.join("logs")).map_err(|e| Error::io(&dir, e))?;
+    let mut st: RunState = read_json(&dir.join("state.json")).unwrap_or_default();
+    crate::training::prune_finished_runs(&engine)?;
+    if st.phases.is_empty() {
+        // Queued a while ago: the disk may have filled since it was submitted.
+        crate::training::check_training_disk(&engine, &base, &p.recipe)?;
+    }
+    let run = Run { e: engine, id, dir: &dir, token };
+    let q_manifest = ModelManifest::load(&base.query.dir).map_err(|e| Error::Model(e.to_string()))?;
+    let d_manifest = ModelManifest::load(&base.document.dir).map_err(|e| Error::Model(e.to_string()))?;
+    for f in ["config.json", "model.safetensors"] {
+        if !base.query.dir.join(f).exists() || !base.document.dir.join(f).exists() {
+            return Err(Error::Model(format!(
+                "在用模型缺少训练权重 {f} (the live pair {} has no {f}: training needs each package's \
+                 config.json and model.safetensors)",
+                p.base
+            )));
+        }
+    }
+    // The trainer fills only `{text}`: hand it each template with the package's instruction already in.
+    let prompt = |m: &ModelManifest, template: &str| m.render(template, "{text}");
+    let teacher_query = prompt(&d_manifest, &d_manifest.query_template);
+    let (query_template, document_template) =
+        (prompt(&q_manifest, &q_manifest.query_template), prompt(&d_manifest, &d_manifest.document_template));
+    run.phase(&mut st, "data", "整理训练数据", |_| {
+        let counts = engine.training_data().assemble_training_data(
+            &dir,
+            Some(&base),
+            &p.recipe.data,
+            p.recipe.stage2_max_groups,
+        )?;
+        engine.store.conn().execute(
+            "UPDATE training_runs SET counts = ?2 WHERE job_id = ?1",
+            params![id, serde_json::to_string(&counts).unwrap_or_default()],
+        )?;
+        Ok(())
+    })?;
+    let init = match p.recipe.query_layers {
+        Some(k) => {
+            let out = dir.join("query-init");
+            run.phase(&mut st, "init", "裁剪查询编码器", |r| {
+                r.trainer(Phase::Prune(PruneSpec {
+                    from: base.query.dir.clone(),
+                    layers: i64::from(k),
+                    // Spread from the first layer to the last: it aligns several times faster in Stage I
+                    // than the first k (docs/experiments/2026-11-25-retraining-mining-and-pruning.md).
+                    pick: LayerPick::Spread,
+                    out: out.clone(),
+                }))
+            })?;
+            out
+        }
+        None => base.query.dir.clone(),
+    };
+    // What the recipe sets; every other hyper-parameter is the trainer's one default (care_formats).
+    let hyper = |steps: u64, batch_size: usize, lr: f64| Hyper {
+        steps,
+        batch_size,
+        lr,
+        seed: p.recipe.data.seed,
+        checkpoint_every: p.recipe.checkpoint_every,
+        resume: true,
+        freeze_embeddings: p.recipe.freeze_embeddings,
+        query_template: query_template.clone(),
+        document_template: document_template.clone(),
+        ..Hyper::default()
+    };
+    // The frozen teacher's vectors of the approved passages are the served ones (written by the data phase).
+    let served = || {
+        dir.join(data::SERVED_VECTORS)
+            .exists()
+            .then(|| ServedVectors { vectors: dir.join(data::SERVED_VECTORS), corpus: dir.join("corpus.jsonl") })
+    };
+    let s1 = dir.join("stage1");
+    let s1_steps = p.recipe.stage1_steps_from(&base);
+    // Stage I can be skipped (0 steps): Stage II then starts from the initial query encoder.
+    let s1_query = if s1_steps == 0 { init.clone() } else { s1.join("query") };
+    run.phase(&mut st, "stage1", "Stage I 训练", |r| {
+        if s1_steps == 0 {
+            return Ok(());
+        }
+        r.trainer(Phase::Stage1(Stage1Spec {
+            query: init.clone(),
+            document: base.document.dir.clone(),
+            corpus: dir.join("corpus.jsonl"),
+            out: s1.clone(),
+            served: served(),
+            options: Stage1Options {
+                max_texts: p.recipe.stage1_max_texts,
+                max_chars: p.recipe.stage1_max_chars,
+                mse_weight: p.recipe.mse_weight,
+                // The teacher reads past search queries with its own query prompt, not the student's.
+                teacher_query_template: Some(teacher_query.clone()),
+                ..Stage1Options::default()
+            },
+            hyper: hyper(p.recipe.stage1_steps, p.recipe.batch_size, p.recipe.stage1_lr),
+        }))
+    })?;
+    let s2 = dir.join("stage2");
+    let stage2_steps = capped_steps(&p.recipe, &dir.join("stage2.jsonl"));
+    run.phase(&mut st, "stage2", "Stage II 训练", |r| {
+        r.trainer(Phase::Stage2(Stage2Spec {
+            query: s1_query.clone(),
+            document: base.document.dir.clone(),
+            train: vec![dir.join("stage2.jsonl")],
+            out: s2.clone(),
+            served: served(),
+            options: Stage2Options {
+                // Query-only keeps the served vectors valid; both trains LoRA adapters on the document encoder
+                // (CARE's r = 32, α = 64), which re-embeds every collection before the gate.
+                freeze_document: p.recipe.sides == Sides::QueryOnly,
+                lora: Lora {
+                    rank: p.recipe.lora_rank,
+                    alpha: p.recipe.lora_alpha,
+                    targets: p.recipe.lora_targets.clone(),
+                },
+                group_size: p.recipe.data.negatives + 1,
+                max_examples: Some(p.recipe.stage2_max_groups),
+                batch_by_source: p.recipe.stage2_batch_by_source,
+                ..Stage2Options::default()
+            },
+            hyper: Hyper {
+                sub_batch: p.recipe.stage2_sub_batch,
+                ..hyper(stage2_steps, p.recipe.stage2_batch_size, p.recipe.lr)
+            },
+        }))
+    })?;
+    crate::training::store_loss_chart(&engine, id, &[&s1, &s2])?;
+    // WiSE-FT: the trained encoder averaged with its starting point (the recipe's choice; 1 skips it).
+    let merge = p.recipe.merge_ratio < 1.0;
+    let both = p.recipe.sides == Sides::Both;
+    let trained = if merge { dir.join("merged") } else { s2.join("query") };
+    // Both sides are averaged with their starting points by the same ratio, so they move together.
+    let trained_document = if merge { dir.join("merged-document") } else { s2.join("document") };
+    run.phase(&mut st, "merge", "合并权重", |r| {
+        if !merge {
+            return Ok(());
+        }
+        r.trainer(Phase::Merge(MergeSpec {
+            tuned: s2.join("query"),
+            base: s1_query.clone(),
+            ratio: p.recipe.merge_ratio,
+            out: trained.clone(),
+        }))?;
+        if both {
+            r.trainer(Phase::Merge(MergeSpec {
+                tuned: s2.join("document"),
+                base: base.document.dir.clone(),
+                ratio: p.recipe.merge_ratio,
+                out: trained_document.clone(),
+            }))?;
         }
         Ok(())
-    }
-
-    /// "cuda" when a GPU is visible and the device setting allows it, else "cpu".
-    fn training_device(&self) -> String {
-        match self.cfg.training.device.as_str() {
-            "cpu" => "cpu",
-            _ if Path::new("/dev/nvidia0").exists() || Path::new("/dev/nvidiactl").exists() => "cuda",
-            _ => "cpu",
-        }
-        .to_string()
-    }
-
-    /// The checks a run must pass before it is queued (they read the disk and start `care-train --version`, so
-    /// they run before the transaction that queues it), and its parameters and device.
-    pub(crate) fn prepare_training(&self, recipe: &Recipe, schedule: Option<i64>) -> Result<(TrainParams, String)> {
-        recipe.check()?;
-        let pair = self
-            .retrieval()
-            .active_models()?
-            .ok_or_else(|| Error::InvalidInput("没有在用的模型，无法训练 (no live model pair to train from)".into()))?;
-        if !self.store.collection_list()?.iter().any(|c| c.approved_for_training) {
-            return Err(Error::InvalidInput(
-                "没有批准用于训练的集合 (no collection is approved for training; approve one first)".into(),
-            ));
-        }
-        let st = self.refresh_trainer_status();
-        if !st.ready {
-            return Err(Error::TrainerUnavailable(st.message));
-        }
-        self.prune_finished_runs()?;
-        if recipe.sides == Sides::Both {
-            trainable_document(&pair.document)?;
-        }
-        self.check_training_disk(&pair, recipe)?;
-        Ok((TrainParams { recipe: recipe.clone(), base: pair_spec(&pair), schedule }, st.device))
-    }
-
-    /// Runs (or resumes) training job `id` to its end. Called by the model lane (tasks/model_lane.rs).
-    pub(crate) fn run_training_job(
-        &self,
-        id: i64,
-        p: &TrainParams,
-        actor: &Admin,
-        token: &CancelToken,
-    ) -> Result<serde_json::Value> {
-        let base = self.lifecycle().resolve_pair(&p.base)?;
-        let dir = self.run_dir(id);
-        std::fs::create_dir_all(dir.join("logs")).map_err(|e| Error::io(&dir, e))?;
-        let mut st: RunState = read_json(&dir.join("state.json")).unwrap_or_default();
-        self.prune_finished_runs()?;
-        if st.phases.is_empty() {
-            // Queued a while ago: the disk may have filled since it was submitted.
-            self.check_training_disk(&base, &p.recipe)?;
-        }
-        let run = Run { e: self, id, dir: &dir, token };
-        let q_manifest = ModelManifest::load(&base.query.dir).map_err(|e| Error::Model(e.to_string()))?;
-        let d_manifest = ModelManifest::load(&base.document.dir).map_err(|e| Error::Model(e.to_string()))?;
-        for f in ["config.json", "model.safetensors"] {
-            if !base.query.dir.join(f).exists() || !base.document.dir.join(f).exists() {
-                return Err(Error::Model(format!(
-                    "在用模型缺少训练权重 {f} (the live pair {} has no {f}: training needs each package's \
-                     config.json and model.safetensors)",
-                    p.base
-                )));
-            }
-        }
-        // The trainer fills only `{text}`: hand it each template with the package's instruction already in.
-        let prompt = |m: &ModelManifest, template: &str| m.render(template, "{text}");
-        let teacher_query = prompt(&d_manifest, &d_manifest.query_template);
-        let (query_template, document_template) =
-            (prompt(&q_manifest, &q_manifest.query_template), prompt(&d_manifest, &d_manifest.document_template));
-        run.phase(&mut st, "data", "整理训练数据", |_| {
-            let counts = self.training_data().assemble_training_data(
-                &dir,
-                Some(&base),
-                &p.recipe.data,
-                p.recipe.stage2_max_groups,
-            )?;
-            self.store.conn().execute(
-                "UPDATE training_runs SET counts = ?2 WHERE job_id = ?1",
-                params![id, serde_json::to_string(&counts).unwrap_or_default()],
-            )?;
-            Ok(())
-        })?;
-        let init = match p.recipe.query_layers {
-            Some(k) => {
-                let out = dir.join("query-init");
-                run.phase(&mut st, "init", "裁剪查询编码器", |r| {
-                    r.trainer(Phase::Prune(PruneSpec {
-                        from: base.query.dir.clone(),
-                        layers: i64::from(k),
-                        // Spread from the first layer to the last: it aligns several times faster in Stage I
-                        // than the first k (docs/experiments/2026-11-25-retraining-mining-and-pruning.md).
-                        pick: LayerPick::Spread,
-                        out: out.clone(),
-                    }))
-                })?;
-                out
-            }
-            None => base.query.dir.clone(),
-        };
-        // What the recipe sets; every other hyper-parameter is the trainer's one default (care_formats).
-        let hyper = |steps: u64, batch_size: usize, lr: f64| Hyper {
-            steps,
-            batch_size,
-            lr,
-            seed: p.recipe.data.seed,
-            checkpoint_every: p.recipe.checkpoint_every,
-            resume: true,
-            freeze_embeddings: p.recipe.freeze_embeddings,
-            query_template: query_template.clone(),
-            document_template: document_template.clone(),
-            ..Hyper::default()
-        };
-        // The frozen teacher's vectors of the approved passages are the served ones (written by the data phase).
-        let served = || {
-            dir.join(data::SERVED_VECTORS)
-                .exists()
-                .then(|| ServedVectors { vectors: dir.join(data::SERVED_VECTORS), corpus: dir.join("corpus.jsonl") })
-        };
-        let s1 = dir.join("stage1");
-        let s1_steps = p.recipe.stage1_steps_from(&base);
-        // Stage I can be skipped (0 steps): Stage II then starts from the initial query encoder.
-        let s1_query = if s1_steps == 0 { init.clone() } else { s1.join("query") };
-        run.phase(&mut st, "stage1", "Stage I 训练", |r| {
-            if s1_steps == 0 {
-                return Ok(());
-            }
-            r.trainer(Phase::Stage1(Stage1Spec {
-                query: init.clone(),
-                document: base.document.dir.clone(),
-                corpus: dir.join("corpus.jsonl"),
-                out: s1.clone(),
-                served: served(),
-                options: Stage1Options {
-                    max_texts: p.recipe.stage1_max_texts,
-                    max_chars: p.recipe.stage1_max_chars,
-                    mse_weight: p.recipe.mse_weight,
-                    // The teacher reads past search queries with its own query prompt, not the student's.
-                    teacher_query_template: Some(teacher_query.clone()),
-                    ..Stage1Options::default()
-                },
-                hyper: hyper(p.recipe.stage1_steps, p.recipe.batch_size, p.recipe.stage1_lr),
-            }))
-        })?;
-        let s2 = dir.join("stage2");
-        let stage2_steps = capped_steps(&p.recipe, &dir.join("stage2.jsonl"));
-        run.phase(&mut st, "stage2", "Stage II 训练", |r| {
-            r.trainer(Phase::Stage2(Stage2Spec {
-                query: s1_query.clone(),
-                document: base.document.dir.clone(),
-                train: vec![dir.join("stage2.jsonl")],
-                out: s2.clone(),
-                served: served(),
-                options: Stage2Options {
-                    // Query-only keeps the served vectors valid; both trains LoRA adapters on the document encoder
-                    // (CARE's r = 32, α = 64), which re-embeds every collection before the gate.
-                    freeze_document: p.recipe.sides == Sides::QueryOnly,
-                    lora: Lora {
-                        rank: p.recipe.lora_rank,
-                        alpha: p.recipe.lora_alpha,
-                        targets: p.recipe.lora_targets.clone(),
-                    },
-                    group_size: p.recipe.data.negatives + 1,
-                    max_examples: Some(p.recipe.stage2_max_groups),
-                    batch_by_source: p.recipe.stage2_batch_by_source,
-                    ..Stage2Options::default()
-                },
-                hyper: Hyper {
-                    sub_batch: p.recipe.stage2_sub_batch,
-                    ..hyper(stage2_steps, p.recipe.stage2_batch_size, p.recipe.lr)
-                },
-            }))
-        })?;
-        self.store_loss_chart(id, &[&s1, &s2])?;
-        // WiSE-FT: the trained encoder averaged with its starting point (the recipe's choice; 1 skips it).
-        let merge = p.recipe.merge_ratio < 1.0;
-        let both = p.recipe.sides == Sides::Both;
-        let trained = if merge { dir.join("merged") } else { s2.join("query") };
-        // Both sides are averaged with their starting points by the same ratio, so they move together.
-        let trained_document = if merge { dir.join("merged-document") } else { s2.join("document") };
-        run.phase(&mut st, "merge", "合并权重", |r| {
-            if !merge {
-                return Ok(());
-            }
-            r.trainer(Phase::Merge(MergeSpec {
-                tuned: s2.join("query"),
-                base: s1_query.clone(),
-                ratio: p.recipe.merge_ratio,
-                out: trained.clone(),
-            }))?;
-            if both {
-                r.trainer(Phase::Merge(MergeSpec {
-                    tuned: s2.join("document"),
-                    base: base.document.dir.clone(),
-                    ratio: p.recipe.merge_ratio,
-                    out: trained_document.clone(),
-                }))?;
-            }
-            Ok(())
-        })?;
-        let export = dir.join("export");
-        let name = format!("{}-r{id}", base.query.name);
-        // Both sides: a new document model, and with it a new pairing (its vectors are no longer the live one's).
-        let doc_export = dir.join("export-document");
-        // A symmetric pair (one model for both roles) becomes two: the document side's package gets its own name.
-        let doc_name = if base.document.name == base.query.name {
-            format!("{}-r{id}-doc", base.document.name)
-        } else {
-            format!("{}-r{id}", base.document.name)
-        };
-        let pairing_id =
-            if both { format!("{}-r{id}", base.document.pairing_id) } else { base.document.pairing_id.clone() };
-        // One package of the new pair: `from`'s weights as `name`, in a fresh `out`.
-        let export_one = |r: &Run<'_>, from: &Path, out: &Path, name: &str, role| {
-            let _ = std::fs::remove_dir_all(out);
-            r.trainer(Phase::Export(ExportSpec {
-                query: from.to_path_buf(),
-                out: out.to_path_buf(),
-                pairing_id: pairing_id.clone(),
-                options: ExportOptions {
-                    name: name.to_string(),
-                    query_template: query_template.clone(),
-                    document_template: document_template.clone(),
-                    role,
-                    ..ExportOptions::default()
-                },
-            }))
-        };
-        run.phase(&mut st, "export", "导出 ONNX", |r| {
-            export_one(r, &trained, &export, &name, ModelRole::Query)?;
-            if both {
-                export_one(r, &trained_document, &doc_export, &doc_name, ModelRole::Document)?;
-            }
-            Ok(())
-        })?;
-        if !st.done("import") {
-            let version = ExportOptions::default().version;
-            let document = if both {
-                format!("{doc_name}@{version}")
-            } else {
-                format!("{}@{}", base.document.name, base.document.version)
-            };
-            // A crash between an import's commit and this marker: that package is registered already.
-            if both && models::find(&self.store, &document).is_err() {
-                self.models().import_by(actor, &doc_export, Transfer::Link)?;
-            }
-            let spec = format!("{name}@{version},{document}");
-            if self.lifecycle().resolve_pair(&spec).is_err() {
-                self.models().import_by(actor, &export, Transfer::Link)?;
-            }
-            st.candidate = spec;
-        }
-        run.phase(&mut st, "import", "导入候选模型", |_| Ok(()))?;
-        let candidate = st.candidate.clone();
-        self.store
-            .conn()
-            .execute("UPDATE training_runs SET candidate = ?2 WHERE job_id = ?1", params![id, candidate])?;
-        // Blue/green: every collection embedded into the candidate document model's own tables while the live pair
-        // serves (resumable: what was written stays; cancel stops at the next batch). The gate then judges the
-        // candidate on its own vectors; promotion switches in one transaction.
+    })?;
+    let export = dir.join("export");
+    let name = format!("{}-r{id}", base.query.name);
+    // Both sides: a new document model, and with it a new pairing (its vectors are no longer the live one's).
+    let doc_export = dir.join("export-document");
+    // A symmetric pair (one model for both roles) becomes two: the document side's package gets its own name.
+    let doc_name = if base.document.name == base.query.name {
+        format!("{}-r{id}-doc", base.document.name)
+    } else {
+        format!("{}-r{id}", base.document.name)
+    };
+    let pairing_id =
+        if both { format!("{}-r{id}", base.document.pairing_id) } else { base.document.pairing_id.clone() };
+    // One package of the new pair: `from`'s weights as `name`, in a fresh `out`.
+    let export_one = |r: &Run<'_>, from: &Path, out: &Path, name: &str, role| {
+        let _ = std::fs::remove_dir_all(out);
+        r.trainer(Phase::Export(ExportSpec {
+            query: from.to_path_buf(),
+            out: out.to_path_buf(),
+            pairing_id: pairing_id.clone(),
+            options: ExportOptions {
+                name: name.to_string(),
+                query_template: query_template.clone(),
+                document_template: document_template.clone(),
+                role,
+                ..ExportOptions::default()
+            },
+        }))
+    };
+    run.phase(&mut st, "export", "导出 ONNX", |r| {
+        export_one(r, &trained, &export, &name, ModelRole::Query)?;
         if both {
-            run.phase(&mut st, "embed", "重新生成文档向量", |r| {
-                let cand = self.lifecycle().resolve_pair(&candidate)?;
-                self.retrieval().prepare_document_model(&cand.document, &mut r.dense_progress())
+            export_one(r, &trained_document, &doc_export, &doc_name, ModelRole::Document)?;
+        }
+        Ok(())
+    })?;
+    if !st.done("import") {
+        let version = ExportOptions::default().version;
+        let document = if both {
+            format!("{doc_name}@{version}")
+        } else {
+            format!("{}@{}", base.document.name, base.document.version)
+        };
+        // A crash between an import's commit and this marker: that package is registered already.
+        if both && models::find(&engine.store, &document).is_err() {
+            engine.models().import_by(actor, &doc_export, Transfer::Link)?;
+        }
+        let spec = format!("{name}@{version},{document}");
+        if engine.lifecycle().resolve_pair(&spec).is_err() {
+            engine.models().import_by(actor, &export, Transfer::Link)?;
+        }
+        st.candidate = spec;
+    }
+    run.phase(&mut st, "import", "导入候选模型", |_| Ok(()))?;
+    let candidate = st.candidate.clone();
+    engine.store.conn().execute("UPDATE training_runs SET candidate = ?2 WHERE job_id = ?1", params![id, candidate])?;
+    // Blue/green: every collection embedded into the candidate document model's own tables while the live pair
+    // serves (resumable: what was written stays; cancel stops at the next batch). The gate then judges the
+    // candidate on its own vectors; promotion switches in one transaction.
+    if both {
+        run.phase(&mut st, "embed", "重新生成文档向量", |r| {
+            let cand = engine.lifecycle().resolve_pair(&candidate)?;
+            engine.retrieval().prepare_document_model(&cand.document, &mut r.dense_progress())
+        })?;
+    }
+    let mut report = None;
+    run.phase(&mut st, "evaluate", "评测候选模型", |r| {
+        let rep = engine.models().evaluate(actor, &candidate, &mut r.dense_progress())?;
+        engine.store.conn().execute(
+            "UPDATE training_runs SET evaluation_id = ?2, decision = ?3 WHERE job_id = ?1",
+            params![id, rep.id, if rep.passed { "passed" } else { "gated_out" }],
+        )?;
+        report = Some((rep.id, rep.passed));
+        Ok(())
+    })?;
+    let (eval_id, passed): (Option<i64>, bool) = match report {
+        Some((e, p)) => (Some(e), p),
+        None => engine.store.reader().query_row(
+            "SELECT evaluation_id, decision = 'passed' OR decision = 'promoted' FROM training_runs WHERE job_id = ?1",
+            [id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?,
+    };
+    let decision = if passed && p.recipe.promote {
+        let live = engine.retrieval().active_models()?.map(|a| pair_spec(&a));
+        if live.as_deref() != Some(candidate.as_str()) {
+            run.phase(&mut st, "promote", "上线候选模型", |r| {
+                engine.models().promote(actor, &candidate, None, &mut r.dense_progress()).map(|_| ())
             })?;
         }
-        let mut report = None;
-        run.phase(&mut st, "evaluate", "评测候选模型", |r| {
-            let rep = self.models().evaluate(actor, &candidate, &mut r.dense_progress())?;
-            self.store.conn().execute(
-                "UPDATE training_runs SET evaluation_id = ?2, decision = ?3 WHERE job_id = ?1",
-                params![id, rep.id, if rep.passed { "passed" } else { "gated_out" }],
-            )?;
-            report = Some((rep.id, rep.passed));
-            Ok(())
-        })?;
-        let (eval_id, passed): (Option<i64>, bool) = match report {
-            Some((e, p)) => (Some(e), p),
-            None => self.store.reader().query_row(
-                "SELECT evaluation_id, decision = 'passed' OR decision = 'promoted' FROM training_runs WHERE job_id = ?1",
-                [id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )?,
-        };
-        let decision = if passed && p.recipe.promote {
-            let live = self.retrieval().active_models()?.map(|a| pair_spec(&a));
-            if live.as_deref() != Some(candidate.as_str()) {
-                run.phase(&mut st, "promote", "上线候选模型", |r| {
-                    self.models().promote(actor, &candidate, None, &mut r.dense_progress()).map(|_| ())
-                })?;
-            }
-            "promoted"
-        } else if passed {
-            "passed"
-        } else {
-            "gated_out"
-        };
-        self.store.conn().execute("UPDATE training_runs SET decision = ?2 WHERE job_id = ?1", params![id, decision])?;
-        Ok(serde_json::json!({"candidate": candidate, "evaluation": eval_id, "decision": decision}))
-    }
+        "promoted"
+    } else if passed {
+        "passed"
+    } else {
+        "gated_out"
+    };
+    engine.store.conn().execute("UPDATE training_runs SET decision = ?2 WHERE job_id = ?1", params![id, decision])?;
+    Ok(serde_json::json!({"candidate": candidate, "evaluation": eval_id, "decision": decision}))
+}
 
-    fn store_loss_chart(&self, id: i64, dirs: &[&Path]) -> Result<()> {
-        let mut svg = String::new();
-        for d in dirs {
-            if let Ok(s) = std::fs::read_to_string(d.join("loss.svg")) {
-                svg.push_str(&s);
-            }
+fn store_loss_chart(engine: &Engine, id: i64, dirs: &[&Path]) -> Result<()> {
+    let mut svg = String::new();
+    for d in dirs {
+        if let Ok(s) = std::fs::read_to_string(d.join("loss.svg")) {
+            svg.push_str(&s);
         }
-        self.store.conn().execute("UPDATE training_runs SET loss_svg = ?2 WHERE job_id = ?1", params![id, svg])?;
-        Ok(())
     }
+    engine.store.conn().execute("UPDATE training_runs SET loss_svg = ?2 WHERE job_id = ?1", params![id, svg])?;
+    Ok(())
 }
 
 /// Queues training run `p` inside the caller's transaction with its runs row and its audit record (a schedule
@@ -1065,18 +1065,16 @@ fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TrainingRun> {
     })
 }
 
-impl Engine {
-    /// Whether training can start here, and on which device, without waiting: the newest answer of a check
-    /// ([`crate::trainer`]), started in the background when there is none or it is older than ten minutes.
-    pub fn trainer_status(&self) -> TrainerStatus {
-        self.trainer_check.latest(&self.cfg.training.trainer, self.training_device())
-    }
+/// Whether training can start here, and on which device, without waiting: the newest answer of a check
+/// ([`crate::trainer`]), started in the background when there is none or it is older than ten minutes.
+pub fn trainer_status(engine: &Engine) -> TrainerStatus {
+    engine.trainer_check.latest(&engine.cfg.training.trainer, crate::training::training_device(&engine))
+}
 
-    /// Checks the trainer now and waits for the answer (at most 30 s), which pages then show too: for submitting
-    /// work to the trainer and for `care train status`.
-    pub fn refresh_trainer_status(&self) -> TrainerStatus {
-        self.trainer_check.refresh(&self.cfg.training.trainer, self.training_device())
-    }
+/// Checks the trainer now and waits for the answer (at most 30 s), which pages then show too: for submitting
+/// work to the trainer and for `care train status`.
+pub fn refresh_trainer_status(engine: &Engine) -> TrainerStatus {
+    engine.trainer_check.refresh(&engine.cfg.training.trainer, crate::training::training_device(&engine))
 }
 
 impl crate::engine::Training<'_> {
@@ -1084,18 +1082,18 @@ impl crate::engine::Training<'_> {
     /// from the live pair. None when no pair is live.
     pub fn disk(&self, _admin: &Admin, sides: Sides) -> Result<Option<TrainingDisk>> {
         let recipe = Recipe { sides, ..Recipe::default() };
-        self.retrieval().active_models()?.map(|p| self.training_disk(&p, &recipe)).transpose()
+        self.retrieval().active_models()?.map(|p| crate::training::training_disk(self, &p, &recipe)).transpose()
     }
 
     /// How long `recipe` should take here, judged from the newest finished run of its shape on this device.
     pub fn estimate(&self, actor: &Admin, recipe: &Recipe) -> Result<Option<Estimate>> {
-        Ok(estimate(&self.training().runs(actor, 100)?, recipe, &self.training_device()))
+        Ok(estimate(&self.training().runs(actor, 100)?, recipe, &crate::training::training_device(self)))
     }
 
     /// Queues a training run from the live pair. Refused at once when the trainer cannot run, nothing is approved
     /// for training, or another run is queued or running (runs never overlap).
     pub fn submit(&self, actor: &Admin, recipe: &Recipe, schedule: Option<i64>) -> Result<i64> {
-        let (p, device) = self.prepare_training(recipe, schedule)?;
+        let (p, device) = crate::training::prepare_training(self, recipe, schedule)?;
         let id = {
             let mut conn = self.store.conn();
             let tx = conn.transaction()?;

@@ -130,7 +130,7 @@ impl Engine {
                 continue;
             }
             // Outside the transaction: these checks start `care-train --version` and read the disk.
-            let prepared = self.prepare_training(&s.spec.recipe, Some(s.id));
+            let prepared = crate::training::prepare_training(self, &s.spec.recipe, Some(s.id));
             if let Some(job) = self.fire_schedule(&s, prepared, at)? {
                 self.queue().tasks_changed();
                 return Ok(Some(job));
