@@ -35,187 +35,187 @@ pub(crate) const BACKUP_KINDS: &[&str] = &[crate::backup::BACKUP];
 /// How often a running task writes its progress.
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
-impl Engine {
-    fn submit_model_task(&self, actor: &Actor, task: Task) -> Result<i64> {
-        let (Task::Evaluate(p) | Task::Promote(p)) = &task else {
-            return Err(Error::Internal(format!("{} is not an evaluation or a promotion", task.kind())));
-        };
-        let detail = serde_json::json!({"kind": task.kind(), "candidate": p.candidate,
-            "override_reason": p.override_reason});
-        let id = {
-            let mut conn = self.store.conn();
-            let tx = conn.transaction()?;
-            self.queue().queue_room(&tx)?;
-            let (kind, json) = task.to_row()?;
-            let id = crate::jobs::insert_row(&tx, kind, &json, actor)?;
-            let mut detail = detail;
-            detail["job"] = id.into();
-            crate::audit::append(&tx, &actor.name, "model.job_submit", &detail)?;
-            tx.commit()?;
-            id
-        };
-        self.queue().tasks_changed();
-        Ok(id)
-    }
+fn submit_model_task(engine: &Engine, actor: &Actor, task: Task) -> Result<i64> {
+    let (Task::Evaluate(p) | Task::Promote(p)) = &task else {
+        return Err(Error::Internal(format!("{} is not an evaluation or a promotion", task.kind())));
+    };
+    let detail = serde_json::json!({"kind": task.kind(), "candidate": p.candidate,
+        "override_reason": p.override_reason});
+    let id = {
+        let mut conn = engine.store.conn();
+        let tx = conn.transaction()?;
+        engine.queue().queue_room(&tx)?;
+        let (kind, json) = task.to_row()?;
+        let id = crate::jobs::insert_row(&tx, kind, &json, actor)?;
+        let mut detail = detail;
+        detail["job"] = id.into();
+        crate::audit::append(&tx, &actor.name, "model.job_submit", &detail)?;
+        tx.commit()?;
+        id
+    };
+    engine.queue().tasks_changed();
+    Ok(id)
+}
 
-    /// Runs the oldest queued task of `kinds` (a lane's: [`MODEL_KINDS`], [`BACKUP_KINDS`]), if any, to its end
-    /// (or until the scheduler stops, which leaves it queued for the next start). Returns whether a task was taken.
-    /// Called by the lane, whose process holds the jobs lock, so no other process runs the same task.
-    pub(crate) fn run_next_model_job(&self, s: &Shared, kinds: &[&str]) -> Result<bool> {
-        let marks = vec!["?"; kinds.len()].join(", ");
-        let next: Option<(i64, String, String, bool)> = self
-            .store
-            .reader()
-            .query_row(
-                &format!(
-                    "SELECT id, kind, params, cancel_requested FROM jobs WHERE kind IN ({marks})
-                     AND state IN ('queued', 'running') ORDER BY id LIMIT 1"
-                ),
-                rusqlite::params_from_iter(kinds),
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get::<_, i64>(3)? != 0)),
-            )
-            .optional()?;
-        let Some((id, kind, json, cancelled)) = next else { return Ok(false) };
-        if cancelled {
-            self.end_model_job(id, Outcome::Cancelled)?;
+/// Runs the oldest queued task of `kinds` (a lane's: [`MODEL_KINDS`], [`BACKUP_KINDS`]), if any, to its end
+/// (or until the scheduler stops, which leaves it queued for the next start). Returns whether a task was taken.
+/// Called by the lane, whose process holds the jobs lock, so no other process runs the same task.
+pub(crate) fn run_next_model_job(engine: &Engine, s: &Shared, kinds: &[&str]) -> Result<bool> {
+    let marks = vec!["?"; kinds.len()].join(", ");
+    let next: Option<(i64, String, String, bool)> = engine
+        .store
+        .reader()
+        .query_row(
+            &format!(
+                "SELECT id, kind, params, cancel_requested FROM jobs WHERE kind IN ({marks})
+                 AND state IN ('queued', 'running') ORDER BY id LIMIT 1"
+            ),
+            rusqlite::params_from_iter(kinds),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get::<_, i64>(3)? != 0)),
+        )
+        .optional()?;
+    let Some((id, kind, json, cancelled)) = next else { return Ok(false) };
+    if cancelled {
+        crate::tasks::model_lane::end_model_job(&engine, id, Outcome::Cancelled)?;
+        return Ok(true);
+    }
+    let actor = match engine.submitter_of(id) {
+        Ok(a) => a,
+        Err(err @ Error::Forbidden(_)) => {
+            engine.refuse_task(id, &err)?;
             return Ok(true);
         }
-        let actor = match self.submitter_of(id) {
-            Ok(a) => a,
-            Err(err @ Error::Forbidden(_)) => {
-                self.refuse_task(id, &err)?;
-                return Ok(true);
+        Err(err) => return Err(err),
+    };
+    engine.store.conn().execute(
+        "UPDATE jobs SET state = 'running', updated_at = ?2 WHERE id = ?1 AND state = 'queued'",
+        params![id, now()],
+    )?;
+    tracing::info!(job = id, kind, "model task started");
+    let token = s.token(id);
+    let result = Task::from_row(id, &kind, &json)
+        .and_then(|task| crate::tasks::model_lane::run_task(&engine, id, task, &actor, &token));
+    let outcome = match result {
+        Ok(result) => Outcome::Done(result),
+        Err(Error::Cancelled(_)) if token.stop_reason() == Some(StopReason::Shutdown) => {
+            tracing::info!(job = id, "model task interrupted by shutdown; it resumes at the next start");
+            engine.tasks.unregister(id);
+            return Ok(true);
+        }
+        Err(Error::Cancelled(_)) => Outcome::Cancelled,
+        Err(e) => Outcome::Failed(e),
+    };
+    crate::tasks::model_lane::after_model_task(&engine, id, &kind, outcome)?;
+    Ok(true)
+}
+
+/// The one dispatch of stored tasks on the model lane.
+fn run_task(engine: &Engine, id: i64, task: Task, actor: &Admin, token: &CancelToken) -> Result<serde_json::Value> {
+    match task {
+        Task::Evaluate(p) => {
+            let mut progress = crate::tasks::model_lane::job_dense_progress(&engine, id, token);
+            engine
+                .models()
+                .evaluate(actor, &p.candidate, &mut progress)
+                .map(|r| serde_json::json!({"evaluation": r.id, "passed": r.passed, "ndcg_gain": r.ndcg_gain()}))
+        }
+        Task::Promote(p) => {
+            // A crash after the switch committed but before the task ended: the candidate is live already.
+            let live = engine.retrieval().active_models()?.map(|p| pair_spec(&p));
+            if live.as_deref() == Some(p.candidate.as_str()) {
+                return Ok(serde_json::json!({"live": p.candidate}));
             }
-            Err(err) => return Err(err),
-        };
-        self.store.conn().execute(
-            "UPDATE jobs SET state = 'running', updated_at = ?2 WHERE id = ?1 AND state = 'queued'",
-            params![id, now()],
+            let mut progress = crate::tasks::model_lane::job_dense_progress(&engine, id, token);
+            engine
+                .models()
+                .promote(actor, &p.candidate, p.override_reason.as_deref(), &mut progress)
+                .map(|pair| serde_json::json!({"live": pair_spec(&pair)}))
+        }
+        Task::Train(p) => crate::training::run_training_job(engine, id, &p, actor, token),
+        Task::EmbedPending(p) => crate::training::embed::run_offline_embed_job(engine, id, &p, actor, token),
+        Task::Backup(p) => engine.backup_maker().run_backup_job(id, &p, token),
+        Task::Ingest(_) | Task::Chore(_) => {
+            Err(Error::Internal(format!("job {id}: {} does not run on the model lane", task.kind())))
+        }
+    }
+}
+
+/// Ends a model task and frees what its kind leaves behind.
+fn after_model_task(engine: &Engine, id: i64, kind: &str, outcome: Outcome) -> Result<()> {
+    let trains = kind == crate::training::TRAIN;
+    if trains {
+        // Before the task reads as ended, so whoever sees it ended sees the disk freed. A crash in between
+        // resumes a run whose phases all finished (nothing to redo) or one that failed anyway.
+        crate::training::free_run_weights(engine, id);
+    }
+    crate::tasks::model_lane::end_model_job(&engine, id, outcome)?;
+    if trains || kind == crate::training::embed::EMBED {
+        // Best effort: the next run's start and the housekeeping chore prune again.
+        if let Err(e) = crate::training::prune_finished_runs(engine) {
+            tracing::warn!(job = id, error = %e, "could not free the weights of ended training runs");
+        }
+    }
+    Ok(())
+}
+
+/// The progress sink of a task's embedding and scoring loops: writes at most every [`PROGRESS_EVERY`] (and at
+/// the end), and ends the loop with `Cancelled` once `token` is raised (the check at each batch).
+pub(crate) fn job_dense_progress<'a>(
+    engine: &'a Engine,
+    id: i64,
+    token: &'a CancelToken,
+) -> impl FnMut(DenseProgress) -> Result<()> + 'a {
+    let mut last = Instant::now() - PROGRESS_EVERY;
+    move |d: DenseProgress| {
+        if last.elapsed() >= PROGRESS_EVERY || d.done >= d.total {
+            last = Instant::now();
+            let stage = format!("{} {}", d.stage, d.collection);
+            if let Err(e) = engine.queue().job_progress(id, &stage, d.done as u64, d.total as u64) {
+                tracing::warn!(job = id, error = %e, "could not record progress");
+            }
+        }
+        token.check()
+    }
+}
+
+/// Ends a model task with its audit record in the same transaction, so the log never misses an ended task
+/// nor records one whose end was not written (an evaluation or promotion also records its own result, a
+/// training run or an offline embedding nothing else: this record is how the log knows how they ended).
+fn end_model_job(engine: &Engine, id: i64, outcome: Outcome) -> Result<()> {
+    // The stage of an ended task is empty: its state says it, in words the pages and the CLI choose.
+    let (state, result, errors) = match outcome {
+        Outcome::Done(v) => ("done", v.to_string(), Vec::new()),
+        Outcome::Cancelled => ("cancelled", String::new(), Vec::new()),
+        Outcome::Failed(e) => {
+            tracing::error!(job = id, error = %e, "model task failed");
+            let err = FileError { file: String::new(), code: e.code().as_str().to_string(), message: e.to_string() };
+            ("failed", String::new(), vec![err])
+        }
+    };
+    let detail_errors = serde_json::to_value(&errors).map_err(|e| Error::Internal(e.to_string()))?;
+    let errors = serde_json::to_string(&errors).map_err(|e| Error::Internal(e.to_string()))?;
+    {
+        let mut conn = engine.store.conn();
+        let tx = conn.transaction()?;
+        let n = tx.execute(
+            "UPDATE jobs SET state = ?2, stage = '', result = ?3, errors = ?4, updated_at = ?5
+             WHERE id = ?1 AND state IN ('queued', 'running')",
+            params![id, state, result, errors, now()],
         )?;
-        tracing::info!(job = id, kind, "model task started");
-        let token = s.token(id);
-        let result = Task::from_row(id, &kind, &json).and_then(|task| self.run_task(id, task, &actor, &token));
-        let outcome = match result {
-            Ok(result) => Outcome::Done(result),
-            Err(Error::Cancelled(_)) if token.stop_reason() == Some(StopReason::Shutdown) => {
-                tracing::info!(job = id, "model task interrupted by shutdown; it resumes at the next start");
-                self.tasks.unregister(id);
-                return Ok(true);
-            }
-            Err(Error::Cancelled(_)) => Outcome::Cancelled,
-            Err(e) => Outcome::Failed(e),
-        };
-        self.after_model_task(id, &kind, outcome)?;
-        Ok(true)
-    }
-
-    /// The one dispatch of stored tasks on the model lane.
-    fn run_task(&self, id: i64, task: Task, actor: &Admin, token: &CancelToken) -> Result<serde_json::Value> {
-        match task {
-            Task::Evaluate(p) => {
-                let mut progress = self.job_dense_progress(id, token);
-                self.models()
-                    .evaluate(actor, &p.candidate, &mut progress)
-                    .map(|r| serde_json::json!({"evaluation": r.id, "passed": r.passed, "ndcg_gain": r.ndcg_gain()}))
-            }
-            Task::Promote(p) => {
-                // A crash after the switch committed but before the task ended: the candidate is live already.
-                let live = self.retrieval().active_models()?.map(|p| pair_spec(&p));
-                if live.as_deref() == Some(p.candidate.as_str()) {
-                    return Ok(serde_json::json!({"live": p.candidate}));
-                }
-                let mut progress = self.job_dense_progress(id, token);
-                self.models()
-                    .promote(actor, &p.candidate, p.override_reason.as_deref(), &mut progress)
-                    .map(|pair| serde_json::json!({"live": pair_spec(&pair)}))
-            }
-            Task::Train(p) => crate::training::run_training_job(self, id, &p, actor, token),
-            Task::EmbedPending(p) => crate::training::embed::run_offline_embed_job(self, id, &p, actor, token),
-            Task::Backup(p) => self.backup_maker().run_backup_job(id, &p, token),
-            Task::Ingest(_) | Task::Chore(_) => {
-                Err(Error::Internal(format!("job {id}: {} does not run on the model lane", task.kind())))
-            }
+        if n == 1 {
+            let (kind, actor): (String, String) =
+                tx.query_row("SELECT kind, actor FROM jobs WHERE id = ?1", [id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            let result: serde_json::Value = serde_json::from_str(&result).unwrap_or_default();
+            let detail = serde_json::json!({"job": id, "kind": kind, "state": state, "result": result,
+                "errors": detail_errors});
+            let group = if kind.starts_with("backup.") { "backup" } else { "model" };
+            crate::audit::append(&tx, &actor, &format!("{group}.job_{state}"), &detail)?;
         }
+        tx.commit()?;
     }
-
-    /// Ends a model task and frees what its kind leaves behind.
-    fn after_model_task(&self, id: i64, kind: &str, outcome: Outcome) -> Result<()> {
-        let trains = kind == crate::training::TRAIN;
-        if trains {
-            // Before the task reads as ended, so whoever sees it ended sees the disk freed. A crash in between
-            // resumes a run whose phases all finished (nothing to redo) or one that failed anyway.
-            crate::training::free_run_weights(self, id);
-        }
-        self.end_model_job(id, outcome)?;
-        if trains || kind == crate::training::embed::EMBED {
-            // Best effort: the next run's start and the housekeeping chore prune again.
-            if let Err(e) = crate::training::prune_finished_runs(self) {
-                tracing::warn!(job = id, error = %e, "could not free the weights of ended training runs");
-            }
-        }
-        Ok(())
-    }
-
-    /// The progress sink of a task's embedding and scoring loops: writes at most every [`PROGRESS_EVERY`] (and at
-    /// the end), and ends the loop with `Cancelled` once `token` is raised (the check at each batch).
-    pub(crate) fn job_dense_progress<'a>(
-        &'a self,
-        id: i64,
-        token: &'a CancelToken,
-    ) -> impl FnMut(DenseProgress) -> Result<()> + 'a {
-        let mut last = Instant::now() - PROGRESS_EVERY;
-        move |d: DenseProgress| {
-            if last.elapsed() >= PROGRESS_EVERY || d.done >= d.total {
-                last = Instant::now();
-                let stage = format!("{} {}", d.stage, d.collection);
-                if let Err(e) = self.queue().job_progress(id, &stage, d.done as u64, d.total as u64) {
-                    tracing::warn!(job = id, error = %e, "could not record progress");
-                }
-            }
-            token.check()
-        }
-    }
-
-    /// Ends a model task with its audit record in the same transaction, so the log never misses an ended task
-    /// nor records one whose end was not written (an evaluation or promotion also records its own result, a
-    /// training run or an offline embedding nothing else: this record is how the log knows how they ended).
-    fn end_model_job(&self, id: i64, outcome: Outcome) -> Result<()> {
-        // The stage of an ended task is empty: its state says it, in words the pages and the CLI choose.
-        let (state, result, errors) = match outcome {
-            Outcome::Done(v) => ("done", v.to_string(), Vec::new()),
-            Outcome::Cancelled => ("cancelled", String::new(), Vec::new()),
-            Outcome::Failed(e) => {
-                tracing::error!(job = id, error = %e, "model task failed");
-                let err =
-                    FileError { file: String::new(), code: e.code().as_str().to_string(), message: e.to_string() };
-                ("failed", String::new(), vec![err])
-            }
-        };
-        let detail_errors = serde_json::to_value(&errors).map_err(|e| Error::Internal(e.to_string()))?;
-        let errors = serde_json::to_string(&errors).map_err(|e| Error::Internal(e.to_string()))?;
-        {
-            let mut conn = self.store.conn();
-            let tx = conn.transaction()?;
-            let n = tx.execute(
-                "UPDATE jobs SET state = ?2, stage = '', result = ?3, errors = ?4, updated_at = ?5
-                 WHERE id = ?1 AND state IN ('queued', 'running')",
-                params![id, state, result, errors, now()],
-            )?;
-            if n == 1 {
-                let (kind, actor): (String, String) =
-                    tx.query_row("SELECT kind, actor FROM jobs WHERE id = ?1", [id], |r| Ok((r.get(0)?, r.get(1)?)))?;
-                let result: serde_json::Value = serde_json::from_str(&result).unwrap_or_default();
-                let detail = serde_json::json!({"job": id, "kind": kind, "state": state, "result": result,
-                    "errors": detail_errors});
-                let group = if kind.starts_with("backup.") { "backup" } else { "model" };
-                crate::audit::append(&tx, &actor, &format!("{group}.job_{state}"), &detail)?;
-            }
-            tx.commit()?;
-        }
-        self.tasks.unregister(id);
-        self.queue().tasks_changed();
-        Ok(())
-    }
+    engine.tasks.unregister(id);
+    engine.queue().tasks_changed();
+    Ok(())
 }
 
 enum Outcome {
@@ -231,7 +231,8 @@ impl crate::engine::Models<'_> {
             return Err(Error::InvalidInput("没有在用的模型 (no live model pair to compare with)".into()));
         }
         let pair = self.lifecycle().resolve_pair(candidate)?;
-        self.submit_model_task(
+        crate::tasks::model_lane::submit_model_task(
+            self,
             actor,
             Task::Evaluate(CandidateParams { candidate: pair_spec(&pair), override_reason: None }),
         )
@@ -242,6 +243,10 @@ impl crate::engine::Models<'_> {
     pub fn submit_promote(&self, actor: &Admin, candidate: &str, override_reason: Option<&str>) -> Result<i64> {
         let (pair, _) = self.lifecycle().promotion_allowed(candidate, override_reason)?;
         let override_reason = override_reason.map(str::trim).filter(|r| !r.is_empty()).map(str::to_string);
-        self.submit_model_task(actor, Task::Promote(CandidateParams { candidate: pair_spec(&pair), override_reason }))
+        crate::tasks::model_lane::submit_model_task(
+            self,
+            actor,
+            Task::Promote(CandidateParams { candidate: pair_spec(&pair), override_reason }),
+        )
     }
 }

@@ -226,7 +226,7 @@ fn backup_lane(s: &Shared) {
 
 /// A lane that runs the stored tasks of `kinds` one at a time.
 fn task_lane(s: &Shared, kinds: &[&str], name: &str) {
-    lane(s, |s| match s.engine.run_next_model_job(s, kinds) {
+    lane(s, |s| match crate::tasks::model_lane::run_next_model_job(&s.engine, s, kinds) {
         Ok(true) => Lane::Worked,
         Ok(false) => Lane::Idle,
         Err(e) => {
@@ -264,11 +264,11 @@ fn timer_lane(s: &Shared, housekeeping: Option<Housekeeping>) {
         let mut next = due.values().min().copied();
         if s.holds_lock() {
             let now = time::OffsetDateTime::now_utc();
-            if let Err(e) = s.engine.fire_due_schedules(now) {
+            if let Err(e) = crate::training::schedule::fire_due_schedules(&s.engine, now) {
                 tracing::error!(error = %e, "could not fire training schedules; will retry");
                 next = earliest(next, Some(Instant::now() + RETRY));
             }
-            next = earliest(next, s.engine.next_schedule_due(now).ok().flatten());
+            next = earliest(next, crate::training::schedule::next_schedule_due(&s.engine, now).ok().flatten());
             let (store, cfg) = (&s.engine.store, &s.engine.cfg);
             match crate::backup::schedule::fire_due(store, cfg, now) {
                 Ok(Some(_)) => s.engine.queue().tasks_changed(),

@@ -1274,9 +1274,15 @@ mod training {
         e.training().set_schedule(&admin, None, &spec).unwrap();
         assert_eq!(e.training().estimate(&admin, &recipe()).unwrap(), None, "no finished run to judge from");
         let now = time::OffsetDateTime::now_utc();
-        assert_eq!(e.fire_due_schedules(now).unwrap(), None);
-        let job = e.fire_due_schedules(now + time::Duration::days(1)).unwrap().expect("a due schedule fires");
-        assert_eq!(e.fire_due_schedules(now + time::Duration::days(2)).unwrap(), None, "a run is queued already");
+        assert_eq!(crate::training::schedule::fire_due_schedules(&e, now).unwrap(), None);
+        let job = crate::training::schedule::fire_due_schedules(&e, now + time::Duration::days(1))
+            .unwrap()
+            .expect("a due schedule fires");
+        assert_eq!(
+            crate::training::schedule::fire_due_schedules(&e, now + time::Duration::days(2)).unwrap(),
+            None,
+            "a run is queued already"
+        );
         assert_eq!(e.training().submit(&admin, &recipe(), None).unwrap_err().code(), ErrorCode::Busy);
         let models_before = e.retrieval().model_records().unwrap().len();
 

@@ -931,7 +931,7 @@ impl Run<'_> {
     }
 
     fn dense_progress(&self) -> impl FnMut(DenseProgress) -> Result<()> + '_ {
-        self.e.job_dense_progress(self.id, self.token)
+        crate::tasks::model_lane::job_dense_progress(&self.e, self.id, self.token)
     }
 
     /// Runs `phase` as `care-train run --spec FILE` to its end, its step events shown as the job's progress (step,

@@ -111,108 +111,114 @@ impl ScheduleSpec {
     }
 }
 
-impl Engine {
-    fn offset(&self) -> UtcOffset {
-        hospital_offset(&self.cfg)
-    }
+fn offset(engine: &Engine) -> UtcOffset {
+    hospital_offset(&engine.cfg)
+}
 
-    /// Submits a run for the first enabled schedule (oldest first) that is due at `at`, unless a run is queued or
-    /// running. Returns the job submitted, if any. Called by the scheduler's timer lane whenever something changes
-    /// and at each schedule's due time.
-    pub(crate) fn fire_due_schedules(&self, at: OffsetDateTime) -> Result<Option<i64>> {
-        if super::unfinished_run(&self.store.reader())?.is_some() {
-            return Ok(None);
-        }
-        for s in self.training().schedules(&Admin::system())? {
-            let time_due = parse_rfc3339(&s.next_due).is_some_and(|t| t <= at);
-            let feedback_due = s.spec.min_new_feedback.is_some_and(|n| s.new_feedback >= i64::from(n));
-            if !s.spec.enabled || !(time_due || feedback_due) {
-                continue;
-            }
-            // Outside the transaction: these checks start `care-train --version` and read the disk.
-            let prepared = crate::training::prepare_training(self, &s.spec.recipe, Some(s.id));
-            if let Some(job) = self.fire_schedule(&s, prepared, at)? {
-                self.queue().tasks_changed();
-                return Ok(Some(job));
-            }
-        }
-        Ok(None)
+/// Submits a run for the first enabled schedule (oldest first) that is due at `at`, unless a run is queued or
+/// running. Returns the job submitted, if any. Called by the scheduler's timer lane whenever something changes
+/// and at each schedule's due time.
+pub(crate) fn fire_due_schedules(engine: &Engine, at: OffsetDateTime) -> Result<Option<i64>> {
+    if super::unfinished_run(&engine.store.reader())?.is_some() {
+        return Ok(None);
     }
+    for s in engine.training().schedules(&Admin::system())? {
+        let time_due = parse_rfc3339(&s.next_due).is_some_and(|t| t <= at);
+        let feedback_due = s.spec.min_new_feedback.is_some_and(|n| s.new_feedback >= i64::from(n));
+        if !s.spec.enabled || !(time_due || feedback_due) {
+            continue;
+        }
+        // Outside the transaction: these checks start `care-train --version` and read the disk.
+        let prepared = crate::training::prepare_training(engine, &s.spec.recipe, Some(s.id));
+        if let Some(job) = crate::training::schedule::fire_schedule(&engine, &s, prepared, at)? {
+            engine.queue().tasks_changed();
+            return Ok(Some(job));
+        }
+    }
+    Ok(None)
+}
 
-    /// Fires schedule `s` in ONE transaction: the queued run with its audit record (or, when the run could not be
-    /// prepared, the audited failure) and the schedule's next due time, so a crash leaves either all or nothing
-    /// and a restart neither loses nor repeats the firing. Returns the run's job, if one was queued.
-    fn fire_schedule(
-        &self,
-        s: &Schedule,
-        prepared: Result<(super::TrainParams, String)>,
-        at: OffsetDateTime,
-    ) -> Result<Option<i64>> {
-        let minute = s.spec.time.as_deref().and_then(|t| parse_time(t).ok());
-        let next = minute.map(|m| rfc3339(next_occurrence(s.spec.weekday, m, self.offset(), at)));
-        let mut conn = self.store.conn();
-        let tx = conn.transaction()?;
-        // Still as it was read: otherwise another firing got here first.
-        let unchanged: bool = tx
-            .query_row(
-                "SELECT next_due = ?2 AND last_fired_at = ?3 FROM training_schedules WHERE id = ?1",
-                params![s.id, s.next_due, s.last_fired_at],
-                |r| r.get(0),
-            )
-            .optional()?
-            .unwrap_or(false);
-        if !unchanged {
-            return Ok(None);
+/// Fires schedule `s` in ONE transaction: the queued run with its audit record (or, when the run could not be
+/// prepared, the audited failure) and the schedule's next due time, so a crash leaves either all or nothing
+/// and a restart neither loses nor repeats the firing. Returns the run's job, if one was queued.
+fn fire_schedule(
+    engine: &Engine,
+    s: &Schedule,
+    prepared: Result<(super::TrainParams, String)>,
+    at: OffsetDateTime,
+) -> Result<Option<i64>> {
+    let minute = s.spec.time.as_deref().and_then(|t| parse_time(t).ok());
+    let next =
+        minute.map(|m| rfc3339(next_occurrence(s.spec.weekday, m, crate::training::schedule::offset(&engine), at)));
+    let mut conn = engine.store.conn();
+    let tx = conn.transaction()?;
+    // Still as it was read: otherwise another firing got here first.
+    let unchanged: bool = tx
+        .query_row(
+            "SELECT next_due = ?2 AND last_fired_at = ?3 FROM training_schedules WHERE id = ?1",
+            params![s.id, s.next_due, s.last_fired_at],
+            |r| r.get(0),
+        )
+        .optional()?
+        .unwrap_or(false);
+    if !unchanged {
+        return Ok(None);
+    }
+    let job = match prepared {
+        Ok((p, device)) => {
+            match super::insert_training(&tx, &Actor::console(format!("schedule:{}", s.id)), &p, &device) {
+                Ok(job) => Some(job),
+                // A run was queued meanwhile: the schedule stays due and fires when that run ends.
+                Err(Error::Busy(_)) => return Ok(None),
+                Err(e) => return Err(e),
+            }
         }
-        let job = match prepared {
-            Ok((p, device)) => {
-                match super::insert_training(&tx, &Actor::console(format!("schedule:{}", s.id)), &p, &device) {
-                    Ok(job) => Some(job),
-                    // A run was queued meanwhile: the schedule stays due and fires when that run ends.
-                    Err(Error::Busy(_)) => return Ok(None),
-                    Err(e) => return Err(e),
-                }
-            }
-            Err(e) => {
-                // Not retried at every wake-up: the failure is recorded and the schedule moves to its next time.
-                tracing::warn!(schedule = s.id, error = %e, "scheduled training could not start");
-                let detail = serde_json::json!({"schedule": s.id, "error": e.to_string()});
-                crate::audit::append(&tx, &Actor::system().name, "training.schedule_failed", &detail)?;
-                None
-            }
-        };
-        tx.execute(
-            "UPDATE training_schedules SET next_due = ?2, last_fired_at = ?3, last_job = ?4,
-                    feedback_mark = (SELECT ifnull(max(id), 0) FROM feedback) WHERE id = ?1",
-            params![s.id, next.unwrap_or_default(), rfc3339(at), job],
-        )?;
-        tx.commit()?;
-        Ok(job)
-    }
+        Err(e) => {
+            // Not retried at every wake-up: the failure is recorded and the schedule moves to its next time.
+            tracing::warn!(schedule = s.id, error = %e, "scheduled training could not start");
+            let detail = serde_json::json!({"schedule": s.id, "error": e.to_string()});
+            crate::audit::append(&tx, &Actor::system().name, "training.schedule_failed", &detail)?;
+            None
+        }
+    };
+    tx.execute(
+        "UPDATE training_schedules SET next_due = ?2, last_fired_at = ?3, last_job = ?4,
+                feedback_mark = (SELECT ifnull(max(id), 0) FROM feedback) WHERE id = ?1",
+        params![s.id, next.unwrap_or_default(), rfc3339(at), job],
+    )?;
+    tx.commit()?;
+    Ok(job)
+}
 
-    /// The earliest time trigger after `now` of an enabled schedule, as an instant for the timer lane to wake at.
-    /// Triggers already past are left out: they wait for the run that blocks them, whose end wakes the lane.
-    pub(crate) fn next_schedule_due(&self, now: OffsetDateTime) -> Result<Option<std::time::Instant>> {
-        let next = self
-            .training()
-            .schedules(&Admin::system())?
-            .into_iter()
-            .filter(|s| s.spec.enabled)
-            .filter_map(|s| parse_rfc3339(&s.next_due))
-            .filter(|t| *t > now)
-            .min();
-        Ok(next.map(|t| {
-            let wait = std::time::Duration::try_from(t - now).unwrap_or_default();
-            std::time::Instant::now() + wait
-        }))
-    }
+/// The earliest time trigger after `now` of an enabled schedule, as an instant for the timer lane to wake at.
+/// Triggers already past are left out: they wait for the run that blocks them, whose end wakes the lane.
+pub(crate) fn next_schedule_due(engine: &Engine, now: OffsetDateTime) -> Result<Option<std::time::Instant>> {
+    let next = engine
+        .training()
+        .schedules(&Admin::system())?
+        .into_iter()
+        .filter(|s| s.spec.enabled)
+        .filter_map(|s| parse_rfc3339(&s.next_due))
+        .filter(|t| *t > now)
+        .min();
+    Ok(next.map(|t| {
+        let wait = std::time::Duration::try_from(t - now).unwrap_or_default();
+        std::time::Instant::now() + wait
+    }))
 }
 
 impl crate::engine::Training<'_> {
     /// Creates a schedule (`id = None`) or replaces one, audited in the same transaction.
     pub fn set_schedule(&self, actor: &Admin, id: Option<i64>, spec: &ScheduleSpec) -> Result<i64> {
         let minute = spec.check()?;
-        let next = minute.map(|m| rfc3339(next_occurrence(spec.weekday, m, self.offset(), OffsetDateTime::now_utc())));
+        let next = minute.map(|m| {
+            rfc3339(next_occurrence(
+                spec.weekday,
+                m,
+                crate::training::schedule::offset(self),
+                OffsetDateTime::now_utc(),
+            ))
+        });
         let json = serde_json::to_string(spec).map_err(|e| Error::Internal(e.to_string()))?;
         let mut conn = self.store.conn();
         let tx = conn.transaction()?;
