@@ -104,11 +104,11 @@ fn claim(s: &Shared) -> Result<Option<Claim>> {
     };
     for (job, cancel) in active {
         let busy = claimed.iter().any(|(j, _)| *j == job);
-        match e.submitter_of(job) {
+        match crate::tasks::submitter_of(&e, job) {
             Ok(_) => {}
             Err(err @ Error::Forbidden(_)) => {
                 if !busy {
-                    e.refuse_task(job, &err)?;
+                    crate::tasks::refuse_task(&e, job, &err)?;
                 }
                 continue;
             }

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::Engine;
 use crate::accounts::{Actor, Admin};
 pub(crate) use crate::cancel::socket_path;
 pub use crate::cancel::{CancelToken, StopReason};
@@ -120,124 +121,120 @@ impl Task {
     }
 }
 
-impl crate::Engine {
-    /// Whom job `job` runs as: its submitter, re-checked now. An account that was disabled, deleted or is no longer
-    /// an administrator since it submitted is refused (`Forbidden`); the console and the system (no account) are
-    /// whoever can open the data directory, as when they submitted.
-    pub(crate) fn submitter_of(&self, job: i64) -> Result<Admin> {
-        let (name, user_id): (String, Option<i64>) =
-            self.store.reader().query_row("SELECT actor, actor_user_id FROM jobs WHERE id = ?1", [job], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })?;
-        let Some(id) = user_id else { return Ok(Admin::console(name)) };
-        let refused = |why: &str| {
-            Error::Forbidden(format!(
-                "提交任务 #{job} 的账号 {name} {why}，任务未运行；请由管理员重新提交 (the submitter {name} {why})"
-            ))
-        };
-        match crate::accounts::user_by_id(&self.store, id) {
-            Ok(u) if u.disabled => Err(refused("已停用")),
-            Ok(u) => Actor::user(&u).admin().map_err(|_| refused("已不是管理员")),
-            Err(Error::NotFound { .. }) => Err(refused("已删除")),
-            Err(e) => Err(e),
-        }
+/// Whom job `job` runs as: its submitter, re-checked now. An account that was disabled, deleted or is no longer
+/// an administrator since it submitted is refused (`Forbidden`); the console and the system (no account) are
+/// whoever can open the data directory, as when they submitted.
+pub(crate) fn submitter_of(engine: &Engine, job: i64) -> Result<Admin> {
+    let (name, user_id): (String, Option<i64>) =
+        engine
+            .store
+            .reader()
+            .query_row("SELECT actor, actor_user_id FROM jobs WHERE id = ?1", [job], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let Some(id) = user_id else { return Ok(Admin::console(name)) };
+    let refused = |why: &str| {
+        Error::Forbidden(format!(
+            "提交任务 #{job} 的账号 {name} {why}，任务未运行；请由管理员重新提交 (the submitter {name} {why})"
+        ))
+    };
+    match crate::accounts::user_by_id(&engine.store, id) {
+        Ok(u) if u.disabled => Err(refused("已停用")),
+        Ok(u) => Actor::user(&u).admin().map_err(|_| refused("已不是管理员")),
+        Err(Error::NotFound { .. }) => Err(refused("已删除")),
+        Err(e) => Err(e),
     }
+}
 
-    /// Ends queued job `job` as failed with `err` (its submitter was refused), audited in the same transaction.
-    pub(crate) fn refuse_task(&self, job: i64, err: &Error) -> Result<()> {
-        tracing::warn!(job, error = %err, "task refused at run time");
-        let errors = vec![crate::jobs::FileError {
-            file: String::new(),
-            code: err.code().as_str().to_string(),
-            message: err.to_string(),
-        }];
-        let errors = serde_json::to_string(&errors).map_err(|e| Error::Internal(e.to_string()))?;
-        {
-            let mut conn = self.store.conn();
-            let tx = conn.transaction()?;
-            tx.execute("UPDATE job_files SET state = 'skipped' WHERE job_id = ?1 AND state = 'queued'", [job])?;
-            let n = tx.execute(
-                "UPDATE jobs SET state = 'failed', errors = ?2, updated_at = ?3
-                 WHERE id = ?1 AND state IN ('queued', 'running')",
-                rusqlite::params![job, errors, crate::store::now()],
-            )?;
-            if n == 1 {
-                let (kind, actor): (String, String) =
-                    tx.query_row("SELECT kind, actor FROM jobs WHERE id = ?1", [job], |r| Ok((r.get(0)?, r.get(1)?)))?;
-                let detail =
-                    serde_json::json!({"job": job, "kind": kind, "submitter": actor, "error": err.to_string()});
-                crate::audit::append(&tx, "system", "task.refused", &detail)?;
-            }
-            tx.commit()?;
+/// Ends queued job `job` as failed with `err` (its submitter was refused), audited in the same transaction.
+pub(crate) fn refuse_task(engine: &Engine, job: i64, err: &Error) -> Result<()> {
+    tracing::warn!(job, error = %err, "task refused at run time");
+    let errors = vec![crate::jobs::FileError {
+        file: String::new(),
+        code: err.code().as_str().to_string(),
+        message: err.to_string(),
+    }];
+    let errors = serde_json::to_string(&errors).map_err(|e| Error::Internal(e.to_string()))?;
+    {
+        let mut conn = engine.store.conn();
+        let tx = conn.transaction()?;
+        tx.execute("UPDATE job_files SET state = 'skipped' WHERE job_id = ?1 AND state = 'queued'", [job])?;
+        let n = tx.execute(
+            "UPDATE jobs SET state = 'failed', errors = ?2, updated_at = ?3
+             WHERE id = ?1 AND state IN ('queued', 'running')",
+            rusqlite::params![job, errors, crate::store::now()],
+        )?;
+        if n == 1 {
+            let (kind, actor): (String, String) =
+                tx.query_row("SELECT kind, actor FROM jobs WHERE id = ?1", [job], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            let detail = serde_json::json!({"job": job, "kind": kind, "submitter": actor, "error": err.to_string()});
+            crate::audit::append(&tx, "system", "task.refused", &detail)?;
         }
-        self.tasks.unregister(job);
-        self.queue().remove_owned_files(job)?;
-        self.queue().tasks_changed();
-        Ok(())
+        tx.commit()?;
     }
+    engine.tasks.unregister(job);
+    engine.queue().remove_owned_files(job)?;
+    engine.queue().tasks_changed();
+    Ok(())
+}
 
-    /// Runs housekeeping chore `chore`. Failures are logged, never raised: the chore is due again at its next time,
-    /// and tampering with the audit log is logged at error level every time it is seen, so it reaches the journal
-    /// even if nobody opens the audit page.
-    pub(crate) fn run_chore(&self, chore: Chore, hk: &Housekeeping) {
-        let system = Admin::system();
-        match chore {
-            Chore::AuditCheckpoint | Chore::AuditVerifyFull => {
-                let full = chore == Chore::AuditVerifyFull;
-                match self.audit().verify(&system, full) {
-                    Ok(r) if r.full => tracing::info!(checked = r.records_checked, "audit log verified in full"),
-                    Ok(_) => {}
-                    Err(e) => tracing::error!(full, error = %e, "audit log verification failed"),
-                }
+/// Runs housekeeping chore `chore`. Failures are logged, never raised: the chore is due again at its next time,
+/// and tampering with the audit log is logged at error level every time it is seen, so it reaches the journal
+/// even if nobody opens the audit page.
+pub(crate) fn run_chore(engine: &Engine, chore: Chore, hk: &Housekeeping) {
+    let system = Admin::system();
+    match chore {
+        Chore::AuditCheckpoint | Chore::AuditVerifyFull => {
+            let full = chore == Chore::AuditVerifyFull;
+            match engine.audit().verify(&system, full) {
+                Ok(r) if r.full => tracing::info!(checked = r.records_checked, "audit log verified in full"),
+                Ok(_) => {}
+                Err(e) => tracing::error!(full, error = %e, "audit log verification failed"),
             }
-            Chore::Retention => self.retention(hk),
-            Chore::PruneRuns => {
-                if let Err(e) = crate::training::prune_finished_runs(self) {
-                    tracing::warn!(error = %e, "could not free the weights of ended training runs");
-                }
-                match self.lifecycle().prune_vector_tables() {
-                    Ok(p) if p.is_empty() => {}
-                    Ok(p) => tracing::info!(tables = ?p, "dropped vector tables past the rollback retention"),
-                    Err(e) => tracing::warn!(error = %e, "could not apply the vector-table retention"),
-                }
+        }
+        Chore::Retention => crate::tasks::retention(&engine, hk),
+        Chore::PruneRuns => {
+            if let Err(e) = crate::training::prune_finished_runs(engine) {
+                tracing::warn!(error = %e, "could not free the weights of ended training runs");
+            }
+            match engine.lifecycle().prune_vector_tables() {
+                Ok(p) if p.is_empty() => {}
+                Ok(p) => tracing::info!(tables = ?p, "dropped vector tables past the rollback retention"),
+                Err(e) => tracing::warn!(error = %e, "could not apply the vector-table retention"),
             }
         }
     }
+}
 
-    fn retention(&self, hk: &Housekeeping) {
-        if hk.audit_retention_days > 0 {
-            let cutoff = time::OffsetDateTime::now_utc() - time::Duration::days(i64::from(hk.audit_retention_days));
-            let cutoff = cutoff.format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
-            match self.audit().purge(&Admin::system(), &cutoff, hk.audit_retention_days) {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(removed = n, "purged audit records past retention"),
-                Err(e) => tracing::error!(error = %e, "audit retention purge failed"),
-            }
-        }
-        // The console's sign-in lifetimes, when changed there, over the server's.
-        let defaults = crate::service::SessionDefaults {
-            idle_seconds: hk.sign_in_idle_seconds,
-            max_seconds: hk.sign_in_max_seconds,
-        };
-        let (idle, max) = self.settings().session_seconds(defaults);
-        if let Err(e) = self.accounts().purge_sessions(idle, max) {
-            tracing::error!(error = %e, "sign-in clean-up failed");
-        }
-        if self.sign_in.get().ldap.enabled() {
-            match self.accounts().directory_sweep(&Admin::system()) {
-                Ok(gone) if gone.is_empty() => {}
-                Ok(gone) => tracing::info!(disabled = ?gone, "disabled accounts the directory no longer has"),
-                Err(e) => tracing::warn!(error = %e, "directory sweep failed"),
-            }
+fn retention(engine: &Engine, hk: &Housekeeping) {
+    if hk.audit_retention_days > 0 {
+        let cutoff = time::OffsetDateTime::now_utc() - time::Duration::days(i64::from(hk.audit_retention_days));
+        let cutoff = cutoff.format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
+        match engine.audit().purge(&Admin::system(), &cutoff, hk.audit_retention_days) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(removed = n, "purged audit records past retention"),
+            Err(e) => tracing::error!(error = %e, "audit retention purge failed"),
         }
     }
+    // The console's sign-in lifetimes, when changed there, over the server's.
+    let defaults =
+        crate::service::SessionDefaults { idle_seconds: hk.sign_in_idle_seconds, max_seconds: hk.sign_in_max_seconds };
+    let (idle, max) = engine.settings().session_seconds(defaults);
+    if let Err(e) = engine.accounts().purge_sessions(idle, max) {
+        tracing::error!(error = %e, "sign-in clean-up failed");
+    }
+    if engine.sign_in.get().ldap.enabled() {
+        match engine.accounts().directory_sweep(&Admin::system()) {
+            Ok(gone) if gone.is_empty() => {}
+            Ok(gone) => tracing::info!(disabled = ?gone, "disabled accounts the directory no longer has"),
+            Err(e) => tracing::warn!(error = %e, "directory sweep failed"),
+        }
+    }
+}
 
-    /// Raises the cancel tokens of running tasks whose job was cancelled in SQLite (by another process).
-    pub(crate) fn sync_cancels(&self) {
-        for job in self.tasks.running_jobs() {
-            if self.queue().job(job).is_ok_and(|j| j.cancel_requested) {
-                self.tasks.cancel(job);
-            }
+/// Raises the cancel tokens of running tasks whose job was cancelled in SQLite (by another process).
+pub(crate) fn sync_cancels(engine: &Engine) {
+    for job in engine.tasks.running_jobs() {
+        if engine.queue().job(job).is_ok_and(|j| j.cancel_requested) {
+            engine.tasks.cancel(job);
         }
     }
 }

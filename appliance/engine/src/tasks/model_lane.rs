@@ -79,10 +79,10 @@ pub(crate) fn run_next_model_job(engine: &Engine, s: &Shared, kinds: &[&str]) ->
         crate::tasks::model_lane::end_model_job(&engine, id, Outcome::Cancelled)?;
         return Ok(true);
     }
-    let actor = match engine.submitter_of(id) {
+    let actor = match crate::tasks::submitter_of(&engine, id) {
         Ok(a) => a,
         Err(err @ Error::Forbidden(_)) => {
-            engine.refuse_task(id, &err)?;
+            crate::tasks::refuse_task(&engine, id, &err)?;
             return Ok(true);
         }
         Err(err) => return Err(err),

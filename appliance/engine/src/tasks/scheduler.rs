@@ -256,7 +256,7 @@ fn timer_lane(s: &Shared, housekeeping: Option<Housekeeping>) {
         if let Some(hk) = &housekeeping {
             for (chore, at) in due.iter_mut() {
                 if *at <= Instant::now() && !s.stopped() {
-                    s.engine.run_chore(*chore, hk);
+                    crate::tasks::run_chore(&s.engine, *chore, hk);
                     *at = Instant::now() + chore.every();
                 }
             }
@@ -326,7 +326,7 @@ fn lock_and_listen(weak: Weak<Shared>, lock_path: PathBuf) {
     *s.listener.lock().unwrap_or_else(|p| p.into_inner()) = socket.try_clone().ok();
     let mut buf = [0u8; 16];
     while socket.recv(&mut buf).is_ok() && !s.stopped() {
-        s.engine.sync_cancels();
+        crate::tasks::sync_cancels(&s.engine);
         s.engine.tasks.notify();
     }
 }
