@@ -1101,7 +1101,7 @@ impl Engine {
         std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
         // Opening the engine notices the new dictionary hash and rebuilds the index.
         let e = Engine::open(cfg.clone(), OpenMode::Existing)?;
-        e.audit_event(actor, "dictionary.add", &serde_json::json!({ "words": words }))
+        crate::service::audit_event(&e, actor, "dictionary.add", &serde_json::json!({ "words": words }))
     }
 }
 

@@ -182,100 +182,98 @@ fn not_found_document(id: i64) -> Error {
     Error::NotFound { what: format!("文档 #{id}") }
 }
 
-impl Engine {
-    /// Appends one audit record on its own, for an attempt that changes nothing (a refused read, an export).
-    pub(crate) fn audit_event(&self, actor: &Actor, action: &str, detail: &serde_json::Value) -> Result<()> {
-        audit::record(&self.store, &actor.name, action, detail)
-    }
+/// Appends one audit record on its own, for an attempt that changes nothing (a refused read, an export).
+pub(crate) fn audit_event(engine: &Engine, actor: &Actor, action: &str, detail: &serde_json::Value) -> Result<()> {
+    audit::record(&engine.store, &actor.name, action, detail)
+}
 
-    /// A search's audit record (or a refused search's), committed together with the records of searches running at
-    /// the same time by the group-commit writer ([`audit::writer`]); returns once it is committed.
-    fn audit_search(&self, actor: &Actor, action: &str, detail: serde_json::Value) -> Result<()> {
-        self.audit_writer.append(&actor.name, action, detail).map(drop)
-    }
+/// A search's audit record (or a refused search's), committed together with the records of searches running at
+/// the same time by the group-commit writer ([`audit::writer`]); returns once it is committed.
+fn audit_search(engine: &Engine, actor: &Actor, action: &str, detail: serde_json::Value) -> Result<()> {
+    engine.audit_writer.append(&actor.name, action, detail).map(drop)
+}
 
-    fn may_read(&self, actor: &Actor, collection: &str) -> Result<bool> {
-        Ok(actor.is_admin() || self.search().readable_collections(actor)?.iter().any(|c| c == collection))
-    }
+fn may_read(engine: &Engine, actor: &Actor, collection: &str) -> Result<bool> {
+    Ok(actor.is_admin() || engine.search().readable_collections(actor)?.iter().any(|c| c == collection))
+}
 
-    /// Whether a document's access list admits `actor` (administrators read everything; an empty list admits
-    /// everyone who may read the collection).
-    fn may_see_document(&self, actor: &Actor, document: i64) -> Result<bool> {
-        if actor.is_admin() {
-            return Ok(true);
-        }
-        let metas = self.searcher().meta_index()?;
-        Ok(metas.meta(document).is_none_or(|m| crate::facets::access_admits(m, &actor.groups)))
+/// Whether a document's access list admits `actor` (administrators read everything; an empty list admits
+/// everyone who may read the collection).
+fn may_see_document(engine: &Engine, actor: &Actor, document: i64) -> Result<bool> {
+    if actor.is_admin() {
+        return Ok(true);
     }
+    let metas = engine.searcher().meta_index()?;
+    Ok(metas.meta(document).is_none_or(|m| crate::facets::access_admits(m, &actor.groups)))
+}
 
-    /// [`Engine::search`] with any panic inside a search stage caught and turned into an error: one bad input
-    /// (a snippet of an odd passage, a tokenizer corner) must cost that search, not the request's worker.
-    fn search_caught(&self, req: &SearchRequest) -> Result<SearchResults> {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.searcher().search_unaudited(req))) {
-            Ok(r) => r,
-            Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "panic".into());
-                tracing::error!(panic = %what, "search panicked");
-                Err(Error::Internal(format!("search panicked: {what}")))
-            }
+/// [`Engine::search`] with any panic inside a search stage caught and turned into an error: one bad input
+/// (a snippet of an odd passage, a tokenizer corner) must cost that search, not the request's worker.
+fn search_caught(engine: &Engine, req: &SearchRequest) -> Result<SearchResults> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.searcher().search_unaudited(req))) {
+        Ok(r) => r,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "panic".into());
+            tracing::error!(panic = %what, "search panicked");
+            Err(Error::Internal(format!("search panicked: {what}")))
         }
     }
+}
 
-    fn job_view(&self, j: Job) -> Result<JobView> {
-        let files = self.queue().job_files(j.id)?.into_iter().map(|f| f.file).collect();
-        let stage = j.stage_text();
-        Ok(JobView {
-            id: j.id,
-            kind: j.kind,
-            state: j.state.as_str().to_string(),
-            collection: j.collection,
-            actor: j.actor,
-            files,
-            progress_done: j.progress_done as i64,
-            progress_total: j.progress_total as i64,
-            documents: j.documents_done as i64,
-            errors: j.errors,
-            created_at: j.created_at,
-            updated_at: j.updated_at,
-            stage,
-            result: serde_json::from_str(&j.result).ok(),
-        })
-    }
+fn job_view(engine: &Engine, j: Job) -> Result<JobView> {
+    let files = engine.queue().job_files(j.id)?.into_iter().map(|f| f.file).collect();
+    let stage = j.stage_text();
+    Ok(JobView {
+        id: j.id,
+        kind: j.kind,
+        state: j.state.as_str().to_string(),
+        collection: j.collection,
+        actor: j.actor,
+        files,
+        progress_done: j.progress_done as i64,
+        progress_total: j.progress_total as i64,
+        documents: j.documents_done as i64,
+        errors: j.errors,
+        created_at: j.created_at,
+        updated_at: j.updated_at,
+        stage,
+        result: serde_json::from_str(&j.result).ok(),
+    })
+}
 
-    /// What `/healthz` answers: the metadata store readable, a small write to the data disk succeeding (fsynced),
-    /// and free space above `[training] keep_free_gb`. A disk that fills makes every write fail; the health check
-    /// says so before clinicians do.
-    pub fn health_report(&self) -> HealthReport {
-        let mut problems = Vec::new();
-        let schema_version = match self.store.schema_version() {
-            Ok(v) => Some(v),
-            Err(e) => {
-                problems.push(format!("元数据库不可读 (metadata store: {e})"));
-                None
-            }
-        };
-        let probe = self.dir.root().join(".health-probe");
-        let wrote = std::fs::File::create(&probe)
-            .and_then(|mut f| std::io::Write::write_all(&mut f, b"ok").and_then(|()| f.sync_all()));
-        let _ = std::fs::remove_file(&probe);
-        if let Err(e) = wrote {
-            problems.push(format!("数据目录无法写入 (write probe failed: {e})"));
+/// What `/healthz` answers: the metadata store readable, a small write to the data disk succeeding (fsynced),
+/// and free space above `[training] keep_free_gb`. A disk that fills makes every write fail; the health check
+/// says so before clinicians do.
+pub fn health_report(engine: &Engine) -> HealthReport {
+    let mut problems = Vec::new();
+    let schema_version = match engine.store.schema_version() {
+        Ok(v) => Some(v),
+        Err(e) => {
+            problems.push(format!("元数据库不可读 (metadata store: {e})"));
+            None
         }
-        let reserve_bytes = self.cfg.disk_reserve_bytes();
-        let free_bytes = crate::datadir::free_bytes(self.dir.root()).map(|f| f.1).ok();
-        if let Some(free) = free_bytes.filter(|f| *f < reserve_bytes) {
-            problems.push(format!(
-                "数据盘剩余空间 {} 低于保留值 {}（[training] keep_free_gb）(disk below the reserve)",
-                crate::error::gib(free),
-                crate::error::gib(reserve_bytes)
-            ));
-        }
-        HealthReport { ok: problems.is_empty(), schema_version, free_bytes, reserve_bytes, problems }
+    };
+    let probe = engine.dir.root().join(".health-probe");
+    let wrote = std::fs::File::create(&probe)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"ok").and_then(|()| f.sync_all()));
+    let _ = std::fs::remove_file(&probe);
+    if let Err(e) = wrote {
+        problems.push(format!("数据目录无法写入 (write probe failed: {e})"));
     }
+    let reserve_bytes = engine.cfg.disk_reserve_bytes();
+    let free_bytes = crate::datadir::free_bytes(engine.dir.root()).map(|f| f.1).ok();
+    if let Some(free) = free_bytes.filter(|f| *f < reserve_bytes) {
+        problems.push(format!(
+            "数据盘剩余空间 {} 低于保留值 {}（[training] keep_free_gb）(disk below the reserve)",
+            crate::error::gib(free),
+            crate::error::gib(reserve_bytes)
+        ));
+    }
+    HealthReport { ok: problems.is_empty(), schema_version, free_bytes, reserve_bytes, problems }
 }
 
 impl crate::engine::Audit<'_> {
@@ -325,7 +323,7 @@ impl crate::engine::Audit<'_> {
     pub fn export_analytics(&self, actor: &Admin, days: u32) -> Result<String> {
         let a = self.audit().analytics(actor, days)?;
         let detail = serde_json::json!({"days": a.days, "searches": a.searches});
-        self.audit_event(actor, "analytics.export", &detail)?;
+        crate::service::audit_event(self, actor, "analytics.export", &detail)?;
         Ok(crate::analytics::to_csv(&a))
     }
 
@@ -333,7 +331,7 @@ impl crate::engine::Audit<'_> {
     pub fn export(&self, actor: &Admin, f: &Filter, limit: usize, filter_text: &str) -> Result<String> {
         let records = self.audit().records(actor, f, limit, 0)?;
         let detail = serde_json::json!({"records": records.len(), "filter": filter_text});
-        self.audit_event(actor, "audit.export", &detail)?;
+        crate::service::audit_event(self, actor, "audit.export", &detail)?;
         Ok(audit::to_csv(&records))
     }
 
@@ -394,7 +392,7 @@ impl crate::engine::Search<'_> {
             let detail = serde_json::json!({
                 "query": logged_query(&s.query), "collection": named, "offset": s.offset, "reason": reason,
             });
-            self.audit_search(actor, action, detail)?;
+            crate::service::audit_search(self, actor, action, detail)?;
             Err(err)
         };
         if let Err(e) = self.searcher().validate_search(&req) {
@@ -410,7 +408,7 @@ impl crate::engine::Search<'_> {
             SearchResults::empty(req.query.trim())
         } else {
             req.collections = Some(cols.clone());
-            match self.search_caught(&req) {
+            match crate::service::search_caught(self, &req) {
                 Ok(r) => r,
                 Err(e) if e.code().class() == crate::error::StatusClass::Internal => {
                     // A failure of ours, not of the request: audited, and the person gets words to pass on (the
@@ -433,7 +431,7 @@ impl crate::engine::Search<'_> {
         if !res.filter.is_empty() {
             detail["filter"] = serde_json::json!(res.filter);
         }
-        self.audit_search(actor, "search", detail)?;
+        crate::service::audit_search(self, actor, "search", detail)?;
         Ok(res)
     }
 
@@ -443,14 +441,14 @@ impl crate::engine::Search<'_> {
         let detail = serde_json::json!({
             "query": logged_query(query), "document": document, "chunk": chunk, "rank": rank.min(100_000),
         });
-        self.audit_search(actor, "search.click", detail)
+        crate::service::audit_search(self, actor, "search.click", detail)
     }
 
     /// A document, if `actor` may read its collection (otherwise not found, never forbidden: ids must not reveal
     /// what exists). A refused read is audited.
     pub fn document(&self, actor: &Actor, id: i64) -> Result<DocumentView> {
         let denied = |detail: serde_json::Value| -> Result<DocumentView> {
-            self.audit_event(actor, "document.denied", &detail)?;
+            crate::service::audit_event(self, actor, "document.denied", &detail)?;
             Err(not_found_document(id))
         };
         let doc = match feedback::document(&self.store, id) {
@@ -460,11 +458,11 @@ impl crate::engine::Search<'_> {
             }
             Err(e) => return Err(e),
         };
-        if !self.may_read(actor, &doc.collection)? {
+        if !crate::service::may_read(self, actor, &doc.collection)? {
             let reason = "collection not granted";
             return denied(serde_json::json!({"document": id, "collection": doc.collection, "reason": reason}));
         }
-        if !self.may_see_document(actor, id)? {
+        if !crate::service::may_see_document(self, actor, id)? {
             let reason = "not on the document's access list";
             return denied(serde_json::json!({"document": id, "collection": doc.collection, "reason": reason}));
         }
@@ -476,14 +474,14 @@ impl crate::engine::Search<'_> {
         let n = query.trim().chars().count();
         if n == 0 || n > MAX_QUERY_CHARS {
             let detail = serde_json::json!({"chunk": chunk_id, "query_chars": n, "reason": "query empty or too long"});
-            self.audit_event(actor, "feedback.rejected", &detail)?;
+            crate::service::audit_event(self, actor, "feedback.rejected", &detail)?;
             return Err(Error::InvalidInput(format!(
                 "反馈所针对的查询须为 1 到 {MAX_QUERY_CHARS} 个字符 (feedback query must be 1-{MAX_QUERY_CHARS} characters)"
             )));
         }
         let denied = |reason: &str| -> Result<i64> {
             let detail = serde_json::json!({"chunk": chunk_id, "query": logged_query(query), "reason": reason});
-            self.audit_event(actor, "feedback.denied", &detail)?;
+            crate::service::audit_event(self, actor, "feedback.denied", &detail)?;
             Err(Error::NotFound { what: format!("片段 #{chunk_id}") })
         };
         let (collection, document) = match feedback::chunk_collection(&self.store, chunk_id) {
@@ -491,10 +489,10 @@ impl crate::engine::Search<'_> {
             Err(Error::NotFound { .. }) => return denied("no such passage"),
             Err(e) => return Err(e),
         };
-        if !self.may_read(actor, &collection)? {
+        if !crate::service::may_read(self, actor, &collection)? {
             return denied("collection not granted");
         }
-        if !self.may_see_document(actor, document)? {
+        if !crate::service::may_see_document(self, actor, document)? {
             return denied("not on the document's access list");
         }
         // Feedback feeds training and can start a schedule's run (min_new_feedback): one account must not be able
@@ -833,7 +831,7 @@ impl crate::engine::Ingest<'_> {
             "failed": report.failed(),
             "documents": report.documents_written(),
         });
-        self.audit_event(actor, "ingest.files", &detail)?;
+        crate::service::audit_event(self, actor, "ingest.files", &detail)?;
         Ok(report)
     }
 }
@@ -963,11 +961,11 @@ impl crate::engine::Settings<'_> {
 
 impl crate::engine::Tasks<'_> {
     pub fn jobs(&self, _admin: &Admin, limit: usize) -> Result<Vec<JobView>> {
-        self.queue().jobs(limit.clamp(1, 500))?.into_iter().map(|j| self.job_view(j)).collect()
+        self.queue().jobs(limit.clamp(1, 500))?.into_iter().map(|j| crate::service::job_view(self, j)).collect()
     }
 
     pub fn job(&self, _admin: &Admin, id: i64) -> Result<JobView> {
-        self.job_view(self.queue().job(id)?)
+        crate::service::job_view(self, self.queue().job(id)?)
     }
 
     pub fn cancel(&self, actor: &Admin, id: i64) -> Result<()> {
@@ -1049,7 +1047,7 @@ impl crate::engine::Models<'_> {
             "collection": r.collection, "chunks": r.chunks, "path": r.path.display().to_string(),
             "pending_for": pending_for,
         });
-        self.audit_event(admin, "collection.export_chunks", &detail)?;
+        crate::service::audit_event(self, admin, "collection.export_chunks", &detail)?;
         Ok(r)
     }
 }

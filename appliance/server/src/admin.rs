@@ -116,7 +116,7 @@ pub async fn overview_page(state: web::Data<AppState>, caller: Caller) -> Result
             e.tasks().jobs(a, 100)?,
             e.models().list(a)?,
             e.models().evaluations(a, 1)?,
-            e.health_report(),
+            care_engine::service::health_report(&e),
             e.audit().analytics(a, 7)?,
             e.backups().status(a)?,
         ))

@@ -884,7 +884,7 @@ pub async fn admin_import_synonyms(
 #[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, body = Object)))]
 #[get("/healthz")]
 pub async fn healthz(state: web::Data<AppState>) -> HttpResponse {
-    match anon(&state, |e| Ok(e.health_report())).await {
+    match anon(&state, |e| Ok(care_engine::service::health_report(&e))).await {
         Ok(h) if h.ok => HttpResponse::Ok()
             .json(serde_json::json!({"status": "ok", "schema_version": h.schema_version,
             "free_bytes": h.free_bytes, "reserve_bytes": h.reserve_bytes})),
@@ -898,7 +898,7 @@ pub async fn healthz(state: web::Data<AppState>) -> HttpResponse {
 #[utoipa::path(get, path = "/metrics", tag = "ops", responses((status = 200, description = "Prometheus text format")))]
 #[get("/metrics")]
 pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let (jobs, health) = anon(&state, |e| Ok((e.tasks().counts()?, e.health_report()))).await?;
+    let (jobs, health) = anon(&state, |e| Ok((e.tasks().counts()?, care_engine::service::health_report(&e)))).await?;
     let mut body = state.metrics.render(&jobs, &care_engine::encoders::served_device());
     if let Some(free) = health.free_bytes {
         body.push_str(&format!(

@@ -17,14 +17,14 @@ fn engine(dir: &std::path::Path) -> Engine {
 fn health_says_when_the_disk_is_below_the_reserve() {
     let t = tempfile::tempdir().unwrap();
     let e = engine(t.path());
-    let h = e.health_report();
+    let h = crate::service::health_report(&e);
     assert!(h.ok && h.problems.is_empty() && h.free_bytes.is_some(), "{h:?}");
     let mut cfg = EngineConfig::default();
     cfg.storage.data_dir = t.path().to_path_buf();
     cfg.training.keep_free_gb = 1e9;
     drop(e);
     let e = Engine::open(cfg, OpenMode::Existing).unwrap();
-    let h = e.health_report();
+    let h = crate::service::health_report(&e);
     assert!(!h.ok && h.problems.iter().any(|p| p.contains("低于保留值")), "{h:?}");
     assert!(!t.path().join(".health-probe").exists(), "the probe leaves nothing");
 }
