@@ -137,7 +137,7 @@ pub fn run(base: &EngineConfig, set_dir: &Path, data: &Path, queries: usize) -> 
     cfg.storage.data_dir = data.to_path_buf();
     let e = Engine::open(cfg, OpenMode::Existing)?;
     let admin = bench_admin();
-    let cols = e.collection_stats()?;
+    let cols = e.indexer().collection_stats()?;
     let [col] = cols.as_slice() else { bail!("{} should hold exactly one collection", data.display()) };
     let name = col.collection.name.clone();
     let ids = corpus_ids(set_dir)?;

@@ -152,7 +152,7 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
         let query = if opts.int8 { "e5-small@1-int8" } else { "e5-small@1" };
         e.models().activate(&bench_admin(), query, "e5-small@1", &mut |_| Ok(()))?;
     }
-    let col = e.collection("bench")?;
+    let col = e.indexer().collection("bench")?;
     let cols = vec![col.clone()];
     let queries: Vec<&str> = set.queries.iter().take(opts.queries).map(|(_, q)| q.as_str()).collect();
     // Warm-up: load the flat vectors, the ONNX session, tantivy's caches.

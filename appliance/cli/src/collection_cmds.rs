@@ -161,7 +161,7 @@ pub(crate) fn run_collection(e: &Engine, command: CollectionCommand) -> Result<i
             }
         }
         CollectionCommand::List => {
-            for c in e.collection_stats()? {
+            for c in e.indexer().collection_stats()? {
                 println!("{}\t{} documents\t{} chunks", c.collection.name, c.documents, c.chunks);
             }
         }

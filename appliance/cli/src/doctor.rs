@@ -318,7 +318,7 @@ fn index_check(cfg: &AppConfig) -> Check {
         Ok(None) => "没有启用模型（只用关键词检索）".into(),
         Err(err) => return fail(NAME, err.to_string(), "`care model list`；重新导入默认模型"),
     };
-    match e.check() {
+    match e.indexer().check() {
         Ok(r) if r.consistent => {
             ok(NAME, format!("{models}；{} 个文本块，SQLite、tantivy 与 LanceDB 一致", r.sqlite_chunks))
         }

@@ -85,7 +85,7 @@ pub(crate) fn evaluate(
     let col = match &opts.collection {
         Some(c) if !keep_dir => bail!("--collection {c} names a collection of a data directory: pass --data-dir too"),
         Some(c) => {
-            e.collection(c)?;
+            e.indexer().collection(c)?;
             c.clone()
         }
         None => ingest_eval_corpus(&e, &set)?,
@@ -93,11 +93,15 @@ pub(crate) fn evaluate(
     let pb = dense_bar();
     e.retrieval().sync_dense_indexes(&mut |p| dense_progress(&pb, &p))?;
     pb.finish_and_clear();
-    let corpus_documents =
-        e.collection_stats()?.into_iter().find(|c| c.collection.name == col).map_or(0, |c| c.documents as usize);
+    let corpus_documents = e
+        .indexer()
+        .collection_stats()?
+        .into_iter()
+        .find(|c| c.collection.name == col)
+        .map_or(0, |c| c.documents as usize);
     // The weight search serves on this collection (stored by a promotion or `care tune-fusion`, else the default),
     // so that "weighted" is the live hybrid.
-    let mut weight = e.retrieval().fusion_for(e.collection(&col)?.id)?.dense_weight;
+    let mut weight = e.retrieval().fusion_for(e.indexer().collection(&col)?.id)?.dense_weight;
     let cross_fit = opts.tune_on.as_deref() == Some(split);
     if let (Some(tune_split), false) = (&opts.tune_on, cross_fit) {
         let mut tune_set = BeirSet::load(set_dir, tune_split)?;
@@ -147,7 +151,7 @@ pub(crate) fn evaluate(
 /// Ingests a set's corpus into the collection `eval-<set>` (created on first use; re-ingesting is idempotent).
 pub(crate) fn ingest_eval_corpus(e: &Engine, set: &BeirSet) -> Result<String> {
     let col = format!("eval-{}", set.name);
-    if e.collection(&col).is_err() {
+    if e.indexer().collection(&col).is_err() {
         e.collections().create(&console(), &col, "evaluation corpus")?;
     }
     eprintln!("ingesting {} ...", set.corpus_path().display());

@@ -519,7 +519,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Command::Stats => {
             let e = open(OpenMode::Existing)?;
-            println!("{}", serde_json::to_string_pretty(&e.stats()?)?);
+            println!("{}", serde_json::to_string_pretty(&e.indexer().stats()?)?);
         }
         Command::Model { command } => return model_cmds::run_model(&open(OpenMode::Existing)?, command),
         Command::Judgments { command } => return model_cmds::run_judgments(&open(OpenMode::Existing)?, command),
@@ -532,7 +532,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Command::Check => {
             let e = open(OpenMode::Existing)?;
-            let r = e.check()?;
+            let r = e.indexer().check()?;
             println!("{}", serde_json::to_string_pretty(&r)?);
             if !r.consistent {
                 return Ok(3);

@@ -92,8 +92,11 @@ fn filed_under(name: &str) -> crate::ingest::meta::DocMeta {
 
 /// Creates the `demo` collection if needed and (re)loads the articles; unchanged articles are no-ops.
 pub fn load_demo(engine: &Engine) -> Result<FileReport> {
-    match engine.create_collection(DEMO_COLLECTION, "演示数据：常见疾病与常用药物（项目编写，非医疗建议）", "system")
-    {
+    match engine.indexer().create_collection(
+        DEMO_COLLECTION,
+        "演示数据：常见疾病与常用药物（项目编写，非医疗建议）",
+        "system",
+    ) {
         Ok(_) | Err(Error::CollectionExists(_)) => {}
         Err(e) => return Err(e),
     }
@@ -106,7 +109,7 @@ pub fn load_demo(engine: &Engine) -> Result<FileReport> {
             d
         }));
     }
-    let report = engine.ingest_documents(DEMO_COLLECTION, &docs)?;
+    let report = engine.indexer().ingest_documents(DEMO_COLLECTION, &docs)?;
     let admin = crate::accounts::Admin::system();
     if !engine.models().judgment_sets(&admin, Some(DEMO_COLLECTION))?.iter().any(|s| s.name == DEMO_JUDGMENTS) {
         let src = JudgmentSource::CsvText { name: "assets/demo/judgments.csv", text: JUDGMENTS_CSV };

@@ -110,6 +110,7 @@ pub mod feedback;
 pub mod fusion;
 pub mod gpu;
 pub mod hybrid;
+pub mod indexer;
 pub mod ingest;
 pub mod jobs;
 pub mod judgments;

@@ -574,22 +574,22 @@ impl crate::engine::Collections<'_> {
     /// Collections with counts, only those `actor` may read.
     pub fn list(&self, actor: &Actor) -> Result<Vec<CollectionStats>> {
         let readable = self.search().readable_collections(actor)?;
-        Ok(self.collection_stats()?.into_iter().filter(|c| readable.contains(&c.collection.name)).collect())
+        Ok(self.indexer().collection_stats()?.into_iter().filter(|c| readable.contains(&c.collection.name)).collect())
     }
 
     // -- collections, uploads, jobs --------------------------------------------------------------------------
 
     pub fn create(&self, actor: &Admin, name: &str, description: &str) -> Result<Collection> {
-        self.create_collection(name.trim(), description, &actor.name)
+        self.indexer().create_collection(name.trim(), description, &actor.name)
     }
 
     pub fn approve(&self, actor: &Admin, collection: &str, approved: bool) -> Result<Collection> {
-        self.set_approved_for_training(collection, approved, &actor.name)
+        self.indexer().set_approved_for_training(collection, approved, &actor.name)
     }
 
     /// Deletes a collection with its documents, indexes and grants; returns how many documents went.
     pub fn delete(&self, actor: &Admin, collection: &str) -> Result<usize> {
-        self.delete_collection(collection, &actor.name)
+        self.indexer().delete_collection(collection, &actor.name)
     }
 
     /// A page of `collection`'s documents, newest first, with how many match: title (or id) containing
@@ -824,7 +824,7 @@ impl crate::engine::Ingest<'_> {
         files: &[std::path::PathBuf],
         progress: &mut dyn FnMut(crate::engine::IngestProgress),
     ) -> Result<crate::engine::IngestReport> {
-        let report = self.ingest_files(collection, files, progress)?;
+        let report = self.indexer().ingest_files(collection, files, progress)?;
         let detail = serde_json::json!({
             "collection": collection,
             "files": files.len(),

@@ -93,7 +93,7 @@ pub fn restore(archive: &Path, cfg: &EngineConfig, key: Option<&BackupKey>, acto
 
     let migrated_from = (info.schema_version < crate::store::latest_schema()).then_some(info.schema_version);
     let engine = Engine::open(cfg.clone(), OpenMode::Existing)?;
-    let check = engine.check()?;
+    let check = engine.indexer().check()?;
     let verified = engine.audit().verify(&Admin::system(), true)?;
     let detail = serde_json::json!({
         "archive": archive, "created_at": info.created_at, "from_version": info.appliance_version,

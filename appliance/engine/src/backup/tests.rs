@@ -53,7 +53,7 @@ const QUERIES: [&str; 6] =
 fn a_backup_beside_ingestion_restores_onto_an_empty_directory_with_identical_results() {
     let t = tempfile::tempdir().unwrap();
     let e = Arc::new(demo(&t.path().join("data")));
-    e.create_collection("notes", "", "test").unwrap();
+    e.indexer().create_collection("notes", "", "test").unwrap();
     // Ingestion runs while the first backup is made: the snapshot is one moment of it.
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
@@ -64,7 +64,7 @@ fn a_backup_beside_ingestion_restores_onto_an_empty_directory_with_identical_res
             while !stop.load(Ordering::SeqCst) && n < 40 {
                 let f = dir.join(format!("note-{n}.txt"));
                 std::fs::write(&f, format!("第 {n} 号会诊记录：患者血压升高，建议复查肾功能与电解质。")).unwrap();
-                e.ingest_files("notes", &[f], &mut |_| {}).unwrap();
+                e.indexer().ingest_files("notes", &[f], &mut |_| {}).unwrap();
                 n += 1;
             }
             n
@@ -419,7 +419,7 @@ fn a_disk_that_fills_during_a_backup_fails_it_cleanly_while_searches_go_on() {
     assert!(left.is_empty(), "left behind: {left:?}");
     assert!(list(&folder, None).unwrap().is_empty());
     assert_eq!(QUERIES.iter().map(|q| ranking(&e, q)).collect::<Vec<_>>(), before);
-    assert!(e.check().unwrap().consistent);
+    assert!(e.indexer().check().unwrap().consistent);
     // Room again: the next backup works.
     std::fs::remove_file(disk.0.join("ballast")).unwrap();
     let r = backup(&e, &folder);
@@ -446,5 +446,5 @@ fn a_command_opened_beside_a_writer_mid_batch_neither_fails_nor_touches_its_batc
     drop(server);
     let after = Engine::open(config(&dir), OpenMode::Existing).unwrap();
     assert_eq!(pending(&after), 0);
-    assert!(after.check().unwrap().consistent);
+    assert!(after.indexer().check().unwrap().consistent);
 }

@@ -140,7 +140,7 @@ pub fn candidates(
     depth: usize,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Candidates2> {
-    let col = engine.collection(collection)?;
+    let col = engine.indexer().collection(collection)?;
     let pair = engine.models.active_pair(&engine.store)?;
     let encoder = pair.as_ref().map(|p| engine.models.query_encoder(&p.query)).transpose()?;
     let dense = pair.as_ref().zip(encoder.as_deref()).map(|(p, encoder)| crate::search::JudgedDense {

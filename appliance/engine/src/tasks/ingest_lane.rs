@@ -221,7 +221,7 @@ fn process(s: &Shared, c: &Claim) -> Result<()> {
     let e = &s.engine;
     let token = s.token(c.job);
     let mut stopped: Option<StopReason> = None;
-    let reports: Vec<FileReport> = match e.collection(&c.collection) {
+    let reports: Vec<FileReport> = match e.indexer().collection(&c.collection) {
         Err(err) => vec![FileReport {
             path: c.path.clone(),
             error_code: Some(err.code().as_str()),
@@ -252,7 +252,7 @@ fn process(s: &Shared, c: &Claim) -> Result<()> {
                 0 => set_stage(format!("正在识别扫描件 {name}：已读 {read} 页")),
                 of => set_stage(format!("正在识别扫描件 {name}：第 {read}/{of} 页")),
             };
-            let res = e.ingest_one_file_stoppable(&col, &c.path, &c.options, progress, pages);
+            let res = e.indexer().ingest_one_file_stoppable(&col, &c.path, &c.options, progress, pages);
             set_stage(String::new());
             match res {
                 Ok(r) => r,
@@ -424,7 +424,7 @@ mod tests {
     fn a_file_that_crashed_the_process_three_times_is_skipped_and_the_job_goes_on() {
         let t = tempfile::tempdir().unwrap();
         let e = engine(&t.path().join("data"));
-        e.create_collection("c", "", "alice").unwrap();
+        e.indexer().create_collection("c", "", "alice").unwrap();
         let up = e.queue().new_upload_dir().unwrap();
         let files: Vec<PathBuf> = ["a.md", "poison.md", "c.md"]
             .iter()
@@ -457,6 +457,6 @@ mod tests {
         assert!(err[0].message.contains("意外停止 3 次") && err[0].message.contains("重新上传"), "{}", err[0].message);
         // Reading that ended (a.md, c.md) took back its own start; a.md keeps the one crash.
         assert_eq!((starts(&e, id, 0), starts(&e, id, 2)), (1, 0));
-        assert_eq!(e.stats().unwrap().documents, 2);
+        assert_eq!(e.indexer().stats().unwrap().documents, 2);
     }
 }

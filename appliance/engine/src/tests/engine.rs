@@ -46,10 +46,10 @@ fn kuake_qtr_bm25_dev_ndcg() {
     assert!(set_dir.exists(), "shared data missing at {} (set CARE_SHARED)", set_dir.display());
     let t = tempfile::tempdir().unwrap();
     let e = engine_in(t.path());
-    e.create_collection("kuake", "", "test").unwrap();
+    e.indexer().create_collection("kuake", "", "test").unwrap();
     let set = BeirSet::load(&set_dir, "dev").unwrap();
     assert_eq!(set.queries.len(), 500);
-    let r = e.ingest_files("kuake", &[set.corpus_path()], &mut |_| {}).unwrap();
+    let r = e.indexer().ingest_files("kuake", &[set.corpus_path()], &mut |_| {}).unwrap();
     assert_eq!(r.failed(), 0, "{:?}", r.files);
     let docs = r.files[0].added + r.files[0].skipped_empty;
     assert_eq!(docs, 32_171);
@@ -66,12 +66,12 @@ fn kuake_qtr_bm25_dev_ndcg() {
 fn bad_inputs_are_rejected_per_file_and_nothing_stored_is_lost() {
     let t = tempfile::tempdir().unwrap();
     let e = engine_in(&t.path().join("data"));
-    e.create_collection("guide", "", "test").unwrap();
+    e.indexer().create_collection("guide", "", "test").unwrap();
     let good = t.path().join("metformin.md");
     std::fs::write(&good, "# 二甲双胍\n## 禁忌症\n严重肾功能不全（eGFR低于30）者禁用二甲双胍。").unwrap();
-    let r = e.ingest_files("guide", std::slice::from_ref(&good), &mut |_| {}).unwrap();
+    let r = e.indexer().ingest_files("guide", std::slice::from_ref(&good), &mut |_| {}).unwrap();
     assert_eq!(r.failed(), 0);
-    let before = e.check().unwrap();
+    let before = e.indexer().check().unwrap();
     assert!(before.consistent);
 
     let gbk = t.path().join("junk.txt");
@@ -83,7 +83,8 @@ fn bad_inputs_are_rejected_per_file_and_nothing_stored_is_lost() {
         .unwrap();
     let other = t.path().join("aspirin.txt");
     std::fs::write(&other, "阿司匹林可引起胃肠道出血。").unwrap();
-    let r = e.ingest_files("guide", &[gbk.clone(), empty.clone(), broken.clone(), other], &mut |_| {}).unwrap();
+    let r =
+        e.indexer().ingest_files("guide", &[gbk.clone(), empty.clone(), broken.clone(), other], &mut |_| {}).unwrap();
     let errors: Vec<(String, Option<&str>)> =
         r.files.iter().map(|f| (f.error.clone().unwrap_or_default(), f.error_code)).collect();
     assert!(errors[0].0.contains("junk.txt") && errors[0].0.contains("二进制数据"), "{errors:?}");
@@ -96,7 +97,7 @@ fn bad_inputs_are_rejected_per_file_and_nothing_stored_is_lost() {
     assert!(search(&e, "阿司匹林的不良反应").iter().all(|id| !id.starts_with("q")));
     assert_eq!(search(&e, "二甲双胍 禁忌症").first().map(String::as_str), Some("metformin.md"));
 
-    let err = e.ingest_files("nosuch", &[good], &mut |_| {}).unwrap_err();
+    let err = e.indexer().ingest_files("nosuch", &[good], &mut |_| {}).unwrap_err();
     assert!(matches!(err, Error::UnknownCollection(_)));
     assert!(err.to_string().contains("资料库 nosuch 不存在"), "{err}");
     let err = e
@@ -110,31 +111,31 @@ fn bad_inputs_are_rejected_per_file_and_nothing_stored_is_lost() {
         })
         .unwrap_err();
     assert!(matches!(err, Error::UnknownCollection(_)));
-    assert!(e.check().unwrap().consistent);
-    assert_eq!(e.stats().unwrap().documents, 2);
+    assert!(e.indexer().check().unwrap().consistent);
+    assert_eq!(e.indexer().stats().unwrap().documents, 2);
 }
 
 #[test]
 fn reingest_is_idempotent_edits_replace_and_deletes_remove_everywhere() {
     let t = tempfile::tempdir().unwrap();
     let e = engine_in(&t.path().join("data"));
-    e.create_collection("c", "", "test").unwrap();
+    e.indexer().create_collection("c", "", "test").unwrap();
     let f = t.path().join("doc.txt");
     std::fs::write(&f, "高血压患者应限制钠盐摄入。").unwrap();
-    let r1 = e.ingest_files("c", std::slice::from_ref(&f), &mut |_| {}).unwrap();
+    let r1 = e.indexer().ingest_files("c", std::slice::from_ref(&f), &mut |_| {}).unwrap();
     assert_eq!(r1.files[0].added, 1);
-    let r2 = e.ingest_files("c", std::slice::from_ref(&f), &mut |_| {}).unwrap();
+    let r2 = e.indexer().ingest_files("c", std::slice::from_ref(&f), &mut |_| {}).unwrap();
     assert_eq!((r2.files[0].added, r2.files[0].unchanged), (0, 1));
     std::fs::write(&f, "痛风患者应避免高嘌呤饮食。").unwrap();
-    let r3 = e.ingest_files("c", std::slice::from_ref(&f), &mut |_| {}).unwrap();
+    let r3 = e.indexer().ingest_files("c", std::slice::from_ref(&f), &mut |_| {}).unwrap();
     assert_eq!(r3.files[0].replaced, 1);
     assert!(search(&e, "钠盐").is_empty(), "old text must be gone from the index");
     assert_eq!(search(&e, "高嘌呤饮食"), vec!["doc.txt".to_string()]);
-    let s = e.stats().unwrap();
+    let s = e.indexer().stats().unwrap();
     assert_eq!((s.documents, s.chunks, s.lexical_docs), (1, 1, 1));
     assert_eq!(e.collections().delete_documents("c", &["doc.txt".into()], &Admin::console("test")).unwrap(), 1);
     assert!(search(&e, "高嘌呤饮食").is_empty());
-    assert!(e.check().unwrap().consistent);
+    assert!(e.indexer().check().unwrap().consistent);
     assert!(e.collections().delete_documents("c", &["doc.txt".into()], &Admin::console("test")).is_err());
 }
 
@@ -144,14 +145,14 @@ fn interrupted_writes_are_repaired_on_open() {
     let dir = t.path().join("data");
     {
         let e = engine_in(&dir);
-        e.create_collection("c", "", "test").unwrap();
+        e.indexer().create_collection("c", "", "test").unwrap();
         let f = t.path().join("a.jsonl");
         std::fs::write(
             &f,
             "{\"id\":\"1\",\"text\":\"冠心病的二级预防\"}\n{\"id\":\"2\",\"text\":\"心房颤动的抗凝治疗\"}\n",
         )
         .unwrap();
-        e.ingest_files("c", &[f], &mut |_| {}).unwrap();
+        e.indexer().ingest_files("c", &[f], &mut |_| {}).unwrap();
         // Simulate a crash between the SQLite commit and the index commit: a pending document the index lacks,
         // and a deletion that stopped after marking its row.
         let conn = crate::tests::engine::db(&e);
@@ -161,7 +162,7 @@ fn interrupted_writes_are_repaired_on_open() {
         conn.execute("UPDATE documents SET state = 'deleting' WHERE external_id = '1'", []).unwrap();
     }
     let e = engine_in(&dir);
-    let c = e.check().unwrap();
+    let c = e.indexer().check().unwrap();
     assert!(c.consistent, "{c:?}");
     assert_eq!(c.sqlite_chunks, 2);
     assert_eq!(search(&e, "慢性肾脏病"), vec!["3".to_string()]);
@@ -174,10 +175,10 @@ fn stale_or_missing_index_is_rebuilt_from_sqlite() {
     let dir = t.path().join("data");
     {
         let e = engine_in(&dir);
-        e.create_collection("c", "", "test").unwrap();
+        e.indexer().create_collection("c", "", "test").unwrap();
         let f = t.path().join("a.txt");
         std::fs::write(&f, "替尔泊肽注射液用于2型糖尿病。").unwrap();
-        e.ingest_files("c", &[f], &mut |_| {}).unwrap();
+        e.indexer().ingest_files("c", &[f], &mut |_| {}).unwrap();
     }
     std::fs::remove_dir_all(dir.join("lexical")).unwrap();
     let e = engine_in(&dir);
@@ -196,7 +197,7 @@ fn stale_or_missing_index_is_rebuilt_from_sqlite() {
         })
         .unwrap();
     assert!(actor == "cli:root" && detail.contains("替尔泊肽"), "{actor} {detail}");
-    assert!(e.check().unwrap().consistent);
+    assert!(e.indexer().check().unwrap().consistent);
 }
 
 #[test]
@@ -316,10 +317,10 @@ fn imported_e5_small_reproduces_reference_ids_and_vectors() {
 fn a_query_encoder_of_another_pairing_is_refused() {
     let t = tempfile::tempdir().unwrap();
     let e = engine_in(t.path());
-    e.create_collection("c", "", "test").unwrap();
+    e.indexer().create_collection("c", "", "test").unwrap();
     let f = t.path().join("a.txt");
     std::fs::write(&f, "二甲双胍禁用于严重肾功能不全的患者。").unwrap();
-    e.ingest_files("c", &[f], &mut |_| {}).unwrap();
+    e.indexer().ingest_files("c", &[f], &mut |_| {}).unwrap();
     let a = e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
     e.retrieval().sync_dense_indexes(&mut |_| Ok(())).unwrap();
     let other = e.retrieval().import_e5s1(&e5s1(), "other", Some("someone-elses-pairing"), false).unwrap();
@@ -350,13 +351,13 @@ fn kuake_qtr_hybrid_dev_quality() {
     let t = tempfile::tempdir().unwrap();
     let e = engine_in(t.path());
     e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
-    e.create_collection("kuake", "", "test").unwrap();
+    e.indexer().create_collection("kuake", "", "test").unwrap();
     let set = BeirSet::load(&set_dir, "dev").unwrap();
     let started = std::time::Instant::now();
-    let r = e.ingest_files("kuake", &[set.corpus_path()], &mut |_| {}).unwrap();
+    let r = e.indexer().ingest_files("kuake", &[set.corpus_path()], &mut |_| {}).unwrap();
     assert_eq!(r.failed(), 0);
     eprintln!("ingest + embed of 32k titles: {:.1}s", started.elapsed().as_secs_f64());
-    let c = e.check().unwrap();
+    let c = e.indexer().check().unwrap();
     assert!(c.consistent, "{c:?}");
     // Fit the weight on train queries, report on dev.
     let mut train = BeirSet::load(&set_dir, "train").unwrap();
@@ -807,8 +808,8 @@ mod lifecycle_gate {
         cfg.lifecycle.max_latency_ratio = 10.0;
         let e = Arc::new(Engine::open(cfg, OpenMode::Create).unwrap());
         let admin = Admin::console("admin");
-        e.create_collection("kuake", "", "test").unwrap();
-        e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
+        e.indexer().create_collection("kuake", "", "test").unwrap();
+        e.indexer().ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
         e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
         e.retrieval().sync_dense_indexes(&mut |_| Ok(())).unwrap();
 
@@ -818,7 +819,7 @@ mod lifecycle_gate {
         assert_eq!(info.train_queries + info.eval_queries, 400);
         assert!(info.eval_queries > 80 && info.train_queries > 200, "{info:?}");
         // The evaluation part never reaches training: no query text is in both parts.
-        let col = e.collection("kuake").unwrap();
+        let col = e.indexer().collection("kuake").unwrap();
         let train: HashSet<String> =
             e.judgments().judged(col.id, "train").unwrap().queries.into_iter().map(|q| q.1).collect();
         let eval: HashSet<String> =
@@ -1031,8 +1032,8 @@ mod lifecycle_gate {
         cfg.lifecycle.int8_max_loss = 0.05;
         let e = Arc::new(Engine::open(cfg, OpenMode::Create).unwrap());
         let admin = Admin::console("admin");
-        e.create_collection("kuake", "", "test").unwrap();
-        e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
+        e.indexer().create_collection("kuake", "", "test").unwrap();
+        e.indexer().ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
         e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
         e.retrieval().sync_dense_indexes(&mut |_| Ok(())).unwrap();
         e.models().import_judgments(&admin, "kuake", "dev300", JudgmentSource::Csv(&csv)).unwrap();
@@ -1233,8 +1234,8 @@ mod training {
         cfg.training.device = "cpu".into();
         let e = Arc::new(Engine::open(cfg, OpenMode::Create).unwrap());
         let admin = Admin::console("admin");
-        e.create_collection("kuake", "", "test").unwrap();
-        e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
+        e.indexer().create_collection("kuake", "", "test").unwrap();
+        e.indexer().ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
         e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
         e.retrieval().sync_dense_indexes(&mut |_| Ok(())).unwrap();
         // The live query encoder: e5-small cut to its first 4 layers and not trained since (CARE's small query
@@ -1248,8 +1249,8 @@ mod training {
         // A second collection, approved and then withdrawn: none of it may reach training.
         let other = t.path().join("other.txt");
         std::fs::write(&other, "撤回批准的资料：这段文字不应进入训练数据。\n\n第二段撤回批准的资料。").unwrap();
-        e.create_collection("withdrawn", "", "test").unwrap();
-        e.ingest_files("withdrawn", &[other], &mut |_| {}).unwrap();
+        e.indexer().create_collection("withdrawn", "", "test").unwrap();
+        e.indexer().ingest_files("withdrawn", &[other], &mut |_| {}).unwrap();
         e.collections().approve(&admin, "withdrawn", true).unwrap();
         e.collections().approve(&admin, "withdrawn", false).unwrap();
         e.models().import_judgments(&admin, "kuake", "dev300", JudgmentSource::Csv(&csv)).unwrap();
@@ -1339,7 +1340,7 @@ mod training {
         let evaluation = run.evaluation.expect("the run names its evaluation");
         let report =
             e.models().evaluations(&admin, 20).unwrap().into_iter().find(|(r, _)| r.id == evaluation).unwrap().0;
-        let kuake = e.collection("kuake").unwrap();
+        let kuake = e.indexer().collection("kuake").unwrap();
         let judged = report.collections.iter().find(|c| c.collection == "kuake").unwrap();
         assert_eq!(e.retrieval().fusion_for(kuake.id).unwrap().dense_weight, judged.candidate_dense_weight);
 
@@ -1356,7 +1357,7 @@ mod training {
         let corpus = std::fs::read_to_string(run_dir.join("corpus.jsonl")).unwrap();
         assert!(!corpus.contains("撤回批准"), "a withdrawn collection's passages reached training");
         let examples = read_examples(&run_dir.join("stage2.jsonl"));
-        let col = e.collection("kuake").unwrap();
+        let col = e.indexer().collection("kuake").unwrap();
         let eval: HashSet<String> =
             e.judgments().judged(col.id, "eval").unwrap().queries.into_iter().map(|q| q.1).collect();
         assert!(examples.iter().all(|x| !eval.contains(&x.query)), "an evaluation query reached training");
@@ -1468,8 +1469,8 @@ mod training {
         cfg.lifecycle.max_latency_ratio = 10.0;
         let e = Arc::new(Engine::open(cfg, OpenMode::Create).unwrap());
         let admin = Admin::console("admin");
-        e.create_collection("kuake", "", "test").unwrap();
-        e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
+        e.indexer().create_collection("kuake", "", "test").unwrap();
+        e.indexer().ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
         e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
         e.models().activate(&admin, "e5-small@1", "e5-small@1", &mut |_| Ok(())).unwrap();
         e.collections().approve(&admin, "kuake", true).unwrap();
@@ -1513,7 +1514,7 @@ mod training {
         };
         // A restart in the middle of the re-embedding: once the candidate's tables hold part of the chunks, the
         // worker stops (as at a shutdown) and a new one resumes the run from the vectors written.
-        let col = e.collection("kuake").unwrap();
+        let col = e.indexer().collection("kuake").unwrap();
         let total = vectors_before.len();
         let doc_name = format!("e5-small-r{job}-doc");
         let started = Instant::now();
@@ -1543,7 +1544,7 @@ mod training {
         let run = e.training().run(&admin, job).unwrap();
         eprintln!("run: {run:?} ({kept} of {total} vectors written before the restart)");
         assert_eq!(run.decision, "promoted", "{run:?}");
-        let report = e.check().unwrap();
+        let report = e.indexer().check().unwrap();
         assert!(report.consistent && report.dense_duplicates == 0 && report.dense_vectors == total, "{report:?}");
         let counts = run.counts.clone().unwrap();
         assert_eq!(counts.mined_from, "e5-small@1", "{counts:?}");
@@ -1645,11 +1646,11 @@ mod jobs {
     fn every_format_ingests_and_each_bad_file_gets_its_own_error() {
         let t = tempfile::tempdir().unwrap();
         let e = engine(&t.path().join("data"), 30);
-        e.create_collection("guide", "临床指南", "alice").unwrap();
+        e.indexer().create_collection("guide", "临床指南", "alice").unwrap();
         // Stored before: must come out of the bad upload unchanged.
         let prior = t.path().join("prior.md");
         std::fs::write(&prior, "# 阿司匹林\n## 不良反应\n可引起胃肠道出血。").unwrap();
-        assert_eq!(e.ingest_files("guide", &[prior], &mut |_| {}).unwrap().failed(), 0);
+        assert_eq!(e.indexer().ingest_files("guide", &[prior], &mut |_| {}).unwrap().failed(), 0);
         let before = snapshot(&e);
 
         let up = e.queue().new_upload_dir().unwrap();
@@ -1785,10 +1786,10 @@ mod jobs {
         assert!(sources.contains(&(h("guide.pdf"), h("guide.pdf"))), "{sources:?}");
         assert!(sources.contains(&(h("bundle.zip/科室/发热.txt"), h("bundle.zip/科室/发热.txt"))), "{sources:?}");
         assert!(sources.iter().all(|(_, s)| !s.contains("uploads/")), "{sources:?}");
-        let s = e.stats().unwrap();
+        let s = e.indexer().stats().unwrap();
         // prior.md + pdf, docx, 2 csv rows, html, md, 2 zip members.
         assert_eq!(s.documents, 9, "{s:?}");
-        assert!(e.check().unwrap().consistent);
+        assert!(e.indexer().check().unwrap().consistent);
 
         // Nothing stored before changed; the uploaded files are gone with their folder.
         let after = snapshot(&e);
@@ -1817,7 +1818,7 @@ mod jobs {
     fn reupload_is_a_noop_edits_replace_cancel_and_collection_delete() {
         let t = tempfile::tempdir().unwrap();
         let e = engine(&t.path().join("data"), 400);
-        e.create_collection("c", "", "bob").unwrap();
+        e.indexer().create_collection("c", "", "bob").unwrap();
         let run = |name: &str, body: &str| {
             let up = e.queue().new_upload_dir().unwrap();
             let id = e
@@ -1836,7 +1837,7 @@ mod jobs {
         let (_, f) = run("htn.md", "# 高血压\n每日食盐不超过5克。");
         assert_eq!((f.added, f.replaced), (0, 1));
         assert_eq!(chunks_of(&e, "htn.md"), vec![("高血压".to_string(), "每日食盐不超过5克。".to_string())]);
-        assert!(e.check().unwrap().consistent);
+        assert!(e.indexer().check().unwrap().consistent);
 
         // A queued job cancelled before it runs: files skipped and removed, nothing ingested.
         let up = e.queue().new_upload_dir().unwrap();
@@ -1849,17 +1850,17 @@ mod jobs {
         assert_eq!(j.state, JobState::Cancelled);
         assert!(!up.exists());
         assert!(e.queue().cancel_job(id, "carol").is_err(), "an ended job cannot be cancelled again");
-        assert_eq!(e.stats().unwrap().documents, 1);
+        assert_eq!(e.indexer().stats().unwrap().documents, 1);
         // Files outside the uploads folder are refused for owned jobs.
         let outside = t.path().join("o.txt");
         std::fs::write(&outside, "外部").unwrap();
         assert!(e.queue().submit_ingest("c", vec![outside], IngestOptions::default(), "bob").is_err());
 
-        let c = e.set_approved_for_training("c", true, "carol").unwrap();
+        let c = e.indexer().set_approved_for_training("c", true, "carol").unwrap();
         assert!(c.approved_for_training);
-        assert_eq!(e.delete_collection("c", "carol").unwrap(), 1);
-        assert!(e.collection("c").is_err());
-        let s = e.stats().unwrap();
+        assert_eq!(e.indexer().delete_collection("c", "carol").unwrap(), 1);
+        assert!(e.indexer().collection("c").is_err());
+        let s = e.indexer().stats().unwrap();
         assert_eq!((s.documents, s.chunks, s.lexical_docs), (0, 0, 0));
         let f = crate::audit::Filter { actor: Some("carol".into()), ..Default::default() };
         let actions: Vec<String> =
@@ -1919,7 +1920,7 @@ mod jobs {
         let f = run(form, &jsonl.replace("2022/3/1", "2024-01"));
         assert_eq!((f[0].added, f[0].replaced), (0, 1));
         assert_eq!(meta_of("met").2, "2024-01");
-        assert!(e.check().unwrap().consistent);
+        assert!(e.indexer().check().unwrap().consistent);
         // A date nobody can read fails that file with its line; the other file of the upload still goes in.
         let up = e.ingest().new_upload(&bob, "c").unwrap();
         let bad = put(&up, "bad.jsonl", "{\"text\":\"x\",\"日期\":\"2023-13-01\"}\n".as_bytes());
@@ -2061,8 +2062,8 @@ mod offline_vectors {
         let t = tempfile::tempdir().unwrap();
         let e = engine_in(&t.path().join("data"));
         e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
-        e.create_collection("c", "", "test").unwrap();
-        e.ingest_documents("c", &docs(None)).unwrap();
+        e.indexer().create_collection("c", "", "test").unwrap();
+        e.indexer().ingest_documents("c", &docs(None)).unwrap();
         (t, e)
     }
 
@@ -2217,7 +2218,7 @@ mod offline_vectors {
             source: "ibuprofen.txt".into(),
             ..Default::default()
         };
-        e.ingest_documents("c", std::slice::from_ref(&new)).unwrap();
+        e.indexer().ingest_documents("c", std::slice::from_ref(&new)).unwrap();
         let (doc, pending) = e.vectors().pending_vectors("c", None).unwrap();
         assert!(!doc.online);
         assert_eq!(pending.len(), 1);
@@ -2226,9 +2227,9 @@ mod offline_vectors {
         let req = SearchRequest { query: "布洛芬".into(), method: Some(Method::Bm25), ..Default::default() };
         assert_eq!(e.searcher().search_unaudited(&req).unwrap().hits[0].chunk_id, pending[0]);
         assert!(!dense(&e, "布洛芬 退热").iter().any(|h| h.0 == pending[0]));
-        let c = e.check().unwrap();
+        let c = e.indexer().check().unwrap();
         assert!(c.consistent && c.dense_pending == 1, "{c:?}");
-        e.recover().unwrap(); // a restart neither fails nor embeds with a model that has no graph
+        e.indexer().recover().unwrap(); // a restart neither fails nor embeds with a model that has no graph
 
         let export = t.path().join("pending2.jsonl");
         e.vectors().export_chunks_for("c", &export, Some("qwen3-doc@1")).unwrap();
@@ -2245,7 +2246,7 @@ mod offline_vectors {
         let (t, e) = setup();
         let pair = e.retrieval().active_models().unwrap().unwrap();
         let before = snapshot(&e);
-        assert_eq!(before.1.len(), e.collection_stats().unwrap()[0].chunks as usize);
+        assert_eq!(before.1.len(), e.indexer().collection_stats().unwrap()[0].chunks as usize);
 
         // Export: every live chunk once, in the trainer's corpus layout, written atomically.
         let out = t.path().join("chunks.jsonl");
@@ -2359,7 +2360,7 @@ mod offline_vectors {
         assert!(matches!(err, Error::TooNew { found: 2, .. }), "{err}");
 
         // After all that, the engine's own consistency check is clean.
-        assert!(e.check().unwrap().consistent);
+        assert!(e.indexer().check().unwrap().consistent);
     }
 
     #[test]
@@ -2414,9 +2415,9 @@ mod offline_vectors {
             source: "stroke.txt".into(),
             ..Default::default()
         });
-        let fr = e.ingest_documents("c", &d).unwrap();
+        let fr = e.indexer().ingest_documents("c", &d).unwrap();
         assert_eq!((fr.added, fr.replaced), (1, 1));
-        let c = e.check().unwrap();
+        let c = e.indexer().check().unwrap();
         assert!(c.consistent && c.dense_vectors == c.sqlite_chunks, "{c:?}");
         assert_eq!(e.vectors().vector_sources("c").unwrap().imported, vec![]);
         let again = dense(&e, q);
@@ -2499,8 +2500,8 @@ mod offline_vectors {
         cfg.training.device = "cpu".into();
         let e = std::sync::Arc::new(Engine::open(cfg, OpenMode::Create).unwrap());
         e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
-        e.create_collection("c", "", "test").unwrap();
-        e.ingest_documents("c", &docs(None)).unwrap();
+        e.indexer().create_collection("c", "", "test").unwrap();
+        e.indexer().ingest_documents("c", &docs(None)).unwrap();
         let admin = crate::Admin::console("admin");
         let before = snapshot(&e);
         let err = e.models().submit_offline_embed(&admin, None).unwrap_err();
@@ -2687,7 +2688,7 @@ mod concurrency {
         let t = tempfile::tempdir().unwrap();
         let e = Arc::new(engine_in(&t.path().join("data")));
         e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
-        e.create_collection("c", "", "test").unwrap();
+        e.indexer().create_collection("c", "", "test").unwrap();
         let doc = |id: &str, text: &str| ParsedDocument {
             external_id: id.into(),
             title: String::new(),
@@ -2695,11 +2696,12 @@ mod concurrency {
             source: format!("{id}.txt"),
             ..Default::default()
         };
-        e.ingest_documents(
-            "c",
-            &[doc("salt", "高血压患者应限制钠盐摄入。"), doc("gout", "痛风患者应避免高嘌呤饮食。")],
-        )
-        .unwrap();
+        e.indexer()
+            .ingest_documents(
+                "c",
+                &[doc("salt", "高血压患者应限制钠盐摄入。"), doc("gout", "痛风患者应避免高嘌呤饮食。")],
+            )
+            .unwrap();
         // A connection of the test's own holds SQLite's write lock, as a long ingest transaction would.
         let mut writer = db(&e);
         let tx = writer.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).unwrap();
@@ -2709,7 +2711,7 @@ mod concurrency {
         )
         .unwrap();
         let names = |e: &Engine| -> Vec<String> {
-            e.collection_stats().unwrap().into_iter().map(|c| c.collection.name).collect()
+            e.indexer().collection_stats().unwrap().into_iter().map(|c| c.collection.name).collect()
         };
         let (done, answer) = mpsc::channel();
         {
@@ -2903,12 +2905,12 @@ mod load_benchmark {
         cfg.model.document_piece_tokens = env("CARE_BENCH_PIECE", 0);
         let e = Arc::new(Engine::open(cfg, OpenMode::Create).unwrap());
         e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
-        e.create_collection("kuake", "", "test").unwrap();
-        e.create_collection("huatuo", "", "test").unwrap();
+        e.indexer().create_collection("kuake", "", "test").unwrap();
+        e.indexer().create_collection("huatuo", "", "test").unwrap();
         let data = shared().join("data/retrieval");
         let base = head(&data.join("kuake_qtr/corpus.jsonl"), 5000, &t.path().join("kuake.jsonl"));
         let started = Instant::now();
-        e.ingest_files("kuake", &[base], &mut |_| {}).unwrap();
+        e.indexer().ingest_files("kuake", &[base], &mut |_| {}).unwrap();
         eprintln!("base: 5000 titles ingested and embedded in {:.1}s", started.elapsed().as_secs_f64());
         let set = BeirSet::load(&data.join("kuake_qtr"), "dev").unwrap();
         let queries: Arc<Vec<String>> = Arc::new(set.queries.iter().map(|(_, q)| q.clone()).collect());
@@ -2922,7 +2924,7 @@ mod load_benchmark {
             let (e, stop) = (e.clone(), stop.clone());
             std::thread::spawn(move || {
                 let t = Instant::now();
-                e.ingest_files("huatuo", &[more], &mut |_| {}).unwrap();
+                e.indexer().ingest_files("huatuo", &[more], &mut |_| {}).unwrap();
                 stop.store(true, Ordering::Relaxed);
                 t.elapsed().as_secs_f64()
             })
@@ -3275,7 +3277,7 @@ fn results_say_which_terms_matched_and_which_occur_nowhere() {
     assert!(e.texts.remembers_absent("qzx替格瑞洛"));
     let f = t.path().join("new.txt");
     std::fs::write(&f, "新到的说明：qzx替格瑞洛片的用法。").unwrap();
-    e.ingest_files(&demo[0], &[f], &mut |_| {}).unwrap();
+    e.indexer().ingest_files(&demo[0], &[f], &mut |_| {}).unwrap();
     assert!(
         e.texts.contains(&e.store, "qzx替格瑞洛", &demo).unwrap(),
         "a passage added after the word was found absent"
@@ -3343,7 +3345,7 @@ fn evaluation_and_the_gate_score_the_ranking_clinicians_see() {
     assert!((evaluated - served).abs() <= 0.002, "care eval {evaluated:.4} vs served {served:.4}");
     // The gate's candidates under the live pair, its queries encoded one at a time.
     let pair = e.models.active_pair(&e.store).unwrap().unwrap();
-    let c = e.collection(col).unwrap();
+    let c = e.indexer().collection(col).unwrap();
     let gate = e.lifecycle().pair_candidates((&pair, care_formats::Graph::Fp32), &set, &c, &mut |_| Ok(())).unwrap();
     let gated = gate.score(&set, method, weight).ndcg_at_10;
     assert!((gated - served).abs() <= 0.002, "gate {gated:.4} vs served {served:.4}");
@@ -3450,7 +3452,7 @@ fn csv_exports_neutralise_formula_payloads_and_synonyms_round_trip() {
     e.collections().create(&admin, "c", "").unwrap();
     let md = t.path().join("a.md");
     std::fs::write(&md, "# 阿司匹林\n\n阿司匹林用于冠心病二级预防，每日剂量75到100毫克。\n").unwrap();
-    assert_eq!(e.ingest_files("c", &[md], &mut |_| {}).unwrap().failed(), 0);
+    assert_eq!(e.indexer().ingest_files("c", &[md], &mut |_| {}).unwrap().failed(), 0);
     e.accounts().create_user(&admin, "dr.wu", "Quiet-River-Lamp-58", "clinician", true).unwrap();
     e.accounts().grant(&admin, "dr.wu", "c").unwrap();
     let wu = crate::Actor::user(&crate::accounts::user(&e.store, "dr.wu").unwrap());
@@ -3563,8 +3565,8 @@ fn search_trust_benchmark() {
             let t = tempfile::tempdir().unwrap();
             let e = engine_in(t.path());
             e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
-            e.create_collection("c", "", "test").unwrap();
-            assert_eq!(e.ingest_files("c", &[set.corpus_path()], &mut |_| {}).unwrap().failed(), 0);
+            e.indexer().create_collection("c", "", "test").unwrap();
+            assert_eq!(e.indexer().ingest_files("c", &[set.corpus_path()], &mut |_| {}).unwrap().failed(), 0);
             eprintln!("{name}: ingested in {:.0}s", started.elapsed().as_secs_f64());
             indexed = Some((corpus, t, e));
         }
@@ -3656,7 +3658,7 @@ fn search_trust_benchmark() {
             }
         }
         let v = serde_json::json!({
-            "split": split, "queries": set.queries.len(), "documents": e.stats().unwrap().chunks,
+            "split": split, "queries": set.queries.len(), "documents": e.indexer().stats().unwrap().chunks,
             "ndcg10_simplified": simplified, "ndcg10_traditional": traditional,
             "ndcg10_exact": exact_ndcg, "ndcg10_by_synonym_weight": by_weight,
             "served_synonym_weight": EngineConfig::default().search.synonym_weight,
@@ -3686,7 +3688,7 @@ fn search_trust_benchmark() {
 fn upload_folders_no_job_owns_are_swept_at_start_once_stale() {
     let t = tempfile::tempdir().unwrap();
     let e = engine_in(t.path());
-    e.create_collection("c", "", "test").unwrap();
+    e.indexer().create_collection("c", "", "test").unwrap();
     let age = |dir: &Path, hours: u64| {
         let when = std::time::SystemTime::now() - std::time::Duration::from_secs(hours * 3600);
         for f in std::fs::read_dir(dir).unwrap().flatten() {
@@ -3804,7 +3806,7 @@ fn vector_tables_past_the_rollback_retention_are_dropped_and_the_rest_serve() {
     }
     // A candidate never live, with a table of its own (as an evaluation makes), and a table nothing records.
     let candidate = e.retrieval().import_e5s1(&e5s1(), "4", Some("pairing-4"), false).unwrap();
-    let col = e.collection(crate::demo::DEMO_COLLECTION).unwrap();
+    let col = e.indexer().collection(crate::demo::DEMO_COLLECTION).unwrap();
     e.retrieval().dense_table(col.id, &candidate, true).unwrap();
     e.dense.table("c99_m99_v1", 384).unwrap();
     e.dense.table("notes", 384).unwrap();
@@ -3858,7 +3860,7 @@ fn suggestions_come_only_from_text_the_reader_may_read_and_initials_inside_chine
     std::fs::write(&restricted, "# 抗病毒治疗\n\n乙型肝炎患者的抗病毒治疗：恩替卡韦是一线用药，疗程较长。\n").unwrap();
     let open = t.path().join("p.md");
     std::fs::write(&open, "# 饮食管理\n\n糖尿病患者的饮食管理：少吃甜食，多吃蔬菜。乙肝疫苗应按程序接种。\n").unwrap();
-    assert_eq!(e.ingest_files("c", &[restricted, open], &mut |_| {}).unwrap().failed(), 0);
+    assert_eq!(e.indexer().ingest_files("c", &[restricted, open], &mut |_| {}).unwrap().failed(), 0);
     let ext: String =
         db(&e).query_row("SELECT external_id FROM documents WHERE title LIKE '%抗病毒%'", [], |r| r.get(0)).unwrap();
     let filing = Filing {
@@ -3919,7 +3921,7 @@ fn names_absent_as_a_whole_are_named_whole_and_questions_are_not_names() {
         "# 产前筛查\n\n唐氏综合征的产前筛查方法。胶囊剂的服用注意事项。口腔护理的要点。糖尿病并发症的预防。\n",
     )
     .unwrap();
-    assert_eq!(e.ingest_files("c", &[md], &mut |_| {}).unwrap().failed(), 0);
+    assert_eq!(e.indexer().ingest_files("c", &[md], &mut |_| {}).unwrap().failed(), 0);
     let missing = |q: &str| {
         e.searcher().search_unaudited(&SearchRequest { query: q.into(), ..Default::default() }).unwrap().missing_terms
     };

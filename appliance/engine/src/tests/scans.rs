@@ -28,7 +28,7 @@ fn engine(dir: &Path, max_pages: usize) -> Engine {
     cfg.ingest.ocr.max_pages = max_pages;
     cfg.ingest.ocr.threads = 2;
     let e = Engine::open(cfg, OpenMode::Create).unwrap();
-    e.create_collection("scans", "", "test").unwrap();
+    e.indexer().create_collection("scans", "", "test").unwrap();
     e
 }
 
@@ -92,7 +92,7 @@ fn a_mixed_pdf_a_fax_a_photo_and_a_tiff_are_searchable_with_their_pages() {
             p
         })
         .collect();
-    let r = e.ingest_files("scans", &paths, &mut |_| {}).unwrap();
+    let r = e.indexer().ingest_files("scans", &paths, &mut |_| {}).unwrap();
     assert_eq!(r.failed(), 0, "{:?}", r.files);
 
     // A word only the scans hold: every file answers, each passage with the page it was read from.
@@ -146,12 +146,12 @@ fn hostile_images_are_refused_in_chinese_and_page_counts_are_bounded() {
     for (name, bytes, says) in files {
         let p = t.path().join(name);
         std::fs::write(&p, bytes).unwrap();
-        let r = e.ingest_files("scans", &[p], &mut |_| {}).unwrap();
+        let r = e.indexer().ingest_files("scans", &[p], &mut |_| {}).unwrap();
         let err = r.files[0].error.clone().unwrap_or_default();
         assert!(err.contains(says), "{name}: {err}");
         assert!(err.chars().any(|c| ('\u{4e00}'..='\u{9fff}').contains(&c)), "{name}: not Chinese: {err}");
     }
-    assert_eq!(e.stats().unwrap().documents, 0);
+    assert_eq!(e.indexer().stats().unwrap().documents, 0);
 }
 
 /// With the OCR off, a scanned PDF is refused saying why, and a mixed one keeps its typed pages.
@@ -163,14 +163,14 @@ fn without_the_ocr_a_scan_is_refused_with_the_reason_and_typed_pages_stay() {
     cfg.training.keep_free_gb = 0.0;
     cfg.ingest.ocr.enabled = false;
     let e = Engine::open(cfg, OpenMode::Create).unwrap();
-    e.create_collection("scans", "", "test").unwrap();
+    e.indexer().create_collection("scans", "", "test").unwrap();
     let gray = image::DynamicImage::ImageRgb8(page()).to_luma8();
     let scan = t.path().join("扫描.pdf");
     std::fs::write(&scan, pdf_mixed(&[PdfPage::Scan(PdfImage::fax_g4(&gray))])).unwrap();
     let mixed = t.path().join("混合.pdf");
     let pages = [PdfPage::Typed(vec!["总则：生活方式干预是一线治疗。"]), PdfPage::Scan(PdfImage::fax_g4(&gray))];
     std::fs::write(&mixed, pdf_mixed(&pages)).unwrap();
-    let r = e.ingest_files("scans", &[scan, mixed], &mut |_| {}).unwrap();
+    let r = e.indexer().ingest_files("scans", &[scan, mixed], &mut |_| {}).unwrap();
     let err = r.files[0].error.clone().unwrap_or_default();
     assert!(err.contains("扫描件") && err.contains("文字识别已关闭"), "{err}");
     assert!(r.files[1].error.is_none(), "{:?}", r.files[1]);

@@ -56,7 +56,7 @@ fn task_ends(e: &Engine) -> Vec<crate::audit::AuditRecord> {
 fn a_submitted_task_starts_at_once_without_a_polling_tick() {
     let t = tempfile::tempdir().unwrap();
     let e = open(&config(&t.path().join("data")));
-    e.create_collection("c", "", "admin").unwrap();
+    e.indexer().create_collection("c", "", "admin").unwrap();
     let w = Worker::start(e.clone(), 1);
     wait_until("the jobs lock", Duration::from_secs(10), || w.runs_jobs());
     // The scheduler is idle and asleep; each submit must wake it. A 100 ms polling tick would average 50 ms.
@@ -93,7 +93,7 @@ fn a_cancel_reaches_a_running_ingest_at_its_next_batch() {
     let mut cfg = config(&t.path().join("data"));
     cfg.ingest.batch_documents = 200;
     let e = open(&cfg);
-    e.create_collection("c", "", "admin").unwrap();
+    e.indexer().create_collection("c", "", "admin").unwrap();
     // Enough documents that the job runs for seconds, in many batches.
     let f = t.path().join("many.jsonl");
     let mut out = std::io::BufWriter::new(std::fs::File::create(&f).unwrap());
@@ -141,7 +141,7 @@ fn a_task_runs_as_its_submitter_rechecked_when_it_starts() {
     w.shutdown();
     assert_eq!(job.state, JobState::Failed, "{job:?}");
     assert!(job.errors[0].message.contains("已不是管理员"), "{:?}", job.errors);
-    assert_eq!(e.stats().unwrap().documents, 0, "nothing was ingested");
+    assert_eq!(e.indexer().stats().unwrap().documents, 0, "nothing was ingested");
     let refused = actions(&e, "task.refused");
     assert_eq!(refused.len(), 1, "{refused:?}");
     assert!(!up.exists(), "the upload was removed");
@@ -207,7 +207,7 @@ fn a_due_schedule_fires_exactly_once_across_restarts() {
         let e = open(&cfg);
         e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
         crate::demo::load_demo(&e).unwrap();
-        for c in e.collection_stats().unwrap() {
+        for c in e.indexer().collection_stats().unwrap() {
             e.collections().approve(&admin, &c.collection.name, true).unwrap();
         }
         let spec = ScheduleSpec {
@@ -319,8 +319,8 @@ fn with_candidate(at: &Path, n: usize, others: usize) -> Arc<Engine> {
     let (corpus, csv) = subset(at, n, others);
     let e = open(&config(&at.join("data")));
     let admin = Admin::console("admin");
-    e.create_collection("kuake", "", "test").unwrap();
-    e.ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
+    e.indexer().create_collection("kuake", "", "test").unwrap();
+    e.indexer().ingest_files("kuake", &[corpus], &mut |_| {}).unwrap();
     e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
     e.retrieval().sync_dense_indexes(&mut |_| Ok(())).unwrap();
     e.models().import_judgments(&admin, "kuake", "dev", crate::judgments::JudgmentSource::Csv(&csv)).unwrap();

@@ -112,7 +112,7 @@ fn schedules_queued_jobs_and_feedback_are_capped() {
         source: "d1.md".into(),
         ..Default::default()
     };
-    e.ingest_documents("c1", &[doc]).unwrap();
+    e.indexer().ingest_documents("c1", &[doc]).unwrap();
     let (wang, li) = (Admin::console("drwang"), Admin::console("drli"));
     let chunk =
         e.search().run(&root, &SearchAs { query: "二甲双胍".into(), ..Default::default() }).unwrap().hits[0].chunk_id;
@@ -146,7 +146,7 @@ fn one_users_feedback_counts_at_most_the_cap_in_training_and_evaluation() {
             source: "d1.md".into(),
             ..Default::default()
         };
-        e.ingest_documents(c, &[doc]).unwrap();
+        e.indexer().ingest_documents(c, &[doc]).unwrap();
         let ask = SearchAs { query: "二甲双胍".into(), collection: Some(c.into()), ..Default::default() };
         chunks.push(e.search().run(&root, &ask).unwrap().hits[0].chunk_id);
     }
@@ -309,7 +309,7 @@ fn no_change_commits_without_its_audit_record() {
         source: "d1.md".into(),
         ..Default::default()
     };
-    e.ingest_documents("c1", &[doc]).unwrap();
+    e.indexer().ingest_documents("c1", &[doc]).unwrap();
     let clin = Actor::user(&user);
     let chunk =
         e.search().run(&clin, &SearchAs { query: "二甲双胍".into(), ..Default::default() }).unwrap().hits[0].chunk_id;
@@ -332,7 +332,7 @@ fn no_change_commits_without_its_audit_record() {
     atomic(&e, "revoke grant", || e.accounts().revoke(&root, "drwang", "c1"));
     atomic(&e, "delete user", || e.accounts().delete_user(&root, "drwang"));
     atomic(&e, "delete collection", || e.collections().delete(&root, "c1"));
-    assert!(e.check().unwrap().consistent);
+    assert!(e.indexer().check().unwrap().consistent);
 }
 
 #[test]
