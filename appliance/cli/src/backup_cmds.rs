@@ -99,7 +99,7 @@ pub(crate) fn run_backup(cfg: &EngineConfig, workers: usize, command: BackupComm
             if list.is_empty() {
                 let dir = match dir {
                     Some(d) => d,
-                    None => e.backup_maker().backup_folder()?,
+                    None => care_engine::backup::BackupMaker::of(&e).backup_folder()?,
                 };
                 println!("{} 中还没有备份", dir.display());
             }

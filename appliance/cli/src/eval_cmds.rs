@@ -39,7 +39,7 @@ pub(crate) type Tuned = (f32, Vec<(f32, f64)>, serde_json::Value);
 
 pub(crate) fn tune(e: &Engine, set: &BeirSet, collection: &str) -> Result<Tuned> {
     let pb = ProgressBar::new(set.queries.len() as u64);
-    let cands = eval::candidates(e, set, collection, 100, &mut |d, _| pb.set_position(d as u64))?;
+    let cands = eval::candidates(e.searcher(), set, collection, 100, &mut |d, _| pb.set_position(d as u64))?;
     pb.finish_and_clear();
     if !cands.has_dense {
         bail!("no active model: import one with `care model import-e5s1` before tuning fusion");
@@ -110,7 +110,7 @@ pub(crate) fn evaluate(
         weight = w;
     }
     let pb = ProgressBar::new(set.queries.len() as u64);
-    let cands = eval::candidates(&e, &set, &col, 100, &mut |d, _| pb.set_position(d as u64))?;
+    let cands = eval::candidates(e.searcher(), &set, &col, 100, &mut |d, _| pb.set_position(d as u64))?;
     pb.finish_and_clear();
     let mut methods = BTreeMap::new();
     methods.insert("bm25".to_string(), cands.score(&set, Method::Bm25, 0.0));

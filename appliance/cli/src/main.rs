@@ -368,7 +368,7 @@ fn run(cli: Cli) -> Result<i32> {
             if let (Some(bin), None) = (&e5s1, e.retrieval().active_models()?) {
                 e.retrieval().import_e5s1(bin, "1", None, false)?;
             }
-            let r = eval::sts::evaluate(&e, &pairs)?;
+            let r = eval::sts::evaluate(e.retrieval(), &pairs)?;
             println!("{}", serde_json::to_string_pretty(&serde_json::json!({"file": file, "report": r}))?);
             if temp {
                 drop(e);

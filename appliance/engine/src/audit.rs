@@ -155,16 +155,6 @@ fn record_hash(prev_hash: &str, id: i64, at: &str, actor: &str, action: &str, de
     hex::encode(Sha256::digest(record_text(prev_hash, id, at, actor, action, detail)))
 }
 
-/// One record in a transaction of its own, for what has no row of its own to commit with (a refused read, an
-/// export, a download).
-pub(crate) fn record(store: &crate::store::Store, actor: &str, action: &str, detail: &serde_json::Value) -> Result<()> {
-    let mut conn = store.conn();
-    let tx = conn.transaction()?;
-    append(&tx, actor, action, detail)?;
-    tx.commit()?;
-    Ok(())
-}
-
 /// Appends one record inside the transaction that makes the audited change, so both commit or neither does (the
 /// type admits nothing else). The connection must come from [`Store`], which registers the key. Outside the engine,
 /// operations go through the service layer ([`crate::service`]), which appends for them.

@@ -192,6 +192,18 @@ pub struct BackupMaker<'e> {
 }
 
 impl BackupMaker<'_> {
+    /// The part, borrowed from the engine's.
+    pub fn of(e: &crate::Engine) -> BackupMaker<'_> {
+        BackupMaker {
+            cfg: &e.cfg,
+            dir: &e.dir,
+            store: &e.store,
+            write_lock: &e.write_lock,
+            retrieval: e.retrieval(),
+            queue: e.queue(),
+        }
+    }
+
     /// The key archives are encrypted with (`[backup] key_file`), read now.
     pub fn backup_key(&self) -> Result<Option<BackupKey>> {
         self.cfg.backup.key_file.as_deref().map(BackupKey::read).transpose()
@@ -323,10 +335,10 @@ impl crate::engine::Backups<'_> {
 
     /// The archives in `dir` (default: the configured folder), newest first.
     pub fn list(&self, _admin: &Admin, dir: Option<&Path>) -> Result<Vec<BackupEntry>> {
-        let key = self.backup_maker().backup_key()?;
+        let key = crate::backup::BackupMaker::of(self).backup_key()?;
         let dir = match dir {
             Some(d) => d.to_path_buf(),
-            None => self.backup_maker().backup_folder()?,
+            None => crate::backup::BackupMaker::of(self).backup_folder()?,
         };
         list(&dir, key.as_ref())
     }
@@ -334,14 +346,13 @@ impl crate::engine::Backups<'_> {
     /// An archive of the backup folder by its name, to send to a standby; audited, so the overview shows the
     /// standby's last pull. Only names listed in the folder are opened (never a path from the request).
     pub fn download(&self, actor: &Admin, name: &str) -> Result<(PathBuf, u64)> {
-        let folder = self.backup_maker().backup_folder()?;
+        let folder = crate::backup::BackupMaker::of(self).backup_folder()?;
         let path =
             archive_paths(&folder)?.into_iter().find(|(n, _)| n == name).map(|(_, p)| p).ok_or_else(|| {
                 Error::NotFound { what: format!("备份 {}", name.chars().take(80).collect::<String>()) }
             })?;
         let bytes = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?.len();
-        crate::audit::record(
-            &self.store,
+        self.store.audit_record(
             &actor.name,
             "backup.download",
             &serde_json::json!({"archive": name, "bytes": bytes}),
@@ -364,7 +375,7 @@ impl crate::engine::Backups<'_> {
 
     /// Reads an archive to its end, every byte checked; audited with its result.
     pub fn verify(&self, actor: &Admin, path: &Path, key: Option<&BackupKey>) -> Result<VerifyReport> {
-        let own = self.backup_maker().backup_key()?;
+        let own = crate::backup::BackupMaker::of(self).backup_key()?;
         let result = verify(path, key.or(own.as_ref()));
         let detail = match &result {
             Ok(r) => {
@@ -372,7 +383,7 @@ impl crate::engine::Backups<'_> {
             }
             Err(e) => serde_json::json!({"archive": path, "ok": false, "error": e.to_string()}),
         };
-        crate::audit::record(&self.store, &actor.name, "backup.verify", &detail)?;
+        self.store.audit_record(&actor.name, "backup.verify", &detail)?;
         result
     }
 }

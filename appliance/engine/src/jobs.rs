@@ -183,7 +183,33 @@ pub struct JobQueue<'e> {
     pub(crate) tasks: &'e crate::cancel::Hub,
 }
 
+/// How often a task's embedding and scoring loops write their progress.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
 impl JobQueue<'_> {
+    /// The progress sink of a task's embedding and scoring loops: writes at most every [`PROGRESS_EVERY`] (and at
+    /// the end), and ends the loop with `Cancelled` once `token` is raised (the check at each batch).
+    pub(crate) fn dense_progress<'a>(
+        self,
+        id: i64,
+        token: &'a crate::cancel::CancelToken,
+    ) -> impl FnMut(crate::hybrid::DenseProgress) -> Result<()> + 'a
+    where
+        Self: 'a,
+    {
+        let mut last = std::time::Instant::now() - PROGRESS_EVERY;
+        move |d: crate::hybrid::DenseProgress| {
+            if last.elapsed() >= PROGRESS_EVERY || d.done >= d.total {
+                last = std::time::Instant::now();
+                let stage = format!("{} {}", d.stage, d.collection);
+                if let Err(e) = self.job_progress(id, &stage, d.done as u64, d.total as u64) {
+                    tracing::warn!(job = id, error = %e, "could not record progress");
+                }
+            }
+            token.check()
+        }
+    }
+
     /// Writes a job's stage and done/total.
     pub(crate) fn job_progress(&self, id: i64, stage: &str, done: u64, total: u64) -> Result<()> {
         self.store.conn().execute(
@@ -199,7 +225,7 @@ impl JobQueue<'_> {
         self.tasks.notify();
         if let Ok(s) = std::os::unix::net::UnixDatagram::unbound() {
             let _ = s.set_nonblocking(true);
-            let _ = s.send_to(b"w", crate::tasks::socket_path(self.dir.root()));
+            let _ = s.send_to(b"w", crate::cancel::socket_path(self.dir.root()));
         }
     }
 
@@ -265,7 +291,7 @@ impl JobQueue<'_> {
         self.submit(collection, owned, opts, actor, true)
     }
 
-    fn submit(
+    pub(crate) fn submit(
         &self,
         collection: &str,
         files: Vec<PathBuf>,
@@ -560,22 +586,4 @@ pub(crate) fn insert_row(tx: &rusqlite::Transaction<'_>, kind: &str, json: &str,
         params![kind, json, actor.name, actor.user_id, now()],
     )?;
     Ok(tx.last_insert_rowid())
-}
-
-impl crate::engine::Ingest<'_> {
-    /// Queues an ingestion job for files that stay where they are (the CLI); they are read, never deleted.
-    pub fn submit_in_place(
-        &self,
-        collection: &str,
-        files: Vec<PathBuf>,
-        opts: IngestOptions,
-        actor: &crate::accounts::Admin,
-    ) -> Result<i64> {
-        let mut abs = Vec::with_capacity(files.len());
-        for f in files {
-            // A missing file is reported by the job like any other bad file; only make the path absolute.
-            abs.push(std::path::absolute(&f).map_err(|e| Error::io(&f, e))?);
-        }
-        self.queue().submit(collection, abs, opts, actor, false)
-    }
 }

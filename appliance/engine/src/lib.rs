@@ -1,11 +1,13 @@
 //! The CARE engine: everything the appliance does, with no knowledge of HTTP.
 //!
 //! ```text
-//!  Engine (engine.rs) ── one data directory (datadir.rs), kept consistent across crashes
+//!  Engine (engine.rs) ── one data directory (datadir.rs): its parts opened together and lent
+//!   ├ indexer   the write protocol: ingest batches, deletions, collections, crash replay, the consistency check
+//!   ├ versioned values built from SQLite rows, reloaded by a thread of their own while searches keep the old one
 //!   ├ config    the engine's care.toml sections and their defaults
 //!   ├ error     the one error type and its stable codes (Chinese title, status class, docs anchor)
 //!   ├ service   every operation pages, API and CLI call: the asking Actor is its authorisation input, and its
-//!   │           change commits with its one audit record (service/users.rs)
+//!   │           change commits with its one audit record (service/{users,uploads,vectors,judgments}.rs)
 //!   ├ store     SQLite metadata, embedded migrations from /migrations; the source of truth
 //!   │           (the chunks' text kept in memory for the "not found" check: store/texts.rs)
 //!   ├ audit     append-only, hash-chained audit records written in the same transaction as the change: the key
@@ -62,7 +64,7 @@
 //!   ├ fusion    BM25 ∥ dense → RRF or weighted min-max, with per-hit score parts
 //!   ├ facets    filters by department, type and date (applied inside both legs), disjunctive facet counts,
 //!   │           date order; the metadata kept in memory by version
-//!   ├ hybrid    dense sync with SQLite, query encoding, retrieval (engine methods)
+//!   ├ hybrid    Retrieval: dense sync with SQLite, query encoding, model activation, the fused rankings
 //!   ├ search    the one search pipeline (page, API, CLI, eval, the gate): plan → understand → encode → legs →
 //!   │           fuse → evidence (what answers, counted apart from what is only near) → page
 //!   ├ vectors   document vectors computed offline: export chunks for the trainer, import its embedding shards
@@ -134,6 +136,7 @@ pub mod text;
 pub mod trainer;
 pub mod training;
 pub mod vectors;
+pub mod versioned;
 
 #[cfg(test)]
 mod tests;

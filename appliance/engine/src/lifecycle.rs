@@ -232,6 +232,11 @@ pub struct Lifecycle<'e> {
 }
 
 impl Lifecycle<'_> {
+    /// The part, borrowed from the engine's.
+    pub fn of(e: &crate::Engine) -> Lifecycle<'_> {
+        Lifecycle { cfg: &e.cfg, retrieval: e.retrieval(), searcher: e.searcher() }
+    }
+
     fn stage_and_register(
         &self,
         actor: &Actor,
@@ -849,7 +854,8 @@ impl crate::engine::Models<'_> {
             std::process::id(),
             next_staging()
         ));
-        let result = self.lifecycle().stage_and_register(actor, src, &m, (&staged, how), &final_dir);
+        let result =
+            crate::lifecycle::Lifecycle::of(self).stage_and_register(actor, src, &m, (&staged, how), &final_dir);
         let _ = std::fs::remove_dir_all(&staged);
         result
     }
@@ -866,7 +872,7 @@ impl crate::engine::Models<'_> {
     ) -> Result<EvaluationReport> {
         let live = models::active(&self.store)?
             .ok_or_else(|| Error::InvalidInput("没有在用的模型 (no live model pair to compare with)".into()))?;
-        let cand = self.lifecycle().resolve_pair(candidate)?;
+        let cand = crate::lifecycle::Lifecycle::of(self).resolve_pair(candidate)?;
         self.retrieval().prepare_document_model(&cand.document, progress)?;
         let lc = &self.cfg.lifecycle;
         let live_graph = live.query.served_query_graph();
@@ -882,11 +888,29 @@ impl crate::engine::Models<'_> {
             }
             let train = self.judgments().judged(col.id, "train")?.scorable();
             let (train, eval) = (train.as_beir("train"), eval.as_beir("eval"));
-            let l = self.lifecycle().run_pair((&live, live_graph), &col, (&train, &eval), None, progress)?;
-            let mut c = vec![self.lifecycle().run_pair((&cand, Graph::Fp32), &col, (&train, &eval), None, progress)?];
+            let l = crate::lifecycle::Lifecycle::of(self).run_pair(
+                (&live, live_graph),
+                &col,
+                (&train, &eval),
+                None,
+                progress,
+            )?;
+            let mut c = vec![crate::lifecycle::Lifecycle::of(self).run_pair(
+                (&cand, Graph::Fp32),
+                &col,
+                (&train, &eval),
+                None,
+                progress,
+            )?];
             for g in &graphs[1..] {
                 let fitted = Some(c[0].weight);
-                c.push(self.lifecycle().run_pair((&cand, *g), &col, (&train, &eval), fitted, progress)?);
+                c.push(crate::lifecycle::Lifecycle::of(self).run_pair(
+                    (&cand, *g),
+                    &col,
+                    (&train, &eval),
+                    fitted,
+                    progress,
+                )?);
             }
             runs.push((col.name.clone(), eval.queries.len(), train.queries.len(), l, c));
             eval_texts.extend(eval.queries.iter().map(|(_, text)| text.clone()));
@@ -900,7 +924,7 @@ impl crate::engine::Models<'_> {
         }
         let mut sides = vec![(&live.query, live_graph)];
         sides.extend(graphs.iter().map(|g| (&cand.query, *g)));
-        let mut latencies = self.lifecycle().encode_latencies(&sides, &eval_texts)?;
+        let mut latencies = crate::lifecycle::Lifecycle::of(self).encode_latencies(&sides, &eval_texts)?;
         let live_encode = latencies.remove(0);
         let variants: Vec<GraphVariant> = graphs
             .iter()
@@ -961,7 +985,7 @@ impl crate::engine::Models<'_> {
             reasons,
             rejected: None,
         };
-        report.id = self.lifecycle().store_evaluation(actor, &cand, &report)?;
+        report.id = crate::lifecycle::Lifecycle::of(self).store_evaluation(actor, &cand, &report)?;
         Ok(report)
     }
 
@@ -995,7 +1019,7 @@ impl crate::engine::Models<'_> {
         if reason.is_empty() {
             return Err(Error::InvalidInput("请填写驳回理由 (a rejection needs a reason; it is audited)".into()));
         }
-        let cand = self.lifecycle().resolve_pair(candidate)?;
+        let cand = crate::lifecycle::Lifecycle::of(self).resolve_pair(candidate)?;
         let mut conn = self.store.conn();
         let tx = conn.transaction()?;
         let id: i64 = tx
@@ -1038,10 +1062,10 @@ impl crate::engine::Models<'_> {
         override_reason: Option<&str>,
         progress: &mut dyn FnMut(DenseProgress) -> Result<()>,
     ) -> Result<ActivePair> {
-        let (cand, verdict) = self.lifecycle().promotion_allowed(candidate, override_reason)?;
+        let (cand, verdict) = crate::lifecycle::Lifecycle::of(self).promotion_allowed(candidate, override_reason)?;
         let reason = override_reason.map(str::trim).unwrap_or("");
         let (fusion, graph) = match verdict {
-            Some((evaluation, _)) => self.lifecycle().gate_choices(evaluation)?,
+            Some((evaluation, _)) => crate::lifecycle::Lifecycle::of(self).gate_choices(evaluation)?,
             None => (models::FusionChange::Keep, None),
         };
         self.retrieval().prepare_document_model(&cand.document, progress)?;

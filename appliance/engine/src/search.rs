@@ -267,9 +267,9 @@ pub struct Searcher<'e> {
     pub(crate) cfg: &'e crate::config::EngineConfig,
     pub(crate) store: &'e crate::store::Store,
     pub(crate) lexical: &'e crate::lexical::LexicalIndex,
-    pub(crate) synonyms: &'e crate::engine::Versioned<crate::synonyms::SynonymTable>,
+    pub(crate) synonyms: &'e crate::versioned::Versioned<crate::synonyms::SynonymTable>,
     pub(crate) texts: &'e crate::store::texts::TextPresence,
-    pub(crate) meta_index: &'e crate::engine::Versioned<crate::facets::MetaIndex>,
+    pub(crate) meta_index: &'e crate::versioned::Versioned<crate::facets::MetaIndex>,
     pub(crate) live: &'e crate::settings::LiveSettings,
     pub(crate) retrieval: crate::hybrid::Retrieval<'e>,
 }

@@ -33,7 +33,10 @@ use crate::search::{MAX_QUERY_CHARS, SearchRequest, SearchResults};
 use crate::store::{Collection, CollectionStats};
 use crate::synonyms::{self, ImportReport, NewSynonym, SynonymEntry};
 
+mod judgments;
+mod uploads;
 mod users;
+mod vectors;
 pub use users::{SignInOptions, SignInSection};
 
 /// Refused requests audited per client address per ten minutes ([`Audit::refusal`]).
@@ -184,7 +187,7 @@ fn not_found_document(id: i64) -> Error {
 
 /// Appends one audit record on its own, for an attempt that changes nothing (a refused read, an export).
 pub(crate) fn audit_event(engine: &Engine, actor: &Actor, action: &str, detail: &serde_json::Value) -> Result<()> {
-    audit::record(&engine.store, &actor.name, action, detail)
+    engine.store.audit_record(&actor.name, action, detail)
 }
 
 /// A search's audit record (or a refused search's), committed together with the records of searches running at

@@ -334,6 +334,16 @@ pub struct ChunkView {
 }
 
 impl Store {
+    /// One audit record in a transaction of its own, for what has no row of its own to commit with (a refused
+    /// read, an export, a download).
+    pub(crate) fn audit_record(&self, actor: &str, action: &str, detail: &serde_json::Value) -> Result<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        crate::audit::append(&tx, actor, action, detail)?;
+        tx.commit()?;
+        Ok(())
+    }
+
     /// Opens (creating if needed) the database and the audit key beside it, migrates, and re-chains an audit log
     /// written before the key existed.
     pub fn open(path: &Path) -> Result<Self> {

@@ -99,7 +99,7 @@ pub fn restore(archive: &Path, cfg: &EngineConfig, key: Option<&BackupKey>, acto
         "archive": archive, "created_at": info.created_at, "from_version": info.appliance_version,
         "migrated_from_schema": migrated_from, "files": files, "consistent": check.consistent,
     });
-    crate::audit::record(&engine.store, actor, "backup.restore", &detail)?;
+    engine.store.audit_record(actor, "backup.restore", &detail)?;
     Ok(RestoreReport {
         data_dir: target,
         info,

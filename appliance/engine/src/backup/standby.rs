@@ -71,7 +71,7 @@ impl crate::engine::Backups<'_> {
     pub fn promote(&self, actor: &crate::accounts::Admin, s: &StandbyState) -> Result<()> {
         let detail = serde_json::json!({"primary": s.primary, "archive": s.archive,
             "archive_created_at": s.archive_created_at});
-        crate::audit::record(&self.store, &actor.name, "standby.promote", &detail)?;
+        self.store.audit_record(&actor.name, "standby.promote", &detail)?;
         let path = self.dir.root().join(MARKER);
         std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))
     }

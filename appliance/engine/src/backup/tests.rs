@@ -32,7 +32,9 @@ fn token() -> CancelToken {
 }
 
 fn backup(e: &Engine, to: &Path) -> BackupReport {
-    e.backup_maker().make_backup(&BackupParams { to: Some(to.to_path_buf()) }, &token(), &mut |_, _, _| {}).unwrap()
+    crate::backup::BackupMaker::of(&e)
+        .make_backup(&BackupParams { to: Some(to.to_path_buf()) }, &token(), &mut |_, _, _| {})
+        .unwrap()
 }
 
 /// What a clinician sees for `q`: the ids and scores of the first page.
@@ -187,7 +189,7 @@ fn a_backup_of_a_newer_version_is_refused_and_an_older_one_is_migrated() {
     let t = tempfile::tempdir().unwrap();
     let e = Engine::open(config(&t.path().join("data")), OpenMode::Create).unwrap();
     crate::demo::load_demo(&e).unwrap();
-    let snap = snapshot::Snapshot::take(&e.backup_maker()).unwrap();
+    let snap = snapshot::Snapshot::take(&crate::backup::BackupMaker::of(&e)).unwrap();
     let write = |info: &BackupInfo, files: &[(String, PathBuf)], name: &str| {
         let path = t.path().join(name);
         let f = std::fs::File::create(&path).unwrap();
@@ -204,7 +206,7 @@ fn a_backup_of_a_newer_version_is_refused_and_an_older_one_is_migrated() {
 
     // An older database: the migrations of three versions ago, and the rest of an empty appliance.
     let empty = Engine::open(config(&t.path().join("empty")), OpenMode::Create).unwrap();
-    let old_snap = snapshot::Snapshot::take(&empty.backup_maker()).unwrap();
+    let old_snap = snapshot::Snapshot::take(&crate::backup::BackupMaker::of(&empty)).unwrap();
     let old_version = crate::store::latest_schema() - 3;
     let old_db = t.path().join("old.sqlite");
     {
@@ -309,7 +311,7 @@ fn the_daily_backup_fires_once_when_due_and_the_console_s_values_override_the_fi
     };
     let plan = e.backups().set_schedule(&admin, Some(&spec)).unwrap();
     assert_eq!((plan.time.as_deref(), &plan.dir, plan.keep_daily), (Some("23:05"), &folder, 3));
-    assert_eq!(e.backup_maker().backup_folder().unwrap(), folder);
+    assert_eq!(crate::backup::BackupMaker::of(&e).backup_folder().unwrap(), folder);
     assert_eq!(schedule::fire_due(&e.store, &cfg, datetime!(2026-12-03 10:00 UTC)).unwrap(), None);
     assert_eq!(e.backups().status(&admin).unwrap().plan.next_due.as_deref(), Some("2026-12-03T15:05:00Z"));
     let file = t.path().join("a-file");
@@ -399,8 +401,7 @@ fn a_disk_that_fills_during_a_backup_fails_it_cleanly_while_searches_go_on() {
     };
     // The free-space check passes (64 MB for a few MB of data); the disk fills once the archive is being written.
     let mut filled = false;
-    let err = e
-        .backup_maker()
+    let err = BackupMaker::of(&e)
         .make_backup(&BackupParams { to: Some(folder.clone()) }, &token(), &mut |stage, _, _| {
             if stage == "正在写入备份" && !filled {
                 fill(&disk.0);

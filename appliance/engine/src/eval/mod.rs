@@ -134,21 +134,22 @@ pub struct Candidates {
 /// BM25 and (when a model is active) dense candidates for every query of the set, from the search pipeline
 /// ([`crate::Engine::judged_candidates`]): each query understood, folded and expanded as a search does it.
 pub fn candidates(
-    engine: &crate::Engine,
+    searcher: crate::search::Searcher<'_>,
     set: &BeirSet,
     collection: &str,
     depth: usize,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Candidates2> {
-    let col = engine.indexer().collection(collection)?;
-    let pair = engine.models.active_pair(&engine.store)?;
-    let encoder = pair.as_ref().map(|p| engine.models.query_encoder(&p.query)).transpose()?;
+    let col = searcher.store.collection(collection)?;
+    let models = searcher.retrieval.models;
+    let pair = models.active_pair(searcher.store)?;
+    let encoder = pair.as_ref().map(|p| models.query_encoder(&p.query)).transpose()?;
     let dense = pair.as_ref().zip(encoder.as_deref()).map(|(p, encoder)| crate::search::JudgedDense {
         encoder,
         query: &p.query,
         document: &p.document,
     });
-    judged(engine.searcher(), set, &col, dense, depth, &mut |done, total| {
+    judged(searcher, set, &col, dense, depth, &mut |done, total| {
         progress(done, total);
         Ok(())
     })

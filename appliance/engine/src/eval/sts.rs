@@ -88,15 +88,15 @@ pub struct StsReport {
 }
 
 /// Scores pairs with the active query encoder (both sides encoded as queries, the symmetric task).
-pub fn evaluate(engine: &crate::Engine, pairs: &[StsPair]) -> Result<StsReport> {
+pub fn evaluate(retrieval: crate::hybrid::Retrieval<'_>, pairs: &[StsPair]) -> Result<StsReport> {
     let mut cos = Vec::with_capacity(pairs.len());
     for batch in pairs.chunks(128) {
         let a: Vec<&str> = batch.iter().map(|p| p.a.as_str()).collect();
         let b: Vec<&str> = batch.iter().map(|p| p.b.as_str()).collect();
         let (va, _) =
-            engine.retrieval().encode_queries(&a)?.ok_or_else(|| Error::Model("no active model to evaluate".into()))?;
+            retrieval.encode_queries(&a)?.ok_or_else(|| Error::Model("no active model to evaluate".into()))?;
         let (vb, _) =
-            engine.retrieval().encode_queries(&b)?.ok_or_else(|| Error::Model("no active model to evaluate".into()))?;
+            retrieval.encode_queries(&b)?.ok_or_else(|| Error::Model("no active model to evaluate".into()))?;
         for (x, y) in va.iter().zip(&vb) {
             cos.push(crate::encoders::dot(x, y) as f64);
         }

@@ -195,7 +195,7 @@ pub(crate) fn run_chore(engine: &Engine, chore: Chore, hk: &Housekeeping) {
             if let Err(e) = crate::training::prune_finished_runs(engine) {
                 tracing::warn!(error = %e, "could not free the weights of ended training runs");
             }
-            match engine.lifecycle().prune_vector_tables() {
+            match crate::lifecycle::Lifecycle::of(&engine).prune_vector_tables() {
                 Ok(p) if p.is_empty() => {}
                 Ok(p) => tracing::info!(tables = ?p, "dropped vector tables past the rollback retention"),
                 Err(e) => tracing::warn!(error = %e, "could not apply the vector-table retention"),

@@ -10,8 +10,6 @@
 //! running task raises its cancel token, which its loops check at their next batch; what it embedded stays for the
 //! next try.
 
-use std::time::{Duration, Instant};
-
 use rusqlite::{OptionalExtension, params};
 
 use super::scheduler::Shared;
@@ -19,7 +17,6 @@ use super::{CancelToken, CandidateParams, StopReason, Task};
 use crate::accounts::{Actor, Admin};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::hybrid::DenseProgress;
 use crate::jobs::FileError;
 use crate::lifecycle::pair_spec;
 use crate::store::now;
@@ -31,9 +28,6 @@ pub const PROMOTE: &str = "model.promote";
 pub(crate) const MODEL_KINDS: &[&str] = &[EVALUATE, PROMOTE, crate::training::TRAIN, crate::training::embed::EMBED];
 /// The stored kinds the backup lane runs: a backup must not wait for a night's training to end.
 pub(crate) const BACKUP_KINDS: &[&str] = &[crate::backup::BACKUP];
-
-/// How often a running task writes its progress.
-const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
 fn submit_model_task(engine: &Engine, actor: &Actor, task: Task) -> Result<i64> {
     let (Task::Evaluate(p) | Task::Promote(p)) = &task else {
@@ -113,7 +107,7 @@ pub(crate) fn run_next_model_job(engine: &Engine, s: &Shared, kinds: &[&str]) ->
 fn run_task(engine: &Engine, id: i64, task: Task, actor: &Admin, token: &CancelToken) -> Result<serde_json::Value> {
     match task {
         Task::Evaluate(p) => {
-            let mut progress = crate::tasks::model_lane::job_dense_progress(&engine, id, token);
+            let mut progress = engine.queue().dense_progress(id, token);
             engine
                 .models()
                 .evaluate(actor, &p.candidate, &mut progress)
@@ -125,7 +119,7 @@ fn run_task(engine: &Engine, id: i64, task: Task, actor: &Admin, token: &CancelT
             if live.as_deref() == Some(p.candidate.as_str()) {
                 return Ok(serde_json::json!({"live": p.candidate}));
             }
-            let mut progress = crate::tasks::model_lane::job_dense_progress(&engine, id, token);
+            let mut progress = engine.queue().dense_progress(id, token);
             engine
                 .models()
                 .promote(actor, &p.candidate, p.override_reason.as_deref(), &mut progress)
@@ -133,7 +127,7 @@ fn run_task(engine: &Engine, id: i64, task: Task, actor: &Admin, token: &CancelT
         }
         Task::Train(p) => crate::training::run_training_job(engine, id, &p, actor, token),
         Task::EmbedPending(p) => crate::training::embed::run_offline_embed_job(engine, id, &p, actor, token),
-        Task::Backup(p) => engine.backup_maker().run_backup_job(id, &p, token),
+        Task::Backup(p) => crate::backup::BackupMaker::of(&engine).run_backup_job(id, &p, token),
         Task::Ingest(_) | Task::Chore(_) => {
             Err(Error::Internal(format!("job {id}: {} does not run on the model lane", task.kind())))
         }
@@ -156,26 +150,6 @@ fn after_model_task(engine: &Engine, id: i64, kind: &str, outcome: Outcome) -> R
         }
     }
     Ok(())
-}
-
-/// The progress sink of a task's embedding and scoring loops: writes at most every [`PROGRESS_EVERY`] (and at
-/// the end), and ends the loop with `Cancelled` once `token` is raised (the check at each batch).
-pub(crate) fn job_dense_progress<'a>(
-    engine: &'a Engine,
-    id: i64,
-    token: &'a CancelToken,
-) -> impl FnMut(DenseProgress) -> Result<()> + 'a {
-    let mut last = Instant::now() - PROGRESS_EVERY;
-    move |d: DenseProgress| {
-        if last.elapsed() >= PROGRESS_EVERY || d.done >= d.total {
-            last = Instant::now();
-            let stage = format!("{} {}", d.stage, d.collection);
-            if let Err(e) = engine.queue().job_progress(id, &stage, d.done as u64, d.total as u64) {
-                tracing::warn!(job = id, error = %e, "could not record progress");
-            }
-        }
-        token.check()
-    }
 }
 
 /// Ends a model task with its audit record in the same transaction, so the log never misses an ended task
@@ -230,7 +204,7 @@ impl crate::engine::Models<'_> {
         if self.retrieval().active_models()?.is_none() {
             return Err(Error::InvalidInput("没有在用的模型 (no live model pair to compare with)".into()));
         }
-        let pair = self.lifecycle().resolve_pair(candidate)?;
+        let pair = crate::lifecycle::Lifecycle::of(self).resolve_pair(candidate)?;
         crate::tasks::model_lane::submit_model_task(
             self,
             actor,
@@ -241,7 +215,7 @@ impl crate::engine::Models<'_> {
     /// Queues the promotion of `candidate`. The gate is checked now, so a refusal comes at once, and again when
     /// the task runs, against the pair live then.
     pub fn submit_promote(&self, actor: &Admin, candidate: &str, override_reason: Option<&str>) -> Result<i64> {
-        let (pair, _) = self.lifecycle().promotion_allowed(candidate, override_reason)?;
+        let (pair, _) = crate::lifecycle::Lifecycle::of(self).promotion_allowed(candidate, override_reason)?;
         let override_reason = override_reason.map(str::trim).filter(|r| !r.is_empty()).map(str::to_string);
         crate::tasks::model_lane::submit_model_task(
             self,

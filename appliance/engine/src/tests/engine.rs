@@ -54,7 +54,7 @@ fn kuake_qtr_bm25_dev_ndcg() {
     let docs = r.files[0].added + r.files[0].skipped_empty;
     assert_eq!(docs, 32_171);
     // The same candidate path `care eval` uses; with no model active it holds BM25 lists only.
-    let cands = eval::candidates(&e, &set, "kuake", 100, &mut |_, _| {}).unwrap();
+    let cands = eval::candidates(e.searcher(), &set, "kuake", 100, &mut |_, _| {}).unwrap();
     assert!(!cands.has_dense);
     let m = cands.score(&set, crate::fusion::Method::Bm25, 0.0);
     eprintln!("kuake_qtr dev BM25: {m:?}");
@@ -362,9 +362,9 @@ fn kuake_qtr_hybrid_dev_quality() {
     // Fit the weight on train queries, report on dev.
     let mut train = BeirSet::load(&set_dir, "train").unwrap();
     train.queries.truncate(600);
-    let tc = eval::candidates(&e, &train, "kuake", 100, &mut |_, _| {}).unwrap();
+    let tc = eval::candidates(e.searcher(), &train, "kuake", 100, &mut |_, _| {}).unwrap();
     let (w, _) = tc.tune(&train);
-    let dc = eval::candidates(&e, &set, "kuake", 100, &mut |_, _| {}).unwrap();
+    let dc = eval::candidates(e.searcher(), &set, "kuake", 100, &mut |_, _| {}).unwrap();
     use crate::fusion::Method;
     let bm25 = dc.score(&set, Method::Bm25, 0.0);
     let dense = dc.score(&set, Method::Dense, 1.0);
@@ -3339,14 +3339,16 @@ fn evaluation_and_the_gate_score_the_ranking_clinicians_see() {
     let (method, weight) = setting.unwrap();
     let served = eval::score(&set, &runs).ndcg_at_10;
     let col = crate::demo::DEMO_COLLECTION;
-    let cands = eval::candidates(&e, &set, col, 100, &mut |_, _| {}).unwrap();
+    let cands = eval::candidates(e.searcher(), &set, col, 100, &mut |_, _| {}).unwrap();
     assert!(cands.has_dense);
     let evaluated = cands.score(&set, method, weight).ndcg_at_10;
     assert!((evaluated - served).abs() <= 0.002, "care eval {evaluated:.4} vs served {served:.4}");
     // The gate's candidates under the live pair, its queries encoded one at a time.
     let pair = e.models.active_pair(&e.store).unwrap().unwrap();
     let c = e.indexer().collection(col).unwrap();
-    let gate = e.lifecycle().pair_candidates((&pair, care_formats::Graph::Fp32), &set, &c, &mut |_| Ok(())).unwrap();
+    let gate = crate::lifecycle::Lifecycle::of(&e)
+        .pair_candidates((&pair, care_formats::Graph::Fp32), &set, &c, &mut |_| Ok(()))
+        .unwrap();
     let gated = gate.score(&set, method, weight).ndcg_at_10;
     assert!((gated - served).abs() <= 0.002, "gate {gated:.4} vs served {served:.4}");
     assert!(served > 0.9, "the traditional queries find what the simplified ones found: {served:.4}");
@@ -3819,7 +3821,7 @@ fn vector_tables_past_the_rollback_retention_are_dropped_and_the_rest_serve() {
     };
     assert_eq!(tables(&e), ["1", "2", "3", "4"]);
 
-    let pruned = e.lifecycle().prune_vector_tables().unwrap();
+    let pruned = crate::lifecycle::Lifecycle::of(&e).prune_vector_tables().unwrap();
     let named: Vec<Option<String>> = pruned.iter().map(|p| p.model.clone()).collect();
     assert_eq!(named, [Some("e5-small@1".to_string()), None], "{pruned:?}");
     assert_eq!(pruned[1].table, "c99_m99_v1", "only tables of the engine's naming are swept");
@@ -3830,7 +3832,10 @@ fn vector_tables_past_the_rollback_retention_are_dropped_and_the_rest_serve() {
     let audited: i64 =
         db(&e).query_row("SELECT COUNT(*) FROM audit WHERE action = 'vectors.prune'", [], |r| r.get(0)).unwrap();
     assert_eq!(audited, 1);
-    assert!(e.lifecycle().prune_vector_tables().unwrap().is_empty(), "a second pass finds nothing");
+    assert!(
+        crate::lifecycle::Lifecycle::of(&e).prune_vector_tables().unwrap().is_empty(),
+        "a second pass finds nothing"
+    );
 
     let hybrid = |e: &Engine| {
         let r = e

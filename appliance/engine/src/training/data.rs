@@ -167,6 +167,11 @@ pub struct TrainingData<'e> {
 }
 
 impl TrainingData<'_> {
+    /// The part, borrowed from the engine's.
+    pub fn of(e: &crate::Engine) -> TrainingData<'_> {
+        TrainingData { cfg: &e.cfg, retrieval: e.retrieval(), vectors: e.vectors(), judgments: e.judgments() }
+    }
+
     /// Writes `corpus.jsonl` and `stage2.jsonl` into `dir` from the approved collections and returns the counts;
     /// with a pair, also `served_vectors.safetensors`, the document vectors the index holds for the corpus lines.
     /// At most `max_groups` Stage II groups (a seeded sample, drawn before mining: mining is the costly part).
@@ -660,7 +665,12 @@ impl crate::engine::Training<'_> {
     pub fn data(&self, _admin: &Admin, dir: &Path, recipe: &super::Recipe) -> Result<DataCounts> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let pair = self.retrieval().active_models()?;
-        self.training_data().assemble_training_data(dir, pair.as_ref(), &recipe.data, recipe.stage2_max_groups)
+        crate::training::data::TrainingData::of(self).assemble_training_data(
+            dir,
+            pair.as_ref(),
+            &recipe.data,
+            recipe.stage2_max_groups,
+        )
     }
 }
 

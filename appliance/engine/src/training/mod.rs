@@ -596,7 +596,7 @@ pub(crate) fn run_training_job(
     actor: &Admin,
     token: &CancelToken,
 ) -> Result<serde_json::Value> {
-    let base = engine.lifecycle().resolve_pair(&p.base)?;
+    let base = crate::lifecycle::Lifecycle::of(&engine).resolve_pair(&p.base)?;
     let dir = crate::training::run_dir(&engine, id);
     std::fs::create_dir_all(dir.join("logs")).map_err(|e| Error::io(&dir, e))?;
     let mut st: RunState = read_json(&dir.join("state.json")).unwrap_or_default();
@@ -623,7 +623,7 @@ pub(crate) fn run_training_job(
     let (query_template, document_template) =
         (prompt(&q_manifest, &q_manifest.query_template), prompt(&d_manifest, &d_manifest.document_template));
     run.phase(&mut st, "data", "整理训练数据", |_| {
-        let counts = engine.training_data().assemble_training_data(
+        let counts = crate::training::data::TrainingData::of(&engine).assemble_training_data(
             &dir,
             Some(&base),
             &p.recipe.data,
@@ -799,7 +799,7 @@ pub(crate) fn run_training_job(
             engine.models().import_by(actor, &doc_export, Transfer::Link)?;
         }
         let spec = format!("{name}@{version},{document}");
-        if engine.lifecycle().resolve_pair(&spec).is_err() {
+        if crate::lifecycle::Lifecycle::of(&engine).resolve_pair(&spec).is_err() {
             engine.models().import_by(actor, &export, Transfer::Link)?;
         }
         st.candidate = spec;
@@ -812,7 +812,7 @@ pub(crate) fn run_training_job(
     // candidate on its own vectors; promotion switches in one transaction.
     if both {
         run.phase(&mut st, "embed", "重新生成文档向量", |r| {
-            let cand = engine.lifecycle().resolve_pair(&candidate)?;
+            let cand = crate::lifecycle::Lifecycle::of(&engine).resolve_pair(&candidate)?;
             engine.retrieval().prepare_document_model(&cand.document, &mut r.dense_progress())
         })?;
     }
@@ -931,7 +931,7 @@ impl Run<'_> {
     }
 
     fn dense_progress(&self) -> impl FnMut(DenseProgress) -> Result<()> + '_ {
-        crate::tasks::model_lane::job_dense_progress(&self.e, self.id, self.token)
+        self.e.queue().dense_progress(self.id, self.token)
     }
 
     /// Runs `phase` as `care-train run --spec FILE` to its end, its step events shown as the job's progress (step,
