@@ -17,7 +17,7 @@
 //!   │           lifetimes): stored in SQLite over care.toml's, audited, read from memory
 //!   ├ clock     stored UTC times read in the hospital's time on pages
 //!   ├ accounts  users and roles, lockout, sessions, API tokens, per-collection read grants; argon2 on a fixed
-//!   │           pool of threads that keep their memory (accounts/hashing.rs; tests in accounts/tests.rs)
+//!   │           pool of threads that keep their memory (accounts/hashing.rs); API tokens (accounts/tokens.rs); tests in accounts/tests.rs
 //!   ├ directory sign-in through the hospital's LDAP/AD (directory/ldap.rs) or OIDC provider (directory/oidc.rs):
 //!   │           group → role and group → grant mapping, accounts provisioned and disabled by the directory
 //!   │           (directory.rs); both editable on the settings page over care.toml's (directory/console.rs)
