@@ -240,18 +240,7 @@ impl Engine {
     }
     /// The write protocol: ingest batches, deletions, recovery and the consistency check.
     pub fn indexer(&self) -> crate::indexer::Indexer<'_> {
-        crate::indexer::Indexer {
-            cfg: &self.cfg,
-            dir: &self.dir,
-            store: &self.store,
-            lexical: &self.lexical,
-            dense: &self.dense,
-            models: &self.models,
-            live: &self.live,
-            write_lock: &self.write_lock,
-            retrieval: self.retrieval(),
-            queue: self.queue(),
-        }
+        crate::indexer::Indexer { retrieval: self.retrieval(), write_lock: &self.write_lock, queue: self.queue() }
     }
     // The parts end here.
 
@@ -277,18 +266,5 @@ impl Engine {
         // Opening the engine notices the new dictionary hash and rebuilds the index.
         let e = Engine::open(cfg.clone(), OpenMode::Existing)?;
         e.store.audit_record(&actor.name, "dictionary.add", &serde_json::json!({ "words": words }))
-    }
-}
-
-impl Collections<'_> {
-    /// Deletes documents of a collection by external id everywhere (SQLite, the lexical index, every dense table),
-    /// recorded in the audit log. Unknown ids are reported as not found and nothing is deleted.
-    pub fn delete_documents(
-        &self,
-        collection: &str,
-        external_ids: &[String],
-        actor: &crate::accounts::Admin,
-    ) -> Result<usize> {
-        self.indexer().delete_documents(collection, external_ids, &actor.name)
     }
 }

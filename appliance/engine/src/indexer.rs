@@ -220,17 +220,11 @@ pub struct Stats {
 /// ([`crate::engine::Engine::indexer`]): ingest batches, deletions, recovery after a crash, the consistency check.
 #[derive(Clone, Copy)]
 pub struct Indexer<'e> {
-    pub(crate) cfg: &'e crate::config::EngineConfig,
-    pub(crate) dir: &'e crate::datadir::DataDir,
-    pub(crate) store: &'e crate::store::Store,
-    pub(crate) lexical: &'e crate::lexical::LexicalIndex,
-    pub(crate) dense: &'e crate::dense::DenseStore,
-    pub(crate) models: &'e crate::models::LoadedModels,
-    pub(crate) live: &'e crate::settings::LiveSettings,
+    /// The store, the indexes, the models and the settings the writes go to.
+    pub(crate) retrieval: crate::hybrid::Retrieval<'e>,
     /// Serialises writes to the stores (ingest batches, deletions): the write protocol assumes one writer, while
     /// job workers parse files in parallel.
     pub(crate) write_lock: &'e std::sync::Mutex<()>,
-    pub(crate) retrieval: crate::hybrid::Retrieval<'e>,
     pub(crate) queue: crate::jobs::JobQueue<'e>,
 }
 
@@ -248,34 +242,34 @@ impl Indexer<'_> {
             r => r?,
         }
         report.dense_repaired = self.retrieval.sync_dense_indexes(&mut |_| Ok(()))?;
-        self.dir.remove_stale_imports();
+        self.retrieval.dir.remove_stale_imports();
         Ok(report)
     }
 
     /// The lexical part of [`Engine::recover`]: a rebuild when needed, deletions and pending batches finished.
     fn recover_lexical(&self, report: &mut RecoveryReport) -> Result<()> {
-        if self.lexical.needs_rebuild && self.store.live_chunk_count()? > 0 {
+        if self.retrieval.lexical.needs_rebuild && self.retrieval.store.live_chunk_count()? > 0 {
             self.rebuild_lexical()?;
             report.rebuilt = true;
         }
-        let deleting = self.store.documents_in_state("deleting")?;
+        let deleting = self.retrieval.store.documents_in_state("deleting")?;
         if !deleting.is_empty() {
-            self.lexical.delete_documents(&deleting)?;
-            self.lexical.commit()?;
-            self.store.delete_documents(&deleting)?;
+            self.retrieval.lexical.delete_documents(&deleting)?;
+            self.retrieval.lexical.commit()?;
+            self.retrieval.store.delete_documents(&deleting)?;
             // Their vectors are removed by the dense sync below (rows no longer in SQLite).
             report.finished_deletions = deleting.len();
         }
-        let pending = self.store.documents_in_state("pending")?;
-        for batch in pending.chunks(self.cfg.ingest.batch_documents.max(1)) {
-            let chunks = self.store.chunks_of_documents(batch)?;
-            self.lexical.replace_documents(batch, &chunks)?;
-            self.lexical.commit()?;
-            self.store.set_documents_state(batch, "indexed")?;
+        let pending = self.retrieval.store.documents_in_state("pending")?;
+        for batch in pending.chunks(self.retrieval.cfg.ingest.batch_documents.max(1)) {
+            let chunks = self.retrieval.store.chunks_of_documents(batch)?;
+            self.retrieval.lexical.replace_documents(batch, &chunks)?;
+            self.retrieval.lexical.commit()?;
+            self.retrieval.store.set_documents_state(batch, "indexed")?;
         }
         report.reindexed_documents = pending.len();
         // Power loss can roll SQLite back past a tantivy commit; counts reveal it and a rebuild repairs it.
-        if !report.rebuilt && self.lexical.num_docs() != self.store.live_chunk_count()? {
+        if !report.rebuilt && self.retrieval.lexical.num_docs() != self.retrieval.store.live_chunk_count()? {
             self.rebuild_lexical()?;
             report.rebuilt = true;
         }
@@ -284,13 +278,13 @@ impl Indexer<'_> {
 
     /// Compares the chunk ids in SQLite with those in the lexical index, exactly.
     pub fn check(&self) -> Result<ConsistencyReport> {
-        self.lexical.reload()?;
+        self.retrieval.lexical.reload()?;
         let mut sqlite_ids = Vec::new();
-        self.store.for_each_live_chunk(|row| {
+        self.retrieval.store.for_each_live_chunk(|row| {
             sqlite_ids.push(row.chunk_id);
             Ok(())
         })?;
-        let mut index_ids: Vec<i64> = self.lexical.all_ids()?.into_iter().map(|(c, _)| c).collect();
+        let mut index_ids: Vec<i64> = self.retrieval.lexical.all_ids()?.into_iter().map(|(c, _)| c).collect();
         index_ids.sort_unstable();
         let duplicates = index_ids.windows(2).filter(|w| w[0] == w[1]).count();
         index_ids.dedup();
@@ -298,8 +292,8 @@ impl Indexer<'_> {
         let ix: std::collections::HashSet<i64> = index_ids.iter().copied().collect();
         let missing_from_index = sq.difference(&ix).count();
         let extra_in_index = ix.difference(&sq).count();
-        let pending_documents =
-            self.store.documents_in_state("pending")?.len() + self.store.documents_in_state("deleting")?.len();
+        let pending_documents = self.retrieval.store.documents_in_state("pending")?.len()
+            + self.retrieval.store.documents_in_state("deleting")?.len();
         let (dense_vectors, mut dense_missing, dense_extra, dense_duplicates) = self.retrieval.check_dense(&sq)?;
         let offline = self.retrieval.active_models()?.is_some_and(|p| !p.document.online);
         let dense_pending = if offline { std::mem::take(&mut dense_missing) } else { 0 };
@@ -327,20 +321,20 @@ impl Indexer<'_> {
 
     /// Re-creates the lexical index content from SQLite.
     pub(crate) fn rebuild_lexical(&self) -> Result<()> {
-        self.lexical.delete_all()?;
+        self.retrieval.lexical.delete_all()?;
         let mut batch = Vec::with_capacity(4096);
-        self.store.for_each_live_chunk(|row| {
+        self.retrieval.store.for_each_live_chunk(|row| {
             batch.push(row);
             if batch.len() == 4096 {
-                self.lexical.replace_documents(&[], &batch)?;
+                self.retrieval.lexical.replace_documents(&[], &batch)?;
                 batch.clear();
             }
             Ok(())
         })?;
-        self.lexical.replace_documents(&[], &batch)?;
-        self.lexical.commit()?;
-        let pending = self.store.documents_in_state("pending")?;
-        self.store.set_documents_state(&pending, "indexed")?;
+        self.retrieval.lexical.replace_documents(&[], &batch)?;
+        self.retrieval.lexical.commit()?;
+        let pending = self.retrieval.store.documents_in_state("pending")?;
+        self.retrieval.store.set_documents_state(&pending, "indexed")?;
         Ok(())
     }
 
@@ -348,7 +342,7 @@ impl Indexer<'_> {
     pub(crate) fn create_collection(&self, name: &str, description: &str, owner: &str) -> Result<Collection> {
         crate::store::validate_collection_name(name)?;
         {
-            let mut conn = self.store.conn();
+            let mut conn = self.retrieval.store.conn();
             let tx = conn.transaction()?;
             let res = tx.execute(
                 "INSERT INTO collections (name, description, owner, created_at) VALUES (?1, ?2, ?3, ?4)",
@@ -369,7 +363,7 @@ impl Indexer<'_> {
             )?;
             tx.commit()?;
         }
-        self.store.collection(name)
+        self.retrieval.store.collection(name)
     }
 
     /// Marks a collection as approved (or no longer approved) for training the encoders.
@@ -380,7 +374,7 @@ impl Indexer<'_> {
         actor: &str,
     ) -> Result<Collection> {
         {
-            let mut conn = self.store.conn();
+            let mut conn = self.retrieval.store.conn();
             let tx = conn.transaction()?;
             let n = tx.execute(
                 "UPDATE collections SET approved_for_training = ?2 WHERE name = ?1",
@@ -397,7 +391,7 @@ impl Indexer<'_> {
             )?;
             tx.commit()?;
         }
-        self.store.collection(collection)
+        self.retrieval.store.collection(collection)
     }
 
     /// Deletes a collection everywhere: its documents from the lexical index, its dense tables, then its rows.
@@ -405,9 +399,9 @@ impl Indexer<'_> {
     /// is decided, and a crash part-way is finished by recovery (documents) or by deleting again (the empty row).
     pub(crate) fn delete_collection(&self, name: &str, actor: &str) -> Result<usize> {
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let col = self.store.collection(name)?;
+        let col = self.retrieval.store.collection(name)?;
         let (ids, tables) = {
-            let mut conn = self.store.conn();
+            let mut conn = self.retrieval.store.conn();
             let tx = conn.transaction()?;
             let ids: Vec<i64> = {
                 let mut stmt = tx.prepare("SELECT id FROM documents WHERE collection_id = ?1")?;
@@ -429,12 +423,12 @@ impl Indexer<'_> {
             tx.commit()?;
             (ids, tables)
         };
-        self.lexical.delete_documents(&ids)?;
-        self.lexical.commit()?;
+        self.retrieval.lexical.delete_documents(&ids)?;
+        self.retrieval.lexical.commit()?;
         for t in &tables {
-            self.dense.drop_table(t)?;
+            self.retrieval.dense.drop_table(t)?;
         }
-        self.store.conn().execute("DELETE FROM collections WHERE id = ?1", [col.id])?;
+        self.retrieval.store.conn().execute("DELETE FROM collections WHERE id = ?1", [col.id])?;
         Ok(ids.len())
     }
 
@@ -445,22 +439,22 @@ impl Indexer<'_> {
         collections: &[String],
         k: usize,
     ) -> Result<Vec<crate::lexical::LexicalHit>> {
-        self.lexical.search(query, Some(collections), k, self.cfg.search.title_boost)
+        self.retrieval.lexical.search(query, Some(collections), k, self.retrieval.cfg.search.title_boost)
     }
 
     pub fn collection(&self, name: &str) -> Result<Collection> {
-        self.store.collection(name)
+        self.retrieval.store.collection(name)
     }
 
     pub fn collection_stats(&self) -> Result<Vec<CollectionStats>> {
-        self.store.collections()
+        self.retrieval.store.collections()
     }
 
     /// The chunker in force: tokens of the active query encoder's tokenizer when a model is active, else
     /// characters.
     pub(crate) fn chunker(&self) -> Result<Chunker> {
-        let cfg = &self.cfg.ingest.chunk;
-        let Some(pair) = crate::models::active(&self.store)? else {
+        let cfg = &self.retrieval.cfg.ingest.chunk;
+        let Some(pair) = crate::models::active(&self.retrieval.store)? else {
             return Ok(Chunker {
                 id: format!("chars:{}/{}", cfg.max_chars, cfg.overlap_chars),
                 tokenizer: None,
@@ -469,9 +463,9 @@ impl Indexer<'_> {
             });
         };
         let q = &pair.query;
-        let tok = self.models.tokenizer(q)?;
+        let tok = self.retrieval.models.tokenizer(q)?;
         // The console's chunk size, when set, with the overlap kept under a quarter of it.
-        let (max, overlap) = match self.live.get(crate::settings::Setting::ChunkTokens) {
+        let (max, overlap) = match self.retrieval.live.get(crate::settings::Setting::ChunkTokens) {
             Some(v) => (v as usize, cfg.overlap_tokens.min(v as usize / 4)),
             None => (cfg.max_tokens, cfg.overlap_tokens),
         };
@@ -502,7 +496,7 @@ impl Indexer<'_> {
         opts: &IngestOptions,
         progress: &mut dyn FnMut(IngestProgress),
     ) -> Result<IngestReport> {
-        let col = self.store.collection(collection)?;
+        let col = self.retrieval.store.collection(collection)?;
         let mut report = IngestReport::default();
         for (i, path) in files.iter().enumerate() {
             let reports = self.ingest_one_file(&col, path, opts, &mut |done, total| {
@@ -551,7 +545,13 @@ impl Indexer<'_> {
         progress: &mut dyn FnMut(usize, usize) -> bool,
         pages: &mut dyn FnMut(u32, u32),
     ) -> Result<Vec<FileReport>> {
-        let units = match crate::ingest::worker::read_units(path, opts, &self.cfg.ingest, &self.cfg.model, pages) {
+        let units = match crate::ingest::worker::read_units(
+            path,
+            opts,
+            &self.retrieval.cfg.ingest,
+            &self.retrieval.cfg.model,
+            pages,
+        ) {
             Ok(u) => u,
             Err(e) => {
                 return Ok(vec![FileReport {
@@ -584,7 +584,7 @@ impl Indexer<'_> {
                         }
                     }
                     let total = parsed.documents.len();
-                    let bs = self.cfg.ingest.batch_documents.max(1);
+                    let bs = self.retrieval.cfg.ingest.batch_documents.max(1);
                     for (b, batch) in parsed.documents.chunks(bs).enumerate() {
                         self.write_batch(col, batch, &mut fr, &chunker)?;
                         if !progress((b * bs + batch.len()).min(total), total) {
@@ -600,10 +600,10 @@ impl Indexer<'_> {
 
     /// Ingests already-parsed documents (used by the demo loader and by tests).
     pub(crate) fn ingest_documents(&self, collection: &str, docs: &[ParsedDocument]) -> Result<FileReport> {
-        let col = self.store.collection(collection)?;
+        let col = self.retrieval.store.collection(collection)?;
         let chunker = self.chunker()?;
         let mut fr = FileReport::default();
-        for batch in docs.chunks(self.cfg.ingest.batch_documents.max(1)) {
+        for batch in docs.chunks(self.retrieval.cfg.ingest.batch_documents.max(1)) {
             self.write_batch(&col, batch, &mut fr, &chunker)?;
         }
         Ok(fr)
@@ -630,12 +630,12 @@ impl Indexer<'_> {
             return Ok(());
         }
         // 2. Lexical index: replace those documents' chunks, commit atomically.
-        self.lexical.replace_documents(&touched, &rows)?;
-        self.lexical.commit()?;
+        self.retrieval.lexical.replace_documents(&touched, &rows)?;
+        self.retrieval.lexical.commit()?;
         // 3. Dense vectors, when a document encoder is active (a crash here is repaired by the sync on open).
         self.retrieval.embed_documents(col, &touched, &rows)?;
         // 4. Confirm.
-        self.store.set_documents_state(&touched, "indexed")?;
+        self.retrieval.store.set_documents_state(&touched, "indexed")?;
         Ok(())
     }
 
@@ -650,7 +650,7 @@ impl Indexer<'_> {
         let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
         let mut fresh = Vec::new();
         {
-            let conn = self.store.reader();
+            let conn = self.retrieval.store.reader();
             let mut find = conn.prepare_cached(
                 "SELECT content_hash, chunker FROM documents WHERE collection_id = ?1 AND external_id = ?2",
             )?;
@@ -677,7 +677,7 @@ impl Indexer<'_> {
         fr: &mut FileReport,
     ) -> Result<(Vec<i64>, Vec<crate::store::ChunkRow>)> {
         let (mut touched, mut rows) = (Vec::new(), Vec::new());
-        let mut conn = self.store.conn();
+        let mut conn = self.retrieval.store.conn();
         // Immediate: take SQLite's write lock now rather than upgrading mid-way (another process may write).
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let ts = now();
@@ -717,20 +717,20 @@ impl Indexer<'_> {
     }
 
     pub fn stats(&self) -> Result<Stats> {
-        let conn = self.store.conn();
+        let conn = self.retrieval.store.conn();
         let documents: i64 = conn.query_row("SELECT COUNT(*) FROM documents", [], |r| r.get(0))?;
         let chunks: i64 = conn.query_row("SELECT COUNT(*) FROM chunks", [], |r| r.get(0))?;
         let pending: i64 =
             conn.query_row("SELECT COUNT(*) FROM documents WHERE state != 'indexed'", [], |r| r.get(0))?;
         drop(conn);
-        self.lexical.reload()?;
+        self.retrieval.lexical.reload()?;
         Ok(Stats {
-            schema_version: self.store.schema_version()?,
+            schema_version: self.retrieval.store.schema_version()?,
             documents: documents as u64,
             chunks: chunks as u64,
             pending_documents: pending as u64,
-            lexical_docs: self.lexical.num_docs(),
-            collections: self.store.collections()?,
+            lexical_docs: self.retrieval.lexical.num_docs(),
+            collections: self.retrieval.store.collections()?,
         })
     }
 
@@ -738,10 +738,10 @@ impl Indexer<'_> {
     /// table), recorded in the audit log. Unknown ids are reported as not found and nothing is deleted.
     pub(crate) fn delete_documents(&self, collection: &str, external_ids: &[String], actor: &str) -> Result<usize> {
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let col = self.store.collection(collection)?;
+        let col = self.retrieval.store.collection(collection)?;
         let mut ids = Vec::new();
         {
-            let conn = self.store.conn();
+            let conn = self.retrieval.store.conn();
             let mut find =
                 conn.prepare_cached("SELECT id FROM documents WHERE collection_id = ?1 AND external_id = ?2")?;
             for e in external_ids {
@@ -753,7 +753,7 @@ impl Indexer<'_> {
         }
         // Marked `deleting` with the audit record: the deletion is decided here, and recovery finishes it.
         {
-            let mut conn = self.store.conn();
+            let mut conn = self.retrieval.store.conn();
             let tx = conn.transaction()?;
             {
                 let mut stmt = tx.prepare_cached("UPDATE documents SET state = 'deleting' WHERE id = ?1")?;
@@ -769,10 +769,10 @@ impl Indexer<'_> {
             )?;
             tx.commit()?;
         }
-        self.lexical.delete_documents(&ids)?;
-        self.lexical.commit()?;
+        self.retrieval.lexical.delete_documents(&ids)?;
+        self.retrieval.lexical.commit()?;
         self.retrieval.delete_dense_documents(col.id, &ids)?;
-        self.store.delete_documents(&ids)?;
+        self.retrieval.store.delete_documents(&ids)?;
         Ok(ids.len())
     }
 }

@@ -574,6 +574,17 @@ impl crate::engine::Search<'_> {
 }
 
 impl crate::engine::Collections<'_> {
+    /// Deletes documents of a collection by external id everywhere (SQLite, the lexical index, every dense table),
+    /// recorded in the audit log. Unknown ids are reported as not found and nothing is deleted.
+    pub fn delete_documents(
+        &self,
+        collection: &str,
+        external_ids: &[String],
+        actor: &crate::accounts::Admin,
+    ) -> Result<usize> {
+        self.indexer().delete_documents(collection, external_ids, &actor.name)
+    }
+
     /// Collections with counts, only those `actor` may read.
     pub fn list(&self, actor: &Actor) -> Result<Vec<CollectionStats>> {
         let readable = self.search().readable_collections(actor)?;
