@@ -326,7 +326,7 @@ impl crate::engine::Audit<'_> {
     pub fn export_analytics(&self, actor: &Admin, days: u32) -> Result<String> {
         let a = self.audit().analytics(actor, days)?;
         let detail = serde_json::json!({"days": a.days, "searches": a.searches});
-        crate::service::audit_event(self, actor, "analytics.export", &detail)?;
+        audit_event(self, actor, "analytics.export", &detail)?;
         Ok(crate::analytics::to_csv(&a))
     }
 
@@ -334,7 +334,7 @@ impl crate::engine::Audit<'_> {
     pub fn export(&self, actor: &Admin, f: &Filter, limit: usize, filter_text: &str) -> Result<String> {
         let records = self.audit().records(actor, f, limit, 0)?;
         let detail = serde_json::json!({"records": records.len(), "filter": filter_text});
-        crate::service::audit_event(self, actor, "audit.export", &detail)?;
+        audit_event(self, actor, "audit.export", &detail)?;
         Ok(audit::to_csv(&records))
     }
 
@@ -395,7 +395,7 @@ impl crate::engine::Search<'_> {
             let detail = serde_json::json!({
                 "query": logged_query(&s.query), "collection": named, "offset": s.offset, "reason": reason,
             });
-            crate::service::audit_search(self, actor, action, detail)?;
+            audit_search(self, actor, action, detail)?;
             Err(err)
         };
         if let Err(e) = self.searcher().validate_search(&req) {
@@ -411,7 +411,7 @@ impl crate::engine::Search<'_> {
             SearchResults::empty(req.query.trim())
         } else {
             req.collections = Some(cols.clone());
-            match crate::service::search_caught(self, &req) {
+            match search_caught(self, &req) {
                 Ok(r) => r,
                 Err(e) if e.code().class() == crate::error::StatusClass::Internal => {
                     // A failure of ours, not of the request: audited, and the person gets words to pass on (the
@@ -434,7 +434,7 @@ impl crate::engine::Search<'_> {
         if !res.filter.is_empty() {
             detail["filter"] = serde_json::json!(res.filter);
         }
-        crate::service::audit_search(self, actor, "search", detail)?;
+        audit_search(self, actor, "search", detail)?;
         Ok(res)
     }
 
@@ -444,14 +444,14 @@ impl crate::engine::Search<'_> {
         let detail = serde_json::json!({
             "query": logged_query(query), "document": document, "chunk": chunk, "rank": rank.min(100_000),
         });
-        crate::service::audit_search(self, actor, "search.click", detail)
+        audit_search(self, actor, "search.click", detail)
     }
 
     /// A document, if `actor` may read its collection (otherwise not found, never forbidden: ids must not reveal
     /// what exists). A refused read is audited.
     pub fn document(&self, actor: &Actor, id: i64) -> Result<DocumentView> {
         let denied = |detail: serde_json::Value| -> Result<DocumentView> {
-            crate::service::audit_event(self, actor, "document.denied", &detail)?;
+            audit_event(self, actor, "document.denied", &detail)?;
             Err(not_found_document(id))
         };
         let doc = match feedback::document(&self.store, id) {
@@ -461,11 +461,11 @@ impl crate::engine::Search<'_> {
             }
             Err(e) => return Err(e),
         };
-        if !crate::service::may_read(self, actor, &doc.collection)? {
+        if !may_read(self, actor, &doc.collection)? {
             let reason = "collection not granted";
             return denied(serde_json::json!({"document": id, "collection": doc.collection, "reason": reason}));
         }
-        if !crate::service::may_see_document(self, actor, id)? {
+        if !may_see_document(self, actor, id)? {
             let reason = "not on the document's access list";
             return denied(serde_json::json!({"document": id, "collection": doc.collection, "reason": reason}));
         }
@@ -477,14 +477,14 @@ impl crate::engine::Search<'_> {
         let n = query.trim().chars().count();
         if n == 0 || n > MAX_QUERY_CHARS {
             let detail = serde_json::json!({"chunk": chunk_id, "query_chars": n, "reason": "query empty or too long"});
-            crate::service::audit_event(self, actor, "feedback.rejected", &detail)?;
+            audit_event(self, actor, "feedback.rejected", &detail)?;
             return Err(Error::InvalidInput(format!(
                 "反馈所针对的查询须为 1 到 {MAX_QUERY_CHARS} 个字符 (feedback query must be 1-{MAX_QUERY_CHARS} characters)"
             )));
         }
         let denied = |reason: &str| -> Result<i64> {
             let detail = serde_json::json!({"chunk": chunk_id, "query": logged_query(query), "reason": reason});
-            crate::service::audit_event(self, actor, "feedback.denied", &detail)?;
+            audit_event(self, actor, "feedback.denied", &detail)?;
             Err(Error::NotFound { what: format!("片段 #{chunk_id}") })
         };
         let (collection, document) = match feedback::chunk_collection(&self.store, chunk_id) {
@@ -492,10 +492,10 @@ impl crate::engine::Search<'_> {
             Err(Error::NotFound { .. }) => return denied("no such passage"),
             Err(e) => return Err(e),
         };
-        if !crate::service::may_read(self, actor, &collection)? {
+        if !may_read(self, actor, &collection)? {
             return denied("collection not granted");
         }
-        if !crate::service::may_see_document(self, actor, document)? {
+        if !may_see_document(self, actor, document)? {
             return denied("not on the document's access list");
         }
         // Feedback feeds training and can start a schedule's run (min_new_feedback): one account must not be able
@@ -845,7 +845,7 @@ impl crate::engine::Ingest<'_> {
             "failed": report.failed(),
             "documents": report.documents_written(),
         });
-        crate::service::audit_event(self, actor, "ingest.files", &detail)?;
+        audit_event(self, actor, "ingest.files", &detail)?;
         Ok(report)
     }
 }
@@ -975,11 +975,11 @@ impl crate::engine::Settings<'_> {
 
 impl crate::engine::Tasks<'_> {
     pub fn jobs(&self, _admin: &Admin, limit: usize) -> Result<Vec<JobView>> {
-        self.queue().jobs(limit.clamp(1, 500))?.into_iter().map(|j| crate::service::job_view(self, j)).collect()
+        self.queue().jobs(limit.clamp(1, 500))?.into_iter().map(|j| job_view(self, j)).collect()
     }
 
     pub fn job(&self, _admin: &Admin, id: i64) -> Result<JobView> {
-        crate::service::job_view(self, self.queue().job(id)?)
+        job_view(self, self.queue().job(id)?)
     }
 
     pub fn cancel(&self, actor: &Admin, id: i64) -> Result<()> {
@@ -1061,7 +1061,7 @@ impl crate::engine::Models<'_> {
             "collection": r.collection, "chunks": r.chunks, "path": r.path.display().to_string(),
             "pending_for": pending_for,
         });
-        crate::service::audit_event(self, admin, "collection.export_chunks", &detail)?;
+        audit_event(self, admin, "collection.export_chunks", &detail)?;
         Ok(r)
     }
 }

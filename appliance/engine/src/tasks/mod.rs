@@ -190,12 +190,12 @@ pub(crate) fn run_chore(engine: &Engine, chore: Chore, hk: &Housekeeping) {
                 Err(e) => tracing::error!(full, error = %e, "audit log verification failed"),
             }
         }
-        Chore::Retention => crate::tasks::retention(&engine, hk),
+        Chore::Retention => retention(engine, hk),
         Chore::PruneRuns => {
             if let Err(e) = crate::training::prune_finished_runs(engine) {
                 tracing::warn!(error = %e, "could not free the weights of ended training runs");
             }
-            match crate::lifecycle::Lifecycle::of(&engine).prune_vector_tables() {
+            match crate::lifecycle::Lifecycle::of(engine).prune_vector_tables() {
                 Ok(p) if p.is_empty() => {}
                 Ok(p) => tracing::info!(tables = ?p, "dropped vector tables past the rollback retention"),
                 Err(e) => tracing::warn!(error = %e, "could not apply the vector-table retention"),

@@ -70,13 +70,13 @@ pub(crate) fn run_next_model_job(engine: &Engine, s: &Shared, kinds: &[&str]) ->
         .optional()?;
     let Some((id, kind, json, cancelled)) = next else { return Ok(false) };
     if cancelled {
-        crate::tasks::model_lane::end_model_job(&engine, id, Outcome::Cancelled)?;
+        end_model_job(engine, id, Outcome::Cancelled)?;
         return Ok(true);
     }
-    let actor = match crate::tasks::submitter_of(&engine, id) {
+    let actor = match crate::tasks::submitter_of(engine, id) {
         Ok(a) => a,
         Err(err @ Error::Forbidden(_)) => {
-            crate::tasks::refuse_task(&engine, id, &err)?;
+            crate::tasks::refuse_task(engine, id, &err)?;
             return Ok(true);
         }
         Err(err) => return Err(err),
@@ -87,8 +87,7 @@ pub(crate) fn run_next_model_job(engine: &Engine, s: &Shared, kinds: &[&str]) ->
     )?;
     tracing::info!(job = id, kind, "model task started");
     let token = s.token(id);
-    let result = Task::from_row(id, &kind, &json)
-        .and_then(|task| crate::tasks::model_lane::run_task(&engine, id, task, &actor, &token));
+    let result = Task::from_row(id, &kind, &json).and_then(|task| run_task(engine, id, task, &actor, &token));
     let outcome = match result {
         Ok(result) => Outcome::Done(result),
         Err(Error::Cancelled(_)) if token.stop_reason() == Some(StopReason::Shutdown) => {
@@ -99,7 +98,7 @@ pub(crate) fn run_next_model_job(engine: &Engine, s: &Shared, kinds: &[&str]) ->
         Err(Error::Cancelled(_)) => Outcome::Cancelled,
         Err(e) => Outcome::Failed(e),
     };
-    crate::tasks::model_lane::after_model_task(&engine, id, &kind, outcome)?;
+    after_model_task(engine, id, &kind, outcome)?;
     Ok(true)
 }
 
@@ -127,7 +126,7 @@ fn run_task(engine: &Engine, id: i64, task: Task, actor: &Admin, token: &CancelT
         }
         Task::Train(p) => crate::training::run_training_job(engine, id, &p, actor, token),
         Task::EmbedPending(p) => crate::training::embed::run_offline_embed_job(engine, id, &p, actor, token),
-        Task::Backup(p) => crate::backup::BackupMaker::of(&engine).run_backup_job(id, &p, token),
+        Task::Backup(p) => crate::backup::BackupMaker::of(engine).run_backup_job(id, &p, token),
         Task::Ingest(_) | Task::Chore(_) => {
             Err(Error::Internal(format!("job {id}: {} does not run on the model lane", task.kind())))
         }
@@ -142,7 +141,7 @@ fn after_model_task(engine: &Engine, id: i64, kind: &str, outcome: Outcome) -> R
         // resumes a run whose phases all finished (nothing to redo) or one that failed anyway.
         crate::training::free_run_weights(engine, id);
     }
-    crate::tasks::model_lane::end_model_job(&engine, id, outcome)?;
+    end_model_job(engine, id, outcome)?;
     if trains || kind == crate::training::embed::EMBED {
         // Best effort: the next run's start and the housekeeping chore prune again.
         if let Err(e) = crate::training::prune_finished_runs(engine) {
@@ -205,7 +204,7 @@ impl crate::engine::Models<'_> {
             return Err(Error::InvalidInput("没有在用的模型 (no live model pair to compare with)".into()));
         }
         let pair = crate::lifecycle::Lifecycle::of(self).resolve_pair(candidate)?;
-        crate::tasks::model_lane::submit_model_task(
+        submit_model_task(
             self,
             actor,
             Task::Evaluate(CandidateParams { candidate: pair_spec(&pair), override_reason: None }),
@@ -217,10 +216,6 @@ impl crate::engine::Models<'_> {
     pub fn submit_promote(&self, actor: &Admin, candidate: &str, override_reason: Option<&str>) -> Result<i64> {
         let (pair, _) = crate::lifecycle::Lifecycle::of(self).promotion_allowed(candidate, override_reason)?;
         let override_reason = override_reason.map(str::trim).filter(|r| !r.is_empty()).map(str::to_string);
-        crate::tasks::model_lane::submit_model_task(
-            self,
-            actor,
-            Task::Promote(CandidateParams { candidate: pair_spec(&pair), override_reason }),
-        )
+        submit_model_task(self, actor, Task::Promote(CandidateParams { candidate: pair_spec(&pair), override_reason }))
     }
 }

@@ -509,7 +509,7 @@ pub(crate) fn prune_finished_runs(engine: &Engine) -> Result<u64> {
 
 /// Frees the weights of run `job` (see [`prune_run_dir`]).
 pub(crate) fn free_run_weights(engine: &Engine, job: i64) {
-    let freed = prune_run_dir(&crate::training::run_dir(&engine, job));
+    let freed = prune_run_dir(&run_dir(engine, job));
     tracing::info!(job, freed_bytes = freed, "freed the run's weights");
 }
 
@@ -537,7 +537,7 @@ fn training_disk(engine: &Engine, pair: &ActivePair, recipe: &Recipe) -> Result<
 
 /// Refuses a run the data disk cannot hold (see [`Engine::training_disk`]).
 fn check_training_disk(engine: &Engine, pair: &ActivePair, recipe: &Recipe) -> Result<()> {
-    let d = crate::training::training_disk(&engine, pair, recipe)?;
+    let d = training_disk(engine, pair, recipe)?;
     if !d.enough() {
         return Err(Error::DiskFull {
             path: engine.cfg.storage.data_dir.clone(),
@@ -576,15 +576,15 @@ pub(crate) fn prepare_training(
             "没有批准用于训练的集合 (no collection is approved for training; approve one first)".into(),
         ));
     }
-    let st = crate::training::refresh_trainer_status(&engine);
+    let st = refresh_trainer_status(engine);
     if !st.ready {
         return Err(Error::TrainerUnavailable(st.message));
     }
-    crate::training::prune_finished_runs(&engine)?;
+    prune_finished_runs(engine)?;
     if recipe.sides == Sides::Both {
         trainable_document(&pair.document)?;
     }
-    crate::training::check_training_disk(&engine, &pair, recipe)?;
+    check_training_disk(engine, &pair, recipe)?;
     Ok((TrainParams { recipe: recipe.clone(), base: pair_spec(&pair), schedule }, st.device))
 }
 
@@ -596,14 +596,14 @@ pub(crate) fn run_training_job(
     actor: &Admin,
     token: &CancelToken,
 ) -> Result<serde_json::Value> {
-    let base = crate::lifecycle::Lifecycle::of(&engine).resolve_pair(&p.base)?;
-    let dir = crate::training::run_dir(&engine, id);
+    let base = crate::lifecycle::Lifecycle::of(engine).resolve_pair(&p.base)?;
+    let dir = run_dir(engine, id);
     std::fs::create_dir_all(dir.join("logs")).map_err(|e| Error::io(&dir, e))?;
     let mut st: RunState = read_json(&dir.join("state.json")).unwrap_or_default();
-    crate::training::prune_finished_runs(&engine)?;
+    prune_finished_runs(engine)?;
     if st.phases.is_empty() {
         // Queued a while ago: the disk may have filled since it was submitted.
-        crate::training::check_training_disk(&engine, &base, &p.recipe)?;
+        check_training_disk(engine, &base, &p.recipe)?;
     }
     let run = Run { e: engine, id, dir: &dir, token };
     let q_manifest = ModelManifest::load(&base.query.dir).map_err(|e| Error::Model(e.to_string()))?;
@@ -623,7 +623,7 @@ pub(crate) fn run_training_job(
     let (query_template, document_template) =
         (prompt(&q_manifest, &q_manifest.query_template), prompt(&d_manifest, &d_manifest.document_template));
     run.phase(&mut st, "data", "整理训练数据", |_| {
-        let counts = crate::training::data::TrainingData::of(&engine).assemble_training_data(
+        let counts = crate::training::data::TrainingData::of(engine).assemble_training_data(
             &dir,
             Some(&base),
             &p.recipe.data,
@@ -725,7 +725,7 @@ pub(crate) fn run_training_job(
             },
         }))
     })?;
-    crate::training::store_loss_chart(&engine, id, &[&s1, &s2])?;
+    store_loss_chart(engine, id, &[&s1, &s2])?;
     // WiSE-FT: the trained encoder averaged with its starting point (the recipe's choice; 1 skips it).
     let merge = p.recipe.merge_ratio < 1.0;
     let both = p.recipe.sides == Sides::Both;
@@ -799,7 +799,7 @@ pub(crate) fn run_training_job(
             engine.models().import_by(actor, &doc_export, Transfer::Link)?;
         }
         let spec = format!("{name}@{version},{document}");
-        if crate::lifecycle::Lifecycle::of(&engine).resolve_pair(&spec).is_err() {
+        if crate::lifecycle::Lifecycle::of(engine).resolve_pair(&spec).is_err() {
             engine.models().import_by(actor, &export, Transfer::Link)?;
         }
         st.candidate = spec;
@@ -812,7 +812,7 @@ pub(crate) fn run_training_job(
     // candidate on its own vectors; promotion switches in one transaction.
     if both {
         run.phase(&mut st, "embed", "重新生成文档向量", |r| {
-            let cand = crate::lifecycle::Lifecycle::of(&engine).resolve_pair(&candidate)?;
+            let cand = crate::lifecycle::Lifecycle::of(engine).resolve_pair(&candidate)?;
             engine.retrieval().prepare_document_model(&cand.document, &mut r.dense_progress())
         })?;
     }
@@ -1068,13 +1068,13 @@ fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TrainingRun> {
 /// Whether training can start here, and on which device, without waiting: the newest answer of a check
 /// ([`crate::trainer`]), started in the background when there is none or it is older than ten minutes.
 pub fn trainer_status(engine: &Engine) -> TrainerStatus {
-    engine.trainer_check.latest(&engine.cfg.training.trainer, crate::training::training_device(&engine))
+    engine.trainer_check.latest(&engine.cfg.training.trainer, training_device(engine))
 }
 
 /// Checks the trainer now and waits for the answer (at most 30 s), which pages then show too: for submitting
 /// work to the trainer and for `care train status`.
 pub fn refresh_trainer_status(engine: &Engine) -> TrainerStatus {
-    engine.trainer_check.refresh(&engine.cfg.training.trainer, crate::training::training_device(&engine))
+    engine.trainer_check.refresh(&engine.cfg.training.trainer, training_device(engine))
 }
 
 impl crate::engine::Training<'_> {
@@ -1082,18 +1082,18 @@ impl crate::engine::Training<'_> {
     /// from the live pair. None when no pair is live.
     pub fn disk(&self, _admin: &Admin, sides: Sides) -> Result<Option<TrainingDisk>> {
         let recipe = Recipe { sides, ..Recipe::default() };
-        self.retrieval().active_models()?.map(|p| crate::training::training_disk(self, &p, &recipe)).transpose()
+        self.retrieval().active_models()?.map(|p| training_disk(self, &p, &recipe)).transpose()
     }
 
     /// How long `recipe` should take here, judged from the newest finished run of its shape on this device.
     pub fn estimate(&self, actor: &Admin, recipe: &Recipe) -> Result<Option<Estimate>> {
-        Ok(estimate(&self.training().runs(actor, 100)?, recipe, &crate::training::training_device(self)))
+        Ok(estimate(&self.training().runs(actor, 100)?, recipe, &training_device(self)))
     }
 
     /// Queues a training run from the live pair. Refused at once when the trainer cannot run, nothing is approved
     /// for training, or another run is queued or running (runs never overlap).
     pub fn submit(&self, actor: &Admin, recipe: &Recipe, schedule: Option<i64>) -> Result<i64> {
-        let (p, device) = crate::training::prepare_training(self, recipe, schedule)?;
+        let (p, device) = prepare_training(self, recipe, schedule)?;
         let id = {
             let mut conn = self.store.conn();
             let tx = conn.transaction()?;

@@ -130,7 +130,7 @@ pub(crate) fn fire_due_schedules(engine: &Engine, at: OffsetDateTime) -> Result<
         }
         // Outside the transaction: these checks start `care-train --version` and read the disk.
         let prepared = crate::training::prepare_training(engine, &s.spec.recipe, Some(s.id));
-        if let Some(job) = crate::training::schedule::fire_schedule(&engine, &s, prepared, at)? {
+        if let Some(job) = fire_schedule(engine, &s, prepared, at)? {
             engine.queue().tasks_changed();
             return Ok(Some(job));
         }
@@ -148,8 +148,7 @@ fn fire_schedule(
     at: OffsetDateTime,
 ) -> Result<Option<i64>> {
     let minute = s.spec.time.as_deref().and_then(|t| parse_time(t).ok());
-    let next =
-        minute.map(|m| rfc3339(next_occurrence(s.spec.weekday, m, crate::training::schedule::offset(&engine), at)));
+    let next = minute.map(|m| rfc3339(next_occurrence(s.spec.weekday, m, offset(engine), at)));
     let mut conn = engine.store.conn();
     let tx = conn.transaction()?;
     // Still as it was read: otherwise another firing got here first.
@@ -211,14 +210,7 @@ impl crate::engine::Training<'_> {
     /// Creates a schedule (`id = None`) or replaces one, audited in the same transaction.
     pub fn set_schedule(&self, actor: &Admin, id: Option<i64>, spec: &ScheduleSpec) -> Result<i64> {
         let minute = spec.check()?;
-        let next = minute.map(|m| {
-            rfc3339(next_occurrence(
-                spec.weekday,
-                m,
-                crate::training::schedule::offset(self),
-                OffsetDateTime::now_utc(),
-            ))
-        });
+        let next = minute.map(|m| rfc3339(next_occurrence(spec.weekday, m, offset(self), OffsetDateTime::now_utc())));
         let json = serde_json::to_string(spec).map_err(|e| Error::Internal(e.to_string()))?;
         let mut conn = self.store.conn();
         let tx = conn.transaction()?;
