@@ -258,9 +258,26 @@ fn next_run(time: Option<&str>, cfg: &EngineConfig, after: OffsetDateTime) -> Op
     Some(rfc3339(next_occurrence(None, minute, hospital_offset(cfg), after)))
 }
 
+/// What a wake-up of the timer lane did about the daily backup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fired {
+    /// The backup queued now, if one was due.
+    pub job: Option<i64>,
+    /// The next run after this one (UTC): when the timer lane wakes next for it.
+    pub next: Option<OffsetDateTime>,
+}
+
+impl Fired {
+    /// How long from `now` until the next run, as the timer lane waits.
+    pub(crate) fn wake_at(&self, now: OffsetDateTime) -> Option<std::time::Instant> {
+        let t = self.next.filter(|t| *t > now)?;
+        Some(std::time::Instant::now() + std::time::Duration::try_from(t - now).unwrap_or_default())
+    }
+}
+
 /// Queues the scheduled backup when it is due at `at`, and (re)computes the next run; in the process that runs
-/// jobs, at each wake-up of the timer lane. Returns the job queued, if any.
-pub(crate) fn fire_due(store: &Store, cfg: &EngineConfig, at: OffsetDateTime) -> Result<Option<i64>> {
+/// jobs, at each wake-up of the timer lane (one read of the schedule's row when nothing is due).
+pub(crate) fn fire_due(store: &Store, cfg: &EngineConfig, at: OffsetDateTime) -> Result<Fired> {
     // The common case, nothing due and the next run known, reads only.
     let is_due = |p: &Plan| p.next_due.as_deref().and_then(parse_rfc3339).is_some_and(|t| t <= at);
     let r = row(&store.reader())?;
@@ -268,7 +285,7 @@ pub(crate) fn fire_due(store: &Store, cfg: &EngineConfig, at: OffsetDateTime) ->
     // Settled: the stored next run belongs to the time in force (none stored when there is no time).
     let settled = if p.time.is_some() { p.next_due.is_some() } else { r.next_due.is_empty() };
     if settled && !is_due(&p) {
-        return Ok(None);
+        return Ok(Fired { job: None, next: p.next_due.as_deref().and_then(parse_rfc3339) });
     }
     let mut conn = store.conn();
     let tx = conn.transaction()?;
@@ -304,15 +321,5 @@ pub(crate) fn fire_due(store: &Store, cfg: &EngineConfig, at: OffsetDateTime) ->
         params![next.clone().unwrap_or_default(), p.time.clone().unwrap_or_default(), due, rfc3339(at), job],
     )?;
     tx.commit()?;
-    Ok(job)
-}
-
-/// When the timer lane should wake for the next scheduled backup.
-pub(crate) fn next_due(store: &Store, cfg: &EngineConfig, now: OffsetDateTime) -> Result<Option<std::time::Instant>> {
-    let p = plan(&store.reader(), cfg)?;
-    Ok(p.next_due
-        .as_deref()
-        .and_then(parse_rfc3339)
-        .filter(|t| *t > now)
-        .map(|t| std::time::Instant::now() + std::time::Duration::try_from(t - now).unwrap_or_default()))
+    Ok(Fired { job, next: next.as_deref().and_then(parse_rfc3339) })
 }

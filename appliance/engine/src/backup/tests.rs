@@ -280,19 +280,23 @@ fn the_daily_backup_fires_once_when_due_and_the_console_s_values_override_the_fi
     };
     // The first look computes the next run (02:30 in the hospital's time = 18:30 UTC) and queues nothing.
     let now = datetime!(2026-11-30 10:00 UTC);
-    assert_eq!(schedule::fire_due(&e.store, &cfg, now).unwrap(), None);
+    assert_eq!(schedule::fire_due(&e.store, &cfg, now).unwrap().job, None);
     let admin = Admin::system();
     assert_eq!(e.backups().status(&admin).unwrap().plan.next_due.as_deref(), Some("2026-11-30T18:30:00Z"));
-    assert_eq!(schedule::fire_due(&e.store, &cfg, datetime!(2026-11-30 18:29 UTC)).unwrap(), None);
+    // A wake-up with nothing due says when the next one is, from the one read of the row.
+    let fired = schedule::fire_due(&e.store, &cfg, datetime!(2026-11-30 18:29 UTC)).unwrap();
+    assert_eq!((fired.job, fired.next), (None, Some(datetime!(2026-11-30 18:30 UTC))));
+    assert!(fired.wake_at(datetime!(2026-11-30 18:29 UTC)).is_some());
+    assert!(fired.wake_at(datetime!(2026-11-30 18:30 UTC)).is_none(), "no wake-up for a time already past");
     // Down past the time (two days): one backup at the start, then the next run after now.
     let late = datetime!(2026-12-02 09:00 UTC);
-    let job = schedule::fire_due(&e.store, &cfg, late).unwrap().expect("a backup queued");
-    assert_eq!(schedule::fire_due(&e.store, &cfg, late).unwrap(), None, "queued once");
+    let job = schedule::fire_due(&e.store, &cfg, late).unwrap().job.expect("a backup queued");
+    assert_eq!(schedule::fire_due(&e.store, &cfg, late).unwrap().job, None, "queued once");
     assert_eq!(jobs(), 1);
     let status = e.backups().status(&admin).unwrap();
     assert_eq!((status.running, status.plan.next_due.as_deref()), (Some(job), Some("2026-12-02T18:30:00Z")));
     // Due again while that one still waits: skipped, not queued twice, and the skip is audited.
-    assert_eq!(schedule::fire_due(&e.store, &cfg, datetime!(2026-12-02 18:31 UTC)).unwrap(), None);
+    assert_eq!(schedule::fire_due(&e.store, &cfg, datetime!(2026-12-02 18:31 UTC)).unwrap().job, None);
     assert_eq!(jobs(), 1);
     let skipped: i64 = e
         .store
@@ -312,7 +316,7 @@ fn the_daily_backup_fires_once_when_due_and_the_console_s_values_override_the_fi
     let plan = e.backups().set_schedule(&admin, Some(&spec)).unwrap();
     assert_eq!((plan.time.as_deref(), &plan.dir, plan.keep_daily), (Some("23:05"), &folder, 3));
     assert_eq!(crate::backup::BackupMaker::of(&e).backup_folder().unwrap(), folder);
-    assert_eq!(schedule::fire_due(&e.store, &cfg, datetime!(2026-12-03 10:00 UTC)).unwrap(), None);
+    assert_eq!(schedule::fire_due(&e.store, &cfg, datetime!(2026-12-03 10:00 UTC)).unwrap().job, None);
     assert_eq!(e.backups().status(&admin).unwrap().plan.next_due.as_deref(), Some("2026-12-03T15:05:00Z"));
     let file = t.path().join("a-file");
     std::fs::write(&file, "x").unwrap();
@@ -326,7 +330,7 @@ fn the_daily_backup_fires_once_when_due_and_the_console_s_values_override_the_fi
     // No time: no scheduled backup, and nothing is due any more.
     let off = schedule::ScheduleSpec { time: String::new(), ..spec };
     assert_eq!(e.backups().set_schedule(&admin, Some(&off)).unwrap().time, None);
-    assert_eq!(schedule::fire_due(&e.store, &cfg, datetime!(2026-12-09 10:00 UTC)).unwrap(), None);
+    assert_eq!(schedule::fire_due(&e.store, &cfg, datetime!(2026-12-09 10:00 UTC)).unwrap().job, None);
     assert_eq!(e.backups().status(&admin).unwrap().plan.next_due, None);
     // Back to the file's values.
     let plan = e.backups().set_schedule(&admin, None).unwrap();

@@ -271,14 +271,17 @@ fn timer_lane(s: &Shared, housekeeping: Option<Housekeeping>) {
             next = earliest(next, crate::training::schedule::next_schedule_due(&s.engine, now).ok().flatten());
             let (store, cfg) = (&s.engine.store, &s.engine.cfg);
             match crate::backup::schedule::fire_due(store, cfg, now) {
-                Ok(Some(_)) => s.engine.queue().tasks_changed(),
-                Ok(None) => {}
+                Ok(fired) => {
+                    if fired.job.is_some() {
+                        s.engine.queue().tasks_changed();
+                    }
+                    next = earliest(next, fired.wake_at(now));
+                }
                 Err(e) => {
                     tracing::error!(error = %e, "could not fire the daily backup; will retry");
                     next = earliest(next, Some(Instant::now() + RETRY));
                 }
             }
-            next = earliest(next, crate::backup::schedule::next_due(store, cfg, now).ok().flatten());
             if !s.socket_bound.load(Ordering::SeqCst) {
                 next = earliest(next, Some(Instant::now() + NO_SOCKET_RECHECK));
             }
