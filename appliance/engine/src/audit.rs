@@ -13,7 +13,7 @@
 
 mod anchor;
 mod chain;
-mod key;
+pub(crate) mod key;
 pub(crate) mod writer;
 
 use std::path::Path;

@@ -32,16 +32,21 @@ pub(crate) fn load_or_create(dir: &Path) -> Result<[u8; 32]> {
     if !path.exists() {
         create(dir, &path)?;
     }
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    let bytes = hex::decode(text.trim()).ok().filter(|b| b.len() == 32).ok_or_else(|| {
-        Error::InvalidInput(format!(
-            "审计密钥文件 {} 不是 64 位十六进制密钥 (does not hold a 64-digit hex key)；请从与 care.sqlite 一起做的备份中恢复",
-            path.display()
-        ))
-    })?;
-    let mut key = [0u8; 32];
-    key.copy_from_slice(&bytes);
-    Ok(key)
+    read_hex_key(&path).and_then(|k| {
+        k.ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "审计密钥文件 {} 不是 64 位十六进制密钥 (does not hold a 64-digit hex key)；请从与 care.sqlite 一起做的备份中恢复",
+                path.display()
+            ))
+        })
+    })
+}
+
+/// A key file's 32 bytes, written as 64 hex digits (the audit key, a backup key); `None` when it holds anything
+/// else.
+pub(crate) fn read_hex_key(path: &Path) -> Result<Option<[u8; 32]>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    Ok(hex::decode(text.trim()).ok().and_then(|b| <[u8; 32]>::try_from(b).ok()))
 }
 
 /// Written to a private temporary file and hard-linked into place, so a second process opening the same data dir

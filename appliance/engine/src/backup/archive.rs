@@ -82,16 +82,13 @@ impl BackupKey {
     }
 
     pub fn read(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let bytes = hex::decode(text.trim()).ok().filter(|b| b.len() == 32).ok_or_else(|| {
+        let key = crate::audit::key::read_hex_key(path)?.ok_or_else(|| {
             Error::InvalidInput(format!(
                 "备份密钥文件 {} 不是 64 位十六进制密钥；请用 `care backup keygen --out 文件` 生成",
                 path.display()
             ))
         })?;
-        let mut k = [0u8; 32];
-        k.copy_from_slice(&bytes);
-        Ok(BackupKey(k))
+        Ok(BackupKey(key))
     }
 
     /// Names the key in an archive's header without revealing it, so a wrong key file is said as such.
