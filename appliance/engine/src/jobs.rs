@@ -314,14 +314,7 @@ impl JobQueue<'_> {
         let mut conn = self.store.conn();
         let tx = conn.transaction()?;
         self.queue_room(&tx)?;
-        let ts = now();
-        tx.execute(
-            "INSERT INTO jobs (kind, state, params, progress_total, collection, actor, actor_user_id, created_at,
-                               updated_at)
-             VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
-            params![kind, params_json, files.len() as i64, collection, actor.name, actor.user_id, ts],
-        )?;
-        let id = tx.last_insert_rowid();
+        let id = insert(&tx, kind, &params_json, actor, Some((collection, files.len())))?;
         {
             let mut ins = tx.prepare("INSERT INTO job_files (job_id, ordinal, path, owned) VALUES (?1, ?2, ?3, ?4)")?;
             for (i, f) in files.iter().enumerate() {
@@ -580,10 +573,23 @@ pub(crate) fn insert_job<P: JobParams>(tx: &rusqlite::Transaction<'_>, params: &
 
 /// Queues a job row as stored: `kind` and its JSON `params`.
 pub(crate) fn insert_row(tx: &rusqlite::Transaction<'_>, kind: &str, json: &str, actor: &Actor) -> Result<i64> {
+    insert(tx, kind, json, actor, None)
+}
+
+/// The one insert of a job row; an ingest job names its collection and counts its files.
+fn insert(
+    tx: &rusqlite::Transaction<'_>,
+    kind: &str,
+    json: &str,
+    actor: &Actor,
+    ingest: Option<(&str, usize)>,
+) -> Result<i64> {
+    let (collection, files) = ingest.map_or(("", 0), |(c, n)| (c, n as i64));
     tx.execute(
-        "INSERT INTO jobs (kind, state, params, actor, actor_user_id, stage, created_at, updated_at)
-         VALUES (?1, 'queued', ?2, ?3, ?4, '', ?5, ?5)",
-        params![kind, json, actor.name, actor.user_id, now()],
+        "INSERT INTO jobs (kind, state, params, progress_total, collection, actor, actor_user_id, stage, created_at,
+                           updated_at)
+         VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6, '', ?7, ?7)",
+        params![kind, json, files, collection, actor.name, actor.user_id, now()],
     )?;
     Ok(tx.last_insert_rowid())
 }
