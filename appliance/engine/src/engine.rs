@@ -26,13 +26,13 @@ pub struct Engine {
     /// Serialises writes to the stores (ingest batches, deletions): the write protocol assumes one writer, while
     /// job workers parse files in parallel.
     pub(crate) write_lock: std::sync::Mutex<()>,
-    /// The synonym table as of its version in SQLite ([`Engine::synonym_table`]).
+    /// The synonym table as of its version in SQLite ([`crate::search::Searcher::synonym_table`]).
     pub(crate) synonyms: crate::versioned::Versioned<crate::synonyms::SynonymTable>,
     /// Whether words occur in the chunks' text ([`crate::store::texts::TextPresence`]).
     pub(crate) texts: crate::store::texts::TextPresence,
-    /// Documents' filing as of its version in SQLite ([`Engine::meta_index`]).
+    /// Documents' filing as of its version in SQLite ([`crate::search::Searcher::meta_index`]).
     pub(crate) meta_index: crate::versioned::Versioned<crate::facets::MetaIndex>,
-    /// The trainer's status as of its newest check ([`Engine::trainer_status`]).
+    /// The trainer's status as of its newest check ([`crate::training::trainer_status`]).
     pub(crate) trainer_check: crate::trainer::TrainerCheck,
     /// The scheduler's wake-up signal and the cancel tokens of running tasks ([`crate::tasks`]).
     pub(crate) tasks: crate::cancel::Hub,

@@ -246,7 +246,7 @@ impl Indexer<'_> {
         Ok(report)
     }
 
-    /// The lexical part of [`Engine::recover`]: a rebuild when needed, deletions and pending batches finished.
+    /// The lexical part of [`Indexer::recover`]: a rebuild when needed, deletions and pending batches finished.
     fn recover_lexical(&self, report: &mut RecoveryReport) -> Result<()> {
         if self.retrieval.lexical.needs_rebuild && self.retrieval.store.live_chunk_count()? > 0 {
             self.rebuild_lexical()?;

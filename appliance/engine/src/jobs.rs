@@ -2,7 +2,7 @@
 //!
 //! A job is a row in `jobs` plus one row per file in `job_files`. The worker claims files one at a time (several in
 //! parallel: parsing is the slow part; writes to the stores are serialised by the engine), ingests each through the
-//! same crash-safe batch protocol as `Engine::ingest_files`, and confirms the file in one transaction that also
+//! same crash-safe batch protocol as `Indexer::ingest_files`, and confirms the file in one transaction that also
 //! updates the job's counters and error list. A crash leaves the interrupted file unconfirmed; on restart the job is
 //! re-queued and the file read again — documents it had already written are recognised by (collection, external id,
 //! content hash) and skipped, so nothing is duplicated. A file during which the process died [`MAX_CRASHES`] times
@@ -230,7 +230,7 @@ impl JobQueue<'_> {
     }
 
     /// The folder where uploads wait for their job (`<data_dir>/uploads/`). An upload handler writes the files of
-    /// one upload into a fresh sub-folder ([`Engine::new_upload_dir`]) and passes them to [`Engine::submit_ingest`].
+    /// one upload into a fresh sub-folder ([`JobQueue::new_upload_dir`]) and passes them to [`JobQueue::submit_ingest`].
     pub fn uploads_dir(&self) -> PathBuf {
         self.dir.root().join("uploads")
     }
@@ -255,7 +255,7 @@ impl JobQueue<'_> {
     }
 
     #[cfg(test)] // the tests' shortcut; the façade's operation is audited
-    /// Queues an ingestion job for files already inside [`Engine::uploads_dir`]. The job owns them and deletes them
+    /// Queues an ingestion job for files already inside [`JobQueue::uploads_dir`]. The job owns them and deletes them
     /// when it ends. Returns the job id.
     pub(crate) fn submit_ingest(
         &self,
@@ -267,7 +267,7 @@ impl JobQueue<'_> {
         self.submit_ingest_as_user(collection, files, opts, &Actor::console(actor))
     }
 
-    /// [`Engine::submit_ingest`] for a signed-in actor: the job runs as that account, re-checked when it runs.
+    /// [`JobQueue::submit_ingest`] for a signed-in actor: the job runs as that account, re-checked when it runs.
     pub(crate) fn submit_ingest_as_user(
         &self,
         collection: &str,

@@ -217,7 +217,7 @@ impl StageTimes {
     }
 }
 
-/// A request made ready once ([`Engine::plan_search`]); every stage after reads it.
+/// A request made ready once ([`Searcher::plan_search`]); every stage after reads it.
 pub(crate) struct SearchPlan {
     pub(crate) query: String,
     pub(crate) filter: crate::facets::SearchFilter,
@@ -250,7 +250,7 @@ pub(crate) struct Understood {
     pub(crate) did_you_mean: Vec<String>,
 }
 
-/// The dense leg of [`Engine::judged_candidates`]: the query encoder to judge (the live one, or a candidate
+/// The dense leg of [`Searcher::judged_candidates`]: the query encoder to judge (the live one, or a candidate
 /// pair's graph) and the pair whose tables it searches.
 pub(crate) struct JudgedDense<'a> {
     /// Encodes one query at a time, as a search does.
@@ -299,8 +299,8 @@ impl Searcher<'_> {
         Ok((query, req.filter.normalized()?))
     }
 
-    /// Hybrid search with snippets, the one pipeline: the request planned once ([`Engine::plan_search`]), the
-    /// legs fused into one ranking ([`Engine::rank`]) that every page is a slice of, then evidence: which of the
+    /// Hybrid search with snippets, the one pipeline: the request planned once ([`Searcher::plan_search`]), the
+    /// legs fused into one ranking ([`crate::hybrid::Retrieval::rank`]) that every page is a slice of, then evidence: which of the
     /// query's salient terms each hit contains, which terms occur nowhere, and how many hits answer (contain a
     /// term found) against how many are only near in meaning. Totals and facets count the answering ones.
     pub(crate) fn search_unaudited(&self, req: &SearchRequest) -> Result<SearchResults> {
@@ -462,7 +462,7 @@ impl Searcher<'_> {
     }
 
     /// The ranking a page is cut from and, with a filter, the unfiltered one whose documents the filtered
-    /// dimensions' facets count (from the same pass of each leg, [`Engine::rank_filtered`]).
+    /// dimensions' facets count (from the same pass of each leg, [`crate::hybrid::Retrieval::rank_filtered`]).
     fn rankings_for(
         &self,
         plan: &SearchPlan,

@@ -1047,7 +1047,7 @@ impl crate::engine::Models<'_> {
         Ok(())
     }
 
-    /// Writes `collection`'s chunks to `out` for offline embedding ([`Engine::export_chunks_for`]): clinical text
+    /// Writes `collection`'s chunks to `out` for offline embedding ([`crate::vectors::Vectors::export_chunks_for`]): clinical text
     /// leaving the data directory, so the export is audited like the audit log's own (who took a copy of what).
     pub fn export_chunks(
         &self,

@@ -140,7 +140,7 @@ impl Vectors<'_> {
         }
     }
 
-    /// [`Engine::export_chunks`], only the chunks still pending for document model `pending_for` when given.
+    /// [`Vectors::export_chunks`], only the chunks still pending for document model `pending_for` when given.
     pub(crate) fn export_chunks_for(
         &self,
         collection: &str,

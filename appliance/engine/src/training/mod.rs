@@ -535,7 +535,7 @@ fn training_disk(engine: &Engine, pair: &ActivePair, recipe: &Recipe) -> Result<
     Ok(TrainingDisk { free_bytes, needed_bytes: peak.saturating_add(reserve_bytes), reserve_bytes })
 }
 
-/// Refuses a run the data disk cannot hold (see [`Engine::training_disk`]).
+/// Refuses a run the data disk cannot hold (see [`training_disk`]).
 fn check_training_disk(engine: &Engine, pair: &ActivePair, recipe: &Recipe) -> Result<()> {
     let d = training_disk(engine, pair, recipe)?;
     if !d.enough() {

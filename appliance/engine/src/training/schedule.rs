@@ -1,6 +1,6 @@
 //! Training schedules, kept in SQLite: "every Sunday 02:00" (hospital local time, `[training] utc_offset_minutes`),
 //! "when ≥ N new feedback judgments", or both. The scheduler's timer lane fires them
-//! ([`Engine::fire_due_schedules`]) at their due time and whenever something changes (new feedback, a run ending).
+//! ([`fire_due_schedules`]) at their due time and whenever something changes (new feedback, a run ending).
 //!
 //! A time trigger stores its next due instant. When the appliance was down past it, the first check after the start
 //! finds it overdue and fires once (not once per missed week), then moves it to the next occurrence after now. A
