@@ -186,7 +186,44 @@ pub struct JobQueue<'e> {
 /// How often a task's embedding and scoring loops write their progress.
 const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// Age after which an upload folder no job owns is an interrupted upload's.
+const STALE_UPLOAD: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
+
 impl JobQueue<'_> {
+    /// Removes upload folders that no unfinished job owns and nothing touched for [`STALE_UPLOAD`]: what a process
+    /// that died between receiving files and queuing them left (the server removes a folder when a client goes away
+    /// mid-upload). Recent folders stay, as another process may be filling one.
+    pub(crate) fn sweep_uploads(&self) -> usize {
+        let Ok(entries) = std::fs::read_dir(self.uploads_dir()) else { return 0 };
+        let owned: std::collections::HashSet<std::path::PathBuf> = self
+            .store
+            .reader()
+            .prepare(
+                "SELECT f.path FROM job_files f JOIN jobs j ON j.id = f.job_id
+                 WHERE f.owned = 1 AND j.state IN ('queued', 'running')",
+            )
+            .and_then(|mut st| st.query_map([], |r| r.get::<_, String>(0))?.collect::<rusqlite::Result<Vec<_>>>())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|p| self.upload_folder(std::path::Path::new(p)))
+            .collect();
+        let newest = |dir: &std::path::Path| -> Option<std::time::SystemTime> {
+            let own = std::fs::metadata(dir).and_then(|m| m.modified()).ok();
+            let files =
+                std::fs::read_dir(dir).ok()?.flatten().filter_map(|e| e.metadata().and_then(|m| m.modified()).ok());
+            files.chain(own).max()
+        };
+        let mut removed = 0;
+        for e in entries.flatten() {
+            let dir = std::fs::canonicalize(e.path()).unwrap_or_else(|_| e.path());
+            let stale = newest(&dir).and_then(|t| t.elapsed().ok()).is_some_and(|age| age > STALE_UPLOAD);
+            if e.file_type().is_ok_and(|t| t.is_dir()) && stale && !owned.contains(&dir) {
+                removed += usize::from(std::fs::remove_dir_all(&dir).is_ok());
+            }
+        }
+        removed
+    }
+
     /// The progress sink of a task's embedding and scoring loops: writes at most every [`PROGRESS_EVERY`] (and at
     /// the end), and ends the loop with `Cancelled` once `token` is raised (the check at each batch).
     pub(crate) fn dense_progress<'a>(
