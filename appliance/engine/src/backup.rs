@@ -317,28 +317,40 @@ fn same_disk(a: &Path, b: &Path) -> bool {
 }
 
 impl crate::engine::Backups<'_> {
+    /// The part that makes backups, from this handle's.
+    fn maker(&self) -> BackupMaker<'_> {
+        BackupMaker {
+            cfg: self.cfg,
+            dir: self.dir,
+            store: self.store,
+            write_lock: self.write_lock,
+            retrieval: self.retrieval,
+            queue: self.queue,
+        }
+    }
+
     /// Queues a backup; the process that runs jobs makes it beside everything else. Returns the job id.
     pub fn submit(&self, actor: &Admin, p: &BackupParams) -> Result<i64> {
         let id = {
             let mut conn = self.store.conn();
             let tx = conn.transaction()?;
-            self.queue().queue_room(&tx)?;
+            self.queue.queue_room(&tx)?;
             let id = crate::jobs::insert_job(&tx, p, actor)?;
             let detail = serde_json::json!({"job": id, "to": p.to});
             crate::audit::append(&tx, &actor.name, "backup.submit", &detail)?;
             tx.commit()?;
             id
         };
-        self.queue().tasks_changed();
+        self.queue.tasks_changed();
         Ok(id)
     }
 
     /// The archives in `dir` (default: the configured folder), newest first.
     pub fn list(&self, _admin: &Admin, dir: Option<&Path>) -> Result<Vec<BackupEntry>> {
-        let key = crate::backup::BackupMaker::of(self).backup_key()?;
+        let key = self.maker().backup_key()?;
         let dir = match dir {
             Some(d) => d.to_path_buf(),
-            None => crate::backup::BackupMaker::of(self).backup_folder()?,
+            None => self.maker().backup_folder()?,
         };
         list(&dir, key.as_ref())
     }
@@ -346,7 +358,7 @@ impl crate::engine::Backups<'_> {
     /// An archive of the backup folder by its name, to send to a standby; audited, so the overview shows the
     /// standby's last pull. Only names listed in the folder are opened (never a path from the request).
     pub fn download(&self, actor: &Admin, name: &str) -> Result<(PathBuf, u64)> {
-        let folder = crate::backup::BackupMaker::of(self).backup_folder()?;
+        let folder = self.maker().backup_folder()?;
         let path =
             archive_paths(&folder)?.into_iter().find(|(n, _)| n == name).map(|(_, p)| p).ok_or_else(|| {
                 Error::NotFound { what: format!("备份 {}", name.chars().take(80).collect::<String>()) }
@@ -368,14 +380,14 @@ impl crate::engine::Backups<'_> {
     /// Sets the daily time, the folder and the retention (`None`: back to care.toml's), audited; the scheduler
     /// computes the next run at once.
     pub fn set_schedule(&self, actor: &Admin, spec: Option<&schedule::ScheduleSpec>) -> Result<schedule::Plan> {
-        let plan = schedule::set(&self.store, &self.cfg, actor, spec)?;
-        self.queue().tasks_changed();
+        let plan = schedule::set(self.store, &self.cfg, actor, spec)?;
+        self.queue.tasks_changed();
         Ok(plan)
     }
 
     /// Reads an archive to its end, every byte checked; audited with its result.
     pub fn verify(&self, actor: &Admin, path: &Path, key: Option<&BackupKey>) -> Result<VerifyReport> {
-        let own = crate::backup::BackupMaker::of(self).backup_key()?;
+        let own = self.maker().backup_key()?;
         let result = verify(path, key.or(own.as_ref()));
         let detail = match &result {
             Ok(r) => {

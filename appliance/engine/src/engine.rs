@@ -60,55 +60,156 @@ pub enum OpenMode {
     Create,
 }
 
-/// Declares the façade's handles (their operations are in `service.rs` and beside the code they drive): a `Copy`
-/// borrow of the engine each, reached by `Engine::<group>()`. Declared here, below every module that implements
-/// operations on them, so that none of those modules has to import the service layer.
-macro_rules! handles {
+/// The façade's handles (their operations are in `service.rs` and beside the code they drive): each a `Copy`
+/// struct of the parts it uses, reached by `Engine::<group>()`. Declared here, below every module that implements
+/// operations on them, so that none of those modules has to import the service layer. `Models` and `Training`
+/// orchestrate (imports, the gate, training runs, promotion) and hold the engine itself.
+macro_rules! orchestrating {
     ($($(#[$doc:meta])* $name:ident => $group:ident;)*) => {
         $(
             $(#[$doc])*
             #[derive(Clone, Copy)]
-            pub struct $name<'e>(&'e Engine);
-
-            impl std::ops::Deref for $name<'_> {
-                type Target = Engine;
-                fn deref(&self) -> &Engine {
-                    self.0
-                }
+            pub struct $name<'e> {
+                pub(crate) engine: &'e Engine,
             }
         )*
         impl Engine {
             $(
                 $(#[$doc])*
                 pub fn $group(&self) -> $name<'_> {
-                    $name(self)
+                    $name { engine: self }
                 }
             )*
         }
     };
 }
 
-handles! {
-    /// Searching, the document view behind a hit, relevance feedback, and the synonym table searches expand with.
-    Search => search;
-    /// Collections: listing what an actor may read, creating, approving for training, deleting.
-    Collections => collections;
-    /// Uploads and ingestion jobs.
-    Ingest => ingest;
+orchestrating! {
     /// Model packages, the active pair, evaluation, promotion and rollback, judgment sets, document vectors.
     Models => models;
     /// Retraining runs, their schedules, data and disk needs, and whether the trainer can run here.
     Training => training;
+}
+
+/// Searching, the document view behind a hit, relevance feedback, and the synonym table searches expand with.
+#[derive(Clone, Copy)]
+pub struct Search<'e> {
+    pub(crate) cfg: &'e EngineConfig,
+    pub(crate) store: &'e Store,
+    pub(crate) synonyms: &'e crate::versioned::Versioned<crate::synonyms::SynonymTable>,
+    pub(crate) audit_writer: &'e crate::audit::writer::Writer,
+    pub(crate) searcher: crate::search::Searcher<'e>,
+    pub(crate) queue: crate::jobs::JobQueue<'e>,
+}
+
+/// Collections: listing what an actor may read, creating, approving for training, deleting.
+#[derive(Clone, Copy)]
+pub struct Collections<'e> {
+    pub(crate) store: &'e Store,
+    pub(crate) meta_index: &'e crate::versioned::Versioned<crate::facets::MetaIndex>,
+    pub(crate) indexer: crate::indexer::Indexer<'e>,
+    pub(crate) search: Search<'e>,
+}
+
+/// Uploads and ingestion jobs.
+#[derive(Clone, Copy)]
+pub struct Ingest<'e> {
+    pub(crate) cfg: &'e EngineConfig,
+    pub(crate) dir: &'e DataDir,
+    pub(crate) store: &'e Store,
+    pub(crate) queue: crate::jobs::JobQueue<'e>,
+    pub(crate) indexer: crate::indexer::Indexer<'e>,
+}
+
+/// Users, sign-in, API tokens and read grants.
+#[derive(Clone, Copy)]
+pub struct Accounts<'e> {
+    pub(crate) store: &'e Store,
+    pub(crate) sign_in: &'e crate::directory::console::LiveSignIn,
+    pub(crate) oidc: &'e crate::directory::oidc::OidcState,
+}
+
+/// The audit log: reading, exporting, verifying, purging, and the records of refused attempts.
+#[derive(Clone, Copy)]
+pub struct Audit<'e> {
+    pub(crate) store: &'e Store,
+    pub(crate) audit_writer: &'e crate::audit::writer::Writer,
+}
+
+/// Background tasks as the console lists them, and their cancellation.
+#[derive(Clone, Copy)]
+pub struct Tasks<'e> {
+    pub(crate) store: &'e Store,
+    pub(crate) queue: crate::jobs::JobQueue<'e>,
+}
+
+/// Backups: queuing one, listing and verifying archives.
+#[derive(Clone, Copy)]
+pub struct Backups<'e> {
+    pub(crate) cfg: &'e EngineConfig,
+    pub(crate) dir: &'e DataDir,
+    pub(crate) store: &'e Store,
+    pub(crate) queue: crate::jobs::JobQueue<'e>,
+    pub(crate) write_lock: &'e std::sync::Mutex<()>,
+    pub(crate) retrieval: crate::hybrid::Retrieval<'e>,
+}
+
+/// The settings an administrator changes in the console (audited), over `care.toml`'s.
+#[derive(Clone, Copy)]
+pub struct Settings<'e> {
+    pub(crate) cfg: &'e EngineConfig,
+    pub(crate) store: &'e Store,
+    pub(crate) live: &'e crate::settings::LiveSettings,
+    pub(crate) sign_in: &'e crate::directory::console::LiveSignIn,
+}
+
+impl Engine {
+    /// Searching, the document view behind a hit, relevance feedback, and the synonym table searches expand with.
+    pub fn search(&self) -> Search<'_> {
+        Search {
+            cfg: &self.cfg,
+            store: &self.store,
+            synonyms: &self.synonyms,
+            audit_writer: &self.audit_writer,
+            searcher: self.searcher(),
+            queue: self.queue(),
+        }
+    }
+    /// Collections: listing what an actor may read, creating, approving for training, deleting.
+    pub fn collections(&self) -> Collections<'_> {
+        Collections { store: &self.store, meta_index: &self.meta_index, indexer: self.indexer(), search: self.search() }
+    }
+    /// Uploads and ingestion jobs.
+    pub fn ingest(&self) -> Ingest<'_> {
+        Ingest { cfg: &self.cfg, dir: &self.dir, store: &self.store, queue: self.queue(), indexer: self.indexer() }
+    }
     /// Users, sign-in, API tokens and read grants.
-    Accounts => accounts;
+    pub fn accounts(&self) -> Accounts<'_> {
+        Accounts { store: &self.store, sign_in: &self.sign_in, oidc: &self.oidc }
+    }
     /// The audit log: reading, exporting, verifying, purging, and the records of refused attempts.
-    Audit => audit;
+    pub fn audit(&self) -> Audit<'_> {
+        Audit { store: &self.store, audit_writer: &self.audit_writer }
+    }
     /// Background tasks as the console lists them, and their cancellation.
-    Tasks => tasks;
+    pub fn tasks(&self) -> Tasks<'_> {
+        Tasks { store: &self.store, queue: self.queue() }
+    }
     /// Backups: queuing one, listing and verifying archives.
-    Backups => backups;
+    pub fn backups(&self) -> Backups<'_> {
+        Backups {
+            cfg: &self.cfg,
+            dir: &self.dir,
+            store: &self.store,
+            queue: self.queue(),
+            write_lock: &self.write_lock,
+            retrieval: self.retrieval(),
+        }
+    }
     /// The settings an administrator changes in the console (audited), over `care.toml`'s.
-    Settings => settings;
+    pub fn settings(&self) -> Settings<'_> {
+        Settings { cfg: &self.cfg, store: &self.store, live: &self.live, sign_in: &self.sign_in }
+    }
 }
 
 impl Engine {

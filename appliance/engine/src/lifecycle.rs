@@ -824,14 +824,14 @@ impl crate::engine::Models<'_> {
         let m = ModelManifest::load(src).map_err(|e| manifest_err(src, e))?;
         check_manifest(src, &m)?;
         let spec = format!("{}@{}", m.name, m.version);
-        let _lock = import_lock(&self.dir.import_locks(), &spec)?;
+        let _lock = import_lock(&self.engine.dir.import_locks(), &spec)?;
         m.verify_files(src).map_err(|e| manifest_err(src, e))?;
-        if models::find(&self.store, &spec).is_ok() {
+        if models::find(&self.engine.store, &spec).is_ok() {
             return Err(Error::InvalidInput(format!(
                 "模型 {spec} 已注册；新的模型包请换一个版本号 (model {spec} is already registered; give the new package another version)"
             )));
         }
-        let final_dir = self.dir.models().join(&m.name).join(&m.version);
+        let final_dir = self.engine.dir.models().join(&m.name).join(&m.version);
         // A folder without a registry row is what an import interrupted between rename and commit leaves.
         if final_dir.exists() {
             std::fs::remove_dir_all(&final_dir).map_err(|e| Error::io(&final_dir, e))?;
@@ -847,15 +847,15 @@ impl crate::engine::Models<'_> {
                 .fold(0u64, u64::saturating_add),
             Transfer::Link => 0,
         };
-        self.dir.ensure_free(self.cfg.disk_reserve_bytes(), &format!("导入模型 {spec}"), incoming)?;
-        let staged = self.dir.models().join(format!(
+        self.engine.dir.ensure_free(self.engine.cfg.disk_reserve_bytes(), &format!("导入模型 {spec}"), incoming)?;
+        let staged = self.engine.dir.models().join(format!(
             "{}{}-{}",
             crate::datadir::IMPORT_STAGING,
             std::process::id(),
             next_staging()
         ));
         let result =
-            crate::lifecycle::Lifecycle::of(self).stage_and_register(actor, src, &m, (&staged, how), &final_dir);
+            crate::lifecycle::Lifecycle::of(self.engine).stage_and_register(actor, src, &m, (&staged, how), &final_dir);
         let _ = std::fs::remove_dir_all(&staged);
         result
     }
@@ -870,32 +870,32 @@ impl crate::engine::Models<'_> {
         candidate: &str,
         progress: &mut dyn FnMut(DenseProgress) -> Result<()>,
     ) -> Result<EvaluationReport> {
-        let live = models::active(&self.store)?
+        let live = models::active(&self.engine.store)?
             .ok_or_else(|| Error::InvalidInput("没有在用的模型 (no live model pair to compare with)".into()))?;
-        let cand = crate::lifecycle::Lifecycle::of(self).resolve_pair(candidate)?;
-        self.retrieval().prepare_document_model(&cand.document, progress)?;
-        let lc = &self.cfg.lifecycle;
+        let cand = crate::lifecycle::Lifecycle::of(self.engine).resolve_pair(candidate)?;
+        self.engine.retrieval().prepare_document_model(&cand.document, progress)?;
+        let lc = &self.engine.cfg.lifecycle;
         let live_graph = live.query.served_query_graph();
         let graphs: Vec<Graph> = if cand.query.has_int8 { Graph::ALL.to_vec() } else { vec![Graph::Fp32] };
         // Per collection: its evaluation part's size, training part's size, and the live pair's run with the
         // candidate's run in each graph.
         let mut runs: Vec<(String, usize, usize, PairRun, Vec<PairRun>)> = Vec::new();
         let mut eval_texts = Vec::new();
-        for col in self.store.collection_list()? {
-            let eval = self.judgments().judged(col.id, "eval")?.scorable();
+        for col in self.engine.store.collection_list()? {
+            let eval = self.engine.judgments().judged(col.id, "eval")?.scorable();
             if eval.queries.is_empty() {
                 continue;
             }
-            let train = self.judgments().judged(col.id, "train")?.scorable();
+            let train = self.engine.judgments().judged(col.id, "train")?.scorable();
             let (train, eval) = (train.as_beir("train"), eval.as_beir("eval"));
-            let l = crate::lifecycle::Lifecycle::of(self).run_pair(
+            let l = crate::lifecycle::Lifecycle::of(self.engine).run_pair(
                 (&live, live_graph),
                 &col,
                 (&train, &eval),
                 None,
                 progress,
             )?;
-            let mut c = vec![crate::lifecycle::Lifecycle::of(self).run_pair(
+            let mut c = vec![crate::lifecycle::Lifecycle::of(self.engine).run_pair(
                 (&cand, Graph::Fp32),
                 &col,
                 (&train, &eval),
@@ -904,7 +904,7 @@ impl crate::engine::Models<'_> {
             )?];
             for g in &graphs[1..] {
                 let fitted = Some(c[0].weight);
-                c.push(crate::lifecycle::Lifecycle::of(self).run_pair(
+                c.push(crate::lifecycle::Lifecycle::of(self.engine).run_pair(
                     (&cand, *g),
                     &col,
                     (&train, &eval),
@@ -924,7 +924,7 @@ impl crate::engine::Models<'_> {
         }
         let mut sides = vec![(&live.query, live_graph)];
         sides.extend(graphs.iter().map(|g| (&cand.query, *g)));
-        let mut latencies = crate::lifecycle::Lifecycle::of(self).encode_latencies(&sides, &eval_texts)?;
+        let mut latencies = crate::lifecycle::Lifecycle::of(self.engine).encode_latencies(&sides, &eval_texts)?;
         let live_encode = latencies.remove(0);
         let variants: Vec<GraphVariant> = graphs
             .iter()
@@ -985,13 +985,13 @@ impl crate::engine::Models<'_> {
             reasons,
             rejected: None,
         };
-        report.id = crate::lifecycle::Lifecycle::of(self).store_evaluation(actor, &cand, &report)?;
+        report.id = crate::lifecycle::Lifecycle::of(self.engine).store_evaluation(actor, &cand, &report)?;
         Ok(report)
     }
 
     /// Stored evaluations, newest first (reports with their chart).
     pub fn evaluations(&self, _admin: &Admin, limit: usize) -> Result<Vec<(EvaluationReport, String)>> {
-        let conn = self.store.reader();
+        let conn = self.engine.store.reader();
         let mut stmt = conn.prepare(
             "SELECT id, report, chart_svg, rejected_by, rejected_at, rejected_reason FROM model_evaluations \
              ORDER BY id DESC LIMIT ?1",
@@ -1019,8 +1019,8 @@ impl crate::engine::Models<'_> {
         if reason.is_empty() {
             return Err(Error::InvalidInput("请填写驳回理由 (a rejection needs a reason; it is audited)".into()));
         }
-        let cand = crate::lifecycle::Lifecycle::of(self).resolve_pair(candidate)?;
-        let mut conn = self.store.conn();
+        let cand = crate::lifecycle::Lifecycle::of(self.engine).resolve_pair(candidate)?;
+        let mut conn = self.engine.store.conn();
         let tx = conn.transaction()?;
         let id: i64 = tx
             .query_row(
@@ -1062,37 +1062,46 @@ impl crate::engine::Models<'_> {
         override_reason: Option<&str>,
         progress: &mut dyn FnMut(DenseProgress) -> Result<()>,
     ) -> Result<ActivePair> {
-        let (cand, verdict) = crate::lifecycle::Lifecycle::of(self).promotion_allowed(candidate, override_reason)?;
+        let (cand, verdict) =
+            crate::lifecycle::Lifecycle::of(self.engine).promotion_allowed(candidate, override_reason)?;
         let reason = override_reason.map(str::trim).unwrap_or("");
         let (fusion, graph) = match verdict {
-            Some((evaluation, _)) => crate::lifecycle::Lifecycle::of(self).gate_choices(evaluation)?,
+            Some((evaluation, _)) => crate::lifecycle::Lifecycle::of(self.engine).gate_choices(evaluation)?,
             None => (models::FusionChange::Keep, None),
         };
-        self.retrieval().prepare_document_model(&cand.document, progress)?;
+        self.engine.retrieval().prepare_document_model(&cand.document, progress)?;
         let action = if verdict.is_some_and(|v| v.1) { "model.promote" } else { "model.promote_override" };
-        models::set_active_as(&self.store, &cand.query, &cand.document, &actor.name, (action, reason), &fusion, graph)?;
-        self.models.forget_active_pair();
+        models::set_active_as(
+            &self.engine.store,
+            &cand.query,
+            &cand.document,
+            &actor.name,
+            (action, reason),
+            &fusion,
+            graph,
+        )?;
+        self.engine.models.forget_active_pair();
         Ok(cand)
     }
 
     /// Returns to the pair that was live before the live one, with the fusion weights it served with. Its tables
     /// were kept, so only chunks ingested since are embedded before the switch.
     pub fn rollback(&self, actor: &Admin, reason: &str) -> Result<ActivePair> {
-        let live = models::active(&self.store)?
+        let live = models::active(&self.engine.store)?
             .ok_or_else(|| Error::InvalidInput("没有在用的模型 (no live model pair)".into()))?;
-        let previous = models::history(&self.store, 1000)?
+        let previous = models::history(&self.engine.store, 1000)?
             .into_iter()
             .find(|(q, d, _)| (*q, *d) != (live.query.id, live.document.id))
             .ok_or_else(|| Error::NotFound {
                 what: "可回滚的上一组模型 (a previous model pair to roll back to)".into(),
             })?;
         let pair = ActivePair {
-            query: models::get(&self.store, previous.0)?,
-            document: models::get(&self.store, previous.1)?,
+            query: models::get(&self.engine.store, previous.0)?,
+            document: models::get(&self.engine.store, previous.1)?,
         };
-        self.retrieval().prepare_document_model(&pair.document, &mut |_| Ok(()))?;
+        self.engine.retrieval().prepare_document_model(&pair.document, &mut |_| Ok(()))?;
         models::set_active_as(
-            &self.store,
+            &self.engine.store,
             &pair.query,
             &pair.document,
             &actor.name,
@@ -1100,13 +1109,13 @@ impl crate::engine::Models<'_> {
             &models::FusionChange::RestoreBeforeLive,
             None,
         )?;
-        self.models.forget_active_pair();
+        self.engine.models.forget_active_pair();
         Ok(pair)
     }
 
     /// The live-pair history, newest first.
     pub fn history(&self, _admin: &Admin, limit: usize) -> Result<Vec<models::HistoryEntry>> {
-        Ok(models::history(&self.store, limit.min(1000))?.into_iter().map(|h| h.2).collect())
+        Ok(models::history(&self.engine.store, limit.min(1000))?.into_iter().map(|h| h.2).collect())
     }
 }
 

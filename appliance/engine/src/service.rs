@@ -10,8 +10,10 @@
 //!
 //! The operations are grouped into handles by concept: `engine.search()`, `.collections()`, `.ingest()`,
 //! `.models()`, `.training()`, `.accounts()`, `.audit()` and `.tasks()` (e.g. `engine.accounts().users(&admin)`).
-//! A handle is a borrowed engine; each group's operations live beside the code they drive (`impl Models<'_>` in
-//! lifecycle.rs, `impl Training<'_>` in training/), and the engine's own methods under them are crate-private.
+//! A handle is a `Copy` struct of the parts its operations use (the store, the audit writer, the job queue, the
+//! search pipeline…); `Models` and `Training`, which orchestrate imports, the gate and training runs, hold the engine.
+//! Each group's operations live beside the code they drive (`impl Models<'_>` in lifecycle.rs, `impl Training<'_>`
+//! in training/); what they share is here.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -185,35 +187,35 @@ fn not_found_document(id: i64) -> Error {
     Error::NotFound { what: format!("文档 #{id}") }
 }
 
-/// Appends one audit record on its own, for an attempt that changes nothing (a refused read, an export).
-pub(crate) fn audit_event(engine: &Engine, actor: &Actor, action: &str, detail: &serde_json::Value) -> Result<()> {
-    engine.store.audit_record(&actor.name, action, detail)
-}
-
 /// A search's audit record (or a refused search's), committed together with the records of searches running at
 /// the same time by the group-commit writer ([`audit::writer`]); returns once it is committed.
-fn audit_search(engine: &Engine, actor: &Actor, action: &str, detail: serde_json::Value) -> Result<()> {
-    engine.audit_writer.append(&actor.name, action, detail).map(drop)
+fn audit_search(
+    writer: &crate::audit::writer::Writer,
+    actor: &Actor,
+    action: &str,
+    detail: serde_json::Value,
+) -> Result<()> {
+    writer.append(&actor.name, action, detail).map(drop)
 }
 
-fn may_read(engine: &Engine, actor: &Actor, collection: &str) -> Result<bool> {
-    Ok(actor.is_admin() || engine.search().readable_collections(actor)?.iter().any(|c| c == collection))
+fn may_read(search: &Search<'_>, actor: &Actor, collection: &str) -> Result<bool> {
+    Ok(actor.is_admin() || search.readable_collections(actor)?.iter().any(|c| c == collection))
 }
 
 /// Whether a document's access list admits `actor` (administrators read everything; an empty list admits
 /// everyone who may read the collection).
-fn may_see_document(engine: &Engine, actor: &Actor, document: i64) -> Result<bool> {
+fn may_see_document(searcher: crate::search::Searcher<'_>, actor: &Actor, document: i64) -> Result<bool> {
     if actor.is_admin() {
         return Ok(true);
     }
-    let metas = engine.searcher().meta_index()?;
+    let metas = searcher.meta_index()?;
     Ok(metas.meta(document).is_none_or(|m| crate::facets::access_admits(m, &actor.groups)))
 }
 
 /// [`Engine::search`] with any panic inside a search stage caught and turned into an error: one bad input
 /// (a snippet of an odd passage, a tokenizer corner) must cost that search, not the request's worker.
-fn search_caught(engine: &Engine, req: &SearchRequest) -> Result<SearchResults> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.searcher().search_unaudited(req))) {
+fn search_caught(searcher: crate::search::Searcher<'_>, req: &SearchRequest) -> Result<SearchResults> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| searcher.search_unaudited(req))) {
         Ok(r) => r,
         Err(panic) => {
             let what = panic
@@ -227,8 +229,8 @@ fn search_caught(engine: &Engine, req: &SearchRequest) -> Result<SearchResults> 
     }
 }
 
-fn job_view(engine: &Engine, j: Job) -> Result<JobView> {
-    let files = engine.queue().job_files(j.id)?.into_iter().map(|f| f.file).collect();
+fn job_view(queue: crate::jobs::JobQueue<'_>, j: Job) -> Result<JobView> {
+    let files = queue.job_files(j.id)?.into_iter().map(|f| f.file).collect();
     let stage = j.stage_text();
     Ok(JobView {
         id: j.id,
@@ -319,32 +321,32 @@ impl crate::engine::Audit<'_> {
 
     /// Search analytics of the last `days` days (see [`crate::analytics`]).
     pub fn analytics(&self, _admin: &Admin, days: u32) -> Result<crate::analytics::Analytics> {
-        crate::analytics::report(&self.store, days, accounts::unix_now())
+        crate::analytics::report(self.store, days, accounts::unix_now())
     }
 
     /// The analytics as CSV; the export is audited (queries clinicians typed leave the appliance).
     pub fn export_analytics(&self, actor: &Admin, days: u32) -> Result<String> {
-        let a = self.audit().analytics(actor, days)?;
+        let a = self.analytics(actor, days)?;
         let detail = serde_json::json!({"days": a.days, "searches": a.searches});
-        audit_event(self, actor, "analytics.export", &detail)?;
+        self.store.audit_record(&actor.name, "analytics.export", &detail)?;
         Ok(crate::analytics::to_csv(&a))
     }
 
     /// The records matching `f` as CSV; the export itself is audited (who took a copy of what).
     pub fn export(&self, actor: &Admin, f: &Filter, limit: usize, filter_text: &str) -> Result<String> {
-        let records = self.audit().records(actor, f, limit, 0)?;
+        let records = self.records(actor, f, limit, 0)?;
         let detail = serde_json::json!({"records": records.len(), "filter": filter_text});
-        audit_event(self, actor, "audit.export", &detail)?;
+        self.store.audit_record(&actor.name, "audit.export", &detail)?;
         Ok(audit::to_csv(&records))
     }
 
     /// `full`: walk the whole log; otherwise verify what was appended since the last checkpoint.
     pub fn verify(&self, _admin: &Admin, full: bool) -> Result<VerifyReport> {
-        if full { audit::verify_full(&self.store) } else { audit::checkpoint(&self.store) }
+        if full { audit::verify_full(self.store) } else { audit::checkpoint(self.store) }
     }
 
     pub fn status(&self, _admin: &Admin) -> Result<AuditStatus> {
-        Ok(audit::status(&self.store))
+        Ok(audit::status(self.store))
     }
 
     /// Retention: removes records before `cutoff` (RFC 3339), recording the purge in the same transaction.
@@ -359,7 +361,7 @@ impl crate::engine::Search<'_> {
     /// What `actor` may read: every collection for an admin, the granted ones for a clinician.
     pub fn readable_collections(&self, actor: &Actor) -> Result<Vec<String>> {
         match actor.user_id {
-            Some(id) if !actor.is_admin() => accounts::granted_collections(&self.store, id),
+            Some(id) if !actor.is_admin() => accounts::granted_collections(self.store, id),
             _ if actor.is_admin() => Ok(self.store.collection_list()?.into_iter().map(|c| c.name).collect()),
             _ => Ok(Vec::new()),
         }
@@ -395,13 +397,13 @@ impl crate::engine::Search<'_> {
             let detail = serde_json::json!({
                 "query": logged_query(&s.query), "collection": named, "offset": s.offset, "reason": reason,
             });
-            audit_search(self, actor, action, detail)?;
+            audit_search(self.audit_writer, actor, action, detail)?;
             Err(err)
         };
-        if let Err(e) = self.searcher().validate_search(&req) {
+        if let Err(e) = self.searcher.validate_search(&req) {
             return refused("search.rejected", &e.to_string(), e);
         }
-        let readable = self.search().readable_collections(actor)?;
+        let readable = self.readable_collections(actor)?;
         if let Some(c) = wanted.iter().find(|c| !(actor.is_admin() || readable.contains(*c))) {
             let e = Error::Forbidden(format!("你没有访问知识库「{c}」的权限；请联系管理员开通"));
             return refused("search.denied", "collection not granted", e);
@@ -411,7 +413,7 @@ impl crate::engine::Search<'_> {
             SearchResults::empty(req.query.trim())
         } else {
             req.collections = Some(cols.clone());
-            match search_caught(self, &req) {
+            match search_caught(self.searcher, &req) {
                 Ok(r) => r,
                 Err(e) if e.code().class() == crate::error::StatusClass::Internal => {
                     // A failure of ours, not of the request: audited, and the person gets words to pass on (the
@@ -434,7 +436,7 @@ impl crate::engine::Search<'_> {
         if !res.filter.is_empty() {
             detail["filter"] = serde_json::json!(res.filter);
         }
-        audit_search(self, actor, "search", detail)?;
+        audit_search(self.audit_writer, actor, "search", detail)?;
         Ok(res)
     }
 
@@ -444,17 +446,17 @@ impl crate::engine::Search<'_> {
         let detail = serde_json::json!({
             "query": logged_query(query), "document": document, "chunk": chunk, "rank": rank.min(100_000),
         });
-        audit_search(self, actor, "search.click", detail)
+        audit_search(self.audit_writer, actor, "search.click", detail)
     }
 
     /// A document, if `actor` may read its collection (otherwise not found, never forbidden: ids must not reveal
     /// what exists). A refused read is audited.
     pub fn document(&self, actor: &Actor, id: i64) -> Result<DocumentView> {
         let denied = |detail: serde_json::Value| -> Result<DocumentView> {
-            audit_event(self, actor, "document.denied", &detail)?;
+            self.store.audit_record(&actor.name, "document.denied", &detail)?;
             Err(not_found_document(id))
         };
-        let doc = match feedback::document(&self.store, id) {
+        let doc = match feedback::document(self.store, id) {
             Ok(d) => d,
             Err(Error::NotFound { .. }) => {
                 return denied(serde_json::json!({"document": id, "reason": "no such document"}));
@@ -465,7 +467,7 @@ impl crate::engine::Search<'_> {
             let reason = "collection not granted";
             return denied(serde_json::json!({"document": id, "collection": doc.collection, "reason": reason}));
         }
-        if !may_see_document(self, actor, id)? {
+        if !may_see_document(self.searcher, actor, id)? {
             let reason = "not on the document's access list";
             return denied(serde_json::json!({"document": id, "collection": doc.collection, "reason": reason}));
         }
@@ -477,17 +479,17 @@ impl crate::engine::Search<'_> {
         let n = query.trim().chars().count();
         if n == 0 || n > MAX_QUERY_CHARS {
             let detail = serde_json::json!({"chunk": chunk_id, "query_chars": n, "reason": "query empty or too long"});
-            audit_event(self, actor, "feedback.rejected", &detail)?;
+            self.store.audit_record(&actor.name, "feedback.rejected", &detail)?;
             return Err(Error::InvalidInput(format!(
                 "反馈所针对的查询须为 1 到 {MAX_QUERY_CHARS} 个字符 (feedback query must be 1-{MAX_QUERY_CHARS} characters)"
             )));
         }
         let denied = |reason: &str| -> Result<i64> {
             let detail = serde_json::json!({"chunk": chunk_id, "query": logged_query(query), "reason": reason});
-            audit_event(self, actor, "feedback.denied", &detail)?;
+            self.store.audit_record(&actor.name, "feedback.denied", &detail)?;
             Err(Error::NotFound { what: format!("片段 #{chunk_id}") })
         };
-        let (collection, document) = match feedback::chunk_collection(&self.store, chunk_id) {
+        let (collection, document) = match feedback::chunk_collection(self.store, chunk_id) {
             Ok((c, d, _)) => (c, d),
             Err(Error::NotFound { .. }) => return denied("no such passage"),
             Err(e) => return Err(e),
@@ -495,7 +497,7 @@ impl crate::engine::Search<'_> {
         if !may_read(self, actor, &collection)? {
             return denied("collection not granted");
         }
-        if !may_see_document(self, actor, document)? {
+        if !may_see_document(self.searcher, actor, document)? {
             return denied("not on the document's access list");
         }
         // Feedback feeds training and can start a schedule's run (min_new_feedback): one account must not be able
@@ -507,14 +509,14 @@ impl crate::engine::Search<'_> {
                 crate::limits::minutes_zh(wait)
             )));
         }
-        let id = feedback::record(&self.store, &actor.name, query, chunk_id, helpful, &logged_query(query))?;
+        let id = feedback::record(self.store, &actor.name, query, chunk_id, helpful, &logged_query(query))?;
         // A schedule may fire on the count of new feedback.
-        self.queue().tasks_changed();
+        self.queue.tasks_changed();
         Ok(id)
     }
 
     pub fn feedback_list(&self, _admin: &Admin, collection: Option<&str>, limit: usize) -> Result<Vec<Feedback>> {
-        feedback::list(&self.store, collection, limit.min(100_000))
+        feedback::list(self.store, collection, limit.min(100_000))
     }
 
     // -- synonym table ---------------------------------------------------------------------------------------
@@ -527,16 +529,16 @@ impl crate::engine::Search<'_> {
         limit: usize,
         offset: usize,
     ) -> Result<(Vec<SynonymEntry>, usize)> {
-        synonyms::list(&self.store, filter, limit, offset)
+        synonyms::list(self.store, filter, limit, offset)
     }
 
     /// Adds a group, or replaces group `id`; in force at the next search of every process.
     pub fn save_synonym(&self, actor: &Admin, id: Option<i64>, group: &NewSynonym) -> Result<SynonymEntry> {
-        self.changing_synonyms(|| synonyms::save(&self.store, &actor.name, id, group))
+        self.changing_synonyms(|| synonyms::save(self.store, &actor.name, id, group))
     }
 
     pub fn delete_synonym(&self, actor: &Admin, id: i64) -> Result<SynonymEntry> {
-        self.changing_synonyms(|| synonyms::delete(&self.store, &actor.name, id))
+        self.changing_synonyms(|| synonyms::delete(self.store, &actor.name, id))
     }
 
     /// The writer, not a clinician's search, rebuilds the table after its change (seconds for 50,000 groups);
@@ -545,7 +547,7 @@ impl crate::engine::Search<'_> {
         self.synonyms.replace_with(|| {
             let out = change()?;
             let version = synonyms::version(&self.store.reader())?;
-            Ok((synonyms::SynonymTable::load(&self.store, version)?, out))
+            Ok((synonyms::SynonymTable::load(self.store, version)?, out))
         })
     }
 
@@ -563,13 +565,13 @@ impl crate::engine::Search<'_> {
         let groups = synonyms::parse_csv(&text)?;
         // Staged in batches, the new table built, then moved in and installed together: neither the writer nor the
         // rebuild stalls a search.
-        let staged = synonyms::stage(&self.store, &actor.name, &groups, replace, "import")?;
+        let staged = synonyms::stage(self.store, &actor.name, &groups, replace, "import")?;
         let table = staged.table();
-        self.synonyms.replace_with(|| Ok((table, staged.commit(&self.store)?)))
+        self.synonyms.replace_with(|| Ok((table, staged.commit(self.store)?)))
     }
 
     pub fn export_synonyms(&self, _admin: &Admin) -> Result<String> {
-        synonyms::export_csv(&self.store)
+        synonyms::export_csv(self.store)
     }
 }
 
@@ -582,28 +584,28 @@ impl crate::engine::Collections<'_> {
         external_ids: &[String],
         actor: &crate::accounts::Admin,
     ) -> Result<usize> {
-        self.indexer().delete_documents(collection, external_ids, &actor.name)
+        self.indexer.delete_documents(collection, external_ids, &actor.name)
     }
 
     /// Collections with counts, only those `actor` may read.
     pub fn list(&self, actor: &Actor) -> Result<Vec<CollectionStats>> {
-        let readable = self.search().readable_collections(actor)?;
-        Ok(self.indexer().collection_stats()?.into_iter().filter(|c| readable.contains(&c.collection.name)).collect())
+        let readable = self.search.readable_collections(actor)?;
+        Ok(self.indexer.collection_stats()?.into_iter().filter(|c| readable.contains(&c.collection.name)).collect())
     }
 
     // -- collections, uploads, jobs --------------------------------------------------------------------------
 
     pub fn create(&self, actor: &Admin, name: &str, description: &str) -> Result<Collection> {
-        self.indexer().create_collection(name.trim(), description, &actor.name)
+        self.indexer.create_collection(name.trim(), description, &actor.name)
     }
 
     pub fn approve(&self, actor: &Admin, collection: &str, approved: bool) -> Result<Collection> {
-        self.indexer().set_approved_for_training(collection, approved, &actor.name)
+        self.indexer.set_approved_for_training(collection, approved, &actor.name)
     }
 
     /// Deletes a collection with its documents, indexes and grants; returns how many documents went.
     pub fn delete(&self, actor: &Admin, collection: &str) -> Result<usize> {
-        self.indexer().delete_collection(collection, &actor.name)
+        self.indexer.delete_collection(collection, &actor.name)
     }
 
     /// A page of `collection`'s documents, newest first, with how many match: title (or id) containing
@@ -715,7 +717,7 @@ impl crate::engine::Collections<'_> {
         self.meta_index.replace_with(|| {
             let changed = self.file_batches(actor, col.id, &rows, s, &set, &detail)?;
             let version = crate::facets::MetaIndex::version(&self.store.reader())?;
-            Ok((crate::facets::MetaIndex::load(&self.store, version)?, (changed, unknown)))
+            Ok((crate::facets::MetaIndex::load(self.store, version)?, (changed, unknown)))
         })
     }
 
@@ -770,14 +772,14 @@ impl crate::engine::Ingest<'_> {
     pub fn new_upload(&self, _admin: &Admin, collection: &str) -> Result<std::path::PathBuf> {
         self.store.collection(collection)?;
         self.dir.ensure_free(self.cfg.disk_reserve_bytes(), "上传文件", 0)?;
-        self.queue().new_upload_dir()
+        self.queue.new_upload_dir()
     }
 
     /// A fresh folder for uploaded files an operation reads once (a model package for [`Models::import`],
     /// a judgment set); the caller removes it afterwards, whatever the outcome.
     pub fn new_staging_upload(&self, _admin: &Admin) -> Result<std::path::PathBuf> {
         self.dir.ensure_free(self.cfg.disk_reserve_bytes(), "上传文件", 0)?;
-        self.queue().new_upload_dir()
+        self.queue.new_upload_dir()
     }
 
     /// Queues an ingest job for uploaded files (audited as `ingest.submit` in the job's transaction). `meta` is
@@ -789,12 +791,7 @@ impl crate::engine::Ingest<'_> {
         files: Vec<std::path::PathBuf>,
         meta: crate::ingest::meta::DocMeta,
     ) -> Result<i64> {
-        self.queue().submit_ingest_as_user(
-            collection,
-            files,
-            crate::IngestOptions { meta, ..Default::default() },
-            actor,
-        )
+        self.queue.submit_ingest_as_user(collection, files, crate::IngestOptions { meta, ..Default::default() }, actor)
     }
 
     /// Queues a new version of one document of `collection` (the document list's 更新内容): the uploaded file
@@ -826,7 +823,7 @@ impl crate::engine::Ingest<'_> {
             ));
         }
         let opts = crate::IngestOptions { replaces: Some(external_id.to_string()), ..Default::default() };
-        self.queue().submit_ingest_as_user(collection, files, opts, actor)
+        self.queue.submit_ingest_as_user(collection, files, opts, actor)
     }
 
     /// Ingests files on this machine synchronously, in the caller's thread (evaluation and benchmark corpora);
@@ -838,14 +835,14 @@ impl crate::engine::Ingest<'_> {
         files: &[std::path::PathBuf],
         progress: &mut dyn FnMut(crate::engine::IngestProgress),
     ) -> Result<crate::engine::IngestReport> {
-        let report = self.indexer().ingest_files(collection, files, progress)?;
+        let report = self.indexer.ingest_files(collection, files, progress)?;
         let detail = serde_json::json!({
             "collection": collection,
             "files": files.len(),
             "failed": report.failed(),
             "documents": report.documents_written(),
         });
-        audit_event(self, actor, "ingest.files", &detail)?;
+        self.store.audit_record(&actor.name, "ingest.files", &detail)?;
         Ok(report)
     }
 }
@@ -917,7 +914,7 @@ impl crate::engine::Settings<'_> {
             Error::InvalidInput(format!("没有名为「{}」的设置", key.chars().take(40).collect::<String>()))
         })?;
         let v = if value.trim().is_empty() { None } else { Some(s.parse_value(value)?) };
-        crate::settings::set(&self.store, &self.live, &actor.name, s, v)
+        crate::settings::set(self.store, &self.live, &actor.name, s, v)
     }
 
     /// The hospital sign-in as the settings page edits it: per protocol, whether it is on, who saved it in the
@@ -955,13 +952,13 @@ impl crate::engine::Settings<'_> {
         let section = if clear {
             None
         } else {
-            let checked = console::from_form(&self.store, &current, p, form)?;
+            let checked = console::from_form(self.store, &current, p, form)?;
             // The administrator's input does not work (yet): a refusal of the form, not an outage of the appliance.
             checked.section.probe().map_err(|e| Error::InvalidInput(format!("未保存：{e}")))?;
             Some(checked.json)
         };
-        console::save(&self.store, &actor.name, &current, p, section.as_ref())?;
-        self.sign_in.reload(&self.store, &self.cfg.ldap, &self.cfg.oidc)
+        console::save(self.store, &actor.name, &current, p, section.as_ref())?;
+        self.sign_in.reload(self.store, &self.cfg.ldap, &self.cfg.oidc)
     }
 
     /// How long a sign-in lasts (idle, in all): the console's settings, else the server's own.
@@ -975,15 +972,15 @@ impl crate::engine::Settings<'_> {
 
 impl crate::engine::Tasks<'_> {
     pub fn jobs(&self, _admin: &Admin, limit: usize) -> Result<Vec<JobView>> {
-        self.queue().jobs(limit.clamp(1, 500))?.into_iter().map(|j| job_view(self, j)).collect()
+        self.queue.jobs(limit.clamp(1, 500))?.into_iter().map(|j| job_view(self.queue, j)).collect()
     }
 
     pub fn job(&self, _admin: &Admin, id: i64) -> Result<JobView> {
-        job_view(self, self.queue().job(id)?)
+        job_view(self.queue, self.queue.job(id)?)
     }
 
     pub fn cancel(&self, actor: &Admin, id: i64) -> Result<()> {
-        self.queue().cancel_job(id, &actor.name)
+        self.queue.cancel_job(id, &actor.name)
     }
 
     /// Jobs per state, for the metrics endpoint.
@@ -999,7 +996,7 @@ impl crate::engine::Models<'_> {
     // -- models ----------------------------------------------------------------------------------------------
 
     pub fn list(&self, _admin: &Admin) -> Result<(Vec<ModelRecord>, Option<ActivePair>)> {
-        Ok((self.retrieval().model_records()?, self.retrieval().active_models()?))
+        Ok((self.engine.retrieval().model_records()?, self.engine.retrieval().active_models()?))
     }
 
     /// Makes (query, document) the live pair, audited with the previous pair in the activation's transaction.
@@ -1010,7 +1007,7 @@ impl crate::engine::Models<'_> {
         document: &str,
         progress: &mut dyn FnMut(crate::hybrid::DenseProgress) -> Result<()>,
     ) -> Result<ActivePair> {
-        self.retrieval().activate_models_by(query, document, &actor.name, None, progress)
+        self.engine.retrieval().activate_models_by(query, document, &actor.name, None, progress)
     }
 
     /// [`Self::activate`], the query model's queries encoded by `graph` from now on (the choice the evaluation gate
@@ -1022,7 +1019,7 @@ impl crate::engine::Models<'_> {
         document: &str,
         progress: &mut dyn FnMut(crate::hybrid::DenseProgress) -> Result<()>,
     ) -> Result<ActivePair> {
-        self.retrieval().activate_models_by(query, document, &actor.name, Some(graph), progress)
+        self.engine.retrieval().activate_models_by(query, document, &actor.name, Some(graph), progress)
     }
 
     /// Stores the fusion setting fitted on labelled queries for `collection` (`care tune-fusion`); the weights and
@@ -1034,8 +1031,8 @@ impl crate::engine::Models<'_> {
         setting: &FusionSetting,
         metrics: &serde_json::Value,
     ) -> Result<()> {
-        let row = self.retrieval().fusion_row(collection, setting, metrics)?;
-        let mut conn = self.store.conn();
+        let row = self.engine.retrieval().fusion_row(collection, setting, metrics)?;
+        let mut conn = self.engine.store.conn();
         let tx = conn.transaction()?;
         crate::models::upsert_fusion(&tx, &row)?;
         let detail = serde_json::json!({
@@ -1056,12 +1053,12 @@ impl crate::engine::Models<'_> {
         out: &std::path::Path,
         pending_for: Option<&str>,
     ) -> Result<crate::vectors::ChunkExport> {
-        let r = self.vectors().export_chunks_for(collection, out, pending_for)?;
+        let r = self.engine.vectors().export_chunks_for(collection, out, pending_for)?;
         let detail = serde_json::json!({
             "collection": r.collection, "chunks": r.chunks, "path": r.path.display().to_string(),
             "pending_for": pending_for,
         });
-        audit_event(self, admin, "collection.export_chunks", &detail)?;
+        self.engine.store.audit_record(&admin.name, "collection.export_chunks", &detail)?;
         Ok(r)
     }
 }

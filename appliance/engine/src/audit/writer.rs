@@ -424,7 +424,7 @@ mod tests {
             )
             .unwrap();
         // What a record written in a transaction of its own returns, as before the writer.
-        let alone = crate::service::audit_event(&e, &root(), "search", &serde_json::json!({})).unwrap_err();
+        let alone = e.store.audit_record(&root().name, "search", &serde_json::json!({})).unwrap_err();
         let errors: Vec<crate::Error> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..8)
                 .map(|i| {
@@ -486,7 +486,7 @@ mod tests {
                                 if group {
                                     e.audit_writer.append("cli:root", "search", detail).unwrap();
                                 } else {
-                                    crate::service::audit_event(&e, &root(), "search", &detail).unwrap();
+                                    e.store.audit_record(&root().name, "search", &detail).unwrap();
                                 }
                                 lat.push(start.elapsed());
                             }

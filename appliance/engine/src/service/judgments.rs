@@ -9,7 +9,8 @@ use rusqlite::params;
 
 impl crate::engine::Models<'_> {
     fn judgment_set_info(&self, collection: &str, name: &str) -> Result<JudgmentSetInfo> {
-        self.models()
+        self.engine
+            .models()
             .judgment_sets(&Admin::system(), Some(collection))?
             .into_iter()
             .find(|s| s.name == name)
@@ -26,7 +27,7 @@ impl crate::engine::Models<'_> {
         src: JudgmentSource<'_>,
     ) -> Result<JudgmentSetInfo> {
         check_name(name)?;
-        let col = self.store.collection(collection)?;
+        let col = self.engine.store.collection(collection)?;
         let (source, origin) = match src {
             JudgmentSource::Beir { dir, split } => ("beir", format!("{} ({split})", dir.display())),
             JudgmentSource::Csv(p) => ("csv", p.display().to_string()),
@@ -41,8 +42,8 @@ impl crate::engine::Models<'_> {
                 hint: "split it into several sets".into(),
             });
         }
-        let docs = self.store.document_external_ids(col.id)?;
-        let eval_fraction = self.cfg.lifecycle.eval_fraction;
+        let docs = self.engine.store.document_external_ids(col.id)?;
+        let eval_fraction = self.engine.cfg.lifecycle.eval_fraction;
         let mut resolved = Vec::with_capacity(rows.len());
         let mut unresolved = 0;
         for (query, id, grade) in rows {
@@ -52,7 +53,7 @@ impl crate::engine::Models<'_> {
             } else {
                 id.parse::<i64>()
                     .ok()
-                    .and_then(|c| self.store.chunk_document(col.id, c).ok().flatten())
+                    .and_then(|c| self.engine.store.chunk_document(col.id, c).ok().flatten())
                     .map(|(c, ext)| (ext, Some(c)))
             };
             match target {
@@ -67,7 +68,7 @@ impl crate::engine::Models<'_> {
                  corpus `_id`)"
             )));
         }
-        let mut conn = self.store.conn();
+        let mut conn = self.engine.store.conn();
         let tx = conn.transaction()?;
         let at = now();
         let inserted = tx.execute(
@@ -108,7 +109,7 @@ impl crate::engine::Models<'_> {
 
     /// The uploaded sets and, per collection with feedback, the feedback set.
     pub fn judgment_sets(&self, _admin: &Admin, collection: Option<&str>) -> Result<Vec<JudgmentSetInfo>> {
-        let conn = self.store.reader();
+        let conn = self.engine.store.reader();
         let mut stmt = conn.prepare(
             "SELECT c.name, s.name, s.source, s.created_by, s.created_at, COUNT(j.id), \
              COUNT(DISTINCT CASE WHEN j.part = 'train' THEN j.query END), \
@@ -140,9 +141,9 @@ impl crate::engine::Models<'_> {
             .collect::<Result<_, _>>()?;
         drop(conn);
         for (col, n, at) in fb {
-            let Ok(c) = self.store.collection(&col) else { continue };
-            let rows = self.judgments().feedback_rows(c.id)?;
-            let fraction = self.cfg.lifecycle.eval_fraction;
+            let Ok(c) = self.engine.store.collection(&col) else { continue };
+            let rows = self.engine.judgments().feedback_rows(c.id)?;
+            let fraction = self.engine.cfg.lifecycle.eval_fraction;
             let count = |part: &str| merge(rows.iter().filter(|r| part_of(&r.0, fraction) == part)).queries.len();
             out.push(JudgmentSetInfo {
                 collection: col,
@@ -161,8 +162,8 @@ impl crate::engine::Models<'_> {
 
     /// Deletes an uploaded set (feedback is not a set: it goes with the feedback itself).
     pub fn delete_judgments(&self, actor: &Admin, collection: &str, name: &str) -> Result<usize> {
-        let col = self.store.collection(collection)?;
-        let mut conn = self.store.conn();
+        let col = self.engine.store.collection(collection)?;
+        let mut conn = self.engine.store.conn();
         let tx = conn.transaction()?;
         let n: i64 = tx.query_row(
             "SELECT COUNT(j.id) FROM judgment_sets s LEFT JOIN judgments j ON j.set_id = s.id \

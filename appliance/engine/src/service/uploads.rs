@@ -18,6 +18,6 @@ impl crate::engine::Ingest<'_> {
             // A missing file is reported by the job like any other bad file; only make the path absolute.
             abs.push(std::path::absolute(&f).map_err(|e| Error::io(&f, e))?);
         }
-        self.queue().submit(collection, abs, opts, actor, false)
+        self.queue.submit(collection, abs, opts, actor, false)
     }
 }

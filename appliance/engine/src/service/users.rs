@@ -29,7 +29,7 @@ impl crate::engine::Accounts<'_> {
 
     /// Creates the first administrator when there is no user; returns a generated password to show once.
     pub fn bootstrap_admin(&self, username: &str, password: Option<&str>) -> Result<Option<String>> {
-        accounts::bootstrap_admin(&self.store, username, password)
+        accounts::bootstrap_admin(self.store, username, password)
     }
 
     /// Checks a password (lockout, throttling and audit included) and opens a session: (user, cookie, CSRF token).
@@ -42,8 +42,8 @@ impl crate::engine::Accounts<'_> {
     ) -> Result<(User, String, String)> {
         let sign_in = self.sign_in.get();
         let directory = sign_in.ldap.enabled().then_some(&sign_in.ldap as &dyn accounts::Directory);
-        let u = accounts::authenticate(&self.store, username, password, policy, client, directory)?;
-        let (cookie, csrf) = accounts::create_session(&self.store, &u)?;
+        let u = accounts::authenticate(self.store, username, password, policy, client, directory)?;
+        let (cookie, csrf) = accounts::create_session(self.store, &u)?;
         Ok((u, cookie, csrf))
     }
 
@@ -76,9 +76,9 @@ impl crate::engine::Accounts<'_> {
                 return Err(e);
             }
         };
-        let u = crate::directory::provision(&self.store, &person, &cfg.groups, client)?;
-        let u = accounts::login_succeeded(&self.store, &u, &u.username, client, accounts::unix_now())?;
-        let (cookie, csrf) = accounts::create_session(&self.store, &u)?;
+        let u = crate::directory::provision(self.store, &person, &cfg.groups, client)?;
+        let u = accounts::login_succeeded(self.store, &u, &u.username, client, accounts::unix_now())?;
+        let (cookie, csrf) = accounts::create_session(self.store, &u)?;
         Ok((u, cookie, csrf, next))
     }
 
@@ -89,7 +89,7 @@ impl crate::engine::Accounts<'_> {
         if !s.ldap.enabled() {
             return Err(Error::InvalidInput("未配置医院目录（LDAP/AD），无需同步".into()));
         }
-        crate::directory::ldap::sweep(&s.ldap, &self.store)
+        crate::directory::ldap::sweep(&s.ldap, self.store)
     }
 
     /// Checks an ID token against the configured provider as a callback would (signature, issuer, audience, expiry,
@@ -110,24 +110,24 @@ impl crate::engine::Accounts<'_> {
     }
 
     pub fn logout(&self, actor: &Actor, cookie: &str) -> Result<()> {
-        accounts::end_session(&self.store, cookie, &actor.name)
+        accounts::end_session(self.store, cookie, &actor.name)
     }
 
     pub fn session(&self, cookie: &str, idle_seconds: i64, max_seconds: i64) -> Result<Option<Session>> {
-        accounts::session(&self.store, cookie, idle_seconds, max_seconds)
+        accounts::session(self.store, cookie, idle_seconds, max_seconds)
     }
 
     pub fn token_user(&self, secret: &str) -> Result<Option<User>> {
-        accounts::token_user(&self.store, secret)
+        accounts::token_user(self.store, secret)
     }
 
     /// The user of a bearer token and what the token opens.
     pub fn token_caller(&self, secret: &str) -> Result<Option<(User, accounts::TokenScope)>> {
-        accounts::token_caller(&self.store, secret)
+        accounts::token_caller(self.store, secret)
     }
 
     pub fn purge_sessions(&self, idle_seconds: i64, max_seconds: i64) -> Result<usize> {
-        accounts::purge_sessions(&self.store, idle_seconds, max_seconds)
+        accounts::purge_sessions(self.store, idle_seconds, max_seconds)
     }
 
     /// A user's own password change; the current password is checked and throttled like a sign-in from `client`.
@@ -140,16 +140,16 @@ impl crate::engine::Accounts<'_> {
         client: &str,
     ) -> Result<()> {
         let current = accounts::CurrentPassword { password: current, policy, client };
-        accounts::set_password(&self.store, &actor.name, &actor.name, Some(current), new, false)
+        accounts::set_password(self.store, &actor.name, &actor.name, Some(current), new, false)
     }
 
     pub fn users(&self, _admin: &Admin) -> Result<Vec<UserInfo>> {
         let now = accounts::unix_now();
-        accounts::list_users(&self.store)?
+        accounts::list_users(self.store)?
             .into_iter()
             .map(|u| {
                 Ok(UserInfo {
-                    collections: accounts::granted_collections(&self.store, u.id)?,
+                    collections: accounts::granted_collections(self.store, u.id)?,
                     locked: u.is_locked(now),
                     username: u.username,
                     role: u.role.as_str().into(),
@@ -176,39 +176,39 @@ impl crate::engine::Accounts<'_> {
         role: &str,
         permanent: bool,
     ) -> Result<User> {
-        accounts::create_user(&self.store, &actor.name, username.trim(), password, Role::parse(role)?, !permanent)
+        accounts::create_user(self.store, &actor.name, username.trim(), password, Role::parse(role)?, !permanent)
     }
 
     /// Role, disabled flag, lock, or a password reset: each a separate change with its own audit record.
     pub fn update_user(&self, actor: &Admin, username: &str, u: &UserUpdate) -> Result<()> {
         let role = u.role.as_deref().filter(|r| !r.is_empty()).map(Role::parse).transpose()?;
         if role.is_some() || u.disabled.is_some() || u.unlock {
-            accounts::update_user(&self.store, &actor.name, username, role, u.disabled, u.unlock)?;
+            accounts::update_user(self.store, &actor.name, username, role, u.disabled, u.unlock)?;
         }
         if let Some(pw) = u.password.as_deref().filter(|p| !p.is_empty()) {
-            accounts::set_password(&self.store, &actor.name, username, None, pw, u.permanent)?;
+            accounts::set_password(self.store, &actor.name, username, None, pw, u.permanent)?;
         }
         if let Some(g) = &u.groups {
-            accounts::set_groups(&self.store, &actor.name, username, g)?;
+            accounts::set_groups(self.store, &actor.name, username, g)?;
         }
         Ok(())
     }
 
     pub fn delete_user(&self, actor: &Admin, username: &str) -> Result<()> {
-        accounts::delete_user(&self.store, &actor.name, username)
+        accounts::delete_user(self.store, &actor.name, username)
     }
 
     pub fn grant(&self, actor: &Admin, username: &str, collection: &str) -> Result<()> {
-        accounts::grant(&self.store, &actor.name, username, collection)
+        accounts::grant(self.store, &actor.name, username, collection)
     }
 
     pub fn revoke(&self, actor: &Admin, username: &str, collection: &str) -> Result<()> {
-        accounts::revoke(&self.store, &actor.name, username, collection)
+        accounts::revoke(self.store, &actor.name, username, collection)
     }
 
     /// Issues an API token for `username`; the secret is returned once.
     pub fn create_token(&self, actor: &Admin, username: &str, name: &str) -> Result<(ApiToken, String)> {
-        accounts::create_token(&self.store, &actor.name, username, name)
+        accounts::create_token(self.store, &actor.name, username, name)
     }
 
     /// A token that opens only `scope` (a standby's: listing and downloading backups).
@@ -219,14 +219,14 @@ impl crate::engine::Accounts<'_> {
         name: &str,
         scope: accounts::TokenScope,
     ) -> Result<(ApiToken, String)> {
-        accounts::create_scoped_token(&self.store, &actor.name, username, name, scope)
+        accounts::create_scoped_token(self.store, &actor.name, username, name, scope)
     }
 
     pub fn revoke_token(&self, actor: &Admin, id: i64) -> Result<()> {
-        accounts::revoke_token(&self.store, &actor.name, id)
+        accounts::revoke_token(self.store, &actor.name, id)
     }
 
     pub fn tokens(&self, _admin: &Admin, username: Option<&str>) -> Result<Vec<ApiToken>> {
-        accounts::list_tokens(&self.store, username)
+        accounts::list_tokens(self.store, username)
     }
 }

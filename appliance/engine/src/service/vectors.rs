@@ -21,9 +21,9 @@ impl crate::engine::Models<'_> {
         progress: &mut dyn FnMut(ImportProgress),
     ) -> Result<VectorImport> {
         let actor = actor.name.as_str();
-        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let col = self.store.collection(collection)?;
-        let doc = self.vectors().document_model(model, || {
+        let _w = self.engine.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let col = self.engine.store.collection(collection)?;
+        let doc = self.engine.vectors().document_model(model, || {
             Error::Model(
                 "no active model: imported vectors go into the active document model's dense index; \
                              import or activate a model first (`care model import-e5s1`, `care model activate`), or \
@@ -110,7 +110,7 @@ impl crate::engine::Models<'_> {
         }
 
         // 2. Every shard: checksum and size (read_shard), then ids and norms.
-        let live = self.vectors().live_chunks_of(collection)?;
+        let live = self.engine.vectors().live_chunks_of(collection)?;
         let by_id: HashMap<&str, (i64, i64)> =
             live.iter().map(|(r, id)| (id.as_str(), (r.chunk_id, r.document_id))).collect();
         let total = idx.rows;
@@ -166,6 +166,7 @@ impl crate::engine::Models<'_> {
         // 3. Write: one LanceDB commit per shard. The shard is re-read and its checksum checked again, so bytes that
         // changed since step 2 are refused rather than written.
         let (pairing, table) = self
+            .engine
             .retrieval()
             .dense_table(col.id, doc, true)?
             .ok_or_else(|| Error::Internal(format!("no dense index for collection '{collection}'")))?;
@@ -190,18 +191,18 @@ impl crate::engine::Models<'_> {
                 rows.push((chunk_id, document_id, v));
                 chunk_ids.push(chunk_id);
             }
-            self.dense.upsert_chunks(&table, &rows)?;
+            self.engine.dense.upsert_chunks(&table, &rows)?;
             done += ids.len();
             progress(ImportProgress { phase: "writing", done, total });
         }
-        if self.dense.count(&table)? > self.cfg.search.ann_threshold {
-            self.dense.build_ann(&table)?;
+        if self.engine.dense.count(&table)? > self.engine.cfg.search.ann_threshold {
+            self.engine.dense.build_ann(&table)?;
         }
 
         // 4. Provenance and audit, in one transaction.
         let source_model = idx.model.clone();
         let import_id = {
-            let mut conn = self.store.conn();
+            let mut conn = self.engine.store.conn();
             let tx = conn.transaction()?;
             let dense_index_id: i64 = tx.query_row(
                 "SELECT id FROM dense_indexes WHERE collection_id = ?1 AND model_id = ?2",

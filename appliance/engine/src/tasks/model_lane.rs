@@ -200,12 +200,12 @@ enum Outcome {
 impl crate::engine::Models<'_> {
     /// Queues an evaluation of `candidate` (`Q@v,D@v`) against the live pair. Returns the job id.
     pub fn submit_evaluate(&self, actor: &Admin, candidate: &str) -> Result<i64> {
-        if self.retrieval().active_models()?.is_none() {
+        if self.engine.retrieval().active_models()?.is_none() {
             return Err(Error::InvalidInput("没有在用的模型 (no live model pair to compare with)".into()));
         }
-        let pair = crate::lifecycle::Lifecycle::of(self).resolve_pair(candidate)?;
+        let pair = crate::lifecycle::Lifecycle::of(self.engine).resolve_pair(candidate)?;
         submit_model_task(
-            self,
+            self.engine,
             actor,
             Task::Evaluate(CandidateParams { candidate: pair_spec(&pair), override_reason: None }),
         )
@@ -214,8 +214,12 @@ impl crate::engine::Models<'_> {
     /// Queues the promotion of `candidate`. The gate is checked now, so a refusal comes at once, and again when
     /// the task runs, against the pair live then.
     pub fn submit_promote(&self, actor: &Admin, candidate: &str, override_reason: Option<&str>) -> Result<i64> {
-        let (pair, _) = crate::lifecycle::Lifecycle::of(self).promotion_allowed(candidate, override_reason)?;
+        let (pair, _) = crate::lifecycle::Lifecycle::of(self.engine).promotion_allowed(candidate, override_reason)?;
         let override_reason = override_reason.map(str::trim).filter(|r| !r.is_empty()).map(str::to_string);
-        submit_model_task(self, actor, Task::Promote(CandidateParams { candidate: pair_spec(&pair), override_reason }))
+        submit_model_task(
+            self.engine,
+            actor,
+            Task::Promote(CandidateParams { candidate: pair_spec(&pair), override_reason }),
+        )
     }
 }

@@ -664,8 +664,8 @@ impl crate::engine::Training<'_> {
     /// (groups are topped up at random).
     pub fn data(&self, _admin: &Admin, dir: &Path, recipe: &super::Recipe) -> Result<DataCounts> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let pair = self.retrieval().active_models()?;
-        crate::training::data::TrainingData::of(self).assemble_training_data(
+        let pair = self.engine.retrieval().active_models()?;
+        crate::training::data::TrainingData::of(self.engine).assemble_training_data(
             dir,
             pair.as_ref(),
             &recipe.data,

@@ -101,19 +101,19 @@ impl crate::engine::Models<'_> {
     /// live document model) with `care-train embed-corpus` and imports the vectors. Refused before anything is
     /// queued when the model is online, its package has no trainer weights, or `care-train` cannot start.
     pub fn submit_offline_embed(&self, actor: &Admin, model: Option<&str>) -> Result<i64> {
-        let doc = self.vectors().document_model(model, || {
+        let doc = self.engine.vectors().document_model(model, || {
             Error::InvalidInput("没有在用的模型；请指定离线文档模型 (no live pair: name the document model)".into())
         })?;
         embeddable(&doc)?;
-        let st = crate::training::refresh_trainer_status(self);
+        let st = crate::training::refresh_trainer_status(self.engine);
         if !st.ready {
             return Err(Error::TrainerUnavailable(st.message));
         }
         let model = format!("{}@{}", doc.name, doc.version);
         let id = {
-            let mut conn = self.store.conn();
+            let mut conn = self.engine.store.conn();
             let tx = conn.transaction()?;
-            self.queue().queue_room(&tx)?;
+            self.engine.queue().queue_room(&tx)?;
             let id = crate::jobs::insert_job(&tx, &EmbedParams { model: model.clone() }, actor)?;
             crate::audit::append(
                 &tx,
@@ -124,7 +124,7 @@ impl crate::engine::Models<'_> {
             tx.commit()?;
             id
         };
-        self.queue().tasks_changed();
+        self.engine.queue().tasks_changed();
         Ok(id)
     }
 }

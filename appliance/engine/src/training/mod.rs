@@ -1082,31 +1082,31 @@ impl crate::engine::Training<'_> {
     /// from the live pair. None when no pair is live.
     pub fn disk(&self, _admin: &Admin, sides: Sides) -> Result<Option<TrainingDisk>> {
         let recipe = Recipe { sides, ..Recipe::default() };
-        self.retrieval().active_models()?.map(|p| training_disk(self, &p, &recipe)).transpose()
+        self.engine.retrieval().active_models()?.map(|p| training_disk(self.engine, &p, &recipe)).transpose()
     }
 
     /// How long `recipe` should take here, judged from the newest finished run of its shape on this device.
     pub fn estimate(&self, actor: &Admin, recipe: &Recipe) -> Result<Option<Estimate>> {
-        Ok(estimate(&self.training().runs(actor, 100)?, recipe, &training_device(self)))
+        Ok(estimate(&self.engine.training().runs(actor, 100)?, recipe, &training_device(self.engine)))
     }
 
     /// Queues a training run from the live pair. Refused at once when the trainer cannot run, nothing is approved
     /// for training, or another run is queued or running (runs never overlap).
     pub fn submit(&self, actor: &Admin, recipe: &Recipe, schedule: Option<i64>) -> Result<i64> {
-        let (p, device) = prepare_training(self, recipe, schedule)?;
+        let (p, device) = prepare_training(self.engine, recipe, schedule)?;
         let id = {
-            let mut conn = self.store.conn();
+            let mut conn = self.engine.store.conn();
             let tx = conn.transaction()?;
             let id = insert_training(&tx, actor, &p, &device)?;
             tx.commit()?;
             id
         };
-        self.queue().tasks_changed();
+        self.engine.queue().tasks_changed();
         Ok(id)
     }
     /// The newest training runs, newest first.
     pub fn runs(&self, _admin: &Admin, limit: usize) -> Result<Vec<TrainingRun>> {
-        let conn = self.store.reader();
+        let conn = self.engine.store.reader();
         let mut stmt = conn.prepare(&format!(
             "SELECT {RUN_COLS} FROM jobs j JOIN training_runs r ON r.job_id = j.id ORDER BY j.id DESC LIMIT ?1"
         ))?;
@@ -1115,7 +1115,8 @@ impl crate::engine::Training<'_> {
     }
 
     pub fn run(&self, _admin: &Admin, job: i64) -> Result<TrainingRun> {
-        self.store
+        self.engine
+            .store
             .reader()
             .query_row(
                 &format!("SELECT {RUN_COLS} FROM jobs j JOIN training_runs r ON r.job_id = j.id WHERE j.id = ?1"),
@@ -1128,7 +1129,8 @@ impl crate::engine::Training<'_> {
 
     /// The run's loss charts (Stage I and Stage II, SVG), once its training phases ended.
     pub fn loss_svg(&self, _admin: &Admin, job: i64) -> Result<String> {
-        self.store
+        self.engine
+            .store
             .reader()
             .query_row("SELECT loss_svg FROM training_runs WHERE job_id = ?1", [job], |r| r.get(0))
             .optional()?

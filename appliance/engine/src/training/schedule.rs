@@ -210,9 +210,10 @@ impl crate::engine::Training<'_> {
     /// Creates a schedule (`id = None`) or replaces one, audited in the same transaction.
     pub fn set_schedule(&self, actor: &Admin, id: Option<i64>, spec: &ScheduleSpec) -> Result<i64> {
         let minute = spec.check()?;
-        let next = minute.map(|m| rfc3339(next_occurrence(spec.weekday, m, offset(self), OffsetDateTime::now_utc())));
+        let next =
+            minute.map(|m| rfc3339(next_occurrence(spec.weekday, m, offset(self.engine), OffsetDateTime::now_utc())));
         let json = serde_json::to_string(spec).map_err(|e| Error::Internal(e.to_string()))?;
-        let mut conn = self.store.conn();
+        let mut conn = self.engine.store.conn();
         let tx = conn.transaction()?;
         let mark: i64 = tx.query_row("SELECT ifnull(max(id), 0) FROM feedback", [], |r| r.get(0))?;
         let id = match id {
@@ -228,7 +229,7 @@ impl crate::engine::Training<'_> {
             }
             None => {
                 // Each schedule can start a training run; [limits] max_schedules bounds how many exist.
-                let cap = self.cfg.limits.max_schedules.max(1);
+                let cap = self.engine.cfg.limits.max_schedules.max(1);
                 let n: i64 = tx.query_row("SELECT COUNT(*) FROM training_schedules", [], |r| r.get(0))?;
                 if n as usize >= cap {
                     return Err(Error::LimitReached(format!(
@@ -251,24 +252,24 @@ impl crate::engine::Training<'_> {
         )?;
         tx.commit()?;
         // The timer lane sleeps until the earliest due time it knew of.
-        self.queue().tasks_changed();
+        self.engine.queue().tasks_changed();
         Ok(id)
     }
 
     pub fn delete_schedule(&self, actor: &Admin, id: i64) -> Result<()> {
-        let mut conn = self.store.conn();
+        let mut conn = self.engine.store.conn();
         let tx = conn.transaction()?;
         if tx.execute("DELETE FROM training_schedules WHERE id = ?1", [id])? == 0 {
             return Err(Error::NotFound { what: format!("training schedule #{id}") });
         }
         crate::audit::append(&tx, &actor.name, "training.schedule_delete", &serde_json::json!({"schedule": id}))?;
         tx.commit()?;
-        self.queue().tasks_changed();
+        self.engine.queue().tasks_changed();
         Ok(())
     }
 
     pub fn schedules(&self, _admin: &Admin) -> Result<Vec<Schedule>> {
-        let conn = self.store.reader();
+        let conn = self.engine.store.reader();
         // New feedback counts each user's rows only up to `[limits] max_feedback_per_user`, as training and the
         // evaluation gate do: one clinician clicking 有帮助 a thousand times cannot start a run alone.
         let mut stmt = conn.prepare(
@@ -277,7 +278,7 @@ impl crate::engine::Training<'_> {
                         (SELECT count(*) AS n FROM feedback f WHERE f.id > s.feedback_mark GROUP BY f.username))
              FROM training_schedules s ORDER BY s.id",
         )?;
-        let cap = i64::from(self.cfg.limits.max_feedback_per_user);
+        let cap = i64::from(self.engine.cfg.limits.max_feedback_per_user);
         let rows = stmt.query_map([cap], |r| {
             let spec: String = r.get(1)?;
             Ok((r.get(0)?, spec, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?))
