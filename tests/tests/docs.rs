@@ -706,3 +706,34 @@ fn no_page_puts_a_token_in_a_url() {
     assert_eq!(got.len(), 1, "{got:?}");
     assert!(got[0].contains("csrf"), "{got:?}");
 }
+
+/// The `impl` blocks of the engine's own struct in `code` (a file's text): `impl Engine {`, `impl crate::Engine {`,
+/// `impl crate::engine::Engine {` (trait impls such as `impl Debug for Engine` are not operations).
+fn engine_impls(code: &str) -> usize {
+    code.lines()
+        .filter(|l| {
+            let l = l.trim_start();
+            ["impl Engine {", "impl crate::Engine {", "impl crate::engine::Engine {"].iter().any(|p| l.starts_with(p))
+        })
+        .count()
+}
+
+/// The engine only opens its parts and lends them: no module adds operations to `Engine` (a method there hides a
+/// dependency from the import map; the operation belongs to the part whose state it uses).
+#[test]
+fn only_engine_rs_implements_the_engine() {
+    let src = repo_root().join(ENGINE_SRC);
+    let mut files = Vec::new();
+    files_with_ext(&src, ".rs", &mut files);
+    assert!(files.len() > 50, "the engine's files were not read: {}", files.len());
+    let found: Vec<String> = files
+        .iter()
+        .filter(|f| !f.ends_with("engine.rs") && !f.components().any(|c| c.as_os_str() == "tests"))
+        .filter(|f| engine_impls(&code_of(&fs::read_to_string(f).unwrap_or_default())) > 0)
+        .map(|f| rel(&repo_root(), f))
+        .collect();
+    assert!(found.is_empty(), "modules implementing operations on Engine outside engine.rs: {found:?}");
+    // The check fires on the forms it looks for, and spares trait impls and comments.
+    assert_eq!(engine_impls("impl Engine {\n    fn f(&self) {}\n}\nimpl crate::Engine {\n}\n"), 2);
+    assert_eq!(engine_impls("impl std::fmt::Debug for Engine {\n}\n// impl Engine {\n"), 0);
+}
