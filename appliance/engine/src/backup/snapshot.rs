@@ -21,16 +21,21 @@ use crate::error::{Error, Result};
 const STAGING: &str = ".backup-";
 
 pub(crate) struct Snapshot {
-    pub(crate) dir: PathBuf,
+    /// The staging folder, removed with the snapshot.
+    _staging: Staging,
     pub(crate) info: BackupInfo,
     /// (path inside the archive, staged file), metadata first.
     pub(crate) files: Vec<(String, PathBuf)>,
     pub(crate) writes_paused_ms: u64,
 }
 
-impl Drop for Snapshot {
+/// A staging folder of this process's own, removed when dropped: at the end of the backup, or at a failure on the
+/// way there.
+struct Staging(PathBuf);
+
+impl Drop for Staging {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -115,9 +120,9 @@ fn staging_dir(root: &Path) -> Result<PathBuf> {
 impl Snapshot {
     pub(crate) fn take(e: &super::BackupMaker<'_>) -> Result<Snapshot> {
         let root = e.dir.root().to_path_buf();
-        let dir = staging_dir(&root)?;
-        let mut snap = Snapshot { dir, info: empty_info(), files: Vec::new(), writes_paused_ms: 0 };
-        let sqlite = snap.dir.join("care.sqlite");
+        let staging = Staging(staging_dir(&root)?);
+        let dir = staging.0.as_path();
+        let sqlite = dir.join("care.sqlite");
         // Room for the database's copy on the data disk, above the reserve kept for searching.
         let db_bytes = [e.dir.sqlite(), root.join("care.sqlite-wal")]
             .iter()
@@ -136,84 +141,88 @@ impl Snapshot {
             conn.execute("VACUUM INTO ?1", [sqlite.to_string_lossy().as_ref()])?;
             for folder in LINKED {
                 for rel in files_under(&root.join(folder))? {
-                    link_or_copy(&root.join(folder).join(&rel), &snap.dir.join(folder).join(&rel))?;
+                    link_or_copy(&root.join(folder).join(&rel), &dir.join(folder).join(&rel))?;
                 }
             }
         }
-        snap.writes_paused_ms = paused.elapsed().as_millis() as u64;
+        let writes_paused_ms = paused.elapsed().as_millis() as u64;
         for small in ["VERSION", crate::audit::KEY_FILE, "user_dict.txt"] {
             let src = root.join(small);
             if src.exists() {
-                std::fs::copy(&src, snap.dir.join(small)).map_err(|err| Error::io(&src, err))?;
+                std::fs::copy(&src, dir.join(small)).map_err(|err| Error::io(&src, err))?;
             }
         }
-        snap.info = snap.describe(e)?;
-        snap.files = snap.list()?;
-        snap.info.files = snap.files.len() as u64;
-        snap.info.data_bytes = snap.files.iter().filter_map(|(_, p)| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
-        Ok(snap)
-    }
-
-    /// Opens the copy (with the audit key, to write its anchor) and says what it holds.
-    fn describe(&self, e: &super::BackupMaker<'_>) -> Result<BackupInfo> {
-        let conn = rusqlite::Connection::open(self.dir.join("care.sqlite"))?;
-        let key = crate::audit::load_or_create_key(&self.dir)?;
-        crate::audit::register_key(&conn, key)?;
-        crate::audit::anchor_snapshot(&conn, &self.dir)?;
-        // The backup running now is this one, done by the time the archive exists; backups still queued are the
-        // source's business, not a restored machine's.
-        conn.execute_batch(
-            "UPDATE jobs SET state = 'done', stage = '' WHERE kind = 'backup.create' AND state = 'running';
-             UPDATE jobs SET state = 'cancelled', stage = '' WHERE kind = 'backup.create' AND state = 'queued';",
-        )?;
-        let count = |sql: &str| conn.query_row(sql, [], |r| r.get::<_, i64>(0)).map(|n| n.max(0) as u64);
-        let chunks =
-            count("SELECT count(*) FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.state = 'indexed'")?;
-        let schema_version: u32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-        let collections = count("SELECT count(*) FROM collections")?;
-        let documents = count("SELECT count(*) FROM documents")?;
-        let audit_head = count("SELECT ifnull(max(id), 0) FROM audit")? as i64;
-        drop(conn);
-        // The staged index must open and hold the copy's chunks; a merge that raced the links would show here.
-        let in_index =
-            staged_lexical_docs(&self.dir.join("lexical").join(format!("v{}", crate::lexical::LEXICAL_FORMAT)))?;
-        if in_index != chunks {
-            tracing::warn!(in_index, chunks, "the staged lexical index differs from the copy; a restore rebuilds it");
-        }
+        // Described first: describing writes the copy's audit anchor, which the list then holds.
+        let described = describe(dir, e)?;
+        let files = list(dir)?;
         let info = BackupInfo {
-            format: super::archive::FORMAT,
-            created_at: crate::audit::now(),
-            appliance_version: env!("CARGO_PKG_VERSION").to_string(),
-            layout_version: crate::datadir::LAYOUT_VERSION,
-            schema_version,
-            collections,
-            documents,
-            chunks,
-            live_pair: e.retrieval.active_models()?.map(|p| crate::lifecycle::pair_spec(&p)),
-            audit_head,
-            data_bytes: 0,
-            files: 0,
+            files: files.len() as u64,
+            data_bytes: files.iter().filter_map(|(_, p)| std::fs::metadata(p).ok()).map(|m| m.len()).sum(),
+            ..described
         };
-        Ok(info)
+        Ok(Snapshot { _staging: staging, info, files, writes_paused_ms })
     }
+}
 
-    /// The staged files as the archive names them: the database and keys first.
-    fn list(&self) -> Result<Vec<(String, PathBuf)>> {
-        let mut files = Vec::new();
-        for small in ["VERSION", "care.sqlite", crate::audit::KEY_FILE, crate::audit::ANCHOR_FILE, "user_dict.txt"] {
-            let p = self.dir.join(small);
-            if p.exists() {
-                files.push((small.to_string(), p));
-            }
-        }
-        for folder in LINKED {
-            for rel in files_under(&self.dir.join(folder))? {
-                let name = format!("{folder}/{}", rel.to_string_lossy());
-                files.push((name, self.dir.join(folder).join(rel)));
-            }
-        }
-        Ok(files)
+/// Opens the copy staged in `dir` (with the audit key, to write its anchor) and says what it holds; the file count
+/// and size are the caller's, once the files are listed.
+fn describe(dir: &Path, e: &super::BackupMaker<'_>) -> Result<BackupInfo> {
+    let conn = rusqlite::Connection::open(dir.join("care.sqlite"))?;
+    let key = crate::audit::load_or_create_key(dir)?;
+    crate::audit::register_key(&conn, key)?;
+    crate::audit::anchor_snapshot(&conn, dir)?;
+    // The backup running now is this one, done by the time the archive exists; backups still queued are the
+    // source's business, not a restored machine's.
+    conn.execute_batch(
+        "UPDATE jobs SET state = 'done', stage = '' WHERE kind = 'backup.create' AND state = 'running';
+         UPDATE jobs SET state = 'cancelled', stage = '' WHERE kind = 'backup.create' AND state = 'queued';",
+    )?;
+    let count = |sql: &str| conn.query_row(sql, [], |r| r.get::<_, i64>(0)).map(|n| n.max(0) as u64);
+    let chunks =
+        count("SELECT count(*) FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.state = 'indexed'")?;
+    let schema_version: u32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    let collections = count("SELECT count(*) FROM collections")?;
+    let documents = count("SELECT count(*) FROM documents")?;
+    let audit_head = count("SELECT ifnull(max(id), 0) FROM audit")? as i64;
+    drop(conn);
+    // The staged index must open and hold the copy's chunks; a merge that raced the links would show here.
+    let in_index = staged_lexical_docs(&dir.join("lexical").join(format!("v{}", crate::lexical::LEXICAL_FORMAT)))?;
+    if in_index != chunks {
+        tracing::warn!(in_index, chunks, "the staged lexical index differs from the copy; a restore rebuilds it");
     }
+    let info = BackupInfo {
+        format: super::archive::FORMAT,
+        created_at: crate::audit::now(),
+        appliance_version: env!("CARGO_PKG_VERSION").to_string(),
+        layout_version: crate::datadir::LAYOUT_VERSION,
+        schema_version,
+        collections,
+        documents,
+        chunks,
+        live_pair: e.retrieval.active_models()?.map(|p| crate::lifecycle::pair_spec(&p)),
+        audit_head,
+        data_bytes: 0,
+        files: 0,
+    };
+    Ok(info)
+}
+
+/// The staged files in `dir` as the archive names them: the database and keys first.
+fn list(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let mut files = Vec::new();
+    for small in ["VERSION", "care.sqlite", crate::audit::KEY_FILE, crate::audit::ANCHOR_FILE, "user_dict.txt"] {
+        let p = dir.join(small);
+        if p.exists() {
+            files.push((small.to_string(), p));
+        }
+    }
+    for folder in LINKED {
+        for rel in files_under(&dir.join(folder))? {
+            let name = format!("{folder}/{}", rel.to_string_lossy());
+            files.push((name, dir.join(folder).join(rel)));
+        }
+    }
+    Ok(files)
 }
 
 /// Documents in the staged lexical index, opened read-only as tantivy stores it (no writer, nothing written).
@@ -223,21 +232,4 @@ fn staged_lexical_docs(dir: &Path) -> Result<u64> {
     }
     let index = tantivy::Index::open_in_dir(dir)?;
     Ok(index.reader()?.searcher().num_docs())
-}
-
-fn empty_info() -> BackupInfo {
-    BackupInfo {
-        format: super::archive::FORMAT,
-        created_at: String::new(),
-        appliance_version: String::new(),
-        layout_version: 0,
-        schema_version: 0,
-        collections: 0,
-        documents: 0,
-        chunks: 0,
-        live_pair: None,
-        audit_head: 0,
-        data_bytes: 0,
-        files: 0,
-    }
 }
