@@ -194,14 +194,7 @@ pub struct BackupMaker<'e> {
 impl BackupMaker<'_> {
     /// The part, borrowed from the engine's.
     pub fn of(e: &crate::Engine) -> BackupMaker<'_> {
-        BackupMaker {
-            cfg: &e.cfg,
-            dir: &e.dir,
-            store: &e.store,
-            write_lock: &e.write_lock,
-            retrieval: e.retrieval(),
-            queue: e.queue(),
-        }
+        e.backups().maker()
     }
 
     /// The key archives are encrypted with (`[backup] key_file`), read now.
@@ -316,9 +309,9 @@ fn same_disk(a: &Path, b: &Path) -> bool {
     }
 }
 
-impl crate::engine::Backups<'_> {
+impl<'e> crate::engine::Backups<'e> {
     /// The part that makes backups, from this handle's.
-    fn maker(&self) -> BackupMaker<'_> {
+    pub(crate) fn maker(self) -> BackupMaker<'e> {
         BackupMaker {
             cfg: self.cfg,
             dir: self.dir,
@@ -328,7 +321,9 @@ impl crate::engine::Backups<'_> {
             queue: self.queue,
         }
     }
+}
 
+impl crate::engine::Backups<'_> {
     /// Queues a backup; the process that runs jobs makes it beside everything else. Returns the job id.
     pub fn submit(&self, actor: &Admin, p: &BackupParams) -> Result<i64> {
         let id = {
