@@ -352,11 +352,14 @@ pub fn offset_label(offset_minutes: i32) -> String {
 /// The document view's sections for `doc`, with `query`'s terms marked as a search marks them: folded, in
 /// either script, and with the synonyms the table adds (no marks for an empty query).
 pub fn document_sections(searcher: crate::search::Searcher<'_>, doc: &DocumentView, query: &str) -> Vec<Section> {
-    let jieba = searcher.lexical.jieba();
+    let jieba = searcher.retrieval.lexical.jieba();
     let plan = match searcher.synonym_table() {
-        Ok(t) => {
-            crate::query::QueryPlan::with_synonyms(jieba, query, &t, searcher.cfg.search.synonym_weight.clamp(0.0, 1.0))
-        }
+        Ok(t) => crate::query::QueryPlan::with_synonyms(
+            jieba,
+            query,
+            &t,
+            searcher.retrieval.cfg.search.synonym_weight.clamp(0.0, 1.0),
+        ),
         Err(_) => crate::query::QueryPlan::new(jieba, query),
     };
     let h = Highlighter::with_words(jieba, plan.terms.into_iter().map(|t| t.0).filter(|w| !is_stopword(w)));

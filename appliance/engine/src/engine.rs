@@ -292,14 +292,10 @@ impl Engine {
     /// The search pipeline over the store, the indexes, the synonym table and the filing.
     pub fn searcher(&self) -> crate::search::Searcher<'_> {
         crate::search::Searcher {
-            cfg: &self.cfg,
-            store: &self.store,
-            lexical: &self.lexical,
+            retrieval: self.retrieval(),
             synonyms: &self.synonyms,
             texts: &self.texts,
             meta_index: &self.meta_index,
-            live: &self.live,
-            retrieval: self.retrieval(),
         }
     }
     /// The write protocol: ingest batches, deletions, recovery and the consistency check.

@@ -264,14 +264,11 @@ pub(crate) struct JudgedDense<'a> {
 /// ([`crate::engine::Engine::searcher`]); every caller (pages, API, CLI, evaluation, the gate) runs it.
 #[derive(Clone, Copy)]
 pub struct Searcher<'e> {
-    pub(crate) cfg: &'e crate::config::EngineConfig,
-    pub(crate) store: &'e crate::store::Store,
-    pub(crate) lexical: &'e crate::lexical::LexicalIndex,
+    /// The store, the indexes, the models and the settings the legs read.
+    pub(crate) retrieval: crate::hybrid::Retrieval<'e>,
     pub(crate) synonyms: &'e crate::versioned::Versioned<crate::synonyms::SynonymTable>,
     pub(crate) texts: &'e crate::store::texts::TextPresence,
     pub(crate) meta_index: &'e crate::versioned::Versioned<crate::facets::MetaIndex>,
-    pub(crate) live: &'e crate::settings::LiveSettings,
-    pub(crate) retrieval: crate::hybrid::Retrieval<'e>,
 }
 
 impl Searcher<'_> {
@@ -289,7 +286,7 @@ impl Searcher<'_> {
                 "查询过长：{n} 个字符，最多 {MAX_QUERY_CHARS} 个；请缩短后重试 (query longer than {MAX_QUERY_CHARS} characters)"
             )));
         }
-        let max = self.cfg.search.max_offset;
+        let max = self.retrieval.cfg.search.max_offset;
         if req.offset > max {
             return Err(Error::InvalidInput(format!(
                 "翻页过深：offset 为 {}，最大 {max}（search.max_offset）；请细化查询 (offset beyond search.max_offset)",
@@ -418,8 +415,8 @@ impl Searcher<'_> {
         let _span = tracing::debug_span!("plan").entered();
         let (query, filter) = self.validate_search(req)?;
         let cols: Vec<Collection> = match &req.collections {
-            Some(names) => names.iter().map(|c| self.store.collection(c)).collect::<Result<_>>()?,
-            None => self.store.collection_list()?,
+            Some(names) => names.iter().map(|c| self.retrieval.store.collection(c)).collect::<Result<_>>()?,
+            None => self.retrieval.store.collection_list()?,
         };
         let names: Vec<String> = cols.iter().map(|c| c.name.clone()).collect();
         let metas = self.meta_index()?;
@@ -433,7 +430,10 @@ impl Searcher<'_> {
         Ok(SearchPlan {
             query: query.to_string(),
             filter,
-            limit: req.limit.unwrap_or(self.cfg.search.default_limit).clamp(1, self.cfg.search.max_limit),
+            limit: req
+                .limit
+                .unwrap_or(self.retrieval.cfg.search.default_limit)
+                .clamp(1, self.retrieval.cfg.search.max_limit),
             wants_dense: req.method != Some(crate::fusion::Method::Bm25),
             spec: (req.method, req.dense_weight),
             cols,
@@ -455,7 +455,8 @@ impl Searcher<'_> {
     ) -> Result<Understood> {
         let _span = tracing::debug_span!("understand").entered();
         let table = self.synonym_table()?;
-        let weight = if exact { 0.0 } else { synonym_weight.unwrap_or(self.live.synonym_weight(self.cfg)) };
+        let weight =
+            if exact { 0.0 } else { synonym_weight.unwrap_or(self.retrieval.live.synonym_weight(self.retrieval.cfg)) };
         let (plan, pinyin_of, did_you_mean) =
             self.plan_query(query, &table, readable, weight.clamp(0.0, 1.0), !exact)?;
         Ok(Understood { plan, pinyin_of, did_you_mean })
@@ -515,7 +516,7 @@ impl Searcher<'_> {
             return Ok(Default::default());
         }
         let needles: Vec<String> = matched.iter().flat_map(|w| plan.forms_in_both_scripts(w)).collect();
-        Ok(match self.texts.chunks_containing(&self.store, chunks, &needles, collections)? {
+        Ok(match self.texts.chunks_containing(&self.retrieval.store, chunks, &needles, collections)? {
             Some(found) => found,
             None => ranking.hits.iter().filter(|h| h.parts.bm25.is_some()).map(|h| h.chunk_id).collect(),
         })
@@ -537,11 +538,11 @@ impl Searcher<'_> {
         for (i, (_, text)) in queries.iter().enumerate() {
             progress(i, queries.len())?;
             let u = self.understand(text, Readable { names: &names, visible: None }, false, None)?;
-            let (_, bm25) = self.lexical.search_pair(
+            let (_, bm25) = self.retrieval.lexical.search_pair(
                 &u.plan.terms,
                 Some(&names),
                 depth,
-                self.cfg.search.title_boost,
+                self.retrieval.cfg.search.title_boost,
                 false,
                 None,
             )?;
@@ -566,8 +567,8 @@ impl Searcher<'_> {
 
     /// The synonym table as of its version in SQLite: reloaded when an edit (from any process) bumped it.
     pub(crate) fn synonym_table(&self) -> Result<std::sync::Arc<crate::synonyms::SynonymTable>> {
-        let version = crate::synonyms::version(&self.store.reader())?;
-        let opener = self.store.reader_opener();
+        let version = crate::synonyms::version(&self.retrieval.store.reader())?;
+        let opener = self.retrieval.store.reader_opener();
         self.synonyms.get(
             version,
             |t| t.version,
@@ -578,8 +579,8 @@ impl Searcher<'_> {
     /// Every document's filing, reloaded when the version in SQLite moved (an ingest, an edit or a deletion from
     /// any process).
     pub(crate) fn meta_index(&self) -> Result<std::sync::Arc<crate::facets::MetaIndex>> {
-        let version = crate::facets::MetaIndex::version(&self.store.reader())?;
-        let opener = self.store.reader_opener();
+        let version = crate::facets::MetaIndex::version(&self.retrieval.store.reader())?;
+        let opener = self.retrieval.store.reader_opener();
         self.meta_index.get(
             version,
             |m| m.version,
@@ -600,7 +601,7 @@ impl Searcher<'_> {
         weight: f32,
         pinyin: bool,
     ) -> Result<(crate::query::QueryPlan, Option<String>, Vec<String>)> {
-        let plan = crate::query::QueryPlan::with_synonyms(self.lexical.jieba(), query, table, weight);
+        let plan = crate::query::QueryPlan::with_synonyms(self.retrieval.lexical.jieba(), query, table, weight);
         let typed = plan.folded.trim();
         let folded = typed.to_ascii_lowercase();
         let runs = letter_runs(&folded);
@@ -645,7 +646,7 @@ impl Searcher<'_> {
         if !replaced {
             return Ok((plan, None, suggestions));
         }
-        let plan = crate::query::QueryPlan::with_synonyms(self.lexical.jieba(), &read, table, weight);
+        let plan = crate::query::QueryPlan::with_synonyms(self.retrieval.lexical.jieba(), &read, table, weight);
         Ok((plan, Some(query.trim().to_string()), if suggestions.is_empty() { vec![read] } else { suggestions }))
     }
 
@@ -665,7 +666,7 @@ impl Searcher<'_> {
                     // Counted in the index only where no access list restricts the reader (a count over documents
                     // they may not see would order by them).
                     let n = match readable.visible {
-                        None => self.lexical.chunks_with(&w, readable.names)?.max(1),
+                        None => self.retrieval.lexical.chunks_with(&w, readable.names)?.max(1),
                         Some(_) => 1,
                     };
                     readings.push((n, w));
@@ -688,7 +689,7 @@ impl Searcher<'_> {
         use crate::lexical::{in_medical_lexicon, is_stopword, may_begin_name, name_shaped};
         const MOST_SEGMENTS: usize = 6;
         const MOST_CHARS: usize = 16;
-        let jieba = self.lexical.jieba();
+        let jieba = self.retrieval.lexical.jieba();
         let folded = plan.folded.to_lowercase();
         let absent = |s: &str| -> Result<bool> {
             let mut forms = vec![s.to_string()];
@@ -770,7 +771,7 @@ impl Searcher<'_> {
             let (left, right) = (parts[..k].concat(), parts[k..].concat());
             if right.chars().count() >= 2
                 && !left.ends_with(['性', '型', '状'])
-                && crate::lexical::is_key_term(self.lexical.jieba(), &right)
+                && crate::lexical::is_key_term(self.retrieval.lexical.jieba(), &right)
                 && self.readable_has(std::slice::from_ref(&right), readable)?
                 && self.readable_has(std::slice::from_ref(&left), readable)?
             {
@@ -810,16 +811,17 @@ impl Searcher<'_> {
     fn readable_has(&self, forms: &[String], readable: Readable<'_>) -> Result<bool> {
         let mut found = false;
         for f in forms {
-            found = found || self.lexical.any_chunk_with(f, readable.names)?;
+            found = found || self.retrieval.lexical.any_chunk_with(f, readable.names)?;
         }
         for f in forms {
-            found = found || self.texts.contains(&self.store, f, readable.names)?;
+            found = found || self.texts.contains(&self.retrieval.store, f, readable.names)?;
         }
         if found && let Some(v) = readable.visible {
             found = false;
             for f in forms {
                 let lower = f.to_ascii_lowercase();
-                found = found || self.store.any_admitted_chunk_contains(&lower, readable.names, |d| v.contains(d))?;
+                found = found
+                    || self.retrieval.store.any_admitted_chunk_contains(&lower, readable.names, |d| v.contains(d))?;
             }
         }
         Ok(found)
@@ -827,7 +829,7 @@ impl Searcher<'_> {
 
     /// How deep the one ranking of a query goes: the deepest hit a page may ask for.
     fn ranking_depth(&self) -> usize {
-        let s = &self.cfg.search;
+        let s = &self.retrieval.cfg.search;
         s.candidates.max(s.max_offset.saturating_add(s.max_limit))
     }
 
@@ -839,15 +841,15 @@ impl Searcher<'_> {
         offset: usize,
     ) -> Result<Vec<SearchHit>> {
         let ids: Vec<i64> = page.iter().map(|h| h.0.chunk_id).collect();
-        let views = self.store.chunk_views(&ids)?;
+        let views = self.retrieval.store.chunk_views(&ids)?;
         let by_id: HashMap<i64, _> = views.into_iter().map(|v| (v.chunk_id, v)).collect();
         let shown: Vec<(&Explained, usize, &crate::store::ChunkView)> =
             page.iter().filter_map(|(h, m)| by_id.get(&h.chunk_id).map(|v| (*h, *m, v))).collect();
         let texts: Vec<&str> = shown.iter().map(|(_, _, v)| v.text.as_str()).collect();
-        let snippets = self.lexical.snippets_for(
+        let snippets = self.retrieval.lexical.snippets_for(
             &plan.terms,
             &texts,
-            self.cfg.search.snippet_bytes,
+            self.retrieval.cfg.search.snippet_bytes,
             &crate::query::to_simplified,
         )?;
         let whole = |v: &crate::store::ChunkView| format!("{}\n{}\n{}", v.title, v.heading, v.text);

@@ -140,9 +140,9 @@ pub fn candidates(
     depth: usize,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Candidates2> {
-    let col = searcher.store.collection(collection)?;
+    let col = searcher.retrieval.store.collection(collection)?;
     let models = searcher.retrieval.models;
-    let pair = models.active_pair(searcher.store)?;
+    let pair = models.active_pair(searcher.retrieval.store)?;
     let encoder = pair.as_ref().map(|p| models.query_encoder(&p.query)).transpose()?;
     let dense = pair.as_ref().zip(encoder.as_deref()).map(|(p, encoder)| crate::search::JudgedDense {
         encoder,
@@ -173,7 +173,7 @@ pub(crate) fn judged(
         .zip(lists)
         .map(|((qid, _), (bm25, dense))| Candidates { qid: qid.clone(), bm25, dense })
         .collect();
-    Ok(Candidates2 { lists, doc_names: document_names(searcher.store, col.id)?, has_dense })
+    Ok(Candidates2 { lists, doc_names: document_names(searcher.retrieval.store, col.id)?, has_dense })
 }
 
 /// Candidate lists plus the document id → external id map needed to score them.
