@@ -67,6 +67,9 @@ pub struct BenchReport {
     pub http_parts: Option<HttpParts>,
     /// The encoder's share of `hybrid_in_process`, as the engine timed it (to compare with the HTTPS path's).
     pub in_process_encode: Latency,
+    /// Mean time of each stage of the pipeline as it timed itself (`SearchResults::stages`), and `outside`: the
+    /// whole call less the engine's own `took_ms` (the façade's checks and the search's audit record).
+    pub stages_mean_ms: std::collections::BTreeMap<&'static str, f64>,
 }
 
 /// The HTTPS path's time split per query: the engine's search as it timed itself (`took_ms`, of which the query
@@ -162,6 +165,7 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
     // Every figure is the search pipeline's, as clinicians' searches run it: the whole call timed here, each
     // stage as the pipeline timed it (`SearchResults::stages`).
     let (mut enc, mut bm, mut de, mut fu, mut all) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut stages: std::collections::BTreeMap<&'static str, f64> = Default::default();
     for q in &queries {
         let t = Instant::now();
         let res = e.search().run(&bench_admin(), &SearchAs { query: (*q).into(), ..Default::default() })?;
@@ -172,6 +176,22 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
             de.push(res.stages.dense_ms);
         }
         fu.push(res.stages.fuse_ms);
+        let st = &res.stages;
+        for (k, v) in [
+            ("understand", st.understand_ms),
+            ("encode", st.encode_ms),
+            ("legs", st.legs_ms),
+            ("bm25", st.bm25_ms),
+            ("dense", st.dense_ms),
+            ("fuse", st.fuse_ms),
+            ("evidence", st.evidence_ms),
+            ("facets", st.facets_ms),
+            ("snippets", st.snippets_ms),
+            ("took", res.took_ms),
+            ("outside", all.last().copied().unwrap_or(0.0) - res.took_ms),
+        ] {
+            *stages.entry(k).or_default() += v / queries.len() as f64;
+        }
         std::hint::black_box(res);
     }
     let all_encode = enc.clone();
@@ -217,6 +237,7 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
         hybrid_http,
         http_parts,
         in_process_encode: Latency::from(all_encode),
+        stages_mean_ms: stages,
     };
     if opts.reuse.is_none() {
         let _ = std::fs::remove_dir_all(&dir);

@@ -251,7 +251,8 @@ impl MetaIndex {
     /// Every document's filing, labelled `version` (read by the caller before this).
     /// The filing's version in SQLite, moved by a trigger on every change of a document's filing.
     pub fn version(conn: &rusqlite::Connection) -> Result<i64> {
-        Ok(conn.query_row("SELECT version FROM document_meta_state WHERE id = 1", [], |r| r.get(0))?)
+        // Read by every search: a cached statement.
+        Ok(conn.prepare_cached("SELECT version FROM document_meta_state WHERE id = 1")?.query_row([], |r| r.get(0))?)
     }
 
     pub fn load(store: &crate::store::Store, version: i64) -> Result<MetaIndex> {

@@ -162,8 +162,19 @@ impl ReaderOpener {
         conn.pragma_update(None, "query_only", "ON")?;
         // Every read of the process shares these few connections; the default cache (16) would evict and re-prepare.
         conn.set_prepared_statement_cache_capacity(64);
+        stable_plans(&conn)?;
         Ok(conn)
     }
+}
+
+/// Plans that do not depend on the values bound (SQLite's query planner stability guarantee). Without it, a
+/// statement whose plan looked at a bound value (`x = ?` where ? may be 0 or 1, a LIMIT) is marked to re-prepare
+/// when its bindings are cleared, which rusqlite's statement cache does each time it takes a statement back:
+/// such cached statements were compiled again on every use (the search's fusion setting and page rows, ~0.1 ms a
+/// search). The schema keeps no statistics whose plans this would forgo.
+fn stable_plans(conn: &Connection) -> Result<()> {
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+    Ok(())
 }
 
 /// Read-only WAL connections, opened on first use up to `size`.
@@ -367,6 +378,7 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
+        stable_plans(&conn)?;
         // Readers are opened on first use, which comes after the migration below: their schema caches and
         // prepared statements never predate it.
         let readers = ReaderPool::new(path, key, read_connections.max(1));
@@ -489,11 +501,10 @@ impl Store {
 
     pub fn collection(&self, name: &str) -> Result<Collection> {
         self.reader()
-            .query_row(
+            .prepare_cached(
                 "SELECT id, name, description, owner, approved_for_training, created_at FROM collections WHERE name = ?1",
-                [name],
-                row_to_collection,
-            )
+            )?
+            .query_row([name], row_to_collection)
             .optional()?
             .ok_or_else(|| Error::UnknownCollection(name.into()))
     }
@@ -666,11 +677,13 @@ impl Store {
 
     /// The newest chunk id and the count of chunk rows ever deleted: equal stamps mean the same chunks.
     pub fn chunk_stamp(&self) -> Result<texts::ChunkStamp> {
-        Ok(self.reader().query_row(
-            "SELECT (SELECT COALESCE(MAX(id), 0) FROM chunks), (SELECT deletions FROM chunk_state WHERE id = 1)",
-            [],
-            |r| Ok(texts::ChunkStamp { newest: r.get(0)?, deletions: r.get(1)? }),
-        )?)
+        // Asked several times by every search (each term looked for in the text): a cached statement.
+        Ok(self
+            .reader()
+            .prepare_cached(
+                "SELECT (SELECT COALESCE(MAX(id), 0) FROM chunks), (SELECT deletions FROM chunk_state WHERE id = 1)",
+            )?
+            .query_row([], |r| Ok(texts::ChunkStamp { newest: r.get(0)?, deletions: r.get(1)? }))?)
     }
 
     /// Calls `f(chunk id, collection, [title, heading, text])` for every chunk newer than `after_chunk`, in id order,

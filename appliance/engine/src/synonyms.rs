@@ -132,7 +132,7 @@ fn all_rows(conn: &Connection) -> Result<Vec<SynonymEntry>> {
 
 /// The stamp every process compares before a search.
 pub fn version(conn: &Connection) -> Result<i64> {
-    Ok(conn.query_row("SELECT version FROM synonym_state WHERE id = 1", [], |r| r.get(0))?)
+    Ok(conn.prepare_cached("SELECT version FROM synonym_state WHERE id = 1")?.query_row([], |r| r.get(0))?)
 }
 
 fn bump(conn: &Connection) -> Result<()> {

@@ -231,20 +231,10 @@ impl Image {
         if self.too_large {
             return None;
         }
-        let needles: Vec<String> = needles.iter().map(|n| n.to_ascii_lowercase()).filter(|n| !n.is_empty()).collect();
         let texts: Vec<&Texts> = collections.iter().filter_map(|c| self.collections.get(c)).collect();
-        let chunk = |id: i64| {
-            texts.iter().find_map(|t| {
-                let at = t.starts.binary_search_by_key(&id, |s| s.0).ok()?;
-                std::str::from_utf8(t.chunk(at)).ok()
-            })
-        };
-        Some(
-            ids.iter()
-                .copied()
-                .filter(|&id| chunk(id).is_some_and(|text| needles.iter().any(|n| crate::text::contains_term(text, n))))
-                .collect(),
-        )
+        let chunk = |id: i64| texts.iter().find_map(|t| t.position(id).map(|at| t.chunk(at)));
+        let needles = Needles::new(needles)?;
+        Some(ids.iter().copied().filter(|&id| chunk(id).is_some_and(|text| needles.any_in(text))).collect())
     }
 
     fn find(&self, needle: &str, collections: &[String], after_chunk: i64) -> Option<bool> {
@@ -266,6 +256,39 @@ impl Image {
                 None => t.starts.get(first).is_some_and(|&(_, from)| finder.find(&t.buf[from..]).is_some()),
             }
         }))
+    }
+}
+
+/// The needles of [`Image::holding`], looked for in the copy's bytes as [`crate::text::contains_term`] looks for
+/// each in text: a Latin needle only where no ASCII letter or digit touches it. All of them in one pass over a
+/// chunk (Aho-Corasick): a ranking is a thousand chunks and a query's terms, in both scripts and with their
+/// synonyms, a dozen needles, on every search. The bytes need no UTF-8 check: a needle is whole characters, so a
+/// match starts and ends on character boundaries, and the byte before or after it is an ASCII letter or digit
+/// exactly when that character is one.
+struct Needles {
+    matcher: aho_corasick::AhoCorasick,
+    latin: Vec<bool>,
+    any_latin: bool,
+}
+
+impl Needles {
+    fn new(needles: &[String]) -> Option<Self> {
+        let folded: Vec<String> =
+            needles.iter().filter(|n| !n.is_empty()).map(|n| n.to_ascii_lowercase()).collect();
+        let latin: Vec<bool> = folded.iter().map(|n| n.starts_with(|c: char| c.is_ascii_alphanumeric())).collect();
+        let matcher = aho_corasick::AhoCorasick::new(&folded).ok()?;
+        Some(Needles { matcher, any_latin: latin.contains(&true), latin })
+    }
+
+    fn any_in(&self, hay: &[u8]) -> bool {
+        if !self.any_latin {
+            return self.matcher.is_match(hay);
+        }
+        let touches = |at: Option<&u8>| at.is_some_and(u8::is_ascii_alphanumeric);
+        self.matcher.find_overlapping_iter(hay).any(|m| {
+            !self.latin[m.pattern().as_usize()]
+                || !touches(m.start().checked_sub(1).and_then(|b| hay.get(b))) && !touches(hay.get(m.end()))
+        })
     }
 }
 
@@ -292,6 +315,14 @@ impl Texts {
             chunks.push(position);
         }
         bytes
+    }
+
+    /// Where chunk `id` is in `starts`. Ingest numbers a collection's chunks mostly in a row, so the offset from
+    /// the first id is tried before the binary search.
+    fn position(&self, id: i64) -> Option<usize> {
+        let first = self.starts.first()?.0;
+        let guess = usize::try_from(id - first).ok().filter(|&g| self.starts.get(g).is_some_and(|s| s.0 == id));
+        guess.or_else(|| self.starts.binary_search_by_key(&id, |s| s.0).ok())
     }
 
     /// The bytes of the chunk at `at` in `starts`.
@@ -365,6 +396,30 @@ mod tests {
             .unwrap();
         }
         doc
+    }
+
+    /// The byte needle of `holding` answers what `contains_term` answers on the text: Latin needles as whole words
+    /// (next to CJK, punctuation, a NUL field separator or the ends), CJK ones anywhere.
+    #[test]
+    fn byte_needles_answer_as_contains_term_does() {
+        let hays = [
+            "copd患者\0慢阻肺\0copd", "admin\0mi\0", "急性mi后", "mi2", "xmi", "\0mi", "高血压和糖尿病", "ct检查",
+            "ct", "abc ct。", "ctx ct", "高血壓", "",
+        ];
+        let needles = ["copd", "mi", "ct", "高血压", "糖尿", "慢阻肺", "血壓", "a"];
+        for h in hays {
+            for n in needles {
+                assert_eq!(
+                    super::Needles::new(&[n.to_string()]).unwrap().any_in(h.as_bytes()),
+                    crate::text::contains_term(h, n),
+                    "{n:?} in {h:?}"
+                );
+            }
+            // All together: any of them, each as it is alone.
+            let all: Vec<String> = needles.iter().map(|n| n.to_string()).collect();
+            let alone = needles.iter().any(|n| crate::text::contains_term(h, n));
+            assert_eq!(super::Needles::new(&all).unwrap().any_in(h.as_bytes()), alone, "{h:?}");
+        }
     }
 
     /// A needle is looked for only in the chunks holding all its pairs; a pair held by a large share of the chunks
