@@ -55,8 +55,11 @@ def main():
         run(cmds[name], work / f"{name}-prepare.json")
     runs = {n: [] for n in cmds}
     stages = []  # the new build's stages, mean ms per search, per run
+    names = list(cmds)
     for i in range(a.rounds):
-        for name, cmd in cmds.items():
+        # Each round starts with the next build, so that none always runs first or last.
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            cmd = cmds[name]
             report = run(cmd, work / f"{name}-{i}.json", envs.get(name))
             runs[name].append(report["hybrid_in_process"])
             if "stages_mean_ms" in report:
