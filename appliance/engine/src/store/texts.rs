@@ -273,8 +273,7 @@ struct Needles {
 
 impl Needles {
     fn new(needles: &[String]) -> Option<Self> {
-        let folded: Vec<String> =
-            needles.iter().filter(|n| !n.is_empty()).map(|n| n.to_ascii_lowercase()).collect();
+        let folded: Vec<String> = needles.iter().filter(|n| !n.is_empty()).map(|n| n.to_ascii_lowercase()).collect();
         let latin: Vec<bool> = folded.iter().map(|n| n.starts_with(|c: char| c.is_ascii_alphanumeric())).collect();
         let matcher = aho_corasick::AhoCorasick::new(&folded).ok()?;
         Some(Needles { matcher, any_latin: latin.contains(&true), latin })
@@ -403,8 +402,19 @@ mod tests {
     #[test]
     fn byte_needles_answer_as_contains_term_does() {
         let hays = [
-            "copd患者\0慢阻肺\0copd", "admin\0mi\0", "急性mi后", "mi2", "xmi", "\0mi", "高血压和糖尿病", "ct检查",
-            "ct", "abc ct。", "ctx ct", "高血壓", "",
+            "copd患者\0慢阻肺\0copd",
+            "admin\0mi\0",
+            "急性mi后",
+            "mi2",
+            "xmi",
+            "\0mi",
+            "高血压和糖尿病",
+            "ct检查",
+            "ct",
+            "abc ct。",
+            "ctx ct",
+            "高血壓",
+            "",
         ];
         let needles = ["copd", "mi", "ct", "高血压", "糖尿", "慢阻肺", "血壓", "a"];
         for h in hays {
