@@ -169,27 +169,16 @@ pub fn run(base: &EngineConfig, opts: &BenchOptions) -> Result<BenchReport> {
     for q in &queries {
         let t = Instant::now();
         let res = e.search().run(&bench_admin(), &SearchAs { query: (*q).into(), ..Default::default() })?;
-        all.push(ms(t));
+        let whole = ms(t);
+        all.push(whole);
         enc.push(res.stages.encode_ms);
         bm.push(res.stages.bm25_ms);
         if res.stages.dense_ms > 0.0 {
             de.push(res.stages.dense_ms);
         }
         fu.push(res.stages.fuse_ms);
-        let st = &res.stages;
-        for (k, v) in [
-            ("understand", st.understand_ms),
-            ("encode", st.encode_ms),
-            ("legs", st.legs_ms),
-            ("bm25", st.bm25_ms),
-            ("dense", st.dense_ms),
-            ("fuse", st.fuse_ms),
-            ("evidence", st.evidence_ms),
-            ("facets", st.facets_ms),
-            ("snippets", st.snippets_ms),
-            ("took", res.took_ms),
-            ("outside", all.last().copied().unwrap_or(0.0) - res.took_ms),
-        ] {
+        let extra = [("legs", res.stages.legs_ms), ("took", res.took_ms), ("outside", whole - res.took_ms)];
+        for (k, v) in res.stages.named().into_iter().chain(extra) {
             *stages.entry(k).or_default() += v / queries.len() as f64;
         }
         std::hint::black_box(res);

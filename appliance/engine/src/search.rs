@@ -198,8 +198,8 @@ pub struct StageTimes {
 }
 
 impl StageTimes {
-    /// As a `Server-Timing` header value (W3C).
-    pub fn server_timing(&self) -> String {
+    /// Each stage by its name, in pipeline order (`legs` is not one: it is BM25, dense and fuse together).
+    pub fn named(&self) -> [(&'static str, f64); 8] {
         [
             ("understand", self.understand_ms),
             ("encode", self.encode_ms),
@@ -210,10 +210,11 @@ impl StageTimes {
             ("facets", self.facets_ms),
             ("snippets", self.snippets_ms),
         ]
-        .iter()
-        .map(|(name, ms)| format!("{name};dur={ms:.3}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    }
+
+    /// As a `Server-Timing` header value (W3C).
+    pub fn server_timing(&self) -> String {
+        self.named().iter().map(|(name, ms)| format!("{name};dur={ms:.3}")).collect::<Vec<_>>().join(", ")
     }
 }
 
