@@ -99,7 +99,9 @@ care backup create >/tmp/care-backup.log 2>&1 || { cat /tmp/care-backup.log; die
 archive=$(ls -t /var/lib/care-backups/care-*.care-backup | head -n 1)
 [ -n "$archive" ] || die "no backup archive in /var/lib/care-backups"
 care backup verify "$archive" >/dev/null || die "the backup does not verify"
-care backup list | grep -q "每天 02:30" || die "the packaged care.toml's daily backup at 02:30 is not in force"
+# The whole list first: `care … | grep -q` would close the pipe at the first match, under pipefail a failure.
+backups=$(care backup list) || die "care backup list failed"
+grep -q "每天 02:30" <<<"$backups" || die "the packaged care.toml's daily backup at 02:30 is not in force"
 rm -rf /tmp/care-restore && install -d -o care -g care /tmp/care-restore
 restored() { as_care /usr/bin/care --config /etc/care/care.toml --data-dir /tmp/care-restore/data "$@"; }
 restored restore "$archive" >/dev/null || die "care restore failed"

@@ -317,6 +317,7 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
+    end_quietly_when_stdout_closes();
     let cli = Cli::parse();
     let code = match run(cli) {
         Ok(code) => code,
@@ -326,6 +327,26 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+/// `care backup list | head` or `| grep -q`: the reader has gone, so the rest of the output has nowhere to go. A
+/// C tool dies of SIGPIPE there without a word; Rust ignores the signal, and `println!` panics with a backtrace
+/// instead (and a pipeline under `set -o pipefail` fails although the reader got what it wanted). That one panic
+/// ends the command as SIGPIPE would, quietly with status 141; every other panic is reported as before.
+fn end_quietly_when_stdout_closes() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        report(info)
+    }));
 }
 
 fn run(cli: Cli) -> Result<i32> {

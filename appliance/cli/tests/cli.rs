@@ -139,3 +139,20 @@ fn a_cli_search_and_a_cli_tune_fusion_each_leave_one_audit_record() {
     assert_eq!(exports[0]["detail"]["chunks"], lines, "{}", exports[0]);
     assert!(exports[0]["actor"].as_str().unwrap().starts_with("cli:"), "{}", exports[0]);
 }
+
+/// A reader that leaves early (`care config | head -1`, `| grep -q`) ends the command as SIGPIPE ends a C tool:
+/// status 141 and no panic on stderr.
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    let mut child = care()
+        .args(["--config", "/dev/null", "config"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // closed before the child has printed anything
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
