@@ -195,11 +195,13 @@ pub struct StageTimes {
     pub evidence_ms: f64,
     pub facets_ms: f64,
     pub snippets_ms: f64,
+    /// The search's audit record, committed with those of searches beside it (the façade's, after the pipeline).
+    pub audit_ms: f64,
 }
 
 impl StageTimes {
     /// Each stage by its name, in pipeline order (`legs` is not one: it is BM25, dense and fuse together).
-    pub fn named(&self) -> [(&'static str, f64); 8] {
+    pub fn named(&self) -> [(&'static str, f64); 9] {
         [
             ("understand", self.understand_ms),
             ("encode", self.encode_ms),
@@ -209,6 +211,7 @@ impl StageTimes {
             ("evidence", self.evidence_ms),
             ("facets", self.facets_ms),
             ("snippets", self.snippets_ms),
+            ("audit", self.audit_ms),
         ]
     }
 
@@ -230,7 +233,7 @@ pub(crate) struct SearchPlan {
     pub(crate) names: Vec<String>,
     /// The filing as of this request, and the documents of `cols` the reader may see where access lists restrict
     /// them (`None`: every document of `cols`).
-    pub(crate) metas: std::sync::Arc<crate::facets::MetaIndex>,
+    pub(crate) metas: crate::versioned::Held<crate::facets::MetaIndex>,
     pub(crate) visible: Option<std::sync::Arc<crate::facets::DocSet>>,
     pub(crate) understood: Understood,
 }
@@ -376,6 +379,7 @@ impl Searcher<'_> {
             evidence_ms,
             facets_ms,
             snippets_ms: ms(snippets),
+            audit_ms: 0.0,
         };
         let u = plan.understood;
         Ok(SearchResults {
@@ -567,7 +571,7 @@ impl Searcher<'_> {
     }
 
     /// The synonym table as of its version in SQLite: reloaded when an edit (from any process) bumped it.
-    pub(crate) fn synonym_table(&self) -> Result<std::sync::Arc<crate::synonyms::SynonymTable>> {
+    pub(crate) fn synonym_table(&self) -> Result<crate::versioned::Held<crate::synonyms::SynonymTable>> {
         let version = crate::synonyms::version(&self.retrieval.store.reader())?;
         let opener = self.retrieval.store.reader_opener();
         self.synonyms.get(
@@ -579,7 +583,7 @@ impl Searcher<'_> {
 
     /// Every document's filing, reloaded when the version in SQLite moved (an ingest, an edit or a deletion from
     /// any process).
-    pub(crate) fn meta_index(&self) -> Result<std::sync::Arc<crate::facets::MetaIndex>> {
+    pub(crate) fn meta_index(&self) -> Result<crate::versioned::Held<crate::facets::MetaIndex>> {
         let version = crate::facets::MetaIndex::version(&self.retrieval.store.reader())?;
         let opener = self.retrieval.store.reader_opener();
         self.meta_index.get(

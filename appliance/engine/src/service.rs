@@ -409,7 +409,7 @@ impl crate::engine::Search<'_> {
             return refused("search.denied", "collection not granted", e);
         }
         let cols = if wanted.is_empty() { readable } else { wanted.clone() };
-        let res = if cols.is_empty() {
+        let mut res = if cols.is_empty() {
             SearchResults::empty(req.query.trim())
         } else {
             req.collections = Some(cols.clone());
@@ -436,7 +436,9 @@ impl crate::engine::Search<'_> {
         if !res.filter.is_empty() {
             detail["filter"] = serde_json::json!(res.filter);
         }
+        let audited = std::time::Instant::now();
         audit_search(self.audit_writer, actor, "search", detail)?;
+        res.stages.audit_ms = audited.elapsed().as_secs_f64() * 1e3;
         Ok(res)
     }
 

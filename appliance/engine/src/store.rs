@@ -47,6 +47,7 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (27, include_str!("../../../migrations/0027_scanned_passages.sql")),
     (28, include_str!("../../../migrations/0028_backup_schedule.sql")),
     (29, include_str!("../../../migrations/0029_token_scope.sql")),
+    (30, include_str!("../../../migrations/0030_synonym_swap.sql")),
 ];
 
 /// What a migration needs beyond its SQL, in the same transaction: 20 reads the language of the documents
@@ -136,6 +137,21 @@ impl Drop for Store {
 }
 
 const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How often a connection that found the database locked tries again.
+const BUSY_STEP: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Waits for the write lock (or a checkpoint) in steps of [`BUSY_STEP`] for up to [`BUSY_TIMEOUT`]. SQLite's own
+/// busy wait backs off to sleeps of 25, 50 and then 100 ms: while another process writes in short batches with
+/// pauses between them (`care collection file` beside `care serve`), a waiting search's audit record slept through
+/// the pauses and searches took ~80 ms longer. A process has no other way to learn that SQLite's file lock was
+/// freed; trying it is one system call.
+fn wait_for_lock(conn: &mut Connection) -> rusqlite::Result<()> {
+    fn again(tries: i32) -> bool {
+        std::thread::sleep(BUSY_STEP);
+        (tries as u128) < BUSY_TIMEOUT.as_micros() / BUSY_STEP.as_micros()
+    }
+    conn.busy_handler(Some(again))
+}
 
 thread_local! {
     /// Readers this thread holds: a thread that already holds one and finds the pool empty gets an extra
@@ -155,10 +171,10 @@ impl ReaderOpener {
     pub(crate) fn open(&self) -> Result<Connection> {
         use rusqlite::OpenFlags;
         let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
-        let conn = Connection::open_with_flags(&self.path, flags)?;
+        let mut conn = Connection::open_with_flags(&self.path, flags)?;
         // Audit verification and listings call care_audit_mac() on readers too.
         crate::audit::register_key(&conn, self.key)?;
-        conn.busy_timeout(BUSY_TIMEOUT)?;
+        wait_for_lock(&mut conn)?;
         conn.pragma_update(None, "query_only", "ON")?;
         // Every read of the process shares these few connections; the default cache (16) would evict and re-prepare.
         conn.set_prepared_statement_cache_capacity(64);
@@ -372,7 +388,7 @@ impl Store {
         conn.set_transaction_behavior(rusqlite::TransactionBehavior::Immediate);
         restrict_to_owner(path)?;
         crate::audit::register_key(&conn, key)?;
-        conn.busy_timeout(BUSY_TIMEOUT)?;
+        wait_for_lock(&mut conn)?;
         // WAL keeps readers (search) unblocked by the ingest writer; NORMAL sync is crash-safe for a killed
         // process, and the index recovery on open repairs anything a power loss drops.
         conn.pragma_update(None, "journal_mode", "WAL")?;
