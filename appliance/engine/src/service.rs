@@ -546,10 +546,13 @@ impl crate::engine::Search<'_> {
     /// The writer, not a clinician's search, rebuilds the table after its change (seconds for 50,000 groups);
     /// searches meanwhile keep the table they had.
     fn changing_synonyms<R>(&self, change: impl FnOnce() -> Result<R>) -> Result<R> {
-        self.synonyms.replace_with(|| {
+        self.synonyms.replace_with(|held| {
             let out = change()?;
+            if !held {
+                return Ok((None, out));
+            }
             let version = synonyms::version(&self.store.reader())?;
-            Ok((synonyms::SynonymTable::load(self.store, version)?, out))
+            Ok((Some(synonyms::SynonymTable::load(self.store, version)?), out))
         })
     }
 
@@ -568,8 +571,10 @@ impl crate::engine::Search<'_> {
         // Staged in batches, the new table built, then moved in and installed together: neither the writer nor the
         // rebuild stalls a search.
         let staged = synonyms::stage(self.store, &actor.name, &groups, replace, "import")?;
-        let table = staged.table();
-        self.synonyms.replace_with(|| Ok((table, staged.commit(self.store)?)))
+        self.synonyms.replace_with(|held| {
+            let table = held.then(|| staged.table());
+            Ok((table, staged.commit(self.store)?))
+        })
     }
 
     pub fn export_synonyms(&self, _admin: &Admin) -> Result<String> {
@@ -715,11 +720,14 @@ impl crate::engine::Collections<'_> {
         // record waits for, in this process or the server's) for more than a few milliseconds. The audit record
         // goes with the first batch; filing is idempotent, so after a failure part-way the same file is filed again.
         // Searches keep the filing they had until the whole spreadsheet is in, then one reload (not one per batch)
-        // by this writer: no search pays for it.
-        self.meta_index.replace_with(|| {
+        // by this writer: no search pays for it. A process that never searched (`care collection file`) builds none.
+        self.meta_index.replace_with(|held| {
             let changed = self.file_batches(actor, col.id, &rows, s, &set, &detail)?;
+            if !held {
+                return Ok((None, (changed, unknown)));
+            }
             let version = crate::facets::MetaIndex::version(&self.store.reader())?;
-            Ok((crate::facets::MetaIndex::load(self.store, version)?, (changed, unknown)))
+            Ok((Some(crate::facets::MetaIndex::load(self.store, version)?), (changed, unknown)))
         })
     }
 

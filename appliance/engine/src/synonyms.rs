@@ -331,11 +331,14 @@ pub fn stage(store: &Store, actor: &str, groups: &[NewSynonym], replace: bool, o
         (version(&conn)?, all_rows(&conn)?)
     };
     let mut report = ImportReport::default();
-    let incoming: HashMap<String, usize> = groups.iter().enumerate().map(|(i, g)| (fold(&g.preferred), i)).collect();
+    // Each incoming group's terms folded once, preferred first.
+    let folded: Vec<Vec<String>> =
+        groups.iter().map(|g| std::iter::once(&g.preferred).chain(&g.variants).map(|t| fold(t)).collect()).collect();
+    let incoming: HashMap<&str, usize> = folded.iter().enumerate().map(|(i, f)| (f[0].as_str(), i)).collect();
     // The table after the import: kept rows (by id) and incoming groups (by index), each term owned once.
     let mut owner: HashMap<String, String> = HashMap::new();
-    let mut claim = |t: &str, preferred: &str| -> Result<()> {
-        match owner.insert(fold(t), preferred.to_string()) {
+    let mut claim = |t: &str, key: String, preferred: &str| -> Result<()> {
+        match owner.insert(key, preferred.to_string()) {
             Some(p) if p != preferred => {
                 Err(invalid(format!("词条“{t}”同时属于“{p}”和“{preferred}”两组；一个词条只能属于一组")))
             }
@@ -345,22 +348,22 @@ pub fn stage(store: &Store, actor: &str, groups: &[NewSynonym], replace: bool, o
     let mut replaced: HashMap<usize, i64> = HashMap::new();
     let mut kept: Vec<SynonymEntry> = Vec::new();
     for e in existing.iter() {
-        match incoming.get(&fold(&e.preferred)) {
+        match incoming.get(fold(&e.preferred).as_str()) {
             Some(&i) => {
                 replaced.insert(i, e.id);
             }
             None if replace => report.removed += 1,
             None => {
                 for t in std::iter::once(&e.preferred).chain(&e.variants) {
-                    claim(t, &e.preferred)?;
+                    claim(t, fold(t), &e.preferred)?;
                 }
                 kept.push(e.clone());
             }
         }
     }
-    for g in &groups {
-        for t in std::iter::once(&g.preferred).chain(&g.variants) {
-            claim(t, &g.preferred)?;
+    for (g, keys) in groups.iter().zip(&folded) {
+        for (t, key) in std::iter::once(&g.preferred).chain(&g.variants).zip(keys) {
+            claim(t, key.clone(), &g.preferred)?;
         }
     }
     if kept.len() + groups.len() > MAX_GROUPS {
@@ -558,10 +561,12 @@ impl SynonymTable {
     }
 
     pub fn build(version: i64, groups: Vec<Vec<String>>) -> SynonymTable {
+        // Folded once (OpenCC's conversion is most of an import's cost).
+        let folded: Vec<Vec<String>> = groups.iter().map(|g| g.iter().map(|t| fold(t)).collect()).collect();
         let mut by_key = HashMap::new();
-        for (i, g) in groups.iter().enumerate() {
-            for t in g {
-                by_key.entry(fold(t)).or_insert(i);
+        for (i, g) in folded.iter().enumerate() {
+            for k in g {
+                by_key.entry(k.clone()).or_insert(i);
             }
         }
         by_key.remove("");
@@ -570,7 +575,7 @@ impl SynonymTable {
             .lines()
             .filter_map(|l| l.split_whitespace().next())
             .map(str::to_string)
-            .chain(groups.iter().flatten().map(|t| fold(t)));
+            .chain(folded.into_iter().flatten());
         let mut pinyin: HashMap<String, Vec<String>> = HashMap::new();
         let mut pinyin_other: HashMap<String, Vec<String>> = HashMap::new();
         for w in words {

@@ -187,15 +187,20 @@ impl<T: Send + Sync + 'static> Versioned<T> {
 
     /// Runs a writer's change with the reload turn held and installs the value it built: searches that see the
     /// new version meanwhile answer at once with the value held until then, so none of them pays for the rebuild.
-    pub(crate) fn replace_with<R>(&self, change: impl FnOnce() -> Result<(T, R)>) -> Result<R> {
+    /// `change` is told whether a value is held at all: where none is (no search ran in this process, as in
+    /// `care collection file`), it need build none, and the first search loads the new version.
+    pub(crate) fn replace_with<R>(&self, change: impl FnOnce(bool) -> Result<(Option<T>, R)>) -> Result<R> {
         let inner = &self.0;
         {
             let turn = inner.turn.lock().unwrap_or_else(|p| p.into_inner());
             inner.done.wait_while(turn, |t| t.busy != Busy::Idle).unwrap_or_else(|p| p.into_inner()).busy =
                 Busy::Writing;
         }
-        let out = change().map(|(value, out)| {
-            *inner.value.write().unwrap_or_else(|p| p.into_inner()) = Some(std::sync::Arc::new(value));
+        let held = inner.value.read().unwrap_or_else(|p| p.into_inner()).is_some();
+        let out = change(held).map(|(value, out)| {
+            if let Some(value) = value {
+                *inner.value.write().unwrap_or_else(|p| p.into_inner()) = Some(std::sync::Arc::new(value));
+            }
             out
         });
         inner.turn.lock().unwrap_or_else(|p| p.into_inner()).busy = Busy::Idle;
@@ -253,10 +258,10 @@ mod tests {
         let writer = {
             let v = v.clone();
             std::thread::spawn(move || {
-                v.replace_with(|| {
+                v.replace_with(|held| {
                     started.send(()).unwrap();
                     gate.recv().ok();
-                    Ok((2, ()))
+                    Ok((held.then_some(2), ()))
                 })
             })
         };
@@ -266,6 +271,9 @@ mod tests {
         release.send(()).unwrap();
         writer.join().unwrap().unwrap();
         assert_eq!(*v.get(2, |x| *x, unused).unwrap(), 2);
+        let empty: Versioned<i64> = Versioned::default();
+        empty.replace_with(|held| Ok((held.then_some(7), ()))).unwrap();
+        assert_eq!(*empty.get(3, |x| *x, || Ok(3)).unwrap(), 3, "nothing was held, so nothing was built; 3 is loaded");
     }
 
     #[test]
@@ -284,7 +292,7 @@ mod tests {
                 move || Ok(Table(1, f))
             })
             .unwrap();
-        v.replace_with(|| Ok((Table(2, freed), ()))).unwrap();
+        v.replace_with(|held| Ok((held.then(|| Table(2, freed)), ()))).unwrap();
         drop(old);
         let by = on.recv_timeout(Duration::from_secs(10)).expect("the replaced table is freed");
         assert_eq!(by.as_deref(), Some("care-retire"), "freed by a thread of its own, not by the search");
