@@ -24,6 +24,8 @@
 //!   ├ analytics what clinicians search and where they fail: searches per day, top, not-found and 没帮助 queries,
 //!   │           latency, aggregated from the searches' audit records and feedback (CSV export audited)
 //!   ├ limits    in-memory rate limits per client address or user (sign-in failures, feedback, refusals)
+//!   ├ priority  long writes (a synonym import, a filing spreadsheet) on a thread of their own at a lower CPU
+//!   │           priority, so that searches beside them keep the cores
 //!   ├ feedback  the document view behind a hit and relevance feedback kept for training
 //!   ├ docview   the document view's structure (lists, tables from the stored light markup) and query marks
 //!   ├ ocr       text in page images (scans, photos): PP-OCRv4's detection, direction and recognition models on
@@ -124,6 +126,7 @@ pub mod lifecycle;
 pub mod limits;
 pub mod models;
 pub mod ocr;
+pub mod priority;
 pub mod query;
 pub mod sandbox;
 pub mod search;

@@ -566,15 +566,18 @@ impl crate::engine::Search<'_> {
                 hint: "请拆分后分批导入".into(),
             });
         }
-        let text = crate::ingest::encoding::decode(std::path::Path::new("synonyms.csv"), bytes, None)?;
-        let groups = synonyms::parse_csv(&text)?;
-        // Staged in batches, the new table built, then moved in and installed together: neither the writer nor the
-        // rebuild stalls a search.
-        let staged = synonyms::stage(self.store, &actor.name, &groups, replace, "import")?;
-        self.synonyms.replace_with(|held| {
-            let table = held.then(|| staged.table());
-            Ok((table, staged.commit(self.store)?))
-        })
+        // Read, checked, staged in batches and the new table built at background priority (seconds of CPU for
+        // 50,000 groups, which searches beside it need more); then moved in and installed together: neither the
+        // writer nor the rebuild stalls a search.
+        let (staged, table) = crate::priority::in_background(|| -> Result<_> {
+            let text = crate::ingest::encoding::decode(std::path::Path::new("synonyms.csv"), bytes, None)?;
+            let groups = synonyms::parse_csv(&text)?;
+            let staged = synonyms::stage(self.store, &actor.name, &groups, replace, "import")?;
+            // Only where a search holds a table (not in `care synonyms import`).
+            let table = self.synonyms.holds_value().then(|| staged.table());
+            Ok((staged, table))
+        })?;
+        self.synonyms.replace_with(|_| Ok((table, staged.commit(self.store)?)))
     }
 
     pub fn export_synonyms(&self, _admin: &Admin) -> Result<String> {
@@ -721,13 +724,16 @@ impl crate::engine::Collections<'_> {
         // goes with the first batch; filing is idempotent, so after a failure part-way the same file is filed again.
         // Searches keep the filing they had until the whole spreadsheet is in, then one reload (not one per batch)
         // by this writer: no search pays for it. A process that never searched (`care collection file`) builds none.
+        // At background priority: a spreadsheet's batches are seconds of CPU that searches beside it need more.
         self.meta_index.replace_with(|held| {
-            let changed = self.file_batches(actor, col.id, &rows, s, &set, &detail)?;
-            if !held {
-                return Ok((None, (changed, unknown)));
-            }
-            let version = crate::facets::MetaIndex::version(&self.store.reader())?;
-            Ok((Some(crate::facets::MetaIndex::load(self.store, version)?), (changed, unknown)))
+            crate::priority::in_background(|| {
+                let changed = self.file_batches(actor, col.id, &rows, s, &set, &detail)?;
+                if !held {
+                    return Ok((None, (changed, unknown)));
+                }
+                let version = crate::facets::MetaIndex::version(&self.store.reader())?;
+                Ok((Some(crate::facets::MetaIndex::load(self.store, version)?), (changed, unknown)))
+            })
         })
     }
 

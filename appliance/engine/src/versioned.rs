@@ -96,7 +96,10 @@ impl<T: Send + Sync + 'static> Drop for Held<T> {
     fn drop(&mut self) {
         if let Some(last) = self.0.take().and_then(std::sync::Arc::into_inner) {
             // Should no thread start, the value is freed here, as before.
-            let _ = std::thread::Builder::new().name("care-retire".into()).spawn(move || drop(last));
+            let _ = std::thread::Builder::new().name("care-retire".into()).spawn(move || {
+                crate::priority::lower_this_thread();
+                drop(last)
+            });
         }
     }
 }
@@ -104,6 +107,11 @@ impl<T: Send + Sync + 'static> Drop for Held<T> {
 impl<T: Send + Sync + 'static> Versioned<T> {
     fn held(&self) -> Option<Held<T>> {
         self.0.value.read().unwrap_or_else(|p| p.into_inner()).clone().map(|v| Held(Some(v)))
+    }
+
+    /// Whether a value is held (a search of this process loaded one).
+    pub(crate) fn holds_value(&self) -> bool {
+        self.0.value.read().unwrap_or_else(|p| p.into_inner()).is_some()
     }
 
     /// The value of `version`, or while it is being loaded (by another thread) the one held before it.
@@ -164,6 +172,8 @@ impl<T: Send + Sync + 'static> Versioned<T> {
     ) {
         let shared = std::sync::Arc::clone(&self.0);
         let spawned = std::thread::Builder::new().name("care-reload".into()).spawn(move || {
+            // Searches keep the value held meanwhile; the reload takes the CPU they leave.
+            crate::priority::lower_this_thread();
             let started = std::time::Instant::now();
             match load() {
                 Ok(v) => {
