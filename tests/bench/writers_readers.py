@@ -42,11 +42,11 @@ def client(port, token, stop, out, n):
             c.request("GET", "/api/v1/search?q=" + urllib.parse.quote(q), headers={"Authorization": f"Bearer {token}"})
             r = c.getresponse()
             r.read()
-            status = r.status
+            status, timing = r.status, r.getheader("server-timing")
         except Exception as e:  # noqa: BLE001 - every failure is a result here
-            status = type(e).__name__
+            status, timing = type(e).__name__, None
             c = conn(port)
-        res.append(((time.perf_counter() - t) * 1000, status, time.time()))
+        res.append(((time.perf_counter() - t) * 1000, status, time.time(), timing))
     out.put(res)
 
 
@@ -67,17 +67,30 @@ def searching(port, token, during):
 
 
 def summary(res):
-    lat = [l for l, s, _ in res if s == 200]
-    return {"searches": len(res), "failed": sum(1 for _, s, _ in res if s != 200),
-            "failures": sorted({str(s) for _, s, _ in res if s != 200}),
+    lat = [l for l, s, *_ in res if s == 200]
+    return {"searches": len(res), "failed": sum(1 for _, s, *_ in res if s != 200),
+            "failures": sorted({str(s) for _, s, *_ in res if s != 200}),
             "p50_ms": round(pct(lat, 50), 2), "p99_ms": round(pct(lat, 99), 2), "max_ms": round(max(lat), 1)}
 
 
+def phase_of(phases, at):
+    """The write running at `at` ("between" when none ran)."""
+    return next((name for name, a, b in phases if a <= at <= b), "between")
+
+
 def slowest(res, phases, n=10):
-    """The n slowest searches and the write each started during ("between" when none ran)."""
-    def phase(at):
-        return next((name for name, a, b in phases if a <= at <= b), "between")
-    return [{"ms": round(l, 1), "during": phase(at - l / 1000)} for l, _, at in sorted(res, reverse=True)[:n]]
+    """The n slowest searches, the write each started during and the server's stage times (Server-Timing)."""
+    return [{"ms": round(l, 1), "during": phase_of(phases, at - l / 1000), "server_timing": timing}
+            for l, _, at, timing in sorted(res, key=lambda x: -x[0])[:n]]
+
+
+def p99_by_write(res, phases):
+    """Searches and their p99 while each kind of write ran (synonym import, filing) and between writes."""
+    by = {}
+    for l, s, at, _ in res:
+        if s == 200:
+            by.setdefault(phase_of(phases, at - l / 1000).split()[0], []).append(l)
+    return {k: {"searches": len(v), "p99_ms": round(pct(v, 99), 2)} for k, v in sorted(by.items())}
 
 
 def synonym_csv(round_no):
@@ -175,7 +188,7 @@ def main():
          "cpu": cpu_name(),
          "cores": os.cpu_count(), "binary": care, "clients": CLIENTS, "rounds": a.rounds,
          "quiet": summary(quiet), "under_writes": summary(load), "writes": done,
-         "slowest_under_writes": slowest(load, phases)}
+         "p99_by_write": p99_by_write(load, phases), "slowest_under_writes": slowest(load, phases)}
     r["p99_ratio"] = round(r["under_writes"]["p99_ms"] / r["quiet"]["p99_ms"], 2)
     write_results(a.out, r, svg(r))
 
