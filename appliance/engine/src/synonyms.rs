@@ -440,11 +440,12 @@ impl Staged {
         }
         // The staged rows become the table by a rename (a copy of 50,000 rows held the writer ~100 ms); the old
         // table is emptied in short batches once this is committed.
+        let staging = staging_like_synonyms(&tx)?;
         tx.execute_batch(&format!(
             "DROP TABLE IF EXISTS synonym_retired;
              ALTER TABLE synonyms RENAME TO synonym_retired;
              ALTER TABLE synonym_staging RENAME TO synonyms;
-             {STAGING_TABLE}"
+             {staging}"
         ))?;
         // The seed is part of a new data directory, like its schema: no one chose it, so no audit record says so.
         if origin != "seed" {
@@ -460,16 +461,15 @@ impl Staged {
     }
 }
 
-/// `synonym_staging` as migration 0030 defines it: the same as `synonyms`, which it becomes.
-const STAGING_TABLE: &str = "CREATE TABLE synonym_staging (
-    id INTEGER PRIMARY KEY,
-    preferred TEXT NOT NULL UNIQUE,
-    variants TEXT NOT NULL,
-    note TEXT NOT NULL DEFAULT '',
-    origin TEXT NOT NULL CHECK (origin IN ('seed', 'admin', 'import')),
-    updated_by TEXT NOT NULL,
-    updated_at TEXT NOT NULL
-);";
+/// The statement that creates `synonym_staging` as `synonyms` is defined (its stored definition, with its name
+/// quoted or not), so that the staged table, which becomes `synonyms`, keeps every constraint.
+fn staging_like_synonyms(conn: &Connection) -> Result<String> {
+    let sql: String =
+        conn.query_row("SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = 'synonyms'", [], |r| r.get(0))?;
+    let columns = sql.find('(').map(|at| &sql[at..]);
+    let columns = columns.ok_or_else(|| Error::Internal(format!("synonyms is defined without columns: {sql}")))?;
+    Ok(format!("CREATE TABLE synonym_staging {columns}"))
+}
 
 /// Empties `table` (the one an import replaced, or what an interrupted import staged), [`STAGING_BATCH`] rows per
 /// transaction: dropping or deleting 50,000 rows at once held the writer as long as copying them did. The replaced

@@ -72,6 +72,28 @@ impl<T> Default for Versioned<T> {
     }
 }
 
+impl<T: Send + Sync + 'static> VersionedInner<T> {
+    /// Puts `value` in the slot. Only the holder of the turn installs, so nothing changes the slot between a
+    /// caller's look at it and this. The value it replaces, when nothing else holds it, is freed off this thread,
+    /// as a search's last reference is ([`Held`]).
+    fn install(&self, value: std::sync::Arc<T>) {
+        let replaced = self.value.write().unwrap_or_else(|p| p.into_inner()).replace(value);
+        drop(replaced.map(|v| Held(Some(v))));
+    }
+
+    /// Gives the turn back and wakes whoever waits for it; a load started at `loaded_since` is remembered with
+    /// what it took.
+    fn give_back(&self, loaded_since: Option<std::time::Instant>) {
+        let mut turn = self.turn.lock().unwrap_or_else(|p| p.into_inner());
+        turn.busy = Busy::Idle;
+        if let Some(started) = loaded_since {
+            turn.last = Some((started.elapsed(), std::time::Instant::now()));
+        }
+        drop(turn);
+        self.done.notify_all();
+    }
+}
+
 /// A value of a [`Versioned`] as a search holds it. The last holder of a replaced value is usually a search, which
 /// freed it on its way out: 200,000 documents' filing or 50,000 synonym groups, ~100 ms added to that search after
 /// every reload. The last holder hands it to a thread of its own to free.
@@ -138,14 +160,10 @@ impl<T: Send + Sync + 'static> Versioned<T> {
             let started = std::time::Instant::now();
             let loaded = load().map(std::sync::Arc::new);
             if let Ok(v) = &loaded {
-                *inner.value.write().unwrap_or_else(|p| p.into_inner()) = Some(v.clone());
+                inner.install(v.clone());
             }
-            let loaded = loaded.map(|v| Held(Some(v)));
-            let mut turn = inner.turn.lock().unwrap_or_else(|p| p.into_inner());
-            *turn = Turn { busy: Busy::Idle, last: Some((started.elapsed(), std::time::Instant::now())) };
-            drop(turn);
-            inner.done.notify_all();
-            return loaded;
+            inner.give_back(Some(started));
+            return loaded.map(|v| Held(Some(v)));
         }
         if turn.may_reload() {
             turn.busy = Busy::Reloading;
@@ -177,17 +195,19 @@ impl<T: Send + Sync + 'static> Versioned<T> {
             let started = std::time::Instant::now();
             match load() {
                 Ok(v) => {
-                    let mut value = shared.value.write().unwrap_or_else(|p| p.into_inner());
-                    if value.as_ref().is_none_or(|held| version_of(held) < version_of(&v)) {
-                        *value = Some(std::sync::Arc::new(v));
+                    let newer = shared
+                        .value
+                        .read()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .as_ref()
+                        .is_none_or(|held| version_of(held) < version_of(&v));
+                    if newer {
+                        shared.install(std::sync::Arc::new(v));
                     }
                 }
                 Err(e) => tracing::warn!("reload failed; searches keep the previous version: {e}"),
             }
-            let mut turn = shared.turn.lock().unwrap_or_else(|p| p.into_inner());
-            *turn = Turn { busy: Busy::Idle, last: Some((started.elapsed(), std::time::Instant::now())) };
-            drop(turn);
-            shared.done.notify_all();
+            shared.give_back(Some(started));
         });
         if let Err(e) = spawned {
             turn.busy = Busy::Idle;
@@ -206,15 +226,13 @@ impl<T: Send + Sync + 'static> Versioned<T> {
             inner.done.wait_while(turn, |t| t.busy != Busy::Idle).unwrap_or_else(|p| p.into_inner()).busy =
                 Busy::Writing;
         }
-        let held = inner.value.read().unwrap_or_else(|p| p.into_inner()).is_some();
-        let out = change(held).map(|(value, out)| {
+        let out = change(self.holds_value()).map(|(value, out)| {
             if let Some(value) = value {
-                *inner.value.write().unwrap_or_else(|p| p.into_inner()) = Some(std::sync::Arc::new(value));
+                inner.install(std::sync::Arc::new(value));
             }
             out
         });
-        inner.turn.lock().unwrap_or_else(|p| p.into_inner()).busy = Busy::Idle;
-        inner.done.notify_all();
+        inner.give_back(None);
         out
     }
 }
