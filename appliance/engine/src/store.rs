@@ -15,6 +15,7 @@ pub use crate::audit::now;
 use crate::error::{Error, Result};
 
 pub mod texts;
+mod wal;
 
 /// (version, SQL). Append only; never edit a released migration.
 pub const MIGRATIONS: &[(u32, &str)] = &[
@@ -117,6 +118,8 @@ pub struct Store {
     /// The audit log's last record id when this store was opened: a store that appended records checkpoints the
     /// log when it closes (see `Drop`).
     audit_head_at_open: std::sync::atomic::AtomicI64,
+    /// Checkpoints the WAL off the commit path ([`wal`]); stopped before the writer closes.
+    checkpointer: wal::Checkpointer,
 }
 
 /// Records appended after the last checkpoint are covered only by the chain, and a tail cut off the chain (the last
@@ -133,6 +136,8 @@ impl Drop for Store {
         {
             tracing::warn!(error = %e, "audit checkpoint at close failed");
         }
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        self.checkpointer.stop(&mut conn);
     }
 }
 
@@ -393,6 +398,7 @@ impl Store {
         // process, and the index recovery on open repairs anything a power loss drops.
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
+        let checkpointer = wal::Checkpointer::start(&mut conn, path)?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         stable_plans(&conn)?;
         // Readers are opened on first use, which comes after the migration below: their schema caches and
@@ -405,6 +411,7 @@ impl Store {
             audit: Default::default(),
             limits: Default::default(),
             audit_head_at_open: i64::MAX.into(),
+            checkpointer,
         };
         store.migrate()?;
         crate::audit::ensure_keyed(&mut store.conn(), &store.dir)?;
