@@ -9,7 +9,8 @@
 //!   ├ service   every operation pages, API and CLI call: the asking Actor is its authorisation input, and its
 //!   │           change commits with its one audit record (service/{users,uploads,vectors,judgments}.rs)
 //!   ├ store     SQLite metadata, embedded migrations from /migrations; the source of truth
-//!   │           (the chunks' text kept in memory for the "not found" check: store/texts.rs)
+//!   │           (the chunks' text kept in memory for the "not found" check: store/texts.rs; the WAL
+//!   │           checkpointed by a thread of its own instead of inside a commit: store/wal.rs)
 //!   ├ audit     append-only, hash-chained audit records written in the same transaction as the change: the key
 //!   │           outside SQLite, the chain walk and re-chaining, the anchor (audit/{key,chain,anchor}.rs); searches'
 //!   │           records by the group-commit writer thread, one transaction per batch (audit/writer.rs)
