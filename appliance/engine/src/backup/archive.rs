@@ -338,9 +338,7 @@ pub(crate) fn write<W: Write>(
     let z = tar.into_inner().map_err(io_err)?;
     let out = match z.finish().map_err(io_err)? {
         Sink::Plain(mut w) => {
-            let digest = w.hash.clone().finalize();
-            let trailer = [&TRAILER_MAGIC.to_le_bytes()[..], &32u32.to_le_bytes(), &digest].concat();
-            w.write_all(&trailer).map_err(io_err)?;
+            w.write_all(&trailer(&w.hash.clone().finalize())).map_err(io_err)?;
             w
         }
         Sink::Sealed(s) => s.finish().map_err(io_err)?,
@@ -417,6 +415,11 @@ fn open_stream(path: &Path, key: Option<&BackupKey>) -> Result<(Box<dyn Read>, b
     Ok((Box::new(z), head[12] == 0 && format >= FORMAT_WITH_TRAILER))
 }
 
+/// The trailer of a plain archive whose bytes before it hash to `digest`: a skippable frame of 32 bytes.
+fn trailer(digest: &[u8]) -> Vec<u8> {
+    [&TRAILER_MAGIC.to_le_bytes()[..], &32u32.to_le_bytes(), digest].concat()
+}
+
 /// Checks a plain archive's trailer: the SHA-256 of every byte before it, read from the file again.
 fn check_trailer(path: &Path) -> Result<()> {
     let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
@@ -428,8 +431,7 @@ fn check_trailer(path: &Path) -> Result<()> {
     let digest = h.hash.finalize();
     let mut trailer = [0u8; TRAILER];
     r.read_exact(&mut trailer).map_err(|e| Error::io(path, e))?;
-    let expected = [&TRAILER_MAGIC.to_le_bytes()[..], &32u32.to_le_bytes(), &digest].concat();
-    if trailer[..] != expected[..] {
+    if trailer[..] != self::trailer(&digest)[..] {
         return Err(damaged(path, "整个文件的校验值不符（文件在写成之后被改动或截断）"));
     }
     Ok(())

@@ -81,7 +81,7 @@ fn hand_checkpoints_to(conn: &mut Connection, due: mpsc::SyncSender<()>) -> rusq
     }))
 }
 
-fn run(path: &PathBuf, requests: &mpsc::Receiver<()>, done: &AtomicU64) {
+fn run(path: &Path, requests: &mpsc::Receiver<()>, done: &AtomicU64) {
     crate::priority::lower_this_thread();
     let conn = match Connection::open(path) {
         Ok(c) => c,
