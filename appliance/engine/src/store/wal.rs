@@ -9,7 +9,7 @@
 //! waits for: the log is copied while commits go on. The thread waits on a channel, it never polls, and ends when
 //! the store's writer connection closes.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -111,6 +111,7 @@ fn log_and_copied(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
     use std::time::{Duration, Instant};
 
     use super::*;
