@@ -52,6 +52,9 @@ impl Care {
         c.args(args);
         // The tests do not depend on the host's free disk; a test of the reserve sets its own value in `env`.
         c.env("CARE__TRAINING__KEEP_FREE_GB", "0");
+        // Tests run appliances side by side at nice 0: lowered background work would wait for the neighbouring
+        // tests rather than for searches (the benchmarks in tests/bench run the default).
+        c.env("CARE__BACKGROUND__NICE", "0");
         for (k, v) in &self.env {
             c.env(k, v);
         }

@@ -1,5 +1,5 @@
 //! Engine settings (the `[storage]`, `[ingest]`, `[search]`, `[model]`, `[lifecycle]`, `[training]`, `[limits]`,
-//! `[ldap]`, `[oidc]` and `[backup]` sections of `care.toml`).
+//! `[ldap]`, `[oidc]`, `[backup]` and `[background]` sections of `care.toml`).
 //!
 //! Layering (defaults < file < env < CLI) is done by the binary; the engine only defines the shape and defaults.
 
@@ -26,6 +26,8 @@ pub struct EngineConfig {
     pub oidc: crate::directory::oidc::OidcConfig,
     /// Where backups go, their key and retention.
     pub backup: BackupConfig,
+    /// The CPU priority of background work beside searches.
+    pub background: BackgroundConfig,
 }
 
 impl EngineConfig {
@@ -234,5 +236,26 @@ impl BackupConfig {
             let parent = data_dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
             parent.join("care-backups")
         })
+    }
+}
+
+/// `[background]`: imports, backups, training and, on the CPU, document embedding run at a lower CPU priority than
+/// searches, so that a clinician's search beside them keeps the cores (see `priority.rs`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct BackgroundConfig {
+    /// The nice value of the scheduler's working lanes (and the parsing children and trainers they start) and of
+    /// document embedding on the CPU, which then runs on a thread and ONNX session of its own. 0: background work
+    /// runs at the searches' priority, and document pieces take turns with queries on the one encoder thread.
+    pub nice: i32,
+}
+
+impl Default for BackgroundConfig {
+    fn default() -> Self {
+        // This crate's tests run many engines side by side in one process at nice 0. Lowered lanes there would wait
+        // for the neighbouring tests rather than for searches (two training tests went from 6 to over 10 minutes).
+        // The tests of the lowering set it themselves.
+        let nice = if cfg!(test) { 0 } else { crate::priority::BACKGROUND_NICE };
+        BackgroundConfig { nice }
     }
 }

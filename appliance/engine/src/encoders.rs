@@ -44,6 +44,10 @@ pub struct ModelConfig {
     /// The default model file (E5S1, shipped by the .deb), imported and activated by `care serve` when the data
     /// directory has no model yet. A missing file is not an error: search then runs BM25 only.
     pub default_model: PathBuf,
+    /// The nice value of document embedding on the CPU, set by the engine from `[background] nice`: above 0,
+    /// documents run on a thread and session of their own at that priority.
+    #[serde(skip)]
+    pub documents_nice: i32,
 }
 
 /// Document pieces on CPU when `document_piece_tokens` is 0.
@@ -73,6 +77,7 @@ impl Default for ModelConfig {
             batch_tokens: 8192,
             document_piece_tokens: 0,
             default_model: PathBuf::from(PACKAGED_DEFAULT_MODEL),
+            documents_nice: 0,
         }
     }
 }
@@ -212,25 +217,18 @@ impl OrtEncoder {
             .map_err(|e| model_err(dir, e))?;
         tokenizer.with_padding(None);
         let pad_id = ["<pad>", "[PAD]", "<|endoftext|>"].iter().find_map(|t| tokenizer.token_to_id(t)).unwrap_or(0);
-        let (session, device) = build_session(dir, graph, cfg, &env)?;
-        let input_names: Vec<String> = session.inputs().iter().map(|i| i.name().to_string()).collect();
-        for n in &input_names {
-            if !matches!(n.as_str(), "input_ids" | "attention_mask" | "token_type_ids" | "position_ids") {
-                return Err(model_err(dir, format!("{} has an unexpected input {n:?}", graph.file())));
-            }
-        }
-        let output_name = session
-            .outputs()
-            .first()
-            .map(|o| o.name().to_string())
-            .ok_or_else(|| model_err(dir, format!("{} has no output", graph.file())))?;
-        let runner =
-            OrtRunner { dir: dir.to_path_buf(), manifest: manifest.clone(), session, pad_id, input_names, output_name };
-        let service = EncoderService::start(
-            &format!("{}@{} {graph}", manifest.name, manifest.version),
-            runner,
-            cfg.budgets(device),
-        )?;
+        let (runner, device) = OrtRunner::build(dir, graph, &manifest, cfg, &env, pad_id)?;
+        let name = format!("{}@{} {graph}", manifest.name, manifest.version);
+        let service = if device == "cpu" && cfg.documents_nice > 0 {
+            // Documents (ingest, re-embedding) get a session of their own at background priority (see
+            // `encoders/service.rs`); on a GPU the one session's queue keeps queries first.
+            let (budgets, nice) = (cfg.budgets(device), cfg.documents_nice);
+            let (dir, manifest, cfg) = (dir.to_path_buf(), manifest.clone(), cfg.clone());
+            let documents = move || Ok(OrtRunner::build(&dir, graph, &manifest, &cfg, &env, pad_id)?.0);
+            EncoderService::start_split(&name, runner, budgets, nice, documents)?
+        } else {
+            EncoderService::start(&name, runner, cfg.budgets(device))?
+        };
         Ok(OrtEncoder { dir: dir.to_path_buf(), manifest, tokenizer, service, device })
     }
 
@@ -319,6 +317,33 @@ fn build_session(
         .commit_from_file(dir.join(graph.file()))
         .map_err(|e| model_err(dir, format!("{}: {e}", graph.file())))?;
     Ok((session, device))
+}
+
+impl OrtRunner {
+    /// A session of `graph` on the configured device, checked for the inputs and output the runner feeds and reads.
+    fn build(
+        dir: &Path,
+        graph: Graph,
+        manifest: &ModelManifest,
+        cfg: &ModelConfig,
+        env: &ort::environment::Environment,
+        pad_id: u32,
+    ) -> Result<(Self, &'static str)> {
+        let (session, device) = build_session(dir, graph, cfg, env)?;
+        let input_names: Vec<String> = session.inputs().iter().map(|i| i.name().to_string()).collect();
+        for n in &input_names {
+            if !matches!(n.as_str(), "input_ids" | "attention_mask" | "token_type_ids" | "position_ids") {
+                return Err(model_err(dir, format!("{} has an unexpected input {n:?}", graph.file())));
+            }
+        }
+        let output_name = session
+            .outputs()
+            .first()
+            .map(|o| o.name().to_string())
+            .ok_or_else(|| model_err(dir, format!("{} has no output", graph.file())))?;
+        let manifest = manifest.clone();
+        Ok((OrtRunner { dir: dir.to_path_buf(), manifest, session, pad_id, input_names, output_name }, device))
+    }
 }
 
 impl BatchRunner for OrtRunner {

@@ -223,7 +223,7 @@ impl Engine {
         let dense = DenseStore::open(&dir.dense())?;
         let audit_writer = crate::audit::writer::Writer::start(store.shared_writer())?;
         let engine = Engine {
-            models: crate::models::LoadedModels::new(cfg.model.clone()),
+            models: crate::models::LoadedModels::new(cfg.model.clone(), cfg.background.nice),
             cfg,
             dir,
             audit_writer,

@@ -13,11 +13,17 @@ pub const BACKGROUND_NICE: i32 = 10;
 /// of its own ([`in_background`]) or a command-line process that ends with the work. A process already running
 /// lower keeps its priority; a failure only leaves the priority as it was.
 pub fn lower_this_thread() {
+    lower_this_thread_to(BACKGROUND_NICE);
+}
+
+/// Lowers the calling thread's CPU priority to `nice` (`[background] nice` for the scheduler's lanes and document
+/// embedding); 0 or a value the thread is already at or below changes nothing.
+pub fn lower_this_thread_to(nice: i32) {
     let now = rustix::process::getpriority_process(None).unwrap_or(0);
-    if now < BACKGROUND_NICE
-        && let Err(e) = rustix::process::setpriority_process(None, BACKGROUND_NICE)
+    if now < nice
+        && let Err(e) = rustix::process::setpriority_process(None, nice)
     {
-        tracing::debug!(error = %e, "cannot lower the CPU priority of a long write");
+        tracing::debug!(error = %e, "cannot lower the CPU priority of background work");
     }
 }
 

@@ -29,7 +29,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl LoadedModels {
-    pub(crate) fn new(cfg: ModelConfig) -> Self {
+    /// `documents_nice`: `[background] nice`, the priority of document embedding on the CPU.
+    pub(crate) fn new(mut cfg: ModelConfig, documents_nice: i32) -> Self {
+        cfg.documents_nice = documents_nice;
         Self { cfg, encoders: Default::default(), tokenizers: Default::default(), active: Default::default() }
     }
 

@@ -111,22 +111,31 @@ impl std::fmt::Debug for SchedulerHandle {
 
 impl Scheduler {
     pub fn start(engine: Arc<Engine>, opts: SchedulerOptions) -> SchedulerHandle {
+        let nice = engine.config().background.nice;
         let shared = Arc::new(Shared::new(engine));
         let mut threads = Vec::new();
+        // The lanes that do the work run at background priority (`[background] nice`), and so do the processes they start (a parsing
+        // child, the trainer): searches beside an ingest or a backup keep the cores.
         for i in 0..opts.workers.max(1) {
             let s = shared.clone();
-            threads.push(spawn(&format!("care-ingest-{i}"), move || ingest_lane(&s)));
+            threads.push(spawn(&format!("care-ingest-{i}"), move || lowered(nice, || ingest_lane(&s))));
         }
         let s = shared.clone();
-        threads.push(spawn("care-model-jobs", move || model_lane(&s)));
+        threads.push(spawn("care-model-jobs", move || lowered(nice, || model_lane(&s))));
         let s = shared.clone();
-        threads.push(spawn("care-backups", move || backup_lane(&s)));
+        threads.push(spawn("care-backups", move || lowered(nice, || backup_lane(&s))));
         let s = shared.clone();
         threads.push(spawn("care-timer", move || timer_lane(&s, opts.housekeeping)));
         let (weak, lock_path) = (Arc::downgrade(&shared), shared.engine.queue().jobs_lock_path());
         let lock_thread = spawn("care-jobs-lock", move || lock_and_listen(weak, lock_path));
         SchedulerHandle { shared, threads, lock_thread: Some(lock_thread) }
     }
+}
+
+/// Lowers the lane's own thread (which the threads and processes it starts inherit) before it runs.
+fn lowered(nice: i32, lane: impl FnOnce()) {
+    crate::priority::lower_this_thread_to(nice);
+    lane();
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {

@@ -313,6 +313,37 @@ fn imported_e5_small_reproduces_reference_ids_and_vectors() {
     assert!(min8 >= 0.99, "int8 min cosine {min8}");
 }
 
+/// On the CPU with `[background] nice` above 0, documents run on a session of their own at that priority: the same
+/// vectors as the one shared session, while queries are answered beside them.
+#[test]
+fn documents_on_a_lowered_session_of_their_own_get_the_same_vectors() {
+    let t = tempfile::tempdir().unwrap();
+    let e = engine_in(t.path());
+    let fp32 = e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
+    let cpu =
+        |documents_nice| crate::encoders::ModelConfig { device: "cpu".into(), documents_nice, ..Default::default() };
+    let shared_session = crate::encoders::OrtEncoder::load(&fp32.dir, &cpu(0)).unwrap();
+    let split = std::sync::Arc::new(crate::encoders::OrtEncoder::load(&fp32.dir, &cpu(10)).unwrap());
+    let texts: Vec<String> = (0..40).map(|i| format!("二甲双胍的禁忌症 第{i}条：肾功能不全者慎用。")).collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let want = shared_session.encode(&refs, crate::encoders::TextKind::Document).unwrap();
+    let documents = {
+        let (split, texts) = (split.clone(), texts.clone());
+        std::thread::spawn(move || {
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            split.encode(&refs, crate::encoders::TextKind::Document).unwrap()
+        })
+    };
+    let query = split.encode(&["二甲双胍"], crate::encoders::TextKind::Query).unwrap();
+    assert_eq!(query, shared_session.encode(&["二甲双胍"], crate::encoders::TextKind::Query).unwrap());
+    let got = documents.join().unwrap();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        let diff = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(diff < 1e-5, "the document session's vectors differ by {diff}");
+    }
+}
+
 #[test]
 fn a_query_encoder_of_another_pairing_is_refused() {
     let t = tempfile::tempdir().unwrap();

@@ -87,6 +87,41 @@ fn a_submitted_task_starts_at_once_without_a_polling_tick() {
     assert!(latencies[latencies.len() - 2] < Duration::from_millis(50), "9 of 10 within 50 ms: {latencies:?}");
 }
 
+/// The nice value of every thread of this process whose name starts with `prefix`.
+fn nice_of_threads(prefix: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // Fields after the name in parentheses: the state is field 3, the nice value field 19.
+        if let (true, Some((_, rest))) = (comm.trim().starts_with(prefix), stat.rsplit_once(')')) {
+            found.extend(rest.split_whitespace().nth(16).and_then(|n| n.parse::<i32>().ok()));
+        }
+    }
+    found
+}
+
+#[test]
+fn the_working_lanes_and_what_they_start_run_at_background_priority() {
+    let t = tempfile::tempdir().unwrap();
+    let mut cfg = config(&t.path().join("data"));
+    let lowered = crate::priority::BACKGROUND_NICE;
+    cfg.background.nice = lowered; // the product's default; this crate's tests default to 0 (config.rs)
+    let e = open(&cfg);
+    let w = Worker::start(e.clone(), 2);
+    wait_until("the jobs lock", Duration::from_secs(10), || w.runs_jobs());
+    for lane in ["care-ingest-", "care-backups", "care-model-jobs"] {
+        // A lane names and lowers its thread as it starts, which may come after the jobs lock was taken.
+        wait_until(&format!("{lane} at background priority"), Duration::from_secs(30), || {
+            let nice = nice_of_threads(lane);
+            !nice.is_empty() && nice.iter().all(|&n| n >= lowered)
+        });
+    }
+    let own = rustix::process::getpriority_process(None).unwrap();
+    assert!(own < lowered, "the caller keeps its priority");
+    w.shutdown();
+}
+
 #[test]
 fn a_cancel_reaches_a_running_ingest_at_its_next_batch() {
     let t = tempfile::tempdir().unwrap();
