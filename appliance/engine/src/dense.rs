@@ -61,12 +61,73 @@ const INT8_SCAN_FROM: usize = 4096;
 /// re-scoring (random reads of the f32 rows) took 9 % of a loaded server's CPU, at 1.5 × 3 %.
 pub(crate) const INT8_OVERSAMPLE: f32 = 1.5;
 
+/// Rows up to which a write changes the in-memory copy in place of dropping it: below, a copy of the copy costs the
+/// writer less than the table read that searches would otherwise wait for; above (a re-embedding of a large
+/// collection writes in many batches), each batch's copy would cost more than one read afterwards.
+const FLAT_UPDATE_MAX_ROWS: usize = 1 << 18;
+
+impl Flat {
+    fn approximate(&mut self, width: usize) {
+        self.approx =
+            (self.chunk_ids.len() >= INT8_SCAN_FROM).then(|| crate::kernels::Int8Rows::quantize(&self.vectors, width));
+    }
+
+    /// This copy with the rows `dropped(chunk_id, document_id)` selects removed and `rows` appended after the rest,
+    /// where a Lance write puts them (in a fragment of their own).
+    fn changed(&self, width: usize, dropped: impl Fn(i64, i64) -> bool, rows: &[(i64, i64, Vec<f32>)]) -> Flat {
+        let mut next = Flat { chunk_ids: Vec::new(), doc_ids: Vec::new(), vectors: Vec::new(), approx: None };
+        let kept = self.chunk_ids.iter().zip(&self.doc_ids).zip(self.vectors.chunks_exact(width.max(1)));
+        for ((&chunk, &doc), v) in kept.filter(|((c, d), _)| !dropped(**c, **d)) {
+            next.chunk_ids.push(chunk);
+            next.doc_ids.push(doc);
+            next.vectors.extend_from_slice(v);
+        }
+        for (chunk, doc, v) in rows {
+            next.chunk_ids.push(*chunk);
+            next.doc_ids.push(*doc);
+            next.vectors.extend_from_slice(v);
+        }
+        next.approximate(width);
+        next
+    }
+}
+
 pub struct DenseTable {
     name: String,
     width: usize,
     table: care_lance::Table,
     flat: RwLock<Option<Arc<Flat>>>,
     has_ann: RwLock<bool>,
+}
+
+impl DenseTable {
+    fn flat(&self) -> Option<Arc<Flat>> {
+        self.flat.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// After a write to the table: the in-memory copy `before` the write, changed as the write changed the table,
+    /// replaces it, so that the next search does not stop to read the table again (an ingest of 40 small files
+    /// made every searcher that came next read it 40 times). The copy is dropped instead (the next search reads
+    /// the table) when the write failed or may have stopped half-way, when it is large, or when another write or a
+    /// read replaced it meanwhile.
+    fn after_write(
+        &self,
+        before: Option<Arc<Flat>>,
+        written: bool,
+        dropped: impl Fn(i64, i64) -> bool,
+        rows: &[(i64, i64, Vec<f32>)],
+    ) {
+        let next = before
+            .as_ref()
+            .filter(|b| written && b.chunk_ids.len() <= FLAT_UPDATE_MAX_ROWS)
+            .map(|b| Arc::new(b.changed(self.width, dropped, rows)));
+        let mut flat = self.flat.write().unwrap_or_else(|p| p.into_inner());
+        let unchanged = match (flat.as_ref(), before.as_ref()) {
+            (Some(now), Some(b)) => Arc::ptr_eq(now, b),
+            _ => false,
+        };
+        *flat = if unchanged { next } else { None };
+    }
 }
 
 impl DenseStore {
@@ -132,9 +193,10 @@ impl DenseStore {
             })
             .collect();
         let batch = if rows.is_empty() { None } else { Some(Self::record_batch(t, rows)?) };
+        let before = t.flat();
         let written = self.store.replace(&t.table, &deletes, batch);
-        // After the write, whether it went through or stopped half-way: the next search reads the table again.
-        *t.flat.write().unwrap_or_else(|p| p.into_inner()) = None;
+        let docs: std::collections::HashSet<i64> = doc_ids.iter().copied().collect();
+        t.after_write(before, written.is_ok(), |_, doc| docs.contains(&doc), rows);
         written.map_err(dense_err)
     }
 
@@ -145,8 +207,10 @@ impl DenseStore {
             return Ok(());
         }
         let batch = Self::record_batch(t, rows)?;
+        let before = t.flat();
         let written = self.store.upsert(&t.table, "chunk_id", batch);
-        *t.flat.write().unwrap_or_else(|p| p.into_inner()) = None;
+        let chunks: std::collections::HashSet<i64> = rows.iter().map(|r| r.0).collect();
+        t.after_write(before, written.is_ok(), |chunk, _| chunks.contains(&chunk), rows);
         written.map_err(dense_err)
     }
 
@@ -203,8 +267,8 @@ impl DenseStore {
     }
 
     fn load_flat(&self, t: &DenseTable) -> Result<Arc<Flat>> {
-        if let Some(f) = t.flat.read().unwrap_or_else(|p| p.into_inner()).as_ref() {
-            return Ok(f.clone());
+        if let Some(f) = t.flat() {
+            return Ok(f);
         }
         let batches = self.store.scan(&t.table, None).map_err(dense_err)?;
         let mut flat = Flat { chunk_ids: Vec::new(), doc_ids: Vec::new(), vectors: Vec::new(), approx: None };
@@ -219,9 +283,7 @@ impl DenseStore {
             let start = v.offset() * t.width;
             flat.vectors.extend_from_slice(&values.values()[start..start + v.len() * t.width]);
         }
-        if flat.chunk_ids.len() >= INT8_SCAN_FROM {
-            flat.approx = Some(crate::kernels::Int8Rows::quantize(&flat.vectors, t.width));
-        }
+        flat.approximate(t.width);
         let flat = Arc::new(flat);
         *t.flat.write().unwrap_or_else(|p| p.into_inner()) = Some(flat.clone());
         Ok(flat)
@@ -398,5 +460,56 @@ mod tests {
         assert!((got[1].0 - 0.7).abs() < 1e-6);
         assert_eq!(flat_top_k(&v, 2, &[1.0, 0.0], 10).len(), 4);
         assert!(flat_top_k(&[], 2, &[1.0, 0.0], 3).is_empty());
+    }
+
+    fn row(chunk: i64, doc: i64, width: usize) -> (i64, i64, Vec<f32>) {
+        let v: Vec<f32> = (0..width).map(|j| ((chunk * 7 + j as i64 * 3) % 11) as f32 - 5.0).collect();
+        let n = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-6);
+        (chunk, doc, v.into_iter().map(|x| x / n).collect())
+    }
+
+    /// What searches read after writes: the copy each write changed in place equals the table read afresh, and
+    /// no write made the next search read the table.
+    #[test]
+    fn writes_change_the_in_memory_copy_as_they_change_the_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DenseStore::open(dir.path()).unwrap();
+        let width = 8;
+        let t = store.table("t", width).unwrap();
+        let first: Vec<_> = (0..30).map(|c| row(c, c / 3, width)).collect();
+        store.replace_documents(&t, &(0..10).collect::<Vec<_>>(), &first).unwrap();
+        assert!(t.flat().is_none(), "no copy yet: nothing to change");
+        let q = row(99, 0, width).2;
+        let before = store.search_exact(&t, &q, 5).unwrap();
+        assert_eq!(before.len(), 5);
+        // Document 2 (chunks 6-8) replaced by two chunks, document 20 added; chunks 0 and 40 upserted.
+        store.replace_documents(&t, &[2, 20], &[row(100, 2, width), row(101, 2, width), row(102, 20, width)]).unwrap();
+        let kept = t.flat().expect("the copy was changed, not dropped");
+        store.upsert_chunks(&t, &[row(0, 0, width), row(40, 13, width)]).unwrap();
+        let changed = t.flat().expect("the copy was changed, not dropped");
+        assert!(!Arc::ptr_eq(&kept, &changed));
+        *t.flat.write().unwrap() = None;
+        let fresh = store.load_flat(&t).unwrap();
+        let rows = |f: &Flat| {
+            (0..f.chunk_ids.len())
+                .map(|i| {
+                    (
+                        f.chunk_ids[i],
+                        f.doc_ids[i],
+                        f.vectors[i * width..(i + 1) * width].iter().map(|x| x.to_bits()).collect(),
+                    )
+                })
+                .collect::<Vec<(i64, i64, Vec<u32>)>>()
+        };
+        // In Lance's order too, so that ties rank as they would after a restart.
+        assert_eq!(rows(&changed), rows(&fresh));
+        assert_eq!(changed.chunk_ids.len(), 30 - 3 + 3 + 1);
+        // A failed write drops the copy: the next search reads the table.
+        t.after_write(Some(fresh.clone()), false, |_, _| false, &[]);
+        assert!(t.flat().is_none());
+        // So does a write whose copy another read replaced meanwhile.
+        let other = store.load_flat(&t).unwrap();
+        t.after_write(Some(fresh), true, |_, _| false, &[]);
+        assert!(t.flat().is_none() && other.chunk_ids.len() == 31);
     }
 }
