@@ -197,6 +197,11 @@ impl Browser {
         std::fs::write(path, png).expect("write screenshot");
     }
 
+    /// Runs `script` (a function body; `arguments[i]` are `args`) in the page and returns what it returns.
+    pub fn execute(&self, script: &str, args: Value) -> Value {
+        self.call("POST", "/execute/sync", Some(json!({"script": script, "args": args})))
+    }
+
     pub fn set_window(&self, width: u32, height: u32) {
         self.call("POST", "/window/rect", Some(json!({"width": width, "height": height})));
     }

@@ -117,7 +117,7 @@ error_codes! {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(
-        "资料库 {0} 不存在；请先在“资料库”页面新建，或运行 `care collection create {0}`（`care ingest` 可加 --create）"
+        "资料库 {0} 不存在；请先在“资料库”页面新建，或运行 `care collection create {0}`（`care ingest` 可加 `--create`）"
     )]
     UnknownCollection(String),
     #[error("资料库 {0} 已存在")]

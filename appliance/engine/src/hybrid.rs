@@ -404,7 +404,7 @@ impl Retrieval<'_> {
         let pair = models::active(&self.store)?.ok_or_else(|| Error::Model("no active model".into()))?;
         let (_, table) = self
             .dense_table(col.id, &pair.document, false)?
-            .ok_or_else(|| Error::NotFound { what: format!("dense index of collection '{collection}'") })?;
+            .ok_or_else(|| Error::NotFound { what: format!("资料库 {collection} 的向量索引") })?;
         self.dense.build_ann(&table)?;
         self.dense.recall_at(&table, queries, k, self.cfg.search.ann_nprobes, self.cfg.search.ann_refine)
     }

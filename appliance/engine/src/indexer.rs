@@ -746,9 +746,7 @@ impl Indexer<'_> {
                 conn.prepare_cached("SELECT id FROM documents WHERE collection_id = ?1 AND external_id = ?2")?;
             for e in external_ids {
                 let id: Option<i64> = find.query_row(params![col.id, e], |r| r.get(0)).optional()?;
-                ids.push(
-                    id.ok_or_else(|| Error::NotFound { what: format!("document {e:?} in collection '{collection}'") })?,
-                );
+                ids.push(id.ok_or_else(|| Error::NotFound { what: format!("资料库 {collection} 中的文档 {e}") })?);
             }
         }
         // Marked `deleting` with the audit record: the deletion is decided here, and recovery finishes it.

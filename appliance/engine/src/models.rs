@@ -132,7 +132,7 @@ fn get_on(conn: &rusqlite::Connection, id: i64) -> Result<ModelRecord> {
     conn.prepare_cached(&format!("SELECT {COLS} FROM models WHERE id = ?1"))?
         .query_row([id], row)
         .optional()?
-        .ok_or_else(|| Error::NotFound { what: format!("model #{id}") })
+        .ok_or_else(|| Error::NotFound { what: format!("模型 #{id}") })
 }
 
 /// Finds a model by `name` (latest version) or `name@version`.
@@ -147,7 +147,7 @@ pub fn find(store: &Store, spec: &str) -> Result<ModelRecord> {
             .query_row(&format!("SELECT {COLS} FROM models WHERE name = ?1 ORDER BY id DESC LIMIT 1"), [name], row)
             .optional()?,
     };
-    r.ok_or_else(|| Error::NotFound { what: format!("model {spec:?} (see `care model list`)") })
+    r.ok_or_else(|| Error::NotFound { what: format!("模型 {spec}（已登记的模型见 `care model list`）") })
 }
 
 pub fn list(store: &Store) -> Result<Vec<ModelRecord>> {

@@ -135,9 +135,9 @@ fn check_within(bin: &Path, device: String, timeout: Duration) -> TrainerStatus 
         version: String::new(),
         device: device.clone(),
         message: format!(
-            "训练程序不可用：{detail}。请安装 libtorch：python3 -m pip install --no-deps --target /opt/care \
-             torch==2.13.0 nvidia-cuda-runtime nvidia-cuda-cupti（GPU 另需 cuBLAS/cuDNN 的 wheel），或在 \
-             /etc/care/trainer.toml 中设置 libtorch 路径；训练程序路径见 care.toml 的 [training] trainer"
+            "训练程序不可用：{detail}。请安装 libtorch：`python3 -m pip install --no-deps --target /opt/care \
+             torch==2.13.0 nvidia-cuda-runtime nvidia-cuda-cupti`（GPU 另需 cuBLAS/cuDNN 的安装包），或在 \
+             `/etc/care/trainer.toml` 中设置 libtorch 路径；训练程序路径见 `care.toml` 的 `[training] trainer`"
         ),
         checking: false,
         building: false,
@@ -154,7 +154,7 @@ fn check_within(bin: &Path, device: String, timeout: Duration) -> TrainerStatus 
     let child = Command::new(bin).arg("--version").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn();
     let mut child = match child {
         Ok(c) => c,
-        Err(e) => return not_ready(format!("无法启动 {} ({e})", bin.display())),
+        Err(e) => return not_ready(format!("无法启动 `{}`（系统错误：`{e}`）", bin.display())),
     };
     let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
     let (tx, rx) = mpsc::channel();
@@ -171,15 +171,15 @@ fn check_within(bin: &Path, device: String, timeout: Duration) -> TrainerStatus 
     let Some((out, err)) = output else {
         let _ = child.kill();
         let _ = child.wait();
-        return not_ready(format!("{} --version 超过 {} 秒没有结束", bin.display(), timeout.as_secs()));
+        return not_ready(format!("`{} --version` 超过 {} 秒没有结束", bin.display(), timeout.as_secs()));
     };
     let status = match child.wait() {
         Ok(s) => s,
-        Err(e) => return not_ready(format!("{} --version 无法结束 ({e})", bin.display())),
+        Err(e) => return not_ready(format!("`{} --version` 无法结束（`{e}`）", bin.display())),
     };
     if !status.success() {
         let err = String::from_utf8_lossy(&err);
-        return not_ready(format!("{} 退出 ({status}): {}", bin.display(), err.trim()));
+        return not_ready(format!("`{}` 退出（`{status}`）：`{}`", bin.display(), err.trim()));
     }
     TrainerStatus {
         ready: true,

@@ -3,6 +3,7 @@
 //! metrics) and the audit log (filter, verify, CSV export). Each form posts to a handler that calls the same
 //! engine service operation as its JSON twin in `api`, then redirects back with a signed message.
 
+use crate::filters;
 use actix_web::http::header;
 use actix_web::{HttpResponse, get, post, web};
 use askama::Template;

@@ -2,6 +2,7 @@
 //! judgment sets, evaluation, promotion, rejection and rollback. Each form calls the same engine service operation
 //! as its JSON twin in `api`, then redirects back with a signed message.
 
+use crate::filters;
 use actix_web::{HttpResponse, get, post, web};
 use askama::Template;
 use care_engine::JobView;

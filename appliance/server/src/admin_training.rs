@@ -2,6 +2,7 @@
 //! counts, phase times, loss charts and the gate's decision, and "train now". Forms call the same engine operations
 //! as `/api/v1/admin/training/*` and `care train`.
 
+use crate::filters;
 use actix_web::{HttpResponse, get, post, web};
 use askama::Template;
 use care_engine::training::schedule::{Schedule, ScheduleSpec};

@@ -4,6 +4,7 @@
 //! clients (JSON) and browsers (an HTML page); the guard middleware renders both, because only it knows the request
 //! id and whether the route is a page.
 
+use crate::filters;
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 use care_engine::error::StatusClass;

@@ -25,6 +25,7 @@ pub mod admin_training;
 pub mod api;
 pub mod call;
 pub mod errors;
+mod filters;
 pub mod guard;
 pub mod metrics;
 pub mod openapi;

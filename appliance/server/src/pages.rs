@@ -2,6 +2,7 @@
 //! Templates escape everything; highlighted snippets are split into parts so no `|safe` is needed. No inline
 //! scripts: the pages work without JavaScript, and /assets/app.js only enhances them.
 
+use crate::filters;
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, get, post, web};
 use askama::Template;
@@ -888,7 +889,7 @@ pub async fn asset(file: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let (body, ct) = match file.as_str() {
         "style.css" => (STYLE, "text/css; charset=utf-8"),
         "app.js" => (APP_JS, "text/javascript; charset=utf-8"),
-        other => return Err(ApiError::Engine(care_engine::Error::NotFound { what: format!("asset {other:?}") })),
+        other => return Err(ApiError::Engine(care_engine::Error::NotFound { what: format!("资源 `{other}`") })),
     };
     Ok(HttpResponse::Ok().content_type(ct).insert_header((header::CACHE_CONTROL, "public, max-age=3600")).body(body))
 }

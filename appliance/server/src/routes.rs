@@ -124,5 +124,5 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 }
 
 pub async fn not_found(req: HttpRequest) -> Result<actix_web::HttpResponse, ApiError> {
-    Err(ApiError::Engine(care_engine::Error::NotFound { what: format!("page {}", req.path()) }))
+    Err(ApiError::Engine(care_engine::Error::NotFound { what: format!("页面 `{}`", req.path()) }))
 }

@@ -87,24 +87,24 @@ const fn f(key: &'static str, label: &'static str, help: &'static str, kind: Fie
 use FieldKind::{Flag, Grants, Lines, Number, Secret, Text};
 
 const GROUP_FIELDS: [Spec; 3] = [
-    f("groups.admin", "管理员组", "每行一个组（完整 DN 或其 cn）；其成员是本系统的管理员", Lines),
+    f("groups.admin", "管理员组", "每行一个组（完整 DN 或其 `cn`）；其成员是本系统的管理员", Lines),
     f("groups.clinician", "临床用户组", "每行一个组；留空则目录允许登录的人都是临床用户", Lines),
     f("groups.collections", "组授予的资料库", "每行一条：组 = 资料库1, 资料库2", Grants),
 ];
 
 const LDAP_FIELDS: &[Spec] = &[
-    f("url", "地址", "ldaps://dc1.hospital.local:636，或 ldap://…:389 并开启 StartTLS；留空即关闭目录登录", Text),
-    f("starttls", "StartTLS", "ldap:// 地址先升级为加密连接（不加密的连接不被接受）", Flag),
+    f("url", "地址", "`ldaps://dc1.hospital.local:636`，或 `ldap://…:389` 并开启 StartTLS；留空即关闭目录登录", Text),
+    f("starttls", "StartTLS", "`ldap://` 地址先升级为加密连接（不加密的连接不被接受）", Flag),
     f("ca_file", "CA 证书文件", "签发目录服务器证书的医院 CA 在本机的路径（PEM）；留空用系统根证书", Text),
     f("bind_dn", "服务账户", "用来查找人员的只读账户（DN）", Text),
     f("bind_password", "服务账户密码", "不显示；留空则保持原密码", Secret),
-    f("user_base", "用户位置", "查找人员的起点（base DN）", Text),
-    f("user_filter", "用户筛选", "{username} 换成登录时输入的用户名；在此排除已停用的人员", Text),
+    f("user_base", "用户位置", "查找人员的起点（`base DN`）", Text),
+    f("user_filter", "用户筛选", "`{username}` 换成登录时输入的用户名；在此排除已停用的人员", Text),
     f("name_attribute", "用户名属性", "其值成为本系统的账户名", Text),
     f("display_attribute", "姓名属性", "页面上显示的姓名", Text),
-    f("member_of_attribute", "所属组属性", "人员条目上列出所属组的属性（AD 的 memberOf）；留空则不读", Text),
+    f("member_of_attribute", "所属组属性", "人员条目上列出所属组的属性（AD 的 `memberOf`）；留空则不读", Text),
     f("group_base", "组位置", "在此查找列出成员的组；留空只用所属组属性", Text),
-    f("group_filter", "组筛选", "{dn} 换成人员的 DN，{username} 换成用户名", Text),
+    f("group_filter", "组筛选", "`{dn}` 换成人员的 DN，`{username}` 换成用户名", Text),
     f("timeout_seconds", "超时（秒）", "连接和每次查询最多等待的秒数（1–120）", Number),
     GROUP_FIELDS[0],
     GROUP_FIELDS[1],
@@ -112,11 +112,11 @@ const LDAP_FIELDS: &[Spec] = &[
 ];
 
 const OIDC_FIELDS: &[Spec] = &[
-    f("issuer", "签发方", "统一认证平台的 issuer 地址；留空即关闭统一认证登录", Text),
+    f("issuer", "签发方", "统一认证平台的签发方（`issuer`）地址；留空即关闭统一认证登录", Text),
     f("client_id", "客户端 ID", "在统一认证平台登记本系统时得到", Text),
     f("client_secret", "客户端密钥", "不显示；留空则保持原密钥", Secret),
-    f("redirect_url", "回调地址", "在平台登记的本系统回调：https://<本机地址>/login/oidc/callback", Text),
-    f("scopes", "申请的范围", "openid 之外，每行一个", Lines),
+    f("redirect_url", "回调地址", "在平台登记的本系统回调：`https://<本机地址>/login/oidc/callback`", Text),
+    f("scopes", "申请的范围", "`openid` 之外，每行一个", Lines),
     f("username_claim", "用户名声明", "其值成为本系统的账户名", Text),
     f("display_claim", "姓名声明", "页面上显示的姓名", Text),
     f("groups_claim", "组声明", "列出人员所属组的声明", Text),

@@ -14,7 +14,7 @@ impl crate::engine::Models<'_> {
             .judgment_sets(&Admin::system(), Some(collection))?
             .into_iter()
             .find(|s| s.name == name)
-            .ok_or_else(|| Error::NotFound { what: format!("judgment set '{name}' of collection '{collection}'") })
+            .ok_or_else(|| Error::NotFound { what: format!("资料库 {collection} 的评测集 {name}") })
     }
 
     /// Imports a judgment set for `collection` under `name`, each judgment resolved to a document (its external
@@ -79,8 +79,7 @@ impl crate::engine::Models<'_> {
             && e.code == rusqlite::ErrorCode::ConstraintViolation
         {
             return Err(Error::InvalidInput(format!(
-                "评测集 {name} 已存在 (collection '{collection}' already has a judgment set '{name}'; delete it first or \
-                 choose another name)"
+                "资料库 {collection} 已有评测集 {name}；请先删除它，或换一个名称"
             )));
         }
         inserted?;
@@ -174,7 +173,7 @@ impl crate::engine::Models<'_> {
         let deleted =
             tx.execute("DELETE FROM judgment_sets WHERE collection_id = ?1 AND name = ?2", params![col.id, name])?;
         if deleted == 0 {
-            return Err(Error::NotFound { what: format!("judgment set '{name}' of collection '{collection}'") });
+            return Err(Error::NotFound { what: format!("资料库 {collection} 的评测集 {name}") });
         }
         crate::audit::append(
             &tx,

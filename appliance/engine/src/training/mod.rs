@@ -1124,7 +1124,7 @@ impl crate::engine::Training<'_> {
                 run_row,
             )
             .optional()?
-            .ok_or_else(|| Error::NotFound { what: format!("training run #{job}") })
+            .ok_or_else(|| Error::NotFound { what: format!("训练任务 #{job}") })
     }
 
     /// The run's loss charts (Stage I and Stage II, SVG), once its training phases ended.
@@ -1134,7 +1134,7 @@ impl crate::engine::Training<'_> {
             .reader()
             .query_row("SELECT loss_svg FROM training_runs WHERE job_id = ?1", [job], |r| r.get(0))
             .optional()?
-            .ok_or_else(|| Error::NotFound { what: format!("training run #{job}") })
+            .ok_or_else(|| Error::NotFound { what: format!("训练任务 #{job}") })
     }
 }
 

@@ -223,7 +223,7 @@ impl crate::engine::Training<'_> {
                     params![id, json, next.clone().unwrap_or_default()],
                 )?;
                 if n == 0 {
-                    return Err(Error::NotFound { what: format!("training schedule #{id}") });
+                    return Err(Error::NotFound { what: format!("训练计划 #{id}") });
                 }
                 id
             }
@@ -260,7 +260,7 @@ impl crate::engine::Training<'_> {
         let mut conn = self.engine.store.conn();
         let tx = conn.transaction()?;
         if tx.execute("DELETE FROM training_schedules WHERE id = ?1", [id])? == 0 {
-            return Err(Error::NotFound { what: format!("training schedule #{id}") });
+            return Err(Error::NotFound { what: format!("训练计划 #{id}") });
         }
         crate::audit::append(&tx, &actor.name, "training.schedule_delete", &serde_json::json!({"schedule": id}))?;
         tx.commit()?;

@@ -1,0 +1,149 @@
+//! What people see (issue 56): a crawler signs in to the demo as an administrator and as a clinician, and visits
+//! every page the server's route table lists, the pages a visitor meets and the error pages, in headless Chromium.
+//! A page fails on any word of Latin letters that a person reads on it (the rendered text, the title, buttons'
+//! and fields' labels) outside an allow list of codes, names and units. What people typed or imported (passages,
+//! titles, file names, synonyms, the query) is marked `translate="no"` by the templates, and commands, paths and
+//! settings are `<code>`: those are not the appliance's words.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use care_e2e::webdriver::Browser;
+use care_e2e::{Care, add_user};
+use care_server::table::{Access, Kind, ROUTES};
+use serde_json::json;
+
+const ADMIN: &str = "zhangwei";
+const CLINICIAN: &str = "lina";
+const PW: &str = "crawler-passphrase-1";
+/// Pages that do not exist, named in Chinese: the error page echoes the address, which is the visitor's text.
+const MISSING_PAGE: &str = "/%E6%B2%A1%E6%9C%89%E8%BF%99%E4%B8%80%E9%A1%B5";
+/// The Latin letters the test itself types into a query (啊啊啊qwe): echoed in the page's title, they are the
+/// clinician's words.
+const TYPED: &str = "qwe";
+
+/// Words of Latin letters a page may show: formats, standards and product names, units, and the test's own data
+/// (user names, the demo collection). Anything else a person reads must be Chinese.
+const ALLOWED: &[&str] = &[
+    // the product, formats and protocols
+    "CARE", "PDF", "DOCX", "HTML", "Markdown", "TXT", "CSV", "JSONL", "JSON", "ZIP", "TIFF", "PNG", "JPEG", "JPG",
+    "BMP", "UTF", "GBK", "GB", "HTTPS", "HTTP", "TLS", "API", "URL", "LDAP", "OIDC", "AD", "ID", "IP", "SQLite",
+    // models and methods (names)
+    "BM25", "ONNX", "Runtime", "CUDA", "GPU", "CPU", "LoRA", "Stage", "I", "II", "CARE", "nDCG", "MRR", "Recall", "RRF",
+    "int8", "fp32", "bf16", "Qwen", "e5", "small", "jieba", "zstd", "COPD", "BEIR", "qrels", "libtorch", "cuBLAS",
+    "cuDNN", // directory sign-in terms an administrator configures by
+    "AD", "DN", "CA", "PEM", "StartTLS", // units and times
+    "ms", "MB", "GB", "KB", "TB", "MiB", "GiB", "KiB", "UTC", "HH", "MM", "mg",  // the hospital's systems
+    "HIS", // the test's data
+    "demo", "zhangwei", "lina", "admin",
+];
+
+/// The Latin-letter words a person reads on the current page: its text as rendered, its title, and the labels
+/// of controls that are not text (placeholders, button values, alt and aria labels).
+fn latin_words(b: &Browser) -> BTreeSet<String> {
+    let text = b.execute(
+        "for (const e of document.querySelectorAll('code, kbd, samp, pre, [translate=no]')) e.textContent = ' ';
+         const parts = [document.title, document.body.innerText];
+         for (const e of document.querySelectorAll('[placeholder],[aria-label],[alt],[title],input[type=submit],input[type=button]')) {
+             for (const a of ['placeholder', 'aria-label', 'alt', 'title', 'value']) {
+                 if (e.hasAttribute(a) && (a !== 'value' || e.type === 'submit' || e.type === 'button')) parts.push(e.getAttribute(a));
+             }
+         }
+         return parts.join('\\n');",
+        json!([]),
+    );
+    let text = text.as_str().unwrap_or_default().replace(TYPED, " ");
+    let mut words = BTreeSet::new();
+    // A token is a run of ASCII letters, digits and joiners; one with a digit is a code or a name (e5-small,
+    // #12, 2026-11-30), one of letters only is a word.
+    for token in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')) {
+        if token.chars().any(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        for word in token.split(['-', '_', '.']).filter(|w| w.len() >= 2) {
+            if !ALLOWED.contains(&word) {
+                words.insert(word.to_string());
+            }
+        }
+    }
+    words
+}
+
+fn sign_in(b: &Browser, base: &str, user: &str) {
+    b.goto(&format!("{base}/login"));
+    b.type_into("#username", user);
+    b.type_into("#password", PW);
+    b.click("form[action='/login'] button[type=submit]");
+    b.wait_for("signed in", Duration::from_secs(30), |s| s.contains("action=\"/logout\""));
+}
+
+/// The concrete URL of a page route, its parameters taken from the demo.
+fn concrete(pattern: &str, doc: &str) -> String {
+    pattern.replace("{id}", doc).replace("{name}", "demo")
+}
+
+#[test]
+fn browser_every_page_reads_in_chinese_for_an_administrator_a_clinician_and_a_visitor() {
+    assert!(
+        care_e2e::webdriver::available(),
+        "chromium and chromedriver are needed (Debian packages chromium, chromium-driver; `packaging/dev.sh setup` installs them)"
+    );
+    let t = tempfile::tempdir().unwrap();
+    let care = Care::new(&t.path().join("data"));
+    care.ok(&["demo", "--no-serve"]);
+    add_user(&care, t.path(), ADMIN, "admin", PW);
+    add_user(&care, t.path(), CLINICIAN, "clinician", PW);
+    care.ok(&["user", "grant", CLINICIAN, "demo"]);
+    let served = care.serve_full();
+    let base = served.https.clone();
+    let b = Browser::start(1280, 900);
+
+    let mut found: Vec<String> = Vec::new();
+    let mut visit = |b: &Browser, who: &str, url: &str| {
+        b.goto(url);
+        if let Some(d) = std::env::var_os("CRAWL_DUMP") {
+            let name: String =
+                format!("{who}{url}").chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+            std::fs::write(std::path::Path::new(&d).join(name + ".html"), b.source()).unwrap();
+        }
+        let words = latin_words(b);
+        if !words.is_empty() {
+            found.push(format!("{who} {url}: {words:?}"));
+        }
+    };
+
+    // A visitor: the sign-in page, the embeddable search and a page that does not exist.
+    for path in ["/login", "/embed", MISSING_PAGE] {
+        visit(&b, "visitor", &format!("{base}{path}"));
+    }
+    for (user, admin) in [(ADMIN, true), (CLINICIAN, false)] {
+        sign_in(&b, &base, user);
+        // A document of the demo, from a search.
+        b.goto(&format!("{base}/search?q=%E4%BA%8C%E7%94%B2%E5%8F%8C%E8%83%8D"));
+        let src = b.wait_for("results", Duration::from_secs(30), |s| s.contains("href=\"/doc/"));
+        let doc = src.split("href=\"/doc/").nth(1).unwrap().split(['?', '"']).next().unwrap().to_string();
+        let pages = ROUTES.iter().filter(|r| r.method == "GET" && r.kind == Kind::Page);
+        for r in pages.filter(|r| match r.access {
+            Access::User => true,
+            Access::Admin => admin,
+            Access::Public | Access::Backups => false,
+        }) {
+            visit(&b, user, &format!("{base}{}", concrete(r.pattern, &doc)));
+        }
+        // What a search page shows besides hits: nothing found, a blank query, page 2; error pages.
+        for path in [
+            "/search?q=%E5%95%8A%E5%95%8A%E5%95%8Aqwe",
+            "/search?q=",
+            "/search?q=%E7%B3%96%E5%B0%BF%E7%97%85&page=2",
+            "/doc/999999",
+            MISSING_PAGE,
+            "/admin/collections/%E4%B8%8D%E5%AD%98%E5%9C%A8/documents",
+        ] {
+            visit(&b, user, &format!("{base}{path}"));
+        }
+        b.goto(&format!("{base}/account"));
+        b.click("form[action='/logout'] button[type=submit]");
+        b.wait_for("signed out", Duration::from_secs(30), |s| s.contains("id=\"username\""));
+    }
+    assert!(found.is_empty(), "Latin words a person reads, by page:\n{}", found.join("\n"));
+}
