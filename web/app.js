@@ -126,7 +126,18 @@ function waitForTrainer() {
   setTimeout(tick, 10000);
 }
 
+// The main navigation marks the page it leads to (or the section it is in) for screen readers and the eye.
+function markCurrentPage() {
+  const here = location.pathname;
+  document.querySelectorAll('nav[aria-label="主导航"] a').forEach(function (a) {
+    if (here === a.pathname || here.startsWith(a.pathname + "/")) {
+      a.setAttribute("aria-current", "page");
+    }
+  });
+}
+
 document.addEventListener("DOMContentLoaded", function () {
+  markCurrentPage();
   enhanceUploads();
   pollJobs();
   confirmForms();

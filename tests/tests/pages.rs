@@ -1,7 +1,8 @@
 //! What people see (issue 56): a crawler signs in to the demo as an administrator and as a clinician, and visits
 //! every page the server's route table lists, the pages a visitor meets and the error pages, in headless Chromium.
 //! A page fails on any word of Latin letters that a person reads on it (the rendered text, the title, buttons'
-//! and fields' labels) outside an allow list of codes, names and units. What people typed or imported (passages,
+//! and fields' labels) outside an allow list of codes, names and units, and on a missing heading, main landmark or
+//! current-page mark in the navigation. What people typed or imported (passages,
 //! titles, file names, synonyms, the query) is marked `translate="no"` by the templates, and commands, paths and
 //! settings are `<code>`: those are not the appliance's words.
 
@@ -106,6 +107,19 @@ fn browser_every_page_reads_in_chinese_for_an_administrator_a_clinician_and_a_vi
                 format!("{who}{url}").chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
             std::fs::write(std::path::Path::new(&d).join(name + ".html"), b.source()).unwrap();
         }
+        // Every page has one heading of its own and its main landmark; a page the main navigation leads to (or
+        // lies under) is marked there as the current one.
+        let shape = b.execute(
+            "const nav = [...document.querySelectorAll('nav[aria-label=\"主导航\"] a')];
+             const under = nav.some(a => location.pathname === a.pathname || location.pathname.startsWith(a.pathname + '/'));
+             return [document.querySelectorAll('h1').length, document.querySelectorAll('main').length,
+                     !under || nav.some(a => a.getAttribute('aria-current') === 'page')];",
+            json!([]),
+        );
+        if shape != json!([1, 1, true]) {
+            found.push(format!("{who} {url}: [h1 elements, main elements, current page marked] = {shape}"));
+        }
+        // Last: it blanks what is not the appliance's own text.
         let words = latin_words(b);
         if !words.is_empty() {
             found.push(format!("{who} {url}: {words:?}"));
@@ -145,5 +159,9 @@ fn browser_every_page_reads_in_chinese_for_an_administrator_a_clinician_and_a_vi
         b.click("form[action='/logout'] button[type=submit]");
         b.wait_for("signed out", Duration::from_secs(30), |s| s.contains("id=\"username\""));
     }
-    assert!(found.is_empty(), "Latin words a person reads, by page:\n{}", found.join("\n"));
+    assert!(
+        found.is_empty(),
+        "Latin words a person reads, and pages missing their heading, landmark or current-page mark:\n{}",
+        found.join("\n")
+    );
 }

@@ -1124,7 +1124,7 @@ fn browser_login_upload_search_document_feedback_logout() {
     b.type_into("#q", "二甲双胍的禁忌症\u{E007}");
     let src = b.wait_for("results", Duration::from_secs(30), |s| s.contains("class=\"results\""));
     assert!(src.contains("<mark>") && src.contains("二甲双胍用药指南") && src.contains("禁忌症"), "{src}");
-    assert!(src.contains("资料库：guidelines"));
+    assert!(src.contains("资料库：<span translate=\"no\">guidelines</span>"), "{src}");
     assert!(src.contains("<span class=\"filed\">内分泌科 · 指南</span>"), "the form's department and type: {src}");
     let search_png = keep_screenshot(&b, "search.png");
 
