@@ -215,7 +215,8 @@ device_build() {
     log "  bash target/device-pack/gpu_check.sh"
 }
 
-# The OpenID Connect provider the sign-in tests start (node-oidc-provider, tests/oidc/package-lock.json). Node.js
+# The tests' npm packages: the OpenID Connect provider the sign-in tests start (node-oidc-provider,
+# tests/oidc/package-lock.json) and axe-core (tests/axe/package-lock.json). Node.js
 # from Debian when the machine has none (a machine with NodeSource's nodejs already has npm: Debian's npm package
 # would conflict with it).
 install_oidc_provider() {
@@ -223,6 +224,11 @@ install_oidc_provider() {
     if [ ! -d "$ROOT/tests/oidc/node_modules/oidc-provider" ] || [ "$ROOT/tests/oidc/package-lock.json" -nt "$ROOT/tests/oidc/node_modules/.package-lock.json" ]; then
         log "installing the test OIDC provider from the npm registry (tests/oidc)"
         npm ci --prefix "$ROOT/tests/oidc" --no-audit --no-fund --loglevel=error >&2
+    fi
+    # axe-core, the accessibility rules the page crawler (tests/tests/pages.rs) runs in Chromium on every page.
+    if [ ! -f "$ROOT/tests/axe/node_modules/axe-core/axe.min.js" ] || [ "$ROOT/tests/axe/package-lock.json" -nt "$ROOT/tests/axe/node_modules/.package-lock.json" ]; then
+        log "installing axe-core from the npm registry (tests/axe)"
+        npm ci --prefix "$ROOT/tests/axe" --no-audit --no-fund --loglevel=error >&2
     fi
 }
 

@@ -202,6 +202,11 @@ impl Browser {
         self.call("POST", "/execute/sync", Some(json!({"script": script, "args": args})))
     }
 
+    /// Runs `script` in the page; it ends by calling its last argument with the result, which this returns.
+    pub fn execute_async(&self, script: &str, args: Value) -> Value {
+        self.call("POST", "/execute/async", Some(json!({"script": script, "args": args})))
+    }
+
     pub fn set_window(&self, width: u32, height: u32) {
         self.call("POST", "/window/rect", Some(json!({"width": width, "height": height})));
     }

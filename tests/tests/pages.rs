@@ -1,8 +1,8 @@
 //! What people see (issue 56): a crawler signs in to the demo as an administrator and as a clinician, and visits
 //! every page the server's route table lists, the pages a visitor meets and the error pages, in headless Chromium.
 //! A page fails on any word of Latin letters that a person reads on it (the rendered text, the title, buttons'
-//! and fields' labels) outside an allow list of codes, names and units, and on a missing heading, main landmark or
-//! current-page mark in the navigation. What people typed or imported (passages,
+//! and fields' labels) outside an allow list of codes, names and units; on a missing heading, main landmark or
+//! current-page mark in the navigation; and on a serious or critical violation of axe-core's accessibility rules. What people typed or imported (passages,
 //! titles, file names, synonyms, the query) is marked `translate="no"` by the templates, and commands, paths and
 //! settings are `<code>`: those are not the appliance's words.
 
@@ -78,6 +78,24 @@ fn sign_in(b: &Browser, base: &str, user: &str) {
     b.wait_for("signed in", Duration::from_secs(30), |s| s.contains("action=\"/logout\""));
 }
 
+/// axe-core's source (tests/axe, installed by `packaging/dev.sh test`) and the call that runs it on the page and
+/// hands back its serious and critical violations: the rule, how many elements, the first two of them.
+static AXE_RUN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("axe/node_modules/axe-core/axe.min.js");
+    let source = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!("{}: {e} (npm ci --prefix tests/axe, which `packaging/dev.sh test` runs)", path.display())
+    });
+    format!(
+        "const done = arguments[arguments.length - 1];
+         {source}
+         axe.run(document, {{ resultTypes: ['violations'] }}).then(r => done(r.violations
+             .filter(v => v.impact === 'serious' || v.impact === 'critical')
+             .map(v => v.id + ' (' + v.impact + ', ' + v.nodes.length + '): '
+                 + v.nodes.slice(0, 2).map(n => n.target.join(' ')).join(' | '))),
+             e => done(['axe failed: ' + e]));"
+    )
+});
+
 /// The concrete URL of a page route, its parameters taken from the demo.
 fn concrete(pattern: &str, doc: &str) -> String {
     pattern.replace("{id}", doc).replace("{name}", "demo")
@@ -118,6 +136,11 @@ fn browser_every_page_reads_in_chinese_for_an_administrator_a_clinician_and_a_vi
         );
         if shape != json!([1, 1, true]) {
             found.push(format!("{who} {url}: [h1 elements, main elements, current page marked] = {shape}"));
+        }
+        // axe-core's rules (WCAG 2.x A and AA and its best practices): a serious or critical violation fails.
+        let axe = b.execute_async(&AXE_RUN, json!([]));
+        for v in axe.as_array().into_iter().flatten() {
+            found.push(format!("{who} {url}: axe {v}"));
         }
         // Last: it blanks what is not the appliance's own text.
         let words = latin_words(b);
