@@ -136,8 +136,18 @@ function markCurrentPage() {
   });
 }
 
+// On a narrow screen the facets start folded (they stay open without script, and on wide screens).
+function foldFacets() {
+  if (window.matchMedia("(max-width: 600px)").matches) {
+    document.querySelectorAll("details.facets-fold").forEach(function (d) {
+      d.removeAttribute("open");
+    });
+  }
+}
+
 document.addEventListener("DOMContentLoaded", function () {
   markCurrentPage();
+  foldFacets();
   enhanceUploads();
   pollJobs();
   confirmForms();

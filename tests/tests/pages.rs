@@ -188,3 +188,35 @@ fn browser_every_page_reads_in_chinese_for_an_administrator_a_clinician_and_a_vi
         found.join("\n")
     );
 }
+
+/// On a phone (390 × 844) the first hit of a search with facets is above the fold: the facets fold away behind
+/// one line until opened. The screenshot is kept.
+#[test]
+fn browser_on_a_phone_the_first_hit_is_above_the_fold() {
+    assert!(care_e2e::webdriver::available(), "chromium and chromedriver are needed");
+    let t = tempfile::tempdir().unwrap();
+    let care = Care::new(&t.path().join("data"));
+    care.ok(&["demo", "--no-serve"]);
+    add_user(&care, t.path(), CLINICIAN, "clinician", PW);
+    care.ok(&["user", "grant", CLINICIAN, "demo"]);
+    let served = care.serve_full();
+    let b = Browser::start(390, 844);
+    sign_in(&b, &served.https, CLINICIAN);
+    b.goto(&format!("{}/search?q=%E7%B3%96%E5%B0%BF%E7%97%85", served.https));
+    b.wait_for("results", Duration::from_secs(30), |s| s.contains("class=\"results\""));
+    let place = b.execute(
+        "const hit = document.querySelector('ol.results li.hit').getBoundingClientRect();
+         if (document.querySelector('details.facets-fold').open) return ['facets open', false];
+         const facets = document.querySelector('.facets');
+         return [hit.top, hit.top + 60 <= window.innerHeight, window.innerWidth, facets ? facets.getBoundingClientRect().height : 0];",
+        json!([]),
+    );
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    b.screenshot(&dir.join("search-phone.png"));
+    assert_eq!(
+        place[1],
+        json!(true),
+        "the first hit's top and whether it shows, the width, the facets' height: {place}"
+    );
+}
