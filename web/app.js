@@ -145,8 +145,46 @@ function foldFacets() {
   }
 }
 
+// Feedback (有帮助/没帮助) is sent without leaving the page: following the server's redirect would run the search
+// again and count it twice in the analytics. Should sending fail, the form is submitted as without script.
+function enhanceFeedback() {
+  document.querySelectorAll("form.feedback").forEach(function (form) {
+    form.addEventListener("submit", function (ev) {
+      ev.preventDefault();
+      const body = new URLSearchParams(new FormData(form));
+      if (ev.submitter && ev.submitter.name) {
+        body.set(ev.submitter.name, ev.submitter.value);
+      }
+      fetch(form.action, {
+        method: "POST",
+        body: body,
+        credentials: "same-origin",
+        redirect: "manual",
+        headers: { "X-CSRF-Token": csrfToken() },
+      })
+        .then(function (r) {
+          if (r.type !== "opaqueredirect" && !r.ok) {
+            throw new Error("feedback " + r.status);
+          }
+          let note = form.querySelector(".judged");
+          if (!note) {
+            note = document.createElement("span");
+            note.className = "meta judged";
+            form.appendChild(note);
+          }
+          note.setAttribute("role", "status");
+          note.textContent = "已记录，谢谢";
+        })
+        .catch(function () {
+          form.submit();
+        });
+    });
+  });
+}
+
 document.addEventListener("DOMContentLoaded", function () {
   markCurrentPage();
+  enhanceFeedback();
   foldFacets();
   enhanceUploads();
   pollJobs();

@@ -220,3 +220,42 @@ fn browser_on_a_phone_the_first_hit_is_above_the_fold() {
         "the first hit's top and whether it shows, the width, the facets' height: {place}"
     );
 }
+
+/// The clinician's records of one kind in the audit log (`care audit list`), read beside the running server.
+fn audit_count(care: &Care, action: &str) -> usize {
+    let v = care.json(&["audit", "list", "--action", action, "--actor", CLINICIAN, "-n", "1000", "--json"]);
+    v.as_array().map_or(0, |a| a.iter().filter(|r| r["action"] == action).count())
+}
+
+/// 有帮助 is recorded without the page reloading, so the search is neither run nor counted again.
+#[test]
+fn browser_feedback_is_recorded_without_running_the_search_again() {
+    assert!(care_e2e::webdriver::available(), "chromium and chromedriver are needed");
+    let t = tempfile::tempdir().unwrap();
+    let care = Care::new(&t.path().join("data"));
+    care.ok(&["demo", "--no-serve"]);
+    add_user(&care, t.path(), CLINICIAN, "clinician", PW);
+    care.ok(&["user", "grant", CLINICIAN, "demo"]);
+    let served = care.serve_full();
+    let b = Browser::start(1280, 900);
+    sign_in(&b, &served.https, CLINICIAN);
+    b.goto(&format!("{}/search?q=%E7%B3%96%E5%B0%BF%E7%97%85", served.https));
+    b.wait_for("results", Duration::from_secs(30), |s| s.contains("class=\"results\""));
+    // Search records are committed in groups: wait for this one.
+    let started = std::time::Instant::now();
+    while audit_count(&care, "search") == 0 {
+        assert!(started.elapsed() < Duration::from_secs(20), "the search was not recorded");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let searches = audit_count(&care, "search");
+    b.execute("window.carePageMark = 1; return true", json!([]));
+    b.click("ol.results li.hit form.feedback button[value='1']");
+    b.wait_for("the thanks", Duration::from_secs(20), |s| s.contains("已记录，谢谢"));
+    assert_eq!(b.execute("return window.carePageMark === 1", json!([])), json!(true), "the page was not reloaded");
+    let started = std::time::Instant::now();
+    while audit_count(&care, "feedback") == 0 {
+        assert!(started.elapsed() < Duration::from_secs(20), "the feedback was not recorded");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(audit_count(&care, "search"), searches, "the search was not run again");
+}
