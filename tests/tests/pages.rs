@@ -167,6 +167,22 @@ fn browser_every_page_reads_in_chinese_for_an_administrator_a_clinician_and_a_vi
         }) {
             visit(&b, user, &format!("{base}{}", concrete(r.pattern, &doc)));
         }
+        if admin {
+            // An action that cannot run is disabled and says why: training with no collection approved for it.
+            b.goto(&format!("{base}/admin/training"));
+            let src = b.source();
+            let none = src.contains("批准用于训练的资料库：<strong>无</strong>");
+            let start = b.execute(
+                "const b = [...document.querySelectorAll('form[action=\"/admin/training/run\"] button')].pop();
+                 const why = document.getElementById('train-why');
+                 return [b.disabled, why ? why.textContent : ''];",
+                json!([]),
+            );
+            if none {
+                assert_eq!(start[0], json!(true), "开始训练 with nothing approved: {start}");
+                assert!(start[1].as_str().unwrap_or_default().contains("还没有批准"), "{start}");
+            }
+        }
         // What a search page shows besides hits: nothing found, a blank query, page 2; error pages.
         for path in [
             "/search?q=%E5%95%8A%E5%95%8A%E5%95%8Aqwe",

@@ -38,17 +38,29 @@ pub fn grouped_bars(title: &str, unit: &str, series: &[&str], rows: &[(String, V
             let w = plot_w * v / max;
             let y = y0 + i as f64 * bar_h;
             svg += &format!(
-                "<rect x=\"{left}\" y=\"{y}\" width=\"{w:.1}\" height=\"{}\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\">{v:.3}{}</text>\n",
+                "<rect x=\"{left}\" y=\"{y}\" width=\"{w:.1}\" height=\"{}\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\">{}{}</text>\n",
                 bar_h - 2.0,
                 COLORS[i % COLORS.len()],
                 left + w + 4.0,
                 y + bar_h - 4.0,
+                number(*v),
                 esc(unit)
             );
         }
     }
     svg += "</svg>\n";
     svg
+}
+
+/// A value as a chart labels it: a count as a whole number (48, not 48.000), anything else to three decimals
+/// without trailing zeros (0.915, 12.5).
+pub fn number(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        return format!("{v:.0}");
+    }
+    let s = format!("{v:.3}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" { "0".into() } else { s.to_string() }
 }
 
 /// Several charts (each a whole `<svg>` as [`grouped_bars`] returns) one below the other in one SVG document.
@@ -107,5 +119,15 @@ mod tests {
         assert!(s.contains("<svg x=\"0\" y=\"0\" ") && s.contains("<svg x=\"0\" y=\"114\" "), "{s}");
         assert_eq!(s.matches("<svg").count(), 3);
         assert_eq!(s.matches("</svg>").count(), 3);
+    }
+
+    #[test]
+    fn counts_are_whole_numbers_and_the_rest_three_decimals_at_most() {
+        assert_eq!(number(48.0), "48");
+        assert_eq!(number(0.9153), "0.915");
+        assert_eq!(number(12.5), "12.5");
+        assert_eq!(number(-0.0001), "0");
+        let svg = grouped_bars("t", "", &["n"], &[("a".into(), vec![48.0])]);
+        assert!(svg.contains(">48</text>") && !svg.contains("48.000"), "{svg}");
     }
 }

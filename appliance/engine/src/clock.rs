@@ -22,6 +22,11 @@ pub fn local(stored: impl AsRef<str>) -> String {
         .unwrap_or_else(|| stored.to_string())
 }
 
+/// The hospital's time zone as a page states it beside the times it shows (`UTC+8`).
+pub fn zone() -> String {
+    crate::docview::offset_label(OFFSET_MINUTES.load(Ordering::Relaxed))
+}
+
 /// Unix seconds the same way.
 pub fn local_unix(ts: i64) -> String {
     local(utc_unix(ts))
