@@ -196,7 +196,10 @@ fn browser_every_page_reads_in_chinese_for_an_administrator_a_clinician_and_a_vi
         }
         b.goto(&format!("{base}/account"));
         b.click("form[action='/logout'] button[type=submit]");
-        b.wait_for("signed out", Duration::from_secs(30), |s| s.contains("id=\"username\""));
+        // Signing out says so.
+        b.wait_for("signed out", Duration::from_secs(30), |s| {
+            s.contains("id=\"username\"") && s.contains("您已退出登录")
+        });
     }
     assert!(
         found.is_empty(),

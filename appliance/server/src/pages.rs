@@ -153,11 +153,15 @@ struct LoginPage {
 pub struct NextParam {
     #[serde(default)]
     next: Option<String>,
+    /// Set by the sign-out's redirect, so that the sign-in page says it happened.
+    #[serde(default)]
+    signed_out: Option<String>,
 }
 
 fn login_page(
     req: &HttpRequest,
     state: &AppState,
+    flash: Option<&str>,
     error: Option<String>,
     next: &str,
     username: &str,
@@ -170,7 +174,7 @@ fn login_page(
     };
     let page = LoginPage {
         nav: None,
-        flash: None,
+        flash: flash.map(str::to_string),
         error,
         csrf: token.clone(),
         next: next.to_string(),
@@ -194,7 +198,8 @@ pub async fn login_form(
     if who.0.is_some() {
         return Ok(see_other(&next));
     }
-    login_page(&req, &state, None, &next, "", actix_web::http::StatusCode::OK)
+    let flash = q.signed_out.is_some().then_some("您已退出登录。");
+    login_page(&req, &state, flash, None, &next, "", actix_web::http::StatusCode::OK)
 }
 
 #[derive(Debug, Deserialize)]
@@ -242,11 +247,11 @@ pub async fn login(
             } else {
                 "用户名或密码错误。".to_string()
             };
-            login_page(&req, &state, Some(msg), &next, f.username.trim(), status_of(e.code()))
+            login_page(&req, &state, None, Some(msg), &next, f.username.trim(), status_of(e.code()))
         }
         Err(e) if e.code() == care_engine::ErrorCode::DirectoryUnavailable => {
             let msg = format!("{}：医院目录暂时无法连接，请稍后再试；本地管理员账户仍可登录。", e.code().title_zh());
-            login_page(&req, &state, Some(msg), &next, f.username.trim(), status_of(e.code()))
+            login_page(&req, &state, None, Some(msg), &next, f.username.trim(), status_of(e.code()))
         }
         Err(e) => Err(e),
     }
@@ -303,7 +308,8 @@ pub async fn oidc_callback(
     let clear = format!("{OIDC_STATE_COOKIE}=; Path=/; Secure; HttpOnly; SameSite=Lax; Max-Age=0");
     let bound = guard::cookie(&req, OIDC_STATE_COOKIE).is_some_and(|c| !q.state.is_empty() && c == q.state);
     let refused = |msg: String| -> Result<HttpResponse, ApiError> {
-        let mut resp = login_page(&req, &state, Some(msg), "/search", "", actix_web::http::StatusCode::UNAUTHORIZED)?;
+        let mut resp =
+            login_page(&req, &state, None, Some(msg), "/search", "", actix_web::http::StatusCode::UNAUTHORIZED)?;
         resp.headers_mut()
             .append(header::SET_COOKIE, header::HeaderValue::from_str(&clear).map_err(ApiError::internal)?);
         Ok(resp)
@@ -341,7 +347,7 @@ pub async fn logout(state: web::Data<AppState>, caller: Caller) -> Result<HttpRe
         call(&state, &caller, move |e, a| e.accounts().logout(a, &cookie)).await?;
     }
     Ok(HttpResponse::SeeOther()
-        .insert_header((header::LOCATION, "/login"))
+        .insert_header((header::LOCATION, "/login?signed_out=1"))
         .insert_header(guard::set_cookie(guard::SESSION_COOKIE, "", 0))
         .finish())
 }
