@@ -24,7 +24,15 @@ pub fn local(stored: impl AsRef<str>) -> String {
 
 /// The hospital's time zone as a page states it beside the times it shows (`UTC+8`).
 pub fn zone() -> String {
-    crate::docview::offset_label(OFFSET_MINUTES.load(Ordering::Relaxed))
+    offset_label(OFFSET_MINUTES.load(Ordering::Relaxed))
+}
+
+/// `UTC+8`, `UTC-3:30`: the offset pages show times at (`docview::local_time`, [`local`]).
+pub fn offset_label(offset_minutes: i32) -> String {
+    let m = offset_minutes.clamp(-1080, 1080);
+    let sign = if m < 0 { '-' } else { '+' };
+    let (h, mm) = (m.abs() / 60, m.abs() % 60);
+    if mm == 0 { format!("UTC{sign}{h}") } else { format!("UTC{sign}{h}:{mm:02}") }
 }
 
 /// Unix seconds the same way.

@@ -341,13 +341,7 @@ pub fn local_time(rfc3339: &str, offset_minutes: i32) -> String {
     format!("{:04}-{:02}-{:02} {:02}:{:02}", t.year(), u8::from(t.month()), t.day(), t.hour(), t.minute())
 }
 
-/// `UTC+8`, `UTC-3:30`: the offset [`local_time`] shows times at.
-pub fn offset_label(offset_minutes: i32) -> String {
-    let m = offset_minutes.clamp(-1080, 1080);
-    let sign = if m < 0 { '-' } else { '+' };
-    let (h, mm) = (m.abs() / 60, m.abs() % 60);
-    if mm == 0 { format!("UTC{sign}{h}") } else { format!("UTC{sign}{h}:{mm:02}") }
-}
+pub use crate::clock::offset_label;
 
 /// The document view's sections for `doc`, with `query`'s terms marked as a search marks them: folded, in
 /// either script, and with the synonyms the table adds (no marks for an empty query).
