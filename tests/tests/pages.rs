@@ -159,6 +159,13 @@ fn browser_every_page_reads_in_chinese_for_an_administrator_a_clinician_and_a_vi
         b.goto(&format!("{base}/search?q=%E4%BA%8C%E7%94%B2%E5%8F%8C%E8%83%8D"));
         let src = b.wait_for("results", Duration::from_secs(30), |s| s.contains("href=\"/doc/"));
         let doc = src.split("href=\"/doc/").nth(1).unwrap().split(['?', '"']).next().unwrap().to_string();
+        // 来源 is the issuer (a facet and a filing field) and nothing else: a hit names its file as 文件.
+        let sources = b.execute(
+            "return [...document.querySelectorAll('ol.results .source')].map(e => e.textContent).join(' ');",
+            json!([]),
+        );
+        let sources = sources.as_str().unwrap_or_default();
+        assert!(sources.contains("文件：") && !sources.contains("来源："), "{sources:?}");
         let pages = ROUTES.iter().filter(|r| r.method == "GET" && r.kind == Kind::Page);
         for r in pages.filter(|r| match r.access {
             Access::User => true,
