@@ -11,6 +11,8 @@
 //! Chunks repeat the end of the previous chunk (the overlap); [`new_text`] keeps only what each chunk adds, so the
 //! document reads once, and each chunk is still its own section (the anchor search hits link to).
 
+/// The zone label pages show beside times (kept in `clock`, which sets the offset).
+pub use crate::clock::offset_label;
 use std::collections::HashSet;
 
 use jieba_rs::Jieba;
@@ -340,8 +342,6 @@ pub fn local_time(rfc3339: &str, offset_minutes: i32) -> String {
     let t = t.to_offset(offset);
     format!("{:04}-{:02}-{:02} {:02}:{:02}", t.year(), u8::from(t.month()), t.day(), t.hour(), t.minute())
 }
-
-pub use crate::clock::offset_label;
 
 /// The document view's sections for `doc`, with `query`'s terms marked as a search marks them: folded, in
 /// either script, and with the synonyms the table adds (no marks for an empty query).
