@@ -215,10 +215,8 @@ fn browser_every_page_reads_in_chinese_for_an_administrator_a_clinician_and_a_vi
     );
 }
 
-/// On a phone (390 × 844) the first hit of a search with facets is above the fold: the facets fold away behind
-/// one line until opened. The screenshot is kept.
-#[test]
-fn browser_on_a_phone_the_first_hit_is_above_the_fold() {
+/// The demo served, the clinician signed in in a browser window of `width` × `height`, on the results of 糖尿病.
+fn clinician_searching(width: u32, height: u32) -> (tempfile::TempDir, Care, care_e2e::Served, Browser) {
     assert!(care_e2e::webdriver::available(), "chromium and chromedriver are needed");
     let t = tempfile::tempdir().unwrap();
     let care = Care::new(&t.path().join("data"));
@@ -226,10 +224,18 @@ fn browser_on_a_phone_the_first_hit_is_above_the_fold() {
     add_user(&care, t.path(), CLINICIAN, "clinician", PW);
     care.ok(&["user", "grant", CLINICIAN, "demo"]);
     let served = care.serve_full();
-    let b = Browser::start(390, 844);
+    let b = Browser::start(width, height);
     sign_in(&b, &served.https, CLINICIAN);
     b.goto(&format!("{}/search?q=%E7%B3%96%E5%B0%BF%E7%97%85", served.https));
     b.wait_for("results", Duration::from_secs(30), |s| s.contains("class=\"results\""));
+    (t, care, served, b)
+}
+
+/// On a phone (390 × 844) the first hit of a search with facets is above the fold: the facets fold away behind
+/// one line until opened. The screenshot is kept.
+#[test]
+fn browser_on_a_phone_the_first_hit_is_above_the_fold() {
+    let (_t, _care, _served, b) = clinician_searching(390, 844);
     let place = b.execute(
         "const hit = document.querySelector('ol.results li.hit').getBoundingClientRect();
          if (document.querySelector('details.facets-fold').open) return ['facets open', false];
@@ -253,35 +259,29 @@ fn audit_count(care: &Care, action: &str) -> usize {
     v.as_array().map_or(0, |a| a.iter().filter(|r| r["action"] == action).count())
 }
 
+/// The clinician's records of `action`, once there is at least one (waiting up to 20 s).
+fn recorded(care: &Care, action: &str) -> usize {
+    let started = std::time::Instant::now();
+    loop {
+        let n = audit_count(care, action);
+        if n > 0 {
+            return n;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "no {action} record");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// 有帮助 is recorded without the page reloading, so the search is neither run nor counted again.
 #[test]
 fn browser_feedback_is_recorded_without_running_the_search_again() {
-    assert!(care_e2e::webdriver::available(), "chromium and chromedriver are needed");
-    let t = tempfile::tempdir().unwrap();
-    let care = Care::new(&t.path().join("data"));
-    care.ok(&["demo", "--no-serve"]);
-    add_user(&care, t.path(), CLINICIAN, "clinician", PW);
-    care.ok(&["user", "grant", CLINICIAN, "demo"]);
-    let served = care.serve_full();
-    let b = Browser::start(1280, 900);
-    sign_in(&b, &served.https, CLINICIAN);
-    b.goto(&format!("{}/search?q=%E7%B3%96%E5%B0%BF%E7%97%85", served.https));
-    b.wait_for("results", Duration::from_secs(30), |s| s.contains("class=\"results\""));
+    let (_t, care, _served, b) = clinician_searching(1280, 900);
     // Search records are committed in groups: wait for this one.
-    let started = std::time::Instant::now();
-    while audit_count(&care, "search") == 0 {
-        assert!(started.elapsed() < Duration::from_secs(20), "the search was not recorded");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let searches = audit_count(&care, "search");
+    let searches = recorded(&care, "search");
     b.execute("window.carePageMark = 1; return true", json!([]));
     b.click("ol.results li.hit form.feedback button[value='1']");
     b.wait_for("the thanks", Duration::from_secs(20), |s| s.contains("已记录，谢谢"));
     assert_eq!(b.execute("return window.carePageMark === 1", json!([])), json!(true), "the page was not reloaded");
-    let started = std::time::Instant::now();
-    while audit_count(&care, "feedback") == 0 {
-        assert!(started.elapsed() < Duration::from_secs(20), "the feedback was not recorded");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    recorded(&care, "feedback");
     assert_eq!(audit_count(&care, "search"), searches, "the search was not run again");
 }

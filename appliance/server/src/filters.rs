@@ -13,22 +13,19 @@ pub fn coded(s: impl ToString, _: &dyn Values) -> Result<Safe<String>> {
 
 fn coded_html(s: &str) -> String {
     let parts: Vec<&str> = s.split('`').collect();
-    let paired = parts.len() % 2 == 1;
+    let last = parts.len() - 1;
     let mut out = String::with_capacity(s.len() + 16);
     for (i, part) in parts.iter().enumerate() {
-        let code = i % 2 == 1 && (paired || i + 1 < parts.len());
-        match (code, i % 2 == 1) {
-            (true, _) => {
-                out.push_str("<code>");
-                escape_into(&mut out, part);
-                out.push_str("</code>");
-            }
-            (false, odd) => {
-                if odd {
-                    out.push('`');
-                }
-                escape_into(&mut out, part);
-            }
+        // An odd part lies between two backticks, unless it is the last and no backtick closes it.
+        let code = i % 2 == 1 && i < last;
+        if code {
+            out.push_str("<code>");
+        } else if i % 2 == 1 {
+            out.push('`');
+        }
+        escape_into(&mut out, part);
+        if code {
+            out.push_str("</code>");
         }
     }
     out
