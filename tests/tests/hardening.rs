@@ -851,6 +851,54 @@ fn scans_are_read_in_the_limited_child_and_hostile_images_fail_alone() {
     }
 }
 
+/// Runs the parsing child (`care ingest-worker MEMORY_MB 120`) on `file` as `care serve` starts it for a file of
+/// scans, with its memory bounded by what it writes (`by_data`, as when it opens the GPU) or by its address space;
+/// its reply and standard error.
+fn parse_in_child(file: &Path, memory_mb: u64, by_data: bool) -> (serde_json::Value, String) {
+    use std::io::Write;
+    let models = std::env::var("CARE_OCR_MODELS").expect("CARE_OCR_MODELS (packaging/dev.sh setup fetches the models)");
+    let request = serde_json::json!({
+        "path": file,
+        "options": {},
+        "limits": {},
+        "ocr": { "models": models, "device": "cpu" },
+        "ort_library": std::env::var("ORT_DYLIB_PATH").expect("ORT_DYLIB_PATH (packaging/dev.sh env)"),
+    });
+    let mut cmd = std::process::Command::new(care_e2e::care_bin());
+    cmd.args(["ingest-worker", &memory_mb.to_string(), "120"]).env_clear().env("CARE_LOG", "error");
+    if by_data {
+        cmd.env(care_engine::sandbox::MEMORY_BY, care_engine::sandbox::BY_DATA);
+    }
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(request.to_string().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let reply = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (reply, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// A parsing child that opens the GPU cannot have its address space bounded (the CUDA driver reserves tens of
+/// gigabytes it never touches), so `care serve` bounds what it writes instead (RLIMIT_DATA). That bound holds: a
+/// scan is read under 2,048 MB of it, and the same scan under 100 MB fails as out of memory, not by running on. The
+/// same page under an address-space bound for comparison. (The GPU itself is not here: the child reads on the CPU.)
+#[test]
+fn a_parsing_child_bounded_by_written_memory_reads_scans_and_stops_at_its_bound() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../appliance/engine/tests/fixtures/ocr-page.png");
+    let read = |reply: &serde_json::Value| reply["units"].to_string();
+    for by_data in [true, false] {
+        let (reply, stderr) = parse_in_child(&fixture, 2048, by_data);
+        assert!(read(&reply).contains("阿卡波糖"), "by_data {by_data}: {reply} {stderr}");
+        let (reply, stderr) = parse_in_child(&fixture, 100, by_data);
+        assert!(!read(&reply).contains("阿卡波糖"), "by_data {by_data}: read under 100 MB: {reply}");
+        let said = format!("{reply} {stderr}");
+        assert!(care_engine::sandbox::allocation_failure(&said), "by_data {by_data}: not out of memory: {said}");
+    }
+}
+
 /// The shell that runs `care serve` on a small tmpfs of its own (a user and mount namespace: no root needed), and
 /// obeys the test's commands on stdin: `fill` (a file takes every free byte), `free` (it goes), `check` (stop the
 /// server, run `care check`). What it does is echoed on stdout, after the server's own lines.

@@ -235,21 +235,40 @@ fn runtime_checks(cfg: &AppConfig) -> Vec<Check> {
         }
     }
     out.push(cpu_check());
-    out.push(ocr_check(&cfg.engine.ingest.ocr));
+    let ocr = &cfg.engine.ingest.ocr;
+    let ocr_device = care_engine::encoders::device_for(&care_engine::encoders::ModelConfig {
+        device: ocr.device.clone(),
+        ..cfg.engine.model.clone()
+    });
+    out.push(ocr_check(ocr, ocr_device.map(|d| d.device).map_err(|e| e.to_string())));
     let probe = care_engine::encoders::probe_cuda(&cfg.engine.model);
     out.push(gpu_check(&cfg.engine.model.device, care_engine::encoders::gpu_present(), probe));
     out
 }
 
-/// The OCR line: whether scans and photos can be read here (where the models are, or why not).
-fn ocr_check(ocr: &care_engine::ingest::scan::OcrConfig) -> Check {
+/// The OCR line: whether scans and photos can be read here (where the models are, or why not), and on which device
+/// (`device`: what `ingest.ocr.device` resolves to, or why `cuda` cannot be had).
+fn ocr_check(ocr: &care_engine::ingest::scan::OcrConfig, device: Result<&str, String>) -> Check {
     const NAME: &str = "文字识别";
     if !ocr.enabled {
         return ok(NAME, "已关闭 (ingest.ocr.enabled = false)：扫描件和图像上传时会被拒绝");
     }
-    match ocr.models_dir() {
-        Some(dir) => ok(NAME, format!("PP-OCRv4 模型：{}；每个文件最多识别 {} 页扫描件", dir.display(), ocr.max_pages)),
-        None => warn(
+    match (ocr.models_dir(), device) {
+        (Some(_), Err(why)) => fail(
+            NAME,
+            format!("ingest.ocr.device = \"cuda\"，但 CUDA 不可用：{why}"),
+            "安装 GPU 版 ONNX Runtime（见 docs/admin/gpu.md），或把 ingest.ocr.device 设为 auto",
+        ),
+        (Some(dir), Ok(device)) => ok(
+            NAME,
+            format!(
+                "PP-OCRv4 模型：{}；在{}上识别；每个文件最多识别 {} 页扫描件",
+                dir.display(),
+                if device == "cuda" { " GPU " } else { " CPU " },
+                ocr.max_pages
+            ),
+        ),
+        (None, _) => warn(
             NAME,
             "找不到文字识别模型：扫描件和图像上传时会被拒绝",
             format!(
@@ -364,15 +383,18 @@ mod tests {
     fn the_ocr_line_names_the_models_or_says_scans_will_be_refused() {
         use care_engine::ingest::scan::OcrConfig;
         let empty = tempfile::tempdir().unwrap();
-        let missing = ocr_check(&OcrConfig { models: Some(empty.path().into()), ..Default::default() });
+        let missing = ocr_check(&OcrConfig { models: Some(empty.path().into()), ..Default::default() }, Ok("cpu"));
         assert!(matches!(missing.status, Status::Warn) && missing.detail.contains("会被拒绝"), "{missing:?}");
         assert!(missing.fix.as_deref().is_some_and(|f| f.contains("/usr/share/care/ocr")), "{missing:?}");
-        let off = ocr_check(&OcrConfig { enabled: false, ..Default::default() });
+        let off = ocr_check(&OcrConfig { enabled: false, ..Default::default() }, Ok("cpu"));
         assert!(matches!(off.status, Status::Ok) && off.detail.contains("已关闭"), "{off:?}");
         let dir =
             std::env::var_os("CARE_OCR_MODELS").expect("CARE_OCR_MODELS (packaging/dev.sh setup fetches the models)");
-        let found = ocr_check(&OcrConfig { models: Some(dir.into()), ..Default::default() });
+        let found = ocr_check(&OcrConfig { models: Some(dir.clone().into()), ..Default::default() }, Ok("cpu"));
         assert!(matches!(found.status, Status::Ok) && found.detail.contains("PP-OCRv4"), "{found:?}");
+        assert!(found.detail.contains("在 CPU 上识别"), "{found:?}");
+        let no_cuda = ocr_check(&OcrConfig { models: Some(dir.into()), ..Default::default() }, Err("没有 GPU".into()));
+        assert!(matches!(no_cuda.status, Status::Fail) && no_cuda.detail.contains("没有 GPU"), "{no_cuda:?}");
     }
 
     fn missing(lib: &str) -> care_engine::Result<Result<(), CudaUnavailable>> {

@@ -143,6 +143,20 @@ pub fn probe_cuda(cfg: &ModelConfig) -> Result<std::result::Result<(), CudaUnava
     Ok(device::probe_cuda(&env))
 }
 
+/// The device `cfg.device` resolves to in this process, not counted as the encoders' (the OCR's sessions ask).
+/// ONNX Runtime is loaded only when CUDA has to be probed.
+pub fn device_for(cfg: &ModelConfig) -> Result<ServedDevice> {
+    device::choose(&cfg.device, gpu_present(), || match init_runtime(cfg) {
+        Ok((_, env)) => device::probe_cuda(&env),
+        Err(e) => Err(CudaUnavailable::new(e.to_string())),
+    })
+}
+
+/// The CUDA provider registered so that a session that cannot get it fails instead of running on the CPU.
+pub(crate) fn cuda_provider() -> ort::ep::ExecutionProviderDispatch {
+    device::cuda_provider()
+}
+
 /// The device the encoder sessions get under `cfg.device`, logged and counted when `auto` falls back to the CPU;
 /// `cuda` without a usable CUDA provider is [`Error::CudaUnavailable`]. `care serve` calls it at start.
 pub fn resolve_device(cfg: &ModelConfig) -> Result<ServedDevice> {

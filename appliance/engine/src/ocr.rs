@@ -66,11 +66,13 @@ pub struct OcrModels {
     rec: ort::session::Session,
     /// Index 0 is CTC's blank; then the dictionary; last a space.
     chars: Vec<String>,
+    device: &'static str,
 }
 
 impl std::fmt::Debug for OcrModels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OcrModels").field("dir", &self.dir).field("chars", &self.chars.len()).finish()
+        let (dir, chars) = (&self.dir, self.chars.len());
+        f.debug_struct("OcrModels").field("dir", dir).field("chars", &chars).field("device", &self.device).finish()
     }
 }
 
@@ -105,14 +107,16 @@ impl OcrFiles {
 }
 
 impl OcrModels {
-    /// Loads the three models from `dir` on the CPU with `threads` intra-op threads (0: one per core).
+    /// Loads the three models from `dir` with `threads` intra-op threads (0: one per core).
     pub fn load(dir: &Path, cfg: &ModelConfig, threads: usize) -> Result<Self> {
         Self::from_files(&OcrFiles::read(dir)?, cfg, threads)
     }
 
-    /// Builds the sessions from files already read (the ONNX Runtime library is loaded first if it is not yet).
+    /// Builds the sessions from files already read (the ONNX Runtime library is loaded first if it is not yet), on
+    /// the device `cfg.device` resolves to ([`crate::encoders::device_for`]).
     pub fn from_files(files: &OcrFiles, cfg: &ModelConfig, threads: usize) -> Result<Self> {
         let (_, env) = crate::encoders::init_runtime(cfg)?;
+        let device = crate::encoders::device_for(cfg)?.device;
         let dir = &files.dir;
         let threads = match threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -120,16 +124,20 @@ impl OcrModels {
         };
         let session = |file: &str, bytes: &[u8]| -> Result<ort::session::Session> {
             let path = dir.join(file);
-            ort::session::Session::builder(&env)
+            let mut builder = ort::session::Session::builder(&env)
                 .map_err(|e| ocr_err(&path, e))?
                 .with_optimization_level(ort::session::builder::GraphOptimizationLevel::Level3)
                 .map_err(|e| ocr_err(&path, e))?
                 .with_intra_threads(threads)
                 .map_err(|e| ocr_err(&path, e))?
                 .with_intra_op_spinning(false)
-                .map_err(|e| ocr_err(&path, e))?
-                .commit_from_memory(bytes)
-                .map_err(|e| ocr_err(&path, e))
+                .map_err(|e| ocr_err(&path, e))?;
+            if device == "cuda" {
+                builder = builder
+                    .with_execution_providers([crate::encoders::cuda_provider()])
+                    .map_err(|e| Error::CudaUnavailable(crate::encoders::CudaUnavailable::new(e.to_string())))?;
+            }
+            builder.commit_from_memory(bytes).map_err(|e| ocr_err(&path, e))
         };
         let det = session(DET_FILE, &files.det)?;
         let cls = session(CLS_FILE, &files.cls)?;
@@ -143,7 +151,12 @@ impl OcrModels {
             .chain(listed.lines().map(str::to_string))
             .chain(std::iter::once(" ".to_string()))
             .collect();
-        Ok(Self { dir: dir.clone(), det, cls, rec, chars })
+        Ok(Self { dir: dir.clone(), det, cls, rec, chars, device })
+    }
+
+    /// "cuda" or "cpu": where the sessions run.
+    pub fn device(&self) -> &'static str {
+        self.device
     }
 
     /// The lines of one page, in reading order; lines read with less than [`MIN_LINE_CONFIDENCE`] are left out.

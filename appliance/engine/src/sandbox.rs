@@ -188,7 +188,8 @@ pub fn child_start(who: &str, max_request: u64) -> Option<Vec<u8>> {
     };
     let cpu_hard = arg(4).unwrap_or(0).max(cpu_seconds + 1);
     IN_CHILD.store(true, std::sync::atomic::Ordering::Relaxed);
-    if let Err(e) = limit_self(memory_mb, cpu_seconds, cpu_hard) {
+    let by_data = std::env::var(MEMORY_BY).is_ok_and(|v| v == BY_DATA);
+    if let Err(e) = limit_self(memory_mb, by_data, cpu_seconds, cpu_hard) {
         eprintln!("care {who}: setting resource limits failed ({e}); running without them");
     }
     let mut input = Vec::new();
@@ -208,11 +209,19 @@ pub fn child_reply(reply: &impl serde::Serialize) -> i32 {
     }
 }
 
-/// Address space, CPU time (SIGXCPU at the soft limit, SIGKILL a second later), no file writes (standard output is
-/// a pipe, which the size limit does not cover), no core dumps.
-fn limit_self(memory_mb: u64, cpu_seconds: u64, cpu_hard: u64) -> nix::Result<()> {
+/// The environment variable that tells a child how its memory is bounded: unset, its address space; [`BY_DATA`],
+/// the private memory it writes to (RLIMIT_DATA). A child that opens the GPU needs the second: the CUDA driver
+/// reserves tens of gigabytes of address space (unified addressing) that it never touches, which an address-space
+/// limit refuses, while every heap allocation, image and ONNX Runtime's host buffers still count.
+pub const MEMORY_BY: &str = "CARE_SANDBOX_MEMORY";
+pub const BY_DATA: &str = "data";
+
+/// Memory (address space, or written private memory `by_data`), CPU time (SIGXCPU at the soft limit, SIGKILL a
+/// second later), no file writes (standard output is a pipe, which the size limit does not cover), no core dumps.
+fn limit_self(memory_mb: u64, by_data: bool, cpu_seconds: u64, cpu_hard: u64) -> nix::Result<()> {
     use nix::sys::resource::{Resource, setrlimit};
-    setrlimit(Resource::RLIMIT_AS, memory_mb << 20, memory_mb << 20)?;
+    let memory = if by_data { Resource::RLIMIT_DATA } else { Resource::RLIMIT_AS };
+    setrlimit(memory, memory_mb << 20, memory_mb << 20)?;
     setrlimit(Resource::RLIMIT_CPU, cpu_seconds, cpu_hard)?;
     setrlimit(Resource::RLIMIT_FSIZE, 0, 0)?;
     setrlimit(Resource::RLIMIT_CORE, 0, 0)

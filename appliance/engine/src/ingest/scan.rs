@@ -39,11 +39,21 @@ pub struct OcrConfig {
     pub seconds_per_page: u64,
     /// ONNX Runtime threads per model (0: one per core).
     pub threads: usize,
+    /// Where the models run: `auto` (the GPU when one is present and a CUDA session runs, else the CPU), `cpu`, or
+    /// `cuda` (a file of scans fails, naming what is missing, when CUDA cannot run).
+    pub device: String,
 }
 
 impl Default for OcrConfig {
     fn default() -> Self {
-        OcrConfig { enabled: true, models: None, max_pages: 300, seconds_per_page: 30, threads: 0 }
+        OcrConfig {
+            enabled: true,
+            models: None,
+            max_pages: 300,
+            seconds_per_page: 30,
+            threads: 0,
+            device: "auto".into(),
+        }
     }
 }
 
@@ -241,7 +251,9 @@ pub fn use_ocr(cfg: &OcrConfig, model_cfg: &ModelConfig) {
         return;
     }
     let dir = cfg.models_dir();
-    *slot = Some(Reader { cfg: cfg.clone(), model_cfg: model_cfg.clone(), dir, files: None, models: None });
+    // The OCR's sessions run where `ingest.ocr.device` says, whatever the encoders' `model.device`.
+    let model_cfg = ModelConfig { device: cfg.device.clone(), ..model_cfg.clone() };
+    *slot = Some(Reader { cfg: cfg.clone(), model_cfg, dir, files: None, models: None });
 }
 
 /// The registered configuration (the default when none was registered).
@@ -251,12 +263,27 @@ pub fn config() -> OcrConfig {
 
 /// Reads the model files and loads ONNX Runtime now (the sandboxed parser, before it gives up file access).
 /// Without models this does nothing: a scan is then refused when it is met, with the reason.
+///
+/// On CUDA the sessions are built now too: the CUDA libraries and the GPU's device files are opened when a session
+/// is, and after the parser gives up file access they could not be. A GPU that fails here leaves the pages to the
+/// CPU, said on standard error (the parent's log).
 pub fn preload() -> Result<()> {
     let mut slot = reader();
     let Some(r) = slot.as_mut().filter(|r| r.cfg.enabled) else { return Ok(()) };
     let Some(dir) = r.dir.clone() else { return Ok(()) };
     let loaded = OcrFiles::read(&dir).and_then(|f| crate::encoders::init_runtime(&r.model_cfg).map(|_| f));
     match loaded {
+        Ok(files) if r.model_cfg.device == "cuda" => {
+            match OcrModels::from_files(&files, &r.model_cfg, r.cfg.threads) {
+                Ok(models) => r.models = Some(models),
+                Err(e) => {
+                    eprintln!("OCR on CUDA failed ({e}); reading on the CPU");
+                    r.model_cfg.device = "cpu".into();
+                    r.files = Some(files);
+                }
+            }
+            Ok(())
+        }
         Ok(files) => {
             r.files = Some(files);
             Ok(())

@@ -107,12 +107,17 @@ pub fn read_units_isolated(
     let size = meta.len();
     let kind = FileKind::of(path)?;
     let scans = may_hold_scans(kind) && cfg.ocr.enabled;
+    // Decided here, once per process (the CUDA probe is kept), and passed down as "cuda" or "cpu".
+    let device = match scans {
+        true => crate::encoders::device_for(&ModelConfig { device: cfg.ocr.device.clone(), ..models.clone() })?.device,
+        false => "cpu",
+    };
     let request = serde_json::to_vec(&Request {
         path: path.to_path_buf(),
         options: opts.clone(),
         limits: limits.clone(),
         // The child's environment is cleared: it gets the models' folder resolved here.
-        ocr: OcrConfig { models: cfg.ocr.models_dir(), ..cfg.ocr.clone() },
+        ocr: OcrConfig { models: cfg.ocr.models_dir(), device: device.into(), ..cfg.ocr.clone() },
         ort_library: if scans { crate::encoders::runtime_library(models).ok() } else { None },
     })
     .map_err(|e| Error::Internal(format!("parser request: {e}")))?;
@@ -126,10 +131,16 @@ pub fn read_units_isolated(
     let cpu = iso.cpu_seconds.max(1);
     let args =
         [SUBCOMMAND.to_string(), iso.memory_mb.max(64).to_string(), cpu.to_string(), (cpu + 1 + budget).to_string()];
+    // CUDA reserves tens of gigabytes of address space it never touches: a child that opens the GPU is bounded by
+    // the memory it writes to instead (see `sandbox::MEMORY_BY`).
+    let mut env = vec![("CARE_LOG", "error".into())];
+    if device == "cuda" {
+        env.push((crate::sandbox::MEMORY_BY, crate::sandbox::BY_DATA.into()));
+    }
     let ended = crate::sandbox::run(
         exe,
         &args,
-        &[("CARE_LOG", "error".into())],
+        &env,
         &request,
         reply_cap,
         Duration::from_secs(iso.wall_seconds.max(1) + budget),
@@ -246,7 +257,7 @@ fn read_then_confine(req: &Request) -> Result<Vec<Unit>> {
     let (kind, bytes) = super::read_checked(path, &req.limits)?;
     if may_hold_scans(kind) && req.ocr.enabled {
         // The models and ONNX Runtime are read now: after `confine` nothing more is.
-        let models = ModelConfig { ort_library: req.ort_library.clone(), device: "cpu".into(), ..Default::default() };
+        let models = ModelConfig { ort_library: req.ort_library.clone(), ..Default::default() };
         super::scan::use_ocr(&req.ocr, &models);
         if let Err(e) = super::scan::preload() {
             eprintln!("care {SUBCOMMAND}: the OCR models could not be loaded ({e}); scans are refused");

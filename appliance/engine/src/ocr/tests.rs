@@ -65,3 +65,27 @@ fn edit_distance_counts_characters() {
     assert_eq!(edits("二甲双胍", "二甲双瓜"), 1);
     assert_eq!(edits("", "abc"), 3);
 }
+
+/// The sessions run where `device` says, and say where: `auto` on a machine without a working GPU is the CPU, and
+/// `cuda` there fails naming why instead of reading on the CPU unnoticed. (On a GPU machine: `auto` and `cuda` are
+/// CUDA, and read the same page.)
+#[test]
+fn the_models_run_on_the_device_asked_for_and_cuda_never_falls_back_silently() {
+    let dir = PathBuf::from(std::env::var("CARE_OCR_MODELS").expect("CARE_OCR_MODELS"));
+    let on = |device: &str| OcrModels::load(&dir, &ModelConfig { device: device.into(), ..Default::default() }, 2);
+    assert_eq!(on("cpu").unwrap().device(), "cpu");
+    let cfg = ModelConfig::default();
+    match crate::encoders::probe_cuda(&cfg).unwrap() {
+        Ok(()) if crate::encoders::gpu_present() => {
+            let (mut cuda, (page, truth)) = (on("cuda").unwrap(), fixture());
+            assert_eq!((on("auto").unwrap().device(), cuda.device()), ("cuda", "cuda"));
+            let read: Vec<String> = cuda.read_page(&page).unwrap().into_iter().map(|l| l.text).collect();
+            assert!(cer(&read, &truth) < 0.02, "{read:?}");
+        }
+        _ => {
+            assert_eq!(on("auto").unwrap().device(), "cpu");
+            let e = on("cuda").unwrap_err();
+            assert!(matches!(e, Error::CudaUnavailable(_)), "{e}");
+        }
+    }
+}
