@@ -44,7 +44,8 @@ BENCH_DEBIAN_PACKAGES=(
     python3-venv            # python3 -m venv (skipped when python3 can already create one, e.g. pyenv)
 )
 # The reference stack, exact versions from PyPI (onnxruntime = the library the appliance loads).
-BENCH_PY_PACKAGES=(numpy==2.4.6 "onnxruntime==$ORT_VERSION" onnx==1.23.2 tokenizers==0.23.3 jieba==0.42.1 bm25s==0.3.16)
+BENCH_PY_PACKAGES=(numpy==2.4.6 "onnxruntime==$ORT_VERSION" onnx==1.23.2 tokenizers==0.23.3 jieba==0.42.1 bm25s==0.3.16
+    pillow==13.0.0 rapidocr-onnxruntime==1.4.4)  # the last two: the OCR benchmark (tests/bench/ocr_*.py)
 log() { printf '[dev.sh] %s\n' "$*" >&2; }
 
 apt_install() {

@@ -182,7 +182,40 @@ function enhanceFeedback() {
   });
 }
 
+// Signing in says so on the page it leads to: the sign-in form leaves a mark for this tab, and the next page that
+// shows the navigation (the caller is signed in) says who is signed in and clears it; a page without it (a refused
+// password) clears it too.
+function sayWhenSignedIn() {
+  const form = document.querySelector('form[action="/login"]');
+  if (form) {
+    form.addEventListener("submit", function () {
+      try { sessionStorage.setItem("care.signing-in", "1"); } catch (e) { /* storage off: nothing said */ }
+    });
+  }
+  let pending = null;
+  try {
+    pending = sessionStorage.getItem("care.signing-in");
+  } catch (e) {
+    return;
+  }
+  const account = document.querySelector('nav[aria-label="主导航"] a[href="/account"]');
+  if (!pending || form) {
+    return;
+  }
+  sessionStorage.removeItem("care.signing-in");
+  const main = document.getElementById("main");
+  if (account && main) {
+    const note = document.createElement("p");
+    note.className = "flash";
+    note.id = "signed-in";
+    note.setAttribute("role", "status");
+    note.textContent = "已登录：" + account.textContent.trim();
+    main.insertBefore(note, main.firstChild);
+  }
+}
+
 document.addEventListener("DOMContentLoaded", function () {
+  sayWhenSignedIn();
   markCurrentPage();
   enhanceFeedback();
   foldFacets();

@@ -75,7 +75,9 @@ fn sign_in(b: &Browser, base: &str, user: &str) {
     b.type_into("#username", user);
     b.type_into("#password", PW);
     b.click("form[action='/login'] button[type=submit]");
-    b.wait_for("signed in", Duration::from_secs(30), |s| s.contains("action=\"/logout\""));
+    // Signing in says so, naming who.
+    let said = format!("已登录：{user}");
+    b.wait_for("signed in", Duration::from_secs(30), |s| s.contains("action=\"/logout\"") && s.contains(&said));
 }
 
 /// axe-core's source (tests/axe, installed by `packaging/dev.sh test`) and the call that runs it on the page and
@@ -190,16 +192,25 @@ fn browser_every_page_reads_in_chinese_for_an_administrator_a_clinician_and_a_vi
                 assert!(start[1].as_str().unwrap_or_default().contains("还没有批准"), "{start}");
             }
         }
-        // What a search page shows besides hits: nothing found, a blank query, page 2; error pages.
-        for path in [
-            "/search?q=%E5%95%8A%E5%95%8A%E5%95%8Aqwe",
-            "/search?q=",
-            "/search?q=%E7%B3%96%E5%B0%BF%E7%97%85&page=2",
-            "/doc/999999",
-            MISSING_PAGE,
-            "/admin/collections/%E4%B8%8D%E5%AD%98%E5%9C%A8/documents",
-        ] {
+        // What a search page shows besides hits: nothing found, a blank query, page 2.
+        for path in
+            ["/search?q=%E5%95%8A%E5%95%8A%E5%95%8Aqwe", "/search?q=", "/search?q=%E7%B3%96%E5%B0%BF%E7%97%85&page=2"]
+        {
             visit(&b, user, &format!("{base}{path}"));
+        }
+        // Error pages, which keep the navigation: what does not exist, and an administrator's page to a clinician.
+        let mut errors = vec!["/doc/999999", MISSING_PAGE, "/admin/collections/%E4%B8%8D%E5%AD%98%E5%9C%A8/documents"];
+        if !admin {
+            errors.push("/admin/users");
+        }
+        for path in errors {
+            visit(&b, user, &format!("{base}{path}"));
+            let shown = b.execute(
+                "return [document.querySelector('p.error') !== null,
+                         document.querySelector('nav[aria-label=\"主导航\"] a[href=\"/search\"]') !== null];",
+                json!([]),
+            );
+            assert_eq!(shown, json!([true, true]), "{user} {path}: [error shown, navigation kept]");
         }
         b.goto(&format!("{base}/account"));
         b.click("form[action='/logout'] button[type=submit]");

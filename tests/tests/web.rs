@@ -1312,4 +1312,7 @@ fn browser_sign_in_choices_confirmations_and_settings() {
     b.goto(&format!("{base}/admin/audit?action=settings"));
     let src = b.wait_for("the audit page", Duration::from_secs(20), |s| s.contains("修改设置"));
     assert!(src.contains("settings.update"), "{src}");
+    // Its detail reads as named fields, not as the stored JSON.
+    assert!(src.contains("<dt>设置项</dt>") && src.contains("<dt>至</dt>"), "{src}");
+    assert!(!src.contains("\"setting\"") && !src.contains("&quot;setting"), "{src}");
 }

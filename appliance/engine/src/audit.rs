@@ -54,6 +54,109 @@ impl AuditRecord {
     }
 }
 
+/// One field of a record's detail as the audit page shows it: its Chinese name where it has one (else its key, shown
+/// as code), and its value in words (是/否, lists joined), or as compact JSON when it is a structure (`structured`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DetailItem {
+    pub key: String,
+    pub label: Option<&'static str>,
+    pub value: String,
+    pub structured: bool,
+}
+
+/// A record's detail (a JSON object) as fields people read, in the order of their keys; anything that is not an object
+/// is one unnamed structured field.
+pub fn detail_items(detail: &str) -> Vec<DetailItem> {
+    let scalar = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => Some("—".to_string()),
+        serde_json::Value::Bool(b) => Some(if *b { "是" } else { "否" }.to_string()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        serde_json::Value::String(s) => Some(s.clone()),
+        _ => None,
+    };
+    let item = |key: &str, v: &serde_json::Value| {
+        let listed = v.as_array().and_then(|a| a.iter().map(scalar).collect::<Option<Vec<_>>>()).map(|a| a.join("、"));
+        let (value, structured) = match scalar(v).or(listed) {
+            Some(text) => (text, false),
+            None => (v.to_string(), true),
+        };
+        DetailItem { key: key.to_string(), label: detail_zh(key), value, structured }
+    };
+    match serde_json::from_str::<serde_json::Value>(detail) {
+        Ok(serde_json::Value::Object(fields)) => fields.iter().map(|(k, v)| item(k, v)).collect(),
+        Ok(other) => vec![DetailItem { key: String::new(), label: None, value: other.to_string(), structured: true }],
+        Err(_) => vec![DetailItem { key: String::new(), label: None, value: detail.to_string(), structured: true }],
+    }
+}
+
+/// The Chinese names of the detail fields records carry most; the others are shown by their key.
+pub fn detail_zh(key: &str) -> Option<&'static str> {
+    Some(match key {
+        "reason" => "原因",
+        "collection" | "collection_id" => "资料库",
+        "user" | "username" => "用户",
+        "job" | "job_id" => "任务",
+        "id" => "编号",
+        "schedule" => "计划",
+        "query" | "q" => "检索词",
+        "client" => "客户端地址",
+        "error" | "errors" => "错误",
+        "role" => "角色",
+        "name" => "名称",
+        "model" | "models" => "模型",
+        "document" | "documents" => "文档",
+        "chunk" => "段落",
+        "archive" | "archives" => "备份文件",
+        "until" | "cutoff" => "截止",
+        "token_id" => "令牌",
+        "status" => "状态",
+        "route" => "页面或接口",
+        "method" => "检索方式",
+        "kind" => "类型",
+        "files" => "文件",
+        "words" => "词",
+        "time" | "created_at" => "时间",
+        "text" => "内容",
+        "setting" => "设置项",
+        "searches" => "检索次数",
+        "scope" => "范围",
+        "retention_days" => "保留天数",
+        "results" => "结果数",
+        "records" => "记录数",
+        "recipe" => "训练方案",
+        "passed" => "通过",
+        "keep_daily" => "保留每日备份",
+        "keep_weekly" => "保留每周备份",
+        "judgments" => "评判",
+        "helpful" => "有帮助",
+        "groups" => "组数",
+        "feedback" => "反馈",
+        "embedded" => "已向量化",
+        "disabled" => "已停用",
+        "dir" => "目录",
+        "description" => "说明",
+        "decision" => "结论",
+        "days" => "天数",
+        "approved" => "已批准用于训练",
+        "active" => "启用",
+        "evaluation" => "评估",
+        "candidate" => "候选模型",
+        "live" => "在用模型",
+        "preferred" => "首选词",
+        "variants" => "同义词",
+        "filter" => "筛选",
+        "next_due" => "下次运行",
+        "removed" => "删除",
+        "restored" => "恢复",
+        "bytes" => "字节数",
+        "lang" => "语言",
+        "owner" => "负责人",
+        "to" => "至",
+        "from" => "自",
+        _ => return None,
+    })
+}
+
 /// Every audited action's Chinese name (the code stays in the log and the filter). An action missing here reads
 /// as 其他操作; the test below fails when the engine audits one this table lacks.
 pub fn action_zh(action: &str) -> &'static str {
@@ -426,6 +529,26 @@ mod tests {
     use super::*;
     use crate::store::MIGRATIONS;
     use crate::store::Store;
+
+    #[test]
+    fn details_read_as_named_fields_with_words_for_values_and_json_only_for_structures() {
+        let items = detail_items(r#"{"collection":"demo","approved":true,"words":["a","b"],"spec":{"x":1},"n":3}"#);
+        let shown: Vec<(Option<&str>, &str, bool)> =
+            items.iter().map(|d| (d.label, d.value.as_str(), d.structured)).collect();
+        assert_eq!(
+            shown,
+            [
+                (Some("已批准用于训练"), "是", false),
+                (Some("资料库"), "demo", false),
+                (None, "3", false),
+                (None, r#"{"x":1}"#, true),
+                (Some("词"), "a、b", false),
+            ]
+        );
+        assert_eq!(items[3].key, "spec");
+        assert_eq!(detail_items("not json")[0].value, "not json");
+        assert!(detail_items("{}").is_empty());
+    }
 
     fn store() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();

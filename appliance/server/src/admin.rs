@@ -934,6 +934,9 @@ impl AuditRow {
     fn action_zh(&self) -> &'static str {
         care_engine::audit::action_zh(&self.action)
     }
+    fn detail_items(&self) -> Vec<care_engine::audit::DetailItem> {
+        care_engine::audit::detail_items(&self.detail)
+    }
 }
 
 #[derive(Template)]

@@ -175,6 +175,9 @@ pub fn without_staging(msg: &str) -> String {
 #[derive(askama::Template)]
 #[template(path = "error.html")]
 struct ErrorPage<'a> {
+    /// The navigation of a signed-in caller: an error page is still a page of the appliance.
+    nav: Option<&'a crate::pages::Nav>,
+    flash: Option<String>,
     status: u16,
     title: &'a str,
     code: &'a str,
@@ -182,11 +185,20 @@ struct ErrorPage<'a> {
     request_id: &'a str,
 }
 
-/// The error as the client sees it: JSON for programs, a page for browsers; both carry the request id.
-pub fn render(code: ErrorCode, message: &str, request_id: &str, page: bool) -> HttpResponse {
+/// The error as the client sees it: JSON for programs, a page for browsers (with the navigation of a signed-in
+/// caller, `nav`); both carry the request id.
+pub fn render(
+    code: ErrorCode,
+    message: &str,
+    request_id: &str,
+    page: bool,
+    nav: Option<&crate::pages::Nav>,
+) -> HttpResponse {
     let status = status_of(code);
     if page {
         let body = askama::Template::render(&ErrorPage {
+            nav,
+            flash: None,
             status: status.as_u16(),
             title: code.title_zh(),
             code: code.as_str(),

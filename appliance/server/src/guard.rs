@@ -408,14 +408,14 @@ pub async fn guard(
             Err(false) => {
                 tracing::error!(pattern = %p, method = %method, "route is not in the access table; refusing it");
                 let e = ApiError::internal(format!("route {p} is missing from the access table"));
-                let res = errors::render(ErrorCode::Internal, &e.public_message(), &rid, is_page_path(&path));
+                let res = errors::render(ErrorCode::Internal, &e.public_message(), &rid, is_page_path(&path), None);
                 return Ok(req.into_response(res));
             }
         },
         None => None,
     };
     let page = route.map_or(is_page_path(&path), |r| r.kind == Kind::Page);
-    let denied = |code: ErrorCode, msg: &str| errors::render(code, msg, &rid, page);
+    let denied = |code: ErrorCode, msg: &str| errors::render(code, msg, &rid, page, None);
 
     let identifying = Instant::now();
     let caller = match identify(&req, &state).await {
@@ -426,6 +426,9 @@ pub async fn guard(
     if let Some(c) = &caller {
         req.extensions_mut().insert(c.clone());
     }
+    // From here on an error page keeps the caller's navigation.
+    let nav = caller.as_ref().and_then(crate::pages::Nav::of);
+    let denied = |code: ErrorCode, msg: &str| errors::render(code, msg, &rid, page, nav.as_ref());
     if let Some(r) = route {
         let backups_only = |c: &Caller| matches!(c.via, Via::Token(TokenScope::Backups));
         let allowed = match (r.access, &caller) {
@@ -518,7 +521,7 @@ pub async fn guard(
         };
         if res.response().error().is_some() {
             let (req, _) = res.into_parts();
-            ServiceResponse::new(req, errors::render(code, &message, &rid, page))
+            ServiceResponse::new(req, errors::render(code, &message, &rid, page, nav.as_ref()))
         } else {
             res
         }
