@@ -191,6 +191,13 @@ fn browser_every_page_reads_in_chinese_for_an_administrator_a_clinician_and_a_vi
                 assert_eq!(start[0], json!(true), "开始训练 with nothing approved: {start}");
                 assert!(start[1].as_str().unwrap_or_default().contains("还没有批准"), "{start}");
             }
+            // An initial password the administrator types is held to the same strength as one people choose.
+            b.goto(&format!("{base}/admin/users"));
+            b.type_into("#nu", "wangfang");
+            b.type_into("#np", "wangfang2024");
+            b.click("form[action='/admin/users'] button[type=submit]");
+            let src = b.wait_for("the refusal", Duration::from_secs(30), |s| s.contains("太容易被猜中"));
+            assert!(!src.contains("id=\"user-wangfang\"") && !src.contains(">wangfang</td>"), "created: {src}");
         }
         // What a search page shows besides hits: nothing found, a blank query, page 2.
         for path in

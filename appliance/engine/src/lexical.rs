@@ -909,20 +909,45 @@ impl LexicalIndex {
         let mut out = Vec::with_capacity(texts.len());
         for text in texts {
             let fragment = generator.as_ref().map(|g| g.snippet(text).fragment().to_string()).unwrap_or_default();
-            let fragment = if fragment.is_empty() {
+            let (start, end) = match text.find(fragment.as_str()).filter(|_| !fragment.is_empty()) {
+                Some(at) => (at, at + fragment.len()),
                 // No query word occurs in this chunk (it matched on its title or by meaning): show its beginning.
-                let mut end = max_bytes.min(text.len());
-                while !text.is_char_boundary(end) {
-                    end -= 1;
+                None => {
+                    let mut end = max_bytes.min(text.len());
+                    while !text.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    (0, end)
                 }
-                text[..end].to_string()
-            } else {
-                fragment
             };
-            let merged = mark_ranges(&self.jieba, &fragment, &|w| words.contains(w) || words.contains(&fold(w)));
-            out.push((fragment, merged));
+            out.push(self.cut_at_words(text, start, end, &|w| words.contains(w) || words.contains(&fold(w))));
         }
         Ok(out)
+    }
+
+    /// `text[start..end]` as a snippet that begins and ends on whole words, with … where the passage goes on and
+    /// the wanted words marked. tantivy cuts a fragment at the ends of its tokens, and the index's tokens include
+    /// the parts of long words (二甲 of 二甲双胍), so a fragment could end inside a drug's name; a passage's
+    /// beginning is cut at a byte budget. Both move inward to the nearest boundary of jieba's default cut (outward
+    /// when inward leaves nothing).
+    fn cut_at_words(&self, text: &str, start: usize, end: usize, wanted: &dyn Fn(&str) -> bool) -> Highlighted {
+        let mut bounds = vec![0];
+        for w in self.jieba.cut(text, false) {
+            bounds.push(bounds[bounds.len() - 1] + w.word.len());
+        }
+        let inward = (bounds.iter().find(|&&b| b >= start), bounds.iter().rev().find(|&&b| b <= end));
+        let (start, end) = match inward {
+            (Some(&s), Some(&e)) if s < e => (s, e),
+            _ => (
+                bounds.iter().rev().find(|&&b| b <= start).copied().unwrap_or(0),
+                bounds.iter().find(|&&b| b >= end).copied().unwrap_or(text.len()),
+            ),
+        };
+        let fragment = &text[start..end];
+        let (before, after) = (if start > 0 { "…" } else { "" }, if end < text.len() { "…" } else { "" });
+        let marks = mark_ranges(&self.jieba, fragment, wanted);
+        let shift = before.len();
+        (format!("{before}{fragment}{after}"), marks.into_iter().map(|(s, e)| (s + shift, e + shift)).collect())
     }
 
     pub fn dir(&self) -> &Path {
@@ -1037,13 +1062,33 @@ mod tests {
             let refs: Vec<&str> = passages.iter().map(String::as_str).collect();
             let max = 16 + next(300);
             let out = lex.snippets(&q, &refs, max).unwrap_or_else(|err| panic!("case {i}: {q:?}: {err}"));
-            for (frag, marks) in out {
+            for ((frag, marks), passage) in out.into_iter().zip(&passages) {
                 for (s, x) in marks {
                     assert!(
                         s < x && x <= frag.len() && frag.is_char_boundary(s) && frag.is_char_boundary(x),
                         "case {i}: {q:?}"
                     );
+                    assert!(!frag[s..x].contains('…'), "case {i}: the ellipsis is marked in {frag:?}");
                 }
+                // Whole words of the passage, and … exactly where it goes on.
+                let inner = frag.strip_prefix('…').unwrap_or(&frag);
+                let inner = inner.strip_suffix('…').unwrap_or(inner);
+                let mut bounds = vec![0];
+                for w in lex.jieba.cut(passage, false) {
+                    bounds.push(bounds[bounds.len() - 1] + w.word.len());
+                }
+                assert_eq!(bounds.last(), Some(&passage.len()));
+                let fits = |at: usize| {
+                    let end = at + inner.len();
+                    bounds.contains(&at)
+                        && bounds.contains(&end)
+                        && frag.starts_with('…') == (at > 0)
+                        && frag.ends_with('…') == (end < passage.len())
+                };
+                assert!(
+                    passage.match_indices(inner).any(|(at, _)| fits(at)),
+                    "case {i}: {frag:?} is not whole words of {passage:?} with … where it goes on"
+                );
             }
         }
     }
