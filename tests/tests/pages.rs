@@ -98,6 +98,42 @@ static AXE_RUN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     )
 });
 
+/// Visits `url` as `who` and returns what a person should not meet there: Latin words outside [`ALLOWED`], a page
+/// without one heading and its main landmark, a navigation that does not mark the current page, and axe-core's
+/// serious and critical violations. `CRAWL_DUMP=DIR` keeps each page's HTML.
+fn findings(b: &Browser, who: &str, url: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    b.goto(url);
+    if let Some(d) = std::env::var_os("CRAWL_DUMP") {
+        let name: String =
+            format!("{who}{url}").chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+        std::fs::write(std::path::Path::new(&d).join(name + ".html"), b.source()).unwrap();
+    }
+    // Every page has one heading of its own and its main landmark; a page the main navigation leads to (or lies
+    // under) is marked there as the current one.
+    let shape = b.execute(
+        "const nav = [...document.querySelectorAll('nav[aria-label=\"主导航\"] a')];
+         const under = nav.some(a => location.pathname === a.pathname || location.pathname.startsWith(a.pathname + '/'));
+         return [document.querySelectorAll('h1').length, document.querySelectorAll('main').length,
+                 !under || nav.some(a => a.getAttribute('aria-current') === 'page')];",
+        json!([]),
+    );
+    if shape != json!([1, 1, true]) {
+        found.push(format!("{who} {url}: [h1 elements, main elements, current page marked] = {shape}"));
+    }
+    // axe-core's rules (WCAG 2.x A and AA and its best practices): a serious or critical violation fails.
+    let axe = b.execute_async(&AXE_RUN, json!([]));
+    for v in axe.as_array().into_iter().flatten() {
+        found.push(format!("{who} {url}: axe {v}"));
+    }
+    // Last: it blanks what is not the appliance's own text.
+    let words = latin_words(b);
+    if !words.is_empty() {
+        found.push(format!("{who} {url}: {words:?}"));
+    }
+    found
+}
+
 /// The concrete URL of a page route, its parameters taken from the demo.
 fn concrete(pattern: &str, doc: &str) -> String {
     pattern.replace("{id}", doc).replace("{name}", "demo")
@@ -120,36 +156,7 @@ fn browser_every_page_reads_in_chinese_for_an_administrator_a_clinician_and_a_vi
     let b = Browser::start(1280, 900);
 
     let mut found: Vec<String> = Vec::new();
-    let mut visit = |b: &Browser, who: &str, url: &str| {
-        b.goto(url);
-        if let Some(d) = std::env::var_os("CRAWL_DUMP") {
-            let name: String =
-                format!("{who}{url}").chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-            std::fs::write(std::path::Path::new(&d).join(name + ".html"), b.source()).unwrap();
-        }
-        // Every page has one heading of its own and its main landmark; a page the main navigation leads to (or
-        // lies under) is marked there as the current one.
-        let shape = b.execute(
-            "const nav = [...document.querySelectorAll('nav[aria-label=\"主导航\"] a')];
-             const under = nav.some(a => location.pathname === a.pathname || location.pathname.startsWith(a.pathname + '/'));
-             return [document.querySelectorAll('h1').length, document.querySelectorAll('main').length,
-                     !under || nav.some(a => a.getAttribute('aria-current') === 'page')];",
-            json!([]),
-        );
-        if shape != json!([1, 1, true]) {
-            found.push(format!("{who} {url}: [h1 elements, main elements, current page marked] = {shape}"));
-        }
-        // axe-core's rules (WCAG 2.x A and AA and its best practices): a serious or critical violation fails.
-        let axe = b.execute_async(&AXE_RUN, json!([]));
-        for v in axe.as_array().into_iter().flatten() {
-            found.push(format!("{who} {url}: axe {v}"));
-        }
-        // Last: it blanks what is not the appliance's own text.
-        let words = latin_words(b);
-        if !words.is_empty() {
-            found.push(format!("{who} {url}: {words:?}"));
-        }
-    };
+    let mut visit = |b: &Browser, who: &str, url: &str| found.extend(findings(b, who, url));
 
     // A visitor: the sign-in page, the embeddable search and a page that does not exist.
     for path in ["/login", "/embed", MISSING_PAGE] {
@@ -302,4 +309,79 @@ fn browser_feedback_is_recorded_without_running_the_search_again() {
     assert_eq!(b.execute("return window.carePageMark === 1", json!([])), json!(true), "the page was not reloaded");
     recorded(&care, "feedback");
     assert_eq!(audit_count(&care, "search"), searches, "the search was not run again");
+}
+
+/// Reloads `url` until its page holds `text` (a state the server reaches by itself); the page's source.
+fn reload_until(b: &Browser, url: &str, text: &str, limit: Duration) -> String {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        b.goto(url);
+        let src = b.source();
+        if src.contains(text) {
+            return src;
+        }
+        assert!(std::time::Instant::now() < deadline, "{url} never showed {text:?}:\n{src}");
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}
+
+/// The crawler through the states of a training run (issue 56): the 训练 page and the jobs page while a run is
+/// queued or running, the 训练 page when it is done (with the gate's decision and each phase's time) and when a
+/// second run is cancelled, each held to what every page is. A real run of the demo's recipe, shortened to four
+/// Stage II steps, by the trainer `packaging/dev.sh test` builds; skipped, saying so, without it (CARE_TRAIN_BIN).
+#[test]
+fn browser_the_training_page_reads_in_chinese_through_a_run_and_a_cancelled_one() {
+    let Some(bin) = std::env::var_os("CARE_TRAIN_BIN") else {
+        eprintln!("CARE_TRAIN_BIN not set (packaging/dev.sh test builds the trainer and sets it); skipping");
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let mut care = Care::new(&t.path().join("data"));
+    care.env.push(("CARE__TRAINING__TRAINER".into(), std::path::PathBuf::from(&bin).display().to_string()));
+    care.env.push(("CARE__TRAINING__DEVICE".into(), "cpu".into()));
+    care.env.push(("CARE__LIFECYCLE__MAX_LATENCY_RATIO".into(), "10.0".into()));
+    care.ok(&["demo", "--no-serve"]);
+    add_user(&care, t.path(), ADMIN, "admin", PW);
+    care.ok(&["collection", "approve", "demo"]);
+    let served = care.serve_full();
+    let (base, b) = (served.https.clone(), Browser::start(1280, 900));
+    sign_in(&b, &base, ADMIN);
+    let training = format!("{base}/admin/training");
+    let start_run = |steps: &str| {
+        reload_until(&b, &training, "训练程序：<strong><code>", Duration::from_secs(120));
+        b.type_into("#s2", steps);
+        b.click("form[action='/admin/training/run'] button[type=submit]");
+    };
+    let mut found = Vec::new();
+    start_run("4");
+    let src = b.wait_for("the run", Duration::from_secs(60), |s| s.contains("排队中") || s.contains("进行中"));
+    let job = src.split("id=\"run-").nth(1).unwrap().split('"').next().unwrap().to_string();
+    found.extend(findings(&b, "admin", &training));
+    found.extend(findings(&b, "admin", &format!("{base}/admin/jobs")));
+    let card = |src: &str| {
+        src.split(&format!("id=\"run-{job}\""))
+            .nth(1)
+            .unwrap_or("")
+            .split("</section>")
+            .next()
+            .unwrap_or("")
+            .to_string()
+    };
+    let done = reload_until(&b, &training, &format!("任务 #{job} · 完成"), Duration::from_secs(900));
+    let done = card(&done);
+    assert!(
+        ["已上线", "通过评测", "未通过评测"].iter().any(|d| done.contains(d)) && done.contains("各阶段用时"),
+        "{done}"
+    );
+    found.extend(findings(&b, "admin", &training));
+    // A second run, cancelled while it waits or works.
+    start_run("400");
+    let src = b.wait_for("the second run", Duration::from_secs(60), |s| {
+        s.split("id=\"run-").nth(1).is_some_and(|r| !r.starts_with(&format!("{job}\"")))
+    });
+    let second = src.split("id=\"run-").nth(1).unwrap().split('"').next().unwrap().to_string();
+    b.click(&format!("form[action='/admin/jobs/{second}/cancel'] button[type=submit]"));
+    reload_until(&b, &training, &format!("任务 #{second} · 已取消"), Duration::from_secs(120));
+    found.extend(findings(&b, "admin", &training));
+    assert!(found.is_empty(), "the training page through a run:\n{}", found.join("\n"));
 }

@@ -225,8 +225,7 @@ pub fn stage1(s: &Stage1Spec, dev: Device, emit: &mut dyn FnMut(Event)) -> Resul
     t.events = Some(Box::new(emit));
     let summary = serde_json::json!({"stage": "stage1", "query": s.query, "document": s.document, "texts": texts.len(),
         "query_side_texts": n_query, "document_side_texts": texts.len() - n_query, "query_teacher": o.query_teacher});
-    let summary =
-        finish_training(&mut t, h, &s.out, "Stage I: query encoder aligned to the frozen document encoder", summary)?;
+    let summary = finish_training(&mut t, h, &s.out, "Stage I：查询编码器对齐冻结的文档编码器", summary)?;
     drop(t);
     let mut q = q;
     q.save(&s.out.join("query"), true)?;
@@ -337,13 +336,7 @@ pub fn stage2(s: &Stage2Spec, dev: Device, emit: &mut dyn FnMut(Event)) -> Resul
         "lora": if o.freeze_document { serde_json::Value::Null } else { serde_json::json!({"rank": o.lora.rank, "alpha": o.lora.alpha}) },
         "trainable_parameters": n_params,
     });
-    let summary = finish_training(
-        &mut t,
-        h,
-        &s.out,
-        "Stage II: joint contrastive training (1 positive + hard negatives)",
-        summary,
-    )?;
+    let summary = finish_training(&mut t, h, &s.out, "Stage II：对比训练（1 个正例 + 难负例）", summary)?;
     drop(t);
     let mut q = q;
     q.save(&s.out.join("query"), true)?;

@@ -37,7 +37,7 @@ pub fn loss_chart(title: &str, metrics: &[StepMetrics], window: usize) -> String
         let st = max_step * f64::from(i) / 4.0;
         let _ = write!(s, r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#, x(st), h - mb + 16.0, st.round());
     }
-    let _ = write!(s, r#"<text x="{}" y="{}" text-anchor="middle">step</text>"#, w / 2.0, h - 6.0);
+    let _ = write!(s, r#"<text x="{}" y="{}" text-anchor="middle">步数</text>"#, w / 2.0, h - 6.0);
     let raw: Vec<String> = metrics.iter().map(|m| format!("{:.1},{:.1}", x(m.step as f64), y(m.loss))).collect();
     let _ = write!(s, r##"<polyline fill="none" stroke="#9ecae1" stroke-width="1" points="{}"/>"##, raw.join(" "));
     let win = window.max(1);
@@ -51,7 +51,7 @@ pub fn loss_chart(title: &str, metrics: &[StepMetrics], window: usize) -> String
     let _ = write!(s, r##"<polyline fill="none" stroke="#08519c" stroke-width="2" points="{}"/>"##, avg.join(" "));
     let _ = write!(
         s,
-        r##"<text x="{}" y="{}" text-anchor="end" fill="#08519c">loss (moving average over {win} steps)</text></svg>"##,
+        r##"<text x="{}" y="{}" text-anchor="end" fill="#08519c">损失（最近 {win} 步的滑动平均）</text></svg>"##,
         w - mr,
         mt + 12.0
     );
