@@ -198,6 +198,17 @@ fn browser_every_page_reads_in_chinese_for_an_administrator_a_clinician_and_a_vi
                 assert_eq!(start[0], json!(true), "开始训练 with nothing approved: {start}");
                 assert!(start[1].as_str().unwrap_or_default().contains("还没有批准"), "{start}");
             }
+            // Before this machine has run one, the page states the demo's measured time and the machine.
+            let estimate = b.text("#estimate-none");
+            assert!(estimate.contains("78 秒") && estimate.contains("2 核 AMD EPYC"), "{estimate}");
+            // Approving a collection for training asks first.
+            b.goto(&format!("{base}/admin/collections"));
+            let asks = b.execute(
+                "const f = document.querySelector('form[action=\"/admin/collections/demo/approve\"]');
+                 return f ? f.getAttribute('data-confirm') : '';",
+                json!([]),
+            );
+            assert!(asks.as_str().unwrap_or_default().contains("批准资料库 demo 用于训练？"), "{asks}");
             // An initial password the administrator types is held to the same strength as one people choose.
             b.goto(&format!("{base}/admin/users"));
             b.type_into("#nu", "wangfang");
@@ -206,6 +217,11 @@ fn browser_every_page_reads_in_chinese_for_an_administrator_a_clinician_and_a_vi
             let src = b.wait_for("the refusal", Duration::from_secs(30), |s| s.contains("太容易被猜中"));
             assert!(!src.contains("id=\"user-wangfang\"") && !src.contains(">wangfang</td>"), "created: {src}");
         }
+        // A blank query shows no empty counts ("共 篇 · 第 1 / 0 页，用时 毫秒").
+        b.goto(&format!("{base}/search?q="));
+        let text = b.execute("return document.querySelector('main').innerText;", json!([]));
+        let text = text.as_str().unwrap_or_default();
+        assert!(!text.contains("共 篇") && !text.contains("/ 0 页") && !text.contains("用时 毫秒"), "{text}");
         // What a search page shows besides hits: nothing found, a blank query, page 2.
         for path in
             ["/search?q=%E5%95%8A%E5%95%8A%E5%95%8Aqwe", "/search?q=", "/search?q=%E7%B3%96%E5%B0%BF%E7%97%85&page=2"]

@@ -56,6 +56,9 @@ pub enum E5s1Error {
     BadQ4Data { len: usize, elements: usize, needed: usize },
 }
 
+mod vocab;
+pub use vocab::kept_ids;
+
 pub type Result<T, E = E5s1Error> = std::result::Result<T, E>;
 
 /// Model hyper-parameters from the file header.
@@ -667,7 +670,7 @@ mod tests {
     }
 
     /// A complete tiny file: H=32, 1 layer, 2 heads, FF=64, vocab 6, 4 positions, 1 token type.
-    fn tiny_file(mutate: impl FnOnce(&mut Vec<(String, u8, u32, Vec<u8>)>)) -> Vec<u8> {
+    pub(super) fn tiny_file(mutate: impl FnOnce(&mut Vec<(String, u8, u32, Vec<u8>)>)) -> Vec<u8> {
         let (hd, ff, voc, maxp, tvs) = (32usize, 64usize, 6usize, 4usize, 1usize);
         let mut b = Vec::new();
         b.extend_from_slice(b"E5S1");

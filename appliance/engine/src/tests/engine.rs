@@ -313,6 +313,52 @@ fn imported_e5_small_reproduces_reference_ids_and_vectors() {
     assert!(min8 >= 0.99, "int8 min cosine {min8}");
 }
 
+/// Issue 57: e5-small cut down to the pieces one set's texts use (kuake_qtr: its 4,118 queries and 32,171 passages,
+/// as the appliance renders them, "query: " and "passage: ") segments every one of those texts into the same
+/// pieces as the full model (renumbered) and embeds them to the same vectors (a sample of 96: the same ids and the
+/// same embedding rows leave nothing else to differ). The file is a quarter of the full one.
+#[test]
+fn e5_small_pruned_to_a_sets_vocabulary_reads_its_texts_as_the_full_model() {
+    let t = tempfile::tempdir().unwrap();
+    let e = engine_in(t.path());
+    let full = e.retrieval().import_e5s1(&e5s1(), "1", None, false).unwrap();
+    let cfg = crate::encoders::ModelConfig::default();
+    let enc = crate::encoders::OrtEncoder::load(&full.dir, &cfg).unwrap();
+    let set = shared().join("data/retrieval/kuake_qtr");
+    let text = |v: &serde_json::Value| v["text"].as_str().unwrap().to_string();
+    let mut texts: Vec<String> =
+        read_jsonl(&set.join("queries.jsonl")).iter().map(|q| format!("query: {}", text(q))).collect();
+    texts.extend(read_jsonl(&set.join("corpus.jsonl")).iter().map(|d| format!("passage: {}", text(d))));
+    let ids: Vec<Vec<u32>> = texts.iter().map(|t| enc.token_ids(t).unwrap()).collect();
+    let file = care_modelio::e5s1::E5s1File::open(e5s1()).unwrap();
+    let kept = care_modelio::e5s1::kept_ids(file.tokenizer(), ids.iter().flatten().copied());
+    let bytes = file.pruned(&kept).unwrap();
+    let full_len = std::fs::metadata(e5s1()).unwrap().len();
+    eprintln!(
+        "{} texts use {} of {} pieces; the pruned file is {} bytes of {}",
+        texts.len(),
+        kept.len(),
+        file.tokenizer().pieces.len(),
+        bytes.len(),
+        full_len
+    );
+    assert!((bytes.len() as u64) * 4 < full_len, "{} bytes", bytes.len());
+    let bin = t.path().join("pruned.bin");
+    std::fs::write(&bin, &bytes).unwrap();
+    let small = e.retrieval().import_e5s1(&bin, "pruned", Some(&full.pairing_id), false).unwrap();
+    let pruned = crate::encoders::OrtEncoder::load(&small.dir, &cfg).unwrap();
+    for (t, want) in texts.iter().zip(&ids) {
+        let renumbered: Vec<u32> = want.iter().map(|i| kept.binary_search(i).unwrap() as u32).collect();
+        assert_eq!(pruned.token_ids(t).unwrap(), renumbered, "{t}");
+    }
+    let sample: Vec<String> = texts.iter().step_by(texts.len() / 96).cloned().collect();
+    let (a, b) = (enc.encode_rendered(&sample).unwrap(), pruned.encode_rendered(&sample).unwrap());
+    for ((x, y), t) in a.iter().zip(&b).zip(&sample) {
+        let worst = x.iter().zip(y).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max);
+        assert!(worst <= 1e-6, "{t}: differs by {worst}");
+    }
+}
+
 /// On the CPU with `[background] nice` above 0, documents run on a session of their own at that priority: the same
 /// vectors as the one shared session, while queries are answered beside them.
 #[test]
