@@ -38,6 +38,7 @@ pub mod precision;
 pub mod stages;
 pub mod svg;
 pub mod train;
+pub mod vocab;
 pub mod weights;
 
 use std::path::Path;

@@ -1098,3 +1098,72 @@ fn stage2_as_a_library_function_and_through_run_spec_reports_steps_checkpoints_a
     );
     assert!(!t.path().join("newer").exists());
 }
+
+/// Issue 57: a query encoder trained on the vocabulary its run uses, its rows scattered back into the full model,
+/// equals the same training on the full vocabulary: every row the run's texts use and every other tensor agree to
+/// float rounding; the rows they never use keep the untrained model's values (the full run's weight decay shrinks
+/// them, which is why the comparison is on the trained rows).
+#[test]
+fn training_on_a_pruned_vocabulary_and_scattering_back_equals_training_on_the_full_one() {
+    let _guard = serial();
+    tch::set_num_threads(1);
+    let root = tempfile::tempdir().unwrap();
+    let r = root.path();
+    write_tiny_bert_with(&r.join("q"), 11, 0.0);
+    write_tiny_qwen(&r.join("d"), 12);
+    let ex = examples(8);
+    let texts: Vec<String> =
+        ex.iter().flat_map(|e| std::iter::once(e.query.clone()).chain(e.pos.clone()).chain(e.neg.clone())).collect();
+    let kept = care_trainer::vocab::kept_ids(&r.join("q"), &texts).unwrap();
+    assert!(kept.len() < WORDS + 2 && kept.contains(&0) && kept.contains(&1), "{kept:?}");
+    care_trainer::vocab::prune(&r.join("q"), &kept, &r.join("q-pruned")).unwrap();
+    let train = |query: &str, out: &str| {
+        tch::manual_seed(7);
+        let mut q = Encoder::load(&r.join(query), Device::Cpu, Kind::Float).unwrap();
+        let d = Encoder::load(&r.join("d"), Device::Cpu, Kind::Float).unwrap();
+        let side = care_trainer::train::frozen_doc_side(&d, care_trainer::data::document_pool(&ex), 4, None).unwrap();
+        let mut cfg = config(5, 0);
+        cfg.hyper.lr = 5e-3;
+        cfg.loss.group_size = 2;
+        let params = select_trainable(&q, "query.", &|_| true);
+        let mut t = Trainer::new(&q, side, &ex, cfg, params, &r.join(format!("{out}-run"))).unwrap();
+        t.run(None).unwrap();
+        drop(t);
+        q.save(&r.join(out), false).unwrap();
+    };
+    train("q", "full");
+    train("q-pruned", "pruned");
+    care_trainer::vocab::scatter(&r.join("pruned"), &r.join("q"), &r.join("merged")).unwrap();
+    let load = |d: &str| Weights::load_dir(&r.join(d), Device::Cpu, Kind::Float).unwrap();
+    let (full, merged, before) = (load("full"), load("merged"), load("q"));
+    let word = "embeddings.word_embeddings.weight";
+    let kept_rows: Vec<i64> = kept.iter().map(|&i| i64::from(i)).collect();
+    for (name, t) in full.iter() {
+        let m = merged.get(name, &t.size()).unwrap();
+        let (a, b) = match name.as_str() {
+            n if n == word => {
+                let idx = Tensor::from_slice(&kept_rows);
+                (t.index_select(0, &idx), m.index_select(0, &idx))
+            }
+            _ => (t.shallow_clone(), m),
+        };
+        let diff = (a - b).abs().max().double_value(&[]);
+        assert!(diff <= 1e-5, "{name}: differs by {diff}");
+    }
+    let (m, b) =
+        (merged.get(word, &[(WORDS + 2) as i64, 16]).unwrap(), before.get(word, &[(WORDS + 2) as i64, 16]).unwrap());
+    for row in (0..(WORDS + 2) as i64).filter(|i| !kept_rows.contains(i)) {
+        assert_eq!(
+            Vec::<f32>::try_from(m.get(row)).unwrap(),
+            Vec::<f32>::try_from(b.get(row)).unwrap(),
+            "unused row {row}"
+        );
+    }
+    let trained = full.get(word, &[(WORDS + 2) as i64, 16]).unwrap();
+    let moved = (trained.index_select(0, &Tensor::from_slice(&kept_rows))
+        - b.index_select(0, &Tensor::from_slice(&kept_rows)))
+    .abs()
+    .max()
+    .double_value(&[]);
+    assert!(moved > 1e-4, "the kept rows did not train ({moved})");
+}
