@@ -169,6 +169,27 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Cut the 4-bit e5-small file down to the pieces some texts use (issue 57): JSONL files whose `text`, `query`,
+    /// `pos` and `neg` fields are read, each as a query and as a passage ("query: " / "passage: "). The pruned file
+    /// segments and embeds those texts exactly as the full one; `scatter-vocab` puts trained rows back.
+    PruneVocab {
+        #[arg(long, env = "CARE_E5S1")]
+        e5s1: PathBuf,
+        #[arg(long, required = true, num_args = 1..)]
+        texts: Vec<PathBuf>,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Put a model folder trained on a pruned vocabulary back into the full one (its rows at the full rows of the
+    /// same tokens, every other tensor from the trained folder).
+    ScatterVocab {
+        #[arg(long)]
+        trained: PathBuf,
+        #[arg(long)]
+        full: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Keep the first k layers of a BERT/XLM-R encoder (query-encoder initialisation).
     Prune {
         #[arg(long)]
@@ -731,6 +752,8 @@ fn phase_of(command: Command) -> Result<Phase, Box<Command>> {
         }),
         other @ (Command::Init { .. }
         | Command::ImportE5s1 { .. }
+        | Command::PruneVocab { .. }
+        | Command::ScatterVocab { .. }
         | Command::Eval { .. }
         | Command::BenchQuery { .. }
         | Command::Chart { .. }
@@ -785,6 +808,44 @@ fn init(
     Ok(())
 }
 
+/// The pieces of `e5s1` that the texts of `files` use (as queries and as passages), and the file pruned to them.
+fn prune_vocab(e5s1: &Path, files: &[PathBuf]) -> Result<(usize, Vec<u8>)> {
+    let file = care_modelio::E5s1File::open(e5s1)?;
+    let t = file.tokenizer();
+    let spec = care_modelio::tokenizer_json::UnigramSpec {
+        pieces: &t.pieces,
+        scores: &t.scores,
+        bos_id: t.bos_id,
+        eos_id: t.eos_id,
+        pad_id: t.pad_id,
+        unk_id: t.unk_id,
+        normalizer: &t.normalizer,
+    };
+    let tj = care_modelio::tokenizer_json::tokenizer_json(&spec)?;
+    let tok = <tokenizers::Tokenizer as std::str::FromStr>::from_str(&tj.to_string())
+        .map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;
+    let mut used = std::collections::BTreeSet::new();
+    for path in files {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let v: serde_json::Value =
+                serde_json::from_str(line).with_context(|| format!("{}: a line is not JSON", path.display()))?;
+            let mut strings: Vec<&str> = ["text", "query"].iter().filter_map(|k| v[*k].as_str()).collect();
+            for k in ["pos", "neg"] {
+                strings.extend(v[k].as_array().into_iter().flatten().filter_map(|s| s.as_str()));
+            }
+            for s in strings {
+                for rendered in [format!("query: {s}"), format!("passage: {s}")] {
+                    let enc = tok.encode(rendered.as_str(), true).map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?;
+                    used.extend(enc.get_ids().iter().copied());
+                }
+            }
+        }
+    }
+    let kept = care_modelio::e5s1::kept_ids(t, used);
+    Ok((kept.len(), file.pruned(&kept)?))
+}
+
 /// The engineer's tools that are no phase of the appliance's runs.
 fn tool(command: Command, dev: Device) -> Result<()> {
     match command {
@@ -792,6 +853,15 @@ fn tool(command: Command, dev: Device) -> Result<()> {
             care_trainer::export::e5s1_to_folder(&e5s1, &out)
                 .with_context(|| format!("importing {}", e5s1.display()))?;
             println!("imported {} into {}", e5s1.display(), out.display());
+        }
+        Command::PruneVocab { e5s1, texts, out } => {
+            let (kept, bytes) = prune_vocab(&e5s1, &texts)?;
+            care_modelio::write_atomic(&out, |w| w.write_all(&bytes))?;
+            println!("{} of the pieces kept; {} bytes written to {}", kept, bytes.len(), out.display());
+        }
+        Command::ScatterVocab { trained, full, out } => {
+            care_trainer::vocab::scatter(&trained, &full, &out)?;
+            println!("{} put back into {} as {}", trained.display(), full.display(), out.display());
         }
         Command::Eval {
             query,
