@@ -258,15 +258,7 @@ pub fn e5s1_to_folder(bin: &Path, out: &Path) -> Result<()> {
     let file = care_modelio::E5s1File::open(bin).map_err(|e| Error::Export(format!("{}: {e}", bin.display())))?;
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let tok = file.tokenizer();
-    let spec = care_modelio::tokenizer_json::UnigramSpec {
-        pieces: &tok.pieces,
-        scores: &tok.scores,
-        bos_id: tok.bos_id,
-        eos_id: tok.eos_id,
-        pad_id: tok.pad_id,
-        unk_id: tok.unk_id,
-        normalizer: &tok.normalizer,
-    };
+    let spec = tok.unigram_spec();
     let tj = care_modelio::tokenizer_json::tokenizer_json(&spec).map_err(|e| Error::Export(e.to_string()))?;
     write_json(&out.join("tokenizer.json"), &tj)?;
     write_json(&out.join("config.json"), &file.bert_config().to_hf_config_json())?;

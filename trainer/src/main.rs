@@ -812,15 +812,7 @@ fn init(
 fn prune_vocab(e5s1: &Path, files: &[PathBuf]) -> Result<(usize, Vec<u8>)> {
     let file = care_modelio::E5s1File::open(e5s1)?;
     let t = file.tokenizer();
-    let spec = care_modelio::tokenizer_json::UnigramSpec {
-        pieces: &t.pieces,
-        scores: &t.scores,
-        bos_id: t.bos_id,
-        eos_id: t.eos_id,
-        pad_id: t.pad_id,
-        unk_id: t.unk_id,
-        normalizer: &t.normalizer,
-    };
+    let spec = t.unigram_spec();
     let tj = care_modelio::tokenizer_json::tokenizer_json(&spec)?;
     let tok = <tokenizers::Tokenizer as std::str::FromStr>::from_str(&tj.to_string())
         .map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;

@@ -91,6 +91,21 @@ pub struct E5s1Tokenizer {
     pub normalizer: BTreeMap<char, String>,
 }
 
+impl E5s1Tokenizer {
+    /// The tokenizer as `tokenizer.json`'s writer takes it ([`crate::tokenizer_json::tokenizer_json`]).
+    pub fn unigram_spec(&self) -> crate::tokenizer_json::UnigramSpec<'_> {
+        crate::tokenizer_json::UnigramSpec {
+            pieces: &self.pieces,
+            scores: &self.scores,
+            bos_id: self.bos_id,
+            eos_id: self.eos_id,
+            pad_id: self.pad_id,
+            unk_id: self.unk_id,
+            normalizer: &self.normalizer,
+        }
+    }
+}
+
 /// How a tensor's bytes are encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Encoding {

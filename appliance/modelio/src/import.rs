@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use crate::e5s1::{E5s1Error, E5s1File};
 use crate::onnx::{self, OnnxError, WeightFormat};
 use crate::safetensors::{self, SafetensorsError};
-use crate::tokenizer_json::{self, TokenizerJsonError, UnigramSpec};
+use crate::tokenizer_json::{self, TokenizerJsonError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
@@ -69,15 +69,7 @@ pub fn import_e5s1_with(
     let tok = file.tokenizer();
     let mut files = Vec::new();
 
-    let spec = UnigramSpec {
-        pieces: &tok.pieces,
-        scores: &tok.scores,
-        bos_id: tok.bos_id,
-        eos_id: tok.eos_id,
-        pad_id: tok.pad_id,
-        unk_id: tok.unk_id,
-        normalizer: &tok.normalizer,
-    };
+    let spec = tok.unigram_spec();
     let tj = tokenizer_json::tokenizer_json(&spec)?;
     files.push(write_atomic(&out_dir.join("tokenizer.json"), |w| {
         serde_json::to_writer(&mut *w, &tj).map_err(std::io::Error::other)
