@@ -170,7 +170,8 @@ enum Command {
         out: PathBuf,
     },
     /// Cut the 4-bit e5-small file down to the pieces some texts use (issue 57): JSONL files whose `text`, `query`,
-    /// `pos` and `neg` fields are read, each as a query and as a passage ("query: " / "passage: "). The pruned file
+    /// `pos`/`positive` and `neg`/`negatives` fields are read, each as a query and as a passage ("query: " /
+    /// "passage: "). The pruned file
     /// segments and embeds those texts exactly as the full one; `scatter-vocab` puts trained rows back.
     PruneVocab {
         #[arg(long, env = "CARE_E5S1")]
@@ -822,8 +823,8 @@ fn prune_vocab(e5s1: &Path, files: &[PathBuf]) -> Result<(usize, Vec<u8>)> {
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             let v: serde_json::Value =
                 serde_json::from_str(line).with_context(|| format!("{}: a line is not JSON", path.display()))?;
-            let mut strings: Vec<&str> = ["text", "query"].iter().filter_map(|k| v[*k].as_str()).collect();
-            for k in ["pos", "neg"] {
+            let mut strings: Vec<&str> = ["text", "query", "positive"].iter().filter_map(|k| v[*k].as_str()).collect();
+            for k in ["pos", "neg", "negatives"] {
                 strings.extend(v[k].as_array().into_iter().flatten().filter_map(|s| s.as_str()));
             }
             for s in strings {
