@@ -236,10 +236,7 @@ fn runtime_checks(cfg: &AppConfig) -> Vec<Check> {
     }
     out.push(cpu_check());
     let ocr = &cfg.engine.ingest.ocr;
-    let ocr_device = care_engine::encoders::device_for(&care_engine::encoders::ModelConfig {
-        device: ocr.device.clone(),
-        ..cfg.engine.model.clone()
-    });
+    let ocr_device = care_engine::encoders::device_for(&ocr.runtime(&cfg.engine.model));
     out.push(ocr_check(ocr, ocr_device.map(|d| d.device).map_err(|e| e.to_string())));
     let probe = care_engine::encoders::probe_cuda(&cfg.engine.model);
     out.push(gpu_check(&cfg.engine.model.device, care_engine::encoders::gpu_present(), probe));

@@ -152,9 +152,19 @@ pub fn device_for(cfg: &ModelConfig) -> Result<ServedDevice> {
     })
 }
 
-/// The CUDA provider registered so that a session that cannot get it fails instead of running on the CPU.
-pub(crate) fn cuda_provider() -> ort::ep::ExecutionProviderDispatch {
-    device::cuda_provider()
+/// `builder` on `device` ("cuda" or "cpu"): on CUDA the provider is registered with `error_on_failure`, so that a
+/// provider that cannot load fails the session ([`Error::CudaUnavailable`]) instead of leaving it on the CPU
+/// unnoticed. The encoders' and the OCR's sessions are built through it.
+pub(crate) fn on_device(
+    builder: ort::session::builder::SessionBuilder,
+    device: &str,
+) -> Result<ort::session::builder::SessionBuilder> {
+    match device {
+        "cuda" => builder
+            .with_execution_providers([device::cuda_provider()])
+            .map_err(|e| Error::CudaUnavailable(CudaUnavailable::new(e.to_string()))),
+        _ => Ok(builder),
+    }
 }
 
 /// The device the encoder sessions get under `cfg.device`, logged and counted when `auto` falls back to the CPU;
@@ -320,14 +330,7 @@ fn build_session(
     // Pool threads sleep between calls instead of spinning: a spinning pool holds the cores that the rest of
     // each search (TLS, BM25, SQLite, snippets) and ingest need while the encoder thread waits for work.
     builder = builder.with_intra_op_spinning(false).map_err(|e| model_err(dir, e))?;
-    if device == "cuda" {
-        // error_on_failure: a provider that cannot load must not leave the ONNX session being built on the CPU
-        // unnoticed.
-        builder = builder
-            .with_execution_providers([device::cuda_provider()])
-            .map_err(|e| Error::CudaUnavailable(CudaUnavailable::new(e.to_string())))?;
-    }
-    let session = builder
+    let session = on_device(builder, device)?
         .commit_from_file(dir.join(graph.file()))
         .map_err(|e| model_err(dir, format!("{}: {e}", graph.file())))?;
     Ok((session, device))

@@ -124,7 +124,7 @@ impl OcrModels {
         };
         let session = |file: &str, bytes: &[u8]| -> Result<ort::session::Session> {
             let path = dir.join(file);
-            let mut builder = ort::session::Session::builder(&env)
+            let builder = ort::session::Session::builder(&env)
                 .map_err(|e| ocr_err(&path, e))?
                 .with_optimization_level(ort::session::builder::GraphOptimizationLevel::Level3)
                 .map_err(|e| ocr_err(&path, e))?
@@ -132,12 +132,7 @@ impl OcrModels {
                 .map_err(|e| ocr_err(&path, e))?
                 .with_intra_op_spinning(false)
                 .map_err(|e| ocr_err(&path, e))?;
-            if device == "cuda" {
-                builder = builder
-                    .with_execution_providers([crate::encoders::cuda_provider()])
-                    .map_err(|e| Error::CudaUnavailable(crate::encoders::CudaUnavailable::new(e.to_string())))?;
-            }
-            builder.commit_from_memory(bytes).map_err(|e| ocr_err(&path, e))
+            crate::encoders::on_device(builder, device)?.commit_from_memory(bytes).map_err(|e| ocr_err(&path, e))
         };
         let det = session(DET_FILE, &files.det)?;
         let cls = session(CLS_FILE, &files.cls)?;

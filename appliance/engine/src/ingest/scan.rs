@@ -67,6 +67,12 @@ impl OcrConfig {
             .filter(|d| d.join(crate::ocr::REC_FILE).is_file())
     }
 
+    /// The runtime settings the OCR's sessions get: the encoders' (`models`: the ONNX Runtime library) with the
+    /// OCR's own device, whatever the encoders' `model.device`.
+    pub fn runtime(&self, models: &ModelConfig) -> ModelConfig {
+        ModelConfig { device: self.device.clone(), ..models.clone() }
+    }
+
     /// The extra CPU (and wall-clock) seconds a file that is read page by page may take.
     pub fn budget_seconds(&self) -> u64 {
         if self.enabled { (self.max_pages as u64).saturating_mul(self.seconds_per_page) } else { 0 }
@@ -251,9 +257,7 @@ pub fn use_ocr(cfg: &OcrConfig, model_cfg: &ModelConfig) {
         return;
     }
     let dir = cfg.models_dir();
-    // The OCR's sessions run where `ingest.ocr.device` says, whatever the encoders' `model.device`.
-    let model_cfg = ModelConfig { device: cfg.device.clone(), ..model_cfg.clone() };
-    *slot = Some(Reader { cfg: cfg.clone(), model_cfg, dir, files: None, models: None });
+    *slot = Some(Reader { cfg: cfg.clone(), model_cfg: cfg.runtime(model_cfg), dir, files: None, models: None });
 }
 
 /// The registered configuration (the default when none was registered).

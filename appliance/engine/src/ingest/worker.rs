@@ -109,7 +109,7 @@ pub fn read_units_isolated(
     let scans = may_hold_scans(kind) && cfg.ocr.enabled;
     // Decided here, once per process (the CUDA probe is kept), and passed down as "cuda" or "cpu".
     let device = match scans {
-        true => crate::encoders::device_for(&ModelConfig { device: cfg.ocr.device.clone(), ..models.clone() })?.device,
+        true => crate::encoders::device_for(&cfg.ocr.runtime(models))?.device,
         false => "cpu",
     };
     let request = serde_json::to_vec(&Request {
