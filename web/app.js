@@ -182,9 +182,9 @@ function enhanceFeedback() {
   });
 }
 
-// Signing in says so on the page it leads to: the sign-in form leaves a mark for this tab, and the next page that
-// shows the navigation (the caller is signed in) says who is signed in and clears it; a page without it (a refused
-// password) clears it too.
+// Signing in says so on the page it leads to: the sign-in form leaves a mark for this tab. The sign-in page keeps it
+// (a refused password is tried again); the next other page clears it, and says who is signed in when it shows the
+// navigation (the caller is signed in).
 function sayWhenSignedIn() {
   const form = document.querySelector('form[action="/login"]');
   if (form) {
@@ -198,11 +198,11 @@ function sayWhenSignedIn() {
   } catch (e) {
     return;
   }
-  const account = document.querySelector('nav[aria-label="主导航"] a[href="/account"]');
   if (!pending || form) {
     return;
   }
   sessionStorage.removeItem("care.signing-in");
+  const account = document.querySelector('nav[aria-label="主导航"] a[href="/account"]');
   const main = document.getElementById("main");
   if (account && main) {
     const note = document.createElement("p");

@@ -41,6 +41,14 @@ pub struct Care {
 }
 
 impl Care {
+    /// Runs training with the trainer `bin` (the one `packaging/dev.sh test` builds, CARE_TRAIN_BIN) on the CPU, and
+    /// lets the gate pass a candidate up to 10× slower than the live pair (a loaded test machine's timings).
+    pub fn use_trainer(&mut self, bin: &std::ffi::OsStr) {
+        self.env.push(("CARE__TRAINING__TRAINER".into(), Path::new(bin).display().to_string()));
+        self.env.push(("CARE__TRAINING__DEVICE".into(), "cpu".into()));
+        self.env.push(("CARE__LIFECYCLE__MAX_LATENCY_RATIO".into(), "10.0".into()));
+    }
+
     pub fn new(data_dir: &Path) -> Self {
         Care { data_dir: data_dir.to_path_buf(), env: Vec::new(), config: None }
     }

@@ -458,9 +458,7 @@ fn trainer_care(env: &[(&str, &str)]) -> Option<(tempfile::TempDir, Care, String
     };
     let t = tempfile::tempdir().unwrap();
     let mut care = Care::new(&t.path().join("data"));
-    care.env.push(("CARE__TRAINING__TRAINER".into(), std::path::PathBuf::from(&bin).display().to_string()));
-    care.env.push(("CARE__TRAINING__DEVICE".into(), "cpu".into()));
-    care.env.push(("CARE__LIFECYCLE__MAX_LATENCY_RATIO".into(), "10.0".into()));
+    care.use_trainer(&bin);
     care.env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     training_site(&care, t.path(), std::path::Path::new(&l4));
     care_e2e::add_user(&care, t.path(), "ops", "admin", "ops-password-123");

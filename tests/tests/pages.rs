@@ -354,9 +354,7 @@ fn browser_the_training_page_reads_in_chinese_through_a_run_and_a_cancelled_one(
     };
     let t = tempfile::tempdir().unwrap();
     let mut care = Care::new(&t.path().join("data"));
-    care.env.push(("CARE__TRAINING__TRAINER".into(), std::path::PathBuf::from(&bin).display().to_string()));
-    care.env.push(("CARE__TRAINING__DEVICE".into(), "cpu".into()));
-    care.env.push(("CARE__LIFECYCLE__MAX_LATENCY_RATIO".into(), "10.0".into()));
+    care.use_trainer(&bin);
     care.ok(&["demo", "--no-serve"]);
     add_user(&care, t.path(), ADMIN, "admin", PW);
     care.ok(&["collection", "approve", "demo"]);
