@@ -9,6 +9,7 @@
 #   packaging/dev.sh bench-venv  create .care-dev/bench-venv, the Python reference stack of tests/bench (pinned PyPI)
 #   packaging/dev.sh device-build  build care-train against torch==2.11.0 (tch 0.24) for a lent GPU machine and pack
 #                            what one call carries into target/device-pack (docs/dev/gpu-check.md)
+#   packaging/dev.sh device-recipe DATA_DIR  the same pack plus CARE's recipe at full budget on DATA_DIR's data
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEV="$ROOT/.care-dev"
@@ -389,6 +390,19 @@ case "${1:-}" in
         ;;
     device-build)
         device_build
+        ;;
+    device-recipe)
+        # CARE's recipe at full budget for one call (issue 57): the trainer pack, then the run's data, recipes and
+        # the pruned e5-small from an appliance's data directory (trainer/bench/recipe_prepare.sh).
+        [ -n "${2:-}" ] || { log "usage: packaging/dev.sh device-recipe DATA_DIR"; exit 2; }
+        device_build
+        setup_build
+        install_torch
+        cargo build -p care -p care-trainer
+        CARE_TRAIN_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug/care-train \
+            "$ROOT/trainer/bench/recipe_prepare.sh" "$2" "$ROOT/target/device-pack"
+        log "run on the GPU machine with carry [target/device-pack] and command"
+        log "  OUT=\$OUT bash target/device-pack/recipe.sh"
         ;;
     env)
         { setup; install_torch; check_prereqs; report_prereqs; } >&2

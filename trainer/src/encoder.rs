@@ -106,6 +106,13 @@ fn model_type(dir: &Path) -> Result<String> {
 impl Encoder {
     /// Loads a model folder on `device`; `kind` is the floating-point type of the weights (f32 to train).
     pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self> {
+        // An unmerged Stage II document side would load as its start, the adapters ignored.
+        if dir.join(crate::carry::LORA_FILE).exists() {
+            return Err(Error::Config(format!(
+                "{}: LoRA adapters not folded in (care-train carry-out, then carry-in, makes it a model)",
+                dir.display()
+            )));
+        }
         let mt = model_type(dir)?;
         let (model, default_settings, left_pad) = match mt.as_str() {
             "bert" | "xlm-roberta" | "roberta" => {

@@ -5,6 +5,7 @@
 //!   ├ stages     the phases the appliance runs, as functions of their specs (care_formats::trainer)
 //!   ├ models     BERT/XLM-R encoder and Qwen3 decoder on Hugging Face names; LoRA adapters that merge
 //!   ├ weights    sorted named tensors ↔ model.safetensors
+//!   ├ carry      what training changed, small enough to bring back from a lent GPU machine, and back in
 //!   ├ encoder    model + tokenizer.json + pooling (CLS / mean / last token), batched inference
 //!   ├ loss       InfoNCE with hard negatives, asymmetric variant, MSE alignment, Matryoshka
 //!   ├ optim      AdamW with savable state, warmup + linear decay, global-norm clipping
@@ -23,6 +24,7 @@
 //! The trainer shares only `care-formats` (manifests, training data, embedding shards) and `care-modelio`
 //! (ONNX/safetensors writers) with the server; it never links ONNX Runtime, tantivy or LanceDB.
 
+pub mod carry;
 pub mod cuda;
 pub mod data;
 pub mod doctor;

@@ -170,9 +170,9 @@ enum Command {
         out: PathBuf,
     },
     /// Cut the 4-bit e5-small file down to the pieces some texts use (issue 57): JSONL files whose `text`, `query`,
-    /// `pos`/`positive` and `neg`/`negatives` fields are read, each as a query and as a passage ("query: " /
-    /// "passage: "). The pruned file
-    /// segments and embeds those texts exactly as the full one; `scatter-vocab` puts trained rows back.
+    /// `pos`/`positive` and `neg`/`negatives` fields are read (a corpus line also as its title and text joined),
+    /// each as a query and as a passage ("query: " / "passage: "). The pruned file segments and embeds those texts
+    /// exactly as the full one; `scatter-vocab` puts trained rows back.
     PruneVocab {
         #[arg(long, env = "CARE_E5S1")]
         e5s1: PathBuf,
@@ -188,6 +188,25 @@ enum Command {
         trained: PathBuf,
         #[arg(long)]
         full: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// What training changed in TRAINED against the folder it started from (BASE), small enough to bring back from
+    /// a lent GPU machine: changed tensors in bf16, LoRA adapters in f32, fingerprints of the rest.
+    CarryOut {
+        #[arg(long)]
+        trained: PathBuf,
+        #[arg(long)]
+        base: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Rebuild a trained folder from `carry-out`'s folder and the same start, the adapters folded in.
+    CarryIn {
+        #[arg(long)]
+        carried: PathBuf,
+        #[arg(long)]
+        base: PathBuf,
         #[arg(long)]
         out: PathBuf,
     },
@@ -316,6 +335,9 @@ enum Command {
         /// appliance's data), so that in-batch negatives come from the same collection as the positive
         #[arg(long)]
         batch_by_source: bool,
+        /// Save the document side unmerged (its start's weights, the LoRA adapters, lora.json) for `carry-out`.
+        #[arg(long)]
+        document_adapters: bool,
         #[command(flatten)]
         lora: Lora,
         #[command(flatten)]
@@ -682,6 +704,7 @@ fn phase_of(command: Command) -> Result<Phase, Box<Command>> {
             pool_cache,
             freeze_document,
             batch_by_source,
+            document_adapters,
             lora,
             served,
             common,
@@ -704,6 +727,7 @@ fn phase_of(command: Command) -> Result<Phase, Box<Command>> {
                 freeze_document,
                 batch_by_source,
                 lora: lora.spec(),
+                document_adapters,
             },
             hyper: common.hyper(),
         }),
@@ -755,6 +779,8 @@ fn phase_of(command: Command) -> Result<Phase, Box<Command>> {
         | Command::ImportE5s1 { .. }
         | Command::PruneVocab { .. }
         | Command::ScatterVocab { .. }
+        | Command::CarryOut { .. }
+        | Command::CarryIn { .. }
         | Command::Eval { .. }
         | Command::BenchQuery { .. }
         | Command::Chart { .. }
@@ -823,9 +849,16 @@ fn prune_vocab(e5s1: &Path, files: &[PathBuf]) -> Result<(usize, Vec<u8>)> {
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             let v: serde_json::Value =
                 serde_json::from_str(line).with_context(|| format!("{}: a line is not JSON", path.display()))?;
-            let mut strings: Vec<&str> = ["text", "query", "positive"].iter().filter_map(|k| v[*k].as_str()).collect();
+            let mut strings: Vec<String> =
+                ["text", "query", "positive"].iter().filter_map(|k| v[*k].as_str()).map(str::to_string).collect();
             for k in ["pos", "neg", "negatives"] {
-                strings.extend(v[k].as_array().into_iter().flatten().filter_map(|s| s.as_str()));
+                strings.extend(v[k].as_array().into_iter().flatten().filter_map(|s| s.as_str()).map(str::to_string));
+            }
+            // A corpus line is read as its title and text joined (data::read_corpus).
+            if let (Some(title), Some(text)) =
+                (v["title"].as_str().filter(|t| !t.trim().is_empty()), v["text"].as_str())
+            {
+                strings.push(format!("{} {text}", title.trim()));
             }
             for s in strings {
                 for rendered in [format!("query: {s}"), format!("passage: {s}")] {
@@ -851,6 +884,20 @@ fn tool(command: Command, dev: Device) -> Result<()> {
             let (kept, bytes) = prune_vocab(&e5s1, &texts)?;
             care_modelio::write_atomic(&out, |w| w.write_all(&bytes))?;
             println!("{} of the pieces kept; {} bytes written to {}", kept, bytes.len(), out.display());
+        }
+        Command::CarryOut { trained, base, out } => {
+            let r = care_trainer::carry::carry_out(&trained, &base, &out)?;
+            println!("{} tensors carried ({} bytes), {} left with the start", r.carried, r.bytes, r.kept);
+        }
+        Command::CarryIn { carried, base, out } => {
+            let r = care_trainer::carry::carry_in(&carried, &base, &out)?;
+            println!(
+                "{} tensors carried in over {}, {} from the start: {}",
+                r.carried,
+                base.display(),
+                r.kept,
+                out.display()
+            );
         }
         Command::ScatterVocab { trained, full, out } => {
             care_trainer::vocab::scatter(&trained, &full, &out)?;

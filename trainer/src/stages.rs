@@ -341,7 +341,12 @@ pub fn stage2(s: &Stage2Spec, dev: Device, emit: &mut dyn FnMut(Event)) -> Resul
     let mut q = q;
     q.save(&s.out.join("query"), true)?;
     if !o.freeze_document {
-        d.save(&s.out.join("document"), true)?;
+        let dir = s.out.join("document");
+        d.save(&dir, !o.document_adapters)?;
+        if o.document_adapters {
+            let lora = crate::carry::LoraScale { rank: o.lora.rank, alpha: o.lora.alpha };
+            write_json(&dir.join(crate::carry::LORA_FILE), &serde_json::to_value(lora).unwrap_or_default())?;
+        }
     }
     Ok(Outcome { message: format!("saved the Stage II encoders in {}", s.out.display()), summary })
 }

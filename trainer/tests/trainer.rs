@@ -1167,3 +1167,110 @@ fn training_on_a_pruned_vocabulary_and_scattering_back_equals_training_on_the_fu
     .double_value(&[]);
     assert!(moved > 1e-4, "the kept rows did not train ({moved})");
 }
+
+/// Issue 57: what a lent GPU machine brings back. Stage II on both sides with `document_adapters` saves the document
+/// side unmerged (which no loader takes for a model); `carry-out` keeps the query encoder's trained tensors in bf16
+/// and the document side's adapters, leaving the frozen word embeddings and the document's start behind; `carry-in`
+/// over the same starts rebuilds the document side exactly as Stage II would have merged it and the query encoder
+/// to bf16's rounding, and refuses a start that is not the one trained from.
+#[test]
+fn carried_off_and_back_in_a_stage_two_run_is_the_run_to_bf16_rounding() {
+    use care_formats::trainer::{Hyper, Lora, Stage2Options, Stage2Spec};
+    use care_trainer::carry::{carry_in, carry_out};
+    let _guard = serial();
+    tch::set_num_threads(1);
+    let t = tempfile::tempdir().unwrap();
+    let r = t.path();
+    write_tiny_bert_with(&r.join("q"), 31, 0.0);
+    write_tiny_bert_with(&r.join("d"), 32, 0.0);
+    let train = r.join("train.jsonl");
+    let lines: Vec<String> = examples(16).iter().map(|e| serde_json::to_string(e).unwrap()).collect();
+    std::fs::write(&train, lines.join("\n") + "\n").unwrap();
+    let spec = |out: &str, adapters: bool| Stage2Spec {
+        query: r.join("q"),
+        document: r.join("d"),
+        train: vec![train.clone()],
+        out: r.join(out),
+        served: None,
+        options: Stage2Options {
+            group_size: 3,
+            lora: Lora { rank: 4, alpha: 8.0, targets: Vec::new() },
+            document_adapters: adapters,
+            ..Default::default()
+        },
+        hyper: Hyper {
+            steps: 4,
+            batch_size: 4,
+            lr: 1e-2,
+            freeze_embeddings: true,
+            checkpoint_every: 100,
+            query_template: "{text}".into(),
+            document_template: "{text}".into(),
+            ..Default::default()
+        },
+    };
+    care_trainer::stages::stage2(&spec("merged", false), Device::Cpu, &mut |_| {}).unwrap();
+    care_trainer::stages::stage2(&spec("unmerged", true), Device::Cpu, &mut |_| {}).unwrap();
+    let err = Encoder::load(&r.join("unmerged/document"), Device::Cpu, Kind::Float).unwrap_err();
+    assert!(err.to_string().contains("carry-in"), "{err}");
+
+    let q = carry_out(&r.join("unmerged/query"), &r.join("q"), &r.join("carry-q")).unwrap();
+    let d = carry_out(&r.join("unmerged/document"), &r.join("d"), &r.join("carry-d")).unwrap();
+    let names = |dir: &str| Weights::load_dir(&r.join(dir), Device::Cpu, Kind::Float).unwrap().names();
+    let carried = |dir: &str| care_trainer::weights::load_tensors(&r.join(dir).join("tensors.safetensors")).unwrap();
+    // The query side: everything but the frozen word embeddings, in bf16.
+    let cq = carried("carry-q");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(r.join("carry-q/carry.json")).unwrap()).unwrap();
+    let kept: Vec<&String> = manifest["kept"].as_object().unwrap().keys().collect();
+    // Left behind: the frozen word embeddings, and the key biases, which no gradient reaches (a softmax does not
+    // see the same number added to every score).
+    assert_eq!(
+        kept,
+        [
+            "embeddings.word_embeddings.weight",
+            "encoder.layer.0.attention.self.key.bias",
+            "encoder.layer.1.attention.self.key.bias"
+        ],
+        "{q:?}"
+    );
+    assert!(!cq.contains_key("embeddings.word_embeddings.weight") && cq.len() + 3 == names("q").len());
+    assert!(cq.values().all(|t| t.kind() == Kind::BFloat16));
+    // The document side: only its adapters (4 projections × 2 layers × A, B), f32.
+    let cd = carried("carry-d");
+    assert_eq!((cd.len(), d.kept), (16, names("d").len()), "{:?}", cd.keys().collect::<Vec<_>>());
+    assert!(cd.iter().all(|(n, t)| n.contains(".lora_") && t.kind() == Kind::Float));
+
+    carry_in(&r.join("carry-q"), &r.join("q"), &r.join("back-q")).unwrap();
+    carry_in(&r.join("carry-d"), &r.join("d"), &r.join("back-d")).unwrap();
+    let load = |dir: &str| Weights::load_dir(&r.join(dir), Device::Cpu, Kind::Float).unwrap();
+    let worst = |a: &Weights, b: &Weights| {
+        assert_eq!(a.names(), b.names());
+        a.iter()
+            .map(|(n, x)| {
+                let y = b.get(n, &x.size()).unwrap();
+                ((x - &y).abs().max().double_value(&[]) / y.abs().max().double_value(&[]).max(1e-12), n.clone())
+            })
+            .fold((0.0, String::new()), |m, v| if v.0 > m.0 { v } else { m })
+    };
+    let (rel, name) = worst(&load("back-d"), &load("merged/document"));
+    assert!(rel <= 1e-5, "document side {name}: {rel}");
+    let (rel, name) = worst(&load("back-q"), &load("merged/query"));
+    assert!(rel <= 1.0 / 256.0, "query side {name}: {rel}");
+    // Trained at all: the query side moved by more than its rounding.
+    let (moved, _) = worst(&load("back-q"), &load("q"));
+    assert!(moved > 1e-2, "{moved}");
+    // The embeddings of the rebuilt encoders are the run's.
+    let texts: Vec<String> = examples(4).iter().map(|e| e.query.clone()).collect();
+    for (a, b) in [("back-q", "merged/query"), ("back-d", "merged/document")] {
+        let ea =
+            Encoder::load(&r.join(a), Device::Cpu, Kind::Float).unwrap().embed_all(&texts, 4, &mut |_| {}).unwrap();
+        let eb =
+            Encoder::load(&r.join(b), Device::Cpu, Kind::Float).unwrap().embed_all(&texts, 4, &mut |_| {}).unwrap();
+        let cos = (&ea * &eb).sum_dim_intlist(1, false, Kind::Float).min().double_value(&[]);
+        assert!(cos > 0.999, "{a}: cosine {cos}");
+    }
+    // Another start is refused: its word embeddings are not the frozen ones.
+    let err = carry_in(&r.join("carry-q"), &r.join("d"), &r.join("wrong")).unwrap_err();
+    assert!(err.to_string().contains("not the one trained from"), "{err}");
+}

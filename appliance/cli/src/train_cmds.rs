@@ -31,6 +31,15 @@ pub enum TrainCommand {
     },
     /// One run as JSON (recipe, data counts, phase times, candidate, gate decision).
     Show { job: i64 },
+    /// The recipe a run takes (this machine's default, or DEVICE's, with the settings given on top), as JSON:
+    /// what `packaging/dev.sh device-recipe` hands the GPU machine's script.
+    Recipe {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// cpu or cuda: the default recipe of that device instead of this machine's.
+        #[arg(long, value_parser = ["cpu", "cuda"])]
+        device: Option<String>,
+    },
     /// Write what the next run would train on (corpus.jsonl, stage2.jsonl) into a folder and print the counts.
     Data {
         #[arg(long)]
@@ -114,14 +123,15 @@ pub struct RecipeArgs {
 }
 
 impl RecipeArgs {
-    fn recipe(&self) -> Result<Recipe> {
+    /// The recipe given, over `base` (this machine's default) when none is.
+    fn recipe(&self, base: Recipe) -> Result<Recipe> {
         let mut r: Recipe = match &self.recipe {
             // Inline when it looks like a JSON object: a file is rarely named `{...`.
             Some(j) if j.trim_start().starts_with('{') => serde_json::from_str(j)
                 .with_context(|| format!("--recipe {j}: not a recipe (a JSON object with Recipe fields)"))?,
             Some(p) => serde_json::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {p}"))?)
                 .with_context(|| format!("{p}: not a recipe (a JSON object with Recipe fields)"))?,
-            None => Recipe::default(),
+            None => base,
         };
         r.query_layers = self.query_layers.or(r.query_layers);
         r.stage1_steps = self.stage1_steps.unwrap_or(r.stage1_steps);
@@ -145,7 +155,14 @@ pub fn run_train(e: Arc<Engine>, actor: &Admin, workers: usize, cmd: TrainComman
             let s = care_engine::training::refresh_trainer_status(&e);
             if s.ready {
                 println!("care-train ready: {} (device {})", s.version, s.device);
-                match e.training().estimate(actor, &Recipe::default())? {
+                let defaults = e.training().default_recipe();
+                if defaults.sides == care_engine::training::Sides::Both {
+                    println!(
+                        "默认配方：查询编码器与文档编码器一起训练（GPU），{} 步 × {} 组",
+                        defaults.stage2_steps, defaults.stage2_batch_size
+                    );
+                }
+                match e.training().estimate(actor, &defaults)? {
                     Some(x) => {
                         println!("默认配方预计约 {} 分钟（按本机运行 #{} 的各阶段用时估算）", x.minutes(), x.from_job)
                     }
@@ -162,8 +179,15 @@ pub fn run_train(e: Arc<Engine>, actor: &Admin, workers: usize, cmd: TrainComman
                 return Ok(2);
             }
         }
+        TrainCommand::Recipe { recipe, device } => {
+            let base = match device {
+                Some(d) => Recipe::for_device(&d),
+                None => e.training().default_recipe(),
+            };
+            println!("{}", serde_json::to_string_pretty(&recipe.recipe(base)?)?);
+        }
         TrainCommand::Run { recipe, detach } => {
-            let job = e.training().submit(actor, &recipe.recipe()?, None)?;
+            let job = e.training().submit(actor, &recipe.recipe(e.training().default_recipe())?, None)?;
             println!("queued training job {job}");
             if !detach {
                 return follow(e, actor, workers, job);
@@ -189,14 +213,19 @@ pub fn run_train(e: Arc<Engine>, actor: &Admin, workers: usize, cmd: TrainComman
             }
         }
         TrainCommand::Data { out, recipe } => {
-            let counts = e.training().data(actor, &out, &recipe.recipe()?)?;
+            let counts = e.training().data(actor, &out, &recipe.recipe(e.training().default_recipe())?)?;
             println!("{}", serde_json::to_string_pretty(&counts)?);
         }
         TrainCommand::Show { job } => println!("{}", serde_json::to_string_pretty(&e.training().run(actor, job)?)?),
         TrainCommand::Schedule { command } => match command {
             ScheduleCommand::Add { weekday, time, min_new_feedback, recipe, disabled } => {
-                let spec =
-                    ScheduleSpec { weekday, time, min_new_feedback, recipe: recipe.recipe()?, enabled: !disabled };
+                let spec = ScheduleSpec {
+                    weekday,
+                    time,
+                    min_new_feedback,
+                    recipe: recipe.recipe(e.training().default_recipe())?,
+                    enabled: !disabled,
+                };
                 let id = e.training().set_schedule(actor, None, &spec)?;
                 let s = e.training().schedules(actor)?.into_iter().find(|s| s.id == id);
                 println!("schedule {id} added; next due {}", s.map(|s| s.next_due).unwrap_or_default());

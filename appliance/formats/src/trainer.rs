@@ -369,6 +369,10 @@ pub struct Stage2Options {
     /// Fill each batch from one source, so in-batch negatives come from the positive's collection.
     pub batch_by_source: bool,
     pub lora: Lora,
+    /// Save the trained document side unmerged: its start's weights, the LoRA adapters and `lora.json`, for
+    /// `care-train carry-out` to take back only the adapters (a lent GPU machine's runs). Such a folder is not a
+    /// model until `carry-in` folds the adapters in.
+    pub document_adapters: bool,
 }
 
 impl Default for Stage2Options {
@@ -386,6 +390,7 @@ impl Default for Stage2Options {
             freeze_document: false,
             batch_by_source: false,
             lora: Lora::default(),
+            document_adapters: false,
         }
     }
 }

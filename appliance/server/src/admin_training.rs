@@ -42,6 +42,7 @@ struct TrainingPage {
     trainer: TrainerStatus,
     live: String,
     approved: Vec<String>,
+    /// The recipe this machine runs by default ([`Recipe::for_device`]): both sides on a GPU.
     defaults: Recipe,
     /// The default recipe's expected wall time, from the newest finished run of its shape here.
     estimate: Option<Estimate>,
@@ -58,6 +59,15 @@ struct TrainingPage {
 impl TrainingPage {
     fn disk_short(&self) -> bool {
         self.disk.as_ref().is_some_and(|d| !d.enough())
+    }
+
+    fn both_by_default(&self) -> bool {
+        self.defaults.sides == Sides::Both
+    }
+
+    /// Groups one default run trains on: steps × groups a step.
+    fn default_groups(&self) -> u64 {
+        self.defaults.stage2_steps * self.defaults.stage2_batch_size as u64
     }
 }
 
@@ -144,7 +154,7 @@ pub async fn training_page(
     caller: Caller,
     f: web::Query<Flash>,
 ) -> Result<HttpResponse, ApiError> {
-    let (trainer, live, approved, schedules, runs, (estimate, disk, disk_both, estimate_both)) =
+    let (trainer, live, approved, schedules, runs, (estimate, disk, disk_both, estimate_both, defaults)) =
         call_admin(&state, &caller, |e, a| {
             let runs: Vec<RunRow> = e.training().runs(a, 20)?.into_iter().map(|r| row(e, a, r)).collect();
             let live = e
@@ -160,11 +170,13 @@ pub async fn training_page(
                 .collect();
             let schedules =
                 e.training().schedules(a)?.into_iter().map(|s| ScheduleRow { when: describe(&s), s }).collect();
+            let defaults = e.training().default_recipe();
             let estimate = (
-                e.training().estimate(a, &Recipe::default())?,
-                e.training().disk(a, Recipe::default().sides)?,
+                e.training().estimate(a, &defaults)?,
+                e.training().disk(a, defaults.sides)?,
                 e.training().disk(a, Sides::Both)?,
-                e.training().estimate(a, &Recipe { sides: Sides::Both, ..Recipe::default() })?,
+                e.training().estimate(a, &Recipe { sides: Sides::Both, ..defaults.clone() })?,
+                defaults,
             );
             Ok((
                 care_engine::training::trainer_status(&e),
@@ -185,7 +197,7 @@ pub async fn training_page(
         trainer,
         live,
         approved,
-        defaults: Recipe::default(),
+        defaults,
         estimate,
         disk,
         disk_both,
@@ -233,14 +245,17 @@ fn number<T: std::str::FromStr>(field: &str, v: &str) -> Result<Option<T>, care_
 }
 
 impl RecipeForm {
-    fn recipe(&self) -> Result<Recipe, care_engine::Error> {
-        let mut r = Recipe::default();
+    /// The form's settings over `base`, the recipe this machine runs by default (the schedule form has no sides
+    /// field: a schedule takes the default's).
+    fn recipe(&self, base: Recipe) -> Result<Recipe, care_engine::Error> {
+        let mut r = base;
         r.query_layers = number("query_layers", &self.query_layers)?;
         r.stage1_steps = number("stage1_steps", &self.stage1_steps)?.unwrap_or(r.stage1_steps);
         r.stage2_steps = number("stage2_steps", &self.stage2_steps)?.unwrap_or(r.stage2_steps);
         r.stage2_batch_size = number("stage2_batch_size", &self.stage2_batch_size)?.unwrap_or(r.stage2_batch_size);
         r.sides = match self.sides.trim() {
-            "" | "query_only" => Sides::QueryOnly,
+            "" => r.sides,
+            "query_only" => Sides::QueryOnly,
             "both" => Sides::Both,
             other => {
                 return Err(care_engine::Error::InvalidInput(format!(
@@ -269,7 +284,11 @@ pub async fn train_now(
     f: web::Form<RecipeForm>,
 ) -> Result<HttpResponse, ApiError> {
     let f = f.into_inner();
-    match call_admin(&state, &caller, move |e, a| e.training().submit(a, &f.recipe()?, None)).await {
+    match call_admin(&state, &caller, move |e, a| {
+        e.training().submit(a, &f.recipe(e.training().default_recipe())?, None)
+    })
+    .await
+    {
         Ok(id) => Ok(back_with("/admin/training", &format!("已提交训练任务 #{id}，进度见本页"))),
         Err(e) => back_with_error("/admin/training", e),
     }
@@ -287,7 +306,7 @@ pub async fn add_schedule(
             weekday: number("weekday", &f.weekday)?,
             time: Some(f.time.trim().to_string()).filter(|t| !t.is_empty()),
             min_new_feedback: number("min_new_feedback", &f.min_new_feedback)?,
-            recipe: f.recipe()?,
+            recipe: f.recipe(e.training().default_recipe())?,
             enabled: true,
         };
         e.training().set_schedule(a, None, &spec)
@@ -328,13 +347,17 @@ mod tests {
 
     #[test]
     fn the_form_chooses_the_sides_and_the_stage_two_batch() {
-        let r = form("sides=both&stage2_steps=150&stage2_batch_size=8&promote=1").recipe().unwrap();
+        let r = form("sides=both&stage2_steps=150&stage2_batch_size=8&promote=1").recipe(Recipe::default()).unwrap();
         assert_eq!((r.sides, r.stage2_steps, r.stage2_batch_size, r.promote), (Sides::Both, 150, 8, true));
-        let r = form("stage2_batch_size=").recipe().unwrap();
+        let r = form("stage2_batch_size=").recipe(Recipe::default()).unwrap();
         assert_eq!((r.sides, r.stage2_batch_size), (Sides::QueryOnly, Recipe::default().stage2_batch_size));
-        let err = form("sides=documents").recipe().unwrap_err();
+        let err = form("sides=documents").recipe(Recipe::default()).unwrap_err();
         assert!(err.to_string().contains("训练范围"), "{err}");
-        assert!(form("stage2_batch_size=x").recipe().is_err());
+        assert!(form("stage2_batch_size=x").recipe(Recipe::default()).is_err());
+        // On a GPU both sides train by default; a form without a sides field (the schedule's) keeps that.
+        let gpu = Recipe::for_device("cuda");
+        assert_eq!(form("stage2_steps=10").recipe(gpu.clone()).unwrap().sides, Sides::Both);
+        assert_eq!(form("sides=query_only").recipe(gpu).unwrap().sides, Sides::QueryOnly);
         assert_eq!(phase_label("embed"), "重新生成文档向量");
     }
 }

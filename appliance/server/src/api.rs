@@ -916,24 +916,21 @@ pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiErro
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/training", tag = "admin",
-    responses((status = 200, description = "whether care-train can run here (and why not), the default recipe and its expected wall time (`default_estimate`: from the newest finished run of its shape on this device, null before one), the data disk's free and needed bytes for a run (`disk`, null when no pair is live), the same two for the default recipe with `sides = both` (`both_estimate`, `both_disk`: its weights, the document encoder's and the new document vectors, re-embedding included), schedules and the newest runs", body = Object)))]
+    responses((status = 200, description = "whether care-train can run here (and why not), the default recipe (this machine's: both sides on a GPU) and its expected wall time (`default_estimate`: from the newest finished run of its shape on this device, null before one), the data disk's free and needed bytes for a run (`disk`, null when no pair is live), the same two for the default recipe with `sides = both` (`both_estimate`, `both_disk`: its weights, the document encoder's and the new document vectors, re-embedding included), schedules and the newest runs", body = Object)))]
 #[get("/api/v1/admin/training")]
 pub async fn admin_training(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
-    let both = Recipe { sides: care_engine::training::Sides::Both, ..Recipe::default() };
-    let (trainer, runs, schedules, (estimate, disk, both_estimate, both_disk)) =
+    let (trainer, runs, schedules, (estimate, disk, both_estimate, both_disk), defaults) =
         call_admin(&state, &caller, move |e, a| {
             let runs = e.training().runs(a, 50)?;
             let t = e.training();
-            let estimate = (
-                t.estimate(a, &Recipe::default())?,
-                t.disk(a, Recipe::default().sides)?,
-                t.estimate(a, &both)?,
-                t.disk(a, both.sides)?,
-            );
-            Ok((care_engine::training::trainer_status(&e), runs, t.schedules(a)?, estimate))
+            let defaults = t.default_recipe();
+            let both = Recipe { sides: care_engine::training::Sides::Both, ..defaults.clone() };
+            let estimate =
+                (t.estimate(a, &defaults)?, t.disk(a, defaults.sides)?, t.estimate(a, &both)?, t.disk(a, both.sides)?);
+            Ok((care_engine::training::trainer_status(&e), runs, t.schedules(a)?, estimate, defaults))
         })
         .await?;
-    Ok(HttpResponse::Ok().json(serde_json::json!({"trainer": trainer, "default_recipe": Recipe::default(),
+    Ok(HttpResponse::Ok().json(serde_json::json!({"trainer": trainer, "default_recipe": defaults,
         "default_estimate": estimate, "disk": disk, "both_estimate": both_estimate, "both_disk": both_disk,
         "schedules": schedules, "runs": runs})))
 }

@@ -149,6 +149,19 @@ impl Default for Recipe {
 }
 
 impl Recipe {
+    /// The recipe a run takes when the admin changes nothing, on `device` ("cuda" or "cpu"). On a CPU, the query side
+    /// at the default budget (both sides cost about 40× a group there: 16,000 groups would be some 11 hours of Stage
+    /// II on 2 cores). On a GPU, CARE's full Stage II at the same budget (500 steps × 32 groups): the document side
+    /// through LoRA too, at CARE's learning rate 1e-4, each batch in one graph (no gradient cache). On the CPU both
+    /// sides gained toyhom_neike +2.40 from 1,200 groups where the query side alone stayed below +2.4
+    /// (docs/experiments/2026-11-27-retraining-both-sides-at-equal-budget.md).
+    pub fn for_device(device: &str) -> Recipe {
+        match device {
+            "cuda" => Recipe { sides: Sides::Both, lr: 1e-4, stage2_sub_batch: 0, ..Recipe::default() },
+            _ => Recipe::default(),
+        }
+    }
+
     /// Stage I's steps for a run from `pair`. Stage I aligns a query encoder to the frozen document encoder. When
     /// the query encoder *is* the document encoder (a symmetric pair such as e5-small, kept at full size) they are
     /// aligned by construction, and Stage I would only spend hours teaching a model its own vectors: 0, and Stage II
@@ -551,12 +564,17 @@ fn check_training_disk(engine: &Engine, pair: &ActivePair, recipe: &Recipe) -> R
 
 /// "cuda" when a GPU is visible and the device setting allows it, else "cpu".
 fn training_device(engine: &Engine) -> String {
-    match engine.cfg.training.device.as_str() {
+    device_for(&engine.cfg.training).to_string()
+}
+
+/// The device runs train on under `cfg` (`training.device`: auto, cpu or cuda) on this machine: "cuda" when a GPU
+/// is visible and the setting allows it, else "cpu" (`care doctor` says it, with the recipe it picks).
+pub fn device_for(cfg: &TrainingConfig) -> &'static str {
+    match cfg.device.as_str() {
         "cpu" => "cpu",
         _ if Path::new("/dev/nvidia0").exists() || Path::new("/dev/nvidiactl").exists() => "cuda",
         _ => "cpu",
     }
-    .to_string()
 }
 
 /// The checks a run must pass before it is queued (they read the disk and start `care-train --version`, so
@@ -1081,8 +1099,14 @@ impl crate::engine::Training<'_> {
     /// Said before an admin starts a run (the 训练 page, `care train status`): whether the data disk holds a run
     /// from the live pair. None when no pair is live.
     pub fn disk(&self, _admin: &Admin, sides: Sides) -> Result<Option<TrainingDisk>> {
-        let recipe = Recipe { sides, ..Recipe::default() };
+        let recipe = Recipe { sides, ..self.default_recipe() };
         self.engine.retrieval().active_models()?.map(|p| training_disk(self.engine, &p, &recipe)).transpose()
+    }
+
+    /// The recipe a run takes here when the admin changes nothing ([`Recipe::for_device`] of this machine's
+    /// training device): the 训练 page's form, `care train run` without settings, the API's `default_recipe`.
+    pub fn default_recipe(&self) -> Recipe {
+        Recipe::for_device(&training_device(self.engine))
     }
 
     /// How long `recipe` should take here, judged from the newest finished run of its shape on this device.
