@@ -7,13 +7,14 @@
 # as served (`care eval`, as tests/bench/retrain_real.sh does). The live pair is made live again at the end.
 #   trainer/bench/recipe_back.sh BACK PACK DATA_DIR [OUT]   (OUT: tests/results/recipe-gpu-DATE; writes OUT.json)
 # BACK: what the device run wrote under $OUT; PACK: the folder recipe_prepare.sh packed (its recipes, the pruned
-# file). Needs CARE_BIN, CARE_TRAIN_BIN, CARE_E5S1, CARE_SHARED. SETS: the dev splits scored (default all three).
+# file). Needs CARE_BIN, CARE_TRAIN_BIN, CARE_E5S1, CARE_SHARED. SETS: the dev splits scored, SET:COLLECTION
+# (default the three of retrain_real.sh), from SETS_DIR (default CARE_SHARED's retrieval sets).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 back=${1:?usage: recipe_back.sh BACK PACK DATA_DIR [OUT_NAME]}
 pack=${2:?} data=${3:?} result=${4:-tests/results/recipe-gpu-$(date -u +%F)}
 care=${CARE_BIN:-${CARGO_TARGET_DIR:-target}/debug/care}
-sets=${CARE_SHARED:-../shared}/data/retrieval
+sets=${SETS_DIR:-${CARE_SHARED:-../shared}/data/retrieval}
 : "${CARE_TRAIN_BIN:?}" "${CARE_E5S1:?}"
 work=$data/recipe-back
 mkdir -p "$work"
@@ -50,24 +51,25 @@ ct export --query "$m/a-query-merged" --out "$work/pk/a-query" --name gpu-a --ve
 ct export --role document --query "$m/a-document-merged" --out "$work/pk/a-document" --name gpu-a-doc \
     --version "$stamp" --pairing-id "$pairing"
 ct export --query "$m/b-query" --out "$work/pk/b-query" --name gpu-b --version "$stamp" --pairing-id "$pairing"
-for p in a-query a-document b-query; do c model import "$work/pk/$p" >>"$work/care.log"; done
+for p in a-query a-document b-query; do c model import "$work/pk/$p" >>"$work/care.log" 2>&1; done
 
-live=${LIVE_PAIR:-e5-small-q4@1}   # the pair live before, made live again at the end
+# The pair live before (the newest line of the history), made live again at the end.
+read -r live_q live_d < <(c model history | head -1 | awk '{print $2, $4}')
 eval_set() { # WHEN SET COLLECTION
-    c eval --set "$sets/$2" --split dev --collection "$3" --out "$work/$1-$2.json" >>"$work/care.log"
+    c eval --set "$sets/$2" --split dev --collection "$3" --out "$work/$1-$2.json" >>"$work/care.log" 2>&1
 }
 SETS=${SETS:-"huatuo26m_test:huatuo toyhom_neike:huatuo kuake_qtr:kuake"}
 evals() { for s in $SETS; do eval_set "$1" "${s%%:*}" "${s#*:}"; done; }
 [ -f "$work/before-done" ] || { evals before; touch "$work/before-done"; }
 # (a): gated against the live pair (its document side is embedded into its own tables first), made live, scored.
-c model evaluate --candidate "gpu-a@$stamp,gpu-a-doc@$stamp" --out "$work/gate-a.json" >"$work/gate-a.txt" 2>&1 || true
-c model activate --query "gpu-a@$stamp" --document "gpu-a-doc@$stamp" >>"$work/care.log"
+c model evaluate --candidate "gpu-a@$stamp,gpu-a-doc@$stamp" --out "$work/gate-a.json" >"$work/gate-a.txt" 2>>"$work/care.log" || true
+c model activate --query "gpu-a@$stamp" --document "gpu-a-doc@$stamp" >>"$work/care.log" 2>&1
 evals a
 # (b): the 4-layer query encoder with (a)'s document side, gated against (a), served as int8.
-c model evaluate --candidate "gpu-b@$stamp,gpu-a-doc@$stamp" --out "$work/gate-b.json" >"$work/gate-b.txt" 2>&1 || true
-c model activate --query "gpu-b@$stamp" --document "gpu-a-doc@$stamp" --query-graph int8 >>"$work/care.log"
+c model evaluate --candidate "gpu-b@$stamp,gpu-a-doc@$stamp" --out "$work/gate-b.json" >"$work/gate-b.txt" 2>>"$work/care.log" || true
+c model activate --query "gpu-b@$stamp" --document "gpu-a-doc@$stamp" --query-graph int8 >>"$work/care.log" 2>&1
 evals b
-c model activate --query "$live" --document "$live" >>"$work/care.log"
+c model activate --query "$live_q" --document "$live_d" >>"$work/care.log" 2>&1
 
 python3 - "$work" "$result" "$back" "$SETS" <<'EOF'
 import json, os, sys
@@ -75,7 +77,9 @@ work, out, back, sets = sys.argv[1:5]
 sets = [s.split(":")[0] for s in sets.split()]
 nd = lambda f: {m: v["ndcg_at_10"] for m, v in json.load(open(f))["methods"].items()}
 rows = {s: {w: nd(f"{work}/{w}-{s}.json") for w in ("before", "a", "b")} for s in sets}
-gate = {k: open(f"{work}/gate-{k}.txt").read() for k in ("a", "b") if os.path.exists(f"{work}/gate-{k}.txt")}
+gate = {k: {"report": open(f"{work}/gate-{k}.txt").read().splitlines(),
+            "json": json.load(open(f"{work}/gate-{k}.json")) if os.path.exists(f"{work}/gate-{k}.json") else None}
+        for k in ("a", "b") if os.path.exists(f"{work}/gate-{k}.txt")}
 times = dict(l.split() for l in open(f"{back}/times.txt")) if os.path.exists(f"{back}/times.txt") else {}
 machine = open(f"{back}/machine.txt").read() if os.path.exists(f"{back}/machine.txt") else None
 result = {"what": "issue 57: CARE's recipe at full budget on a GPU, dev nDCG@10 as served here",
@@ -83,5 +87,5 @@ result = {"what": "issue 57: CARE's recipe at full budget on a GPU, dev nDCG@10 
 json.dump(result, open(out + ".json", "w"), ensure_ascii=False, indent=2)
 for s in sets:
     b = rows[s]["before"].get("weighted")
-    print(s, " ".join(f"{w} {rows[s][w].get('weighted', 0):.4f} ({(rows[s][w].get('weighted', 0) - b) * 100:+.2f})" for w in ("a", "b")))
+    print(s, "weighted nDCG@10 before", f"{b:.4f};", " ".join(f"{w} {rows[s][w].get('weighted', 0):.4f} ({(rows[s][w].get('weighted', 0) - b) * 100:+.2f})" for w in ("a", "b")))
 EOF

@@ -48,4 +48,4 @@ c judgments import mini mini-train --beir "$root/set" --split train >/dev/null
 cp "$CARE_TRAIN_BIN" "$root/pack/care-train"
 trainer/bench/recipe_prepare.sh "$data" "$root/pack"
 OUT=$root/back WORK=$root/device DEVICE=cpu STEPS1=2 STEPS2=2 BATCH1=4 BATCH2=2 bash "$root/pack/recipe.sh"
-SETS="mini:mini" trainer/bench/recipe_back.sh "$root/back" "$root/pack" "$data" "$root/result"
+SETS="set:mini" SETS_DIR=$root trainer/bench/recipe_back.sh "$root/back" "$root/pack" "$data" "$root/result"

@@ -140,3 +140,18 @@ fn the_estimate_scales_the_newest_finished_run_of_the_same_shape_on_this_device(
     assert_eq!(estimate(&runs, &d, "cuda").unwrap().from_job, 11);
     assert_eq!(estimate(&runs[..1], &d, "cpu"), None, "nothing finished: no estimate");
 }
+
+/// Issue 57: a GPU gets CARE's full Stage II by default (both sides, 500 steps × 32 groups, CARE's 1e-4, no gradient
+/// cache); a CPU keeps the query side's recipe. Both pass the bounds a request is held to.
+#[test]
+fn the_default_recipe_on_a_gpu_trains_both_sides_at_full_budget() {
+    let gpu = Recipe::for_device("cuda");
+    assert_eq!((gpu.sides, gpu.stage2_steps * gpu.stage2_batch_size as u64), (Sides::Both, 16_000));
+    assert_eq!((gpu.lr, gpu.stage2_sub_batch, gpu.merge_ratio), (1e-4, 0, Recipe::default().merge_ratio));
+    assert_eq!(Recipe::for_device("cpu"), Recipe::default());
+    assert_eq!(Recipe::default().sides, Sides::QueryOnly);
+    gpu.check().unwrap();
+    // The device follows the setting: "cpu" whatever the machine has.
+    let cfg = TrainingConfig { device: "cpu".into(), ..TrainingConfig::default() };
+    assert_eq!(device_for(&cfg), "cpu");
+}
