@@ -11,7 +11,7 @@
 # (default the three of retrain_real.sh), from SETS_DIR (default CARE_SHARED's retrieval sets).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-back=${1:?usage: recipe_back.sh BACK PACK DATA_DIR [OUT_NAME]}
+back=${1:?usage: recipe_back.sh BACK PACK DATA_DIR [OUT]}
 pack=${2:?} data=${3:?} result=${4:-tests/results/recipe-gpu-$(date -u +%F)}
 care=${CARE_BIN:-${CARGO_TARGET_DIR:-target}/debug/care}
 sets=${SETS_DIR:-${CARE_SHARED:-../shared}/data/retrieval}
@@ -38,8 +38,9 @@ rebuilt() {
 }
 rebuilt "$back/a-query" "$m/e5p" "$m/e5" "$m/a-query"
 rebuilt "$back/a-document" "$m/e5p" "$m/e5" "$m/a-document"
-ct merge --tuned "$m/a-query" --base "$m/e5" --ratio "$(r "$A" merge_ratio)" --out "$m/a-query-merged"
-ct merge --tuned "$m/a-document" --base "$m/e5" --ratio "$(r "$A" merge_ratio)" --out "$m/a-document-merged"
+ratio=$(r "$A" merge_ratio)
+ct merge --tuned "$m/a-query" --base "$m/e5" --ratio "$ratio" --out "$m/a-query-merged"
+ct merge --tuned "$m/a-document" --base "$m/e5" --ratio "$ratio" --out "$m/a-document-merged"
 ct prune --from "$m/e5p" --layers "$layers" --pick spread --out "$m/b-base-pruned"
 ct prune --from "$m/e5" --layers "$layers" --pick spread --out "$m/b-base"
 # (b) was merged with its Stage I start on the device: what came back is the query encoder as the job leaves it.

@@ -12,6 +12,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
+use crate::encoder::{read_json, write_json};
+use crate::models::linear::lora_delta;
 use crate::weights::{Weights, save_tensors};
 use crate::{Error, Result};
 
@@ -57,9 +59,9 @@ pub struct CarryReport {
     pub bytes: u64,
 }
 
-fn fingerprint(t: &Tensor) -> Result<Fingerprint> {
+fn fingerprint(t: &Tensor) -> Fingerprint {
     let t = t.to_kind(Kind::Double);
-    Ok(Fingerprint { shape: t.size(), sum: t.sum(Kind::Double).double_value(&[]), l2: t.norm().double_value(&[]) })
+    Fingerprint { shape: t.size(), sum: t.sum(Kind::Double).double_value(&[]), l2: t.norm().double_value(&[]) }
 }
 
 fn unchanged(t: &Tensor, base: &Tensor) -> bool {
@@ -69,11 +71,6 @@ fn unchanged(t: &Tensor, base: &Tensor) -> bool {
     let (t, b) = (t.to_kind(Kind::Double), base.to_kind(Kind::Double));
     let bound = b.abs() * UNCHANGED + 1e-12;
     (t - b).abs().le_tensor(&bound).all().int64_value(&[]) != 0
-}
-
-fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_str(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
 }
 
 /// Writes what `trained` changed against `base` into the folder `out` (`carry.json` + `tensors.safetensors`).
@@ -89,9 +86,9 @@ pub fn carry_out(trained: &Path, base: &Path, out: &Path) -> Result<CarryReport>
         if adapter && lora.is_none() {
             return Err(Error::Weights(format!("{name}: LoRA adapters without {LORA_FILE} (their scale)")));
         }
-        match b.iter().find(|(n, _)| *n == name) {
-            Some((_, start)) if !adapter && unchanged(tensor, start) => {
-                kept.insert(name.clone(), fingerprint(start)?);
+        match b.tensor(name) {
+            Some(start) if !adapter && unchanged(tensor, start) => {
+                kept.insert(name.clone(), fingerprint(start));
             }
             // Adapters are small and all of the document side's change: f32, as trained.
             _ => carried
@@ -115,7 +112,7 @@ pub fn carry_out(trained: &Path, base: &Path, out: &Path) -> Result<CarryReport>
         kept,
         lora,
     };
-    crate::encoder::write_json(&out.join(CARRY_FILE), &serde_json::to_value(&manifest).unwrap_or_default())?;
+    write_json(&out.join(CARRY_FILE), &serde_json::to_value(&manifest).unwrap_or_default())?;
     let bytes = std::fs::metadata(&file).map_err(|e| Error::io(&file, e))?.len();
     Ok(CarryReport { carried: manifest.carried.len(), kept: manifest.kept.len(), bytes })
 }
@@ -135,7 +132,7 @@ pub fn carry_in(carried: &Path, base: &Path, out: &Path) -> Result<CarryReport> 
     let mut w = Weights::load_dir(base, Device::Cpu, Kind::Float)?;
     for (name, f) in &m.kept {
         let t = w.get(name, &f.shape)?;
-        let g = fingerprint(&t)?;
+        let g = fingerprint(&t);
         let close = |a: f64, b: f64, scale: f64| (a - b).abs() <= 1e-4 * scale.max(1e-6);
         if !(close(g.l2, f.l2, f.l2) && close(g.sum, f.sum, f.l2 * (t.numel() as f64).sqrt())) {
             return Err(Error::Weights(format!(
@@ -164,17 +161,19 @@ pub fn carry_in(carried: &Path, base: &Path, out: &Path) -> Result<CarryReport> 
         let (a, b) = if *a_first { (x, y) } else { (y, x) };
         let name = format!("{prefix}.weight");
         let base_w = w.remove(&name).ok_or_else(|| Error::Weights(format!("{name}: no weight under the adapter")))?;
-        w.insert(name, base_w + b.matmul(a) * scale);
+        w.insert(name, base_w + lora_delta(a, b, scale));
     }
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     for entry in std::fs::read_dir(base).map_err(|e| Error::io(base, e))? {
         let p = entry.map_err(|e| Error::io(base, e))?.path();
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        if p.is_file() && !name.starts_with("model.safetensors") && name != "model.safetensors.index.json" {
+        // Every weights file (one, or shards and their index) is replaced by the rebuilt model.safetensors.
+        let weights = name.ends_with(".safetensors") || name == "model.safetensors.index.json";
+        if p.is_file() && !weights {
             std::fs::copy(&p, out.join(name)).map_err(|e| Error::io(&p, e))?;
         }
     }
-    crate::encoder::write_json(&out.join("config.json"), &m.config)?;
+    write_json(&out.join("config.json"), &m.config)?;
     save_tensors(w.iter().map(|(n, t)| (n.clone(), t.shallow_clone())), &out.join("model.safetensors"))?;
     let bytes = std::fs::metadata(out.join("model.safetensors")).map_err(|e| Error::io(out, e))?.len();
     Ok(CarryReport { carried: m.carried.len(), kept: m.kept.len(), bytes })

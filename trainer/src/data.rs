@@ -53,6 +53,12 @@ pub struct Doc {
     pub kind: Option<String>,
 }
 
+/// A corpus line's text as training reads it: title and text joined by a space when there is a title
+/// (`care-train prune-vocab` keeps the pieces of exactly this).
+pub fn corpus_text(title: &str, text: &str) -> String {
+    if title.trim().is_empty() { text.to_string() } else { format!("{} {text}", title.trim()) }
+}
+
 /// `corpus.jsonl` (BEIR or the training corpus): title and text joined by a space when both are present.
 pub fn read_corpus(path: &Path) -> Result<Vec<Doc>> {
     let mut out = Vec::new();
@@ -63,8 +69,7 @@ pub fn read_corpus(path: &Path) -> Result<Vec<Doc>> {
         }
         let c: CorpusLine =
             serde_json::from_str(&line).map_err(|e| Error::Data(format!("{} line {}: {e}", path.display(), i + 1)))?;
-        let text = if c.title.trim().is_empty() { c.text } else { format!("{} {}", c.title.trim(), c.text) };
-        out.push(Doc { id: c.id, text, kind: c.kind });
+        out.push(Doc { id: c.id, text: corpus_text(&c.title, &c.text), kind: c.kind });
     }
     Ok(out)
 }

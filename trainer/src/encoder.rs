@@ -278,6 +278,12 @@ impl Encoder {
     }
 }
 
+/// Reads a JSON file into `T` (a `serde_json::Value` for an untyped one); a malformed file is a config error.
+pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    serde_json::from_str(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+}
+
 pub fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
     let tmp = path.with_extension("json.tmp");
     let text = serde_json::to_string_pretty(v).unwrap_or_default() + "\n";

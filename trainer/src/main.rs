@@ -854,11 +854,13 @@ fn prune_vocab(e5s1: &Path, files: &[PathBuf]) -> Result<(usize, Vec<u8>)> {
             for k in ["pos", "neg", "negatives"] {
                 strings.extend(v[k].as_array().into_iter().flatten().filter_map(|s| s.as_str()).map(str::to_string));
             }
-            // A corpus line is read as its title and text joined (data::read_corpus).
-            if let (Some(title), Some(text)) =
-                (v["title"].as_str().filter(|t| !t.trim().is_empty()), v["text"].as_str())
-            {
-                strings.push(format!("{} {text}", title.trim()));
+            // A corpus line is read as its title and text joined (data::read_corpus); without a title that is the
+            // text, already listed.
+            if let Some(text) = v["text"].as_str() {
+                let joined = care_trainer::data::corpus_text(v["title"].as_str().unwrap_or(""), text);
+                if joined != text {
+                    strings.push(joined);
+                }
             }
             for s in strings {
                 for rendered in [format!("query: {s}"), format!("passage: {s}")] {

@@ -11,16 +11,12 @@ use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
 
+use crate::encoder::read_json;
 use crate::weights::Weights;
 use crate::{Error, Result};
 
 /// The word-embedding table of the encoders the trainer prunes (BERT / XLM-R names).
 const WORD: &str = "embeddings.word_embeddings.weight";
-
-fn read_json(path: &Path) -> Result<serde_json::Value> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_str(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
-}
 
 /// The tokens of a `tokenizer.json`'s model, by id (Unigram: its list; WordLevel: its map).
 fn tokens(tj: &serde_json::Value) -> Result<Vec<String>> {
@@ -58,11 +54,11 @@ pub fn kept_ids(dir: &Path, texts: &[String]) -> Result<Vec<u32>> {
         kept.extend(enc.get_ids().iter().copied());
     }
     // The model's own special ids (padding is what batches are filled with).
-    let cfg = read_json(&dir.join("config.json"))?;
+    let cfg: serde_json::Value = read_json(&dir.join("config.json"))?;
     for key in ["pad_token_id", "bos_token_id", "eos_token_id"] {
         kept.extend(cfg[key].as_u64().map(|i| i as u32));
     }
-    let tj = read_json(&path)?;
+    let tj: serde_json::Value = read_json(&path)?;
     kept.extend(tj["added_tokens"].as_array().into_iter().flatten().filter_map(|a| a["id"].as_u64()).map(|i| i as u32));
     let model = &tj["model"];
     kept.extend(model["unk_id"].as_u64().map(|i| i as u32));
@@ -130,7 +126,7 @@ pub fn prune(src: &Path, kept: &[u32], out: &Path) -> Result<()> {
     let index = Tensor::from_slice(&kept.iter().map(|&i| i64::from(i)).collect::<Vec<_>>());
     w.insert(WORD, word.index_select(0, &index));
     w.save(&out.join("model.safetensors"))?;
-    let mut cfg = read_json(&src.join("config.json"))?;
+    let mut cfg: serde_json::Value = read_json(&src.join("config.json"))?;
     cfg["vocab_size"] = kept.len().into();
     crate::encoder::write_json(&out.join("config.json"), &cfg)?;
     let tj = pruned_tokenizer(&read_json(&src.join("tokenizer.json"))?, kept)?;

@@ -93,6 +93,11 @@ impl Weights {
         self.map.remove(name)
     }
 
+    /// The tensor `name`, whatever its shape.
+    pub fn tensor(&self, name: &str) -> Option<&Tensor> {
+        self.map.get(name)
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.map.contains_key(name)
     }

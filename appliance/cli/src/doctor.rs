@@ -249,14 +249,14 @@ fn runtime_checks(cfg: &AppConfig) -> Vec<Check> {
 fn training_check(device: &str) -> Check {
     use care_engine::training::{Recipe, Sides};
     let r = Recipe::for_device(device);
-    let groups = r.stage2_steps * r.stage2_batch_size as u64;
-    let detail = match (device, r.sides) {
-        ("cuda", Sides::Both) => format!(
+    let groups = r.stage2_group_budget();
+    let detail = match r.sides {
+        Sides::Both => format!(
             "在 GPU 上训练；默认配方：查询编码器与文档编码器（LoRA r = {}）一起训练，{} 组（{} 步 × {} 组）；\
              GPU 上的步时尚无本机实测（首次运行后“训练”页按实测估算）",
             r.lora_rank, groups, r.stage2_steps, r.stage2_batch_size
         ),
-        _ => format!(
+        Sides::QueryOnly => format!(
             "在 CPU 上训练；默认配方：只训练查询编码器，{groups} 组（{} 步 × {} 组），文档向量不变；\
              两侧一起训练在 CPU 上每组用时约为 40 倍，可在“训练”页选择",
             r.stage2_steps, r.stage2_batch_size

@@ -64,11 +64,6 @@ impl TrainingPage {
     fn both_by_default(&self) -> bool {
         self.defaults.sides == Sides::Both
     }
-
-    /// Groups one default run trains on: steps × groups a step.
-    fn default_groups(&self) -> u64 {
-        self.defaults.stage2_steps * self.defaults.stage2_batch_size as u64
-    }
 }
 
 fn describe(s: &Schedule) -> String {

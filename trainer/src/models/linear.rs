@@ -72,8 +72,7 @@ impl Linear {
     pub fn merge_lora(&mut self, w: &mut Weights) {
         if let Some(l) = self.lora.take() {
             tch::no_grad(|| {
-                let delta = l.b.matmul(&l.a) * l.scale;
-                let _ = self.weight.g_add_(&delta);
+                let _ = self.weight.g_add_(&lora_delta(&l.a, &l.b, l.scale));
             });
             w.remove(&format!("{}.lora_A.weight", self.name));
             w.remove(&format!("{}.lora_B.weight", self.name));
@@ -83,6 +82,12 @@ impl Linear {
     pub fn device(&self) -> Device {
         self.weight.device()
     }
+}
+
+/// What an adapter adds to its weight, `scale · B A` (`A [r, in]`, `B [out, r]`): folded in here when a model
+/// merges its adapters, and by `carry::carry_in` over adapters brought back alone.
+pub fn lora_delta(a: &Tensor, b: &Tensor, scale: f64) -> Tensor {
+    b.matmul(a) * scale
 }
 
 /// Layer norm over the last dimension with weight and bias.

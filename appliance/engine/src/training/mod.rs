@@ -162,6 +162,12 @@ impl Recipe {
         }
     }
 
+    /// Stage II groups the recipe trains on (steps × groups a step; fewer when four passes over the data phase's
+    /// groups end it first, see [`capped_steps`]): the budget the 训练 page and `care doctor` state.
+    pub fn stage2_group_budget(&self) -> u64 {
+        self.stage2_steps * self.stage2_batch_size as u64
+    }
+
     /// Stage I's steps for a run from `pair`. Stage I aligns a query encoder to the frozen document encoder. When
     /// the query encoder *is* the document encoder (a symmetric pair such as e5-small, kept at full size) they are
     /// aligned by construction, and Stage I would only spend hours teaching a model its own vectors: 0, and Stage II

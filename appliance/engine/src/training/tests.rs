@@ -146,7 +146,7 @@ fn the_estimate_scales_the_newest_finished_run_of_the_same_shape_on_this_device(
 #[test]
 fn the_default_recipe_on_a_gpu_trains_both_sides_at_full_budget() {
     let gpu = Recipe::for_device("cuda");
-    assert_eq!((gpu.sides, gpu.stage2_steps * gpu.stage2_batch_size as u64), (Sides::Both, 16_000));
+    assert_eq!((gpu.sides, gpu.stage2_group_budget()), (Sides::Both, 16_000));
     assert_eq!((gpu.lr, gpu.stage2_sub_batch, gpu.merge_ratio), (1e-4, 0, Recipe::default().merge_ratio));
     assert_eq!(Recipe::for_device("cpu"), Recipe::default());
     assert_eq!(Recipe::default().sides, Sides::QueryOnly);
